@@ -1,0 +1,30 @@
+# The two commands of the README quickstart: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+BIND ?= 127.0.0.1:8443
+CERTS_DIR ?= .certs
+
+.PHONY: run test lint venv clean
+
+$(BIN)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+venv: $(BIN)/.installed
+
+## Install and serve the webhook locally over HTTPS (certificates created in .certs/).
+run: venv
+	$(BIN)/python -m webhook --bind $(BIND) --certs-dir $(CERTS_DIR)
+
+## Lint, type-check and run the whole test suite.
+test: venv lint
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .certs .pytest_cache .mypy_cache .ruff_cache .hypothesis

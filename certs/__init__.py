@@ -1,0 +1,1 @@
+"""TLS material for the webhooks: a CA and a serving certificate it signs (``cryptography`` only)."""

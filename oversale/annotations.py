@@ -1,0 +1,103 @@
+"""The annotation vocabulary: every key this service reads or writes, and how values are read.
+
+All keys share one configurable prefix (``OVERSALE_ANNOTATION_PREFIX``, default
+``stke.platform``), so the default keys are those of the design this service comes from.
+This module is the one annotation reader: webhooks and reconcilers parse values only here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+
+from oversale.errors import InvalidAnnotation, InvalidRatio
+from oversale.quantity import CPU
+
+DEFAULT_PREFIX = "stke.platform"
+
+# A ratio is a plain decimal: no sign, no exponent, no "inf"/"NaN". Decimal keeps the text's
+# exact value, so "3.7" is 37/10 and never rounds the wrong way as a binary float would.
+_RATIO = re.compile(r"^\d{1,6}(\.\d{1,12})?$")
+
+_YES = frozenset({"y", "yes", "true"})
+_NO = frozenset({"n", "no", "false"})
+
+
+@dataclass(frozen=True)
+class AnnotationKeys:
+    """The full annotation keys for one prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    @property
+    def cpu_requests_ratio(self) -> str:
+        """Workload/Pod: CPU compression ratio (original request / new request)."""
+        return self._key("cpu-requests-ratio")
+
+    @property
+    def memory_requests_ratio(self) -> str:
+        """Workload/Pod: memory compression ratio; memory is compressed only when set."""
+        return self._key("memory-requests-ratio")
+
+    @property
+    def enable_resource_compress(self) -> str:
+        """Workload/Pod: ``n`` switches compression off, ``y`` opts in to the ratio reconciler."""
+        return self._key("enable-resource-compress")
+
+    @property
+    def original_requests(self) -> str:
+        """Written on Pods: JSON of each container's requests before compression."""
+        return self._key("original-requests")
+
+    @property
+    def compression(self) -> str:
+        """Written on Pods: short audit of the ratios applied and the guards that capped them."""
+        return self._key("compression")
+
+    def requests_ratio(self, resource: str) -> str:
+        """The compression-ratio key for ``cpu`` or ``memory``."""
+        return self.cpu_requests_ratio if resource == CPU else self.memory_requests_ratio
+
+    def workload_keys(self) -> tuple[str, ...]:
+        """The keys read from a Pod's owning workload (what the owner caches keep)."""
+        return (self.cpu_requests_ratio, self.memory_requests_ratio, self.enable_resource_compress)
+
+    def ours(self, annotations: Mapping[str, str] | None) -> dict[str, str]:
+        """Only the workload keys of ``annotations`` (what a cache needs to remember)."""
+        if not annotations:
+            return {}
+        return {key: annotations[key] for key in self.workload_keys() if key in annotations}
+
+
+def parse_ratio(text: str) -> Decimal:
+    """Read a ratio annotation: a plain decimal >= 1.
+
+    >>> parse_ratio("2.25")
+    Decimal('2.25')
+    >>> parse_ratio("1e3")
+    Traceback (most recent call last):
+    ...
+    oversale.errors.InvalidRatio: '1e3' is not a plain decimal number such as 1, 1.5 or 2.25
+    """
+    stripped = text.strip() if isinstance(text, str) else ""
+    if not _RATIO.match(stripped):
+        raise InvalidRatio(f"{text!r} is not a plain decimal number such as 1, 1.5 or 2.25")
+    ratio = Decimal(stripped)
+    if ratio < 1:
+        raise InvalidRatio(f"{text!r} is below 1 (a ratio of 1 means no change)")
+    return ratio
+
+
+def parse_switch(text: str) -> bool:
+    """Read a yes/no annotation: ``y``/``yes``/``true`` or ``n``/``no``/``false``, any case."""
+    value = text.strip().lower() if isinstance(text, str) else ""
+    if value in _YES:
+        return True
+    if value in _NO:
+        return False
+    raise InvalidAnnotation(f"{text!r} is not one of y, yes, true, n, no, false")

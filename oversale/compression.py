@@ -1,0 +1,320 @@
+"""Pod request compression: lower each container's requests by a per-workload ratio.
+
+``new = min(original, max(floor, LimitRange bounds, ceil(original / ratio)))`` in integer
+millicores and bytes, for every container, init container and native sidecar, and for pod-level
+``spec.resources.requests``. Limits are never touched. Ratios come from annotations read by
+:func:`policy_from_annotations`; :func:`compress_requests` applies one to a Pod dict.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+from oversale.annotations import AnnotationKeys, parse_ratio, parse_switch
+from oversale.errors import InvalidAnnotation, InvalidRatio, QuantityError
+from oversale.limitrange import NO_BOUNDS, RequestBounds
+from oversale.pods import (
+    Pod,
+    all_containers,
+    effective_limit,
+    effective_request,
+    is_mirror_or_static,
+    limits_of,
+    qos_class,
+    requests_of,
+)
+from oversale.quantity import CPU, RESOURCES, format_amount, parse_amount
+
+# Key of pod-level spec.resources in the original-requests annotation: not a valid container name
+# (container names are DNS labels), so it can never collide with one.
+POD_LEVEL_KEY = "(pod)"
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """Cluster-wide knobs of the compression policy (see ``oversale.settings.Settings``)."""
+
+    max_ratio: Decimal = Decimal(4)
+    """Largest ratio applied; larger annotations are clamped to it with a warning."""
+    cpu_floor_millicores: int = 10
+    """No CPU request is lowered below this (unless it was already lower)."""
+    memory_floor_bytes: int = 16 * 2**20
+    """No memory request is lowered below this (unless it was already lower)."""
+    allow_guaranteed_downgrade: bool = False
+    """Compress Guaranteed Pods too, which makes them Burstable."""
+
+    def floor(self, resource: str) -> int:
+        return self.cpu_floor_millicores if resource == CPU else self.memory_floor_bytes
+
+
+@dataclass(frozen=True)
+class AnnotationProblem:
+    """An annotation of ours whose value was ignored."""
+
+    key: str
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"annotation {self.key}={self.value!r} ignored: {self.reason}"
+
+
+@dataclass(frozen=True)
+class CompressionPolicy:
+    """What to do to one Pod: the ratio per resource, and what was noticed while reading it."""
+
+    ratios: Mapping[str, Decimal]
+    """Resource -> ratio > 1 to apply. A resource absent here is left alone."""
+    keys: AnnotationKeys = field(default_factory=AnnotationKeys)
+    config: CompressionConfig = field(default_factory=CompressionConfig)
+    disabled: bool = False
+    """``enable-resource-compress: n`` was set: compress nothing whatever the ratios say."""
+    problems: tuple[AnnotationProblem, ...] = ()
+    """Invalid annotations, each left that resource uncompressed."""
+    warnings: tuple[str, ...] = ()
+    """Other things the user should see (a clamped ratio)."""
+
+
+@dataclass
+class CompressionResult:
+    """The Pod after compression and an account of what happened."""
+
+    pod: Pod
+    applied: dict[str, Fraction] = field(default_factory=dict)
+    """Resource -> ratio actually applied (after Pod LimitRange caps)."""
+    freed: dict[str, int] = field(default_factory=dict)
+    """Resource -> millicores/bytes the scheduler no longer reserves for this Pod."""
+    reasons: list[str] = field(default_factory=list)
+    """Human-readable account, also written in the audit annotation."""
+    warnings: list[str] = field(default_factory=list)
+    """Messages for the AdmissionResponse ``warnings`` (shown by kubectl)."""
+    skipped: str | None = None
+    """Why the Pod was left as it came, when it was."""
+
+
+def effective_annotations(
+    workload: Mapping[str, str] | None, pod: Mapping[str, str] | None, keys: AnnotationKeys
+) -> dict[str, str]:
+    """The workload's compression annotations, each overridden by the Pod's own (template) value."""
+    return keys.ours(workload) | keys.ours(pod)
+
+
+def policy_from_annotations(
+    annotations: Mapping[str, str], keys: AnnotationKeys, config: CompressionConfig
+) -> CompressionPolicy:
+    """Read the compression annotations. Never raises: a bad value leaves its resource alone and
+    is reported in ``problems``; the other resource still follows its own annotation."""
+    problems: list[AnnotationProblem] = []
+    warnings: list[str] = []
+    disabled = False
+    switch = annotations.get(keys.enable_resource_compress)
+    if switch is not None:
+        try:
+            disabled = not parse_switch(switch)
+        except InvalidAnnotation as error:
+            problems.append(AnnotationProblem(keys.enable_resource_compress, switch, str(error)))
+    ratios: dict[str, Decimal] = {}
+    for resource in RESOURCES:
+        key = keys.requests_ratio(resource)
+        if key not in annotations:
+            continue
+        try:
+            ratio = parse_ratio(annotations[key])
+        except InvalidRatio as error:
+            problems.append(AnnotationProblem(key, annotations[key], f"{error}; {resource} not compressed"))
+            continue
+        if ratio > config.max_ratio:
+            warnings.append(f"{key}={annotations[key]} is above the maximum {config.max_ratio}; "
+                            f"using {config.max_ratio}")
+            ratio = config.max_ratio
+        if ratio > 1:
+            ratios[resource] = ratio
+    return CompressionPolicy(ratios, keys, config, disabled, tuple(problems), tuple(warnings))
+
+
+def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds = NO_BOUNDS) -> CompressionResult:
+    """Compress ``pod``'s requests by ``policy``, within LimitRange ``bounds``.
+
+    Returns a new Pod; ``pod`` is not modified. Idempotent: a Pod that already carries the
+    original-requests annotation is first restored from it, so applying the result again gives
+    the same Pod. Raises QuantityError only for quantities the API server itself would refuse.
+    """
+    result = CompressionResult(pod=pod, warnings=[*policy.warnings, *map(str, policy.problems)])
+    if is_mirror_or_static(pod):
+        result.skipped = "mirror/static Pod (run by the kubelet, not the scheduler)"
+        return result
+    restored, restore_warning = _restore_originals(pod, policy.keys)
+    if restore_warning:
+        result.warnings.append(restore_warning)
+    originals = _recorded_requests(restored)
+    if not originals:
+        result.skipped = "no cpu or memory requests"
+        return result
+    if policy.disabled:
+        result.skipped = f"disabled by {policy.keys.enable_resource_compress}"
+    elif not policy.ratios:
+        result.skipped = "no compression ratio set"
+    elif qos_class(restored) == "Guaranteed" and not policy.config.allow_guaranteed_downgrade:
+        result.skipped = "Guaranteed Pod"
+        result.warnings.append(
+            "Guaranteed Pod not compressed: lower requests would make it Burstable "
+            "(set OVERSALE_ALLOW_GUARANTEED_DOWNGRADE=true to allow)"
+        )
+    if result.skipped:
+        # Restoring matters only when something left our annotation behind; otherwise the Pod
+        # goes back exactly as it came.
+        if restored is not pod:
+            result.pod = _without_our_annotations(restored, policy.keys)
+        return result
+
+    compressed = copy.deepcopy(restored)
+    guards: list[str] = []
+    for resource, ratio in policy.ratios.items():
+        applied = _compress_resource(compressed, resource, Fraction(ratio), policy.config, bounds, guards)
+        if applied is not None:
+            result.applied[resource] = applied
+            before = effective_request(restored, resource)
+            after = effective_request(compressed, resource)
+            result.freed[resource] = before - after
+            shown = _show_ratio(applied)
+            capped = "" if applied == ratio else f" (asked {ratio}, capped by Pod LimitRange)"
+            result.reasons.append(
+                f"{resource} ratio {shown}{capped}: "
+                f"{format_amount(resource, before)} -> {format_amount(resource, after)}"
+            )
+    if guards:
+        result.reasons.append("guards: " + ", ".join(guards))
+    if compressed == restored:
+        result.skipped = "requests already at their floors"
+        if restored is not pod:
+            result.pod = _without_our_annotations(restored, policy.keys)
+        return result
+    annotations = compressed.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations[policy.keys.original_requests] = json.dumps(originals, sort_keys=True, separators=(",", ":"))
+    annotations[policy.keys.compression] = "; ".join(result.reasons)
+    result.pod = compressed
+    return result
+
+
+def _compress_resource(
+    pod: Pod,
+    resource: str,
+    ratio: Fraction,
+    config: CompressionConfig,
+    bounds: RequestBounds,
+    guards: list[str],
+) -> Fraction | None:
+    """Lower one resource's requests in ``pod`` in place; return the ratio applied (None if none)."""
+    pod_bound = bounds.for_pod(resource)
+    total = effective_request(pod, resource)
+    if total == 0:
+        return None
+    # Requests only round up (ceil, floors), so the Pod's total never falls below total / ratio;
+    # capping the ratio at total / bound keeps the Pod-level LimitRange satisfied.
+    pod_floor = pod_bound.floor_for(effective_limit(pod, resource))
+    if pod_floor:
+        ratio = min(ratio, Fraction(total, pod_floor))
+    if ratio <= 1:
+        guards.append(f"{resource} kept by Pod LimitRange")
+        return None
+    container_bound = bounds.for_container(resource)
+    for container in all_containers(pod):
+        original = requests_of(container).get(resource)
+        if original is None:
+            continue
+        new = math.ceil(original / ratio)
+        limit = limits_of(container).get(resource)
+        for lower, guard in (
+            (config.floor(resource), f"floor {format_amount(resource, config.floor(resource))}"),
+            (container_bound.floor_for(limit), "LimitRange"),
+        ):
+            if new < lower:
+                new = min(lower, original)
+                guards.append(f"{container.get('name')}/{resource} {guard}")
+        _set_request(container.setdefault("resources", {}), resource, new, original)
+    # requests_of reads a dict's "resources", which for pod-level resources is the spec itself.
+    spec = pod.get("spec") or {}
+    original = requests_of(spec, default_from_limits=False).get(resource)
+    if original is not None:
+        new = max(config.floor(resource), pod_floor, math.ceil(original / ratio))
+        _set_request(spec["resources"], resource, min(new, original), original)
+    return ratio
+
+
+def _set_request(resources: dict[str, Any], resource: str, new: int, original: int) -> None:
+    requests = resources.setdefault("requests", {})
+    if new == original and resource in requests:
+        return  # keep the user's own spelling of an unchanged value
+    requests[resource] = format_amount(resource, new)
+
+
+def _recorded_requests(pod: Pod) -> dict[str, dict[str, str]]:
+    """Each container's cpu/memory requests as written (what the annotation records); a request
+    the API server defaulted from the limit is recorded as that limit."""
+    recorded: dict[str, dict[str, str]] = {}
+    for container in all_containers(pod):
+        resources = container.get("resources") or {}
+        values = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        kept = {r: values[r] for r in RESOURCES if r in values}
+        if kept:
+            recorded[str(container.get("name"))] = kept
+    pod_requests = ((pod.get("spec") or {}).get("resources") or {}).get("requests") or {}
+    kept = {r: pod_requests[r] for r in RESOURCES if r in pod_requests}
+    if kept:
+        recorded[POD_LEVEL_KEY] = kept
+    return recorded
+
+
+def _restore_originals(pod: Pod, keys: AnnotationKeys) -> tuple[Pod, str | None]:
+    """Put back the requests recorded by an earlier pass of this webhook.
+
+    A recorded value is used only where the current request is not above it: a request another
+    mutating webhook raised after us is a new original, not ours to undo.
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(keys.original_requests)
+    if text is None:
+        return pod, None
+    try:
+        recorded = json.loads(text)
+        if not isinstance(recorded, dict):
+            raise ValueError("not a JSON object")
+        restored = copy.deepcopy(pod)
+        # Each unit is a dict whose "resources" holds the requests: a container, or the spec
+        # itself for pod-level resources.
+        units: dict[str, dict[str, Any]] = {str(c.get("name")): c for c in all_containers(restored)}
+        spec = restored.get("spec") or {}
+        if spec.get("resources"):
+            units[POD_LEVEL_KEY] = spec
+        for name, values in recorded.items():
+            unit = units.get(name)
+            if unit is None or not isinstance(values, dict):
+                continue
+            current = requests_of(unit)
+            for resource, original in values.items():
+                if resource in RESOURCES and current.get(resource, 0) <= parse_amount(resource, original):
+                    unit.setdefault("resources", {}).setdefault("requests", {})[resource] = original
+    except (ValueError, TypeError, AttributeError, QuantityError) as error:
+        return pod, f"annotation {keys.original_requests} ignored ({error}); current requests taken as original"
+    return restored, None
+
+
+def _without_our_annotations(pod: Pod, keys: AnnotationKeys) -> Pod:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    for key in (keys.original_requests, keys.compression):
+        annotations.pop(key, None)
+    return pod
+
+
+def _show_ratio(ratio: Fraction) -> str:
+    """A ratio for humans: exact when it is a short decimal, else 3 decimals."""
+    shown = Decimal(ratio.numerator) / Decimal(ratio.denominator)
+    rounded = shown.quantize(Decimal("0.001")).normalize()
+    return f"{shown.normalize()}" if rounded == shown else f"~{rounded}"

@@ -1,0 +1,142 @@
+"""Facts about Pod dicts (as the API server serialises them) that the policies rely on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from oversale.quantity import RESOURCES, parse_amount
+
+Pod = dict[str, Any]
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def all_containers(pod: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Init containers (native sidecars included) first, then app containers."""
+    spec = pod.get("spec") or {}
+    yield from spec.get("initContainers") or []
+    yield from spec.get("containers") or []
+
+
+def is_sidecar(container: Mapping[str, Any]) -> bool:
+    """A native sidecar is an init container with ``restartPolicy: Always``."""
+    return container.get("restartPolicy") == "Always"
+
+
+def is_mirror_or_static(pod: Mapping[str, Any]) -> bool:
+    """Static Pods reach the API server as mirror Pods owned by their Node; the kubelet, not the
+    scheduler, runs them, and it rejects any change to a mirror Pod's spec."""
+    metadata = pod.get("metadata") or {}
+    if MIRROR_ANNOTATION in (metadata.get("annotations") or {}):
+        return True
+    return any(ref.get("kind") == "Node" for ref in metadata.get("ownerReferences") or [])
+
+
+def controller_of(metadata: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the ownerReference with ``controller: true``, if any."""
+    for ref in metadata.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("kind", "")), str(ref.get("name", ""))
+    return None
+
+
+def requests_of(container: Mapping[str, Any], *, default_from_limits: bool = True) -> dict[str, int]:
+    """A container's cpu/memory requests in millicores/bytes. The API server copies limits into
+    missing requests before admission webhooks run, so a limit-only resource counts as requested."""
+    resources = container.get("resources") or {}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    amounts: dict[str, int] = {}
+    for resource in RESOURCES:
+        if resource in requests:
+            amounts[resource] = parse_amount(resource, requests[resource])
+        elif default_from_limits and resource in limits:
+            amounts[resource] = parse_amount(resource, limits[resource])
+    return amounts
+
+
+def limits_of(container: Mapping[str, Any]) -> dict[str, int]:
+    """A container's (or a pod-level ``spec.resources``) cpu/memory limits."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return {r: parse_amount(r, limits[r]) for r in RESOURCES if r in limits}
+
+
+def has_pod_level_resources(pod: Mapping[str, Any]) -> bool:
+    resources = (pod.get("spec") or {}).get("resources") or {}
+    return any(r in (resources.get(kind) or {}) for kind in ("requests", "limits") for r in RESOURCES)
+
+
+def effective_request(pod: Mapping[str, Any], resource: str) -> int:
+    """What the scheduler reserves for ``resource`` (without overhead, which compression never
+    changes): pod-level requests when set, else the sidecar-aware rule of kube-scheduler's
+    PodRequests: each regular init container runs alongside the sidecars started before it, and
+    the app containers run alongside all sidecars."""
+    spec = pod.get("spec") or {}
+    pod_level = (spec.get("resources") or {}).get("requests") or {}
+    if resource in pod_level:
+        return parse_amount(resource, pod_level[resource])
+    sidecars = 0
+    init_peak = 0
+    for container in spec.get("initContainers") or []:
+        amount = requests_of(container).get(resource, 0)
+        if is_sidecar(container):
+            sidecars += amount
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, amount + sidecars)
+    apps = sum(requests_of(c).get(resource, 0) for c in spec.get("containers") or [])
+    return max(init_peak, apps + sidecars)
+
+
+def effective_limit(pod: Mapping[str, Any], resource: str) -> int | None:
+    """Pod-level limit for LimitRange's Pod rules (same aggregation as the requests), or None when
+    some container has no limit for ``resource`` (then the Pod as a whole is unbounded)."""
+    spec = pod.get("spec") or {}
+    pod_level = (spec.get("resources") or {}).get("limits") or {}
+    if resource in pod_level:
+        return parse_amount(resource, pod_level[resource])
+    sidecars = 0
+    init_peak = 0
+    for container in spec.get("initContainers") or []:
+        limits = limits_of(container)
+        if resource not in limits:
+            return None
+        if is_sidecar(container):
+            sidecars += limits[resource]
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, limits[resource] + sidecars)
+    apps = 0
+    for container in spec.get("containers") or []:
+        limits = limits_of(container)
+        if resource not in limits:
+            return None
+        apps += limits[resource]
+    return max(init_peak, apps + sidecars)
+
+
+def qos_class(pod: Mapping[str, Any]) -> str:
+    """The Pod's QoS class, computed as the kubelet does (sums over all containers, zero amounts
+    ignored; pod-level resources decide when set)."""
+    if has_pod_level_resources(pod):
+        resources = (pod.get("spec") or {}).get("resources") or {}
+        units = [resources]
+    else:
+        units = list(all_containers(pod))
+    requests: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    guaranteed = True
+    for unit in units:
+        for resource, amount in requests_of(unit).items():
+            if amount:
+                requests[resource] = requests.get(resource, 0) + amount
+        unit_limits = {r: a for r, a in limits_of(unit).items() if a}
+        for resource, amount in unit_limits.items():
+            limits[resource] = limits.get(resource, 0) + amount
+        if set(unit_limits) != set(RESOURCES):
+            guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    if guaranteed and requests == limits:
+        return "Guaranteed"
+    return "Burstable"

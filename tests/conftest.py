@@ -1,0 +1,175 @@
+"""Shared test helpers: real AdmissionReview payloads, the fixtures in ../shared, and a real
+``python -m webhook`` (gunicorn, TLS) started on a loopback port."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import http.client
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from tests.kube_api import FakeKubeAPI
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+POD_FIXTURES = sorted((SHARED / "fixtures" / "pods").glob("*.json"))
+
+
+def load_fixture_pod(path: Path) -> dict[str, Any]:
+    """A fixture Pod as an API server hands it to admission webhooks: requests defaulted from
+    limits where missing (the API server does that before webhooks run)."""
+    pod = json.loads(path.read_text())
+    for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = resources.setdefault("requests", {}) if limits else resources.get("requests", {})
+        for name, value in limits.items():
+            requests.setdefault(name, value)
+        if "resources" in container and not resources.get("requests"):
+            resources.pop("requests", None)
+    return pod
+
+
+def pod_review(pod: dict[str, Any], operation: str = "CREATE", namespace: str | None = None,
+               **request: Any) -> dict[str, Any]:
+    """A real AdmissionReview v1 request for a Pod, as the API server sends it."""
+    namespace = namespace or pod.get("metadata", {}).get("namespace", "default")
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod if operation != "DELETE" else None,
+            "oldObject": None if operation == "CREATE" else pod,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+            **request,
+        },
+    }
+
+
+def apply_response(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """The Pod after the API server applies the response's JSON patch (itself when none)."""
+    if "patch" not in response:
+        return copy.deepcopy(pod)
+    assert response["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(response["patch"]))
+    return jsonpatch.apply_patch(pod, patch)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RunningWebhook:
+    """``python -m webhook`` in a subprocess, and an HTTPS client that verifies its CA."""
+
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None, workers: int = 2) -> None:
+        self.port = free_port()
+        self.certs = tmp / "certs"
+        self.log = tmp / "webhook.log"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
+        environ.update({"OVERSALE_KUBERNETES": "off", "PYTHONPATH": str(ROOT), **(env or {})})
+        self._log_handle = self.log.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "webhook", "--bind", f"127.0.0.1:{self.port}",
+             "--certs-dir", str(self.certs), "--workers", str(workers),
+             "--metrics-dir", str(tmp / "metrics")],
+            cwd=ROOT, env=environ, stdout=self._log_handle, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if self.get("/healthz")[0] == 200:
+                    break
+            except (OSError, ssl.SSLError):
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"webhook did not start:\n{self.log.read_text()}")
+            time.sleep(0.1)
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
+
+    def connection(self) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection("localhost", self.port, context=self.context(), timeout=10)
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        connection = self.connection()
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        return self.request("GET", path)
+
+    def review(self, review: dict[str, Any], path: str = "/mutate/pods") -> dict[str, Any]:
+        status, body = self.request("POST", path, json.dumps(review).encode(),
+                                    {"Content-Type": "application/json"})
+        assert status == 200, body
+        answer = json.loads(body)
+        assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+        assert answer["response"]["uid"] == review["request"]["uid"]
+        return dict(answer["response"])
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a metric's samples matching ``labels`` in the /metrics exposition."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, body = self.get("/metrics")
+        assert status == 200
+        total = 0.0
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._log_handle.close()
+
+
+@pytest.fixture(scope="module")
+def webhook_no_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningWebhook]:
+    """The webhook as a newcomer runs it: no cluster, self-created certificates."""
+    server = RunningWebhook(tmp_path_factory.mktemp("webhook"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kube_api() -> Iterator[FakeKubeAPI]:
+    api = FakeKubeAPI().start()
+    yield api
+    api.stop()

@@ -1,0 +1,346 @@
+"""A small Kubernetes API server double that speaks the real wire format.
+
+The project's code talks to it through the real ``kubernetes`` client (a kubeconfig points at
+it), so list pagination, watch streams (chunked JSON lines, bookmarks, 410 Gone), GET, PATCH, PUT
+and status codes all go over HTTP as they would against a real API server. Every request is
+logged, so tests can count what the code under test asked for.
+
+This is the one API-server test double of the project; extend it rather than writing another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import jsonpatch
+
+# plural -> (path prefix, kind, namespaced)
+RESOURCES: dict[str, tuple[str, str, bool]] = {
+    "pods": ("/api/v1", "Pod", True),
+    "nodes": ("/api/v1", "Node", False),
+    "limitranges": ("/api/v1", "LimitRange", True),
+    "namespaces": ("/api/v1", "Namespace", False),
+    "secrets": ("/api/v1", "Secret", True),
+    "replicasets": ("/apis/apps/v1", "ReplicaSet", True),
+    "deployments": ("/apis/apps/v1", "Deployment", True),
+    "statefulsets": ("/apis/apps/v1", "StatefulSet", True),
+    "daemonsets": ("/apis/apps/v1", "DaemonSet", True),
+    "jobs": ("/apis/batch/v1", "Job", True),
+    "cronjobs": ("/apis/batch/v1", "CronJob", True),
+}
+API_VERSIONS = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1", "/apis/batch/v1": "batch/v1"}
+
+
+@dataclass(frozen=True)
+class Logged:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+
+    @property
+    def is_watch(self) -> bool:
+        return self.query.get("watch") == ["true"]
+
+
+class FakeKubeAPI:
+    """Objects by plural and (namespace, name); a global resourceVersion; an event log per plural."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
+        self._events: dict[str, list[tuple[int, str, dict[str, Any]]]] = {p: [] for p in RESOURCES}
+        self._oldest: dict[str, int] = {p: 0 for p in RESOURCES}
+        self._version = 100
+        self._changed = threading.Condition()
+        self._watches_paused = False
+        self._stopping = False
+        self.requests: list[Logged] = []
+        self.down = False
+        """While True every request gets 503 (an unreachable or overloaded API server)."""
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> FakeKubeAPI:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+        }))
+        return path
+
+    # -- what tests do -----------------------------------------------------------------------
+    def put(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace an object (as a controller would) and tell watchers."""
+        obj = copy.deepcopy(obj)
+        prefix, kind, namespaced = RESOURCES[plural]
+        metadata = obj.setdefault("metadata", {})
+        key = (metadata.get("namespace", "") if namespaced else "", metadata["name"])
+        with self._changed:
+            event = "MODIFIED" if key in self._objects[plural] else "ADDED"
+            self._version += 1
+            metadata["resourceVersion"] = str(self._version)
+            metadata.setdefault("uid", f"uid-{plural}-{key[0]}-{key[1]}")
+            obj.setdefault("apiVersion", API_VERSIONS[prefix])
+            obj.setdefault("kind", kind)
+            self._objects[plural][key] = obj
+            self._events[plural].append((self._version, event, copy.deepcopy(obj)))
+            self._changed.notify_all()
+        return obj
+
+    def delete(self, plural: str, namespace: str, name: str) -> None:
+        with self._changed:
+            obj = self._objects[plural].pop((namespace, name))
+            self._version += 1
+            self._events[plural].append((self._version, "DELETED", obj))
+            self._changed.notify_all()
+
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self._objects[plural].get((namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def compact(self, plural: str) -> None:
+        """Forget the event history, as etcd compaction does: older watches get 410 Gone."""
+        with self._changed:
+            self._events[plural].clear()
+            self._oldest[plural] = self._version
+            self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def watches_paused(self) -> Iterator[None]:
+        """Hold back watch events (a watch lagging behind a fresh write)."""
+        with self._changed:
+            self._watches_paused = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._watches_paused = False
+                self._changed.notify_all()
+
+    def count(self, method: str | None = None, plural: str | None = None, watch: bool | None = None) -> int:
+        return sum(
+            1
+            for r in list(self.requests)
+            if (method is None or r.method == method)
+            and (plural is None or f"/{plural}" in r.path)
+            and (watch is None or r.is_watch == watch)
+        )
+
+    # -- HTTP semantics ----------------------------------------------------------------------
+    def list_objects(self, plural: str, namespace: str | None, query: dict[str, list[str]]) -> dict[str, Any]:
+        with self._changed:
+            items = [o for (ns, _), o in sorted(self._objects[plural].items()) if namespace in (None, ns)]
+            version = self._version
+        limit = int(query.get("limit", ["0"])[0] or 0)
+        start = int(query.get("continue", ["0"])[0] or 0)
+        page = items[start : start + limit] if limit else items[start:]
+        metadata: dict[str, Any] = {"resourceVersion": str(version)}
+        if limit and start + limit < len(items):
+            metadata["continue"] = str(start + limit)
+        prefix, kind, _ = RESOURCES[plural]
+        return {
+            "apiVersion": API_VERSIONS[prefix],
+            "kind": f"{kind}List",
+            "metadata": metadata,
+            "items": [copy.deepcopy(o) for o in page],
+        }
+
+    def watch_events(
+        self, plural: str, namespace: str | None, since: int, timeout: float
+    ) -> Iterator[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            if since < self._oldest[plural]:
+                yield {"type": "ERROR", "object": _status(410, "Expired", "too old resource version")}
+                return
+        sent = since
+        while True:
+            with self._changed:
+                while True:
+                    if self._stopping:
+                        return
+                    if since < self._oldest[plural]:
+                        yield {"type": "ERROR", "object": _status(410, "Expired", "too old resource version")}
+                        return
+                    pending = [] if self._watches_paused else [
+                        e for e in self._events[plural] if e[0] > sent
+                        and namespace in (None, e[2]["metadata"].get("namespace", ""))
+                    ]
+                    remaining = deadline - time.monotonic()
+                    if pending or remaining <= 0:
+                        break
+                    self._changed.wait(min(remaining, 0.5))
+            if not pending:
+                return
+            for version, kind, obj in pending:
+                sent = version
+                yield {"type": kind, "object": copy.deepcopy(obj)}
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _route(self) -> tuple[str, str | None, str | None, str | None, dict[str, list[str]]] | None:
+            """(plural, namespace, name, subresource, query) or None."""
+            url = urlsplit(self.path)
+            query = parse_qs(url.query)
+            api.requests.append(Logged(self.command, url.path, query))
+            for prefix in API_VERSIONS:
+                if not url.path.startswith(prefix + "/"):
+                    continue
+                parts = url.path[len(prefix) + 1 :].split("/")
+                namespace = None
+                if parts[0] == "namespaces" and len(parts) >= 3:
+                    namespace, parts = parts[1], parts[2:]
+                plural = parts[0]
+                if plural not in RESOURCES or RESOURCES[plural][0] != prefix:
+                    return None
+                name = parts[1] if len(parts) > 1 else None
+                sub = parts[2] if len(parts) > 2 else None
+                return plural, namespace, name, sub, query
+            return None
+
+        def _send(self, code: int, payload: dict[str, Any]) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(length) or b"null")
+
+        def _prologue(self) -> tuple[str, str | None, str | None, str | None, dict[str, list[str]]] | None:
+            route = self._route()
+            if api.down:
+                self._send(503, _status(503, "ServiceUnavailable", "the server is unable to handle the request"))
+                return None
+            if route is None:
+                self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
+                return None
+            return route
+
+        def do_GET(self) -> None:
+            route = self._prologue()
+            if route is None:
+                return
+            plural, namespace, name, _, query = route
+            if name is None and query.get("watch") == ["true"]:
+                return self._watch(plural, namespace, query)
+            if name is None:
+                return self._send(200, api.list_objects(plural, namespace, query))
+            obj = api.get(plural, namespace or "", name)
+            if obj is None:
+                return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
+            self._send(200, obj)
+
+        def _watch(self, plural: str, namespace: str | None, query: dict[str, list[str]]) -> None:
+            since = int(query.get("resourceVersion", ["0"])[0] or 0)
+            timeout = float(query.get("timeoutSeconds", ["30"])[0])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for event in api.watch_events(plural, namespace, since, timeout):
+                    line = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def do_PATCH(self) -> None:
+            route = self._prologue()
+            if route is None:
+                return
+            plural, namespace, name, _, _ = route
+            current = api.get(plural, namespace or "", name or "")
+            if current is None:
+                return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
+            body = self._body()
+            if "json-patch" in (self.headers.get("Content-Type") or ""):
+                updated = jsonpatch.apply_patch(current, body)
+            else:
+                updated = _merge(current, body)
+            self._send(200, api.put(plural, updated))
+
+        def do_PUT(self) -> None:
+            route = self._prologue()
+            if route is None:
+                return
+            plural, namespace, name, _, _ = route
+            current = api.get(plural, namespace or "", name or "")
+            body = self._body()
+            if current is None:
+                return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
+            sent = (body.get("metadata") or {}).get("resourceVersion")
+            if sent and sent != current["metadata"]["resourceVersion"]:
+                return self._send(409, _status(409, "Conflict", "the object has been modified"))
+            self._send(200, api.put(plural, body))
+
+        def do_POST(self) -> None:
+            route = self._prologue()
+            if route is None:
+                return
+            plural, namespace, _, _, _ = route
+            body = self._body()
+            body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
+            if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:
+                return self._send(409, _status(409, "AlreadyExists", "already exists"))
+            self._send(201, api.put(plural, body))
+
+    return Handler
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge(result.get(key), value)
+    return result

@@ -1,0 +1,303 @@
+"""The compression policy as pure functions: examples a user would check, then properties."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from oversale.annotations import AnnotationKeys
+from oversale.compression import (
+    CompressionConfig,
+    compress_requests,
+    effective_annotations,
+    policy_from_annotations,
+)
+from oversale.limitrange import bounds_from_limit_ranges
+from oversale.pods import effective_request, qos_class, requests_of
+from oversale.quantity import format_bytes, format_millicores, parse_amount
+
+KEYS = AnnotationKeys()
+CONFIG = CompressionConfig()
+
+
+def policy(cpu: str | None = None, memory: str | None = None, config: CompressionConfig = CONFIG, **extra: str):
+    annotations = {**extra}
+    if cpu is not None:
+        annotations[KEYS.cpu_requests_ratio] = cpu
+    if memory is not None:
+        annotations[KEYS.memory_requests_ratio] = memory
+    return policy_from_annotations(annotations, KEYS, config)
+
+
+def container(name: str, cpu: str | None = None, memory: str | None = None, limits: dict | None = None, **extra):
+    requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    resources: dict = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return {"name": name, "image": "busybox", "resources": resources, **extra}
+
+
+def pod(*containers, init=(), annotations=None, **spec):
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "web-", "namespace": "default", "annotations": annotations or {}},
+        "spec": {"containers": list(containers), "initContainers": list(init), **spec},
+    }
+
+
+def requests(p, name):
+    for c in [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]:
+        if c["name"] == name:
+            return c.get("resources", {}).get("requests", {})
+    raise KeyError(name)
+
+
+def test_ratio_two_halves_cpu_and_leaves_memory_and_limits_alone():
+    original = pod(container("app", "500m", "256Mi", limits={"cpu": "1", "memory": "512Mi"}))
+    result = compress_requests(original, policy(cpu="2"))
+    assert requests(result.pod, "app") == {"cpu": "250m", "memory": "256Mi"}
+    assert result.pod["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": "512Mi"}
+    assert result.freed == {"cpu": 250}
+    assert original["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "500m", "input not modified"
+    recorded = json.loads(result.pod["metadata"]["annotations"][KEYS.original_requests])
+    assert recorded == {"app": {"cpu": "500m", "memory": "256Mi"}}
+    assert "cpu ratio 2" in result.pod["metadata"]["annotations"][KEYS.compression]
+
+
+def test_memory_is_compressed_only_with_its_own_annotation():
+    result = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="2", memory="4"))
+    assert requests(result.pod, "app") == {"cpu": "500m", "memory": "256Mi"}
+
+
+def test_decimal_ratio_is_exact_and_rounds_up():
+    # 1000m / 3.7 = 270.27..m: the request must never drop below orig / ratio, so 271m.
+    result = compress_requests(pod(container("app", "1")), policy(cpu="3.7"))
+    assert requests(result.pod, "app")["cpu"] == "271m"
+    # 370m / 3.7 is exactly 100m; a binary float would give 100.00000000000001 -> 101m.
+    result = compress_requests(pod(container("app", "370m")), policy(cpu="3.7"))
+    assert requests(result.pod, "app")["cpu"] == "100m"
+
+
+def test_ratio_one_means_no_compression():
+    original = pod(container("app", "1"))
+    result = compress_requests(original, policy(cpu="1"))
+    assert result.pod == original and result.skipped
+
+
+def test_floors_hold_and_never_raise_a_smaller_request():
+    result = compress_requests(pod(container("a", "15m", "20Mi"), container("b", "5m", "8Mi")),
+                               policy(cpu="4", memory="4"))
+    assert requests(result.pod, "a") == {"cpu": "10m", "memory": "16Mi"}
+    assert requests(result.pod, "b") == {"cpu": "5m", "memory": "8Mi"}
+    assert "floor 10m" in result.pod["metadata"]["annotations"][KEYS.compression]
+
+
+def test_init_containers_and_native_sidecars_shrink_too():
+    p = pod(
+        container("app", "1", "1Gi"),
+        init=[container("migrate", "2", "512Mi"), container("proxy", "400m", "128Mi", restartPolicy="Always")],
+    )
+    before = effective_request(p, "cpu")
+    result = compress_requests(p, policy(cpu="2"))
+    assert requests(result.pod, "migrate")["cpu"] == "1"
+    assert requests(result.pod, "proxy")["cpu"] == "200m"
+    assert before == 2000  # max(init 2000, app 1000 + sidecar 400)
+    assert effective_request(result.pod, "cpu") == 1000
+
+
+def test_pod_level_requests_follow_the_same_rule():
+    p = pod(container("app", "1"), resources={"requests": {"cpu": "2", "memory": "1Gi"}})
+    result = compress_requests(p, policy(cpu="2"))
+    assert result.pod["spec"]["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
+    assert json.loads(result.pod["metadata"]["annotations"][KEYS.original_requests])["(pod)"] == {
+        "cpu": "2", "memory": "1Gi"}
+
+
+def test_guaranteed_pods_are_left_alone_with_a_warning_unless_allowed():
+    p = pod(container("db", "2", "4Gi", limits={"cpu": "2", "memory": "4Gi"}))
+    assert qos_class(p) == "Guaranteed"
+    result = compress_requests(p, policy(cpu="2"))
+    assert result.pod == p and result.skipped == "Guaranteed Pod"
+    assert any("Guaranteed" in w for w in result.warnings)
+    allowed = compress_requests(p, policy(cpu="2", config=CompressionConfig(allow_guaranteed_downgrade=True)))
+    assert requests(allowed.pod, "db")["cpu"] == "1"
+    assert qos_class(allowed.pod) == "Burstable"
+
+
+def test_invalid_annotation_leaves_only_that_resource_alone():
+    result = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="abc", memory="2"))
+    assert requests(result.pod, "app") == {"cpu": "1", "memory": "512Mi"}
+    assert [p.key for p in policy(cpu="abc", memory="2").problems] == [KEYS.cpu_requests_ratio]
+    assert any("cpu-requests-ratio" in w and "'abc'" in w for w in result.warnings)
+
+
+def test_ratio_above_maximum_is_clamped_with_a_warning():
+    result = compress_requests(pod(container("app", "1")), policy(cpu="10"))
+    assert requests(result.pod, "app")["cpu"] == "250m"
+    assert any("above the maximum 4" in w for w in result.warnings)
+
+
+def test_switch_off_disables_even_with_a_ratio():
+    original = pod(container("app", "1"))
+    result = compress_requests(original, policy(cpu="2", **{KEYS.enable_resource_compress: "No"}))
+    assert result.pod == original and "disabled" in result.skipped
+
+
+def test_pod_annotations_override_the_workload_per_key():
+    merged = effective_annotations(
+        {KEYS.cpu_requests_ratio: "2", KEYS.memory_requests_ratio: "2", "unrelated": "x"},
+        {KEYS.cpu_requests_ratio: "3"},
+        KEYS,
+    )
+    assert merged == {KEYS.cpu_requests_ratio: "3", KEYS.memory_requests_ratio: "2"}
+
+
+def test_mirror_pods_and_pods_without_requests_are_skipped():
+    mirror = pod(container("etcd", "1"), annotations={"kubernetes.io/config.mirror": "abc"})
+    assert compress_requests(mirror, policy(cpu="2")).skipped.startswith("mirror")
+    assert compress_requests(pod(container("app")), policy(cpu="2")).skipped == "no cpu or memory requests"
+
+
+def test_container_limitrange_min_and_limit_request_ratio_cap_the_compression():
+    bounds = bounds_from_limit_ranges([{"spec": {"limits": [
+        {"type": "Container", "min": {"cpu": "100m"}, "maxLimitRequestRatio": {"memory": "2"}},
+    ]}}])
+    p = pod(container("app", "300m", "2Gi", limits={"memory": "3Gi"}))
+    result = compress_requests(p, policy(cpu="4", memory="4"), bounds)
+    assert requests(result.pod, "app") == {"cpu": "100m", "memory": "1536Mi"}
+    assert "LimitRange" in result.pod["metadata"]["annotations"][KEYS.compression]
+
+
+def test_pod_limitrange_min_caps_the_ratio_for_the_whole_pod():
+    bounds = bounds_from_limit_ranges([{"spec": {"limits": [{"type": "Pod", "min": {"cpu": "800m"}}]}}])
+    p = pod(container("a", "1"), container("b", "1"))
+    result = compress_requests(p, policy(cpu="4"), bounds)
+    assert effective_request(result.pod, "cpu") >= 800
+    assert requests(result.pod, "a")["cpu"] == "400m"
+    assert "capped by Pod LimitRange" in result.pod["metadata"]["annotations"][KEYS.compression]
+
+
+def test_recorded_originals_make_repeated_calls_idempotent_even_after_a_ratio_change():
+    first = compress_requests(pod(container("app", "1")), policy(cpu="2")).pod
+    assert compress_requests(first, policy(cpu="2")).pod == first
+    # A reinvocation that sees another ratio starts again from the recorded original.
+    assert requests(compress_requests(first, policy(cpu="4")).pod, "app")["cpu"] == "250m"
+    restored = compress_requests(first, policy(cpu="1")).pod
+    assert requests(restored, "app")["cpu"] == "1"
+    assert KEYS.original_requests not in restored["metadata"]["annotations"]
+
+
+def test_a_request_raised_by_another_webhook_after_us_is_the_new_original():
+    first = compress_requests(pod(container("app", "1")), policy(cpu="2")).pod
+    raised = copy.deepcopy(first)
+    raised["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3"
+    assert requests(compress_requests(raised, policy(cpu="2")).pod, "app")["cpu"] == "1500m"
+
+
+def test_a_broken_original_requests_annotation_is_reported_not_trusted():
+    p = pod(container("app", "1"), annotations={KEYS.original_requests: "{not json"})
+    result = compress_requests(p, policy(cpu="2"))
+    assert requests(result.pod, "app")["cpu"] == "500m"
+    assert any("original-requests ignored" in w for w in result.warnings)
+
+
+# ---- properties -------------------------------------------------------------------------------
+
+cpu_amounts = st.integers(min_value=1, max_value=64_000)
+memory_amounts = st.integers(min_value=1, max_value=2**37)
+ratios = st.decimals(min_value=1, max_value=6, places=2, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def containers(draw, name):
+    resources: dict = {"requests": {}, "limits": {}}
+    for resource, amounts, fmt in (("cpu", cpu_amounts, format_millicores), ("memory", memory_amounts, format_bytes)):
+        if draw(st.booleans()):
+            amount = draw(amounts)
+            resources["requests"][resource] = fmt(amount)
+            if draw(st.booleans()):
+                resources["limits"][resource] = fmt(amount * draw(st.integers(1, 4)))
+    extra = {"restartPolicy": "Always"} if name.startswith("init") and draw(st.booleans()) else {}
+    return {"name": name, "image": "x", "resources": {k: v for k, v in resources.items() if v}, **extra}
+
+
+@st.composite
+def pods(draw):
+    apps = [draw(containers(f"app{i}")) for i in range(draw(st.integers(1, 3)))]
+    inits = [draw(containers(f"init{i}")) for i in range(draw(st.integers(0, 2)))]
+    return pod(*apps, init=inits)
+
+
+@st.composite
+def limit_ranges(draw):
+    items = []
+    for kind in ("Container", "Pod"):
+        item: dict = {"type": kind}
+        if draw(st.booleans()):
+            item["min"] = {"cpu": format_millicores(draw(st.integers(1, 2000))),
+                           "memory": format_bytes(draw(st.integers(1, 2**30)))}
+        if draw(st.booleans()):
+            item["maxLimitRequestRatio"] = {r: str(draw(st.integers(1, 5))) for r in ("cpu", "memory")}
+        items.append(item)
+    return [{"spec": {"limits": items}}]
+
+
+def _units(p):
+    return [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(pods(), ratios, ratios, limit_ranges(), st.booleans())
+def test_compression_properties(p, cpu_ratio, memory_ratio, limit_range, downgrade):
+    config = CompressionConfig(allow_guaranteed_downgrade=downgrade)
+    chosen = policy(cpu=str(cpu_ratio), memory=str(memory_ratio), config=config)
+    bounds = bounds_from_limit_ranges(limit_range)
+    result = compress_requests(p, chosen, bounds)
+    out = result.pod
+
+    # Idempotent: applying it again gives the same Pod.
+    assert compress_requests(out, chosen, bounds).pod == out
+    # QoS class kept unless the downgrade of Guaranteed Pods is allowed.
+    if not (downgrade and qos_class(p) == "Guaranteed"):
+        assert qos_class(out) == qos_class(p)
+
+    for before, after in zip(_units(p), _units(out), strict=True):
+        assert after["resources"].get("limits") == before["resources"].get("limits"), "limits untouched"
+        original, new = requests_of(before), requests_of(after)
+        for resource in original:
+            ratio = Fraction(cpu_ratio if resource == "cpu" else memory_ratio)
+            assert new[resource] <= original[resource], "never above the original"
+            assert new[resource] >= min(original[resource], CONFIG.floor(resource)), "never below the floor"
+            bound = bounds.for_container(resource)
+            if original[resource] >= bound.min:
+                assert new[resource] >= bound.min, "never below LimitRange min"
+            limit = (before["resources"].get("limits") or {}).get(resource)
+            cap = bound.max_limit_request_ratio
+            if limit and cap and parse_amount(resource, limit) / original[resource] <= cap:
+                assert parse_amount(resource, limit) / new[resource] <= cap, "limit/request ratio kept"
+            applied = result.applied.get(resource, Fraction(1))
+            assert applied <= ratio
+            assert new[resource] >= min(original[resource], math.ceil(original[resource] / applied)), "rounds up"
+
+    for resource in ("cpu", "memory"):
+        pod_bound = bounds.for_pod(resource)
+        if effective_request(p, resource) >= pod_bound.min:
+            assert effective_request(out, resource) >= pod_bound.min, "never below Pod LimitRange min"
+
+
+@pytest.mark.parametrize("ratio", ["1.5", "2", "3.7", "4"])
+def test_exact_ceiling_without_guards(ratio):
+    for millicores in (100, 333, 1000, 2500, 7777):
+        result = compress_requests(pod(container("app", format_millicores(millicores))), policy(cpu=ratio))
+        expected = max(10, math.ceil(Fraction(millicores) / Fraction(Decimal(ratio))))
+        assert parse_amount("cpu", requests(result.pod, "app")["cpu"]) == expected

@@ -1,0 +1,81 @@
+import json
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oversale.errors import QuantityError
+from oversale.quantity import (
+    format_bytes,
+    format_millicores,
+    parse_bytes,
+    parse_millicores,
+    parse_quantity,
+)
+from tests.conftest import POD_FIXTURES
+
+
+@pytest.mark.parametrize(
+    ("text", "millicores"),
+    [("100m", 100), ("0.5", 500), ("5e-1", 500), ("1e0", 1000), ("1e3", 1_000_000), ("2000m", 2000),
+     ("0.15", 150), (".5", 500), ("1", 1000), ("1.", 1000), ("100u", 1), ("1n", 1), ("0", 0),
+     ("1k", 1_000_000), ("+2", 2000)],
+)
+def test_cpu_quantities_in_millicores_round_up_like_the_api_server(text, millicores):
+    assert parse_millicores(text) == millicores
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [("1Gi", 2**30), ("1G", 10**9), ("128Mi", 128 * 2**20), ("131072Ki", 128 * 2**20), ("256e6", 256 * 10**6),
+     ("0.5G", 5 * 10**8), ("1.5Gi", 3 * 2**29), ("67108864", 2**26), ("1Ei", 2**60), ("1E", 10**18),
+     ("1500m", 2), ("0", 0), ("1e3", 1000)],
+)
+def test_memory_quantities_in_bytes(text, count):
+    assert parse_bytes(text) == count
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1.2.3", "1Gb", "Mi", "1 Gi", "--1", "1e", "1e400", "inf", "NaN",
+                                  "1" * 100, "0x10"])
+def test_invalid_quantities_raise_quantity_error(text):
+    with pytest.raises(QuantityError):
+        parse_quantity(text)
+
+
+def test_every_quantity_spelled_in_the_shared_pod_fixtures_parses():
+    seen = 0
+    for path in POD_FIXTURES:
+        pod = json.loads(path.read_text())
+        containers = [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
+        for unit in [*containers, {"resources": pod["spec"].get("resources") or {}}]:
+            for kind in ("requests", "limits"):
+                for name, value in ((unit.get("resources") or {}).get(kind) or {}).items():
+                    if name in ("cpu", "memory"):
+                        assert parse_quantity(value) >= 0, (path.name, value)
+                        seen += 1
+    assert seen > 200
+
+
+def test_formatting_picks_exact_canonical_spellings():
+    assert format_millicores(1500) == "1500m"
+    assert format_millicores(3000) == "3"
+    assert format_bytes(64 * 2**20) == "64Mi"
+    assert format_bytes(5 * 10**8) == "500M"
+    assert format_bytes(1000001) == "1000001"
+
+
+@given(st.integers(min_value=0, max_value=10**12))
+def test_millicores_round_trip(millicores):
+    assert parse_millicores(format_millicores(millicores)) == millicores
+
+
+@given(st.integers(min_value=0, max_value=2**62))
+def test_bytes_round_trip(count):
+    assert parse_bytes(format_bytes(count)) == count
+
+
+@given(st.integers(min_value=0, max_value=10**9), st.integers(min_value=0, max_value=6))
+def test_decimal_text_parses_exactly(whole, places):
+    text = f"{whole}.{'7' * places}" if places else str(whole)
+    assert parse_quantity(text) == Fraction(text)

@@ -1,0 +1,94 @@
+"""``python -m webhook --bind HOST:PORT --certs-dir DIR``: serve the admission webhooks over HTTPS.
+
+Settings come from the environment (see README, "Settings"). When DIR holds no certificate, a CA
+and a serving certificate for localhost/127.0.0.1 are created there, so the webhook runs on a
+laptop with no cluster; clients verify against DIR/ca.crt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from certs.tls import LOCAL_HOSTS, CertificatePaths, generate
+from oversale.errors import SettingsError
+from oversale.settings import Settings
+
+log = logging.getLogger("webhook")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m webhook", description=__doc__)
+    parser.add_argument("--bind", default="0.0.0.0:8443", help="HOST:PORT to listen on (default 0.0.0.0:8443)")
+    parser.add_argument("--certs-dir", type=Path, required=True, help="directory with ca.crt, tls.crt, tls.key")
+    parser.add_argument("--workers", type=int, help="worker processes (default OVERSALE_WORKERS or 2)")
+    parser.add_argument("--threads", type=int, help="threads per worker (default OVERSALE_THREADS or 4)")
+    parser.add_argument(
+        "--metrics-dir",
+        type=Path,
+        help="prometheus multiprocess directory (default PROMETHEUS_MULTIPROC_DIR or a fresh temporary one)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingsError as error:
+        parser.error(str(error))
+    for flag in ("workers", "threads"):
+        value = getattr(args, flag)
+        if value is not None:
+            if value < 1:
+                parser.error(f"--{flag} must be at least 1")
+            settings = dataclasses.replace(settings, **{flag: value})
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    paths = CertificatePaths.in_dir(args.certs_dir)
+    if not paths.exist():
+        generate(args.certs_dir, LOCAL_HOSTS)
+        log.info("no certificate in %s: created a CA and a certificate for %s (verify with %s)",
+                 args.certs_dir, ", ".join(LOCAL_HOSTS), paths.ca)
+
+    _prepare_metrics_dir(args.metrics_dir)
+    settings = _resolve_cluster(settings)
+
+    # Imported only now: prometheus_client picks its multiprocess mode when first imported.
+    from webhook.app import create_app
+    from webhook.server import GunicornServer, gunicorn_options
+
+    options = gunicorn_options(
+        args.bind, str(paths.cert), str(paths.key), settings.workers, settings.threads,
+        settings.keepalive_seconds, settings.log_level,
+    )
+    log.info("serving on https://%s with %d workers x %d threads", args.bind, settings.workers, settings.threads)
+    GunicornServer(lambda: create_app(settings), options).run()
+    return 0
+
+
+def _prepare_metrics_dir(requested: Path | None) -> None:
+    directory = requested or (Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]) if os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+                              else Path(tempfile.mkdtemp(prefix="oversale-metrics-")))
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink()  # samples of a previous run's workers would be added to ours
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+
+
+def _resolve_cluster(settings: Settings) -> Settings:
+    """Decide once, in the master, whether there is a cluster, so the fact is logged once."""
+    if settings.kubernetes == "off":
+        log.info("OVERSALE_KUBERNETES=off: serving with Pod annotations only")
+        return settings
+    from webhook.owners import load_api_client
+
+    if load_api_client(settings.kubernetes) is None:
+        log.info("no in-cluster config and no kubeconfig: serving with Pod annotations only")
+        return dataclasses.replace(settings, kubernetes="off")
+    return settings
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Prometheus metrics of the webhook.
+
+Under gunicorn each worker is a process; ``python -m webhook`` sets PROMETHEUS_MULTIPROC_DIR before
+any worker starts, so every worker writes its samples to files there and ``/metrics`` (served by
+whichever worker) aggregates all of them. Without that variable, one in-process registry is used.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+
+class Metrics:
+    """The webhook's metrics, registered on their own registry (one per app)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        registry = self.registry
+        self.admissions = Counter(
+            "oversale_admissions",
+            "Admission reviews answered, by resource and outcome "
+            "(mutated, unchanged, skipped, error, malformed).",
+            ["resource", "outcome"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "oversale_admission_duration_seconds",
+            "Time to answer one admission review.",
+            ["resource"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+        self.freed_millicores = Counter(
+            "oversale_requests_freed_millicores",
+            "CPU requests removed from admitted Pods by compression, in millicores.",
+            ["namespace"],
+            registry=registry,
+        )
+        self.freed_bytes = Counter(
+            "oversale_requests_freed_bytes",
+            "Memory requests removed from admitted Pods by compression, in bytes.",
+            ["namespace"],
+            registry=registry,
+        )
+        self.invalid_annotations = Counter(
+            "oversale_invalid_annotations",
+            "Annotations of ours whose value was ignored, by key.",
+            ["annotation"],
+            registry=registry,
+        )
+        self.cache_synced = Gauge(
+            "oversale_cache_synced",
+            "1 when the watch cache of a kind has completed its first list (min over workers).",
+            ["kind"],
+            multiprocess_mode="livemin",
+            registry=registry,
+        )
+        self.owner_lookups = Counter(
+            "oversale_owner_lookups",
+            "Owner lookups by result: hit (cache), miss (one GET made), error (API failed).",
+            ["result"],
+            registry=registry,
+        )
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition of every worker's samples."""
+        if self.multiprocess:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

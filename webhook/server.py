@@ -1,0 +1,61 @@
+"""gunicorn serving the webhook app over TLS.
+
+gthread workers with keep-alive: the API server keeps connections to a webhook open and reuses
+them, so each TLS handshake is paid once per connection, not per review (the sync worker closes
+every connection). The app is built in each worker after the fork, so the watch threads of the
+owner caches run in the process that serves from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+
+def _child_exit(server: Any, worker: Any) -> None:
+    # A dead worker's live gauges must leave the multiprocess aggregation.
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+class GunicornServer(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type hints
+    """Run ``app_factory()`` under gunicorn with the given settings (gunicorn option names)."""
+
+    def __init__(self, app_factory: Callable[[], Any], options: dict[str, Any]) -> None:
+        self._factory = app_factory
+        self._options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self._options.items():
+            self.cfg.set(key, value)
+        self.cfg.set("child_exit", _child_exit)
+
+    def load(self) -> Any:
+        return self._factory()
+
+
+def gunicorn_options(
+    bind: str, certfile: str, keyfile: str, workers: int, threads: int, keepalive: int, log_level: str
+) -> dict[str, Any]:
+    return {
+        "bind": [bind],
+        "workers": workers,
+        "worker_class": "gthread",
+        "threads": threads,
+        "keepalive": keepalive,
+        "certfile": certfile,
+        "keyfile": keyfile,
+        "timeout": 30,
+        "graceful_timeout": 20,
+        "loglevel": log_level.lower(),
+        "accesslog": None,
+        "preload_app": False,
+        "proc_name": "oversale-webhook",
+        # gunicorn's runtime control socket lives under $HOME, which is read-only in the
+        # deployed image; nothing here uses gunicornc.
+        "control_socket_disable": True,
+    }
