@@ -91,12 +91,28 @@ def _record(metrics: Metrics, resource: str, decision: PodDecision) -> None:
 
 
 def _read_body(limit: int) -> bytes | None:
-    """The request body, or None when it is larger than ``limit`` (read no further than that)."""
+    """The request body, or None when it is larger than ``limit``.
+
+    An oversized body is read and dropped (up to a bound) rather than left unread: a client that
+    is still sending when the connection closes sees a reset instead of the 400 that explains it.
+    """
     length = request.content_length
     if length is not None and length > limit:
+        _discard(min(length, 4 * limit))
         return None
     body = request.stream.read(limit + 1)
-    return None if len(body) > limit else body
+    if len(body) > limit:
+        _discard(3 * limit)
+        return None
+    return body
+
+
+def _discard(count: int) -> None:
+    while count > 0:
+        chunk = request.stream.read(min(count, 1 << 16))
+        if not chunk:
+            return
+        count -= len(chunk)
 
 
 def _json(payload: Any, status: int = 200) -> Response:

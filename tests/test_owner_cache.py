@@ -1,0 +1,211 @@
+"""Owner annotations and LimitRanges read from the cluster: the real webhook process, the real
+``kubernetes`` client, and the API-server double in tests/kube_api.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from oversale.annotations import AnnotationKeys
+from tests.conftest import RunningWebhook, apply_response, pod_review
+from tests.kube_api import FakeKubeAPI
+
+KEYS = AnnotationKeys()
+NS = "shop"
+
+
+def workload(kind_plural: str, name: str, annotations: dict | None = None, owner: tuple[str, str] | None = None,
+             namespace: str = NS) -> tuple[str, dict]:
+    metadata: dict = {"name": name, "namespace": namespace}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    if owner:
+        metadata["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
+                                        "uid": f"uid-{owner[1]}", "controller": True}]
+    return kind_plural, {"metadata": metadata, "spec": {}}
+
+
+def owned_pod(kind: str, name: str, cpu: str = "1", memory: str = "1Gi", annotations: dict | None = None,
+              namespace: str = NS) -> dict:
+    metadata: dict = {
+        "generateName": f"{name}-",
+        "namespace": namespace,
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": f"uid-{name}",
+                             "controller": True, "blockOwnerDeletion": True}],
+    }
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "app", "image": "nginx",
+                                 "resources": {"requests": {"cpu": cpu, "memory": memory}}}]},
+    }
+
+
+def cpu_of(pod: dict) -> str:
+    return pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]
+
+
+def eventually(check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
+RATIO_2 = {KEYS.cpu_requests_ratio: "2"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[tuple[FakeKubeAPI, RunningWebhook]]:
+    api = FakeKubeAPI().start()
+    for plural, obj in [
+        workload("deployments", "web", RATIO_2),
+        workload("replicasets", "web-5d8f", {}, owner=("Deployment", "web")),
+        workload("statefulsets", "db", {KEYS.cpu_requests_ratio: "4", KEYS.memory_requests_ratio: "2"}),
+        workload("daemonsets", "agent", {KEYS.cpu_requests_ratio: "1.25"}),
+        workload("cronjobs", "report", RATIO_2),
+        workload("jobs", "report-2891", None, owner=("CronJob", "report")),
+        workload("jobs", "once", {KEYS.cpu_requests_ratio: "4"}),
+        workload("replicasets", "bare", {KEYS.cpu_requests_ratio: "4"}),
+        workload("deployments", "legacy", {**RATIO_2, KEYS.enable_resource_compress: "n"}),
+        workload("replicasets", "legacy-1", {}, owner=("Deployment", "legacy")),
+        workload("deployments", "guarded", {KEYS.cpu_requests_ratio: "4"}, namespace="limited"),
+        workload("replicasets", "guarded-1", {}, owner=("Deployment", "guarded"), namespace="limited"),
+    ]:
+        api.put(plural, obj)
+    api.put("limitranges", {"metadata": {"name": "min", "namespace": "limited"},
+                            "spec": {"limits": [{"type": "Container", "min": {"cpu": "400m"}}]}})
+    tmp = tmp_path_factory.mktemp("cluster")
+    kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+    server = RunningWebhook(tmp, env={"OVERSALE_KUBERNETES": "auto", "KUBECONFIG": str(kubeconfig)}, workers=1)
+    assert eventually(lambda: server.get("/readyz")[0] == 200), server.log.read_text()
+    yield api, server
+    server.stop()
+    api.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "cpu"),
+    [
+        ("ReplicaSet", "web-5d8f", "500m"),   # Pod -> ReplicaSet -> Deployment
+        ("StatefulSet", "db", "250m"),
+        ("DaemonSet", "agent", "800m"),
+        ("Job", "report-2891", "500m"),       # Pod -> Job -> CronJob
+        ("Job", "once", "250m"),              # a Job of its own
+        ("ReplicaSet", "bare", "250m"),       # a ReplicaSet with no Deployment
+        ("ReplicaSet", "legacy-1", "1"),      # enable-resource-compress: n on the Deployment
+    ],
+)
+def test_ratios_come_from_the_owning_workload(cluster, kind, name, cpu):
+    _, server = cluster
+    pod = owned_pod(kind, name)
+    mutated = apply_response(pod, server.review(pod_review(pod)))
+    assert cpu_of(mutated) == cpu
+
+
+def test_memory_follows_its_own_workload_annotation(cluster):
+    _, server = cluster
+    pod = owned_pod("StatefulSet", "db")
+    mutated = apply_response(pod, server.review(pod_review(pod)))
+    assert mutated["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "250m", "memory": "512Mi"}
+
+
+def test_a_pod_with_no_annotations_map_gets_one(cluster):
+    _, server = cluster
+    pod = owned_pod("ReplicaSet", "web-5d8f")
+    assert "annotations" not in pod["metadata"]
+    mutated = apply_response(pod, server.review(pod_review(pod)))
+    assert KEYS.original_requests in mutated["metadata"]["annotations"]
+
+
+def test_the_pods_own_annotation_overrides_the_workload(cluster):
+    _, server = cluster
+    pod = owned_pod("ReplicaSet", "web-5d8f", annotations={KEYS.cpu_requests_ratio: "4"})
+    assert cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "250m"
+    pod = owned_pod("ReplicaSet", "web-5d8f", annotations={KEYS.enable_resource_compress: "false"})
+    assert "patch" not in server.review(pod_review(pod))
+
+
+def test_limitrange_from_the_cache_caps_the_compression(cluster):
+    _, server = cluster
+    pod = owned_pod("ReplicaSet", "guarded-1", namespace="limited")
+    mutated = apply_response(pod, server.review(pod_review(pod, namespace="limited")))
+    assert cpu_of(mutated) == "400m"
+    assert "LimitRange" in mutated["metadata"]["annotations"][KEYS.compression]
+
+
+def test_warm_cache_admission_makes_no_api_request(cluster):
+    api, server = cluster
+    pod = owned_pod("ReplicaSet", "web-5d8f")
+    server.review(pod_review(pod))
+    before = api.count(watch=False)
+    for _ in range(10):
+        assert cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "500m"
+    assert api.count(watch=False) == before
+
+
+def test_cache_miss_costs_one_get_then_is_cached(cluster):
+    api, server = cluster
+    with api.watches_paused():
+        api.put(*workload("deployments", "fresh", {KEYS.cpu_requests_ratio: "4"}))
+        api.put(*workload("replicasets", "fresh-1", {}, owner=("Deployment", "fresh")))
+        pod = owned_pod("ReplicaSet", "fresh-1")
+        gets_before = api.count("GET", watch=False)
+        assert cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "250m"
+        assert api.count("GET", watch=False) == gets_before + 2  # the ReplicaSet, then its Deployment
+        assert cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "250m"
+        assert api.count("GET", watch=False) == gets_before + 2
+
+
+def test_annotation_changes_arrive_through_the_watch(cluster):
+    api, server = cluster
+    api.put(*workload("daemonsets", "agent", {KEYS.cpu_requests_ratio: "2"}))
+    pod = owned_pod("DaemonSet", "agent")
+    assert eventually(lambda: cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "500m")
+
+
+def test_expired_watch_relists(cluster):
+    api, server = cluster
+    lists_before = api.count("GET", "statefulsets", watch=False)
+    api.compact("statefulsets")
+    api.put(*workload("statefulsets", "db", {KEYS.cpu_requests_ratio: "2"}))
+    pod = owned_pod("StatefulSet", "db")
+    assert eventually(lambda: cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "500m")
+    assert api.count("GET", "statefulsets", watch=False) > lists_before
+
+
+def test_unreadable_owner_falls_back_to_pod_annotations_with_a_warning(cluster):
+    api, server = cluster
+    api.down = True
+    try:
+        pod = owned_pod("ReplicaSet", "nowhere-1", annotations={KEYS.cpu_requests_ratio: "2"})
+        response = server.review(pod_review(pod))
+    finally:
+        api.down = False
+    assert cpu_of(apply_response(pod, response)) == "500m"
+    assert any("could not read owner ReplicaSet shop/nowhere-1" in w for w in response["warnings"])
+    assert server.metric("oversale_owner_lookups_total", result="error") >= 1
+
+
+def test_readiness_waits_for_the_caches(tmp_path):
+    api = FakeKubeAPI().start()
+    api.down = True
+    server = RunningWebhook(tmp_path, env={"OVERSALE_KUBERNETES": "auto",
+                                           "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kc"))}, workers=1)
+    try:
+        assert server.get("/readyz")[0] == 503
+        assert server.get("/healthz")[0] == 200
+        assert server.metric("oversale_cache_synced", kind="Deployment") == 0
+        api.down = False
+        assert eventually(lambda: server.get("/readyz")[0] == 200, timeout=20)
+        assert server.metric("oversale_cache_synced", kind="Deployment") == 1
+    finally:
+        server.stop()
+        api.stop()

@@ -1,0 +1,62 @@
+import dataclasses
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+from oversale.errors import SettingsError
+from oversale.settings import Settings
+from tests.conftest import ROOT
+
+
+def test_defaults_match_the_documented_ones():
+    settings = Settings.from_env({})
+    assert settings.annotation_prefix == "stke.platform"
+    assert settings.max_ratio == Decimal(4)
+    assert settings.cpu_floor_millicores == 10
+    assert settings.memory_floor_bytes == 16 * 2**20
+    assert settings.skips_namespace("kube-system") and settings.skips_namespace("oversale")
+    assert not settings.skips_namespace("default")
+
+
+def test_environment_overrides_with_quantities_and_lists():
+    settings = Settings.from_env({
+        "OVERSALE_CPU_FLOOR": "0.05", "OVERSALE_MEMORY_FLOOR": "32Mi", "OVERSALE_MAX_RATIO": "2.5",
+        "OVERSALE_EXCLUDED_NAMESPACES": "a, b,,", "POD_NAMESPACE": "platform",
+        "OVERSALE_ALLOW_GUARANTEED_DOWNGRADE": "TRUE", "OVERSALE_ANNOTATION_PREFIX": "example.com",
+    })
+    assert settings.cpu_floor_millicores == 50
+    assert settings.memory_floor_bytes == 32 * 2**20
+    assert settings.max_ratio == Decimal("2.5")
+    assert settings.excluded_namespaces == frozenset({"a", "b"})
+    assert settings.skips_namespace("platform")
+    assert settings.allow_guaranteed_downgrade
+    assert settings.keys.cpu_requests_ratio == "example.com/cpu-requests-ratio"
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("OVERSALE_MAX_RATIO", "abc"), ("OVERSALE_MAX_RATIO", "0.5"), ("OVERSALE_CPU_FLOOR", "lots"),
+    ("OVERSALE_WORKERS", "0"), ("OVERSALE_KUBERNETES", "maybe"), ("OVERSALE_ANNOTATION_PREFIX", "a/b"),
+    ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"), ("OVERSALE_LOG_LEVEL", "LOUD"),
+    ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"),
+])
+def test_bad_values_name_the_variable(name, value):
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_a_bad_setting_stops_the_server_with_the_message(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook", "--bind", "127.0.0.1:0", "--certs-dir", str(tmp_path)],
+        cwd=ROOT, env={"OVERSALE_MAX_RATIO": "abc", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "OVERSALE_MAX_RATIO='abc'" in result.stderr
+
+
+def test_readme_documents_every_setting():
+    readme = (ROOT / "README.md").read_text()
+    for field in dataclasses.fields(Settings):
+        assert f"`{field.metadata['env']}`" in readme, field.name

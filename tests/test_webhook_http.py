@@ -1,0 +1,175 @@
+"""The webhook as deployed: ``python -m webhook`` (gunicorn, gthread, TLS) on loopback, answering
+real AdmissionReview v1 payloads. No cluster here: Pod annotations only."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import socket
+import ssl
+
+import pytest
+from kubernetes import client
+
+from oversale.annotations import AnnotationKeys
+from oversale.pods import effective_request, qos_class, requests_of
+from tests.conftest import POD_FIXTURES, apply_response, load_fixture_pod, pod_review
+
+KEYS = AnnotationKeys()
+
+
+def with_ratios(pod, cpu="2", memory=None):
+    pod = copy.deepcopy(pod)
+    annotations = pod.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations[KEYS.cpu_requests_ratio] = cpu
+    if memory:
+        annotations[KEYS.memory_requests_ratio] = memory
+    return pod
+
+
+def units(pod):
+    return [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
+
+
+def test_certificates_are_created_and_verify_for_localhost_and_ip(webhook_no_cluster):
+    for name in ("ca.crt", "tls.crt", "tls.key"):
+        assert (webhook_no_cluster.certs / name).is_file()
+    assert (webhook_no_cluster.certs / "tls.key").stat().st_mode & 0o077 == 0
+    context = webhook_no_cluster.context()
+    for host in ("localhost", "127.0.0.1"):
+        with socket.create_connection(("127.0.0.1", webhook_no_cluster.port)) as raw, \
+                context.wrap_socket(raw, server_hostname=host) as tls:
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    with socket.create_connection(("127.0.0.1", webhook_no_cluster.port)) as raw, pytest.raises(ssl.SSLError):
+        ssl.create_default_context().wrap_socket(raw, server_hostname="localhost")
+
+
+def test_health_and_readiness_without_a_cluster(webhook_no_cluster):
+    assert webhook_no_cluster.get("/healthz")[0] == 200
+    assert webhook_no_cluster.get("/readyz")[0] == 200
+    log = webhook_no_cluster.log.read_text()
+    assert log.count("serving with Pod annotations only") == 1
+
+
+@pytest.mark.parametrize("path", POD_FIXTURES, ids=lambda p: p.stem)
+def test_every_fixture_pod_gets_a_valid_patch(webhook_no_cluster, path):
+    original = with_ratios(load_fixture_pod(path), cpu="2", memory="1.5")
+    response = webhook_no_cluster.review(pod_review(original))
+    assert response["allowed"] is True
+    mutated = apply_response(original, response)
+    client.V1Pod.from_dict(mutated)  # still a valid Pod for the real client's models
+
+    assert qos_class(mutated) == qos_class(original)
+    for before, after in zip(units(original), units(mutated), strict=True):
+        assert (after.get("resources") or {}).get("limits") == (before.get("resources") or {}).get("limits")
+        for resource, amount in requests_of(before).items():
+            assert requests_of(after)[resource] <= amount
+    if qos_class(original) == "Guaranteed":
+        assert "patch" not in response
+        assert any("Guaranteed" in w for w in response["warnings"])
+    elif any(requests_of(c).get("cpu", 0) > 20 for c in units(original)):
+        assert "patch" in response
+        assert effective_request(mutated, "cpu") < effective_request(original, "cpu")
+        recorded = json.loads(mutated["metadata"]["annotations"][KEYS.original_requests])
+        assert set(recorded) >= {c["name"] for c in units(original) if requests_of(c)}
+
+
+def test_second_pass_over_the_mutated_pod_changes_nothing(webhook_no_cluster):
+    original = with_ratios(load_fixture_pod(POD_FIXTURES[15]), cpu="3.7", memory="2")
+    once = apply_response(original, webhook_no_cluster.review(pod_review(original)))
+    again = webhook_no_cluster.review(pod_review(once))
+    assert "patch" not in again
+    assert apply_response(once, again) == once
+
+
+def test_patch_escapes_the_slash_in_annotation_keys(webhook_no_cluster):
+    response = webhook_no_cluster.review(pod_review(with_ratios(load_fixture_pod(POD_FIXTURES[15]))))
+    paths = {op["path"] for op in json.loads(base64.b64decode(response["patch"]))}
+    assert "/metadata/annotations/stke.platform~1original-requests" in paths
+    assert "/metadata/annotations/stke.platform~1compression" in paths
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"operation": "UPDATE"}, "operation"),
+        ({"subResource": "status"}, "subresource"),
+        ({"namespace": "kube-system"}, "namespace"),
+    ],
+)
+def test_non_create_subresources_and_excluded_namespaces_are_left_alone(webhook_no_cluster, change, reason):
+    review = pod_review(with_ratios(load_fixture_pod(POD_FIXTURES[15])))
+    review["request"].update(change)
+    response = webhook_no_cluster.review(review)
+    assert response == {"uid": review["request"]["uid"], "allowed": True}
+
+
+def test_invalid_ratio_warns_names_the_value_and_counts(webhook_no_cluster):
+    before = webhook_no_cluster.metric("oversale_invalid_annotations_total", annotation=KEYS.cpu_requests_ratio)
+    pod = with_ratios(load_fixture_pod(POD_FIXTURES[15]), cpu="1e3", memory="2")
+    response = webhook_no_cluster.review(pod_review(pod))
+    mutated = apply_response(pod, response)
+    container = mutated["spec"]["containers"][0]["resources"]["requests"]
+    assert container == {"cpu": "100m", "memory": "50Mi"}, "cpu untouched, memory still compressed"
+    assert any(KEYS.cpu_requests_ratio in w and "'1e3'" in w for w in response["warnings"])
+    after = webhook_no_cluster.metric("oversale_invalid_annotations_total", annotation=KEYS.cpu_requests_ratio)
+    assert after == before + 1
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"not json", "not JSON"),
+        (b"[]", "not a JSON object"),
+        (json.dumps({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}).encode(), "apiVersion"),
+        (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}).encode(),
+         "uid"),
+        (b"{" + b" " * (7 * 2**20) + b"}", "larger than"),
+    ],
+)
+def test_malformed_bodies_get_a_clear_400(webhook_no_cluster, body, message):
+    before = webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="malformed")
+    status, answer = webhook_no_cluster.request("POST", "/mutate/pods", body, {"Content-Type": "application/json"})
+    assert status == 400
+    assert message in json.loads(answer)["error"]
+    after = webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="malformed")
+    assert after == before + 1
+
+
+def test_internal_error_fails_open_without_patch(webhook_no_cluster):
+    # A quantity no API server would accept makes the policy raise: the answer is still allowed.
+    pod = with_ratios(load_fixture_pod(POD_FIXTURES[15]))
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    before = webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="error")
+    review = pod_review(pod)
+    response = webhook_no_cluster.review(review)
+    assert response == {"uid": review["request"]["uid"], "allowed": True}
+    assert webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="error") == before + 1
+
+
+def test_keep_alive_serves_many_reviews_on_one_connection(webhook_no_cluster):
+    connection = webhook_no_cluster.connection()
+    pod = with_ratios(load_fixture_pod(POD_FIXTURES[15]))
+    sockets = set()
+    for _ in range(20):
+        connection.request("POST", "/mutate/pods", json.dumps(pod_review(pod)).encode(),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        response.read()
+        sockets.add(id(connection.sock))
+    assert len(sockets) == 1, "the connection was closed between requests"
+    connection.close()
+
+
+def test_metrics_aggregate_over_workers(webhook_no_cluster):
+    pod = with_ratios(load_fixture_pod(POD_FIXTURES[15]))
+    before = webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="mutated")
+    freed_before = webhook_no_cluster.metric("oversale_requests_freed_millicores_total", namespace="default")
+    for _ in range(12):  # separate connections, so both workers serve some
+        webhook_no_cluster.review(pod_review(pod))
+    assert webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="mutated") == before + 12
+    freed = webhook_no_cluster.metric("oversale_requests_freed_millicores_total", namespace="default")
+    assert freed == freed_before + 12 * 50
+    assert webhook_no_cluster.metric("oversale_admission_duration_seconds_count", resource="pods") >= 12
