@@ -26,6 +26,11 @@ from tests.kube_api import FakeKubeAPI
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 POD_FIXTURES = sorted((SHARED / "fixtures" / "pods").glob("*.json"))
+if not POD_FIXTURES:
+    raise RuntimeError(f"the shared fixtures are missing: expected Pods in {SHARED / 'fixtures' / 'pods'} "
+                       "(the repository must be cloned beside shared/)")
+# A Deployment-owned Pod with one container requesting 100m CPU and 100Mi memory.
+FRONTEND_POD = SHARED / "fixtures" / "pods" / "016-examples-deployment-frontend.json"
 
 
 def load_fixture_pod(path: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from oversale.annotations import AnnotationKeys
 from oversale.pods import effective_request, qos_class, requests_of
-from tests.conftest import POD_FIXTURES, apply_response, load_fixture_pod, pod_review
+from tests.conftest import FRONTEND_POD, POD_FIXTURES, apply_response, load_fixture_pod, pod_review
 
 KEYS = AnnotationKeys()
 
@@ -76,7 +76,7 @@ def test_every_fixture_pod_gets_a_valid_patch(webhook_no_cluster, path):
 
 
 def test_second_pass_over_the_mutated_pod_changes_nothing(webhook_no_cluster):
-    original = with_ratios(load_fixture_pod(POD_FIXTURES[15]), cpu="3.7", memory="2")
+    original = with_ratios(load_fixture_pod(FRONTEND_POD), cpu="3.7", memory="2")
     once = apply_response(original, webhook_no_cluster.review(pod_review(original)))
     again = webhook_no_cluster.review(pod_review(once))
     assert "patch" not in again
@@ -84,7 +84,7 @@ def test_second_pass_over_the_mutated_pod_changes_nothing(webhook_no_cluster):
 
 
 def test_patch_escapes_the_slash_in_annotation_keys(webhook_no_cluster):
-    response = webhook_no_cluster.review(pod_review(with_ratios(load_fixture_pod(POD_FIXTURES[15]))))
+    response = webhook_no_cluster.review(pod_review(with_ratios(load_fixture_pod(FRONTEND_POD))))
     paths = {op["path"] for op in json.loads(base64.b64decode(response["patch"]))}
     assert "/metadata/annotations/stke.platform~1original-requests" in paths
     assert "/metadata/annotations/stke.platform~1compression" in paths
@@ -99,7 +99,7 @@ def test_patch_escapes_the_slash_in_annotation_keys(webhook_no_cluster):
     ],
 )
 def test_non_create_subresources_and_excluded_namespaces_are_left_alone(webhook_no_cluster, change, reason):
-    review = pod_review(with_ratios(load_fixture_pod(POD_FIXTURES[15])))
+    review = pod_review(with_ratios(load_fixture_pod(FRONTEND_POD)))
     review["request"].update(change)
     response = webhook_no_cluster.review(review)
     assert response == {"uid": review["request"]["uid"], "allowed": True}
@@ -107,7 +107,7 @@ def test_non_create_subresources_and_excluded_namespaces_are_left_alone(webhook_
 
 def test_invalid_ratio_warns_names_the_value_and_counts(webhook_no_cluster):
     before = webhook_no_cluster.metric("oversale_invalid_annotations_total", annotation=KEYS.cpu_requests_ratio)
-    pod = with_ratios(load_fixture_pod(POD_FIXTURES[15]), cpu="1e3", memory="2")
+    pod = with_ratios(load_fixture_pod(FRONTEND_POD), cpu="1e3", memory="2")
     response = webhook_no_cluster.review(pod_review(pod))
     mutated = apply_response(pod, response)
     container = mutated["spec"]["containers"][0]["resources"]["requests"]
@@ -139,7 +139,7 @@ def test_malformed_bodies_get_a_clear_400(webhook_no_cluster, body, message):
 
 def test_internal_error_fails_open_without_patch(webhook_no_cluster):
     # A quantity no API server would accept makes the policy raise: the answer is still allowed.
-    pod = with_ratios(load_fixture_pod(POD_FIXTURES[15]))
+    pod = with_ratios(load_fixture_pod(FRONTEND_POD))
     pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
     before = webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="error")
     review = pod_review(pod)
@@ -150,7 +150,7 @@ def test_internal_error_fails_open_without_patch(webhook_no_cluster):
 
 def test_keep_alive_serves_many_reviews_on_one_connection(webhook_no_cluster):
     connection = webhook_no_cluster.connection()
-    pod = with_ratios(load_fixture_pod(POD_FIXTURES[15]))
+    pod = with_ratios(load_fixture_pod(FRONTEND_POD))
     sockets = set()
     for _ in range(20):
         connection.request("POST", "/mutate/pods", json.dumps(pod_review(pod)).encode(),
@@ -164,7 +164,7 @@ def test_keep_alive_serves_many_reviews_on_one_connection(webhook_no_cluster):
 
 
 def test_metrics_aggregate_over_workers(webhook_no_cluster):
-    pod = with_ratios(load_fixture_pod(POD_FIXTURES[15]))
+    pod = with_ratios(load_fixture_pod(FRONTEND_POD))
     before = webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="mutated")
     freed_before = webhook_no_cluster.metric("oversale_requests_freed_millicores_total", namespace="default")
     for _ in range(12):  # separate connections, so both workers serve some
