@@ -8,12 +8,12 @@ This module is the one annotation reader: webhooks and reconcilers parse values 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from oversale.errors import InvalidAnnotation, InvalidRatio
-from oversale.quantity import CPU
+from oversale.quantity import CPU, RESOURCES
 
 DEFAULT_PREFIX = "stke.platform"
 
@@ -59,6 +59,44 @@ class AnnotationKeys:
         """Written on Pods: short audit of the ratios applied and the guards that capped them."""
         return self._key("compression")
 
+    @property
+    def cpu_oversale_ratio(self) -> str:
+        """Node: CPU oversale ratio (allocatable multiplier)."""
+        return self._key("cpu-oversale-ratio")
+
+    @property
+    def memory_oversale_ratio(self) -> str:
+        """Node: memory oversale ratio (allocatable multiplier)."""
+        return self._key("memory-oversale-ratio")
+
+    @property
+    def mutate(self) -> str:
+        """Node: ``false`` switches overselling off (real values are restored on the next write)."""
+        return self._key("mutate")
+
+    @property
+    def real_allocatable(self) -> str:
+        """Written on Nodes: JSON of the cpu/memory allocatable the kubelet last reported."""
+        return self._key("real-allocatable")
+
+    @property
+    def real_capacity(self) -> str:
+        """Written on Nodes: JSON of the cpu/memory capacity the kubelet last reported."""
+        return self._key("real-capacity")
+
+    @property
+    def applied_oversale_ratio(self) -> str:
+        """Written on Nodes: JSON of the ratio applied per resource (absent when not oversold)."""
+        return self._key("applied-oversale-ratio")
+
+    def oversale_ratio(self, resource: str) -> str:
+        """The node oversale-ratio key for ``cpu`` or ``memory``."""
+        return self.cpu_oversale_ratio if resource == CPU else self.memory_oversale_ratio
+
+    def node_record_keys(self) -> tuple[str, ...]:
+        """What the node webhook writes (and restores from the stored Node)."""
+        return (self.real_allocatable, self.real_capacity, self.applied_oversale_ratio)
+
     def requests_ratio(self, resource: str) -> str:
         """The compression-ratio key for ``cpu`` or ``memory``."""
         return self.cpu_requests_ratio if resource == CPU else self.memory_requests_ratio
@@ -101,3 +139,53 @@ def parse_switch(text: str) -> bool:
     if value in _NO:
         return False
     raise InvalidAnnotation(f"{text!r} is not one of y, yes, true, n, no, false")
+
+
+@dataclass(frozen=True)
+class AnnotationProblem:
+    """An annotation of ours whose value was ignored."""
+
+    key: str
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"annotation {self.key}={self.value!r} ignored: {self.reason}"
+
+
+@dataclass
+class RatioReading:
+    """Ratios read from annotations: resource -> ratio > 1, and what was wrong on the way."""
+
+    ratios: dict[str, Decimal] = field(default_factory=dict)
+    problems: list[AnnotationProblem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_ratios(
+    annotations: Mapping[str, str],
+    key_of: Callable[[str], str],
+    maximum_of: Callable[[str], Decimal],
+    otherwise: str,
+) -> RatioReading:
+    """Read one ratio annotation per resource (``key_of(resource)``). An invalid value leaves that
+    resource out and becomes a problem ("... ; cpu {otherwise}"); a value above ``maximum_of``
+    is clamped with a warning; a ratio of 1 means "leave alone"."""
+    reading = RatioReading()
+    for resource in RESOURCES:
+        key = key_of(resource)
+        if key not in annotations:
+            continue
+        text = annotations[key]
+        try:
+            ratio = parse_ratio(text)
+        except InvalidRatio as error:
+            reading.problems.append(AnnotationProblem(key, text, f"{error}; {resource} {otherwise}"))
+            continue
+        maximum = maximum_of(resource)
+        if ratio > maximum:
+            reading.warnings.append(f"{key}={text} is above the maximum {maximum}; using {maximum}")
+            ratio = maximum
+        if ratio > 1:
+            reading.ratios[resource] = ratio
+    return reading

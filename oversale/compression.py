@@ -17,8 +17,8 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from oversale.annotations import AnnotationKeys, parse_ratio, parse_switch
-from oversale.errors import InvalidAnnotation, InvalidRatio, QuantityError
+from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch, read_ratios
+from oversale.errors import InvalidAnnotation, QuantityError
 from oversale.limitrange import NO_BOUNDS, RequestBounds
 from oversale.pods import (
     Pod,
@@ -52,18 +52,6 @@ class CompressionConfig:
 
     def floor(self, resource: str) -> int:
         return self.cpu_floor_millicores if resource == CPU else self.memory_floor_bytes
-
-
-@dataclass(frozen=True)
-class AnnotationProblem:
-    """An annotation of ours whose value was ignored."""
-
-    key: str
-    value: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"annotation {self.key}={self.value!r} ignored: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -112,7 +100,6 @@ def policy_from_annotations(
     """Read the compression annotations. Never raises: a bad value leaves its resource alone and
     is reported in ``problems``; the other resource still follows its own annotation."""
     problems: list[AnnotationProblem] = []
-    warnings: list[str] = []
     disabled = False
     switch = annotations.get(keys.enable_resource_compress)
     if switch is not None:
@@ -120,23 +107,10 @@ def policy_from_annotations(
             disabled = not parse_switch(switch)
         except InvalidAnnotation as error:
             problems.append(AnnotationProblem(keys.enable_resource_compress, switch, str(error)))
-    ratios: dict[str, Decimal] = {}
-    for resource in RESOURCES:
-        key = keys.requests_ratio(resource)
-        if key not in annotations:
-            continue
-        try:
-            ratio = parse_ratio(annotations[key])
-        except InvalidRatio as error:
-            problems.append(AnnotationProblem(key, annotations[key], f"{error}; {resource} not compressed"))
-            continue
-        if ratio > config.max_ratio:
-            warnings.append(f"{key}={annotations[key]} is above the maximum {config.max_ratio}; "
-                            f"using {config.max_ratio}")
-            ratio = config.max_ratio
-        if ratio > 1:
-            ratios[resource] = ratio
-    return CompressionPolicy(ratios, keys, config, disabled, tuple(problems), tuple(warnings))
+    reading = read_ratios(annotations, keys.requests_ratio, lambda resource: config.max_ratio, "not compressed")
+    return CompressionPolicy(
+        reading.ratios, keys, config, disabled, (*problems, *reading.problems), tuple(reading.warnings)
+    )
 
 
 def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds = NO_BOUNDS) -> CompressionResult:

@@ -140,3 +140,11 @@ def qos_class(pod: Mapping[str, Any]) -> str:
     if guaranteed and requests == limits:
         return "Guaranteed"
     return "Burstable"
+
+
+def scheduled_request(pod: Mapping[str, Any], resource: str) -> int:
+    """What a bound Pod takes from its node's allocatable, as kubelet admission counts it:
+    the effective request plus the RuntimeClass overhead."""
+    overhead = (pod.get("spec") or {}).get("overhead") or {}
+    extra = parse_amount(resource, overhead[resource]) if resource in overhead else 0
+    return effective_request(pod, resource) + extra

@@ -15,6 +15,7 @@ from typing import Any
 from oversale.annotations import DEFAULT_PREFIX, AnnotationKeys
 from oversale.compression import CompressionConfig
 from oversale.errors import QuantityError, SettingsError
+from oversale.node_oversale import OversaleLimits
 from oversale.quantity import parse_bytes, parse_millicores
 
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -50,6 +51,19 @@ class Settings:
         default=frozenset(SYSTEM_NAMESPACES), metadata=_env("OVERSALE_EXCLUDED_NAMESPACES")
     )
     """Comma-separated namespaces whose Pods are never touched (the own namespace is added)."""
+
+    max_cpu_oversale_ratio: Decimal = field(default=Decimal(3), metadata=_env("OVERSALE_MAX_CPU_OVERSALE_RATIO"))
+    """Largest node CPU oversale ratio (inclusive); larger annotations are clamped."""
+
+    max_memory_oversale_ratio: Decimal = field(default=Decimal(2), metadata=_env("OVERSALE_MAX_MEMORY_OVERSALE_RATIO"))
+    """Largest node memory oversale ratio (inclusive); larger annotations are clamped."""
+
+    kubelet_username: str = field(default="system:node:{node}", metadata=_env("OVERSALE_KUBELET_USERNAME"))
+    """How a node's own kubelet authenticates; ``{node}`` is the Node name. Only its writes (and
+    Node CREATE) may refresh the real allocatable/capacity."""
+
+    pod_lookup_timeout_seconds: float = field(default=3.0, metadata=_env("OVERSALE_POD_LOOKUP_TIMEOUT"))
+    """Timeout of the live Pod list the node validating webhook makes when a ratio is lowered."""
 
     max_body_bytes: int = field(default=6 * 2**20, metadata=_env("OVERSALE_MAX_BODY_BYTES"))
     """AdmissionReview bodies larger than this get a 400 (a quantity such as ``6Mi``)."""
@@ -88,6 +102,13 @@ class Settings:
             memory_floor_bytes=self.memory_floor_bytes,
             allow_guaranteed_downgrade=self.allow_guaranteed_downgrade,
         )
+
+    @property
+    def oversale_limits(self) -> OversaleLimits:
+        return OversaleLimits(self.max_cpu_oversale_ratio, self.max_memory_oversale_ratio)
+
+    def is_kubelet_of(self, username: str, node: str) -> bool:
+        return username == self.kubelet_username.format(node=node)
 
     def skips_namespace(self, namespace: str) -> bool:
         return namespace in self.excluded_namespaces or namespace == self.namespace
@@ -145,6 +166,13 @@ def _max_ratio(text: str) -> Decimal:
     return value
 
 
+def _username_template(text: str) -> str:
+    if "{node}" not in text:
+        raise ValueError("must contain {node}, e.g. system:node:{node}")
+    text.format(node="x")
+    return text
+
+
 def _prefix(text: str) -> str:
     if not text or "/" in text or len(text) > 253:
         raise ValueError("must be a DNS subdomain such as stke.platform (no slash)")
@@ -175,6 +203,10 @@ _PARSERS: dict[str, Any] = {
     "allow_guaranteed_downgrade": _bool,
     "namespace": str,
     "excluded_namespaces": lambda text: frozenset(n.strip() for n in text.split(",") if n.strip()),
+    "max_cpu_oversale_ratio": _max_ratio,
+    "max_memory_oversale_ratio": _max_ratio,
+    "kubelet_username": _username_template,
+    "pod_lookup_timeout_seconds": _positive_float,
     "max_body_bytes": parse_bytes,
     "kubernetes": _choice("auto", "off"),
     "owner_lookup_timeout_seconds": _positive_float,

@@ -10,12 +10,14 @@ This is the one API-server test double of the project; extend it rather than wri
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import json
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -64,6 +66,11 @@ class FakeKubeAPI:
         self._watches_paused = False
         self._stopping = False
         self.requests: list[Logged] = []
+        self.users: dict[str, str] = {"fake-token": "kubernetes-admin"}
+        """Bearer token -> username, as the API server's authenticator would map them."""
+        self.mutating: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        self.validating: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        """plural -> a webhook: takes an AdmissionReview, returns its AdmissionResponse."""
         self.down = False
         """While True every request gets 503 (an unreachable or overloaded API server)."""
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -156,10 +163,56 @@ class FakeKubeAPI:
         )
 
     # -- HTTP semantics ----------------------------------------------------------------------
+    def write(self, plural: str, operation: str, subresource: str, obj: dict[str, Any],
+              old: dict[str, Any] | None, username: str) -> tuple[int, dict[str, Any]]:
+        """Admission, then the registry's update strategy, then storage, as the API server does
+        for a CREATE or UPDATE. Returns (HTTP status, stored object or Status)."""
+        _, kind, _ = RESOURCES[plural]
+        for chain, mutating in ((self.mutating, True), (self.validating, False)):
+            webhook = chain.get(plural)
+            if webhook is None:
+                continue
+            review = {
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {
+                    "uid": str(uuid.uuid4()),
+                    "kind": {"group": "", "version": "v1", "kind": kind},
+                    "resource": {"group": "", "version": "v1", "resource": plural},
+                    "subResource": subresource, "operation": operation,
+                    "name": obj.get("metadata", {}).get("name", ""),
+                    "userInfo": {"username": username},
+                    "object": obj, "oldObject": old, "dryRun": False,
+                },
+            }
+            if not subresource:
+                del review["request"]["subResource"]
+            response = webhook(review)
+            if not response.get("allowed"):
+                status = response.get("status") or {}
+                code = status.get("code", 403)
+                message = f"admission webhook denied the request: {status.get('message')}"
+                return code, _status(code, "Forbidden", message)
+            if mutating and response.get("patch"):
+                obj = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
+        if old is not None and plural == "nodes":
+            # The node registry strategies (pkg/registry/core/node/strategy.go), applied after
+            # admission: a main-resource update keeps the stored status, a status update keeps the
+            # stored spec.
+            if subresource == "status":
+                obj["spec"] = copy.deepcopy(old.get("spec"))
+            else:
+                obj["status"] = copy.deepcopy(old.get("status"))
+        return (201 if old is None else 200), self.put(plural, obj)
+
+
     def list_objects(self, plural: str, namespace: str | None, query: dict[str, list[str]]) -> dict[str, Any]:
         with self._changed:
             items = [o for (ns, _), o in sorted(self._objects[plural].items()) if namespace in (None, ns)]
             version = self._version
+        for selector in (query.get("fieldSelector", [""])[0] or "").split(","):
+            if selector:
+                path, _, wanted = selector.partition("=")
+                items = [o for o in items if _field(o, path) == wanted]
         limit = int(query.get("limit", ["0"])[0] or 0)
         start = int(query.get("continue", ["0"])[0] or 0)
         page = items[start : start + limit] if limit else items[start:]
@@ -204,6 +257,13 @@ class FakeKubeAPI:
             for version, kind, obj in pending:
                 sent = version
                 yield {"type": kind, "object": copy.deepcopy(obj)}
+
+
+def _field(obj: dict[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -290,34 +350,32 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
-        def do_PATCH(self) -> None:
-            route = self._prologue()
-            if route is None:
-                return
-            plural, namespace, name, _, _ = route
-            current = api.get(plural, namespace or "", name or "")
-            if current is None:
-                return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
-            body = self._body()
-            if "json-patch" in (self.headers.get("Content-Type") or ""):
-                updated = jsonpatch.apply_patch(current, body)
-            else:
-                updated = _merge(current, body)
-            self._send(200, api.put(plural, updated))
+        def _username(self) -> str:
+            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+            return api.users.get(token, "system:anonymous")
 
-        def do_PUT(self) -> None:
+        def _update(self, build: Callable[[dict[str, Any], Any], dict[str, Any]]) -> None:
             route = self._prologue()
             if route is None:
                 return
-            plural, namespace, name, _, _ = route
+            plural, namespace, name, sub, _ = route
             current = api.get(plural, namespace or "", name or "")
             body = self._body()
             if current is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
-            sent = (body.get("metadata") or {}).get("resourceVersion")
+            sent = (body.get("metadata") or {}).get("resourceVersion") if self.command == "PUT" else None
             if sent and sent != current["metadata"]["resourceVersion"]:
                 return self._send(409, _status(409, "Conflict", "the object has been modified"))
-            self._send(200, api.put(plural, body))
+            code, result = api.write(plural, "UPDATE", sub or "", build(current, body), current, self._username())
+            self._send(code, result)
+
+        def do_PATCH(self) -> None:
+            json_patch = "json-patch" in (self.headers.get("Content-Type") or "")
+            self._update(lambda current, body: jsonpatch.apply_patch(current, body) if json_patch
+                         else _merge(current, body))
+
+        def do_PUT(self) -> None:
+            self._update(lambda current, body: body)
 
         def do_POST(self) -> None:
             route = self._prologue()
@@ -325,10 +383,12 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return
             plural, namespace, _, _, _ = route
             body = self._body()
-            body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
+            if RESOURCES[plural][2]:
+                body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
             if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:
                 return self._send(409, _status(409, "AlreadyExists", "already exists"))
-            self._send(201, api.put(plural, body))
+            code, result = api.write(plural, "CREATE", "", body, None, self._username())
+            self._send(code, result)
 
     return Handler
 

@@ -5,28 +5,34 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, request
 
-from oversale.quantity import CPU, MEMORY
+from oversale.quantity import CPU, MEMORY, RESOURCES, parse_amount
 from oversale.settings import Settings
 from webhook.metrics import Metrics
+from webhook.node_admission import NodeDecision, NodePods, admit_node, validate_node
+from webhook.node_pods import LiveNodePods, NoClusterPods
 from webhook.owners import NoCluster, OwnerCache, load_api_client
 from webhook.pod_admission import Owners, PodDecision, admit_pod
-from webhook.reviews import MalformedReview, allow, parse_review
+from webhook.reviews import AdmissionRequest, AdmissionReview, MalformedReview, allow, parse_review
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, owners: Any = None, metrics: Metrics | None = None) -> Flask:
-    """Build the webhook app. Without ``owners``, start watch caches against the configured
-    cluster, or run with Pod annotations only when there is none."""
+def create_app(
+    settings: Settings, owners: Any = None, node_pods: NodePods | None = None, metrics: Metrics | None = None
+) -> Flask:
+    """Build the webhook app. Without ``owners``/``node_pods``, connect to the configured cluster
+    (watch caches, live Pod lookups), or run with Pod annotations only when there is none."""
     metrics = metrics or Metrics()
-    if owners is None:
-        owners = _connect(settings, metrics)
+    if owners is None or node_pods is None:
+        connected_owners, connected_pods = _connect(settings, metrics)
+        owners = owners if owners is not None else connected_owners
+        node_pods = node_pods if node_pods is not None else connected_pods
     app = Flask("oversale-webhook")
-    app.config["OVERSALE_OWNERS"] = owners
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -45,7 +51,16 @@ def create_app(settings: Settings, owners: Any = None, metrics: Metrics | None =
 
     @app.post("/mutate/pods")
     def mutate_pods() -> Response:
-        return _admission(settings, metrics, "pods", lambda req: admit_pod(req, settings, owners))
+        return _admission(settings, metrics, "pods", lambda r: _record_pod(metrics, admit_pod(r, settings, owners)))
+
+    @app.post("/mutate/nodes")
+    def mutate_nodes() -> Response:
+        return _admission(settings, metrics, "nodes", lambda r: _record_node(metrics, admit_node(r, settings)))
+
+    @app.post("/validate/nodes")
+    def validate_nodes() -> Response:
+        return _admission(settings, metrics, "nodes-validate",
+                          lambda r: _record_verdict(metrics, validate_node(r, settings, node_pods)))
 
     @app.errorhandler(404)
     @app.errorhandler(405)
@@ -55,7 +70,11 @@ def create_app(settings: Settings, owners: Any = None, metrics: Metrics | None =
     return app
 
 
-def _admission(settings: Settings, metrics: Metrics, resource: str, admit: Any) -> Response:
+def _admission(
+    settings: Settings, metrics: Metrics, resource: str, answer: Callable[[AdmissionRequest], AdmissionReview]
+) -> Response:
+    """Read, answer and time one review. Malformed bodies get a 400; any error of ours allows the
+    object unchanged (fail open), so a bug here never blocks a Pod or a node heartbeat."""
     started = time.perf_counter()
     body = _read_body(settings.max_body_bytes)
     if body is None:
@@ -67,9 +86,7 @@ def _admission(settings: Settings, metrics: Metrics, resource: str, admit: Any) 
         metrics.admissions.labels(resource, "malformed").inc()
         return _json({"error": str(error)}, 400)
     try:
-        decision: PodDecision = admit(admission_request)
-        _record(metrics, resource, decision)
-        review = decision.review
+        review = answer(admission_request)
     except Exception:
         log.exception("admission of %s review %s failed; allowing unchanged", resource, admission_request["uid"])
         metrics.admissions.labels(resource, "error").inc()
@@ -78,8 +95,8 @@ def _admission(settings: Settings, metrics: Metrics, resource: str, admit: Any) 
     return _json(review)
 
 
-def _record(metrics: Metrics, resource: str, decision: PodDecision) -> None:
-    metrics.admissions.labels(resource, decision.outcome).inc()
+def _record_pod(metrics: Metrics, decision: PodDecision) -> AdmissionReview:
+    metrics.admissions.labels("pods", decision.outcome).inc()
     for problem in decision.problems:
         metrics.invalid_annotations.labels(problem.key).inc()
     if decision.result and decision.outcome == "mutated" and not decision.dry_run:
@@ -88,6 +105,34 @@ def _record(metrics: Metrics, resource: str, decision: PodDecision) -> None:
             metrics.freed_millicores.labels(decision.namespace).inc(freed[CPU])
         if freed.get(MEMORY):
             metrics.freed_bytes.labels(decision.namespace).inc(freed[MEMORY])
+    return decision.review
+
+
+def _record_verdict(metrics: Metrics, verdict: AdmissionReview) -> AdmissionReview:
+    allowed = verdict.get("response", {}).get("allowed", True)
+    metrics.admissions.labels("nodes-validate", "allowed" if allowed else "denied").inc()
+    return verdict
+
+
+def _record_node(metrics: Metrics, decision: NodeDecision) -> AdmissionReview:
+    metrics.admissions.labels("nodes", decision.outcome).inc()
+    for problem in decision.problems:
+        metrics.invalid_annotations.labels(problem.key).inc()
+    result = decision.result
+    if result is None or decision.dry_run:
+        return decision.review
+    for resource in result.restored:
+        metrics.node_restores.labels(resource).inc()
+    for resource in RESOURCES:
+        real = result.real.allocatable.get(resource)
+        if real is None or resource not in result.allocatable:
+            continue
+        scale = 1000 if resource == CPU else 1  # cpu exposed in cores, as kube-state-metrics does
+        metrics.node_allocatable.labels(decision.node, resource, "real").set(parse_amount(resource, real) / scale)
+        oversold = parse_amount(resource, result.allocatable[resource])
+        metrics.node_allocatable.labels(decision.node, resource, "oversold").set(oversold / scale)
+        metrics.node_ratio.labels(decision.node, resource).set(float(result.applied.get(resource, 1)))
+    return decision.review
 
 
 def _read_body(limit: int) -> bytes | None:
@@ -119,12 +164,12 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(json.dumps(payload), status=status, mimetype="application/json")
 
 
-def _connect(settings: Settings, metrics: Metrics) -> Owners:
+def _connect(settings: Settings, metrics: Metrics) -> tuple[Owners, NodePods]:
     api_client = load_api_client(settings.kubernetes)
     if api_client is None:
         if settings.kubernetes != "off":
             log.info("no in-cluster config and no kubeconfig: serving with Pod annotations only")
-        return NoCluster()
+        return NoCluster(), NoClusterPods()
     cache = OwnerCache(
         api_client,
         settings.keys,
@@ -134,4 +179,4 @@ def _connect(settings: Settings, metrics: Metrics) -> Owners:
         on_lookup=lambda result: metrics.owner_lookups.labels(result).inc(),
     )
     cache.start()
-    return cache
+    return cache, LiveNodePods(api_client, settings.pod_lookup_timeout_seconds)

@@ -73,6 +73,28 @@ class Metrics:
             registry=registry,
         )
 
+        self.node_allocatable = Gauge(
+            "oversale_node_allocatable",
+            "Node allocatable per resource (cpu in cores, memory in bytes): value=real as the kubelet "
+            "reported it, value=oversold as stored for the scheduler.",
+            ["node", "resource", "value"],
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+        self.node_ratio = Gauge(
+            "oversale_node_oversale_ratio",
+            "Oversale ratio applied to a node's allocatable (1 when not oversold).",
+            ["node", "resource"],
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+        self.node_restores = Counter(
+            "oversale_node_restores",
+            "Node writes that restored a resource's real values after overselling was turned off.",
+            ["resource"],
+            registry=registry,
+        )
+
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition of every worker's samples."""
         if self.multiprocess:

@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from oversale.annotations import AnnotationProblem
 from oversale.compression import (
-    AnnotationProblem,
     CompressionResult,
     compress_requests,
     effective_annotations,

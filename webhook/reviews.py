@@ -115,3 +115,9 @@ def allow(
         # The API server may truncate warnings over 256 characters and long lists of them.
         response["warnings"] = [w if len(w) <= 256 else w[:253] + "..." for w in warnings[:10]]
     return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+
+
+def deny(uid: str, message: str, code: int = 403) -> AdmissionReview:
+    """A refusing AdmissionReview response; kubectl shows ``message`` to the person who asked."""
+    response: AdmissionResponse = {"uid": uid, "allowed": False, "status": {"code": code, "message": message}}
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": response}

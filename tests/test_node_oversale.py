@@ -1,0 +1,274 @@
+"""Node overselling: the formula on the real GKE Node, and long random write sequences through the
+webhook, with the API server's admission and node-strategy semantics (tests/kube_api.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kubernetes import client
+
+from oversale.annotations import AnnotationKeys
+from oversale.node_oversale import (
+    OversaleLimits,
+    lowest_safe_ratio,
+    node_policy_from_annotations,
+    oversell_node,
+)
+from oversale.quantity import parse_amount
+from oversale.settings import Settings
+from tests.conftest import SHARED
+from tests.kube_api import FakeKubeAPI
+from webhook.app import create_app
+from webhook.node_pods import NoClusterPods
+from webhook.owners import NoCluster
+
+KEYS = AnnotationKeys()
+GKE_NODE = SHARED / "fixtures" / "nodes" / "gke-node.json"
+NAME = "node-default-pool-something"
+
+
+def gke_node() -> dict:
+    node = json.loads(GKE_NODE.read_text())
+    assert node["metadata"]["name"] == NAME
+    return node
+
+
+def amounts(values: dict) -> dict:
+    return {r: parse_amount(r, values[r]) for r in ("cpu", "memory") if r in values}
+
+
+def policy(**annotations):
+    return node_policy_from_annotations(annotations, KEYS, OversaleLimits())
+
+
+def test_formula_on_a_real_node_keeps_reserved_resources_and_other_resources():
+    node = gke_node()
+    result = oversell_node(node, None, True, policy(**{KEYS.cpu_oversale_ratio: "1.5",
+                                                      KEYS.memory_oversale_ratio: "1.2"}))
+    assert amounts(result.allocatable) == {"cpu": 5880, "memory": math.floor(12700100 * 1024 * Fraction(6, 5))}
+    for resource in ("cpu", "memory"):
+        reserved = parse_amount(resource, node["status"]["capacity"][resource]) - \
+            parse_amount(resource, node["status"]["allocatable"][resource])
+        assert amounts(result.capacity)[resource] - amounts(result.allocatable)[resource] == reserved
+    for other in ("pods", "ephemeral-storage", "hugepages-2Mi"):
+        assert result.allocatable[other] == node["status"]["allocatable"][other]
+        assert result.capacity[other] == node["status"]["capacity"][other]
+    assert json.loads(result.annotations[KEYS.real_allocatable]) == {"cpu": "3920m", "memory": "12700100Ki"}
+    assert json.loads(result.annotations[KEYS.applied_oversale_ratio]) == {"cpu": "1.5", "memory": "1.2"}
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "0.8", "NaN", "inf", "1e1", "-2", ""])
+def test_invalid_ratios_mean_not_oversold(value):
+    chosen = policy(**{KEYS.cpu_oversale_ratio: value, KEYS.memory_oversale_ratio: "2"})
+    assert dict(chosen.ratios) == {"memory": Decimal(2)}
+    assert [p.key for p in chosen.problems] == [KEYS.cpu_oversale_ratio]
+
+
+def test_ratios_above_the_bounds_are_clamped_inclusively():
+    chosen = policy(**{KEYS.cpu_oversale_ratio: "3", KEYS.memory_oversale_ratio: "2.5"})
+    assert dict(chosen.ratios) == {"cpu": Decimal(3), "memory": Decimal(2)}
+    assert len(chosen.warnings) == 1 and "memory-oversale-ratio=2.5" in chosen.warnings[0]
+
+
+def test_mutate_false_turns_overselling_off():
+    assert not policy(**{KEYS.cpu_oversale_ratio: "2", KEYS.mutate: "false"}).ratios
+    assert policy(**{KEYS.cpu_oversale_ratio: "2", KEYS.mutate: "true"}).ratios
+
+
+def test_lowest_safe_ratio_is_rounded_up_to_hold_the_requests():
+    assert lowest_safe_ratio(16000, 22000) == Decimal("1.38")
+    assert math.floor(16000 * Fraction(Decimal("1.38"))) >= 22000
+    assert lowest_safe_ratio(16000, 9000) == 1
+
+
+def test_only_the_nodes_own_kubelet_refreshes_real_values():
+    node = gke_node()
+    on = policy(**{KEYS.cpu_oversale_ratio: "2"})
+    created = oversell_node(node, None, True, on)
+    stored = copy.deepcopy(node)
+    stored["metadata"]["annotations"] = created.annotations
+    stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
+    assert stored["status"]["allocatable"]["cpu"] == "7840m"
+
+    lying = copy.deepcopy(stored)
+    lying["status"]["allocatable"]["cpu"] = "1"
+    assert oversell_node(lying, stored, False, on).allocatable["cpu"] == "7840m"   # another writer
+    assert oversell_node(lying, stored, True, on).allocatable["cpu"] == "2"        # the kubelet
+    unchanged = oversell_node(stored, stored, True, on)                            # kubelet, value as stored
+    assert unchanged.allocatable == stored["status"]["allocatable"]
+
+
+# ---- the property test ------------------------------------------------------------------------
+
+# Real values the kubelet may report, and ratios, chosen so that no oversold value can equal a real
+# one (every ratio applied is >= 1.25 and the real values span less than that factor). The kubelet
+# sends a value only when it differs from what it read, so a new real value that happened to equal
+# the stored oversold one could not be told apart from a heartbeat; see README, "Limits".
+REAL_CPU = [("3920m", "4"), ("3900m", "4"), ("3800m", "4"), ("3700m", "3900m")]
+REAL_MEMORY = [("12700100Ki", "15399364Ki"), ("12600000Ki", "15399364Ki"), ("12000000Ki", "15000000Ki")]
+RATIO_VALUES = ["1", "1.25", "1.5", "2", "2.5", "3", "7", "abc", "0.8", "1e1", None]
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("kubelet"), st.sampled_from(range(len(REAL_CPU))), st.sampled_from(range(len(REAL_MEMORY))),
+                  st.integers(0, 3)),
+        st.tuples(st.just("other"), st.integers(0, 6), st.booleans()),
+        st.tuples(st.just("ratio"), st.sampled_from(["cpu", "memory"]), st.sampled_from(RATIO_VALUES)),
+        st.tuples(st.just("mutate"), st.sampled_from(["false", "true", "maybe", None])),
+        st.tuples(st.just("restart")),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+def expected_ratio(annotations: dict, resource: str) -> Fraction:
+    """The README's rules, written again independently of the project's code."""
+    switch = annotations.get(KEYS.mutate)
+    if switch is not None and switch.strip().lower() not in ("y", "yes", "true"):
+        return Fraction(1)
+    text = annotations.get(KEYS.oversale_ratio(resource))
+    if text is None or not text.replace(".", "", 1).isdigit():
+        return Fraction(1)
+    try:
+        ratio = Fraction(Decimal(text))
+    except InvalidOperation:
+        return Fraction(1)
+    if ratio < 1:
+        return Fraction(1)
+    return min(ratio, Fraction(3) if resource == "cpu" else Fraction(2))
+
+
+class Cluster:
+    """One Node, its kubelet, other writers and a user, all through the real client."""
+
+    def __init__(self, api: FakeKubeAPI) -> None:
+        self.api = api
+        self.restart()
+        api.mutating["nodes"] = lambda review: self.app.post("/mutate/nodes", json=review).get_json()["response"]
+        api.users.update({"kubelet-token": f"system:node:{NAME}", "npd-token": "system:serviceaccount:kube-system:npd",
+                          "admin-token": "kubernetes-admin"})
+        self.kubelet, self.npd, self.admin = (self._client(t) for t in ("kubelet-token", "npd-token", "admin-token"))
+        self.history: list[dict] = []
+        node = gke_node()
+        self.real = {"allocatable": amounts(node["status"]["allocatable"]),
+                     "capacity": amounts(node["status"]["capacity"])}
+        self.kubelet_view: dict | None = None
+        client.CoreV1Api(self.kubelet).create_node(node, _preload_content=False)
+        self._stored_changed()
+
+    def restart(self) -> None:
+        """A new webhook process: no memory of anything before."""
+        self.app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods()).test_client()
+
+    def _client(self, token: str) -> client.ApiClient:
+        configuration = client.Configuration(host=self.api.url)
+        configuration.api_key = {"BearerToken": f"Bearer {token}"}
+        return client.ApiClient(configuration)
+
+    @property
+    def stored(self) -> dict:
+        return self.api.get("nodes", "", NAME)
+
+    def _stored_changed(self) -> None:
+        self.history.append(self.stored)
+
+    def patch_status(self, api_client: client.ApiClient, body: dict) -> None:
+        client.CoreV1Api(api_client).patch_node_status(NAME, body, _content_type="application/merge-patch+json",
+                                                       _preload_content=False)
+        self._stored_changed()
+
+    def patch_node(self, body: dict) -> None:
+        client.CoreV1Api(self.admin).patch_node(NAME, body, _content_type="application/merge-patch+json",
+                                                _preload_content=False)
+        self._stored_changed()
+
+    def kubelet_sync(self, cpu: int, memory: int, staleness: int) -> None:
+        """The kubelet's status sync: it patches allocatable/capacity only where its desired value
+        differs from the Node it read, which may be a stale copy from its informer cache."""
+        (cpu_allocatable, cpu_capacity), (memory_allocatable, memory_capacity) = REAL_CPU[cpu], REAL_MEMORY[memory]
+        desired = {"allocatable": {"cpu": cpu_allocatable, "memory": memory_allocatable},
+                   "capacity": {"cpu": cpu_capacity, "memory": memory_capacity}}
+        view = self.history[max(0, len(self.history) - 1 - staleness)]
+        beat = f"2026-11-22T00:00:{len(self.history) % 60:02d}Z"
+        patch: dict = {"status": {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": beat}]}}
+        for field, values in desired.items():
+            changed = {r: v for r, v in values.items()
+                       if parse_amount(r, v) != parse_amount(r, view["status"][field][r])}
+            if changed:
+                patch["status"][field] = changed
+            for resource in values:
+                # What the webhook can know: a sent value that differs from the stored one.
+                if resource in changed and parse_amount(resource, values[resource]) != \
+                        parse_amount(resource, self.stored["status"][field][resource]):
+                    self.real[field][resource] = parse_amount(resource, values[resource])
+        self.patch_status(self.kubelet, patch)
+
+    def other_writer(self, staleness: int, send_annotations: bool) -> None:
+        """node-problem-detector or a controller writing status from a copy it read earlier."""
+        copy_read = self.history[max(0, len(self.history) - 1 - staleness)]
+        patch: dict = {"status": {"allocatable": copy_read["status"]["allocatable"],
+                                  "capacity": copy_read["status"]["capacity"],
+                                  "conditions": [{"type": "KernelDeadlock", "status": "False"}]}}
+        if send_annotations:
+            ours = {k: copy_read["metadata"].get("annotations", {}).get(k) for k in KEYS.node_record_keys()}
+            patch["metadata"] = {"annotations": ours}
+        self.patch_status(self.npd, patch)
+
+    def check(self) -> None:
+        stored = self.stored
+        annotations = stored["metadata"].get("annotations") or {}
+        oversold = False
+        for resource in ("cpu", "memory"):
+            ratio = expected_ratio(annotations, resource)
+            real_allocatable, real_capacity = self.real["allocatable"][resource], self.real["capacity"][resource]
+            allocatable = math.floor(real_allocatable * ratio)
+            capacity = real_capacity + allocatable - real_allocatable
+            assert parse_amount(resource, stored["status"]["allocatable"][resource]) == allocatable, resource
+            assert parse_amount(resource, stored["status"]["capacity"][resource]) == capacity, resource
+            oversold = oversold or ratio > 1
+        assert stored["status"]["allocatable"]["pods"] == "110"
+        assert stored["status"]["capacity"]["ephemeral-storage"] == "202086868Ki"
+        if oversold:
+            recorded = json.loads(annotations[KEYS.real_allocatable])
+            assert amounts(recorded) == self.real["allocatable"]
+        else:
+            assert not set(KEYS.node_record_keys()) & set(annotations), "record removed when not oversold"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(steps)
+def test_random_write_sequences_never_compound_the_ratio(sequence):
+    api = FakeKubeAPI().start()
+    try:
+        cluster = Cluster(api)
+        cluster.check()
+        for step in sequence:
+            kind = step[0]
+            if kind == "kubelet":
+                cluster.kubelet_sync(*step[1:])
+            elif kind == "other":
+                cluster.other_writer(*step[1:])
+            elif kind in ("ratio", "mutate"):
+                key = KEYS.oversale_ratio(step[1]) if kind == "ratio" else KEYS.mutate
+                before = cluster.stored
+                cluster.patch_node({"metadata": {"annotations": {key: step[-1]}}})
+                after = cluster.stored
+                # A main-resource update cannot change status (the strategy restores it) nor the record.
+                assert after["status"] == before["status"]
+                assert {k: after["metadata"].get("annotations", {}).get(k) for k in KEYS.node_record_keys()} == \
+                    {k: before["metadata"].get("annotations", {}).get(k) for k in KEYS.node_record_keys()}
+                # The next status write of any writer applies the new annotations (here, an empty one).
+                cluster.patch_status(cluster.admin, {})
+            else:
+                cluster.restart()
+            cluster.check()
+    finally:
+        api.stop()

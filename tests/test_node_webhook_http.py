@@ -1,0 +1,188 @@
+"""/mutate/nodes and /validate/nodes through the real gunicorn TLS server."""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from oversale.annotations import AnnotationKeys
+from tests.conftest import RunningWebhook, apply_response
+from tests.kube_api import FakeKubeAPI
+from tests.test_node_oversale import NAME, gke_node
+
+KEYS = AnnotationKeys()
+KUBELET = f"system:node:{NAME}"
+
+
+def node_review(node: dict, old: dict | None, username: str = KUBELET, subresource: str | None = "status",
+                operation: str = "UPDATE") -> dict:
+    request = {
+        "uid": str(uuid.uuid4()),
+        "kind": {"group": "", "version": "v1", "kind": "Node"},
+        "resource": {"group": "", "version": "v1", "resource": "nodes"},
+        "name": node["metadata"]["name"],
+        "operation": operation,
+        "userInfo": {"username": username, "groups": ["system:nodes", "system:authenticated"]},
+        "object": node,
+        "oldObject": old,
+        "dryRun": False,
+    }
+    if subresource:
+        request["subResource"] = subresource
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def with_annotations(node: dict, **annotations: str) -> dict:
+    node = copy.deepcopy(node)
+    node["metadata"].setdefault("annotations", {}).update(annotations)
+    return node
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[RunningWebhook]:
+    running = RunningWebhook(tmp_path_factory.mktemp("nodes"))
+    yield running
+    running.stop()
+
+
+def test_kubelet_heartbeats_keep_the_oversold_values_exact(server):
+    stored = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "1.5"})
+    # First status sync after opting in: the kubelet's real values, oversold by the webhook.
+    stored = apply_response(stored, server.review(node_review(stored, stored), "/mutate/nodes"))
+    assert stored["status"]["allocatable"]["cpu"] == "5880m"
+    assert stored["status"]["capacity"]["cpu"] == "5960m"
+    # Every later sync re-sends the real values (they differ from what is stored): same result.
+    for _ in range(3):
+        heartbeat = copy.deepcopy(stored)
+        heartbeat["status"]["allocatable"]["cpu"] = "3920m"
+        heartbeat["status"]["capacity"]["cpu"] = "4"
+        after = apply_response(heartbeat, server.review(node_review(heartbeat, stored), "/mutate/nodes"))
+        assert after["status"] == stored["status"]
+        assert after["metadata"]["annotations"] == stored["metadata"]["annotations"]
+    # A write that changes nothing gets no patch.
+    response = server.review(node_review(stored, stored, username="system:serviceaccount:kube-system:npd"),
+                             "/mutate/nodes")
+    assert response == {"uid": response["uid"], "allowed": True}
+
+
+def test_gauges_show_real_and_oversold_side_by_side(server):
+    stored = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "2", KEYS.memory_oversale_ratio: "1"})
+    apply_response(stored, server.review(node_review(stored, stored), "/mutate/nodes"))
+    assert server.metric("oversale_node_allocatable", node=NAME, resource="cpu", value="real") == 3.92
+    assert server.metric("oversale_node_allocatable", node=NAME, resource="cpu", value="oversold") == 7.84
+    assert server.metric("oversale_node_oversale_ratio", node=NAME, resource="cpu") == 2
+    assert server.metric("oversale_node_oversale_ratio", node=NAME, resource="memory") == 1
+
+
+def test_turning_off_restores_real_values_and_counts_it(server):
+    stored = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "2"})
+    stored = apply_response(stored, server.review(node_review(stored, stored), "/mutate/nodes"))
+    before = server.metric("oversale_node_restores_total", resource="cpu")
+    switched = with_annotations(stored, **{KEYS.mutate: "false"})
+    restored = apply_response(switched, server.review(
+        node_review(switched, stored, username="system:serviceaccount:kube-system:node-controller"),
+        "/mutate/nodes"))
+    assert restored["status"]["allocatable"]["cpu"] == "3920m"
+    assert restored["status"]["capacity"]["cpu"] == "4"
+    assert not set(KEYS.node_record_keys()) & set(restored["metadata"]["annotations"])
+    assert server.metric("oversale_node_restores_total", resource="cpu") == before + 1
+
+
+def test_invalid_node_ratio_is_counted_logged_and_not_applied(server):
+    node = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "1e1"})
+    before = server.metric("oversale_invalid_annotations_total", annotation=KEYS.cpu_oversale_ratio)
+    response = server.review(node_review(node, None, subresource=None, operation="CREATE"), "/mutate/nodes")
+    assert "patch" not in response
+    assert any("'1e1'" in w for w in response["warnings"])
+    assert server.metric("oversale_invalid_annotations_total", annotation=KEYS.cpu_oversale_ratio) == before + 1
+    assert f"node {NAME}" in server.log.read_text()
+
+
+def test_main_resource_update_restores_a_stale_record(server):
+    stored = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "2"})
+    stored = apply_response(stored, server.review(node_review(stored, stored), "/mutate/nodes"))
+    stale = with_annotations(stored, **{KEYS.real_allocatable: json.dumps({"cpu": "7840m"})})
+    fixed = apply_response(stale, server.review(node_review(stale, stored, username="admin", subresource=None),
+                                                "/mutate/nodes"))
+    assert fixed["metadata"]["annotations"][KEYS.real_allocatable] == \
+        stored["metadata"]["annotations"][KEYS.real_allocatable]
+
+
+# ---- the validating webhook -------------------------------------------------------------------
+
+def pod_on_node(name: str, cpu: str, memory: str = "1Gi", phase: str = "Running") -> dict:
+    return {"metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": NAME, "containers": [{"name": "c", "image": "x",
+                                                       "resources": {"requests": {"cpu": cpu, "memory": memory}}}]},
+            "status": {"phase": phase}}
+
+
+@pytest.fixture(scope="module")
+def validating(tmp_path_factory) -> Iterator[tuple[FakeKubeAPI, RunningWebhook]]:
+    api = FakeKubeAPI().start()
+    for index in range(37):
+        api.put("pods", pod_on_node(f"p{index}", "150m"))      # 37 x 150m = 5550m
+    api.put("pods", pod_on_node("done", "4", phase="Succeeded"))  # finished Pods hold nothing
+    tmp = tmp_path_factory.mktemp("validating")
+    running = RunningWebhook(tmp, env={"OVERSALE_KUBERNETES": "auto",
+                                       "KUBECONFIG": str(api.write_kubeconfig(tmp / "kubeconfig"))}, workers=1)
+    yield api, running
+    running.stop()
+    api.stop()
+
+
+def oversold_node(ratio: str) -> dict:
+    node = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: ratio})
+    node["metadata"]["annotations"].update({
+        KEYS.real_allocatable: json.dumps({"cpu": "3920m", "memory": "12700100Ki"}),
+        KEYS.real_capacity: json.dumps({"cpu": "4", "memory": "15399364Ki"}),
+        KEYS.applied_oversale_ratio: json.dumps({"cpu": ratio}),
+    })
+    return node
+
+
+def test_lowering_below_the_requests_is_refused_with_an_actionable_message(validating):
+    _, server = validating
+    stored = oversold_node("2")
+    lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1.2"})
+    response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        f"cpu-oversale-ratio 1.2 gives 4704m allocatable; the 37 pods on {NAME} request 5550m; "
+        "the lowest safe ratio is 1.42")
+
+
+def test_safe_changes_are_allowed(validating):
+    _, server = validating
+    stored = oversold_node("2")
+    for ratio in ("1.42", "2.5"):
+        changed = with_annotations(stored, **{KEYS.cpu_oversale_ratio: ratio})
+        assert server.review(node_review(changed, stored, username="admin", subresource=None),
+                             "/validate/nodes")["allowed"] is True
+
+
+def test_removing_the_ratio_is_checked_too(validating):
+    _, server = validating
+    stored = oversold_node("2")
+    removed = copy.deepcopy(stored)
+    del removed["metadata"]["annotations"][KEYS.cpu_oversale_ratio]
+    response = server.review(node_review(removed, stored, username="admin", subresource=None), "/validate/nodes")
+    assert response["allowed"] is False
+    assert response["status"]["message"].startswith("removing cpu-oversale-ratio gives 3920m allocatable")
+
+
+def test_unreachable_api_allows_with_a_warning(validating):
+    api, server = validating
+    stored = oversold_node("2")
+    lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1"})
+    api.down = True
+    try:
+        response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
+    finally:
+        api.down = False
+    assert response["allowed"] is True
+    assert any("could not check the Pods" in w for w in response["warnings"])

@@ -1,0 +1,151 @@
+"""Node admission: the mutating webhook that oversells Nodes, and the validating webhook that
+refuses a ratio cut the Pods already on the node would not fit in.
+
+Glue only: the formula and the choice of real values are in ``oversale.node_oversale``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+from oversale.annotations import AnnotationProblem
+from oversale.node_oversale import (
+    NodeResult,
+    keep_record,
+    lowest_safe_ratio,
+    node_policy_from_annotations,
+    oversell_node,
+    oversold_allocatable,
+    read_record,
+)
+from oversale.patch import make_patch
+from oversale.pods import scheduled_request
+from oversale.quantity import RESOURCES, format_amount, parse_amount
+from oversale.settings import Settings
+from webhook.reviews import AdmissionRequest, AdmissionReview, allow, deny
+
+log = logging.getLogger(__name__)
+
+
+class NodePods(Protocol):
+    """Lists the Pods bound to a node (live; raises when the cluster cannot be asked)."""
+
+    def on_node(self, node: str) -> list[dict[str, Any]]: ...
+
+
+@dataclass
+class NodeDecision:
+    review: AdmissionReview
+    outcome: str
+    node: str = ""
+    result: NodeResult | None = None
+    problems: tuple[AnnotationProblem, ...] = ()
+    dry_run: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+
+def admit_node(request: AdmissionRequest, settings: Settings) -> NodeDecision:
+    uid = request["uid"]
+    node = request.get("object")
+    skip = _not_a_node(request) or (None if node else "review has no object")
+    if skip or node is None:
+        return NodeDecision(allow(uid), "skipped", reasons=[skip or ""])
+    name = str((node.get("metadata") or {}).get("name", ""))
+    stored = request.get("oldObject")
+    operation, subresource = request["operation"], request.get("subResource", "")
+    keys = settings.keys
+    original_annotations = (node.get("metadata") or {}).get("annotations")
+
+    if operation == "UPDATE" and stored is not None and not subresource:
+        # The node strategy puts the stored status back after admission on a main-resource update;
+        # only the record can change here, and it must keep describing that stored status.
+        annotations = keep_record(node, stored, keys)
+        patch = make_patch(original_annotations, _or_none(annotations, original_annotations), "/metadata/annotations")
+        return NodeDecision(allow(uid, patch), "mutated" if patch else "unchanged", name)
+    if not (operation == "CREATE" or (operation == "UPDATE" and subresource == "status" and stored is not None)):
+        return NodeDecision(allow(uid), "skipped", name, reasons=[f"{operation} {subresource}".strip()])
+
+    policy = node_policy_from_annotations(original_annotations or {}, keys, settings.oversale_limits)
+    for problem in policy.problems:
+        log.warning("node %s: %s", name, problem)
+    username = (request.get("userInfo") or {}).get("username", "")
+    result = oversell_node(node, stored if operation == "UPDATE" else None, settings.is_kubelet_of(username, name),
+                           policy)
+    status = node.get("status") or {}
+    patch = [
+        *make_patch(original_annotations, _or_none(result.annotations, original_annotations), "/metadata/annotations"),
+        *make_patch(status.get("allocatable"), _or_none(result.allocatable, status.get("allocatable")),
+                    "/status/allocatable"),
+        *make_patch(status.get("capacity"), _or_none(result.capacity, status.get("capacity")), "/status/capacity"),
+    ]
+    if patch and "status" not in node:
+        patch = []  # a Node without status has nothing to oversell; never invent one
+    review = allow(uid, patch, [*map(str, policy.problems), *policy.warnings, *result.warnings])
+    return NodeDecision(review, "mutated" if patch else "unchanged", name, result, policy.problems,
+                        dry_run=bool(request.get("dryRun")))
+
+
+def validate_node(request: AdmissionRequest, settings: Settings, pods: NodePods) -> AdmissionReview:
+    """Refuse a ratio change on a Node whose Pods would no longer fit the lower allocatable."""
+    uid = request["uid"]
+    node, stored = request.get("object"), request.get("oldObject")
+    if _not_a_node(request) or request["operation"] != "UPDATE" or request.get("subResource") \
+            or node is None or stored is None:
+        return allow(uid)
+    keys, limits = settings.keys, settings.oversale_limits
+    before = node_policy_from_annotations(_annotations(stored), keys, limits)
+    after = node_policy_from_annotations(_annotations(node), keys, limits)
+    lowered = [r for r in RESOURCES if after.ratios.get(r, Decimal(1)) < before.ratios.get(r, Decimal(1))]
+    if not lowered:
+        return allow(uid)
+    name = str((node.get("metadata") or {}).get("name", ""))
+    record = read_record(_annotations(stored), keys)
+    real = record.allocatable if record else ((stored.get("status") or {}).get("allocatable") or {})
+    try:
+        running = [p for p in pods.on_node(name) if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    except Exception as error:  # noqa: BLE001  -- fail open: a ratio change is the operator's call
+        log.warning("node %s: could not list its Pods (%s); allowing the ratio change", name, error)
+        return allow(uid, warnings=[f"could not check the Pods on {name} ({error}); ratio change allowed unchecked"])
+    problems = []
+    for resource in lowered:
+        if resource not in real:
+            continue
+        base = parse_amount(resource, real[resource])
+        ratio = after.ratios.get(resource, Decimal(1))
+        allocatable = oversold_allocatable(base, ratio)
+        requested = sum(scheduled_request(p, resource) for p in running)
+        if requested > allocatable:
+            problems.append(_refusal(
+                keys.oversale_ratio(resource).split("/")[-1], after.ratios.get(resource), resource, allocatable,
+                len(running), name, requested, lowest_safe_ratio(base, requested), limits.max_for(resource)))
+    if problems:
+        return deny(uid, "; ".join(problems))
+    return allow(uid)
+
+
+def _refusal(key: str, ratio: Decimal | None, resource: str, allocatable: int, count: int, node: str,
+             requested: int, safe: Decimal, maximum: Decimal) -> str:
+    asked = f"{key} {ratio}" if ratio is not None else f"removing {key}"
+    message = (f"{asked} gives {format_amount(resource, allocatable)} allocatable; the {count} pods on {node} "
+               f"request {format_amount(resource, requested)}; the lowest safe ratio is {safe}")
+    if safe > maximum:
+        message += f", above the maximum {maximum}: move pods off {node} first"
+    return message
+
+
+def _not_a_node(request: AdmissionRequest) -> str | None:
+    if request["kind"].get("kind") != "Node" or request["resource"].get("resource") != "nodes":
+        return f"not a Node ({request['kind'].get('kind')})"
+    return None
+
+
+def _annotations(obj: dict[str, Any]) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def _or_none(mutated: dict[str, str], original: Any) -> dict[str, str] | None:
+    """Leave an absent map absent when it would stay empty."""
+    return mutated if mutated or original is not None else None
