@@ -1,32 +1,115 @@
-"""``python -m certs generate --dir DIR --service NAME --namespace NS [--host H ...] [--days N]``."""
+"""Certificates for the webhooks.
+
+  python -m certs generate --dir DIR --service NAME --namespace NS [--host H ...] [--days N]
+  python -m certs ensure --secret NS/NAME --service NAME [--host H ...] [--days N] [--renew-fraction F]
+  python -m certs inject --webhook NAME [--webhook NAME ...] (--secret NS/NAME | --ca-file PATH)
+
+``ensure`` and ``inject`` use the in-cluster config, else the kubeconfig.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
+from typing import Any
 
-from certs.tls import generate, service_hosts
+from certs.tls import CA_DAYS, RENEW_FRACTION, SERVING_DAYS, generate, service_hosts
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m certs", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m certs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="write ca.crt, tls.crt and tls.key for a Service")
+
+    gen = commands.add_parser("generate", help="write ca.crt, tls.crt and tls.key to a directory")
     gen.add_argument("--dir", required=True, type=Path, help="where to write the files")
-    gen.add_argument("--service", help="Service name (adds its four in-cluster DNS names as SANs)")
+    _names(gen)
     gen.add_argument("--namespace", default="default", help="Service namespace (default: default)")
-    gen.add_argument("--host", action="append", default=[], help="extra SAN; an IP becomes an IP SAN")
-    gen.add_argument("--days", type=int, default=365, help="serving certificate lifetime (default 365)")
+    gen.add_argument("--ca-days", type=int, default=CA_DAYS, help=f"CA lifetime in days (default {CA_DAYS})")
+
+    ensure = commands.add_parser("ensure", help="create or renew a TLS Secret in the cluster")
+    ensure.add_argument("--secret", required=True, help="NAMESPACE/NAME of the serving Secret")
+    _names(ensure)
+    ensure.add_argument(
+        "--renew-fraction",
+        type=float,
+        default=RENEW_FRACTION,
+        help="renew when less than this fraction of the lifetime is left (default 1/3)",
+    )
+
+    inject = commands.add_parser("inject", help="set caBundle on webhook configurations")
+    inject.add_argument("--webhook", action="append", required=True, help="Mutating/ValidatingWebhookConfiguration")
+    source = inject.add_mutually_exclusive_group(required=True)
+    source.add_argument("--secret", help="NAMESPACE/NAME of a Secret with ca.crt")
+    source.add_argument("--ca-file", type=Path, help="a PEM file")
+
     args = parser.parse_args(argv)
-    hosts = [*(service_hosts(args.service, args.namespace) if args.service else []), *args.host]
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "days", 1) < 1:
+        parser.error("--days must be at least 1")
+    if args.command == "generate":
+        hosts = _hosts(parser, args, args.namespace)
+        paths = generate(args.dir, hosts, days=args.days, ca_days=args.ca_days)
+        print(f"wrote {paths.ca}, {paths.cert}, {paths.key} for {', '.join(hosts)}")
+        return 0
+
+    from certs.cluster import ensure_secret, inject_ca_bundle, read_ca_from_secret
+
+    api_client = _api_client()
+    if args.command == "ensure":
+        if not 0 < args.renew_fraction < 1:
+            parser.error("--renew-fraction must be between 0 and 1")
+        namespace, name = _namespaced(parser, args.secret)
+        hosts = _hosts(parser, args, namespace)
+        outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction)
+        print(f"secret {namespace}/{name}: {outcome}")
+        return 0
+    if args.secret:
+        ca = read_ca_from_secret(api_client, *_namespaced(parser, args.secret))
+    else:
+        ca = args.ca_file.read_bytes()
+    try:
+        for line in inject_ca_bundle(api_client, args.webhook, ca):
+            print(line)
+    except LookupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _names(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--service", help="Service name (adds its four in-cluster DNS names as SANs)")
+    sub.add_argument("--host", action="append", default=[], help="extra SAN; an IP becomes an IP SAN")
+    sub.add_argument(
+        "--days", type=int, default=SERVING_DAYS, help=f"serving certificate lifetime (default {SERVING_DAYS})"
+    )
+
+
+def _hosts(parser: argparse.ArgumentParser, args: argparse.Namespace, namespace: str) -> list[str]:
+    hosts = [*(service_hosts(args.service, namespace) if args.service else []), *args.host]
     if not hosts:
         parser.error("give --service and/or --host")
-    if args.days < 1:
-        parser.error("--days must be at least 1")
-    paths = generate(args.dir, hosts, days=args.days)
-    print(f"wrote {paths.ca}, {paths.cert}, {paths.key} for {', '.join(hosts)}")
-    return 0
+    return hosts
+
+
+def _namespaced(parser: argparse.ArgumentParser, text: str) -> tuple[str, str]:
+    namespace, _, name = text.partition("/")
+    if not namespace or not name or "/" in name:
+        parser.error(f"expected NAMESPACE/NAME, got {text!r}")
+    return namespace, name
+
+
+def _api_client() -> Any:
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
 
 
 if __name__ == "__main__":

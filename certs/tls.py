@@ -1,4 +1,4 @@
-"""Generate a CA and a serving certificate, ECDSA P-256, written as ``ca.crt``, ``tls.crt``, ``tls.key``.
+"""A CA and a serving certificate it signs, ECDSA P-256, with ``cryptography`` only.
 
 The API server verifies a webhook's certificate against the ``caBundle`` of its configuration and
 checks the Service DNS name against the certificate's SANs (it ignores the CN), so every name a
@@ -10,11 +10,12 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -22,7 +23,22 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 CA_FILE = "ca.crt"
 CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
+CA_KEY_FILE = "ca.key"
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
+SERVING_DAYS = 365
+CA_DAYS = 3650
+RENEW_FRACTION = 1 / 3
+"""Renew when less than this fraction of a certificate's lifetime is left."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """PEM bytes of a CA and the serving certificate it signed."""
+
+    ca_cert: bytes
+    ca_key: bytes
+    cert: bytes
+    key: bytes
 
 
 @dataclass(frozen=True)
@@ -44,61 +60,147 @@ def service_hosts(service: str, namespace: str) -> list[str]:
     return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
 
 
-def generate(directory: Path, hosts: Iterable[str], days: int = 365, ca_days: int = 3650) -> CertificatePaths:
-    """Write a fresh CA and a serving certificate for ``hosts`` into ``directory``."""
-    hosts = list(dict.fromkeys(hosts))
-    if not hosts:
+def issue(hosts: Iterable[str], days: int = SERVING_DAYS, ca: Bundle | None = None, ca_days: int = CA_DAYS) -> Bundle:
+    """A serving certificate for ``hosts``, signed by ``ca`` (its cert and key) or by a new CA."""
+    names = list(dict.fromkeys(hosts))
+    if not names:
         raise ValueError("at least one host name is needed for the certificate")
     now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "oversale-ca")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=ca_days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+    if ca is None:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "oversale-ca")])
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=ca_days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256())
         )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    else:
+        ca_cert = x509.load_pem_x509_certificate(ca.ca_cert)
+        loaded = serialization.load_pem_private_key(ca.ca_key, password=None)
+        if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+            raise ValueError("the CA key is not an ECDSA key")
+        ca_key = loaded
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
+        .not_valid_after(min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc))
+        .add_extension(x509.SubjectAlternativeName([_san(h) for h in names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True
-        )
+        .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    return Bundle(
+        ca_cert=ca_cert.public_bytes(serialization.Encoding.PEM),
+        ca_key=_private_pem(ca_key),
+        cert=cert.public_bytes(serialization.Encoding.PEM),
+        key=_private_pem(key),
+    )
+
+
+def problems_with(
+    bundle: Bundle, hosts: Sequence[str], renew_fraction: float = RENEW_FRACTION, now: datetime.datetime | None = None
+) -> list[str]:
+    """Why ``bundle`` should be replaced (empty when it is fine): unreadable, not signed by its CA,
+    key not matching, names missing, expired or within the renewal window."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    try:
+        cert = x509.load_pem_x509_certificate(bundle.cert)
+        cas = x509.load_pem_x509_certificates(bundle.ca_cert)
+        key = serialization.load_pem_private_key(bundle.key, password=None)
+    except ValueError as error:
+        return [f"unreadable: {error}"]
+    problems = []
+    if key.public_key().public_numbers() != cert.public_key().public_numbers():  # type: ignore[union-attr]
+        problems.append("tls.key does not match tls.crt")
+    if not any(_signed_by(cert, ca) for ca in cas):
+        problems.append("tls.crt is not signed by ca.crt")
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        present = {str(n) for n in names.get_values_for_type(x509.DNSName)}
+        present |= {str(n) for n in names.get_values_for_type(x509.IPAddress)}
+    except x509.ExtensionNotFound:
+        present = set()
+    missing = [h for h in hosts if h not in present]
+    if missing:
+        problems.append(f"names missing: {', '.join(missing)}")
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    left = cert.not_valid_after_utc - now
+    if left <= datetime.timedelta(0):
+        problems.append("expired")
+    elif left < lifetime * renew_fraction:
+        problems.append(f"within the renewal window ({left.days} days left)")
+    return problems
+
+
+def ca_usable(bundle: Bundle, renew_fraction: float = RENEW_FRACTION) -> bool:
+    """Whether the CA can sign a renewed serving certificate (readable key, well inside its life)."""
+    try:
+        ca = x509.load_pem_x509_certificates(bundle.ca_cert)[0]
+        key = serialization.load_pem_private_key(bundle.ca_key, password=None)
+    except (ValueError, IndexError):
+        return False
+    if key.public_key().public_numbers() != ca.public_key().public_numbers():  # type: ignore[union-attr]
+        return False
+    left = ca.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+    return left > (ca.not_valid_after_utc - ca.not_valid_before_utc) * renew_fraction
+
+
+def unexpired_certificates(pem: bytes) -> bytes:
+    """The certificates of a PEM bundle that have not expired yet (unreadable input: none)."""
+    try:
+        certificates = x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return b""
+    now = datetime.datetime.now(datetime.UTC)
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates if c.not_valid_after_utc > now)
+
+
+def generate(
+    directory: Path, hosts: Iterable[str], days: int = SERVING_DAYS, ca_days: int = CA_DAYS
+) -> CertificatePaths:
+    """Write a fresh CA and a serving certificate for ``hosts`` into ``directory``."""
+    bundle = issue(hosts, days=days, ca_days=ca_days)
+    return write_bundle(directory, bundle)
+
+
+def write_bundle(directory: Path, bundle: Bundle) -> CertificatePaths:
+    """Write ``ca.crt``, ``tls.key`` (mode 0600) and ``tls.crt``. The CA key is not written: nothing
+    served from a directory needs it."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = CertificatePaths.in_dir(directory)
-    _write(paths.ca, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    _write(
-        paths.key,
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ),
-        0o600,
-    )
-    _write(paths.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(paths.ca, bundle.ca_cert, 0o644)
+    _write(paths.key, bundle.key, 0o600)
+    _write(paths.cert, bundle.cert, 0o644)
     return paths
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _san(host: str) -> x509.GeneralName:

@@ -39,8 +39,12 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "daemonsets": ("/apis/apps/v1", "DaemonSet", True),
     "jobs": ("/apis/batch/v1", "Job", True),
     "cronjobs": ("/apis/batch/v1", "CronJob", True),
+    "mutatingwebhookconfigurations": ("/apis/admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", False),
+    "validatingwebhookconfigurations": (
+        "/apis/admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", False),
 }
-API_VERSIONS = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1", "/apis/batch/v1": "batch/v1"}
+API_VERSIONS = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1", "/apis/batch/v1": "batch/v1",
+                "/apis/admissionregistration.k8s.io/v1": "admissionregistration.k8s.io/v1"}
 
 
 @dataclass(frozen=True)
@@ -371,8 +375,11 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
 
         def do_PATCH(self) -> None:
             json_patch = "json-patch" in (self.headers.get("Content-Type") or "")
-            self._update(lambda current, body: jsonpatch.apply_patch(current, body) if json_patch
-                         else _merge(current, body))
+            try:
+                self._update(lambda current, body: jsonpatch.apply_patch(current, body) if json_patch
+                             else _merge(current, body))
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
+                self._send(422, _status(422, "Invalid", f"the patch does not apply: {error}"))
 
         def do_PUT(self) -> None:
             self._update(lambda current, body: body)

@@ -1,0 +1,178 @@
+"""Certificates in a cluster: keep a TLS Secret valid (``ensure``) and put its CA into webhook
+configurations (``inject``). Both are idempotent: safe from every replica, an init container or a
+Job, and they write nothing when nothing needs to change.
+
+The serving Secret (type kubernetes.io/tls) holds ``tls.crt``, ``tls.key`` and ``ca.crt``; the CA
+key lives in a second Secret, ``<name>-ca``, that only this tool reads, so renewals are signed by
+the same CA and the ``caBundle`` the API server trusts does not change under running replicas.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from certs.tls import (
+    CA_FILE,
+    CA_KEY_FILE,
+    CERT_FILE,
+    KEY_FILE,
+    RENEW_FRACTION,
+    Bundle,
+    ca_usable,
+    issue,
+    problems_with,
+    unexpired_certificates,
+)
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_KINDS = (
+    ("MutatingWebhookConfiguration", "mutating_webhook_configuration"),
+    ("ValidatingWebhookConfiguration", "validating_webhook_configuration"),
+)
+
+
+def ensure_secret(
+    api_client: Any,
+    namespace: str,
+    name: str,
+    hosts: Sequence[str],
+    days: int,
+    renew_fraction: float = RENEW_FRACTION,
+) -> str:
+    """Create or renew the serving Secret when it is missing or has problems; return what was done
+    (``created``, ``renewed: <why>``, ``unchanged``)."""
+    core = client.CoreV1Api(api_client)
+    for attempt in range(3):
+        current = _read_secret(core, namespace, name)
+        ca_secret = _read_secret(core, namespace, f"{name}-ca")
+        bundle = _bundle_of(current, ca_secret)
+        problems = problems_with(bundle, hosts, renew_fraction) if current is not None else ["missing"]
+        if not problems:
+            return "unchanged"
+        ca = bundle if ca_secret is not None and ca_usable(bundle, renew_fraction) else None
+        renewed = issue(hosts, days=days, ca=ca)
+        if ca is None:
+            _write_secret(
+                core,
+                namespace,
+                f"{name}-ca",
+                ca_secret,
+                {CA_FILE: renewed.ca_cert, CA_KEY_FILE: renewed.ca_key},
+                "Opaque",
+            )
+        trusted = renewed.ca_cert
+        if ca is None and bundle.ca_cert:
+            # A new CA: keep trusting the old one until it expires, so replicas still serving the
+            # old certificate stay verifiable while the kubelet refreshes their mounted Secret.
+            trusted += unexpired_certificates(bundle.ca_cert)
+        data = {CERT_FILE: renewed.cert, KEY_FILE: renewed.key, CA_FILE: trusted}
+        try:
+            _write_secret(core, namespace, name, current, data, "kubernetes.io/tls")
+        except ApiException as error:
+            if error.status == 409 and attempt < 2:
+                continue  # another replica wrote first: look again
+            raise
+        return "created" if current is None else f"renewed: {'; '.join(problems)}"
+    raise RuntimeError("gave up after repeated write conflicts")
+
+
+def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> list[str]:
+    """Set ``caBundle`` on every webhook entry of the Mutating/ValidatingWebhookConfigurations named;
+    one line per configuration saying what was done. Raises LookupError for a name that exists as
+    neither kind."""
+    api = client.AdmissionregistrationV1Api(api_client)
+    encoded = base64.b64encode(ca_pem).decode()
+    report = []
+    for name in names:
+        found = False
+        for kind, stem in WEBHOOK_KINDS:
+            try:
+                response: Any = getattr(api, f"read_{stem}")(name, _preload_content=False)
+            except ApiException as error:
+                if error.status == 404:
+                    continue
+                raise
+            found = True
+            configuration = json.loads(response.data)
+            operations: list[dict[str, Any]] = []
+            for index, webhook in enumerate(configuration.get("webhooks") or []):
+                if (webhook.get("clientConfig") or {}).get("caBundle") == encoded:
+                    continue
+                # The test guards against the list changing between our read and our write.
+                operations.append({"op": "test", "path": f"/webhooks/{index}/name", "value": webhook["name"]})
+                operations.append({"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded})
+            if operations:
+                getattr(api, f"patch_{stem}")(
+                    name, operations, _content_type="application/json-patch+json", _preload_content=False
+                )
+                report.append(f"{kind} {name}: caBundle set on {len(operations) // 2} webhook(s)")
+            else:
+                report.append(f"{kind} {name}: unchanged")
+        if not found:
+            raise LookupError(f"no MutatingWebhookConfiguration or ValidatingWebhookConfiguration named {name!r}")
+    return report
+
+
+def read_ca_from_secret(api_client: Any, namespace: str, name: str) -> bytes:
+    secret = _read_secret(client.CoreV1Api(api_client), namespace, name)
+    if secret is None or CA_FILE not in (secret.get("data") or {}):
+        raise LookupError(f"secret {namespace}/{name} has no {CA_FILE}")
+    return base64.b64decode(secret["data"][CA_FILE])
+
+
+def _read_secret(core: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        response = core.read_namespaced_secret(name, namespace, _preload_content=False)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    secret: dict[str, Any] = json.loads(response.data)
+    return secret
+
+
+def _bundle_of(secret: dict[str, Any] | None, ca_secret: dict[str, Any] | None) -> Bundle:
+    data = (secret or {}).get("data") or {}
+    ca_data = (ca_secret or {}).get("data") or {}
+
+    def field(values: dict[str, str], key: str) -> bytes:
+        return base64.b64decode(values.get(key, ""))
+
+    return Bundle(
+        ca_cert=field(ca_data, CA_FILE) or field(data, CA_FILE),
+        ca_key=field(ca_data, CA_KEY_FILE),
+        cert=field(data, CERT_FILE),
+        key=field(data, KEY_FILE),
+    )
+
+
+def _write_secret(
+    core: Any, namespace: str, name: str, current: dict[str, Any] | None, data: dict[str, bytes], kind: str
+) -> None:
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": kind,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "oversale-certs"},
+        },
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+    }
+    if current is None:
+        core.create_namespaced_secret(namespace, body, _preload_content=False)
+        log.info("created secret %s/%s", namespace, name)
+    else:
+        # resourceVersion makes a concurrent writer's update a 409 instead of a silent overwrite.
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        core.replace_namespaced_secret(name, namespace, body, _preload_content=False)
+        log.info("replaced secret %s/%s", namespace, name)

@@ -1,0 +1,198 @@
+"""certs/: generation, Secret ensure/renewal and caBundle injection against the API double, and
+hot reload of rotated files under a running server."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import json
+import socket
+import ssl
+import subprocess
+import sys
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from certs.cluster import ensure_secret, inject_ca_bundle
+from certs.tls import CertificatePaths, generate, issue, problems_with, service_hosts
+from tests.conftest import ROOT, RunningWebhook
+
+HOSTS = service_hosts("oversale-webhook", "oversale")
+
+
+def load(path):
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def sans(cert):
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return set(names.get_values_for_type(x509.DNSName)), set(names.get_values_for_type(x509.IPAddress))
+
+
+def test_generate_cli_writes_an_ecdsa_pair_with_service_sans(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "certs", "generate", "--dir", str(tmp_path), "--service", "oversale-webhook",
+         "--namespace", "oversale", "--host", "localhost", "--host", "127.0.0.1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    cert, ca = load(tmp_path / "tls.crt"), load(tmp_path / "ca.crt")
+    dns, ips = sans(cert)
+    assert dns == {*HOSTS, "localhost"}
+    assert ips == {ipaddress.ip_address("127.0.0.1")}
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
+    assert cert.public_key().curve.name == "secp256r1"
+    cert.verify_directly_issued_by(ca)
+    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days in (365, 366)
+    assert (ca.not_valid_after_utc - ca.not_valid_before_utc).days in (3650, 3651)
+    assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_generate_cli_rejects_missing_names(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "certs", "generate", "--dir", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--service" in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_problems_name_what_is_wrong():
+    good = issue(HOSTS)
+    assert problems_with(good, HOSTS) == []
+    assert problems_with(good, [*HOSTS, "other"]) == ["names missing: other"]
+    late = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=300)
+    assert problems_with(good, HOSTS, now=late)[0].startswith("within the renewal window")
+    foreign = issue(HOSTS)
+    mixed = type(good)(ca_cert=foreign.ca_cert, ca_key=b"", cert=good.cert, key=foreign.key)
+    assert set(problems_with(mixed, HOSTS)) == {"tls.key does not match tls.crt", "tls.crt is not signed by ca.crt"}
+    assert problems_with(type(good)(b"x", b"", b"x", b"x"), HOSTS)[0].startswith("unreadable")
+
+
+@pytest.fixture
+def api_client(kube_api):
+    from kubernetes import client
+
+    configuration = client.Configuration(host=kube_api.url)
+    return client.ApiClient(configuration)
+
+
+def secret_bundle(kube_api, name="webhook-tls"):
+    data = kube_api.get("secrets", "oversale", name)["data"]
+    return {key: base64.b64decode(value) for key, value in data.items()}
+
+
+def test_ensure_creates_then_leaves_a_valid_secret_alone(kube_api, api_client):
+    assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365) == "created"
+    secret = kube_api.get("secrets", "oversale", "webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert "ca.key" not in secret["data"], "the CA key stays out of the Secret the webhook mounts"
+    writes = kube_api.count("POST") + kube_api.count("PUT")
+    for _ in range(3):
+        assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365) == "unchanged"
+    assert kube_api.count("POST") + kube_api.count("PUT") == writes
+
+
+def test_ensure_renews_inside_the_window_with_the_same_ca(kube_api, api_client):
+    ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365)
+    first = secret_bundle(kube_api)
+    # A fresh certificate is inside a renewal window of (nearly) its whole lifetime.
+    outcome = ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365, renew_fraction=0.999999)
+    assert outcome.startswith("renewed: within the renewal window")
+    second = secret_bundle(kube_api)
+    assert second["tls.crt"] != first["tls.crt"]
+    assert second["ca.crt"] == first["ca.crt"], "caBundle in webhook configurations stays valid"
+    x509.load_pem_x509_certificate(second["tls.crt"]).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(first["ca.crt"]))
+
+
+def test_ensure_replaces_a_certificate_for_the_wrong_names(kube_api, api_client):
+    ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)
+    outcome = ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365)
+    assert outcome.startswith("renewed: names missing")
+    assert sans(x509.load_pem_x509_certificate(secret_bundle(kube_api)["tls.crt"]))[0] == set(HOSTS)
+
+
+def test_ensure_replaces_garbage(kube_api, api_client):
+    kube_api.put("secrets", {"metadata": {"name": "webhook-tls", "namespace": "oversale"}, "type": "kubernetes.io/tls",
+                             "data": {"tls.crt": base64.b64encode(b"junk").decode(), "tls.key": ""}})
+    assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365).startswith("renewed: unreadable")
+    assert problems_with(type(issue(HOSTS))(secret_bundle(kube_api)["ca.crt"], b"",
+                                            secret_bundle(kube_api)["tls.crt"], secret_bundle(kube_api)["tls.key"]),
+                         HOSTS) == []
+
+
+def webhook_configuration(name, entries):
+    return {"metadata": {"name": name}, "webhooks": [
+        {"name": f"{entry}.oversale.stke.platform", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+         "clientConfig": {"service": {"name": "oversale-webhook", "namespace": "oversale", "path": f"/{entry}"}}}
+        for entry in entries]}
+
+
+def test_inject_sets_every_ca_bundle_once(kube_api, api_client):
+    kube_api.put("mutatingwebhookconfigurations", webhook_configuration("oversale", ["pods", "nodes"]))
+    kube_api.put("validatingwebhookconfigurations", webhook_configuration("oversale", ["nodes"]))
+    ca = issue(HOSTS).ca_cert
+    report = inject_ca_bundle(api_client, ["oversale"], ca)
+    assert report == ["MutatingWebhookConfiguration oversale: caBundle set on 2 webhook(s)",
+                      "ValidatingWebhookConfiguration oversale: caBundle set on 1 webhook(s)"]
+    for plural in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        for webhook in kube_api.get(plural, "", "oversale")["webhooks"]:
+            assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == ca
+    patches = kube_api.count("PATCH")
+    assert inject_ca_bundle(api_client, ["oversale"], ca) == [
+        "MutatingWebhookConfiguration oversale: unchanged", "ValidatingWebhookConfiguration oversale: unchanged"]
+    assert kube_api.count("PATCH") == patches
+
+
+def test_inject_names_a_missing_configuration(kube_api, api_client):
+    with pytest.raises(LookupError, match="'absent'"):
+        inject_ca_bundle(api_client, ["absent"], issue(HOSTS).ca_cert)
+
+
+def test_ensure_and_inject_through_the_cli(kube_api, tmp_path):
+    kubeconfig = kube_api.write_kubeconfig(tmp_path / "kubeconfig")
+    kube_api.put("mutatingwebhookconfigurations", webhook_configuration("oversale", ["pods"]))
+    env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    run = [sys.executable, "-m", "certs"]
+    ensured = subprocess.run([*run, "ensure", "--secret", "oversale/webhook-tls", "--service", "oversale-webhook"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert ensured.returncode == 0, ensured.stderr
+    assert ensured.stdout.strip() == "secret oversale/webhook-tls: created"
+    injected = subprocess.run([*run, "inject", "--webhook", "oversale", "--secret", "oversale/webhook-tls"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert injected.returncode == 0, injected.stderr
+    assert "caBundle set on 1 webhook(s)" in injected.stdout
+
+
+def served_certificate(server: RunningWebhook, ca_file) -> x509.Certificate:
+    context = ssl.create_default_context(cafile=str(ca_file))
+    with socket.create_connection(("127.0.0.1", server.port)) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost") as tls:
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+
+
+def test_rotated_files_are_served_on_new_connections_without_restart(tmp_path):
+    server = RunningWebhook(tmp_path)
+    try:
+        paths = CertificatePaths.in_dir(server.certs)
+        before = served_certificate(server, paths.ca)
+        old_ca = tmp_path / "old-ca.crt"
+        old_ca.write_bytes(paths.ca.read_bytes())
+        kept_alive = server.connection()
+        kept_alive.request("GET", "/healthz")
+        assert kept_alive.getresponse().read()
+
+        generate(server.certs, ["localhost", "127.0.0.1"])
+        after = served_certificate(server, paths.ca)
+        assert after.serial_number != before.serial_number
+        assert after.fingerprint(after.signature_hash_algorithm) == load(paths.cert).fingerprint(
+            after.signature_hash_algorithm)
+        with pytest.raises(ssl.SSLError):
+            served_certificate(server, old_ca)  # new connections no longer get the old certificate
+        kept_alive.request("GET", "/healthz")  # an open connection keeps working
+        assert json.loads(kept_alive.getresponse().read()) == {"status": "ok"}
+        assert server.process.poll() is None
+    finally:
+        server.stop()

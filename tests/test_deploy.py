@@ -1,0 +1,218 @@
+"""deploy/ rendered by kustomize and validated offline, strictly, against the Kubernetes OpenAPI
+schemas; the invariants a cluster operator relies on; and the Dockerfile's properties (no Docker
+engine runs here, so it is read, not built)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+
+from oversale.settings import Settings
+from tests.conftest import ROOT
+from webhook.app import create_app
+from webhook.node_pods import NoClusterPods
+from webhook.owners import NoCluster
+
+OVERLAYS = ["base", "overlays/self-signed", "overlays/cert-manager"]
+KUBERNETES_VERSION = "1.33.0"
+CRD_KINDS = {"Certificate", "Issuer"}  # cert-manager's; no schema for them ships with kubernetes-validate
+
+
+def render(overlay: str) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl (with kustomize) is needed to render deploy/"
+    result = subprocess.run([kubectl, "kustomize", str(ROOT / "deploy" / overlay)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def rendered(request) -> list[dict]:
+    return render(request.param)
+
+
+def by_kind(objects, kind):
+    return [o for o in objects if o["kind"] == kind]
+
+
+def test_every_object_validates_strictly(rendered):
+    skipped = set()
+    for obj in rendered:
+        if obj["kind"] in CRD_KINDS:
+            skipped.add(obj["kind"])
+            continue
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    assert skipped <= CRD_KINDS
+
+
+def test_pod_webhook_is_safe_for_the_cluster(rendered):
+    (mutating,) = by_kind(rendered, "MutatingWebhookConfiguration")
+    webhooks = {w["name"]: w for w in mutating["webhooks"]}
+    pods = webhooks["pods.oversale.stke.platform"]
+    assert pods["failurePolicy"] == "Ignore" and pods["sideEffects"] == "None"
+    assert pods["timeoutSeconds"] <= 5
+    assert pods["reinvocationPolicy"] == "IfNeeded" and pods["matchPolicy"] == "Equivalent"
+    assert pods["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    (expression,) = pods["namespaceSelector"]["matchExpressions"]
+    assert expression["key"] == "kubernetes.io/metadata.name" and expression["operator"] == "NotIn"
+    assert set(expression["values"]) == {"kube-system", "kube-public", "kube-node-lease", "oversale"}
+
+
+def test_node_webhooks_only_see_opted_in_nodes(rendered):
+    (mutating,) = by_kind(rendered, "MutatingWebhookConfiguration")
+    (validating,) = by_kind(rendered, "ValidatingWebhookConfiguration")
+    nodes = next(w for w in mutating["webhooks"] if w["name"].startswith("nodes."))
+    assert nodes["rules"][0]["resources"] == ["nodes", "nodes/status"]
+    assert nodes["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    for webhook in [nodes, *validating["webhooks"]]:
+        assert webhook["failurePolicy"] == "Ignore" and webhook["timeoutSeconds"] <= 5
+        assert webhook["objectSelector"] == {"matchLabels": {"stke.platform/oversale": "enabled"}}
+    assert validating["webhooks"][0]["rules"][0]["operations"] == ["UPDATE"]
+    assert validating["webhooks"][0]["rules"][0]["resources"] == ["nodes"]
+
+
+def test_node_match_condition_lets_through_exactly_what_the_webhook_needs():
+    mutating = by_kind(render("base"), "MutatingWebhookConfiguration")[0]
+    nodes = next(w for w in mutating["webhooks"] if w["name"].startswith("nodes."))
+    (condition,) = nodes["matchConditions"]
+    environment = celpy.Environment()
+    program = environment.program(environment.compile(condition["expression"]))
+
+    def reaches(operation, obj, old=None):
+        return bool(program.evaluate({"request": celpy.json_to_cel({"operation": operation}),
+                                      "object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old)}))
+
+    def node(**annotations):
+        return {"metadata": {"name": "n", "annotations": annotations} if annotations else {"name": "n"}}
+
+    assert reaches("CREATE", node(**{"stke.platform/cpu-oversale-ratio": "2"}))
+    assert reaches("UPDATE", node(**{"stke.platform/memory-oversale-ratio": "1.5"}), node())
+    assert not reaches("CREATE", node())
+    assert not reaches("UPDATE", node(other="x"), node(other="x"))
+    # Turned off by removing the ratio: the stored record still brings the write in, to restore.
+    assert reaches("UPDATE", node(), node(**{"stke.platform/real-allocatable": "{}"}))
+
+
+def test_webhook_paths_are_served_by_the_app(rendered):
+    app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods())
+    routes = {rule.rule for rule in app.url_map.iter_rules() if "POST" in rule.methods}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for configuration in by_kind(rendered, kind):
+            for webhook in configuration["webhooks"]:
+                assert webhook["clientConfig"]["service"]["path"] in routes
+
+
+def test_rbac_lists_exactly_what_the_code_uses_and_no_wildcards(rendered):
+    for role in [*by_kind(rendered, "ClusterRole"), *by_kind(rendered, "Role")]:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(field, []), (role["metadata"]["name"], rule)
+    webhook = next(r for r in by_kind(rendered, "ClusterRole") if r["metadata"]["name"] == "oversale-webhook")
+    granted = {(group, resource, verb) for rule in webhook["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    workloads = {("apps", r) for r in ("replicasets", "deployments", "statefulsets", "daemonsets")} | \
+        {("batch", r) for r in ("jobs", "cronjobs")}
+    expected = {(g, r, v) for g, r in workloads for v in ("get", "list", "watch")} | \
+        {("", "limitranges", "list"), ("", "limitranges", "watch"), ("", "pods", "list")}
+    assert granted == expected
+
+
+def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
+    (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-webhook"]
+    assert deployment["spec"]["replicas"] >= 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["affinity"]["podAntiAffinity"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert set(container["resources"]) == {"requests", "limits"}
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp/metrics"]]
+    assert volumes[mounts["/certs"]]["secret"]["secretName"] == "oversale-webhook-tls"
+    assert "--metrics-dir" in container["args"] and "/tmp/metrics" in container["args"]
+    (budget,) = by_kind(rendered, "PodDisruptionBudget")
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+def test_every_workload_in_every_overlay_runs_non_root_with_limits(rendered):
+    for obj in rendered:
+        if obj["kind"] not in ("Deployment", "Job", "CronJob"):
+            continue
+        spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+        pod = spec["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            assert container["resources"]["limits"]
+            assert container["image"] == "oversale:0.1.0"
+
+
+def test_certificates_come_from_each_overlay():
+    self_signed = render("overlays/self-signed")
+    (job,) = by_kind(self_signed, "Job")
+    commands = [c["args"] for c in [*job["spec"]["template"]["spec"]["initContainers"],
+                                    *job["spec"]["template"]["spec"]["containers"]]]
+    assert commands[0][:2] == ["certs", "ensure"] and "oversale/oversale-webhook-tls" in commands[0]
+    assert commands[1][:2] == ["certs", "inject"]
+    assert by_kind(self_signed, "CronJob")
+    cert_manager = render("overlays/cert-manager")
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (configuration,) = by_kind(cert_manager, kind)
+        assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+            "oversale/oversale-webhook"
+    (serving,) = [c for c in by_kind(cert_manager, "Certificate") if c["metadata"]["name"] == "oversale-webhook"]
+    assert serving["spec"]["secretName"] == "oversale-webhook-tls"
+    assert "oversale-webhook.oversale.svc" in serving["spec"]["dnsNames"]
+
+
+# ---- Dockerfile -------------------------------------------------------------------------------
+
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """Instructions per stage, continuation lines joined, comments dropped."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, argument = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((instruction.upper(), argument.strip()))
+    return stages
+
+
+def test_dockerfile_builds_a_slim_non_root_image_without_compilers():
+    stages = dockerfile_stages()
+    final = stages[-1]
+    assert all(arg.startswith("python:3.11-slim") for _, arg in (s[0] for s in stages))
+    # Dependencies are installed in their own layer, before any source is copied.
+    install = next(i for i, (ins, arg) in enumerate(stages[0]) if ins == "RUN" and "requirements.txt" in arg)
+    copies = [i for i, (ins, arg) in enumerate(stages[0]) if ins == "COPY"]
+    assert copies == [install - 1] and "requirements.txt" in stages[0][copies[0]][1]
+    everything = " ".join(arg for stage in stages for _, arg in stage)
+    for compiler in ("gcc", "build-essential", "g++", "apt-get install"):
+        assert compiler not in everything
+    user = [arg for ins, arg in final if ins == "USER"]
+    assert user and user[-1].split(":")[0] not in ("0", "root")
+    assert ("EXPOSE", "8443") in final
+    assert ("ENTRYPOINT", '["python", "-m"]') in final
+    cmd = next(arg for ins, arg in final if ins == "CMD")
+    assert cmd.startswith('["webhook", "--bind", "0.0.0.0:8443"')
+    copied = {arg.split()[0] for ins, arg in final if ins == "COPY" and not arg.startswith("--from")}
+    assert copied == {"oversale/", "webhook/", "certs/", "reconcilers/"}
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "tests", ".git"} <= set(ignored)
