@@ -50,6 +50,27 @@ class AnnotationKeys:
         return self._key("enable-resource-compress")
 
     @property
+    def enable_memory_compress(self) -> str:
+        """Workload: ``y`` lets the ratio reconciler set memory ratios too (CPU only otherwise)."""
+        return self._key("enable-memory-compress")
+
+    @property
+    def ratio_last_change(self) -> str:
+        """Written on workloads and Nodes by the reconcilers: when and why a ratio last changed."""
+        return self._key("ratio-last-change")
+
+    @property
+    def original_target_utilization(self) -> str:
+        """Written on HPAs the reconciler rescales: the target utilization before any rescaling."""
+        return self._key("original-target-utilization")
+
+    @property
+    def oversale_label(self) -> str:
+        """Node label (value ``enabled``) that routes a node's writes to the webhook and opts it in
+        to the oversale reconciler."""
+        return self._key("oversale")
+
+    @property
     def original_requests(self) -> str:
         """Written on Pods: JSON of each container's requests before compression."""
         return self._key("original-requests")
@@ -129,6 +150,32 @@ def parse_ratio(text: str) -> Decimal:
     if ratio < 1:
         raise InvalidRatio(f"{text!r} is below 1 (a ratio of 1 means no change)")
     return ratio
+
+
+def format_ratio(ratio: Decimal) -> str:
+    """A ratio as annotation text: plain decimal, no exponent, no trailing zeros.
+
+    >>> format_ratio(Decimal("1.50")), format_ratio(Decimal("2.00")), format_ratio(Decimal("10"))
+    ('1.5', '2', '10')
+    """
+    text = format(ratio, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def current_ratio(annotations: Mapping[str, str], key: str) -> Decimal:
+    """The ratio an object carries now (1 when absent or invalid: the webhooks treat it so too)."""
+    try:
+        return parse_ratio(annotations[key]) if key in annotations else Decimal(1)
+    except InvalidRatio:
+        return Decimal(1)
+
+
+def wants(annotations: Mapping[str, str], key: str) -> bool:
+    """Whether a yes/no annotation is set to yes (absent or invalid: no)."""
+    try:
+        return key in annotations and parse_switch(annotations[key])
+    except InvalidAnnotation:
+        return False
 
 
 def parse_switch(text: str) -> bool:

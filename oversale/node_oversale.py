@@ -27,8 +27,9 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch, read_ratios
+from oversale.annotations import AnnotationKeys, AnnotationProblem, current_ratio, parse_switch, read_ratios
 from oversale.errors import InvalidAnnotation, QuantityError
+from oversale.estimator import OversaleEstimator, RatioPlan, UsageStats, oversale_proposal
 from oversale.quantity import CPU, RESOURCES, format_amount, parse_amount
 
 FIELDS = ("allocatable", "capacity")
@@ -242,3 +243,41 @@ def _put(values: dict[str, str], resource: str, amount: int, spelling: str | Non
 
 def _compact(value: Mapping[str, str]) -> str:
     return json.dumps(dict(value), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(kw_only=True)
+class NodePlan(RatioPlan):
+    """What the oversale reconciler wants for one node."""
+
+    name: str
+    requested: dict[str, int] = field(default_factory=dict)
+    real_allocatable: dict[str, int] = field(default_factory=dict)
+
+
+def real_allocatable_of(node: Mapping[str, Any], keys: AnnotationKeys) -> dict[str, int]:
+    """The kubelet's real allocatable: the webhook's record when oversold, else the status."""
+    record = read_record((node.get("metadata") or {}).get("annotations"), keys)
+    values = record.allocatable if record else _status(node, "allocatable")
+    return {r: parse_amount(r, values[r]) for r in RESOURCES if r in values}
+
+
+def plan_node(
+    node: Mapping[str, Any],
+    requested: Mapping[str, int],
+    usage: Mapping[str, UsageStats | None],
+    keys: AnnotationKeys,
+    estimator: OversaleEstimator,
+) -> NodePlan:
+    """The oversale ratios one opted-in node should carry (``usage``: resource -> stats or None)."""
+    metadata = node.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    plan = NodePlan(name=str(metadata.get("name", "")), requested=dict(requested),
+                    real_allocatable=real_allocatable_of(node, keys))
+    for resource in RESOURCES:
+        if resource not in plan.real_allocatable:
+            continue
+        plan.current[resource] = current_ratio(annotations, keys.oversale_ratio(resource))
+        plan.proposals[resource] = oversale_proposal(
+            resource, requested.get(resource, 0), plan.real_allocatable[resource], usage.get(resource),
+            plan.current[resource], estimator)
+    return plan

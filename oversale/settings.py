@@ -15,6 +15,7 @@ from typing import Any
 from oversale.annotations import DEFAULT_PREFIX, AnnotationKeys
 from oversale.compression import CompressionConfig
 from oversale.errors import QuantityError, SettingsError
+from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
 from oversale.node_oversale import OversaleLimits
 from oversale.quantity import parse_bytes, parse_millicores
 
@@ -90,6 +91,95 @@ class Settings:
     log_level: str = field(default="INFO", metadata=_env("OVERSALE_LOG_LEVEL"))
     """Python log level name (DEBUG logs every admission)."""
 
+    # -- reconcilers ---------------------------------------------------------------------------
+    prometheus_url: str = field(default="", metadata=_env("OVERSALE_PROMETHEUS_URL"))
+    """Prometheus base URL; empty: sample metrics-server into SQLite instead."""
+
+    prometheus_timeout_seconds: float = field(default=30.0, metadata=_env("OVERSALE_PROMETHEUS_TIMEOUT"))
+    """Timeout of each PromQL query."""
+
+    prometheus_step_seconds: float = field(default=300.0, metadata=_env("OVERSALE_PROMETHEUS_STEP"))
+    """Subquery resolution: one evaluated point per series and step (a duration such as ``5m``)."""
+
+    prometheus_node_label: str = field(default="instance", metadata=_env("OVERSALE_PROMETHEUS_NODE_LABEL"))
+    """Label holding the node name on node-exporter series (``host:port`` is cut at the colon)."""
+
+    prometheus_node_memory_query: str = field(default="", metadata=_env("OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY"))
+    """PromQL giving used node memory in bytes by the node label; empty: MemTotal - MemAvailable."""
+
+    sqlite_path: str = field(default="/var/lib/oversale/history.db", metadata=_env("OVERSALE_SQLITE_PATH"))
+    """The embedded history file (put it on a volume to keep history across restarts)."""
+
+    sample_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_SAMPLE_INTERVAL"))
+    """How often metrics-server is sampled into SQLite."""
+
+    history_retention_seconds: float = field(default=8 * 86400.0, metadata=_env("OVERSALE_HISTORY_RETENTION"))
+    """SQLite samples older than this are deleted."""
+
+    history_window_seconds: float = field(default=7 * 86400.0, metadata=_env("OVERSALE_HISTORY_WINDOW"))
+    """How much history each ratio is computed from."""
+
+    reconcile_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_RECONCILE_INTERVAL"))
+    """Time between two reconcile passes."""
+
+    compression_percentile: float = field(default=0.95, metadata=_env("OVERSALE_COMPRESSION_PERCENTILE"))
+    """Usage percentile taken as a container's demand."""
+
+    compression_margin: Decimal = field(default=Decimal("0.15"), metadata=_env("OVERSALE_COMPRESSION_MARGIN"))
+    """Headroom added to the demand: demand = percentile x (1 + margin)."""
+
+    min_history_seconds: float = field(default=86400.0, metadata=_env("OVERSALE_MIN_HISTORY"))
+    """No ratio is raised above 1 with less history than this."""
+
+    min_samples: int = field(default=100, metadata=_env("OVERSALE_MIN_SAMPLES"))
+    """No ratio is raised above 1 with fewer samples than this."""
+
+    full_confidence_seconds: float = field(default=7 * 86400.0, metadata=_env("OVERSALE_FULL_CONFIDENCE"))
+    """With less history than this, compression ratios are pulled toward 1 in proportion."""
+
+    min_change: Decimal = field(default=Decimal("0.10"), metadata=_env("OVERSALE_MIN_CHANGE"))
+    """Ratio changes smaller than this fraction are ignored."""
+
+    max_raise: Decimal = field(default=Decimal("0.25"), metadata=_env("OVERSALE_MAX_RAISE"))
+    """A ratio grows by at most this fraction per pass (lowering is immediate)."""
+
+    rescale_hpa: bool = field(default=False, metadata=_env("OVERSALE_RESCALE_HPA"))
+    """Compress workloads with a utilization HPA and scale the HPA target by the ratio (off: skip them)."""
+
+    node_percentile: float = field(default=0.99, metadata=_env("OVERSALE_NODE_PERCENTILE"))
+    """Node usage percentile taken as its peak."""
+
+    cpu_target_utilization: Decimal = field(default=Decimal("0.7"), metadata=_env("OVERSALE_CPU_TARGET"))
+    """Node CPU utilization the oversale ratio aims at."""
+
+    memory_target_utilization: Decimal = field(default=Decimal("0.6"), metadata=_env("OVERSALE_MEMORY_TARGET"))
+    """Node memory utilization the oversale ratio aims at."""
+
+    reconcile_max_memory_oversale_ratio: Decimal = field(
+        default=Decimal("1.2"), metadata=_env("OVERSALE_RECONCILE_MAX_MEMORY_RATIO"))
+    """Largest memory oversale ratio the reconciler writes (cpu: OVERSALE_MAX_CPU_OVERSALE_RATIO)."""
+
+    floor_margin: Decimal = field(default=Decimal("0.05"), metadata=_env("OVERSALE_FLOOR_MARGIN"))
+    """Safety above requests / real allocatable that a node ratio never goes below."""
+
+    staleness_seconds: float = field(default=3600.0, metadata=_env("OVERSALE_STALENESS"))
+    """Node metrics older than this are stale: the ratio decays toward 1 (never below the floor)."""
+
+    stale_decay: Decimal = field(default=Decimal("0.5"), metadata=_env("OVERSALE_STALE_DECAY"))
+    """Fraction of (ratio - 1) kept per stale pass."""
+
+    apply_node_status: bool = field(default=False, metadata=_env("OVERSALE_APPLY_NODE_STATUS"))
+    """Write the node status with a new ratio at once instead of waiting for the kubelet's next sync."""
+
+    lease_name: str = field(default="oversale-reconciler", metadata=_env("OVERSALE_LEASE_NAME"))
+    """coordination.k8s.io Lease (in the own namespace) that elects the one writing replica."""
+
+    lease_duration_seconds: float = field(default=15.0, metadata=_env("OVERSALE_LEASE_DURATION"))
+    """A leader that has not renewed for this long loses the lease; it stops writing before that."""
+
+    reconciler_metrics_port: int = field(default=8080, metadata=_env("OVERSALE_RECONCILER_METRICS_PORT"))
+    """Port of the reconciler's /metrics."""
+
     @property
     def keys(self) -> AnnotationKeys:
         return AnnotationKeys(self.annotation_prefix)
@@ -109,6 +199,32 @@ class Settings:
 
     def is_kubelet_of(self, username: str, node: str) -> bool:
         return username == self.kubelet_username.format(node=node)
+
+    def compression_estimator(self) -> CompressionEstimator:
+        return CompressionEstimator(
+            percentile=self.compression_percentile,
+            margin=self.compression_margin,
+            max_ratio=self.max_ratio,
+            min_coverage_seconds=self.min_history_seconds,
+            min_samples=self.min_samples,
+            full_confidence_seconds=self.full_confidence_seconds,
+            stability=StabilityConfig(self.min_change, self.max_raise),
+        )
+
+    def oversale_estimator(self) -> OversaleEstimator:
+        return OversaleEstimator(
+            percentile=self.node_percentile,
+            cpu_target=self.cpu_target_utilization,
+            memory_target=self.memory_target_utilization,
+            cpu_max_ratio=self.max_cpu_oversale_ratio,
+            memory_max_ratio=min(self.reconcile_max_memory_oversale_ratio, self.max_memory_oversale_ratio),
+            floor_margin=self.floor_margin,
+            min_coverage_seconds=self.min_history_seconds,
+            min_samples=self.min_samples,
+            staleness_seconds=self.staleness_seconds,
+            decay=self.stale_decay,
+            stability=StabilityConfig(self.min_change, self.max_raise),
+        )
 
     def skips_namespace(self, namespace: str) -> bool:
         return namespace in self.excluded_namespaces or namespace == self.namespace
@@ -215,4 +331,87 @@ _PARSERS: dict[str, Any] = {
     "threads": _positive_int,
     "keepalive_seconds": _positive_int,
     "log_level": _level,
+    "prometheus_url": lambda text: text.strip().rstrip("/"),
+    "prometheus_timeout_seconds": lambda text: _duration(text),
+    "prometheus_step_seconds": lambda text: _duration(text),
+    "prometheus_node_label": lambda text: _nonempty(text),
+    "prometheus_node_memory_query": str,
+    "sqlite_path": lambda text: _nonempty(text),
+    "sample_interval_seconds": lambda text: _duration(text),
+    "history_retention_seconds": lambda text: _duration(text),
+    "history_window_seconds": lambda text: _duration(text),
+    "reconcile_interval_seconds": lambda text: _duration(text),
+    "compression_percentile": lambda text: _fraction(text),
+    "compression_margin": lambda text: _decimal_between(text, 0, 10),
+    "min_history_seconds": lambda text: _duration(text, allow_zero=True),
+    "min_samples": lambda text: _nonnegative_int(text),
+    "full_confidence_seconds": lambda text: _duration(text),
+    "min_change": lambda text: _decimal_between(text, 0, 1),
+    "max_raise": lambda text: _decimal_between(text, 0, 10),
+    "rescale_hpa": _bool,
+    "node_percentile": lambda text: _fraction(text),
+    "cpu_target_utilization": lambda text: _decimal_between(text, 0, 1),
+    "memory_target_utilization": lambda text: _decimal_between(text, 0, 1),
+    "reconcile_max_memory_oversale_ratio": _max_ratio,
+    "floor_margin": lambda text: _decimal_between(text, 0, 10),
+    "staleness_seconds": lambda text: _duration(text),
+    "stale_decay": lambda text: _decimal_between(text, 0, 1),
+    "apply_node_status": _bool,
+    "lease_name": lambda text: _nonempty(text),
+    "lease_duration_seconds": lambda text: _duration(text),
+    "reconciler_metrics_port": lambda text: _port(text),
 }
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str, allow_zero: bool = False) -> float:
+    """``300``, ``300s``, ``5m``, ``24h``, ``7d``."""
+    text = text.strip()
+    unit = _UNITS.get(text[-1:])
+    number = text[:-1] if unit else text
+    try:
+        value = float(number) * (unit or 1)
+    except ValueError:
+        raise ValueError("must be a duration such as 300, 5m, 24h or 7d") from None
+    if not (value > 0 or (allow_zero and value == 0)) or value == float("inf"):
+        raise ValueError("must be a positive duration")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise ValueError("must be between 0 and 1, e.g. 0.95")
+    return value
+
+
+def _decimal_between(text: str, low: float, high: float) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise ValueError(f"must be a number from {low} to {high}") from None
+    if not value.is_finite() or not low <= value <= high:
+        raise ValueError(f"must be a number from {low} to {high}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be a port number")
+    return value

@@ -82,6 +82,16 @@ def apply_response(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, A
     return jsonpatch.apply_patch(pod, patch)
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 20 s."""
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -157,11 +167,7 @@ class RunningWebhook:
         return total
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
         self._log_handle.close()
 
 

@@ -26,25 +26,40 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 
-# plural -> (path prefix, kind, namespaced)
-RESOURCES: dict[str, tuple[str, str, bool]] = {
-    "pods": ("/api/v1", "Pod", True),
-    "nodes": ("/api/v1", "Node", False),
-    "limitranges": ("/api/v1", "LimitRange", True),
-    "namespaces": ("/api/v1", "Namespace", False),
-    "secrets": ("/api/v1", "Secret", True),
-    "replicasets": ("/apis/apps/v1", "ReplicaSet", True),
-    "deployments": ("/apis/apps/v1", "Deployment", True),
-    "statefulsets": ("/apis/apps/v1", "StatefulSet", True),
-    "daemonsets": ("/apis/apps/v1", "DaemonSet", True),
-    "jobs": ("/apis/batch/v1", "Job", True),
-    "cronjobs": ("/apis/batch/v1", "CronJob", True),
-    "mutatingwebhookconfigurations": ("/apis/admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", False),
-    "validatingwebhookconfigurations": (
-        "/apis/admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", False),
+# key -> (path prefix, plural in the URL, kind, namespaced). The key is the plural except where two
+# groups share one (metrics.k8s.io's pods and nodes).
+RESOURCES: dict[str, tuple[str, str, str, bool]] = {
+    "pods": ("/api/v1", "pods", "Pod", True),
+    "nodes": ("/api/v1", "nodes", "Node", False),
+    "limitranges": ("/api/v1", "limitranges", "LimitRange", True),
+    "namespaces": ("/api/v1", "namespaces", "Namespace", False),
+    "secrets": ("/api/v1", "secrets", "Secret", True),
+    "events": ("/api/v1", "events", "Event", True),
+    "replicasets": ("/apis/apps/v1", "replicasets", "ReplicaSet", True),
+    "deployments": ("/apis/apps/v1", "deployments", "Deployment", True),
+    "statefulsets": ("/apis/apps/v1", "statefulsets", "StatefulSet", True),
+    "daemonsets": ("/apis/apps/v1", "daemonsets", "DaemonSet", True),
+    "jobs": ("/apis/batch/v1", "jobs", "Job", True),
+    "cronjobs": ("/apis/batch/v1", "cronjobs", "CronJob", True),
+    "horizontalpodautoscalers": ("/apis/autoscaling/v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler",
+                                 True),
+    "leases": ("/apis/coordination.k8s.io/v1", "leases", "Lease", True),
+    "mutatingwebhookconfigurations": ("/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations",
+                                      "MutatingWebhookConfiguration", False),
+    "validatingwebhookconfigurations": ("/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations",
+                                        "ValidatingWebhookConfiguration", False),
+    "podmetrics": ("/apis/metrics.k8s.io/v1beta1", "pods", "PodMetrics", True),
+    "nodemetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes", "NodeMetrics", False),
 }
-API_VERSIONS = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1", "/apis/batch/v1": "batch/v1",
-                "/apis/admissionregistration.k8s.io/v1": "admissionregistration.k8s.io/v1"}
+API_VERSIONS = {
+    "/api/v1": "v1",
+    "/apis/apps/v1": "apps/v1",
+    "/apis/batch/v1": "batch/v1",
+    "/apis/autoscaling/v2": "autoscaling/v2",
+    "/apis/coordination.k8s.io/v1": "coordination.k8s.io/v1",
+    "/apis/admissionregistration.k8s.io/v1": "admissionregistration.k8s.io/v1",
+    "/apis/metrics.k8s.io/v1beta1": "metrics.k8s.io/v1beta1",
+}
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,8 @@ class FakeKubeAPI:
         self.mutating: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         self.validating: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         """plural -> a webhook: takes an AdmissionReview, returns its AdmissionResponse."""
+        self.concurrent_writes: dict[str, int] = {}
+        """plural -> how many of the next updates find the object changed by another writer first."""
         self.down = False
         """While True every request gets 503 (an unreachable or overloaded API server)."""
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -112,8 +129,10 @@ class FakeKubeAPI:
     def put(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Create or replace an object (as a controller would) and tell watchers."""
         obj = copy.deepcopy(obj)
-        prefix, kind, namespaced = RESOURCES[plural]
+        prefix, _, kind, namespaced = RESOURCES[plural]
         metadata = obj.setdefault("metadata", {})
+        if "name" not in metadata and "generateName" in metadata:
+            metadata["name"] = f"{metadata['generateName']}{uuid.uuid4().hex[:5]}"
         key = (metadata.get("namespace", "") if namespaced else "", metadata["name"])
         with self._changed:
             event = "MODIFIED" if key in self._objects[plural] else "ADDED"
@@ -171,7 +190,7 @@ class FakeKubeAPI:
               old: dict[str, Any] | None, username: str) -> tuple[int, dict[str, Any]]:
         """Admission, then the registry's update strategy, then storage, as the API server does
         for a CREATE or UPDATE. Returns (HTTP status, stored object or Status)."""
-        _, kind, _ = RESOURCES[plural]
+        _, _, kind, _ = RESOURCES[plural]
         for chain, mutating in ((self.mutating, True), (self.validating, False)):
             webhook = chain.get(plural)
             if webhook is None:
@@ -214,16 +233,23 @@ class FakeKubeAPI:
             items = [o for (ns, _), o in sorted(self._objects[plural].items()) if namespace in (None, ns)]
             version = self._version
         for selector in (query.get("fieldSelector", [""])[0] or "").split(","):
-            if selector:
+            if "!=" in selector:
+                path, _, unwanted = selector.partition("!=")
+                items = [o for o in items if _field(o, path) != unwanted]
+            elif selector:
                 path, _, wanted = selector.partition("=")
                 items = [o for o in items if _field(o, path) == wanted]
+        for selector in (query.get("labelSelector", [""])[0] or "").split(","):
+            if selector:
+                label, _, wanted = selector.partition("=")
+                items = [o for o in items if (o.get("metadata", {}).get("labels") or {}).get(label) == wanted]
         limit = int(query.get("limit", ["0"])[0] or 0)
         start = int(query.get("continue", ["0"])[0] or 0)
         page = items[start : start + limit] if limit else items[start:]
         metadata: dict[str, Any] = {"resourceVersion": str(version)}
         if limit and start + limit < len(items):
             metadata["continue"] = str(start + limit)
-        prefix, kind, _ = RESOURCES[plural]
+        prefix, _, kind, _ = RESOURCES[plural]
         return {
             "apiVersion": API_VERSIONS[prefix],
             "kind": f"{kind}List",
@@ -278,6 +304,9 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body leave in separate writes; with Nagle on, each response would wait for
+        # the client's delayed ACK (about 40 ms).
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -294,8 +323,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 namespace = None
                 if parts[0] == "namespaces" and len(parts) >= 3:
                     namespace, parts = parts[1], parts[2:]
-                plural = parts[0]
-                if plural not in RESOURCES or RESOURCES[plural][0] != prefix:
+                plural = next((key for key, (p, url_plural, _, _) in RESOURCES.items()
+                               if p == prefix and url_plural == parts[0]), None)
+                if plural is None:
                     return None
                 name = parts[1] if len(parts) > 1 else None
                 sub = parts[2] if len(parts) > 2 else None
@@ -367,7 +397,10 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             body = self._body()
             if current is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
-            sent = (body.get("metadata") or {}).get("resourceVersion") if self.command == "PUT" else None
+            if api.concurrent_writes.get(plural):
+                api.concurrent_writes[plural] -= 1
+                current = api.put(plural, current)  # someone else wrote just before us
+            sent = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
             if sent and sent != current["metadata"]["resourceVersion"]:
                 return self._send(409, _status(409, "Conflict", "the object has been modified"))
             code, result = api.write(plural, "UPDATE", sub or "", build(current, body), current, self._username())
@@ -390,7 +423,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return
             plural, namespace, _, _, _ = route
             body = self._body()
-            if RESOURCES[plural][2]:
+            if RESOURCES[plural][3]:
                 body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
             if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:
                 return self._send(409, _status(409, "AlreadyExists", "already exists"))

@@ -124,6 +124,26 @@ def test_rbac_lists_exactly_what_the_code_uses_and_no_wildcards(rendered):
     assert granted == expected
 
 
+def test_reconciler_rbac_is_exactly_what_it_reads_and_writes(rendered):
+    role = next(r for r in by_kind(rendered, "ClusterRole") if r["metadata"]["name"] == "oversale-reconciler")
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    workloads = {("apps", r) for r in ("deployments", "statefulsets", "daemonsets")} | {("batch", "cronjobs")}
+    expected = {(g, r, v) for g, r in workloads for v in ("get", "list", "patch")}
+    expected |= {("autoscaling", "horizontalpodautoscalers", v) for v in ("list", "patch")}
+    expected |= {("", "nodes", v) for v in ("get", "list", "patch")} | {("", "nodes/status", "patch")}
+    expected |= {("", "pods", "list"), ("", "events", "create"), ("metrics.k8s.io", "pods", "list"),
+                 ("metrics.k8s.io", "nodes", "list")}
+    assert granted == expected
+    lease = next(r for r in by_kind(rendered, "Role") if r["metadata"]["name"] == "oversale-reconciler-lease")
+    assert {"resourceNames": ["oversale-reconciler"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "verbs": ["get", "update"]} in lease["rules"]
+    (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-reconciler"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["reconcilers", "run"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "oversale-reconciler"
+
+
 def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
     (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-webhook"]
     assert deployment["spec"]["replicas"] >= 2

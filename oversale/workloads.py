@@ -1,0 +1,154 @@
+"""Workloads as the reconcilers see them: their pod template's requests, which Pods (by name, so
+Pods gone since still count in history) belong to them, and their ratio plan.
+
+Pod names follow their controller: a Deployment's Pods are ``<name>-<template hash>-<5 chars>``,
+a StatefulSet's ``<name>-<ordinal>``, a DaemonSet's ``<name>-<5 chars>``, a CronJob's
+``<name>-<scheduled minute>-<5 chars>``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from oversale.annotations import AnnotationKeys, current_ratio, format_ratio, wants
+from oversale.estimator import (
+    CompressionEstimator,
+    Proposal,
+    RatioPlan,
+    UsageStats,
+    compression_proposal,
+    merge_pods,
+    stabilize,
+)
+from oversale.pods import requests_of
+from oversale.quantity import CPU, MEMORY
+
+KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob")
+_SUFFIX = re.compile(r"^[a-z0-9]{5}$")
+_HASH = re.compile(r"^[a-z0-9]{1,10}$")
+_DIGITS = re.compile(r"^\d+$")
+
+WorkloadKey = tuple[str, str, str]
+"""(kind, namespace, name)"""
+
+
+def pod_template(workload: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = workload.get("spec") or {}
+    if workload.get("kind") == "CronJob":
+        spec = ((spec.get("jobTemplate") or {}).get("spec")) or {}
+    template: Mapping[str, Any] = spec.get("template") or {}
+    return template
+
+
+def template_requests(workload: Mapping[str, Any], resource: str) -> dict[str, int]:
+    """Container name -> request of ``resource`` in the pod template (init containers included)."""
+    spec = pod_template(workload).get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    return {str(c["name"]): amount for c in containers if (amount := requests_of(c).get(resource))}
+
+
+class PodIndex:
+    """Finds the workload a Pod name belongs to, in O(1) per Pod."""
+
+    def __init__(self, workloads: Mapping[WorkloadKey, Any]) -> None:
+        self._by_name: dict[tuple[str, str], str] = {(ns, name): kind for kind, ns, name in workloads}
+
+    def owner(self, namespace: str, pod: str) -> WorkloadKey | None:
+        parts = pod.split("-")
+        if len(parts) >= 3:
+            name, middle, last = "-".join(parts[:-2]), parts[-2], parts[-1]
+            kind = self._by_name.get((namespace, name))
+            if _SUFFIX.match(last) and (
+                (kind == "Deployment" and _HASH.match(middle)) or (kind == "CronJob" and _DIGITS.match(middle))
+            ):
+                return kind, namespace, name
+        if len(parts) >= 2:
+            name, last = "-".join(parts[:-1]), parts[-1]
+            kind = self._by_name.get((namespace, name))
+            if (kind == "StatefulSet" and _DIGITS.match(last)) or (kind == "DaemonSet" and _SUFFIX.match(last)):
+                return kind, namespace, name
+        return None
+
+
+def usage_by_container(per_pod: Mapping[str, Mapping[str, UsageStats]]) -> dict[str, UsageStats]:
+    """One resource's stats per container, merged over a workload's Pods (``pod -> container``)."""
+    containers: dict[str, list[UsageStats]] = {}
+    for by_container in per_pod.values():
+        for container, stats in by_container.items():
+            containers.setdefault(container, []).append(stats)
+    return {container: merge_pods(found) for container, found in containers.items()}
+
+
+@dataclass(kw_only=True)
+class WorkloadPlan(RatioPlan):
+    """What the compression reconciler wants for one workload."""
+
+    key: WorkloadKey
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Resource -> why it is not reconciled."""
+    hpa_target: tuple[str, int, int] | None = None
+    """(HPA name, original target utilization, new target) when the HPA is rescaled."""
+
+
+def utilization_target(hpa: Mapping[str, Any], resource: str) -> int | None:
+    """The averageUtilization target an autoscaling/v2 HPA sets on ``resource``, if any."""
+    for metric in (hpa.get("spec") or {}).get("metrics") or []:
+        source = metric.get("resource") or metric.get("containerResource") or {}
+        target = source.get("target") or {}
+        if metric.get("type") in ("Resource", "ContainerResource") and source.get("name") == resource \
+                and target.get("type") == "Utilization":
+            value = target.get("averageUtilization")
+            return int(value) if value is not None else None
+    return None
+
+
+def plan_compression(
+    workload: Mapping[str, Any],
+    usage: Mapping[str, Mapping[str, UsageStats]],
+    hpa: Mapping[str, Any] | None,
+    keys: AnnotationKeys,
+    estimator: CompressionEstimator,
+    rescale_hpa: bool = False,
+) -> WorkloadPlan:
+    """The ratios one opted-in workload should carry. ``usage``: resource -> container -> stats.
+
+    A workload scaled by a utilization HPA is skipped for that resource (lower requests raise the
+    measured utilization and make the HPA scale out), unless ``rescale_hpa``: then the HPA's
+    target is multiplied by the ratio so the absolute threshold stays where it was.
+    """
+    metadata = workload.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    plan = WorkloadPlan(key=(str(workload.get("kind")), metadata.get("namespace", ""), metadata.get("name", "")))
+    for resource in (CPU, MEMORY):
+        key = keys.requests_ratio(resource)
+        plan.current[resource] = current_ratio(annotations, key)
+        if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
+            plan.skipped[resource] = f"memory not opted in ({keys.enable_memory_compress}: y)"
+            continue
+        target = utilization_target(hpa, resource) if hpa else None
+        if target is not None and not rescale_hpa:
+            plan.skipped[resource] = f"scaled by HPA {(hpa or {}).get('metadata', {}).get('name')} on {resource} " \
+                                     "utilization"
+            continue
+        proposal = compression_proposal(resource, template_requests(workload, resource), usage.get(resource, {}),
+                                        estimator)
+        ratio, why = stabilize(plan.current[resource], proposal.ratio, estimator.stability)
+        reason = f"{proposal.reason}; {why}" if why else proposal.reason
+        plan.proposals[resource] = Proposal(ratio, reason, proposal.demand)
+        if target is not None and hpa is not None:
+            hpa_annotations = (hpa.get("metadata") or {}).get("annotations") or {}
+            original = int(hpa_annotations.get(keys.original_target_utilization, target))
+            plan.hpa_target = (str(hpa["metadata"]["name"]), original, round(original * ratio))
+    return plan
+
+
+def describe_change(plan: WorkloadPlan) -> str:
+    """One line for the last-change annotation and the Event."""
+    return "; ".join(
+        f"{resource} {format_ratio(plan.current.get(resource, Decimal(1)))} -> {format_ratio(p.ratio)}: {p.reason}"
+        for resource, p in plan.changes().items()
+    )

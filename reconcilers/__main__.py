@@ -1,0 +1,137 @@
+"""Ratio reconcilers.
+
+  python -m reconcilers run               loop: sample (SQLite source), reconcile every interval, serve /metrics
+  python -m reconcilers once [--dry-run]  one pass; --dry-run prints the table and writes nothing
+
+The history source is Prometheus when OVERSALE_PROMETHEUS_URL is set, else metrics-server sampled
+into the SQLite file OVERSALE_SQLITE_PATH. Several replicas are safe: only the holder of the Lease
+OVERSALE_LEASE_NAME writes. Every setting is an environment variable (README, "Settings").
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from oversale.errors import SettingsError
+from oversale.settings import Settings
+
+log = logging.getLogger("reconcilers")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reconcilers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("run", help="reconcile in a loop (leader-elected)")
+    once = commands.add_parser("once", help="one pass")
+    once.add_argument("--dry-run", action="store_true", help="print the proposals, write nothing")
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingsError as error:
+        parser.error(str(error))
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+    from reconcilers.cluster import Cluster
+    from reconcilers.leader import LeaseElector
+    from reconcilers.metrics import ReconcilerMetrics
+    from reconcilers.runner import Reconciler, format_table
+
+    api_client = _api_client()
+    if api_client is None:
+        print("error: no in-cluster config and no kubeconfig: the reconcilers need an API server", file=sys.stderr)
+        return 2
+    history, sampler = _history(settings, api_client)
+    metrics = ReconcilerMetrics()
+    identity = f"{socket.gethostname()}-{os.getpid()}"
+    elector = LeaseElector(api_client, settings.namespace, settings.lease_name, identity,
+                           settings.lease_duration_seconds)
+    reconciler = Reconciler(Cluster(api_client), history, settings, leader=elector, metrics=metrics)
+
+    if args.command == "once":
+        if sampler is not None:
+            sampler.sample()
+        if args.dry_run:
+            reconciler.leader = None
+            print(format_table(reconciler.run_pass(dry_run=True)))
+            return 0
+        if not elector.try_acquire_or_renew():
+            print(f"error: another replica holds the lease {settings.namespace}/{settings.lease_name}",
+                  file=sys.stderr)
+            return 1
+        rows = reconciler.run_pass()
+        print(format_table(rows))
+        return 0
+
+    from prometheus_client import start_http_server
+
+    start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
+    if sampler is not None:
+        _every(settings.sample_interval_seconds, sampler.sample, "sampler")
+    elector.start()
+    log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
+             settings.reconciler_metrics_port)
+    while True:
+        started = time.monotonic()
+        if elector.is_leader():
+            try:
+                rows = reconciler.run_pass()
+                written = sum(r.written for r in rows)
+                log.info("pass done in %.1fs: %d objects, %d ratios written", time.monotonic() - started,
+                         len({r.object for r in rows}), written)
+            except Exception:  # a failed pass is retried at the next interval
+                log.exception("pass failed")
+        else:
+            log.info("not the leader: waiting")
+        time.sleep(max(1.0, settings.reconcile_interval_seconds - (time.monotonic() - started)))
+
+
+def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
+    if settings.prometheus_url:
+        from reconcilers.prometheus import PrometheusHistory
+
+        return PrometheusHistory(settings.prometheus_url, settings.prometheus_timeout_seconds,
+                                 settings.prometheus_step_seconds, settings.prometheus_node_label,
+                                 settings.prometheus_node_memory_query or None), None
+    from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
+
+    history = SqliteHistory(Path(settings.sqlite_path), settings.history_retention_seconds)
+    return history, MetricsSampler(api_client, history)
+
+
+def _every(seconds: float, work: Any, name: str) -> None:
+    def loop() -> None:
+        while True:
+            try:
+                work()
+            except Exception:  # sampling resumes at the next interval
+                logging.getLogger("reconcilers").exception("%s failed", name)
+            time.sleep(seconds)
+
+    threading.Thread(target=loop, name=name, daemon=True).start()
+
+
+def _api_client() -> Any:
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError):
+            return None
+    return client.ApiClient()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Usage history behind one interface, whichever source keeps it.
+
+A source answers two batched questions over a window, each with a fixed number of queries
+whatever the number of objects: per (namespace, pod, container) usage summaries, and per node
+usage summaries (see ``oversale.estimator.UsageStats``). CPU is in millicores, memory in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from oversale.estimator import UsageStats
+
+ContainerKey = tuple[str, str, str]
+"""(namespace, pod, container)"""
+
+
+class HistoryUnavailable(Exception):
+    """The source cannot be read now (unreachable, timed out, refused the query)."""
+
+
+@dataclass(frozen=True)
+class ResourceStats:
+    cpu: UsageStats
+    memory: UsageStats
+
+    def of(self, resource: str) -> UsageStats:
+        return self.cpu if resource == "cpu" else self.memory
+
+
+class History(Protocol):
+    """What the reconcilers read. ``window`` in seconds, ``quantile`` in (0, 1)."""
+
+    def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]: ...
+
+    def node_stats(self, window: float, quantile: float) -> dict[str, ResourceStats]: ...

@@ -1,0 +1,121 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, so several reconciler replicas are safe.
+
+The holder renews the Lease every ``duration / 3``. A replica takes the Lease only when it is free
+or its holder has not renewed for ``duration``. The holder counts itself leader only while its
+last successful renewal is younger than ``2/3 x duration``, so it stops writing *before* another
+replica may take over, and at once when a renewal finds someone else holding the Lease.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+
+class LeaseElector:
+    def __init__(self, api_client: Any, namespace: str, name: str, identity: str, duration: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._api: Any = client.CoordinationV1Api(api_client)
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.duration = duration
+        self._clock = clock
+        self._renewed_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def is_leader(self) -> bool:
+        return self._renewed_at is not None and self._clock() - self._renewed_at < self.duration * 2 / 3
+
+    def try_acquire_or_renew(self) -> bool:
+        """One election round; True when this replica holds the Lease afterwards."""
+        now = self._clock()
+        try:
+            lease = self._read()
+            if lease is None:
+                self._create(now)
+            else:
+                spec = lease.get("spec") or {}
+                holder = spec.get("holderIdentity")
+                renewed = _parse_time(spec.get("renewTime"))
+                expired = renewed is None or now - renewed > float(spec.get("leaseDurationSeconds") or self.duration)
+                if holder not in (None, "", self.identity) and not expired:
+                    self._lost(f"held by {holder}")
+                    return False
+                transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+                self._replace(lease, now, transitions, acquired=holder != self.identity)
+        except ApiException as error:
+            if error.status == 409:
+                self._lost("another replica won the race")
+                return False
+            log.warning("lease %s/%s: %s", self.namespace, self.name, error.reason)
+            return self.is_leader()
+        if self._renewed_at is None:
+            log.info("became the leader (lease %s/%s)", self.namespace, self.name)
+        self._renewed_at = now
+        return True
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.try_acquire_or_renew()
+                self._stop.wait(self.duration / 3)
+
+        self._thread = threading.Thread(target=loop, name="lease", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _lost(self, why: str) -> None:
+        if self._renewed_at is not None:
+            log.warning("lost the lease (%s): writes stop now", why)
+        self._renewed_at = None
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            response: Any = self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        lease: dict[str, Any] = json.loads(response.data)
+        return lease
+
+    def _spec(self, now: float, transitions: int, acquired_at: str | None) -> dict[str, Any]:
+        stamp = _format_time(now)
+        return {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, round(self.duration)),
+                "acquireTime": acquired_at or stamp, "renewTime": stamp, "leaseTransitions": transitions}
+
+    def _create(self, now: float) -> None:
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(now, 0, None)}
+        self._api.create_namespaced_lease(self.namespace, body, _preload_content=False)
+
+    def _replace(self, lease: dict[str, Any], now: float, transitions: int, acquired: bool) -> None:
+        spec = lease.get("spec") or {}
+        lease["spec"] = self._spec(now, transitions, None if acquired else spec.get("acquireTime"))
+        # The resourceVersion in the body makes a concurrent taker's write fail with 409.
+        self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False)
+
+
+def _format_time(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,26 @@
+"""Prometheus metrics of the reconcilers (one process: a plain registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class ReconcilerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.pass_duration = Gauge("oversale_reconcile_pass_duration_seconds", "Duration of the last pass.",
+                                   ["reconciler"], registry=registry)
+        self.evaluated = Gauge("oversale_reconcile_objects_evaluated", "Objects evaluated in the last pass.",
+                               ["reconciler"], registry=registry)
+        self.ratio = Gauge("oversale_reconcile_ratio", "Ratio an object carries after the last pass.",
+                           ["kind", "namespace", "name", "resource"], registry=registry)
+        self.skips = Counter("oversale_reconcile_skips", "Objects or resources not reconciled, by reason.",
+                             ["reason"], registry=registry)
+        self.writes = Counter("oversale_reconcile_writes", "Writes by kind and result (ok, conflict, error).",
+                              ["kind", "result"], registry=registry)
+        self.staleness = Gauge("oversale_history_staleness_seconds",
+                               "Age of the freshest usage sample seen in the last pass (-1: source unavailable).",
+                               ["scope"], registry=registry)
+        self.history_queries = Gauge("oversale_history_queries", "Queries the last pass sent to the history source.",
+                                     registry=registry)

@@ -1,0 +1,172 @@
+"""Usage history from Prometheus's HTTP API.
+
+One pass issues a fixed number of instant queries (9), each a subquery over the whole window, so
+Prometheus does the per-series work and returns one number per series: never one query per
+object. Container usage comes from cAdvisor (``container_cpu_usage_seconds_total``,
+``container_memory_working_set_bytes``), node usage from node-exporter (``node_cpu_seconds_total``,
+``MemTotal - MemAvailable``, or a query of your own).
+
+A query refused for loading too many samples is split into consecutive sub-windows, combined
+conservatively (the highest quantile of the parts: never lower than the exact one would be on
+smooth data, and the safe side when it is not).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from oversale.estimator import UsageStats
+from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
+
+log = logging.getLogger(__name__)
+
+CONTAINER_CPU = ('sum by (namespace, pod, container) (rate(container_cpu_usage_seconds_total'
+                 '{container!="", container!="POD", pod!=""}[5m])) * 1000')
+CONTAINER_MEMORY = ('max by (namespace, pod, container) (container_memory_working_set_bytes'
+                    '{container!="", container!="POD", pod!=""})')
+NODE_CPU = 'sum by ({label}) (rate(node_cpu_seconds_total{{mode!~"idle|iowait|steal"}}[5m])) * 1000'
+NODE_MEMORY = "sum by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
+SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
+
+
+@dataclass
+class PrometheusHistory:
+    url: str
+    timeout: float = 30.0
+    resolution: float = 300.0
+    """Subquery step in seconds (one evaluated point per step and series)."""
+    node_label: str = "instance"
+    """The label carrying the node name on node-exporter series (``:port`` is stripped)."""
+    node_memory_query: str | None = None
+    """An expression giving used memory in bytes per node (label ``node_label``)."""
+    max_splits: int = 8
+    queries: int = 0
+    """Queries sent so far (for the pass report and the benchmark)."""
+
+    def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
+        keys = ("namespace", "pod", "container")
+        cpu = self._summaries(CONTAINER_CPU, window, quantile, keys, with_peak=False)
+        memory = self._summaries(CONTAINER_MEMORY, window, quantile, keys, with_peak=True, counts=cpu)
+        return {(key[0], key[1], key[2]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
+
+    def node_stats(self, window: float, quantile: float) -> dict[str, ResourceStats]:
+        label = self.node_label
+        cpu = self._summaries(NODE_CPU.format(label=label), window, quantile, (label,), with_peak=False)
+        memory_query = self.node_memory_query or NODE_MEMORY.format(label=label)
+        memory = self._summaries(memory_query, window, quantile, (label,), with_peak=False, counts=cpu)
+        return {_node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
+
+    # -- queries -----------------------------------------------------------------------------
+    def _summaries(
+        self,
+        expression: str,
+        window: float,
+        quantile: float,
+        keys: tuple[str, ...],
+        with_peak: bool,
+        counts: dict[tuple[str, ...], UsageStats] | None = None,
+    ) -> dict[tuple[str, ...], UsageStats]:
+        """quantile (and peak) per series; sample count and last-sample age are queried only when
+        ``counts`` (the same series' counts from an earlier call) is not given."""
+        now = time.time()
+        quantiles = self._per_window(f"quantile_over_time({quantile}, ({expression})[$WINDOW:$STEP])", window, now,
+                                     keys, max)
+        peaks = self._per_window(f"max_over_time(({expression})[$WINDOW:$STEP])", window, now, keys, max) \
+            if with_peak else {}
+        if counts is None:
+            samples = self._per_window(f"count_over_time(({expression})[$WINDOW:$STEP])", window, now, keys, sum)
+            last = self._per_window(f"max_over_time(timestamp({expression})[$WINDOW:$STEP])", window, now, keys, max)
+        result = {}
+        for key, value in quantiles.items():
+            if counts is not None:
+                known = counts.get(key)
+                count = known.samples if known else 0
+                age = known.age_seconds if known else None
+            else:
+                count = int(samples.get(key, 0))
+                age = now - last[key] if key in last else None
+            result[key] = UsageStats(value, peaks.get(key, value) if with_peak else None, count,
+                                     max(0.0, (count - 1) * self.resolution), age)
+        return result
+
+    def _per_window(self, template: str, window: float, now: float, keys: tuple[str, ...],
+                    combine: Callable[[list[float]], float]) -> dict[tuple[str, ...], float]:
+        """Evaluate over the whole window; if Prometheus refuses the size, over 2, 4, ... parts."""
+        parts = 1
+        while True:
+            try:
+                values: dict[tuple[str, ...], list[float]] = {}
+                span = window / parts
+                for index in range(parts):
+                    at = now - index * span
+                    query = template.replace("$WINDOW", _duration(span)).replace("$STEP", _duration(self.resolution))
+                    for key, value in self._instant(query, at, keys).items():
+                        values.setdefault(key, []).append(value)
+                return {key: combine(found) for key, found in values.items()}
+            except _TooLarge as error:
+                if parts >= self.max_splits:
+                    raise HistoryUnavailable(f"query too large even in {parts} parts: {error}") from None
+                parts *= 2
+                log.info("prometheus refused a %s window (%s); splitting in %d", _duration(window), error, parts)
+
+    def _instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        self.queries += 1
+        body = urllib.parse.urlencode({"query": query, "time": f"{at:.3f}", "timeout": f"{self.timeout:g}s"}).encode()
+        request = urllib.request.Request(f"{self.url.rstrip('/')}/api/v1/query", data=body,
+                                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout + 5) as response:
+                payload = json.load(response)
+        except urllib.error.HTTPError as error:
+            payload = _error_payload(error)
+            if any(marker in payload.get("error", "") for marker in SPLIT_ERRORS):
+                raise _TooLarge(payload["error"]) from None
+            reason = payload.get("error", error.reason)
+            raise HistoryUnavailable(f"prometheus answered {error.code}: {reason}") from None
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as error:
+            raise HistoryUnavailable(f"prometheus at {self.url} unreachable: {error}") from None
+        if payload.get("status") != "success":
+            error_text = payload.get("error", "unknown error")
+            if any(marker in error_text for marker in SPLIT_ERRORS):
+                raise _TooLarge(error_text)
+            raise HistoryUnavailable(f"prometheus query failed: {error_text}")
+        for warning in payload.get("warnings") or []:
+            log.warning("prometheus warning (partial data possible): %s", warning)
+        result = {}
+        for series in payload["data"]["result"]:
+            value = float(series["value"][1])
+            if value != value:  # NaN: no data in the window for this series
+                continue
+            result[tuple(series["metric"].get(k, "") for k in keys)] = value
+        return result
+
+
+class _TooLarge(Exception):
+    pass
+
+
+_EMPTY = UsageStats(None, None, 0, 0.0, None)
+
+
+def _error_payload(error: urllib.error.HTTPError) -> dict[str, str]:
+    try:
+        payload: dict[str, str] = json.loads(error.read())
+    except ValueError:
+        return {}
+    return payload
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+def _node_name(instance: str) -> str:
+    host, _, port = instance.rpartition(":")
+    return host if host and port.isdigit() else instance

@@ -1,0 +1,321 @@
+"""One reconcile pass: read history once, plan every opted-in workload and node with the core's
+policies, write what changed (only while leader), and report a row per object and resource."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Protocol
+
+from kubernetes.client.exceptions import ApiException
+
+from oversale.annotations import format_ratio, wants
+from oversale.estimator import Proposal, UsageStats
+from oversale.node_oversale import NodePlan, node_policy_from_annotations, oversell_node, plan_node
+from oversale.pods import scheduled_request
+from oversale.quantity import RESOURCES, format_amount
+from oversale.settings import Settings
+from oversale.workloads import (
+    PodIndex,
+    WorkloadKey,
+    WorkloadPlan,
+    describe_change,
+    plan_compression,
+    usage_by_container,
+)
+from reconcilers.cluster import Cluster
+from reconcilers.history import History, HistoryUnavailable, ResourceStats
+from reconcilers.metrics import ReconcilerMetrics
+
+log = logging.getLogger(__name__)
+COMPONENT = "oversale-reconciler"
+
+
+class Leadership(Protocol):
+    def is_leader(self) -> bool: ...
+
+
+class NotLeader(Exception):
+    """The lease was lost during the pass: no further writes."""
+
+
+@dataclass
+class Row:
+    """One line of the pass report."""
+
+    object: str
+    resource: str
+    current: str
+    proposed: str
+    demand: str
+    reason: str
+    written: bool = False
+
+
+class Reconciler:
+    def __init__(self, cluster: Cluster, history: History, settings: Settings, leader: Leadership | None = None,
+                 metrics: ReconcilerMetrics | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.settings = settings
+        self.keys = settings.keys
+        self.leader = leader
+        self.metrics = metrics or ReconcilerMetrics()
+        self.clock = clock
+
+    def run_pass(self, dry_run: bool = False) -> list[Row]:
+        rows: list[Row] = []
+        queries_before = getattr(self.history, "queries", 0)
+        try:
+            rows += self._timed("compression", lambda: self.reconcile_workloads(dry_run))
+            rows += self._timed("oversale", lambda: self.reconcile_nodes(dry_run))
+        except NotLeader:
+            log.warning("lease lost during the pass: stopped writing")
+        self.metrics.history_queries.set(getattr(self.history, "queries", 0) - queries_before)
+        return rows
+
+    def _timed(self, name: str, work: Callable[[], list[Row]]) -> list[Row]:
+        started = time.perf_counter()
+        rows = work()
+        self.metrics.pass_duration.labels(name).set(time.perf_counter() - started)
+        self.metrics.evaluated.labels(name).set(len({r.object for r in rows}))
+        return rows
+
+    # -- compression ---------------------------------------------------------------------------
+    def reconcile_workloads(self, dry_run: bool) -> list[Row]:
+        workloads = {
+            (w["kind"], w["metadata"]["namespace"], w["metadata"]["name"]): w
+            for w in self.cluster.workloads()
+            if wants((w.get("metadata") or {}).get("annotations") or {}, self.keys.enable_resource_compress)
+        }
+        if not workloads:
+            return []
+        try:
+            stats = self.history.container_stats(self.settings.history_window_seconds,
+                                                 self.settings.compression_percentile)
+        except HistoryUnavailable as error:
+            self.metrics.staleness.labels("containers").set(-1)
+            self.metrics.skips.labels("history unavailable").inc(len(workloads))
+            return [Row(_name(k), "*", "", "", "", f"history unavailable, holding: {error}") for k in workloads]
+        self._staleness("containers", [s.cpu for s in stats.values()])
+        usage = self._usage_by_workload(workloads, stats)
+        autoscalers = self._autoscalers()
+        rows = []
+        for key, workload in sorted(workloads.items()):
+            plan = plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
+                                    self.settings.compression_estimator(), self.settings.rescale_hpa)
+            written = bool(plan.changes()) and not dry_run and self._write_workload(workload, plan, usage.get(key, {}))
+            rows += self._workload_rows(plan, written)
+        return rows
+
+    def _usage_by_workload(self, workloads: dict[WorkloadKey, Any], stats: dict[Any, ResourceStats]
+                           ) -> dict[WorkloadKey, dict[str, dict[str, UsageStats]]]:
+        index = PodIndex(workloads)
+        per_pod: dict[WorkloadKey, dict[str, dict[str, dict[str, UsageStats]]]] = {}
+        for (namespace, pod, container), resource_stats in stats.items():
+            owner = index.owner(namespace, pod)
+            if owner is None:
+                continue
+            for resource in RESOURCES:
+                per_pod.setdefault(owner, {}).setdefault(resource, {}).setdefault(pod, {})[container] = \
+                    resource_stats.of(resource)
+        return {key: {r: usage_by_container(pods) for r, pods in by_resource.items()}
+                for key, by_resource in per_pod.items()}
+
+    def _autoscalers(self) -> dict[WorkloadKey, dict[str, Any]]:
+        found = {}
+        for hpa in self.cluster.autoscalers():
+            target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+            found[(target.get("kind", ""), hpa["metadata"]["namespace"], target.get("name", ""))] = hpa
+        return found
+
+    def _write_workload(self, workload: dict[str, Any], plan: WorkloadPlan,
+                        usage: dict[str, dict[str, UsageStats]]) -> bool:
+        kind, namespace, name = plan.key
+        for _ in range(3):
+            self._require_leader()
+            changes = plan.changes()
+            if not changes:
+                return False
+            annotations = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in changes.items()}
+            message = describe_change(plan)
+            annotations[self.keys.ratio_last_change] = f"{_now()} {message}"
+            try:
+                self.cluster.annotate_workload(kind, namespace, name, annotations,
+                                               workload["metadata"]["resourceVersion"])
+            except ApiException as error:
+                if error.status != 409:
+                    self.metrics.writes.labels(kind, "error").inc()
+                    log.warning("%s: could not write ratios: %s", _name(plan.key), error.reason)
+                    return False
+                self.metrics.writes.labels(kind, "conflict").inc()
+                workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
+                plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
+                                        self.settings.compression_estimator(), self.settings.rescale_hpa)
+                continue
+            self.metrics.writes.labels(kind, "ok").inc()
+            log.info("%s: %s", _name(plan.key), message)
+            self._best_effort(self.cluster.event, workload, "CompressionRatioChanged", message, COMPONENT)
+            if plan.hpa_target and "cpu" in changes:
+                self._rescale_hpa(namespace, plan.hpa_target)
+            return True
+        return False
+
+    def _rescale_hpa(self, namespace: str, target: tuple[str, int, int]) -> None:
+        name, original, new = target
+        hpa = next((h for h in self.cluster.autoscalers()
+                    if h["metadata"]["name"] == name and h["metadata"]["namespace"] == namespace), None)
+        if hpa is None:
+            return
+        metrics = hpa["spec"]["metrics"]
+        for metric in metrics:
+            source = metric.get("resource") or metric.get("containerResource") or {}
+            if source.get("name") == "cpu" and (source.get("target") or {}).get("type") == "Utilization":
+                source["target"]["averageUtilization"] = new
+        body = {"metadata": {"annotations": {self.keys.original_target_utilization: str(original)}},
+                "spec": {"metrics": metrics}}
+        self._best_effort(self.cluster.patch_autoscaler, namespace, name, body)
+
+    def _workload_rows(self, plan: WorkloadPlan, written: bool) -> list[Row]:
+        rows = []
+        for resource in RESOURCES:
+            current = format_ratio(plan.current.get(resource, Decimal(1)))
+            if resource in plan.skipped:
+                self.metrics.skips.labels(plan.skipped[resource].split(" (")[0].split(" on ")[0]).inc()
+                rows.append(Row(_name(plan.key), resource, current, current, "", f"skipped: {plan.skipped[resource]}"))
+                continue
+            proposal = plan.proposals[resource]
+            self.metrics.ratio.labels(*plan.key, resource).set(float(proposal.ratio if written else
+                                                                    plan.current.get(resource, 1)))
+            rows.append(Row(_name(plan.key), resource, current, format_ratio(proposal.ratio),
+                            _amount(resource, proposal.demand), proposal.reason,
+                            written and resource in plan.changes()))
+        return rows
+
+    # -- node oversale -----------------------------------------------------------------------
+    def reconcile_nodes(self, dry_run: bool) -> list[Row]:
+        nodes = self.cluster.nodes(f"{self.keys.oversale_label}=enabled")
+        if not nodes:
+            return []
+        requested: dict[str, dict[str, int]] = {}
+        for pod in self.cluster.running_pods():
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            if node_name:
+                totals = requested.setdefault(node_name, {})
+                for resource in RESOURCES:
+                    totals[resource] = totals.get(resource, 0) + scheduled_request(pod, resource)
+        try:
+            stats: dict[str, ResourceStats] = self.history.node_stats(self.settings.history_window_seconds,
+                                                                      self.settings.node_percentile)
+            self._staleness("nodes", [s.cpu for s in stats.values()])
+        except HistoryUnavailable as error:
+            log.warning("node history unavailable (%s): holding every node ratio", error)
+            self.metrics.staleness.labels("nodes").set(-1)
+            stats = {}
+        rows = []
+        for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+            name = node["metadata"]["name"]
+            node_stats = stats.get(name)
+            usage = {r: node_stats.of(r) if node_stats else None for r in RESOURCES}
+            plan = plan_node(node, requested.get(name, {}), usage, self.keys, self.settings.oversale_estimator())
+            written = bool(plan.changes()) and not dry_run and self._write_node(node, plan, requested.get(name, {}),
+                                                                               usage)
+            for resource, proposal in plan.proposals.items():
+                self.metrics.ratio.labels("Node", "", name, resource).set(
+                    float(proposal.ratio if written else plan.current[resource]))
+                rows.append(Row(f"Node/{name}", resource, format_ratio(plan.current[resource]),
+                                format_ratio(proposal.ratio), _amount(resource, proposal.demand), proposal.reason,
+                                written and resource in plan.changes()))
+        return rows
+
+    def _write_node(self, node: dict[str, Any], plan: NodePlan, requested: dict[str, int],
+                    usage: dict[str, UsageStats | None]) -> bool:
+        for _ in range(3):
+            self._require_leader()
+            changes = plan.changes()
+            if not changes:
+                return False
+            message = "; ".join(f"{r} {format_ratio(plan.current[r])} -> {format_ratio(p.ratio)}: {p.reason}"
+                                for r, p in changes.items())
+            annotations = {self.keys.oversale_ratio(r): format_ratio(p.ratio) for r, p in changes.items()}
+            annotations[self.keys.ratio_last_change] = f"{_now()} {message}"
+            try:
+                self.cluster.annotate_node(plan.name, annotations, node["metadata"]["resourceVersion"])
+            except ApiException as error:
+                if error.status != 409:
+                    # 403 here is the node validating webhook refusing a cut; it says why.
+                    self.metrics.writes.labels("Node", "error").inc()
+                    log.warning("Node/%s: could not write ratios: %s %s", plan.name, error.status, error.body)
+                    return False
+                self.metrics.writes.labels("Node", "conflict").inc()
+                node = self.cluster.node(plan.name)
+                plan = plan_node(node, requested, usage, self.keys, self.settings.oversale_estimator())
+                continue
+            self.metrics.writes.labels("Node", "ok").inc()
+            log.info("Node/%s: %s", plan.name, message)
+            self._best_effort(self.cluster.event, node, "OversaleRatioChanged", message, COMPONENT)
+            if self.settings.apply_node_status:
+                self._apply_at_once(plan.name)
+            return True
+        return False
+
+    def _apply_at_once(self, name: str) -> None:
+        """Write the node status with the new ratio now: the same formula the webhook applies, from
+        the webhook's record of the real values (the webhook, when installed, recomputes it)."""
+        node = self.cluster.node(name)
+        annotations = node["metadata"].get("annotations") or {}
+        policy = node_policy_from_annotations(annotations, self.keys, self.settings.oversale_limits)
+        result = oversell_node(node, node, False, policy)
+        body = {"metadata": {"annotations": {k: result.annotations.get(k) for k in self.keys.node_record_keys()}},
+                "status": {"allocatable": result.allocatable, "capacity": result.capacity}}
+        self._best_effort(self.cluster.patch_node_status, name, body)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _require_leader(self) -> None:
+        if self.leader is not None and not self.leader.is_leader():
+            raise NotLeader()
+
+    def _staleness(self, scope: str, stats: list[UsageStats]) -> None:
+        ages = [s.age_seconds for s in stats if s.age_seconds is not None]
+        self.metrics.staleness.labels(scope).set(min(ages) if ages else -1)
+
+    @staticmethod
+    def _best_effort(write: Callable[..., None], *args: Any) -> None:
+        """Events and follow-up writes: worth a warning when they fail, not worth failing the pass."""
+        try:
+            write(*args)
+        except ApiException as error:
+            log.warning("side write failed: %s %s", error.status, error.reason)
+
+
+def format_table(rows: list[Row]) -> str:
+    """The dry-run report: one line per object and resource."""
+    header = Row("OBJECT", "RESOURCE", "CURRENT", "PROPOSED", "DEMAND", "REASON")
+    table = [header, *rows]
+    widths = [max(len(getattr(r, f)) for r in table) for f in ("object", "resource", "current", "proposed", "demand")]
+    lines = []
+    for row in table:
+        cells = [getattr(row, f).ljust(w) for f, w in
+                 zip(("object", "resource", "current", "proposed", "demand"), widths, strict=True)]
+        lines.append("  ".join([*cells, row.reason]).rstrip())
+    return "\n".join(lines)
+
+
+def _name(key: WorkloadKey) -> str:
+    kind, namespace, name = key
+    return f"{kind}/{namespace}/{name}"
+
+
+def _amount(resource: str, value: float | None) -> str:
+    return "" if value is None else format_amount(resource, round(value))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+__all__ = ["Proposal", "Reconciler", "Row", "format_table"]

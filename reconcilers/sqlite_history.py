@@ -1,0 +1,132 @@
+"""Usage history for clusters without Prometheus: the metrics API (metrics-server) sampled on an
+interval into a local SQLite file.
+
+Compact: one row per series (kind, namespace, pod, container) and one ``WITHOUT ROWID`` row per
+sample with integer millicores and bytes; samples older than the retention are deleted on each
+write pass. On a persistent volume the history survives restarts; on an emptyDir it starts again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from oversale.estimator import summarize
+from oversale.quantity import parse_bytes, parse_millicores
+from reconcilers.history import ContainerKey, ResourceStats
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS series (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,            -- 'container' or 'node'
+    namespace TEXT NOT NULL,
+    pod TEXT NOT NULL,             -- the node name for kind 'node'
+    container TEXT NOT NULL,
+    UNIQUE (kind, namespace, pod, container)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    series INTEGER NOT NULL REFERENCES series (id),
+    ts INTEGER NOT NULL,           -- seconds
+    cpu INTEGER NOT NULL,          -- millicores
+    memory INTEGER NOT NULL,       -- bytes
+    PRIMARY KEY (series, ts)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS samples_by_time ON samples (ts);
+"""
+
+
+class SqliteHistory:
+    def __init__(self, path: Path, retention_seconds: float) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.retention = retention_seconds
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False)
+        self._db.executescript("PRAGMA journal_mode=WAL;" + SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- writing -----------------------------------------------------------------------------
+    def record(self, ts: float, containers: Iterable[tuple[ContainerKey, int, int]],
+               nodes: Iterable[tuple[str, int, int]]) -> int:
+        """Store one sampling pass; returns how many samples were written. Prunes old ones."""
+        rows = [("container", *key, cpu, memory) for key, cpu, memory in containers]
+        rows += [("node", "", name, "", cpu, memory) for name, cpu, memory in nodes]
+        with self._lock, self._db:
+            for kind, namespace, pod, container, cpu, memory in rows:
+                series = self._series_id(kind, namespace, pod, container)
+                self._db.execute("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?)", (series, int(ts), cpu, memory))
+            self._db.execute("DELETE FROM samples WHERE ts < ?", (int(ts - self.retention),))
+            self._db.execute("DELETE FROM series WHERE id NOT IN (SELECT DISTINCT series FROM samples)")
+        return len(rows)
+
+    def _series_id(self, kind: str, namespace: str, pod: str, container: str) -> int:
+        found = self._db.execute("SELECT id FROM series WHERE kind=? AND namespace=? AND pod=? AND container=?",
+                                 (kind, namespace, pod, container)).fetchone()
+        if found:
+            return int(found[0])
+        cursor = self._db.execute("INSERT INTO series (kind, namespace, pod, container) VALUES (?, ?, ?, ?)",
+                                  (kind, namespace, pod, container))
+        return int(cursor.lastrowid or 0)
+
+    # -- reading -----------------------------------------------------------------------------
+    def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
+        return {(n, p, c): stats for (n, p, c), stats in self._stats("container", window, quantile).items()}
+
+    def node_stats(self, window: float, quantile: float) -> dict[str, ResourceStats]:
+        return {pod: stats for (_, pod, _), stats in self._stats("node", window, quantile).items()}
+
+    def _stats(self, kind: str, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
+        now = time.time()
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.namespace, s.pod, s.container, x.ts, x.cpu, x.memory FROM samples x "
+                "JOIN series s ON s.id = x.series WHERE s.kind = ? AND x.ts >= ? ORDER BY x.series, x.ts",
+                (kind, int(now - window))).fetchall()
+        grouped: dict[ContainerKey, list[tuple[int, int, int]]] = {}
+        for namespace, pod, container, ts, cpu, memory in rows:
+            grouped.setdefault((namespace, pod, container), []).append((ts, cpu, memory))
+        result = {}
+        for key, samples in grouped.items():
+            result[key] = ResourceStats(
+                cpu=summarize([(t, c) for t, c, _ in samples], quantile, now),
+                memory=summarize([(t, m) for t, _, m in samples], quantile, now),
+            )
+        return result
+
+
+class MetricsSampler:
+    """One sampling pass over ``metrics.k8s.io`` (PodMetrics and NodeMetrics, all namespaces)."""
+
+    def __init__(self, api_client: Any, history: SqliteHistory) -> None:
+        from kubernetes import client
+
+        self._api = client.CustomObjectsApi(api_client)
+        self.history = history
+
+    def sample(self, now: float | None = None) -> int:
+        pods = self._list("pods")
+        nodes = self._list("nodes")
+        containers = [
+            ((item["metadata"].get("namespace", ""), item["metadata"]["name"], container["name"]),
+             parse_millicores(container["usage"]["cpu"]), parse_bytes(container["usage"]["memory"]))
+            for item in pods for container in item.get("containers") or []
+        ]
+        node_rows = [(item["metadata"]["name"], parse_millicores(item["usage"]["cpu"]),
+                      parse_bytes(item["usage"]["memory"])) for item in nodes]
+        return self.history.record(now if now is not None else time.time(), containers, node_rows)
+
+    def _list(self, plural: str) -> list[dict[str, Any]]:
+        response: Any = self._api.list_cluster_custom_object("metrics.k8s.io", "v1beta1", plural,
+                                                             _preload_content=False, _request_timeout=30)
+        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        return items

@@ -1,0 +1,94 @@
+"""A real Prometheus for tests: history written as OpenMetrics, turned into TSDB blocks with
+``promtool tsdb create-blocks-from openmetrics`` (timestamps in seconds, each series' samples in
+order, one metric family after another), then served by ``prometheus`` on a loopback port."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.conftest import free_port, stop_process
+
+Series = tuple[dict[str, str], Callable[[float], float]] | tuple[dict[str, str], Callable[[float], float], float]
+"""(labels, value at time t[, first sample time])"""
+
+
+@dataclass
+class Family:
+    name: str
+    kind: str  # "counter" or "gauge"
+    series: list[Series] = field(default_factory=list)
+
+
+def write_openmetrics(path: Path, families: Iterable[Family], start: float, end: float, step: float) -> int:
+    """Sample every series from ``start`` to ``end``; counters integrate their rate function."""
+    written = 0
+    with path.open("w") as out:
+        for family in families:
+            out.write(f"# TYPE {family.name} {family.kind}\n")
+            suffix = "_total" if family.kind == "counter" else ""
+            base = family.name.removesuffix("_total") if family.kind == "counter" else family.name
+            for labels, value_at, *first in family.series:
+                text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                total = 0.0
+                t = start
+                while first and t < first[0]:
+                    t += step
+                while t <= end:
+                    if family.kind == "counter":
+                        total += value_at(t) * step
+                        value = total
+                    else:
+                        value = value_at(t)
+                    out.write(f"{base}{suffix}{{{text}}} {value:.6f} {int(t)}\n")
+                    written += 1
+                    t += step
+        out.write("# EOF\n")
+    return written
+
+
+class PrometheusServer:
+    def __init__(self, workdir: Path, openmetrics: Path) -> None:
+        for tool in ("prometheus", "promtool"):
+            assert shutil.which(tool), f"{tool} is needed (Debian package prometheus; .ci/run installs it)"
+        self.data = workdir / "data"
+        self.data.mkdir()
+        blocks = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(openmetrics),
+                                 str(self.data)], capture_output=True, text=True, timeout=600)
+        assert blocks.returncode == 0, blocks.stderr
+        config = workdir / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (workdir / "prometheus.log").open("wb")
+        self.process = subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={self.data}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d",
+             "--query.max-samples=50000000"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert self.process.poll() is None and time.monotonic() < deadline, "prometheus did not start"
+            time.sleep(0.2)
+
+    def query(self, expression: str) -> list[dict]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.load(response)["data"]["result"]
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self.log.close()

@@ -1,0 +1,147 @@
+"""The ratio policies the reconcilers run, as pure functions."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oversale.estimator import (
+    CompressionEstimator,
+    OversaleEstimator,
+    StabilityConfig,
+    UsageStats,
+    compression_proposal,
+    merge_pods,
+    oversale_proposal,
+    quantile,
+    safe_floor,
+    stabilize,
+    summarize,
+)
+
+DAY = 86400.0
+WEEK = 7 * DAY
+
+
+def stats(q, peak=None, samples=2016, covered=WEEK, age=60.0):
+    return UsageStats(q, peak if peak is not None else q, samples, covered, age)
+
+
+def test_quantile_interpolates_like_promql():
+    values = list(range(1, 101))
+    assert quantile(values, 0.95) == pytest.approx(95.05)
+    assert quantile([5, 1, 3], 0.5) == 3
+    assert quantile([], 0.9) is None
+
+
+def test_summarize_and_merge_over_pods():
+    one = summarize([(0, 100), (300, 200), (600, 300)], 0.5, now=660)
+    assert (one.quantile, one.peak, one.samples, one.covered_seconds, one.age_seconds) == (200, 300, 3, 600, 60)
+    other = summarize([(0, 500)], 0.5, now=1000)
+    merged = merge_pods([one, other])
+    assert (merged.quantile, merged.peak, merged.samples, merged.age_seconds) == (500, 500, 4, 60)
+
+
+def test_compression_ratio_is_request_over_p95_with_margin():
+    proposal = compression_proposal("cpu", {"app": 1000}, {"app": stats(200)}, CompressionEstimator())
+    # 1000 / (200 x 1.15) = 4.347.. -> clamped to the maximum 4
+    assert proposal.ratio == 4
+    proposal = compression_proposal("cpu", {"app": 1000}, {"app": stats(400)}, CompressionEstimator())
+    assert proposal.ratio == Decimal("2.17")  # 1000 / 460, rounded down
+    assert "demand 460m" in proposal.reason
+
+
+def test_the_most_conservative_container_decides():
+    proposal = compression_proposal("cpu", {"app": 1000, "sidecar": 100},
+                                    {"app": stats(200), "sidecar": stats(80)}, CompressionEstimator())
+    assert proposal.ratio == Decimal("1.08")  # 100 / 92, not 1000 / 230
+    assert "container sidecar" in proposal.reason
+
+
+def test_memory_demand_is_never_below_the_peak():
+    proposal = compression_proposal("memory", {"app": 2048}, {"app": stats(500, peak=1024)}, CompressionEstimator())
+    assert proposal.ratio == 2  # 2048 / max(575, 1024)
+
+
+def test_no_ratio_above_one_without_enough_history():
+    thin = stats(100, samples=50, covered=6 * 3600)
+    proposal = compression_proposal("cpu", {"app": 1000}, {"app": thin}, CompressionEstimator())
+    assert proposal.ratio == 1 and "not enough history" in proposal.reason
+    assert compression_proposal("cpu", {"app": 1000}, {}, CompressionEstimator()).ratio == 1
+
+
+def test_thin_history_pulls_the_ratio_toward_one():
+    two_days = stats(250, samples=576, covered=2 * DAY)
+    proposal = compression_proposal("cpu", {"app": 1000}, {"app": two_days}, CompressionEstimator())
+    # full ratio 1000 / 287.5 = 3.478; confidence 2/7 -> 1 + 2.478 x 2/7 = 1.708
+    assert proposal.ratio == Decimal("1.70")
+    assert "29% confidence" in proposal.reason
+
+
+@pytest.mark.parametrize(("current", "proposed", "result"), [
+    ("2", "2.1", "2"),          # +5%: ignored
+    ("2", "1.95", "2"),         # -2.5%: ignored
+    ("1", "3", "1.25"),         # raise capped at 25%
+    ("2", "2.3", "2.3"),        # +15%: taken
+    ("3", "1.2", "1.2"),        # lowering at once
+])
+def test_stability_rules(current, proposed, result):
+    assert stabilize(Decimal(current), Decimal(proposed), StabilityConfig())[0] == Decimal(result)
+
+
+@given(st.decimals(min_value=1, max_value=4, places=2), st.decimals(min_value=1, max_value=4, places=2))
+def test_stabilize_never_raises_more_than_a_quarter_and_always_allows_lowering(current, proposed):
+    result, _ = stabilize(current, proposed, StabilityConfig())
+    assert result <= current * Decimal("1.25")
+    if proposed < current * Decimal("0.9"):
+        assert result == proposed
+
+
+def test_oversale_worked_example():
+    # 32 cores allocatable, 28 requested, P99 usage 8 cores: 0.7 x 28 / 8 = 2.45
+    estimator = OversaleEstimator()
+    proposal = oversale_proposal("cpu", 28000, 32000, stats(8000), Decimal(2), estimator)
+    assert proposal.ratio == Decimal("2.45")
+    # From 1 the first pass raises only 25%.
+    assert oversale_proposal("cpu", 28000, 32000, stats(8000), Decimal(1), estimator).ratio == Decimal("1.25")
+
+
+def test_oversale_never_below_the_safe_floor():
+    # Usage rose: 0.7 x 40 / 30 = 0.93 -> 1, but the node already holds 40 cores of requests on 32 real.
+    proposal = oversale_proposal("cpu", 40000, 32000, stats(30000), Decimal(2), OversaleEstimator())
+    assert proposal.ratio == safe_floor(40000, 32000, Decimal("0.05")) == Decimal("1.32")
+    assert "safe floor" in proposal.reason
+    assert math.floor(32000 * 1.32) >= 40000
+
+
+def test_memory_is_capped_lower():
+    # 0.6 x 60 / 10 = 3.6, but memory stops at 1.2
+    proposal = oversale_proposal("memory", 60 * 2**30, 64 * 2**30, stats(10 * 2**30), Decimal(1),
+                                 OversaleEstimator())
+    assert proposal.ratio == Decimal("1.2")
+
+
+def test_missing_metrics_hold_and_stale_metrics_decay_to_the_floor():
+    estimator = OversaleEstimator()
+    held = oversale_proposal("cpu", 10000, 32000, None, Decimal(2), estimator)
+    assert held.ratio == 2 and "holding" in held.reason
+    stale = stats(4000, age=3 * 3600)
+    assert oversale_proposal("cpu", 10000, 32000, stale, Decimal(2), estimator).ratio == Decimal("1.5")
+    near_floor = oversale_proposal("cpu", 40000, 32000, stale, Decimal("1.4"), estimator)
+    assert near_floor.ratio == Decimal("1.32")  # decays to 1.2, but not below the floor
+
+
+@given(st.integers(1000, 100000), st.integers(1000, 64000), st.integers(1, 64000),
+       st.decimals(min_value=1, max_value=3, places=2))
+def test_oversale_with_data_never_goes_below_the_floor_nor_above_the_max(requested, allocatable, peak, current):
+    estimator = OversaleEstimator()
+    proposal = oversale_proposal("cpu", requested, allocatable, stats(peak), current, estimator)
+    floor = safe_floor(requested, allocatable, estimator.floor_margin)
+    assert proposal.ratio >= min(floor, estimator.cpu_max_ratio) or proposal.ratio >= current
+    assert proposal.ratio <= max(estimator.cpu_max_ratio, current)
+    # The floor (safety) takes precedence over the 25% raise cap.
+    assert proposal.ratio <= current * Decimal("1.25") or proposal.ratio == min(floor, estimator.cpu_max_ratio)

@@ -1,0 +1,325 @@
+"""The reconcilers end to end: the real kubernetes client against the API double, usage history
+from a real Prometheus (backfilled with promtool) or from metrics-server sampled into SQLite."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from oversale.annotations import AnnotationKeys
+from oversale.settings import Settings
+from reconcilers.cluster import Cluster
+from reconcilers.history import HistoryUnavailable
+from reconcilers.leader import LeaseElector
+from reconcilers.prometheus import PrometheusHistory
+from reconcilers.runner import Reconciler, format_table
+from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
+from tests.conftest import ROOT, free_port
+from tests.kube_api import FakeKubeAPI
+from tests.prometheus_server import Family, PrometheusServer, write_openmetrics
+
+KEYS = AnnotationKeys()
+NS = "shop"
+HOUR = 3600.0
+SETTINGS = Settings(kubernetes="off", full_confidence_seconds=86400.0)
+
+# Usage by (pod, container) in millicores / bytes as a function of time: a daily wave.
+def wave(base: float, swing: float):
+    return lambda t: base + swing * math.sin(2 * math.pi * t / 86400)
+
+
+CONTAINERS = {
+    ("web-5d8f9-abcde", "app"): (wave(200, 40), wave(300 * 2**20, 0)),
+    ("web-5d8f9-fghij", "app"): (wave(180, 30), wave(280 * 2**20, 0)),
+    ("db-0", "db"): (wave(300, 20), wave(500 * 2**20, 80 * 2**20)),
+    ("api-7c4b2-qwert", "api"): (wave(100, 10), wave(100 * 2**20, 0)),
+}
+YOUNG = {("young-6f5e4-zxcvb", "app"): (wave(50, 5), wave(50 * 2**20, 0))}   # only 6 hours of history
+NODE_USAGE = {"node-1": (wave(400, 100), wave(3e9, 2e8))}
+
+
+def workload(kind: str, name: str, containers: dict, annotations: dict | None = None) -> dict:
+    template = {"metadata": {"labels": {"app": name}}, "spec": {"containers": [
+        {"name": c, "image": "x", "resources": {"requests": {"cpu": cpu, "memory": memory}}}
+        for c, (cpu, memory) in containers.items()]}}
+    spec = {"jobTemplate": {"spec": {"template": template}}} if kind == "CronJob" else {"template": template}
+    return {"metadata": {"name": name, "namespace": NS, "annotations": annotations or {}}, "spec": spec}
+
+
+def node(name: str, labelled: bool = True, annotations: dict | None = None) -> dict:
+    return {"metadata": {"name": name, "labels": {KEYS.oversale_label: "enabled"} if labelled else {},
+                         "annotations": annotations or {}},
+            "status": {"allocatable": {"cpu": "3920m", "memory": "12700100Ki", "pods": "110"},
+                       "capacity": {"cpu": "4", "memory": "15399364Ki", "pods": "110"}}}
+
+
+def running_pod(name: str, node_name: str, cpu: str, memory: str) -> dict:
+    return {"metadata": {"name": name, "namespace": NS},
+            "spec": {"nodeName": node_name, "containers": [
+                {"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu, "memory": memory}}}]},
+            "status": {"phase": "Running"}}
+
+
+def populate(api: FakeKubeAPI) -> None:
+    on = {KEYS.enable_resource_compress: "y"}
+    api.put("deployments", workload("Deployment", "web", {"app": ("1", "1Gi")}, on))
+    api.put("statefulsets", workload("StatefulSet", "db", {"db": ("2", "2Gi")},
+                                     {**on, KEYS.enable_memory_compress: "y", KEYS.cpu_requests_ratio: "2"}))
+    api.put("deployments", workload("Deployment", "api", {"api": ("500m", "256Mi")}, on))
+    api.put("deployments", workload("Deployment", "young", {"app": ("500m", "256Mi")}, on))
+    api.put("deployments", workload("Deployment", "other", {"app": ("500m", "256Mi")}))
+    api.put("horizontalpodautoscalers", {
+        "metadata": {"name": "api", "namespace": NS},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "api"},
+                 "minReplicas": 1, "maxReplicas": 5,
+                 "metrics": [{"type": "Resource", "resource": {
+                     "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 60}}}]}})
+    api.put("nodes", node("node-1"))
+    api.put("nodes", node("node-2", annotations={KEYS.cpu_oversale_ratio: "1.5"}))
+    api.put("nodes", node("node-3", labelled=False))
+    for index in range(3):
+        api.put("pods", running_pod(f"busy-{index}", "node-1", "1", "1Gi"))
+    api.put("pods", {**running_pod("finished", "node-1", "8", "8Gi"), "status": {"phase": "Succeeded"}})
+
+
+def api_client_for(api: FakeKubeAPI) -> client.ApiClient:
+    return client.ApiClient(client.Configuration(host=api.url))
+
+
+# ---- sources ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
+    directory = tmp_path_factory.mktemp("prometheus")
+    end = time.time() - 120
+    cpu = Family("container_cpu_usage_seconds_total", "counter")
+    memory = Family("container_memory_working_set_bytes", "gauge")
+    for containers, start in ((CONTAINERS, end - 3 * 86400), (YOUNG, end - 6 * HOUR)):
+        for (pod, container), (cpu_at, memory_at) in containers.items():
+            labels = {"namespace": NS, "pod": pod, "container": container}
+            # cAdvisor counts CPU seconds; the rate of the counter is the usage in cores.
+            cpu.series.append((labels, lambda t, f=cpu_at: f(t) / 1000, start))
+            memory.series.append((labels, lambda t, f=memory_at: f(t), start))
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    node_total = Family("node_memory_MemTotal_bytes", "gauge")
+    node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+    for name, (cpu_at, used_at) in NODE_USAGE.items():
+        instance = {"instance": f"{name}:9100"}
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, lambda t, f=cpu_at: f(t) / 1000))
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "idle"}, lambda t, f=cpu_at: 4 - f(t) / 1000))
+        node_total.series.append((instance, lambda t: 16e9))
+        node_available.series.append((instance, lambda t, f=used_at: 16e9 - f(t)))
+    path = directory / "history.om"
+    write_openmetrics(path, [cpu, memory, node_cpu, node_total, node_available], end - 3 * 86400, end, 60)
+    server = PrometheusServer(directory, path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    fake = FakeKubeAPI().start()
+    populate(fake)
+    yield fake
+    fake.stop()
+
+
+def sqlite_history(api: FakeKubeAPI, path: Path) -> SqliteHistory:
+    """Two days of metrics-server samples every 10 minutes, through the real sampler."""
+    history = SqliteHistory(path, retention_seconds=8 * 86400)
+    sampler = MetricsSampler(api_client_for(api), history)
+    now = time.time()
+    for t in range(int(now - 2 * 86400), int(now), 600):
+        # The young workload's Pod exists only in the last six hours.
+        for (pod, container), (cpu_at, memory_at) in {**CONTAINERS, **(YOUNG if t > now - 6 * HOUR else {})}.items():
+            api.put("podmetrics", {"metadata": {"name": pod, "namespace": NS}, "window": "30s",
+                                   "containers": [{"name": container, "usage": {
+                                       "cpu": f"{round(cpu_at(t) * 1e6)}n", "memory": f"{round(memory_at(t))}"}}]})
+        for name, (cpu_at, used_at) in NODE_USAGE.items():
+            usage = {"cpu": f"{round(cpu_at(t))}m", "memory": f"{round(used_at(t) / 1024)}Ki"}
+            api.put("nodemetrics", {"metadata": {"name": name}, "window": "30s", "usage": usage})
+        sampler.sample(now=t)
+    return history
+
+
+@pytest.fixture(params=["prometheus", "sqlite"])
+def source(request, api, tmp_path):
+    if request.param == "prometheus":
+        return PrometheusHistory(request.getfixturevalue("prometheus").url, resolution=300)
+    return sqlite_history(api, tmp_path / "history.db")
+
+
+# ---- the passes -------------------------------------------------------------------------------
+
+def annotations(api: FakeKubeAPI, plural: str, name: str, namespace: str = NS) -> dict:
+    return api.get(plural, namespace, name)["metadata"].get("annotations") or {}
+
+
+def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source):
+    reconciler = Reconciler(Cluster(api_client_for(api)), source, SETTINGS)
+    rows = reconciler.run_pass()
+    by_key = {(r.object, r.resource): r for r in rows}
+
+    # web: 1000m requested, P95 ~ 235m -> 1000 / 270 = 3.7; from 1 the first pass raises 25%.
+    web = annotations(api, "deployments", "web")
+    assert web[KEYS.cpu_requests_ratio] == "1.25"
+    assert KEYS.memory_requests_ratio not in web, "memory only for workloads that opt in"
+    assert "cpu 1 -> 1.25" in web[KEYS.ratio_last_change]
+    assert "raise capped at 25%" in by_key[("Deployment/shop/web", "cpu")].reason
+    # db: cpu wants 4 (the maximum), from 2 capped at 2.5; memory demand is at least the peak 580Mi.
+    db = annotations(api, "statefulsets", "db")
+    assert db[KEYS.cpu_requests_ratio] == "2.5"
+    assert db[KEYS.memory_requests_ratio] == "1.25"
+    # api: scaled by a CPU-utilization HPA -> skipped and reported.
+    assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "api")
+    assert "skipped: scaled by HPA api" in by_key[("Deployment/shop/api", "cpu")].reason
+    # young: six hours of history are not enough.
+    assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "young")
+    assert "not enough history" in by_key[("Deployment/shop/young", "cpu")].reason
+    assert ("Deployment/shop/other", "cpu") not in by_key, "not opted in"
+
+    # node-1: 3000m requested by running Pods (the finished one holds nothing), P99 ~ 500m:
+    # 0.7 x 3000 / 500 = 4.2 -> max 3 -> from 1 the first pass raises 25%.
+    assert annotations(api, "nodes", "node-1", "")[KEYS.cpu_oversale_ratio] == "1.25"
+    assert "3 requested" in by_key[("Node/node-1", "cpu")].reason
+    assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "1.5", "no history: held"
+    assert "holding" in by_key[("Node/node-2", "cpu")].reason
+    assert not any(r.object == "Node/node-3" for r in rows)
+
+    events = api.list_objects("events", None, {})["items"]
+    reasons = {(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"]) for e in events}
+    assert reasons == {("Deployment", "web", "CompressionRatioChanged"),
+                       ("StatefulSet", "db", "CompressionRatioChanged"),
+                       ("Node", "node-1", "OversaleRatioChanged")}
+
+    # The next pass raises again by at most 25%: 1.25 -> 1.56.
+    reconciler.run_pass()
+    assert annotations(api, "deployments", "web")[KEYS.cpu_requests_ratio] == "1.56"
+
+
+def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
+    history = PrometheusHistory(prometheus.url, resolution=300)
+    reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
+    reconciler.run_pass(dry_run=True)
+    assert history.queries == 9
+    assert reconciler.metrics.history_queries._value.get() == 9
+
+
+def test_dry_run_prints_the_table_and_writes_nothing(api, source):
+    writes = api.count("PATCH") + api.count("POST")
+    rows = Reconciler(Cluster(api_client_for(api)), source, SETTINGS).run_pass(dry_run=True)
+    assert api.count("PATCH") + api.count("POST") == writes
+    table = format_table(rows).splitlines()
+    assert table[0].split() == ["OBJECT", "RESOURCE", "CURRENT", "PROPOSED", "DEMAND", "REASON"]
+    web = next(line for line in table if line.startswith("Deployment/shop/web") and " cpu " in line)
+    assert web.split()[2:4] == ["1", "1.25"]
+
+
+def test_unreachable_prometheus_raises_nothing(api):
+    history = PrometheusHistory(f"http://127.0.0.1:{free_port()}", timeout=2)
+    with pytest.raises(HistoryUnavailable):
+        history.node_stats(86400, 0.99)
+    rows = Reconciler(Cluster(api_client_for(api)), history, SETTINGS).run_pass()
+    assert api.count("PATCH") == 0
+    assert all("holding" in r.reason for r in rows)
+
+
+def test_conflicts_are_retried_on_a_fresh_object(api, source):
+    api.concurrent_writes["deployments"] = 1
+    reconciler = Reconciler(Cluster(api_client_for(api)), source, SETTINGS)
+    reconciler.run_pass()
+    assert annotations(api, "deployments", "web")[KEYS.cpu_requests_ratio] == "1.25"
+    assert reconciler.metrics.writes.labels("Deployment", "conflict")._value.get() == 1
+
+
+def test_hpa_target_is_rescaled_when_asked(api, prometheus):
+    settings = dataclasses.replace(SETTINGS, rescale_hpa=True)
+    Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
+    assert annotations(api, "deployments", "api")[KEYS.cpu_requests_ratio] == "1.25"
+    hpa = api.get("horizontalpodautoscalers", NS, "api")
+    assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 75  # 60 x 1.25
+    assert hpa["metadata"]["annotations"][KEYS.original_target_utilization] == "60"
+
+
+def test_node_status_can_be_applied_at_once(api, prometheus):
+    settings = dataclasses.replace(SETTINGS, apply_node_status=True)
+    Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
+    stored = api.get("nodes", "", "node-1")
+    assert stored["status"]["allocatable"]["cpu"] == "4900m"  # floor(3920 x 1.25)
+    assert stored["status"]["capacity"]["cpu"] == "4980m"
+    assert stored["metadata"]["annotations"][KEYS.real_allocatable] == '{"cpu":"3920m","memory":"12700100Ki"}'
+
+
+def test_sqlite_history_is_compact_survives_restarts_and_prunes(api, tmp_path):
+    path = tmp_path / "history.db"
+    history = sqlite_history(api, path)
+    def without_age(stats):
+        return {key: (dataclasses.replace(s.cpu, age_seconds=None), dataclasses.replace(s.memory, age_seconds=None))
+                for key, s in stats.items()}
+
+    before = without_age(history.container_stats(7 * 86400, 0.95))
+    history.close()
+    reopened = SqliteHistory(path, retention_seconds=86400)
+    assert without_age(reopened.container_stats(7 * 86400, 0.95)) == before
+    assert path.stat().st_size < 2 * 2**20
+    reopened.record(time.time(), [((NS, "web-5d8f9-abcde", "app"), 1, 1)], [])  # prunes beyond 1 day
+    assert reopened.container_stats(7 * 86400, 0.95)[(NS, "web-5d8f9-abcde", "app")].cpu.samples <= 145
+
+
+# ---- leader election --------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_only_the_lease_holder_writes_and_losing_it_stops_writes(api, prometheus):
+    clock = Clock()
+    first = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "a", 15, clock)
+    second = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "b", 15, clock)
+    assert first.try_acquire_or_renew() and first.is_leader()
+    assert not second.try_acquire_or_renew() and not second.is_leader()
+
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), SETTINGS, leader=second)
+    reconciler.run_pass()
+    assert api.count("PATCH") == 0, "a replica without the lease writes nothing"
+
+    clock.now += 11  # the holder has not renewed for 2/3 of the duration: it stops writing first...
+    assert not first.is_leader()
+    assert not second.try_acquire_or_renew()  # ...while the lease is not yet free for others
+    clock.now += 5
+    assert second.try_acquire_or_renew() and second.is_leader()
+    assert not first.try_acquire_or_renew() and not first.is_leader()
+    assert api.get("leases", "oversale", "oversale-reconciler")["spec"]["holderIdentity"] == "b"
+    assert api.get("leases", "oversale", "oversale-reconciler")["spec"]["leaseTransitions"] == 1
+
+
+def test_cli_dry_run_prints_the_table(api, prometheus, tmp_path):
+    env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path), "OVERSALE_PROMETHEUS_URL": prometheus.url, "OVERSALE_FULL_CONFIDENCE": "1d"}
+    result = subprocess.run([sys.executable, "-m", "reconcilers", "once", "--dry-run"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("OBJECT")
+    assert any(line.startswith("Deployment/shop/web") and "1.25" in line for line in lines)
+    assert any(line.startswith("Node/node-1") for line in lines)
+    assert api.count("PATCH") == 0
+
+
+def test_cli_refuses_bad_settings(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "reconcilers", "once"], cwd=ROOT,
+                            env={"OVERSALE_HISTORY_WINDOW": "a week", "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "OVERSALE_HISTORY_WINDOW" in result.stderr
