@@ -101,6 +101,9 @@ class Settings:
     prometheus_step_seconds: float = field(default=300.0, metadata=_env("OVERSALE_PROMETHEUS_STEP"))
     """Subquery resolution: one evaluated point per series and step (a duration such as ``5m``)."""
 
+    prometheus_rate_window_seconds: float = field(default=300.0, metadata=_env("OVERSALE_PROMETHEUS_RATE_WINDOW"))
+    """Window of ``rate()`` over CPU counters: at least four scrape intervals."""
+
     prometheus_node_label: str = field(default="instance", metadata=_env("OVERSALE_PROMETHEUS_NODE_LABEL"))
     """Label holding the node name on node-exporter series (``host:port`` is cut at the colon)."""
 
@@ -170,6 +173,9 @@ class Settings:
 
     apply_node_status: bool = field(default=False, metadata=_env("OVERSALE_APPLY_NODE_STATUS"))
     """Write the node status with a new ratio at once instead of waiting for the kubelet's next sync."""
+
+    write_concurrency: int = field(default=4, metadata=_env("OVERSALE_WRITE_CONCURRENCY"))
+    """Objects the reconciler writes to at the same time (each object's writes stay in order)."""
 
     lease_name: str = field(default="oversale-reconciler", metadata=_env("OVERSALE_LEASE_NAME"))
     """coordination.k8s.io Lease (in the own namespace) that elects the one writing replica."""
@@ -334,6 +340,7 @@ _PARSERS: dict[str, Any] = {
     "prometheus_url": lambda text: text.strip().rstrip("/"),
     "prometheus_timeout_seconds": lambda text: _duration(text),
     "prometheus_step_seconds": lambda text: _duration(text),
+    "prometheus_rate_window_seconds": lambda text: _duration(text),
     "prometheus_node_label": lambda text: _nonempty(text),
     "prometheus_node_memory_query": str,
     "sqlite_path": lambda text: _nonempty(text),
@@ -357,6 +364,7 @@ _PARSERS: dict[str, Any] = {
     "staleness_seconds": lambda text: _duration(text),
     "stale_decay": lambda text: _decimal_between(text, 0, 1),
     "apply_node_status": _bool,
+    "write_concurrency": _positive_int,
     "lease_name": lambda text: _nonempty(text),
     "lease_duration_seconds": lambda text: _duration(text),
     "reconciler_metrics_port": lambda text: _port(text),

@@ -99,9 +99,7 @@ def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
     if settings.prometheus_url:
         from reconcilers.prometheus import PrometheusHistory
 
-        return PrometheusHistory(settings.prometheus_url, settings.prometheus_timeout_seconds,
-                                 settings.prometheus_step_seconds, settings.prometheus_node_label,
-                                 settings.prometheus_node_memory_query or None), None
+        return PrometheusHistory.from_settings(settings), None
     from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 
     history = SqliteHistory(Path(settings.sqlite_path), settings.history_retention_seconds)

@@ -23,15 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from oversale.estimator import UsageStats
+from oversale.settings import Settings
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
 
 CONTAINER_CPU = ('sum by (namespace, pod, container) (rate(container_cpu_usage_seconds_total'
-                 '{container!="", container!="POD", pod!=""}[5m])) * 1000')
+                 '{container!="", container!="POD", pod!=""}[$RATE])) * 1000')
 CONTAINER_MEMORY = ('max by (namespace, pod, container) (container_memory_working_set_bytes'
                     '{container!="", container!="POD", pod!=""})')
-NODE_CPU = 'sum by ({label}) (rate(node_cpu_seconds_total{{mode!~"idle|iowait|steal"}}[5m])) * 1000'
+NODE_CPU = 'sum by ({label}) (rate(node_cpu_seconds_total{{mode!~"idle|iowait|steal"}}[$RATE])) * 1000'
 NODE_MEMORY = "sum by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
 SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
 
@@ -46,9 +47,19 @@ class PrometheusHistory:
     """The label carrying the node name on node-exporter series (``:port`` is stripped)."""
     node_memory_query: str | None = None
     """An expression giving used memory in bytes per node (label ``node_label``)."""
+    rate_window: float = 300.0
+    """Window of the CPU ``rate()``: at least four scrape intervals."""
     max_splits: int = 8
     queries: int = 0
     """Queries sent so far (for the pass report and the benchmark)."""
+    query_seconds: float = 0.0
+    """Time spent waiting for Prometheus so far."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PrometheusHistory:
+        return cls(settings.prometheus_url, settings.prometheus_timeout_seconds, settings.prometheus_step_seconds,
+                   settings.prometheus_node_label, settings.prometheus_node_memory_query or None,
+                   settings.prometheus_rate_window_seconds)
 
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
         keys = ("namespace", "pod", "container")
@@ -76,6 +87,7 @@ class PrometheusHistory:
         """quantile (and peak) per series; sample count and last-sample age are queried only when
         ``counts`` (the same series' counts from an earlier call) is not given."""
         now = time.time()
+        expression = expression.replace("$RATE", _duration(self.rate_window))
         quantiles = self._per_window(f"quantile_over_time({quantile}, ({expression})[$WINDOW:$STEP])", window, now,
                                      keys, max)
         peaks = self._per_window(f"max_over_time(({expression})[$WINDOW:$STEP])", window, now, keys, max) \
@@ -118,6 +130,13 @@ class PrometheusHistory:
 
     def _instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
         self.queries += 1
+        started = time.perf_counter()
+        try:
+            return self._send(query, at, keys)
+        finally:
+            self.query_seconds += time.perf_counter() - started
+
+    def _send(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
         body = urllib.parse.urlencode({"query": query, "time": f"{at:.3f}", "timeout": f"{self.timeout:g}s"}).encode()
         request = urllib.request.Request(f"{self.url.rstrip('/')}/api/v1/query", data=body,
                                          headers={"Content-Type": "application/x-www-form-urlencoded"})

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
@@ -70,11 +72,17 @@ class Reconciler:
     def run_pass(self, dry_run: bool = False) -> list[Row]:
         rows: list[Row] = []
         queries_before = getattr(self.history, "queries", 0)
-        try:
-            rows += self._timed("compression", lambda: self.reconcile_workloads(dry_run))
-            rows += self._timed("oversale", lambda: self.reconcile_nodes(dry_run))
-        except NotLeader:
-            log.warning("lease lost during the pass: stopped writing")
+        window = self.settings.history_window_seconds
+        # Both history reads start at once: Prometheus evaluates them in parallel while the
+        # cluster is listed.
+        with ThreadPoolExecutor(2, thread_name_prefix="history") as pool:
+            containers = pool.submit(self.history.container_stats, window, self.settings.compression_percentile)
+            nodes = pool.submit(self.history.node_stats, window, self.settings.node_percentile)
+            try:
+                rows += self._timed("compression", lambda: self.reconcile_workloads(dry_run, containers))
+                rows += self._timed("oversale", lambda: self.reconcile_nodes(dry_run, nodes))
+            except NotLeader:
+                log.warning("lease lost during the pass: stopped writing")
         self.metrics.history_queries.set(getattr(self.history, "queries", 0) - queries_before)
         return rows
 
@@ -85,8 +93,15 @@ class Reconciler:
         self.metrics.evaluated.labels(name).set(len({r.object for r in rows}))
         return rows
 
+    def _write_all(self, write: Callable[..., bool], jobs: list[tuple[Any, ...]]) -> list[bool]:
+        """Run ``write(*job)`` for every job, a few objects at a time; NotLeader stops them all."""
+        if len(jobs) <= 1 or self.settings.write_concurrency <= 1:
+            return [write(*job) for job in jobs]
+        with ThreadPoolExecutor(self.settings.write_concurrency, thread_name_prefix="write") as pool:
+            return list(pool.map(lambda job: write(*job), jobs))
+
     # -- compression ---------------------------------------------------------------------------
-    def reconcile_workloads(self, dry_run: bool) -> list[Row]:
+    def reconcile_workloads(self, dry_run: bool, history: Future[dict[Any, ResourceStats]] | None = None) -> list[Row]:
         workloads = {
             (w["kind"], w["metadata"]["namespace"], w["metadata"]["name"]): w
             for w in self.cluster.workloads()
@@ -95,8 +110,8 @@ class Reconciler:
         if not workloads:
             return []
         try:
-            stats = self.history.container_stats(self.settings.history_window_seconds,
-                                                 self.settings.compression_percentile)
+            stats = history.result() if history else self.history.container_stats(
+                self.settings.history_window_seconds, self.settings.compression_percentile)
         except HistoryUnavailable as error:
             self.metrics.staleness.labels("containers").set(-1)
             self.metrics.skips.labels("history unavailable").inc(len(workloads))
@@ -104,12 +119,15 @@ class Reconciler:
         self._staleness("containers", [s.cpu for s in stats.values()])
         usage = self._usage_by_workload(workloads, stats)
         autoscalers = self._autoscalers()
+        plans = [(workload, plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
+                                             self.settings.compression_estimator(), self.settings.rescale_hpa),
+                  usage.get(key, {})) for key, workload in sorted(workloads.items())]
+        to_write = [job for job in plans if job[1].changes()] if not dry_run else []
+        written = {job[1].key for job, ok in zip(to_write, self._write_all(self._write_workload, to_write),
+                                                 strict=True) if ok}
         rows = []
-        for key, workload in sorted(workloads.items()):
-            plan = plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
-                                    self.settings.compression_estimator(), self.settings.rescale_hpa)
-            written = bool(plan.changes()) and not dry_run and self._write_workload(workload, plan, usage.get(key, {}))
-            rows += self._workload_rows(plan, written)
+        for _, plan, _ in plans:
+            rows += self._workload_rows(plan, plan.key in written)
         return rows
 
     def _usage_by_workload(self, workloads: dict[WorkloadKey, Any], stats: dict[Any, ResourceStats]
@@ -197,7 +215,7 @@ class Reconciler:
         return rows
 
     # -- node oversale -----------------------------------------------------------------------
-    def reconcile_nodes(self, dry_run: bool) -> list[Row]:
+    def reconcile_nodes(self, dry_run: bool, history: Future[dict[str, ResourceStats]] | None = None) -> list[Row]:
         nodes = self.cluster.nodes(f"{self.keys.oversale_label}=enabled")
         if not nodes:
             return []
@@ -209,21 +227,26 @@ class Reconciler:
                 for resource in RESOURCES:
                     totals[resource] = totals.get(resource, 0) + scheduled_request(pod, resource)
         try:
-            stats: dict[str, ResourceStats] = self.history.node_stats(self.settings.history_window_seconds,
-                                                                      self.settings.node_percentile)
+            stats: dict[str, ResourceStats] = history.result() if history else self.history.node_stats(
+                self.settings.history_window_seconds, self.settings.node_percentile)
             self._staleness("nodes", [s.cpu for s in stats.values()])
         except HistoryUnavailable as error:
             log.warning("node history unavailable (%s): holding every node ratio", error)
             self.metrics.staleness.labels("nodes").set(-1)
             stats = {}
-        rows = []
+        plans = []
         for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
             name = node["metadata"]["name"]
             node_stats = stats.get(name)
             usage = {r: node_stats.of(r) if node_stats else None for r in RESOURCES}
             plan = plan_node(node, requested.get(name, {}), usage, self.keys, self.settings.oversale_estimator())
-            written = bool(plan.changes()) and not dry_run and self._write_node(node, plan, requested.get(name, {}),
-                                                                               usage)
+            plans.append((node, plan, requested.get(name, {}), usage))
+        to_write = [job for job in plans if job[1].changes()] if not dry_run else []
+        written_nodes = {job[1].name for job, ok in zip(to_write, self._write_all(self._write_node, to_write),
+                                                        strict=True) if ok}
+        rows = []
+        for _, plan, _, _ in plans:
+            name, written = plan.name, plan.name in written_nodes
             for resource, proposal in plan.proposals.items():
                 self.metrics.ratio.labels("Node", "", name, resource).set(
                     float(proposal.ratio if written else plan.current[resource]))
@@ -311,7 +334,7 @@ def _name(key: WorkloadKey) -> str:
 
 
 def _amount(resource: str, value: float | None) -> str:
-    return "" if value is None else format_amount(resource, round(value))
+    return "" if value is None else format_amount(resource, math.ceil(value))
 
 
 def _now() -> str:

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import copy
 import json
+import sys
 import threading
 import time
 import uuid
@@ -94,7 +95,7 @@ class FakeKubeAPI:
         """plural -> how many of the next updates find the object changed by another writer first."""
         self.down = False
         """While True every request gets 503 (an unreachable or overloaded API server)."""
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -287,6 +288,13 @@ class FakeKubeAPI:
             for version, kind, obj in pending:
                 sent = version
                 yield {"type": kind, "object": copy.deepcopy(obj)}
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients closing kept-alive connections (the usual end of a test) are not errors."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _field(obj: dict[str, Any], path: str) -> str:

@@ -72,30 +72,48 @@ class Gone(Exception):
 
 
 class Reflector:
-    """List, then watch, one kind across all namespaces into a namespace -> name -> Entry map."""
+    """List, then watch, one kind across all namespaces into a namespace -> name -> Entry map.
+
+    ``list_fn`` is a kubernetes client list function (it takes ``watch``, ``resource_version``,
+    ``limit``...); ``read_fn`` (name, namespace) fills cache misses. ``on_change(namespace, name,
+    entry or None)`` and ``on_reset()`` let a caller keep its own index in step (a relist calls
+    ``on_reset`` then ``on_change`` for every object).
+    """
 
     def __init__(
         self,
-        api_client: Any,
-        kind: WatchedKind,
-        extract: Callable[[dict[str, Any]], Entry],
+        name: str,
+        list_fn: Callable[..., Any],
+        extract: Callable[[dict[str, Any]], Any],
         watch_timeout_seconds: int,
         on_sync: Callable[[str, bool], None] = lambda kind, synced: None,
+        read_fn: Callable[..., Any] | None = None,
+        on_change: Callable[[str, str, Any], None] | None = None,
+        on_reset: Callable[[], None] | None = None,
     ) -> None:
-        from kubernetes import client
-
-        api = getattr(client, kind.api)(api_client)
-        self.kind = kind
-        self._list = getattr(api, f"list_{kind.plural}_for_all_namespaces")
-        self._read = getattr(api, f"read_namespaced_{kind.plural}")
+        self.name = name
+        self._list = list_fn
+        self._read = read_fn
         self._extract = extract
         self._watch_timeout = watch_timeout_seconds
         self._on_sync = on_sync
-        self._items: dict[str, dict[str, Entry]] = {}
+        self._on_change = on_change
+        self._on_reset = on_reset
+        self._items: dict[str, dict[str, Any]] = {}
         self._stop = threading.Event()
         self.synced = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"reflector-{kind.kind}", daemon=True)
-        on_sync(kind.kind, False)
+        self._thread = threading.Thread(target=self._run, name=f"reflector-{name}", daemon=True)
+        on_sync(name, False)
+
+    @classmethod
+    def for_kind(cls, api_client: Any, kind: WatchedKind, extract: Callable[[dict[str, Any]], Any],
+                 watch_timeout_seconds: int, on_sync: Callable[[str, bool], None] = lambda k, s: None) -> Reflector:
+        """A reflector over a namespaced kind of the typed client (``list_<plural>_for_all_namespaces``)."""
+        from kubernetes import client
+
+        api = getattr(client, kind.api)(api_client)
+        return cls(kind.kind, getattr(api, f"list_{kind.plural}_for_all_namespaces"), extract, watch_timeout_seconds,
+                   on_sync, read_fn=getattr(api, f"read_namespaced_{kind.plural}"))
 
     def start(self) -> None:
         self._thread.start()
@@ -103,16 +121,18 @@ class Reflector:
     def stop(self) -> None:
         self._stop.set()
 
-    def get(self, namespace: str, name: str) -> Entry | None:
+    def get(self, namespace: str, name: str) -> Any:
         return self._items.get(namespace, {}).get(name)
 
-    def in_namespace(self, namespace: str) -> list[Entry]:
+    def in_namespace(self, namespace: str) -> list[Any]:
         return list(self._items.get(namespace, {}).values())
 
-    def fetch(self, namespace: str, name: str, timeout: float) -> Entry | None:
+    def fetch(self, namespace: str, name: str, timeout: float) -> Any:
         """One GET for a cache miss; the result is cached. None when the object does not exist."""
         from kubernetes.client.exceptions import ApiException
 
+        if self._read is None:
+            return None
         try:
             response = self._read(name, namespace, _preload_content=False, _request_timeout=timeout)
         except ApiException as error:
@@ -132,14 +152,14 @@ class Reflector:
                 while not self._stop.is_set():
                     version = self._watch(version)
             except Gone:
-                log.info("%s watch expired; listing again", self.kind.kind)
+                log.info("%s watch expired; listing again", self.name)
             except Exception as error:  # noqa: BLE001  -- any API failure: retry, never die
-                log.warning("%s list/watch failed (%s); retrying in %.1fs", self.kind.kind, error, backoff)
+                log.warning("%s list/watch failed (%s); retrying in %.1fs", self.name, error, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
     def _relist(self) -> str:
-        items: dict[str, dict[str, Entry]] = {}
+        items: dict[str, dict[str, Any]] = {}
         token: str | None = None
         while True:
             response = self._list(limit=500, _continue=token, _preload_content=False, _request_timeout=60)
@@ -151,10 +171,16 @@ class Reflector:
             if token is None:
                 break
         self._items = items
+        if self._on_change is not None:
+            if self._on_reset is not None:
+                self._on_reset()
+            for namespace, by_name in items.items():
+                for name, entry in by_name.items():
+                    self._on_change(namespace, name, entry)
         if not self.synced.is_set():
             self.synced.set()
-            self._on_sync(self.kind.kind, True)
-            log.info("%s cache synced: %d objects", self.kind.kind, sum(map(len, items.values())))
+            self._on_sync(self.name, True)
+            log.info("%s cache synced: %d objects", self.name, sum(map(len, items.values())))
         return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
     def _watch(self, version: str) -> str:
@@ -180,10 +206,13 @@ class Reflector:
                 if kind == "BOOKMARK":
                     continue
                 namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
-                if kind == "DELETED":
+                entry = None if kind == "DELETED" else self._extract(obj)
+                if entry is None:
                     self._items.get(namespace, {}).pop(name, None)
                 else:
-                    self._items.setdefault(namespace, {})[name] = self._extract(obj)
+                    self._items.setdefault(namespace, {})[name] = entry
+                if self._on_change is not None:
+                    self._on_change(namespace, name, entry)
         finally:
             response.release_conn()
         return version
@@ -221,10 +250,10 @@ class OwnerCache:
         self._lookup_timeout = lookup_timeout
         self._on_lookup = on_lookup
         self._reflectors = {
-            kind.kind: Reflector(api_client, kind, workload, watch_timeout_seconds, on_sync)
+            kind.kind: Reflector.for_kind(api_client, kind, workload, watch_timeout_seconds, on_sync)
             for kind in WORKLOAD_KINDS
         }
-        self._limit_ranges = Reflector(api_client, LIMIT_RANGES, limit_range, watch_timeout_seconds, on_sync)
+        self._limit_ranges = Reflector.for_kind(api_client, LIMIT_RANGES, limit_range, watch_timeout_seconds, on_sync)
 
     def start(self) -> None:
         for reflector in self._all():
@@ -270,12 +299,13 @@ class OwnerCache:
         reflector = self._reflectors.get(kind)
         if reflector is None:
             return None  # an owner kind we do not follow (ReplicationController, custom resources)
-        entry = reflector.get(namespace, name)
+        entry: Entry | None = reflector.get(namespace, name)
         if entry is not None:
             self._on_lookup("hit")
             return entry
         self._on_lookup("miss")
-        return reflector.fetch(namespace, name, self._lookup_timeout)
+        fetched: Entry | None = reflector.fetch(namespace, name, self._lookup_timeout)
+        return fetched
 
 
 class NoCluster:

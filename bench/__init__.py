@@ -1,0 +1,1 @@
+"""Benchmarks (figures go in the README; nothing here is a pass/fail test)."""

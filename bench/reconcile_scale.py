@@ -1,0 +1,156 @@
+"""One reconcile pass at scale: N workloads and M nodes against a real Prometheus holding their
+history, and the API-server double of tests/ holding the objects.
+
+    python -m bench.reconcile_scale [--workloads 10000] [--nodes 5000] [--hours 24] [--sample 600]
+
+Prints how long the history takes to build, the pass time (dry run and with writes) and the
+number of PromQL queries. Needs Debian's prometheus package (prometheus, promtool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kubernetes import client
+
+from oversale.annotations import AnnotationKeys
+from oversale.settings import Settings
+from reconcilers.cluster import Cluster
+from reconcilers.prometheus import PrometheusHistory
+from reconcilers.runner import Reconciler
+from tests.kube_api import FakeKubeAPI
+from tests.prometheus_server import PrometheusServer
+
+KEYS = AnnotationKeys()
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def write_history(path: Path, workloads: int, nodes: int, start: float, end: float, step: float) -> int:
+    """OpenMetrics for one Pod per workload and node-exporter series per node, written fast."""
+    # Aligned to the subquery step: a gauge sampled this sparsely is only visible to the steps
+    # within Prometheus's 5-minute lookback of a sample.
+    start = math.ceil(start / step) * step
+    times = [start + i * step for i in range(int((end - start) // step) + 1)]
+    lines = 0
+    with path.open("w") as out:
+        out.write("# TYPE container_cpu_usage_seconds counter\n")
+        for w in range(workloads):
+            labels = f'container="app",namespace="ns{w % 50}",pod="w{w}-5d8f9-abcde"'
+            base = 0.05 + (w % 20) / 100
+            total = 0.0
+            for t in times:
+                total += (base + 0.02 * math.sin(t / 7200 + w)) * step
+                out.write(f"container_cpu_usage_seconds_total{{{labels}}} {total:.3f} {int(t)}\n")
+            lines += len(times)
+        out.write("# TYPE container_memory_working_set_bytes gauge\n")
+        for w in range(workloads):
+            labels = f'container="app",namespace="ns{w % 50}",pod="w{w}-5d8f9-abcde"'
+            value = (100 + w % 200) * 2**20
+            out.write("".join(f"container_memory_working_set_bytes{{{labels}}} {value} {int(t)}\n" for t in times))
+            lines += len(times)
+        out.write("# TYPE node_cpu_seconds counter\n")
+        for n in range(nodes):
+            total = 0.0
+            for t in times:
+                total += (2 + math.sin(t / 3600 + n)) * step
+                labels = f'cpu="0",instance="node-{n}:9100",mode="user"'
+                out.write(f"node_cpu_seconds_total{{{labels}}} {total:.3f} {int(t)}\n")
+            lines += len(times)
+        for name, value in (("node_memory_MemTotal_bytes", 64e9), ("node_memory_MemAvailable_bytes", 40e9)):
+            out.write(f"# TYPE {name} gauge\n")
+            for n in range(nodes):
+                out.write("".join(f'{name}{{instance="node-{n}:9100"}} {value:.0f} {int(t)}\n' for t in times))
+                lines += len(times)
+        out.write("# EOF\n")
+    return lines
+
+
+def populate(api: FakeKubeAPI, workloads: int, nodes: int, pods_per_node: int) -> None:
+    template = {"spec": {"containers": [{"name": "app", "image": "x",
+                                         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}
+    for w in range(workloads):
+        api.put("deployments", {"metadata": {"name": f"w{w}", "namespace": f"ns{w % 50}",
+                                             "annotations": {KEYS.enable_resource_compress: "y"}},
+                                "spec": {"template": template}})
+    for n in range(nodes):
+        api.put("nodes", {"metadata": {"name": f"node-{n}", "labels": {KEYS.oversale_label: "enabled"}},
+                          "status": {"allocatable": {"cpu": "15890m", "memory": "60Gi"},
+                                     "capacity": {"cpu": "16", "memory": "64Gi"}}})
+        for p in range(pods_per_node):
+            requests = {"cpu": "3", "memory": "8Gi"}
+            api.put("pods", {"metadata": {"name": f"p{n}-{p}", "namespace": "load"},
+                             "spec": {"nodeName": f"node-{n}", "containers": [
+                                 {"name": "c", "image": "x", "resources": {"requests": requests}}]},
+                             "status": {"phase": "Running"}})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", type=int, default=10000)
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods-per-node", type=int, default=4)
+    parser.add_argument("--hours", type=float, default=26.0, help="history length (default 26)")
+    parser.add_argument("--sample", type=float, default=600.0, help="seconds between samples (default 600)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="oversale-bench-"))
+    end = time.time() - 300
+    log(f"writing {args.hours:g} h of history for {args.workloads} workloads and {args.nodes} nodes")
+    started = time.perf_counter()
+    samples = write_history(work / "history.om", args.workloads, args.nodes, end - args.hours * 3600, end,
+                            args.sample)
+    written = time.perf_counter() - started
+    log(f"{samples:,} samples written in {written:.0f}s; building TSDB blocks with promtool")
+    started = time.perf_counter()
+    prometheus = PrometheusServer(work, work / "history.om")
+    (work / "history.om").unlink()
+    loaded = time.perf_counter() - started
+    log(f"prometheus ready in {loaded:.0f}s; loading the API double")
+    api = FakeKubeAPI().start()
+    try:
+        populate(api, args.workloads, args.nodes, args.pods_per_node)
+        api_client = client.ApiClient(client.Configuration(host=api.url))
+        # Samples are args.sample apart: rate() needs a window holding several of them.
+        settings = dataclasses.replace(
+            Settings(kubernetes="off"), prometheus_url=prometheus.url, prometheus_step_seconds=args.sample,
+            prometheus_rate_window_seconds=4 * args.sample, prometheus_timeout_seconds=120, min_samples=10,
+            full_confidence_seconds=86400.0)
+        figures = {"workloads": args.workloads, "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
+                   "history_samples": samples}
+        for label, dry_run in (("dry_run", True), ("with_writes", False)):
+            history = PrometheusHistory.from_settings(settings)
+            reconciler = Reconciler(Cluster(api_client, timeout=300), history, settings)
+            log(f"pass ({label.replace('_', ' ')})")
+            started = time.perf_counter()
+            rows = reconciler.run_pass(dry_run=dry_run)
+            elapsed = time.perf_counter() - started
+            figures[f"{label}_seconds"] = round(elapsed, 1)
+            figures[f"{label}_queries"] = history.queries
+            figures[f"{label}_prometheus_seconds"] = round(history.query_seconds, 1)
+            figures[f"{label}_rows"] = len(rows)
+            figures[f"{label}_written"] = sum(r.written for r in rows)
+            log(f"{label}: {elapsed:.1f}s, {history.queries} PromQL queries ({history.query_seconds:.1f}s waited), "
+                f"{len(rows)} rows, "
+                f"{figures[f'{label}_written']} ratios written")
+    finally:
+        api.stop()
+        prometheus.stop()
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Exclusive CPU placement on NUMA nodes: which real CPUs a bound Pod gets.
+
+A node's topology is its logical CPUs, each with a physical core, a socket and a NUMA node
+(:class:`Topology`). Exclusive CPUs always come from this real topology, never from oversold
+capacity. Policies, as Koordinator names them:
+
+- ``FullPCPUs``: only whole physical cores (every hyperthread of each core), so no other workload
+  shares a core's caches; the CPU count must be a multiple of the threads per core.
+- ``SpreadByPCPUs``: one logical CPU per physical core first, for the most cores' worth of
+  throughput; a core's siblings are used only when every core already gives one.
+
+NUMA zones are chosen by strategy (``MostAllocated`` packs onto the fullest zone that fits,
+``LeastAllocated`` spreads onto the emptiest); ties go to the placement that leaves the most whole
+free cores. With ``single-numa-node`` every CPU comes from one zone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+FULL_PCPUS = "FullPCPUs"
+SPREAD_BY_PCPUS = "SpreadByPCPUs"
+BIND_POLICIES = (FULL_PCPUS, SPREAD_BY_PCPUS)
+MOST_ALLOCATED = "MostAllocated"
+LEAST_ALLOCATED = "LeastAllocated"
+SINGLE_NUMA_NODE = "single-numa-node"
+
+
+@dataclass(frozen=True)
+class CPU:
+    id: int
+    core: int
+    socket: int
+    node: int
+
+
+@dataclass(frozen=True)
+class Topology:
+    cpus: tuple[CPU, ...]
+    detailed: bool = True
+    """False when only a CPU count is known (each CPU then counts as its own core)."""
+
+    @classmethod
+    def flat(cls, count: int) -> Topology:
+        """One NUMA zone of ``count`` CPUs with no core detail."""
+        return cls(tuple(CPU(i, i, 0, 0) for i in range(count)), detailed=False)
+
+    @classmethod
+    def from_zones(cls, zone_cpus: Mapping[int, int]) -> Topology:
+        """NUMA zone id -> CPU count (NodeResourceTopology): contiguous ids per zone, no core detail."""
+        cpus: list[CPU] = []
+        for zone in sorted(zone_cpus):
+            cpus += [CPU(len(cpus) + i, len(cpus) + i, 0, zone) for i in range(zone_cpus[zone])]
+        return cls(tuple(cpus), detailed=False)
+
+    @classmethod
+    def from_koordinator(cls, text: str) -> Topology:
+        """The CPU-topology JSON Koordinator publishes: ``{"detail": [{"id", "core", "socket", "node"}]}``.
+        Core numbers are made unique per socket (Linux numbers cores per socket)."""
+        detail = json.loads(text)["detail"]
+        cpus = tuple(sorted((CPU(int(c["id"]), int(c["socket"]) * 100000 + int(c["core"]), int(c["socket"]),
+                                 int(c["node"])) for c in detail), key=lambda c: c.id))
+        if not cpus or len({c.id for c in cpus}) != len(cpus):
+            raise ValueError("cpu topology lists no CPUs or the same CPU twice")
+        return cls(cpus)
+
+    def zones(self) -> list[int]:
+        return sorted({c.node for c in self.cpus})
+
+    def threads_per_core(self) -> int:
+        per_core: dict[int, int] = {}
+        for cpu in self.cpus:
+            per_core[cpu.core] = per_core.get(cpu.core, 0) + 1
+        return max(per_core.values()) if per_core else 1
+
+
+@dataclass(frozen=True)
+class Placement:
+    cpus: tuple[int, ...]
+    numa_nodes: tuple[int, ...]
+
+    @property
+    def cpuset(self) -> str:
+        return format_cpuset(self.cpus)
+
+
+class NoFit(Exception):
+    """The CPUs cannot be placed; the message says why, for FailedNodes."""
+
+
+def free_cpus(topology: Topology, taken: Iterable[int]) -> list[CPU]:
+    used = set(taken)
+    return [c for c in topology.cpus if c.id not in used]
+
+
+def whole_free_cores(topology: Topology, taken: Iterable[int], zone: int | None = None) -> list[list[CPU]]:
+    """Physical cores whose every thread is free (optionally in one zone), each as its CPUs."""
+    used = set(taken)
+    cores: dict[int, list[CPU]] = {}
+    for cpu in topology.cpus:
+        if zone is None or cpu.node == zone:
+            cores.setdefault(cpu.core, []).append(cpu)
+    return [cpus for _, cpus in sorted(cores.items()) if all(c.id not in used for c in cpus)]
+
+
+def place(topology: Topology, taken: Iterable[int], count: int, policy: str, single_numa: bool,
+          strategy: str = MOST_ALLOCATED) -> Placement:
+    """Choose ``count`` exclusive CPUs. Raises NoFit with a reason a person can act on."""
+    if count <= 0:
+        raise NoFit("no CPUs asked for")
+    used = set(taken)
+    threads = topology.threads_per_core()
+    if policy == FULL_PCPUS and count % threads:
+        raise NoFit(f"FullPCPUs needs a multiple of {threads} CPUs (threads per core); {count} asked")
+    zones = topology.zones()
+    candidates: list[tuple[tuple[float, ...], Placement]] = []
+    if single_numa or len(zones) == 1:
+        for zone in zones:
+            chosen = _pick(topology, used, count, policy, zone)
+            if chosen is not None:
+                candidates.append((_rank(topology, used, chosen, zone, strategy), Placement(chosen, (zone,))))
+        if not candidates:
+            raise NoFit(_shortage(topology, used, count, policy, single_numa=True))
+    else:
+        chosen = _pick_across(topology, used, count, policy, strategy)
+        if chosen is None:
+            raise NoFit(_shortage(topology, used, count, policy, single_numa=False))
+        nodes = tuple(sorted({c.node for c in topology.cpus if c.id in chosen}))
+        candidates.append(((0.0,), Placement(chosen, nodes)))
+    return min(candidates, key=lambda item: item[0])[1]
+
+
+def _pick(topology: Topology, used: set[int], count: int, policy: str, zone: int | None) -> tuple[int, ...] | None:
+    """CPUs for ``policy`` within ``zone`` (None: anywhere), lowest ids first (contiguous sets)."""
+    if policy == FULL_PCPUS:
+        cores = whole_free_cores(topology, used, zone)
+        needed = count // topology.threads_per_core()
+        if len(cores) < needed:
+            return None
+        return tuple(sorted(c.id for core in cores[:needed] for c in core))
+    free = [c for c in topology.cpus if c.id not in used and (zone is None or c.node == zone)]
+    if len(free) < count:
+        return None
+    # One thread per core first (cores with the most free threads first, so whole cores break
+    # least), then siblings.
+    by_core: dict[int, list[CPU]] = {}
+    for cpu in free:
+        by_core.setdefault(cpu.core, []).append(cpu)
+    rounds: list[int] = []
+    depth = 0
+    while len(rounds) < count:
+        layer = [cpus[depth].id for cpus in by_core.values() if len(cpus) > depth]
+        if not layer:
+            break
+        rounds += layer
+        depth += 1
+    return tuple(sorted(rounds[:count]))
+
+
+def _pick_across(topology: Topology, used: set[int], count: int, policy: str, strategy: str) -> tuple[int, ...] | None:
+    """Spanning zones: fill zones in strategy order."""
+    order = sorted(topology.zones(), key=lambda z: _zone_key(topology, used, z, strategy))
+    chosen: list[int] = []
+    for zone in order:
+        remaining = count - len(chosen)
+        if remaining <= 0:
+            break
+        available = _available(topology, used, zone, policy)
+        take = min(remaining, available)
+        if policy == FULL_PCPUS:
+            take -= take % topology.threads_per_core()
+        if take:
+            picked = _pick(topology, used | set(chosen), take, policy, zone)
+            if picked:
+                chosen += picked
+    return tuple(sorted(chosen)) if len(chosen) == count else None
+
+
+def _available(topology: Topology, used: set[int], zone: int, policy: str) -> int:
+    if policy == FULL_PCPUS:
+        return len(whole_free_cores(topology, used, zone)) * topology.threads_per_core()
+    return sum(1 for c in topology.cpus if c.node == zone and c.id not in used)
+
+
+def _zone_key(topology: Topology, used: set[int], zone: int, strategy: str) -> tuple[int, int]:
+    free = sum(1 for c in topology.cpus if c.node == zone and c.id not in used)
+    return (free, zone) if strategy == MOST_ALLOCATED else (-free, zone)
+
+
+def _rank(topology: Topology, used: set[int], chosen: tuple[int, ...], zone: int, strategy: str) -> tuple[float, ...]:
+    """Lower is better: strategy first, then keep whole free cores and zones for later Pods."""
+    free_before = sum(1 for c in topology.cpus if c.node == zone and c.id not in used)
+    after = used | set(chosen)
+    whole_cores_left = len(whole_free_cores(topology, after))
+    empty_zones_left = sum(1 for z in topology.zones() if all(c.id not in after for c in topology.cpus if c.node == z))
+    primary = free_before if strategy == MOST_ALLOCATED else -free_before
+    return (primary, -empty_zones_left, -whole_cores_left, zone)
+
+
+def _shortage(topology: Topology, used: set[int], count: int, policy: str, single_numa: bool) -> str:
+    unit = "full cores" if policy == FULL_PCPUS and topology.detailed else "CPUs"
+    threads = topology.threads_per_core() if unit == "full cores" else 1
+    wanted = count // threads
+    per_zone = ", ".join(f"NUMA node {z} has {_available(topology, used, z, policy) // threads} free"
+                         for z in topology.zones())
+    where = " in one NUMA node" if single_numa else ""
+    return f"needs {wanted} {unit}{where}; {per_zone}"
+
+
+def score(topology: Topology, taken: Iterable[int], count: int, policy: str, single_numa: bool,
+          strategy: str) -> int:
+    """0..10 for a node: how well a bound Pod fits by the node's strategy (0 when it does not fit)."""
+    used = set(taken)
+    try:
+        placement = place(topology, used, count, policy, single_numa, strategy)
+    except NoFit:
+        return 0
+    total = len(topology.cpus)
+    after = used | set(placement.cpus)
+    fullness = len(after) / total
+    spread = 1 - fullness
+    primary = fullness if strategy == MOST_ALLOCATED else spread
+    whole = len(whole_free_cores(topology, after)) * topology.threads_per_core() / total
+    return max(1, min(10, round(1 + 8 * primary + whole)))
+
+
+def format_cpuset(cpus: Iterable[int]) -> str:
+    """Linux cpuset list syntax: ``0-3,8,10-11``."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    start = previous = None
+    for cpu in ordered:
+        if start is None:
+            start = previous = cpu
+        elif cpu == previous + 1:  # type: ignore[operator]
+            previous = cpu
+        else:
+            parts.append(f"{start}-{previous}" if start != previous else str(start))
+            start = previous = cpu
+    if start is not None:
+        parts.append(f"{start}-{previous}" if start != previous else str(start))
+    return ",".join(parts)
+
+
+def parse_cpuset(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus += list(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def topology_from_node(node: Mapping[str, Any], annotation_keys: Iterable[str], real_cpus: int,
+                       nrt_zones: Mapping[int, int] | None = None) -> Topology:
+    """NodeResourceTopology zones when present; else the CPU-topology annotation (ours, then
+    Koordinator's); else one zone of the node's real CPU count."""
+    if nrt_zones:
+        return Topology.from_zones(nrt_zones)
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    for key in annotation_keys:
+        if key in annotations:
+            try:
+                return Topology.from_koordinator(annotations[key])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return Topology.flat(real_cpus)

@@ -1,0 +1,116 @@
+"""The exclusive CPU allocator as pure functions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oversale.cpus import (
+    FULL_PCPUS,
+    LEAST_ALLOCATED,
+    MOST_ALLOCATED,
+    SPREAD_BY_PCPUS,
+    NoFit,
+    Topology,
+    format_cpuset,
+    parse_cpuset,
+    place,
+    score,
+    topology_from_node,
+    whole_free_cores,
+)
+
+
+def koordinator(sockets: int = 2, cores_per_socket: int = 4, threads: int = 2) -> Topology:
+    """Linux numbering: CPU ids run over cores first, then the hyperthread siblings."""
+    detail = []
+    total_cores = sockets * cores_per_socket
+    for thread in range(threads):
+        for socket_id in range(sockets):
+            for core in range(cores_per_socket):
+                cpu_id = thread * total_cores + socket_id * cores_per_socket + core
+                detail.append({"id": cpu_id, "core": core, "socket": socket_id, "node": socket_id})
+    return Topology.from_koordinator(json.dumps({"detail": detail}))
+
+
+def test_cpuset_text_round_trip():
+    assert format_cpuset([4, 5, 6, 7]) == "4-7"
+    assert format_cpuset([0, 1, 2, 8, 10, 11]) == "0-2,8,10-11"
+    assert parse_cpuset("0-2,8,10-11") == [0, 1, 2, 8, 10, 11]
+
+
+def test_full_pcpus_takes_whole_cores_in_one_numa_node():
+    topology = koordinator()
+    placement = place(topology, [], 4, FULL_PCPUS, single_numa=True)
+    assert len(placement.numa_nodes) == 1
+    cores = {c.core for c in topology.cpus if c.id in placement.cpus}
+    assert len(cores) == 2
+    assert all(sum(1 for c in topology.cpus if c.core == core and c.id in placement.cpus) == 2 for core in cores)
+
+
+def test_spread_takes_one_thread_per_core_first():
+    topology = koordinator()
+    placement = place(topology, [], 4, SPREAD_BY_PCPUS, single_numa=True)
+    assert len({c.core for c in topology.cpus if c.id in placement.cpus}) == 4
+
+
+def test_full_pcpus_refuses_half_cores_and_explains_shortage():
+    topology = koordinator()
+    with pytest.raises(NoFit, match="multiple of 2"):
+        place(topology, [], 3, FULL_PCPUS, single_numa=True)
+    # Take 3 whole cores in node 0 and 2 in node 1: 1 and 2 whole cores left.
+    node0 = [c.id for core in whole_free_cores(topology, [], 0)[:3] for c in core]
+    node1 = [c.id for core in whole_free_cores(topology, [], 1)[:2] for c in core]
+    with pytest.raises(NoFit) as failure:
+        place(topology, node0 + node1, 6, FULL_PCPUS, single_numa=True)
+    assert str(failure.value) == "needs 3 full cores in one NUMA node; NUMA node 0 has 1 free, NUMA node 1 has 2 free"
+
+
+def test_most_allocated_packs_and_least_allocated_spreads():
+    topology = koordinator()
+    taken = [c.id for core in whole_free_cores(topology, [], 1)[:1] for c in core]  # node 1 slightly used
+    assert place(topology, taken, 2, FULL_PCPUS, True, MOST_ALLOCATED).numa_nodes == (1,)
+    assert place(topology, taken, 2, FULL_PCPUS, True, LEAST_ALLOCATED).numa_nodes == (0,)
+    assert score(topology, taken, 2, FULL_PCPUS, True, MOST_ALLOCATED) > score(topology, [], 2, FULL_PCPUS, True,
+                                                                              MOST_ALLOCATED)
+
+
+def test_topology_sources_in_order():
+    node = {"metadata": {"annotations": {"node.koordinator.sh/cpu-topology": json.dumps(
+        {"detail": [{"id": i, "core": i % 2, "socket": 0, "node": 0} for i in range(4)]})}}}
+    keys = ("stke.platform/cpu-topology", "node.koordinator.sh/cpu-topology")
+    assert topology_from_node(node, keys, 4).threads_per_core() == 2
+    assert topology_from_node(node, keys, 4, nrt_zones={0: 2, 1: 2}).zones() == [0, 1]
+    flat = topology_from_node({"metadata": {}}, keys, 8)
+    assert flat.zones() == [0] and len(flat.cpus) == 8 and not flat.detailed
+
+
+requests = st.lists(st.tuples(st.sampled_from([1, 2, 4, 6]), st.sampled_from([FULL_PCPUS, SPREAD_BY_PCPUS]),
+                              st.booleans(), st.sampled_from([MOST_ALLOCATED, LEAST_ALLOCATED])),
+                    min_size=1, max_size=20)
+
+
+@settings(max_examples=200)
+@given(st.integers(1, 2), st.integers(2, 6), st.integers(1, 2), requests)
+def test_no_cpu_is_handed_out_twice_and_policies_hold(sockets, cores, threads, sequence):
+    topology = koordinator(sockets, cores, threads)
+    taken: set[int] = set()
+    for count, policy, single_numa, strategy in sequence:
+        try:
+            placement = place(topology, taken, count, policy, single_numa, strategy)
+        except NoFit:
+            continue
+        chosen = set(placement.cpus)
+        assert len(chosen) == count
+        assert not chosen & taken, "a CPU handed out twice"
+        assert chosen <= {c.id for c in topology.cpus}
+        zones = {c.node for c in topology.cpus if c.id in chosen}
+        if single_numa:
+            assert len(zones) == 1
+        if policy == FULL_PCPUS:
+            for core in {c.core for c in topology.cpus if c.id in chosen}:
+                assert all(c.id in chosen for c in topology.cpus if c.core == core), "a half core"
+        taken |= chosen
