@@ -66,10 +66,10 @@ def write_history(path: Path, workloads: int, nodes: int, start: float, end: flo
                 labels = f'cpu="0",instance="node-{n}:9100",mode="user"'
                 out.write(f"node_cpu_seconds_total{{{labels}}} {total:.3f} {int(t)}\n")
             lines += len(times)
-        for name, value in (("node_memory_MemTotal_bytes", 64e9), ("node_memory_MemAvailable_bytes", 40e9)):
+        for name, gauge in (("node_memory_MemTotal_bytes", 64e9), ("node_memory_MemAvailable_bytes", 40e9)):
             out.write(f"# TYPE {name} gauge\n")
             for n in range(nodes):
-                out.write("".join(f'{name}{{instance="node-{n}:9100"}} {value:.0f} {int(t)}\n' for t in times))
+                out.write("".join(f'{name}{{instance="node-{n}:9100"}} {gauge:.0f} {int(t)}\n' for t in times))
                 lines += len(times)
         out.write("# EOF\n")
     return lines

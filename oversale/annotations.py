@@ -110,6 +110,31 @@ class AnnotationKeys:
         """Written on Nodes: JSON of the ratio applied per resource (absent when not oversold)."""
         return self._key("applied-oversale-ratio")
 
+    @property
+    def cpu_bind_policy(self) -> str:
+        """Pod annotation or Node label: ``FullPCPUs`` or ``SpreadByPCPUs`` asks for exclusive CPUs."""
+        return self._key("cpu-bind-policy")
+
+    @property
+    def numa_topology_policy(self) -> str:
+        """Pod annotation or Node label: ``single-numa-node`` keeps a cpuset inside one NUMA node."""
+        return self._key("numa-topology-policy")
+
+    @property
+    def numa_allocate_strategy(self) -> str:
+        """Node label: ``MostAllocated`` (pack, default) or ``LeastAllocated`` (spread) NUMA zones."""
+        return self._key("numa-allocate-strategy")
+
+    @property
+    def cpu_topology(self) -> str:
+        """Node annotation: CPU topology in Koordinator's JSON shape."""
+        return self._key("cpu-topology")
+
+    @property
+    def resource_status(self) -> str:
+        """Written on bound Pods by the scheduler extender: ``{"cpuset": "4-7", "numaNode": 1}``."""
+        return self._key("resource-status")
+
     def oversale_ratio(self, resource: str) -> str:
         """The node oversale-ratio key for ``cpu`` or ``memory``."""
         return self.cpu_oversale_ratio if resource == CPU else self.memory_oversale_ratio

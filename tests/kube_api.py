@@ -49,6 +49,9 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
                                       "MutatingWebhookConfiguration", False),
     "validatingwebhookconfigurations": ("/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations",
                                         "ValidatingWebhookConfiguration", False),
+    "bindings": ("/api/v1", "bindings", "Binding", True),
+    "noderesourcetopologies": ("/apis/topology.node.k8s.io/v1alpha2", "noderesourcetopologies",
+                               "NodeResourceTopology", False),
     "podmetrics": ("/apis/metrics.k8s.io/v1beta1", "pods", "PodMetrics", True),
     "nodemetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes", "NodeMetrics", False),
 }
@@ -60,6 +63,7 @@ API_VERSIONS = {
     "/apis/coordination.k8s.io/v1": "coordination.k8s.io/v1",
     "/apis/admissionregistration.k8s.io/v1": "admissionregistration.k8s.io/v1",
     "/apis/metrics.k8s.io/v1beta1": "metrics.k8s.io/v1beta1",
+    "/apis/topology.node.k8s.io/v1alpha2": "topology.node.k8s.io/v1alpha2",
 }
 
 
@@ -431,12 +435,26 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return
             plural, namespace, _, _, _ = route
             body = self._body()
+            if plural == "bindings":
+                return self._bind(namespace or "", body)
             if RESOURCES[plural][3]:
                 body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
             if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:
                 return self._send(409, _status(409, "AlreadyExists", "already exists"))
             code, result = api.write(plural, "CREATE", "", body, None, self._username())
             self._send(code, result)
+
+        def _bind(self, namespace: str, binding: dict[str, Any]) -> None:
+            """POST bindings: what the scheduler (or an extender) does to put a Pod on a node."""
+            name = (binding.get("metadata") or {}).get("name", "")
+            pod = api.get("pods", namespace, name)
+            if pod is None:
+                return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+            if (pod.get("spec") or {}).get("nodeName"):
+                return self._send(409, _status(409, "Conflict", f"pod {name} is already assigned to a node"))
+            pod.setdefault("spec", {})["nodeName"] = binding["target"]["name"]
+            api.put("pods", pod)
+            self._send(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
 
     return Handler
 

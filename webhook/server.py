@@ -8,6 +8,7 @@ owner caches run in the process that serves from them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,8 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]  # gunicorn ships n
     def load_config(self) -> None:
         for key, value in self._options.items():
             self.cfg.set(key, value)
-        self.cfg.set("child_exit", _child_exit)
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            self.cfg.set("child_exit", _child_exit)
 
     def load(self) -> Any:
         return self._factory()

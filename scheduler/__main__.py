@@ -1,0 +1,63 @@
+"""``python -m scheduler --bind HOST:PORT [--certs-dir DIR]``: serve the scheduler extender.
+
+One worker process (the CPU allocation state lives in it; several processes could hand out the
+same CPU), several threads. HTTPS when --certs-dir is given (``enableHTTPS`` in the scheduler's
+extender config), plain HTTP otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from oversale.errors import SettingsError
+from oversale.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scheduler", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bind", default="0.0.0.0:8444", help="HOST:PORT (default 0.0.0.0:8444)")
+    parser.add_argument("--certs-dir", type=Path, help="serve HTTPS with tls.crt/tls.key from here")
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingsError as error:
+        parser.error(str(error))
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from certs.tls import CertificatePaths
+    from webhook.owners import load_api_client
+    from webhook.server import GunicornServer, gunicorn_options
+
+    if load_api_client(settings.kubernetes) is None:
+        print("error: no in-cluster config and no kubeconfig: the extender needs an API server", file=sys.stderr)
+        return 2
+
+    def build() -> object:
+        from scheduler.app import create_app
+        from scheduler.kube import ClusterWatch, KubeBinder
+        from scheduler.state import ClusterState
+
+        api_client = load_api_client(settings.kubernetes)
+        state = ClusterState(settings.keys)
+        watch = ClusterWatch(api_client, state, settings.watch_timeout_seconds)
+        watch.start()
+        return create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: watch.synced)
+
+    options = gunicorn_options(args.bind, "", "", 1, settings.threads, settings.keepalive_seconds, settings.log_level)
+    if args.certs_dir:
+        paths = CertificatePaths.in_dir(args.certs_dir)
+        options.update(certfile=str(paths.cert), keyfile=str(paths.key))
+    else:
+        options.pop("certfile")
+        options.pop("keyfile")
+    GunicornServer(build, options).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The extender's HTTP surface: POST /filter, /prioritize, /bind (kube-scheduler's extender
+protocol), GET /healthz, /readyz, /metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response, request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from oversale.settings import Settings
+from scheduler.extender import Binder, bind, filter_nodes, prioritize
+from scheduler.protocol import BadRequest, parse_args, parse_binding
+from scheduler.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+
+class ExtenderMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.calls = Counter("oversale_extender_calls", "Extender calls by verb and result.", ["verb", "result"],
+                             registry=self.registry)
+        self.latency = Histogram("oversale_extender_duration_seconds", "Time to answer one extender call.", ["verb"],
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+                                 registry=self.registry)
+
+
+def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: Callable[[], bool] = lambda: True,
+               metrics: ExtenderMetrics | None = None) -> Flask:
+    metrics = metrics or ExtenderMetrics()
+    keys = settings.keys
+    app = Flask("oversale-scheduler")
+
+    def answer(verb: str, work: Callable[[bytes], Any]) -> Response:
+        started = time.perf_counter()
+        try:
+            payload = work(request.get_data())
+            result = "error" if isinstance(payload, dict) and payload.get("Error") else "ok"
+            status = 200
+        except BadRequest as error:
+            payload, result, status = {"Error": str(error)}, "malformed", 400
+        except Exception as error:
+            log.exception("%s failed", verb)
+            payload, result, status = {"Error": f"{verb} failed: {error}"}, "error", 200
+        metrics.calls.labels(verb, result).inc()
+        metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        return Response(json.dumps(payload), status=status, mimetype="application/json")
+
+    @app.post("/filter")
+    def filter_route() -> Response:
+        return answer("filter", lambda body: filter_nodes(parse_args(body), state, keys))
+
+    @app.post("/prioritize")
+    def prioritize_route() -> Response:
+        return answer("prioritize", lambda body: prioritize(parse_args(body), state, keys))
+
+    @app.post("/bind")
+    def bind_route() -> Response:
+        return answer("bind", lambda body: bind(parse_binding(body), state, binder, keys))
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return Response('{"status": "ok"}', mimetype="application/json")
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        if ready():
+            return Response('{"status": "ready"}', mimetype="application/json")
+        return Response('{"status": "waiting for caches to sync"}', status=503, mimetype="application/json")
+
+    @app.get("/metrics")
+    def metrics_route() -> Response:
+        return Response(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,122 @@
+"""Filter, prioritize and bind over the extender's cluster state (no HTTP here)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from oversale.annotations import AnnotationKeys
+from oversale.cpus import FULL_PCPUS, NoFit
+from oversale.placement import NodeView, PodDemand, check_fit, node_score, pod_demand
+from scheduler.protocol import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
+from scheduler.state import ClusterState, PodRecord, resource_status
+
+log = logging.getLogger(__name__)
+
+
+class Binder(Protocol):
+    """The API-server side of a bind."""
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None: ...
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+def _nodes_sent(args: ExtenderArgs, state: ClusterState) -> tuple[bool, list[tuple[str, Any, NodeView | None]]]:
+    """(full objects sent?, [(name, object or name, view or None)]) in the order they were sent."""
+    nodes = args.get("Nodes")
+    if nodes is not None and nodes.get("items") is not None:
+        return True, [(str(n["metadata"]["name"]), n, state.view_of(n)) for n in nodes["items"]]
+    return False, [(name, name, state.nodes.get(name)) for name in args.get("NodeNames") or []]
+
+
+def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys) -> ExtenderFilterResult:
+    demand = pod_demand(args["Pod"], keys)
+    full, sent = _nodes_sent(args, state)
+    passed: list[Any] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    for name, obj, view in sent:
+        if view is None:
+            failed[name] = "node not in the extender's cache yet"
+            continue
+        try:
+            check_fit(view, state.usage(name), demand)
+            passed.append(obj)
+        except NoFit as reason:
+            target = unresolvable if _never_fits(view, demand) else failed
+            target[name] = str(reason)
+    # Only nodes that were sent come back, in the same form. With nodeCacheCapable an empty or
+    # missing NodeNames would filter out every node, so the list is always present.
+    result: ExtenderFilterResult = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+    if full:
+        result["Nodes"] = {"metadata": {}, "items": passed}
+        result["NodeNames"] = None
+    else:
+        result["Nodes"] = None
+        result["NodeNames"] = passed
+    return result
+
+
+def _never_fits(view: NodeView, demand: PodDemand) -> bool:
+    """No preemption can help: the node does not have the CPUs at all."""
+    policy = demand.binding_on(view)
+    if not policy:
+        return False
+    threads = view.topology.threads_per_core()
+    return demand.cpus > len(view.topology.cpus) or (policy == FULL_PCPUS and demand.cpus % threads != 0)
+
+
+def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys) -> list[HostPriority]:
+    demand = pod_demand(args["Pod"], keys)
+    _, sent = _nodes_sent(args, state)
+    return [{"Host": name, "Score": node_score(view, state.usage(name), demand) if view else 0}
+            for name, _, view in sent]
+
+
+def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: AnnotationKeys) -> ExtenderBindingResult:
+    namespace, name, node = args["PodNamespace"], args["PodName"], args["Node"]
+    try:
+        pod = binder.pod(namespace, name)
+    except Exception as error:  # noqa: BLE001  -- reported to the scheduler, which retries
+        return {"Error": f"cannot read pod {namespace}/{name}: {error}"}
+    uid = args.get("PodUID") or str(pod["metadata"].get("uid", ""))
+    demand = pod_demand(pod, keys)
+    with state.locked():
+        view = state.nodes.get(node)
+        if view is None:
+            return {"Error": f"node {node} is not in the extender's cache"}
+        if state.is_bound(uid):
+            return {"Error": f"pod {namespace}/{name} is already bound"}
+        try:
+            placement = check_fit(view, state.usage(node), demand)
+        except NoFit as reason:
+            return {"Error": f"pod {namespace}/{name} no longer fits {node}: {reason}"}
+        # Reserved before any API call, under the lock: a concurrent bind sees these CPUs taken.
+        state.reserve(PodRecord(uid, node, demand, placement.cpus if placement else ()))
+    annotated = False
+    try:
+        if placement is not None:
+            binder.annotate(namespace, name, {keys.resource_status: resource_status(placement.cpuset,
+                                                                                    placement.numa_nodes)})
+            annotated = True
+        binder.bind(namespace, name, uid, node)
+    except Exception as error:  # noqa: BLE001  -- release what was allocated and report
+        state.release(uid)
+        if annotated:
+            try:
+                binder.annotate(namespace, name, {keys.resource_status: None})
+            except Exception:  # noqa: BLE001
+                log.warning("could not remove the cpuset annotation from %s/%s", namespace, name)
+        return {"Error": f"binding {namespace}/{name} to {node} failed: {error}"}
+    if placement is not None:
+        log.info("bound %s/%s to %s with cpuset %s", namespace, name, node, placement.cpuset)
+    return {"Error": ""}

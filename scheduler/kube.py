@@ -1,0 +1,119 @@
+"""The extender's cluster side: watch caches feeding ClusterState, and the bind writes."""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import partial
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from scheduler.state import ClusterState
+from webhook.owners import Reflector
+
+log = logging.getLogger(__name__)
+NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")
+
+
+class ClusterWatch:
+    """Nodes, Pods and (when the CRD exists) NodeResourceTopologies, watched into ``state``."""
+
+    def __init__(self, api_client: Any, state: ClusterState, watch_timeout: int = 300) -> None:
+        core = client.CoreV1Api(api_client)
+        self._uids: dict[tuple[str, str], str] = {}
+
+        def on_pod(namespace: str, name: str, pod: dict[str, Any] | None) -> None:
+            uid = pod["metadata"].get("uid", "") if pod else self._uids.pop((namespace, name), "")
+            if pod:
+                self._uids[(namespace, name)] = uid
+            if uid:
+                state.set_pod(uid, pod)
+
+        def on_pods_reset() -> None:
+            self._uids.clear()
+            state.reset_pods()
+
+        self.reflectors = [
+            Reflector("Node", core.list_node, lambda obj: obj, watch_timeout,
+                      on_change=lambda _, name, node: state.set_node(name, node)),
+            Reflector("Pod", core.list_pod_for_all_namespaces, lambda obj: obj, watch_timeout,
+                      read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset),
+        ]
+        custom = client.CustomObjectsApi(api_client)
+        if _crd_served(custom):
+            self.reflectors.append(Reflector(
+                "NodeResourceTopology", partial(custom.list_cluster_custom_object, *NRT), lambda obj: obj,
+                watch_timeout, on_change=lambda _, name, nrt: state.set_topology(name, _zones(nrt))))
+        else:
+            log.info("no NodeResourceTopology API: topology from node annotations")
+        self._pods = self.reflectors[1]
+
+    def start(self) -> None:
+        for reflector in self.reflectors:
+            reflector.start()
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    def cached_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod: dict[str, Any] | None = self._pods.get(namespace, name)
+        return pod
+
+
+def _crd_served(custom: Any) -> bool:
+    try:
+        custom.list_cluster_custom_object(*NRT, limit=1, _preload_content=False, _request_timeout=10)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def _zones(nrt: dict[str, Any] | None) -> dict[int, int] | None:
+    """NUMA zone id -> allocatable CPUs from a NodeResourceTopology (zones named ``node-<id>``)."""
+    if not nrt:
+        return None
+    zones: dict[int, int] = {}
+    for zone in nrt.get("zones") or []:
+        name = str(zone.get("name", ""))
+        if zone.get("type") not in (None, "Node") or not name.startswith("node-"):
+            continue
+        for resource in zone.get("resources") or []:
+            if resource.get("name") == "cpu":
+                try:
+                    zones[int(name.removeprefix("node-"))] = int(str(resource.get("allocatable",
+                                                                                   resource.get("capacity", 0))))
+                except ValueError:
+                    continue
+    return zones or None
+
+
+class KubeBinder:
+    def __init__(self, api_client: Any, watch: ClusterWatch | None = None, timeout: float = 10.0) -> None:
+        self._core: Any = client.CoreV1Api(api_client)
+        self._watch = watch
+        self._timeout = timeout
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        cached = self._watch.cached_pod(namespace, name) if self._watch else None
+        if cached is not None:
+            return cached
+        response: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                       _request_timeout=self._timeout)
+        pod: dict[str, Any] = json.loads(response.data)
+        return pod
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
+                                        _content_type="application/merge-patch+json", _preload_content=False,
+                                        _request_timeout=self._timeout)
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        self._core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=self._timeout)

@@ -1,0 +1,160 @@
+"""The extender's own view of the cluster: nodes, the Pods on them and the CPUs they hold.
+
+Pods and nodes come from watch caches; a Pod's exclusive CPUs from its ``resource-status``
+annotation, so a restarted extender rebuilds every allocation from the Pods themselves. Between a
+bind and the watch event that shows it, the extender's reservation counts instead, so its
+accounting is right before the scheduler's cache catches up. All changes happen under one lock:
+two binds on the same node cannot get the same CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from oversale.annotations import AnnotationKeys
+from oversale.cpus import parse_cpuset
+from oversale.placement import NodeUsage, NodeView, PodDemand, node_view, pod_demand
+from oversale.quantity import RESOURCES
+
+TERMINAL = ("Succeeded", "Failed")
+RESERVATION_TTL = 120.0
+"""A reservation whose Pod never shows up bound in the watch is dropped after this long."""
+
+
+@dataclass
+class PodRecord:
+    uid: str
+    node: str
+    demand: PodDemand
+    cpus: tuple[int, ...] = ()
+
+
+@dataclass
+class Reservation:
+    record: PodRecord
+    at: float
+
+
+@dataclass
+class ClusterState:
+    keys: AnnotationKeys
+    clock: Callable[[], float] = time.monotonic
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    nrt: dict[str, dict[int, int]] = field(default_factory=dict)
+    _raw_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _pods: dict[str, PodRecord] = field(default_factory=dict)
+    _by_node: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
+    _reserved: dict[str, Reservation] = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    # -- nodes -------------------------------------------------------------------------------
+    def set_node(self, name: str, node: dict[str, Any] | None) -> None:
+        with self._lock:
+            if node is None:
+                self.nodes.pop(name, None)
+                self._raw_nodes.pop(name, None)
+                return
+            self._raw_nodes[name] = node
+            self.nodes[name] = node_view(node, self.keys, self.nrt.get(name))
+
+    def set_topology(self, name: str, zones: dict[int, int] | None) -> None:
+        """NodeResourceTopology zones (id -> CPUs) of a node, or None when its object is gone."""
+        with self._lock:
+            if zones:
+                self.nrt[name] = zones
+            else:
+                self.nrt.pop(name, None)
+            if name in self._raw_nodes:
+                self.nodes[name] = node_view(self._raw_nodes[name], self.keys, self.nrt.get(name))
+
+    def view_of(self, node: dict[str, Any]) -> NodeView:
+        """A node sent in full (nodeCacheCapable false)."""
+        name = str((node.get("metadata") or {}).get("name", ""))
+        return node_view(node, self.keys, self.nrt.get(name))
+
+    # -- pods --------------------------------------------------------------------------------
+    def set_pod(self, uid: str, pod: dict[str, Any] | None) -> None:
+        """A watch event: the Pod as it is now, or None when deleted."""
+        with self._lock:
+            self._forget(uid)
+            if pod is None:
+                return
+            node = (pod.get("spec") or {}).get("nodeName")
+            phase = (pod.get("status") or {}).get("phase")
+            if not node or phase in TERMINAL:
+                # Finished Pods, and Pods the kubelet rejected at admission (TopologyAffinityError,
+                # UnexpectedAdmissionError: phase Failed), hold nothing.
+                if phase in TERMINAL:
+                    self._reserved.pop(uid, None)
+                return
+            self._reserved.pop(uid, None)  # the watch shows it bound: the Pod's own record counts now
+            record = PodRecord(uid, node, pod_demand(pod, self.keys), _cpus_of(pod, self.keys))
+            self._pods[uid] = record
+            self._by_node.setdefault(node, {})[uid] = record
+
+    def reset_pods(self) -> None:
+        with self._lock:
+            self._pods.clear()
+            self._by_node.clear()
+
+    def _forget(self, uid: str) -> None:
+        record = self._pods.pop(uid, None)
+        if record is not None:
+            self._by_node.get(record.node, {}).pop(uid, None)
+
+    def is_bound(self, uid: str) -> bool:
+        return uid in self._pods or uid in self._reserved
+
+    # -- accounting --------------------------------------------------------------------------
+    def usage(self, node: str) -> NodeUsage:
+        with self._lock:
+            now = self.clock()
+            for uid in [u for u, r in self._reserved.items() if now - r.at > RESERVATION_TTL]:
+                del self._reserved[uid]
+            records = list(self._by_node.get(node, {}).values())
+            records += [r.record for r in self._reserved.values() if r.record.node == node]
+        usage = NodeUsage()
+        for record in records:
+            if record.cpus:
+                usage.bound_cpus |= set(record.cpus)
+                usage.bound_memory += record.demand.requests.get("memory", 0)
+            else:
+                for resource in RESOURCES:
+                    usage.shared[resource] = usage.shared.get(resource, 0) + record.demand.requests.get(resource, 0)
+        return usage
+
+    def reserve(self, record: PodRecord) -> None:
+        with self._lock:
+            self._reserved[record.uid] = Reservation(record, self.clock())
+
+    def release(self, uid: str) -> None:
+        with self._lock:
+            self._reserved.pop(uid, None)
+
+
+def _cpus_of(pod: Mapping[str, Any], keys: AnnotationKeys) -> tuple[int, ...]:
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.resource_status)
+    if not text:
+        return ()
+    try:
+        return tuple(parse_cpuset(str(json.loads(text)["cpuset"])))
+    except (ValueError, KeyError, TypeError):
+        return ()
+
+
+def resource_status(cpuset: str, numa_nodes: tuple[int, ...]) -> str:
+    """The annotation written on a bound Pod."""
+    status: dict[str, Any] = {"cpuset": cpuset}
+    status["numaNode"] = numa_nodes[0] if len(numa_nodes) == 1 else list(numa_nodes)
+    return json.dumps(status, separators=(",", ":"))

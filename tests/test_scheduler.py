@@ -1,0 +1,264 @@
+"""The scheduler extender: kube-scheduler's wire shapes, and the real ``python -m scheduler``
+against the API double (filter, prioritize, bind, restart, concurrent binds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oversale.annotations import AnnotationKeys
+from oversale.cpus import parse_cpuset
+from scheduler.protocol import parse_args, parse_binding
+from tests.conftest import ROOT, SHARED, free_port, stop_process
+from tests.kube_api import FakeKubeAPI
+
+KEYS = AnnotationKeys()
+PAYLOADS = json.loads((SHARED / "fixtures" / "extender" / "types_test_payloads.json").read_text())
+
+
+def topology_json(sockets=2, cores=4, threads=2) -> str:
+    total = sockets * cores
+    return json.dumps({"detail": [
+        {"id": t * total + s * cores + c, "core": c, "socket": s, "node": s}
+        for t in range(threads) for s in range(sockets) for c in range(cores)]})
+
+
+def node(name: str, ratio: str = "1.5", labels: dict | None = None) -> dict:
+    real_cpu = 16
+    return {"metadata": {"name": name, "labels": labels or {}, "annotations": {
+        KEYS.cpu_topology: topology_json(),
+        KEYS.real_allocatable: json.dumps({"cpu": str(real_cpu), "memory": "64Gi"}),
+        KEYS.real_capacity: json.dumps({"cpu": str(real_cpu), "memory": "64Gi"}),
+        KEYS.applied_oversale_ratio: json.dumps({"cpu": ratio}),
+    }}, "status": {"allocatable": {"cpu": str(int(real_cpu * float(ratio))), "memory": "64Gi", "pods": "110"},
+                   "capacity": {"cpu": str(int(real_cpu * float(ratio))), "memory": "64Gi", "pods": "110"}}}
+
+
+def pod(name: str, cpu: str, policy: str | None = None, node_name: str | None = None, single_numa: bool = True,
+        memory: str = "1Gi", annotations: dict | None = None) -> dict:
+    notes = dict(annotations or {})
+    if policy:
+        notes[KEYS.cpu_bind_policy] = policy
+        if single_numa:
+            notes[KEYS.numa_topology_policy] = "single-numa-node"
+    spec: dict = {"schedulerName": "oversale", "containers": [
+        {"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu, "memory": memory},
+                                                   "limits": {"cpu": cpu, "memory": memory}}}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "annotations": notes},
+            "spec": spec, "status": {"phase": "Running" if node_name else "Pending"}}
+
+
+def test_payloads_in_kube_schedulers_own_shapes_parse():
+    args = parse_args(json.dumps(PAYLOADS["ExtenderArgs"]).encode())
+    assert args["NodeNames"] == ["node1"] and args["Nodes"]["items"][0]["metadata"]["name"] == "nodename"
+    lowered = parse_args(json.dumps(PAYLOADS["ExtenderArgs"]).lower().encode())  # Go decodes case-insensitively
+    assert lowered["NodeNames"] == ["node1"]
+    binding = parse_binding(json.dumps(PAYLOADS["ExtenderBindingArgs"]).encode())
+    assert binding == {"PodName": "mypodname", "PodNamespace": "mypodnamespace", "PodUID": "mypoduid",
+                       "Node": "mynode"}
+
+
+class Extender:
+    def __init__(self, api: FakeKubeAPI, tmp: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        kubeconfig = api.write_kubeconfig(tmp / f"kubeconfig-{self.port}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
+        env.update({"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT)})
+        self.log = (tmp / f"extender-{self.port}.log").open("wb")
+        self.process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{self.port}"],
+                                        cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert self.process.poll() is None and time.monotonic() < deadline, "extender did not become ready"
+            time.sleep(0.1)
+
+    def post(self, verb: str, payload: dict) -> object:
+        request = urllib.request.Request(f"{self.url}/{verb}", data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self.log.close()
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Iterator[tuple[FakeKubeAPI, Extender]]:
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    api.put("nodes", node("node-1", labels={KEYS.numa_allocate_strategy: "LeastAllocated"}))
+    api.put("nodes", node("tiny", ratio="1"))
+    extender = Extender(api, tmp_path)
+    yield api, extender
+    extender.stop()
+    api.stop()
+
+
+def bound_cpus(api: FakeKubeAPI, name: str) -> set[int]:
+    status = api.get("pods", "default", name)["metadata"]["annotations"][KEYS.resource_status]
+    return set(parse_cpuset(json.loads(status)["cpuset"]))
+
+
+def wait_for(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_filter_with_node_names_returns_only_nodes_sent_with_exact_reasons(cluster):
+    api, extender = cluster
+    # tiny is not oversold: 16 real cores; node-0 and node-1: 24 oversold.
+    api.put("pods", pod("busy", "20", node_name="tiny"))
+    wait_for(lambda: extender.post("filter", {"Pod": pod("p", "8"), "NodeNames": ["tiny"]})["FailedNodes"])
+    answer = extender.post("filter", {"Pod": pod("p", "8"), "NodeNames": ["node-0", "tiny", "ghost"]})
+    assert answer["NodeNames"] == ["node-0"]
+    assert answer["FailedNodes"]["tiny"] == "cpu: 8 requested, 0 free on tiny (oversold allocatable)"
+    assert answer["FailedNodes"]["ghost"] == "node not in the extender's cache yet"
+    assert set(answer) == set(PAYLOADS["ExtenderFilterResult"])  # the Go field names, no others
+    assert answer["Nodes"] is None and answer["Error"] == ""
+    # nodeCacheCapable: an empty answer is an explicit empty list, never a missing NodeNames.
+    none_fit = extender.post("filter", {"Pod": pod("p", "100"), "NodeNames": ["node-0"]})
+    assert none_fit["NodeNames"] == []
+
+
+def test_filter_with_full_nodes_answers_with_full_nodes(cluster):
+    _, extender = cluster
+    answer = extender.post("filter", {"Pod": pod("p", "4", "FullPCPUs"), "Nodes": {"metadata": {}, "items": [
+        node("node-0"), node("outsider")]}})
+    assert [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == ["node-0", "outsider"]
+    assert answer["NodeNames"] is None
+
+
+def test_bound_pods_get_whole_cores_from_real_cpus_and_are_charged_at_the_ratio(cluster):
+    api, extender = cluster
+    api.put("pods", pod("a", "4", "FullPCPUs"))
+    wait_for(lambda: api.get("pods", "default", "a") is not None)
+    assert extender.post("bind", {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "node-0"}) \
+        == {"Error": ""}
+    stored = api.get("pods", "default", "a")
+    assert stored["spec"]["nodeName"] == "node-0"
+    status = json.loads(stored["metadata"]["annotations"][KEYS.resource_status])
+    cpus = set(parse_cpuset(status["cpuset"]))
+    assert len(cpus) == 4 and status["numaNode"] in (0, 1)
+    topology = json.loads(topology_json())["detail"]
+    cores = {(c["socket"], c["core"]) for c in topology if c["id"] in cpus}
+    assert len(cores) == 2, "two whole cores, both threads each"
+    # 4 exclusive CPUs cost 4 x 1.5 = 6 of node-0's 24 oversold cores: 18 left for shared Pods.
+    assert extender.post("filter", {"Pod": pod("s", "18"), "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"]
+    refused = extender.post("filter", {"Pod": pod("s", "18500m"), "NodeNames": ["node-0"]})
+    assert refused["FailedNodes"]["node-0"] == "cpu: 18500m requested, 18 free on node-0 (oversold allocatable)"
+
+
+def test_numa_shortage_is_explained_and_unresolvable_requests_say_so(cluster):
+    _, extender = cluster
+    answer = extender.post("filter", {"Pod": pod("big", "10", "FullPCPUs"), "NodeNames": ["node-0"]})
+    assert answer["FailedNodes"]["node-0"] == \
+        "needs 5 full cores in one NUMA node; NUMA node 0 has 4 free, NUMA node 1 has 4 free"
+    odd = extender.post("filter", {"Pod": pod("odd", "3", "FullPCPUs"), "NodeNames": ["node-0"]})
+    assert "multiple of 2" in odd["FailedAndUnresolvableNodes"]["node-0"]
+
+
+def test_prioritize_scores_every_node_sent_by_its_strategy(cluster):
+    api, extender = cluster
+    api.put("pods", pod("half", "8", "FullPCPUs", node_name="node-0",
+                        annotations={KEYS.resource_status: json.dumps({"cpuset": "0-3,8-11", "numaNode": 0})}))
+    api.put("pods", pod("other", "8", "FullPCPUs", node_name="node-1",
+                        annotations={KEYS.resource_status: json.dumps({"cpuset": "0-3,8-11", "numaNode": 0})}))
+    wait_for(lambda: extender.post("filter", {"Pod": pod("x", "10", "FullPCPUs", single_numa=False),
+                                              "NodeNames": ["node-0"]})["FailedNodes"])
+    scores = extender.post("prioritize", {"Pod": pod("p", "2", "FullPCPUs"), "NodeNames": ["node-0", "node-1"]})
+    assert [s["Host"] for s in scores] == ["node-0", "node-1"]
+    assert set(scores[0]) == set(PAYLOADS["HostPriority"])
+    assert all(0 <= s["Score"] <= 10 for s in scores)
+    # node-0 packs (MostAllocated): the half-used zone; node-1 spreads (LeastAllocated) and scores lower.
+    assert scores[0]["Score"] > scores[1]["Score"]
+
+
+def test_concurrent_binds_never_share_a_cpu(cluster):
+    api, extender = cluster
+    names = [f"c{i}" for i in range(10)]
+    for name in names:
+        api.put("pods", pod(name, "2", "FullPCPUs"))
+    wait_for(lambda: all(api.get("pods", "default", n) for n in names))
+    answers: dict[str, dict] = {}
+
+    def bind(name: str) -> None:
+        answers[name] = extender.post("bind", {"PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}",
+                                               "Node": "node-0"})
+
+    threads = [threading.Thread(target=bind, args=(n,)) for n in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ok = [n for n in names if answers[n] == {"Error": ""}]
+    assert len(ok) == 8, answers  # 16 real CPUs, 2 each
+    allocated = [bound_cpus(api, n) for n in ok]
+    assert len(set().union(*allocated)) == 16, "no CPU handed out twice"
+    assert all("no longer fits" in answers[n]["Error"] for n in names if n not in ok)
+
+
+def test_a_restarted_extender_rebuilds_allocations_from_pod_annotations(cluster, tmp_path):
+    api, extender = cluster
+    api.put("pods", pod("first", "4", "FullPCPUs"))
+    wait_for(lambda: api.get("pods", "default", "first") is not None)
+    assert extender.post("bind", {"PodName": "first", "PodNamespace": "default", "PodUID": "uid-first",
+                                  "Node": "node-0"})["Error"] == ""
+    extender.stop()
+    restarted = Extender(api, tmp_path)
+    try:
+        api.put("pods", pod("second", "4", "FullPCPUs"))
+        wait_for(lambda: api.get("pods", "default", "second") is not None)
+        assert restarted.post("bind", {"PodName": "second", "PodNamespace": "default", "PodUID": "uid-second",
+                                       "Node": "node-0"})["Error"] == ""
+        assert not bound_cpus(api, "first") & bound_cpus(api, "second")
+    finally:
+        restarted.stop()
+        extender.process = restarted.process  # already stopped; the fixture's stop is then a no-op
+        extender.log = restarted.log
+
+
+def test_pods_rejected_by_the_kubelet_release_their_cpus(cluster):
+    api, extender = cluster
+    for index in range(4):  # 16 real CPUs in 4 Pods of 4
+        api.put("pods", pod(f"r{index}", "4", "FullPCPUs", single_numa=False))
+        wait_for(lambda i=index: api.get("pods", "default", f"r{i}") is not None)
+        assert extender.post("bind", {"PodName": f"r{index}", "PodNamespace": "default", "PodUID": f"uid-r{index}",
+                                      "Node": "node-0"})["Error"] == ""
+    full = extender.post("filter", {"Pod": pod("next", "4", "FullPCPUs"), "NodeNames": ["node-0"]})
+    assert full["NodeNames"] == []
+    rejected = api.get("pods", "default", "r0")
+    rejected["status"] = {"phase": "Failed", "reason": "TopologyAffinityError"}
+    api.put("pods", rejected)
+    wait_for(lambda: extender.post("filter", {"Pod": pod("next", "4", "FullPCPUs"),
+                                              "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
+
+
+def test_bad_payloads_get_a_400_with_an_error(cluster):
+    _, extender = cluster
+    request = urllib.request.Request(f"{extender.url}/filter", data=b"{}", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as failure:
+        urllib.request.urlopen(request, timeout=5)
+    assert failure.value.code == 400
+    assert "no Pod" in json.load(failure.value)["Error"]
