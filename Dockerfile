@@ -1,6 +1,8 @@
 # One image for every component, chosen by command:
 #   webhook (default)   python -m webhook --bind 0.0.0.0:8443 --certs-dir /certs
 #   certificates        python -m certs ensure|inject|generate ...
+#   reconcilers         python -m reconcilers run
+#   scheduler extender  python -m scheduler --bind 0.0.0.0:8444
 # Build: docker build -t oversale:0.1.0 .
 
 # Dependencies in their own stage and layer: rebuilt only when requirements.txt changes.
@@ -22,6 +24,7 @@ COPY oversale/ oversale/
 COPY webhook/ webhook/
 COPY certs/ certs/
 COPY reconcilers/ reconcilers/
+COPY scheduler/ scheduler/
 USER 10001:10001
 EXPOSE 8443
 ENTRYPOINT ["python", "-m"]

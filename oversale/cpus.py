@@ -112,9 +112,9 @@ def place(topology: Topology, taken: Iterable[int], count: int, policy: str, sin
     if count <= 0:
         raise NoFit("no CPUs asked for")
     used = set(taken)
-    threads = topology.threads_per_core()
-    if policy == FULL_PCPUS and count % threads:
-        raise NoFit(f"FullPCPUs needs a multiple of {threads} CPUs (threads per core); {count} asked")
+    shortage = FreeSummary.of(topology, used).shortage(count, policy, single_numa)
+    if shortage is not None:
+        raise NoFit(shortage)
     zones = topology.zones()
     candidates: list[tuple[tuple[float, ...], Placement]] = []
     if single_numa or len(zones) == 1:
@@ -123,11 +123,11 @@ def place(topology: Topology, taken: Iterable[int], count: int, policy: str, sin
             if chosen is not None:
                 candidates.append((_rank(topology, used, chosen, zone, strategy), Placement(chosen, (zone,))))
         if not candidates:
-            raise NoFit(_shortage(topology, used, count, policy, single_numa=True))
+            raise NoFit(FreeSummary.of(topology, used).shortage(count, policy, True) or "no NUMA node fits")
     else:
         chosen = _pick_across(topology, used, count, policy, strategy)
         if chosen is None:
-            raise NoFit(_shortage(topology, used, count, policy, single_numa=False))
+            raise NoFit(FreeSummary.of(topology, used).shortage(count, policy, False) or "the CPUs do not fit")
         nodes = tuple(sorted({c.node for c in topology.cpus if c.id in chosen}))
         candidates.append(((0.0,), Placement(chosen, nodes)))
     return min(candidates, key=lambda item: item[0])[1]
@@ -200,31 +200,73 @@ def _rank(topology: Topology, used: set[int], chosen: tuple[int, ...], zone: int
     return (primary, -empty_zones_left, -whole_cores_left, zone)
 
 
-def _shortage(topology: Topology, used: set[int], count: int, policy: str, single_numa: bool) -> str:
-    unit = "full cores" if policy == FULL_PCPUS and topology.detailed else "CPUs"
-    threads = topology.threads_per_core() if unit == "full cores" else 1
-    wanted = count // threads
-    per_zone = ", ".join(f"NUMA node {z} has {_available(topology, used, z, policy) // threads} free"
-                         for z in topology.zones())
-    where = " in one NUMA node" if single_numa else ""
-    return f"needs {wanted} {unit}{where}; {per_zone}"
+@dataclass(frozen=True)
+class FreeSummary:
+    """Per NUMA zone, the free CPUs and the whole free cores of a node: enough to decide whether a
+    bound Pod fits and how well, without choosing its CPUs (that happens once, at bind)."""
+
+    free: Mapping[int, int]
+    whole_cores: Mapping[int, int]
+    threads: int
+    total: int
+    detailed: bool
+
+    @classmethod
+    def of(cls, topology: Topology, taken: Iterable[int]) -> FreeSummary:
+        used = set(taken)
+        free: dict[int, int] = dict.fromkeys(topology.zones(), 0)
+        cores: dict[int, tuple[int, bool]] = {}
+        for cpu in topology.cpus:
+            is_free = cpu.id not in used
+            free[cpu.node] += is_free
+            node, whole = cores.get(cpu.core, (cpu.node, True))
+            cores[cpu.core] = (node, whole and is_free)
+        whole_cores: dict[int, int] = dict.fromkeys(free, 0)
+        for node, whole in cores.values():
+            whole_cores[node] += whole
+        return cls(free, whole_cores, topology.threads_per_core(), len(topology.cpus), topology.detailed)
+
+    def available(self, zone: int, policy: str) -> int:
+        return self.whole_cores[zone] * self.threads if policy == FULL_PCPUS else self.free[zone]
+
+    def shortage(self, count: int, policy: str, single_numa: bool) -> str | None:
+        """None when ``count`` CPUs fit under ``policy``, else why not (the message NoFit carries)."""
+        if policy == FULL_PCPUS and count % self.threads:
+            return f"FullPCPUs needs a multiple of {self.threads} CPUs (threads per core); {count} asked"
+        per_zone = self.whole_cores if policy == FULL_PCPUS else self.free
+        scale = self.threads if policy == FULL_PCPUS else 1
+        if single_numa or len(per_zone) == 1:
+            if max(per_zone.values(), default=0) * scale >= count:
+                return None
+        elif sum(per_zone.values()) * scale >= count:
+            return None
+        zones = sorted(self.free)
+        unit = "full cores" if policy == FULL_PCPUS and self.detailed else "CPUs"
+        per = self.threads if unit == "full cores" else 1
+        where = " in one NUMA node" if single_numa else ""
+        zone_text = ", ".join(f"NUMA node {z} has {self.available(z, policy) // per} free" for z in zones)
+        return f"needs {count // per} {unit}{where}; {zone_text}"
+
+    def score(self, count: int, policy: str, single_numa: bool, strategy: str, fits: bool = False) -> int:
+        """0..10 by the strategy (pack or spread the zones), fragmentation breaking ties: placements
+        that leave more whole free cores score higher. ``fits``: the caller already checked."""
+        if not self.total or (not fits and self.shortage(count, policy, single_numa) is not None):
+            return 0
+        zones = [z for z in self.free if self.available(z, policy) >= count] if single_numa else list(self.free)
+        pick = min(zones, key=lambda z: (self.free[z], z)) if strategy == MOST_ALLOCATED \
+            else max(zones, key=lambda z: (self.free[z], -z))
+        used_after = self.total - sum(self.free.values()) + count
+        fullness = used_after / self.total
+        primary = fullness if strategy == MOST_ALLOCATED else 1 - fullness
+        cores_used = count // self.threads if policy == FULL_PCPUS else min(count, self.whole_cores[pick])
+        whole_left = (sum(self.whole_cores.values()) - cores_used) * self.threads / self.total
+        return max(1, min(10, round(1 + 8 * primary + whole_left)))
 
 
 def score(topology: Topology, taken: Iterable[int], count: int, policy: str, single_numa: bool,
           strategy: str) -> int:
     """0..10 for a node: how well a bound Pod fits by the node's strategy (0 when it does not fit)."""
-    used = set(taken)
-    try:
-        placement = place(topology, used, count, policy, single_numa, strategy)
-    except NoFit:
-        return 0
-    total = len(topology.cpus)
-    after = used | set(placement.cpus)
-    fullness = len(after) / total
-    spread = 1 - fullness
-    primary = fullness if strategy == MOST_ALLOCATED else spread
-    whole = len(whole_free_cores(topology, after)) * topology.threads_per_core() / total
-    return max(1, min(10, round(1 + 8 * primary + whole)))
+    return FreeSummary.of(topology, taken).score(count, policy, single_numa, strategy)
 
 
 def format_cpuset(cpus: Iterable[int]) -> str:

@@ -9,12 +9,11 @@ allocatable, so exclusive CPUs never draw on capacity that exists only on paper.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, NoReturn
+from typing import Any
 
 from oversale.annotations import AnnotationKeys, current_ratio
 from oversale.cpus import (
@@ -22,11 +21,11 @@ from oversale.cpus import (
     LEAST_ALLOCATED,
     MOST_ALLOCATED,
     SINGLE_NUMA_NODE,
+    FreeSummary,
     NoFit,
     Placement,
     Topology,
     place,
-    score,
     topology_from_node,
 )
 from oversale.node_oversale import real_allocatable_of
@@ -49,6 +48,8 @@ class NodeView:
     """A node label requiring binding of integer-CPU Pods, with this policy."""
     single_numa: bool = False
     strategy: str = MOST_ALLOCATED
+    ratio: Fraction = Fraction(1)
+    """``cpu_ratio`` as an exact fraction (computed once: this is on the filter's hot path)."""
 
 
 @dataclass(frozen=True)
@@ -58,16 +59,13 @@ class PodDemand:
     bind_policy: str | None
     """The Pod's own binding request (FullPCPUs or SpreadByPCPUs), if any."""
     single_numa: bool
+    cpus: int = 0
+    """Whole CPUs asked for when the CPU request is an integer (0 otherwise: never bound)."""
 
     def binding_on(self, node: NodeView) -> str | None:
         """The policy under which this Pod gets a cpuset on ``node`` (None: a shared Pod)."""
         policy = self.bind_policy or node.bind_policy
-        cpu = self.requests.get(CPU, 0)
-        return policy if policy and cpu > 0 and cpu % 1000 == 0 else None
-
-    @property
-    def cpus(self) -> int:
-        return self.requests.get(CPU, 0) // 1000
+        return policy if policy and self.cpus else None
 
 
 @dataclass
@@ -77,6 +75,14 @@ class NodeUsage:
     shared: dict[str, int] = field(default_factory=dict)
     bound_cpus: set[int] = field(default_factory=set)
     bound_memory: int = 0
+    _summary: FreeSummary | None = None
+    _free: tuple[int, int] | None = None
+
+    def summary(self, topology: Topology) -> FreeSummary:
+        """Free CPUs and whole cores per zone (computed once per usage snapshot)."""
+        if self._summary is None:
+            self._summary = FreeSummary.of(topology, self.bound_cpus)
+        return self._summary
 
 
 def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[int, int] | None = None) -> NodeView:
@@ -91,6 +97,7 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
         name=str(metadata.get("name", "")),
         allocatable={r: parse_amount(r, allocatable[r]) for r in RESOURCES if r in allocatable},
         cpu_ratio=ratio,
+        ratio=Fraction(ratio),
         topology=topology_from_node(node, (keys.cpu_topology, KOORDINATOR_TOPOLOGY), real.get(CPU, 0) // 1000,
                                     nrt_zones),
         bind_policy=bind if bind in BIND_POLICIES else None,
@@ -111,65 +118,80 @@ def _applied(annotations: Mapping[str, str], keys: AnnotationKeys) -> dict[str, 
 def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     policy = annotations.get(keys.cpu_bind_policy)
+    requests = {r: scheduled_request(pod, r) for r in RESOURCES}
+    cpu = requests.get(CPU, 0)
     return PodDemand(
         uid=str((pod.get("metadata") or {}).get("uid", "")),
-        requests={r: scheduled_request(pod, r) for r in RESOURCES},
+        requests=requests,
         bind_policy=policy if policy in BIND_POLICIES else None,
         single_numa=annotations.get(keys.numa_topology_policy) == SINGLE_NUMA_NODE,
+        cpus=cpu // 1000 if cpu > 0 and cpu % 1000 == 0 else 0,
     )
 
 
-def charge(node: NodeView, demand: PodDemand, cpus: int | None) -> dict[str, int]:
-    """What a Pod takes from the node's oversold allocatable: its requests, or for a bound Pod
-    ``cpus x 1000 x ratio`` millicores of CPU."""
-    taken = dict(demand.requests)
-    if cpus is not None:
-        taken[CPU] = math.ceil(cpus * 1000 * Fraction(node.cpu_ratio))
-    return taken
+def bound_charge(node: NodeView, cpus: int) -> int:
+    """Millicores of the oversold pool that ``cpus`` exclusive real CPUs take: ``cpus x 1000 x ratio``."""
+    # Integer ceiling of cpus x 1000 x numerator / denominator: exact, and fast on the hot path.
+    return -(-cpus * 1000 * node.ratio.numerator // node.ratio.denominator)
 
 
-def free(node: NodeView, usage: NodeUsage) -> dict[str, int]:
-    bound_charge = math.ceil(len(usage.bound_cpus) * 1000 * Fraction(node.cpu_ratio))
-    return {
-        CPU: node.allocatable.get(CPU, 0) - usage.shared.get(CPU, 0) - bound_charge,
-        MEMORY: node.allocatable.get(MEMORY, 0) - usage.shared.get(MEMORY, 0) - usage.bound_memory,
-    }
+def free(node: NodeView, usage: NodeUsage) -> tuple[int, int]:
+    """(cpu millicores, memory bytes) of the oversold allocatable not yet taken (cached per snapshot)."""
+    if usage._free is None:
+        usage._free = (
+            node.allocatable.get(CPU, 0) - usage.shared.get(CPU, 0) - bound_charge(node, len(usage.bound_cpus)),
+            node.allocatable.get(MEMORY, 0) - usage.shared.get(MEMORY, 0) - usage.bound_memory,
+        )
+    return usage._free
 
 
-def check_fit(node: NodeView, usage: NodeUsage, demand: PodDemand) -> Placement | None:
-    """None for a shared Pod that fits, the CPUs for a bound one; raises NoFit with the reason."""
+def shortfall(node: NodeView, usage: NodeUsage, demand: PodDemand) -> str | None:
+    """None when the Pod fits the node, else why not (filter and score; no CPUs are chosen)."""
     policy = demand.binding_on(node)
-    available = free(node, usage)
-    needed = charge(node, demand, demand.cpus if policy else None)
-    for resource in RESOURCES:
-        if needed.get(resource, 0) > available[resource]:
-            return _refuse(resource, needed[resource], available[resource], node.name, bool(policy))
+    free_cpu, free_memory = free(node, usage)
+    cpu = bound_charge(node, demand.cpus) if policy else demand.requests.get(CPU, 0)
+    if cpu > free_cpu:
+        what = "charged for its exclusive CPUs" if policy else "requested"
+        return (f"cpu: {format_amount(CPU, cpu)} {what}, {format_amount(CPU, max(free_cpu, 0))} free on "
+                f"{node.name} (oversold allocatable)")
+    memory = demand.requests.get(MEMORY, 0)
+    if memory > free_memory:
+        return (f"memory: {format_amount(MEMORY, memory)} requested, {format_amount(MEMORY, max(free_memory, 0))} "
+                f"free on {node.name} (oversold allocatable)")
+    if policy:
+        return usage.summary(node.topology).shortage(demand.cpus, policy, demand.single_numa or node.single_numa)
+    return None
+
+
+def fit(node: NodeView, usage: NodeUsage, demand: PodDemand) -> None:
+    """Raise NoFit, with the reason, unless the Pod fits the node."""
+    reason = shortfall(node, usage, demand)
+    if reason is not None:
+        raise NoFit(reason)
+
+
+def allocate(node: NodeView, usage: NodeUsage, demand: PodDemand) -> Placement | None:
+    """At bind: check the fit again and choose the CPUs of a bound Pod (None for a shared one)."""
+    fit(node, usage, demand)
+    policy = demand.binding_on(node)
     if policy is None:
         return None
     return place(node.topology, usage.bound_cpus, demand.cpus, policy, demand.single_numa or node.single_numa,
                  node.strategy)
 
 
-def _refuse(resource: str, needed: int, available: int, node: str, bound: bool) -> NoReturn:
-    what = "charged for its exclusive CPUs" if bound and resource == CPU else "requested"
-    raise NoFit(f"{resource}: {format_amount(resource, needed)} {what}, "
-                f"{format_amount(resource, max(available, 0))} free on {node} (oversold allocatable)")
-
-
 def node_score(node: NodeView, usage: NodeUsage, demand: PodDemand) -> int:
     """0..10: the node's strategy (pack or spread) for this Pod; bound Pods by NUMA zone, with the
     fragmentation tie-break of ``oversale.cpus.score``."""
     policy = demand.binding_on(node)
-    try:
-        check_fit(node, usage, demand)
-    except NoFit:
+    if shortfall(node, usage, demand) is not None:
         return 0
     if policy:
-        return score(node.topology, usage.bound_cpus, demand.cpus, policy, demand.single_numa or node.single_numa,
-                     node.strategy)
+        return usage.summary(node.topology).score(demand.cpus, policy, demand.single_numa or node.single_numa,
+                                                  node.strategy, fits=True)
     allocatable = node.allocatable.get(CPU, 0)
     if allocatable <= 0:
         return 0
-    after = 1 - (free(node, usage)[CPU] - demand.requests.get(CPU, 0)) / allocatable
+    after = 1 - (free(node, usage)[0] - demand.requests.get(CPU, 0)) / allocatable
     value = after if node.strategy == MOST_ALLOCATED else 1 - after
     return max(0, min(10, round(10 * value)))

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import FULL_PCPUS, NoFit
-from oversale.placement import NodeView, PodDemand, check_fit, node_score, pod_demand
+from oversale.placement import NodeView, PodDemand, allocate, node_score, pod_demand, shortfall
 from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -44,16 +44,15 @@ def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys) 
     passed: list[Any] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    for name, obj, view in sent:
+    for (name, obj, view), usage in zip(sent, state.usages([name for name, _, _ in sent]), strict=True):
         if view is None:
             failed[name] = "node not in the extender's cache yet"
             continue
-        try:
-            check_fit(view, state.usage(name), demand)
+        reason = shortfall(view, usage, demand)
+        if reason is None:
             passed.append(obj)
-        except NoFit as reason:
-            target = unresolvable if _never_fits(view, demand) else failed
-            target[name] = str(reason)
+        else:
+            (unresolvable if _never_fits(view, demand) else failed)[name] = reason
     # Only nodes that were sent come back, in the same form. With nodeCacheCapable an empty or
     # missing NodeNames would filter out every node, so the list is always present.
     result: ExtenderFilterResult = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
@@ -78,8 +77,9 @@ def _never_fits(view: NodeView, demand: PodDemand) -> bool:
 def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys) -> list[HostPriority]:
     demand = pod_demand(args["Pod"], keys)
     _, sent = _nodes_sent(args, state)
-    return [{"Host": name, "Score": node_score(view, state.usage(name), demand) if view else 0}
-            for name, _, view in sent]
+    usages = state.usages([name for name, _, _ in sent])
+    return [{"Host": name, "Score": node_score(view, usage, demand) if view else 0}
+            for (name, _, view), usage in zip(sent, usages, strict=True)]
 
 
 def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: AnnotationKeys) -> ExtenderBindingResult:
@@ -97,7 +97,7 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         if state.is_bound(uid):
             return {"Error": f"pod {namespace}/{name} is already bound"}
         try:
-            placement = check_fit(view, state.usage(node), demand)
+            placement = allocate(view, state.usage(node), demand)
         except NoFit as reason:
             return {"Error": f"pod {namespace}/{name} no longer fits {node}: {reason}"}
         # Reserved before any API call, under the lock: a concurrent bind sees these CPUs taken.

@@ -51,6 +51,8 @@ class ClusterState:
     _pods: dict[str, PodRecord] = field(default_factory=dict)
     _by_node: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
     _reserved: dict[str, Reservation] = field(default_factory=dict)
+    _usage: dict[str, NodeUsage] = field(default_factory=dict)
+    """Usage per node, recomputed only after something on that node changed."""
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     @contextmanager
@@ -67,6 +69,7 @@ class ClusterState:
                 return
             self._raw_nodes[name] = node
             self.nodes[name] = node_view(node, self.keys, self.nrt.get(name))
+            self._usage.pop(name, None)
 
     def set_topology(self, name: str, zones: dict[int, int] | None) -> None:
         """NodeResourceTopology zones (id -> CPUs) of a node, or None when its object is gone."""
@@ -77,6 +80,7 @@ class ClusterState:
                 self.nrt.pop(name, None)
             if name in self._raw_nodes:
                 self.nodes[name] = node_view(self._raw_nodes[name], self.keys, self.nrt.get(name))
+            self._usage.pop(name, None)
 
     def view_of(self, node: dict[str, Any]) -> NodeView:
         """A node sent in full (nodeCacheCapable false)."""
@@ -96,51 +100,76 @@ class ClusterState:
                 # Finished Pods, and Pods the kubelet rejected at admission (TopologyAffinityError,
                 # UnexpectedAdmissionError: phase Failed), hold nothing.
                 if phase in TERMINAL:
-                    self._reserved.pop(uid, None)
+                    self._unreserve(uid)
                 return
-            self._reserved.pop(uid, None)  # the watch shows it bound: the Pod's own record counts now
+            self._unreserve(uid)  # the watch shows it bound: the Pod's own record counts now
             record = PodRecord(uid, node, pod_demand(pod, self.keys), _cpus_of(pod, self.keys))
             self._pods[uid] = record
             self._by_node.setdefault(node, {})[uid] = record
+            self._usage.pop(node, None)
 
     def reset_pods(self) -> None:
         with self._lock:
             self._pods.clear()
             self._by_node.clear()
+            self._usage.clear()
 
     def _forget(self, uid: str) -> None:
         record = self._pods.pop(uid, None)
         if record is not None:
             self._by_node.get(record.node, {}).pop(uid, None)
+            self._usage.pop(record.node, None)
+
+    def _unreserve(self, uid: str) -> None:
+        reservation = self._reserved.pop(uid, None)
+        if reservation is not None:
+            self._usage.pop(reservation.record.node, None)
 
     def is_bound(self, uid: str) -> bool:
         return uid in self._pods or uid in self._reserved
 
     # -- accounting --------------------------------------------------------------------------
-    def usage(self, node: str) -> NodeUsage:
+    def usages(self, nodes: list[str]) -> list[NodeUsage]:
+        """``usage`` for many nodes under one acquisition of the lock (filter and prioritize)."""
         with self._lock:
+            self._expire_reservations()
+            cache = self._usage
+            return [cache.get(node) or self.usage(node) for node in nodes]
+
+    def _expire_reservations(self) -> None:
+        if self._reserved:
             now = self.clock()
             for uid in [u for u, r in self._reserved.items() if now - r.at > RESERVATION_TTL]:
-                del self._reserved[uid]
+                self._unreserve(uid)
+
+    def usage(self, node: str) -> NodeUsage:
+        """What the node's Pods and in-flight reservations take (cached until something changes)."""
+        with self._lock:
+            self._expire_reservations()
+            cached = self._usage.get(node)
+            if cached is not None:
+                return cached
             records = list(self._by_node.get(node, {}).values())
             records += [r.record for r in self._reserved.values() if r.record.node == node]
-        usage = NodeUsage()
-        for record in records:
-            if record.cpus:
-                usage.bound_cpus |= set(record.cpus)
-                usage.bound_memory += record.demand.requests.get("memory", 0)
-            else:
-                for resource in RESOURCES:
-                    usage.shared[resource] = usage.shared.get(resource, 0) + record.demand.requests.get(resource, 0)
-        return usage
+            usage = NodeUsage()
+            for record in records:
+                if record.cpus:
+                    usage.bound_cpus |= set(record.cpus)
+                    usage.bound_memory += record.demand.requests.get("memory", 0)
+                else:
+                    for resource in RESOURCES:
+                        usage.shared[resource] = usage.shared.get(resource, 0) + record.demand.requests.get(resource, 0)
+            self._usage[node] = usage
+            return usage
 
     def reserve(self, record: PodRecord) -> None:
         with self._lock:
             self._reserved[record.uid] = Reservation(record, self.clock())
+            self._usage.pop(record.node, None)
 
     def release(self, uid: str) -> None:
         with self._lock:
-            self._reserved.pop(uid, None)
+            self._unreserve(uid)
 
 
 def _cpus_of(pod: Mapping[str, Any], keys: AnnotationKeys) -> tuple[int, ...]:

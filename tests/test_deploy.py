@@ -144,6 +144,32 @@ def test_reconciler_rbac_is_exactly_what_it_reads_and_writes(rendered):
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "oversale-reconciler"
 
 
+def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
+    (config_map,) = [c for c in by_kind(rendered, "ConfigMap") if c["metadata"]["name"] == "oversale-scheduler-config"]
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in config["profiles"]] == ["oversale"]
+    (extender,) = config["extenders"]
+    (service,) = [s for s in by_kind(rendered, "Service") if s["metadata"]["name"] == "oversale-extender"]
+    port = service["spec"]["ports"][0]["port"]
+    assert extender["urlPrefix"] == f"http://oversale-extender.oversale.svc:{port}"
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == ("filter", "prioritize",
+                                                                                          "bind")
+    assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
+    assert extender["httpTimeout"] == "5s"
+    from scheduler.app import create_app as create_extender
+    from scheduler.state import ClusterState
+
+    app = create_extender(Settings(kubernetes="off"), ClusterState(Settings().keys), binder=None)  # type: ignore[arg-type]
+    routes = {rule.rule.strip("/") for rule in app.url_map.iter_rules() if "POST" in rule.methods}
+    assert {extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]} <= routes
+    (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-extender"]
+    assert deployment["spec"]["replicas"] == 1, "the CPU allocation state lives in one process"
+    role = next(r for r in by_kind(rendered, "ClusterRole") if r["metadata"]["name"] == "oversale-extender")
+    verbs = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+    assert {("bindings", "create"), ("pods", "patch"), ("pods", "watch"), ("nodes", "watch")} <= verbs
+
+
 def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
     (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-webhook"]
     assert deployment["spec"]["replicas"] >= 2
@@ -177,7 +203,8 @@ def test_every_workload_in_every_overlay_runs_non_root_with_limits(rendered):
         for container in [*pod.get("initContainers", []), *pod["containers"]]:
             assert container["securityContext"]["readOnlyRootFilesystem"] is True
             assert container["resources"]["limits"]
-            assert container["image"] == "oversale:0.1.0"
+            assert container["image"] == "oversale:0.1.0" or container["image"].startswith(
+                "registry.k8s.io/kube-scheduler:")
 
 
 def test_certificates_come_from_each_overlay():
@@ -233,6 +260,6 @@ def test_dockerfile_builds_a_slim_non_root_image_without_compilers():
     cmd = next(arg for ins, arg in final if ins == "CMD")
     assert cmd.startswith('["webhook", "--bind", "0.0.0.0:8443"')
     copied = {arg.split()[0] for ins, arg in final if ins == "COPY" and not arg.startswith("--from")}
-    assert copied == {"oversale/", "webhook/", "certs/", "reconcilers/"}
+    assert copied == {"oversale/", "webhook/", "certs/", "reconcilers/", "scheduler/"}
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "tests", ".git"} <= set(ignored)

@@ -1,0 +1,89 @@
+"""Filter + prioritize for one Pod over N nodes, in process, warm caches (median of repeats).
+
+    python -m bench.extender_speed [--nodes 1000 5000] [--repeats 21]
+
+Each node: 2 NUMA nodes x 16 cores x 2 threads (64 CPUs), cpu oversold x1.5, 10 shared Pods and
+2 bound Pods of 4 whole cores. Measured for a shared Pod and for a FullPCPUs single-NUMA Pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from oversale.annotations import AnnotationKeys
+from scheduler.extender import filter_nodes, prioritize
+from scheduler.protocol import ExtenderArgs
+from scheduler.state import ClusterState
+
+KEYS = AnnotationKeys()
+
+
+def topology(sockets: int = 2, cores: int = 16, threads: int = 2) -> str:
+    total = sockets * cores
+    return json.dumps({"detail": [{"id": t * total + s * cores + c, "core": c, "socket": s, "node": s}
+                                  for t in range(threads) for s in range(sockets) for c in range(cores)]})
+
+
+def pod(name: str, cpu: str, node: str | None = None, bound: str | None = None) -> dict[str, Any]:
+    annotations = {KEYS.cpu_bind_policy: "FullPCPUs", KEYS.numa_topology_policy: "single-numa-node"} if bound \
+        is not None or cpu == "8" else {}
+    if bound:
+        annotations[KEYS.resource_status] = json.dumps({"cpuset": bound, "numaNode": 0})
+    return {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "annotations": annotations},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "resources": {
+                "requests": {"cpu": cpu, "memory": "2Gi"}}}]},
+            "status": {"phase": "Running"}}
+
+
+def build(nodes: int) -> ClusterState:
+    state = ClusterState(KEYS)
+    cpu_topology = topology()
+    for n in range(nodes):
+        name = f"node-{n}"
+        state.set_node(name, {"metadata": {"name": name, "labels": {}, "annotations": {
+            KEYS.cpu_topology: cpu_topology,
+            KEYS.real_allocatable: json.dumps({"cpu": "64", "memory": "256Gi"}),
+            KEYS.applied_oversale_ratio: json.dumps({"cpu": "1.5"})}},
+            "status": {"allocatable": {"cpu": "96", "memory": "256Gi"}}})
+        for p in range(10):
+            state.set_pod(f"{name}-s{p}", pod(f"{name}-s{p}", "2", name))
+        state.set_pod(f"{name}-b0", pod(f"{name}-b0", "8", name, bound="0-3,32-35"))
+        state.set_pod(f"{name}-b1", pod(f"{name}-b1", "8", name, bound="16-19,48-51"))
+    return state
+
+
+def measure(state: ClusterState, nodes: int, candidate: dict[str, Any], repeats: int) -> float:
+    args: ExtenderArgs = {"Pod": candidate, "NodeNames": [f"node-{n}" for n in range(nodes)]}
+    filter_nodes(args, state, KEYS)  # warm: per-node usage and CPU summaries cached
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        passed = filter_nodes(args, state, KEYS)
+        prioritize({"Pod": candidate, "NodeNames": passed["NodeNames"] or []}, state, KEYS)
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--repeats", type=int, default=21)
+    args = parser.parse_args()
+    results = {}
+    for nodes in args.nodes:
+        state = build(nodes)
+        for label, candidate in (("shared", pod("new-shared", "4")), ("bound", pod("new-bound", "8"))):
+            results[f"{nodes}_{label}_ms"] = round(measure(state, nodes, candidate, args.repeats), 2)
+            print(f"{nodes} nodes, {label} Pod: filter + prioritize median {results[f'{nodes}_{label}_ms']} ms",
+                  file=sys.stderr)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
