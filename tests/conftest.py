@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,32 @@ def apply_response(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, A
     return jsonpatch.apply_patch(pod, patch)
 
 
+def wait_until_serving(process: subprocess.Popen, probe: Callable[[], bool], what: str, log: Path | None = None,
+                       timeout: float = 30.0) -> None:
+    """Poll ``probe`` (connection errors count as not yet) until it is true; fail if the process
+    exits or ``timeout`` passes, with its log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if probe():
+                return
+        except (OSError, ssl.SSLError):
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start:\n{log.read_text() if log else ''}")
+        time.sleep(0.1)
+
+
+def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """The first truthy result of ``check`` within ``timeout`` (else its last result)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
 def stop_process(process: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL after 20 s."""
     process.terminate()
@@ -114,16 +140,7 @@ class RunningWebhook:
              "--metrics-dir", str(tmp / "metrics")],
             cwd=ROOT, env=environ, stdout=self._log_handle, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if self.get("/healthz")[0] == 200:
-                    break
-            except (OSError, ssl.SSLError):
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"webhook did not start:\n{self.log.read_text()}")
-            time.sleep(0.1)
+        wait_until_serving(self.process, lambda: self.get("/healthz")[0] == 200, "webhook", self.log)
 
     def context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.certs / "ca.crt"))

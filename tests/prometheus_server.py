@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conftest import free_port, stop_process
+from tests.conftest import free_port, stop_process, wait_until_serving
 
 Series = tuple[dict[str, str], Callable[[float], float]] | tuple[dict[str, str], Callable[[float], float], float]
 """(labels, value at time t[, first sample time])"""
@@ -73,16 +72,11 @@ class PrometheusServer:
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d",
              "--query.max-samples=50000000"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert self.process.poll() is None and time.monotonic() < deadline, "prometheus did not start"
-            time.sleep(0.2)
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return bool(response.status == 200)
+
+        wait_until_serving(self.process, ready, "prometheus", workdir / "prometheus.log", timeout=60)
 
     def query(self, expression: str) -> list[dict]:
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression})

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from oversale.annotations import AnnotationKeys
-from tests.conftest import RunningWebhook, apply_response, pod_review
+from tests.conftest import RunningWebhook, apply_response, eventually, pod_review
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -48,15 +47,6 @@ def owned_pod(kind: str, name: str, cpu: str = "1", memory: str = "1Gi", annotat
 
 def cpu_of(pod: dict) -> str:
     return pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]
-
-
-def eventually(check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(0.05)
 
 
 RATIO_2 = {KEYS.cpu_requests_ratio: "2"}

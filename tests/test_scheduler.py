@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from scheduler.protocol import parse_args, parse_binding
-from tests.conftest import ROOT, SHARED, free_port, stop_process
+from tests.conftest import ROOT, SHARED, eventually, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -80,16 +79,11 @@ class Extender:
         self.log = (tmp / f"extender-{self.port}.log").open("wb")
         self.process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{self.port}"],
                                         cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert self.process.poll() is None and time.monotonic() < deadline, "extender did not become ready"
-            time.sleep(0.1)
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                return bool(response.status == 200)
+
+        wait_until_serving(self.process, ready, "extender", tmp / f"extender-{self.port}.log")
 
     def post(self, verb: str, payload: dict) -> object:
         request = urllib.request.Request(f"{self.url}/{verb}", data=json.dumps(payload).encode(),
@@ -120,10 +114,7 @@ def bound_cpus(api: FakeKubeAPI, name: str) -> set[int]:
 
 
 def wait_for(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert eventually(check, timeout), "condition not reached in time"
 
 
 def test_filter_with_node_names_returns_only_nodes_sent_with_exact_reasons(cluster):
