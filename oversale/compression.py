@@ -177,6 +177,11 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     return result
 
 
+def compressed_amount(original: int, ratio: Fraction | Decimal, floor: int) -> int:
+    """One request after compression: ``min(original, max(floor, ceil(original / ratio)))``."""
+    return min(original, max(floor, math.ceil(original / Fraction(ratio))))
+
+
 def _compress_resource(
     pod: Pod,
     resource: str,
@@ -203,7 +208,7 @@ def _compress_resource(
         original = requests_of(container).get(resource)
         if original is None:
             continue
-        new = math.ceil(original / ratio)
+        new = compressed_amount(original, ratio, 0)
         limit = limits_of(container).get(resource)
         for lower, guard in (
             (config.floor(resource), f"floor {format_amount(resource, config.floor(resource))}"),

@@ -33,6 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("run", help="reconcile in a loop (leader-elected)")
     once = commands.add_parser("once", help="one pass")
     once.add_argument("--dry-run", action="store_true", help="print the proposals, write nothing")
+    backtest = commands.add_parser("backtest", help="replay a usage trace through the policies and their peers")
+    backtest.add_argument("--trace", type=Path, required=True, help="CSV or CSV.gz trace")
+    backtest.add_argument("--format", choices=["bitbrains-long", "generic"], default="generic",
+                          help="bitbrains-long (GWA-T-12 long CSV) or generic (workload,timestamp_s,"
+                               "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes)")
+    backtest.add_argument("--out", type=Path, default=Path("backtest-report"), help="report directory")
+    backtest.add_argument("--node-cores", type=float, default=32, help="node size in cores (default 32)")
+    backtest.add_argument("--node-memory", default="256Gi", help="node memory (default 256Gi)")
+    backtest.add_argument("--warmup-days", type=int, default=7, help="days of history before the first scored day")
+    backtest.add_argument("--window-days", type=int, default=7, help="history window of every estimate")
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
@@ -40,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+
+    if args.command == "backtest":
+        return _backtest(args, settings, parser)
 
     from reconcilers.cluster import Cluster
     from reconcilers.leader import LeaseElector
@@ -93,6 +106,34 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log.info("not the leader: waiting")
         time.sleep(max(1.0, settings.reconcile_interval_seconds - (time.monotonic() - started)))
+
+
+def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
+    from oversale.errors import QuantityError
+    from oversale.quantity import parse_bytes
+    from reconcilers.backtest import Config, TraceError, default_policies, log, read_trace, run, summary, write_report
+
+    try:
+        memory = parse_bytes(args.node_memory)
+    except QuantityError as error:
+        parser.error(f"--node-memory: {error}")
+    if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1:
+        parser.error("node size, warm-up and window must be positive")
+    config = Config(args.node_cores, memory, args.warmup_days, args.window_days)
+    compression, oversale = default_policies(settings.compression_estimator(), settings.oversale_estimator())
+    try:
+        workloads = read_trace(args.trace, args.format, log)
+        result = run(workloads, config, compression, oversale, log)
+    except TraceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    rows = summary(result, compression, oversale)
+    write_report(args.out, rows, result, args.trace, config)
+    for row in rows:
+        print(f"{row['policy']:<18} {row['kind']:<11} freed {row['capacity_freed']:>6.1%}  "
+              f"cpu violations {row['cpu_violation_rate']:.3%}  memory violations {row['memory_violation_rate']:.3%}")
+    print(f"report: {args.out / 'report.md'}")
+    return 0
 
 
 def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
