@@ -88,8 +88,8 @@ class WorkloadPlan(RatioPlan):
     """What the compression reconciler wants for one workload."""
 
     key: WorkloadKey
-    skipped: dict[str, str] = field(default_factory=dict)
-    """Resource -> why it is not reconciled."""
+    skipped: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Resource -> (reason code for metrics, explanation for people) when it is not reconciled."""
     hpa_target: tuple[str, int, int] | None = None
     """(HPA name, original target utilization, new target) when the HPA is rescaled."""
 
@@ -127,12 +127,12 @@ def plan_compression(
         key = keys.requests_ratio(resource)
         plan.current[resource] = current_ratio(annotations, key)
         if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
-            plan.skipped[resource] = f"memory not opted in ({keys.enable_memory_compress}: y)"
+            plan.skipped[resource] = ("memory-not-opted-in", f"memory not opted in ({keys.enable_memory_compress}: y)")
             continue
         target = utilization_target(hpa, resource) if hpa else None
         if target is not None and not rescale_hpa:
-            plan.skipped[resource] = f"scaled by HPA {(hpa or {}).get('metadata', {}).get('name')} on {resource} " \
-                                     "utilization"
+            hpa_name = (hpa or {}).get("metadata", {}).get("name")
+            plan.skipped[resource] = ("hpa", f"scaled by HPA {hpa_name} on {resource} utilization")
             continue
         proposal = compression_proposal(resource, template_requests(workload, resource), usage.get(resource, {}),
                                         estimator)

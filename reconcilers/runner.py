@@ -114,7 +114,7 @@ class Reconciler:
                 self.settings.history_window_seconds, self.settings.compression_percentile)
         except HistoryUnavailable as error:
             self.metrics.staleness.labels("containers").set(-1)
-            self.metrics.skips.labels("history unavailable").inc(len(workloads))
+            self.metrics.skips.labels("history-unavailable").inc(len(workloads))
             return [Row(_name(k), "*", "", "", "", f"history unavailable, holding: {error}") for k in workloads]
         self._staleness("containers", [s.cpu for s in stats.values()])
         usage = self._usage_by_workload(workloads, stats)
@@ -203,8 +203,9 @@ class Reconciler:
         for resource in RESOURCES:
             current = format_ratio(plan.current.get(resource, Decimal(1)))
             if resource in plan.skipped:
-                self.metrics.skips.labels(plan.skipped[resource].split(" (")[0].split(" on ")[0]).inc()
-                rows.append(Row(_name(plan.key), resource, current, current, "", f"skipped: {plan.skipped[resource]}"))
+                code, why = plan.skipped[resource]
+                self.metrics.skips.labels(code).inc()
+                rows.append(Row(_name(plan.key), resource, current, current, "", f"skipped: {why}"))
                 continue
             proposal = plan.proposals[resource]
             self.metrics.ratio.labels(*plan.key, resource).set(float(proposal.ratio if written else

@@ -181,6 +181,7 @@ def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source):
     # api: scaled by a CPU-utilization HPA -> skipped and reported.
     assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "api")
     assert "skipped: scaled by HPA api" in by_key[("Deployment/shop/api", "cpu")].reason
+    assert reconciler.metrics.skips.labels("hpa")._value.get() == 1
     # young: six hours of history are not enough.
     assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "young")
     assert "not enough history" in by_key[("Deployment/shop/young", "cpu")].reason
