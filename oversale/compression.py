@@ -8,7 +8,6 @@ millicores and bytes, for every container, init container and native sidecar, an
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Mapping
@@ -116,9 +115,11 @@ def policy_from_annotations(
 def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds = NO_BOUNDS) -> CompressionResult:
     """Compress ``pod``'s requests by ``policy``, within LimitRange ``bounds``.
 
-    Returns a new Pod; ``pod`` is not modified. Idempotent: a Pod that already carries the
-    original-requests annotation is first restored from it, so applying the result again gives
-    the same Pod. Raises QuantityError only for quantities the API server itself would refuse.
+    Returns a new Pod; ``pod`` is not modified. Only ``metadata.annotations``, the containers'
+    ``resources`` and ``spec.resources`` ever change (the webhook's patch covers exactly those).
+    Idempotent: a Pod that already carries the original-requests annotation is first restored
+    from it, so applying the result again gives the same Pod. Raises QuantityError only for
+    quantities the API server itself would refuse.
     """
     result = CompressionResult(pod=pod, warnings=[*policy.warnings, *map(str, policy.problems)])
     if is_mirror_or_static(pod):
@@ -148,7 +149,7 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
             result.pod = _without_our_annotations(restored, policy.keys)
         return result
 
-    compressed = copy.deepcopy(restored)
+    compressed = _writable_copy(restored)
     guards: list[str] = []
     for resource, ratio in policy.ratios.items():
         applied = _compress_resource(compressed, resource, Fraction(ratio), policy.config, bounds, guards)
@@ -227,6 +228,32 @@ def _compress_resource(
     return ratio
 
 
+def _writable_copy(pod: Pod) -> Pod:
+    """A copy of ``pod`` in which everything compression writes (annotations, containers'
+    resources, pod-level resources) is new, and everything else is shared with ``pod``: a full
+    deep copy costs more than the rest of the review."""
+    copied = dict(pod)
+    metadata = copied["metadata"] = dict(pod.get("metadata") or {})
+    if "annotations" in metadata:
+        metadata["annotations"] = dict(metadata["annotations"] or {})
+    spec = copied["spec"] = dict(pod.get("spec") or {})
+    for kind in ("initContainers", "containers"):
+        if spec.get(kind):
+            spec[kind] = [_with_own_resources(container) for container in spec[kind]]
+    if spec.get("resources"):
+        spec["resources"] = {key: dict(value) if isinstance(value, dict) else value
+                             for key, value in spec["resources"].items()}
+    return copied
+
+
+def _with_own_resources(container: dict[str, Any]) -> dict[str, Any]:
+    copied = dict(container)
+    if "resources" in copied:
+        copied["resources"] = {key: dict(value) if isinstance(value, dict) else value
+                               for key, value in (copied["resources"] or {}).items()}
+    return copied
+
+
 def _set_request(resources: dict[str, Any], resource: str, new: int, original: int) -> None:
     requests = resources.setdefault("requests", {})
     if new == original and resource in requests:
@@ -265,7 +292,7 @@ def _restore_originals(pod: Pod, keys: AnnotationKeys) -> tuple[Pod, str | None]
         recorded = json.loads(text)
         if not isinstance(recorded, dict):
             raise ValueError("not a JSON object")
-        restored = copy.deepcopy(pod)
+        restored = _writable_copy(pod)
         # Each unit is a dict whose "resources" holds the requests: a container, or the spec
         # itself for pod-level resources.
         units: dict[str, dict[str, Any]] = {str(c.get("name")): c for c in all_containers(restored)}

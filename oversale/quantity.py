@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 from oversale.errors import QuantityError
 
@@ -65,11 +66,15 @@ def parse_quantity(text: str) -> Fraction:
     return -value if match["sign"] == "-" else value
 
 
+# The same few spellings ("100m", "1Gi") come in every review; parsing with exact fractions is
+# the costly part of the admission hot path, so results are remembered.
+@lru_cache(maxsize=8192)
 def parse_millicores(text: str) -> int:
     """A CPU quantity as integer millicores, rounded up as the API server does."""
     return math.ceil(parse_quantity(text) * 1000)
 
 
+@lru_cache(maxsize=8192)
 def parse_bytes(text: str) -> int:
     """A memory quantity as integer bytes, rounded up as the API server does."""
     return math.ceil(parse_quantity(text))

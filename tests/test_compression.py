@@ -301,3 +301,17 @@ def test_exact_ceiling_without_guards(ratio):
         result = compress_requests(pod(container("app", format_millicores(millicores))), policy(cpu=ratio))
         expected = max(10, math.ceil(Fraction(millicores) / Fraction(Decimal(ratio))))
         assert parse_amount("cpu", requests(result.pod, "app")["cpu"]) == expected
+
+
+def test_patches_of_flat_maps_escape_keys_and_apply_like_jsonpatch():
+    import jsonpatch
+
+    from oversale.patch import make_patch
+
+    before = {"a/b": "1", "c~d": "2", "gone": "3"}
+    after = {"a/b": "1", "c~d": "20", "new/key~": "4"}
+    operations = make_patch(before, after, "/metadata/annotations")
+    assert {"op": "replace", "path": "/metadata/annotations/c~0d", "value": "20"} in operations
+    assert {"op": "add", "path": "/metadata/annotations/new~1key~0", "value": "4"} in operations
+    document = {"metadata": {"annotations": dict(before)}}
+    assert jsonpatch.apply_patch(document, operations) == {"metadata": {"annotations": after}}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from flask import Flask, Response, request
 
 from oversale.quantity import CPU, MEMORY, RESOURCES, parse_amount
@@ -161,7 +161,7 @@ def _discard(count: int) -> None:
 
 
 def _json(payload: Any, status: int = 200) -> Response:
-    return Response(json.dumps(payload), status=status, mimetype="application/json")
+    return Response(orjson.dumps(payload), status=status, mimetype="application/json")
 
 
 def _connect(settings: Settings, metrics: Metrics) -> tuple[Owners, NodePods]:

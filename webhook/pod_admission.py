@@ -67,7 +67,7 @@ def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners) -> 
     for problem in policy.problems:
         log.warning("pod %s/%s (owner %s): %s", namespace, _pod_name(pod), owner.workload or "none", problem)
     result = compress_requests(pod, policy, owners.bounds_for(namespace))
-    patch = make_patch(pod, result.pod)
+    patch = pod_patch(pod, result.pod)
     review = allow(uid, patch, [*warnings, *result.warnings])
     outcome = "mutated" if patch else ("skipped" if result.skipped else "unchanged")
     log.debug("pod %s/%s: %s %s", namespace, _pod_name(pod), outcome, result.skipped or result.reasons)
@@ -80,6 +80,34 @@ def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners) -> 
         dry_run=bool(request.get("dryRun")),
         reasons=[result.skipped] if result.skipped else result.reasons,
     )
+
+
+def pod_patch(original: dict[str, Any], mutated: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch from ``original`` to ``mutated``, diffing only what compression may change
+    (annotations, each container's resources, pod-level resources): a whole-Pod diff costs more
+    than everything else in the review together."""
+    if original is mutated:
+        return []
+    before, after = original.get("metadata") or {}, mutated.get("metadata") or {}
+    operations = make_patch(before.get("annotations"), after.get("annotations"), "/metadata/annotations")
+    spec_before, spec_after = original.get("spec") or {}, mutated.get("spec") or {}
+    for kind in ("initContainers", "containers"):
+        pairs = zip(spec_before.get(kind) or [], spec_after.get(kind) or [], strict=True)
+        for index, (old, new) in enumerate(pairs):
+            path = f"/spec/{kind}/{index}/resources"
+            old_resources, new_resources = old.get("resources"), new.get("resources")
+            if old_resources and new_resources and _without_requests(old_resources) == _without_requests(new_resources):
+                # Only the requests map changed: diff that flat map.
+                operations += make_patch(old_resources.get("requests"), new_resources.get("requests"),
+                                         f"{path}/requests")
+            else:
+                operations += make_patch(old_resources, new_resources, path)
+    operations += make_patch(spec_before.get("resources"), spec_after.get("resources"), "/spec/resources")
+    return operations
+
+
+def _without_requests(resources: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in resources.items() if key != "requests"}
 
 
 def _skip_reason(request: AdmissionRequest, settings: Settings, namespace: str) -> str | None:

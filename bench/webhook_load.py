@@ -1,0 +1,212 @@
+"""The webhook held to the limit of its own serving stack.
+
+    python -m bench.webhook_load [--duration 10] [--workloads 10000] [--skip-others]
+
+Starts the webhook as deployed (``python -m webhook``: gunicorn, gthread, TLS, production
+settings, owner caches synced from an API double holding N Deployments and their ReplicaSets)
+and, with the same server settings, a floor app that only reads the body and answers a fixed
+``allowed: true``. Loads both over keep-alive HTTPS on loopback: saturation throughput with wrk,
+latency at fixed offered loads (500 and 1,000 requests/s) with hey. Bodies: a Pod CREATE review
+(Deployment-owned, 3 containers, 1 init container) and a Node ``nodes/status`` review (50
+images, object and oldObject, oversold node). Then the worker RSS, and (unless --skip-others)
+the extender and reconcile-pass benchmarks. Needs Debian's wrk and hey.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from certs.tls import LOCAL_HOSTS, generate
+from oversale.annotations import AnnotationKeys
+from tests.conftest import SHARED, free_port, stop_process, wait_until_serving
+from tests.kube_api import FakeKubeAPI
+
+KEYS = AnnotationKeys()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def pod_review() -> dict[str, Any]:
+    def container(name: str, cpu: str, memory: str) -> dict[str, Any]:
+        return {"name": name, "image": f"registry.example.com/{name}:1.2.3", "ports": [{"containerPort": 8080}],
+                "env": [{"name": "MODE", "value": "production"}],
+                "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}}
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "generateName": "w1-5d8f9-", "namespace": "ns1", "labels": {"app": "w1", "pod-template-hash": "5d8f9"},
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w1-5d8f9", "uid": "u",
+                             "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"initContainers": [container("migrate", "500m", "256Mi")],
+                 "containers": [container("app", "2", "2Gi"), container("proxy", "500m", "256Mi"),
+                                container("logs", "200m", "128Mi")]}}
+    return _review("Pod", "pods", "CREATE", pod, None, "", "system:serviceaccount:kube-system:replicaset-controller")
+
+
+def node_review() -> dict[str, Any]:
+    node = json.loads((SHARED / "fixtures" / "nodes" / "gke-node.json").read_text())
+    images = node["status"]["images"]
+    node["status"]["images"] = [*images, *[{**copy.deepcopy(i), "names": [f"{n}-copy" for n in i["names"]]}
+                                           for i in images]][:50]
+    name = node["metadata"]["name"]
+    stored = copy.deepcopy(node)
+    stored["metadata"].setdefault("annotations", {}).update({
+        KEYS.cpu_oversale_ratio: "1.5",
+        KEYS.real_allocatable: json.dumps({"cpu": "3920m", "memory": "12700100Ki"}, separators=(",", ":")),
+        KEYS.real_capacity: json.dumps({"cpu": "4", "memory": "15399364Ki"}, separators=(",", ":")),
+        KEYS.applied_oversale_ratio: '{"cpu":"1.5"}'})
+    stored["status"]["allocatable"]["cpu"] = "5880m"
+    stored["status"]["capacity"]["cpu"] = "5960m"
+    heartbeat = copy.deepcopy(stored)  # the kubelet re-sends its real values
+    heartbeat["status"]["allocatable"]["cpu"] = "3920m"
+    heartbeat["status"]["capacity"]["cpu"] = "4"
+    return _review("Node", "nodes", "UPDATE", heartbeat, stored, "status", f"system:node:{name}")
+
+
+def _review(kind: str, resource: str, operation: str, obj: dict[str, Any], old: dict[str, Any] | None,
+            subresource: str, user: str) -> dict[str, Any]:
+    request: dict[str, Any] = {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": kind},
+                               "resource": {"group": "", "version": "v1", "resource": resource},
+                               "operation": operation, "userInfo": {"username": user}, "object": obj,
+                               "oldObject": old, "dryRun": False}
+    if subresource:
+        request["subResource"] = subresource
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def wrk(url: str, body: Path, duration: int) -> float:
+    script = body.with_suffix(".lua")
+    script.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                      f'local f = io.open("{body}", "rb")\nwrk.body = f:read("*all")\nf:close()\n')
+    out = subprocess.run(["wrk", "-t2", "-c16", f"-d{duration}s", "-s", str(script), url],
+                         capture_output=True, text=True, timeout=duration + 60).stdout
+    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not match:
+        raise RuntimeError(f"wrk printed no rate:\n{out}")
+    return float(match.group(1))
+
+
+def hey(url: str, body: Path, rate: int, duration: int) -> tuple[float, float, int]:
+    workers = 10
+    out = subprocess.run(["hey", "-z", f"{duration}s", "-c", str(workers), "-q", str(rate // workers), "-m", "POST",
+                          "-T", "application/json", "-D", str(body), url],
+                         capture_output=True, text=True, timeout=duration + 60).stdout
+    p50 = re.search(r"50% in ([\d.]+) secs", out)
+    p99 = re.search(r"99% in ([\d.]+) secs", out)
+    errors = sum(int(n) for n in re.findall(r"\[(?:[^2]\d\d)\]\s+(\d+) responses", out))
+    if not p50 or not p99:
+        raise RuntimeError(f"hey printed no latency distribution:\n{out}")
+    return float(p50.group(1)) * 1000, float(p99.group(1)) * 1000, errors
+
+
+def worker_rss_mb(master: int) -> list[float]:
+    children = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+    sizes = []
+    for pid in children:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                sizes.append(int(line.split()[1]) / 1024)
+    return sizes
+
+
+def start(module: str, port: int, certs: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", module, "--bind", f"127.0.0.1:{port}", "--certs-dir", str(certs)]
+    handle = log_path.open("wb")
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=10, help="seconds per load run (default 10)")
+    parser.add_argument("--workloads", type=int, default=10000, help="Deployments in the owner caches")
+    parser.add_argument("--skip-others", action="store_true", help="only the webhook figures")
+    args = parser.parse_args()
+    for tool in ("wrk", "hey"):
+        if not shutil.which(tool):
+            print(f"error: {tool} is needed (apt-get install wrk hey)", file=sys.stderr)
+            return 2
+    work = Path(tempfile.mkdtemp(prefix="oversale-load-"))
+    certs = work / "certs"
+    generate(certs, LOCAL_HOSTS)
+    api = FakeKubeAPI().start()
+    log(f"API double: {args.workloads} Deployments and ReplicaSets")
+    for w in range(args.workloads):
+        namespace = f"ns{w % 50}"
+        api.put("deployments", {"metadata": {"name": f"w{w}", "namespace": namespace,
+                                             "annotations": {KEYS.cpu_requests_ratio: "2"}}, "spec": {}})
+        api.put("replicasets", {"metadata": {"name": f"w{w}-5d8f9", "namespace": namespace, "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"w{w}", "uid": "u", "controller": True}]},
+            "spec": {}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
+    env.update({"KUBECONFIG": str(api.write_kubeconfig(work / "kubeconfig")), "PYTHONPATH": str(ROOT),
+                "OVERSALE_LOG_LEVEL": "WARNING"})
+    ports = {"webhook": free_port(), "floor": free_port()}
+    processes = {"webhook": start("webhook", ports["webhook"], certs, env, work / "webhook.log"),
+                 "floor": start("bench.floor", ports["floor"], certs, env, work / "floor.log")}
+    figures: dict[str, Any] = {}
+    try:
+        import ssl
+        import urllib.request
+
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        for name, port in ports.items():
+            path = "/readyz" if name == "webhook" else "/mutate/pods"
+
+            def probe(port: int = port, path: str = path) -> bool:
+                data = None if path == "/readyz" else b"{}"
+                with urllib.request.urlopen(urllib.request.Request(f"https://localhost:{port}{path}", data=data),
+                                            context=context, timeout=5) as response:
+                    return bool(response.status == 200)
+
+            wait_until_serving(processes[name], probe, name, timeout=180)
+        log("webhook caches synced; loading")
+        bodies = {"pod": pod_review(), "node": node_review()}
+        for kind, review in bodies.items():
+            body = work / f"{kind}.json"
+            body.write_text(json.dumps(review))
+            path = "/mutate/pods" if kind == "pod" else "/mutate/nodes"
+            figures[f"{kind}_body_bytes"] = body.stat().st_size
+            floor = wrk(f"https://127.0.0.1:{ports['floor']}{path}", body, args.duration)
+            served = wrk(f"https://127.0.0.1:{ports['webhook']}{path}", body, args.duration)
+            figures[f"{kind}_floor_rps"] = round(floor)
+            figures[f"{kind}_webhook_rps"] = round(served)
+            figures[f"{kind}_ratio_to_floor"] = round(served / floor, 2)
+            log(f"{kind}: webhook {served:.0f} req/s, floor {floor:.0f} req/s, ratio {served / floor:.2f}")
+            for rate in (500, 1000):
+                for server in ("webhook", "floor"):
+                    p50, p99, errors = hey(f"https://127.0.0.1:{ports[server]}{path}", body, rate, args.duration)
+                    figures[f"{kind}_{server}_p50_ms_at_{rate}"] = round(p50, 2)
+                    figures[f"{kind}_{server}_p99_ms_at_{rate}"] = round(p99, 2)
+                    figures[f"{kind}_{server}_errors_at_{rate}"] = errors
+                    log(f"{kind} at {rate} req/s, {server}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, {errors} non-2xx")
+        rss = worker_rss_mb(processes["webhook"].pid)
+        figures["worker_rss_mb"] = [round(r) for r in rss]
+        log(f"webhook worker RSS with {args.workloads} workloads cached: {', '.join(f'{r:.0f}' for r in rss)} MB")
+    finally:
+        for process in processes.values():
+            stop_process(process)
+        api.stop()
+    print(json.dumps(figures, indent=2))
+    if not args.skip_others:
+        for module in ("bench.extender_speed", "bench.reconcile_scale"):
+            log(f"running {module}")
+            subprocess.run([sys.executable, "-m", module], cwd=ROOT, env=env, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
