@@ -304,8 +304,8 @@ def run(workloads: list[Workload], config: Config, compression: list[Compression
             assignment = first_fit_decreasing(baseline_items, oversold)
             tally = tallies[oversell.name]
             tally.replay(assignment, usage, real)
-            if number == len(days):
-                node_week[oversell.name] = _first_node_series(assignment, usage, ratios, real, slots)
+            if number > len(days) - 7:  # the last week: node 0 of each day's packing
+                _extend_node_week(node_week.setdefault(oversell.name, {}), assignment, usage, ratios, real, slots)
         progress(f"day {number}/{len(days)} ({len(active)} workloads) in {time.perf_counter() - began:.1f}s")
     return {"days": len(days), "tallies": tallies, "node_week": node_week}
 
@@ -332,11 +332,13 @@ def _node_ratios(policy: OversalePolicy, baseline: list[int], requests: dict[str
     return ratios or [(1.0, 1.0)]
 
 
-def _first_node_series(assignment: list[int], usage: dict[str, np.ndarray], ratios: list[tuple[float, float]],
-                       real: tuple[float, float], slots: np.ndarray) -> dict[str, Any]:
+def _extend_node_week(series: dict[str, Any], assignment: list[int], usage: dict[str, np.ndarray],
+                      ratios: list[tuple[float, float]], real: tuple[float, float], slots: np.ndarray) -> None:
     members = [i for i, n in enumerate(assignment) if n == 0]
-    return {"slots": slots.tolist(), "cpu_usage": usage[CPU][members].sum(axis=0).tolist(),
-            "real_cpu": real[0], "oversold_cpu": real[0] * ratios[0][0]}
+    series.setdefault("slots", []).extend(slots.tolist())
+    series.setdefault("cpu_usage", []).extend(usage[CPU][members].sum(axis=0).tolist())
+    series.setdefault("oversold_cpu", []).extend([real[0] * ratios[0][0]] * len(slots))
+    series["real_cpu"] = real[0]
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -422,14 +424,14 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> Non
 
     figure, axis = plt.subplots(figsize=(12, 4))
     for name, series in result["node_week"].items():
-        hours = (np.array(series["slots"]) - series["slots"][0]) * SLOT / 3600
-        axis.plot(hours, np.array(series["cpu_usage"]) / MILLI, label=f"{name}: usage of node 0", linewidth=0.8)
-        axis.axhline(series["oversold_cpu"] / MILLI, linestyle=":", linewidth=0.8,
-                     label=f"{name}: oversold capacity")
+        days = (np.array(series["slots"]) - series["slots"][0]) * SLOT / DAY
+        line = axis.plot(days, np.array(series["cpu_usage"]) / MILLI, label=f"{name}: usage", linewidth=0.6)
+        axis.plot(days, np.array(series["oversold_cpu"]) / MILLI, linestyle=":", linewidth=1,
+                  color=line[0].get_color(), label=f"{name}: oversold capacity")
         axis.axhline(series["real_cpu"] / MILLI, color="black", linewidth=1)
-    axis.set_xlabel("hours into the last evaluated day")
+    axis.set_xlabel("days into the last evaluated week (node 0 of each day's packing)")
     axis.set_ylabel("cpu cores")
-    axis.set_title("One node's cpu usage against its real (black) and oversold capacity")
+    axis.set_title("One node's cpu usage over a week against its real (black) and oversold (dotted) capacity")
     axis.legend(fontsize=7, ncol=2)
     figure.tight_layout()
     figure.savefig(out / "node_week.png", dpi=110)
