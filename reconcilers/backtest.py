@@ -304,7 +304,7 @@ def run(workloads: list[Workload], config: Config, compression: list[Compression
             assignment = first_fit_decreasing(baseline_items, oversold)
             tally = tallies[oversell.name]
             tally.replay(assignment, usage, real)
-            if number > len(days) - 7:  # the last week: node 0 of each day's packing
+            if number > len(days) - 7:  # the last week: the busiest node of each day's packing
                 _extend_node_week(node_week.setdefault(oversell.name, {}), assignment, usage, ratios, real, slots)
         progress(f"day {number}/{len(days)} ({len(active)} workloads) in {time.perf_counter() - began:.1f}s")
     return {"days": len(days), "tallies": tallies, "node_week": node_week}
@@ -334,10 +334,14 @@ def _node_ratios(policy: OversalePolicy, baseline: list[int], requests: dict[str
 
 def _extend_node_week(series: dict[str, Any], assignment: list[int], usage: dict[str, np.ndarray],
                       ratios: list[tuple[float, float]], real: tuple[float, float], slots: np.ndarray) -> None:
-    members = [i for i, n in enumerate(assignment) if n == 0]
+    """Append one day of the day's busiest node (highest total cpu usage) to ``series``."""
+    nodes = max(assignment) + 1
+    totals = [sum(float(usage[CPU][i].sum()) for i, n in enumerate(assignment) if n == node) for node in range(nodes)]
+    busiest = totals.index(max(totals))
+    members = [i for i, n in enumerate(assignment) if n == busiest]
     series.setdefault("slots", []).extend(slots.tolist())
     series.setdefault("cpu_usage", []).extend(usage[CPU][members].sum(axis=0).tolist())
-    series.setdefault("oversold_cpu", []).extend([real[0] * ratios[0][0]] * len(slots))
+    series.setdefault("oversold_cpu", []).extend([real[0] * ratios[min(busiest, len(ratios) - 1)][0]] * len(slots))
     series["real_cpu"] = real[0]
 
 
@@ -429,7 +433,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> Non
         axis.plot(days, np.array(series["oversold_cpu"]) / MILLI, linestyle=":", linewidth=1,
                   color=line[0].get_color(), label=f"{name}: oversold capacity")
         axis.axhline(series["real_cpu"] / MILLI, color="black", linewidth=1)
-    axis.set_xlabel("days into the last evaluated week (node 0 of each day's packing)")
+    axis.set_xlabel("days into the last evaluated week (the busiest node of each day's packing)")
     axis.set_ylabel("cpu cores")
     axis.set_title("One node's cpu usage over a week against its real (black) and oversold (dotted) capacity")
     axis.legend(fontsize=7, ncol=2)
