@@ -93,6 +93,7 @@ class ClusterState:
         with self._lock:
             self._forget(uid)
             if pod is None:
+                self._unreserve(uid)  # deleted before the watch ever showed it bound
                 return
             node = (pod.get("spec") or {}).get("nodeName")
             phase = (pod.get("status") or {}).get("phase")

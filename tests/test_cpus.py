@@ -114,3 +114,16 @@ def test_no_cpu_is_handed_out_twice_and_policies_hold(sockets, cores, threads, s
             for core in {c.core for c in topology.cpus if c.id in chosen}:
                 assert all(c.id in chosen for c in topology.cpus if c.core == core), "a half core"
         taken |= chosen
+
+
+def test_a_deleted_pod_releases_its_pending_reservation():
+    from oversale.annotations import AnnotationKeys
+    from oversale.placement import PodDemand
+    from scheduler.state import ClusterState, PodRecord
+
+    state = ClusterState(AnnotationKeys())
+    state.reserve(PodRecord("uid-1", "node-0", PodDemand("uid-1", {"cpu": 4000, "memory": 0}, "FullPCPUs", True, 4),
+                            (0, 1, 2, 3)))
+    assert state.usage("node-0").bound_cpus == {0, 1, 2, 3}
+    state.set_pod("uid-1", None)
+    assert state.usage("node-0").bound_cpus == set()
