@@ -13,7 +13,6 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from certs.tls import CA_DAYS, RENEW_FRACTION, SERVING_DAYS, generate, service_hosts
 
@@ -57,8 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from certs.cluster import ensure_secret, inject_ca_bundle, read_ca_from_secret
+    from webhook.owners import load_api_client
 
-    api_client = _api_client()
+    api_client = load_api_client("auto")
+    if api_client is None:
+        print("error: no in-cluster config and no kubeconfig: ensure and inject need an API server", file=sys.stderr)
+        return 2
     if args.command == "ensure":
         if not 0 < args.renew_fraction < 1:
             parser.error("--renew-fraction must be between 0 and 1")
@@ -100,16 +103,6 @@ def _namespaced(parser: argparse.ArgumentParser, text: str) -> tuple[str, str]:
     if not namespace or not name or "/" in name:
         parser.error(f"expected NAMESPACE/NAME, got {text!r}")
     return namespace, name
-
-
-def _api_client() -> Any:
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
 
 
 if __name__ == "__main__":

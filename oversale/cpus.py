@@ -163,13 +163,13 @@ def _pick(topology: Topology, used: set[int], count: int, policy: str, zone: int
 def _pick_across(topology: Topology, used: set[int], count: int, policy: str, strategy: str) -> tuple[int, ...] | None:
     """Spanning zones: fill zones in strategy order."""
     order = sorted(topology.zones(), key=lambda z: _zone_key(topology, used, z, strategy))
+    summary = FreeSummary.of(topology, used)
     chosen: list[int] = []
     for zone in order:
         remaining = count - len(chosen)
         if remaining <= 0:
             break
-        available = _available(topology, used, zone, policy)
-        take = min(remaining, available)
+        take = min(remaining, summary.available(zone, policy))
         if policy == FULL_PCPUS:
             take -= take % topology.threads_per_core()
         if take:
@@ -177,12 +177,6 @@ def _pick_across(topology: Topology, used: set[int], count: int, policy: str, st
             if picked:
                 chosen += picked
     return tuple(sorted(chosen)) if len(chosen) == count else None
-
-
-def _available(topology: Topology, used: set[int], zone: int, policy: str) -> int:
-    if policy == FULL_PCPUS:
-        return len(whole_free_cores(topology, used, zone)) * topology.threads_per_core()
-    return sum(1 for c in topology.cpus if c.node == zone and c.id not in used)
 
 
 def _zone_key(topology: Topology, used: set[int], zone: int, strategy: str) -> tuple[int, int]:

@@ -165,7 +165,7 @@ def oversell_node(
                 real[name][resource] = kept
     result.real = RealValues(real["allocatable"], real["capacity"])
 
-    was_applied = _applied_record(stored_annotations, keys) if stored is not None else {}
+    was_applied = applied_ratios(stored_annotations, keys) if stored is not None else {}
     for resource in RESOURCES:
         real_allocatable = real["allocatable"].get(resource)
         if real_allocatable is None:
@@ -211,7 +211,8 @@ def keep_record(node: Mapping[str, Any], stored: Mapping[str, Any], keys: Annota
     return annotations
 
 
-def _applied_record(annotations: Mapping[str, str], keys: AnnotationKeys) -> dict[str, str]:
+def applied_ratios(annotations: Mapping[str, str], keys: AnnotationKeys) -> dict[str, str]:
+    """Resource -> ratio text from the record of what the webhook applied (empty when none)."""
     try:
         applied = json.loads(annotations.get(keys.applied_oversale_ratio, "{}"))
     except ValueError:

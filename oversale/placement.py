@@ -8,7 +8,6 @@ allocatable, so exclusive CPUs never draw on capacity that exists only on paper.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -28,7 +27,7 @@ from oversale.cpus import (
     place,
     topology_from_node,
 )
-from oversale.node_oversale import real_allocatable_of
+from oversale.node_oversale import applied_ratios, real_allocatable_of
 from oversale.pods import scheduled_request
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount, parse_amount
 
@@ -91,7 +90,8 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
     annotations = metadata.get("annotations") or {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     real = real_allocatable_of(node, keys)
-    ratio = current_ratio(_applied(annotations, keys), keys.cpu_oversale_ratio)
+    applied = applied_ratios(annotations, keys)
+    ratio = current_ratio({keys.cpu_oversale_ratio: applied[CPU]} if CPU in applied else {}, keys.cpu_oversale_ratio)
     bind = labels.get(keys.cpu_bind_policy)
     return NodeView(
         name=str(metadata.get("name", "")),
@@ -104,15 +104,6 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
         single_numa=labels.get(keys.numa_topology_policy) == SINGLE_NUMA_NODE,
         strategy=LEAST_ALLOCATED if labels.get(keys.numa_allocate_strategy) == LEAST_ALLOCATED else MOST_ALLOCATED,
     )
-
-
-def _applied(annotations: Mapping[str, str], keys: AnnotationKeys) -> dict[str, str]:
-    """The cpu ratio the webhook applied (its record), as a ratio annotation map."""
-    try:
-        applied = json.loads(annotations.get(keys.applied_oversale_ratio, "{}"))
-    except ValueError:
-        return {}
-    return {keys.cpu_oversale_ratio: str(applied[CPU])} if isinstance(applied, dict) and CPU in applied else {}
 
 
 def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:

@@ -9,6 +9,12 @@ from oversale.quantity import RESOURCES, parse_amount
 
 Pod = dict[str, Any]
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+"""Pods in these phases hold no node resources (finished, or rejected by the kubelet at admission)."""
+
+
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
 
 
 def all_containers(pod: Mapping[str, Any]) -> Iterator[dict[str, Any]]:

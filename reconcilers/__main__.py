@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     from reconcilers.leader import LeaseElector
     from reconcilers.metrics import ReconcilerMetrics
     from reconcilers.runner import Reconciler, format_table
+    from webhook.owners import load_api_client
 
-    api_client = _api_client()
+    api_client = load_api_client("auto")
     if api_client is None:
         print("error: no in-cluster config and no kubeconfig: the reconcilers need an API server", file=sys.stderr)
         return 2
@@ -157,19 +158,6 @@ def _every(seconds: float, work: Any, name: str) -> None:
             time.sleep(seconds)
 
     threading.Thread(target=loop, name=name, daemon=True).start()
-
-
-def _api_client() -> Any:
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        try:
-            config.load_kube_config()
-        except (config.ConfigException, OSError):
-            return None
-    return client.ApiClient()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from typing import Any
 
 from kubernetes import client
 
+from oversale.pods import TERMINAL_PHASES
+
 # kind -> (API class, function stem)
 WORKLOAD_APIS = {
     "Deployment": ("AppsV1Api", "deployment"),
@@ -66,7 +68,7 @@ class Cluster:
     def running_pods(self) -> Iterator[dict[str, Any]]:
         """Pods that hold node resources (bound, not finished)."""
         yield from self._list(self._core.list_pod_for_all_namespaces,
-                              field_selector="status.phase!=Succeeded,status.phase!=Failed")
+                              field_selector=",".join(f"status.phase!={phase}" for phase in TERMINAL_PHASES))
 
     def _list(self, function: Any, **selectors: str) -> Iterator[dict[str, Any]]:
         token = None

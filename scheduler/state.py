@@ -20,9 +20,9 @@ from typing import Any
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from oversale.placement import NodeUsage, NodeView, PodDemand, node_view, pod_demand
+from oversale.pods import is_terminal
 from oversale.quantity import RESOURCES
 
-TERMINAL = ("Succeeded", "Failed")
 RESERVATION_TTL = 120.0
 """A reservation whose Pod never shows up bound in the watch is dropped after this long."""
 
@@ -96,11 +96,11 @@ class ClusterState:
                 self._unreserve(uid)  # deleted before the watch ever showed it bound
                 return
             node = (pod.get("spec") or {}).get("nodeName")
-            phase = (pod.get("status") or {}).get("phase")
-            if not node or phase in TERMINAL:
+            terminal = is_terminal(pod)
+            if not node or terminal:
                 # Finished Pods, and Pods the kubelet rejected at admission (TopologyAffinityError,
                 # UnexpectedAdmissionError: phase Failed), hold nothing.
-                if phase in TERMINAL:
+                if terminal:
                     self._unreserve(uid)
                 return
             self._unreserve(uid)  # the watch shows it bound: the Pod's own record counts now

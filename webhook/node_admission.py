@@ -22,7 +22,7 @@ from oversale.node_oversale import (
     read_record,
 )
 from oversale.patch import make_patch
-from oversale.pods import scheduled_request
+from oversale.pods import is_terminal, scheduled_request
 from oversale.quantity import RESOURCES, format_amount, parse_amount
 from oversale.settings import Settings
 from webhook.reviews import AdmissionRequest, AdmissionReview, allow, deny
@@ -105,7 +105,7 @@ def validate_node(request: AdmissionRequest, settings: Settings, pods: NodePods)
     record = read_record(_annotations(stored), keys)
     real = record.allocatable if record else ((stored.get("status") or {}).get("allocatable") or {})
     try:
-        running = [p for p in pods.on_node(name) if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        running = [p for p in pods.on_node(name) if not is_terminal(p)]
     except Exception as error:  # noqa: BLE001  -- fail open: a ratio change is the operator's call
         log.warning("node %s: could not list its Pods (%s); allowing the ratio change", name, error)
         return allow(uid, warnings=[f"could not check the Pods on {name} ({error}); ratio change allowed unchecked"])
