@@ -11,8 +11,12 @@ Compression, per workload and resource::
 
 Node oversale, per node and resource::
 
-    ratio = clamp(target x requested / P99(usage), 1, max_ratio), never below
-    floor = requested / real_allocatable x (1 + floor_margin)
+    ratio = clamp(target x requested / P99(usage), 1, max_ratio)
+    cover = requested / real_allocatable                       # below it running Pods are underwater
+    floor = cover x (1 + floor_margin)                         # a lowering stops here
+
+    A ratio computed below the floor (the node is too hot for what it runs) lowers the current
+    ratio no further than the floor, and never raises it, except an underwater node to ``cover``.
 
 Both then pass :func:`stabilize`: changes under 10% are ignored, a raise is at most 25% per
 cycle, a lowering happens at once.
@@ -236,15 +240,29 @@ def oversale_proposal(
     computed = _decimal(min(max(raw, Fraction(1)), Fraction(maximum)), ROUND_FLOOR)
     reason = (f"P{round(estimator.percentile * 100)} usage {format_amount(resource, math.ceil(peak))} of "
               f"{format_amount(resource, requested)} requested, target {estimator.target(resource)}")
+    cover = safe_floor(requested, real_allocatable, Decimal(0))
+    if cover > maximum:
+        reason += f"; requests need {cover}, above the maximum {maximum}: holding"
+        return Proposal(max(current, maximum), reason, peak)
+    if computed < floor:
+        # Too hot for what it already runs. Lowering stops at the floor, so no Pod is pushed
+        # underwater; but a node below the floor is not *raised* to it: the margin would be free
+        # allocatable the scheduler fills at once, the floor would rise with the new requests, and
+        # a hot node would ratchet up to the maximum. Only an underwater node is lifted, to cover.
+        proposed = max(min(current, floor), cover)
+        if proposed == floor:
+            reason += f"; held at the safe floor {floor} (requests / real allocatable + margin)"
+        elif proposed == cover and cover > current:
+            reason += f"; raised only to cover the running requests ({cover}), no room for more"
+        else:
+            reason += f"; usage above target: holding, no room added (floor {floor})"
+        return Proposal(proposed, reason, peak)
     proposed, why = stabilize(current, computed, estimator.stability)
     if why:
         reason += f"; {why}"
-    if proposed < floor:
-        if floor > maximum:
-            reason += f"; requests need {floor}, above the maximum {maximum}: holding"
-            return Proposal(max(current, min(floor, maximum)), reason, peak)
-        reason += f"; held at the safe floor {floor} (requests / real allocatable + margin)"
-        proposed = floor
+    if proposed < cover:
+        reason += f"; raised to cover the running requests ({cover})"
+        proposed = cover
     return Proposal(proposed, reason, peak)
 
 

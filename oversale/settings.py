@@ -163,7 +163,8 @@ class Settings:
     """Largest memory oversale ratio the reconciler writes (cpu: OVERSALE_MAX_CPU_OVERSALE_RATIO)."""
 
     floor_margin: Decimal = field(default=Decimal("0.05"), metadata=_env("OVERSALE_FLOOR_MARGIN"))
-    """Safety above requests / real allocatable that a node ratio never goes below."""
+    """Safety above requests / real allocatable that a lowered node ratio stops at (a hot node is
+    held where it is, not raised into this margin, so it gains no room for more Pods)."""
 
     staleness_seconds: float = field(default=3600.0, metadata=_env("OVERSALE_STALENESS"))
     """Node metrics older than this are stale: the ratio decays toward 1 (never below the floor)."""

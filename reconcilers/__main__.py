@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     backtest.add_argument("--node-memory", default="256Gi", help="node memory (default 256Gi)")
     backtest.add_argument("--warmup-days", type=int, default=7, help="days of history before the first scored day")
     backtest.add_argument("--window-days", type=int, default=7, help="history window of every estimate")
+    backtest.add_argument("--frontier", action="store_true",
+                          help="also run variants of every policy along its main knob (about 4x longer)")
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
@@ -121,7 +123,8 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1:
         parser.error("node size, warm-up and window must be positive")
     config = Config(args.node_cores, memory, args.warmup_days, args.window_days)
-    compression, oversale = default_policies(settings.compression_estimator(), settings.oversale_estimator())
+    compression, oversale = default_policies(settings.compression_estimator(), settings.oversale_estimator(),
+                                           frontier=args.frontier)
     try:
         workloads = read_trace(args.trace, args.format, log)
         result = run(workloads, config, compression, oversale, log)
@@ -131,7 +134,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     rows = summary(result, compression, oversale)
     write_report(args.out, rows, result, args.trace, config)
     for row in rows:
-        print(f"{row['policy']:<18} {row['kind']:<11} freed {row['capacity_freed']:>6.1%}  "
+        print(f"{row['policy']:<36} {row['kind']:<11} freed {row['capacity_freed']:>6.1%}  "
               f"cpu violations {row['cpu_violation_rate']:.3%}  memory violations {row['memory_violation_rate']:.3%}")
     print(f"report: {args.out / 'report.md'}")
     return 0

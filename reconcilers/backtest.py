@@ -116,15 +116,20 @@ History = dict[str, tuple[np.ndarray, np.ndarray]]
 """resource -> (timestamps in seconds, usage) before the evaluated day"""
 
 
+NewRequest = Callable[[str, float, History, float], float]
+"""(resource, request, history, day start) -> the request a compression policy would set."""
+
+
 @dataclass(frozen=True)
 class CompressionPolicy:
     name: str
     source: str
-    new_request: Callable[[str, float, History, float], float]
-    """(resource, request, history, day start) -> the request this policy would set."""
+    new_request: NewRequest
+    family: str = ""
+    """Variants of one policy with a different knob share a family (a curve on the frontier plot)."""
 
 
-def ours_compression(estimator: CompressionEstimator) -> Callable[[str, float, History, float], float]:
+def ours_compression(estimator: CompressionEstimator) -> NewRequest:
     def new_request(resource: str, request: float, history: History, now: float) -> float:
         times, values = history[resource]
         stats = summarize(list(zip(times.tolist(), values.tolist(), strict=True)), estimator.percentile, now)
@@ -133,76 +138,98 @@ def ours_compression(estimator: CompressionEstimator) -> Callable[[str, float, H
     return new_request
 
 
-def vpa_style(resource: str, request: float, history: History, now: float) -> float:
+def vpa_style(multiplier: float = 1.15) -> NewRequest:
     """P90 of a histogram whose samples decay with a 24 h half-life, x 1.15 (VPA's recommender)."""
-    times, values = history[resource]
-    if len(values) == 0:
-        return request
-    weights = np.power(2.0, (times - now) / DAY)
-    order = np.argsort(values)
-    cumulative = np.cumsum(weights[order])
-    index = int(np.searchsorted(cumulative, 0.9 * cumulative[-1]))
-    return float(values[order][min(index, len(values) - 1)] * 1.15)
+    def new_request(resource: str, request: float, history: History, now: float) -> float:
+        times, values = history[resource]
+        if len(values) == 0:
+            return request
+        weights = np.power(2.0, (times - now) / DAY)
+        order = np.argsort(values)
+        cumulative = np.cumsum(weights[order])
+        index = int(np.searchsorted(cumulative, 0.9 * cumulative[-1]))
+        return float(values[order][min(index, len(values) - 1)] * multiplier)
+    return new_request
 
 
-def crane_style(resource: str, request: float, history: History, now: float) -> float:
+def crane_style(multiplier: float = 1.15) -> NewRequest:
     """P99 over 7 days x 1.15 (Crane's resource recommendation)."""
-    _, values = history[resource]
-    if len(values) == 0:
-        return request
-    return float((quantile(values.tolist(), 0.99) or 0.0) * 1.15)
+    def new_request(resource: str, request: float, history: History, now: float) -> float:
+        _, values = history[resource]
+        if len(values) == 0:
+            return request
+        return float((quantile(values.tolist(), 0.99) or 0.0) * multiplier)
+    return new_request
 
 
-def static_compression(resource: str, request: float, history: History, now: float) -> float:
-    return request / 2
+def static_compression(ratio: float = 2) -> NewRequest:
+    def new_request(resource: str, request: float, history: History, now: float) -> float:
+        return request / ratio
+    return new_request
+
+
+def never_above_original(policy: NewRequest) -> NewRequest:
+    """A peer as it would act through this project's webhook, which never raises a request."""
+    def new_request(resource: str, request: float, history: History, now: float) -> float:
+        return min(request, policy(resource, request, history, now))
+    return new_request
 
 
 def no_compression(resource: str, request: float, history: History, now: float) -> float:
     return request
 
 
+OversaleRatio = Callable[[str, float, float, np.ndarray, np.ndarray, float], float]
+"""(resource, node capacity, requested, usage history times, values, current ratio) -> ratio >= 1"""
+
+
 @dataclass(frozen=True)
 class OversalePolicy:
     name: str
     source: str
-    ratio: Callable[[str, float, float, np.ndarray, np.ndarray], float]
-    """(resource, node capacity, requested, usage history times, values) -> ratio >= 1"""
+    ratio: OversaleRatio
+    family: str = ""
 
 
-def ours_oversale(estimator: OversaleEstimator) -> Callable[[str, float, float, np.ndarray, np.ndarray], float]:
+def ours_oversale(estimator: OversaleEstimator) -> OversaleRatio:
     # The backtest evaluates the steady state: the live reconciler reaches the same ratio within
     # a few passes (raises are capped at 25% per pass), so the cap is lifted here.
     steady = dataclasses.replace(estimator, stability=StabilityConfig(Decimal(0), Decimal(1000)))
 
-    def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray) -> float:
+    def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
+              current: float) -> float:
         now = float(times[-1]) + SLOT if len(times) else 0.0
         stats = summarize(list(zip(times.tolist(), values.tolist(), strict=True)), steady.percentile, now)
-        return float(oversale_proposal(resource, round(requested), round(capacity), stats, Decimal(1), steady).ratio)
+        return float(oversale_proposal(resource, round(requested), round(capacity), stats,
+                                       Decimal(str(current)), steady).ratio)
     return ratio
 
 
-def katalyst_realtime(resource: str, capacity: float, requested: float, times: np.ndarray,
-                      values: np.ndarray, target: float = 0.6, e: float = 0.4) -> float:
+def katalyst_realtime(target: float = 0.6, e: float = 0.4) -> OversaleRatio:
     """Katalyst's realtime oversale ratio max(1, ((A*T - U) / max(min(U/R, 1), E) + R) / A), with U
     the latest usage."""
-    if len(values) == 0 or requested <= 0:
-        return 1.0
-    usage = float(values[-1])
-    return max(1.0, ((capacity * target - usage) / max(min(usage / requested, 1.0), e) + requested) / capacity)
+    def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
+              current: float) -> float:
+        if len(values) == 0 or requested <= 0:
+            return 1.0
+        usage = float(values[-1])
+        return max(1.0, ((capacity * target - usage) / max(min(usage / requested, 1.0), e) + requested) / capacity)
+    return ratio
 
 
-def static_oversale(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray) -> float:
-    return 1.5
+def static_oversale(value: float = 1.5) -> OversaleRatio:
+    def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
+              current: float) -> float:
+        return value
+    return ratio
 
 
 # ---- packing and replay ---------------------------------------------------------------------
 
-def first_fit_decreasing(items: list[tuple[float, float]], capacities: Callable[[int], tuple[float, float]]
-                         ) -> list[int]:
+def first_fit_decreasing(items: list[tuple[float, float]], capacity: tuple[float, float]) -> list[int]:
     """Bin index per item, items placed largest first (by their larger share of a bin), each in
-    the first open bin with room for both resources. ``capacities(i)`` is bin i's (cpu, memory)."""
-    unit_cpu, unit_memory = capacities(0)
-    order = sorted(range(len(items)), key=lambda i: -max(items[i][0] / unit_cpu, items[i][1] / unit_memory))
+    the first open bin with room for both resources."""
+    order = sorted(range(len(items)), key=lambda i: -max(items[i][0] / capacity[0], items[i][1] / capacity[1]))
     free: list[list[float]] = []
     placed = [0] * len(items)
     for index in order:
@@ -214,8 +241,7 @@ def first_fit_decreasing(items: list[tuple[float, float]], capacities: Callable[
                 placed[index] = number
                 break
         else:
-            cap_cpu, cap_memory = capacities(len(free))
-            free.append([cap_cpu - cpu, cap_memory - memory])  # an item larger than a bin gets its own
+            free.append([capacity[0] - cpu, capacity[1] - memory])  # an item larger than a bin gets its own
             placed[index] = len(free) - 1
     return placed
 
@@ -259,7 +285,10 @@ def run(workloads: list[Workload], config: Config, compression: list[Compression
     days = list(range(start_day, last // DAY + 1))
     if not days:
         raise TraceError(f"the trace spans less than the {config.warmup_days}-day warm-up")
-    tallies = {name: Tally() for name in [*(p.name for p in compression), *(p.name for p in oversale)]}
+    names = [*(p.name for p in compression), *(p.name for p in oversale)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"policy names must be unique: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    tallies = {name: Tally() for name in names}
     node_week: dict[str, Any] = {}
     for number, day in enumerate(days, 1):
         began = time.perf_counter()
@@ -284,24 +313,17 @@ def run(workloads: list[Workload], config: Config, compression: list[Compression
             new = {r: np.array([squeeze.new_request(r, float(requests[r][i]), histories[i], float(day_start))
                                 for i in range(len(active))]) for r in RESOURCES}
             items = list(zip(new[CPU].tolist(), new[MEMORY].tolist(), strict=True))
-            assignment = first_fit_decreasing(items, lambda _: real)
+            assignment = first_fit_decreasing(items, real)
             tally = tallies[squeeze.name]
             tally.replay(assignment, usage, real)
             for resource in RESOURCES:
                 over = (usage[resource] > new[resource][:, None] + 1e-6) & present
                 tally.above_request[resource] += int(over.sum())
                 tally.workload_samples[resource] += int(present.sum())
-        baseline_items = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
-        baseline = first_fit_decreasing(baseline_items, lambda _: real)
+        original = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
+        window = _window_grid(active, int(slots[0]), config.window_days * DAY // SLOT)
         for oversell in oversale:
-            ratios = _node_ratios(oversell, baseline, requests, histories, real)
-
-            def oversold(node: int, ratios: list[tuple[float, float]] = ratios) -> tuple[float, float]:
-                # Bins beyond the baseline's count take the last node's ratio.
-                cpu_ratio, memory_ratio = ratios[min(node, len(ratios) - 1)]
-                return real[0] * cpu_ratio, real[1] * memory_ratio
-
-            assignment = first_fit_decreasing(baseline_items, oversold)
+            assignment, ratios = pack_oversold(original, window, oversell, real)
             tally = tallies[oversell.name]
             tally.replay(assignment, usage, real)
             if number > len(days) - 7:  # the last week: the busiest node of each day's packing
@@ -310,26 +332,68 @@ def run(workloads: list[Workload], config: Config, compression: list[Compression
     return {"days": len(days), "tallies": tallies, "node_week": node_week}
 
 
-def _node_ratios(policy: OversalePolicy, baseline: list[int], requests: dict[str, np.ndarray],
-                 histories: list[History], real: tuple[float, float]) -> list[tuple[float, float]]:
-    """Per baseline node: the policy's ratio from that node's own history (its workloads' usage summed)."""
-    nodes = max(baseline) + 1
-    ratios = []
-    for node in range(nodes):
-        members = [i for i, n in enumerate(baseline) if n == node]
-        pair = []
-        for position, resource in enumerate(RESOURCES):
-            requested = float(sum(requests[resource][i] for i in members))
-            series: dict[float, float] = {}
-            for i in members:
-                times, values = histories[i][resource]
-                for t, v in zip(times.tolist(), values.tolist(), strict=True):
-                    series[t] = series.get(t, 0.0) + v
-            times_sorted = np.array(sorted(series))
-            values_sorted = np.array([series[t] for t in times_sorted])
-            pair.append(policy.ratio(resource, real[position], requested, times_sorted, values_sorted))
-        ratios.append((pair[0], pair[1]))
-    return ratios or [(1.0, 1.0)]
+@dataclass
+class Window:
+    """The history window before a day on one 5-minute grid: usage per workload (0 where absent)."""
+
+    times: np.ndarray
+    """Seconds, one per slot."""
+    usage: dict[str, np.ndarray]
+    """resource -> workloads x slots"""
+    present: np.ndarray
+    """workloads x slots: the workload has a sample there."""
+
+
+def _window_grid(active: list[Workload], first_slot: int, length: int) -> Window:
+    start = first_slot - length
+    usage = {r: np.zeros((len(active), length)) for r in RESOURCES}
+    present = np.zeros((len(active), length), dtype=bool)
+    for index, workload in enumerate(active):
+        past = (workload.slots >= start) & (workload.slots < first_slot)
+        columns = workload.slots[past] - start
+        present[index, columns] = True
+        for resource in RESOURCES:
+            usage[resource][index, columns] = workload.usage[resource][past]
+    return Window(np.arange(start, first_slot, dtype=np.float64) * SLOT, usage, present)
+
+
+@dataclass
+class _OversoldNode:
+    ratio: list[float]
+    requested: list[float]
+    usage: list[np.ndarray]
+    present: np.ndarray
+
+
+def pack_oversold(items: list[tuple[float, float]], window: Window, policy: OversalePolicy,
+                  real: tuple[float, float]) -> tuple[list[int], list[tuple[float, float]]]:
+    """Node overselling as a closed loop: workloads arrive largest first and go to the first node
+    whose oversold allocatable (``real x ratio``) has room for both resources; after each arrival
+    the policy recomputes that node's ratio from its members' summed history and its new requested
+    total, as the reconciler would on its next pass. So each ratio comes from the node's own
+    history, and a policy that keeps adding room to a node which is already busy packs it ever
+    fuller (and shows it in the violation rate). Returns the node of every item and the final
+    (cpu, memory) ratio of every node."""
+    order = sorted(range(len(items)), key=lambda i: -max(items[i][0] / real[0], items[i][1] / real[1]))
+    nodes: list[_OversoldNode] = []
+    placed = [0] * len(items)
+    for index in order:
+        item = items[index]
+        number = next((n for n, node in enumerate(nodes)
+                       if all(node.requested[k] + item[k] <= real[k] * node.ratio[k] + 1e-6 for k in (0, 1))), None)
+        if number is None:  # a new node; an item larger than a node gets one of its own
+            nodes.append(_OversoldNode([1.0, 1.0], [0.0, 0.0], [np.zeros(window.present.shape[1]) for _ in RESOURCES],
+                                       np.zeros(window.present.shape[1], dtype=bool)))
+            number = len(nodes) - 1
+        node = nodes[number]
+        placed[index] = number
+        node.present |= window.present[index]
+        for k, resource in enumerate(RESOURCES):
+            node.requested[k] += item[k]
+            node.usage[k] += window.usage[resource][index]
+            node.ratio[k] = policy.ratio(resource, real[k], node.requested[k], window.times[node.present],
+                                         node.usage[k][node.present], node.ratio[k])
+    return placed, [(node.ratio[0], node.ratio[1]) for node in nodes]
 
 
 def _extend_node_week(series: dict[str, Any], assignment: list[int], usage: dict[str, np.ndarray],
@@ -357,7 +421,8 @@ def summary(result: dict[str, Any], compression: list[CompressionPolicy], oversa
         tally = tallies[policy.name]
         row: dict[str, Any] = {
             "policy": policy.name,
-            "kind": "compression" if policy in compression else "oversale",
+            "kind": "compression" if isinstance(policy, CompressionPolicy) else "oversale",
+            "family": policy.family or policy.name,
             "source": policy.source,
             "nodes_per_day": round(tally.node_days / result["days"], 2),
             "capacity_freed": round(1 - tally.node_days / base_nodes, 4) if base_nodes else 0.0,
@@ -365,23 +430,70 @@ def summary(result: dict[str, Any], compression: list[CompressionPolicy], oversa
         for resource in RESOURCES:
             samples = max(tally.node_samples[resource], 1)
             row[f"{resource}_violation_rate"] = round(tally.violations[resource] / samples, 5)
-            if policy in compression:
+            if isinstance(policy, CompressionPolicy):
                 row[f"{resource}_above_request"] = round(
                     tally.above_request[resource] / max(tally.workload_samples[resource], 1), 4)
         rows.append(row)
     return rows
 
 
+OURS = {"compression": "oversale", "oversale": "oversale-nodes"}
+"""kind -> the family of this project's policy"""
+
+
+def frontier(rows: list[dict[str, Any]], resource: str = CPU) -> list[dict[str, Any]]:
+    """Each peer's point against this project's curve: the capacity our policy frees at the peer's
+    violation rate, read off our variants (plus the no-compression point, which is our policy at
+    ratio 1) joined by straight lines, i.e. running two of our settings on parts of the fleet.
+    A peer is matched when we free at least as much at that violation rate."""
+    key = f"{resource}_violation_rate"
+    verdicts = []
+    for kind, ours in OURS.items():
+        curve = sorted((row[key], row["capacity_freed"]) for row in rows
+                       if row["family"] == ours or row["policy"] == "none")
+        envelope: list[tuple[float, float]] = []  # the most freed at or below each violation rate
+        for violation, freed in curve:
+            if not envelope or freed > envelope[-1][1]:
+                envelope.append((violation, freed))
+        for row in rows:
+            if row["kind"] != kind or row["family"] in (ours, "none"):
+                continue
+            at = _freed_at(envelope, row[key])
+            verdicts.append({"kind": kind, "peer": row["policy"], "peer_freed": row["capacity_freed"],
+                             "violation_rate": row[key], "ours_freed": None if at is None else round(at, 4),
+                             "matched": at is not None and at >= row["capacity_freed"]})
+    return verdicts
+
+
+def _freed_at(envelope: list[tuple[float, float]], violation: float) -> float | None:
+    below = [point for point in envelope if point[0] <= violation]
+    if not below:
+        return None  # every setting of ours violates more than this
+    left = below[-1]
+    above = [point for point in envelope if point[0] > violation]
+    if not above:
+        return left[1]
+    right = above[0]
+    return left[1] + (right[1] - left[1]) * (violation - left[0]) / (right[0] - left[0])
+
+
 def write_report(out: Path, rows: list[dict[str, Any]], result: dict[str, Any], trace: Path, config: Config) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    verdicts = frontier(rows)
     (out / "summary.json").write_text(json.dumps({"trace": str(trace), "days_evaluated": result["days"],
-                                                  "config": config.__dict__, "policies": rows}, indent=2) + "\n")
+                                                  "config": config.__dict__, "policies": rows,
+                                                  "frontier_cpu": verdicts}, indent=2) + "\n")
     lines = [
         "# Backtest report", "",
         f"Trace `{trace.name}`, {result['days']} days evaluated after a {config.warmup_days}-day warm-up. Each day's "
-        f"requests come only from history before that day ({config.window_days}-day window). Workloads are packed "
-        f"first-fit decreasing on nodes of {config.node_cpu_cores:g} cores and "
-        f"{config.node_memory_bytes / GIB:g} GiB; usage is replayed every 5 minutes.", "",
+        f"requests and ratios come only from history before that day ({config.window_days}-day window). Nodes have "
+        f"{config.node_cpu_cores:g} cores and {config.node_memory_bytes / GIB:g} GiB; usage is replayed every 5 "
+        "minutes.", "",
+        "- **compression** policies set each workload's request; workloads are packed first-fit decreasing (both "
+        "resources) by those requests on nodes of real capacity.",
+        "- **oversale** policies keep original requests and pack them, largest first, on the first node whose "
+        "oversold allocatable (real x ratio) has room; after each placement the policy recomputes that node's "
+        "ratio from its members' summed history, as the reconciler does on its next pass.",
         "- **capacity freed**: 1 - nodes needed / nodes needed without compression or overselling.",
         "- **violation rate**: share of (node, 5-minute sample) pairs whose summed usage exceeds the node's *real* "
         "capacity.",
@@ -395,14 +507,25 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: dict[str, Any], 
                      f"{row['cpu_violation_rate']:.3%} | {row['memory_violation_rate']:.3%} | "
                      f"{_pct(row.get('cpu_above_request'))} | {_pct(row.get('memory_above_request'))} | "
                      f"{row['source']} |")
+    lines += ["", "## Against each peer (cpu)", "",
+              "What this project frees at each peer's cpu violation rate, read off its curve (its variants in this "
+              "run and the no-compression point, joined by straight lines). *Matched* means at least the peer's "
+              "capacity freed at an equal or lower violation rate. Run with `--frontier` to add variants of every "
+              "policy along its main knob.", "",
+              "| kind | peer | peer frees | at cpu violation rate | this project frees there | matched |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for verdict in verdicts:
+        lines.append(f"| {verdict['kind']} | {verdict['peer']} | {verdict['peer_freed']:.1%} | "
+                     f"{verdict['violation_rate']:.3%} | {_pct(verdict['ours_freed'], 1)} | "
+                     f"{'yes' if verdict['matched'] else '**no**'} |")
     lines += ["", "![capacity freed vs violations](savings_vs_violations.png)", "",
               "![one node: usage against real and oversold capacity](node_week.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     _plots(out, rows, result)
 
 
-def _pct(value: float | None) -> str:
-    return "" if value is None else f"{value:.2%}"
+def _pct(value: float | None, digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}%}"
 
 
 def _plots(out: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
@@ -411,16 +534,27 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for axis, resource in zip(axes, RESOURCES, strict=True):
+    # Memory violations are near zero for every policy on the traces at hand (see the table), so
+    # both panels plot cpu: one per kind, one line per family through its variants.
+    figure, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for axis, kind in zip(axes, OURS, strict=True):
+        families: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
-            marker = "o" if row["kind"] == "compression" else "s"
-            axis.scatter(row[f"{resource}_violation_rate"] * 100, row["capacity_freed"] * 100, marker=marker)
-            axis.annotate(row["policy"], (row[f"{resource}_violation_rate"] * 100, row["capacity_freed"] * 100),
-                          fontsize=8, xytext=(4, 4), textcoords="offset points")
-        axis.set_xlabel(f"{resource} violation rate (% of node-samples over real capacity)")
+            if row["kind"] == kind:
+                families.setdefault(row["family"], []).append(row)
+        for family, members in families.items():
+            points = sorted((r["cpu_violation_rate"] * 100, r["capacity_freed"] * 100) for r in members)
+            ours = family == OURS[kind]
+            axis.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=4,
+                      linewidth=2.2 if ours else 1, color="crimson" if ours else None, label=family)
+            for r in members:
+                if r["policy"] == family:  # label the published default of each family
+                    axis.annotate(family, (r["cpu_violation_rate"] * 100, r["capacity_freed"] * 100), fontsize=7,
+                                  xytext=(4, 4), textcoords="offset points")
+        axis.set_xlabel("cpu violation rate (% of node-samples over real capacity)")
         axis.set_ylabel("capacity freed (% of nodes)")
-        axis.set_title(f"Savings vs {resource} violations (o compression, s oversale)")
+        axis.set_title(f"{kind}: savings vs cpu violations (up and left is better)")
+        axis.legend(fontsize=7)
         axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(out / "savings_vs_violations.png", dpi=110)
@@ -442,28 +576,65 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> Non
     plt.close(figure)
 
 
-def default_policies(compression_estimator: CompressionEstimator, oversale_estimator: OversaleEstimator
-                     ) -> tuple[list[CompressionPolicy], list[OversalePolicy]]:
+def default_policies(compression_estimator: CompressionEstimator, oversale_estimator: OversaleEstimator,
+                     frontier: bool = False) -> tuple[list[CompressionPolicy], list[OversalePolicy]]:
+    """This project's policies (as configured) and the peers with their published defaults; with
+    ``frontier`` also variants of each along its main knob, so every policy is a curve."""
+    ours = compression_estimator
     compression = [
-        CompressionPolicy("none", "no compression (baseline)", no_compression),
-        CompressionPolicy("oversale", f"this project: P{round(compression_estimator.percentile * 100)} x "
-                          f"{1 + compression_estimator.margin}, memory at least the peak, confidence over "
-                          f"{compression_estimator.full_confidence_seconds / DAY:g} days",
-                          ours_compression(compression_estimator)),
-        CompressionPolicy("vpa-style",
-                          "Kubernetes VPA recommender: P90 of a decaying histogram, 24 h half-life, x 1.15", vpa_style),
-        CompressionPolicy("crane-style", "Crane: P99 over 7 days x 1.15", crane_style),
-        CompressionPolicy("static-2", "static compression ratio 2", static_compression),
+        CompressionPolicy("none", "no compression (baseline)", no_compression, "none"),
+        CompressionPolicy("oversale", f"this project: P{round(ours.percentile * 100)} x {1 + ours.margin}, "
+                          f"max ratio {ours.max_ratio}, memory at least the peak, confidence over "
+                          f"{ours.full_confidence_seconds / DAY:g} days", ours_compression(ours), "oversale"),
+        CompressionPolicy("vpa-style", "Kubernetes VPA recommender: P90 of a decaying histogram, 24 h half-life, "
+                          "x 1.15", vpa_style(), "vpa-style"),
+        CompressionPolicy("crane-style", "Crane: P99 over 7 days x 1.15", crane_style(), "crane-style"),
+        CompressionPolicy("vpa-style-capped", "VPA-style, never above the original request (as through this "
+                          "project's webhook)", never_above_original(vpa_style()), "vpa-style-capped"),
+        CompressionPolicy("crane-style-capped", "Crane-style, never above the original request",
+                          never_above_original(crane_style()), "crane-style-capped"),
+        CompressionPolicy("static-2", "static compression ratio 2", static_compression(2), "static"),
     ]
+    nodes = oversale_estimator
     oversale = [
-        OversalePolicy("oversale-nodes", f"this project: target {oversale_estimator.cpu_target} cpu / "
-                       f"{oversale_estimator.memory_target} memory x requested / P"
-                       f"{round(oversale_estimator.percentile * 100)}, max {oversale_estimator.cpu_max_ratio} / "
-                       f"{oversale_estimator.memory_max_ratio}, safe floor", ours_oversale(oversale_estimator)),
+        OversalePolicy("oversale-nodes", f"this project: target {nodes.cpu_target} cpu / {nodes.memory_target} "
+                       f"memory x requested / P{round(nodes.percentile * 100)}, max {nodes.cpu_max_ratio} / "
+                       f"{nodes.memory_max_ratio}, safe floor", ours_oversale(nodes), "oversale-nodes"),
         OversalePolicy("katalyst-realtime", "Katalyst: max(1, ((A*T - U)/max(min(U/R, 1), E) + R)/A), T=0.6, E=0.4",
-                       katalyst_realtime),
-        OversalePolicy("static-1.5", "static oversale ratio 1.5", static_oversale),
+                       katalyst_realtime(), "katalyst-realtime"),
+        OversalePolicy("static-oversale-1.5", "static oversale ratio 1.5", static_oversale(1.5), "static-oversale"),
     ]
+    if not frontier:
+        return compression, oversale
+    for margin, max_ratio in (("0.4", "4"), ("0", "4"), ("0.15", "10"), ("0.15", "30")):
+        squeeze = dataclasses.replace(ours, margin=Decimal(margin), max_ratio=Decimal(max_ratio))
+        compression.append(CompressionPolicy(f"oversale margin {margin} max {max_ratio}",
+                                             "this project, margin and max ratio varied",
+                                             ours_compression(squeeze), "oversale"))
+    for multiplier in (1.0, 1.5, 2.0):
+        compression.append(CompressionPolicy(f"vpa-style x{multiplier:g}", "VPA-style, margin varied",
+                                             vpa_style(multiplier), "vpa-style"))
+        compression.append(CompressionPolicy(f"crane-style x{multiplier:g}", "Crane-style, margin varied",
+                                             crane_style(multiplier), "crane-style"))
+    for ratio in (1.5, 3, 4):
+        compression.append(CompressionPolicy(f"static-{ratio:g}", "static compression ratio", static_compression(ratio),
+                                             "static"))
+    # This project's node policy along its aggressiveness: cpu target and both maxima (all values
+    # the settings accept; memory up to the webhook's default bound of 2, then beyond it).
+    for cpu_target, cpu_max, memory_target, memory_max in (
+            ("0.5", "3", "0.6", "1.2"), ("0.7", "3", "0.8", "2"), ("0.8", "5", "0.8", "2"),
+            ("0.9", "10", "0.8", "2"), ("1", "10", "1", "5")):
+        oversell = dataclasses.replace(nodes, cpu_target=Decimal(cpu_target), cpu_max_ratio=Decimal(cpu_max),
+                                      memory_target=Decimal(memory_target), memory_max_ratio=Decimal(memory_max))
+        oversale.append(OversalePolicy(f"oversale-nodes {cpu_target}/{cpu_max} {memory_target}/{memory_max}",
+                                       "this project, cpu target/max and memory target/max varied",
+                                       ours_oversale(oversell), "oversale-nodes"))
+    for target_utilization in (0.1, 0.2, 0.4):
+        oversale.append(OversalePolicy(f"katalyst-realtime T={target_utilization:g}", "Katalyst, T varied",
+                                       katalyst_realtime(target_utilization), "katalyst-realtime"))
+    for ratio in (1.25, 2, 2.5):
+        oversale.append(OversalePolicy(f"static-oversale-{ratio:g}", "static oversale ratio", static_oversale(ratio),
+                                       "static-oversale"))
     return compression, oversale
 
 

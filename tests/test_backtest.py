@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from oversale.estimator import CompressionEstimator, OversaleEstimator
@@ -16,6 +17,7 @@ from reconcilers.backtest import (
     TraceError,
     default_policies,
     first_fit_decreasing,
+    frontier,
     katalyst_realtime,
     read_trace,
     run,
@@ -71,13 +73,67 @@ def test_hand_computed_case(tmp_path):
     assert rows_by_policy["static-2"]["nodes_per_day"] == 1
 
 
+def test_hand_computed_oversale_case(tmp_path):
+    # Eight days; six workloads each request 8 cores and 1 GiB and use 0.5 GiB. "hot1" and "hot2" use
+    # 7 cores (7.6 on the scored day), "q1".."q4" use 1 core. Nodes of 16 cores.
+    rows = []
+    start = 10 * DAY
+    names = ("hot1", "hot2", "q1", "q2", "q3", "q4")
+    for t in range(start, start + 8 * DAY, 300):
+        for name in names:
+            usage = (7.6 if t >= start + 7 * DAY else 7.0) if name.startswith("hot") else 1.0
+            rows.append((name, t, 8, usage, GIB, GIB // 2))
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, rows)
+    compression, oversale = default_policies(CompressionEstimator(), OversaleEstimator())
+    config = Config(node_cpu_cores=16, node_memory_bytes=256 * GIB, warmup_days=7, window_days=7)
+    result = run(read_trace(trace, "generic"), config, compression, oversale)
+    by_policy = {row["policy"]: row for row in summary(result, compression, oversale)}
+
+    # Without overselling: 48 cores of requests, two per 16-core node -> 3 nodes.
+    assert by_policy["none"]["nodes_per_day"] == 3
+    # This project, closed loop. hot1 arrives: 0.7 x 8 / 7 = 0.8 -> ratio 1. hot2 fills the 16
+    # cores: 0.7 x 16 / 14 = 0.8, below the floor 16 / 16 x 1.05 = 1.05, so the node is held at 1
+    # and gains no room. q1 opens a node: 0.7 x 8 / 1 = 5.6 -> the maximum 3, 48 cores; q2..q4 join
+    # it (32 cores requested, 4 used: still 3). Two nodes; the hot node carries 15.2 <= 16 cores.
+    assert by_policy["oversale-nodes"]["nodes_per_day"] == 2
+    assert by_policy["oversale-nodes"]["capacity_freed"] == pytest.approx(1 / 3, abs=1e-4)
+    assert by_policy["oversale-nodes"]["cpu_violation_rate"] == 0
+    # Static 1.5 gives every node 24 cores: hot1, hot2 and q1 share one, which uses 16.2 cores all
+    # day on the scored day: one of the two nodes is over its real capacity in every sample.
+    assert by_policy["static-oversale-1.5"]["nodes_per_day"] == 2
+    assert by_policy["static-oversale-1.5"]["cpu_violation_rate"] == 0.5
+    # Katalyst: hot1 alone gives ((9.6 - 7) / 0.875 + 8) / 16 = 0.69 -> 1, so it packs like ours.
+    assert by_policy["katalyst-realtime"]["nodes_per_day"] == 2
+    assert by_policy["katalyst-realtime"]["cpu_violation_rate"] == 0
+
+
+def test_the_frontier_reads_our_curve_at_each_peers_violation_rate():
+    rows = [
+        {"policy": "none", "kind": "compression", "family": "none", "capacity_freed": 0.0, "cpu_violation_rate": 0.02},
+        {"policy": "oversale", "kind": "compression", "family": "oversale", "capacity_freed": 0.5,
+         "cpu_violation_rate": 0.04},
+        {"policy": "peer", "kind": "compression", "family": "peer", "capacity_freed": 0.3, "cpu_violation_rate": 0.03},
+        {"policy": "greedy", "kind": "compression", "family": "greedy", "capacity_freed": 0.6,
+         "cpu_violation_rate": 0.05},
+        {"policy": "safe", "kind": "compression", "family": "safe", "capacity_freed": 0.1, "cpu_violation_rate": 0.01},
+    ]
+    verdicts = {v["peer"]: v for v in frontier(rows)}
+    # Halfway between (2%, 0) and (4%, 50%): 25% at 3%, less than the peer's 30%.
+    assert verdicts["peer"]["ours_freed"] == pytest.approx(0.25) and not verdicts["peer"]["matched"]
+    # Beyond our riskiest point we are credited only with what that point frees.
+    assert verdicts["greedy"]["ours_freed"] == 0.5 and not verdicts["greedy"]["matched"]
+    # Below our safest point we have nothing to offer.
+    assert verdicts["safe"]["ours_freed"] is None and not verdicts["safe"]["matched"]
+
+
 def test_katalyst_formula_matches_its_definition():
     # A=32, T=0.6, U=8, R=28: ((19.2 - 8) / max(min(8/28, 1), 0.4) + 28) / 32 = (11.2 / 0.4 + 28) / 32 = 1.75
-    assert katalyst_realtime("cpu", 32, 28, [0.0], [8.0]) == pytest.approx(1.75)
+    assert katalyst_realtime()("cpu", 32, 28, np.array([0.0]), np.array([8.0]), 1.0) == pytest.approx(1.75)
 
 
 def test_first_fit_decreasing_packs_largest_first():
-    assert first_fit_decreasing([(3, 1), (9, 1), (6, 1), (1, 1)], lambda _: (10, 10)) == [1, 0, 1, 0]
+    assert first_fit_decreasing([(3, 1), (9, 1), (6, 1), (1, 1)], (10, 10)) == [1, 0, 1, 0]
 
 
 def test_bad_traces_are_refused_with_a_message(tmp_path):
@@ -107,7 +163,7 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     assert data["days_evaluated"] >= 20
     assert policies["none"]["capacity_freed"] == 0
     assert 0 < policies["oversale"]["capacity_freed"] < 1
-    assert policies["static-1.5"]["capacity_freed"] > 0
+    assert policies["static-oversale-1.5"]["capacity_freed"] > 0
     assert "Katalyst" in policies["katalyst-realtime"]["source"]
     report = (out_dir / "report.md").read_text()
     assert "| policy | kind | nodes/day | capacity freed |" in report

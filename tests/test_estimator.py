@@ -118,6 +118,15 @@ def test_oversale_never_below_the_safe_floor():
     assert math.floor(32000 * 1.32) >= 40000
 
 
+def test_a_hot_node_below_the_floor_is_held_not_raised_into_the_margin():
+    # 33 of 32 cores requested at ratio 1.05 (floor 1.09): usage 30 cores is far over the target.
+    proposal = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal("1.05"), OversaleEstimator())
+    assert proposal.ratio == Decimal("1.05") and "no room added" in proposal.reason
+    # Underwater (ratio 1 holds only 32): lifted just enough to cover the 33 cores that run.
+    lifted = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal(1), OversaleEstimator())
+    assert lifted.ratio == Decimal("1.04") and math.floor(32000 * lifted.ratio) >= 33000
+
+
 def test_memory_is_capped_lower():
     # 0.6 x 60 / 10 = 3.6, but memory stops at 1.2
     proposal = oversale_proposal("memory", 60 * 2**30, 64 * 2**30, stats(10 * 2**30), Decimal(1),
@@ -143,5 +152,19 @@ def test_oversale_with_data_never_goes_below_the_floor_nor_above_the_max(request
     floor = safe_floor(requested, allocatable, estimator.floor_margin)
     assert proposal.ratio >= min(floor, estimator.cpu_max_ratio) or proposal.ratio >= current
     assert proposal.ratio <= max(estimator.cpu_max_ratio, current)
-    # The floor (safety) takes precedence over the 25% raise cap.
-    assert proposal.ratio <= current * Decimal("1.25") or proposal.ratio == min(floor, estimator.cpu_max_ratio)
+    # Covering the running requests (safety) takes precedence over the 25% raise cap.
+    cover = safe_floor(requested, allocatable, Decimal(0))
+    assert proposal.ratio <= current * Decimal("1.25") or proposal.ratio == min(cover, estimator.cpu_max_ratio)
+
+
+@given(st.integers(1000, 100000), st.integers(1000, 64000), st.integers(1, 64000),
+       st.decimals(min_value=1, max_value=3, places=2))
+def test_a_node_over_its_target_never_gains_room_for_more_pods(requested, allocatable, peak, current):
+    # The ratchet this rules out: floor = requested x 1.05 / real leaves 5% free allocatable; the
+    # scheduler fills it, the floor rises with the new requests, and a hot node climbs to the max.
+    estimator = OversaleEstimator()
+    proposal = oversale_proposal("cpu", requested, allocatable, stats(peak), current, estimator)
+    hot = Decimal("0.7") * requested / peak < safe_floor(requested, allocatable, estimator.floor_margin)
+    if hot and proposal.ratio > current:
+        assert math.floor(allocatable * proposal.ratio) - requested < allocatable / 100  # only covers what runs
+        assert "no room for more" in proposal.reason or "above the maximum" in proposal.reason
