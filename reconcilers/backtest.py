@@ -421,7 +421,7 @@ def summary(result: dict[str, Any], compression: list[CompressionPolicy], oversa
         tally = tallies[policy.name]
         row: dict[str, Any] = {
             "policy": policy.name,
-            "kind": "compression" if isinstance(policy, CompressionPolicy) else "oversale",
+            "kind": "compression" if isinstance(policy, CompressionPolicy) else "node oversale",
             "family": policy.family or policy.name,
             "source": policy.source,
             "nodes_per_day": round(tally.node_days / result["days"], 2),
@@ -437,7 +437,7 @@ def summary(result: dict[str, Any], compression: list[CompressionPolicy], oversa
     return rows
 
 
-OURS = {"compression": "oversale", "oversale": "oversale-nodes"}
+OURS = {"compression": "oversale-pods", "node oversale": "oversale-nodes"}
 """kind -> the family of this project's policy"""
 
 
@@ -491,10 +491,11 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: dict[str, Any], 
         "minutes.", "",
         "- **compression** policies set each workload's request; workloads are packed first-fit decreasing (both "
         "resources) by those requests on nodes of real capacity.",
-        "- **oversale** policies keep original requests and pack them, largest first, on the first node whose "
+        "- **node oversale** policies keep original requests and pack them, largest first, on the first node whose "
         "oversold allocatable (real x ratio) has room; after each placement the policy recomputes that node's "
         "ratio from its members' summed history, as the reconciler does on its next pass.",
-        "- **capacity freed**: 1 - nodes needed / nodes needed without compression or overselling.",
+        "- **capacity freed**: 1 - nodes needed / nodes needed without compression or overselling (policy "
+        "`none`).",
         "- **violation rate**: share of (node, 5-minute sample) pairs whose summed usage exceeds the node's *real* "
         "capacity.",
         "- **above request**: share of workload samples using more than the request the policy set.", "",
@@ -515,8 +516,9 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: dict[str, Any], 
               "| kind | peer | peer frees | at cpu violation rate | this project frees there | matched |",
               "| --- | --- | --- | --- | --- | --- |"]
     for verdict in verdicts:
+        ours_there = _pct(verdict["ours_freed"], 1) or "no setting is that safe"
         lines.append(f"| {verdict['kind']} | {verdict['peer']} | {verdict['peer_freed']:.1%} | "
-                     f"{verdict['violation_rate']:.3%} | {_pct(verdict['ours_freed'], 1)} | "
+                     f"{verdict['violation_rate']:.3%} | {ours_there} | "
                      f"{'yes' if verdict['matched'] else '**no**'} |")
     lines += ["", "![capacity freed vs violations](savings_vs_violations.png)", "",
               "![one node: usage against real and oversold capacity](node_week.png)", ""]
@@ -583,9 +585,9 @@ def default_policies(compression_estimator: CompressionEstimator, oversale_estim
     ours = compression_estimator
     compression = [
         CompressionPolicy("none", "no compression (baseline)", no_compression, "none"),
-        CompressionPolicy("oversale", f"this project: P{round(ours.percentile * 100)} x {1 + ours.margin}, "
+        CompressionPolicy("oversale-pods", f"this project: P{round(ours.percentile * 100)} x {1 + ours.margin}, "
                           f"max ratio {ours.max_ratio}, memory at least the peak, confidence over "
-                          f"{ours.full_confidence_seconds / DAY:g} days", ours_compression(ours), "oversale"),
+                          f"{ours.full_confidence_seconds / DAY:g} days", ours_compression(ours), "oversale-pods"),
         CompressionPolicy("vpa-style", "Kubernetes VPA recommender: P90 of a decaying histogram, 24 h half-life, "
                           "x 1.15", vpa_style(), "vpa-style"),
         CompressionPolicy("crane-style", "Crane: P99 over 7 days x 1.15", crane_style(), "crane-style"),
@@ -608,9 +610,9 @@ def default_policies(compression_estimator: CompressionEstimator, oversale_estim
         return compression, oversale
     for margin, max_ratio in (("0.4", "4"), ("0", "4"), ("0.15", "10"), ("0.15", "30")):
         squeeze = dataclasses.replace(ours, margin=Decimal(margin), max_ratio=Decimal(max_ratio))
-        compression.append(CompressionPolicy(f"oversale margin {margin} max {max_ratio}",
+        compression.append(CompressionPolicy(f"oversale-pods margin {margin} max {max_ratio}",
                                              "this project, margin and max ratio varied",
-                                             ours_compression(squeeze), "oversale"))
+                                             ours_compression(squeeze), "oversale-pods"))
     for multiplier in (1.0, 1.5, 2.0):
         compression.append(CompressionPolicy(f"vpa-style x{multiplier:g}", "VPA-style, margin varied",
                                              vpa_style(multiplier), "vpa-style"))

@@ -64,11 +64,11 @@ def test_hand_computed_case(tmp_path):
     assert rows_by_policy["none"]["cpu_violation_rate"] == 0
     # This project: demand = P95(1 core) x 1.15 = 1.15 -> 8 / 1.15 = 6.95, capped at the maximum
     # ratio 4: 2 cores each. 4 x 2 = 8 cores fit one 16-core node, where day 8 sums 9 + 3 = 12.
-    assert rows_by_policy["oversale"]["nodes_per_day"] == 1
-    assert rows_by_policy["oversale"]["capacity_freed"] == 0.5
-    assert rows_by_policy["oversale"]["cpu_violation_rate"] == 0
+    assert rows_by_policy["oversale-pods"]["nodes_per_day"] == 1
+    assert rows_by_policy["oversale-pods"]["capacity_freed"] == 0.5
+    assert rows_by_policy["oversale-pods"]["cpu_violation_rate"] == 0
     # ...but the hot workload uses 9 cores above its compressed 2 in every sample of the day: 1/4.
-    assert rows_by_policy["oversale"]["cpu_above_request"] == 0.25
+    assert rows_by_policy["oversale-pods"]["cpu_above_request"] == 0.25
     # Static ratio 2: 4 cores each, 16 on one node: also one node.
     assert rows_by_policy["static-2"]["nodes_per_day"] == 1
 
@@ -111,7 +111,7 @@ def test_hand_computed_oversale_case(tmp_path):
 def test_the_frontier_reads_our_curve_at_each_peers_violation_rate():
     rows = [
         {"policy": "none", "kind": "compression", "family": "none", "capacity_freed": 0.0, "cpu_violation_rate": 0.02},
-        {"policy": "oversale", "kind": "compression", "family": "oversale", "capacity_freed": 0.5,
+        {"policy": "oversale-pods", "kind": "compression", "family": "oversale-pods", "capacity_freed": 0.5,
          "cpu_violation_rate": 0.04},
         {"policy": "peer", "kind": "compression", "family": "peer", "capacity_freed": 0.3, "cpu_violation_rate": 0.03},
         {"policy": "greedy", "kind": "compression", "family": "greedy", "capacity_freed": 0.6,
@@ -162,7 +162,7 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     policies = {p["policy"]: p for p in data["policies"]}
     assert data["days_evaluated"] >= 20
     assert policies["none"]["capacity_freed"] == 0
-    assert 0 < policies["oversale"]["capacity_freed"] < 1
+    assert 0 < policies["oversale-pods"]["capacity_freed"] < 1
     assert policies["static-oversale-1.5"]["capacity_freed"] > 0
     assert "Katalyst" in policies["katalyst-realtime"]["source"]
     report = (out_dir / "report.md").read_text()
