@@ -11,6 +11,7 @@ import csv
 import dataclasses
 import gzip
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -129,12 +130,19 @@ class CompressionPolicy:
     """Variants of one policy with a different knob share a family (a curve on the frontier plot)."""
 
 
-def ours_compression(estimator: CompressionEstimator) -> NewRequest:
+def ours_compression(estimator: CompressionEstimator, raise_up_to: float = 1.0) -> NewRequest:
+    """This project's compression. ``raise_up_to`` > 1 answers a what-if the product does not
+    offer (its webhook never raises a request): a workload whose demand exceeds its request gets
+    the demand, at most ``raise_up_to`` x the request."""
     def new_request(resource: str, request: float, history: History, now: float) -> float:
         times, values = history[resource]
         stats = summarize(list(zip(times.tolist(), values.tolist(), strict=True)), estimator.percentile, now)
-        proposal = compression_proposal(resource, {"c": max(1, round(request))}, {"c": stats}, estimator)
-        return float(compressed_amount(max(1, round(request)), proposal.ratio, 1))
+        original = max(1, round(request))
+        proposal = compression_proposal(resource, {"c": original}, {"c": stats}, estimator)
+        compressed = compressed_amount(original, proposal.ratio, 1)
+        if proposal.demand is not None and proposal.demand > original:
+            return float(min(math.ceil(proposal.demand), math.floor(original * raise_up_to)))
+        return float(compressed)
     return new_request
 
 
@@ -437,8 +445,8 @@ def summary(result: dict[str, Any], compression: list[CompressionPolicy], oversa
     return rows
 
 
-OURS = {"compression": "oversale-pods", "node oversale": "oversale-nodes"}
-"""kind -> the family of this project's policy"""
+OURS = {"compression": ("oversale-pods", "oversale-pods-if-raising"), "node oversale": ("oversale-nodes",)}
+"""kind -> the families of this project's policy (the what-if family is not a product mode)"""
 
 
 def frontier(rows: list[dict[str, Any]], resource: str = CPU) -> list[dict[str, Any]]:
@@ -448,20 +456,24 @@ def frontier(rows: list[dict[str, Any]], resource: str = CPU) -> list[dict[str, 
     A peer is matched when we free at least as much at that violation rate."""
     key = f"{resource}_violation_rate"
     verdicts = []
-    for kind, ours in OURS.items():
-        curve = sorted((row[key], row["capacity_freed"]) for row in rows
-                       if row["family"] == ours or row["policy"] == "none")
-        envelope: list[tuple[float, float]] = []  # the most freed at or below each violation rate
-        for violation, freed in curve:
-            if not envelope or freed > envelope[-1][1]:
-                envelope.append((violation, freed))
-        for row in rows:
-            if row["kind"] != kind or row["family"] in (ours, "none"):
-                continue
-            at = _freed_at(envelope, row[key])
-            verdicts.append({"kind": kind, "peer": row["policy"], "peer_freed": row["capacity_freed"],
-                             "violation_rate": row[key], "ours_freed": None if at is None else round(at, 4),
-                             "matched": at is not None and at >= row["capacity_freed"]})
+    for kind, families in OURS.items():
+        for ours in families:
+            curve = sorted((row[key], row["capacity_freed"]) for row in rows
+                           if row["family"] == ours or row["policy"] == "none")
+            if len(curve) < 2:
+                continue  # that family did not run
+            envelope: list[tuple[float, float]] = []  # the most freed at or below each violation rate
+            for violation, freed in curve:
+                if not envelope or freed > envelope[-1][1]:
+                    envelope.append((violation, freed))
+            for row in rows:
+                if row["kind"] != kind or row["family"] in (*families, "none"):
+                    continue
+                at = _freed_at(envelope, row[key])
+                verdicts.append({"kind": kind, "ours": ours, "peer": row["policy"],
+                                 "peer_freed": row["capacity_freed"], "violation_rate": row[key],
+                                 "ours_freed": None if at is None else round(at, 4),
+                                 "matched": at is not None and at >= row["capacity_freed"]})
     return verdicts
 
 
@@ -510,14 +522,17 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: dict[str, Any], 
                      f"{row['source']} |")
     lines += ["", "## Against each peer (cpu)", "",
               "What this project frees at each peer's cpu violation rate, read off its curve (its variants in this "
-              "run and the no-compression point, joined by straight lines). *Matched* means at least the peer's "
-              "capacity freed at an equal or lower violation rate. Run with `--frontier` to add variants of every "
+              "run and the no-compression point, joined by straight lines: two settings on parts of the fleet). "
+              "*Matched* means at least the peer's capacity freed at an equal or lower violation rate. "
+              "`oversale-pods-if-raising` is a what-if, not a mode of this project: the same estimate, but a "
+              "workload using more than it requested gets its demand (at most 2x the request), as VPA and Crane "
+              "do; this project's webhook never raises a request. Run with `--frontier` to add variants of every "
               "policy along its main knob.", "",
-              "| kind | peer | peer frees | at cpu violation rate | this project frees there | matched |",
-              "| --- | --- | --- | --- | --- | --- |"]
+              "| kind | our curve | peer | peer frees | at cpu violation rate | we free there | matched |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for verdict in verdicts:
         ours_there = _pct(verdict["ours_freed"], 1) or "no setting is that safe"
-        lines.append(f"| {verdict['kind']} | {verdict['peer']} | {verdict['peer_freed']:.1%} | "
+        lines.append(f"| {verdict['kind']} | {verdict['ours']} | {verdict['peer']} | {verdict['peer_freed']:.1%} | "
                      f"{verdict['violation_rate']:.3%} | {ours_there} | "
                      f"{'yes' if verdict['matched'] else '**no**'} |")
     lines += ["", "![capacity freed vs violations](savings_vs_violations.png)", "",
@@ -546,9 +561,10 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> Non
                 families.setdefault(row["family"], []).append(row)
         for family, members in families.items():
             points = sorted((r["cpu_violation_rate"] * 100, r["capacity_freed"] * 100) for r in members)
-            ours = family == OURS[kind]
+            ours = family in OURS[kind]
             axis.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=4,
-                      linewidth=2.2 if ours else 1, color="crimson" if ours else None, label=family)
+                      linewidth=2.2 if ours else 1, label=family,
+                      color={"oversale-pods-if-raising": "darkorange"}.get(family, "crimson") if ours else None)
             for r in members:
                 if r["policy"] == family:  # label the published default of each family
                     axis.annotate(family, (r["cpu_violation_rate"] * 100, r["capacity_freed"] * 100), fontsize=7,
@@ -596,6 +612,9 @@ def default_policies(compression_estimator: CompressionEstimator, oversale_estim
         CompressionPolicy("crane-style-capped", "Crane-style, never above the original request",
                           never_above_original(crane_style()), "crane-style-capped"),
         CompressionPolicy("static-2", "static compression ratio 2", static_compression(2), "static"),
+        CompressionPolicy("oversale-pods-if-raising", "what-if, not a mode of this project: as oversale-pods, but "
+                          "a workload whose demand exceeds its request gets the demand (at most 2x the request)",
+                          ours_compression(ours, raise_up_to=2), "oversale-pods-if-raising"),
     ]
     nodes = oversale_estimator
     oversale = [
@@ -613,6 +632,12 @@ def default_policies(compression_estimator: CompressionEstimator, oversale_estim
         compression.append(CompressionPolicy(f"oversale-pods margin {margin} max {max_ratio}",
                                              "this project, margin and max ratio varied",
                                              ours_compression(squeeze), "oversale-pods"))
+    for percentile, margin, max_ratio in ((0.99, "0.3", "20"), (0.99, "0.15", "4"), (0.95, "0.15", "20")):
+        squeeze = dataclasses.replace(ours, percentile=percentile, margin=Decimal(margin), max_ratio=Decimal(max_ratio))
+        compression.append(CompressionPolicy(
+            f"oversale-pods-if-raising P{round(percentile * 100)} margin {margin} max {max_ratio}",
+            "what-if, percentile, margin and max ratio varied", ours_compression(squeeze, raise_up_to=2),
+            "oversale-pods-if-raising"))
     for multiplier in (1.0, 1.5, 2.0):
         compression.append(CompressionPolicy(f"vpa-style x{multiplier:g}", "VPA-style, margin varied",
                                              vpa_style(multiplier), "vpa-style"))

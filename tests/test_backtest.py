@@ -19,6 +19,7 @@ from reconcilers.backtest import (
     first_fit_decreasing,
     frontier,
     katalyst_realtime,
+    ours_compression,
     read_trace,
     run,
     summary,
@@ -125,6 +126,17 @@ def test_the_frontier_reads_our_curve_at_each_peers_violation_rate():
     assert verdicts["greedy"]["ours_freed"] == 0.5 and not verdicts["greedy"]["matched"]
     # Below our safest point we have nothing to offer.
     assert verdicts["safe"]["ours_freed"] is None and not verdicts["safe"]["matched"]
+
+
+def test_the_raising_what_if_gives_over_users_their_demand_up_to_twice_the_request():
+    times = np.arange(400, dtype=np.float64) * 300  # 33 h: enough history
+    history = {"cpu": (times, np.full(400, 10000.0))}  # 10 cores all along, against 8 requested
+    now = float(times[-1]) + 300
+    assert ours_compression(CompressionEstimator())("cpu", 8000, history, now) == 8000  # never raised
+    raising = ours_compression(CompressionEstimator(), raise_up_to=2)
+    assert raising("cpu", 8000, history, now) == 11500  # P95 10 cores x 1.15
+    assert raising("cpu", 4000, history, now) == 8000  # 11.5 cores wanted, 2 x 4 at most
+    assert raising("cpu", 40000, history, now) == ours_compression(CompressionEstimator())("cpu", 40000, history, now)
 
 
 def test_katalyst_formula_matches_its_definition():
