@@ -225,6 +225,15 @@ def katalyst_realtime(target: float = 0.6, e: float = 0.4) -> OversaleRatio:
     return ratio
 
 
+def capped_at(policy: OversaleRatio, cpu_max: float, memory_max: float) -> OversaleRatio:
+    """A peer's ratio clamped to maxima, as this project's node webhook clamps any ratio."""
+    def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
+              current: float) -> float:
+        wanted = policy(resource, capacity, requested, times, values, current)
+        return min(wanted, cpu_max if resource == CPU else memory_max)
+    return ratio
+
+
 def static_oversale(value: float = 1.5) -> OversaleRatio:
     def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
               current: float) -> float:
@@ -623,6 +632,10 @@ def default_policies(compression_estimator: CompressionEstimator, oversale_estim
                        f"{nodes.memory_max_ratio}, safe floor", ours_oversale(nodes), "oversale-nodes"),
         OversalePolicy("katalyst-realtime", "Katalyst: max(1, ((A*T - U)/max(min(U/R, 1), E) + R)/A), T=0.6, E=0.4",
                        katalyst_realtime(), "katalyst-realtime"),
+        OversalePolicy("katalyst-realtime-capped", f"Katalyst's formula (T=0.6) within this project's maxima "
+                       f"({nodes.cpu_max_ratio} cpu / {nodes.memory_max_ratio} memory), as through its webhook",
+                       capped_at(katalyst_realtime(), float(nodes.cpu_max_ratio), float(nodes.memory_max_ratio)),
+                       "katalyst-realtime-capped"),
         OversalePolicy("static-oversale-1.5", "static oversale ratio 1.5", static_oversale(1.5), "static-oversale"),
     ]
     if not frontier:
