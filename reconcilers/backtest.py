@@ -315,14 +315,13 @@ def run(workloads: list[Workload], config: Config, compression: list[Compression
         usage = {r: np.zeros((len(active), len(slots))) for r in RESOURCES}
         requests = {r: np.zeros(len(active)) for r in RESOURCES}
         present = np.zeros((len(active), len(slots)), dtype=bool)
-        histories: list[History] = []
+        window = _window_grid(active, int(slots[0]), config.window_days * DAY // SLOT)
+        histories: list[History] = [{r: (window.times[seen], window.usage[r][index][seen]) for r in RESOURCES}
+                                    for index, seen in enumerate(window.present)]
         for index, workload in enumerate(active):
             today = (workload.slots >= slots[0]) & (workload.slots <= slots[-1])
             columns = workload.slots[today] - slots[0]
             present[index, columns] = True
-            past = (workload.slots < slots[0]) & (workload.slots >= slots[0] - config.window_days * DAY // SLOT)
-            histories.append({r: ((workload.slots[past] * SLOT).astype(np.float64), workload.usage[r][past])
-                              for r in RESOURCES})
             for resource in RESOURCES:
                 usage[resource][index, columns] = workload.usage[resource][today]
                 requests[resource][index] = float(workload.request[resource][today].max())
@@ -338,7 +337,6 @@ def run(workloads: list[Workload], config: Config, compression: list[Compression
                 tally.above_request[resource] += int(over.sum())
                 tally.workload_samples[resource] += int(present.sum())
         original = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
-        window = _window_grid(active, int(slots[0]), config.window_days * DAY // SLOT)
         for oversell in oversale:
             assignment, ratios = pack_oversold(original, window, oversell, real)
             tally = tallies[oversell.name]
