@@ -27,6 +27,7 @@ from oversale.estimator import (
     CompressionEstimator,
     OversaleEstimator,
     StabilityConfig,
+    UsageStats,
     compression_proposal,
     oversale_proposal,
     quantile,
@@ -117,6 +118,11 @@ History = dict[str, tuple[np.ndarray, np.ndarray]]
 """resource -> (timestamps in seconds, usage) before the evaluated day"""
 
 
+def _usage_stats(times: np.ndarray, values: np.ndarray, percentile: float, now: float) -> UsageStats:
+    """The estimator's own summary of a history given as arrays."""
+    return summarize(list(zip(times.tolist(), values.tolist(), strict=True)), percentile, now)
+
+
 NewRequest = Callable[[str, float, History, float], float]
 """(resource, request, history, day start) -> the request a compression policy would set."""
 
@@ -136,7 +142,7 @@ def ours_compression(estimator: CompressionEstimator, raise_up_to: float = 1.0) 
     the demand, at most ``raise_up_to`` x the request."""
     def new_request(resource: str, request: float, history: History, now: float) -> float:
         times, values = history[resource]
-        stats = summarize(list(zip(times.tolist(), values.tolist(), strict=True)), estimator.percentile, now)
+        stats = _usage_stats(times, values, estimator.percentile, now)
         original = max(1, round(request))
         proposal = compression_proposal(resource, {"c": original}, {"c": stats}, estimator)
         compressed = compressed_amount(original, proposal.ratio, 1)
@@ -207,7 +213,7 @@ def ours_oversale(estimator: OversaleEstimator) -> OversaleRatio:
     def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
               current: float) -> float:
         now = float(times[-1]) + SLOT if len(times) else 0.0
-        stats = summarize(list(zip(times.tolist(), values.tolist(), strict=True)), steady.percentile, now)
+        stats = _usage_stats(times, values, steady.percentile, now)
         return float(oversale_proposal(resource, round(requested), round(capacity), stats,
                                        Decimal(str(current)), steady).ratio)
     return ratio
@@ -243,10 +249,16 @@ def static_oversale(value: float = 1.5) -> OversaleRatio:
 
 # ---- packing and replay ---------------------------------------------------------------------
 
+def _largest_first(items: list[tuple[float, float]], capacity: tuple[float, float]) -> list[int]:
+    """Item indexes by decreasing size, an item's size being its larger share of a node: both
+    packers use this order, so compression and overselling are compared on the same footing."""
+    return sorted(range(len(items)), key=lambda i: -max(items[i][0] / capacity[0], items[i][1] / capacity[1]))
+
+
 def first_fit_decreasing(items: list[tuple[float, float]], capacity: tuple[float, float]) -> list[int]:
     """Bin index per item, items placed largest first (by their larger share of a bin), each in
     the first open bin with room for both resources."""
-    order = sorted(range(len(items)), key=lambda i: -max(items[i][0] / capacity[0], items[i][1] / capacity[1]))
+    order = _largest_first(items, capacity)
     free: list[list[float]] = []
     placed = [0] * len(items)
     for index in order:
@@ -389,7 +401,7 @@ def pack_oversold(items: list[tuple[float, float]], window: Window, policy: Over
     history, and a policy that keeps adding room to a node which is already busy packs it ever
     fuller (and shows it in the violation rate). Returns the node of every item and the final
     (cpu, memory) ratio of every node."""
-    order = sorted(range(len(items)), key=lambda i: -max(items[i][0] / real[0], items[i][1] / real[1]))
+    order = _largest_first(items, real)
     nodes: list[_OversoldNode] = []
     placed = [0] * len(items)
     for index in order:
