@@ -24,11 +24,24 @@ import pytest
 from tests.kube_api import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
+
+
+def _shared_dir() -> Path:
+    """``shared/`` beside this checkout, or beside the local repository it was cloned from (a
+    fresh clone elsewhere, e.g. CI's in /tmp, still finds the inputs nobody here wrote)."""
+    candidates = [ROOT.parent / "shared"]
+    origin = subprocess.run(["git", "-C", str(ROOT), "remote", "get-url", "origin"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    if origin and "://" not in origin and ":" not in origin.split("/")[0]:  # a local path, not a URL
+        candidates.append((ROOT / origin).resolve().parent / "shared")
+    return next((c for c in candidates if (c / "fixtures" / "pods").is_dir()), candidates[0])
+
+
+SHARED = _shared_dir()
 POD_FIXTURES = sorted((SHARED / "fixtures" / "pods").glob("*.json"))
 if not POD_FIXTURES:
     raise RuntimeError(f"the shared fixtures are missing: expected Pods in {SHARED / 'fixtures' / 'pods'} "
-                       "(the repository must be cloned beside shared/)")
+                       "(clone the repository beside shared/, or from a checkout that is)")
 # A Deployment-owned Pod with one container requesting 100m CPU and 100Mi memory.
 FRONTEND_POD = SHARED / "fixtures" / "pods" / "016-examples-deployment-frontend.json"
 
