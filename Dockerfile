@@ -25,6 +25,7 @@ COPY webhook/ webhook/
 COPY certs/ certs/
 COPY reconcilers/ reconcilers/
 COPY scheduler/ scheduler/
+COPY simulator/ simulator/
 USER 10001:10001
 EXPOSE 8443
 ENTRYPOINT ["python", "-m"]

@@ -76,6 +76,12 @@ class AnnotationKeys:
         return self._key("original-requests")
 
     @property
+    def written_requests(self) -> str:
+        """Written on Pods: JSON of the requests this service set (same shape as
+        ``original-requests``), so a reinvocation can tell its own raise from another webhook's."""
+        return self._key("written-requests")
+
+    @property
     def compression(self) -> str:
         """Written on Pods: short audit of the ratios applied and the guards that capped them."""
         return self._key("compression")
@@ -158,11 +164,14 @@ class AnnotationKeys:
         return {key: annotations[key] for key in self.workload_keys() if key in annotations}
 
 
-def parse_ratio(text: str) -> Decimal:
-    """Read a ratio annotation: a plain decimal >= 1.
+def parse_ratio(text: str, minimum: Decimal = Decimal(1)) -> Decimal:
+    """Read a ratio annotation: a plain decimal, at least ``minimum`` when that is 1 (node ratios);
+    any positive value otherwise (compression ratios below 1 *raise* requests; the caller clamps).
 
     >>> parse_ratio("2.25")
     Decimal('2.25')
+    >>> parse_ratio("0.8", minimum=Decimal("0.5"))
+    Decimal('0.8')
     >>> parse_ratio("1e3")
     Traceback (most recent call last):
     ...
@@ -172,8 +181,10 @@ def parse_ratio(text: str) -> Decimal:
     if not _RATIO.match(stripped):
         raise InvalidRatio(f"{text!r} is not a plain decimal number such as 1, 1.5 or 2.25")
     ratio = Decimal(stripped)
-    if ratio < 1:
+    if ratio < 1 and minimum >= 1:
         raise InvalidRatio(f"{text!r} is below 1 (a ratio of 1 means no change)")
+    if ratio <= 0:
+        raise InvalidRatio(f"{text!r} is not above 0 (a ratio of 1 means no change, 0.5 doubles the request)")
     return ratio
 
 
@@ -187,10 +198,11 @@ def format_ratio(ratio: Decimal) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def current_ratio(annotations: Mapping[str, str], key: str) -> Decimal:
-    """The ratio an object carries now (1 when absent or invalid: the webhooks treat it so too)."""
+def current_ratio(annotations: Mapping[str, str], key: str, minimum: Decimal = Decimal(1)) -> Decimal:
+    """The ratio an object carries now (1 when absent or invalid: the webhooks treat it so too);
+    a value below ``minimum`` reads as ``minimum``, as the webhook clamps it."""
     try:
-        return parse_ratio(annotations[key]) if key in annotations else Decimal(1)
+        return max(parse_ratio(annotations[key], minimum), minimum) if key in annotations else Decimal(1)
     except InvalidRatio:
         return Decimal(1)
 
@@ -227,7 +239,7 @@ class AnnotationProblem:
 
 @dataclass
 class RatioReading:
-    """Ratios read from annotations: resource -> ratio > 1, and what was wrong on the way."""
+    """Ratios read from annotations: resource -> ratio other than 1, and what was wrong on the way."""
 
     ratios: dict[str, Decimal] = field(default_factory=dict)
     problems: list[AnnotationProblem] = field(default_factory=list)
@@ -239,10 +251,12 @@ def read_ratios(
     key_of: Callable[[str], str],
     maximum_of: Callable[[str], Decimal],
     otherwise: str,
+    minimum: Decimal = Decimal(1),
 ) -> RatioReading:
     """Read one ratio annotation per resource (``key_of(resource)``). An invalid value leaves that
     resource out and becomes a problem ("... ; cpu {otherwise}"); a value above ``maximum_of``
-    is clamped with a warning; a ratio of 1 means "leave alone"."""
+    or below ``minimum`` is clamped to it with a warning; a ratio of 1 means "leave alone".
+    With ``minimum`` 1 (node ratios) a value below 1 is invalid, not clamped."""
     reading = RatioReading()
     for resource in RESOURCES:
         key = key_of(resource)
@@ -250,7 +264,7 @@ def read_ratios(
             continue
         text = annotations[key]
         try:
-            ratio = parse_ratio(text)
+            ratio = parse_ratio(text, minimum)
         except InvalidRatio as error:
             reading.problems.append(AnnotationProblem(key, text, f"{error}; {resource} {otherwise}"))
             continue
@@ -258,6 +272,9 @@ def read_ratios(
         if ratio > maximum:
             reading.warnings.append(f"{key}={text} is above the maximum {maximum}; using {maximum}")
             ratio = maximum
-        if ratio > 1:
+        if ratio < minimum:
+            reading.warnings.append(f"{key}={text} is below the minimum {minimum}; using {minimum}")
+            ratio = minimum
+        if ratio != 1:
             reading.ratios[resource] = ratio
     return reading

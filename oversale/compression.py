@@ -1,9 +1,22 @@
-"""Pod request compression: lower each container's requests by a per-workload ratio.
+"""Pod request right-sizing: change each container's requests by a per-workload ratio.
 
-``new = min(original, max(floor, LimitRange bounds, ceil(original / ratio)))`` in integer
-millicores and bytes, for every container, init container and native sidecar, and for pod-level
-``spec.resources.requests``. Limits are never touched. Ratios come from annotations read by
-:func:`policy_from_annotations`; :func:`compress_requests` applies one to a Pod dict.
+A ratio above 1 lowers requests ("compression")::
+
+    new = min(original, max(floor, LimitRange bounds, ceil(original / ratio)))
+
+A ratio below 1 (down to ``OVERSALE_MIN_RATIO``) raises them, for workloads that use more than
+they request: the scheduler then stops packing them onto nodes as if they were small, which is
+what overloads their neighbours. A raise is bounded by every rule the API server checks after
+mutating webhooks ran, so it can never get a Pod rejected or change how it is treated::
+
+    new = max(original, min(ceil(original / ratio), limit, LimitRange max))
+    Pod total <= LimitRange Pod max, and <= its request + the ResourceQuota headroom
+    the QoS class is unchanged (a Burstable Pod never becomes Guaranteed)
+    pod-level requests still cover the containers' sum
+
+In integer millicores and bytes, for every container, init container and native sidecar, and for
+pod-level ``spec.resources.requests``. Limits are never touched. Ratios come from annotations read
+by :func:`policy_from_annotations`; :func:`compress_requests` applies one to a Pod dict.
 """
 
 from __future__ import annotations
@@ -40,8 +53,11 @@ POD_LEVEL_KEY = "(pod)"
 class CompressionConfig:
     """Cluster-wide knobs of the compression policy (see ``oversale.settings.Settings``)."""
 
-    max_ratio: Decimal = Decimal(4)
+    max_ratio: Decimal = Decimal(8)
     """Largest ratio applied; larger annotations are clamped to it with a warning."""
+    min_ratio: Decimal = Decimal("0.5")
+    """Smallest ratio applied (0.5: a request at most doubles); smaller ones are clamped with a
+    warning. 1 switches raising off."""
     cpu_floor_millicores: int = 10
     """No CPU request is lowered below this (unless it was already lower)."""
     memory_floor_bytes: int = 16 * 2**20
@@ -58,7 +74,7 @@ class CompressionPolicy:
     """What to do to one Pod: the ratio per resource, and what was noticed while reading it."""
 
     ratios: Mapping[str, Decimal]
-    """Resource -> ratio > 1 to apply. A resource absent here is left alone."""
+    """Resource -> ratio to apply (> 1 lowers, < 1 raises). A resource absent here is left alone."""
     keys: AnnotationKeys = field(default_factory=AnnotationKeys)
     config: CompressionConfig = field(default_factory=CompressionConfig)
     disabled: bool = False
@@ -77,7 +93,7 @@ class CompressionResult:
     applied: dict[str, Fraction] = field(default_factory=dict)
     """Resource -> ratio actually applied (after Pod LimitRange caps)."""
     freed: dict[str, int] = field(default_factory=dict)
-    """Resource -> millicores/bytes the scheduler no longer reserves for this Pod."""
+    """Resource -> millicores/bytes the scheduler no longer reserves for this Pod (negative: raised)."""
     reasons: list[str] = field(default_factory=list)
     """Human-readable account, also written in the audit annotation."""
     warnings: list[str] = field(default_factory=list)
@@ -106,7 +122,8 @@ def policy_from_annotations(
             disabled = not parse_switch(switch)
         except InvalidAnnotation as error:
             problems.append(AnnotationProblem(keys.enable_resource_compress, switch, str(error)))
-    reading = read_ratios(annotations, keys.requests_ratio, lambda resource: config.max_ratio, "not compressed")
+    reading = read_ratios(annotations, keys.requests_ratio, lambda resource: config.max_ratio, "not compressed",
+                          minimum=config.min_ratio)
     return CompressionPolicy(
         reading.ratios, keys, config, disabled, (*problems, *reading.problems), tuple(reading.warnings)
     )
@@ -152,14 +169,18 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     compressed = _writable_copy(restored)
     guards: list[str] = []
     for resource, ratio in policy.ratios.items():
-        applied = _compress_resource(compressed, resource, Fraction(ratio), policy.config, bounds, guards)
+        if ratio < 1:
+            applied = _raise_resource(compressed, restored, resource, Fraction(ratio), bounds, guards)
+        else:
+            applied = _compress_resource(compressed, resource, Fraction(ratio), policy.config, bounds, guards)
         if applied is not None:
             result.applied[resource] = applied
             before = effective_request(restored, resource)
             after = effective_request(compressed, resource)
             result.freed[resource] = before - after
             shown = _show_ratio(applied)
-            capped = "" if applied == ratio else f" (asked {ratio}, capped by Pod LimitRange)"
+            guard = "a guard" if ratio < 1 else "Pod LimitRange"
+            capped = "" if applied == ratio else f" (asked {ratio}, capped by {guard})"
             result.reasons.append(
                 f"{resource} ratio {shown}{capped}: "
                 f"{format_amount(resource, before)} -> {format_amount(resource, after)}"
@@ -173,6 +194,8 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
         return result
     annotations = compressed.setdefault("metadata", {}).setdefault("annotations", {})
     annotations[policy.keys.original_requests] = json.dumps(originals, sort_keys=True, separators=(",", ":"))
+    annotations[policy.keys.written_requests] = json.dumps(_recorded_requests(compressed), sort_keys=True,
+                                                           separators=(",", ":"))
     annotations[policy.keys.compression] = "; ".join(result.reasons)
     result.pod = compressed
     return result
@@ -181,6 +204,14 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
 def compressed_amount(original: int, ratio: Fraction | Decimal, floor: int) -> int:
     """One request after compression: ``min(original, max(floor, ceil(original / ratio)))``."""
     return min(original, max(floor, math.ceil(original / Fraction(ratio))))
+
+
+def resized_amount(original: int, ratio: Fraction | Decimal, floor: int) -> int:
+    """One request at ``ratio`` before the Pod's own guards: compressed (ratio above 1, not below
+    ``floor``) or raised (ratio below 1, ``ceil(original / ratio)``)."""
+    if ratio < 1:
+        return max(original, math.ceil(original / Fraction(ratio)))
+    return compressed_amount(original, ratio, floor)
 
 
 def _compress_resource(
@@ -226,6 +257,109 @@ def _compress_resource(
         new = max(config.floor(resource), pod_floor, math.ceil(original / ratio))
         _set_request(spec["resources"], resource, min(new, original), original)
     return ratio
+
+
+def _raise_resource(
+    pod: Pod, restored: Pod, resource: str, ratio: Fraction, bounds: RequestBounds, guards: list[str]
+) -> Fraction | None:
+    """Raise one resource's requests in ``pod`` in place, within every guard; return the ratio
+    applied (None when a guard leaves nothing to raise). ``restored`` is the Pod as it came."""
+    before = effective_request(restored, resource)
+    if before == 0:
+        return None
+    # The Pod's total may grow to the Pod LimitRange max and to what the namespace quota has left:
+    # the ResourceQuota plugin admits the Pod only if its whole request fits in hard - used.
+    caps: list[tuple[int, str]] = []
+    pod_max = bounds.for_pod(resource).max
+    if pod_max is not None:
+        caps.append((pod_max, "Pod LimitRange max"))
+    if resource in bounds.quota_headroom:
+        caps.append((bounds.quota_headroom[resource], "ResourceQuota headroom"))
+    total_cap, total_guard = min(caps) if caps else (None, "")
+    qos = qos_class(restored)
+    noted = len(guards)
+    wanted, target = ratio, None
+    while True:
+        after = _apply_raise(pod, restored, resource, wanted, bounds, guards, strictly_below_limit=False)
+        if qos_class(pod) != qos:
+            # Reaching every limit would make a Burstable Pod Guaranteed (and the kubelet would
+            # then treat it differently): stop one unit short of the limits instead.
+            after = _apply_raise(pod, restored, resource, wanted, bounds, guards, strictly_below_limit=True)
+            _note(guards, f"{resource} kept {qos}")
+        if total_cap is None or after <= total_cap:
+            break
+        _note(guards, f"{resource} {total_guard}")
+        # Aim at the cap; rounding up per container can still overshoot it by a few units, then
+        # aim that much lower.
+        target = total_cap if target is None else target - (after - total_cap)
+        if target <= before:
+            after = _restore_resource(pod, restored, resource)
+            break
+        wanted = max(ratio, Fraction(before, target))
+    if after <= before:
+        _note(guards, f"{resource} not raised")
+        _restore_resource(pod, restored, resource)
+        return None
+    return wanted if len(guards) == noted else Fraction(before, after)
+
+
+def _note(guards: list[str], guard: str) -> None:
+    if guard not in guards:
+        guards.append(guard)
+
+
+def _apply_raise(
+    pod: Pod, restored: Pod, resource: str, ratio: Fraction, bounds: RequestBounds, guards: list[str],
+    strictly_below_limit: bool,
+) -> int:
+    """Set each unit's raised request in ``pod`` from the originals in ``restored``; return the
+    Pod's new effective request."""
+    container_max = bounds.for_container(resource).max
+    for container, original_container in zip(all_containers(pod), all_containers(restored), strict=True):
+        original = requests_of(original_container).get(resource)
+        if original is None:
+            continue
+        new = resized_amount(original, ratio, 0)
+        limit = limits_of(original_container).get(resource)
+        for upper, guard in ((limit, "limit"), (container_max, "LimitRange max")):
+            if upper is None:
+                continue
+            if guard == "limit" and strictly_below_limit:
+                upper -= 1
+            if new > upper:
+                new = upper
+                _note(guards, f"{container.get('name')}/{resource} {guard}")
+        _set_request(container.setdefault("resources", {}), resource, max(new, original), original)
+    spec = pod.get("spec") or {}
+    original_spec = restored.get("spec") or {}
+    original = requests_of(original_spec, default_from_limits=False).get(resource)
+    if original is not None:
+        new = resized_amount(original, ratio, 0)
+        limit = limits_of(original_spec).get(resource)
+        if limit is not None:
+            new = min(new, limit - 1 if strictly_below_limit else limit)
+        # Pod-level requests must still cover the containers' sum, or the API server refuses the Pod.
+        containers = sum(requests_of(c).get(resource, 0) for c in spec.get("containers") or [])
+        if containers > new:
+            _restore_resource(pod, restored, resource, containers_only=True)
+            _note(guards, f"{resource} containers kept within pod-level requests")
+        _set_request(spec["resources"], resource, max(new, original), original)
+    return effective_request(pod, resource)
+
+
+def _restore_resource(pod: Pod, restored: Pod, resource: str, containers_only: bool = False) -> int:
+    """Put one resource's requests back as they came; return the effective request."""
+    for container, original_container in zip(all_containers(pod), all_containers(restored), strict=True):
+        requests = (original_container.get("resources") or {}).get("requests") or {}
+        current = (container.get("resources") or {}).get("requests")
+        if resource in requests:
+            container.setdefault("resources", {}).setdefault("requests", {})[resource] = requests[resource]
+        elif current:
+            current.pop(resource, None)
+    spec_requests = ((restored.get("spec") or {}).get("resources") or {}).get("requests") or {}
+    if resource in spec_requests and not containers_only:
+        (pod.get("spec") or {})["resources"]["requests"][resource] = spec_requests[resource]
+    return effective_request(pod, resource)
 
 
 def _writable_copy(pod: Pod) -> Pod:
@@ -281,8 +415,9 @@ def _recorded_requests(pod: Pod) -> dict[str, dict[str, str]]:
 def _restore_originals(pod: Pod, keys: AnnotationKeys) -> tuple[Pod, str | None]:
     """Put back the requests recorded by an earlier pass of this webhook.
 
-    A recorded value is used only where the current request is not above it: a request another
-    mutating webhook raised after us is a new original, not ours to undo.
+    A recorded value is used only where the current request is not above it, or is exactly what
+    this service wrote (its own raise): a request another mutating webhook raised after us is a
+    new original, not ours to undo.
     """
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     text = annotations.get(keys.original_requests)
@@ -292,6 +427,7 @@ def _restore_originals(pod: Pod, keys: AnnotationKeys) -> tuple[Pod, str | None]
         recorded = json.loads(text)
         if not isinstance(recorded, dict):
             raise ValueError("not a JSON object")
+        written = _written_requests(annotations.get(keys.written_requests))
         restored = _writable_copy(pod)
         # Each unit is a dict whose "resources" holds the requests: a container, or the spec
         # itself for pod-level resources.
@@ -304,17 +440,34 @@ def _restore_originals(pod: Pod, keys: AnnotationKeys) -> tuple[Pod, str | None]
             if unit is None or not isinstance(values, dict):
                 continue
             current = requests_of(unit)
+            ours = written.get(name) or {}
             for resource, original in values.items():
-                if resource in RESOURCES and current.get(resource, 0) <= parse_amount(resource, original):
+                if resource not in RESOURCES:
+                    continue
+                now = current.get(resource, 0)
+                if now <= parse_amount(resource, original) or (
+                        resource in ours and now == parse_amount(resource, ours[resource])):
                     unit.setdefault("resources", {}).setdefault("requests", {})[resource] = original
     except (ValueError, TypeError, AttributeError, QuantityError) as error:
         return pod, f"annotation {keys.original_requests} ignored ({error}); current requests taken as original"
     return restored, None
 
 
+def _written_requests(text: str | None) -> dict[str, dict[str, str]]:
+    """The ``written-requests`` record (empty when absent or unreadable: then only values at or
+    below the originals are taken as ours, as before raises existed)."""
+    try:
+        written = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(written, dict):
+        return {}
+    return {str(k): v for k, v in written.items() if isinstance(v, dict)}
+
+
 def _without_our_annotations(pod: Pod, keys: AnnotationKeys) -> Pod:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    for key in (keys.original_requests, keys.compression):
+    for key in (keys.original_requests, keys.written_requests, keys.compression):
         annotations.pop(key, None)
     return pod
 

@@ -4,14 +4,22 @@ Everything here is arithmetic over summaries of history (:class:`UsageStats`), s
 reconcilers, whatever their metrics source, and an offline replay of a trace share one
 implementation.
 
-Compression, per workload and resource::
+Compression (two-way right-sizing), per workload and resource::
 
-    demand(container) = P95(usage) x (1 + margin)          # memory: at least the observed peak
-    ratio             = clamp(min over containers(request / demand), 1, max_ratio)
+    demand(container) = Pq(usage) x (1 + margin)           # memory: at least the observed peak
+    ratio             = clamp(min over containers(request / demand), min_ratio, max_ratio)
+
+A ratio below 1 raises the request of a workload that uses more than it asked for; a lowering
+with less than ``full_confidence_seconds`` of history is pulled toward 1, a raise is not.
 
 Node oversale, per node and resource::
 
-    ratio = clamp(target x requested / P99(usage), 1, max_ratio)
+    ratio = clamp(target x requested / Pq(node usage), 1, max_ratio)
+
+The node's usage is the *sum* of its Pods' usage, so its peak is below the sum of their peaks
+whenever those do not coincide: that difference is the room overselling hands out. With the
+defaults (q = 1, the window's peak; cpu target 1) a node takes Pods until the peak its Pods
+reached together over the window would fill its real capacity.
     cover = requested / real_allocatable                       # below it running Pods are underwater
     floor = cover x (1 + floor_margin)                         # a lowering stops here
 
@@ -84,11 +92,13 @@ class StabilityConfig:
 
 @dataclass(frozen=True)
 class CompressionEstimator:
-    percentile: float = 0.95
-    margin: Decimal = Decimal("0.15")
-    max_ratio: Decimal = Decimal(4)
+    percentile: float = 1.0
+    margin: Decimal = Decimal("0.05")
+    max_ratio: Decimal = Decimal(8)
+    min_ratio: Decimal = Decimal("0.5")
+    """Below 1 a ratio raises the request (a workload using more than it asked for)."""
     min_coverage_seconds: float = 24 * 3600
-    """No ratio above 1 with less history than this."""
+    """No ratio other than 1 with less history than this."""
     min_samples: int = 100
     """No ratio above 1 with fewer samples than this."""
     full_confidence_seconds: float = 7 * 24 * 3600
@@ -98,10 +108,10 @@ class CompressionEstimator:
 
 @dataclass(frozen=True)
 class OversaleEstimator:
-    percentile: float = 0.99
-    cpu_target: Decimal = Decimal("0.7")
+    percentile: float = 1.0
+    cpu_target: Decimal = Decimal(1)
     memory_target: Decimal = Decimal("0.6")
-    cpu_max_ratio: Decimal = Decimal(3)
+    cpu_max_ratio: Decimal = Decimal(5)
     memory_max_ratio: Decimal = Decimal("1.2")
     floor_margin: Decimal = Decimal("0.05")
     min_coverage_seconds: float = 24 * 3600
@@ -203,8 +213,11 @@ def compression_proposal(
         coverage = min(coverage, stats.covered_seconds)
     assert best is not None
     ratio, container, demand = best
-    clamped = min(max(ratio, Fraction(1)), Fraction(estimator.max_ratio))
-    confidence = min(Fraction(1), Fraction(coverage) / Fraction(estimator.full_confidence_seconds))
+    clamped = min(max(ratio, Fraction(estimator.min_ratio)), Fraction(estimator.max_ratio))
+    # Little history makes a *lowering* uncertain, so it is pulled toward 1; a raise is the safe
+    # direction (the workload already uses more than it asked for) and applies in full.
+    confidence = Fraction(1) if clamped < 1 else min(
+        Fraction(1), Fraction(coverage) / Fraction(estimator.full_confidence_seconds))
     adjusted = 1 + (clamped - 1) * confidence
     proposed = _decimal(adjusted, ROUND_FLOOR)
     shown = format_amount(resource, math.ceil(demand))

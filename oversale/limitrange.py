@@ -1,9 +1,9 @@
-"""The parts of a namespace's LimitRanges that bound how far requests may be lowered.
+"""What a namespace's LimitRanges and ResourceQuotas allow a request to become.
 
-The LimitRanger admission plugin *validates* Pods after mutating webhooks have run, so a Pod this
-service compressed below a ``min``, or past a ``maxLimitRequestRatio`` (limit / request), would be
-rejected. ``max`` and defaults never matter: lowering a request cannot exceed a max, and defaults
-were applied before the webhook saw the Pod.
+The LimitRanger and ResourceQuota admission plugins *validate* Pods after mutating webhooks have
+run, so a Pod this service compressed below a ``min`` or past a ``maxLimitRequestRatio`` (limit /
+request), or raised above a ``max`` or past the quota's remaining ``requests.cpu``/``requests.memory``,
+would be rejected. Defaults never matter: they were applied before the webhook saw the Pod.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ class Bound:
     """Smallest allowed request (millicores or bytes); 0 when unbounded."""
     max_limit_request_ratio: Fraction | None = None
     """Largest allowed limit / request, or None when unbounded."""
+    max: int | None = None
+    """Largest allowed request (a LimitRange ``max`` bounds requests as well as limits)."""
 
     def floor_for(self, limit: int | None) -> int:
         """The smallest request that satisfies this bound for a given limit."""
@@ -37,7 +39,8 @@ class Bound:
     def tighten(self, other: Bound) -> Bound:
         """Both bounds at once (several LimitRanges in a namespace all apply)."""
         ratios = [r for r in (self.max_limit_request_ratio, other.max_limit_request_ratio) if r]
-        return Bound(max(self.min, other.min), min(ratios) if ratios else None)
+        maxima = [m for m in (self.max, other.max) if m is not None]
+        return Bound(max(self.min, other.min), min(ratios) if ratios else None, min(maxima) if maxima else None)
 
 
 @dataclass(frozen=True)
@@ -46,12 +49,19 @@ class RequestBounds:
 
     container: Mapping[str, Bound] = field(default_factory=dict)
     pod: Mapping[str, Bound] = field(default_factory=dict)
+    quota_headroom: Mapping[str, int] = field(default_factory=dict)
+    """Resource -> how much more the namespace's ResourceQuotas let Pods request (``hard - used``,
+    the tightest quota); absent when no quota bounds it."""
 
     def for_container(self, resource: str) -> Bound:
         return self.container.get(resource, Bound())
 
     def for_pod(self, resource: str) -> Bound:
         return self.pod.get(resource, Bound())
+
+    def with_quotas(self, quotas: Iterable[Mapping[str, Any]]) -> RequestBounds:
+        """These bounds plus the headroom of ResourceQuota objects (with their ``status``)."""
+        return RequestBounds(self.container, self.pod, quota_headroom(quotas))
 
 
 NO_BOUNDS = RequestBounds()
@@ -80,13 +90,43 @@ def bounds_from_limit_ranges(limit_ranges: Iterable[Mapping[str, Any]]) -> Reque
 
 def _bound_of(item: Mapping[str, Any], resource: str) -> Bound | None:
     minimum = (item.get("min") or {}).get(resource)
+    maximum = (item.get("max") or {}).get(resource)
     ratio = (item.get("maxLimitRequestRatio") or {}).get(resource)
-    if minimum is None and ratio is None:
+    if minimum is None and ratio is None and maximum is None:
         return None
     try:
         return Bound(
             min=parse_amount(resource, minimum) if minimum is not None else 0,
             max_limit_request_ratio=parse_quantity(ratio) if ratio is not None else None,
+            max=parse_amount(resource, maximum) if maximum is not None else None,
         )
     except QuantityError:
         return None
+
+
+# ResourceQuota spells a requests bound two ways: ``requests.cpu`` and the older bare ``cpu``.
+_QUOTA_KEYS = {resource: (f"requests.{resource}", resource) for resource in RESOURCES}
+
+
+def quota_headroom(quotas: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Resource -> the smallest ``hard - used`` over the quotas that bound its requests.
+
+    Every quota counts, whatever its scopes: a scoped quota that does not match the Pod can only
+    make a raise smaller than it could be, never get a Pod rejected. ``used`` is the quota
+    controller's last figure; Pods created since are not in it, so the headroom is a best
+    estimate (see README, "Raising requests").
+    """
+    headroom: dict[str, int] = {}
+    for quota in quotas:
+        hard = ((quota.get("status") or {}).get("hard") or (quota.get("spec") or {}).get("hard") or {})
+        used = (quota.get("status") or {}).get("used") or {}
+        for resource, keys in _QUOTA_KEYS.items():
+            for key in keys:
+                if key not in hard:
+                    continue
+                try:
+                    left = parse_amount(resource, hard[key]) - parse_amount(resource, used.get(key, "0"))
+                except QuantityError:
+                    continue
+                headroom[resource] = min(headroom.get(resource, left), max(left, 0))
+    return headroom

@@ -39,7 +39,7 @@ FIELDS = ("allocatable", "capacity")
 class OversaleLimits:
     """Inclusive upper bounds of the node oversale ratios; larger annotations are clamped."""
 
-    max_cpu_ratio: Decimal = Decimal(3)
+    max_cpu_ratio: Decimal = Decimal(5)
     max_memory_ratio: Decimal = Decimal(2)
 
     def max_for(self, resource: str) -> Decimal:

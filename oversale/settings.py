@@ -33,8 +33,13 @@ class Settings:
     annotation_prefix: str = field(default=DEFAULT_PREFIX, metadata=_env("OVERSALE_ANNOTATION_PREFIX"))
     """Prefix of every annotation key read or written, e.g. ``stke.platform/cpu-requests-ratio``."""
 
-    max_ratio: Decimal = field(default=Decimal(4), metadata=_env("OVERSALE_MAX_RATIO"))
+    max_ratio: Decimal = field(default=Decimal(8), metadata=_env("OVERSALE_MAX_RATIO"))
     """Largest compression ratio applied; larger annotations are clamped to it with a warning."""
+
+    min_ratio: Decimal = field(default=Decimal("0.5"), metadata=_env("OVERSALE_MIN_RATIO"))
+    """Smallest ratio applied: below 1 a ratio *raises* requests (0.5: at most doubled), for
+    workloads that use more than they request. Smaller annotations are clamped with a warning;
+    1 switches raising off."""
 
     cpu_floor_millicores: int = field(default=10, metadata=_env("OVERSALE_CPU_FLOOR"))
     """No CPU request is compressed below this (a quantity such as ``10m``)."""
@@ -53,7 +58,7 @@ class Settings:
     )
     """Comma-separated namespaces whose Pods are never touched (the own namespace is added)."""
 
-    max_cpu_oversale_ratio: Decimal = field(default=Decimal(3), metadata=_env("OVERSALE_MAX_CPU_OVERSALE_RATIO"))
+    max_cpu_oversale_ratio: Decimal = field(default=Decimal(5), metadata=_env("OVERSALE_MAX_CPU_OVERSALE_RATIO"))
     """Largest node CPU oversale ratio (inclusive); larger annotations are clamped."""
 
     max_memory_oversale_ratio: Decimal = field(default=Decimal(2), metadata=_env("OVERSALE_MAX_MEMORY_OVERSALE_RATIO"))
@@ -125,10 +130,11 @@ class Settings:
     reconcile_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_RECONCILE_INTERVAL"))
     """Time between two reconcile passes."""
 
-    compression_percentile: float = field(default=0.95, metadata=_env("OVERSALE_COMPRESSION_PERCENTILE"))
-    """Usage percentile taken as a container's demand."""
+    compression_percentile: float = field(default=1.0, metadata=_env("OVERSALE_COMPRESSION_PERCENTILE"))
+    """Usage percentile taken as a container's demand (1: the window's peak). Chosen on the
+    backtest's tuning days: see README, "Backtest"."""
 
-    compression_margin: Decimal = field(default=Decimal("0.15"), metadata=_env("OVERSALE_COMPRESSION_MARGIN"))
+    compression_margin: Decimal = field(default=Decimal("0.05"), metadata=_env("OVERSALE_COMPRESSION_MARGIN"))
     """Headroom added to the demand: demand = percentile x (1 + margin)."""
 
     min_history_seconds: float = field(default=86400.0, metadata=_env("OVERSALE_MIN_HISTORY"))
@@ -149,11 +155,12 @@ class Settings:
     rescale_hpa: bool = field(default=False, metadata=_env("OVERSALE_RESCALE_HPA"))
     """Compress workloads with a utilization HPA and scale the HPA target by the ratio (off: skip them)."""
 
-    node_percentile: float = field(default=0.99, metadata=_env("OVERSALE_NODE_PERCENTILE"))
-    """Node usage percentile taken as its peak."""
+    node_percentile: float = field(default=1.0, metadata=_env("OVERSALE_NODE_PERCENTILE"))
+    """Percentile of the node's summed usage taken as its coming peak (1: the window's peak, which
+    already counts that its Pods' peaks do not coincide)."""
 
-    cpu_target_utilization: Decimal = field(default=Decimal("0.7"), metadata=_env("OVERSALE_CPU_TARGET"))
-    """Node CPU utilization the oversale ratio aims at."""
+    cpu_target_utilization: Decimal = field(default=Decimal("1"), metadata=_env("OVERSALE_CPU_TARGET"))
+    """Share of real CPU the node's predicted peak may reach: ratio = target x requested / peak."""
 
     memory_target_utilization: Decimal = field(default=Decimal("0.6"), metadata=_env("OVERSALE_MEMORY_TARGET"))
     """Node memory utilization the oversale ratio aims at."""
@@ -195,6 +202,7 @@ class Settings:
     def compression(self) -> CompressionConfig:
         return CompressionConfig(
             max_ratio=self.max_ratio,
+            min_ratio=self.min_ratio,
             cpu_floor_millicores=self.cpu_floor_millicores,
             memory_floor_bytes=self.memory_floor_bytes,
             allow_guaranteed_downgrade=self.allow_guaranteed_downgrade,
@@ -212,6 +220,7 @@ class Settings:
             percentile=self.compression_percentile,
             margin=self.compression_margin,
             max_ratio=self.max_ratio,
+            min_ratio=self.min_ratio,
             min_coverage_seconds=self.min_history_seconds,
             min_samples=self.min_samples,
             full_confidence_seconds=self.full_confidence_seconds,
@@ -289,6 +298,16 @@ def _max_ratio(text: str) -> Decimal:
     return value
 
 
+def _min_ratio(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise ValueError("must be a number above 0 and at most 1") from None
+    if not value.is_finite() or not 0 < value <= 1:
+        raise ValueError("must be a number above 0 and at most 1")
+    return value
+
+
 def _username_template(text: str) -> str:
     if "{node}" not in text:
         raise ValueError("must contain {node}, e.g. system:node:{node}")
@@ -321,6 +340,7 @@ def _level(text: str) -> str:
 _PARSERS: dict[str, Any] = {
     "annotation_prefix": _prefix,
     "max_ratio": _max_ratio,
+    "min_ratio": _min_ratio,
     "cpu_floor_millicores": parse_millicores,
     "memory_floor_bytes": parse_bytes,
     "allow_guaranteed_downgrade": _bool,
@@ -391,8 +411,8 @@ def _duration(text: str, allow_zero: bool = False) -> float:
 
 def _fraction(text: str) -> float:
     value = float(text)
-    if not 0 < value < 1:
-        raise ValueError("must be between 0 and 1, e.g. 0.95")
+    if not 0 < value <= 1:
+        raise ValueError("must be above 0 and at most 1, e.g. 0.95 (1: the peak)")
     return value
 
 

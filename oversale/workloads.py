@@ -125,7 +125,7 @@ def plan_compression(
     plan = WorkloadPlan(key=(str(workload.get("kind")), metadata.get("namespace", ""), metadata.get("name", "")))
     for resource in (CPU, MEMORY):
         key = keys.requests_ratio(resource)
-        plan.current[resource] = current_ratio(annotations, key)
+        plan.current[resource] = current_ratio(annotations, key, min(estimator.min_ratio, Decimal(1)))
         if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
             plan.skipped[resource] = ("memory-not-opted-in", f"memory not opted in ({keys.enable_memory_compress}: y)")
             continue

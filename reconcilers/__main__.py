@@ -33,18 +33,23 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("run", help="reconcile in a loop (leader-elected)")
     once = commands.add_parser("once", help="one pass")
     once.add_argument("--dry-run", action="store_true", help="print the proposals, write nothing")
-    backtest = commands.add_parser("backtest", help="replay a usage trace through the policies and their peers")
+    backtest = commands.add_parser(
+        "backtest", help="replay a usage trace through the whole system and its peers on one simulated cluster",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     backtest.add_argument("--trace", type=Path, required=True, help="CSV or CSV.gz trace")
-    backtest.add_argument("--format", choices=["bitbrains-long", "generic"], default="generic",
+    backtest.add_argument("--format", choices=["bitbrains-long", "generic"], default=None,
                           help="bitbrains-long (GWA-T-12 long CSV) or generic (workload,timestamp_s,"
-                               "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes)")
+                               "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes); "
+                               "default: detected from the header")
     backtest.add_argument("--out", type=Path, default=Path("backtest-report"), help="report directory")
-    backtest.add_argument("--node-cores", type=float, default=32, help="node size in cores (default 32)")
-    backtest.add_argument("--node-memory", default="256Gi", help="node memory (default 256Gi)")
+    backtest.add_argument("--node-cores", type=float, default=32, help="node size in cores")
+    backtest.add_argument("--node-memory", default="256Gi", help="node memory")
     backtest.add_argument("--warmup-days", type=int, default=7, help="days of history before the first scored day")
     backtest.add_argument("--window-days", type=int, default=7, help="history window of every estimate")
+    backtest.add_argument("--holdout-days", type=int, default=14,
+                          help="the last days, reported apart as the holdout (nothing is tuned on them)")
     backtest.add_argument("--frontier", action="store_true",
-                          help="also run variants of every policy along its main knob (about 4x longer)")
+                          help="also run the peers' variants along their main knob (about 2x longer)")
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
@@ -114,30 +119,39 @@ def main(argv: list[str] | None = None) -> int:
 def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
     from oversale.errors import QuantityError
     from oversale.quantity import parse_bytes
-    from reconcilers.backtest import Config, TraceError, default_policies, log, read_trace, run, summary, write_report
+    from simulator.policies import default_systems
+    from simulator.replay import Config, run
+    from simulator.report import summary, write_report
+    from simulator.trace import TraceError, read_trace
 
     try:
         memory = parse_bytes(args.node_memory)
     except QuantityError as error:
         parser.error(f"--node-memory: {error}")
-    if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1:
-        parser.error("node size, warm-up and window must be positive")
-    config = Config(args.node_cores, memory, args.warmup_days, args.window_days)
-    compression, oversale = default_policies(settings.compression_estimator(), settings.oversale_estimator(),
-                                           frontier=args.frontier)
+    if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
+        parser.error("node size, warm-up and window must be positive, the holdout not negative")
+    config = Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days)
+    systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), frontier=args.frontier)
     try:
-        workloads = read_trace(args.trace, args.format, log)
-        result = run(workloads, config, compression, oversale, log)
+        workloads = read_trace(args.trace, args.format, _log)
+        result = run(workloads, config, systems, _log)
     except TraceError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
-    rows = summary(result, compression, oversale)
-    write_report(args.out, rows, result, args.trace, config)
-    for row in rows:
-        print(f"{row['policy']:<36} {row['kind']:<11} freed {row['capacity_freed']:>6.1%}  "
-              f"cpu violations {row['cpu_violation_rate']:.3%}  memory violations {row['memory_violation_rate']:.3%}")
+        return 2
+    rows = summary(result, systems)
+    data = write_report(args.out, rows, result, args.trace, config)
+    for split in ("tuning", "holdout"):
+        print(f"{split} days (clairvoyant bound frees {data['clairvoyant_by_split'][split]:.1%}):")
+        for row in rows:
+            figures = row[split]
+            print(f"  {row['policy']:<34} {row['kind']:<13} freed {figures['capacity_freed']:>6.1%}  cpu violations "
+                  f"{figures['cpu_violation_rate']:.3%}  memory violations {figures['memory_violation_rate']:.3%}")
     print(f"report: {args.out / 'report.md'}")
     return 0
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:

@@ -33,6 +33,7 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "pods": ("/api/v1", "pods", "Pod", True),
     "nodes": ("/api/v1", "nodes", "Node", False),
     "limitranges": ("/api/v1", "limitranges", "LimitRange", True),
+    "resourcequotas": ("/api/v1", "resourcequotas", "ResourceQuota", True),
     "namespaces": ("/api/v1", "namespaces", "Namespace", False),
     "secrets": ("/api/v1", "secrets", "Secret", True),
     "events": ("/api/v1", "events", "Event", True),

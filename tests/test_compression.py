@@ -143,8 +143,8 @@ def test_invalid_annotation_leaves_only_that_resource_alone():
 
 def test_ratio_above_maximum_is_clamped_with_a_warning():
     result = compress_requests(pod(container("app", "1")), policy(cpu="10"))
-    assert requests(result.pod, "app")["cpu"] == "250m"
-    assert any("above the maximum 4" in w for w in result.warnings)
+    assert requests(result.pod, "app")["cpu"] == "125m"
+    assert any("above the maximum 8" in w for w in result.warnings)
 
 
 def test_switch_off_disables_even_with_a_ratio():
@@ -315,3 +315,115 @@ def test_patches_of_flat_maps_escape_keys_and_apply_like_jsonpatch():
     assert {"op": "add", "path": "/metadata/annotations/new~1key~0", "value": "4"} in operations
     document = {"metadata": {"annotations": dict(before)}}
     assert jsonpatch.apply_patch(document, operations) == {"metadata": {"annotations": after}}
+
+
+# ---- raising (ratios below 1) --------------------------------------------------------------------
+
+def test_a_ratio_below_one_raises_up_to_the_limit_and_says_why():
+    result = compress_requests(pod(container("app", "500m", "1Gi", limits={"cpu": "800m"})), policy(cpu="0.5"))
+    assert requests(result.pod, "app")["cpu"] == "800m"  # 1 core asked, the limit is 800m
+    assert result.freed["cpu"] == -300
+    assert "app/cpu limit" in result.pod["metadata"]["annotations"][KEYS.compression]
+
+
+def test_a_raise_never_makes_a_burstable_pod_guaranteed():
+    # cpu limit 1, memory request = limit: raising cpu to its limit would make the Pod Guaranteed.
+    p = pod(container("app", "500m", "1Gi", limits={"cpu": "1", "memory": "1Gi"}))
+    assert qos_class(p) == "Burstable"
+    result = compress_requests(p, policy(cpu="0.5"))
+    assert requests(result.pod, "app")["cpu"] == "999m"
+    assert qos_class(result.pod) == "Burstable"
+
+
+def test_a_ratio_below_the_minimum_is_clamped_with_a_warning():
+    result = compress_requests(pod(container("app", "1")), policy(cpu="0.1"))
+    assert requests(result.pod, "app")["cpu"] == "2"
+    assert any("below the minimum 0.5" in w for w in result.warnings)
+    off = CompressionConfig(min_ratio=Decimal(1))  # OVERSALE_MIN_RATIO=1: raising switched off
+    assert requests(compress_requests(pod(container("app", "1")), policy(cpu="0.5", config=off)).pod, "app") == \
+        {"cpu": "1"}
+
+
+def test_pod_level_requests_still_cover_the_containers_after_a_raise():
+    p = pod(container("a", "300m"), container("b", "300m"),
+            resources={"requests": {"cpu": "700m"}, "limits": {"cpu": "1"}})
+    out = compress_requests(p, policy(cpu="0.5")).pod
+    pod_level = parse_amount("cpu", out["spec"]["resources"]["requests"]["cpu"])
+    assert pod_level == 1000  # 1.4 cores asked, the pod-level limit is 1
+    assert sum(requests_of(c)["cpu"] for c in out["spec"]["containers"]) <= pod_level
+
+
+def test_our_own_raise_is_undone_on_reinvocation_but_another_webhooks_is_kept():
+    first = compress_requests(pod(container("app", "1")), policy(cpu="0.5")).pod
+    assert requests(first, "app")["cpu"] == "2"
+    assert compress_requests(first, policy(cpu="0.5")).pod == first
+    assert requests(compress_requests(first, policy(cpu="2")).pod, "app")["cpu"] == "500m"
+    other = copy.deepcopy(first)
+    other["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3"
+    assert requests(compress_requests(other, policy(cpu="0.5")).pod, "app")["cpu"] == "6"
+
+
+raise_ratios = st.decimals(min_value=Decimal("0.2"), max_value=Decimal("0.99"), places=2)
+any_ratios = st.one_of(raise_ratios, st.decimals(min_value=1, max_value=8, places=2))
+
+
+@st.composite
+def bounds_for_raises(draw):
+    items = []
+    for kind in ("Container", "Pod"):
+        item: dict = {"type": kind}
+        if draw(st.booleans()):
+            item["max"] = {"cpu": format_millicores(draw(st.integers(1, 200_000))),
+                           "memory": format_bytes(draw(st.integers(1, 2**38)))}
+        items.append(item)
+    quotas = []
+    if draw(st.booleans()):
+        hard = draw(st.integers(1, 400_000))
+        used = draw(st.integers(0, hard))
+        quotas.append({"spec": {"hard": {"requests.cpu": format_millicores(hard)}},
+                       "status": {"hard": {"requests.cpu": format_millicores(hard)},
+                                  "used": {"requests.cpu": format_millicores(used)}}})
+    return bounds_from_limit_ranges([{"spec": {"limits": items}}]).with_quotas(quotas)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(pods(), raise_ratios, raise_ratios, bounds_for_raises())
+def test_raise_properties(p, cpu_ratio, memory_ratio, bounds):
+    chosen = policy(cpu=str(cpu_ratio), memory=str(memory_ratio))
+    result = compress_requests(p, chosen, bounds)
+    out = result.pod
+
+    assert compress_requests(out, chosen, bounds).pod == out, "idempotent on reinvocation"
+    assert qos_class(out) == qos_class(p), "QoS class unchanged"
+    for before, after in zip(_units(p), _units(out), strict=True):
+        assert after["resources"].get("limits") == before["resources"].get("limits"), "limits untouched"
+        original, new = requests_of(before), requests_of(after)
+        for resource in original:
+            ratio = max(Fraction(cpu_ratio if resource == "cpu" else memory_ratio), Fraction(1, 2))
+            assert original[resource] <= new[resource] <= math.ceil(original[resource] / ratio)
+            limit = (before["resources"].get("limits") or {}).get(resource)
+            if limit and new[resource] > original[resource]:
+                assert new[resource] <= parse_amount(resource, limit), "never above the limit"
+            maximum = bounds.for_container(resource).max
+            if maximum is not None and new[resource] > original[resource]:
+                assert new[resource] <= maximum, "never above the LimitRange max"
+    for resource in ("cpu", "memory"):
+        raised = effective_request(out, resource) > effective_request(p, resource)
+        if raised and resource in bounds.quota_headroom:
+            assert effective_request(out, resource) <= bounds.quota_headroom[resource], "within quota headroom"
+        if raised and bounds.for_pod(resource).max is not None:
+            assert effective_request(out, resource) <= bounds.for_pod(resource).max, "within Pod LimitRange max"
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(pods(), any_ratios, any_ratios)
+def test_a_changed_ratio_is_computed_from_the_originals(p, first, second):
+    """0.5 -> 2 -> 0.5 (and any other pair): the Pod always ends as if the last ratio were the first."""
+    once = compress_requests(p, policy(cpu=str(first), memory=str(first))).pod
+    again = compress_requests(once, policy(cpu=str(second), memory=str(second))).pod
+    direct = compress_requests(p, policy(cpu=str(second), memory=str(second))).pod
+    for a, b in zip(_units(again), _units(direct), strict=True):
+        assert requests_of(a) == requests_of(b)
+    back = compress_requests(again, policy(cpu=str(first), memory=str(first))).pod
+    for a, b in zip(_units(back), _units(once), strict=True):
+        assert requests_of(a) == requests_of(b)

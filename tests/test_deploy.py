@@ -120,7 +120,8 @@ def test_rbac_lists_exactly_what_the_code_uses_and_no_wildcards(rendered):
     workloads = {("apps", r) for r in ("replicasets", "deployments", "statefulsets", "daemonsets")} | \
         {("batch", r) for r in ("jobs", "cronjobs")}
     expected = {(g, r, v) for g, r in workloads for v in ("get", "list", "watch")} | \
-        {("", "limitranges", "list"), ("", "limitranges", "watch"), ("", "pods", "list")}
+        {("", "limitranges", "list"), ("", "limitranges", "watch"), ("", "resourcequotas", "list"),
+         ("", "resourcequotas", "watch"), ("", "pods", "list")}
     assert granted == expected
 
 
@@ -260,6 +261,7 @@ def test_dockerfile_builds_a_slim_non_root_image_without_compilers():
     cmd = next(arg for ins, arg in final if ins == "CMD")
     assert cmd.startswith('["webhook", "--bind", "0.0.0.0:8443"')
     copied = {arg.split()[0] for ins, arg in final if ins == "COPY" and not arg.startswith("--from")}
-    assert copied == {"oversale/", "webhook/", "certs/", "reconcilers/", "scheduler/"}
+    # simulator/ serves `python -m reconcilers backtest` from the same image.
+    assert copied == {"oversale/", "webhook/", "certs/", "reconcilers/", "scheduler/", "simulator/"}
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "tests", ".git"} <= set(ignored)

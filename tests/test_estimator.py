@@ -27,6 +27,12 @@ DAY = 86400.0
 WEEK = 7 * DAY
 
 
+# The worked examples below are written for these settings (the arithmetic is what they check);
+# the defaults' own figures come from the backtest.
+P95 = CompressionEstimator(percentile=0.95, margin=Decimal("0.15"), max_ratio=Decimal(4))
+TARGET_07 = OversaleEstimator(percentile=0.99, cpu_target=Decimal("0.7"), cpu_max_ratio=Decimal(3))
+
+
 def stats(q, peak=None, samples=2016, covered=WEEK, age=60.0):
     return UsageStats(q, peak if peak is not None else q, samples, covered, age)
 
@@ -47,36 +53,36 @@ def test_summarize_and_merge_over_pods():
 
 
 def test_compression_ratio_is_request_over_p95_with_margin():
-    proposal = compression_proposal("cpu", {"app": 1000}, {"app": stats(200)}, CompressionEstimator())
+    proposal = compression_proposal("cpu", {"app": 1000}, {"app": stats(200)}, P95)
     # 1000 / (200 x 1.15) = 4.347.. -> clamped to the maximum 4
     assert proposal.ratio == 4
-    proposal = compression_proposal("cpu", {"app": 1000}, {"app": stats(400)}, CompressionEstimator())
+    proposal = compression_proposal("cpu", {"app": 1000}, {"app": stats(400)}, P95)
     assert proposal.ratio == Decimal("2.17")  # 1000 / 460, rounded down
     assert "demand 460m" in proposal.reason
 
 
 def test_the_most_conservative_container_decides():
     proposal = compression_proposal("cpu", {"app": 1000, "sidecar": 100},
-                                    {"app": stats(200), "sidecar": stats(80)}, CompressionEstimator())
+                                    {"app": stats(200), "sidecar": stats(80)}, P95)
     assert proposal.ratio == Decimal("1.08")  # 100 / 92, not 1000 / 230
     assert "container sidecar" in proposal.reason
 
 
 def test_memory_demand_is_never_below_the_peak():
-    proposal = compression_proposal("memory", {"app": 2048}, {"app": stats(500, peak=1024)}, CompressionEstimator())
+    proposal = compression_proposal("memory", {"app": 2048}, {"app": stats(500, peak=1024)}, P95)
     assert proposal.ratio == 2  # 2048 / max(575, 1024)
 
 
 def test_no_ratio_above_one_without_enough_history():
     thin = stats(100, samples=50, covered=6 * 3600)
-    proposal = compression_proposal("cpu", {"app": 1000}, {"app": thin}, CompressionEstimator())
+    proposal = compression_proposal("cpu", {"app": 1000}, {"app": thin}, P95)
     assert proposal.ratio == 1 and "not enough history" in proposal.reason
-    assert compression_proposal("cpu", {"app": 1000}, {}, CompressionEstimator()).ratio == 1
+    assert compression_proposal("cpu", {"app": 1000}, {}, P95).ratio == 1
 
 
 def test_thin_history_pulls_the_ratio_toward_one():
     two_days = stats(250, samples=576, covered=2 * DAY)
-    proposal = compression_proposal("cpu", {"app": 1000}, {"app": two_days}, CompressionEstimator())
+    proposal = compression_proposal("cpu", {"app": 1000}, {"app": two_days}, P95)
     # full ratio 1000 / 287.5 = 3.478; confidence 2/7 -> 1 + 2.478 x 2/7 = 1.708
     assert proposal.ratio == Decimal("1.70")
     assert "29% confidence" in proposal.reason
@@ -103,7 +109,7 @@ def test_stabilize_never_raises_more_than_a_quarter_and_always_allows_lowering(c
 
 def test_oversale_worked_example():
     # 32 cores allocatable, 28 requested, P99 usage 8 cores: 0.7 x 28 / 8 = 2.45
-    estimator = OversaleEstimator()
+    estimator = TARGET_07
     proposal = oversale_proposal("cpu", 28000, 32000, stats(8000), Decimal(2), estimator)
     assert proposal.ratio == Decimal("2.45")
     # From 1 the first pass raises only 25%.
@@ -112,7 +118,7 @@ def test_oversale_worked_example():
 
 def test_oversale_never_below_the_safe_floor():
     # Usage rose: 0.7 x 40 / 30 = 0.93 -> 1, but the node already holds 40 cores of requests on 32 real.
-    proposal = oversale_proposal("cpu", 40000, 32000, stats(30000), Decimal(2), OversaleEstimator())
+    proposal = oversale_proposal("cpu", 40000, 32000, stats(30000), Decimal(2), TARGET_07)
     assert proposal.ratio == safe_floor(40000, 32000, Decimal("0.05")) == Decimal("1.32")
     assert "safe floor" in proposal.reason
     assert math.floor(32000 * 1.32) >= 40000
@@ -120,22 +126,22 @@ def test_oversale_never_below_the_safe_floor():
 
 def test_a_hot_node_below_the_floor_is_held_not_raised_into_the_margin():
     # 33 of 32 cores requested at ratio 1.05 (floor 1.09): usage 30 cores is far over the target.
-    proposal = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal("1.05"), OversaleEstimator())
+    proposal = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal("1.05"), TARGET_07)
     assert proposal.ratio == Decimal("1.05") and "no room added" in proposal.reason
     # Underwater (ratio 1 holds only 32): lifted just enough to cover the 33 cores that run.
-    lifted = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal(1), OversaleEstimator())
+    lifted = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal(1), TARGET_07)
     assert lifted.ratio == Decimal("1.04") and math.floor(32000 * lifted.ratio) >= 33000
 
 
 def test_memory_is_capped_lower():
     # 0.6 x 60 / 10 = 3.6, but memory stops at 1.2
     proposal = oversale_proposal("memory", 60 * 2**30, 64 * 2**30, stats(10 * 2**30), Decimal(1),
-                                 OversaleEstimator())
+                                 TARGET_07)
     assert proposal.ratio == Decimal("1.2")
 
 
 def test_missing_metrics_hold_and_stale_metrics_decay_to_the_floor():
-    estimator = OversaleEstimator()
+    estimator = TARGET_07
     held = oversale_proposal("cpu", 10000, 32000, None, Decimal(2), estimator)
     assert held.ratio == 2 and "holding" in held.reason
     stale = stats(4000, age=3 * 3600)
@@ -147,7 +153,7 @@ def test_missing_metrics_hold_and_stale_metrics_decay_to_the_floor():
 @given(st.integers(1000, 100000), st.integers(1000, 64000), st.integers(1, 64000),
        st.decimals(min_value=1, max_value=3, places=2))
 def test_oversale_with_data_never_goes_below_the_floor_nor_above_the_max(requested, allocatable, peak, current):
-    estimator = OversaleEstimator()
+    estimator = TARGET_07
     proposal = oversale_proposal("cpu", requested, allocatable, stats(peak), current, estimator)
     floor = safe_floor(requested, allocatable, estimator.floor_margin)
     assert proposal.ratio >= min(floor, estimator.cpu_max_ratio) or proposal.ratio >= current
@@ -162,7 +168,7 @@ def test_oversale_with_data_never_goes_below_the_floor_nor_above_the_max(request
 def test_a_node_over_its_target_never_gains_room_for_more_pods(requested, allocatable, peak, current):
     # The ratchet this rules out: floor = requested x 1.05 / real leaves 5% free allocatable; the
     # scheduler fills it, the floor rises with the new requests, and a hot node climbs to the max.
-    estimator = OversaleEstimator()
+    estimator = TARGET_07
     proposal = oversale_proposal("cpu", requested, allocatable, stats(peak), current, estimator)
     hot = Decimal("0.7") * requested / peak < safe_floor(requested, allocatable, estimator.floor_margin)
     if hot and proposal.ratio > current:

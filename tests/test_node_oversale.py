@@ -143,7 +143,7 @@ def expected_ratio(annotations: dict, resource: str) -> Fraction:
         return Fraction(1)
     if ratio < 1:
         return Fraction(1)
-    return min(ratio, Fraction(3) if resource == "cpu" else Fraction(2))
+    return min(ratio, Fraction(5) if resource == "cpu" else Fraction(2))
 
 
 class Cluster:

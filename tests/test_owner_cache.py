@@ -68,10 +68,16 @@ def cluster(tmp_path_factory) -> Iterator[tuple[FakeKubeAPI, RunningWebhook]]:
         workload("replicasets", "legacy-1", {}, owner=("Deployment", "legacy")),
         workload("deployments", "guarded", {KEYS.cpu_requests_ratio: "4"}, namespace="limited"),
         workload("replicasets", "guarded-1", {}, owner=("Deployment", "guarded"), namespace="limited"),
+        workload("deployments", "hungry", {KEYS.cpu_requests_ratio: "0.5"}, namespace="quota"),
+        workload("replicasets", "hungry-1", {}, owner=("Deployment", "hungry"), namespace="quota"),
     ]:
         api.put(plural, obj)
     api.put("limitranges", {"metadata": {"name": "min", "namespace": "limited"},
                             "spec": {"limits": [{"type": "Container", "min": {"cpu": "400m"}}]}})
+    # 1.3 cores of quota left: a 1-core Pod asking to double may grow to 1.3 cores, not 2.
+    api.put("resourcequotas", {"metadata": {"name": "team", "namespace": "quota"},
+                               "spec": {"hard": {"requests.cpu": "4"}},
+                               "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "2700m"}}})
     tmp = tmp_path_factory.mktemp("cluster")
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
     server = RunningWebhook(tmp, env={"OVERSALE_KUBERNETES": "auto", "KUBECONFIG": str(kubeconfig)}, workers=1)
@@ -129,6 +135,18 @@ def test_limitrange_from_the_cache_caps_the_compression(cluster):
     mutated = apply_response(pod, server.review(pod_review(pod, namespace="limited")))
     assert cpu_of(mutated) == "400m"
     assert "LimitRange" in mutated["metadata"]["annotations"][KEYS.compression]
+
+
+def test_a_raise_stops_at_the_namespace_quota_headroom(cluster):
+    _, server = cluster
+    pod = owned_pod("ReplicaSet", "hungry-1", namespace="quota")
+    response = server.review(pod_review(pod, namespace="quota"))
+    mutated = apply_response(pod, response)
+    # Asked to double 1 core; the quota has 4 - 2.7 = 1.3 cores left, which this Pod's 1 core uses
+    # first: its request may grow to 1.3 cores (never past what quota admission would accept).
+    assert cpu_of(mutated) == "1300m"
+    assert "ResourceQuota headroom" in mutated["metadata"]["annotations"][KEYS.compression]
+    assert b'oversale_requests_added_millicores_total{namespace="quota"} 300.0' in server.get("/metrics")[1]
 
 
 def test_warm_cache_admission_makes_no_api_request(cluster):

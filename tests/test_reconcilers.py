@@ -41,6 +41,7 @@ CONTAINERS = {
     ("web-5d8f9-fghij", "app"): (wave(180, 30), wave(280 * 2**20, 0)),
     ("db-0", "db"): (wave(300, 20), wave(500 * 2**20, 80 * 2**20)),
     ("api-7c4b2-qwert", "api"): (wave(100, 10), wave(100 * 2**20, 0)),
+    ("hot-6d7c8-aaaaa", "app"): (wave(600, 50), wave(100 * 2**20, 0)),   # uses more than its 250m request
 }
 YOUNG = {("young-6f5e4-zxcvb", "app"): (wave(50, 5), wave(50 * 2**20, 0))}   # only 6 hours of history
 NODE_USAGE = {"node-1": (wave(400, 100), wave(3e9, 2e8))}
@@ -76,6 +77,7 @@ def populate(api: FakeKubeAPI) -> None:
     api.put("deployments", workload("Deployment", "api", {"api": ("500m", "256Mi")}, on))
     api.put("deployments", workload("Deployment", "young", {"app": ("500m", "256Mi")}, on))
     api.put("deployments", workload("Deployment", "other", {"app": ("500m", "256Mi")}))
+    api.put("deployments", workload("Deployment", "hot", {"app": ("250m", "256Mi")}, on))
     api.put("horizontalpodautoscalers", {
         "metadata": {"name": "api", "namespace": NS},
         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "api"},
@@ -168,13 +170,13 @@ def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source):
     rows = reconciler.run_pass()
     by_key = {(r.object, r.resource): r for r in rows}
 
-    # web: 1000m requested, P95 ~ 235m -> 1000 / 270 = 3.7; from 1 the first pass raises 25%.
+    # web: 1000m requested, peak ~ 240m -> 1000 / 252 = 3.97; from 1 the first pass raises 25%.
     web = annotations(api, "deployments", "web")
     assert web[KEYS.cpu_requests_ratio] == "1.25"
     assert KEYS.memory_requests_ratio not in web, "memory only for workloads that opt in"
     assert "cpu 1 -> 1.25" in web[KEYS.ratio_last_change]
     assert "raise capped at 25%" in by_key[("Deployment/shop/web", "cpu")].reason
-    # db: cpu wants 4 (the maximum), from 2 capped at 2.5; memory demand is at least the peak 580Mi.
+    # db: cpu wants 2000 / 336 = 5.95, from 2 capped at 2.5; memory demand is at least the peak 580Mi.
     db = annotations(api, "statefulsets", "db")
     assert db[KEYS.cpu_requests_ratio] == "2.5"
     assert db[KEYS.memory_requests_ratio] == "1.25"
@@ -186,9 +188,13 @@ def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source):
     assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "young")
     assert "not enough history" in by_key[("Deployment/shop/young", "cpu")].reason
     assert ("Deployment/shop/other", "cpu") not in by_key, "not opted in"
+    # hot: 250m requested, peak ~ 650m -> 250 / 683 = 0.37, a raise: clamped to the minimum 0.5 and
+    # written at once (a step toward safety is never delayed).
+    assert annotations(api, "deployments", "hot")[KEYS.cpu_requests_ratio] == "0.5"
+    assert "cpu 1 -> 0.5" in annotations(api, "deployments", "hot")[KEYS.ratio_last_change]
 
-    # node-1: 3000m requested by running Pods (the finished one holds nothing), P99 ~ 500m:
-    # 0.7 x 3000 / 500 = 4.2 -> max 3 -> from 1 the first pass raises 25%.
+    # node-1: 3000m requested by running Pods (the finished one holds nothing), peak ~ 500m:
+    # 1 x 3000 / 500 = 6 -> max 5 -> from 1 the first pass raises 25%.
     assert annotations(api, "nodes", "node-1", "")[KEYS.cpu_oversale_ratio] == "1.25"
     assert "3 requested" in by_key[("Node/node-1", "cpu")].reason
     assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "1.5", "no history: held"
@@ -198,6 +204,7 @@ def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source):
     events = api.list_objects("events", None, {})["items"]
     reasons = {(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"]) for e in events}
     assert reasons == {("Deployment", "web", "CompressionRatioChanged"),
+                       ("Deployment", "hot", "CompressionRatioChanged"),
                        ("StatefulSet", "db", "CompressionRatioChanged"),
                        ("Node", "node-1", "OversaleRatioChanged")}
 

@@ -13,7 +13,8 @@ from tests.conftest import ROOT
 def test_defaults_match_the_documented_ones():
     settings = Settings.from_env({})
     assert settings.annotation_prefix == "stke.platform"
-    assert settings.max_ratio == Decimal(4)
+    assert settings.max_ratio == Decimal(8) and settings.min_ratio == Decimal("0.5")
+    assert settings.compression.min_ratio == settings.compression_estimator().min_ratio == Decimal("0.5")
     assert settings.cpu_floor_millicores == 10
     assert settings.memory_floor_bytes == 16 * 2**20
     assert settings.skips_namespace("kube-system") and settings.skips_namespace("oversale")
@@ -37,6 +38,8 @@ def test_environment_overrides_with_quantities_and_lists():
 
 @pytest.mark.parametrize(("name", "value"), [
     ("OVERSALE_MAX_RATIO", "abc"), ("OVERSALE_MAX_RATIO", "0.5"), ("OVERSALE_CPU_FLOOR", "lots"),
+    ("OVERSALE_MIN_RATIO", "0"), ("OVERSALE_MIN_RATIO", "1.5"), ("OVERSALE_MIN_RATIO", "NaN"),
+    ("OVERSALE_NODE_PERCENTILE", "1.01"),
     ("OVERSALE_WORKERS", "0"), ("OVERSALE_KUBERNETES", "maybe"), ("OVERSALE_ANNOTATION_PREFIX", "a/b"),
     ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"), ("OVERSALE_LOG_LEVEL", "LOUD"),
     ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"),

@@ -100,11 +100,15 @@ def _record_pod(metrics: Metrics, decision: PodDecision) -> AdmissionReview:
     for problem in decision.problems:
         metrics.invalid_annotations.labels(problem.key).inc()
     if decision.result and decision.outcome == "mutated" and not decision.dry_run:
+        # A counter only grows: lowered and raised requests are counted apart.
         freed = decision.result.freed
-        if freed.get(CPU):
-            metrics.freed_millicores.labels(decision.namespace).inc(freed[CPU])
-        if freed.get(MEMORY):
-            metrics.freed_bytes.labels(decision.namespace).inc(freed[MEMORY])
+        for resource, lowered, raised in ((CPU, metrics.freed_millicores, metrics.added_millicores),
+                                          (MEMORY, metrics.freed_bytes, metrics.added_bytes)):
+            amount = freed.get(resource, 0)
+            if amount > 0:
+                lowered.labels(decision.namespace).inc(amount)
+            elif amount < 0:
+                raised.labels(decision.namespace).inc(-amount)
     return decision.review
 
 

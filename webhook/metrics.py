@@ -53,6 +53,18 @@ class Metrics:
             ["namespace"],
             registry=registry,
         )
+        self.added_millicores = Counter(
+            "oversale_requests_added_millicores",
+            "CPU requests added to admitted Pods that use more than they request (ratios below 1), in millicores.",
+            ["namespace"],
+            registry=registry,
+        )
+        self.added_bytes = Counter(
+            "oversale_requests_added_bytes",
+            "Memory requests added to admitted Pods by ratios below 1, in bytes.",
+            ["namespace"],
+            registry=registry,
+        )
         self.invalid_annotations = Counter(
             "oversale_invalid_annotations",
             "Annotations of ours whose value was ignored, by key.",

@@ -1,5 +1,5 @@
 """Watch-backed caches of what admission needs from the cluster: workload annotations, the
-ReplicaSet -> Deployment and Job -> CronJob links, and LimitRanges.
+ReplicaSet -> Deployment and Job -> CronJob links, LimitRanges and ResourceQuotas.
 
 Each kind is one list-then-watch loop (the client-go reflector pattern) over the real
 ``kubernetes`` client, keeping only the few fields admission reads. A Pod admitted milliseconds
@@ -52,6 +52,8 @@ WORKLOAD_KINDS = (
     WatchedKind("CronJob", "BatchV1Api", "cron_job"),
 )
 LIMIT_RANGES = WatchedKind("LimitRange", "CoreV1Api", "limit_range")
+# A raise must fit what the namespace's quota has left: the ResourceQuota plugin checks it after us.
+RESOURCE_QUOTAS = WatchedKind("ResourceQuota", "CoreV1Api", "resource_quota")
 # Owners whose own controller carries the workload's annotations.
 _PARENT_KIND = {"ReplicaSet": "Deployment", "Job": "CronJob"}
 
@@ -229,7 +231,7 @@ def _lines(response: Any) -> Iterator[bytes]:
 
 
 class OwnerCache:
-    """Resolves a Pod to its workload's annotations and its namespace's LimitRange bounds."""
+    """Resolves a Pod to its workload's annotations and its namespace's LimitRange and quota bounds."""
 
     def __init__(
         self,
@@ -247,6 +249,9 @@ class OwnerCache:
         def limit_range(obj: dict[str, Any]) -> Entry:
             return Entry(_NO_ANNOTATIONS, extra=obj.get("spec") or {})
 
+        def resource_quota(obj: dict[str, Any]) -> Entry:
+            return Entry(_NO_ANNOTATIONS, extra={"spec": obj.get("spec") or {}, "status": obj.get("status") or {}})
+
         self._lookup_timeout = lookup_timeout
         self._on_lookup = on_lookup
         self._reflectors = {
@@ -254,6 +259,7 @@ class OwnerCache:
             for kind in WORKLOAD_KINDS
         }
         self._limit_ranges = Reflector.for_kind(api_client, LIMIT_RANGES, limit_range, watch_timeout_seconds, on_sync)
+        self._quotas = Reflector.for_kind(api_client, RESOURCE_QUOTAS, resource_quota, watch_timeout_seconds, on_sync)
 
     def start(self) -> None:
         for reflector in self._all():
@@ -264,7 +270,7 @@ class OwnerCache:
             reflector.stop()
 
     def _all(self) -> list[Reflector]:
-        return [*self._reflectors.values(), self._limit_ranges]
+        return [*self._reflectors.values(), self._limit_ranges, self._quotas]
 
     @property
     def synced(self) -> bool:
@@ -275,7 +281,9 @@ class OwnerCache:
 
     def bounds_for(self, namespace: str) -> RequestBounds:
         entries = self._limit_ranges.in_namespace(namespace)
-        return bounds_from_limit_ranges(e.extra for e in entries) if entries else NO_BOUNDS
+        bounds = bounds_from_limit_ranges(e.extra for e in entries) if entries else NO_BOUNDS
+        quotas = self._quotas.in_namespace(namespace)
+        return bounds.with_quotas(e.extra for e in quotas) if quotas else bounds
 
     def owner_annotations(self, pod: Mapping[str, Any], namespace: str) -> OwnerAnnotations:
         owner = controller_of(pod.get("metadata") or {})

@@ -1,0 +1,289 @@
+"""The cluster model and the day-by-day replay of every system on it.
+
+Each evaluated day, for every system, in the order the live product runs: the compression
+reconciler sets each workload's request from history before the day; Pods arrive largest first
+and the extender's own filter and score (``oversale.placement``) choose a node among those open,
+a new node being added when none fits (as a cluster autoscaler would); after every arrival the
+node oversale reconciler recomputes that node's ratio from its members' summed history, so the
+next Pod sees the new oversold allocatable. Then the day's real usage is replayed every 5 minutes
+and every (node, sample) whose summed usage exceeds the node's *real* capacity is a violation.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from oversale.cpus import Topology
+from oversale.node_oversale import oversold_allocatable
+from oversale.placement import NodeUsage, NodeView, PodDemand, node_score, shortfall
+from oversale.quantity import CPU, MEMORY, RESOURCES
+from simulator.policies import History, System
+from simulator.trace import DAY, GIB, MILLI, SLOT, TraceError, Workload
+
+SLOTS_PER_DAY = DAY // SLOT
+SPLITS = ("tuning", "holdout")
+
+
+@dataclass(frozen=True)
+class Config:
+    node_cpu_cores: float = 32
+    node_memory_bytes: float = 256 * GIB
+    warmup_days: int = 7
+    window_days: int = 7
+    holdout_days: int = 14
+    """The last days of the trace, reported apart: nothing may be tuned on them."""
+
+    @property
+    def real(self) -> tuple[float, float]:
+        return (self.node_cpu_cores * MILLI, self.node_memory_bytes)
+
+
+@dataclass
+class Window:
+    """The history window before a day on one 5-minute grid: usage per workload (0 where absent)."""
+
+    times: np.ndarray
+    """Seconds, one per slot."""
+    usage: dict[str, np.ndarray]
+    """resource -> workloads x slots"""
+    present: np.ndarray
+    """workloads x slots: the workload has a sample there."""
+
+    def history(self, index: int) -> History:
+        seen = self.present[index]
+        return {r: (self.times[seen], self.usage[r][index][seen]) for r in RESOURCES}
+
+
+@dataclass
+class Day:
+    """One evaluated day: the workloads running, their original requests and real usage."""
+
+    number: int
+    """Days since the trace's first sample."""
+    start: float
+    slots: np.ndarray
+    requests: dict[str, np.ndarray]
+    usage: dict[str, np.ndarray]
+    """resource -> workloads x slots of the day"""
+    present: np.ndarray
+    window: Window
+    split: str
+
+
+@dataclass
+class Tally:
+    """Accumulated figures of one system over the evaluated days of one split."""
+
+    days: int = 0
+    node_days: float = 0.0
+    node_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
+    violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
+    workload_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
+    above_request: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
+
+    def count(self, day: Day, placed: Placed, real: tuple[float, float]) -> None:
+        """Sum usage per node for every slot of the day; count (node, slot) pairs over real capacity."""
+        self.days += 1
+        self.node_days += placed.nodes
+        onehot = np.zeros((placed.nodes, len(placed.assignment)))
+        onehot[placed.assignment, np.arange(len(placed.assignment))] = 1.0
+        for position, resource in enumerate(RESOURCES):
+            per_node = onehot @ day.usage[resource]  # nodes x slots
+            self.violations[resource] += int((per_node > real[position] + 1e-6).sum())
+            self.node_samples[resource] += per_node.size
+            over = (day.usage[resource] > placed.requests[resource][:, None] + 1e-6) & day.present
+            self.above_request[resource] += int(over.sum())
+            self.workload_samples[resource] += int(day.present.sum())
+
+    def add(self, other: Tally) -> Tally:
+        total = Tally(self.days + other.days, self.node_days + other.node_days)
+        for name in ("node_samples", "violations", "workload_samples", "above_request"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(total, name, {r: mine[r] + theirs[r] for r in RESOURCES})
+        return total
+
+
+@dataclass
+class Placed:
+    """One system's placement of one day."""
+
+    assignment: np.ndarray
+    """Node of every workload."""
+    requests: dict[str, np.ndarray]
+    """resource -> the request the system set for every workload."""
+    ratios: list[tuple[float, float]]
+    """(cpu, memory) ratio of every node at the end of the day's placement."""
+
+    @property
+    def nodes(self) -> int:
+        return len(self.ratios)
+
+
+@dataclass
+class Result:
+    days: list[int]
+    splits: dict[int, str]
+    tallies: dict[str, dict[str, Tally]]
+    """system -> split -> tally"""
+    clairvoyant_nodes: dict[str, float]
+    """split -> node-days a perfect oracle would need (each day's peak of summed usage, divisible)."""
+    node_day: dict[str, dict[str, Any]]
+    """system -> one node's day (the busiest node of the last day) for the plot."""
+
+
+def day_grid(workloads: list[Workload], config: Config) -> tuple[int, list[int]]:
+    """The first slot of day 0 (the trace's first sample: Bitbrains starts at local midnight) and
+    the evaluated day numbers."""
+    origin = min(int(w.slots[0]) for w in workloads)
+    last = max(int(w.slots[-1]) for w in workloads)
+    total = (last - origin) // SLOTS_PER_DAY + 1
+    days = list(range(config.warmup_days, total))
+    if not days:
+        raise TraceError(f"the trace spans {total} days, not more than the {config.warmup_days}-day warm-up")
+    return origin, days
+
+
+def build_day(workloads: list[Workload], origin: int, number: int, config: Config, split: str) -> Day:
+    first = origin + number * SLOTS_PER_DAY
+    slots = np.arange(first, first + SLOTS_PER_DAY)
+    active = [w for w in workloads if ((w.slots >= slots[0]) & (w.slots <= slots[-1])).any()]
+    usage = {r: np.zeros((len(active), len(slots))) for r in RESOURCES}
+    requests = {r: np.zeros(len(active)) for r in RESOURCES}
+    present = np.zeros((len(active), len(slots)), dtype=bool)
+    for index, workload in enumerate(active):
+        today = (workload.slots >= slots[0]) & (workload.slots <= slots[-1])
+        columns = workload.slots[today] - slots[0]
+        present[index, columns] = True
+        for resource in RESOURCES:
+            usage[resource][index, columns] = workload.usage[resource][today]
+            requests[resource][index] = float(workload.request[resource][today].max())
+    window = _window_grid(active, first, config.window_days * SLOTS_PER_DAY)
+    return Day(number, float(first * SLOT), slots, requests, usage, present, window, split)
+
+
+def _window_grid(active: list[Workload], first_slot: int, length: int) -> Window:
+    start = first_slot - length
+    usage = {r: np.zeros((len(active), length)) for r in RESOURCES}
+    present = np.zeros((len(active), length), dtype=bool)
+    for index, workload in enumerate(active):
+        past = (workload.slots >= start) & (workload.slots < first_slot)
+        columns = workload.slots[past] - start
+        present[index, columns] = True
+        for resource in RESOURCES:
+            usage[resource][index, columns] = workload.usage[resource][past]
+    return Window(np.arange(start, first_slot, dtype=np.float64) * SLOT, usage, present)
+
+
+def largest_first(items: list[tuple[float, float]], capacity: tuple[float, float]) -> list[int]:
+    """Item indexes by decreasing size, an item's size being its larger share of a node (the order
+    in which a cluster autoscaler's bin packing and kube-scheduler's queue both favour big Pods)."""
+    return sorted(range(len(items)), key=lambda i: -max(items[i][0] / capacity[0], items[i][1] / capacity[1]))
+
+
+@dataclass
+class _Node:
+    view: NodeView
+    usage: NodeUsage
+    ratio: list[float]
+    requested: list[float]
+    history: list[np.ndarray]
+    present: np.ndarray
+
+
+def _view(number: int, real: tuple[float, float], ratio: list[float], topology: Topology) -> NodeView:
+    cpu_ratio = Decimal(str(ratio[0]))
+    return NodeView(name=f"node-{number}",
+                    allocatable={CPU: oversold_allocatable(int(real[0]), cpu_ratio),
+                                 MEMORY: oversold_allocatable(int(real[1]), Decimal(str(ratio[1])))},
+                    cpu_ratio=cpu_ratio, topology=topology)
+
+
+def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
+    """One system's day: its requests, then Pods placed one by one with the extender's filter and
+    score, every node's ratio recomputed by the system's node policy after each arrival."""
+    window = day.window
+    requests = {r: np.array([system.request(r, float(day.requests[r][i]), window.history(i), day.start)
+                             for i in range(len(day.requests[r]))]) for r in RESOURCES}
+    items = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
+    topology = Topology.flat(max(1, int(real[0] // MILLI)))
+    nodes: list[_Node] = []
+    assignment = np.zeros(len(items), dtype=np.int64)
+    for index in largest_first(items, real):
+        cpu, memory = items[index]
+        demand = PodDemand(uid=str(index), requests={CPU: math.ceil(cpu), MEMORY: math.ceil(memory)},
+                           bind_policy=None, single_numa=False)
+        chosen, best = None, -1
+        for number, node in enumerate(nodes):
+            if shortfall(node.view, node.usage, demand) is None:
+                score = node_score(node.view, node.usage, demand)
+                if score > best:
+                    chosen, best = number, score
+        if chosen is None:  # a new node; a Pod larger than a node gets one of its own
+            nodes.append(_Node(_view(len(nodes), real, [1.0, 1.0], topology), NodeUsage(), [1.0, 1.0], [0.0, 0.0],
+                               [np.zeros(window.present.shape[1]) for _ in RESOURCES],
+                               np.zeros(window.present.shape[1], dtype=bool)))
+            chosen = len(nodes) - 1
+        node = nodes[chosen]
+        assignment[index] = chosen
+        node.present |= window.present[index]
+        for k, resource in enumerate(RESOURCES):
+            node.requested[k] += demand.requests[resource]
+            node.history[k] += window.usage[resource][index]
+            if system.ratio is not None:
+                node.ratio[k] = system.ratio(resource, real[k], node.requested[k], window.times[node.present],
+                                             node.history[k][node.present], node.ratio[k])
+        node.usage = NodeUsage(shared={CPU: int(node.requested[0]), MEMORY: int(node.requested[1])})
+        node.view = _view(chosen, real, node.ratio, topology)
+    return Placed(assignment, requests, [(n.ratio[0], n.ratio[1]) for n in nodes])
+
+
+def clairvoyant_nodes(day: Day, real: tuple[float, float]) -> float:
+    """Nodes an oracle needs: the day's real peak of summed usage, perfectly divisible."""
+    return max(float(day.usage[r].sum(axis=0).max()) / real[k] for k, r in enumerate(RESOURCES))
+
+
+def run(workloads: list[Workload], config: Config, systems: list[System],
+        progress: Callable[[str], None] = lambda m: None) -> Result:
+    names = [s.name for s in systems]
+    if len(set(names)) != len(names):
+        raise ValueError(f"system names must be unique: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    origin, days = day_grid(workloads, config)
+    first_holdout = days[-1] + 1 - config.holdout_days
+    splits = {d: "holdout" if d >= first_holdout else "tuning" for d in days}
+    tallies = {name: {split: Tally() for split in SPLITS} for name in names}
+    clairvoyant = dict.fromkeys(SPLITS, 0.0)
+    node_day: dict[str, dict[str, Any]] = {}
+    began_all = time.perf_counter()
+    for count, number in enumerate(days, 1):
+        began = time.perf_counter()
+        day = build_day(workloads, origin, number, config, splits[number])
+        clairvoyant[day.split] += clairvoyant_nodes(day, config.real)
+        for system in systems:
+            placed = place(day, system, config.real)
+            tallies[system.name][day.split].count(day, placed, config.real)
+            if number == days[-1]:
+                node_day[system.name] = busiest_node(day, placed, config.real)
+        elapsed = time.perf_counter() - began_all
+        progress(f"day {count}/{len(days)} ({day.split}, {len(day.present)} workloads, {len(systems)} systems) "
+                 f"in {time.perf_counter() - began:.1f}s; about {elapsed / count * (len(days) - count):.0f}s left")
+    return Result(days, splits, tallies, clairvoyant, node_day)
+
+
+def busiest_node(day: Day, placed: Placed, real: tuple[float, float]) -> dict[str, Any]:
+    """The day of the system's node with the highest summed cpu usage: usage, requests, real and
+    oversold capacity, for the node plot."""
+    totals = [float(day.usage[CPU][placed.assignment == n].sum()) for n in range(placed.nodes)]
+    busiest = int(np.argmax(totals))
+    members = placed.assignment == busiest
+    return {"node": busiest, "hours": ((day.slots - day.slots[0]) * SLOT / 3600).tolist(),
+            "cpu_usage": day.usage[CPU][members].sum(axis=0).tolist(),
+            "cpu_requested": float(placed.requests[CPU][members].sum()),
+            "cpu_oversold": real[0] * placed.ratios[busiest][0], "cpu_real": real[0],
+            "workloads": int(members.sum())}

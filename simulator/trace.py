@@ -1,0 +1,119 @@
+"""Usage traces: (workload, time, requested, used) rows read into per-workload arrays."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from oversale.quantity import CPU, MEMORY
+
+SLOT = 300
+"""Seconds per sample slot (the traces sample every 5 minutes)."""
+DAY = 86400
+GIB = 2**30
+MILLI = 1000  # cpu amounts are kept in millicores, as everywhere else in oversale
+
+BITBRAINS_COLUMNS = ("vm_id", "timestamp_s", "cpu_cores", "cpu_capacity_provisioned_mhz", "cpu_usage_mhz",
+                     "memory_capacity_provisioned_kb", "memory_usage_kb")
+GENERIC_COLUMNS = ("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
+                   "memory_usage_bytes")
+FORMATS = {"bitbrains-long": BITBRAINS_COLUMNS, "generic": GENERIC_COLUMNS}
+
+
+class TraceError(ValueError):
+    """The trace cannot be read (missing file, wrong format, missing columns, no usable rows)."""
+
+
+@dataclass
+class Workload:
+    """One workload's samples, sorted, de-duplicated, powered-off rows dropped."""
+
+    name: str
+    slots: np.ndarray
+    request: dict[str, np.ndarray]
+    usage: dict[str, np.ndarray]
+
+
+def _open(path: Path) -> IO[str]:
+    return gzip.open(path, "rt", newline="") if path.suffix == ".gz" else path.open(newline="")
+
+
+def detect_format(path: Path) -> str:
+    """The format whose columns the file's header holds."""
+    try:
+        with _open(path) as handle:
+            header = set(next(csv.reader(handle), []))
+    except (OSError, csv.Error, UnicodeDecodeError) as error:
+        raise TraceError(f"{path}: cannot read it ({error})") from None
+    for name, columns in FORMATS.items():
+        if header.issuperset(columns):
+            return name
+    raise TraceError(f"{path}: the header matches no known format; bitbrains-long needs {', '.join(BITBRAINS_COLUMNS)}"
+                     f"; generic needs {', '.join(GENERIC_COLUMNS)}")
+
+
+def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], None] = lambda m: None) -> list[Workload]:
+    """``bitbrains-long`` (the GWA-T-12 long CSV) or ``generic`` (workload,timestamp_s,
+    cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes); None: from the header."""
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    fmt = fmt or detect_format(path)
+    rows: dict[str, dict[int, tuple[float, float, float, float]]] = {}
+    read = 0
+    try:
+        with _open(path) as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in FORMATS[fmt] if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TraceError(f"{path}: not a {fmt} trace (missing columns: {', '.join(missing)})")
+            parse = _bitbrains_row if fmt == "bitbrains-long" else _generic_row
+            for row in reader:
+                read += 1
+                if read % 500000 == 0:
+                    progress(f"read {read:,} rows")
+                parsed = parse(row)
+                if parsed is None:
+                    continue
+                name, ts, values = parsed
+                rows.setdefault(name, {})[ts // SLOT] = values  # one sample per slot: the last wins
+    except (OSError, KeyError, ValueError, csv.Error) as error:
+        if isinstance(error, TraceError):
+            raise
+        raise TraceError(f"{path}: not a {fmt} trace (row {read + 1}: {error})") from None
+    if not rows:
+        raise TraceError(f"{path}: no usable rows")
+    workloads = []
+    for name, by_slot in rows.items():
+        slots = np.array(sorted(by_slot), dtype=np.int64)
+        table = np.array([by_slot[s] for s in slots], dtype=np.float64)
+        workloads.append(Workload(name, slots,
+                                  {CPU: table[:, 0] * MILLI, MEMORY: table[:, 2]},
+                                  {CPU: table[:, 1] * MILLI, MEMORY: table[:, 3]}))
+    progress(f"{read:,} rows, {len(workloads)} workloads")
+    return workloads
+
+
+def _bitbrains_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, float, float]] | None:
+    cores = float(row["cpu_cores"])
+    capacity_mhz = float(row["cpu_capacity_provisioned_mhz"])
+    if cores <= 0 or capacity_mhz <= 0:
+        return None  # powered off
+    per_core = capacity_mhz / cores
+    return (row["vm_id"], int(float(row["timestamp_s"])),
+            (cores, float(row["cpu_usage_mhz"]) / per_core,
+             float(row["memory_capacity_provisioned_kb"]) * 1024, float(row["memory_usage_kb"]) * 1024))
+
+
+def _generic_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, float, float]] | None:
+    cpu_request = float(row["cpu_request_cores"])
+    if cpu_request <= 0:
+        return None
+    return (row["workload"], int(float(row["timestamp_s"])),
+            (cpu_request, float(row["cpu_usage_cores"]), float(row["memory_request_bytes"]),
+             float(row["memory_usage_bytes"])))

@@ -1,0 +1,199 @@
+"""The whole-system replay: hand-computed cases in the generic format, the tuning/holdout split,
+and a slice of the July Bitbrains trace through the command."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from oversale.estimator import CompressionEstimator, OversaleEstimator
+from simulator.policies import default_systems, katalyst_realtime, ours_requests
+from simulator.replay import Config, run
+from simulator.report import against_peers, summary
+from simulator.trace import TraceError, detect_format, read_trace
+from tests.conftest import ROOT, SHARED
+
+BITBRAINS = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
+DAY = 86400
+GIB = 2**30
+
+
+def write_generic(path, rows):
+    with path.open("w") as out:
+        out.write("workload,timestamp_s,cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes\n")
+        for row in rows:
+            out.write(",".join(str(v) for v in row) + "\n")
+
+
+def replay(tmp_path, rows, **config):
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, rows)
+    systems = default_systems(CompressionEstimator(), OversaleEstimator())
+    result = run(read_trace(trace), Config(**config), systems)
+    return result, {row["policy"]: row for row in summary(result, systems)}
+
+
+def test_an_over_user_is_raised_and_no_longer_overloads_its_neighbours(tmp_path):
+    # Eight days, a sample every 5 minutes. Four workloads each request 8 cores and 32 GiB:
+    # three use a steady 1 core and 1 GiB; "hot" uses 9 cores all along, more than it asked for.
+    rows = []
+    start = 10 * DAY
+    for t in range(start, start + 8 * DAY, 300):
+        for name in ("a", "b", "c", "hot"):
+            rows.append((name, t, 8, 9.0 if name == "hot" else 1.0, 32 * GIB, GIB))
+    rows.append(("off", start, 0, 0, GIB, 0))  # a powered-off row is dropped
+    result, by_policy = replay(tmp_path, rows, node_cpu_cores=16, node_memory_bytes=256 * GIB)
+    assert result.days == [7]
+
+    # No right-sizing: 4 x 8 cores on 16-core nodes -> 2 nodes; hot's node carries 9 + 1 = 10 cores.
+    assert by_policy["none"]["nodes_per_day"] == 2
+    # Ours: hot's demand is its peak 9 x 1.05 = 9.45 cores, so its request is *raised* (ratio
+    # below 1) and it never runs above it; the quiet ones drop to about 1.05 cores. All four
+    # (9.5 + 3 x 1.05 = 12.7 cores) fit one node, where they use 12 of 16 cores: no violation.
+    pods = by_policy["oversale-pods"]
+    assert pods["nodes_per_day"] == 1 and pods["capacity_freed"] == 0.5
+    assert pods["cpu_violation_rate"] == 0
+    assert pods["cpu_above_request"] == 0, "the over-user got its demand"
+    # Static ratio 2 gives hot 4 cores against 9 used: above its request in every sample (1 of 4).
+    assert by_policy["static-2"]["cpu_above_request"] == 0.25
+
+
+def test_node_overselling_closed_loop_hand_computed(tmp_path):
+    # Eight days; six workloads each request 8 cores and 1 GiB and use 0.5 GiB. "hot1" and "hot2" use
+    # 7 cores (7.6 on the scored day), "q1".."q4" use 1 core. Nodes of 16 cores.
+    rows = []
+    start = 10 * DAY
+    for t in range(start, start + 8 * DAY, 300):
+        for name in ("hot1", "hot2", "q1", "q2", "q3", "q4"):
+            usage = (7.6 if t >= start + 7 * DAY else 7.0) if name.startswith("hot") else 1.0
+            rows.append((name, t, 8, usage, GIB, GIB // 2))
+    _, by_policy = replay(tmp_path, rows, node_cpu_cores=16, node_memory_bytes=256 * GIB)
+
+    # Without overselling: 48 cores of requests, two per 16-core node -> 3 nodes.
+    assert by_policy["none"]["nodes_per_day"] == 3
+    # Ours: hot1 arrives, 1 x 8 / 7 -> ratio 1.14 (18.24 cores). hot2 joins: 16 / 14 -> 1.14, so q1
+    # (24 > 18.24) opens a node: 8 / 1 -> the maximum 5; q2..q4 join it. Two nodes; the hot node
+    # carries 15.2 <= 16 cores on the scored day.
+    nodes = by_policy["oversale-nodes"]
+    assert nodes["nodes_per_day"] == 2
+    assert nodes["capacity_freed"] == pytest.approx(1 / 3, abs=1e-4)
+    assert nodes["cpu_violation_rate"] == 0
+    # Static 1.5 gives every node 24 cores: hot1, hot2 and q1 share one, which uses 16.2 cores all
+    # day on the scored day: one of the two nodes is over its real capacity in every sample.
+    assert by_policy["static-oversale-1.5"]["nodes_per_day"] == 2
+    assert by_policy["static-oversale-1.5"]["cpu_violation_rate"] == 0.5
+    # Katalyst: hot1 alone gives ((9.6 - 7) / 0.875 + 8) / 16 = 0.69 -> 1, so it packs like ours.
+    assert by_policy["katalyst-realtime"]["nodes_per_day"] == 2
+    assert by_policy["katalyst-realtime"]["cpu_violation_rate"] == 0
+
+
+def test_the_last_days_are_the_holdout_and_reported_apart(tmp_path):
+    # Ten days; on the last one both workloads go from 2 to 5 cores.
+    rows = []
+    start = 3 * DAY
+    for t in range(start, start + 10 * DAY, 300):
+        for name in ("a", "b"):
+            rows.append((name, t, 8, 5.0 if t >= start + 9 * DAY else 2.0, GIB, GIB // 2))
+    result, by_policy = replay(tmp_path, rows, node_cpu_cores=8, holdout_days=1)
+    assert result.days == [7, 8, 9]
+    assert result.splits == {7: "tuning", 8: "tuning", 9: "holdout"}
+    ours = by_policy["oversale"]
+    # Packed onto one 8-core node by the history of 2 + 2 cores, the last day (10 cores) overloads it:
+    # in the holdout only.
+    assert ours["tuning"]["cpu_violation_rate"] == 0
+    assert ours["holdout"]["cpu_violation_rate"] == 1.0
+    assert ours["cpu_violation_rate"] == pytest.approx(1 / 3, abs=1e-4)
+
+
+def test_against_peers_reads_our_curve_at_each_peers_violation_rate():
+    def row(policy, family, freed, violation, ours=False):
+        figures = {"capacity_freed": freed, "cpu_violation_rate": violation}
+        return {"policy": policy, "family": family, "ours": ours, "tuning": figures}
+    rows = [row("none", "none", 0.0, 0.02), row("oversale", "oversale", 0.5, 0.04, ours=True),
+            row("peer", "peer", 0.3, 0.03), row("greedy", "greedy", 0.6, 0.05), row("safe", "safe", 0.1, 0.01)]
+    verdicts = {v["peer"]: v for v in against_peers(rows, "tuning")}
+    # Halfway between (2%, 0) and (4%, 50%): 25% at 3%, less than the peer's 30%.
+    assert verdicts["peer"]["ours_freed"] == pytest.approx(0.25) and not verdicts["peer"]["matched"]
+    # Beyond our riskiest point we are credited only with what that point frees.
+    assert verdicts["greedy"]["ours_freed"] == 0.5 and not verdicts["greedy"]["matched"]
+    # Below our safest point we have nothing to offer.
+    assert verdicts["safe"]["ours_freed"] is None and not verdicts["safe"]["matched"]
+
+
+def test_our_requests_raise_an_over_user_at_most_to_the_minimum_ratio():
+    times = np.arange(400, dtype=np.float64) * 300  # 33 h: enough history
+    now = float(times[-1]) + 300
+    over = {"cpu": (times, np.full(400, 10000.0))}  # 10 cores all along
+    request = ours_requests(CompressionEstimator())
+    raised = request("cpu", 8000, over, now)
+    assert 10000 < raised <= 16000
+    assert request("cpu", 4000, over, now) == 8000, "at most 2x (OVERSALE_MIN_RATIO 0.5)"
+    week = np.arange(7 * 288 + 1, dtype=np.float64) * 300  # a lowering needs 7 days for full confidence
+    idle = {"cpu": (week, np.full(len(week), 100.0))}
+    assert request("cpu", 8000, idle, float(week[-1]) + 300) == 1000, "at most 8x lower (OVERSALE_MAX_RATIO 8)"
+    assert request("cpu", 8000, {"cpu": (times, np.full(400, 100.0))}, now) > 1000, "33 h: pulled toward 1"
+
+
+def test_katalyst_formula_matches_its_definition():
+    # A=32, T=0.6, U=8, R=28: ((19.2 - 8) / max(min(8/28, 1), 0.4) + 28) / 32 = (11.2 / 0.4 + 28) / 32 = 1.75
+    assert katalyst_realtime()("cpu", 32, 28, np.array([0.0]), np.array([8.0]), 1.0) == pytest.approx(1.75)
+
+
+def test_bad_traces_are_refused_with_a_message(tmp_path):
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("a,b\n1,2\n")
+    with pytest.raises(TraceError, match="matches no known format"):
+        read_trace(wrong)
+    with pytest.raises(TraceError, match="missing columns: workload"):
+        read_trace(wrong, "generic")
+    with pytest.raises(TraceError, match="no such file"):
+        read_trace(tmp_path / "absent.csv")
+    assert detect_format(BITBRAINS) == "bitbrains-long"
+
+
+def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
+    # The first 20 VMs (the file is sorted by VM); the format is detected from the header.
+    slice_path = tmp_path / "slice.csv"
+    with gzip.open(BITBRAINS, "rt") as source, slice_path.open("w") as out:
+        out.write(source.readline())
+        for line in source:
+            if int(line.split(",", 1)[0]) > 20:
+                break
+            out.write(line)
+    out_dir = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(slice_path),
+                             "--out", str(out_dir), "--node-cores", "16"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "day 1/" in result.stderr, "progress is shown"
+    data = json.loads((out_dir / "summary.json").read_text())
+    policies = {p["policy"]: p for p in data["policies"]}
+    assert data["days_evaluated"] >= 20 and len(data["holdout_days"]) == 14
+    assert set(data["tuning_days"]).isdisjoint(data["holdout_days"])
+    assert 0 < data["clairvoyant_capacity_freed"] < 1
+    for entry in data["policies"]:
+        assert entry["kind"] in ("compression", "node-oversale", "system")
+        for key in ("capacity_freed", "cpu_violation_rate", "memory_violation_rate"):
+            assert 0 <= entry[key] <= 1 or key == "capacity_freed", (entry["policy"], key)
+        assert isinstance(entry["ours"], bool) and entry["nodes_per_day"] >= 0
+    assert policies["none"]["capacity_freed"] == 0
+    assert policies["oversale"]["kind"] == "system" and policies["oversale"]["ours"]
+    assert 0 < policies["oversale"]["capacity_freed"] < 1
+    assert policies["crane-style"]["ours"] is False
+    assert "Katalyst" in policies["katalyst-realtime"]["source"]
+    report = (out_dir / "report.md").read_text()
+    assert "## Holdout days" in report and "## Tuning days" in report
+    for image in ("savings_vs_violations.png", "node_day.png"):
+        assert (out_dir / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_names_a_missing_trace(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(tmp_path / "nope.csv")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {tmp_path / 'nope.csv'}: no such file"
