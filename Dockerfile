@@ -21,6 +21,7 @@ RUN groupadd --gid 10001 oversale \
 COPY --from=dependencies /opt/venv /opt/venv
 WORKDIR /app
 COPY oversale/ oversale/
+COPY kube/ kube/
 COPY webhook/ webhook/
 COPY certs/ certs/
 COPY reconcilers/ reconcilers/

@@ -20,6 +20,8 @@ DEFAULT_PREFIX = "stke.platform"
 # A ratio is a plain decimal: no sign, no exponent, no "inf"/"NaN". Decimal keeps the text's
 # exact value, so "3.7" is 37/10 and never rounds the wrong way as a binary float would.
 _RATIO = re.compile(r"^\d{1,6}(\.\d{1,12})?$")
+PLAIN_DECIMAL = _RATIO
+"""The form of every number an annotation of ours holds."""
 
 _YES = frozenset({"y", "yes", "true"})
 _NO = frozenset({"n", "no", "false"})
@@ -115,6 +117,22 @@ class AnnotationKeys:
     def applied_oversale_ratio(self) -> str:
         """Written on Nodes: JSON of the ratio applied per resource (absent when not oversold)."""
         return self._key("applied-oversale-ratio")
+
+    @property
+    def cpu_scheduling_watermark(self) -> str:
+        """Node (annotation or label): share of real cpu (5-min average) above which the extender
+        places no new Pods there."""
+        return self._key("cpu-scheduling-watermark")
+
+    @property
+    def cpu_peak_scheduling_watermark(self) -> str:
+        """Node: the same for the 1-hour maximum of cpu."""
+        return self._key("cpu-peak-scheduling-watermark")
+
+    @property
+    def memory_scheduling_watermark(self) -> str:
+        """Node: the same for memory."""
+        return self._key("memory-scheduling-watermark")
 
     @property
     def cpu_bind_policy(self) -> str:

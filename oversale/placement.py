@@ -30,6 +30,18 @@ from oversale.cpus import (
 from oversale.node_oversale import applied_ratios, real_allocatable_of
 from oversale.pods import scheduled_request
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount, parse_amount
+from oversale.usage import (
+    DEFAULT_WATERMARKS,
+    LoadConfig,
+    NodeLoad,
+    Watermarks,
+    combined_score,
+    estimated_usage,
+    hot_reason,
+    load_score_after,
+    stale_reason,
+    watermarks_for,
+)
 
 KOORDINATOR_TOPOLOGY = "node.koordinator.sh/cpu-topology"
 
@@ -49,6 +61,9 @@ class NodeView:
     strategy: str = MOST_ALLOCATED
     ratio: Fraction = Fraction(1)
     """``cpu_ratio`` as an exact fraction (computed once: this is on the filter's hot path)."""
+    real: Mapping[str, int] = field(default_factory=dict)
+    """Real allocatable (the kubelet's values, from the node webhook's record)."""
+    watermarks: Watermarks = DEFAULT_WATERMARKS
 
 
 @dataclass(frozen=True)
@@ -84,7 +99,8 @@ class NodeUsage:
         return self._summary
 
 
-def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[int, int] | None = None) -> NodeView:
+def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[int, int] | None = None,
+              watermarks: Watermarks = DEFAULT_WATERMARKS) -> NodeView:
     metadata = node.get("metadata") or {}
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
@@ -103,6 +119,8 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
         bind_policy=bind if bind in BIND_POLICIES else None,
         single_numa=labels.get(keys.numa_topology_policy) == SINGLE_NUMA_NODE,
         strategy=LEAST_ALLOCATED if labels.get(keys.numa_allocate_strategy) == LEAST_ALLOCATED else MOST_ALLOCATED,
+        real=real,
+        watermarks=watermarks_for(labels, annotations, keys, watermarks)[0],
     )
 
 
@@ -186,3 +204,39 @@ def node_score(node: NodeView, usage: NodeUsage, demand: PodDemand) -> int:
     after = 1 - (free(node, usage)[0] - demand.requests.get(CPU, 0)) / allocatable
     value = after if node.strategy == MOST_ALLOCATED else 1 - after
     return max(0, min(10, round(10 * value)))
+
+
+@dataclass(frozen=True)
+class NodeHeat:
+    """The load side of one node at one moment (see ``oversale.usage``)."""
+
+    load: NodeLoad | None
+    now: float
+    """The time the view is read at (metrics older than the limit then are stale)."""
+    pending: Mapping[str, float] = field(default_factory=dict)
+    """Estimated usage of Pods bound recently and not yet in the metrics."""
+
+
+def load_shortfall(node: NodeView, heat: NodeHeat | None, config: LoadConfig) -> str | None:
+    """Why a node is too hot for new Pods, or None; a node without fresh metrics (or without a
+    record of its real allocatable) is never filtered by load, so a metrics outage cannot block
+    scheduling."""
+    if heat is None or heat.load is None or stale_reason(heat.load, heat.now, config) or not node.real:
+        return None
+    return hot_reason(heat.load, heat.pending, node.real, node.watermarks)
+
+
+def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,
+                    config: LoadConfig, estimate: Mapping[str, float] | None = None) -> int:
+    """0..10: the packing score (``node_score``) combined with how cool the node stays after
+    placing the Pod, by the configured weights; by packing alone without fresh metrics.
+    ``estimate``: the Pod's ``estimated_usage`` (the same for every node: computed once by the caller)."""
+    packing = node_score(node, usage, demand)
+    load = heat.load if heat is not None else None
+    if load is None or heat is None or heat.now - load.at > config.max_age_seconds or not node.real \
+            or config.load_weight <= 0:
+        return packing
+    if packing == 0 and shortfall(node, usage, demand) is not None:
+        return 0
+    pod = estimate if estimate is not None else estimated_usage(demand.requests, config)
+    return combined_score(packing, load_score_after(load, heat.pending, pod, node.real), config)

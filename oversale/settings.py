@@ -18,6 +18,7 @@ from oversale.errors import QuantityError, SettingsError
 from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
 from oversale.node_oversale import OversaleLimits
 from oversale.quantity import parse_bytes, parse_millicores
+from oversale.usage import LoadConfig, Watermarks
 
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
@@ -194,6 +195,44 @@ class Settings:
     reconciler_metrics_port: int = field(default=8080, metadata=_env("OVERSALE_RECONCILER_METRICS_PORT"))
     """Port of the reconciler's /metrics."""
 
+    load_aware: bool = field(default=False, metadata=_env("OVERSALE_LOAD_AWARE"))
+    """The extender filters and scores nodes by their real usage (metrics.k8s.io), not only requests.
+    Off by default: the backtest does not show it paying off yet (README, "Load-aware placement")."""
+
+    metrics_poll_interval_seconds: float = field(default=30.0, metadata=_env("OVERSALE_METRICS_POLL_INTERVAL"))
+    """How often the extender reads NodeMetrics and PodMetrics."""
+
+    metrics_max_age_seconds: float = field(default=180.0, metadata=_env("OVERSALE_METRICS_MAX_AGE"))
+    """Node metrics older than this are stale: the node is neither filtered nor favoured by load."""
+
+    cpu_scheduling_watermark: Decimal = field(default=Decimal("0.65"),
+                                              metadata=_env("OVERSALE_CPU_SCHEDULING_WATERMARK"))
+    """No new Pods on a node whose 5-minute average cpu usage is above this share of real cpu
+    (per node: the ``cpu-scheduling-watermark`` annotation or label)."""
+
+    cpu_peak_scheduling_watermark: Decimal = field(default=Decimal("0.85"),
+                                                   metadata=_env("OVERSALE_CPU_PEAK_SCHEDULING_WATERMARK"))
+    """The same for the 1-hour maximum of cpu usage (``cpu-peak-scheduling-watermark``)."""
+
+    memory_scheduling_watermark: Decimal = field(default=Decimal("0.85"),
+                                                 metadata=_env("OVERSALE_MEMORY_SCHEDULING_WATERMARK"))
+    """The same for memory usage (``memory-scheduling-watermark``)."""
+
+    bound_pod_settle_seconds: float = field(default=300.0, metadata=_env("OVERSALE_BOUND_POD_SETTLE"))
+    """A Pod bound this recently and not yet in PodMetrics counts by its estimated usage."""
+
+    cpu_usage_estimate: Decimal = field(default=Decimal("0.85"), metadata=_env("OVERSALE_CPU_USAGE_ESTIMATE"))
+    """Estimated cpu usage of a Pod not yet in the metrics, as a share of its request."""
+
+    memory_usage_estimate: Decimal = field(default=Decimal("0.7"), metadata=_env("OVERSALE_MEMORY_USAGE_ESTIMATE"))
+    """Estimated memory usage of a Pod not yet in the metrics, as a share of its request."""
+
+    load_score_weight: int = field(default=1, metadata=_env("OVERSALE_LOAD_SCORE_WEIGHT"))
+    """Weight of "stays coolest after placing" in the extender's score (0: load only filters)."""
+
+    packing_score_weight: int = field(default=1, metadata=_env("OVERSALE_PACKING_SCORE_WEIGHT"))
+    """Weight of the packing score (requests, NUMA, fragmentation) in the extender's score."""
+
     @property
     def keys(self) -> AnnotationKeys:
         return AnnotationKeys(self.annotation_prefix)
@@ -206,6 +245,19 @@ class Settings:
             cpu_floor_millicores=self.cpu_floor_millicores,
             memory_floor_bytes=self.memory_floor_bytes,
             allow_guaranteed_downgrade=self.allow_guaranteed_downgrade,
+        )
+
+    @property
+    def load(self) -> LoadConfig:
+        return LoadConfig(
+            watermarks=Watermarks(self.cpu_scheduling_watermark, self.cpu_peak_scheduling_watermark,
+                                  self.memory_scheduling_watermark),
+            max_age_seconds=self.metrics_max_age_seconds,
+            settle_seconds=self.bound_pod_settle_seconds,
+            cpu_estimate=self.cpu_usage_estimate,
+            memory_estimate=self.memory_usage_estimate,
+            load_weight=self.load_score_weight,
+            packing_weight=self.packing_score_weight,
         )
 
     @property
@@ -389,6 +441,17 @@ _PARSERS: dict[str, Any] = {
     "lease_name": lambda text: _nonempty(text),
     "lease_duration_seconds": lambda text: _duration(text),
     "reconciler_metrics_port": lambda text: _port(text),
+    "load_aware": _bool,
+    "metrics_poll_interval_seconds": lambda text: _duration(text),
+    "metrics_max_age_seconds": lambda text: _duration(text),
+    "cpu_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),
+    "cpu_peak_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),
+    "memory_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),
+    "bound_pod_settle_seconds": lambda text: _duration(text, allow_zero=True),
+    "cpu_usage_estimate": lambda text: _decimal_between(text, 0, 10),
+    "memory_usage_estimate": lambda text: _decimal_between(text, 0, 10),
+    "load_score_weight": lambda text: _nonnegative_int(text),
+    "packing_score_weight": lambda text: _nonnegative_int(text),
 }
 
 

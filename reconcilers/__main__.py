@@ -131,7 +131,8 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
         parser.error("node size, warm-up and window must be positive, the holdout not negative")
     config = Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days)
-    systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), frontier=args.frontier)
+    systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), frontier=args.frontier,
+                              load=settings.load)
     try:
         workloads = read_trace(args.trace, args.format, _log)
         result = run(workloads, config, systems, _log)

@@ -8,7 +8,6 @@ write pass. On a persistent volume the history survives restarts; on an emptyDir
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 import threading
@@ -17,8 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kube.metrics_api import MetricsAPI
 from oversale.estimator import summarize
-from oversale.quantity import parse_bytes, parse_millicores
 from reconcilers.history import ContainerKey, ResourceStats
 
 log = logging.getLogger(__name__)
@@ -108,25 +107,10 @@ class MetricsSampler:
     """One sampling pass over ``metrics.k8s.io`` (PodMetrics and NodeMetrics, all namespaces)."""
 
     def __init__(self, api_client: Any, history: SqliteHistory) -> None:
-        from kubernetes import client
-
-        self._api = client.CustomObjectsApi(api_client)
+        self._api = MetricsAPI(api_client)
         self.history = history
 
     def sample(self, now: float | None = None) -> int:
-        pods = self._list("pods")
-        nodes = self._list("nodes")
-        containers = [
-            ((item["metadata"].get("namespace", ""), item["metadata"]["name"], container["name"]),
-             parse_millicores(container["usage"]["cpu"]), parse_bytes(container["usage"]["memory"]))
-            for item in pods for container in item.get("containers") or []
-        ]
-        node_rows = [(item["metadata"]["name"], parse_millicores(item["usage"]["cpu"]),
-                      parse_bytes(item["usage"]["memory"])) for item in nodes]
+        containers = [((c.namespace, c.pod, c.container), c.cpu, c.memory) for c in self._api.containers()]
+        node_rows = [(n.name, n.cpu, n.memory) for n in self._api.nodes()]
         return self.history.record(now if now is not None else time.time(), containers, node_rows)
-
-    def _list(self, plural: str) -> list[dict[str, Any]]:
-        response: Any = self._api.list_cluster_custom_object("metrics.k8s.io", "v1beta1", plural,
-                                                             _preload_content=False, _request_timeout=30)
-        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
-        return items

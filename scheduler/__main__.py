@@ -38,15 +38,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def build() -> object:
-        from scheduler.app import create_app
-        from scheduler.kube import ClusterWatch, KubeBinder
+        from scheduler.app import ExtenderMetrics, create_app
+        from scheduler.kube import ClusterWatch, KubeBinder, UsagePoller
         from scheduler.state import ClusterState
 
         api_client = load_api_client(settings.kubernetes)
-        state = ClusterState(settings.keys)
+        state = ClusterState(settings.keys, load_config=settings.load)
         watch = ClusterWatch(api_client, state, settings.watch_timeout_seconds)
         watch.start()
-        return create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: watch.synced)
+        metrics = ExtenderMetrics()
+        if settings.load_aware:
+            UsagePoller(api_client, state, settings.metrics_poll_interval_seconds, metrics.record_poll).start()
+        return create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: watch.synced, metrics=metrics)
 
     options = gunicorn_options(args.bind, "", "", 1, settings.threads, settings.keepalive_seconds, settings.log_level)
     if args.certs_dir:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from oversale.settings import Settings
 from scheduler.extender import Binder, bind, filter_nodes, prioritize
@@ -28,6 +28,18 @@ class ExtenderMetrics:
         self.latency = Histogram("oversale_extender_duration_seconds", "Time to answer one extender call.", ["verb"],
                                  buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
                                  registry=self.registry)
+        self.metrics_polls = Counter("oversale_extender_metrics_polls", "Reads of metrics.k8s.io by result.",
+                                     ["result"], registry=self.registry)
+        self.stale_nodes = Gauge("oversale_extender_nodes_without_fresh_metrics",
+                                 "Nodes placed by requests alone for want of fresh metrics, by reason (missing, old).",
+                                 ["reason"], registry=self.registry)
+        for reason in ("missing", "old"):
+            self.stale_nodes.labels(reason).set(0)
+
+    def record_poll(self, result: str, stale: dict[str, int]) -> None:
+        self.metrics_polls.labels(result).inc()
+        for reason, count in stale.items():
+            self.stale_nodes.labels(reason).set(count)
 
 
 def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: Callable[[], bool] = lambda: True,
@@ -53,11 +65,11 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
 
     @app.post("/filter")
     def filter_route() -> Response:
-        return answer("filter", lambda body: filter_nodes(parse_args(body), state, keys))
+        return answer("filter", lambda body: filter_nodes(parse_args(body), state, keys, settings.load_aware))
 
     @app.post("/prioritize")
     def prioritize_route() -> Response:
-        return answer("prioritize", lambda body: prioritize(parse_args(body), state, keys))
+        return answer("prioritize", lambda body: prioritize(parse_args(body), state, keys, settings.load_aware))
 
     @app.post("/bind")
     def bind_route() -> Response:

@@ -7,7 +7,8 @@ from typing import Any, Protocol
 
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import FULL_PCPUS, NoFit
-from oversale.placement import NodeView, PodDemand, allocate, node_score, pod_demand, shortfall
+from oversale.placement import NodeView, PodDemand, allocate, load_shortfall, placement_score, pod_demand, shortfall
+from oversale.usage import estimated_usage
 from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -38,21 +39,29 @@ def _nodes_sent(args: ExtenderArgs, state: ClusterState) -> tuple[bool, list[tup
     return False, [(name, name, state.nodes.get(name)) for name in args.get("NodeNames") or []]
 
 
-def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys) -> ExtenderFilterResult:
+def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
+                 load_aware: bool = True) -> ExtenderFilterResult:
     demand = pod_demand(args["Pod"], keys)
     full, sent = _nodes_sent(args, state)
     passed: list[Any] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    for (name, obj, view), usage in zip(sent, state.usages([name for name, _, _ in sent]), strict=True):
+    names = [name for name, _, _ in sent]
+    config = state.load_config
+    heats = state.heats(names) if load_aware else [None] * len(names)
+    for (name, obj, view), usage, heat in zip(sent, state.usages(names), heats, strict=True):
         if view is None:
             failed[name] = "node not in the extender's cache yet"
             continue
         reason = shortfall(view, usage, demand)
-        if reason is None:
-            passed.append(obj)
-        else:
+        if reason is not None:
             (unresolvable if _never_fits(view, demand) else failed)[name] = reason
+            continue
+        hot = load_shortfall(view, heat, config) if load_aware else None
+        if hot is not None:
+            failed[name] = hot  # cools down: another try later may pass
+        else:
+            passed.append(obj)
     # Only nodes that were sent come back, in the same form. With nodeCacheCapable an empty or
     # missing NodeNames would filter out every node, so the list is always present.
     result: ExtenderFilterResult = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
@@ -74,12 +83,17 @@ def _never_fits(view: NodeView, demand: PodDemand) -> bool:
     return demand.cpus > len(view.topology.cpus) or (policy == FULL_PCPUS and demand.cpus % threads != 0)
 
 
-def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys) -> list[HostPriority]:
+def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
+               load_aware: bool = True) -> list[HostPriority]:
     demand = pod_demand(args["Pod"], keys)
     _, sent = _nodes_sent(args, state)
-    usages = state.usages([name for name, _, _ in sent])
-    return [{"Host": name, "Score": node_score(view, usage, demand) if view else 0}
-            for (name, _, view), usage in zip(sent, usages, strict=True)]
+    names = [name for name, _, _ in sent]
+    usages = state.usages(names)
+    heats = state.heats(names) if load_aware else [None] * len(names)
+    config = state.load_config
+    estimate = estimated_usage(demand.requests, config)
+    return [{"Host": name, "Score": placement_score(view, usage, demand, heat, config, estimate) if view else 0}
+            for (name, _, view), usage, heat in zip(sent, usages, heats, strict=True)]
 
 
 def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: AnnotationKeys) -> ExtenderBindingResult:
@@ -101,7 +115,8 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         except NoFit as reason:
             return {"Error": f"pod {namespace}/{name} no longer fits {node}: {reason}"}
         # Reserved before any API call, under the lock: a concurrent bind sees these CPUs taken.
-        state.reserve(PodRecord(uid, node, demand, placement.cpus if placement else ()))
+        state.reserve(PodRecord(uid, node, demand, placement.cpus if placement else (), namespace, name,
+                                state.wall()))
     annotated = False
     try:
         if placement is not None:

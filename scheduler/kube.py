@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube.metrics_api import MetricsAPI
+from oversale.usage import Sample, stale_reason
 from scheduler.state import ClusterState
 from webhook.owners import Reflector
 
@@ -117,3 +122,69 @@ class KubeBinder:
                 "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         self._core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=self._timeout)
+
+
+class UsagePoller:
+    """Reads NodeMetrics and PodMetrics every ``interval`` seconds into ``state``.
+
+    A failed read changes nothing: the samples already held age, and once older than the limit
+    the nodes are placed by requests alone (logged once per node and counted), so a metrics-server
+    outage never blocks scheduling.
+    """
+
+    def __init__(self, api_client: Any, state: ClusterState, interval: float,
+                 on_poll: Callable[[str, dict[str, int]], None] = lambda result, stale: None) -> None:
+        self._api = MetricsAPI(api_client, timeout=min(interval, 30))
+        self._state = state
+        self._interval = interval
+        self._on_poll = on_poll
+        self._stale: dict[str, str] = {}
+
+    def poll_once(self) -> bool:
+        try:
+            nodes = self._api.nodes()
+            containers = self._api.containers()
+        except Exception as error:  # noqa: BLE001  -- any API trouble: keep what we had
+            log.warning("metrics API not readable (%s); nodes fall back to request-based placement as their "
+                        "metrics age past the limit", _one_line(error))
+            self._on_poll("error", self._staleness())
+            return False
+        self._state.record_node_samples({n.name: Sample(n.at, n.cpu, n.memory) for n in nodes})
+        self._state.record_pods_in_metrics({(c.namespace, c.pod) for c in containers})
+        self._on_poll("ok", self._staleness())
+        return True
+
+    def _staleness(self) -> dict[str, int]:
+        """Count the nodes without fresh metrics by reason; log each node once when it turns stale."""
+        names = sorted(self._state.nodes)
+        counts = {"missing": 0, "old": 0}
+        stale: dict[str, str] = {}
+        for name, heat in zip(names, self._state.heats(names), strict=True):
+            reason = stale_reason(heat.load, heat.now, self._state.load_config)
+            if reason is None:
+                continue
+            stale[name] = reason
+            counts["missing" if heat.load is None else "old"] += 1
+            if name not in self._stale:
+                log.info("node %s: %s; placed by requests until fresh metrics arrive", name, reason)
+        for name in set(self._stale) - set(stale):
+            log.info("node %s: fresh metrics again; load-aware placement resumes", name)
+        self._stale = stale
+        return counts
+
+    def start(self) -> None:
+        def loop() -> None:
+            while True:
+                self.poll_once()
+                time.sleep(self._interval)
+
+        threading.Thread(target=loop, name="usage-poller", daemon=True).start()
+
+
+def _one_line(error: Exception) -> str:
+    """An API error as one short line (the client's messages span many)."""
+    status = getattr(error, "status", None)
+    reason = getattr(error, "reason", None)
+    if status:
+        return f"HTTP {status} {reason or ''}".strip()
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__

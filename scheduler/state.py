@@ -12,16 +12,20 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from kube.metrics_api import parse_timestamp
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
-from oversale.placement import NodeUsage, NodeView, PodDemand, node_view, pod_demand
+from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, node_view, pod_demand
 from oversale.pods import is_terminal
 from oversale.quantity import RESOURCES
+from oversale.usage import LoadConfig, NodeLoad, Sample, estimated_usage, pending_usage, windows
 
 RESERVATION_TTL = 120.0
 """A reservation whose Pod never shows up bound in the watch is dropped after this long."""
@@ -33,6 +37,10 @@ class PodRecord:
     node: str
     demand: PodDemand
     cpus: tuple[int, ...] = ()
+    namespace: str = ""
+    name: str = ""
+    bound_at: float | None = None
+    """Wall-clock seconds of the bind (None: long ago, or unknown)."""
 
 
 @dataclass
@@ -45,6 +53,8 @@ class Reservation:
 class ClusterState:
     keys: AnnotationKeys
     clock: Callable[[], float] = time.monotonic
+    load_config: LoadConfig = field(default_factory=LoadConfig)
+    wall: Callable[[], float] = time.time
     nodes: dict[str, NodeView] = field(default_factory=dict)
     nrt: dict[str, dict[int, int]] = field(default_factory=dict)
     _raw_nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -54,6 +64,17 @@ class ClusterState:
     _usage: dict[str, NodeUsage] = field(default_factory=dict)
     """Usage per node, recomputed only after something on that node changed."""
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _samples: dict[str, tuple[array[float], array[float]]] = field(default_factory=dict)
+    """Per node, the last hour of (time, cpu) samples as two flat arrays: a deque of objects per
+    sample would put hundreds of thousands of objects in front of every garbage collection."""
+    _loads: dict[str, NodeLoad] = field(default_factory=dict)
+    """Each node's windows as of its latest sample (recomputed per poll, not per call)."""
+    _in_metrics: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, name) of the Pods in the last PodMetrics list."""
+    _settling: dict[str, PodRecord] = field(default_factory=dict)
+    """Pods bound within the settle time: the few whose estimates may still count."""
+    _pending: dict[str, dict[str, float]] | None = None
+    _pending_until: float = 0.0
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -68,7 +89,7 @@ class ClusterState:
                 self._raw_nodes.pop(name, None)
                 return
             self._raw_nodes[name] = node
-            self.nodes[name] = node_view(node, self.keys, self.nrt.get(name))
+            self.nodes[name] = node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
             self._usage.pop(name, None)
 
     def set_topology(self, name: str, zones: dict[int, int] | None) -> None:
@@ -79,13 +100,14 @@ class ClusterState:
             else:
                 self.nrt.pop(name, None)
             if name in self._raw_nodes:
-                self.nodes[name] = node_view(self._raw_nodes[name], self.keys, self.nrt.get(name))
+                self.nodes[name] = node_view(self._raw_nodes[name], self.keys, self.nrt.get(name),
+                                             self.load_config.watermarks)
             self._usage.pop(name, None)
 
     def view_of(self, node: dict[str, Any]) -> NodeView:
         """A node sent in full (nodeCacheCapable false)."""
         name = str((node.get("metadata") or {}).get("name", ""))
-        return node_view(node, self.keys, self.nrt.get(name))
+        return node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
 
     # -- pods --------------------------------------------------------------------------------
     def set_pod(self, uid: str, pod: dict[str, Any] | None) -> None:
@@ -103,10 +125,15 @@ class ClusterState:
                 if terminal:
                     self._unreserve(uid)
                 return
+            reserved = self._reserved.get(uid)
             self._unreserve(uid)  # the watch shows it bound: the Pod's own record counts now
-            record = PodRecord(uid, node, pod_demand(pod, self.keys), _cpus_of(pod, self.keys))
+            metadata = pod.get("metadata") or {}
+            record = PodRecord(uid, node, pod_demand(pod, self.keys), _cpus_of(pod, self.keys),
+                               str(metadata.get("namespace", "")), str(metadata.get("name", "")),
+                               reserved.record.bound_at if reserved else _scheduled_at(pod))
             self._pods[uid] = record
             self._by_node.setdefault(node, {})[uid] = record
+            self._note_settling(record)
             self._usage.pop(node, None)
 
     def reset_pods(self) -> None:
@@ -116,12 +143,16 @@ class ClusterState:
             self._usage.clear()
 
     def _forget(self, uid: str) -> None:
+        if uid in self._settling:
+            self._pending = None
         record = self._pods.pop(uid, None)
         if record is not None:
             self._by_node.get(record.node, {}).pop(uid, None)
             self._usage.pop(record.node, None)
 
     def _unreserve(self, uid: str) -> None:
+        if uid in self._settling:
+            self._pending = None
         reservation = self._reserved.pop(uid, None)
         if reservation is not None:
             self._usage.pop(reservation.record.node, None)
@@ -166,11 +197,79 @@ class ClusterState:
     def reserve(self, record: PodRecord) -> None:
         with self._lock:
             self._reserved[record.uid] = Reservation(record, self.clock())
+            self._note_settling(record)
             self._usage.pop(record.node, None)
 
     def release(self, uid: str) -> None:
         with self._lock:
             self._unreserve(uid)
+
+    # -- real usage (metrics.k8s.io) ------------------------------------------------------------
+    def _note_settling(self, record: PodRecord) -> None:
+        if record.bound_at is not None and self.wall() - record.bound_at < self.load_config.settle_seconds:
+            self._settling[record.uid] = record
+            self._pending = None
+
+    def record_node_samples(self, samples: Mapping[str, Sample]) -> None:
+        """One poll of NodeMetrics; each node keeps the last ``peak_seconds`` of samples."""
+        with self._lock:
+            horizon = self.load_config.peak_seconds
+            for name, sample in samples.items():
+                times, cpus = self._samples.setdefault(name, (array("d"), array("d")))
+                if times and sample.at <= times[-1]:
+                    continue  # metrics-server has not scraped the node again
+                times.append(sample.at)
+                cpus.append(sample.cpu)
+                old = bisect_left(times, sample.at - horizon)
+                if old:
+                    del times[:old], cpus[:old]
+                load = windows(times, cpus, (sample.memory,), self.load_config)
+                if load is not None:
+                    self._loads[name] = load
+
+    def record_pods_in_metrics(self, pods: Iterable[tuple[str, str]]) -> None:
+        """One poll of PodMetrics: the Pods whose usage the node figures now include."""
+        with self._lock:
+            self._in_metrics = set(pods)
+            self._pending = None
+
+    def heats(self, nodes: list[str]) -> list[NodeHeat]:
+        """Each node's load windows and the estimates of its Pods not yet in the metrics."""
+        now = self.wall()
+        config = self.load_config
+        with self._lock:
+            pending = self._pending_by_node(now, config)
+            loads = self._loads
+            no_pending: dict[str, float] = {}
+            return [NodeHeat(loads.get(node), now, pending.get(node, no_pending)) for node in nodes]
+
+    def _pending_by_node(self, now: float, config: LoadConfig) -> dict[str, dict[str, float]]:
+        """Summed estimates per node of the settling Pods not yet in PodMetrics (cached until a
+        Pod changes, PodMetrics are read again, or the first of them settles)."""
+        if self._pending is not None and now < self._pending_until:
+            return self._pending
+        by_node: dict[str, list[PodRecord]] = {}
+        until = float("inf")
+        for uid, record in list(self._settling.items()):
+            assert record.bound_at is not None
+            settles = record.bound_at + config.settle_seconds
+            if now >= settles or not self.is_bound(uid):
+                del self._settling[uid]
+            elif (record.namespace, record.name) not in self._in_metrics:
+                by_node.setdefault(record.node, []).append(record)
+                until = min(until, settles)
+        self._pending = {node: pending_usage(estimated_usage(r.demand.requests, config) for r in records)
+                         for node, records in by_node.items()}
+        self._pending_until = until
+        return self._pending
+
+
+def _scheduled_at(pod: Mapping[str, Any]) -> float | None:
+    """When the Pod was bound: its ``PodScheduled`` condition's transition time."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+            return parse_timestamp(condition.get("lastTransitionTime"))
+    return None
 
 
 def _cpus_of(pod: Mapping[str, Any], keys: AnnotationKeys) -> tuple[int, ...]:

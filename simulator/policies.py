@@ -28,6 +28,7 @@ from oversale.estimator import (
     summarize,
 )
 from oversale.quantity import CPU
+from oversale.usage import LoadConfig
 from simulator.trace import DAY, SLOT
 
 History = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -49,6 +50,9 @@ class System:
     family: str = ""
     """Variants of one system along a knob share a family (a curve on the frontier plot)."""
     ours: bool = False
+    load: LoadConfig | None = None
+    """Load-aware placement (the extender's watermark filter and load score) with these knobs;
+    None: by requests alone."""
 
     @property
     def kind(self) -> str:
@@ -161,7 +165,7 @@ OURS = "oversale"
 
 
 def default_systems(compression: CompressionEstimator, oversale: OversaleEstimator,
-                    frontier: bool = False) -> list[System]:
+                    frontier: bool = False, load: LoadConfig | None = None) -> list[System]:
     """This project as configured (the whole system, and each half alone), its curve along the
     node cpu target, and the peers with their published defaults; with ``frontier`` also the
     peers' variants along their main knob, so every peer is a curve too."""
@@ -188,6 +192,10 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
         System("static-oversale-1.5", "static oversale ratio 1.5", no_compression, static_ratio(1.5),
                "static-oversale"),
     ]
+    systems.append(System(f"{OURS}+load-aware", "this project with load-aware placement (OVERSALE_LOAD_AWARE=true): "
+                          "the extender's watermark filter and load score on each node's last hour of usage",
+                          ours_requests(compression), ours_ratio(oversale), f"{OURS}+load-aware", ours=True,
+                          load=load or LoadConfig()))
     for target in ("0.7", "0.8", "0.9"):
         variant = dataclasses.replace(oversale, cpu_target=Decimal(target))
         systems.append(System(f"{OURS} cpu target {target}", "this project, node cpu target varied",

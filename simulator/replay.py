@@ -22,12 +22,14 @@ import numpy as np
 
 from oversale.cpus import Topology
 from oversale.node_oversale import oversold_allocatable
-from oversale.placement import NodeUsage, NodeView, PodDemand, node_score, shortfall
+from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.quantity import CPU, MEMORY, RESOURCES
+from oversale.usage import LoadConfig, Sample, node_load
 from simulator.policies import History, System
 from simulator.trace import DAY, GIB, MILLI, SLOT, TraceError, Workload
 
 SLOTS_PER_DAY = DAY // SLOT
+_REQUESTS_ONLY = LoadConfig(load_weight=0)
 SPLITS = ("tuning", "holdout")
 
 
@@ -202,7 +204,17 @@ def _view(number: int, real: tuple[float, float], ratio: list[float], topology: 
     return NodeView(name=f"node-{number}",
                     allocatable={CPU: oversold_allocatable(int(real[0]), cpu_ratio),
                                  MEMORY: oversold_allocatable(int(real[1]), Decimal(str(ratio[1])))},
-                    cpu_ratio=cpu_ratio, topology=topology)
+                    cpu_ratio=cpu_ratio, topology=topology, real={CPU: int(real[0]), MEMORY: int(real[1])})
+
+
+def _heat(node: _Node, times: np.ndarray) -> NodeHeat:
+    """The usage view of a node in the replay: its members' summed usage over the last hour before
+    the day, as the extender's poller would have read it (the same view the node ratio is
+    computed from); every member counts as already in the metrics."""
+    hour = 3600 // SLOT
+    samples = [Sample(float(t), int(c), int(m)) for t, c, m in
+               zip(times[-hour:], node.history[0][-hour:], node.history[1][-hour:], strict=True)]
+    return NodeHeat(node_load(samples), float(times[-1]))  # read as fresh as the poller reads
 
 
 def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
@@ -221,10 +233,14 @@ def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
                            bind_policy=None, single_numa=False)
         chosen, best = None, -1
         for number, node in enumerate(nodes):
-            if shortfall(node.view, node.usage, demand) is None:
-                score = node_score(node.view, node.usage, demand)
-                if score > best:
-                    chosen, best = number, score
+            if shortfall(node.view, node.usage, demand) is not None:
+                continue
+            heat = _heat(node, window.times) if system.load else None
+            if system.load and load_shortfall(node.view, heat, system.load) is not None:
+                continue
+            score = placement_score(node.view, node.usage, demand, heat, system.load or _REQUESTS_ONLY)
+            if score > best:
+                chosen, best = number, score
         if chosen is None:  # a new node; a Pod larger than a node gets one of its own
             nodes.append(_Node(_view(len(nodes), real, [1.0, 1.0], topology), NodeUsage(), [1.0, 1.0], [0.0, 0.0],
                                [np.zeros(window.present.shape[1]) for _ in RESOURCES],

@@ -100,6 +100,9 @@ class FakeKubeAPI:
         """plural -> how many of the next updates find the object changed by another writer first."""
         self.down = False
         """While True every request gets 503 (an unreachable or overloaded API server)."""
+        self.unavailable: set[str] = set()
+        """Plurals answered with 503, as the aggregator answers for an APIService whose backend
+        (metrics-server) is down."""
         self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -364,6 +367,10 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return None
             if route is None:
                 self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
+                return None
+            if route[0] in api.unavailable:
+                self._send(503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the "
+                                        "request"))
                 return None
             return route
 

@@ -169,6 +169,9 @@ def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
     role = next(r for r in by_kind(rendered, "ClusterRole") if r["metadata"]["name"] == "oversale-extender")
     verbs = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
     assert {("bindings", "create"), ("pods", "patch"), ("pods", "watch"), ("nodes", "watch")} <= verbs
+    metrics = [rule for rule in role["rules"] if rule["apiGroups"] == ["metrics.k8s.io"]]
+    assert metrics == [{"apiGroups": ["metrics.k8s.io"], "resources": ["nodes", "pods"], "verbs": ["list"]}], \
+        "read access to the metrics API's nodes and pods only"
 
 
 def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
@@ -262,6 +265,6 @@ def test_dockerfile_builds_a_slim_non_root_image_without_compilers():
     assert cmd.startswith('["webhook", "--bind", "0.0.0.0:8443"')
     copied = {arg.split()[0] for ins, arg in final if ins == "COPY" and not arg.startswith("--from")}
     # simulator/ serves `python -m reconcilers backtest` from the same image.
-    assert copied == {"oversale/", "webhook/", "certs/", "reconcilers/", "scheduler/", "simulator/"}
+    assert copied == {"oversale/", "kube/", "webhook/", "certs/", "reconcilers/", "scheduler/", "simulator/"}
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "tests", ".git"} <= set(ignored)

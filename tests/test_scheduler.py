@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -70,13 +73,14 @@ def test_payloads_in_kube_schedulers_own_shapes_parse():
 
 
 class Extender:
-    def __init__(self, api: FakeKubeAPI, tmp: Path) -> None:
+    def __init__(self, api: FakeKubeAPI, tmp: Path, env_extra: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         kubeconfig = api.write_kubeconfig(tmp / f"kubeconfig-{self.port}")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
-        env.update({"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT)})
-        self.log = (tmp / f"extender-{self.port}.log").open("wb")
+        env.update({"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT), **(env_extra or {})})
+        self.log_path = tmp / f"extender-{self.port}.log"
+        self.log = self.log_path.open("wb")
         self.process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{self.port}"],
                                         cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         def ready() -> bool:
@@ -90,6 +94,10 @@ class Extender:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
+            return response.read().decode()
 
     def stop(self) -> None:
         stop_process(self.process)
@@ -253,3 +261,94 @@ def test_bad_payloads_get_a_400_with_an_error(cluster):
         urllib.request.urlopen(request, timeout=5)
     assert failure.value.code == 400
     assert "no Pod" in json.load(failure.value)["Error"]
+
+
+# ---- load-aware placement (metrics.k8s.io through the API double) ---------------------------------
+
+def node_metrics(name: str, cores: float, age: float = 0.0, memory: str = "8Gi") -> dict:
+    stamp = datetime.fromtimestamp(time.time() - age, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"metadata": {"name": name}, "timestamp": stamp, "window": "20s",
+            "usage": {"cpu": f"{round(cores * 1000)}m", "memory": memory}}
+
+
+@pytest.fixture
+def loaded(tmp_path) -> Iterator[tuple[FakeKubeAPI, Extender]]:
+    api = FakeKubeAPI().start()
+    for name in ("node-0", "node-1", "hot"):
+        api.put("nodes", node(name))
+    api.put("nodemetrics", node_metrics("node-0", 4.8))   # 30% of its 16 real cores
+    api.put("nodemetrics", node_metrics("node-1", 6.4))   # 40%
+    api.put("nodemetrics", node_metrics("hot", 11.36))    # 71%
+    extender = Extender(api, tmp_path, {"OVERSALE_LOAD_AWARE": "true", "OVERSALE_METRICS_POLL_INTERVAL": "1"})
+    wait_for(lambda: extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["hot"]})["FailedNodes"])
+    yield api, extender
+    extender.stop()
+    api.stop()
+
+
+def test_a_node_above_its_watermark_is_filtered_with_the_reason_and_the_coolest_preferred(loaded):
+    _, extender = loaded
+    answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-0", "node-1", "hot"]})
+    assert answer["NodeNames"] == ["node-0", "node-1"]
+    assert answer["FailedNodes"] == {
+        "hot": "cpu usage 71% of real capacity (5-min average) is above the scheduling watermark 65%"}
+    scores = {s["Host"]: s["Score"] for s in extender.post("prioritize", {"Pod": pod("p", "1"),
+                                                                          "NodeNames": ["node-0", "node-1"]})}
+    assert scores["node-0"] > scores["node-1"]
+
+
+def test_a_per_node_watermark_annotation_moves_the_threshold(loaded):
+    api, extender = loaded
+    relaxed = node("hot")
+    relaxed["metadata"]["annotations"][KEYS.cpu_scheduling_watermark] = "0.75"
+    api.put("nodes", relaxed)
+    wait_for(lambda: extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["hot"]})["NodeNames"] == ["hot"])
+
+
+def test_stale_metrics_are_ignored_and_counted(loaded):
+    api, extender = loaded
+    # metrics-server last saw "late" ten minutes ago, at 95%: too old to trust either way.
+    api.put("nodes", node("late"))
+    api.put("nodemetrics", node_metrics("late", 15.2, age=600))
+    wait_for(lambda: 'oversale_extender_nodes_without_fresh_metrics{reason="old"} 1.0' in extender.get("/metrics"))
+    assert extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["late"]})["NodeNames"] == ["late"]
+    assert re.search(r"node late: node metrics 60\ds old \(limit 180s\); placed by requests",
+                     extender.log_path.read_text())
+
+
+def test_a_burst_of_binds_moves_the_next_pod_elsewhere_before_metrics_catch_up(loaded):
+    api, extender = loaded
+    # node-0 is the coolest (30%); each 4-core Pod counts 3.4 cores until PodMetrics show it.
+    for name in ("b1", "b2"):
+        api.put("pods", pod(name, "4", single_numa=False))
+        wait_for(lambda n=name: api.get("pods", "default", n) is not None)
+        assert extender.post("bind", {"PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}",
+                                      "Node": "node-0"}) == {"Error": ""}
+    answer = extender.post("filter", {"Pod": pod("next", "4"), "NodeNames": ["node-0", "node-1"]})
+    assert answer["NodeNames"] == ["node-1"]
+    assert "with Pods bound but not yet in the metrics" in answer["FailedNodes"]["node-0"]
+    # Once PodMetrics list them, the node's own figures count (still 30% here) and it is back.
+    for name in ("b1", "b2"):
+        api.put("podmetrics", {"metadata": {"name": name, "namespace": "default"}, "window": "20s",
+                               "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "10Mi"}}]})
+    wait_for(lambda: extender.post("filter", {"Pod": pod("next", "4"),
+                                              "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
+
+
+def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    api.put("nodemetrics", node_metrics("node-0", 15))
+    api.unavailable = {"nodemetrics", "podmetrics"}
+    extender = Extender(api, tmp_path, {"OVERSALE_LOAD_AWARE": "true", "OVERSALE_METRICS_POLL_INTERVAL": "1"})
+    try:
+        wait_for(lambda: 'oversale_extender_metrics_polls_total{result="error"}' in extender.get("/metrics"))
+        answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-0"]})
+        assert answer["NodeNames"] == ["node-0"] and answer["Error"] == ""
+        assert all(0 <= s["Score"] <= 10 for s in extender.post("prioritize", {"Pod": pod("p", "1"),
+                                                                                 "NodeNames": ["node-0"]}))
+        assert 'oversale_extender_nodes_without_fresh_metrics{reason="missing"} 1.0' in extender.get("/metrics")
+        assert "metrics API not readable (HTTP 503" in extender.log_path.read_text()
+    finally:
+        extender.stop()
+        api.stop()

@@ -1,0 +1,1 @@
+"""Kubernetes plumbing every adapter may use (imports ``oversale/`` and libraries, no adapter)."""

@@ -1,0 +1,90 @@
+"""The resource metrics API (``metrics.k8s.io/v1beta1``, served by metrics-server through the API
+server): NodeMetrics and PodMetrics of the whole cluster, two list calls."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from oversale.errors import QuantityError
+from oversale.quantity import parse_bytes, parse_millicores
+
+GROUP, VERSION = "metrics.k8s.io", "v1beta1"
+
+
+@dataclass(frozen=True)
+class NodeMetrics:
+    name: str
+    cpu: int
+    """Millicores."""
+    memory: int
+    """Bytes (working set)."""
+    at: float
+    """When metrics-server took it (seconds); the read time when the object has no timestamp."""
+
+
+@dataclass(frozen=True)
+class ContainerMetrics:
+    namespace: str
+    pod: str
+    container: str
+    cpu: int
+    memory: int
+
+
+class MetricsAPI:
+    """Lists the metrics API with the real ``kubernetes`` client (raises its errors)."""
+
+    def __init__(self, api_client: Any, timeout: float = 30) -> None:
+        from kubernetes import client
+
+        self._api = client.CustomObjectsApi(api_client)
+        self._timeout = timeout
+
+    def nodes(self) -> list[NodeMetrics]:
+        now = time.time()
+        found = []
+        for item in self._list("nodes"):
+            try:
+                found.append(NodeMetrics(item["metadata"]["name"], parse_millicores(item["usage"]["cpu"]),
+                                         parse_bytes(item["usage"]["memory"]), _timestamp(item, now)))
+            except (KeyError, TypeError, QuantityError):
+                continue  # a malformed item says nothing about the others
+        return found
+
+    def containers(self) -> list[ContainerMetrics]:
+        found = []
+        for item in self._list("pods"):
+            metadata = item.get("metadata") or {}
+            for container in item.get("containers") or []:
+                try:
+                    found.append(ContainerMetrics(metadata.get("namespace", ""), metadata["name"], container["name"],
+                                                  parse_millicores(container["usage"]["cpu"]),
+                                                  parse_bytes(container["usage"]["memory"])))
+                except (KeyError, TypeError, QuantityError):
+                    continue
+        return found
+
+    def _list(self, plural: str) -> list[dict[str, Any]]:
+        response: Any = self._api.list_cluster_custom_object(GROUP, VERSION, plural, _preload_content=False,
+                                                             _request_timeout=self._timeout)
+        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        return items
+
+
+def _timestamp(item: dict[str, Any], default: float) -> float:
+    stamp = parse_timestamp(item.get("timestamp"))
+    return default if stamp is None else stamp
+
+
+def parse_timestamp(text: Any) -> float | None:
+    """An API timestamp (RFC 3339, ``2026-11-23T19:00:00Z``) in seconds, or None."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

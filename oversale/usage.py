@@ -1,0 +1,221 @@
+"""The usage view: what nodes really use, how fresh that is, and what a node will use after a Pod.
+
+Load-aware scheduling (the extender's filter and score) and the replay read the same view. A
+node's samples (from ``metrics.k8s.io`` NodeMetrics, which metrics-server refreshes about every
+15 s) become two windows, as Tencent TKE's scheduling watermark and Koordinator's LoadAware
+plugin use them: the **5-minute average** of cpu (what the node runs now) and the **1-hour
+maximum** of cpu (how high it has gone lately), plus the latest memory (memory does not come and
+go the way cpu does). Pods bound in the last few minutes are not in those figures yet (the
+kubelet starts them, metrics-server scrapes, the poller reads): their estimated usage is added
+until they show up in PodMetrics or the settle time passes, as Crane's "hot value" and
+Koordinator's estimated usage of just-scheduled Pods do, so a burst of binds cannot all land on
+the node that looked coolest a minute ago.
+
+Figures are fractions of the node's **real** allocatable (the kubelet's values, which the node
+webhook records): on an oversold node allocatable is a promise, real capacity is the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from oversale.annotations import PLAIN_DECIMAL, AnnotationKeys, AnnotationProblem
+from oversale.quantity import CPU, MEMORY, RESOURCES
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One NodeMetrics reading."""
+
+    at: float
+    """Seconds (the metrics' own timestamp)."""
+    cpu: int
+    """Millicores."""
+    memory: int
+    """Bytes."""
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """A node's windows over its samples."""
+
+    cpu_average: float
+    """Millicores, mean of the samples of the last ``average_seconds``."""
+    cpu_peak: float
+    """Millicores, highest sample of the last ``peak_seconds``."""
+    memory: float
+    """Bytes, the latest sample."""
+    at: float
+    """When the freshest sample was taken (seconds)."""
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    """Fractions of real allocatable above which a node takes no new Pods."""
+
+    cpu_average: Decimal = Decimal("0.65")
+    cpu_peak: Decimal = Decimal("0.85")
+    memory: Decimal = Decimal("0.85")
+
+
+DEFAULT_WATERMARKS = Watermarks()
+"""The peers' defaults: Tencent TKE's and Koordinator's cpu thresholds."""
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Knobs of load-aware placement (``oversale.settings.Settings`` reads them)."""
+
+    watermarks: Watermarks = DEFAULT_WATERMARKS
+    max_age_seconds: float = 180
+    """Older metrics are stale: the node is neither filtered nor favoured by load."""
+    average_seconds: float = 300
+    peak_seconds: float = 3600
+    settle_seconds: float = 300
+    """A bound Pod counts by its estimate until it shows up in PodMetrics or this long passed."""
+    cpu_estimate: Decimal = Decimal("0.85")
+    """A Pod not yet in the metrics is expected to use this share of its cpu request."""
+    memory_estimate: Decimal = Decimal("0.7")
+    load_weight: int = 1
+    """Weight of the load score (coolest node after placing) against the packing score."""
+    packing_weight: int = 1
+
+
+def node_load(samples: Sequence[Sample], config: LoadConfig = LoadConfig()) -> NodeLoad | None:
+    """The windows of ``samples`` (oldest first); None without any sample. Computed once per
+    poll: only its age changes between polls (see ``stale_reason``)."""
+    return windows([s.at for s in samples], [s.cpu for s in samples], [s.memory for s in samples], config)
+
+
+def windows(times: Sequence[float], cpus: Sequence[float], memories: Sequence[float],
+            config: LoadConfig = LoadConfig()) -> NodeLoad | None:
+    """``node_load`` over parallel sequences (what a poller keeps compactly)."""
+    if not times:
+        return None
+    latest = times[-1]
+    recent = [c for t, c in zip(times, cpus, strict=True) if t > latest - config.average_seconds]
+    hour = [c for t, c in zip(times, cpus, strict=True) if t > latest - config.peak_seconds]
+    return NodeLoad(sum(recent) / len(recent), float(max(hour)), float(memories[-1]), latest)
+
+
+def stale_reason(load: NodeLoad | None, now: float, config: LoadConfig) -> str | None:
+    """Why a node's load cannot be trusted (then placement falls back to requests), or None."""
+    if load is None:
+        return "no node metrics"
+    age = now - load.at
+    if age > config.max_age_seconds:
+        return f"node metrics {age:.0f}s old (limit {config.max_age_seconds:.0f}s)"
+    return None
+
+
+def estimated_usage(requests: Mapping[str, int], config: LoadConfig) -> dict[str, float]:
+    """What a Pod not yet in the metrics is expected to use: its request x the estimate factor.
+
+    Requests of Pods under right-sizing already come from their workload's usage history (the
+    compression reconciler sets them), so this is the workload's history where it has one.
+    """
+    return {CPU: requests.get(CPU, 0) * float(config.cpu_estimate),
+            MEMORY: requests.get(MEMORY, 0) * float(config.memory_estimate)}
+
+
+def hot_reason(load: NodeLoad, pending: Mapping[str, float], real: Mapping[str, int],
+               watermarks: Watermarks) -> str | None:
+    """Why a node with fresh metrics is too hot for new Pods (the filter), or None.
+
+    ``pending``: estimated usage of Pods bound recently and not yet in the metrics.
+    """
+    checks = (
+        (CPU, load.cpu_average + pending.get(CPU, 0.0), watermarks.cpu_average, "5-min average"),
+        (CPU, load.cpu_peak + pending.get(CPU, 0.0), watermarks.cpu_peak, "1-hour maximum"),
+        (MEMORY, load.memory + pending.get(MEMORY, 0.0), watermarks.memory, "latest"),
+    )
+    for resource, used, watermark, window in checks:
+        capacity = real.get(resource, 0)
+        if capacity <= 0:
+            continue
+        share = used / capacity
+        if share > float(watermark):
+            return (f"{resource} usage {share:.0%} of real capacity ({window}"
+                    f"{', with Pods bound but not yet in the metrics' if pending.get(resource) else ''}) "
+                    f"is above the scheduling watermark {float(watermark):.0%}")
+    return None
+
+
+def predicted_utilisation(load: NodeLoad, pending: Mapping[str, float], pod: Mapping[str, float],
+                          real: Mapping[str, int]) -> dict[str, float]:
+    """Share of real allocatable per resource after placing a Pod: current usage (5-min average
+    cpu, latest memory) + Pods not yet in the metrics + this Pod's estimate."""
+    current = {CPU: load.cpu_average, MEMORY: load.memory}
+    return {r: (current[r] + pending.get(r, 0.0) + pod.get(r, 0.0)) / real[r] if real.get(r, 0) > 0 else 1.0
+            for r in RESOURCES}
+
+
+def load_score_after(load: NodeLoad, pending: Mapping[str, float], pod: Mapping[str, float],
+                     real: Mapping[str, int]) -> int:
+    """``load_score(predicted_utilisation(...))`` without the intermediate dicts: this runs for
+    every node of every prioritize call."""
+    cpu_capacity, memory_capacity = real.get(CPU, 0), real.get(MEMORY, 0)
+    if cpu_capacity <= 0 or memory_capacity <= 0:
+        return load_score(predicted_utilisation(load, pending, pod, real))
+    cpu = (load.cpu_average + pending.get(CPU, 0.0) + pod.get(CPU, 0.0)) / cpu_capacity
+    memory = (load.memory + pending.get(MEMORY, 0.0) + pod.get(MEMORY, 0.0)) / memory_capacity
+    return max(0, min(10, round(10 * (1 - max(cpu, memory)))))
+
+
+def load_score(predicted: Mapping[str, float]) -> int:
+    """0..10: 10 for an idle node, 0 at or above real capacity; the hotter resource decides."""
+    hottest = max(predicted.values(), default=1.0)
+    return max(0, min(10, round(10 * (1 - hottest))))
+
+
+def combined_score(packing: int, load: int | None, config: LoadConfig) -> int:
+    """The extender's score: packing (requests, NUMA, fragmentation) and load by their weights; a
+    node without fresh metrics (``load`` None) is scored by packing alone."""
+    if load is None or config.load_weight <= 0:
+        return packing
+    total = config.packing_weight + config.load_weight
+    return round((packing * config.packing_weight + load * config.load_weight) / total)
+
+
+def watermarks_for(labels: Mapping[str, str] | None, annotations: Mapping[str, str] | None, keys: AnnotationKeys,
+                   defaults: Watermarks) -> tuple[Watermarks, list[AnnotationProblem]]:
+    """A node's watermarks: its annotation, else its label, else the defaults; a bad value is
+    reported and the default kept."""
+    problems: list[AnnotationProblem] = []
+    values = {"cpu_average": defaults.cpu_average, "cpu_peak": defaults.cpu_peak, "memory": defaults.memory}
+    for field_name, key in (("cpu_average", keys.cpu_scheduling_watermark),
+                            ("cpu_peak", keys.cpu_peak_scheduling_watermark),
+                            ("memory", keys.memory_scheduling_watermark)):
+        text = (annotations or {}).get(key, (labels or {}).get(key))
+        if text is None:
+            continue
+        value = parse_watermark(text)
+        if value is None:
+            problems.append(AnnotationProblem(key, text, "not a number above 0 and at most 1; default kept"))
+        else:
+            values[field_name] = value
+    return Watermarks(**values), problems
+
+
+def parse_watermark(text: str) -> Decimal | None:
+    """A fraction above 0 and at most 1, or None.
+
+    >>> parse_watermark("0.7"), parse_watermark("70%"), parse_watermark("1.5")
+    (Decimal('0.7'), None, None)
+    """
+    stripped = text.strip() if isinstance(text, str) else ""
+    if not PLAIN_DECIMAL.match(stripped):
+        return None
+    value = Decimal(stripped)
+    return value if 0 < value <= 1 else None
+
+
+def pending_usage(estimates: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """The summed estimates of Pods bound but not yet in the metrics."""
+    total = dict.fromkeys(RESOURCES, 0.0)
+    for estimate in estimates:
+        for resource in RESOURCES:
+            total[resource] += estimate.get(resource, 0.0)
+    return total
