@@ -4,9 +4,11 @@
 
 Starts the webhook as deployed (``python -m webhook``: gunicorn, gthread, TLS, production
 settings, owner caches synced from an API double holding N Deployments and their ReplicaSets)
-and, with the same server settings, a floor app that only reads the body and answers a fixed
-``allowed: true``. Loads both over keep-alive HTTPS on loopback: saturation throughput with wrk,
-latency at fixed offered loads (500 and 1,000 requests/s) with hey. Bodies: a Pod CREATE review
+and, with the same server settings, two floors that only read the body and answer a fixed
+``allowed: true``: a bare WSGI callable (the real minimum) and the same through Flask. Servers
+run on core 0 and the load generator on core 1 (``taskset``, when the machine has two cores).
+Loads them over keep-alive HTTPS on loopback, in alternating rounds: saturation throughput
+with ``wrk -t1 -c8``, latency at fixed offered loads (500 and 1,000 requests/s) with hey. Bodies: a Pod CREATE review
 (Deployment-owned, 3 containers, 1 init container) and a Node ``nodes/status`` review (50
 images, object and oldObject, oversold node). Then the worker RSS, and (unless --skip-others)
 the extender and reconcile-pass benchmarks. Installs Debian's wrk, hey and prometheus when
@@ -90,11 +92,15 @@ def _review(kind: str, resource: str, operation: str, obj: dict[str, Any], old: 
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
 
 
+SERVER_CORE, CLIENT_CORE = (["taskset", "-c", "0"], ["taskset", "-c", "1"]) \
+    if (os.cpu_count() or 1) >= 2 and shutil.which("taskset") else ([], [])
+
+
 def wrk(url: str, body: Path, duration: int) -> float:
     script = body.with_suffix(".lua")
     script.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                       f'local f = io.open("{body}", "rb")\nwrk.body = f:read("*all")\nf:close()\n')
-    out = subprocess.run(["wrk", "-t2", "-c16", f"-d{duration}s", "-s", str(script), url],
+    out = subprocess.run([*CLIENT_CORE, "wrk", "-t1", "-c8", f"-d{duration}s", "-s", str(script), url],
                          capture_output=True, text=True, timeout=duration + 60).stdout
     match = re.search(r"Requests/sec:\s+([\d.]+)", out)
     if not match:
@@ -104,8 +110,8 @@ def wrk(url: str, body: Path, duration: int) -> float:
 
 def hey(url: str, body: Path, rate: int, duration: int) -> tuple[float, float, int]:
     workers = 10
-    out = subprocess.run(["hey", "-z", f"{duration}s", "-c", str(workers), "-q", str(rate // workers), "-m", "POST",
-                          "-T", "application/json", "-D", str(body), url],
+    out = subprocess.run([*CLIENT_CORE, "hey", "-z", f"{duration}s", "-c", str(workers), "-q", str(rate // workers),
+                          "-m", "POST", "-T", "application/json", "-D", str(body), url],
                          capture_output=True, text=True, timeout=duration + 60).stdout
     p50 = re.search(r"50% in ([\d.]+) secs", out)
     p99 = re.search(r"99% in ([\d.]+) secs", out)
@@ -125,8 +131,10 @@ def worker_rss_mb(master: int) -> list[float]:
     return sizes
 
 
-def start(module: str, port: int, certs: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", module, "--bind", f"127.0.0.1:{port}", "--certs-dir", str(certs)]
+def start(module: str, port: int, certs: Path, env: dict[str, str], log_path: Path,
+          extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    args = [*SERVER_CORE, sys.executable, "-m", module, "--bind", f"127.0.0.1:{port}", "--certs-dir", str(certs),
+            *extra]
     handle = log_path.open("wb")
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
 
@@ -151,6 +159,8 @@ def main() -> int:
         if installed.returncode != 0:
             print(f"error: could not install {', '.join(missing)}; install them and run again", file=sys.stderr)
             return 2
+    if CLIENT_CORE:
+        os.sched_setaffinity(0, {1})  # this process (and the API double in it) stays off the servers' core
     work = Path(tempfile.mkdtemp(prefix="oversale-load-"))
     certs = work / "certs"
     generate(certs, LOCAL_HOSTS)
@@ -166,9 +176,11 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
     env.update({"KUBECONFIG": str(api.write_kubeconfig(work / "kubeconfig")), "PYTHONPATH": str(ROOT),
                 "OVERSALE_LOG_LEVEL": "WARNING"})
-    ports = {"webhook": free_port(), "floor": free_port()}
+    ports = {"webhook": free_port(), "floor": free_port(), "flask-floor": free_port()}
     processes = {"webhook": start("webhook", ports["webhook"], certs, env, work / "webhook.log"),
-                 "floor": start("bench.floor", ports["floor"], certs, env, work / "floor.log")}
+                 "floor": start("bench.floor", ports["floor"], certs, env, work / "floor.log"),
+                 "flask-floor": start("bench.floor", ports["flask-floor"], certs, env, work / "flask-floor.log",
+                                      ("--kind", "flask"))}
     figures: dict[str, Any] = {}
     try:
         import ssl
@@ -194,15 +206,20 @@ def main() -> int:
             figures[f"{kind}_body_bytes"] = body.stat().st_size
             # The machine is shared and noisy: floor and webhook runs alternate, and the median of
             # the paired ratios is the figure.
-            pairs = []
+            rounds = []
             for _ in range(args.repeats):
-                floor = wrk(f"https://127.0.0.1:{ports['floor']}{path}", body, args.duration)
-                served = wrk(f"https://127.0.0.1:{ports['webhook']}{path}", body, args.duration)
-                pairs.append((served, floor))
-                log(f"{kind}: webhook {served:.0f} req/s, floor {floor:.0f} req/s, ratio {served / floor:.2f}")
-            figures[f"{kind}_floor_rps"] = round(statistics.median(f for _, f in pairs))
-            figures[f"{kind}_webhook_rps"] = round(statistics.median(w for w, _ in pairs))
-            figures[f"{kind}_ratio_to_floor"] = round(statistics.median(w / f for w, f in pairs), 2)
+                rates = {name: wrk(f"https://127.0.0.1:{ports[name]}{path}", body, args.duration)
+                         for name in ("floor", "webhook", "flask-floor")}
+                rounds.append(rates)
+                log(f"{kind}: webhook {rates['webhook']:.0f} req/s, bare floor {rates['floor']:.0f}, Flask floor "
+                    f"{rates['flask-floor']:.0f}; ratio to the bare floor {rates['webhook'] / rates['floor']:.2f}")
+            ratios = [r["webhook"] / r["floor"] for r in rounds]
+            for name in ("floor", "webhook", "flask-floor"):
+                figures[f"{kind}_{name}_rps"] = round(statistics.median(r[name] for r in rounds))
+            figures[f"{kind}_ratio_to_floor"] = round(statistics.median(ratios), 2)
+            figures[f"{kind}_ratio_to_floor_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
+            figures[f"{kind}_ratio_to_flask_floor"] = round(statistics.median(
+                r["webhook"] / r["flask-floor"] for r in rounds), 2)
             for rate in (500, 1000):
                 for server in ("webhook", "floor"):
                     p50, p99, errors = hey(f"https://127.0.0.1:{ports[server]}{path}", body, rate, args.duration)

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from oversale.annotations import AnnotationKeys
 from oversale.pods import effective_request, qos_class, requests_of
-from tests.conftest import FRONTEND_POD, POD_FIXTURES, apply_response, load_fixture_pod, pod_review
+from tests.conftest import FRONTEND_POD, POD_FIXTURES, RunningWebhook, apply_response, load_fixture_pod, pod_review
 
 KEYS = AnnotationKeys()
 
@@ -173,3 +173,38 @@ def test_metrics_aggregate_over_workers(webhook_no_cluster):
     freed = webhook_no_cluster.metric("oversale_requests_freed_millicores_total", namespace="default")
     assert freed == freed_before + 12 * 50
     assert webhook_no_cluster.metric("oversale_admission_duration_seconds_count", resource="pods") >= 12
+
+
+def test_a_fresh_webhook_lists_every_metric_family_before_any_review(tmp_path):
+    from webhook.metrics import Metrics
+
+    server = RunningWebhook(tmp_path)  # multiprocess metrics, as deployed; nothing answered yet
+    try:
+        status, body = server.get("/metrics")
+        assert status == 200
+        text = body.decode()
+        for collector in vars(Metrics()).values():
+            for family in getattr(collector, "describe", lambda: [])():
+                name = family.name + ("_total" if family.type == "counter" else "")
+                assert f"# TYPE {name} {family.type}" in text, name
+    finally:
+        server.stop()
+
+
+def test_the_lean_admission_path_keeps_the_wire_contract(webhook_no_cluster):
+    # Chunked bodies (no Content-Length) are read too; other methods and paths still reach Flask.
+    connection = webhook_no_cluster.connection()
+    review = pod_review(with_ratios(load_fixture_pod(FRONTEND_POD)))
+    body = json.dumps(review).encode()
+    connection.putrequest("POST", "/mutate/pods")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Transfer-Encoding", "chunked")
+    connection.endheaders()
+    connection.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    assert response.status == 200 and response.getheader("Content-Type") == "application/json"
+    assert answer["response"]["uid"] == review["request"]["uid"] and answer["response"]["patch"]
+    connection.close()
+    assert webhook_no_cluster.request("GET", "/mutate/pods")[0] == 405
+    assert webhook_no_cluster.request("POST", "/mutate/other", b"{}")[0] == 404

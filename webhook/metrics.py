@@ -8,6 +8,7 @@ whichever worker) aggregates all of them. Without that variable, one in-process 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -108,9 +109,22 @@ class Metrics:
         )
 
     def exposition(self) -> tuple[bytes, str]:
-        """The text exposition of every worker's samples."""
-        if self.multiprocess:
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)
-            return generate_latest(registry), CONTENT_TYPE_LATEST
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The text exposition of every worker's samples; every family is listed (HELP and TYPE)
+        from the first scrape, even before any worker wrote a sample of it."""
+        if not self.multiprocess:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        text = generate_latest(registry)
+        # The multiprocess collector knows only families with samples in the files; a fresh
+        # webhook would answer an empty body, and a scrape-time alert would see nothing at all.
+        seen = {line.split(b" ")[2] for line in text.splitlines() if line.startswith(b"# TYPE ")}
+        missing = [family for collector in self._collectors() for family in collector.describe()
+                   if family.name.encode() not in seen and (family.name + "_total").encode() not in seen]
+        extra = b"".join(f"# HELP {f.name}{'_total' if f.type == 'counter' else ''} {f.documentation}\n"
+                         f"# TYPE {f.name}{'_total' if f.type == 'counter' else ''} {f.type}\n".encode()
+                         for f in missing)
+        return text + extra, CONTENT_TYPE_LATEST
+
+    def _collectors(self) -> list[Any]:
+        return [value for value in vars(self).values() if isinstance(value, (Counter, Gauge, Histogram))]
