@@ -10,7 +10,7 @@ what overloads their neighbours. A raise is bounded by every rule the API server
 mutating webhooks ran, so it can never get a Pod rejected or change how it is treated::
 
     new = max(original, min(ceil(original / ratio), limit, LimitRange max))
-    Pod total <= LimitRange Pod max, and <= its request + the ResourceQuota headroom
+    Pod total <= LimitRange Pod max, and <= the ResourceQuota headroom (hard - used)
     the QoS class is unchanged (a Burstable Pod never becomes Guaranteed)
     pod-level requests still cover the containers' sum
 
