@@ -22,7 +22,6 @@ by :func:`policy_from_annotations`; :func:`compress_requests` applies one to a P
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -203,15 +202,22 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
 
 def compressed_amount(original: int, ratio: Fraction | Decimal, floor: int) -> int:
     """One request after compression: ``min(original, max(floor, ceil(original / ratio)))``."""
-    return min(original, max(floor, math.ceil(original / Fraction(ratio))))
+    return min(original, max(floor, _ceil_divide(original, ratio)))
 
 
 def resized_amount(original: int, ratio: Fraction | Decimal, floor: int) -> int:
     """One request at ``ratio`` before the Pod's own guards: compressed (ratio above 1, not below
     ``floor``) or raised (ratio below 1, ``ceil(original / ratio)``)."""
     if ratio < 1:
-        return max(original, math.ceil(original / Fraction(ratio)))
+        return max(original, _ceil_divide(original, ratio))
     return compressed_amount(original, ratio, floor)
+
+
+def _ceil_divide(amount: int, ratio: Fraction | Decimal) -> int:
+    """``ceil(amount / ratio)`` exactly, in integers (no Fraction built per container: this runs on
+    every admitted Pod)."""
+    exact = ratio if isinstance(ratio, Fraction) else Fraction(ratio)
+    return -(-amount * exact.denominator // exact.numerator)
 
 
 def _compress_resource(
@@ -254,7 +260,7 @@ def _compress_resource(
     spec = pod.get("spec") or {}
     original = requests_of(spec, default_from_limits=False).get(resource)
     if original is not None:
-        new = max(config.floor(resource), pod_floor, math.ceil(original / ratio))
+        new = max(config.floor(resource), pod_floor, _ceil_divide(original, ratio))
         _set_request(spec["resources"], resource, min(new, original), original)
     return ratio
 
