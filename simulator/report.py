@@ -180,8 +180,11 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str
                 r["policy"] == family for r in members) else members[0]  # the published default
             x = max(label[split]["cpu_violation_rate"] * 100, floor)
             y = label[split]["capacity_freed"] * 100
-            axis.annotate(family, (x, y), fontsize=8, xytext=(5, 3), textcoords="offset points",
-                          color=colours[family], fontweight="bold" if ours else "normal")
+            # Our own variants (load-aware) sit next to our curve: their labels go below it.
+            below = members[0]["ours"] and not ours
+            axis.annotate(family, (x, y), fontsize=8, xytext=(5, -11 if below else 3), textcoords="offset points",
+                          color=colours[family], fontweight="bold" if ours else "normal",
+                          ha="right" if x > 8 else "left")
         axis.axhline(data["clairvoyant_by_split"][split] * 100, color="grey", linestyle="--", linewidth=1)
         axis.annotate("clairvoyant bound", (0.01, data["clairvoyant_by_split"][split] * 100), fontsize=8,
                       xycoords=("axes fraction", "data"), xytext=(0, 3), textcoords="offset points", color="grey")
