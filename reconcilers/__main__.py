@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     backtest = commands.add_parser(
         "backtest", help="replay a usage trace through the whole system and its peers on one simulated cluster",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    backtest.add_argument("--trace", type=Path, required=True, help="CSV or CSV.gz trace")
-    backtest.add_argument("--format", choices=["bitbrains-long", "generic"], default=None,
+    backtest.add_argument("--trace", type=Path, required=True, default=argparse.SUPPRESS, help="CSV or CSV.gz trace")
+    backtest.add_argument("--format", choices=["bitbrains-long", "generic"], default=argparse.SUPPRESS,
                           help="bitbrains-long (GWA-T-12 long CSV) or generic (workload,timestamp_s,"
                                "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes); "
                                "default: detected from the header")
@@ -134,7 +134,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), frontier=args.frontier,
                               load=settings.load)
     try:
-        workloads = read_trace(args.trace, args.format, _log)
+        workloads = read_trace(args.trace, getattr(args, "format", None), _log)
         result = run(workloads, config, systems, _log)
     except TraceError as error:
         print(f"error: {error}", file=sys.stderr)
