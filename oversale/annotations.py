@@ -79,8 +79,9 @@ class AnnotationKeys:
 
     @property
     def written_requests(self) -> str:
-        """Written on Pods: JSON of the requests this service set (same shape as
-        ``original-requests``), so a reinvocation can tell its own raise from another webhook's."""
+        """Written on Pods whose requests were raised: JSON of the requests this service set (same
+        shape as ``original-requests``), so a reinvocation can tell its own raise from another
+        webhook's."""
         return self._key("written-requests")
 
     @property

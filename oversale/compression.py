@@ -193,8 +193,13 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
         return result
     annotations = compressed.setdefault("metadata", {}).setdefault("annotations", {})
     annotations[policy.keys.original_requests] = json.dumps(originals, sort_keys=True, separators=(",", ":"))
-    annotations[policy.keys.written_requests] = json.dumps(_recorded_requests(compressed), sort_keys=True,
-                                                           separators=(",", ":"))
+    if any(amount < 0 for amount in result.freed.values()):
+        # Only a raise leaves a request above its original, which is what a reinvocation cannot
+        # tell from another webhook's raise without this record.
+        annotations[policy.keys.written_requests] = json.dumps(_recorded_requests(compressed), sort_keys=True,
+                                                               separators=(",", ":"))
+    else:
+        annotations.pop(policy.keys.written_requests, None)
     annotations[policy.keys.compression] = "; ".join(result.reasons)
     result.pod = compressed
     return result
@@ -299,7 +304,7 @@ def _raise_resource(
         # aim that much lower.
         target = total_cap if target is None else target - (after - total_cap)
         if target <= before:
-            after = _restore_resource(pod, restored, resource)
+            after = before  # no room at all: restored below
             break
         wanted = max(ratio, Fraction(before, target))
     if after <= before:
