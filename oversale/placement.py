@@ -38,8 +38,8 @@ from oversale.usage import (
     combined_score,
     estimated_usage,
     hot_reason,
+    is_fresh,
     load_score_after,
-    stale_reason,
     watermarks_for,
 )
 
@@ -221,7 +221,7 @@ def load_shortfall(node: NodeView, heat: NodeHeat | None, config: LoadConfig) ->
     """Why a node is too hot for new Pods, or None; a node without fresh metrics (or without a
     record of its real allocatable) is never filtered by load, so a metrics outage cannot block
     scheduling."""
-    if heat is None or heat.load is None or stale_reason(heat.load, heat.now, config) or not node.real:
+    if heat is None or heat.load is None or not is_fresh(heat.load, heat.now, config) or not node.real:
         return None
     return hot_reason(heat.load, heat.pending, node.real, node.watermarks)
 
@@ -232,10 +232,10 @@ def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: N
     placing the Pod, by the configured weights; by packing alone without fresh metrics.
     ``estimate``: the Pod's ``estimated_usage`` (the same for every node: computed once by the caller)."""
     packing = node_score(node, usage, demand)
-    load = heat.load if heat is not None else None
-    if load is None or heat is None or heat.now - load.at > config.max_age_seconds or not node.real \
+    if heat is None or heat.load is None or not is_fresh(heat.load, heat.now, config) or not node.real \
             or config.load_weight <= 0:
         return packing
+    load = heat.load
     if packing == 0 and shortfall(node, usage, demand) is not None:
         return 0
     pod = estimate if estimate is not None else estimated_usage(demand.requests, config)

@@ -100,13 +100,17 @@ def windows(times: Sequence[float], cpus: Sequence[float], memories: Sequence[fl
     return NodeLoad(sum(recent) / len(recent), float(max(hour)), float(memories[-1]), latest)
 
 
+def is_fresh(load: NodeLoad | None, now: float, config: LoadConfig) -> bool:
+    """Whether a node's load can be trusted (else placement falls back to requests)."""
+    return load is not None and now - load.at <= config.max_age_seconds
+
+
 def stale_reason(load: NodeLoad | None, now: float, config: LoadConfig) -> str | None:
-    """Why a node's load cannot be trusted (then placement falls back to requests), or None."""
+    """Why a node's load cannot be trusted, or None."""
     if load is None:
         return "no node metrics"
-    age = now - load.at
-    if age > config.max_age_seconds:
-        return f"node metrics {age:.0f}s old (limit {config.max_age_seconds:.0f}s)"
+    if not is_fresh(load, now, config):
+        return f"node metrics {now - load.at:.0f}s old (limit {config.max_age_seconds:.0f}s)"
     return None
 
 
@@ -143,30 +147,28 @@ def hot_reason(load: NodeLoad, pending: Mapping[str, float], real: Mapping[str, 
     return None
 
 
-def predicted_utilisation(load: NodeLoad, pending: Mapping[str, float], pod: Mapping[str, float],
-                          real: Mapping[str, int]) -> dict[str, float]:
-    """Share of real allocatable per resource after placing a Pod: current usage (5-min average
-    cpu, latest memory) + Pods not yet in the metrics + this Pod's estimate."""
-    current = {CPU: load.cpu_average, MEMORY: load.memory}
-    return {r: (current[r] + pending.get(r, 0.0) + pod.get(r, 0.0)) / real[r] if real.get(r, 0) > 0 else 1.0
-            for r in RESOURCES}
-
-
 def load_score_after(load: NodeLoad, pending: Mapping[str, float], pod: Mapping[str, float],
                      real: Mapping[str, int]) -> int:
-    """``load_score(predicted_utilisation(...))`` without the intermediate dicts: this runs for
-    every node of every prioritize call."""
-    cpu_capacity, memory_capacity = real.get(CPU, 0), real.get(MEMORY, 0)
-    if cpu_capacity <= 0 or memory_capacity <= 0:
-        return load_score(predicted_utilisation(load, pending, pod, real))
-    cpu = (load.cpu_average + pending.get(CPU, 0.0) + pod.get(CPU, 0.0)) / cpu_capacity
-    memory = (load.memory + pending.get(MEMORY, 0.0) + pod.get(MEMORY, 0.0)) / memory_capacity
-    return max(0, min(10, round(10 * (1 - max(cpu, memory)))))
+    """The load score of a node after placing a Pod: its predicted utilisation per resource
+    (current usage, 5-min average cpu and latest memory, + Pods not yet in the metrics + this
+    Pod's estimate, over real allocatable; a resource without real capacity counts as full),
+    scored by ``load_score``. Plain floats, no intermediate dicts: this runs for every node of
+    every prioritize call."""
+    cpu = _share(load.cpu_average + pending.get(CPU, 0.0) + pod.get(CPU, 0.0), real.get(CPU, 0))
+    memory = _share(load.memory + pending.get(MEMORY, 0.0) + pod.get(MEMORY, 0.0), real.get(MEMORY, 0))
+    return _score(max(cpu, memory))
 
 
 def load_score(predicted: Mapping[str, float]) -> int:
     """0..10: 10 for an idle node, 0 at or above real capacity; the hotter resource decides."""
-    hottest = max(predicted.values(), default=1.0)
+    return _score(max(predicted.values(), default=1.0))
+
+
+def _share(used: float, capacity: int) -> float:
+    return used / capacity if capacity > 0 else 1.0
+
+
+def _score(hottest: float) -> int:
     return max(0, min(10, round(10 * (1 - hottest))))
 
 

@@ -40,7 +40,7 @@ def _nodes_sent(args: ExtenderArgs, state: ClusterState) -> tuple[bool, list[tup
 
 
 def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
-                 load_aware: bool = True) -> ExtenderFilterResult:
+                 load_aware: bool = False) -> ExtenderFilterResult:
     demand = pod_demand(args["Pod"], keys)
     full, sent = _nodes_sent(args, state)
     passed: list[Any] = []
@@ -84,7 +84,7 @@ def _never_fits(view: NodeView, demand: PodDemand) -> bool:
 
 
 def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
-               load_aware: bool = True) -> list[HostPriority]:
+               load_aware: bool = False) -> list[HostPriority]:
     demand = pod_demand(args["Pod"], keys)
     _, sent = _nodes_sent(args, state)
     names = [name for name, _, _ in sent]
