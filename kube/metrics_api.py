@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from oversale.errors import QuantityError
 from oversale.quantity import parse_bytes, parse_millicores
+from oversale.timestamps import parse_timestamp
 
 GROUP, VERSION = "metrics.k8s.io", "v1beta1"
 
@@ -78,13 +78,3 @@ class MetricsAPI:
 def _timestamp(item: dict[str, Any], default: float) -> float:
     stamp = parse_timestamp(item.get("timestamp"))
     return default if stamp is None else stamp
-
-
-def parse_timestamp(text: Any) -> float | None:
-    """An API timestamp (RFC 3339, ``2026-11-23T19:00:00Z``) in seconds, or None."""
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

@@ -90,6 +90,33 @@ class AnnotationKeys:
         return self._key("compression")
 
     @property
+    def inplace_resize(self) -> str:
+        """Workload: ``n`` keeps its running Pods as they are (new ratios apply at the next rollout)."""
+        return self._key("inplace-resize")
+
+    @property
+    def resize_restart(self) -> str:
+        """Workload: ``y`` lets in-place resize change a resource whose container ``resizePolicy``
+        restarts the container (left alone otherwise)."""
+        return self._key("resize-restart")
+
+    @property
+    def resized_ratios(self) -> str:
+        """Written on Pods resized in place: the ratios the last resize asked for (``cpu=2,memory=1``)."""
+        return self._key("resized-ratios")
+
+    @property
+    def last_resize(self) -> str:
+        """Written on Pods resized in place: when (RFC 3339), for the minimum interval per Pod."""
+        return self._key("last-resize")
+
+    @property
+    def resize_infeasible(self) -> str:
+        """Written on Pods whose resize the kubelet found Infeasible: the ratios it was asked at;
+        not retried until they change."""
+        return self._key("resize-infeasible")
+
+    @property
     def cpu_oversale_ratio(self) -> str:
         """Node: CPU oversale ratio (allocatable multiplier)."""
         return self._key("cpu-oversale-ratio")

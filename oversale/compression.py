@@ -37,6 +37,7 @@ from oversale.pods import (
     effective_limit,
     effective_request,
     is_mirror_or_static,
+    is_sidecar,
     limits_of,
     qos_class,
     requests_of,
@@ -203,6 +204,53 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     annotations[policy.keys.compression] = "; ".join(result.reasons)
     result.pod = compressed
     return result
+
+
+def compress_running_pod(
+    pod: Pod, policy: CompressionPolicy, bounds: RequestBounds, resizable: frozenset[str]
+) -> CompressionResult:
+    """:func:`compress_requests` for a Pod that already runs, limited to what in-place resize can
+    change: only the resources in ``resizable``, and only in app containers and native sidecars.
+    A regular init container has finished (the API refuses to resize it) and keeps its requests,
+    as do the resources left out.
+
+    ``bounds`` must already count this Pod's own requests as quota headroom (it holds them now).
+    The record annotations describe the Pod as it will be, so the next pass, like a webhook
+    reinvocation, restores the same originals.
+    """
+    result = compress_requests(pod, policy, bounds)
+    if result.pod is pod:
+        return result
+    final = result.pod
+    for container, current in zip(all_containers(final), all_containers(pod), strict=True):
+        kept = RESOURCES if _is_finished_init(pod, current) else tuple(r for r in RESOURCES if r not in resizable)
+        now = (current.get("resources") or {}).get("requests") or {}
+        requests = container.setdefault("resources", {}).setdefault("requests", {})
+        for resource in kept:
+            if resource in now:
+                requests[resource] = now[resource]
+            else:
+                requests.pop(resource, None)
+    annotations = (final.get("metadata") or {}).get("annotations")
+    if annotations is not None and policy.keys.original_requests in annotations:
+        originals = json.loads(annotations[policy.keys.original_requests])
+        raised = any(
+            parse_amount(resource, value) > parse_amount(resource, originals.get(name, {}).get(resource, value))
+            for name, values in _recorded_requests(final).items() for resource, value in values.items())
+        if raised:
+            annotations[policy.keys.written_requests] = json.dumps(_recorded_requests(final), sort_keys=True,
+                                                                   separators=(",", ":"))
+        else:
+            annotations.pop(policy.keys.written_requests, None)
+    for resource in list(result.freed):
+        result.freed[resource] = effective_request(pod, resource) - effective_request(final, resource)
+    result.pod = final
+    return result
+
+
+def _is_finished_init(pod: Pod, container: dict[str, Any]) -> bool:
+    init = (pod.get("spec") or {}).get("initContainers") or []
+    return any(c is container for c in init) and not is_sidecar(container)
 
 
 def compressed_amount(original: int, ratio: Fraction | Decimal, floor: int) -> int:

@@ -18,6 +18,7 @@ from oversale.errors import QuantityError, SettingsError
 from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
 from oversale.node_oversale import OversaleLimits
 from oversale.quantity import parse_bytes, parse_millicores
+from oversale.resize import ResizeLimits
 from oversale.usage import LoadConfig, Watermarks
 
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -195,6 +196,19 @@ class Settings:
     reconciler_metrics_port: int = field(default=8080, metadata=_env("OVERSALE_RECONCILER_METRICS_PORT"))
     """Port of the reconciler's /metrics."""
 
+    inplace_resize: bool = field(default=True, metadata=_env("OVERSALE_INPLACE_RESIZE"))
+    """The compression reconciler applies new ratios to running Pods through ``pods/resize``
+    (Kubernetes 1.35, or 1.33/1.34 with InPlacePodVerticalScaling on); off: at the next rollout."""
+
+    resize_max_per_pass: int = field(default=50, metadata=_env("OVERSALE_RESIZE_MAX_PER_PASS"))
+    """In-place resizes sent in one pass at most (the rest wait for the next pass)."""
+
+    resize_max_per_workload: int = field(default=10, metadata=_env("OVERSALE_RESIZE_MAX_PER_WORKLOAD"))
+    """In-place resizes of one workload's Pods in one pass at most."""
+
+    resize_min_interval_seconds: float = field(default=600.0, metadata=_env("OVERSALE_RESIZE_MIN_INTERVAL"))
+    """A Pod is resized in place at most once per this interval."""
+
     load_aware: bool = field(default=False, metadata=_env("OVERSALE_LOAD_AWARE"))
     """The extender filters and scores nodes by their real usage (metrics.k8s.io), not only requests.
     Off by default: the backtest does not show it paying off yet (README, "Load-aware placement")."""
@@ -259,6 +273,10 @@ class Settings:
             load_weight=self.load_score_weight,
             packing_weight=self.packing_score_weight,
         )
+
+    @property
+    def resize_limits(self) -> ResizeLimits:
+        return ResizeLimits(self.resize_max_per_pass, self.resize_max_per_workload, self.resize_min_interval_seconds)
 
     @property
     def oversale_limits(self) -> OversaleLimits:
@@ -441,6 +459,10 @@ _PARSERS: dict[str, Any] = {
     "lease_name": lambda text: _nonempty(text),
     "lease_duration_seconds": lambda text: _duration(text),
     "reconciler_metrics_port": lambda text: _port(text),
+    "inplace_resize": _bool,
+    "resize_max_per_pass": _positive_int,
+    "resize_max_per_workload": _positive_int,
+    "resize_min_interval_seconds": lambda text: _duration(text, allow_zero=True),
     "load_aware": _bool,
     "metrics_poll_interval_seconds": lambda text: _duration(text),
     "metrics_max_age_seconds": lambda text: _duration(text),

@@ -6,14 +6,15 @@ so a concurrent change makes them fail with 409 and the caller decides again on 
 
 from __future__ import annotations
 
-import datetime
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kubernetes import client
 
 from oversale.pods import TERMINAL_PHASES
+from oversale.timestamps import format_timestamp
 
 # kind -> (API class, function stem)
 WORKLOAD_APIS = {
@@ -24,6 +25,8 @@ WORKLOAD_APIS = {
 }
 API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1", "CronJob": "batch/v1"}
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+VPA_GROUP, VPA_VERSION, VPA_PLURAL = "autoscaling.k8s.io", "v1", "verticalpodautoscalers"
 
 
 class Cluster:
@@ -32,6 +35,7 @@ class Cluster:
         self._timeout = timeout
         self._core: Any = client.CoreV1Api(api_client)
         self._autoscaling: Any = client.AutoscalingV2Api(api_client)
+        self._custom: Any = client.CustomObjectsApi(api_client)
 
     def _api(self, kind: str) -> tuple[Any, str]:
         api_class, stem = WORKLOAD_APIS[kind]
@@ -70,6 +74,29 @@ class Cluster:
         yield from self._list(self._core.list_pod_for_all_namespaces,
                               field_selector=",".join(f"status.phase!={phase}" for phase in TERMINAL_PHASES))
 
+    def limit_ranges(self) -> list[dict[str, Any]]:
+        return list(self._list(self._core.list_limit_range_for_all_namespaces))
+
+    def resource_quotas(self) -> list[dict[str, Any]]:
+        return list(self._list(self._core.list_resource_quota_for_all_namespaces))
+
+    def supports_resize(self) -> bool:
+        """Whether the API server serves ``pods/resize`` (discovery of the core group)."""
+        response: Any = self._core.get_api_resources(_preload_content=False, _request_timeout=self._timeout)
+        return any(r.get("name") == "pods/resize" for r in json.loads(response.data).get("resources") or [])
+
+    def vertical_autoscalers(self) -> list[dict[str, Any]] | None:
+        """Every VerticalPodAutoscaler, or None when its CRD is not installed."""
+        try:
+            response: Any = self._custom.list_cluster_custom_object(
+                VPA_GROUP, VPA_VERSION, VPA_PLURAL, _preload_content=False, _request_timeout=self._timeout)
+        except client.exceptions.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        return items
+
     def _list(self, function: Any, **selectors: str) -> Iterator[dict[str, Any]]:
         token = None
         while True:
@@ -93,6 +120,20 @@ class Cluster:
         self._core.patch_node(name, _annotation_patch(annotations, resource_version), _content_type=MERGE_PATCH,
                               _preload_content=False, _request_timeout=self._timeout)
 
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None],
+                     resource_version: str) -> None:
+        self._core.patch_namespaced_pod(name, namespace, _annotation_patch(annotations, resource_version),
+                                        _content_type=MERGE_PATCH, _preload_content=False,
+                                        _request_timeout=self._timeout)
+
+    def resize_pod(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        """Send a JSON patch of container requests to ``pods/resize``; return the Pod as stored."""
+        response: Any = self._core.patch_namespaced_pod_resize(name, namespace, patch, _content_type=JSON_PATCH,
+                                                               _preload_content=False,
+                                                               _request_timeout=self._timeout)
+        pod: dict[str, Any] = json.loads(response.data)
+        return pod
+
     def patch_node_status(self, name: str, body: dict[str, Any]) -> None:
         self._core.patch_node_status(name, body, _content_type=MERGE_PATCH, _preload_content=False,
                                      _request_timeout=self._timeout)
@@ -101,11 +142,11 @@ class Cluster:
         self._autoscaling.patch_namespaced_horizontal_pod_autoscaler(
             name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=self._timeout)
 
-    def event(self, obj: dict[str, Any], reason: str, message: str, component: str) -> None:
-        """A Normal core/v1 Event on ``obj`` (shown by ``kubectl describe``)."""
+    def event(self, obj: dict[str, Any], reason: str, message: str, component: str, kind: str = "Normal") -> None:
+        """A core/v1 Event (``Normal`` or ``Warning``) on ``obj`` (shown by ``kubectl describe``)."""
         metadata = obj.get("metadata") or {}
         namespace = metadata.get("namespace") or "default"
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = format_timestamp(time.time())
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -115,7 +156,7 @@ class Cluster:
                                "uid": metadata.get("uid", "")},
             "reason": reason,
             "message": message[:1024],
-            "type": "Normal",
+            "type": kind,
             "source": {"component": component},
             "reportingComponent": component,
             "firstTimestamp": now,
@@ -125,5 +166,9 @@ class Cluster:
         self._core.create_namespaced_event(namespace, body, _preload_content=False, _request_timeout=self._timeout)
 
 
-def _annotation_patch(annotations: dict[str, str], resource_version: str) -> dict[str, Any]:
-    return {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+def _annotation_patch(annotations: Mapping[str, str | None], resource_version: str) -> dict[str, Any]:
+    """A merge patch of annotations (None removes one); a resourceVersion makes it conditional."""
+    metadata: dict[str, Any] = {"annotations": dict(annotations)}
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    return {"metadata": metadata}

@@ -8,7 +8,6 @@ replica may take over, and at once when a renewal finds someone else holding the
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import threading
@@ -18,6 +17,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from oversale.timestamps import format_timestamp, parse_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class LeaseElector:
             else:
                 spec = lease.get("spec") or {}
                 holder = spec.get("holderIdentity")
-                renewed = _parse_time(spec.get("renewTime"))
+                renewed = parse_timestamp(spec.get("renewTime"))
                 expired = renewed is None or now - renewed > float(spec.get("leaseDurationSeconds") or self.duration)
                 if holder not in (None, "", self.identity) and not expired:
                     self._lost(f"held by {holder}")
@@ -92,7 +93,7 @@ class LeaseElector:
         return lease
 
     def _spec(self, now: float, transitions: int, acquired_at: str | None) -> dict[str, Any]:
-        stamp = _format_time(now)
+        stamp = format_timestamp(now, micro=True)
         return {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, round(self.duration)),
                 "acquireTime": acquired_at or stamp, "renewTime": stamp, "leaseTransitions": transitions}
 
@@ -106,16 +107,3 @@ class LeaseElector:
         lease["spec"] = self._spec(now, transitions, None if acquired else spec.get("acquireTime"))
         # The resourceVersion in the body makes a concurrent taker's write fail with 409.
         self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False)
-
-
-def _format_time(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

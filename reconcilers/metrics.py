@@ -24,3 +24,9 @@ class ReconcilerMetrics:
                                ["scope"], registry=registry)
         self.history_queries = Gauge("oversale_history_queries", "Queries the last pass sent to the history source.",
                                      registry=registry)
+        self.resizes = Counter("oversale_inplace_resizes", "In-place Pod resizes by result (ok, conflict, error, "
+                               "infeasible).", ["result"], registry=registry)
+        self.resize_supported = Gauge("oversale_inplace_resize_supported",
+                                      "1 when the API server serves pods/resize, 0 when not (-1: not checked yet).",
+                                      registry=registry)
+        self.resize_supported.set(-1)

@@ -3,7 +3,7 @@ policies, write what changed (only while leader), and report a row per object an
 
 from __future__ import annotations
 
-import datetime
+import json
 import logging
 import math
 import time
@@ -11,16 +11,19 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
 from oversale.annotations import format_ratio, wants
 from oversale.estimator import Proposal, UsageStats
+from oversale.limitrange import NO_BOUNDS, RequestBounds, bounds_from_limit_ranges
 from oversale.node_oversale import NodePlan, node_policy_from_annotations, oversell_node, plan_node
 from oversale.pods import scheduled_request
 from oversale.quantity import RESOURCES, format_amount
+from oversale.resize import ResizePlan, plan_resize, vpa_managed
 from oversale.settings import Settings
+from oversale.timestamps import format_timestamp
 from oversale.workloads import (
     PodIndex,
     WorkloadKey,
@@ -35,6 +38,9 @@ from reconcilers.metrics import ReconcilerMetrics
 
 log = logging.getLogger(__name__)
 COMPONENT = "oversale-reconciler"
+
+
+_Result = TypeVar("_Result")
 
 
 class Leadership(Protocol):
@@ -68,6 +74,7 @@ class Reconciler:
         self.leader = leader
         self.metrics = metrics or ReconcilerMetrics()
         self.clock = clock
+        self._resize_supported: bool | None = None
 
     def run_pass(self, dry_run: bool = False) -> list[Row]:
         rows: list[Row] = []
@@ -93,7 +100,7 @@ class Reconciler:
         self.metrics.evaluated.labels(name).set(len({r.object for r in rows}))
         return rows
 
-    def _write_all(self, write: Callable[..., bool], jobs: list[tuple[Any, ...]]) -> list[bool]:
+    def _write_all(self, write: Callable[..., _Result], jobs: list[tuple[Any, ...]]) -> list[_Result]:
         """Run ``write(*job)`` for every job, a few objects at a time; NotLeader stops them all."""
         if len(jobs) <= 1 or self.settings.write_concurrency <= 1:
             return [write(*job) for job in jobs]
@@ -109,13 +116,15 @@ class Reconciler:
         }
         if not workloads:
             return []
+        current = {key: dict(w["metadata"].get("annotations") or {}) for key, w in workloads.items()}
         try:
             stats = history.result() if history else self.history.container_stats(
                 self.settings.history_window_seconds, self.settings.compression_percentile)
         except HistoryUnavailable as error:
             self.metrics.staleness.labels("containers").set(-1)
             self.metrics.skips.labels("history-unavailable").inc(len(workloads))
-            return [Row(_name(k), "*", "", "", "", f"history unavailable, holding: {error}") for k in workloads]
+            rows = [Row(_name(k), "*", "", "", "", f"history unavailable, holding: {error}") for k in workloads]
+            return rows + self.reconcile_resizes(dry_run, current)
         self._staleness("containers", [s.cpu for s in stats.values()])
         usage = self._usage_by_workload(workloads, stats)
         autoscalers = self._autoscalers()
@@ -123,12 +132,15 @@ class Reconciler:
                                              self.settings.compression_estimator(), self.settings.rescale_hpa),
                   usage.get(key, {})) for key, workload in sorted(workloads.items())]
         to_write = [job for job in plans if job[1].changes()] if not dry_run else []
-        written = {job[1].key for job, ok in zip(to_write, self._write_all(self._write_workload, to_write),
-                                                 strict=True) if ok}
+        written = {job[1].key: ratios for job, ratios in zip(to_write, self._write_all(self._write_workload, to_write),
+                                                             strict=True) if ratios}
         rows = []
         for _, plan, _ in plans:
             rows += self._workload_rows(plan, plan.key in written)
-        return rows
+            # In-place resize follows the ratios just written (in a dry run: the ones proposed).
+            proposed = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in plan.changes().items()}
+            current[plan.key] |= written.get(plan.key) or (proposed if dry_run else {})
+        return rows + self.reconcile_resizes(dry_run, current)
 
     def _usage_by_workload(self, workloads: dict[WorkloadKey, Any], stats: dict[Any, ResourceStats]
                            ) -> dict[WorkloadKey, dict[str, dict[str, UsageStats]]]:
@@ -152,14 +164,16 @@ class Reconciler:
         return found
 
     def _write_workload(self, workload: dict[str, Any], plan: WorkloadPlan,
-                        usage: dict[str, dict[str, UsageStats]]) -> bool:
+                        usage: dict[str, dict[str, UsageStats]]) -> dict[str, str] | None:
+        """Write the plan's ratios (deciding again on a conflict); return what was written."""
         kind, namespace, name = plan.key
         for _ in range(3):
             self._require_leader()
             changes = plan.changes()
             if not changes:
-                return False
-            annotations = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in changes.items()}
+                return None
+            ratios = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in changes.items()}
+            annotations = dict(ratios)
             message = describe_change(plan)
             annotations[self.keys.ratio_last_change] = f"{_now()} {message}"
             try:
@@ -169,7 +183,7 @@ class Reconciler:
                 if error.status != 409:
                     self.metrics.writes.labels(kind, "error").inc()
                     log.warning("%s: could not write ratios: %s", _name(plan.key), error.reason)
-                    return False
+                    return None
                 self.metrics.writes.labels(kind, "conflict").inc()
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
                 plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
@@ -180,8 +194,8 @@ class Reconciler:
             self._best_effort(self.cluster.event, workload, "CompressionRatioChanged", message, COMPONENT)
             if plan.hpa_target and "cpu" in changes:
                 self._rescale_hpa(namespace, plan.hpa_target)
-            return True
-        return False
+            return ratios
+        return None
 
     def _rescale_hpa(self, namespace: str, target: tuple[str, int, int]) -> None:
         name, original, new = target
@@ -214,6 +228,133 @@ class Reconciler:
                             _amount(resource, proposal.demand), proposal.reason,
                             written and resource in plan.changes()))
         return rows
+
+    # -- in-place resize ---------------------------------------------------------------------
+    def reconcile_resizes(self, dry_run: bool, ratios: dict[WorkloadKey, dict[str, str]]) -> list[Row]:
+        """Bring the running Pods of these workloads (key -> annotations after this pass) to their
+        ratios through ``pods/resize``, within the rate limits."""
+        if not self.settings.inplace_resize or not ratios:
+            return []
+        try:
+            supported = self.cluster.supports_resize()
+            managed = vpa_managed(self.cluster.vertical_autoscalers() or [])
+        except ApiException as error:
+            log.warning("in-place resize skipped this pass: discovery failed (%s %s)", error.status, error.reason)
+            return []
+        self.metrics.resize_supported.set(1 if supported else 0)
+        if not supported:
+            if self._resize_supported is not False:
+                log.warning("the API server has no pods/resize (Kubernetes before 1.33, or InPlacePodVerticalScaling "
+                            "off): new ratios reach running Pods at their next rollout")
+            self._resize_supported = False
+            return []
+        self._resize_supported = True
+        bounds = self._namespace_bounds()
+        index = PodIndex(ratios)
+        limits = self.settings.resize_limits
+        rows: list[Row] = []
+        jobs: list[tuple[dict[str, Any], ResizePlan]] = []
+        per_workload: dict[WorkloadKey, int] = {}
+        noted_vpa: set[WorkloadKey] = set()
+        now = self.clock()
+        pods = sorted(self.cluster.running_pods(), key=lambda p: (p["metadata"].get("namespace", ""),
+                                                                  p["metadata"]["name"]))
+        for pod in pods:
+            namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
+            key = index.owner(namespace, name)
+            if key is None:
+                continue
+            if key in managed:
+                if key not in noted_vpa:
+                    noted_vpa.add(key)
+                    log.info("%s: managed by VerticalPodAutoscaler %s, its Pods are not resized in place (two "
+                             "controllers resizing one Pod fight)", _name(key), managed[key])
+                self.metrics.skips.labels("resize-vpa").inc()
+                rows.append(Row(f"Pod/{namespace}/{name}", "*", "", "", "",
+                                f"skipped: managed by VerticalPodAutoscaler {managed[key]}"))
+                continue
+            namespace_bounds = bounds.get(namespace, NO_BOUNDS)
+            plan = plan_resize(pod, ratios[key], self.keys, self.settings.compression, namespace_bounds, now, limits)
+            if plan.resizes and len(jobs) >= limits.max_per_pass:
+                plan = ResizePlan(skipped=f"over {limits.max_per_pass} resizes this pass; next pass",
+                                  code="rate-limited")
+            elif plan.resizes and per_workload.get(key, 0) >= limits.max_per_workload:
+                plan = ResizePlan(skipped=f"over {limits.max_per_workload} resizes of {_name(key)} this pass; "
+                                          "next pass", code="rate-limited")
+            if plan.resizes or plan.record_infeasible:
+                jobs.append((pod, plan))
+            if plan.resizes:
+                per_workload[key] = per_workload.get(key, 0) + 1
+                # A raise takes from the namespace quota what the next Pod can no longer have.
+                headroom = dict(namespace_bounds.quota_headroom)
+                for resource, added in plan.added.items():
+                    if resource in headroom:
+                        headroom[resource] = max(headroom[resource] - added, 0)
+                bounds[namespace] = RequestBounds(namespace_bounds.container, namespace_bounds.pod, headroom)
+            if plan.skipped and plan.code not in ("in-place", "not-running"):
+                self.metrics.skips.labels(f"resize-{plan.code}").inc()
+                rows.append(Row(f"Pod/{namespace}/{name}", "*", "", "", "", f"not resized: {plan.skipped}"))
+        done = self._write_all(self._resize, jobs) if not dry_run else [False] * len(jobs)
+        for (pod, plan), ok in zip(jobs, done, strict=True):
+            namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
+            rows += [Row(f"Pod/{namespace}/{name}", c.resource, _amount(c.resource, c.before),
+                         _amount(c.resource, c.after), "", f"in-place resize of {c.container} ({plan.ratios})",
+                         ok) for c in plan.changes]
+        return rows
+
+    def _namespace_bounds(self) -> dict[str, RequestBounds]:
+        """Per namespace, the LimitRange bounds and ResourceQuota headroom a resize must keep, as
+        for a new Pod (both admission plugins check resizes too)."""
+        limit_ranges: dict[str, list[dict[str, Any]]] = {}
+        quotas: dict[str, list[dict[str, Any]]] = {}
+        for item in self.cluster.limit_ranges():
+            limit_ranges.setdefault(item["metadata"].get("namespace", ""), []).append(item)
+        for item in self.cluster.resource_quotas():
+            quotas.setdefault(item["metadata"].get("namespace", ""), []).append(item)
+        return {namespace: bounds_from_limit_ranges(limit_ranges.get(namespace, [])).with_quotas(
+            quotas.get(namespace, [])) for namespace in {*limit_ranges, *quotas}}
+
+    def _resize(self, pod: dict[str, Any], plan: ResizePlan) -> bool:
+        """Record the new requests on the Pod, then resize it; or record that the kubelet found
+        the last resize Infeasible. Annotations go first: the record of a raise is what lets the
+        next pass, and the webhook, tell our raise from another writer's."""
+        self._require_leader()
+        metadata = pod["metadata"]
+        namespace, name = metadata.get("namespace", ""), metadata["name"]
+        pod = {**pod, "kind": "Pod", "apiVersion": "v1"}
+        if plan.record_infeasible:
+            self._best_effort(self.cluster.annotate_pod, namespace, name, {self.keys.resize_infeasible: plan.ratios},
+                              metadata["resourceVersion"])
+            self.metrics.resizes.labels("infeasible").inc()
+            self._best_effort(self.cluster.event, pod, "ResizeInfeasible",
+                              f"in-place resize to ratios {plan.ratios} is Infeasible on this node; not retried "
+                              "until the ratios change", COMPONENT, "Warning")
+            return True
+        try:
+            self.cluster.annotate_pod(namespace, name, plan.annotations, metadata["resourceVersion"])
+        except ApiException as error:
+            result = "conflict" if error.status == 409 else "error"
+            self.metrics.resizes.labels(result).inc()
+            log.warning("Pod/%s/%s: not resized (%s %s), next pass", namespace, name, error.status, error.reason)
+            return False
+        try:
+            self.cluster.resize_pod(namespace, name, plan.patch)
+        except ApiException as error:
+            self.metrics.resizes.labels("error").inc()
+            message = _status_message(error)
+            log.warning("Pod/%s/%s: resize refused: %s", namespace, name, message)
+            # Put the record back as it was (keeping last-resize, so the retry waits its interval).
+            previous = metadata.get("annotations") or {}
+            self._best_effort(self.cluster.annotate_pod, namespace, name,
+                              {k: previous.get(k) for k in plan.annotations if k != self.keys.last_resize}, "")
+            self._best_effort(self.cluster.event, pod, "ResizeFailed", f"in-place resize refused: {message}",
+                              COMPONENT, "Warning")
+            return False
+        self.metrics.resizes.labels("ok").inc()
+        log.info("Pod/%s/%s: resized in place: %s", namespace, name, plan.describe())
+        self._best_effort(self.cluster.event, pod, "ResizedInPlace",
+                          f"requests resized in place to ratios {plan.ratios}: {plan.describe()}", COMPONENT)
+        return True
 
     # -- node oversale -----------------------------------------------------------------------
     def reconcile_nodes(self, dry_run: bool, history: Future[dict[str, ResourceStats]] | None = None) -> list[Row]:
@@ -338,8 +479,16 @@ def _amount(resource: str, value: float | None) -> str:
     return "" if value is None else format_amount(resource, math.ceil(value))
 
 
+def _status_message(error: ApiException) -> str:
+    """The API's own explanation from a Status body, else the HTTP reason."""
+    try:
+        return str(json.loads(error.body or "").get("message") or error.reason)
+    except (TypeError, ValueError):
+        return f"{error.status} {error.reason}"
+
+
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_timestamp(time.time())
 
 
 __all__ = ["Proposal", "Reconciler", "Row", "format_table"]

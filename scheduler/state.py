@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from kube.metrics_api import parse_timestamp
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, node_view, pod_demand
 from oversale.pods import is_terminal
 from oversale.quantity import RESOURCES
+from oversale.timestamps import parse_timestamp
 from oversale.usage import LoadConfig, NodeLoad, Sample, estimated_usage, pending_usage, windows
 
 RESERVATION_TTL = 120.0

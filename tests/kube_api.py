@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
+from kubernetes.utils import parse_quantity
 
 # key -> (path prefix, plural in the URL, kind, namespaced). The key is the plural except where two
 # groups share one (metrics.k8s.io's pods and nodes).
@@ -56,6 +57,8 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
                                "NodeResourceTopology", False),
     "podmetrics": ("/apis/metrics.k8s.io/v1beta1", "pods", "PodMetrics", True),
     "nodemetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes", "NodeMetrics", False),
+    "verticalpodautoscalers": ("/apis/autoscaling.k8s.io/v1", "verticalpodautoscalers", "VerticalPodAutoscaler",
+                               True),
 }
 API_VERSIONS = {
     "/api/v1": "v1",
@@ -66,7 +69,10 @@ API_VERSIONS = {
     "/apis/admissionregistration.k8s.io/v1": "admissionregistration.k8s.io/v1",
     "/apis/metrics.k8s.io/v1beta1": "metrics.k8s.io/v1beta1",
     "/apis/topology.node.k8s.io/v1alpha2": "topology.node.k8s.io/v1alpha2",
+    "/apis/autoscaling.k8s.io/v1": "autoscaling.k8s.io/v1",
 }
+# What GET /api/v1 lists besides each core plural (the subresources the code looks for).
+CORE_SUBRESOURCES = ("pods/status", "pods/resize", "pods/eviction", "nodes/status")
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,12 @@ class FakeKubeAPI:
         self.unavailable: set[str] = set()
         """Plurals answered with 503, as the aggregator answers for an APIService whose backend
         (metrics-server) is down."""
+        self.absent: set[str] = set()
+        """Plurals or ``plural/subresource`` this API server does not serve (404, and left out of
+        discovery): a CRD that is not installed, or ``pods/resize`` before Kubernetes 1.33."""
+        self.kubelet_answers: dict[tuple[str, str], str] = {}
+        """(namespace, Pod) -> how its kubelet answers a resize: ``applied`` (the default),
+        ``Deferred`` or ``Infeasible``."""
         self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -227,6 +239,12 @@ class FakeKubeAPI:
                 return code, _status(code, "Forbidden", message)
             if mutating and response.get("patch"):
                 obj = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
+        if old is not None and plural == "pods" and subresource == "resize":
+            problem = _resize_problem(old, obj)
+            if problem:
+                message = f'Pod "{old["metadata"]["name"]}" is invalid: {problem}'
+                return 422, _status(422, "Invalid", message)
+            obj = self._kubelet_resizes(old, obj)
         if old is not None and plural == "nodes":
             # The node registry strategies (pkg/registry/core/node/strategy.go), applied after
             # admission: a main-resource update keeps the stored status, a status update keeps the
@@ -237,6 +255,32 @@ class FakeKubeAPI:
                 obj["status"] = copy.deepcopy(old.get("status"))
         return (201 if old is None else 200), self.put(plural, obj)
 
+
+    def _kubelet_resizes(self, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        """The resize registry strategy keeps everything but container resources from the stored
+        Pod; then the kubelet answers (synchronously here) with status resources or a condition."""
+        pod = copy.deepcopy(old)
+        for kind in ("initContainers", "containers"):
+            for stored, sent in zip(pod["spec"].get(kind) or [], new["spec"].get(kind) or [], strict=True):
+                stored["resources"] = copy.deepcopy(sent.get("resources") or {})
+        pod["metadata"]["generation"] = int(pod["metadata"].get("generation", 1)) + 1
+        status = pod.setdefault("status", {})
+        conditions = [c for c in status.get("conditions") or []
+                      if c.get("type") not in ("PodResizePending", "PodResizeInProgress")]
+        answer = self.kubelet_answers.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]), "applied")
+        if answer == "applied":
+            by_name = {c["name"]: c for c in [*(pod["spec"].get("initContainers") or []), *pod["spec"]["containers"]]}
+            statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+            for container_status in statuses:
+                container = by_name.get(container_status.get("name"))
+                if container is not None:
+                    container_status["resources"] = copy.deepcopy(container.get("resources") or {})
+        else:
+            message = ("Node didn't have enough capacity" if answer == "Infeasible"
+                       else "Node didn't have enough resource right now")
+            conditions.append({"type": "PodResizePending", "status": "True", "reason": answer, "message": message})
+        status["conditions"] = conditions
+        return pod
 
     def list_objects(self, plural: str, namespace: str | None, query: dict[str, list[str]]) -> dict[str, Any]:
         with self._changed:
@@ -319,6 +363,66 @@ def _field(obj: dict[str, Any], path: str) -> str:
     return "" if value is None else str(value)
 
 
+def _resize_problem(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """The API server's validation of a ``pods/resize`` write (ValidatePodResize), or None."""
+    def without_resources(spec: dict[str, Any]) -> dict[str, Any]:
+        spec = copy.deepcopy(spec)
+        for kind in ("initContainers", "containers"):
+            for container in spec.get(kind) or []:
+                container.pop("resources", None)
+                container.pop("resizePolicy", None)
+        return spec
+
+    if without_resources(old.get("spec") or {}) != without_resources(new.get("spec") or {}):
+        return "spec: Forbidden: only cpu and memory resources are mutable"
+    for kind in ("initContainers", "containers"):
+        for before, after in zip(old["spec"].get(kind) or [], new["spec"].get(kind) or [], strict=True):
+            if before.get("resources") == after.get("resources"):
+                continue
+            if kind == "initContainers" and before.get("restartPolicy") != "Always":
+                return f"spec.initContainers[{before['name']}].resources: Forbidden: resources for non-sidecar " \
+                       "init containers are immutable"
+            for part in ("requests", "limits"):
+                was = (before.get("resources") or {}).get(part) or {}
+                now = (after.get("resources") or {}).get(part) or {}
+                changed = {k for k in {*was, *now} if was.get(k) != now.get(k)}
+                if changed - {"cpu", "memory"}:
+                    return f"spec.containers[{before['name']}].resources: Forbidden: only cpu and memory resources " \
+                           "are mutable"
+                if set(was) - set(now):
+                    return f"spec.containers[{before['name']}].resources.{part}: Forbidden: resource {part} may " \
+                           "not be removed"
+    if _qos(old) != _qos(new):
+        return "metadata: Invalid value: \"Pod QoS is immutable\""
+    return None
+
+
+def _qos(pod: dict[str, Any]) -> str:
+    """QoS class as pkg/apis/core/helper/qos computes it (written here independently of the code
+    under test, so a bug there cannot hide itself; quantities read by the kubernetes client's own
+    parser)."""
+    spec = pod.get("spec") or {}
+    requests: set[str] = set()
+    limits: set[str] = set()
+    guaranteed = True
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = container.get("resources") or {}
+        wanted = _nonzero(resources.get("requests"))
+        capped = _nonzero(resources.get("limits"))
+        requests |= set(wanted)
+        limits |= set(capped)
+        if set(capped) != {"cpu", "memory"} or any(wanted.get(k, capped[k]) != capped[k] for k in capped):
+            guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def _nonzero(amounts: dict[str, Any] | None) -> dict[str, Any]:
+    parsed = {k: parse_quantity(v) for k, v in (amounts or {}).items() if k in ("cpu", "memory")}
+    return {k: v for k, v in parsed.items() if v}
+
+
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
@@ -375,6 +479,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             if route is None:
                 self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
                 return None
+            if route[0] in api.absent or f"{route[0]}/{route[3]}" in api.absent:
+                self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+                return None
             if route[0] in api.unavailable:
                 self._send(503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the "
                                         "request"))
@@ -382,6 +489,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             return route
 
         def do_GET(self) -> None:
+            if urlsplit(self.path).path.rstrip("/") == "/api/v1":
+                return self._discovery()
             route = self._prologue()
             if route is None:
                 return
@@ -394,6 +503,15 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             if obj is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
             self._send(200, obj)
+
+        def _discovery(self) -> None:
+            """GET /api/v1: the core group's APIResourceList."""
+            api.requests.append(Logged("GET", "/api/v1", {}))
+            names = [url_plural for prefix, url_plural, _, _ in RESOURCES.values() if prefix == "/api/v1"]
+            names += CORE_SUBRESOURCES
+            self._send(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1", "resources": [
+                {"name": name, "namespaced": True, "kind": "", "verbs": ["get", "patch"]}
+                for name in names if name not in api.absent]})
 
         def _watch(self, plural: str, namespace: str | None, query: dict[str, list[str]]) -> None:
             since = int(query.get("resourceVersion", ["0"])[0] or 0)

@@ -135,6 +135,9 @@ def test_reconciler_rbac_is_exactly_what_it_reads_and_writes(rendered):
     expected |= {("", "nodes", v) for v in ("get", "list", "patch")} | {("", "nodes/status", "patch")}
     expected |= {("", "pods", "list"), ("", "events", "create"), ("metrics.k8s.io", "pods", "list"),
                  ("metrics.k8s.io", "nodes", "list")}
+    # In-place resize.
+    expected |= {("", "pods", "patch"), ("", "pods/resize", "patch"), ("", "limitranges", "list"),
+                 ("", "resourcequotas", "list"), ("autoscaling.k8s.io", "verticalpodautoscalers", "list")}
     assert granted == expected
     lease = next(r for r in by_kind(rendered, "Role") if r["metadata"]["name"] == "oversale-reconciler-lease")
     assert {"resourceNames": ["oversale-reconciler"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],

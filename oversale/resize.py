@@ -1,0 +1,220 @@
+"""In-place resize: what a running Pod's requests should be at its workload's current ratios, as
+the ``pods/resize`` subresource (stable since Kubernetes 1.35) accepts them.
+
+The new requests come from :func:`oversale.compression.compress_running_pod`, the webhook's own
+policy, so a resized Pod carries what a Pod created now would carry. What in-place resize adds is
+what the API and the kubelet allow:
+
+- only app containers and native sidecars can be resized; a finished init container and
+  pod-level ``spec.resources`` (alpha to resize) are not touched;
+- the QoS class is immutable: the API refuses such a resize, so it is never sent;
+- a container whose ``resizePolicy`` says ``RestartContainer`` for a resource is restarted to
+  apply it, so that resource is resized only where the workload opted in to restarts;
+- the kubelet answers asynchronously with Pod conditions: ``PodResizeInProgress``, or
+  ``PodResizePending`` with reason ``Deferred`` (it retries when room frees up) or
+  ``Infeasible`` (the node can never fit it; it does not retry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from oversale.annotations import AnnotationKeys, format_ratio, parse_switch, wants
+from oversale.compression import (
+    CompressionConfig,
+    compress_running_pod,
+    effective_annotations,
+    policy_from_annotations,
+)
+from oversale.errors import InvalidAnnotation
+from oversale.limitrange import RequestBounds
+from oversale.patch import make_patch
+from oversale.pods import Pod, effective_request, has_pod_level_resources, is_mirror_or_static, is_sidecar, qos_class
+from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount, parse_amount
+from oversale.timestamps import format_timestamp, parse_timestamp
+
+RESIZE_PENDING = "PodResizePending"
+RESIZE_IN_PROGRESS = "PodResizeInProgress"
+
+
+@dataclass(frozen=True)
+class ResizeLimits:
+    """Rate limits of in-place resize (see ``oversale.settings.Settings``)."""
+
+    max_per_pass: int = 50
+    max_per_workload: int = 10
+    min_interval_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class Change:
+    """One container's request of one resource, before and after."""
+
+    container: str
+    resource: str
+    before: int
+    after: int
+
+    def __str__(self) -> str:
+        return (f"{self.container}/{self.resource} {format_amount(self.resource, self.before)} -> "
+                f"{format_amount(self.resource, self.after)}")
+
+
+@dataclass
+class ResizePlan:
+    """What to do with one running Pod."""
+
+    changes: list[Change] = field(default_factory=list)
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    """JSON patch for ``pods/resize`` (requests only)."""
+    annotations: dict[str, str | None] = field(default_factory=dict)
+    """Merge patch of the Pod's annotations, written before the resize."""
+    ratios: str = ""
+    """The ratios this resize asks for, as recorded in ``resized-ratios``."""
+    added: dict[str, int] = field(default_factory=dict)
+    """Resource -> how much the Pod's effective request grows (what a raise takes from quota)."""
+    skipped: str | None = None
+    code: str = ""
+    """Short reason code for metrics when skipped."""
+    record_infeasible: bool = False
+    """The kubelet found the last resize Infeasible and the Pod does not say so yet."""
+
+    @property
+    def resizes(self) -> bool:
+        return bool(self.patch)
+
+    def describe(self) -> str:
+        return "; ".join(map(str, self.changes))
+
+
+def _skip(code: str, why: str) -> ResizePlan:
+    return ResizePlan(skipped=why, code=code)
+
+
+def plan_resize(
+    pod: Pod,
+    workload_annotations: Mapping[str, str],
+    keys: AnnotationKeys,
+    config: CompressionConfig,
+    bounds: RequestBounds,
+    now: float,
+    limits: ResizeLimits,
+) -> ResizePlan:
+    """The resize that brings ``pod`` to its workload's ratios, or why there is none.
+
+    ``bounds``: the namespace's LimitRange bounds and quota headroom (``hard - used``, in which
+    this Pod's current requests are already counted).
+    """
+    metadata = pod.get("metadata") or {}
+    annotations: Mapping[str, str] = metadata.get("annotations") or {}
+    status = pod.get("status") or {}
+    if metadata.get("deletionTimestamp") or status.get("phase") != "Running":
+        return _skip("not-running", f"phase {status.get('phase')}, not running")
+    if is_mirror_or_static(pod):
+        return _skip("static", "static Pod (the kubelet rejects changes to it)")
+    switch = workload_annotations.get(keys.inplace_resize)
+    try:
+        if switch is not None and not parse_switch(switch):
+            return _skip("disabled", f"in-place resize switched off by {keys.inplace_resize}")
+    except InvalidAnnotation as error:
+        return _skip("invalid-annotation", f"annotation {keys.inplace_resize} ignored: {error}; not resized")
+    if has_pod_level_resources(pod):
+        return _skip("pod-level", "pod-level resources are not resized in place; new ratios apply at the next "
+                                  "rollout")
+
+    resizable = _resizable(pod, workload_annotations, keys)
+    policy = policy_from_annotations(effective_annotations(workload_annotations, annotations, keys), keys, config)
+    asked = ",".join(f"{r}={format_ratio(policy.ratios.get(r, Decimal(1)))}" for r in RESOURCES if r in resizable)
+    pending = _condition(pod, RESIZE_PENDING)
+    if _condition(pod, RESIZE_IN_PROGRESS):
+        return _skip("in-progress", "the kubelet is applying the last resize")
+    same_ratios = annotations.get(keys.resized_ratios) == asked
+    if pending and same_ratios:
+        reason = pending.get("reason", "")
+        if reason == "Infeasible":
+            plan = _skip("infeasible", f"the last resize is Infeasible on this node ({pending.get('message', '')}); "
+                                       "not retried until the ratios change")
+            plan.record_infeasible = annotations.get(keys.resize_infeasible) != asked
+            plan.ratios = asked
+            return plan
+        return _skip("deferred", f"the last resize is {reason or 'pending'}: left to the kubelet")
+    if annotations.get(keys.resize_infeasible) == asked:
+        return _skip("infeasible", "the resize was Infeasible at these ratios; not retried until they change")
+    last = parse_timestamp(annotations.get(keys.last_resize))
+    if last is not None and now - last < limits.min_interval_seconds:
+        return _skip("rate-limited", f"resized {int(now - last)}s ago (minimum interval "
+                                     f"{int(limits.min_interval_seconds)}s)")
+
+    own = {r: effective_request(pod, r) for r in RESOURCES}
+    headroom = {r: left + own[r] for r, left in bounds.quota_headroom.items()}
+    result = compress_running_pod(pod, policy, RequestBounds(bounds.container, bounds.pod, headroom), resizable)
+    target = result.pod
+    if qos_class(target) != qos_class(pod):
+        return _skip("qos", f"would change the QoS class from {qos_class(pod)} to {qos_class(target)} "
+                            "(the API refuses that)")
+    plan = ResizePlan(ratios=asked)
+    for kind in ("initContainers", "containers"):
+        now_list = (pod.get("spec") or {}).get(kind) or []
+        target_list = (target.get("spec") or {}).get(kind) or []
+        for index, (current, wanted) in enumerate(zip(now_list, target_list, strict=True)):
+            if kind == "initContainers" and not is_sidecar(current):
+                continue
+            before = (current.get("resources") or {}).get("requests") or {}
+            after = (wanted.get("resources") or {}).get("requests") or {}
+            for resource in RESOURCES:
+                old, new = before.get(resource), after.get(resource)
+                if old is not None and new is not None and parse_amount(resource, old) != parse_amount(resource, new):
+                    plan.changes.append(Change(str(current.get("name")), resource, parse_amount(resource, old),
+                                               parse_amount(resource, new)))
+            if any(c.container == current.get("name") for c in plan.changes):
+                plan.patch += make_patch(before, after, f"/spec/{kind}/{index}/resources/requests")
+    if not plan.patch:
+        return _skip("in-place", "requests already at the workload's ratios")
+    written = (target.get("metadata") or {}).get("annotations") or {}
+    for key in (keys.original_requests, keys.written_requests, keys.compression):
+        plan.annotations[key] = written.get(key)
+    plan.annotations[keys.resized_ratios] = asked
+    plan.annotations[keys.last_resize] = format_timestamp(now)
+    plan.annotations[keys.resize_infeasible] = None
+    plan.added = {r: grown for r in RESOURCES if (grown := effective_request(target, r) - own[r]) > 0}
+    return plan
+
+
+def _resizable(pod: Pod, workload_annotations: Mapping[str, str], keys: AnnotationKeys) -> frozenset[str]:
+    """CPU always; memory where the workload opted in to memory compression; either only where no
+    container restarts to apply it, unless the workload accepts restarts."""
+    wanted = {CPU} | ({MEMORY} if wants(workload_annotations, keys.enable_memory_compress) else set())
+    if wants(workload_annotations, keys.resize_restart):
+        return frozenset(wanted)
+    spec = pod.get("spec") or {}
+    restarting = {policy.get("resourceName")
+                  for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+                  for policy in container.get("resizePolicy") or []
+                  if policy.get("restartPolicy") == "RestartContainer"}
+    return frozenset(wanted - restarting)
+
+
+def _condition(pod: Pod, kind: str) -> dict[str, Any] | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def vpa_managed(vpas: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:
+    """(kind, namespace, name) -> VPA name, for every workload a VerticalPodAutoscaler resizes
+    (``updateMode`` other than ``Off``: that one only recommends)."""
+    managed = {}
+    for vpa in vpas:
+        spec = vpa.get("spec") or {}
+        mode = (spec.get("updatePolicy") or {}).get("updateMode", "Auto")
+        target = spec.get("targetRef") or {}
+        if mode == "Off" or not target.get("kind"):
+            continue
+        metadata = vpa.get("metadata") or {}
+        managed[(str(target["kind"]), str(metadata.get("namespace", "")), str(target.get("name", "")))] = \
+            str(metadata.get("name", ""))
+    return managed

@@ -1,0 +1,406 @@
+"""In-place resize: new ratios reach running Pods through ``pods/resize``.
+
+End to end, the real ``kubernetes`` client talks to the API double, which applies the real API's
+resize rules (only cpu/memory of app containers and sidecars, QoS immutable) and answers as the
+kubelet would. The Pods start as the webhook admitted them, and a resized Pod is compared with
+what the webhook gives a new Pod at the same ratios.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from oversale.annotations import AnnotationKeys
+from oversale.compression import CompressionConfig
+from oversale.limitrange import NO_BOUNDS, RequestBounds
+from oversale.resize import ResizeLimits, plan_resize
+from oversale.settings import Settings
+from reconcilers.cluster import Cluster
+from reconcilers.runner import Reconciler
+from reconcilers.sqlite_history import SqliteHistory
+from tests.conftest import apply_response, pod_review
+from tests.kube_api import FakeKubeAPI
+from webhook.owners import OwnerAnnotations
+from webhook.pod_admission import admit_pod
+
+KEYS = AnnotationKeys()
+NS = "shop"
+SETTINGS = Settings(kubernetes="off", full_confidence_seconds=86400.0)
+PODS = ("web-5d8f9-abcde", "web-5d8f9-fghij")
+KEY = ("Deployment", NS, "web")
+
+
+def template(cpu: str = "1", memory: str = "1Gi", limits: dict[str, str] | None = None,
+             **container: Any) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    if limits:
+        resources["limits"] = limits
+    return {"metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": "nginx", "resources": resources, **container}]}}
+
+
+def deployment(annotations: dict[str, str], pod_template: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "web", "namespace": NS, "annotations": annotations},
+            "spec": {"template": pod_template}}
+
+
+class Workloads:
+    """What the webhook reads a Pod's owner from: here, the one Deployment under test."""
+
+    def __init__(self, annotations: dict[str, str], bounds: RequestBounds = NO_BOUNDS) -> None:
+        self.annotations = annotations
+        self.bounds = bounds
+
+    def owner_annotations(self, pod: Any, namespace: str) -> OwnerAnnotations:
+        return OwnerAnnotations(KEYS.ours(self.annotations), "Deployment/shop/web")
+
+    def bounds_for(self, namespace: str) -> RequestBounds:
+        return self.bounds
+
+
+def admitted(name: str, pod_template: dict[str, Any], workload: dict[str, str]) -> dict[str, Any]:
+    """A Pod of the template as the webhook admits it, then scheduled and running."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": NS, **pod_template["metadata"]},
+           "spec": json.loads(json.dumps(pod_template["spec"]))}
+    decision = admit_pod(pod_review(pod)["request"], SETTINGS, Workloads(workload))
+    pod = apply_response(pod, decision.review["response"])
+    pod["spec"]["nodeName"] = "node-1"
+    pod["status"] = {"phase": "Running", "containerStatuses": [
+        {"name": c["name"], "resources": json.loads(json.dumps(c["resources"]))} for c in pod["spec"]["containers"]]}
+    return pod
+
+
+def requests(pod: dict[str, Any], container: int = 0) -> dict[str, str]:
+    return pod["spec"]["containers"][container]["resources"]["requests"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    fake = FakeKubeAPI().start()
+    yield fake
+    fake.stop()
+
+
+def history(path: Path, cpu_millicores: int = 200) -> SqliteHistory:
+    """Two days of samples every 10 minutes for both Pods of the Deployment."""
+    stored = SqliteHistory(path, retention_seconds=8 * 86400)
+    now = time.time()
+    for t in range(int(now - 2 * 86400), int(now), 600):
+        stored.record(t, [((NS, pod, "app"), cpu_millicores, 300 * 2**20) for pod in PODS], [])
+    return stored
+
+
+def reconciler(api: FakeKubeAPI, tmp_path: Path, settings: Settings = SETTINGS,
+               clock: Clock | None = None) -> Reconciler:
+    cluster = Cluster(client.ApiClient(client.Configuration(host=api.url)))
+    return Reconciler(cluster, history(tmp_path / "history.db"), settings, clock=clock or Clock())
+
+
+def setup(api: FakeKubeAPI, annotations: dict[str, str], pod_template: dict[str, Any] | None = None,
+          pods: tuple[str, ...] = PODS) -> None:
+    pod_template = pod_template or template()
+    api.put("deployments", deployment(annotations, pod_template))
+    for name in pods:
+        api.put("pods", admitted(name, pod_template, annotations))
+
+
+def stored(api: FakeKubeAPI, name: str = PODS[0]) -> dict[str, Any]:
+    pod = api.get("pods", NS, name)
+    assert pod is not None
+    return pod
+
+
+def resize_calls(api: FakeKubeAPI) -> int:
+    return sum(1 for r in api.requests if r.method == "PATCH" and r.path.endswith("/resize"))
+
+
+# ---- end to end -----------------------------------------------------------------------------
+
+def test_a_new_ratio_resizes_running_pods_like_the_webhook_would_admit_them(api, tmp_path):
+    on = {KEYS.enable_resource_compress: "y"}
+    setup(api, on)
+    clock = Clock()
+    reconciler_ = reconciler(api, tmp_path, clock=clock)
+    rows = reconciler_.run_pass()
+
+    # 1000m requested, ~210m used: the first step is capped at +25%, ratio 1.25 -> 800m.
+    workload = api.get("deployments", NS, "web")["metadata"]["annotations"]
+    assert workload[KEYS.cpu_requests_ratio] == "1.25"
+    for name in PODS:
+        pod = stored(api, name)
+        assert requests(pod) == {"cpu": "800m", "memory": "1Gi"}, "memory is not opted in: left alone"
+        assert pod["status"]["containerStatuses"][0]["resources"]["requests"]["cpu"] == "800m", "kubelet applied it"
+        # The Pod now carries exactly what the webhook gives a new Pod at the new ratio.
+        fresh = admitted("web-5d8f9-new00", template(), workload)
+        assert requests(pod) == requests(fresh)
+        for key in (KEYS.original_requests, KEYS.compression):
+            assert pod["metadata"]["annotations"][key] == fresh["metadata"]["annotations"][key]
+        assert pod["metadata"]["annotations"][KEYS.resized_ratios] == "cpu=1.25"
+    resized = [r for r in rows if r.object.startswith("Pod/") and r.written]
+    assert [(r.object, r.resource, r.current, r.proposed) for r in resized] == [
+        (f"Pod/{NS}/{name}", "cpu", "1", "800m") for name in PODS]
+    events = {(e["involvedObject"]["name"], e["reason"]) for e in api.list_objects("events", NS, {})["items"]}
+    assert {(name, "ResizedInPlace") for name in PODS} <= events
+    assert reconciler_.metrics.resizes.labels("ok")._value.get() == 2
+    assert reconciler_.metrics.resize_supported._value.get() == 1
+
+    # The next pass raises the ratio again (1.25 -> 1.56), but a Pod is resized at most once per
+    # interval; after it, the Pods follow.
+    reconciler_.run_pass()
+    assert requests(stored(api)) == {"cpu": "800m", "memory": "1Gi"}
+    clock.now += SETTINGS.resize_min_interval_seconds + 1
+    reconciler_.run_pass()
+    workload = api.get("deployments", NS, "web")["metadata"]["annotations"]
+    assert workload[KEYS.cpu_requests_ratio] == "1.95"
+    fresh = admitted("web-5d8f9-new01", template(), workload)
+    assert requests(stored(api)) == requests(fresh) == {"cpu": "513m", "memory": "1Gi"}
+    # Restored from the original, not compounded on 800m.
+    assert json.loads(stored(api)["metadata"]["annotations"][KEYS.original_requests]) == {
+        "app": {"cpu": "1", "memory": "1Gi"}}
+
+
+def test_a_raise_keeps_the_qos_class_and_goes_through_the_real_rules(api, tmp_path):
+    annotations = {KEYS.cpu_requests_ratio: "1"}
+    burstable = template("500m", "1Gi", limits={"cpu": "1", "memory": "1Gi"})
+    setup(api, annotations, burstable, pods=PODS[:1])
+    rows = reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "0.25"}})
+    pod = stored(api)
+    # 500m / 0.25 = 2 cores, capped one millicore under the 1-core limit: Guaranteed would be a QoS change.
+    assert requests(pod)["cpu"] == "999m"
+    assert [r.written for r in rows if r.object.startswith("Pod/")] == [True]
+    assert json.loads(pod["metadata"]["annotations"][KEYS.written_requests]) == {"app": {"cpu": "999m",
+                                                                                         "memory": "1Gi"}}
+
+
+def test_a_resize_that_would_change_the_qos_class_is_never_sent(api, tmp_path):
+    settings = dataclasses.replace(SETTINGS, allow_guaranteed_downgrade=True)
+    guaranteed = template("1", "1Gi", limits={"cpu": "1", "memory": "1Gi"})
+    setup(api, {}, guaranteed, pods=PODS[:1])
+    rows = reconciler(api, tmp_path, settings).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert resize_calls(api) == 0
+    assert requests(stored(api))["cpu"] == "1"
+    assert any("QoS class from Guaranteed to Burstable" in r.reason for r in rows)
+
+
+def test_an_infeasible_resize_is_recorded_and_not_retried_until_the_ratio_changes(api, tmp_path):
+    setup(api, {}, pods=PODS[:1])
+    api.kubelet_answers[(NS, PODS[0])] = "Infeasible"
+    clock = Clock()
+    reconciler_ = reconciler(api, tmp_path, clock=clock)
+    raise_ratio = {KEY: {KEYS.cpu_requests_ratio: "0.5"}}
+    reconciler_.reconcile_resizes(False, raise_ratio)
+    assert resize_calls(api) == 1
+    assert stored(api)["status"]["conditions"][0]["reason"] == "Infeasible"
+
+    for _ in range(3):
+        clock.now += SETTINGS.resize_min_interval_seconds + 1
+        rows = reconciler_.reconcile_resizes(False, raise_ratio)
+        assert any("Infeasible" in r.reason for r in rows)
+    assert resize_calls(api) == 1, "not retried"
+    assert stored(api)["metadata"]["annotations"][KEYS.resize_infeasible] == "cpu=0.5"
+    warnings = [e for e in api.list_objects("events", NS, {})["items"] if e["reason"] == "ResizeInfeasible"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+
+    api.kubelet_answers.pop((NS, PODS[0]))
+    clock.now += SETTINGS.resize_min_interval_seconds + 1
+    reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "0.8"}})
+    assert resize_calls(api) == 2, "a new ratio is tried again"
+    pod = stored(api)
+    assert requests(pod)["cpu"] == "1250m"
+    assert KEYS.resize_infeasible not in pod["metadata"]["annotations"]
+    assert not [c for c in pod["status"]["conditions"] if c["type"] == "PodResizePending"]
+
+
+def test_a_deferred_resize_is_left_to_the_kubelet(api, tmp_path):
+    setup(api, {}, pods=PODS[:1])
+    api.kubelet_answers[(NS, PODS[0])] = "Deferred"
+    clock = Clock()
+    reconciler_ = reconciler(api, tmp_path, clock=clock)
+    reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "0.5"}})
+    clock.now += SETTINGS.resize_min_interval_seconds + 1
+    rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "0.5"}})
+    assert resize_calls(api) == 1
+    assert any("Deferred: left to the kubelet" in r.reason for r in rows)
+
+
+def test_an_api_server_without_pods_resize_degrades_to_the_next_rollout(api, tmp_path, caplog):
+    api.absent.add("pods/resize")
+    setup(api, {KEYS.enable_resource_compress: "y"})
+    reconciler_ = reconciler(api, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        reconciler_.run_pass()
+        reconciler_.run_pass()
+    assert api.get("deployments", NS, "web")["metadata"]["annotations"][KEYS.cpu_requests_ratio] == "1.56"
+    assert requests(stored(api))["cpu"] == "1", "running Pods keep their requests"
+    assert resize_calls(api) == 0
+    assert sum("has no pods/resize" in m for m in caplog.messages) == 1, "said once"
+    assert reconciler_.metrics.resize_supported._value.get() == 0
+
+
+def test_workloads_a_vpa_resizes_are_left_alone(api, tmp_path, caplog):
+    setup(api, {})
+    vpa = {"metadata": {"name": "web-vpa", "namespace": NS},
+           "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+                    "updatePolicy": {"updateMode": "InPlaceOrRecreate"}}}
+    api.put("verticalpodautoscalers", vpa)
+    with caplog.at_level(logging.INFO):
+        rows = reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert resize_calls(api) == 0
+    assert any("managed by VerticalPodAutoscaler web-vpa" in m for m in caplog.messages)
+    assert all("VerticalPodAutoscaler" in r.reason for r in rows)
+
+    # A VPA that only recommends does not resize anything: ours may.
+    vpa["spec"]["updatePolicy"]["updateMode"] = "Off"
+    api.put("verticalpodautoscalers", vpa)
+    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert resize_calls(api) == 2
+
+
+def test_clusters_without_the_vpa_crd_resize(api, tmp_path):
+    api.absent.add("verticalpodautoscalers")
+    setup(api, {}, pods=PODS[:1])
+    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert requests(stored(api))["cpu"] == "500m"
+
+
+def test_memory_only_when_opted_in_and_without_a_restart_unless_accepted(api, tmp_path):
+    restarts = template(resizePolicy=[{"resourceName": "memory", "restartPolicy": "RestartContainer"}])
+    setup(api, {}, restarts, pods=PODS[:1])
+    ratios = {KEYS.cpu_requests_ratio: "2", KEYS.memory_requests_ratio: "2"}
+    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: ratios})
+    assert requests(stored(api)) == {"cpu": "500m", "memory": "1Gi"}, "memory not opted in"
+
+    setup(api, {}, restarts, pods=PODS[1:])
+    opted = {**ratios, KEYS.enable_memory_compress: "y"}
+    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: opted})
+    assert requests(stored(api, PODS[1])) == {"cpu": "500m", "memory": "1Gi"}, "memory restarts the container"
+
+    api.put("pods", admitted("web-5d8f9-klmno", restarts, {}))
+    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {**opted, KEYS.resize_restart: "y"}})
+    assert requests(stored(api, "web-5d8f9-klmno")) == {"cpu": "500m", "memory": "512Mi"}
+
+
+def test_dry_run_lists_the_resizes_and_writes_nothing(api, tmp_path):
+    setup(api, {KEYS.enable_resource_compress: "y"})
+    before = [stored(api, name) for name in PODS]
+    rows = reconciler(api, tmp_path).run_pass(dry_run=True)
+    assert [(r.object, r.proposed, r.written) for r in rows if r.object.startswith("Pod/")] == [
+        (f"Pod/{NS}/{name}", "800m", False) for name in PODS]
+    assert [stored(api, name) for name in PODS] == before
+    assert not [r for r in api.requests if r.method in ("PATCH", "POST", "PUT")]
+
+
+def test_rate_limits_per_workload_and_per_pass(api, tmp_path):
+    setup(api, {})
+    settings = dataclasses.replace(SETTINGS, resize_max_per_workload=1)
+    rows = reconciler(api, tmp_path, settings).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert resize_calls(api) == 1
+    assert any("over 1 resizes of Deployment/shop/web this pass" in r.reason for r in rows)
+
+
+def test_the_api_double_refuses_what_the_real_api_refuses(api):
+    """The double's resize rules are what the tests above rely on: check them directly."""
+    guaranteed = template("1", "1Gi", limits={"cpu": "1", "memory": "1Gi"})
+    api.put("pods", admitted(PODS[0], guaranteed, {}))
+    core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+    patch = [{"op": "replace", "path": "/spec/containers/0/resources/requests/cpu", "value": "500m"}]
+    with pytest.raises(ApiException) as refused:
+        core.patch_namespaced_pod_resize(PODS[0], NS, patch, _content_type="application/json-patch+json")
+    assert refused.value.status == 422 and "Pod QoS is immutable" in refused.value.body
+    image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "nginx:2"}]
+    with pytest.raises(ApiException) as refused:
+        core.patch_namespaced_pod_resize(PODS[0], NS, image, _content_type="application/json-patch+json")
+    assert "only cpu and memory resources are mutable" in refused.value.body
+
+
+# ---- the pure policy --------------------------------------------------------------------------
+
+CONFIG = CompressionConfig()
+LIMITS = ResizeLimits()
+
+
+def running(pod_template: dict[str, Any], **status: Any) -> dict[str, Any]:
+    pod = admitted("web-5d8f9-abcde", pod_template, {})
+    pod["status"].update(status)
+    return pod
+
+
+def test_a_finished_init_container_keeps_its_requests_and_a_sidecar_is_resized():
+    pod_template = template()
+    pod_template["spec"]["initContainers"] = [
+        {"name": "migrate", "image": "x", "resources": {"requests": {"cpu": "2"}}},
+        {"name": "proxy", "image": "x", "restartPolicy": "Always", "resources": {"requests": {"cpu": "200m"}}}]
+    plan = plan_resize(running(pod_template), {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    assert {(c.container, c.after) for c in plan.changes} == {("app", 500), ("proxy", 100)}
+    assert all("/initContainers/0/" not in op["path"] for op in plan.patch)
+
+
+def test_pod_level_resources_and_stopped_pods_are_not_resized():
+    pod = running(template())
+    pod["spec"]["resources"] = {"requests": {"cpu": "1"}}
+    assert plan_resize(pod, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS).code == "pod-level"
+    pending = running(template(), phase="Pending")
+    assert plan_resize(pending, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS).code == \
+        "not-running"
+
+
+def test_a_raise_counts_the_pods_own_requests_as_quota_headroom():
+    # The namespace has 300m left; the Pod already holds 1 core of the quota, so it may grow by
+    # 300m (to 1300m), not shrink to 300m.
+    bounds = RequestBounds(quota_headroom={"cpu": 300})
+    plan = plan_resize(running(template()), {KEYS.cpu_requests_ratio: "0.5"}, KEYS, CONFIG, bounds, 0, LIMITS)
+    assert [(c.before, c.after) for c in plan.changes] == [(1000, 1300)]
+    assert plan.added == {"cpu": 300}
+
+
+def test_an_invalid_switch_or_switched_off_workload_is_left_alone():
+    pod = running(template())
+    off = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", KEYS.inplace_resize: "n"}, KEYS, CONFIG, NO_BOUNDS, 0,
+                      LIMITS)
+    assert off.code == "disabled" and not off.patch
+    bad = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", KEYS.inplace_resize: "maybe"}, KEYS, CONFIG, NO_BOUNDS, 0,
+                      LIMITS)
+    assert bad.code == "invalid-annotation" and "'maybe'" in (bad.skipped or "")
+
+
+def test_a_refused_resize_is_a_warning_event_and_the_record_is_put_back(api, tmp_path):
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS[:1])
+    before = stored(api)["metadata"]["annotations"]
+    assert requests(stored(api))["cpu"] == "800m"
+
+    def policy_engine(review: dict[str, Any]) -> dict[str, Any]:
+        """A validating webhook such as a policy engine may deny resizes: the API answers 403."""
+        if review["request"].get("subResource") == "resize":
+            return {"allowed": False, "status": {"code": 403, "message": "resizes need a change ticket"}}
+        return {"allowed": True}
+
+    api.validating["pods"] = policy_engine
+    reconciler_ = reconciler(api, tmp_path)
+    rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    pod = stored(api)
+    assert requests(pod)["cpu"] == "800m"
+    assert [r.written for r in rows] == [False]
+    after = pod["metadata"]["annotations"]
+    assert {k: after.get(k) for k in before} == before, "the record describes the Pod as it still is"
+    (event,) = [e for e in api.list_objects("events", NS, {})["items"] if e["reason"] == "ResizeFailed"]
+    assert event["type"] == "Warning" and "resizes need a change ticket" in event["message"]
+    assert reconciler_.metrics.resizes.labels("error")._value.get() == 1
