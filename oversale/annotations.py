@@ -163,6 +163,29 @@ class AnnotationKeys:
         return self._key("memory-scheduling-watermark")
 
     @property
+    def cpu_runtime_watermark(self) -> str:
+        """Node (annotation or label): share of real cpu above which, for several observations in a
+        row, the remediator moves Pods off the node."""
+        return self._key("cpu-runtime-watermark")
+
+    @property
+    def memory_runtime_watermark(self) -> str:
+        """Node: the same for memory."""
+        return self._key("memory-runtime-watermark")
+
+    @property
+    def evictable(self) -> str:
+        """Pod (template): ``n`` keeps it where it is; ``y`` lets the remediator evict it despite
+        local storage (emptyDir, hostPath)."""
+        return self._key("evictable")
+
+    @property
+    def reservations(self) -> str:
+        """Written on Nodes by the remediator: JSON of room held for the replacement of an evicted
+        Pod (``{"ns/Kind/name": {"cpu": "500m", "memory": "1Gi", "until": "..."}}``)."""
+        return self._key("reservations")
+
+    @property
     def cpu_bind_policy(self) -> str:
         """Pod annotation or Node label: ``FullPCPUs`` or ``SpreadByPCPUs`` asks for exclusive CPUs."""
         return self._key("cpu-bind-policy")

@@ -8,6 +8,7 @@ allocatable, so exclusive CPUs never draw on capacity that exists only on paper.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -27,9 +28,11 @@ from oversale.cpus import (
     place,
     topology_from_node,
 )
+from oversale.errors import QuantityError
 from oversale.node_oversale import applied_ratios, real_allocatable_of
-from oversale.pods import scheduled_request
+from oversale.pods import controller_of, scheduled_request
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount, parse_amount
+from oversale.timestamps import parse_timestamp
 from oversale.usage import (
     DEFAULT_WATERMARKS,
     LoadConfig,
@@ -44,6 +47,17 @@ from oversale.usage import (
 )
 
 KOORDINATOR_TOPOLOGY = "node.koordinator.sh/cpu-topology"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Room the remediator holds on a node for the replacement of a Pod it evicts (Koordinator's
+    PodMigrationJob idea): Pods of other owners cannot take it until it expires."""
+
+    owner: str
+    """``namespace/Kind/name`` of the evicted Pod's controller (the replacement shares it)."""
+    requests: Mapping[str, int]
+    until: float
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,19 @@ class NodeView:
     real: Mapping[str, int] = field(default_factory=dict)
     """Real allocatable (the kubelet's values, from the node webhook's record)."""
     watermarks: Watermarks = DEFAULT_WATERMARKS
+    reservations: tuple[Reservation, ...] = ()
+
+    def held_for_others(self, owner: str, now: float | None) -> tuple[int, int]:
+        """(cpu, memory) reserved for other owners and not expired at ``now`` (None: all count)."""
+        cpu = memory = 0
+        for reservation in self.reservations:
+            if reservation.owner != owner and (now is None or reservation.until > now):
+                cpu += reservation.requests.get(CPU, 0)
+                memory += reservation.requests.get(MEMORY, 0)
+        return cpu, memory
+
+    def holds_for(self, owner: str, now: float | None) -> bool:
+        return bool(owner) and any(r.owner == owner and (now is None or r.until > now) for r in self.reservations)
 
 
 @dataclass(frozen=True)
@@ -75,6 +102,8 @@ class PodDemand:
     single_numa: bool
     cpus: int = 0
     """Whole CPUs asked for when the CPU request is an integer (0 otherwise: never bound)."""
+    owner: str = ""
+    """``namespace/Kind/name`` of the Pod's controller (what a reservation is held for)."""
 
     def binding_on(self, node: NodeView) -> str | None:
         """The policy under which this Pod gets a cpuset on ``node`` (None: a shared Pod)."""
@@ -121,11 +150,30 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
         strategy=LEAST_ALLOCATED if labels.get(keys.numa_allocate_strategy) == LEAST_ALLOCATED else MOST_ALLOCATED,
         real=real,
         watermarks=watermarks_for(labels, annotations, keys, watermarks)[0],
+        reservations=reservations_of(annotations, keys),
     )
 
 
+def reservations_of(annotations: Mapping[str, str], keys: AnnotationKeys) -> tuple[Reservation, ...]:
+    """The reservations a Node's annotation holds (an unreadable one holds nothing: it can only
+    make room, never block scheduling)."""
+    text = annotations.get(keys.reservations)
+    if not text:
+        return ()
+    try:
+        held = json.loads(text)
+        return tuple(
+            Reservation(str(owner), {r: parse_amount(r, value[r]) for r in RESOURCES if r in value},
+                        parse_timestamp(value.get("until")) or 0.0)
+            for owner, value in held.items() if isinstance(value, dict))
+    except (ValueError, AttributeError, TypeError, QuantityError):
+        return ()
+
+
 def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    controller = controller_of(metadata)
     policy = annotations.get(keys.cpu_bind_policy)
     requests = {r: scheduled_request(pod, r) for r in RESOURCES}
     cpu = requests.get(CPU, 0)
@@ -135,6 +183,7 @@ def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
         bind_policy=policy if policy in BIND_POLICIES else None,
         single_numa=annotations.get(keys.numa_topology_policy) == SINGLE_NUMA_NODE,
         cpus=cpu // 1000 if cpu > 0 and cpu % 1000 == 0 else 0,
+        owner=f"{metadata.get('namespace', '')}/{controller[0]}/{controller[1]}" if controller else "",
     )
 
 
@@ -154,10 +203,14 @@ def free(node: NodeView, usage: NodeUsage) -> tuple[int, int]:
     return usage._free
 
 
-def shortfall(node: NodeView, usage: NodeUsage, demand: PodDemand) -> str | None:
-    """None when the Pod fits the node, else why not (filter and score; no CPUs are chosen)."""
+def shortfall(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | None = None) -> str | None:
+    """None when the Pod fits the node, else why not (filter and score; no CPUs are chosen).
+    Room reserved for another owner's replacement Pod is not free (until it expires at ``now``)."""
     policy = demand.binding_on(node)
     free_cpu, free_memory = free(node, usage)
+    if node.reservations:
+        held_cpu, held_memory = node.held_for_others(demand.owner, now)
+        free_cpu, free_memory = free_cpu - held_cpu, free_memory - held_memory
     cpu = bound_charge(node, demand.cpus) if policy else demand.requests.get(CPU, 0)
     if cpu > free_cpu:
         what = "charged for its exclusive CPUs" if policy else "requested"
@@ -172,16 +225,16 @@ def shortfall(node: NodeView, usage: NodeUsage, demand: PodDemand) -> str | None
     return None
 
 
-def fit(node: NodeView, usage: NodeUsage, demand: PodDemand) -> None:
+def fit(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | None = None) -> None:
     """Raise NoFit, with the reason, unless the Pod fits the node."""
-    reason = shortfall(node, usage, demand)
+    reason = shortfall(node, usage, demand, now)
     if reason is not None:
         raise NoFit(reason)
 
 
-def allocate(node: NodeView, usage: NodeUsage, demand: PodDemand) -> Placement | None:
+def allocate(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | None = None) -> Placement | None:
     """At bind: check the fit again and choose the CPUs of a bound Pod (None for a shared one)."""
-    fit(node, usage, demand)
+    fit(node, usage, demand, now)
     policy = demand.binding_on(node)
     if policy is None:
         return None
@@ -189,11 +242,11 @@ def allocate(node: NodeView, usage: NodeUsage, demand: PodDemand) -> Placement |
                  node.strategy)
 
 
-def node_score(node: NodeView, usage: NodeUsage, demand: PodDemand) -> int:
+def node_score(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | None = None) -> int:
     """0..10: the node's strategy (pack or spread) for this Pod; bound Pods by NUMA zone, with the
     fragmentation tie-break of ``oversale.cpus.score``."""
     policy = demand.binding_on(node)
-    if shortfall(node, usage, demand) is not None:
+    if shortfall(node, usage, demand, now) is not None:
         return 0
     if policy:
         return usage.summary(node.topology).score(demand.cpus, policy, demand.single_numa or node.single_numa,
@@ -227,11 +280,14 @@ def load_shortfall(node: NodeView, heat: NodeHeat | None, config: LoadConfig) ->
 
 
 def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,
-                    config: LoadConfig, estimate: Mapping[str, float] | None = None) -> int:
+                    config: LoadConfig, estimate: Mapping[str, float] | None = None, now: float | None = None) -> int:
     """0..10: the packing score (``node_score``) combined with how cool the node stays after
     placing the Pod, by the configured weights; by packing alone without fresh metrics.
-    ``estimate``: the Pod's ``estimated_usage`` (the same for every node: computed once by the caller)."""
-    packing = node_score(node, usage, demand)
+    ``estimate``: the Pod's ``estimated_usage`` (the same for every node: computed once by the caller).
+    A node holding a reservation for the Pod's owner scores 10: the room was made for it."""
+    if node.reservations and node.holds_for(demand.owner, now) and shortfall(node, usage, demand, now) is None:
+        return 10
+    packing = node_score(node, usage, demand, now)
     if heat is None or heat.load is None or not is_fresh(heat.load, heat.now, config) or not node.real \
             or config.load_weight <= 0:
         return packing

@@ -18,6 +18,7 @@ from oversale.errors import QuantityError, SettingsError
 from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
 from oversale.node_oversale import OversaleLimits
 from oversale.quantity import parse_bytes, parse_millicores
+from oversale.remediation import RemediationConfig, RuntimeWatermarks
 from oversale.resize import ResizeLimits
 from oversale.usage import LoadConfig, Watermarks
 
@@ -209,6 +210,47 @@ class Settings:
     resize_min_interval_seconds: float = field(default=600.0, metadata=_env("OVERSALE_RESIZE_MIN_INTERVAL"))
     """A Pod is resized in place at most once per this interval."""
 
+    remediation: bool = field(default=False, metadata=_env("OVERSALE_REMEDIATION"))
+    """The reconciler moves Pods off oversold nodes that run hot (evictions through the Eviction
+    API). Off by default: it evicts Pods, so a user turns it on knowingly."""
+
+    remediation_interval_seconds: float = field(default=60.0, metadata=_env("OVERSALE_REMEDIATION_INTERVAL"))
+    """Time between remediation passes (each pass is one observation of every node)."""
+
+    remediate_all_nodes: bool = field(default=False, metadata=_env("OVERSALE_REMEDIATE_ALL_NODES"))
+    """Remediate every node, not only those this project oversells."""
+
+    cpu_runtime_watermark: Decimal = field(default=Decimal("0.80"), metadata=_env("OVERSALE_CPU_RUNTIME_WATERMARK"))
+    """A node whose cpu usage is above this share of real cpu is hot (per node: ``cpu-runtime-watermark``)."""
+
+    memory_runtime_watermark: Decimal = field(default=Decimal("0.90"),
+                                              metadata=_env("OVERSALE_MEMORY_RUNTIME_WATERMARK"))
+    """The same for memory (``memory-runtime-watermark``)."""
+
+    hot_observations: int = field(default=5, metadata=_env("OVERSALE_HOT_OBSERVATIONS"))
+    """Consecutive hot observations before Pods are moved (a spike is not a trend)."""
+
+    eviction_min_pod_age_seconds: float = field(default=600.0, metadata=_env("OVERSALE_EVICTION_MIN_POD_AGE"))
+    """Pods younger than this are not evicted."""
+
+    evictions_per_node: int = field(default=1, metadata=_env("OVERSALE_EVICTIONS_PER_NODE"))
+    """Evictions from one node per pass at most."""
+
+    evictions_per_namespace: int = field(default=2, metadata=_env("OVERSALE_EVICTIONS_PER_NAMESPACE"))
+    """Evictions in one namespace per pass at most."""
+
+    evictions_per_pass: int = field(default=5, metadata=_env("OVERSALE_EVICTIONS_PER_PASS"))
+    """Evictions per pass at most."""
+
+    node_cooldown_seconds: float = field(default=600.0, metadata=_env("OVERSALE_NODE_COOLDOWN"))
+    """After an eviction a node is left alone this long, so its load settles before it is judged again."""
+
+    workload_cooldown_seconds: float = field(default=1800.0, metadata=_env("OVERSALE_WORKLOAD_COOLDOWN"))
+    """After an eviction the workload's Pods are left alone this long."""
+
+    reservation_seconds: float = field(default=300.0, metadata=_env("OVERSALE_RESERVATION_TTL"))
+    """How long room held on the target node waits for the evicted Pod's replacement."""
+
     load_aware: bool = field(default=False, metadata=_env("OVERSALE_LOAD_AWARE"))
     """The extender filters and scores nodes by their real usage (metrics.k8s.io), not only requests.
     Off by default: the backtest does not show it paying off yet (README, "Load-aware placement")."""
@@ -277,6 +319,19 @@ class Settings:
     @property
     def resize_limits(self) -> ResizeLimits:
         return ResizeLimits(self.resize_max_per_pass, self.resize_max_per_workload, self.resize_min_interval_seconds)
+
+    @property
+    def remediation_config(self) -> RemediationConfig:
+        return RemediationConfig(
+            watermarks=RuntimeWatermarks(self.cpu_runtime_watermark, self.memory_runtime_watermark),
+            observations=self.hot_observations,
+            min_pod_age_seconds=self.eviction_min_pod_age_seconds,
+            max_per_node=self.evictions_per_node,
+            max_per_namespace=self.evictions_per_namespace,
+            max_per_pass=self.evictions_per_pass,
+            node_cooldown_seconds=self.node_cooldown_seconds,
+            workload_cooldown_seconds=self.workload_cooldown_seconds,
+        )
 
     @property
     def oversale_limits(self) -> OversaleLimits:
@@ -463,6 +518,19 @@ _PARSERS: dict[str, Any] = {
     "resize_max_per_pass": _positive_int,
     "resize_max_per_workload": _positive_int,
     "resize_min_interval_seconds": lambda text: _duration(text, allow_zero=True),
+    "remediation": _bool,
+    "remediation_interval_seconds": lambda text: _duration(text),
+    "remediate_all_nodes": _bool,
+    "cpu_runtime_watermark": lambda text: _decimal_between(text, 0, 1),
+    "memory_runtime_watermark": lambda text: _decimal_between(text, 0, 1),
+    "hot_observations": _positive_int,
+    "eviction_min_pod_age_seconds": lambda text: _duration(text, allow_zero=True),
+    "evictions_per_node": _positive_int,
+    "evictions_per_namespace": _positive_int,
+    "evictions_per_pass": _positive_int,
+    "node_cooldown_seconds": lambda text: _duration(text, allow_zero=True),
+    "workload_cooldown_seconds": lambda text: _duration(text, allow_zero=True),
+    "reservation_seconds": lambda text: _duration(text),
     "load_aware": _bool,
     "metrics_poll_interval_seconds": lambda text: _duration(text),
     "metrics_max_age_seconds": lambda text: _duration(text),

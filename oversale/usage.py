@@ -183,22 +183,30 @@ def combined_score(packing: int, load: int | None, config: LoadConfig) -> int:
 
 def watermarks_for(labels: Mapping[str, str] | None, annotations: Mapping[str, str] | None, keys: AnnotationKeys,
                    defaults: Watermarks) -> tuple[Watermarks, list[AnnotationProblem]]:
-    """A node's watermarks: its annotation, else its label, else the defaults; a bad value is
-    reported and the default kept."""
+    """A node's scheduling watermarks: its annotation, else its label, else the defaults; a bad
+    value is reported and the default kept."""
+    values, problems = read_watermarks(labels, annotations, {
+        keys.cpu_scheduling_watermark: defaults.cpu_average,
+        keys.cpu_peak_scheduling_watermark: defaults.cpu_peak,
+        keys.memory_scheduling_watermark: defaults.memory,
+    })
+    return Watermarks(*values), problems
+
+
+def read_watermarks(labels: Mapping[str, str] | None, annotations: Mapping[str, str] | None,
+                    defaults: Mapping[str, Decimal]) -> tuple[list[Decimal], list[AnnotationProblem]]:
+    """For each key of ``defaults`` (in order): the node's annotation, else its label, else the
+    default; the one reader of every node watermark (scheduling and runtime)."""
     problems: list[AnnotationProblem] = []
-    values = {"cpu_average": defaults.cpu_average, "cpu_peak": defaults.cpu_peak, "memory": defaults.memory}
-    for field_name, key in (("cpu_average", keys.cpu_scheduling_watermark),
-                            ("cpu_peak", keys.cpu_peak_scheduling_watermark),
-                            ("memory", keys.memory_scheduling_watermark)):
+    values = []
+    for key, default in defaults.items():
         text = (annotations or {}).get(key, (labels or {}).get(key))
-        if text is None:
-            continue
-        value = parse_watermark(text)
+        value = parse_watermark(text) if text is not None else default
         if value is None:
-            problems.append(AnnotationProblem(key, text, "not a number above 0 and at most 1; default kept"))
-        else:
-            values[field_name] = value
-    return Watermarks(**values), problems
+            problems.append(AnnotationProblem(key, str(text), "not a number above 0 and at most 1; default kept"))
+            value = default
+        values.append(value)
+    return values, problems
 
 
 def parse_watermark(text: str) -> Decimal | None:

@@ -2,6 +2,9 @@
 
   python -m reconcilers run               loop: sample (SQLite source), reconcile every interval, serve /metrics
   python -m reconcilers once [--dry-run]  one pass; --dry-run prints the table and writes nothing
+  python -m reconcilers remediate [--dry-run]
+                                          one remediation pass judged on this one observation
+                                          (as if every hot node had been hot long enough)
 
 The history source is Prometheus when OVERSALE_PROMETHEUS_URL is set, else metrics-server sampled
 into the SQLite file OVERSALE_SQLITE_PATH. Several replicas are safe: only the holder of the Lease
@@ -33,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("run", help="reconcile in a loop (leader-elected)")
     once = commands.add_parser("once", help="one pass")
     once.add_argument("--dry-run", action="store_true", help="print the proposals, write nothing")
+    remediate = commands.add_parser("remediate", help="one remediation pass on the current usage")
+    remediate.add_argument("--dry-run", action="store_true",
+                           help="print the plan (node, Pod, why, where it would go), evict nothing")
     backtest = commands.add_parser(
         "backtest", help="replay a usage trace through the whole system and its peers on one simulated cluster",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -78,6 +84,24 @@ def main(argv: list[str] | None = None) -> int:
                            settings.lease_duration_seconds)
     reconciler = Reconciler(Cluster(api_client), history, settings, leader=elector, metrics=metrics)
 
+    if args.command == "remediate":
+        import dataclasses
+
+        from kube.metrics_api import MetricsAPI
+        from reconcilers.remediation import Remediator
+
+        one = dataclasses.replace(settings, hot_observations=1)
+        remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), one, leader=elector, metrics=metrics)
+        if args.dry_run:
+            remediator.leader = None
+        elif not elector.try_acquire_or_renew():
+            print(f"error: another replica holds the lease {settings.namespace}/{settings.lease_name}",
+                  file=sys.stderr)
+            return 1
+        rows = remediator.run_pass(dry_run=args.dry_run)
+        print(format_table(rows) if rows else "no node above its runtime watermark")
+        return 0
+
     if args.command == "once":
         if sampler is not None:
             sampler.sample()
@@ -99,6 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     if sampler is not None:
         _every(settings.sample_interval_seconds, sampler.sample, "sampler")
     elector.start()
+    if settings.remediation:
+        from kube.metrics_api import MetricsAPI
+        from reconcilers.remediation import Remediator
+
+        remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector,
+                                metrics=metrics)
+        _every(settings.remediation_interval_seconds,
+               lambda: remediator.run_pass() if elector.is_leader() else None, "remediator")
+        log.info("remediating hot oversold nodes every %.0fs", settings.remediation_interval_seconds)
     log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
              settings.reconciler_metrics_port)
     while True:

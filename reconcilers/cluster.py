@@ -116,7 +116,7 @@ class Cluster:
                                                  _content_type=MERGE_PATCH, _preload_content=False,
                                                  _request_timeout=self._timeout)
 
-    def annotate_node(self, name: str, annotations: dict[str, str], resource_version: str) -> None:
+    def annotate_node(self, name: str, annotations: Mapping[str, str | None], resource_version: str) -> None:
         self._core.patch_node(name, _annotation_patch(annotations, resource_version), _content_type=MERGE_PATCH,
                               _preload_content=False, _request_timeout=self._timeout)
 
@@ -133,6 +133,13 @@ class Cluster:
                                                                _request_timeout=self._timeout)
         pod: dict[str, Any] = json.loads(response.data)
         return pod
+
+    def evict(self, namespace: str, name: str) -> None:
+        """Ask for a Pod's eviction (policy/v1 Eviction): the API server refuses it with 429 while a
+        PodDisruptionBudget allows no disruption, and never deletes a Pod around its budget."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        self._core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
+                                                  _request_timeout=self._timeout)
 
     def patch_node_status(self, name: str, body: dict[str, Any]) -> None:
         self._core.patch_node_status(name, body, _content_type=MERGE_PATCH, _preload_content=False,

@@ -30,3 +30,10 @@ class ReconcilerMetrics:
                                       "1 when the API server serves pods/resize, 0 when not (-1: not checked yet).",
                                       registry=registry)
         self.resize_supported.set(-1)
+        self.hot_nodes = Gauge("oversale_remediation_hot_nodes",
+                               "Nodes hot for the required number of observations in the last pass.",
+                               registry=registry)
+        self.evictions = Counter("oversale_remediation_evictions", "Evictions asked for, by result (hot-node: "
+                                 "accepted, refused-by-pdb, gone, error).", ["result"], registry=registry)
+        self.reservations = Counter("oversale_remediation_reservations",
+                                    "Room reserved on target nodes before an eviction.", registry=registry)

@@ -37,9 +37,9 @@ class ExtenderMetrics:
             self.stale_nodes.labels(reason).set(0)
 
     def record_poll(self, result: str, stale: dict[str, int]) -> None:
-        self.metrics_polls.labels(result).inc()
         for reason, count in stale.items():
             self.stale_nodes.labels(reason).set(count)
+        self.metrics_polls.labels(result).inc()
 
 
 def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: Callable[[], bool] = lambda: True,

@@ -49,11 +49,12 @@ def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
     names = [name for name, _, _ in sent]
     config = state.load_config
     heats = state.heats(names) if load_aware else [None] * len(names)
+    now = state.wall()
     for (name, obj, view), usage, heat in zip(sent, state.usages(names), heats, strict=True):
         if view is None:
             failed[name] = "node not in the extender's cache yet"
             continue
-        reason = shortfall(view, usage, demand)
+        reason = shortfall(view, usage, demand, now)
         if reason is not None:
             (unresolvable if _never_fits(view, demand) else failed)[name] = reason
             continue
@@ -92,7 +93,8 @@ def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
     heats = state.heats(names) if load_aware else [None] * len(names)
     config = state.load_config
     estimate = estimated_usage(demand.requests, config)
-    return [{"Host": name, "Score": placement_score(view, usage, demand, heat, config, estimate) if view else 0}
+    now = state.wall()
+    return [{"Host": name, "Score": placement_score(view, usage, demand, heat, config, estimate, now) if view else 0}
             for (name, _, view), usage, heat in zip(sent, usages, heats, strict=True)]
 
 
@@ -111,7 +113,7 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         if state.is_bound(uid):
             return {"Error": f"pod {namespace}/{name} is already bound"}
         try:
-            placement = allocate(view, state.usage(node), demand)
+            placement = allocate(view, state.usage(node), demand, state.wall())
         except NoFit as reason:
             return {"Error": f"pod {namespace}/{name} no longer fits {node}: {reason}"}
         # Reserved before any API call, under the lock: a concurrent bind sees these CPUs taken.

@@ -57,6 +57,7 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
                                "NodeResourceTopology", False),
     "podmetrics": ("/apis/metrics.k8s.io/v1beta1", "pods", "PodMetrics", True),
     "nodemetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes", "NodeMetrics", False),
+    "poddisruptionbudgets": ("/apis/policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
     "verticalpodautoscalers": ("/apis/autoscaling.k8s.io/v1", "verticalpodautoscalers", "VerticalPodAutoscaler",
                                True),
 }
@@ -70,6 +71,7 @@ API_VERSIONS = {
     "/apis/metrics.k8s.io/v1beta1": "metrics.k8s.io/v1beta1",
     "/apis/topology.node.k8s.io/v1alpha2": "topology.node.k8s.io/v1alpha2",
     "/apis/autoscaling.k8s.io/v1": "autoscaling.k8s.io/v1",
+    "/apis/policy/v1": "policy/v1",
 }
 # What GET /api/v1 lists besides each core plural (the subresources the code looks for).
 CORE_SUBRESOURCES = ("pods/status", "pods/resize", "pods/eviction", "nodes/status")
@@ -566,16 +568,38 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             route = self._prologue()
             if route is None:
                 return
-            plural, namespace, _, _, _ = route
+            plural, namespace, name, sub, _ = route
             body = self._body()
             if plural == "bindings":
                 return self._bind(namespace or "", body)
+            if plural == "pods" and sub == "eviction":
+                return self._evict(namespace or "", name or "")
             if RESOURCES[plural][3]:
                 body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
             if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:
                 return self._send(409, _status(409, "AlreadyExists", "already exists"))
             code, result = api.write(plural, "CREATE", "", body, None, self._username())
             self._send(code, result)
+
+        def _evict(self, namespace: str, name: str) -> None:
+            """POST pods/NAME/eviction: the disruption controller's budget decides, as the API server's
+            eviction registry does (429 while no disruption is allowed; the Pod is deleted otherwise)."""
+            pod = api.get("pods", namespace, name)
+            if pod is None:
+                return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+            labels = pod["metadata"].get("labels") or {}
+            for budget in api.list_objects("poddisruptionbudgets", namespace, {})["items"]:
+                wanted = ((budget.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+                if not all(labels.get(k) == v for k, v in wanted.items()):
+                    continue
+                allowed = int((budget.get("status") or {}).get("disruptionsAllowed", 0))
+                if allowed < 1:
+                    return self._send(429, _status(429, "TooManyRequests", "Cannot evict pod as it would "
+                                                   "violate the pod's disruption budget."))
+                budget.setdefault("status", {})["disruptionsAllowed"] = allowed - 1
+                api.put("poddisruptionbudgets", budget)
+            api.delete("pods", namespace, name)
+            self._send(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
 
         def _bind(self, namespace: str, binding: dict[str, Any]) -> None:
             """POST bindings: what the scheduler (or an extender) does to put a Pod on a node."""

@@ -138,6 +138,9 @@ def test_reconciler_rbac_is_exactly_what_it_reads_and_writes(rendered):
     # In-place resize.
     expected |= {("", "pods", "patch"), ("", "pods/resize", "patch"), ("", "limitranges", "list"),
                  ("", "resourcequotas", "list"), ("autoscaling.k8s.io", "verticalpodautoscalers", "list")}
+    # Remediation: evictions only (never delete).
+    expected |= {("", "pods/eviction", "create")}
+    assert not any(verb == "delete" for _, _, verb in granted)
     assert granted == expected
     lease = next(r for r in by_kind(rendered, "Role") if r["metadata"]["name"] == "oversale-reconciler-lease")
     assert {"resourceNames": ["oversale-reconciler"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],

@@ -1,0 +1,263 @@
+"""Hot-node remediation: when an oversold node runs hot anyway, which Pods move, and where to.
+
+Overselling bets that usage stays low. Lowering a node's ratio only stops new Pods; the Pods
+already there keep the node hot until they leave. So, as the Kubernetes descheduler and
+Koordinator's LowNodeLoad do, a node whose **real** usage stays above its *runtime* watermark
+(a share of real allocatable, higher than the scheduling watermark) for K consecutive
+observations gets Pods evicted, the fewest that bring it back under, and only Pods that another
+node can take (Koordinator's PodMigrationJob: room first, then evict). The fit is the extender's
+own filter (``oversale.placement``): enough oversold allocatable for the Pod's requests, and its
+usage added to the target's load still under that node's scheduling watermark.
+
+Everything here is plain data in, plain data out: the live remediator and the replay call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
+from oversale.errors import InvalidAnnotation
+from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
+from oversale.pods import controller_of, is_mirror_or_static, qos_class
+from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount
+from oversale.timestamps import parse_timestamp
+from oversale.usage import LoadConfig, read_watermarks
+
+CRITICAL_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
+SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
+"""Pods at or above this priority are the cluster's own (kube-system's critical classes)."""
+_QOS_ORDER = {"BestEffort": 0, "Burstable": 1, "Guaranteed": 2}
+
+
+@dataclass(frozen=True)
+class RuntimeWatermarks:
+    """Shares of real allocatable above which a node counts as hot (per node by annotation or label)."""
+
+    cpu: Decimal = Decimal("0.80")
+    memory: Decimal = Decimal("0.90")
+
+
+@dataclass(frozen=True)
+class RemediationConfig:
+    """Knobs of remediation (``oversale.settings.Settings`` reads them)."""
+
+    watermarks: RuntimeWatermarks = RuntimeWatermarks()
+    observations: int = 5
+    """Consecutive hot observations before a node is remediated (a spike is not a trend)."""
+    min_pod_age_seconds: float = 600.0
+    max_per_node: int = 1
+    """Evictions per node per pass."""
+    max_per_namespace: int = 2
+    """Evictions per namespace per pass."""
+    max_per_pass: int = 5
+    node_cooldown_seconds: float = 600.0
+    """After an eviction, a node is left alone this long (its load settles first)."""
+    workload_cooldown_seconds: float = 1800.0
+    """After an eviction, the workload's other Pods are left alone this long."""
+
+
+def runtime_watermarks_for(labels: Mapping[str, str] | None, annotations: Mapping[str, str] | None,
+                           keys: AnnotationKeys, defaults: RuntimeWatermarks
+                           ) -> tuple[RuntimeWatermarks, list[AnnotationProblem]]:
+    """A node's runtime watermarks: its annotation, else its label, else the defaults."""
+    values, problems = read_watermarks(labels, annotations, {keys.cpu_runtime_watermark: defaults.cpu,
+                                                             keys.memory_runtime_watermark: defaults.memory})
+    return RuntimeWatermarks(*values), problems
+
+
+def excess(usage: Mapping[str, float], real: Mapping[str, int], watermarks: RuntimeWatermarks) -> dict[str, float]:
+    """Resource -> how much usage is above the runtime watermark (only resources above it)."""
+    over = {}
+    for resource, watermark in ((CPU, watermarks.cpu), (MEMORY, watermarks.memory)):
+        capacity = real.get(resource, 0)
+        if capacity > 0 and usage.get(resource, 0.0) > capacity * float(watermark):
+            over[resource] = usage.get(resource, 0.0) - capacity * float(watermark)
+    return over
+
+
+def hot_reason(usage: Mapping[str, float], real: Mapping[str, int], watermarks: RuntimeWatermarks) -> str | None:
+    """Why one observation of a node counts as hot, or None."""
+    for resource, watermark in ((CPU, watermarks.cpu), (MEMORY, watermarks.memory)):
+        capacity = real.get(resource, 0)
+        if resource in excess(usage, real, watermarks):
+            return (f"{resource} usage {usage[resource] / capacity:.0%} of real capacity is above the runtime "
+                    f"watermark {float(watermark):.0%}")
+    return None
+
+
+def next_streak(streak: int, hot: bool) -> int:
+    """Consecutive hot observations after one more: a cool one starts over."""
+    return streak + 1 if hot else 0
+
+
+def eviction_exclusion(pod: Mapping[str, Any], keys: AnnotationKeys, now: float, min_age_seconds: float) -> str | None:
+    """Why a Pod must not be evicted, or None: the descheduler's safety rules, plus an opt-out."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annotations = metadata.get("annotations") or {}
+    choice = annotations.get(keys.evictable)
+    try:
+        allowed = parse_switch(choice) if choice is not None else None
+    except InvalidAnnotation:
+        return f"annotation {keys.evictable}={choice!r} is not y or n (kept, to be safe)"
+    if allowed is False:
+        return f"opted out ({keys.evictable}: n)"
+    if metadata.get("deletionTimestamp") or status.get("phase") != "Running":
+        return "not running"
+    if is_mirror_or_static(pod):
+        return "static Pod"
+    owner = controller_of(metadata)
+    if owner is None:
+        return "no controller would recreate it"
+    if owner[0] == "DaemonSet":
+        return "DaemonSet Pod (it would come back on the same node)"
+    if spec.get("priorityClassName") in CRITICAL_PRIORITY_CLASSES or \
+            int(spec.get("priority") or 0) >= SYSTEM_CRITICAL_PRIORITY:
+        return f"critical priority ({spec.get('priorityClassName') or spec.get('priority')})"
+    local = [v.get("name") for v in spec.get("volumes") or [] if "emptyDir" in v or "hostPath" in v]
+    if local and allowed is not True:
+        return f"local storage ({', '.join(map(str, local))}; {keys.evictable}: y allows it)"
+    started = parse_timestamp(status.get("startTime") or metadata.get("creationTimestamp"))
+    if started is not None and now - started < min_age_seconds:
+        return f"started {now - started:.0f}s ago (minimum age {min_age_seconds:.0f}s)"
+    return None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A Pod that may be evicted from a hot node."""
+
+    name: str
+    """``namespace/name``."""
+    namespace: str
+    workload: str
+    """``namespace/Kind/name`` of its controller: what the replacement Pod will share."""
+    qos: str
+    demand: PodDemand
+    usage: Mapping[str, float]
+    """Its current usage (millicores, bytes)."""
+
+    @property
+    def overuse(self) -> float:
+        """How far above its cpu request it runs (the heavier resource decides ties)."""
+        return self.usage.get(CPU, 0.0) - self.demand.requests.get(CPU, 0)
+
+
+def candidate(pod: Mapping[str, Any], demand: PodDemand, usage: Mapping[str, float]) -> Candidate:
+    metadata = pod.get("metadata") or {}
+    namespace = str(metadata.get("namespace", ""))
+    kind, owner = controller_of(metadata) or ("", "")
+    return Candidate(f"{namespace}/{metadata.get('name', '')}", namespace, f"{namespace}/{kind}/{owner}",
+                     qos_class(pod), demand, usage)
+
+
+@dataclass
+class Target:
+    """A node a Pod may move to: what the extender knows of it."""
+
+    view: NodeView
+    usage: NodeUsage
+    heat: NodeHeat | None
+
+    def taking(self, moved: Candidate) -> Target:
+        """This node after a Pod moved here (its requests taken, its usage pending in the load)."""
+        shared = {r: self.usage.shared.get(r, 0) + moved.demand.requests.get(r, 0) for r in RESOURCES}
+        heat = self.heat
+        if heat is not None:
+            pending = {r: heat.pending.get(r, 0.0) + moved.usage.get(r, 0.0) for r in RESOURCES}
+            heat = replace(heat, pending=pending)
+        return Target(self.view, NodeUsage(shared, set(self.usage.bound_cpus), self.usage.bound_memory), heat)
+
+
+@dataclass(frozen=True)
+class Move:
+    pod: Candidate
+    target: str
+    reason: str
+
+
+@dataclass
+class MovePlan:
+    moves: list[Move] = field(default_factory=list)
+    kept: list[tuple[Candidate, str]] = field(default_factory=list)
+    """Candidates not moved, and why (no node can take it, a limit)."""
+    uncovered: dict[str, float] = field(default_factory=dict)
+    """Excess the moves do not remove (more next pass)."""
+
+
+def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig) -> tuple[int | None, str]:
+    """The index of the best node that can take ``pod`` (the extender's filter and score, with the
+    Pod's *current usage* as its load), or None and why none can."""
+    best, best_score, reasons = None, -1, []
+    for index, target in enumerate(targets):
+        why = shortfall(target.view, target.usage, pod.demand)
+        if why is None and target.heat is not None:
+            with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)
+                                                     for r in RESOURCES})
+            why = load_shortfall(target.view, with_pod, config)
+        if why is not None:
+            reasons.append(why)
+            continue
+        score = placement_score(target.view, target.usage, pod.demand, target.heat, config, dict(pod.usage))
+        if score > best_score:
+            best, best_score = index, score
+    if best is None:
+        return None, "no node can take it" + (f" ({reasons[0]}{' ...' if len(reasons) > 1 else ''})"
+                                              if reasons else " (no other node)")
+    return best, ""
+
+
+def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """BestEffort first, then Burstable Pods using most above their request, Guaranteed last."""
+    return sorted(candidates, key=lambda c: (_QOS_ORDER.get(c.qos, 1), -c.overuse, c.name))
+
+
+def plan_moves(over: Mapping[str, float], candidates: Iterable[Candidate], targets: Sequence[Target],
+               config: LoadConfig, allowed: int) -> MovePlan:
+    """The fewest Pods, in eviction order, whose usage covers the node's excess over its runtime
+    watermark, each with a node that can take it; at most ``allowed`` of them.
+
+    Greedy in eviction order, then a Pod whose usage is not needed to cover the excess is dropped
+    again (the least preferred first), so a large Pod found late replaces the small ones before it.
+    """
+    plan = MovePlan()
+    remaining = dict(over)
+    chosen: list[tuple[Candidate, int]] = []
+    targets = list(targets)
+    for pod in eviction_order(candidates):
+        if all(v <= 0 for v in remaining.values()):
+            break
+        if not any(pod.usage.get(r, 0.0) > 0 for r, v in remaining.items() if v > 0):
+            continue  # it would not cool what is hot
+        index, why = target_for(pod, targets, config)
+        if index is None:
+            plan.kept.append((pod, why))
+            continue
+        chosen.append((pod, index))
+        targets[index] = targets[index].taking(pod)
+        for resource in remaining:
+            remaining[resource] -= pod.usage.get(resource, 0.0)
+    for pod, index in reversed(list(chosen)):
+        if all(remaining.get(r, 0.0) + pod.usage.get(r, 0.0) <= 0 for r in remaining):
+            chosen.remove((pod, index))
+            for resource in remaining:
+                remaining[resource] += pod.usage.get(resource, 0.0)
+    for pod, index in chosen[:allowed]:
+        plan.moves.append(Move(pod, targets[index].view.name, _covers(pod, over)))
+    for pod, _ in chosen[allowed:]:
+        plan.kept.append((pod, f"over the limit of {allowed} evictions here this pass"))
+        for resource in remaining:
+            remaining[resource] += pod.usage.get(resource, 0.0)
+    plan.uncovered = {r: v for r, v in remaining.items() if v > 0}
+    return plan
+
+
+def _covers(pod: Candidate, over: Mapping[str, float]) -> str:
+    parts = [f"uses {format_amount(r, round(pod.usage.get(r, 0.0)))} {r}, "
+             f"{format_amount(r, round(over[r]))} above the watermark" for r in over]
+    return f"{pod.qos}, " + "; ".join(parts)

@@ -1,0 +1,257 @@
+"""The remediator: moves Pods off oversold nodes that stay hot (policy in ``oversale.remediation``).
+
+Each pass is one observation of every node: NodeMetrics and PodMetrics (metrics.k8s.io, the usage
+view the extender reads too), the nodes and the running Pods. A node hot for
+``OVERSALE_HOT_OBSERVATIONS`` passes in a row gets a plan; each move first reserves room on the
+target node (an annotation the extender honours: only the evicted Pod's replacement may take it
+until it expires), then asks the Eviction API, so PodDisruptionBudgets hold; a 429 is "not now"
+and the reservation is released. Streaks and cooldowns live in memory: a restarted remediator
+observes K passes again before acting, which errs on the safe side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kubernetes.client.exceptions import ApiException
+
+from kube.metrics_api import MetricsAPI
+from oversale.placement import NodeHeat, NodeUsage, node_view, pod_demand
+from oversale.pods import scheduled_request
+from oversale.quantity import RESOURCES, format_amount
+from oversale.remediation import (
+    Move,
+    Target,
+    candidate,
+    eviction_exclusion,
+    excess,
+    hot_reason,
+    next_streak,
+    plan_moves,
+    runtime_watermarks_for,
+)
+from oversale.settings import Settings
+from oversale.timestamps import format_timestamp, parse_timestamp
+from oversale.usage import NodeLoad
+from reconcilers.cluster import Cluster
+from reconcilers.metrics import ReconcilerMetrics
+from reconcilers.runner import COMPONENT, Leadership, NotLeader, Row
+
+log = logging.getLogger(__name__)
+
+
+class UsageSource(Protocol):
+    def nodes(self) -> list[Any]: ...
+
+    def containers(self) -> list[Any]: ...
+
+
+class Remediator:
+    def __init__(self, cluster: Cluster, usage: UsageSource | MetricsAPI, settings: Settings,
+                 leader: Leadership | None = None, metrics: ReconcilerMetrics | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cluster = cluster
+        self.usage = usage
+        self.settings = settings
+        self.keys = settings.keys
+        self.config = settings.remediation_config
+        self.leader = leader
+        self.metrics = metrics or ReconcilerMetrics()
+        self.clock = clock
+        self.streaks: dict[str, int] = {}
+        self.node_cooldown: dict[str, float] = {}
+        self.workload_cooldown: dict[str, float] = {}
+
+    def run_pass(self, dry_run: bool = False) -> list[Row]:
+        """Observe every node once; move Pods off those hot long enough. Returns the report rows."""
+        now = self.clock()
+        try:
+            node_metrics = {m.name: m for m in self.usage.nodes()}
+            pod_usage: dict[tuple[str, str], dict[str, float]] = {}
+            for c in self.usage.containers():
+                totals = pod_usage.setdefault((c.namespace, c.pod), dict.fromkeys(RESOURCES, 0.0))
+                totals["cpu"] += c.cpu
+                totals["memory"] += c.memory
+            nodes = self.cluster.nodes("")
+            pods = list(self.cluster.running_pods())
+        except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
+            # No usage, no evictions: a metrics outage must never move Pods.
+            log.warning("remediation pass skipped: cannot read usage or the cluster (%s)",
+                        f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__)
+            self.metrics.skips.labels("remediation-no-usage").inc()
+            return []
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            if node_name:
+                by_node.setdefault(node_name, []).append(pod)
+        views = {n["metadata"]["name"]: node_view(n, self.keys, watermarks=self.settings.load.watermarks)
+                 for n in nodes}
+        requested = {name: NodeUsage(shared={r: sum(scheduled_request(p, r) for p in by_node.get(name, []))
+                                             for r in RESOURCES}) for name in views}
+        fresh = {name: m for name, m in node_metrics.items()
+                 if now - m.at <= self.settings.metrics_max_age_seconds}
+        heats = {name: NodeHeat(NodeLoad(m.cpu, m.cpu, m.memory, m.at), now) for name, m in fresh.items()}
+        targets_from = [name for name, node in ((n["metadata"]["name"], n) for n in nodes) if _schedulable(node)]
+
+        rows: list[Row] = []
+        budget = self.config.max_per_pass
+        per_namespace: dict[str, int] = {}
+        hot_nodes = 0
+        try:
+            for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+                name = node["metadata"]["name"]
+                if not self._in_scope(node):
+                    continue
+                metadata = node["metadata"]
+                watermarks, problems = runtime_watermarks_for(metadata.get("labels"), metadata.get("annotations"),
+                                                              self.keys, self.config.watermarks)
+                for problem in problems:
+                    log.warning("Node/%s: %s", name, problem)
+                reading = fresh.get(name)
+                real = views[name].real
+                observed = {"cpu": float(reading.cpu), "memory": float(reading.memory)} if reading else {}
+                over = excess(observed, real, watermarks) if reading else {}
+                # A node without fresh metrics is not observed: its streak starts over.
+                self.streaks[name] = next_streak(self.streaks.get(name, 0), bool(over))
+                streak = self.streaks[name]
+                if streak >= self.config.observations:
+                    hot_nodes += 1
+                if not over:
+                    continue
+                why = hot_reason(observed, real, watermarks) or ""
+                object_name = f"Node/{name}"
+                if streak < self.config.observations:
+                    rows.append(Row(object_name, "*", "", "", "", f"hot {streak}/{self.config.observations}: {why}"))
+                    continue
+                if self.node_cooldown.get(name, 0) > now:
+                    rows.append(Row(object_name, "*", "", "", "", f"hot, cooling down after an eviction "
+                                    f"({self.node_cooldown[name] - now:.0f}s left): {why}"))
+                    continue
+                if budget <= 0:
+                    rows.append(Row(object_name, "*", "", "", "", f"hot, over {self.config.max_per_pass} evictions "
+                                    "this pass: next pass"))
+                    continue
+                candidates = []
+                for pod in by_node.get(name, []):
+                    pod_name = f"{pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
+                    excluded = eviction_exclusion(pod, self.keys, now, self.config.min_pod_age_seconds)
+                    usage = pod_usage.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
+                    if excluded is None and usage is None:
+                        excluded = "no PodMetrics (its usage is unknown)"
+                    if excluded is None:
+                        found = candidate(pod, pod_demand(pod, self.keys), usage or {})
+                        if self.workload_cooldown.get(found.workload, 0) > now:
+                            excluded = f"workload {found.workload} moved recently (cooling down)"
+                        elif per_namespace.get(found.namespace, 0) >= self.config.max_per_namespace:
+                            excluded = f"over {self.config.max_per_namespace} evictions in {found.namespace} this pass"
+                        else:
+                            candidates.append(found)
+                            continue
+                    log.debug("Node/%s: %s kept: %s", name, pod_name, excluded)
+                targets = [Target(views[t], requested[t], heats.get(t)) for t in targets_from if t != name]
+                plan = plan_moves(over, candidates, targets, self.settings.load,
+                                  min(self.config.max_per_node, budget))
+                for kept, reason in plan.kept:
+                    rows.append(Row(f"Pod/{kept.name}", "*", name, "", "", f"not moved: {reason}"))
+                if not plan.moves:
+                    rows.append(Row(object_name, "*", "", "", "", f"hot: {why}; nothing can move "
+                                    f"({len(candidates)} candidates)"))
+                    continue
+                for move in plan.moves:
+                    done = False if dry_run else self._move(node, move, now)
+                    rows.append(Row(f"Pod/{move.pod.name}", "*", name, move.target, "",
+                                    f"evict from hot {name} ({why}); {move.reason}", done))
+                    if dry_run or done:
+                        budget -= 1
+                        per_namespace[move.pod.namespace] = per_namespace.get(move.pod.namespace, 0) + 1
+                    if done:
+                        self.node_cooldown[name] = now + self.config.node_cooldown_seconds
+                        self.workload_cooldown[move.pod.workload] = now + self.config.workload_cooldown_seconds
+                        self.streaks[name] = 0
+        except NotLeader:
+            log.warning("lease lost during the remediation pass: stopped evicting")
+        self.metrics.hot_nodes.set(hot_nodes)
+        return rows
+
+    def _in_scope(self, node: dict[str, Any]) -> bool:
+        labels = node["metadata"].get("labels") or {}
+        return self.settings.remediate_all_nodes or labels.get(self.keys.oversale_label) == "enabled"
+
+    def _move(self, source: dict[str, Any], move: Move, now: float) -> bool:
+        """Reserve room on the target, then evict; True when the eviction was accepted."""
+        if self.leader is not None and not self.leader.is_leader():
+            raise NotLeader()
+        namespace, name = move.pod.name.split("/", 1)
+        reserved = self._reserve(move, now)
+        try:
+            self.cluster.evict(namespace, name)
+        except ApiException as error:
+            self._release(move.target, move.pod.workload)
+            if error.status == 429:
+                self.metrics.evictions.labels("refused-by-pdb").inc()
+                log.info("Pod/%s: eviction refused for now (PodDisruptionBudget); retried next pass", move.pod.name)
+            elif error.status == 404:
+                self.metrics.evictions.labels("gone").inc()
+            else:
+                self.metrics.evictions.labels("error").inc()
+                log.warning("Pod/%s: eviction failed: %s %s", move.pod.name, error.status, error.reason)
+            return False
+        self.metrics.evictions.labels("hot-node").inc()
+        message = f"evicted from hot node {source['metadata']['name']} toward {move.target}: {move.reason}"
+        log.info("Pod/%s: %s", move.pod.name, message)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
+        self._event(pod, "EvictedFromHotNode", message)
+        self._event({**source, "kind": "Node", "apiVersion": "v1"}, "HotNodeRemediated",
+                    f"evicted {move.pod.name} toward {move.target}" + (" (room reserved)" if reserved else ""))
+        return True
+
+    def _reserve(self, move: Move, now: float) -> bool:
+        """Hold the Pod's requests on the target for its replacement (expired holds are dropped)."""
+        hold = {r: format_amount(r, move.pod.demand.requests.get(r, 0)) for r in RESOURCES}
+        try:
+            held = self._holds(move.target, now)
+            held[move.pod.workload] = {**hold, "until": format_timestamp(now + self.settings.reservation_seconds)}
+            self.cluster.annotate_node(move.target, {self.keys.reservations: json.dumps(held, sort_keys=True)}, "")
+        except ApiException as error:
+            log.warning("Node/%s: could not reserve room (%s %s); the eviction goes ahead, placed by the scheduler",
+                        move.target, error.status, error.reason)
+            return False
+        self.metrics.reservations.inc()
+        return True
+
+    def _release(self, node: str, owner: str) -> None:
+        try:
+            held = self._holds(node, self.clock())
+            held.pop(owner, None)
+            self.cluster.annotate_node(node, {self.keys.reservations: json.dumps(held, sort_keys=True) if held
+                                              else None}, "")
+        except ApiException as error:
+            log.warning("Node/%s: could not release a reservation (%s); it expires by itself", node, error.status)
+
+    def _holds(self, node: str, now: float) -> dict[str, Any]:
+        annotations = self.cluster.node(node)["metadata"].get("annotations") or {}
+        try:
+            held = json.loads(annotations.get(self.keys.reservations) or "{}")
+        except ValueError:
+            held = {}
+        return {owner: value for owner, value in held.items()
+                if isinstance(value, dict) and (parse_timestamp(value.get("until")) or 0) > now}
+
+    def _event(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        try:
+            self.cluster.event(obj, reason, message, COMPONENT)
+        except ApiException as error:
+            log.warning("event %s not written: %s", reason, error.status)
+
+
+def _schedulable(node: dict[str, Any]) -> bool:
+    """A node the evicted Pod could land on: Ready and not cordoned."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return all(c.get("status") == "True" for c in conditions if c.get("type") == "Ready")

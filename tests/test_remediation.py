@@ -1,0 +1,288 @@
+"""Hot-node remediation: the pure policy, and the remediator end to end (the real ``kubernetes``
+client against the API double, which serves metrics.k8s.io, the Eviction API and
+PodDisruptionBudgets as the API server does)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kube.metrics_api import MetricsAPI
+from oversale.annotations import AnnotationKeys
+from oversale.cpus import Topology
+from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, placement_score, reservations_of, shortfall
+from oversale.remediation import (
+    Candidate,
+    RuntimeWatermarks,
+    Target,
+    eviction_exclusion,
+    eviction_order,
+    excess,
+    next_streak,
+    plan_moves,
+)
+from oversale.settings import Settings
+from oversale.usage import LoadConfig, NodeLoad
+from reconcilers.cluster import Cluster
+from reconcilers.remediation import Remediator
+from tests.kube_api import FakeKubeAPI
+
+KEYS = AnnotationKeys()
+NOW = 1_800_000_000.0
+LONG_AGO = "2020-01-01T00:00:00Z"
+GI = 2**30
+
+
+# ---- the pure policy --------------------------------------------------------------------------
+
+def pod(name: str = "web-5d8f9-abcde", owner: tuple[str, str] | None = ("ReplicaSet", "web-5d8f9"),
+        cpu: str | None = "500m", memory: str = "512Mi", started: str = LONG_AGO, **spec: Any) -> dict[str, Any]:
+    resources = {"requests": {"cpu": cpu, "memory": memory}} if cpu else {}
+    metadata: dict[str, Any] = {"name": name, "namespace": "shop", "labels": {"app": name.split("-")[0]}}
+    if owner:
+        metadata["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True,
+                                        "apiVersion": "apps/v1", "uid": "x"}]
+    return {"metadata": metadata,
+            "spec": {"nodeName": "node-hot", "containers": [{"name": "app", "image": "x", "resources": resources}],
+                     **spec},
+            "status": {"phase": "Running", "startTime": started}}
+
+
+@pytest.mark.parametrize(("changed", "reason"), [
+    (pod(owner=("DaemonSet", "agent")), "DaemonSet"),
+    (pod(owner=None), "no controller"),
+    (pod(priorityClassName="system-node-critical"), "critical priority"),
+    (pod(priority=2_000_001_000), "critical priority"),
+    (pod(volumes=[{"name": "cache", "emptyDir": {}}]), "local storage (cache"),
+    (pod(volumes=[{"name": "logs", "hostPath": {"path": "/var/log"}}]), "local storage (logs"),
+    (pod(started="2027-01-15T07:55:00Z"), "minimum age"),
+])
+def test_every_exclusion_rule_keeps_the_pod(changed, reason):
+    assert eviction_exclusion(pod(), KEYS, NOW, 600) is None
+    assert reason in (eviction_exclusion(changed, KEYS, NOW, 600) or "")
+
+
+def test_annotations_opt_out_or_allow_local_storage():
+    opted_out = pod()
+    opted_out["metadata"]["annotations"] = {KEYS.evictable: "n"}
+    assert "opted out" in (eviction_exclusion(opted_out, KEYS, NOW, 600) or "")
+    local = pod(volumes=[{"name": "cache", "emptyDir": {}}])
+    local["metadata"]["annotations"] = {KEYS.evictable: "y"}
+    assert eviction_exclusion(local, KEYS, NOW, 600) is None
+    local["metadata"]["annotations"] = {KEYS.evictable: "perhaps"}
+    assert "not y or n" in (eviction_exclusion(local, KEYS, NOW, 600) or "")
+    mirror = pod()
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+    assert eviction_exclusion(mirror, KEYS, NOW, 600) == "static Pod"
+
+
+def test_a_node_is_hot_above_the_watermark_and_a_cool_observation_starts_over():
+    real = {"cpu": 4000, "memory": 16 * GI}
+    assert excess({"cpu": 3200.0, "memory": 0.0}, real, RuntimeWatermarks()) == {}, "at the watermark: not hot"
+    assert excess({"cpu": 3201.0, "memory": 0.0}, real, RuntimeWatermarks()) == {"cpu": pytest.approx(1.0)}
+    streak = 0
+    for hot in (True, True, False, True):
+        streak = next_streak(streak, hot)
+    assert streak == 1
+
+
+def candidate(name: str, qos: str, cpu_request: int, cpu_used: float, workload: str = "") -> Candidate:
+    demand = PodDemand(name, {"cpu": cpu_request, "memory": GI}, None, False, owner=workload or f"shop/RS/{name}")
+    return Candidate(f"shop/{name}", "shop", workload or f"shop/RS/{name}", qos, demand,
+                     {"cpu": cpu_used, "memory": float(GI // 2)})
+
+
+def target(name: str = "node-cool", cpu_free: int = 8000, cpu_used: float = 500.0) -> Target:
+    view = NodeView(name, {"cpu": 8000, "memory": 32 * GI}, Decimal(1), Topology.flat(8),
+                    real={"cpu": 8000, "memory": 32 * GI})
+    usage = NodeUsage(shared={"cpu": 8000 - cpu_free, "memory": 0})
+    return Target(view, usage, NodeHeat(NodeLoad(cpu_used, cpu_used, 4.0 * GI, NOW), NOW))
+
+
+def test_best_effort_first_then_burstable_using_most_above_request():
+    ordered = eviction_order([candidate("g", "Guaranteed", 1000, 3000), candidate("b1", "Burstable", 500, 900),
+                              candidate("b2", "Burstable", 500, 1500), candidate("be", "BestEffort", 0, 100)])
+    assert [c.name for c in ordered] == ["shop/be", "shop/b2", "shop/b1", "shop/g"]
+
+
+def test_the_fewest_pods_that_cover_the_excess_and_each_has_a_place_to_go():
+    pods = [candidate("small", "BestEffort", 0, 200), candidate("big", "Burstable", 500, 1500),
+            candidate("other", "Burstable", 500, 700)]
+    plan = plan_moves({"cpu": 1000.0}, pods, [target()], LoadConfig(), allowed=5)
+    # "small" is preferred but does not matter once "big" is taken: one eviction, not two.
+    assert [m.pod.name for m in plan.moves] == ["shop/big"]
+    assert plan.moves[0].target == "node-cool" and plan.uncovered == {}
+
+
+def test_a_pod_whose_only_target_is_full_or_would_run_hot_is_not_moved():
+    pods = [candidate("big", "Burstable", 500, 1500)]
+    full = plan_moves({"cpu": 1000.0}, pods, [target(cpu_free=100)], LoadConfig(), allowed=5)
+    assert full.moves == [] and "no node can take it (cpu: 500m requested, 100m free" in full.kept[0][1]
+    # 8 real cores at 4.2 used + 1.5 moved = 71%: above the 65% scheduling watermark.
+    warm = plan_moves({"cpu": 1000.0}, pods, [target(cpu_used=4200)], LoadConfig(), allowed=5)
+    assert warm.moves == [] and "above the scheduling watermark 65%" in warm.kept[0][1]
+
+
+def test_moves_never_exceed_the_limit_and_do_not_pile_onto_one_target():
+    pods = [candidate(f"p{i}", "Burstable", 500, 1000) for i in range(4)]
+    plan = plan_moves({"cpu": 3500.0}, pods, [target(cpu_free=1000)], LoadConfig(), allowed=3)
+    assert len(plan.moves) == 2, "the target has room for two 500m requests"
+    limited = plan_moves({"cpu": 3500.0}, pods, [target()], LoadConfig(), allowed=1)
+    assert len(limited.moves) == 1 and "over the limit of 1" in limited.kept[-1][1]
+    assert limited.uncovered["cpu"] > 0
+
+
+def test_a_reservation_keeps_the_room_for_the_evicted_pods_replacement():
+    held = {"shop/ReplicaSet/web-5d8f9": {"cpu": "6", "memory": "1Gi", "until": "2027-01-15T08:05:00Z"}}
+    reservations = reservations_of({KEYS.reservations: json.dumps(held)}, KEYS)
+    view = dataclasses.replace(target().view, reservations=reservations)
+    usage = NodeUsage(shared={"cpu": 1000, "memory": 0})
+    other = PodDemand("o", {"cpu": 2000, "memory": GI}, None, False, owner="shop/ReplicaSet/api-6f7")
+    replacement = dataclasses.replace(other, owner="shop/ReplicaSet/web-5d8f9")
+    assert "1 free" in (shortfall(view, usage, other, NOW) or ""), "7 free cores minus 6 held"
+    assert shortfall(view, usage, replacement, NOW) is None
+    assert placement_score(view, usage, replacement, None, LoadConfig(), now=NOW) == 10
+    later = NOW + 10 * 3600
+    assert shortfall(view, usage, other, later) is None, "an expired reservation holds nothing"
+    assert reservations_of({KEYS.reservations: "not json"}, KEYS) == ()
+
+
+# ---- the remediator end to end ------------------------------------------------------------------
+
+SETTINGS = Settings(kubernetes="off", remediation=True, hot_observations=3)
+
+
+def node(name: str, cpu: str = "4", labelled: bool = True) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {KEYS.oversale_label: "enabled"} if labelled else {}},
+            "status": {"allocatable": {"cpu": cpu, "memory": "16Gi", "pods": "110"},
+                       "capacity": {"cpu": cpu, "memory": "16Gi", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def usage(api: FakeKubeAPI, node_cpu: str, pods: dict[str, str]) -> None:
+    api.put("nodemetrics", {"metadata": {"name": "node-hot"}, "window": "30s",
+                            "usage": {"cpu": node_cpu, "memory": "4Gi"}})
+    api.put("nodemetrics", {"metadata": {"name": "node-cool"}, "window": "30s",
+                            "usage": {"cpu": "500m", "memory": "2Gi"}})
+    for name, cpu in pods.items():
+        api.put("podmetrics", {"metadata": {"name": name, "namespace": "shop"}, "window": "30s",
+                               "containers": [{"name": "app", "usage": {"cpu": cpu, "memory": "300Mi"}}]})
+
+
+HOT = {"web-5d8f9-abcde": "2500m", "api-6f7c8-fghij": "600m", "agent-xyz12": "200m"}
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    fake = FakeKubeAPI().start()
+    fake.put("nodes", node("node-hot"))
+    fake.put("nodes", node("node-cool", "8", labelled=False))
+    fake.put("pods", pod("web-5d8f9-abcde"))
+    fake.put("pods", pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8")))
+    fake.put("pods", pod("agent-xyz12", owner=("DaemonSet", "agent")))
+    usage(fake, "3600m", HOT)   # 90% of 4 real cores: 400m above the 80% watermark
+    yield fake
+    fake.stop()
+
+
+def remediator(api: FakeKubeAPI, settings: Settings = SETTINGS) -> Remediator:
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    return Remediator(Cluster(api_client), MetricsAPI(api_client), settings)
+
+
+def evictions(api: FakeKubeAPI) -> int:
+    return sum(1 for r in api.requests if r.method == "POST" and r.path.endswith("/eviction"))
+
+
+def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api):
+    remediator_ = remediator(api)
+    for _ in range(2):
+        rows = remediator_.run_pass()
+        assert evictions(api) == 0 and any("hot" in r.reason and r.object == "Node/node-hot" for r in rows)
+    rows = remediator_.run_pass()
+    assert evictions(api) == 1
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is None, "evicted: the Eviction API deleted it"
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is not None
+    (moved,) = [r for r in rows if r.written]
+    assert moved.object == "Pod/shop/web-5d8f9-abcde" and moved.proposed == "node-cool"
+    held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
+    assert held["shop/ReplicaSet/web-5d8f9"]["cpu"] == "500m"
+    events = {(e["involvedObject"]["kind"], e["reason"], e["type"])
+              for e in api.list_objects("events", None, {})["items"]}
+    assert {("Pod", "EvictedFromHotNode", "Normal"), ("Node", "HotNodeRemediated", "Normal")} <= events
+    assert remediator_.metrics.evictions.labels("hot-node")._value.get() == 1
+    # The node cools down for a while: no second eviction even if it stays hot.
+    for _ in range(3):
+        remediator_.run_pass()
+    assert evictions(api) == 1
+
+
+def test_a_node_that_cools_down_before_k_observations_is_left_alone(api):
+    remediator_ = remediator(api)
+    remediator_.run_pass()
+    remediator_.run_pass()
+    usage(api, "2000m", HOT)
+    remediator_.run_pass()
+    usage(api, "3600m", HOT)
+    remediator_.run_pass()
+    remediator_.run_pass()
+    assert evictions(api) == 0
+
+
+def test_a_pdb_refusal_is_retried_later_and_the_pod_is_never_deleted_around_it(api):
+    budget = {"metadata": {"name": "web", "namespace": "shop"},
+              "spec": {"selector": {"matchLabels": {"app": "web"}}}, "status": {"disruptionsAllowed": 0}}
+    api.put("poddisruptionbudgets", budget)
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    for _ in range(3):
+        remediator_.run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None, "protected by its budget"
+    assert evictions(api) == 3 and not any(r.method == "DELETE" for r in api.requests)
+    assert remediator_.metrics.evictions.labels("refused-by-pdb")._value.get() == 3
+    assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {}), \
+        "the reservation is released"
+    budget["status"]["disruptionsAllowed"] = 1
+    api.put("poddisruptionbudgets", budget)
+    remediator_.run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is None
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(api):
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
+    assert planned.current == "node-hot" and planned.proposed == "node-cool" and not planned.written
+    assert "Burstable, uses 2500m cpu, 400m above the watermark" in planned.reason
+    assert not [r for r in api.requests if r.method in ("POST", "PATCH", "PUT", "DELETE")]
+
+
+def test_a_pod_whose_only_target_is_full_is_not_evicted(api):
+    api.put("pods", {**pod("filler-7a8b9-qwert"), "spec": {**pod()["spec"], "nodeName": "node-cool", "containers": [
+        {"name": "app", "image": "x", "resources": {"requests": {"cpu": "7800m", "memory": "1Gi"}}}]}})
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 0
+    assert any("no node can take it" in r.reason for r in rows)
+
+
+def test_without_usage_nothing_is_evicted(api):
+    api.unavailable = {"nodemetrics", "podmetrics"}
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    assert remediator_.run_pass() == []
+    assert evictions(api) == 0
+
+
+def test_a_node_can_carry_its_own_runtime_watermark(api):
+    hot = api.get("nodes", "", "node-hot")
+    hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "0.95"}
+    api.put("nodes", hot)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert rows == [] and evictions(api) == 0, "90% is under this node's 95%"
+    hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "95%"}
+    api.put("nodes", hot)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1, "an unreadable value keeps the default 80%"
