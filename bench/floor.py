@@ -18,9 +18,9 @@ from typing import Any
 
 from flask import Flask, Response, request
 
-from certs.tls import CertificatePaths
+from kube.server import GunicornServer, gunicorn_options
+from kube.tls import CertificatePaths
 from oversale.settings import Settings
-from webhook.server import GunicornServer, gunicorn_options
 
 ANSWER = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"x","allowed":true}}'
 

@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from certs.tls import LOCAL_HOSTS, generate
+from kube.tls import LOCAL_HOSTS, generate
 from oversale.annotations import AnnotationKeys
 from tests.conftest import SHARED, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI

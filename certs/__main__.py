@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from certs.tls import CA_DAYS, RENEW_FRACTION, SERVING_DAYS, generate, service_hosts
+from kube.tls import CA_DAYS, RENEW_FRACTION, SERVING_DAYS, generate, service_hosts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from certs.cluster import ensure_secret, inject_ca_bundle, read_ca_from_secret
-    from webhook.owners import load_api_client
+    from kube.client import load_api_client
 
     api_client = load_api_client("auto")
     if api_client is None:

@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from certs.tls import (
+from kube.tls import (
     CA_FILE,
     CA_KEY_FILE,
     CERT_FILE,

@@ -58,6 +58,8 @@ class RemediationConfig:
     """After an eviction, a node is left alone this long (its load settles first)."""
     workload_cooldown_seconds: float = 1800.0
     """After an eviction, the workload's other Pods are left alone this long."""
+    interval_seconds: float = 60.0
+    """Time between observations (the replay turns observations and cooldowns into its samples)."""
 
 
 def runtime_watermarks_for(labels: Mapping[str, str] | None, annotations: Mapping[str, str] | None,

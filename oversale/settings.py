@@ -331,6 +331,7 @@ class Settings:
             max_per_pass=self.evictions_per_pass,
             node_cooldown_seconds=self.node_cooldown_seconds,
             workload_cooldown_seconds=self.workload_cooldown_seconds,
+            interval_seconds=self.remediation_interval_seconds,
         )
 
     @property

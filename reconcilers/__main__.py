@@ -67,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "backtest":
         return _backtest(args, settings, parser)
 
+    from kube.client import load_api_client
     from reconcilers.cluster import Cluster
     from reconcilers.leader import LeaseElector
     from reconcilers.metrics import ReconcilerMetrics
     from reconcilers.runner import Reconciler, format_table
-    from webhook.owners import load_api_client
 
     api_client = load_api_client("auto")
     if api_client is None:

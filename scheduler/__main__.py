@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from certs.tls import CertificatePaths
-    from webhook.owners import load_api_client
-    from webhook.server import GunicornServer, gunicorn_options
+    from kube.client import load_api_client
+    from kube.server import GunicornServer, gunicorn_options
+    from kube.tls import CertificatePaths
 
     if load_api_client(settings.kubernetes) is None:
         print("error: no in-cluster config and no kubeconfig: the extender needs an API server", file=sys.stderr)

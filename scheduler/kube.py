@@ -14,9 +14,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kube.metrics_api import MetricsAPI
+from kube.reflector import Reflector
 from oversale.usage import Sample, stale_reason
 from scheduler.state import ClusterState
-from webhook.owners import Reflector
 
 log = logging.getLogger(__name__)
 NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")

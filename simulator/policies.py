@@ -28,6 +28,7 @@ from oversale.estimator import (
     summarize,
 )
 from oversale.quantity import CPU
+from oversale.remediation import RemediationConfig
 from oversale.usage import LoadConfig
 from simulator.trace import DAY, SLOT
 
@@ -53,6 +54,8 @@ class System:
     load: LoadConfig | None = None
     """Load-aware placement (the extender's watermark filter and load score) with these knobs;
     None: by requests alone."""
+    remediation: RemediationConfig | None = None
+    """Hot-node remediation (the remediator's policy, every 5-minute sample); None: off."""
 
     @property
     def kind(self) -> str:
@@ -165,7 +168,8 @@ OURS = "oversale"
 
 
 def default_systems(compression: CompressionEstimator, oversale: OversaleEstimator,
-                    frontier: bool = False, load: LoadConfig | None = None) -> list[System]:
+                    frontier: bool = False, load: LoadConfig | None = None,
+                    remediation: RemediationConfig | None = None) -> list[System]:
     """This project as configured (the whole system, and each half alone), its curve along the
     node cpu target, and the peers with their published defaults; with ``frontier`` also the
     peers' variants along their main knob, so every peer is a curve too."""
@@ -196,6 +200,10 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
                           "the extender's watermark filter and load score on each node's last hour of usage",
                           ours_requests(compression), ours_ratio(oversale), f"{OURS}+load-aware", ours=True,
                           load=load or LoadConfig()))
+    systems.append(System(f"{OURS}+remediation", "this project with hot-node remediation (OVERSALE_REMEDIATION=true): "
+                          "Pods moved off nodes above the runtime watermark, to nodes the extender's filter accepts",
+                          ours_requests(compression), ours_ratio(oversale), f"{OURS}+remediation", ours=True,
+                          remediation=remediation or RemediationConfig()))
     for target in ("0.7", "0.8", "0.9"):
         variant = dataclasses.replace(oversale, cpu_target=Decimal(target))
         systems.append(System(f"{OURS} cpu target {target}", "this project, node cpu target varied",

@@ -6,7 +6,9 @@ and the extender's own filter and score (``oversale.placement``) choose a node a
 a new node being added when none fits (as a cluster autoscaler would); after every arrival the
 node oversale reconciler recomputes that node's ratio from its members' summed history, so the
 next Pod sees the new oversold allocatable. Then the day's real usage is replayed every 5 minutes
-and every (node, sample) whose summed usage exceeds the node's *real* capacity is a violation.
+(with remediation, the remediator's policy moves workloads off nodes hot for long enough, from
+the next sample on) and every (node, sample) whose summed usage exceeds the node's *real*
+capacity is a violation.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from oversale.cpus import Topology
 from oversale.node_oversale import oversold_allocatable
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.quantity import CPU, MEMORY, RESOURCES
-from oversale.usage import LoadConfig, Sample, node_load
+from oversale.remediation import Candidate, RemediationConfig, Target, excess, next_streak, plan_moves
+from oversale.usage import LoadConfig, NodeLoad, Sample, node_load
 from simulator.policies import History, System
 from simulator.trace import DAY, GIB, MILLI, SLOT, TraceError, Workload
 
@@ -89,15 +92,18 @@ class Tally:
     violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
     workload_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
     above_request: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
+    evictions: int = 0
+    moved_again: int = 0
+    """Workload-days moved more than once."""
 
     def count(self, day: Day, placed: Placed, real: tuple[float, float]) -> None:
         """Sum usage per node for every slot of the day; count (node, slot) pairs over real capacity."""
         self.days += 1
         self.node_days += placed.nodes
-        onehot = np.zeros((placed.nodes, len(placed.assignment)))
-        onehot[placed.assignment, np.arange(len(placed.assignment))] = 1.0
+        self.evictions += placed.evictions
+        self.moved_again += placed.moved_again
         for position, resource in enumerate(RESOURCES):
-            per_node = onehot @ day.usage[resource]  # nodes x slots
+            per_node = placed.per_node(day.usage[resource])  # nodes x slots
             self.violations[resource] += int((per_node > real[position] + 1e-6).sum())
             self.node_samples[resource] += per_node.size
             over = (day.usage[resource] > placed.requests[resource][:, None] + 1e-6) & day.present
@@ -105,7 +111,8 @@ class Tally:
             self.workload_samples[resource] += int(day.present.sum())
 
     def add(self, other: Tally) -> Tally:
-        total = Tally(self.days + other.days, self.node_days + other.node_days)
+        total = Tally(self.days + other.days, self.node_days + other.node_days,
+                      evictions=self.evictions + other.evictions, moved_again=self.moved_again + other.moved_again)
         for name in ("node_samples", "violations", "workload_samples", "above_request"):
             mine, theirs = getattr(self, name), getattr(other, name)
             setattr(total, name, {r: mine[r] + theirs[r] for r in RESOURCES})
@@ -122,10 +129,25 @@ class Placed:
     """resource -> the request the system set for every workload."""
     ratios: list[tuple[float, float]]
     """(cpu, memory) ratio of every node at the end of the day's placement."""
+    moved: np.ndarray | None = None
+    """workloads x slots: the node of every workload in every slot, when remediation moved some."""
+    evictions: int = 0
+    moved_again: int = 0
 
     @property
     def nodes(self) -> int:
         return len(self.ratios)
+
+    def per_node(self, usage: np.ndarray) -> np.ndarray:
+        """nodes x slots: summed ``usage`` (workloads x slots) by the node each workload is on."""
+        if self.moved is None:
+            onehot = np.zeros((self.nodes, len(self.assignment)))
+            onehot[self.assignment, np.arange(len(self.assignment))] = 1.0
+            summed: np.ndarray = onehot @ usage
+            return summed
+        totals = np.zeros((self.nodes, usage.shape[1]))
+        np.add.at(totals, (self.moved, np.broadcast_to(np.arange(usage.shape[1]), usage.shape)), usage)
+        return totals
 
 
 @dataclass
@@ -260,6 +282,62 @@ def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
     return Placed(assignment, requests, [(n.ratio[0], n.ratio[1]) for n in nodes])
 
 
+def remediate(day: Day, placed: Placed, real: tuple[float, float], config: RemediationConfig,
+              load: LoadConfig) -> None:
+    """Replay the remediator over the day: every 5-minute sample is an observation of every node
+    (so K observations at the live interval are ceil(K x interval / 5 min) samples); a node hot
+    for that long moves workloads, chosen and placed by ``oversale.remediation``, from the next
+    sample on. Fills ``placed.moved``, ``evictions`` and ``moved_again``."""
+    slots = day.usage[CPU].shape[1]
+    needed = max(1, math.ceil(config.observations * config.interval_seconds / SLOT))
+    node_rest = math.ceil(config.node_cooldown_seconds / SLOT)
+    workload_rest = math.ceil(config.workload_cooldown_seconds / SLOT)
+    capacity = {CPU: int(real[0]), MEMORY: int(real[1])}
+    topology = Topology.flat(max(1, int(real[0] // MILLI)))
+    views = [_view(n, real, list(ratio), topology) for n, ratio in enumerate(placed.ratios)]
+    current = placed.assignment.copy()
+    where = np.empty((len(current), slots), dtype=np.int64)
+    requests = {r: placed.requests[r] for r in RESOURCES}
+    streak = [0] * placed.nodes
+    node_free_at = [0] * placed.nodes
+    workload_free_at = np.zeros(len(current), dtype=np.int64)
+    moves = np.zeros(len(current), dtype=np.int64)
+    for slot in range(slots):
+        where[:, slot] = current
+        used = {r: np.bincount(current, weights=day.usage[r][:, slot], minlength=placed.nodes) for r in RESOURCES}
+        requested = {r: np.bincount(current, weights=requests[r], minlength=placed.nodes) for r in RESOURCES}
+        budget = config.max_per_pass
+        for node in range(placed.nodes):
+            observed = {r: float(used[r][node]) for r in RESOURCES}
+            over = excess(observed, capacity, config.watermarks)
+            streak[node] = next_streak(streak[node], bool(over))
+            if streak[node] < needed or node_free_at[node] > slot or budget <= 0:
+                continue
+            members = np.flatnonzero((current == node) & day.present[:, slot] & (workload_free_at <= slot))
+            candidates = [Candidate(str(w), "", str(w), "Burstable",
+                                    PodDemand(str(w), {r: math.ceil(requests[r][w]) for r in RESOURCES}, None, False,
+                                              owner=str(w)),
+                                    {r: float(day.usage[r][w, slot]) for r in RESOURCES}) for w in members]
+            at = float(day.slots[slot] * SLOT)
+            targets = [Target(views[n], NodeUsage(shared={r: int(requested[r][n]) for r in RESOURCES}),
+                              NodeHeat(NodeLoad(float(used[CPU][n]), float(used[CPU][n]), float(used[MEMORY][n]), at),
+                                       at))
+                       for n in range(placed.nodes) if n != node]
+            plan = plan_moves(over, candidates, targets, load, min(config.max_per_node, budget))
+            for move in plan.moves:
+                workload, target = int(move.pod.name), int(move.target.removeprefix("node-"))
+                current[workload] = target
+                moves[workload] += 1
+                workload_free_at[workload] = slot + workload_rest
+                budget -= 1
+            if plan.moves:
+                node_free_at[node] = slot + node_rest
+                streak[node] = 0
+    placed.moved = where
+    placed.evictions = int(moves.sum())
+    placed.moved_again = int((moves > 1).sum())
+
+
 def clairvoyant_nodes(day: Day, real: tuple[float, float]) -> float:
     """Nodes an oracle needs: the day's real peak of summed usage, perfectly divisible."""
     return max(float(day.usage[r].sum(axis=0).max()) / real[k] for k, r in enumerate(RESOURCES))
@@ -283,6 +361,8 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
         clairvoyant[day.split] += clairvoyant_nodes(day, config.real)
         for system in systems:
             placed = place(day, system, config.real)
+            if system.remediation is not None:
+                remediate(day, placed, config.real, system.remediation, system.load or LoadConfig())
             tallies[system.name][day.split].count(day, placed, config.real)
             if number == days[-1]:
                 node_day[system.name] = busiest_node(day, placed, config.real)

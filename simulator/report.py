@@ -21,6 +21,8 @@ def figures(tally: Tally, baseline: Tally) -> dict[str, Any]:
         "nodes_per_day": round(tally.node_days / tally.days, 2) if tally.days else 0.0,
         "capacity_freed": round(1 - tally.node_days / baseline.node_days, 4) if baseline.node_days else 0.0,
     }
+    row["evictions_per_node_day"] = round(tally.evictions / tally.node_days, 4) if tally.node_days else 0.0
+    row["workload_days_moved_twice"] = tally.moved_again
     for resource in RESOURCES:
         row[f"{resource}_violation_rate"] = round(tally.violations[resource] / max(tally.node_samples[resource], 1), 6)
         row[f"{resource}_above_request"] = round(
@@ -120,20 +122,21 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         "capacity.",
         "- **above request**: share of workload samples using more than the request the system set (throttled "
         "beyond the request under contention).",
+        "- **evictions/node-day**: Pods the remediation step moved, per node-day (only systems with remediation).",
         f"- **clairvoyant bound**: each day's real peak of summed usage, perfectly divisible: "
         f"{clairvoyant['tuning']:.1%} freed on the tuning days, {clairvoyant['holdout']:.1%} on the holdout.", "",
     ]
     for split in SPLITS:
         lines += [f"## {split.capitalize()} days", "",
                   "| system | kind | ours | nodes/day | capacity freed | cpu violation rate | memory violation rate | "
-                  "cpu above request | memory above request | source and parameters |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "cpu above request | memory above request | evictions/node-day | source and parameters |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for row in rows:
             f = row[split]
             lines.append(f"| {row['policy']} | {row['kind']} | {'yes' if row['ours'] else ''} | {f['nodes_per_day']} | "
                          f"{f['capacity_freed']:.1%} | {f['cpu_violation_rate']:.3%} | "
                          f"{f['memory_violation_rate']:.3%} | {f['cpu_above_request']:.2%} | "
-                         f"{f['memory_above_request']:.2%} | {row['source']} |")
+                         f"{f['memory_above_request']:.2%} | {f['evictions_per_node_day']:.3f} | {row['source']} |")
         lines += ["", f"### Against each peer ({split}, cpu)", "",
                   f"What `{OURS}` frees at each peer's cpu violation rate, read off its curve (its cpu-target "
                   "variants and the baseline, joined by straight lines). *Matched*: at least the peer's capacity "

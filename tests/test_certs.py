@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from certs.cluster import ensure_secret, inject_ca_bundle
-from certs.tls import CertificatePaths, generate, issue, problems_with, service_hosts
+from kube.tls import CertificatePaths, generate, issue, problems_with, service_hosts
 from tests.conftest import ROOT, RunningWebhook
 
 HOSTS = service_hosts("oversale-webhook", "oversale")

@@ -197,3 +197,40 @@ def test_the_command_names_a_missing_trace(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {tmp_path / 'nope.csv'}: no such file"
+
+
+def test_remediation_moves_the_surging_workload_off_the_hot_node():
+    """Hand-computed: two 16-core nodes. Node 0 runs w0 (10 cores) and w1, which surges from 1 to 7
+    cores at sample 10 (17 cores: over real capacity); node 1 runs w2 (2 cores)."""
+    from oversale.remediation import RemediationConfig
+    from oversale.usage import LoadConfig
+    from simulator.replay import Day, Placed, Tally, Window, remediate
+
+    slots = 288
+    cpu = np.zeros((3, slots))
+    cpu[0, :] = 10_000
+    cpu[1, :10], cpu[1, 10:] = 1_000, 7_000
+    cpu[2, :] = 2_000
+    usage = {"cpu": cpu, "memory": np.full((3, slots), float(GIB))}
+    empty = Window(np.zeros(0), {"cpu": np.zeros((3, 0)), "memory": np.zeros((3, 0))}, np.zeros((3, 0), dtype=bool))
+    day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((3, slots), dtype=bool), empty, "tuning")
+    real = (16_000.0, 64.0 * GIB)
+
+    def placed() -> Placed:
+        return Placed(np.array([0, 0, 1]), {"cpu": np.array([8_000.0, 2_000.0, 8_000.0]),
+                                            "memory": np.full(3, float(GIB))}, [(1.0, 1.0), (1.0, 1.0)])
+
+    alone, moved = Tally(), Tally()
+    alone.count(day, placed(), real)
+    remediated = placed()
+    # Five observations a minute apart fit in one 5-minute sample: the node is acted on at once.
+    remediate(day, remediated, real, RemediationConfig(), LoadConfig())
+    moved.count(day, remediated, real)
+
+    assert alone.violations["cpu"] == slots - 10, "node 0 at 17 cores from sample 10 on"
+    # At sample 10 node 0 is at 106% (> 80%): w1 runs 5 cores above its request, w0 only 2, so w1
+    # goes (its 7 cores cover the 4.2 above the watermark); node 1 then runs 9 of 16 cores (56%,
+    # under the 65% scheduling watermark). It moves from the next sample on.
+    assert remediated.evictions == 1 and remediated.moved_again == 0
+    assert list(remediated.moved[1, 9:12]) == [0, 0, 1]
+    assert moved.violations["cpu"] == 1

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from certs.tls import LOCAL_HOSTS, CertificatePaths, generate
+from kube.tls import LOCAL_HOSTS, CertificatePaths, generate
 from oversale.errors import SettingsError
 from oversale.settings import Settings
 
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = _resolve_cluster(settings)
 
     # Imported only now: prometheus_client picks its multiprocess mode when first imported.
+    from kube.server import GunicornServer, gunicorn_options
     from webhook.app import create_app
-    from webhook.server import GunicornServer, gunicorn_options
 
     options = gunicorn_options(
         args.bind, str(paths.cert), str(paths.key), settings.workers, settings.threads,
@@ -82,7 +82,7 @@ def _resolve_cluster(settings: Settings) -> Settings:
     if settings.kubernetes == "off":
         log.info("OVERSALE_KUBERNETES=off: serving with Pod annotations only")
         return settings
-    from webhook.owners import load_api_client
+    from kube.client import load_api_client
 
     if load_api_client(settings.kubernetes) is None:
         log.info("no in-cluster config and no kubeconfig: serving with Pod annotations only")

@@ -10,12 +10,13 @@ from typing import Any
 import orjson
 from flask import Flask, Response
 
+from kube.client import load_api_client
 from oversale.quantity import CPU, MEMORY, RESOURCES, parse_amount
 from oversale.settings import Settings
 from webhook.metrics import Metrics
 from webhook.node_admission import NodeDecision, NodePods, admit_node, validate_node
 from webhook.node_pods import LiveNodePods, NoClusterPods
-from webhook.owners import NoCluster, OwnerCache, load_api_client
+from webhook.owners import NoCluster, OwnerCache
 from webhook.pod_admission import Owners, PodDecision, admit_pod
 from webhook.reviews import AdmissionRequest, AdmissionReview, MalformedReview, allow, parse_review
 

@@ -1,4 +1,4 @@
-"""gunicorn serving the webhook app over TLS.
+"""gunicorn serving a WSGI app over TLS (the webhook and the scheduler extender).
 
 gthread workers with keep-alive: the API server keeps connections to a webhook open and reuses
 them, so each TLS handshake is paid once per connection, not per review (the sync worker closes

@@ -1,0 +1,184 @@
+"""The list-then-watch loop (client-go's reflector pattern) over the real ``kubernetes`` client:
+one kind across all namespaces, kept as a namespace -> name -> entry map. The webhook's owner
+caches and the scheduler extender's node and Pod views are built on it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WatchedKind:
+    kind: str
+    api: str
+    """Name of the kubernetes client API class (``AppsV1Api``)."""
+    plural: str
+    """Function-name stem of the client (``replica_set`` for list_replica_set_for_all_namespaces)."""
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+class Reflector:
+    """List, then watch, one kind across all namespaces into a namespace -> name -> Entry map.
+
+    ``list_fn`` is a kubernetes client list function (it takes ``watch``, ``resource_version``,
+    ``limit``...); ``read_fn`` (name, namespace) fills cache misses. ``on_change(namespace, name,
+    entry or None)`` and ``on_reset()`` let a caller keep its own index in step (a relist calls
+    ``on_reset`` then ``on_change`` for every object).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        list_fn: Callable[..., Any],
+        extract: Callable[[dict[str, Any]], Any],
+        watch_timeout_seconds: int,
+        on_sync: Callable[[str, bool], None] = lambda kind, synced: None,
+        read_fn: Callable[..., Any] | None = None,
+        on_change: Callable[[str, str, Any], None] | None = None,
+        on_reset: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._list = list_fn
+        self._read = read_fn
+        self._extract = extract
+        self._watch_timeout = watch_timeout_seconds
+        self._on_sync = on_sync
+        self._on_change = on_change
+        self._on_reset = on_reset
+        self._items: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self.synced = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"reflector-{name}", daemon=True)
+        on_sync(name, False)
+
+    @classmethod
+    def for_kind(cls, api_client: Any, kind: WatchedKind, extract: Callable[[dict[str, Any]], Any],
+                 watch_timeout_seconds: int, on_sync: Callable[[str, bool], None] = lambda k, s: None) -> Reflector:
+        """A reflector over a namespaced kind of the typed client (``list_<plural>_for_all_namespaces``)."""
+        from kubernetes import client
+
+        api = getattr(client, kind.api)(api_client)
+        return cls(kind.kind, getattr(api, f"list_{kind.plural}_for_all_namespaces"), extract, watch_timeout_seconds,
+                   on_sync, read_fn=getattr(api, f"read_namespaced_{kind.plural}"))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def get(self, namespace: str, name: str) -> Any:
+        return self._items.get(namespace, {}).get(name)
+
+    def in_namespace(self, namespace: str) -> list[Any]:
+        return list(self._items.get(namespace, {}).values())
+
+    def fetch(self, namespace: str, name: str, timeout: float) -> Any:
+        """One GET for a cache miss; the result is cached. None when the object does not exist."""
+        from kubernetes.client.exceptions import ApiException
+
+        if self._read is None:
+            return None
+        try:
+            response = self._read(name, namespace, _preload_content=False, _request_timeout=timeout)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        entry = self._extract(json.loads(response.data))
+        self._items.setdefault(namespace, {})[name] = entry
+        return entry
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                version = self._relist()
+                backoff = 0.5
+                while not self._stop.is_set():
+                    version = self._watch(version)
+            except Gone:
+                log.info("%s watch expired; listing again", self.name)
+            except Exception as error:  # noqa: BLE001  -- any API failure: retry, never die
+                log.warning("%s list/watch failed (%s); retrying in %.1fs", self.name, error, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _relist(self) -> str:
+        items: dict[str, dict[str, Any]] = {}
+        token: str | None = None
+        while True:
+            response = self._list(limit=500, _continue=token, _preload_content=False, _request_timeout=60)
+            page = json.loads(response.data)
+            for obj in page.get("items") or []:
+                metadata = obj.get("metadata") or {}
+                items.setdefault(metadata.get("namespace", ""), {})[metadata.get("name", "")] = self._extract(obj)
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                break
+        self._items = items
+        if self._on_change is not None:
+            if self._on_reset is not None:
+                self._on_reset()
+            for namespace, by_name in items.items():
+                for name, entry in by_name.items():
+                    self._on_change(namespace, name, entry)
+        if not self.synced.is_set():
+            self.synced.set()
+            self._on_sync(self.name, True)
+            log.info("%s cache synced: %d objects", self.name, sum(map(len, items.values())))
+        return str((page.get("metadata") or {}).get("resourceVersion", ""))
+
+    def _watch(self, version: str) -> str:
+        response = self._list(
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_timeout,
+            _preload_content=False,
+            _request_timeout=(10, self._watch_timeout + 30),
+        )
+        try:
+            for line in _lines(response):
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                kind = event.get("type")
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise RuntimeError(f"watch error: {obj.get('message')}")
+                metadata = obj.get("metadata") or {}
+                version = str(metadata.get("resourceVersion", version))
+                if kind == "BOOKMARK":
+                    continue
+                namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
+                entry = None if kind == "DELETED" else self._extract(obj)
+                if entry is None:
+                    self._items.get(namespace, {}).pop(name, None)
+                else:
+                    self._items.setdefault(namespace, {})[name] = entry
+                if self._on_change is not None:
+                    self._on_change(namespace, name, entry)
+        finally:
+            response.release_conn()
+        return version
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    buffer = b""
+    for chunk in response.stream(65536, decode_content=True):
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        yield from (line for line in complete if line.strip())
+    if buffer.strip():
+        yield buffer
