@@ -38,8 +38,9 @@ from oversale.pods import (
     effective_request,
     is_mirror_or_static,
     is_sidecar,
-    limits_of,
+    limit_of,
     qos_class,
+    request_of,
     requests_of,
 )
 from oversale.quantity import CPU, RESOURCES, format_amount, parse_amount
@@ -296,11 +297,11 @@ def _compress_resource(
         return None
     container_bound = bounds.for_container(resource)
     for container in all_containers(pod):
-        original = requests_of(container).get(resource)
+        original = request_of(container, resource)
         if original is None:
             continue
         new = compressed_amount(original, ratio, 0)
-        limit = limits_of(container).get(resource)
+        limit = limit_of(container, resource)
         for lower, guard in (
             (config.floor(resource), f"floor {format_amount(resource, config.floor(resource))}"),
             (container_bound.floor_for(limit), "LimitRange"),
@@ -311,7 +312,7 @@ def _compress_resource(
         _set_request(container.setdefault("resources", {}), resource, new, original)
     # requests_of reads a dict's "resources", which for pod-level resources is the spec itself.
     spec = pod.get("spec") or {}
-    original = requests_of(spec, default_from_limits=False).get(resource)
+    original = request_of(spec, resource, default_from_limits=False)
     if original is not None:
         new = max(config.floor(resource), pod_floor, _ceil_divide(original, ratio))
         _set_request(spec["resources"], resource, min(new, original), original)
@@ -375,11 +376,11 @@ def _apply_raise(
     Pod's new effective request."""
     container_max = bounds.for_container(resource).max
     for container, original_container in zip(all_containers(pod), all_containers(restored), strict=True):
-        original = requests_of(original_container).get(resource)
+        original = request_of(original_container, resource)
         if original is None:
             continue
         new = resized_amount(original, ratio, 0)
-        limit = limits_of(original_container).get(resource)
+        limit = limit_of(original_container, resource)
         for upper, guard in ((limit, "limit"), (container_max, "LimitRange max")):
             if upper is None:
                 continue
@@ -391,14 +392,14 @@ def _apply_raise(
         _set_request(container.setdefault("resources", {}), resource, max(new, original), original)
     spec = pod.get("spec") or {}
     original_spec = restored.get("spec") or {}
-    original = requests_of(original_spec, default_from_limits=False).get(resource)
+    original = request_of(original_spec, resource, default_from_limits=False)
     if original is not None:
         new = resized_amount(original, ratio, 0)
-        limit = limits_of(original_spec).get(resource)
+        limit = limit_of(original_spec, resource)
         if limit is not None:
             new = min(new, limit - 1 if strictly_below_limit else limit)
         # Pod-level requests must still cover the containers' sum, or the API server refuses the Pod.
-        containers = sum(requests_of(c).get(resource, 0) for c in spec.get("containers") or [])
+        containers = sum(request_of(c, resource) or 0 for c in spec.get("containers") or [])
         if containers > new:
             _restore_resource(pod, restored, resource, containers_only=True)
             _note(guards, f"{resource} containers kept within pod-level requests")

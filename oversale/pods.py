@@ -61,6 +61,27 @@ def requests_of(container: Mapping[str, Any], *, default_from_limits: bool = Tru
     return amounts
 
 
+def request_of(container: Mapping[str, Any], resource: str, *, default_from_limits: bool = True) -> int | None:
+    """One resource of ``requests_of`` (only that one parsed: this runs several times per
+    container of every admitted Pod)."""
+    resources = container.get("resources")
+    if not resources:
+        return None
+    requests = resources.get("requests")
+    if requests and resource in requests:
+        return parse_amount(resource, requests[resource])
+    limits = resources.get("limits") if default_from_limits else None
+    if limits and resource in limits:
+        return parse_amount(resource, limits[resource])
+    return None
+
+
+def limit_of(container: Mapping[str, Any], resource: str) -> int | None:
+    """One resource of ``limits_of``."""
+    limits = (container.get("resources") or {}).get("limits")
+    return parse_amount(resource, limits[resource]) if limits and resource in limits else None
+
+
 def limits_of(container: Mapping[str, Any]) -> dict[str, int]:
     """A container's (or a pod-level ``spec.resources``) cpu/memory limits."""
     limits = (container.get("resources") or {}).get("limits") or {}
@@ -84,13 +105,13 @@ def effective_request(pod: Mapping[str, Any], resource: str) -> int:
     sidecars = 0
     init_peak = 0
     for container in spec.get("initContainers") or []:
-        amount = requests_of(container).get(resource, 0)
+        amount = request_of(container, resource) or 0
         if is_sidecar(container):
             sidecars += amount
             init_peak = max(init_peak, sidecars)
         else:
             init_peak = max(init_peak, amount + sidecars)
-    apps = sum(requests_of(c).get(resource, 0) for c in spec.get("containers") or [])
+    apps = sum(request_of(c, resource) or 0 for c in spec.get("containers") or [])
     return max(init_peak, apps + sidecars)
 
 

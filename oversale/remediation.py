@@ -37,7 +37,7 @@ _QOS_ORDER = {"BestEffort": 0, "Burstable": 1, "Guaranteed": 2}
 class RuntimeWatermarks:
     """Shares of real allocatable above which a node counts as hot (per node by annotation or label)."""
 
-    cpu: Decimal = Decimal("0.80")
+    cpu: Decimal = Decimal("0.95")
     memory: Decimal = Decimal("0.90")
 
 
@@ -46,7 +46,7 @@ class RemediationConfig:
     """Knobs of remediation (``oversale.settings.Settings`` reads them)."""
 
     watermarks: RuntimeWatermarks = RuntimeWatermarks()
-    observations: int = 5
+    observations: int = 10
     """Consecutive hot observations before a node is remediated (a spike is not a trend)."""
     min_pod_age_seconds: float = 600.0
     max_per_node: int = 1

@@ -220,14 +220,14 @@ class Settings:
     remediate_all_nodes: bool = field(default=False, metadata=_env("OVERSALE_REMEDIATE_ALL_NODES"))
     """Remediate every node, not only those this project oversells."""
 
-    cpu_runtime_watermark: Decimal = field(default=Decimal("0.80"), metadata=_env("OVERSALE_CPU_RUNTIME_WATERMARK"))
+    cpu_runtime_watermark: Decimal = field(default=Decimal("0.95"), metadata=_env("OVERSALE_CPU_RUNTIME_WATERMARK"))
     """A node whose cpu usage is above this share of real cpu is hot (per node: ``cpu-runtime-watermark``)."""
 
     memory_runtime_watermark: Decimal = field(default=Decimal("0.90"),
                                               metadata=_env("OVERSALE_MEMORY_RUNTIME_WATERMARK"))
     """The same for memory (``memory-runtime-watermark``)."""
 
-    hot_observations: int = field(default=5, metadata=_env("OVERSALE_HOT_OBSERVATIONS"))
+    hot_observations: int = field(default=10, metadata=_env("OVERSALE_HOT_OBSERVATIONS"))
     """Consecutive hot observations before Pods are moved (a spike is not a trend)."""
 
     eviction_min_pod_age_seconds: float = field(default=600.0, metadata=_env("OVERSALE_EVICTION_MIN_POD_AGE"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -36,7 +37,7 @@ from oversale.remediation import (
 )
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp, parse_timestamp
-from oversale.usage import NodeLoad
+from oversale.usage import Sample, node_load
 from reconcilers.cluster import Cluster
 from reconcilers.metrics import ReconcilerMetrics
 from reconcilers.runner import COMPONENT, Leadership, NotLeader, Row
@@ -65,6 +66,7 @@ class Remediator:
         self.streaks: dict[str, int] = {}
         self.node_cooldown: dict[str, float] = {}
         self.workload_cooldown: dict[str, float] = {}
+        self.samples: dict[str, deque[Sample]] = {}
 
     def run_pass(self, dry_run: bool = False) -> list[Row]:
         """Observe every node once; move Pods off those hot long enough. Returns the report rows."""
@@ -95,7 +97,16 @@ class Remediator:
                                              for r in RESOURCES}) for name in views}
         fresh = {name: m for name, m in node_metrics.items()
                  if now - m.at <= self.settings.metrics_max_age_seconds}
-        heats = {name: NodeHeat(NodeLoad(m.cpu, m.cpu, m.memory, m.at), now) for name, m in fresh.items()}
+        # The extender's windows (5-minute average, 1-hour maximum) over what this remediator has
+        # observed: a target must stay under its scheduling watermarks by both.
+        load_config = self.settings.load
+        for name, m in fresh.items():
+            window = self.samples.setdefault(name, deque())
+            if not window or window[-1].at < m.at:
+                window.append(Sample(m.at, m.cpu, m.memory))
+            while window and window[0].at <= m.at - load_config.peak_seconds:
+                window.popleft()
+        heats = {name: NodeHeat(node_load(list(self.samples[name]), load_config), now) for name in fresh}
         targets_from = [name for name, node in ((n["metadata"]["name"], n) for n in nodes) if _schedulable(node)]
 
         rows: list[Row] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -302,11 +303,14 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
     node_free_at = [0] * placed.nodes
     workload_free_at = np.zeros(len(current), dtype=np.int64)
     moves = np.zeros(len(current), dtype=np.int64)
+    peaks: list[deque[float]] = [deque(maxlen=3600 // SLOT) for _ in range(placed.nodes)]
     for slot in range(slots):
         where[:, slot] = current
         used = {r: np.bincount(current, weights=day.usage[r][:, slot], minlength=placed.nodes) for r in RESOURCES}
         requested = {r: np.bincount(current, weights=requests[r], minlength=placed.nodes) for r in RESOURCES}
         budget = config.max_per_pass
+        for node in range(placed.nodes):
+            peaks[node].append(float(used[CPU][node]))
         for node in range(placed.nodes):
             observed = {r: float(used[r][node]) for r in RESOURCES}
             over = excess(observed, capacity, config.watermarks)
@@ -319,9 +323,11 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
                                               owner=str(w)),
                                     {r: float(day.usage[r][w, slot]) for r in RESOURCES}) for w in members]
             at = float(day.slots[slot] * SLOT)
+            # The extender's windows of each target: this sample as the 5-minute average, the
+            # highest of the last hour's samples (this day's) as the 1-hour maximum.
             targets = [Target(views[n], NodeUsage(shared={r: int(requested[r][n]) for r in RESOURCES}),
-                              NodeHeat(NodeLoad(float(used[CPU][n]), float(used[CPU][n]), float(used[MEMORY][n]), at),
-                                       at))
+                              NodeHeat(NodeLoad(float(used[CPU][n]), float(max(peaks[n])), float(used[MEMORY][n]),
+                                                at), at))
                        for n in range(placed.nodes) if n != node]
             plan = plan_moves(over, candidates, targets, load, min(config.max_per_node, budget))
             for move in plan.moves:

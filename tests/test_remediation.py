@@ -84,8 +84,8 @@ def test_annotations_opt_out_or_allow_local_storage():
 
 def test_a_node_is_hot_above_the_watermark_and_a_cool_observation_starts_over():
     real = {"cpu": 4000, "memory": 16 * GI}
-    assert excess({"cpu": 3200.0, "memory": 0.0}, real, RuntimeWatermarks()) == {}, "at the watermark: not hot"
-    assert excess({"cpu": 3201.0, "memory": 0.0}, real, RuntimeWatermarks()) == {"cpu": pytest.approx(1.0)}
+    assert excess({"cpu": 3800.0, "memory": 0.0}, real, RuntimeWatermarks()) == {}, "at the watermark: not hot"
+    assert excess({"cpu": 3801.0, "memory": 0.0}, real, RuntimeWatermarks()) == {"cpu": pytest.approx(1.0)}
     streak = 0
     for hot in (True, True, False, True):
         streak = next_streak(streak, hot)
@@ -186,7 +186,7 @@ def api() -> Iterator[FakeKubeAPI]:
     fake.put("pods", pod("web-5d8f9-abcde"))
     fake.put("pods", pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8")))
     fake.put("pods", pod("agent-xyz12", owner=("DaemonSet", "agent")))
-    usage(fake, "3600m", HOT)   # 90% of 4 real cores: 400m above the 80% watermark
+    usage(fake, "3920m", HOT)   # 98% of 4 real cores: 120m above the 95% watermark
     yield fake
     fake.stop()
 
@@ -229,7 +229,7 @@ def test_a_node_that_cools_down_before_k_observations_is_left_alone(api):
     remediator_.run_pass()
     usage(api, "2000m", HOT)
     remediator_.run_pass()
-    usage(api, "3600m", HOT)
+    usage(api, "3920m", HOT)
     remediator_.run_pass()
     remediator_.run_pass()
     assert evictions(api) == 0
@@ -257,7 +257,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
     assert planned.current == "node-hot" and planned.proposed == "node-cool" and not planned.written
-    assert "Burstable, uses 2500m cpu, 400m above the watermark" in planned.reason
+    assert "Burstable, uses 2500m cpu, 120m above the watermark" in planned.reason
     assert not [r for r in api.requests if r.method in ("POST", "PATCH", "PUT", "DELETE")]
 
 
@@ -278,11 +278,11 @@ def test_without_usage_nothing_is_evicted(api):
 
 def test_a_node_can_carry_its_own_runtime_watermark(api):
     hot = api.get("nodes", "", "node-hot")
-    hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "0.95"}
+    hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "0.99"}
     api.put("nodes", hot)
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
-    assert rows == [] and evictions(api) == 0, "90% is under this node's 95%"
-    hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "95%"}
+    assert rows == [] and evictions(api) == 0, "98% is under this node's 99%"
+    hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "99%"}
     api.put("nodes", hot)
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
-    assert evictions(api) == 1, "an unreadable value keeps the default 80%"
+    assert evictions(api) == 1, "an unreadable value keeps the default 95%"

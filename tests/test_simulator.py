@@ -223,14 +223,14 @@ def test_remediation_moves_the_surging_workload_off_the_hot_node():
     alone, moved = Tally(), Tally()
     alone.count(day, placed(), real)
     remediated = placed()
-    # Five observations a minute apart fit in one 5-minute sample: the node is acted on at once.
+    # Ten observations a minute apart are two 5-minute samples.
     remediate(day, remediated, real, RemediationConfig(), LoadConfig())
     moved.count(day, remediated, real)
 
     assert alone.violations["cpu"] == slots - 10, "node 0 at 17 cores from sample 10 on"
-    # At sample 10 node 0 is at 106% (> 80%): w1 runs 5 cores above its request, w0 only 2, so w1
-    # goes (its 7 cores cover the 4.2 above the watermark); node 1 then runs 9 of 16 cores (56%,
-    # under the 65% scheduling watermark). It moves from the next sample on.
+    # Samples 10 and 11 see node 0 at 106% (> 95%): w1 runs 5 cores above its request, w0 only 2,
+    # so w1 goes (its 7 cores cover the 1.8 above the watermark); node 1 then runs 9 of 16 cores
+    # (56%, under the 65% scheduling watermark). It moves from the next sample on.
     assert remediated.evictions == 1 and remediated.moved_again == 0
-    assert list(remediated.moved[1, 9:12]) == [0, 0, 1]
-    assert moved.violations["cpu"] == 1
+    assert list(remediated.moved[1, 10:13]) == [0, 0, 1]
+    assert moved.violations["cpu"] == 2

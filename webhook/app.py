@@ -105,31 +105,31 @@ def admission(settings: Settings, metrics: Metrics, resource: str, answer: Answe
     blocks a Pod or a node heartbeat."""
     started = time.perf_counter()
     if body is None:
-        metrics.admissions.labels(resource, "malformed").inc()
+        metrics.child(metrics.admissions, resource, "malformed").inc()
         return 400, orjson.dumps({"error": f"body larger than {settings.max_body_bytes} bytes"})
     try:
         admission_request = parse_review(body)
     except MalformedReview as error:
-        metrics.admissions.labels(resource, "malformed").inc()
+        metrics.child(metrics.admissions, resource, "malformed").inc()
         return 400, orjson.dumps({"error": str(error)})
     try:
         review = answer(admission_request)
     except Exception:
         log.exception("admission of %s review %s failed; allowing unchanged", resource, admission_request["uid"])
-        metrics.admissions.labels(resource, "error").inc()
+        metrics.child(metrics.admissions, resource, "error").inc()
         review = allow(admission_request["uid"])
     try:
         payload = orjson.dumps(review)
     except TypeError:
         log.exception("review %s could not be serialised; allowing unchanged", admission_request["uid"])
-        metrics.admissions.labels(resource, "error").inc()
+        metrics.child(metrics.admissions, resource, "error").inc()
         payload = orjson.dumps(allow(admission_request["uid"]))
-    metrics.latency.labels(resource).observe(time.perf_counter() - started)
+    metrics.child(metrics.latency, resource).observe(time.perf_counter() - started)
     return 200, payload
 
 
 def _record_pod(metrics: Metrics, decision: PodDecision) -> AdmissionReview:
-    metrics.admissions.labels("pods", decision.outcome).inc()
+    metrics.child(metrics.admissions, "pods", decision.outcome).inc()
     for problem in decision.problems:
         metrics.invalid_annotations.labels(problem.key).inc()
     if decision.result and decision.outcome == "mutated" and not decision.dry_run:
@@ -147,12 +147,12 @@ def _record_pod(metrics: Metrics, decision: PodDecision) -> AdmissionReview:
 
 def _record_verdict(metrics: Metrics, verdict: AdmissionReview) -> AdmissionReview:
     allowed = verdict.get("response", {}).get("allowed", True)
-    metrics.admissions.labels("nodes-validate", "allowed" if allowed else "denied").inc()
+    metrics.child(metrics.admissions, "nodes-validate", "allowed" if allowed else "denied").inc()
     return verdict
 
 
 def _record_node(metrics: Metrics, decision: NodeDecision) -> AdmissionReview:
-    metrics.admissions.labels("nodes", decision.outcome).inc()
+    metrics.child(metrics.admissions, "nodes", decision.outcome).inc()
     for problem in decision.problems:
         metrics.invalid_annotations.labels(problem.key).inc()
     result = decision.result
@@ -165,10 +165,11 @@ def _record_node(metrics: Metrics, decision: NodeDecision) -> AdmissionReview:
         if real is None or resource not in result.allocatable:
             continue
         scale = 1000 if resource == CPU else 1  # cpu exposed in cores, as kube-state-metrics does
-        metrics.node_allocatable.labels(decision.node, resource, "real").set(parse_amount(resource, real) / scale)
         oversold = parse_amount(resource, result.allocatable[resource])
-        metrics.node_allocatable.labels(decision.node, resource, "oversold").set(oversold / scale)
-        metrics.node_ratio.labels(decision.node, resource).set(float(result.applied.get(resource, 1)))
+        metrics.set_gauge(metrics.node_allocatable, (decision.node, resource, "real"),
+                          parse_amount(resource, real) / scale)
+        metrics.set_gauge(metrics.node_allocatable, (decision.node, resource, "oversold"), oversold / scale)
+        metrics.set_gauge(metrics.node_ratio, (decision.node, resource), float(result.applied.get(resource, 1)))
     return decision.review
 
 

@@ -8,6 +8,7 @@ whichever worker) aggregates all of them. Without that variable, one in-process 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from prometheus_client import (
@@ -107,6 +108,31 @@ class Metrics:
             ["resource"],
             registry=registry,
         )
+
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._last_set: dict[tuple[int, tuple[str, ...]], tuple[float, float]] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: the client's labels() validates and locks on
+        every call, and a node heartbeat review uses eight of them."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def set_gauge(self, gauge: Gauge, labels: tuple[str, ...], value: float, refresh_seconds: float = 30.0) -> None:
+        """Set a per-node gauge, skipping the multiprocess file write when the value is what this
+        worker last wrote less than ``refresh_seconds`` ago: node heartbeats repeat the same
+        values every few seconds. The refresh bounds how long a ``mostrecent`` gauge can show another
+        worker's older value after this one skipped a write."""
+        key = (id(gauge), labels)
+        now = time.monotonic()
+        last = self._last_set.get(key)
+        if last is not None and last[0] == value and now - last[1] < refresh_seconds:
+            return
+        self.child(gauge, *labels).set(value)
+        self._last_set[key] = (value, now)
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition of every worker's samples; every family is listed (HELP and TYPE)

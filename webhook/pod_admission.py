@@ -70,7 +70,8 @@ def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners) -> 
     patch = pod_patch(pod, result.pod)
     review = allow(uid, patch, [*warnings, *result.warnings])
     outcome = "mutated" if patch else ("skipped" if result.skipped else "unchanged")
-    log.debug("pod %s/%s: %s %s", namespace, _pod_name(pod), outcome, result.skipped or result.reasons)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("pod %s/%s: %s %s", namespace, _pod_name(pod), outcome, result.skipped or result.reasons)
     return PodDecision(
         review,
         outcome,
@@ -96,6 +97,8 @@ def pod_patch(original: dict[str, Any], mutated: dict[str, Any]) -> list[dict[st
         for index, (old, new) in enumerate(pairs):
             path = f"/spec/{kind}/{index}/resources"
             old_resources, new_resources = old.get("resources"), new.get("resources")
+            if old_resources is new_resources or old_resources == new_resources:
+                continue
             if old_resources and new_resources and _without_requests(old_resources) == _without_requests(new_resources):
                 # Only the requests map changed: diff that flat map.
                 operations += make_patch(old_resources.get("requests"), new_resources.get("requests"),
