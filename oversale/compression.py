@@ -36,6 +36,7 @@ from oversale.pods import (
     all_containers,
     effective_limit,
     effective_request,
+    is_guaranteed,
     is_mirror_or_static,
     is_sidecar,
     limit_of,
@@ -154,7 +155,7 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
         result.skipped = f"disabled by {policy.keys.enable_resource_compress}"
     elif not policy.ratios:
         result.skipped = "no compression ratio set"
-    elif qos_class(restored) == "Guaranteed" and not policy.config.allow_guaranteed_downgrade:
+    elif not policy.config.allow_guaranteed_downgrade and is_guaranteed(restored):
         result.skipped = "Guaranteed Pod"
         result.warnings.append(
             "Guaranteed Pod not compressed: lower requests would make it Burstable "

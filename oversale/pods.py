@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from oversale.quantity import RESOURCES, parse_amount
+from oversale.quantity import CPU, MEMORY, RESOURCES, parse_amount
 
 Pod = dict[str, Any]
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -167,6 +167,17 @@ def qos_class(pod: Mapping[str, Any]) -> str:
     if guaranteed and requests == limits:
         return "Guaranteed"
     return "Burstable"
+
+
+def is_guaranteed(pod: Mapping[str, Any]) -> bool:
+    """``qos_class(pod) == "Guaranteed"``, answered at the first container without both limits
+    (most Pods: this runs on every admission)."""
+    if not has_pod_level_resources(pod):
+        for container in all_containers(pod):
+            limits = (container.get("resources") or {}).get("limits")
+            if not limits or CPU not in limits or MEMORY not in limits:
+                return False
+    return qos_class(pod) == "Guaranteed"
 
 
 def scheduled_request(pod: Mapping[str, Any], resource: str) -> int:

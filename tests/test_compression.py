@@ -427,3 +427,16 @@ def test_a_changed_ratio_is_computed_from_the_originals(p, first, second):
     back = compress_requests(again, policy(cpu=str(first), memory=str(first))).pod
     for a, b in zip(_units(back), _units(once), strict=True):
         assert requests_of(a) == requests_of(b)
+
+
+@settings(max_examples=300)
+@given(pods())
+def test_the_guaranteed_shortcut_agrees_with_the_qos_class(p):
+    from oversale.pods import is_guaranteed, qos_class
+
+    assert is_guaranteed(p) == (qos_class(p) == "Guaranteed")
+    for unit in _units(p):  # limits equal to requests everywhere: the slow path decides
+        resources = unit.setdefault("resources", {})
+        resources["limits"] = dict(resources.get("requests") or {"cpu": "1", "memory": "1Gi"})
+        resources["requests"] = dict(resources["limits"])
+    assert is_guaranteed(p) == (qos_class(p) == "Guaranteed")
