@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 
 from oversale.errors import InvalidAnnotation, InvalidRatio
 from oversale.quantity import CPU, RESOURCES
@@ -29,183 +30,184 @@ _NO = frozenset({"n", "no", "false"})
 
 @dataclass(frozen=True)
 class AnnotationKeys:
-    """The full annotation keys for one prefix."""
+    """The full annotation keys for one prefix (each built once: admission reads them many times
+    per review)."""
 
     prefix: str = DEFAULT_PREFIX
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
-    @property
+    @cached_property
     def cpu_requests_ratio(self) -> str:
         """Workload/Pod: CPU compression ratio (original request / new request)."""
         return self._key("cpu-requests-ratio")
 
-    @property
+    @cached_property
     def memory_requests_ratio(self) -> str:
         """Workload/Pod: memory compression ratio; memory is compressed only when set."""
         return self._key("memory-requests-ratio")
 
-    @property
+    @cached_property
     def enable_resource_compress(self) -> str:
         """Workload/Pod: ``n`` switches compression off, ``y`` opts in to the ratio reconciler."""
         return self._key("enable-resource-compress")
 
-    @property
+    @cached_property
     def enable_memory_compress(self) -> str:
         """Workload: ``y`` lets the ratio reconciler set memory ratios too (CPU only otherwise)."""
         return self._key("enable-memory-compress")
 
-    @property
+    @cached_property
     def ratio_last_change(self) -> str:
         """Written on workloads and Nodes by the reconcilers: when and why a ratio last changed."""
         return self._key("ratio-last-change")
 
-    @property
+    @cached_property
     def original_target_utilization(self) -> str:
         """Written on HPAs the reconciler rescales: the target utilization before any rescaling."""
         return self._key("original-target-utilization")
 
-    @property
+    @cached_property
     def oversale_label(self) -> str:
         """Node label (value ``enabled``) that routes a node's writes to the webhook and opts it in
         to the oversale reconciler."""
         return self._key("oversale")
 
-    @property
+    @cached_property
     def original_requests(self) -> str:
         """Written on Pods: JSON of each container's requests before compression."""
         return self._key("original-requests")
 
-    @property
+    @cached_property
     def written_requests(self) -> str:
         """Written on Pods whose requests were raised: JSON of the requests this service set (same
         shape as ``original-requests``), so a reinvocation can tell its own raise from another
         webhook's."""
         return self._key("written-requests")
 
-    @property
+    @cached_property
     def compression(self) -> str:
         """Written on Pods: short audit of the ratios applied and the guards that capped them."""
         return self._key("compression")
 
-    @property
+    @cached_property
     def inplace_resize(self) -> str:
         """Workload: ``n`` keeps its running Pods as they are (new ratios apply at the next rollout)."""
         return self._key("inplace-resize")
 
-    @property
+    @cached_property
     def resize_restart(self) -> str:
         """Workload: ``y`` lets in-place resize change a resource whose container ``resizePolicy``
         restarts the container (left alone otherwise)."""
         return self._key("resize-restart")
 
-    @property
+    @cached_property
     def resized_ratios(self) -> str:
         """Written on Pods resized in place: the ratios the last resize asked for (``cpu=2,memory=1``)."""
         return self._key("resized-ratios")
 
-    @property
+    @cached_property
     def last_resize(self) -> str:
         """Written on Pods resized in place: when (RFC 3339), for the minimum interval per Pod."""
         return self._key("last-resize")
 
-    @property
+    @cached_property
     def resize_infeasible(self) -> str:
         """Written on Pods whose resize the kubelet found Infeasible: the ratios it was asked at;
         not retried until they change."""
         return self._key("resize-infeasible")
 
-    @property
+    @cached_property
     def cpu_oversale_ratio(self) -> str:
         """Node: CPU oversale ratio (allocatable multiplier)."""
         return self._key("cpu-oversale-ratio")
 
-    @property
+    @cached_property
     def memory_oversale_ratio(self) -> str:
         """Node: memory oversale ratio (allocatable multiplier)."""
         return self._key("memory-oversale-ratio")
 
-    @property
+    @cached_property
     def mutate(self) -> str:
         """Node: ``false`` switches overselling off (real values are restored on the next write)."""
         return self._key("mutate")
 
-    @property
+    @cached_property
     def real_allocatable(self) -> str:
         """Written on Nodes: JSON of the cpu/memory allocatable the kubelet last reported."""
         return self._key("real-allocatable")
 
-    @property
+    @cached_property
     def real_capacity(self) -> str:
         """Written on Nodes: JSON of the cpu/memory capacity the kubelet last reported."""
         return self._key("real-capacity")
 
-    @property
+    @cached_property
     def applied_oversale_ratio(self) -> str:
         """Written on Nodes: JSON of the ratio applied per resource (absent when not oversold)."""
         return self._key("applied-oversale-ratio")
 
-    @property
+    @cached_property
     def cpu_scheduling_watermark(self) -> str:
         """Node (annotation or label): share of real cpu (5-min average) above which the extender
         places no new Pods there."""
         return self._key("cpu-scheduling-watermark")
 
-    @property
+    @cached_property
     def cpu_peak_scheduling_watermark(self) -> str:
         """Node: the same for the 1-hour maximum of cpu."""
         return self._key("cpu-peak-scheduling-watermark")
 
-    @property
+    @cached_property
     def memory_scheduling_watermark(self) -> str:
         """Node: the same for memory."""
         return self._key("memory-scheduling-watermark")
 
-    @property
+    @cached_property
     def cpu_runtime_watermark(self) -> str:
         """Node (annotation or label): share of real cpu above which, for several observations in a
         row, the remediator moves Pods off the node."""
         return self._key("cpu-runtime-watermark")
 
-    @property
+    @cached_property
     def memory_runtime_watermark(self) -> str:
         """Node: the same for memory."""
         return self._key("memory-runtime-watermark")
 
-    @property
+    @cached_property
     def evictable(self) -> str:
         """Pod (template): ``n`` keeps it where it is; ``y`` lets the remediator evict it despite
         local storage (emptyDir, hostPath)."""
         return self._key("evictable")
 
-    @property
+    @cached_property
     def reservations(self) -> str:
         """Written on Nodes by the remediator: JSON of room held for the replacement of an evicted
         Pod (``{"ns/Kind/name": {"cpu": "500m", "memory": "1Gi", "until": "..."}}``)."""
         return self._key("reservations")
 
-    @property
+    @cached_property
     def cpu_bind_policy(self) -> str:
         """Pod annotation or Node label: ``FullPCPUs`` or ``SpreadByPCPUs`` asks for exclusive CPUs."""
         return self._key("cpu-bind-policy")
 
-    @property
+    @cached_property
     def numa_topology_policy(self) -> str:
         """Pod annotation or Node label: ``single-numa-node`` keeps a cpuset inside one NUMA node."""
         return self._key("numa-topology-policy")
 
-    @property
+    @cached_property
     def numa_allocate_strategy(self) -> str:
         """Node label: ``MostAllocated`` (pack, default) or ``LeastAllocated`` (spread) NUMA zones."""
         return self._key("numa-allocate-strategy")
 
-    @property
+    @cached_property
     def cpu_topology(self) -> str:
         """Node annotation: CPU topology in Koordinator's JSON shape."""
         return self._key("cpu-topology")
 
-    @property
+    @cached_property
     def resource_status(self) -> str:
         """Written on bound Pods by the scheduler extender: ``{"cpuset": "4-7", "numaNode": 1}``."""
         return self._key("resource-status")

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from functools import cached_property
 from typing import Any
 
 from oversale.annotations import DEFAULT_PREFIX, AnnotationKeys
@@ -289,11 +290,11 @@ class Settings:
     packing_score_weight: int = field(default=1, metadata=_env("OVERSALE_PACKING_SCORE_WEIGHT"))
     """Weight of the packing score (requests, NUMA, fragmentation) in the extender's score."""
 
-    @property
+    @cached_property
     def keys(self) -> AnnotationKeys:
         return AnnotationKeys(self.annotation_prefix)
 
-    @property
+    @cached_property
     def compression(self) -> CompressionConfig:
         return CompressionConfig(
             max_ratio=self.max_ratio,
@@ -303,7 +304,7 @@ class Settings:
             allow_guaranteed_downgrade=self.allow_guaranteed_downgrade,
         )
 
-    @property
+    @cached_property
     def load(self) -> LoadConfig:
         return LoadConfig(
             watermarks=Watermarks(self.cpu_scheduling_watermark, self.cpu_peak_scheduling_watermark,
@@ -316,11 +317,11 @@ class Settings:
             packing_weight=self.packing_score_weight,
         )
 
-    @property
+    @cached_property
     def resize_limits(self) -> ResizeLimits:
         return ResizeLimits(self.resize_max_per_pass, self.resize_max_per_workload, self.resize_min_interval_seconds)
 
-    @property
+    @cached_property
     def remediation_config(self) -> RemediationConfig:
         return RemediationConfig(
             watermarks=RuntimeWatermarks(self.cpu_runtime_watermark, self.memory_runtime_watermark),
@@ -334,7 +335,7 @@ class Settings:
             interval_seconds=self.remediation_interval_seconds,
         )
 
-    @property
+    @cached_property
     def oversale_limits(self) -> OversaleLimits:
         return OversaleLimits(self.max_cpu_oversale_ratio, self.max_memory_oversale_ratio)
 
