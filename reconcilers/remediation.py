@@ -109,6 +109,8 @@ class Remediator:
         heats = {name: NodeHeat(node_load(list(self.samples[name]), load_config), now) for name in fresh}
         targets_from = [name for name, node in ((n["metadata"]["name"], n) for n in nodes) if _schedulable(node)]
 
+        if not dry_run:
+            self._drop_spent_reservations(views, by_node, now)
         rows: list[Row] = []
         budget = self.config.max_per_pass
         per_namespace: dict[str, int] = {}
@@ -188,6 +190,19 @@ class Remediator:
             log.warning("lease lost during the remediation pass: stopped evicting")
         self.metrics.hot_nodes.set(hot_nodes)
         return rows
+
+    def _drop_spent_reservations(self, views: dict[str, Any], by_node: dict[str, list[dict[str, Any]]],
+                                 now: float) -> None:
+        """A hold is spent once its owner has a Pod on the node again (the replacement landed) or it
+        expired; the extender would otherwise count the replacement twice until expiry."""
+        for name, view in views.items():
+            if not view.reservations:
+                continue
+            owners = {pod_demand(p, self.keys).owner for p in by_node.get(name, [])}
+            spent = {r.owner for r in view.reservations if r.owner in owners or r.until <= now}
+            if spent:
+                for owner in spent:
+                    self._release(name, owner)
 
     def _in_scope(self, node: dict[str, Any]) -> bool:
         labels = node["metadata"].get("labels") or {}
