@@ -123,19 +123,22 @@ def main(argv: list[str] | None = None) -> int:
     if sampler is not None:
         _every(settings.sample_interval_seconds, sampler.sample, "sampler")
     elector.start()
-    if settings.remediation:
-        from kube.metrics_api import MetricsAPI
-        from reconcilers.remediation import Remediator
+    from kube.metrics_api import MetricsAPI
+    from reconcilers.remediation import Remediator
 
-        remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector,
-                                metrics=metrics)
-        _every(settings.remediation_interval_seconds,
-               lambda: remediator.run_pass() if elector.is_leader() else None, "remediator")
-        log.info("remediating hot oversold nodes every %.0fs", settings.remediation_interval_seconds)
+    # The remediator always observes (node utilization and hot-node metrics, which the alerts
+    # read); it evicts only with OVERSALE_REMEDIATION=true.
+    remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
+    _every(settings.remediation_interval_seconds,
+           lambda: remediator.run_pass(dry_run=not settings.remediation) if elector.is_leader() else None,
+           "remediator")
+    log.info("observing nodes every %.0fs (%s)", settings.remediation_interval_seconds,
+             "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")
     log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
              settings.reconciler_metrics_port)
     while True:
         started = time.monotonic()
+        metrics.leader.set(1 if elector.is_leader() else 0)
         if elector.is_leader():
             try:
                 rows = reconciler.run_pass()

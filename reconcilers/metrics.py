@@ -37,3 +37,8 @@ class ReconcilerMetrics:
                                  "accepted, refused-by-pdb, gone, error).", ["result"], registry=registry)
         self.reservations = Counter("oversale_remediation_reservations",
                                     "Room reserved on target nodes before an eviction.", registry=registry)
+        self.leader = Gauge("oversale_reconciler_leader", "1 while this replica holds the reconcilers' Lease.",
+                            registry=registry)
+        self.node_utilization = Gauge("oversale_node_real_utilization",
+                                      "Node usage over its real allocatable at the remediator's last observation.",
+                                      ["node", "resource"], registry=registry)

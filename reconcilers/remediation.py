@@ -128,6 +128,9 @@ class Remediator:
                 reading = fresh.get(name)
                 real = views[name].real
                 observed = {"cpu": float(reading.cpu), "memory": float(reading.memory)} if reading else {}
+                for resource, used in observed.items():
+                    if real.get(resource):
+                        self.metrics.node_utilization.labels(name, resource).set(used / real[resource])
                 over = excess(observed, real, watermarks) if reading else {}
                 # A node without fresh metrics is not observed: its streak starts over.
                 self.streaks[name] = next_streak(self.streaks.get(name, 0), bool(over))

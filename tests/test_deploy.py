@@ -4,6 +4,8 @@ engine runs here, so it is read, not built)."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 
@@ -18,9 +20,10 @@ from webhook.app import create_app
 from webhook.node_pods import NoClusterPods
 from webhook.owners import NoCluster
 
-OVERLAYS = ["base", "overlays/self-signed", "overlays/cert-manager"]
+OVERLAYS = ["base", "overlays/self-signed", "overlays/cert-manager", "monitoring"]
 KUBERNETES_VERSION = "1.33.0"
-CRD_KINDS = {"Certificate", "Issuer"}  # cert-manager's; no schema for them ships with kubernetes-validate
+# cert-manager's and Prometheus Operator's; no schema for them ships with kubernetes-validate
+CRD_KINDS = {"Certificate", "Issuer", "PrometheusRule", "PodMonitor"}
 
 
 def render(overlay: str) -> list[dict]:
@@ -274,3 +277,89 @@ def test_dockerfile_builds_a_slim_non_root_image_without_compilers():
     assert copied == {"oversale/", "kube/", "webhook/", "certs/", "reconcilers/", "scheduler/", "simulator/"}
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "tests", ".git"} <= set(ignored)
+
+
+# ---- monitoring: the dashboard and alerts read only what the code exports ------------------------
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the three components can expose, from their own registries."""
+    from reconcilers.metrics import ReconcilerMetrics
+    from scheduler.app import ExtenderMetrics
+    from webhook.metrics import Metrics
+
+    names = set()
+    for registry in (Metrics().registry, ReconcilerMetrics().registry, ExtenderMetrics().registry):
+        for family in registry.collect():
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                        "gauge": ("",)}.get(family.type, ("",))
+            names |= {family.name + suffix for suffix in suffixes}
+    return names
+
+
+def monitoring_queries() -> list[str]:
+    objects = render("monitoring")
+    (rule,) = by_kind(objects, "PrometheusRule")
+    queries = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    (dashboard,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] == "oversale-dashboard"]
+    panels = json.loads(dashboard["data"]["oversale.json"])["panels"]
+    return queries + [target["expr"] for panel in panels for target in panel["targets"]]
+
+
+def test_dashboard_and_alerts_use_only_exported_metrics():
+    exported = exported_metric_names()
+    used = {name for query in monitoring_queries() for name in re.findall(r"\boversale_[a-z_]+", query)}
+    assert used, "no query names a metric"
+    assert used <= exported, f"not exported by the code: {sorted(used - exported)}"
+
+
+PROMTOOL_TEST = """
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'oversale_node_real_utilization{node="n1", resource="cpu"}'
+        values: '0.9 1.2x20'
+      - series: 'oversale_node_real_utilization{node="n2", resource="cpu"}'
+        values: '0.5x20'
+      - series: 'oversale_reconciler_leader{pod="r1"}'
+        values: '1x5 0x20'
+    alert_rule_test:
+      - eval_time: 8m
+        alertname: OversaleNodeAboveRealCapacity
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: OversaleNodeAboveRealCapacity
+        exp_alerts:
+          - exp_labels: {severity: warning, node: n1, resource: cpu}
+            exp_annotations:
+              summary: "Oversold node n1 uses more cpu than it really has"
+              description: >-
+                n1 has used 120% of its real cpu for 10 minutes. Its Pods are throttled (cpu) or at risk
+                of eviction (memory). Lower its oversale ratio, or turn on remediation
+                (OVERSALE_REMEDIATION=true).
+      - eval_time: 12m
+        alertname: OversaleReconcilerNotLeading
+        exp_alerts: []
+      - eval_time: 17m
+        alertname: OversaleReconcilerNotLeading
+        exp_alerts:
+          - exp_labels: {severity: warning}
+            exp_annotations:
+              summary: No oversale reconciler replica holds the Lease
+              description: "Ratios are not kept; check the reconciler Pods and their Lease (OVERSALE_LEASE_NAME)."
+"""
+
+
+def test_alert_rules_pass_promtool_check_and_fire_when_they_should(tmp_path):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian's prometheus package) is needed; .ci/run installs it"
+    (rule,) = by_kind(render("monitoring"), "PrometheusRule")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    checked = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True,
+                             text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (tmp_path / "test.yaml").write_text(PROMTOOL_TEST)
+    tested = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
