@@ -56,6 +56,8 @@ class Reflector:
         self._on_change = on_change
         self._on_reset = on_reset
         self._items: dict[str, dict[str, Any]] = {}
+        self._apply = threading.Lock()
+        self._listed: int | None = None
         self._stop = threading.Event()
         self.synced = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"reflector-{name}", daemon=True)
@@ -114,6 +116,11 @@ class Reflector:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
+    def resync(self) -> None:
+        """List again now, in the caller's thread, and apply it (what a new leader does before it
+        serves): watch events older than this list are dropped when they arrive afterwards."""
+        self._relist()
+
     def _relist(self) -> str:
         items: dict[str, dict[str, Any]] = {}
         token: str | None = None
@@ -126,18 +133,21 @@ class Reflector:
             token = (page.get("metadata") or {}).get("continue") or None
             if token is None:
                 break
-        self._items = items
-        if self._on_change is not None:
-            if self._on_reset is not None:
-                self._on_reset()
-            for namespace, by_name in items.items():
-                for name, entry in by_name.items():
-                    self._on_change(namespace, name, entry)
+        listed = str((page.get("metadata") or {}).get("resourceVersion", ""))
+        with self._apply:
+            self._items = items
+            self._listed = _number(listed)
+            if self._on_change is not None:
+                if self._on_reset is not None:
+                    self._on_reset()
+                for namespace, by_name in items.items():
+                    for name, entry in by_name.items():
+                        self._on_change(namespace, name, entry)
         if not self.synced.is_set():
             self.synced.set()
             self._on_sync(self.name, True)
             log.info("%s cache synced: %d objects", self.name, sum(map(len, items.values())))
-        return str((page.get("metadata") or {}).get("resourceVersion", ""))
+        return listed
 
     def _watch(self, version: str) -> str:
         response = self._list(
@@ -163,12 +173,18 @@ class Reflector:
                     continue
                 namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
                 entry = None if kind == "DELETED" else self._extract(obj)
-                if entry is None:
-                    self._items.get(namespace, {}).pop(name, None)
-                else:
-                    self._items.setdefault(namespace, {})[name] = entry
-                if self._on_change is not None:
-                    self._on_change(namespace, name, entry)
+                with self._apply:
+                    # resourceVersions are etcd revisions in practice; an event a concurrent
+                    # resync already covered must not take an object back in time.
+                    number = _number(version)
+                    if self._listed is not None and number is not None and number <= self._listed:
+                        continue
+                    if entry is None:
+                        self._items.get(namespace, {}).pop(name, None)
+                    else:
+                        self._items.setdefault(namespace, {})[name] = entry
+                    if self._on_change is not None:
+                        self._on_change(namespace, name, entry)
         finally:
             response.release_conn()
         return version
@@ -182,3 +198,10 @@ def _lines(response: Any) -> Iterator[bytes]:
         yield from (line for line in complete if line.strip())
     if buffer.strip():
         yield buffer
+
+
+def _number(version: str) -> int | None:
+    try:
+        return int(version)
+    except ValueError:
+        return None

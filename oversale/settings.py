@@ -252,6 +252,13 @@ class Settings:
     reservation_seconds: float = field(default=300.0, metadata=_env("OVERSALE_RESERVATION_TTL"))
     """How long room held on the target node waits for the evicted Pod's replacement."""
 
+    extender_lease_name: str = field(default="oversale-extender", metadata=_env("OVERSALE_EXTENDER_LEASE_NAME"))
+    """Lease (in the own namespace) that elects the one extender replica kube-scheduler talks to."""
+
+    extender_lease_duration_seconds: float = field(default=10.0,
+                                                   metadata=_env("OVERSALE_EXTENDER_LEASE_DURATION"))
+    """A standby extender takes over this long after the leader's last renewal (plus a third of it)."""
+
     load_aware: bool = field(default=False, metadata=_env("OVERSALE_LOAD_AWARE"))
     """The extender filters and scores nodes by their real usage (metrics.k8s.io), not only requests.
     Off by default: the backtest does not show it paying off yet (README, "Load-aware placement")."""
@@ -533,6 +540,8 @@ _PARSERS: dict[str, Any] = {
     "node_cooldown_seconds": lambda text: _duration(text, allow_zero=True),
     "workload_cooldown_seconds": lambda text: _duration(text, allow_zero=True),
     "reservation_seconds": lambda text: _duration(text),
+    "extender_lease_name": lambda text: _nonempty(text),
+    "extender_lease_duration_seconds": lambda text: _duration(text),
     "load_aware": _bool,
     "metrics_poll_interval_seconds": lambda text: _duration(text),
     "metrics_max_age_seconds": lambda text: _duration(text),

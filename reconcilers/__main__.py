@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return _backtest(args, settings, parser)
 
     from kube.client import load_api_client
+    from kube.leader import LeaseElector
     from reconcilers.cluster import Cluster
-    from reconcilers.leader import LeaseElector
     from reconcilers.metrics import ReconcilerMetrics
     from reconcilers.runner import Reconciler, format_table
 

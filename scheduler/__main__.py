@@ -1,7 +1,8 @@
 """``python -m scheduler --bind HOST:PORT [--certs-dir DIR]``: serve the scheduler extender.
 
 One worker process (the CPU allocation state lives in it; several processes could hand out the
-same CPU), several threads. HTTPS when --certs-dir is given (``enableHTTPS`` in the scheduler's
+same CPU), several threads. Several replicas run active/standby: only the holder of the Lease
+OVERSALE_EXTENDER_LEASE_NAME is ready and binds. HTTPS when --certs-dir is given (``enableHTTPS`` in the scheduler's
 extender config), plain HTTP otherwise.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -38,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def build() -> object:
+        from kube.leader import LeaseElector
         from scheduler.app import ExtenderMetrics, create_app
-        from scheduler.kube import ClusterWatch, KubeBinder, UsagePoller
+        from scheduler.kube import ClusterWatch, KubeBinder, Leadership, UsagePoller
         from scheduler.state import ClusterState
 
         api_client = load_api_client(settings.kubernetes)
@@ -49,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         metrics = ExtenderMetrics()
         if settings.load_aware:
             UsagePoller(api_client, state, settings.metrics_poll_interval_seconds, metrics.record_poll).start()
-        return create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: watch.synced, metrics=metrics)
+        elector = LeaseElector(api_client, settings.namespace, settings.extender_lease_name,
+                               f"{socket.gethostname()}-{os.getpid()}", settings.extender_lease_duration_seconds)
+        leadership = Leadership(elector, watch)
+        leadership.start()
+        return create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: leadership.serving,
+                          metrics=metrics, serving=lambda: leadership.serving)
 
     options = gunicorn_options(args.bind, "", "", 1, settings.threads, settings.keepalive_seconds, settings.log_level)
     if args.certs_dir:

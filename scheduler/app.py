@@ -43,7 +43,7 @@ class ExtenderMetrics:
 
 
 def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: Callable[[], bool] = lambda: True,
-               metrics: ExtenderMetrics | None = None) -> Flask:
+               metrics: ExtenderMetrics | None = None, serving: Callable[[], bool] = lambda: True) -> Flask:
     metrics = metrics or ExtenderMetrics()
     keys = settings.keys
     app = Flask("oversale-scheduler")
@@ -73,6 +73,9 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
 
     @app.post("/bind")
     def bind_route() -> Response:
+        if not serving():
+            # Only the leader hands out CPUs: a standby's view may miss its predecessor's last binds.
+            return answer("bind", lambda body: {"Error": "this extender replica is on standby (not the leader)"})
         return answer("bind", lambda body: bind(parse_binding(body), state, binder, keys))
 
     @app.get("/healthz")
@@ -83,7 +86,8 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
     def readyz() -> Response:
         if ready():
             return Response('{"status": "ready"}', mimetype="application/json")
-        return Response('{"status": "waiting for caches to sync"}', status=503, mimetype="application/json")
+        return Response('{"status": "waiting for caches to sync, or on standby (another replica leads)"}', status=503,
+                        mimetype="application/json")
 
     @app.get("/metrics")
     def metrics_route() -> Response:

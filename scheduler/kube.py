@@ -63,6 +63,12 @@ class ClusterWatch:
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
 
+    def resync(self) -> None:
+        """List Nodes and Pods again now: a new leader starts from what the API holds, including
+        the cpusets its predecessor wrote just before it stopped."""
+        for reflector in self.reflectors[:2]:
+            reflector.resync()
+
     def cached_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         pod: dict[str, Any] | None = self._pods.get(namespace, name)
         return pod
@@ -188,3 +194,38 @@ def _one_line(error: Exception) -> str:
     if status:
         return f"HTTP {status} {reason or ''}".strip()
     return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+
+
+class Leadership:
+    """Active/standby over a Lease: this replica serves (is ready, binds) only while it holds the
+    Lease, and only after listing Nodes and Pods again once it took it, so a CPU its predecessor
+    handed out is never handed out twice. A standby keeps its watches synced meanwhile."""
+
+    def __init__(self, elector: Any, watch: ClusterWatch, interval: float = 0.5) -> None:
+        self._elector = elector
+        self._watch = watch
+        self._interval = interval
+        self.serving = False
+
+    def check(self) -> None:
+        if self._elector.is_leader():
+            if not self.serving and self._watch.synced:
+                self._watch.resync()
+                self.serving = True
+                log.info("leading: serving kube-scheduler")
+        elif self.serving:
+            self.serving = False
+            log.warning("lost the lease: not ready until it is taken again")
+
+    def start(self) -> None:
+        self._elector.start()
+
+        def loop() -> None:
+            while True:
+                try:
+                    self.check()
+                except Exception:
+                    log.exception("leadership check failed")
+                time.sleep(self._interval)
+
+        threading.Thread(target=loop, name="leadership", daemon=True).start()

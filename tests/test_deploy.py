@@ -174,7 +174,13 @@ def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
     routes = {rule.rule.strip("/") for rule in app.url_map.iter_rules() if "POST" in rule.methods}
     assert {extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]} <= routes
     (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-extender"]
-    assert deployment["spec"]["replicas"] == 1, "the CPU allocation state lives in one process"
+    assert deployment["spec"]["replicas"] == 2, "active/standby over a Lease"
+    assert deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (budget,) = [b for b in by_kind(rendered, "PodDisruptionBudget") if b["metadata"]["name"] == "oversale-extender"]
+    assert budget["spec"]["minAvailable"] == 1
+    lease = next(r for r in by_kind(rendered, "Role") if r["metadata"]["name"] == "oversale-extender-lease")
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["oversale-extender"],
+            "verbs": ["get", "update"]} in lease["rules"]
     role = next(r for r in by_kind(rendered, "ClusterRole") if r["metadata"]["name"] == "oversale-extender")
     verbs = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
     assert {("bindings", "create"), ("pods", "patch"), ("pods", "watch"), ("nodes", "watch")} <= verbs
@@ -202,7 +208,7 @@ def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
     assert "emptyDir" in volumes[mounts["/tmp/metrics"]]
     assert volumes[mounts["/certs"]]["secret"]["secretName"] == "oversale-webhook-tls"
     assert "--metrics-dir" in container["args"] and "/tmp/metrics" in container["args"]
-    (budget,) = by_kind(rendered, "PodDisruptionBudget")
+    (budget,) = [b for b in by_kind(rendered, "PodDisruptionBudget") if b["metadata"]["name"] == "oversale-webhook"]
     assert budget["spec"]["selector"] == deployment["spec"]["selector"]
 
 

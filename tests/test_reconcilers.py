@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from kube.leader import LeaseElector
 from oversale.annotations import AnnotationKeys
 from oversale.settings import Settings
 from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable
-from reconcilers.leader import LeaseElector
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import Reconciler, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory

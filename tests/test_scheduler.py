@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -73,7 +74,7 @@ def test_payloads_in_kube_schedulers_own_shapes_parse():
 
 
 class Extender:
-    def __init__(self, api: FakeKubeAPI, tmp: Path, env_extra: dict | None = None) -> None:
+    def __init__(self, api: FakeKubeAPI, tmp: Path, env_extra: dict | None = None, probe: str = "/readyz") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         kubeconfig = api.write_kubeconfig(tmp / f"kubeconfig-{self.port}")
@@ -84,7 +85,7 @@ class Extender:
         self.process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{self.port}"],
                                         cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         def ready() -> bool:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+            with urllib.request.urlopen(f"{self.url}{probe}", timeout=2) as response:
                 return bool(response.status == 200)
 
         wait_until_serving(self.process, ready, "extender", tmp / f"extender-{self.port}.log")
@@ -98,6 +99,13 @@ class Extender:
     def get(self, path: str) -> str:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
             return response.read().decode()
+
+    def status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
 
     def stop(self) -> None:
         stop_process(self.process)
@@ -353,4 +361,32 @@ def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
         assert "metrics API not readable (HTTP 503" in extender.log_path.read_text()
     finally:
         extender.stop()
+        api.stop()
+
+
+def test_two_replicas_one_serves_and_the_standby_takes_over_without_handing_a_cpu_twice(tmp_path):
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    fast = {"OVERSALE_EXTENDER_LEASE_DURATION": "3"}
+    leader = Extender(api, tmp_path, fast)
+    standby = Extender(api, tmp_path, fast, probe="/healthz")
+    try:
+        assert leader.status("/readyz") == 200 and standby.status("/readyz") == 503
+        for name in ("before", "after"):
+            api.put("pods", pod(name, "4", "FullPCPUs"))
+        wait_for(lambda: api.get("pods", "default", "after") is not None)
+        refused = standby.post("bind", {"PodName": "before", "PodNamespace": "default", "PodUID": "uid-before",
+                                        "Node": "node-0"})
+        assert "standby" in refused["Error"]
+        assert leader.post("bind", {"PodName": "before", "PodNamespace": "default", "PodUID": "uid-before",
+                                    "Node": "node-0"})["Error"] == ""
+        first_holder = api.get("leases", "oversale", "oversale-extender")["spec"]["holderIdentity"]
+        leader.stop()  # the leader dies right after handing out CPUs
+        wait_for(lambda: standby.status("/readyz") == 200, timeout=20)
+        assert standby.post("bind", {"PodName": "after", "PodNamespace": "default", "PodUID": "uid-after",
+                                     "Node": "node-0"})["Error"] == ""
+        assert not bound_cpus(api, "before") & bound_cpus(api, "after"), "no CPU handed out twice"
+        assert api.get("leases", "oversale", "oversale-extender")["spec"]["holderIdentity"] != first_holder
+    finally:
+        standby.stop()
         api.stop()

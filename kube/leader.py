@@ -1,4 +1,4 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, so several reconciler replicas are safe.
+"""Leader election on a coordination.k8s.io/v1 Lease, so several replicas (reconcilers, extender) are safe.
 
 The holder renews the Lease every ``duration / 3``. A replica takes the Lease only when it is free
 or its holder has not renewed for ``duration``. The holder counts itself leader only while its

@@ -1,0 +1,84 @@
+"""Failover time of the scheduler extender: two replicas against the API-server double, the
+leader killed, time until the standby answers /readyz 200 (what the Service then routes
+kube-scheduler to). Default settings (OVERSALE_EXTENDER_LEASE_DURATION 10 s).
+
+    python -m bench.extender_failover [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import free_port, stop_process, wait_until_serving
+from tests.kube_api import FakeKubeAPI
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
+
+
+def start(api: FakeKubeAPI, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
+    env.update({"KUBECONFIG": str(api.write_kubeconfig(work / f"kubeconfig-{port}")), "PYTHONPATH": str(ROOT)})
+    process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
+                               stdout=(work / f"extender-{port}.log").open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_until_serving(process, lambda: status(f"{url}/healthz") == 200, "extender")
+    return process, url
+
+
+def one_round(work: Path) -> float:
+    api = FakeKubeAPI().start()
+    try:
+        first, first_url = start(api, work)
+        while status(f"{first_url}/readyz") != 200:
+            time.sleep(0.05)
+        second, second_url = start(api, work)
+        time.sleep(5)  # the standby settles (watches synced, its first lease attempts refused)
+        assert status(f"{second_url}/readyz") == 503, "the standby must not be ready"
+        killed = time.monotonic()
+        first.kill()
+        first.wait()
+        while status(f"{second_url}/readyz") != 200:
+            time.sleep(0.05)
+        taken = time.monotonic() - killed
+        stop_process(second)
+        return taken
+    finally:
+        api.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        times = []
+        for number in range(args.rounds):
+            times.append(one_round(Path(directory)))
+            print(f"round {number + 1}: standby ready {times[-1]:.1f} s after the leader was killed", file=sys.stderr)
+    print(json.dumps({"failover_s": [round(t, 1) for t in times], "median_s": round(statistics.median(times), 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
