@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from oversale.annotations import format_ratio, wants
@@ -95,7 +96,15 @@ class Reconciler:
 
     def _timed(self, name: str, work: Callable[[], list[Row]]) -> list[Row]:
         started = time.perf_counter()
-        rows = work()
+        try:
+            rows = work()
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            # The API server refused or could not be reached mid-pass: nothing more is written
+            # this pass; what was written stands, and the next pass decides again from scratch.
+            why = f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__
+            log.warning("%s pass stopped: the API server failed (%s); retried next pass", name, why)
+            self.metrics.skips.labels(f"{name}-api-error").inc()
+            rows = [Row("*", "*", "", "", "", f"{name}: the API server failed ({why}); retried next pass")]
         self.metrics.pass_duration.labels(name).set(time.perf_counter() - started)
         self.metrics.evaluated.labels(name).set(len({r.object for r in rows}))
         return rows

@@ -115,6 +115,10 @@ class FakeKubeAPI:
         self.absent: set[str] = set()
         """Plurals or ``plural/subresource`` this API server does not serve (404, and left out of
         discovery): a CRD that is not installed, or ``pods/resize`` before Kubernetes 1.33."""
+        self.storms: dict[str, list[int]] = {}
+        """plural -> [HTTP status, how many more requests get it] (429 with Retry-After, 500...)."""
+        self.cut_watches: set[str] = set()
+        """Plurals whose next watch event is sent half-written and the connection dropped."""
         self.kubelet_answers: dict[tuple[str, str], str] = {}
         """(namespace, Pod) -> how its kubelet answers a resize: ``applied`` (the default),
         ``Deferred`` or ``Infeasible``."""
@@ -461,9 +465,11 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return plural, namespace, name, sub, query
             return None
 
-        def _send(self, code: int, payload: dict[str, Any]) -> None:
+        def _send(self, code: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             body = json.dumps(payload).encode()
             self.send_response(code)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -483,6 +489,13 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return None
             if route[0] in api.absent or f"{route[0]}/{route[3]}" in api.absent:
                 self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+                return None
+            storm = api.storms.get(route[0])
+            if storm and storm[1] > 0:
+                storm[1] -= 1
+                reason = {429: "TooManyRequests", 500: "InternalError"}.get(storm[0], "Error")
+                self._send(storm[0], _status(storm[0], reason, f"storm: {reason}"),
+                           {"Retry-After": "1"} if storm[0] == 429 else None)
                 return None
             if route[0] in api.unavailable:
                 self._send(503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the "
@@ -525,6 +538,14 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             try:
                 for event in api.watch_events(plural, namespace, since, timeout):
                     line = json.dumps(event).encode() + b"\n"
+                    if plural in api.cut_watches:
+                        # The connection drops mid-event (a load balancer or API server restart).
+                        api.cut_watches.discard(plural)
+                        half = line[: len(line) // 2]
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(half), half))
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     self.wfile.flush()
                 self.wfile.write(b"0\r\n\r\n")

@@ -1,0 +1,225 @@
+"""The usual failures, for each long-running component: watch streams cut mid-event, 429 and 500
+storms, the API server down and back, Prometheus answering garbage, a webhook worker killed under
+load. Through the real processes and client, the API-server double and real HTTP servers."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from oversale.annotations import AnnotationKeys
+from oversale.settings import Settings
+from reconcilers.cluster import Cluster
+from reconcilers.history import HistoryUnavailable
+from reconcilers.prometheus import PrometheusHistory
+from reconcilers.runner import Reconciler
+from tests.conftest import RunningWebhook, apply_response, eventually, pod_review
+from tests.kube_api import FakeKubeAPI
+
+KEYS = AnnotationKeys()
+NS = "shop"
+
+
+def deployment_and_replicaset(api: FakeKubeAPI, ratio: str) -> None:
+    api.put("deployments", {"metadata": {"name": "web", "namespace": NS,
+                                         "annotations": {KEYS.cpu_requests_ratio: ratio}}, "spec": {}})
+    api.put("replicasets", {"metadata": {"name": "web-5d8f", "namespace": NS, "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u", "controller": True}]},
+        "spec": {}})
+
+
+def web_pod() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "web-5d8f-", "namespace": NS,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8f", "uid": "u",
+                                 "controller": True}]},
+            "spec": {"containers": [{"name": "app", "image": "nginx",
+                                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}
+
+
+def cpu_after(server: RunningWebhook) -> str:
+    pod = web_pod()
+    return str(apply_response(pod, server.review(pod_review(pod)))["spec"]["containers"][0]["resources"]
+               ["requests"]["cpu"])
+
+
+@pytest.fixture
+def webhook_on_api(tmp_path) -> Iterator[tuple[FakeKubeAPI, RunningWebhook]]:
+    api = FakeKubeAPI().start()
+    deployment_and_replicaset(api, "2")
+    env = {"OVERSALE_KUBERNETES": "auto", "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+           "OVERSALE_OWNER_LOOKUP_TIMEOUT": "0.5"}
+    server = RunningWebhook(tmp_path, env=env, workers=1)
+    assert eventually(lambda: server.get("/readyz")[0] == 200, timeout=20), server.log.read_text()
+    yield api, server
+    server.stop()
+    api.stop()
+
+
+def test_a_watch_cut_mid_event_is_picked_up_again(webhook_on_api):
+    api, server = webhook_on_api
+    assert cpu_after(server) == "500m"
+    api.cut_watches.add("deployments")
+    deployment_and_replicaset(api, "4")  # this event arrives half-written, then the stream drops
+    assert eventually(lambda: cpu_after(server) == "250m", timeout=15), "the change arrives after the relist"
+
+
+def test_the_api_server_down_and_back_admission_fails_open_and_caches_recover(webhook_on_api):
+    api, server = webhook_on_api
+    api.down = True
+    try:
+        statuses = []
+        for _ in range(20):
+            pod = web_pod()
+            status, body = server.request("POST", "/mutate/pods", json.dumps(pod_review(pod)).encode())
+            statuses.append(status)
+            assert json.loads(body)["response"]["allowed"] is True
+        assert statuses == [200] * 20, "never a 5xx"
+        assert cpu_after(server) == "500m", "the warm cache still answers while the API server is down"
+        deployment_and_replicaset(api, "4")  # changed while the webhook cannot see it
+    finally:
+        api.down = False
+    assert eventually(lambda: cpu_after(server) == "250m", timeout=40), "caches catch up once it is back"
+
+
+def test_429_and_500_storms_on_lists_are_retried_until_the_caches_sync(tmp_path):
+    api = FakeKubeAPI().start()
+    deployment_and_replicaset(api, "2")
+    api.storms = {"deployments": [429, 3], "replicasets": [500, 3]}
+    env = {"OVERSALE_KUBERNETES": "auto", "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig"))}
+    server = RunningWebhook(tmp_path, env=env, workers=1)
+    try:
+        assert eventually(lambda: server.get("/readyz")[0] == 200, timeout=30), server.log.read_text()
+        assert api.storms["deployments"][1] == 0 and api.storms["replicasets"][1] == 0, "every storm was met"
+        assert cpu_after(server) == "500m"
+    finally:
+        server.stop()
+        api.stop()
+
+
+def test_a_500_storm_stops_the_pass_with_a_reason_and_the_next_pass_works(tmp_path):
+    api = FakeKubeAPI().start()
+    try:
+        api.put("nodes", {"metadata": {"name": "n1", "labels": {KEYS.oversale_label: "enabled"},
+                                       "annotations": {KEYS.cpu_oversale_ratio: "3"}},
+                          "status": {"allocatable": {"cpu": "4", "memory": "16Gi"}}})
+        reconciler = Reconciler(Cluster(client.ApiClient(client.Configuration(host=api.url))),
+                                _NoHistory(), Settings(kubernetes="off", inplace_resize=False))
+        api.storms = {"nodes": [500, 100]}
+        rows = reconciler.run_pass()
+        assert [r.reason for r in rows] == ["oversale: the API server failed (500 Internal Server Error); "
+                                            "retried next pass"]
+        api.storms = {}
+        rows = reconciler.run_pass()
+        assert [r.object for r in rows] == ["Node/n1", "Node/n1"] and all("holding" in r.reason for r in rows)
+    finally:
+        api.stop()
+
+
+class _NoHistory:
+    """A history source whose backend is down (what both real sources raise then)."""
+
+    queries = 0
+
+    def container_stats(self, window: float, percentile: float) -> dict[Any, Any]:
+        raise HistoryUnavailable("down")
+
+    def node_stats(self, window: float, percentile: float) -> dict[Any, Any]:
+        raise HistoryUnavailable("down")
+
+
+class _Garbage(BaseHTTPRequestHandler):
+    """A Prometheus that answers 200 with bodies that are not its API's."""
+
+    answers = [b"<html>proxy error</html>", b'{"status": "success", "data": {"resultType": "matrix"}}',
+               b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": "x"}]}}']
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        body = self.answers[hash(self.path) % len(self.answers)]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("answer", range(3))
+def test_prometheus_answering_garbage_holds_the_ratios_and_says_why(answer):
+    _Garbage.answers = [_Garbage.answers[answer]] * 3
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Garbage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = FakeKubeAPI().start()
+    try:
+        api.put("deployments", {"metadata": {"name": "web", "namespace": NS, "annotations": {
+            KEYS.enable_resource_compress: "y", KEYS.cpu_requests_ratio: "2"}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "app", "image": "x", "resources": {"requests": {"cpu": "1"}}}]}}}})
+        history = PrometheusHistory(f"http://127.0.0.1:{server.server_address[1]}", resolution=300)
+        reconciler = Reconciler(Cluster(client.ApiClient(client.Configuration(host=api.url))), history,
+                                Settings(kubernetes="off", inplace_resize=False))
+        rows = reconciler.run_pass()
+        assert any("history unavailable, holding" in r.reason for r in rows), [r.reason for r in rows]
+        annotations = api.get("deployments", NS, "web")["metadata"]["annotations"]
+        assert annotations[KEYS.cpu_requests_ratio] == "2", "held"
+    finally:
+        server.shutdown()
+        api.stop()
+
+
+def test_a_worker_killed_under_load_costs_no_5xx(webhook_no_cluster):
+    server = webhook_no_cluster
+    body = json.dumps(pod_review(web_pod())).encode()
+    statuses: list[int] = []
+    resets = 0
+    stop = threading.Event()
+
+    def load() -> None:
+        nonlocal resets
+        connection = server.connection()
+        while not stop.is_set():
+            try:
+                connection.request("POST", "/mutate/pods", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                statuses.append(response.status)
+            except (ConnectionError, http.client.HTTPException, ssl.SSLError, OSError):
+                resets += 1  # allowed: the API server retries a reset connection
+                connection.close()
+                connection = server.connection()
+        connection.close()
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    workers = subprocess.run(["pgrep", "-P", str(server.process.pid)], capture_output=True, text=True).stdout.split()
+    assert workers, "gunicorn workers"
+    os.kill(int(workers[0]), signal.SIGKILL)
+    time.sleep(2.0)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert statuses and set(statuses) == {200}, f"statuses seen: {set(statuses)}"
+    assert eventually(lambda: len(subprocess.run(["pgrep", "-P", str(server.process.pid)], capture_output=True,
+                                                 text=True).stdout.split()) == len(workers)), "worker replaced"
+    assert server.get("/healthz")[0] == 200
