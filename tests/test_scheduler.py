@@ -390,3 +390,17 @@ def test_two_replicas_one_serves_and_the_standby_takes_over_without_handing_a_cp
     finally:
         standby.stop()
         api.stop()
+
+
+def test_the_api_server_down_and_back_the_extender_keeps_answering_and_catches_up(cluster):
+    api, extender = cluster
+    api.down = True
+    try:
+        for _ in range(5):
+            answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-0", "node-1"]})
+            assert answer["Error"] == "" and answer["NodeNames"] == ["node-0", "node-1"], "from its caches"
+        api.put("nodes", node("node-new"))  # added while the extender cannot see it
+    finally:
+        api.down = False
+    wait_for(lambda: extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-new"]})["NodeNames"]
+             == ["node-new"], timeout=40)
