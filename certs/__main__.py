@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     ensure = commands.add_parser("ensure", help="create or renew a TLS Secret in the cluster")
     ensure.add_argument("--secret", required=True, help="NAMESPACE/NAME of the serving Secret")
     _names(ensure)
+    ensure.add_argument("--client", action="store_true",
+                        help="a client certificate (kube-scheduler's, for the extender's mutual TLS) signed by "
+                             "its own CA; its first --host is the common name")
     ensure.add_argument(
         "--renew-fraction",
         type=float,
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--renew-fraction must be between 0 and 1")
         namespace, name = _namespaced(parser, args.secret)
         hosts = _hosts(parser, args, namespace)
-        outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction)
+        outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction, args.client)
         print(f"secret {namespace}/{name}: {outcome}")
         return 0
     if args.secret:

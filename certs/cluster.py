@@ -46,6 +46,7 @@ def ensure_secret(
     hosts: Sequence[str],
     days: int,
     renew_fraction: float = RENEW_FRACTION,
+    client_certificate: bool = False,
 ) -> str:
     """Create or renew the serving Secret when it is missing or has problems; return what was done
     (``created``, ``renewed: <why>``, ``unchanged``)."""
@@ -58,7 +59,7 @@ def ensure_secret(
         if not problems:
             return "unchanged"
         ca = bundle if ca_secret is not None and ca_usable(bundle, renew_fraction) else None
-        renewed = issue(hosts, days=days, ca=ca)
+        renewed = issue(hosts, days=days, ca=ca, client=client_certificate)
         if ca is None:
             _write_secret(
                 core,

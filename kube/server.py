@@ -9,6 +9,7 @@ owner caches run in the process that serves from them.
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,14 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]  # gunicorn ships n
 
 
 def gunicorn_options(
-    bind: str, certfile: str, keyfile: str, workers: int, threads: int, keepalive: int, log_level: str
+    bind: str, certfile: str, keyfile: str, workers: int, threads: int, keepalive: int, log_level: str,
+    client_ca: str = "",
 ) -> dict[str, Any]:
+    """gunicorn settings; with ``client_ca``, TLS clients must present a certificate it signed
+    (the handshake fails otherwise, before any request is read)."""
+    mutual = {"ca_certs": client_ca, "cert_reqs": ssl.CERT_REQUIRED} if client_ca else {}
     return {
+        **mutual,
         "bind": [bind],
         "workers": workers,
         "worker_class": "gthread",

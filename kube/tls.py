@@ -60,8 +60,11 @@ def service_hosts(service: str, namespace: str) -> list[str]:
     return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
 
 
-def issue(hosts: Iterable[str], days: int = SERVING_DAYS, ca: Bundle | None = None, ca_days: int = CA_DAYS) -> Bundle:
-    """A serving certificate for ``hosts``, signed by ``ca`` (its cert and key) or by a new CA."""
+def issue(hosts: Iterable[str], days: int = SERVING_DAYS, ca: Bundle | None = None, ca_days: int = CA_DAYS,
+          client: bool = False) -> Bundle:
+    """A serving certificate for ``hosts``, signed by ``ca`` (its cert and key) or by a new CA;
+    with ``client``, a client certificate instead (its first name as the common name), as
+    kube-scheduler presents to the extender."""
     names = list(dict.fromkeys(hosts))
     if not names:
         raise ValueError("at least one host name is needed for the certificate")
@@ -100,7 +103,8 @@ def issue(hosts: Iterable[str], days: int = SERVING_DAYS, ca: Bundle | None = No
         .add_extension(x509.SubjectAlternativeName([_san(h) for h in names]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client
+                                              else ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )

@@ -252,6 +252,13 @@ class Settings:
     reservation_seconds: float = field(default=300.0, metadata=_env("OVERSALE_RESERVATION_TTL"))
     """How long room held on the target node waits for the evicted Pod's replacement."""
 
+    scheduler_names: frozenset[str] = field(default=frozenset({"oversale"}), metadata=_env("OVERSALE_SCHEDULER_NAMES"))
+    """Scheduler profiles (``spec.schedulerName``) whose Pods the extender binds; it refuses others."""
+
+    extender_probe_port: int = field(default=8445, metadata=_env("OVERSALE_EXTENDER_PROBE_PORT"))
+    """Plain-HTTP port of the extender's /healthz, /readyz and /metrics when its verbs are served over
+    mutual TLS (probes and scrapes carry no client certificate); 0: none."""
+
     extender_lease_name: str = field(default="oversale-extender", metadata=_env("OVERSALE_EXTENDER_LEASE_NAME"))
     """Lease (in the own namespace) that elects the one extender replica kube-scheduler talks to."""
 
@@ -540,6 +547,8 @@ _PARSERS: dict[str, Any] = {
     "node_cooldown_seconds": lambda text: _duration(text, allow_zero=True),
     "workload_cooldown_seconds": lambda text: _duration(text, allow_zero=True),
     "reservation_seconds": lambda text: _duration(text),
+    "scheduler_names": lambda text: _names(text),
+    "extender_probe_port": lambda text: _port(text),
     "extender_lease_name": lambda text: _nonempty(text),
     "extender_lease_duration_seconds": lambda text: _duration(text),
     "load_aware": _bool,
@@ -595,6 +604,13 @@ def _nonnegative_int(text: str) -> int:
     if value < 0:
         raise ValueError("must be 0 or more")
     return value
+
+
+def _names(text: str) -> frozenset[str]:
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError("must name at least one scheduler profile, e.g. oversale")
+    return names
 
 
 def _nonempty(text: str) -> str:

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from oversale.errors import SettingsError
@@ -24,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bind", default="0.0.0.0:8444", help="HOST:PORT (default 0.0.0.0:8444)")
     parser.add_argument("--certs-dir", type=Path, help="serve HTTPS with tls.crt/tls.key from here")
+    parser.add_argument("--client-ca", type=Path,
+                        help="accept only clients with a certificate signed by this CA (kube-scheduler's); "
+                             "without it anyone who reaches the port can drive bind")
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
@@ -41,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def build() -> object:
         from kube.leader import LeaseElector
+        from kube.probes import serve_probes
         from scheduler.app import ExtenderMetrics, create_app
         from scheduler.kube import ClusterWatch, KubeBinder, Leadership, UsagePoller
         from scheduler.state import ClusterState
@@ -50,22 +55,44 @@ def main(argv: list[str] | None = None) -> int:
         watch = ClusterWatch(api_client, state, settings.watch_timeout_seconds)
         watch.start()
         metrics = ExtenderMetrics()
+        metrics.client_auth.set(1 if args.client_ca else 0)
         if settings.load_aware:
             UsagePoller(api_client, state, settings.metrics_poll_interval_seconds, metrics.record_poll).start()
         elector = LeaseElector(api_client, settings.namespace, settings.extender_lease_name,
                                f"{socket.gethostname()}-{os.getpid()}", settings.extender_lease_duration_seconds)
         leadership = Leadership(elector, watch)
         leadership.start()
-        return create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: leadership.serving,
-                          metrics=metrics, serving=lambda: leadership.serving)
+        app = create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: leadership.serving,
+                         metrics=metrics, serving=lambda: leadership.serving)
+        if args.client_ca and settings.extender_probe_port:
+            client = app.test_client()
 
-    options = gunicorn_options(args.bind, "", "", 1, settings.threads, settings.keepalive_seconds, settings.log_level)
+            def route(path: str) -> Callable[[], tuple[int, bytes, str]]:
+                def answer() -> tuple[int, bytes, str]:
+                    response = client.get(path)
+                    return response.status_code, response.get_data(), str(response.content_type)
+                return answer
+
+            host = args.bind.rpartition(":")[0] or "0.0.0.0"
+            serve_probes(host, settings.extender_probe_port, {p: route(p) for p in ("/healthz", "/readyz", "/metrics")})
+        return app
+
+    if args.client_ca and not args.certs_dir:
+        parser.error("--client-ca needs --certs-dir (mutual TLS is TLS first)")
+    if args.client_ca and not args.client_ca.is_file():
+        parser.error(f"--client-ca {args.client_ca}: no such file")
+    options = gunicorn_options(args.bind, "", "", 1, settings.threads, settings.keepalive_seconds, settings.log_level,
+                               str(args.client_ca) if args.client_ca else "")
     if args.certs_dir:
         paths = CertificatePaths.in_dir(args.certs_dir)
         options.update(certfile=str(paths.cert), keyfile=str(paths.key))
     else:
         options.pop("certfile")
         options.pop("keyfile")
+    if not args.client_ca:
+        logging.getLogger("scheduler").warning(
+            "no --client-ca: any client that reaches %s can call bind (development only; deploy/ uses mutual TLS)",
+            args.bind)
     GunicornServer(build, options).run()
     return 0
 

@@ -35,6 +35,9 @@ class ExtenderMetrics:
                                  ["reason"], registry=self.registry)
         for reason in ("missing", "old"):
             self.stale_nodes.labels(reason).set(0)
+        self.client_auth = Gauge("oversale_extender_client_auth",
+                                 "1 when callers must present a certificate of kube-scheduler's CA (mutual TLS), "
+                                 "0 when anyone who reaches the port can call bind.", registry=self.registry)
 
     def record_poll(self, result: str, stale: dict[str, int]) -> None:
         for reason, count in stale.items():
@@ -76,7 +79,8 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
         if not serving():
             # Only the leader hands out CPUs: a standby's view may miss its predecessor's last binds.
             return answer("bind", lambda body: {"Error": "this extender replica is on standby (not the leader)"})
-        return answer("bind", lambda body: bind(parse_binding(body), state, binder, keys))
+        return answer("bind", lambda body: bind(parse_binding(body), state, binder, keys, settings.scheduler_names,
+                                                settings.load_aware))
 
     @app.get("/healthz")
     def healthz() -> Response:

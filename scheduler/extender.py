@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from kube.client import one_line
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import FULL_PCPUS, NoFit
 from oversale.placement import NodeView, PodDemand, allocate, load_shortfall, placement_score, pod_demand, shortfall
@@ -98,13 +99,32 @@ def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
             for (name, _, view), usage, heat in zip(sent, usages, heats, strict=True)]
 
 
-def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: AnnotationKeys) -> ExtenderBindingResult:
+def refusal(pod: dict[str, Any], uid: str, schedulers: frozenset[str]) -> str | None:
+    """Why this Pod must not be bound by this extender, or None. kube-scheduler only asks to bind
+    Pods of its own profile that it has just placed; anything else came from somewhere else."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if uid and str(metadata.get("uid", "")) != uid:
+        return f"PodUID {uid} is not the Pod's ({metadata.get('uid')}): it was replaced"
+    if spec.get("schedulerName", "default-scheduler") not in schedulers:
+        return f"schedulerName {spec.get('schedulerName', 'default-scheduler')!r} is not served by this extender"
+    if spec.get("nodeName"):
+        return f"already bound to {spec['nodeName']}"
+    if metadata.get("deletionTimestamp"):
+        return "being deleted"
+    return None
+
+
+def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: AnnotationKeys,
+         schedulers: frozenset[str] = frozenset({"oversale"}), load_aware: bool = False) -> ExtenderBindingResult:
     namespace, name, node = args["PodNamespace"], args["PodName"], args["Node"]
     try:
         pod = binder.pod(namespace, name)
     except Exception as error:  # noqa: BLE001  -- reported to the scheduler, which retries
-        return {"Error": f"cannot read pod {namespace}/{name}: {error}"}
+        return {"Error": f"cannot read pod {namespace}/{name}: {one_line(error)}"}
     uid = args.get("PodUID") or str(pod["metadata"].get("uid", ""))
+    refused = refusal(pod, args.get("PodUID") or "", schedulers)
+    if refused:
+        return {"Error": f"not binding pod {namespace}/{name}: {refused}"}
     demand = pod_demand(pod, keys)
     with state.locked():
         view = state.nodes.get(node)
@@ -112,6 +132,9 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
             return {"Error": f"node {node} is not in the extender's cache"}
         if state.is_bound(uid):
             return {"Error": f"pod {namespace}/{name} is already bound"}
+        hot = load_shortfall(view, state.heats([node])[0], state.load_config) if load_aware else None
+        if hot is not None:
+            return {"Error": f"pod {namespace}/{name} no longer fits {node}: {hot}"}
         try:
             placement = allocate(view, state.usage(node), demand, state.wall())
         except NoFit as reason:
@@ -137,3 +160,4 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
     if placement is not None:
         log.info("bound %s/%s to %s with cpuset %s", namespace, name, node, placement.cpuset)
     return {"Error": ""}
+

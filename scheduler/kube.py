@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube.client import one_line
 from kube.metrics_api import MetricsAPI
 from kube.reflector import Reflector
 from oversale.usage import Sample, stale_reason
@@ -152,7 +153,7 @@ class UsagePoller:
             containers = self._api.containers()
         except Exception as error:  # noqa: BLE001  -- any API trouble: keep what we had
             log.warning("metrics API not readable (%s); nodes fall back to request-based placement as their "
-                        "metrics age past the limit", _one_line(error))
+                        "metrics age past the limit", one_line(error))
             self._on_poll("error", self._staleness())
             return False
         self._state.record_node_samples({n.name: Sample(n.at, n.cpu, n.memory) for n in nodes})
@@ -185,15 +186,6 @@ class UsagePoller:
                 time.sleep(self._interval)
 
         threading.Thread(target=loop, name="usage-poller", daemon=True).start()
-
-
-def _one_line(error: Exception) -> str:
-    """An API error as one short line (the client's messages span many)."""
-    status = getattr(error, "status", None)
-    reason = getattr(error, "reason", None)
-    if status:
-        return f"HTTP {status} {reason or ''}".strip()
-    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
 
 
 class Leadership:

@@ -196,3 +196,15 @@ def test_rotated_files_are_served_on_new_connections_without_restart(tmp_path):
         assert server.process.poll() is None
     finally:
         server.stop()
+
+
+def test_ensure_client_makes_a_client_certificate_for_kube_scheduler(kube_api, api_client):
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    assert ensure_secret(api_client, "oversale", "scheduler-client", ["kube-scheduler"], 365,
+                         client_certificate=True) == "created"
+    cert = x509.load_pem_x509_certificate(secret_bundle(kube_api, "scheduler-client")["tls.crt"])
+    usages = list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert usages == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert cert.subject.rfc4514_string() == "CN=kube-scheduler"

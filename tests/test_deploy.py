@@ -162,7 +162,25 @@ def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
     (extender,) = config["extenders"]
     (service,) = [s for s in by_kind(rendered, "Service") if s["metadata"]["name"] == "oversale-extender"]
     port = service["spec"]["ports"][0]["port"]
-    assert extender["urlPrefix"] == f"http://oversale-extender.oversale.svc:{port}"
+    assert extender["urlPrefix"] == f"https://oversale-extender.oversale.svc:{port}"
+    assert extender["enableHTTPS"] is True, "mutual TLS: only kube-scheduler can drive bind"
+    tls = extender["tlsConfig"]
+    (kube_scheduler,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-scheduler"]
+    mounts = {m["mountPath"]: m["name"] for m in kube_scheduler["spec"]["template"]["spec"]["containers"][0]
+              ["volumeMounts"]}
+    volumes = {v["name"]: v for v in kube_scheduler["spec"]["template"]["spec"]["volumes"]}
+    for file, secret in ((tls["certFile"], "oversale-scheduler-client"), (tls["keyFile"], "oversale-scheduler-client"),
+                         (tls["caFile"], "oversale-extender-tls")):
+        directory, _, name = file.rpartition("/")
+        assert volumes[mounts[directory]]["secret"]["secretName"] == secret
+        assert name in {item["path"] for item in volumes[mounts[directory]]["secret"]["items"]}
+    (extender_deployment,) = [d for d in by_kind(rendered, "Deployment")
+                              if d["metadata"]["name"] == "oversale-extender"]
+    container = extender_deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--client-ca" in container["args"] and "--certs-dir" in container["args"]
+    client_ca = next(v for v in extender_deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "client-ca")
+    assert client_ca["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}], "never kube-scheduler's key"
+    assert container["readinessProbe"]["httpGet"]["port"] == "probes"
     assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == ("filter", "prioritize",
                                                                                           "bind")
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
@@ -232,7 +250,9 @@ def test_certificates_come_from_each_overlay():
     commands = [c["args"] for c in [*job["spec"]["template"]["spec"]["initContainers"],
                                     *job["spec"]["template"]["spec"]["containers"]]]
     assert commands[0][:2] == ["certs", "ensure"] and "oversale/oversale-webhook-tls" in commands[0]
-    assert commands[1][:2] == ["certs", "inject"]
+    assert "oversale/oversale-extender-tls" in commands[1]
+    assert "oversale/oversale-scheduler-client" in commands[2] and "--client" in commands[2]
+    assert commands[3][:2] == ["certs", "inject"]
     assert by_kind(self_signed, "CronJob")
     cert_manager = render("overlays/cert-manager")
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):

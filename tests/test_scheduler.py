@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import threading
@@ -404,3 +405,83 @@ def test_the_api_server_down_and_back_the_extender_keeps_answering_and_catches_u
         api.down = False
     wait_for(lambda: extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-new"]})["NodeNames"]
              == ["node-new"], timeout=40)
+
+
+def test_bind_refuses_what_kube_scheduler_would_never_ask_and_records_no_binding(cluster):
+    api, extender = cluster
+    other = pod("other", "2")
+    other["spec"]["schedulerName"] = "default-scheduler"
+    api.put("pods", other)
+    api.put("pods", pod("placed", "2", node_name="node-1"))
+    api.put("pods", pod("mine", "2"))
+    api.put("pods", pod("huge", "64"))
+    wait_for(lambda: all(api.get("pods", "default", n) for n in ("other", "placed", "mine", "huge")))
+
+    def bind(name: str, uid: str, node_name: str = "node-0") -> str:
+        return str(extender.post("bind", {"PodName": name, "PodNamespace": "default", "PodUID": uid,
+                                          "Node": node_name})["Error"])
+
+    assert "schedulerName 'default-scheduler' is not served" in bind("other", "uid-other")
+    assert "already bound to node-1" in bind("placed", "uid-placed")
+    assert "PodUID uid-forged is not the Pod's" in bind("mine", "uid-forged")
+    assert "no longer fits tiny" in bind("huge", "uid-huge", "tiny")
+    assert api.count("POST", "bindings") == 0, "nothing was bound"
+    assert bind("mine", "uid-mine") == ""
+    assert api.count("POST", "bindings") == 1
+
+
+def test_with_a_client_ca_only_kube_schedulers_certificate_gets_in(tmp_path):
+    from kube.tls import LOCAL_HOSTS, issue, write_bundle
+
+    serving = issue(LOCAL_HOSTS)
+    paths = write_bundle(tmp_path / "certs", serving)
+    scheduler_ca = issue(["oversale-scheduler-ca"])  # the client CA: not the serving one
+    (tmp_path / "client-ca.crt").write_bytes(scheduler_ca.ca_cert)
+    kube_scheduler = write_bundle(tmp_path / "kube-scheduler", issue(["kube-scheduler"], ca=scheduler_ca, client=True))
+    intruder = write_bundle(tmp_path / "intruder", issue(["intruder"], client=True))  # another CA
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    port = free_port()
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
+    probes = free_port()
+    env.update({"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT), "OVERSALE_EXTENDER_PROBE_PORT": str(probes)})
+    log_path = tmp_path / "extender.log"
+    process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{port}", "--certs-dir",
+                                str(tmp_path / "certs"), "--client-ca", str(tmp_path / "client-ca.crt")],
+                               cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+
+    def call(client: Path | None) -> int:
+        context = ssl.create_default_context(cafile=str(paths.ca))
+        if client is not None:
+            context.load_cert_chain(str(client / "tls.crt"), str(client / "tls.key"))
+        body = json.dumps({"Pod": pod("p", "1"), "NodeNames": ["node-0"]}).encode()
+        request = urllib.request.Request(f"https://localhost:{port}/filter", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, context=context, timeout=5) as response:
+            return int(response.status)
+
+    try:
+        wait_until_serving(process, lambda: call(kube_scheduler.cert.parent) == 200, "extender", log_path)
+        for stranger in (None, intruder.cert.parent):
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                call(stranger)
+        assert call(kube_scheduler.cert.parent) == 200
+        assert "no --client-ca" not in log_path.read_text()
+        # Probes and scrapes (no client certificate) have their own plain port, which has no verbs.
+        plain = f"http://127.0.0.1:{probes}"
+        def ready() -> bool:
+            try:
+                return bool(urllib.request.urlopen(f"{plain}/readyz", timeout=5).status == 200)
+            except urllib.error.HTTPError:
+                return False
+
+        wait_for(ready)
+        with urllib.request.urlopen(f"{plain}/metrics", timeout=5) as response:
+            assert "oversale_extender_client_auth 1.0" in response.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(urllib.request.Request(f"{plain}/bind", data=b"{}"), timeout=5)
+        assert missing.value.code in (404, 501)
+    finally:
+        stop_process(process)
+        api.stop()
