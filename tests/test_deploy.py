@@ -20,7 +20,7 @@ from webhook.app import create_app
 from webhook.node_pods import NoClusterPods
 from webhook.owners import NoCluster
 
-OVERLAYS = ["base", "overlays/self-signed", "overlays/cert-manager", "monitoring"]
+OVERLAYS = ["base", "overlays/self-signed", "overlays/cert-manager", "monitoring", "network-policies"]
 KUBERNETES_VERSION = "1.33.0"
 # cert-manager's and Prometheus Operator's; no schema for them ships with kubernetes-validate
 CRD_KINDS = {"Certificate", "Issuer", "PrometheusRule", "PodMonitor"}
@@ -389,3 +389,128 @@ def test_alert_rules_pass_promtool_check_and_fire_when_they_should(tmp_path):
     tested = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yaml")], capture_output=True, text=True,
                             timeout=60, cwd=tmp_path)
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+# ---- least privilege: every rule justified by the call that needs it -------------------------------
+
+LEASE_CALLS = {("coordination.k8s.io", "leases", verb): ("kube/leader.py", call) for verb, call in
+               (("create", "create_namespaced_lease"), ("get", "read_namespaced_lease"),
+                ("update", "replace_namespaced_lease"))}
+CALLS = {
+    "oversale-webhook": {
+        ("apps", "replicasets", "list"): ("kube/reflector.py", "list_{kind.plural}_for_all_namespaces"),
+        ("apps", "replicasets", "watch"): ("kube/reflector.py", "watch=True"),
+        ("apps", "replicasets", "get"): ("kube/reflector.py", "self._read(name, namespace"),
+        **{(group, resource, verb): ("webhook/owners.py", "WatchedKind(") for group, resource in
+           (("apps", "deployments"), ("apps", "statefulsets"), ("apps", "daemonsets"), ("batch", "jobs"),
+            ("batch", "cronjobs")) for verb in ("get", "list", "watch")},
+        **{("", resource, verb): ("webhook/owners.py", "WatchedKind(")
+           for resource in ("limitranges", "resourcequotas") for verb in ("list", "watch")},
+        ("", "pods", "list"): ("webhook/node_pods.py", "list_pod_for_all_namespaces"),
+    },
+    "oversale-reconciler": {
+        **{(group, resource, verb): ("reconcilers/cluster.py", call) for group, resource in
+           (("apps", "deployments"), ("apps", "statefulsets"), ("apps", "daemonsets"), ("batch", "cronjobs"))
+           for verb, call in (("get", "read_namespaced_"), ("list", "_for_all_namespaces"),
+                              ("patch", "patch_namespaced_"))},
+        ("autoscaling", "horizontalpodautoscalers", "list"): ("reconcilers/cluster.py",
+                                                              "list_horizontal_pod_autoscaler"),
+        ("autoscaling", "horizontalpodautoscalers", "patch"): ("reconcilers/cluster.py", "patch_namespaced_horizontal"),
+        ("", "nodes", "get"): ("reconcilers/cluster.py", "read_node("),
+        ("", "nodes", "list"): ("reconcilers/cluster.py", "list_node"),
+        ("", "nodes", "patch"): ("reconcilers/cluster.py", "patch_node("),
+        ("", "nodes/status", "patch"): ("reconcilers/cluster.py", "patch_node_status("),
+        ("", "pods", "list"): ("reconcilers/cluster.py", "list_pod_for_all_namespaces"),
+        ("", "pods", "patch"): ("reconcilers/cluster.py", "patch_namespaced_pod("),
+        ("", "pods/resize", "patch"): ("reconcilers/cluster.py", "patch_namespaced_pod_resize("),
+        ("", "pods/eviction", "create"): ("reconcilers/cluster.py", "create_namespaced_pod_eviction("),
+        ("", "limitranges", "list"): ("reconcilers/cluster.py", "list_limit_range_for_all_namespaces"),
+        ("", "resourcequotas", "list"): ("reconcilers/cluster.py", "list_resource_quota_for_all_namespaces"),
+        ("autoscaling.k8s.io", "verticalpodautoscalers", "list"): ("reconcilers/cluster.py", "VPA_PLURAL"),
+        ("", "events", "create"): ("reconcilers/cluster.py", "create_namespaced_event("),
+        ("metrics.k8s.io", "pods", "list"): ("kube/metrics_api.py", 'self._list("pods")'),
+        ("metrics.k8s.io", "nodes", "list"): ("kube/metrics_api.py", 'self._list("nodes")'),
+    },
+    "oversale-extender": {
+        ("", "nodes", "list"): ("scheduler/kube.py", "core.list_node"),
+        ("", "nodes", "watch"): ("kube/reflector.py", "watch=True"),
+        ("", "pods", "list"): ("scheduler/kube.py", "core.list_pod_for_all_namespaces"),
+        ("", "pods", "watch"): ("kube/reflector.py", "watch=True"),
+        ("", "pods", "get"): ("scheduler/kube.py", "read_namespaced_pod("),
+        ("", "pods", "patch"): ("scheduler/kube.py", "patch_namespaced_pod("),
+        ("", "bindings", "create"): ("scheduler/kube.py", "create_namespaced_binding("),
+        ("topology.node.k8s.io", "noderesourcetopologies", "list"): ("scheduler/kube.py", "NRT ="),
+        ("topology.node.k8s.io", "noderesourcetopologies", "watch"): ("kube/reflector.py", "watch=True"),
+        ("metrics.k8s.io", "nodes", "list"): ("kube/metrics_api.py", 'self._list("nodes")'),
+        ("metrics.k8s.io", "pods", "list"): ("kube/metrics_api.py", 'self._list("pods")'),
+    },
+    "oversale-certs": {
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get"): ("certs/cluster.py", "read_"),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch"): ("certs/cluster.py", "patch_"),
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "get"): ("certs/cluster.py", "read_"),
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch"): ("certs/cluster.py", "patch_"),
+        ("", "secrets", "create"): ("certs/cluster.py", "create_namespaced_secret"),
+        ("", "secrets", "get"): ("certs/cluster.py", "read_namespaced_secret"),
+        ("", "secrets", "update"): ("certs/cluster.py", "replace_namespaced_secret"),
+    },
+    "oversale-reconciler-lease": LEASE_CALLS,
+    "oversale-extender-lease": LEASE_CALLS,
+}
+DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "*"}
+
+
+def rbac_problems(objects: list[dict]) -> list[str]:
+    """Every way the rendered roles exceed what the code calls."""
+    problems = []
+    for role in [o for o in objects if o["kind"] in ("ClusterRole", "Role")]:
+        name = role["metadata"]["name"]
+        granted = set()
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                if "*" in (rule.get(field) or []):
+                    problems.append(f"{name}: wildcard in {field}")
+            if set(rule["verbs"]) & DANGEROUS_VERBS:
+                problems.append(f"{name}: verbs {sorted(set(rule['verbs']) & DANGEROUS_VERBS)}")
+            if "secrets" in rule["resources"] and set(rule["verbs"]) - {"create"}:
+                names = rule.get("resourceNames") or []
+                if not names or not all(n.startswith("oversale-") for n in names):
+                    problems.append(f"{name}: secrets beyond the project's own named ones")
+            granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+        needed = CALLS.get(name)
+        if needed is None:
+            problems.append(f"{name}: a role nothing in the code is known to need")
+            continue
+        for extra in sorted(granted - set(needed)):
+            problems.append(f"{name}: {extra} is granted but no call needs it")
+    return problems
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_role_is_least_privilege_and_every_rule_names_its_call(overlay):
+    assert rbac_problems(render(overlay)) == []
+    for calls in CALLS.values():
+        for (group, resource, verb), (path, call) in calls.items():
+            assert call in (ROOT / path).read_text(), f"{group}/{resource} {verb}: {call!r} not in {path}"
+
+
+def test_the_rbac_check_catches_a_widened_rule():
+    objects = render("overlays/self-signed")
+    role = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "oversale-extender")
+    role["rules"].append({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]})
+    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+    role["rules"].append({"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"]})
+    problems = rbac_problems(objects)
+    assert "oversale-extender: ('', 'pods', 'delete') is granted but no call needs it" in problems
+    assert "oversale-extender: secrets beyond the project's own named ones" in problems
+    assert "oversale-extender: verbs ['bind']" in problems
+
+
+def test_network_policies_let_only_kube_scheduler_reach_the_extenders_verbs():
+    policies = {p["metadata"]["name"]: p for p in by_kind(render("network-policies"), "NetworkPolicy")}
+    extender = policies["oversale-extender"]["spec"]["ingress"]
+    verbs = [rule for rule in extender if {"protocol": "TCP", "port": 8444} in rule["ports"]]
+    assert verbs == [{"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "oversale-scheduler"}}}],
+                      "ports": [{"protocol": "TCP", "port": 8444}]}]
+    assert all("from" in rule for rule in extender), "no port of the extender is open to everyone"
+    assert policies["oversale-webhook"]["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8443}]}]
+    assert set(policies) == {"oversale-extender", "oversale-webhook", "oversale-reconciler", "oversale-scheduler"}

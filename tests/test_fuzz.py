@@ -1,0 +1,228 @@
+"""Hostile input is harmless: generated bodies through the real servers (the webhook over TLS,
+the extender over HTTP). Every answer is well-formed JSON, never a 5xx, and fast; every patch the
+webhook returns applies to the object it was given and leaves quantities the API server accepts.
+
+``make test`` runs OVERSALE_FUZZ_EXAMPLES (default 200) cases per endpoint; the README gives the
+figures of a long run (10,000 per endpoint).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jsonpatch
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kubernetes.utils import parse_quantity
+
+from tests.conftest import RunningWebhook
+from tests.kube_api import FakeKubeAPI
+from tests.test_scheduler import Extender, node
+
+EXAMPLES = int(os.environ.get("OVERSALE_FUZZ_EXAMPLES", "200"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+PREFIX = "stke.platform"
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63) | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+    max_leaves=30)
+quantities = st.one_of(st.sampled_from(["1", "100m", "0", "-1", "1e3", "1Ei", "999999999999999", "0.5", "1.5Gi",
+                                        "abc", "", "1k", "3.000000001"]),
+                       st.text(max_size=8), st.integers(-10**12, 10**12), st.floats(allow_nan=False))
+annotation_values = st.one_of(st.sampled_from(["2", "0.5", "0", "-1", "1e9", "NaN", "inf", "y", "n", "{}", "[]"]),
+                              st.text(max_size=20))
+
+
+@st.composite
+def containers(draw: Any, name: str) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    for part in ("requests", "limits"):
+        if draw(st.booleans()):
+            resources[part] = {r: draw(quantities) for r in draw(st.sets(st.sampled_from(["cpu", "memory", "gpu"])))}
+    container: dict[str, Any] = {"name": draw(st.one_of(st.just(name), st.text(max_size=12))), "image": "x",
+                                 "resources": draw(st.one_of(st.just(resources), json_values))}
+    if draw(st.booleans()):
+        container["restartPolicy"] = draw(st.sampled_from(["Always", "Never", "x"]))
+    return container
+
+
+@st.composite
+def pods(draw: Any) -> dict[str, Any]:
+    keys = [f"{PREFIX}/cpu-requests-ratio", f"{PREFIX}/memory-requests-ratio", f"{PREFIX}/enable-resource-compress",
+            f"{PREFIX}/original-requests", f"{PREFIX}/written-requests"]
+    annotations = draw(st.dictionaries(st.sampled_from(keys) | st.text(max_size=15), annotation_values, max_size=4))
+    spec: dict[str, Any] = {"containers": [draw(containers(f"c{i}")) for i in range(draw(st.integers(0, 4)))]}
+    if draw(st.booleans()):
+        spec["initContainers"] = [draw(containers(f"i{i}")) for i in range(draw(st.integers(1, 2)))]
+    if draw(st.booleans()):
+        spec["resources"] = {"requests": {"cpu": draw(quantities)}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": draw(st.text(max_size=20)), "namespace": "ns",
+                                                           "annotations": annotations}, "spec": spec}
+    return draw(st.one_of(st.just(pod), st.just({**pod, "spec": draw(json_values)})))
+
+
+@st.composite
+def nodes(draw: Any) -> dict[str, Any]:
+    annotations = draw(st.dictionaries(
+        st.sampled_from([f"{PREFIX}/cpu-oversale-ratio", f"{PREFIX}/memory-oversale-ratio", f"{PREFIX}/mutate",
+                         f"{PREFIX}/real-allocatable", f"{PREFIX}/applied-oversale-ratio"]),
+        annotation_values | st.just('{"cpu": "4", "memory": "8Gi"}'), max_size=4))
+    status = {part: {r: draw(quantities) for r in draw(st.sets(st.sampled_from(["cpu", "memory", "pods"])))}
+              for part in ("allocatable", "capacity")}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "labels": {f"{PREFIX}/oversale": "enabled"}, "annotations": annotations},
+            "status": draw(st.one_of(st.just(status), json_values))}
+
+
+def review(resource: str, kind: str, obj: Any, old: Any, operation: str, sub: str | None) -> dict[str, Any]:
+    request: dict[str, Any] = {"uid": "fuzz", "kind": {"group": "", "version": "v1", "kind": kind},
+                               "resource": {"group": "", "version": "v1", "resource": resource},
+                               "operation": operation, "namespace": "ns", "object": obj, "oldObject": old,
+                               "userInfo": {"username": "system:node:n1"}}
+    if sub:
+        request["subResource"] = sub
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def bodies(review_strategy: Any) -> Any:
+    """Mostly well-shaped reviews with hostile contents, some plain garbage, some wrong shapes."""
+    return st.one_of(review_strategy.map(lambda r: json.dumps(r).encode()),
+                     json_values.map(lambda v: json.dumps(v).encode()),
+                     st.binary(max_size=200))
+
+
+pod_reviews = bodies(st.builds(review, st.just("pods"), st.just("Pod"), pods(), st.none(), st.just("CREATE"),
+                               st.none()))
+node_reviews = bodies(st.builds(review, st.just("nodes"), st.just("Node"), nodes(), nodes() | st.none(),
+                                st.sampled_from(["CREATE", "UPDATE"]), st.sampled_from([None, "status"])))
+
+
+def check_answer(status: int, body: bytes, sent: bytes, elapsed: float) -> None:
+    assert status in (200, 400), (status, body[:200])
+    assert elapsed < 5, "within the webhook timeout"
+    answer = json.loads(body)
+    if status == 400:
+        assert isinstance(answer.get("error"), str)
+        return
+    response = answer["response"]
+    assert isinstance(response["allowed"], bool) and response["uid"]
+    if "patch" in response:
+        obj = json.loads(sent)["request"]["object"]
+        patched = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
+        spec = _dict(patched.get("spec"))
+        for container in [*_list(spec.get("containers")), *_list(spec.get("initContainers"))]:
+            before = _requests_in(obj, container)
+            for resource, value in _dict(_dict(_dict(container).get("resources")).get("requests")).items():
+                if before.get(resource) != value:  # what the webhook wrote (not what it was sent)
+                    assert parse_quantity(value) >= 0, "a request the API server accepts"
+        allocatable = _dict(_dict(patched.get("status")).get("allocatable"))
+        original = _dict(_dict(obj.get("status")).get("allocatable"))
+        for resource, value in allocatable.items():
+            if original.get(resource) != value:
+                assert parse_quantity(value) >= 0
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _requests_in(obj: dict[str, Any], container: Any) -> dict[str, Any]:
+    """The requests the same-named container had in the object sent."""
+    spec = _dict(obj.get("spec"))
+    for original in [*_list(spec.get("containers")), *_list(spec.get("initContainers"))]:
+        if _dict(original).get("name") == _dict(container).get("name"):
+            return _dict(_dict(_dict(original).get("resources")).get("requests"))
+    return {}
+
+
+@pytest.fixture(scope="module")
+def webhook(tmp_path_factory) -> Iterator[RunningWebhook]:
+    server = RunningWebhook(tmp_path_factory.mktemp("fuzz-webhook"))
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(("path", "strategy"), [("/mutate/pods", pod_reviews), ("/mutate/nodes", node_reviews),
+                                                ("/validate/nodes", node_reviews)])
+def test_webhook_endpoints_answer_hostile_reviews_well(webhook, path, strategy):
+    connection = webhook.connection()
+    rss_before = _rss(webhook)
+
+    @FUZZ
+    @given(strategy)
+    def run(sent: bytes) -> None:
+        started = time.monotonic()
+        connection.request("POST", path, sent, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        check_answer(response.status, response.read(), sent, time.monotonic() - started)
+
+    run()
+    connection.close()
+    assert _rss(webhook) < rss_before + 50, "memory stays flat"
+
+
+def _rss(server: RunningWebhook) -> float:
+    import subprocess
+
+    pids = subprocess.run(["pgrep", "-P", str(server.process.pid)], capture_output=True, text=True).stdout.split()
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as status:
+            lines = status.read().splitlines()
+        for line in lines:
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+    return total
+
+
+extender_args = st.fixed_dictionaries({}, optional={
+    "Pod": pods() | json_values, "NodeNames": st.lists(st.sampled_from(["node-0", "nope"]) | st.text(max_size=5))
+    | json_values, "Nodes": json_values})
+binding_args = st.fixed_dictionaries({}, optional={
+    "PodName": st.text(max_size=10) | json_values, "PodNamespace": st.sampled_from(["default", ""]) | json_values,
+    "PodUID": st.text(max_size=10) | json_values, "Node": st.sampled_from(["node-0", "nope"]) | json_values})
+
+
+@pytest.fixture(scope="module")
+def extender(tmp_path_factory) -> Iterator[Extender]:
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    server = Extender(api, tmp_path_factory.mktemp("fuzz-extender"))
+    yield server
+    server.stop()
+    api.stop()
+
+
+@pytest.mark.parametrize(("verb", "strategy"), [("filter", extender_args), ("prioritize", extender_args),
+                                                ("bind", binding_args)])
+def test_extender_verbs_answer_hostile_payloads_well(extender, verb, strategy):
+    import http.client
+
+    host, port = extender.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+
+    @FUZZ
+    @given(st.one_of(strategy.map(lambda a: json.dumps(a).encode()), st.binary(max_size=100)))
+    def run(sent: bytes) -> None:
+        connection.request("POST", f"/{verb}", sent, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        body = response.read()
+        assert response.status in (200, 400), (response.status, body[:200])
+        answer = json.loads(body)
+        assert isinstance(answer, (dict, list))
+        if verb == "bind" and response.status == 200:
+            assert answer["Error"], "nothing generated here may be bound"
+
+    run()
+    connection.close()
