@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8443
 CERTS_DIR ?= .certs
 
-.PHONY: run test lint venv clean
+.PHONY: run demo test lint venv clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ venv: $(BIN)/.installed
 ## Install and serve the webhook locally over HTTPS (certificates created in .certs/).
 run: venv
 	$(BIN)/python -m webhook --bind $(BIND) --certs-dir $(CERTS_DIR)
+
+## See compression and node overselling on four sample reviews, without a cluster.
+demo: venv
+	$(BIN)/python -m webhook.demo
 
 ## Lint, type-check and run the whole test suite.
 test: venv lint

@@ -163,6 +163,13 @@ def oversell_node(
                 real[name][resource] = recorded
             elif kept is not None:
                 real[name][resource] = kept
+    for name in FIELDS:
+        for resource, value in list(real[name].items()):
+            if parse_amount(resource, value) < 0:
+                # The API server never stores a negative quantity: such a value did not come from
+                # a real kubelet, and writing it back would get the whole status write refused.
+                del real[name][resource]
+                result.warnings.append(f"{name}/{resource} {value!r} is negative; left as sent")
     result.real = RealValues(real["allocatable"], real["capacity"])
 
     was_applied = applied_ratios(stored_annotations, keys) if stored is not None else {}

@@ -272,3 +272,33 @@ def test_random_write_sequences_never_compound_the_ratio(sequence):
             cluster.check()
     finally:
         api.stop()
+
+
+def test_a_negative_stored_value_is_never_written_back():
+    """Found by the fuzz suite: a kubelet status write that omits cpu keeps the stored value, and a
+    negative one (which no real API server stores) must not be copied into the patch."""
+    from oversale.node_oversale import node_policy_from_annotations, oversell_node
+    from oversale.settings import Settings
+
+    settings = Settings(kubernetes="off")
+    sent = {"metadata": {"name": "n1", "annotations": {}}, "status": {"allocatable": {}, "capacity": {}}}
+    stored = {"metadata": {"name": "n1", "annotations": {}},
+              "status": {"allocatable": {"cpu": "-1", "memory": "8Gi"}, "capacity": {}}}
+    result = oversell_node(sent, stored, True, node_policy_from_annotations({}, settings.keys,
+                                                                            settings.oversale_limits))
+    assert result.allocatable == {"memory": "8Gi"}
+    assert any("negative" in w for w in result.warnings)
+
+
+def test_a_node_whose_status_is_not_an_object_gets_no_patch():
+    """Found by the fuzz suite: a patch into a malformed status would not apply."""
+    from oversale.settings import Settings
+    from webhook.node_admission import admit_node
+
+    node = {"metadata": {"name": "n1", "annotations": {}}, "status": []}
+    stored = {"metadata": {"name": "n1", "annotations": {}}, "status": {"allocatable": {"cpu": "1"}}}
+    request = {"uid": "u", "kind": {"kind": "Node"}, "resource": {"resource": "nodes"}, "operation": "UPDATE",
+               "subResource": "status", "object": node, "oldObject": stored,
+               "userInfo": {"username": "system:node:n1"}}
+    decision = admit_node(request, Settings(kubernetes="off"))  # type: ignore[arg-type]
+    assert decision.review["response"] == {"uid": "u", "allowed": True}

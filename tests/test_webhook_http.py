@@ -208,3 +208,20 @@ def test_the_lean_admission_path_keeps_the_wire_contract(webhook_no_cluster):
     connection.close()
     assert webhook_no_cluster.request("GET", "/mutate/pods")[0] == 405
     assert webhook_no_cluster.request("POST", "/mutate/other", b"{}")[0] == 404
+
+
+def test_the_demo_shows_compression_and_overselling_without_a_cluster():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-m", "webhook.demo"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'after:    app {"cpu": "500m", "memory": "1Gi"}' in out.stdout
+    assert "warning:  Guaranteed Pod not compressed" in out.stdout
+    assert "'fast' is not a plain decimal number" in out.stdout
+    assert 'replace /status/allocatable/cpu "23835m"' in out.stdout
+    assert out.stderr == "", "no log noise around the output"
+    sample = json.loads((ROOT / "docs" / "examples" / "pod-review.json").read_text())
+    assert sample["kind"] == "AdmissionReview" and sample["request"]["object"]["kind"] == "Pod"

@@ -81,8 +81,10 @@ def admit_node(request: AdmissionRequest, settings: Settings) -> NodeDecision:
                     "/status/allocatable"),
         *make_patch(status.get("capacity"), _or_none(result.capacity, status.get("capacity")), "/status/capacity"),
     ]
-    if patch and "status" not in node:
-        patch = []  # a Node without status has nothing to oversell; never invent one
+    if patch and not isinstance(node.get("status"), dict):
+        # A Node without a status object has nothing to oversell; never invent one (a patch into
+        # a missing or malformed status would not apply, and the API server would refuse the write).
+        patch = []
     review = allow(uid, patch, [*map(str, policy.problems), *policy.warnings, *result.warnings])
     return NodeDecision(review, "mutated" if patch else "unchanged", name, result, policy.problems,
                         dry_run=bool(request.get("dryRun")))
