@@ -116,12 +116,14 @@ def check_answer(status: int, body: bytes, sent: bytes, elapsed: float) -> None:
     if "patch" in response:
         obj = json.loads(sent)["request"]["object"]
         patched = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
-        spec = _dict(patched.get("spec"))
-        for container in [*_list(spec.get("containers")), *_list(spec.get("initContainers"))]:
-            before = _requests_in(obj, container)
-            for resource, value in _dict(_dict(_dict(container).get("resources")).get("requests")).items():
-                if before.get(resource) != value:  # what the webhook wrote (not what it was sent)
-                    assert parse_quantity(value) >= 0, "a request the API server accepts"
+        spec, sent_spec = _dict(patched.get("spec")), _dict(obj.get("spec"))
+        for kind in ("containers", "initContainers"):
+            for index, container in enumerate(_list(spec.get(kind))):
+                sent_containers = _list(sent_spec.get(kind))
+                before = _requests(sent_containers[index]) if index < len(sent_containers) else {}
+                for resource, value in _requests(container).items():
+                    if before.get(resource) != value:  # what the webhook wrote (not what it was sent)
+                        assert parse_quantity(value) >= 0, "a request the API server accepts"
         allocatable = _dict(_dict(patched.get("status")).get("allocatable"))
         original = _dict(_dict(obj.get("status")).get("allocatable"))
         for resource, value in allocatable.items():
@@ -137,13 +139,8 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _requests_in(obj: dict[str, Any], container: Any) -> dict[str, Any]:
-    """The requests the same-named container had in the object sent."""
-    spec = _dict(obj.get("spec"))
-    for original in [*_list(spec.get("containers")), *_list(spec.get("initContainers"))]:
-        if _dict(original).get("name") == _dict(container).get("name"):
-            return _dict(_dict(_dict(original).get("resources")).get("requests"))
-    return {}
+def _requests(container: Any) -> dict[str, Any]:
+    return _dict(_dict(_dict(container).get("resources")).get("requests"))
 
 
 @pytest.fixture(scope="module")
