@@ -107,7 +107,7 @@ class Remediator:
             while window and window[0].at <= m.at - load_config.peak_seconds:
                 window.popleft()
         heats = {name: NodeHeat(node_load(list(self.samples[name]), load_config), now) for name in fresh}
-        targets_from = [name for name, node in ((n["metadata"]["name"], n) for n in nodes) if _schedulable(node)]
+        targets_from = [n["metadata"]["name"] for n in nodes if _schedulable(n)]
 
         if not dry_run:
             self._drop_spent_reservations(views, by_node, now)
@@ -204,8 +204,7 @@ class Remediator:
             owners = {pod_demand(p, self.keys).owner for p in by_node.get(name, [])}
             spent = {r.owner for r in view.reservations if r.owner in owners or r.until <= now}
             if spent:
-                for owner in spent:
-                    self._release(name, owner)
+                self._release(name, *spent)
 
     def _in_scope(self, node: dict[str, Any]) -> bool:
         labels = node["metadata"].get("labels") or {}
@@ -253,10 +252,12 @@ class Remediator:
         self.metrics.reservations.inc()
         return True
 
-    def _release(self, node: str, owner: str) -> None:
+    def _release(self, node: str, *owners: str) -> None:
+        """Drop these owners' holds (and expired ones) from a node, in one read and one write."""
         try:
             held = self._holds(node, self.clock())
-            held.pop(owner, None)
+            for owner in owners:
+                held.pop(owner, None)
             self.cluster.annotate_node(node, {self.keys.reservations: json.dumps(held, sort_keys=True) if held
                                               else None}, "")
         except ApiException as error:

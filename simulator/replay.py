@@ -307,7 +307,7 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
     for slot in range(slots):
         where[:, slot] = current
         used = {r: np.bincount(current, weights=day.usage[r][:, slot], minlength=placed.nodes) for r in RESOURCES}
-        requested = {r: np.bincount(current, weights=requests[r], minlength=placed.nodes) for r in RESOURCES}
+        requested: dict[str, np.ndarray] | None = None  # summed only in a sample where some node acts
         budget = config.max_per_pass
         for node in range(placed.nodes):
             peaks[node].append(float(used[CPU][node]))
@@ -322,6 +322,8 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
                                     PodDemand(str(w), {r: math.ceil(requests[r][w]) for r in RESOURCES}, None, False,
                                               owner=str(w)),
                                     {r: float(day.usage[r][w, slot]) for r in RESOURCES}) for w in members]
+            if requested is None:
+                requested = {r: np.bincount(current, weights=requests[r], minlength=placed.nodes) for r in RESOURCES}
             at = float(day.slots[slot] * SLOT)
             # The extender's windows of each target: this sample as the 5-minute average, the
             # highest of the last hour's samples (this day's) as the 1-hour maximum.
