@@ -4,6 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 BIND ?= 127.0.0.1:8443
 CERTS_DIR ?= .certs
+# make run serves without a cluster unless asked: `make run OVERSALE_KUBERNETES=auto` uses the
+# in-cluster config or the kubeconfig's current context (and says which server at start).
+OVERSALE_KUBERNETES ?= off
 
 .PHONY: run demo test lint venv clean
 
@@ -16,7 +19,7 @@ venv: $(BIN)/.installed
 
 ## Install and serve the webhook locally over HTTPS (certificates created in .certs/).
 run: venv
-	$(BIN)/python -m webhook --bind $(BIND) --certs-dir $(CERTS_DIR)
+	OVERSALE_KUBERNETES=$(OVERSALE_KUBERNETES) $(BIN)/python -m webhook --bind $(BIND) --certs-dir $(CERTS_DIR)
 
 ## See compression and node overselling on four sample reviews, without a cluster.
 demo: venv

@@ -1,6 +1,6 @@
 """Certificates for the webhooks.
 
-  python -m certs generate --dir DIR --service NAME --namespace NS [--host H ...] [--days N]
+  python -m certs generate --dir DIR --service NAME --namespace NS [--host H ...] [--days N] [--force]
   python -m certs ensure --secret NS/NAME --service NAME [--host H ...] [--days N] [--renew-fraction F]
   python -m certs inject --webhook NAME [--webhook NAME ...] (--secret NS/NAME | --ca-file PATH)
 
@@ -14,7 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
-from kube.tls import CA_DAYS, RENEW_FRACTION, SERVING_DAYS, generate, service_hosts
+from kube.cli import CliError, add_debug_flag, run_cli
+from kube.tls import CA_DAYS, RENEW_FRACTION, SERVING_DAYS, CertificatePaths, generate, service_hosts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     _names(gen)
     gen.add_argument("--namespace", default="default", help="Service namespace (default: default)")
     gen.add_argument("--ca-days", type=int, default=CA_DAYS, help=f"CA lifetime in days (default {CA_DAYS})")
+    gen.add_argument("--force", action="store_true",
+                     help="replace a CA already in --dir (clients that trust the old one stop trusting the server)")
 
     ensure = commands.add_parser("ensure", help="create or renew a TLS Secret in the cluster")
     ensure.add_argument("--secret", required=True, help="NAMESPACE/NAME of the serving Secret")
@@ -48,41 +51,50 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--secret", help="NAMESPACE/NAME of a Secret with ca.crt")
     source.add_argument("--ca-file", type=Path, help="a PEM file")
 
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "days", 1) < 1:
         parser.error("--days must be at least 1")
     if args.command == "generate":
         hosts = _hosts(parser, args, args.namespace)
+        existing = CertificatePaths.in_dir(args.dir).ca
+        if existing.exists() and not args.force:
+            raise CliError(f"{existing} exists: its CA would be replaced and every client that trusts it would "
+                           "stop trusting the server; pass --force to replace it, or choose another --dir")
         paths = generate(args.dir, hosts, days=args.days, ca_days=args.ca_days)
         print(f"wrote {paths.ca}, {paths.cert}, {paths.key} for {', '.join(hosts)}")
         return 0
+
+    # Arguments are checked before the cluster is, so a typo is named as a typo.
+    if args.command == "ensure":
+        if not 0 < args.renew_fraction < 1:
+            parser.error("--renew-fraction must be between 0 and 1")
+        namespace, name = _namespaced(parser, args.secret)
+        hosts = _hosts(parser, args, namespace)
+    elif args.secret:
+        _namespaced(parser, args.secret)
+    else:
+        ca = args.ca_file.read_bytes()
 
     from certs.cluster import ensure_secret, inject_ca_bundle, read_ca_from_secret
     from kube.client import load_api_client
 
     api_client = load_api_client("auto")
     if api_client is None:
-        print("error: no in-cluster config and no kubeconfig: ensure and inject need an API server", file=sys.stderr)
-        return 2
+        raise CliError("no in-cluster config and no kubeconfig: ensure and inject need an API server "
+                       "(set KUBECONFIG or run inside the cluster)")
     if args.command == "ensure":
-        if not 0 < args.renew_fraction < 1:
-            parser.error("--renew-fraction must be between 0 and 1")
-        namespace, name = _namespaced(parser, args.secret)
-        hosts = _hosts(parser, args, namespace)
         outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction, args.client)
         print(f"secret {namespace}/{name}: {outcome}")
         return 0
-    if args.secret:
-        ca = read_ca_from_secret(api_client, *_namespaced(parser, args.secret))
-    else:
-        ca = args.ca_file.read_bytes()
     try:
+        if args.secret:
+            ca = read_ca_from_secret(api_client, *_namespaced(parser, args.secret))
         for line in inject_ca_bundle(api_client, args.webhook, ca):
             print(line)
     except LookupError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        raise CliError(str(error)) from None
     return 0
 
 
@@ -109,4 +121,4 @@ def _namespaced(parser: argparse.ArgumentParser, text: str) -> tuple[str, str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -1,4 +1,4 @@
-"""Where every adapter gets its API client."""
+"""Where every adapter gets its API client, and how its errors are told in one line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from typing import Any
 
 def load_api_client(mode: str) -> Any | None:
     """A kubernetes ApiClient from in-cluster config, else the kubeconfig; None when neither exists
-    or ``mode`` is ``off``."""
+    or ``mode`` is ``off``.
+
+    A kubeconfig that exists but is broken (a context that names no cluster, an unreadable
+    certificate) raises ``kubernetes.config.ConfigException``: silently falling back to "no
+    cluster" would hide a mistake the user has to fix."""
     if mode == "off":
         return None
     from kubernetes import client, config
@@ -18,19 +22,60 @@ def load_api_client(mode: str) -> Any | None:
         return client.ApiClient(configuration)
     except config.ConfigException:
         pass
-    try:
-        configuration = client.Configuration()
-        config.load_kube_config(client_configuration=configuration)
-        return client.ApiClient(configuration)
-    except (config.ConfigException, OSError, TypeError, ValueError):
+    import os
+
+    paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p] or \
+        [os.path.expanduser(config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION)]
+    if not any(os.path.exists(p) for p in paths):
         return None
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(client_configuration=configuration)
+    except config.ConfigException as error:
+        raise config.ConfigException(f"kubeconfig {os.pathsep.join(paths)}: {one_line(error)}") from None
+    except (OSError, TypeError, ValueError, AttributeError) as error:
+        raise config.ConfigException(f"kubeconfig {os.pathsep.join(paths)} is not a valid kubeconfig "
+                                     f"({type(error).__name__})") from None
+    return client.ApiClient(configuration)
 
 
-def one_line(error: Exception) -> str:
+def api_server_of(api_client: Any) -> str:
+    """The API server an ApiClient talks to, for a log line that says which cluster is used."""
+    return str(getattr(getattr(api_client, "configuration", None), "host", "") or "?")
+
+
+def one_line(error: BaseException) -> str:
     """An API or connection error as one short line: the client's own messages span many lines
-    and name library internals, which logs and users should not have to read."""
+    and name library internals (urllib3 pools, retry objects), which logs and kubectl users should
+    not have to read."""
     status = getattr(error, "status", None)
-    if status:
+    if isinstance(status, int) and status:
         return f"HTTP {status} {getattr(error, 'reason', None) or ''}".strip()
+    unreachable = _unreachable(error)
+    if unreachable:
+        return unreachable
     text = str(error)
-    return text.splitlines()[0][:200] if text else type(error).__name__
+    return text.splitlines()[0][:200] if text.strip() else type(error).__name__
+
+
+def _unreachable(error: BaseException) -> str | None:
+    """urllib3 wraps a refused or timed-out connection in MaxRetryError(pool, url, reason);
+    say which host and the root cause instead."""
+    try:
+        import urllib3
+    except ImportError:  # pragma: no cover - kubernetes depends on urllib3
+        return None
+    if not isinstance(error, urllib3.exceptions.HTTPError):
+        return None
+    pool = getattr(error, "pool", None)
+    where = f"{pool.host}:{pool.port}" if pool is not None and getattr(pool, "host", None) else "the server"
+    root = getattr(error, "reason", None) or error
+    text = str(root)
+    for known, said in (("Connection refused", "connection refused"), ("timed out", "timed out"),
+                        ("Name or service not known", "unknown host"), ("nodename nor servname", "unknown host"),
+                        ("CERTIFICATE_VERIFY_FAILED", "its certificate is not trusted"),
+                        ("No route to host", "no route to host")):
+        if known in text:
+            return f"{where} unreachable ({said})"
+    detail = text.split(": ", 1)[-1].splitlines()[0][:120] if text else type(root).__name__
+    return f"{where} unreachable ({detail})"

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kube.cli import CliError, add_debug_flag, check_api_server, run_cli
 from oversale.errors import SettingsError
 from oversale.settings import Settings
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                           help="the last days, reported apart as the holdout (nothing is tuned on them)")
     backtest.add_argument("--frontier", action="store_true",
                           help="also run the peers' variants along their main knob (about 2x longer)")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
@@ -75,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
     api_client = load_api_client("auto")
     if api_client is None:
-        print("error: no in-cluster config and no kubeconfig: the reconcilers need an API server", file=sys.stderr)
-        return 2
+        raise CliError("no in-cluster config and no kubeconfig: the reconcilers need an API server "
+                       "(set KUBECONFIG or run inside the cluster)")
+    log.info("using the cluster at %s", check_api_server(api_client))
     history, sampler = _history(settings, api_client)
     metrics = ReconcilerMetrics()
     identity = f"{socket.gethostname()}-{os.getpid()}"
@@ -173,8 +176,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
         workloads = read_trace(args.trace, getattr(args, "format", None), _log)
         result = run(workloads, config, systems, _log)
     except TraceError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        raise CliError(str(error)) from None
     rows = summary(result, systems)
     data = write_report(args.out, rows, result, args.trace, config)
     for split in ("tuning", "holdout"):
@@ -215,4 +217,4 @@ def _every(seconds: float, work: Any, name: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kube.cli import CliError, add_debug_flag, bind_address, check_api_server, run_cli
+from kube.tls import CertificatePaths
 from oversale.errors import SettingsError
 from oversale.settings import Settings
 
@@ -23,11 +25,12 @@ from oversale.settings import Settings
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scheduler", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bind", default="0.0.0.0:8444", help="HOST:PORT (default 0.0.0.0:8444)")
+    parser.add_argument("--bind", default="0.0.0.0:8444", type=bind_address, help="HOST:PORT (default 0.0.0.0:8444)")
     parser.add_argument("--certs-dir", type=Path, help="serve HTTPS with tls.crt/tls.key from here")
     parser.add_argument("--client-ca", type=Path,
                         help="accept only clients with a certificate signed by this CA (kube-scheduler's); "
                              "without it anyone who reaches the port can drive bind")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
@@ -35,13 +38,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    if args.client_ca and not args.certs_dir:
+        parser.error("--client-ca needs --certs-dir (mutual TLS is TLS first)")
+    if args.client_ca and not args.client_ca.is_file():
+        parser.error(f"--client-ca {args.client_ca}: no such file")
+    if args.certs_dir and not CertificatePaths.in_dir(args.certs_dir).exist():
+        parser.error(f"--certs-dir {args.certs_dir}: no tls.crt and tls.key (python -m certs generate writes them)")
+
     from kube.client import load_api_client
     from kube.server import GunicornServer, gunicorn_options
-    from kube.tls import CertificatePaths
 
-    if load_api_client(settings.kubernetes) is None:
-        print("error: no in-cluster config and no kubeconfig: the extender needs an API server", file=sys.stderr)
-        return 2
+    api_client = load_api_client(settings.kubernetes)
+    if api_client is None:
+        raise CliError("no in-cluster config and no kubeconfig: the extender needs an API server "
+                       "(set KUBECONFIG or run inside the cluster)")
+    # Checked here, in the master: a worker that fails to boot says only "Worker failed to boot".
+    logging.getLogger("scheduler").info("using the cluster at %s", check_api_server(api_client))
 
     def build() -> object:
         from kube.leader import LeaseElector
@@ -77,10 +89,6 @@ def main(argv: list[str] | None = None) -> int:
             serve_probes(host, settings.extender_probe_port, {p: route(p) for p in ("/healthz", "/readyz", "/metrics")})
         return app
 
-    if args.client_ca and not args.certs_dir:
-        parser.error("--client-ca needs --certs-dir (mutual TLS is TLS first)")
-    if args.client_ca and not args.client_ca.is_file():
-        parser.error(f"--client-ca {args.client_ca}: no such file")
     options = gunicorn_options(args.bind, "", "", 1, settings.threads, settings.keepalive_seconds, settings.log_level,
                                str(args.client_ca) if args.client_ca else "")
     if args.certs_dir:
@@ -98,4 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

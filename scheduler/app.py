@@ -12,6 +12,7 @@ from typing import Any
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kube.client import one_line
 from oversale.settings import Settings
 from scheduler.extender import Binder, bind, filter_nodes, prioritize
 from scheduler.protocol import BadRequest, parse_args, parse_binding
@@ -61,7 +62,7 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
             payload, result, status = {"Error": str(error)}, "malformed", 400
         except Exception as error:
             log.exception("%s failed", verb)
-            payload, result, status = {"Error": f"{verb} failed: {error}"}, "error", 200
+            payload, result, status = {"Error": f"{verb} failed: {one_line(error)}"}, "error", 200
         metrics.calls.labels(verb, result).inc()
         metrics.latency.labels(verb).observe(time.perf_counter() - started)
         return Response(json.dumps(payload), status=status, mimetype="application/json")

@@ -61,6 +61,9 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "verticalpodautoscalers": ("/apis/autoscaling.k8s.io/v1", "verticalpodautoscalers", "VerticalPodAutoscaler",
                                True),
 }
+# GET /version as a v1.33 API server answers it (the client's VersionInfo requires every field).
+VERSION = {"major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "0" * 40, "gitTreeState": "clean",
+           "buildDate": "2025-04-23T13:05:48Z", "goVersion": "go1.24.2", "compiler": "gc", "platform": "linux/amd64"}
 API_VERSIONS = {
     "/api/v1": "v1",
     "/apis/apps/v1": "apps/v1",
@@ -506,6 +509,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if urlsplit(self.path).path.rstrip("/") == "/api/v1":
                 return self._discovery()
+            if urlsplit(self.path).path.rstrip("/") == "/version":
+                api.requests.append(Logged("GET", "/version", {}))
+                return self._send(200, VERSION)
             route = self._prologue()
             if route is None:
                 return

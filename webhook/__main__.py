@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kube.cli import CliError, add_debug_flag, bind_address, run_cli
 from kube.tls import LOCAL_HOSTS, CertificatePaths, generate
 from oversale.errors import SettingsError
 from oversale.settings import Settings
@@ -24,7 +25,8 @@ log = logging.getLogger("webhook")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m webhook", description=__doc__)
-    parser.add_argument("--bind", default="0.0.0.0:8443", help="HOST:PORT to listen on (default 0.0.0.0:8443)")
+    parser.add_argument("--bind", default="0.0.0.0:8443", type=bind_address,
+                        help="HOST:PORT to listen on (default 0.0.0.0:8443)")
     parser.add_argument("--certs-dir", type=Path, required=True, help="directory with ca.crt, tls.crt, tls.key")
     parser.add_argument("--workers", type=int, help="worker processes (default OVERSALE_WORKERS or 2)")
     parser.add_argument("--threads", type=int, help="threads per worker (default OVERSALE_THREADS or 4)")
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="prometheus multiprocess directory (default PROMETHEUS_MULTIPROC_DIR or a fresh temporary one)",
     )
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
@@ -78,17 +81,25 @@ def _prepare_metrics_dir(requested: Path | None) -> None:
 
 
 def _resolve_cluster(settings: Settings) -> Settings:
-    """Decide once, in the master, whether there is a cluster, so the fact is logged once."""
+    """Decide once, in the master, whether there is a cluster, so the fact is logged once; a
+    cluster that is configured but unreachable stops the start with one line."""
     if settings.kubernetes == "off":
-        log.info("OVERSALE_KUBERNETES=off: serving with Pod annotations only")
+        log.info("no cluster (OVERSALE_KUBERNETES=off): serving with Pod annotations only")
         return settings
-    from kube.client import load_api_client
+    from kube.cli import check_api_server
+    from kube.client import load_api_client, one_line
 
-    if load_api_client(settings.kubernetes) is None:
-        log.info("no in-cluster config and no kubeconfig: serving with Pod annotations only")
+    api_client = load_api_client(settings.kubernetes)
+    if api_client is None:
+        log.info("no cluster (no in-cluster config and no kubeconfig): serving with Pod annotations only")
         return dataclasses.replace(settings, kubernetes="off")
+    try:
+        log.info("using the cluster at %s for owner annotations, LimitRanges and quotas", check_api_server(api_client))
+    except Exception as error:  # noqa: BLE001  -- told as one line, below
+        raise CliError(f"the cluster in the kubeconfig is unreachable ({one_line(error)}); fix KUBECONFIG, "
+                       "or serve without a cluster: OVERSALE_KUBERNETES=off") from None
     return settings
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

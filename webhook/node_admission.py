@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
+from kube.client import one_line
 from oversale.annotations import AnnotationProblem
 from oversale.node_oversale import (
     NodeResult,
@@ -109,8 +110,9 @@ def validate_node(request: AdmissionRequest, settings: Settings, pods: NodePods)
     try:
         running = [p for p in pods.on_node(name) if not is_terminal(p)]
     except Exception as error:  # noqa: BLE001  -- fail open: a ratio change is the operator's call
-        log.warning("node %s: could not list its Pods (%s); allowing the ratio change", name, error)
-        return allow(uid, warnings=[f"could not check the Pods on {name} ({error}); ratio change allowed unchecked"])
+        log.warning("node %s: could not list its Pods (%s); allowing the ratio change", name, one_line(error))
+        return allow(uid, warnings=[f"could not check the Pods on {name} ({one_line(error)}); ratio change allowed "
+                                    "unchecked"])
     problems = []
     for resource in lowered:
         if resource not in real:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kube.client import one_line
 from kube.reflector import Reflector, WatchedKind
 from oversale.annotations import AnnotationKeys
 from oversale.limitrange import NO_BOUNDS, RequestBounds, bounds_from_limit_ranges
@@ -127,7 +128,8 @@ class OwnerCache:
                 entry = self._entry(kind, namespace, name)
         except Exception as error:  # noqa: BLE001  -- API trouble must not block admission
             self._on_lookup("error")
-            return OwnerAnnotations(_NO_ANNOTATIONS, problem=f"could not read owner {kind} {namespace}/{name}: {error}")
+            problem = f"could not read owner {kind} {namespace}/{name}: {one_line(error)}"
+            return OwnerAnnotations(_NO_ANNOTATIONS, problem=problem)
         if entry is None:
             return OwnerAnnotations(_NO_ANNOTATIONS, f"{kind}/{namespace}/{name}")
         return OwnerAnnotations(entry.annotations, f"{kind}/{namespace}/{name}")

@@ -1,0 +1,100 @@
+"""What every entry point does with an error it cannot handle: one line that names the thing and
+what to do, and exit code 2, never a traceback (``--debug`` shows it).
+
+Each ``__main__`` ends with ``sys.exit(run_cli(main))``; ``main`` itself raises freely.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from kube.client import one_line
+
+DEBUG_HELP = "show the traceback of an unexpected error instead of one line"
+
+
+class CliError(Exception):
+    """A problem the user can fix, already told in one line (exit code 2)."""
+
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """Show ``--debug`` in ``--help``; ``run_cli`` takes it out of argv wherever it stands."""
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+
+
+def describe(error: BaseException) -> str:
+    """The one line for an error an entry point met; a hint says what to do where one is known."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+
+    if isinstance(error, CliError):
+        return str(error)
+    if isinstance(error, ConfigException):
+        return f"{one_line(error)} (fix it, or point KUBECONFIG at a working one)"
+    if isinstance(error, urllib3.exceptions.HTTPError):
+        return (f"cannot reach the API server: {one_line(error)}; check KUBECONFIG and its current context "
+                "(kubectl cluster-info)")
+    if isinstance(error, ApiException):
+        return f"the API server refused the request: {one_line(error)}{_api_message(error)}"
+    if isinstance(error, FileNotFoundError):
+        return f"{error.filename or error}: no such file or directory"
+    if isinstance(error, PermissionError):
+        return f"{error.filename or error}: permission denied"
+    if isinstance(error, OSError) and error.filename:
+        return f"{error.filename}: {error.strerror or one_line(error)}"
+    return f"{type(error).__name__}: {one_line(error)}"
+
+
+def _api_message(error: BaseException) -> str:
+    import json
+
+    try:
+        message = json.loads(getattr(error, "body", "") or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        return ""
+    return f": {str(message).splitlines()[0][:200]}" if message else ""
+
+
+def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
+    """Run ``main`` with ``--debug`` taken out; an error becomes ``error: ...`` on stderr and 2."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in arguments
+    arguments = [a for a in arguments if a != "--debug"]
+    if not debug:
+        # urllib3 logs each retry of a refused connection with its pool internals; the one line
+        # below says the same once.
+        logging.getLogger("urllib3").setLevel(logging.ERROR)
+    try:
+        return main(arguments)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        if debug:
+            raise
+        hint = "" if isinstance(error, CliError) else " (--debug shows the traceback)"
+        print(f"error: {describe(error)}{hint}", file=sys.stderr)
+        return 2
+
+
+def bind_address(text: str) -> str:
+    """argparse type of ``--bind``: HOST:PORT with a port in 1..65535 (gunicorn would otherwise
+    take "8443" as a host and retry it five times)."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (for example 127.0.0.1:8443 or 0.0.0.0:8443)")
+    return text
+
+
+def check_api_server(api_client: object, timeout: float = 5.0) -> str:
+    """GET /version once, so a dead kubeconfig fails at start with one line instead of a
+    not-ready server that logs a traceback per retry; returns the server's address and version."""
+    from kubernetes import client
+
+    from kube.client import api_server_of
+
+    info = client.VersionApi(api_client).get_code(_request_timeout=timeout)
+    return f"{api_server_of(api_client)} (Kubernetes {info.git_version})"

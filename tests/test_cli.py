@@ -1,0 +1,124 @@
+"""Every entry point answers a bad input with one line that names it, and exit code 2.
+
+Each case runs the real command in a subprocess, as a user would, against a kubeconfig whose
+API server is a closed port on 127.0.0.1 (connection refused), a kubeconfig that is not YAML, a
+missing file or a malformed argument.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters:
+- name: gone
+  cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}
+users:
+- name: someone
+  user: {{token: not-a-real-token}}
+contexts:
+- name: gone
+  context: {{cluster: gone, user: someone}}
+current-context: gone
+"""
+
+
+@pytest.fixture()
+def dead_kubeconfig(tmp_path: Path) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG.format(port=free_port()))  # nothing listens there: connection refused
+    return path
+
+
+def run(args: list[str], kubeconfig: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "OVERSALE_"))}
+    environment.update(env)
+    environment["KUBECONFIG"] = str(kubeconfig) if kubeconfig else "/nonexistent/kubeconfig"
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=90)
+
+
+def assert_one_clean_line(result: subprocess.CompletedProcess[str], *names: str) -> str:
+    lines = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "urllib3" not in result.stderr and "Retry(" not in result.stderr, \
+        result.stderr
+    assert len(lines) == 1, result.stderr
+    for name in names:
+        assert name in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [
+    ["reconcilers", "once", "--dry-run"],
+    ["reconcilers", "remediate", "--dry-run"],
+    ["certs", "ensure", "--secret", "oversale/oversale-webhook-tls", "--service", "oversale-webhook"],
+    ["certs", "inject", "--webhook", "oversale", "--secret", "oversale/oversale-webhook-tls"],
+    ["scheduler", "--bind", "127.0.0.1:0"],
+])
+def test_an_unreachable_api_server_is_one_line(command, dead_kubeconfig):
+    line = assert_one_clean_line(run(command, dead_kubeconfig), "cannot reach the API server", "127.0.0.1:",
+                                 "connection refused", "KUBECONFIG")
+    assert line.startswith("error: ")
+
+
+def test_the_webhook_names_the_dead_cluster_and_how_to_serve_without_one(dead_kubeconfig, tmp_path):
+    result = run(["webhook", "--bind", "127.0.0.1:0", "--certs-dir", str(tmp_path / "certs")], dead_kubeconfig)
+    assert_one_clean_line(result, "unreachable", "connection refused", "OVERSALE_KUBERNETES=off")
+
+
+def test_debug_shows_the_traceback(dead_kubeconfig):
+    result = run(["reconcilers", "once", "--dry-run", "--debug"], dead_kubeconfig)
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("this is not a kubeconfig\n")
+    assert_one_clean_line(run(["reconcilers", "once", "--dry-run"], broken), str(broken), "not a valid kubeconfig")
+
+
+@pytest.mark.parametrize(("command", "names"), [
+    (["webhook", "--bind", "8443", "--certs-dir", "/tmp"], ["--bind", "'8443' is not HOST:PORT"]),
+    (["scheduler", "--bind", "localhost"], ["--bind", "not HOST:PORT"]),
+    (["scheduler", "--bind", "127.0.0.1:1", "--certs-dir", "/nonexistent"], ["--certs-dir", "tls.crt"]),
+    (["certs", "ensure", "--secret", "oversale-webhook-tls", "--service", "x"], ["NAMESPACE/NAME"]),
+    (["certs", "inject", "--webhook", "x", "--ca-file", "/nonexistent/ca.crt"], ["/nonexistent/ca.crt",
+                                                                                 "no such file"]),
+    (["certs", "generate", "--dir", "/proc/oversale-nope", "--host", "localhost"], ["/proc/oversale-nope"]),
+    (["reconcilers", "backtest", "--trace", "/nonexistent/trace.csv"], ["/nonexistent/trace.csv", "no such file"]),
+])
+def test_bad_arguments_are_named(command, names):
+    assert_one_clean_line(run(command), *names)
+
+
+def test_certs_generate_keeps_an_existing_ca_unless_forced(tmp_path):
+    first = run(["certs", "generate", "--dir", str(tmp_path), "--host", "localhost"])
+    assert first.returncode == 0, first.stderr
+    ca = (tmp_path / "ca.crt").read_bytes()
+    again = run(["certs", "generate", "--dir", str(tmp_path), "--host", "localhost"])
+    assert_one_clean_line(again, "ca.crt exists", "--force")
+    assert (tmp_path / "ca.crt").read_bytes() == ca
+    forced = run(["certs", "generate", "--dir", str(tmp_path), "--host", "localhost", "--force"])
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "ca.crt").read_bytes() != ca
+
+
+@pytest.mark.parametrize("module", ["webhook", "scheduler", "reconcilers", "certs"])
+def test_help_lists_debug_and_defaults(module):
+    result = run([module, "--help"])
+    assert result.returncode == 0 and "--debug" in result.stdout
+
+
+def test_backtest_help_shows_every_default():
+    text = run(["reconcilers", "backtest", "--help"]).stdout
+    for default in ("backtest-report", "(default: 32", "256Gi", "(default: 7)", "(default: 14)"):
+        assert default in " ".join(text.split()), default
