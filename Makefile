@@ -1,4 +1,4 @@
-# The two commands of the README quickstart: `make run` and `make test`.
+# The commands of the README: `make demo`, `make run` and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

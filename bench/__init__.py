@@ -1,1 +1,1 @@
-"""Benchmarks (figures go in the README; nothing here is a pass/fail test)."""
+"""Benchmarks (figures go in docs/performance.md; nothing here is a pass/fail test)."""

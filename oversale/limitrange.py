@@ -114,7 +114,7 @@ def quota_headroom(quotas: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     Every quota counts, whatever its scopes: a scoped quota that does not match the Pod can only
     make a raise smaller than it could be, never get a Pod rejected. ``used`` is the quota
     controller's last figure; Pods created since are not in it, so the headroom is a best
-    estimate (see README, "Raising requests").
+    estimate (see docs/policies.md, raising requests).
     """
     headroom: dict[str, int] = {}
     for quota in quotas:

@@ -1,6 +1,6 @@
 """Every knob of the service: one dataclass, read from the environment in one place.
 
-Each field names its environment variable in ``metadata["env"]``; the README's settings table
+Each field names its environment variable in ``metadata["env"]``; docs/settings.md's table
 lists them all (a test keeps the two in step).
 """
 
@@ -136,7 +136,7 @@ class Settings:
 
     compression_percentile: float = field(default=1.0, metadata=_env("OVERSALE_COMPRESSION_PERCENTILE"))
     """Usage percentile taken as a container's demand (1: the window's peak). Chosen on the
-    backtest's tuning days: see README, "Backtest"."""
+    backtest's tuning days: see docs/backtest.md."""
 
     compression_margin: Decimal = field(default=Decimal("0.05"), metadata=_env("OVERSALE_COMPRESSION_MARGIN"))
     """Headroom added to the demand: demand = percentile x (1 + margin)."""
@@ -268,7 +268,7 @@ class Settings:
 
     load_aware: bool = field(default=False, metadata=_env("OVERSALE_LOAD_AWARE"))
     """The extender filters and scores nodes by their real usage (metrics.k8s.io), not only requests.
-    Off by default: the backtest does not show it paying off yet (README, "Load-aware placement")."""
+    Off by default: the backtest does not show it paying off yet (docs/scheduler.md, "Load-aware placement")."""
 
     metrics_poll_interval_seconds: float = field(default=30.0, metadata=_env("OVERSALE_METRICS_POLL_INTERVAL"))
     """How often the extender reads NodeMetrics and PodMetrics."""

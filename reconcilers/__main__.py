@@ -8,7 +8,7 @@
 
 The history source is Prometheus when OVERSALE_PROMETHEUS_URL is set, else metrics-server sampled
 into the SQLite file OVERSALE_SQLITE_PATH. Several replicas are safe: only the holder of the Lease
-OVERSALE_LEASE_NAME writes. Every setting is an environment variable (README, "Settings").
+OVERSALE_LEASE_NAME writes. Every setting is an environment variable (docs/settings.md).
 """
 
 from __future__ import annotations

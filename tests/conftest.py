@@ -27,8 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _shared_dir() -> Path:
-    """``shared/`` beside this checkout, or beside the local repository it was cloned from (a
-    fresh clone elsewhere, e.g. CI's in /tmp, still finds the inputs nobody here wrote)."""
+    """``$OVERSALE_SHARED_DIR``, else ``shared/`` beside this checkout, or beside the local
+    repository it was cloned from (a fresh clone elsewhere, e.g. CI's in /tmp, still finds the
+    inputs nobody here wrote)."""
+    if os.environ.get("OVERSALE_SHARED_DIR"):
+        return Path(os.environ["OVERSALE_SHARED_DIR"])
     candidates = [ROOT.parent / "shared"]
     origin = subprocess.run(["git", "-C", str(ROOT), "remote", "get-url", "origin"],
                             capture_output=True, text=True, check=False).stdout.strip()
@@ -39,11 +42,46 @@ def _shared_dir() -> Path:
 
 SHARED = _shared_dir()
 POD_FIXTURES = sorted((SHARED / "fixtures" / "pods").glob("*.json"))
-if not POD_FIXTURES:
-    raise RuntimeError(f"the shared fixtures are missing: expected Pods in {SHARED / 'fixtures' / 'pods'} "
-                       "(clone the repository beside shared/, or from a checkout that is)")
+SHARED_PRESENT = bool(POD_FIXTURES)
+SHARED_MISSING = (f"the shared corpus (real traces and fixtures nobody here wrote, kept beside the repository "
+                  f"in ../shared/) is not at {SHARED}")
 # A Deployment-owned Pod with one container requesting 100m CPU and 100Mi memory.
 FRONTEND_POD = SHARED / "fixtures" / "pods" / "016-examples-deployment-frontend.json"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "shared: reads ../shared/ (skipped, with one line, where it is absent)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without the corpus, the tests that read it are left out and the rest runs; CI sets
+    OVERSALE_REQUIRE_SHARED=1, where leaving any out is an error."""
+    needing = [item for item in items if item.get_closest_marker("shared")]
+    if SHARED_PRESENT or not needing:
+        return
+    if os.environ.get("OVERSALE_REQUIRE_SHARED") == "1":
+        raise pytest.UsageError(f"OVERSALE_REQUIRE_SHARED=1 but {SHARED_MISSING}")
+    items[:] = [item for item in items if not item.get_closest_marker("shared")]
+    config.hook.pytest_deselected(items=needing)
+    config.stash[_SKIPPED_SHARED] = len(needing)
+
+
+_SKIPPED_SHARED = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    skipped = config.stash.get(_SKIPPED_SHARED, 0)
+    if skipped:
+        terminalreporter.write_line(f"SKIPPED {skipped} tests marked 'shared': {SHARED_MISSING}", yellow=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """CI runs everything: a 'shared' test skipped for any reason (a file missing from the corpus)
+    fails the run there."""
+    if (report.skipped and os.environ.get("OVERSALE_REQUIRE_SHARED") == "1"
+            and "shared" in report.keywords):
+        report.outcome = "failed"
+        report.longrepr = f"OVERSALE_REQUIRE_SHARED=1 and a test that reads ../shared/ was skipped: {report.longrepr}"
 
 
 def load_fixture_pod(path: Path) -> dict[str, Any]:

@@ -122,3 +122,22 @@ def test_backtest_help_shows_every_default():
     text = run(["reconcilers", "backtest", "--help"]).stdout
     for default in ("backtest-report", "(default: 32", "256Gi", "(default: 7)", "(default: 14)"):
         assert default in " ".join(text.split()), default
+
+
+def _pytest(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")} | env
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_quantity.py"],
+                          cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+
+
+def test_without_the_shared_corpus_its_tests_are_left_out_with_one_line_and_the_rest_passes():
+    result = _pytest({"OVERSALE_SHARED_DIR": "/nonexistent/shared"})
+    assert result.returncode == 0, result.stdout
+    skipped = [line for line in result.stdout.splitlines() if "marked 'shared'" in line]
+    assert len(skipped) == 1 and "/nonexistent/shared" in skipped[0] and "../shared/" in skipped[0], result.stdout
+    assert " passed" in result.stdout and "1 deselected" in result.stdout
+
+
+def test_ci_refuses_to_run_without_the_shared_corpus():
+    result = _pytest({"OVERSALE_SHARED_DIR": "/nonexistent/shared", "OVERSALE_REQUIRE_SHARED": "1"})
+    assert result.returncode != 0 and "OVERSALE_REQUIRE_SHARED=1" in result.stdout + result.stderr

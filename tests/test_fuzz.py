@@ -2,8 +2,8 @@
 the extender over HTTP). Every answer is well-formed JSON, never a 5xx, and fast; every patch the
 webhook returns applies to the object it was given and leaves quantities the API server accepts.
 
-``make test`` runs OVERSALE_FUZZ_EXAMPLES (default 200) cases per endpoint; the README gives the
-figures of a long run (10,000 per endpoint).
+``make test`` runs OVERSALE_FUZZ_EXAMPLES (default 200) cases per endpoint; docs/security.md gives
+the figures of a long run (10,000 per endpoint).
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ def policy(**annotations):
     return node_policy_from_annotations(annotations, KEYS, OversaleLimits())
 
 
+@pytest.mark.shared
 def test_formula_on_a_real_node_keeps_reserved_resources_and_other_resources():
     node = gke_node()
     result = oversell_node(node, None, True, policy(**{KEYS.cpu_oversale_ratio: "1.5",
@@ -88,6 +89,7 @@ def test_lowest_safe_ratio_is_rounded_up_to_hold_the_requests():
     assert lowest_safe_ratio(16000, 9000) == 1
 
 
+@pytest.mark.shared
 def test_only_the_nodes_own_kubelet_refreshes_real_values():
     node = gke_node()
     on = policy(**{KEYS.cpu_oversale_ratio: "2"})
@@ -110,7 +112,8 @@ def test_only_the_nodes_own_kubelet_refreshes_real_values():
 # Real values the kubelet may report, and ratios, chosen so that no oversold value can equal a real
 # one (every ratio applied is >= 1.25 and the real values span less than that factor). The kubelet
 # sends a value only when it differs from what it read, so a new real value that happened to equal
-# the stored oversold one could not be told apart from a heartbeat; see README, "Limits".
+# the stored oversold one could not be told apart from a heartbeat; see docs/node-oversale.md,
+# "Exact under kubelet heartbeats".
 REAL_CPU = [("3920m", "4"), ("3900m", "4"), ("3800m", "4"), ("3700m", "3900m")]
 REAL_MEMORY = [("12700100Ki", "15399364Ki"), ("12600000Ki", "15399364Ki"), ("12000000Ki", "15000000Ki")]
 RATIO_VALUES = ["1", "1.25", "1.5", "2", "2.5", "3", "7", "abc", "0.8", "1e1", None]
@@ -243,6 +246,7 @@ class Cluster:
             assert not set(KEYS.node_record_keys()) & set(annotations), "record removed when not oversold"
 
 
+@pytest.mark.shared
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(steps)
 def test_random_write_sequences_never_compound_the_ratio(sequence):

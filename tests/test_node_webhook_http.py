@@ -14,6 +14,8 @@ from tests.conftest import RunningWebhook, apply_response
 from tests.kube_api import FakeKubeAPI
 from tests.test_node_oversale import NAME, gke_node
 
+pytestmark = pytest.mark.shared  # every test here starts from the real GKE Node in ../shared/fixtures
+
 KEYS = AnnotationKeys()
 KUBELET = f"system:node:{NAME}"
 

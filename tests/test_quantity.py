@@ -43,6 +43,7 @@ def test_invalid_quantities_raise_quantity_error(text):
         parse_quantity(text)
 
 
+@pytest.mark.shared
 def test_every_quantity_spelled_in_the_shared_pod_fixtures_parses():
     seen = 0
     for path in POD_FIXTURES:

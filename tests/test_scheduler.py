@@ -26,7 +26,8 @@ from tests.conftest import ROOT, SHARED, eventually, free_port, stop_process, wa
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
-PAYLOADS = json.loads((SHARED / "fixtures" / "extender" / "types_test_payloads.json").read_text())
+EXTENDER_PAYLOADS = SHARED / "fixtures" / "extender" / "types_test_payloads.json"
+PAYLOADS = json.loads(EXTENDER_PAYLOADS.read_text()) if EXTENDER_PAYLOADS.is_file() else {}
 
 
 def topology_json(sockets=2, cores=4, threads=2) -> str:
@@ -64,6 +65,7 @@ def pod(name: str, cpu: str, policy: str | None = None, node_name: str | None = 
             "spec": spec, "status": {"phase": "Running" if node_name else "Pending"}}
 
 
+@pytest.mark.shared
 def test_payloads_in_kube_schedulers_own_shapes_parse():
     args = parse_args(json.dumps(PAYLOADS["ExtenderArgs"]).encode())
     assert args["NodeNames"] == ["node1"] and args["Nodes"]["items"][0]["metadata"]["name"] == "nodename"
@@ -134,6 +136,7 @@ def wait_for(check, timeout=10.0):
     assert eventually(check, timeout), "condition not reached in time"
 
 
+@pytest.mark.shared
 def test_filter_with_node_names_returns_only_nodes_sent_with_exact_reasons(cluster):
     api, extender = cluster
     # tiny is not oversold: 16 real cores; node-0 and node-1: 24 oversold.
@@ -187,6 +190,7 @@ def test_numa_shortage_is_explained_and_unresolvable_requests_say_so(cluster):
     assert "multiple of 2" in odd["FailedAndUnresolvableNodes"]["node-0"]
 
 
+@pytest.mark.shared
 def test_prioritize_scores_every_node_sent_by_its_strategy(cluster):
     api, extender = cluster
     api.put("pods", pod("half", "8", "FullPCPUs", node_name="node-0",

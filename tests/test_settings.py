@@ -1,4 +1,5 @@
 import dataclasses
+import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -59,7 +60,18 @@ def test_a_bad_setting_stops_the_server_with_the_message(tmp_path):
     assert "OVERSALE_MAX_RATIO='abc'" in result.stderr
 
 
-def test_readme_documents_every_setting():
-    readme = (ROOT / "README.md").read_text()
+def test_the_settings_reference_documents_every_setting():
+    reference = (ROOT / "docs" / "settings.md").read_text()
     for field in dataclasses.fields(Settings):
-        assert f"`{field.metadata['env']}`" in readme, field.name
+        assert f"`{field.metadata['env']}`" in reference, field.name
+
+
+def test_the_readme_is_short_and_every_docs_page_is_linked_and_links_resolve():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 200
+    for page in (ROOT / "docs").glob("*.md"):
+        assert f"(docs/{page.name})" in readme, page.name
+    for document in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", document.read_text()):
+            if "://" not in target:
+                assert (document.parent / target).exists(), f"{document.name} links to {target}"

@@ -144,6 +144,7 @@ def test_katalyst_formula_matches_its_definition():
     assert katalyst_realtime()("cpu", 32, 28, np.array([0.0]), np.array([8.0]), 1.0) == pytest.approx(1.75)
 
 
+@pytest.mark.shared
 def test_bad_traces_are_refused_with_a_message(tmp_path):
     wrong = tmp_path / "wrong.csv"
     wrong.write_text("a,b\n1,2\n")
@@ -156,6 +157,7 @@ def test_bad_traces_are_refused_with_a_message(tmp_path):
     assert detect_format(BITBRAINS) == "bitbrains-long"
 
 
+@pytest.mark.shared
 def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     # The first 20 VMs (the file is sorted by VM); the format is detected from the header.
     slice_path = tmp_path / "slice.csv"

@@ -52,6 +52,7 @@ def test_health_and_readiness_without_a_cluster(webhook_no_cluster):
     assert log.count("serving with Pod annotations only") == 1
 
 
+@pytest.mark.shared
 @pytest.mark.parametrize("path", POD_FIXTURES, ids=lambda p: p.stem)
 def test_every_fixture_pod_gets_a_valid_patch(webhook_no_cluster, path):
     original = with_ratios(load_fixture_pod(path), cpu="2", memory="1.5")
@@ -75,6 +76,7 @@ def test_every_fixture_pod_gets_a_valid_patch(webhook_no_cluster, path):
         assert set(recorded) >= {c["name"] for c in units(original) if requests_of(c)}
 
 
+@pytest.mark.shared
 def test_second_pass_over_the_mutated_pod_changes_nothing(webhook_no_cluster):
     original = with_ratios(load_fixture_pod(FRONTEND_POD), cpu="3.7", memory="2")
     once = apply_response(original, webhook_no_cluster.review(pod_review(original)))
@@ -83,6 +85,7 @@ def test_second_pass_over_the_mutated_pod_changes_nothing(webhook_no_cluster):
     assert apply_response(once, again) == once
 
 
+@pytest.mark.shared
 def test_patch_escapes_the_slash_in_annotation_keys(webhook_no_cluster):
     response = webhook_no_cluster.review(pod_review(with_ratios(load_fixture_pod(FRONTEND_POD))))
     paths = {op["path"] for op in json.loads(base64.b64decode(response["patch"]))}
@@ -90,6 +93,7 @@ def test_patch_escapes_the_slash_in_annotation_keys(webhook_no_cluster):
     assert "/metadata/annotations/stke.platform~1compression" in paths
 
 
+@pytest.mark.shared
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -105,6 +109,7 @@ def test_non_create_subresources_and_excluded_namespaces_are_left_alone(webhook_
     assert response == {"uid": review["request"]["uid"], "allowed": True}
 
 
+@pytest.mark.shared
 def test_invalid_ratio_warns_names_the_value_and_counts(webhook_no_cluster):
     before = webhook_no_cluster.metric("oversale_invalid_annotations_total", annotation=KEYS.cpu_requests_ratio)
     pod = with_ratios(load_fixture_pod(FRONTEND_POD), cpu="1e3", memory="2")
@@ -137,6 +142,7 @@ def test_malformed_bodies_get_a_clear_400(webhook_no_cluster, body, message):
     assert after == before + 1
 
 
+@pytest.mark.shared
 def test_internal_error_fails_open_without_patch(webhook_no_cluster):
     # A quantity no API server would accept makes the policy raise: the answer is still allowed.
     pod = with_ratios(load_fixture_pod(FRONTEND_POD))
@@ -148,6 +154,7 @@ def test_internal_error_fails_open_without_patch(webhook_no_cluster):
     assert webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="error") == before + 1
 
 
+@pytest.mark.shared
 def test_keep_alive_serves_many_reviews_on_one_connection(webhook_no_cluster):
     connection = webhook_no_cluster.connection()
     pod = with_ratios(load_fixture_pod(FRONTEND_POD))
@@ -163,6 +170,7 @@ def test_keep_alive_serves_many_reviews_on_one_connection(webhook_no_cluster):
     connection.close()
 
 
+@pytest.mark.shared
 def test_metrics_aggregate_over_workers(webhook_no_cluster):
     pod = with_ratios(load_fixture_pod(FRONTEND_POD))
     before = webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="mutated")
@@ -191,6 +199,7 @@ def test_a_fresh_webhook_lists_every_metric_family_before_any_review(tmp_path):
         server.stop()
 
 
+@pytest.mark.shared
 def test_the_lean_admission_path_keeps_the_wire_contract(webhook_no_cluster):
     # Chunked bodies (no Content-Length) are read too; other methods and paths still reach Flask.
     connection = webhook_no_cluster.connection()

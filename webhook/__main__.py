@@ -1,6 +1,6 @@
 """``python -m webhook --bind HOST:PORT --certs-dir DIR``: serve the admission webhooks over HTTPS.
 
-Settings come from the environment (see README, "Settings"). When DIR holds no certificate, a CA
+Settings come from the environment (see docs/settings.md). When DIR holds no certificate, a CA
 and a serving certificate for localhost/127.0.0.1 are created there, so the webhook runs on a
 laptop with no cluster; clients verify against DIR/ca.crt.
 """
