@@ -212,6 +212,23 @@ class AnnotationKeys:
         """Written on bound Pods by the scheduler extender: ``{"cpuset": "4-7", "numaNode": 1}``."""
         return self._key("resource-status")
 
+    def hot_time_budget(self, resource: str) -> str:
+        """Node annotation or label: this node's (pool's) hot-time budget for ``cpu`` or ``memory``,
+        a share of time 0..1, overriding the cluster-wide setting."""
+        return self._key(f"{resource}-hot-time-budget")
+
+    @cached_property
+    def hot_time(self) -> str:
+        """Node, written by the reconciler: the observed hot time over 7 days against the budget,
+        for ``kubectl describe node``."""
+        return self._key("hot-time")
+
+    @cached_property
+    def hot_time_account(self) -> str:
+        """Node, written by the reconciler: JSON per resource, the account's multiplier of the
+        ratio target and when it last backed off."""
+        return self._key("hot-time-account")
+
     def oversale_ratio(self, resource: str) -> str:
         """The node oversale-ratio key for ``cpu`` or ``memory``."""
         return self.cpu_oversale_ratio if resource == CPU else self.memory_oversale_ratio

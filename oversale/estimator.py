@@ -109,6 +109,11 @@ class CompressionEstimator:
 @dataclass(frozen=True)
 class OversaleEstimator:
     percentile: float = 1.0
+    """CPU: the quantile of the node's summed usage taken as its coming peak (from the hot-time
+    budget: ``oversale.budget.budget_quantile``)."""
+    memory_percentile: float = 1.0
+    budget_scale: float = 1.0
+    """Calibration of the hot-time budget: the node's quantile is ``1 - budget_scale x budget``."""
     cpu_target: Decimal = Decimal(1)
     memory_target: Decimal = Decimal("0.6")
     cpu_max_ratio: Decimal = Decimal(5)
@@ -125,8 +130,16 @@ class OversaleEstimator:
     def target(self, resource: str) -> Decimal:
         return self.cpu_target if resource == CPU else self.memory_target
 
+    def percentile_of(self, resource: str) -> float:
+        return self.percentile if resource == CPU else self.memory_percentile
+
     def max_ratio(self, resource: str) -> Decimal:
         return self.cpu_max_ratio if resource == CPU else self.memory_max_ratio
+
+
+def percentile_name(q: float) -> str:
+    """``P99.9`` for 0.999, ``P100`` for the peak."""
+    return f"P{round(q * 100, 3):g}"
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
@@ -222,7 +235,7 @@ def compression_proposal(
     proposed = _decimal(adjusted, ROUND_FLOOR)
     shown = format_amount(resource, math.ceil(demand))
     reason = (f"container {container}: request {format_amount(resource, requests[container])}, "
-              f"demand {shown} (P{round(estimator.percentile * 100)} x {1 + estimator.margin}"
+              f"demand {shown} ({percentile_name(estimator.percentile)} x {1 + estimator.margin}"
               f"{', at least the peak' if resource != CPU else ''})")
     if confidence < 1:
         reason += f"; {float(confidence):.0%} confidence ({coverage / 86400:.1f} days of history)"
@@ -251,8 +264,9 @@ def oversale_proposal(
     peak = max(usage.quantile, 1.0)
     raw = Fraction(estimator.target(resource)) * Fraction(requested) / Fraction(peak)
     computed = _decimal(min(max(raw, Fraction(1)), Fraction(maximum)), ROUND_FLOOR)
-    reason = (f"P{round(estimator.percentile * 100)} usage {format_amount(resource, math.ceil(peak))} of "
-              f"{format_amount(resource, requested)} requested, target {estimator.target(resource)}")
+    reason = (f"{percentile_name(estimator.percentile_of(resource))} usage "
+              f"{format_amount(resource, math.ceil(peak))} of {format_amount(resource, requested)} requested, "
+              f"target {estimator.target(resource)}")
     cover = safe_floor(requested, real_allocatable, Decimal(0))
     if cover > maximum:
         reason += f"; requests need {cover}, above the maximum {maximum}: holding"

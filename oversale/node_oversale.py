@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Any
 
 from oversale.annotations import AnnotationKeys, AnnotationProblem, current_ratio, parse_switch, read_ratios
+from oversale.budget import budget_proposal
 from oversale.errors import InvalidAnnotation, QuantityError
 from oversale.estimator import OversaleEstimator, RatioPlan, UsageStats, oversale_proposal
 from oversale.quantity import CPU, RESOURCES, format_amount, parse_amount
@@ -260,6 +261,8 @@ class NodePlan(RatioPlan):
     name: str
     requested: dict[str, int] = field(default_factory=dict)
     real_allocatable: dict[str, int] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    """Other annotations to write with the ratios (the hot-time account), only those that changed."""
 
 
 def real_allocatable_of(node: Mapping[str, Any], keys: AnnotationKeys) -> dict[str, int]:
@@ -275,8 +278,12 @@ def plan_node(
     usage: Mapping[str, UsageStats | None],
     keys: AnnotationKeys,
     estimator: OversaleEstimator,
+    budgets: Mapping[str, float] | None = None,
+    multipliers: Mapping[str, float] | None = None,
 ) -> NodePlan:
-    """The oversale ratios one opted-in node should carry (``usage``: resource -> stats or None)."""
+    """The oversale ratios one opted-in node should carry (``usage``: resource -> stats or None,
+    summarising each resource's budget quantile). With ``budgets`` (resource -> hot-time budget)
+    the ratio is the budget's, its target scaled by the account's ``multipliers``."""
     metadata = node.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     plan = NodePlan(name=str(metadata.get("name", "")), requested=dict(requested),
@@ -285,7 +292,12 @@ def plan_node(
         if resource not in plan.real_allocatable:
             continue
         plan.current[resource] = current_ratio(annotations, keys.oversale_ratio(resource))
-        plan.proposals[resource] = oversale_proposal(
-            resource, requested.get(resource, 0), plan.real_allocatable[resource], usage.get(resource),
-            plan.current[resource], estimator)
+        if budgets is not None and resource in budgets:
+            plan.proposals[resource] = budget_proposal(
+                resource, requested.get(resource, 0), plan.real_allocatable[resource], usage.get(resource),
+                plan.current[resource], estimator, budgets[resource], (multipliers or {}).get(resource, 1.0))
+        else:
+            plan.proposals[resource] = oversale_proposal(
+                resource, requested.get(resource, 0), plan.real_allocatable[resource], usage.get(resource),
+                plan.current[resource], estimator)
     return plan

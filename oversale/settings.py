@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from oversale.annotations import DEFAULT_PREFIX, AnnotationKeys
+from oversale.budget import AccountConfig, HotTimeBudget, budget_quantile, compression_percentile
 from oversale.compression import CompressionConfig
 from oversale.errors import QuantityError, SettingsError
 from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
@@ -134,9 +135,26 @@ class Settings:
     reconcile_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_RECONCILE_INTERVAL"))
     """Time between two reconcile passes."""
 
-    compression_percentile: float = field(default=1.0, metadata=_env("OVERSALE_COMPRESSION_PERCENTILE"))
-    """Usage percentile taken as a container's demand (1: the window's peak). Chosen on the
-    backtest's tuning days: see docs/backtest.md."""
+    cpu_hot_time_budget: float = field(default=0.001, metadata=_env("OVERSALE_CPU_HOT_TIME_BUDGET"))
+    """The one risk knob: the share of node-time (0..1) an oversold node may spend with real cpu
+    usage above its real allocatable (0.001: about 1.4 minutes a day). The node ratio is the
+    largest whose predicted exceedance is within it, the compression percentile follows from it,
+    and the account backs a node off when it overspends (``oversale.budget``). Per node or pool:
+    the node annotation or label ``<prefix>/cpu-hot-time-budget``."""
+
+    memory_hot_time_budget: float = field(default=0.0001, metadata=_env("OVERSALE_MEMORY_HOT_TIME_BUDGET"))
+    """The same for memory (0.0001: about 9 seconds a day); memory contention kills Pods."""
+
+    budget_calibration: float = field(default=1.0, metadata=_env("OVERSALE_BUDGET_CALIBRATION"))
+    """The node's quantile is 1 - calibration x budget: how much the window's exceedance
+    over-states what follows. Chosen on the backtest's tuning days (``python -m simulator.tune``);
+    change it only after running that on your own history."""
+
+    pool_labels: tuple[str, ...] = field(
+        default=("cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup", "kubernetes.azure.com/agentpool"),
+        metadata=_env("OVERSALE_POOL_LABELS"))
+    """Node labels naming a node's pool (first present wins; none: pool ``default``), for the
+    account's per-pool figures."""
 
     compression_margin: Decimal = field(default=Decimal("0.05"), metadata=_env("OVERSALE_COMPRESSION_MARGIN"))
     """Headroom added to the demand: demand = percentile x (1 + margin)."""
@@ -158,10 +176,6 @@ class Settings:
 
     rescale_hpa: bool = field(default=False, metadata=_env("OVERSALE_RESCALE_HPA"))
     """Compress workloads with a utilization HPA and scale the HPA target by the ratio (off: skip them)."""
-
-    node_percentile: float = field(default=1.0, metadata=_env("OVERSALE_NODE_PERCENTILE"))
-    """Percentile of the node's summed usage taken as its coming peak (1: the window's peak, which
-    already counts that its Pods' peaks do not coincide)."""
 
     cpu_target_utilization: Decimal = field(default=Decimal("1"), metadata=_env("OVERSALE_CPU_TARGET"))
     """Share of real CPU the node's predicted peak may reach: ratio = target x requested / peak."""
@@ -356,6 +370,27 @@ class Settings:
     def is_kubelet_of(self, username: str, node: str) -> bool:
         return username == self.kubelet_username.format(node=node)
 
+    @property
+    def account(self) -> AccountConfig:
+        return AccountConfig()
+
+    @property
+    def budget(self) -> HotTimeBudget:
+        return HotTimeBudget(self.cpu_hot_time_budget, self.memory_hot_time_budget)
+
+    @property
+    def compression_percentile(self) -> float:
+        """From the cpu budget: a container's demand is exceeded no more often than a node may be hot."""
+        return compression_percentile(self.cpu_hot_time_budget, self.budget_calibration)
+
+    @property
+    def node_percentile(self) -> float:
+        return budget_quantile(self.cpu_hot_time_budget, self.budget_calibration)
+
+    @property
+    def memory_node_percentile(self) -> float:
+        return budget_quantile(self.memory_hot_time_budget, self.budget_calibration)
+
     def compression_estimator(self) -> CompressionEstimator:
         return CompressionEstimator(
             percentile=self.compression_percentile,
@@ -371,6 +406,8 @@ class Settings:
     def oversale_estimator(self) -> OversaleEstimator:
         return OversaleEstimator(
             percentile=self.node_percentile,
+            memory_percentile=self.memory_node_percentile,
+            budget_scale=self.budget_calibration,
             cpu_target=self.cpu_target_utilization,
             memory_target=self.memory_target_utilization,
             cpu_max_ratio=self.max_cpu_oversale_ratio,
@@ -392,6 +429,9 @@ class Settings:
 
         Raises SettingsError naming the variable and the value when one cannot be used.
         """
+        for name, replacement in REPLACED.items():
+            if name in environ:
+                raise SettingsError(f"{name}={environ[name]!r}: no longer read; {replacement}")
         values: dict[str, Any] = {}
         if environ.get("POD_NAMESPACE"):
             values["namespace"] = environ["POD_NAMESPACE"]
@@ -404,6 +444,15 @@ class Settings:
             except (ValueError, InvalidOperation, QuantityError) as error:
                 raise SettingsError(f"{name}={environ[name]!r}: {error}") from None
         return cls(**values)
+
+
+REPLACED = {
+    "OVERSALE_NODE_PERCENTILE": "the hot-time budget sets it: OVERSALE_CPU_HOT_TIME_BUDGET (percentile = 1 - budget)",
+    "OVERSALE_COMPRESSION_PERCENTILE": "the hot-time budget sets it: OVERSALE_CPU_HOT_TIME_BUDGET "
+                                       "(percentile = 1 - budget, at least 0.9)",
+}
+"""Variables of earlier versions: set, they stop the start with what replaces them, rather than
+being silently ignored."""
 
 
 def _positive_int(text: str) -> int:
@@ -510,7 +559,10 @@ _PARSERS: dict[str, Any] = {
     "history_retention_seconds": lambda text: _duration(text),
     "history_window_seconds": lambda text: _duration(text),
     "reconcile_interval_seconds": lambda text: _duration(text),
-    "compression_percentile": lambda text: _fraction(text),
+    "cpu_hot_time_budget": lambda text: _share(text),
+    "memory_hot_time_budget": lambda text: _share(text),
+    "budget_calibration": lambda text: _positive_float(text),
+    "pool_labels": lambda text: tuple(label.strip() for label in text.split(",") if label.strip()),
     "compression_margin": lambda text: _decimal_between(text, 0, 10),
     "min_history_seconds": lambda text: _duration(text, allow_zero=True),
     "min_samples": lambda text: _nonnegative_int(text),
@@ -518,7 +570,6 @@ _PARSERS: dict[str, Any] = {
     "min_change": lambda text: _decimal_between(text, 0, 1),
     "max_raise": lambda text: _decimal_between(text, 0, 10),
     "rescale_hpa": _bool,
-    "node_percentile": lambda text: _fraction(text),
     "cpu_target_utilization": lambda text: _decimal_between(text, 0, 1),
     "memory_target_utilization": lambda text: _decimal_between(text, 0, 1),
     "reconcile_max_memory_oversale_ratio": _max_ratio,
@@ -568,6 +619,11 @@ _PARSERS: dict[str, Any] = {
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def parse_duration(text: str) -> float:
+    """A positive duration in seconds from ``300``, ``300s``, ``5m``, ``24h`` or ``7d`` (ValueError)."""
+    return _duration(text)
+
+
 def _duration(text: str, allow_zero: bool = False) -> float:
     """``300``, ``300s``, ``5m``, ``24h``, ``7d``."""
     text = text.strip()
@@ -579,6 +635,13 @@ def _duration(text: str, allow_zero: bool = False) -> float:
         raise ValueError("must be a duration such as 300, 5m, 24h or 7d") from None
     if not (value > 0 or (allow_zero and value == 0)) or value == float("inf"):
         raise ValueError("must be a positive duration")
+    return value
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:  # NaN fails too
+        raise ValueError("must be a share of time between 0 and 1, e.g. 0.001 for 0.1% (0: no overselling)")
     return value
 
 

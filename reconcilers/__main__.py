@@ -2,6 +2,9 @@
 
   python -m reconcilers run               loop: sample (SQLite source), reconcile every interval, serve /metrics
   python -m reconcilers once [--dry-run]  one pass; --dry-run prints the table and writes nothing
+  python -m reconcilers plan --prometheus URL [--days 14]
+                                          the whole-system replay on this cluster's own history, for
+                                          a range of hot-time budgets; writes nothing to the cluster
   python -m reconcilers remediate [--dry-run]
                                           one remediation pass judged on this one observation
                                           (as if every hot node had been hot long enough)
@@ -14,6 +17,7 @@ OVERSALE_LEASE_NAME writes. Every setting is an environment variable (docs/setti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -55,8 +59,23 @@ def main(argv: list[str] | None = None) -> int:
     backtest.add_argument("--window-days", type=int, default=7, help="history window of every estimate")
     backtest.add_argument("--holdout-days", type=int, default=14,
                           help="the last days, reported apart as the holdout (nothing is tuned on them)")
+    backtest.add_argument("--hot-time-budget", type=float, default=argparse.SUPPRESS, metavar="SHARE",
+                          help="run the whole system at this cpu hot-time budget (0..1, e.g. 0.001 for 0.1%%); "
+                               "default: OVERSALE_CPU_HOT_TIME_BUDGET, and a sweep of budgets from 0.01%% to 5%%")
     backtest.add_argument("--frontier", action="store_true",
                           help="also run the peers' variants along their main knob (about 2x longer)")
+    plan = commands.add_parser(
+        "plan", help="replay the cluster's own history (from Prometheus) through the whole system, before "
+                     "switching anything on", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    plan.add_argument("--prometheus", required=True, metavar="URL", default=argparse.SUPPRESS,
+                      help="the Prometheus that scrapes kube-state-metrics and cAdvisor")
+    plan.add_argument("--days", type=float, default=14, help="history to read; the first --warmup-days only give "
+                                                             "history")
+    plan.add_argument("--warmup-days", type=int, default=7, help="days of history before the first replayed day")
+    plan.add_argument("--step", default="5m", help="resolution of the history read")
+    plan.add_argument("--out", type=Path, default=Path("plan-report"), help="report directory")
+    plan.add_argument("--hot-time-budget", type=float, default=argparse.SUPPRESS, metavar="SHARE",
+                      help="the budget whose ratios the plan lists (default: OVERSALE_CPU_HOT_TIME_BUDGET)")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     try:
@@ -68,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "backtest":
         return _backtest(args, settings, parser)
+    if args.command == "plan":
+        return _plan(args, settings, parser)
 
     from kube.client import load_api_client
     from kube.leader import LeaseElector
@@ -88,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     reconciler = Reconciler(Cluster(api_client), history, settings, leader=elector, metrics=metrics)
 
     if args.command == "remediate":
-        import dataclasses
-
         from kube.metrics_api import MetricsAPI
         from reconcilers.remediation import Remediator
 
@@ -170,8 +189,10 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
         parser.error("node size, warm-up and window must be positive, the holdout not negative")
     config = Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days)
-    systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), frontier=args.frontier,
-                              load=settings.load)
+    budget = _chosen_budget(args, settings, parser)
+    systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
+                              frontier=args.frontier, load=settings.load,
+                              sweep=getattr(args, "hot_time_budget", None) is None)
     try:
         workloads = read_trace(args.trace, getattr(args, "format", None), _log)
         result = run(workloads, config, systems, _log)
@@ -186,6 +207,78 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
             print(f"  {row['policy']:<34} {row['kind']:<13} freed {figures['capacity_freed']:>6.1%}  cpu violations "
                   f"{figures['cpu_violation_rate']:.3%}  memory violations {figures['memory_violation_rate']:.3%}")
     print(f"report: {args.out / 'report.md'}")
+    return 0
+
+
+def _chosen_budget(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> Any:
+    chosen = getattr(args, "hot_time_budget", None)
+    if chosen is None:
+        return settings.budget
+    if not 0 <= chosen <= 1:
+        parser.error(f"--hot-time-budget {chosen:g}: a share of node-time between 0 and 1 (0.001 is 0.1%)")
+    return dataclasses.replace(settings.budget, cpu=chosen)
+
+
+def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
+    from oversale.settings import parse_duration
+    from reconcilers.history import HistoryUnavailable
+    from reconcilers.plan import (
+        PlanError,
+        by_pool,
+        per_namespace,
+        pool_size,
+        ratios_set,
+        read_cluster_history,
+        write_export,
+        write_plan,
+    )
+    from reconcilers.prometheus import PrometheusHistory
+    from simulator.policies import OURS, default_systems
+    from simulator.replay import Config, run
+    from simulator.report import summary, write_report
+    from simulator.trace import TraceError, read_trace
+
+    try:
+        step = parse_duration(args.step)
+    except ValueError as error:
+        parser.error(f"--step {args.step!r}: {error}")
+    if args.days <= args.warmup_days or args.warmup_days < 1:
+        parser.error(f"--days {args.days:g} must exceed --warmup-days {args.warmup_days} (the first days only give "
+                     "history)")
+    budget = _chosen_budget(args, settings, parser)
+    prometheus = PrometheusHistory(args.prometheus, settings.prometheus_timeout_seconds, step)
+    try:
+        history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log)
+    except (PlanError, HistoryUnavailable) as error:
+        raise CliError(str(error)) from None
+    evaluated = int(args.days) - args.warmup_days
+    entries = {}
+    for pool, pods in sorted(by_pool(history).items()):
+        size = pool_size(history, pool)
+        if size is None:
+            _log(f"pool {pool}: no node size in kube_node_status_allocatable: skipped")
+            continue
+        folder = args.out / pool
+        folder.mkdir(parents=True, exist_ok=True)
+        export = folder / "history.csv.gz"
+        rows_written = write_export(history, pods, export)
+        _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {size[0]:g} cores")
+        config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), evaluated // 2)
+        systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
+                                  load=settings.load)
+        try:
+            result = run(read_trace(export, "generic"), config, systems, _log)
+        except TraceError as error:
+            raise CliError(f"pool {pool}: {error}") from None
+        data = write_report(folder, summary(result, systems), result, export, config)
+        ours = result.last_day[OURS]
+        entries[pool] = {"pods": len(pods), "node_cores": size[0], "node_memory_bytes": size[1], "summary": data,
+                         "namespaces": per_namespace(ours), "ratios": ratios_set(ours)}
+    if not entries:
+        raise CliError("no pool with a known node size: kube_node_status_allocatable has no cpu and memory for the "
+                       "nodes the Pods ran on")
+    write_plan(args.out, entries, budget, args.days)
+    print(f"plan: {args.out / 'plan.md'}")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from oversale.budget import HotTime
 from oversale.estimator import UsageStats
 
 ContainerKey = tuple[str, str, str]
@@ -34,4 +35,14 @@ class History(Protocol):
 
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]: ...
 
-    def node_stats(self, window: float, quantile: float) -> dict[str, ResourceStats]: ...
+    def node_stats(self, window: float, quantile: float,
+                   memory_quantile: float | None = None) -> dict[str, ResourceStats]: ...
+
+    def node_hot_time(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
+        """Per node and resource, the samples of the window above the node's real allocatable
+        (``real``: node -> resource -> millicores or bytes) and all its samples."""
+        ...
+
+    def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
+        """Per node and resource, the highest sample of the window."""
+        ...

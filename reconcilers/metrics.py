@@ -39,6 +39,24 @@ class ReconcilerMetrics:
                                     "Room reserved on target nodes before an eviction.", registry=registry)
         self.leader = Gauge("oversale_reconciler_leader", "1 while this replica holds the reconcilers' Lease.",
                             registry=registry)
+        self.hot_time = Gauge("oversale_hot_time_ratio",
+                              "Observed hot time: share of samples above real allocatable, by scope (node, pool, "
+                              "cluster), name, resource and window (1d, 7d).",
+                              ["scope", "name", "resource", "window"], registry=registry)
+        self.hot_time_budget = Gauge("oversale_hot_time_budget_ratio", "The hot-time budget in force, per pool.",
+                                     ["pool", "resource"], registry=registry)
+        self.budget_multiplier = Gauge("oversale_hot_time_account_multiplier",
+                                       "The account's multiplier of a node's ratio target (1: as the budget "
+                                       "predicts; below 1: backed off).", ["node", "resource"], registry=registry)
+        self.overspends = Counter("oversale_hot_time_overspends", "Back-offs of a node that overspent its budget.",
+                                  ["pool", "resource"], registry=registry)
+        self.predictions = Counter("oversale_budget_predictions",
+                                   "Samples checked against the peak predicted for them (the budget's quantile).",
+                                   ["pool", "resource"], registry=registry)
+        self.predictions_exceeded = Counter("oversale_budget_predictions_exceeded",
+                                            "Samples above the peak predicted for them; over "
+                                            "oversale_budget_predictions_total it should stay near the budget.",
+                                            ["pool", "resource"], registry=registry)
         self.node_utilization = Gauge("oversale_node_real_utilization",
                                       "Node usage over its real allocatable at the remediator's last observation.",
                                       ["node", "resource"], registry=registry)

@@ -21,7 +21,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from oversale.budget import HotTime
 from oversale.estimator import UsageStats
 from oversale.settings import Settings
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
@@ -34,6 +36,8 @@ CONTAINER_MEMORY = ('max by (namespace, pod, container) (container_memory_workin
                     '{container!="", container!="POD", pod!=""})')
 NODE_CPU = 'sum by ({label}) (rate(node_cpu_seconds_total{{mode!~"idle|iowait|steal"}}[$RATE])) * 1000'
 NODE_MEMORY = "sum by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
+Points = list[tuple[float, float]]
+"""(epoch seconds, value) of one series"""
 SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
 
 
@@ -67,12 +71,47 @@ class PrometheusHistory:
         memory = self._summaries(CONTAINER_MEMORY, window, quantile, keys, with_peak=True, counts=cpu)
         return {(key[0], key[1], key[2]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
-    def node_stats(self, window: float, quantile: float) -> dict[str, ResourceStats]:
+    def node_stats(self, window: float, quantile: float,
+                   memory_quantile: float | None = None) -> dict[str, ResourceStats]:
         label = self.node_label
         cpu = self._summaries(NODE_CPU.format(label=label), window, quantile, (label,), with_peak=False)
-        memory_query = self.node_memory_query or NODE_MEMORY.format(label=label)
-        memory = self._summaries(memory_query, window, quantile, (label,), with_peak=False, counts=cpu)
+        memory = self._summaries(self._node_memory(), window, quantile if memory_quantile is None else memory_quantile,
+                                 (label,), with_peak=False, counts=cpu)
         return {_node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
+
+    def node_hot_time(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
+        """One count query per resource and distinct real allocatable (the nodes of a pool share
+        theirs), plus one count of all samples: the number of queries does not grow with nodes."""
+        label, now = self.node_label, time.time()
+        expressions = {"cpu": NODE_CPU.format(label=label).replace("$RATE", _duration(self.rate_window)),
+                       "memory": self._node_memory()}
+        totals = self._per_window(f"count_over_time(({expressions['cpu']})[$WINDOW:$STEP])", window, now,
+                                  (label,), sum)
+        samples = {_node_name(key[0]): int(count) for key, count in totals.items()}
+        result: dict[str, dict[str, HotTime]] = {}
+        for resource, expression in expressions.items():
+            for threshold in sorted({values[resource] for values in real.values() if resource in values}):
+                above = self._per_window(f"count_over_time((({expression}) > {threshold:.0f})[$WINDOW:$STEP])",
+                                         window, now, (label,), sum)
+                hot = {_node_name(key[0]): int(count) for key, count in above.items()}
+                for node, values in real.items():
+                    if values.get(resource) == threshold and node in samples:
+                        result.setdefault(node, {})[resource] = HotTime(min(hot.get(node, 0), samples[node]),
+                                                                         samples[node])
+        return result
+
+    def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
+        label, now = self.node_label, time.time()
+        result: dict[str, dict[str, float]] = {}
+        cpu = NODE_CPU.format(label=label).replace("$RATE", _duration(self.rate_window))
+        for resource, expression in (("cpu", cpu), ("memory", self._node_memory())):
+            for key, value in self._per_window(f"max_over_time(({expression})[$WINDOW:$STEP])", window, now,
+                                               (label,), max).items():
+                result.setdefault(_node_name(key[0]), {})[resource] = value
+        return result
+
+    def _node_memory(self) -> str:
+        return self.node_memory_query or NODE_MEMORY.format(label=self.node_label)
 
     # -- queries -----------------------------------------------------------------------------
     def _summaries(
@@ -136,9 +175,27 @@ class PrometheusHistory:
         finally:
             self.query_seconds += time.perf_counter() - started
 
+    def query_range(self, query: str, start: float, end: float) -> list[tuple[dict[str, str], Points]]:
+        """A range query at ``resolution``: each series' labels and its (time, value) points."""
+        self.queries += 1
+        payload = self._post("query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                             "step": f"{self.resolution:g}s"})
+        return [(series["metric"], [(float(t), float(v)) for t, v in series["values"] if v != "NaN"])
+                for series in payload["data"]["result"]]
+
     def _send(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
-        body = urllib.parse.urlencode({"query": query, "time": f"{at:.3f}", "timeout": f"{self.timeout:g}s"}).encode()
-        request = urllib.request.Request(f"{self.url.rstrip('/')}/api/v1/query", data=body,
+        payload = self._post("query", {"query": query, "time": f"{at:.3f}"})
+        result = {}
+        for series in payload["data"]["result"]:
+            value = float(series["value"][1])
+            if value != value:  # NaN: no data in the window for this series
+                continue
+            result[tuple(series["metric"].get(k, "") for k in keys)] = value
+        return result
+
+    def _post(self, endpoint: str, parameters: dict[str, str]) -> dict[str, Any]:
+        body = urllib.parse.urlencode({**parameters, "timeout": f"{self.timeout:g}s"}).encode()
+        request = urllib.request.Request(f"{self.url.rstrip('/')}/api/v1/{endpoint}", data=body,
                                          headers={"Content-Type": "application/x-www-form-urlencoded"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout + 5) as response:
@@ -158,12 +215,7 @@ class PrometheusHistory:
             raise HistoryUnavailable(f"prometheus query failed: {error_text}")
         for warning in payload.get("warnings") or []:
             log.warning("prometheus warning (partial data possible): %s", warning)
-        result = {}
-        for series in payload["data"]["result"]:
-            value = float(series["value"][1])
-            if value != value:  # NaN: no data in the window for this series
-                continue
-            result[tuple(series["metric"].get(k, "") for k in keys)] = value
+        result: dict[str, Any] = payload
         return result
 
 

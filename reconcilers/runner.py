@@ -17,9 +17,29 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from oversale.annotations import format_ratio, wants
+from oversale.budget import (
+    NO_HOT_TIME,
+    HotTime,
+    NodeAccount,
+    accounted_estimator,
+    adjust_multiplier,
+    budget_of,
+    budget_quantile,
+    calibration,
+    describe_hot_time,
+    pool_of,
+    read_accounts,
+    write_accounts,
+)
 from oversale.estimator import Proposal, UsageStats
 from oversale.limitrange import NO_BOUNDS, RequestBounds, bounds_from_limit_ranges
-from oversale.node_oversale import NodePlan, node_policy_from_annotations, oversell_node, plan_node
+from oversale.node_oversale import (
+    NodePlan,
+    node_policy_from_annotations,
+    oversell_node,
+    plan_node,
+    real_allocatable_of,
+)
 from oversale.pods import scheduled_request
 from oversale.quantity import RESOURCES, format_amount
 from oversale.resize import ResizePlan, plan_resize, vpa_managed
@@ -65,6 +85,13 @@ class Row:
     written: bool = False
 
 
+@dataclass(frozen=True)
+class KeptAccount:
+    accounts: dict[str, NodeAccount]
+    annotations: dict[str, str]
+    """The account annotations that changed."""
+
+
 class Reconciler:
     def __init__(self, cluster: Cluster, history: History, settings: Settings, leader: Leadership | None = None,
                  metrics: ReconcilerMetrics | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -76,6 +103,9 @@ class Reconciler:
         self.metrics = metrics or ReconcilerMetrics()
         self.clock = clock
         self._resize_supported: bool | None = None
+        self._compression = settings.compression_estimator()
+        self._predictions: dict[str, tuple[float, dict[str, float]]] = {}
+        """node -> (when, resource -> the peak predicted for the coming period): calibration."""
 
     def run_pass(self, dry_run: bool = False) -> list[Row]:
         rows: list[Row] = []
@@ -85,7 +115,8 @@ class Reconciler:
         # cluster is listed.
         with ThreadPoolExecutor(2, thread_name_prefix="history") as pool:
             containers = pool.submit(self.history.container_stats, window, self.settings.compression_percentile)
-            nodes = pool.submit(self.history.node_stats, window, self.settings.node_percentile)
+            nodes = pool.submit(self.history.node_stats, window, self.settings.node_percentile,
+                                self.settings.memory_node_percentile)
             try:
                 rows += self._timed("compression", lambda: self.reconcile_workloads(dry_run, containers))
                 rows += self._timed("oversale", lambda: self.reconcile_nodes(dry_run, nodes))
@@ -135,10 +166,11 @@ class Reconciler:
             rows = [Row(_name(k), "*", "", "", "", f"history unavailable, holding: {error}") for k in workloads]
             return rows + self.reconcile_resizes(dry_run, current)
         self._staleness("containers", [s.cpu for s in stats.values()])
+        self._compression = accounted_estimator(self.settings.compression_estimator(), self._cluster_multiplier())
         usage = self._usage_by_workload(workloads, stats)
         autoscalers = self._autoscalers()
         plans = [(workload, plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
-                                             self.settings.compression_estimator(), self.settings.rescale_hpa),
+                                             self._compression, self.settings.rescale_hpa),
                   usage.get(key, {})) for key, workload in sorted(workloads.items())]
         to_write = [job for job in plans if job[1].changes()] if not dry_run else []
         written = {job[1].key: ratios for job, ratios in zip(to_write, self._write_all(self._write_workload, to_write),
@@ -196,7 +228,7 @@ class Reconciler:
                 self.metrics.writes.labels(kind, "conflict").inc()
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
                 plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
-                                        self.settings.compression_estimator(), self.settings.rescale_hpa)
+                                        self._compression, self.settings.rescale_hpa)
                 continue
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)
@@ -377,22 +409,40 @@ class Reconciler:
                 totals = requested.setdefault(node_name, {})
                 for resource in RESOURCES:
                     totals[resource] = totals.get(resource, 0) + scheduled_request(pod, resource)
+        budgets = {n["metadata"]["name"]: self._budgets(n) for n in nodes}
+        default = (self.settings.cpu_hot_time_budget, self.settings.memory_hot_time_budget)
         try:
             stats: dict[str, ResourceStats] = history.result() if history else self.history.node_stats(
-                self.settings.history_window_seconds, self.settings.node_percentile)
+                self.settings.history_window_seconds, self.settings.node_percentile,
+                self.settings.memory_node_percentile)
             self._staleness("nodes", [s.cpu for s in stats.values()])
+            # Nodes (pools) with their own budget need their own quantile: one more read per
+            # distinct budget, not per node.
+            for cpu, memory in sorted({(b["cpu"], b["memory"]) for b in budgets.values()} - {default}):
+                scale = self.settings.budget_calibration
+                own = self.history.node_stats(self.settings.history_window_seconds, budget_quantile(cpu, scale),
+                                              budget_quantile(memory, scale))
+                stats |= {name: s for name, s in own.items()
+                          if (budgets.get(name, {}).get("cpu"), budgets.get(name, {}).get("memory")) == (cpu, memory)}
         except HistoryUnavailable as error:
             log.warning("node history unavailable (%s): holding every node ratio", error)
             self.metrics.staleness.labels("nodes").set(-1)
             stats = {}
+        accounts = self._keep_accounts(nodes, budgets, dry_run) if stats else {}
+        if stats:
+            self._calibrate(nodes, stats)
         plans = []
         for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
             name = node["metadata"]["name"]
             node_stats = stats.get(name)
             usage = {r: node_stats.of(r) if node_stats else None for r in RESOURCES}
-            plan = plan_node(node, requested.get(name, {}), usage, self.keys, self.settings.oversale_estimator())
+            kept = accounts.get(name)
+            plan = plan_node(node, requested.get(name, {}), usage, self.keys, self.settings.oversale_estimator(),
+                             budgets[name], {r: a.multiplier for r, a in kept.accounts.items()} if kept else None)
+            if kept:
+                plan.annotations = kept.annotations
             plans.append((node, plan, requested.get(name, {}), usage))
-        to_write = [job for job in plans if job[1].changes()] if not dry_run else []
+        to_write = [job for job in plans if job[1].changes() or job[1].annotations] if not dry_run else []
         written_nodes = {job[1].name for job, ok in zip(to_write, self._write_all(self._write_node, to_write),
                                                         strict=True) if ok}
         rows = []
@@ -411,12 +461,14 @@ class Reconciler:
         for _ in range(3):
             self._require_leader()
             changes = plan.changes()
-            if not changes:
+            if not changes and not plan.annotations:
                 return False
             message = "; ".join(f"{r} {format_ratio(plan.current[r])} -> {format_ratio(p.ratio)}: {p.reason}"
                                 for r, p in changes.items())
             annotations = {self.keys.oversale_ratio(r): format_ratio(p.ratio) for r, p in changes.items()}
-            annotations[self.keys.ratio_last_change] = f"{_now()} {message}"
+            if changes:
+                annotations[self.keys.ratio_last_change] = f"{_now()} {message}"
+            annotations |= plan.annotations
             try:
                 self.cluster.annotate_node(plan.name, annotations, node["metadata"]["resourceVersion"])
             except ApiException as error:
@@ -427,9 +479,15 @@ class Reconciler:
                     return False
                 self.metrics.writes.labels("Node", "conflict").inc()
                 node = self.cluster.node(plan.name)
-                plan = plan_node(node, requested, usage, self.keys, self.settings.oversale_estimator())
+                kept = plan.annotations
+                plan = plan_node(node, requested, usage, self.keys, self.settings.oversale_estimator(),
+                                 self._budgets(node), {r: a.multiplier for r, a in
+                                                       read_accounts(kept.get(self.keys.hot_time_account)).items()})
+                plan.annotations = kept
                 continue
             self.metrics.writes.labels("Node", "ok").inc()
+            if not changes:
+                return True
             log.info("Node/%s: %s", plan.name, message)
             self._best_effort(self.cluster.event, node, "OversaleRatioChanged", message, COMPONENT)
             if self.settings.apply_node_status:
@@ -447,6 +505,103 @@ class Reconciler:
         body = {"metadata": {"annotations": {k: result.annotations.get(k) for k in self.keys.node_record_keys()}},
                 "status": {"allocatable": result.allocatable, "capacity": result.capacity}}
         self._best_effort(self.cluster.patch_node_status, name, body)
+
+    # -- the hot-time account ----------------------------------------------------------------
+    def _budgets(self, node: dict[str, Any]) -> dict[str, float]:
+        metadata = node.get("metadata") or {}
+        return {r: budget_of(metadata.get("annotations") or {}, metadata.get("labels") or {},
+                             self.keys.hot_time_budget(r), self.settings.budget.of(r)) for r in RESOURCES}
+
+    def _keep_accounts(self, nodes: list[dict[str, Any]], budgets: dict[str, dict[str, float]],
+                       dry_run: bool) -> dict[str, KeptAccount]:
+        """Observed hot time per node, pool and cluster (gauges, the node's ``hot-time``
+        annotation), and each node's multiplier after ``adjust_multiplier``: an overspend backs
+        off at once, with a Warning Event saying by how much."""
+        config = self.settings.account
+        real = {n["metadata"]["name"]: {r: float(v) for r, v in real_allocatable_of(n, self.keys).items()}
+                for n in nodes}
+        try:
+            short = self.history.node_hot_time(config.short_window_seconds, real)
+            long = self.history.node_hot_time(config.long_window_seconds, real)
+        except HistoryUnavailable as error:
+            log.warning("hot time unavailable (%s): accounts held", error)
+            return {}
+        now = self.clock()
+        totals: dict[tuple[str, str, str, str], HotTime] = {}
+        kept = {}
+        for node in nodes:
+            metadata = node["metadata"]
+            name, labels = metadata["name"], metadata.get("labels") or {}
+            annotations = metadata.get("annotations") or {}
+            pool = pool_of(labels, self.settings.pool_labels)
+            accounts = read_accounts(annotations.get(self.keys.hot_time_account))
+            after = {}
+            for resource in RESOURCES:
+                budget = budgets[name][resource]
+                self.metrics.hot_time_budget.labels(pool, resource).set(budget)
+                day = short.get(name, {}).get(resource, NO_HOT_TIME)
+                week = long.get(name, {}).get(resource, NO_HOT_TIME)
+                for window, spent in (("1d", day), ("7d", week)):
+                    self.metrics.hot_time.labels("node", name, resource, window).set(spent.share)
+                    for aggregate in (("pool", pool), ("cluster", "")):
+                        key = (*aggregate, resource, window)
+                        totals[key] = totals.get(key, NO_HOT_TIME) + spent
+                account = accounts.get(resource, NodeAccount())
+                since = None if account.backed_off_at is None else now - account.backed_off_at
+                adjustment = adjust_multiplier(account.multiplier, day, week, budget,
+                                               self.settings.reconcile_interval_seconds, since, config)
+                after[resource] = NodeAccount(adjustment.multiplier,
+                                              now if adjustment.backed_off else account.backed_off_at)
+                self.metrics.budget_multiplier.labels(name, resource).set(adjustment.multiplier)
+                if adjustment.backed_off:
+                    self.metrics.overspends.labels(pool, resource).inc()
+                    message = f"{resource}: {adjustment.reason}"
+                    log.warning("Node/%s: overspent its hot-time budget: %s", name, message)
+                    if not dry_run:
+                        self._best_effort(self.cluster.event, node, "HotTimeOverspent", message, COMPONENT, "Warning")
+            wanted = {self.keys.hot_time: describe_hot_time({r: long.get(name, {}).get(r, NO_HOT_TIME)
+                                                             for r in RESOURCES}, budgets[name]) + " over 7d",
+                      self.keys.hot_time_account: write_accounts(after)}
+            kept[name] = KeptAccount(after, {k: v for k, v in wanted.items() if annotations.get(k) != v})
+        for (scope, label, resource, window), spent in totals.items():
+            self.metrics.hot_time.labels(scope, label, resource, window).set(spent.share)
+        return kept
+
+    def _cluster_multiplier(self) -> float:
+        """The mean cpu multiplier of the oversold nodes' accounts: requests grow when the nodes
+        they land on were backed off (the replay does the same with its one pool)."""
+        try:
+            nodes = self.cluster.nodes(f"{self.keys.oversale_label}=enabled")
+        except (ApiException, urllib3.exceptions.HTTPError):
+            return 1.0
+        multipliers = [read_accounts(((n.get("metadata") or {}).get("annotations") or {}).get(
+            self.keys.hot_time_account)).get("cpu", NodeAccount()).multiplier for n in nodes]
+        return sum(multipliers) / len(multipliers) if multipliers else 1.0
+
+    def _calibrate(self, nodes: list[dict[str, Any]], stats: dict[str, ResourceStats]) -> None:
+        """Calibration: each node's peak predicted at the last pass (its budget quantile) against
+        the peak that came since, one batched read; then this pass's predictions are kept. At
+        one sample per pass, an honest estimator is exceeded about as often as the budget says."""
+        now = self.clock()
+        if self._predictions:
+            since = max(now - min(at for at, _ in self._predictions.values()), 1.0)
+            try:
+                peaks = self.history.node_peaks(since)
+            except HistoryUnavailable:
+                peaks = {}
+            pools = {n["metadata"]["name"]: pool_of(n["metadata"].get("labels") or {}, self.settings.pool_labels)
+                     for n in nodes}
+            for name, (_, predicted) in self._predictions.items():
+                for resource, peak in predicted.items():
+                    observed = peaks.get(name, {}).get(resource)
+                    if observed is None or name not in pools:
+                        continue
+                    exceeded, total = calibration([(peak, observed)])
+                    self.metrics.predictions.labels(pools[name], resource).inc(total)
+                    self.metrics.predictions_exceeded.labels(pools[name], resource).inc(exceeded)
+        self._predictions = {name: (now, {r: float(s.of(r).quantile) for r in RESOURCES  # type: ignore[arg-type]
+                                          if s.of(r).quantile is not None})
+                             for name, s in stats.items()}
 
     # -- helpers -----------------------------------------------------------------------------
     def _require_leader(self) -> None:

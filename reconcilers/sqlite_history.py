@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kube.metrics_api import MetricsAPI
+from oversale.budget import HotTime, hot_time
 from oversale.estimator import summarize
 from reconcilers.history import ContainerKey, ResourceStats
 
@@ -81,24 +82,42 @@ class SqliteHistory:
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
         return {(n, p, c): stats for (n, p, c), stats in self._stats("container", window, quantile).items()}
 
-    def node_stats(self, window: float, quantile: float) -> dict[str, ResourceStats]:
-        return {pod: stats for (_, pod, _), stats in self._stats("node", window, quantile).items()}
+    def node_stats(self, window: float, quantile: float,
+                   memory_quantile: float | None = None) -> dict[str, ResourceStats]:
+        return {pod: stats for (_, pod, _), stats in self._stats("node", window, quantile, memory_quantile).items()}
 
-    def _stats(self, kind: str, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
-        now = time.time()
+    def node_hot_time(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
+        result = {}
+        for (_, node, _), samples in self._samples("node", window).items():
+            if node in real:
+                result[node] = {resource: hot_time((s[position] for s in samples), real[node][resource])
+                                for position, resource in ((1, "cpu"), (2, "memory")) if resource in real[node]}
+        return result
+
+    def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
+        return {node: {"cpu": float(max(s[1] for s in samples)), "memory": float(max(s[2] for s in samples))}
+                for (_, node, _), samples in self._samples("node", window).items() if samples}
+
+    def _samples(self, kind: str, window: float) -> dict[ContainerKey, list[tuple[int, int, int]]]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT s.namespace, s.pod, s.container, x.ts, x.cpu, x.memory FROM samples x "
                 "JOIN series s ON s.id = x.series WHERE s.kind = ? AND x.ts >= ? ORDER BY x.series, x.ts",
-                (kind, int(now - window))).fetchall()
+                (kind, int(time.time() - window))).fetchall()
         grouped: dict[ContainerKey, list[tuple[int, int, int]]] = {}
         for namespace, pod, container, ts, cpu, memory in rows:
             grouped.setdefault((namespace, pod, container), []).append((ts, cpu, memory))
+        return grouped
+
+    def _stats(self, kind: str, window: float, quantile: float,
+               memory_quantile: float | None = None) -> dict[ContainerKey, ResourceStats]:
+        now = time.time()
         result = {}
-        for key, samples in grouped.items():
+        for key, samples in self._samples(kind, window).items():
             result[key] = ResourceStats(
                 cpu=summarize([(t, c) for t, c, _ in samples], quantile, now),
-                memory=summarize([(t, m) for t, _, m in samples], quantile, now),
+                memory=summarize([(t, m) for t, _, m in samples],
+                                 quantile if memory_quantile is None else memory_quantile, now),
             )
         return result
 

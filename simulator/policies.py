@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import numpy as np
 
+from oversale.budget import (
+    DAY_SECONDS,
+    AccountConfig,
+    HotTime,
+    HotTimeBudget,
+    accounted_estimator,
+    adjust_multiplier,
+    budget_proposal,
+    budget_quantile,
+    compression_percentile,
+)
 from oversale.compression import resized_amount
 from oversale.estimator import (
     CompressionEstimator,
@@ -56,12 +67,49 @@ class System:
     None: by requests alone."""
     remediation: RemediationConfig | None = None
     """Hot-node remediation (the remediator's policy, every 5-minute sample); None: off."""
+    account: BudgetAccount | None = None
+    """The hot-time account that backs the system's node ratios off (None: no account)."""
 
     @property
     def kind(self) -> str:
         if self.ratio is None:
             return "compression"
         return "node-oversale" if self.request is no_compression else "system"
+
+
+@dataclass
+class BudgetAccount:
+    """The live account of hot time, kept for one replayed system: the simulated cluster is one
+    pool, observed once a day (what the reconcilers see of the days before), and its multipliers
+    scale every node's ratio target the next day, through ``oversale.budget.adjust_multiplier``."""
+
+    budget: HotTimeBudget
+    config: AccountConfig = field(default_factory=AccountConfig)
+    multipliers: dict[str, float] = field(default_factory=dict)
+    days: list[dict[str, HotTime]] = field(default_factory=list)
+    last_backoff: dict[str, int] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.multipliers.clear()
+        self.days.clear()
+        self.last_backoff.clear()
+
+    def multiplier(self, resource: str) -> float:
+        return self.multipliers.get(resource, 1.0)
+
+    def observe(self, day: int, spent: dict[str, HotTime]) -> None:
+        self.days = [*self.days, spent][-max(1, round(self.config.long_window_seconds / DAY_SECONDS)):]
+        for resource, short in spent.items():
+            long = HotTime(0, 0)
+            for observed in self.days:
+                long = long + observed[resource]
+            since = self.last_backoff.get(resource)
+            adjustment = adjust_multiplier(self.multiplier(resource), short, long, self.budget.of(resource),
+                                           DAY_SECONDS, None if since is None else (day - since) * DAY_SECONDS,
+                                           self.config)
+            self.multipliers[resource] = adjustment.multiplier
+            if adjustment.backed_off:
+                self.last_backoff[resource] = day
 
 
 def usage_stats(times: np.ndarray, values: np.ndarray, percentile: float, now: float) -> UsageStats:
@@ -71,14 +119,16 @@ def usage_stats(times: np.ndarray, values: np.ndarray, percentile: float, now: f
 
 # ---- request policies ---------------------------------------------------------------------------
 
-def ours_requests(estimator: CompressionEstimator) -> RequestPolicy:
+def ours_requests(estimator: CompressionEstimator, account: BudgetAccount | None = None) -> RequestPolicy:
     """This project's right-sizing: the compression reconciler's ratio for the workload, applied
-    by the webhook's own arithmetic (a ratio below 1 raises the request)."""
+    by the webhook's own arithmetic (a ratio below 1 raises the request); with an account, its
+    cpu multiplier scales the demand (``accounted_estimator``), as the live reconciler does."""
     def request(resource: str, original: float, history: History, now: float) -> float:
         times, values = history[resource]
-        stats = usage_stats(times, values, estimator.percentile, now)
+        sized = accounted_estimator(estimator, account.multiplier(CPU)) if account else estimator
+        stats = usage_stats(times, values, sized.percentile, now)
         amount = max(1, round(original))
-        proposal = compression_proposal(resource, {"c": amount}, {"c": stats}, estimator)
+        proposal = compression_proposal(resource, {"c": amount}, {"c": stats}, sized)
         return float(resized_amount(amount, proposal.ratio, 1))
     return request
 
@@ -119,7 +169,9 @@ def no_compression(resource: str, original: float, history: History, now: float)
 
 # ---- node policies ------------------------------------------------------------------------------
 
-def ours_ratio(estimator: OversaleEstimator) -> NodeRatio:
+def ours_ratio(estimator: OversaleEstimator, account: BudgetAccount | None = None) -> NodeRatio:
+    """The node reconciler's ratio; with an account, the budget's (``budget_proposal``), its
+    target scaled by the account's multiplier."""
     # The replay evaluates the steady state: the live reconciler reaches the same ratio within
     # a few passes (raises are capped per pass), so the cap is lifted here.
     steady = dataclasses.replace(estimator, stability=StabilityConfig(Decimal(0), Decimal(1000)))
@@ -127,10 +179,26 @@ def ours_ratio(estimator: OversaleEstimator) -> NodeRatio:
     def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
               current: float) -> float:
         now = float(times[-1]) + SLOT if len(times) else 0.0
-        stats = usage_stats(times, values, steady.percentile, now)
-        return float(oversale_proposal(resource, round(requested), round(capacity), stats,
-                                       Decimal(str(current)), steady).ratio)
+        if account is None:
+            stats = usage_stats(times, values, steady.percentile_of(resource), now)
+            return float(oversale_proposal(resource, round(requested), round(capacity), stats,
+                                           Decimal(str(current)), steady).ratio)
+        budget = account.budget.of(resource)
+        stats = usage_stats(times, values, budget_quantile(budget, steady.budget_scale), now)
+        return float(budget_proposal(resource, round(requested), round(capacity), stats, Decimal(str(current)),
+                                     steady, budget, account.multiplier(resource)).ratio)
     return ratio
+
+
+def budget_system(name: str, budget: HotTimeBudget, compression: CompressionEstimator,
+                  oversale: OversaleEstimator, family: str, account: AccountConfig | None = None) -> System:
+    """This project's whole system run at a hot-time budget: requests at the budget's
+    percentile, node ratios from the budget, backed off by the account."""
+    sized = dataclasses.replace(compression,
+                                percentile=compression_percentile(budget.cpu, oversale.budget_scale))
+    kept = BudgetAccount(budget, account or AccountConfig())
+    return System(name, f"this project at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%})",
+                  ours_requests(sized, kept), ours_ratio(oversale, kept), family, ours=True, account=kept)
 
 
 def katalyst_realtime(target: float = 0.6, e: float = 0.4) -> NodeRatio:
@@ -167,24 +235,49 @@ OURS = "oversale"
 """The family of this project's whole system (its variants make its curve)."""
 
 
-def default_systems(compression: CompressionEstimator, oversale: OversaleEstimator,
+BUDGET_SWEEP = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
+"""The cpu hot-time budgets a backtest sweeps when none is given (0.01% to 5%)."""
+
+
+def budget_name(cpu_budget: float) -> str:
+    return f"{OURS} budget {cpu_budget:.2%}"
+
+
+def default_systems(compression: CompressionEstimator, oversale: OversaleEstimator, budget: HotTimeBudget,
                     frontier: bool = False, load: LoadConfig | None = None,
-                    remediation: RemediationConfig | None = None) -> list[System]:
-    """This project as configured (the whole system, and each half alone), its curve along the
-    node cpu target, and the peers with their published defaults; with ``frontier`` also the
-    peers' variants along their main knob, so every peer is a curve too."""
-    ours_source = (f"this project: requests P{round(compression.percentile * 100)} x {1 + compression.margin} "
-                   f"within ratios {compression.min_ratio}..{compression.max_ratio}; node ratio "
-                   f"{oversale.cpu_target} x requested / P{round(oversale.percentile * 100)} of the node's summed "
-                   f"usage (cpu), {oversale.memory_target} (memory), at most {oversale.cpu_max_ratio} / "
-                   f"{oversale.memory_max_ratio}")
+                    remediation: RemediationConfig | None = None, sweep: bool = True,
+                    account: AccountConfig | None = None) -> list[System]:
+    """This project at ``budget`` (the whole system, each half alone, with load-aware placement,
+    with remediation), its curve along the hot-time budget (``sweep``), and the peers with their
+    published defaults; with ``frontier`` also the peers' variants along their main knob, so
+    every peer is a curve too."""
+    ours_source = (f"this project at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%}): "
+                   f"requests P{compression_percentile(budget.cpu, oversale.budget_scale) * 100:g} x "
+                   f"{1 + compression.margin} within "
+                   f"ratios {compression.min_ratio}..{compression.max_ratio}; node ratio {oversale.cpu_target} x "
+                   f"requested / P{budget_quantile(budget.cpu, oversale.budget_scale) * 100:g} of the node's "
+                   f"summed usage (cpu), {oversale.memory_target} x requested / "
+                   f"P{budget_quantile(budget.memory, oversale.budget_scale) * 100:g} (memory), "
+                   f"at most {oversale.cpu_max_ratio} / {oversale.memory_max_ratio}, backed off by the hot-time "
+                   "account")
+    sized = dataclasses.replace(compression,
+                                percentile=compression_percentile(budget.cpu, oversale.budget_scale))
+
+    def whole(name: str, family: str, load: LoadConfig | None = None,
+              remediation: RemediationConfig | None = None) -> System:
+        kept = BudgetAccount(budget, account or AccountConfig())
+        return System(name, ours_source, ours_requests(sized, kept), ours_ratio(oversale, kept), family, ours=True,
+                      load=load, remediation=remediation, account=kept)
+
+    nodes_only = BudgetAccount(budget, account or AccountConfig())
+
     systems = [
         System("none", "no right-sizing, no overselling (baseline)", no_compression, family="none"),
-        System(OURS, ours_source, ours_requests(compression), ours_ratio(oversale), OURS, ours=True),
-        System("oversale-pods", "this project's right-sizing alone (no node overselling)", ours_requests(compression),
+        whole(OURS, OURS),
+        System("oversale-pods", "this project's right-sizing alone (no node overselling)", ours_requests(sized),
                family="oversale-pods", ours=True),
         System("oversale-nodes", "this project's node overselling alone (requests as written)", no_compression,
-               ours_ratio(oversale), "oversale-nodes", ours=True),
+               ours_ratio(oversale, nodes_only), "oversale-nodes", ours=True, account=nodes_only),
         System("vpa-style", "Kubernetes VPA recommender: P90 of a decaying histogram, 24 h half-life, x 1.15",
                vpa_style(), family="vpa-style"),
         System("crane-style", "Crane: P99 over 7 days x 1.15", crane_style(), family="crane-style"),
@@ -196,18 +289,11 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
         System("static-oversale-1.5", "static oversale ratio 1.5", no_compression, static_ratio(1.5),
                "static-oversale"),
     ]
-    systems.append(System(f"{OURS}+load-aware", "this project with load-aware placement (OVERSALE_LOAD_AWARE=true): "
-                          "the extender's watermark filter and load score on each node's last hour of usage",
-                          ours_requests(compression), ours_ratio(oversale), f"{OURS}+load-aware", ours=True,
-                          load=load or LoadConfig()))
-    systems.append(System(f"{OURS}+remediation", "this project with hot-node remediation (OVERSALE_REMEDIATION=true): "
-                          "Pods moved off nodes above the runtime watermark, to nodes the extender's filter accepts",
-                          ours_requests(compression), ours_ratio(oversale), f"{OURS}+remediation", ours=True,
-                          remediation=remediation or RemediationConfig()))
-    for target in ("0.7", "0.8", "0.9"):
-        variant = dataclasses.replace(oversale, cpu_target=Decimal(target))
-        systems.append(System(f"{OURS} cpu target {target}", "this project, node cpu target varied",
-                              ours_requests(compression), ours_ratio(variant), OURS, ours=True))
+    systems.append(whole(f"{OURS}+load-aware", f"{OURS}+load-aware", load=load or LoadConfig()))
+    systems.append(whole(f"{OURS}+remediation", f"{OURS}+remediation", remediation=remediation or RemediationConfig()))
+    if sweep:
+        systems.extend(budget_system(budget_name(cpu), HotTimeBudget(cpu, budget.memory), compression, oversale, OURS,
+                                     account) for cpu in BUDGET_SWEEP if cpu != budget.cpu)
     if not frontier:
         return systems
     for multiplier in (1.0, 1.5, 2.0):

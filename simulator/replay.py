@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from oversale.budget import HotTime
 from oversale.cpus import Topology
 from oversale.node_oversale import oversold_allocatable
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
@@ -81,6 +82,8 @@ class Day:
     present: np.ndarray
     window: Window
     split: str
+    names: list[str] = field(default_factory=list)
+    """The workloads' names, in the order of the rows above."""
 
 
 @dataclass
@@ -161,6 +164,9 @@ class Result:
     """split -> node-days a perfect oracle would need (each day's peak of summed usage, divisible)."""
     node_day: dict[str, dict[str, Any]]
     """system -> one node's day (the busiest node of the last day) for the plot."""
+    last_day: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """system -> what it set on the last day: ``requests`` (workload -> resource -> (original,
+    set)) and ``node_ratios`` (one (cpu, memory) pair per node)."""
 
 
 def day_grid(workloads: list[Workload], config: Config) -> tuple[int, list[int]]:
@@ -190,7 +196,7 @@ def build_day(workloads: list[Workload], origin: int, number: int, config: Confi
             usage[resource][index, columns] = workload.usage[resource][today]
             requests[resource][index] = float(workload.request[resource][today].max())
     window = _window_grid(active, first, config.window_days * SLOTS_PER_DAY)
-    return Day(number, float(first * SLOT), slots, requests, usage, present, window, split)
+    return Day(number, float(first * SLOT), slots, requests, usage, present, window, split, [w.name for w in active])
 
 
 def _window_grid(active: list[Workload], first_slot: int, length: int) -> Window:
@@ -362,7 +368,11 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
     tallies = {name: {split: Tally() for split in SPLITS} for name in names}
     clairvoyant = dict.fromkeys(SPLITS, 0.0)
     node_day: dict[str, dict[str, Any]] = {}
+    last_day: dict[str, dict[str, Any]] = {}
     began_all = time.perf_counter()
+    for system in systems:
+        if system.account is not None:
+            system.account.reset()
     for count, number in enumerate(days, 1):
         began = time.perf_counter()
         day = build_day(workloads, origin, number, config, splits[number])
@@ -371,13 +381,22 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
             placed = place(day, system, config.real)
             if system.remediation is not None:
                 remediate(day, placed, config.real, system.remediation, system.load or LoadConfig())
-            tallies[system.name][day.split].count(day, placed, config.real)
+            today = Tally()
+            today.count(day, placed, config.real)
+            tallies[system.name][day.split] = tallies[system.name][day.split].add(today)
+            if system.account is not None:  # what the reconcilers' account sees of this day, tomorrow
+                system.account.observe(number, {r: HotTime(today.violations[r], today.node_samples[r])
+                                                for r in RESOURCES})
             if number == days[-1]:
                 node_day[system.name] = busiest_node(day, placed, config.real)
+                last_day[system.name] = {
+                    "requests": {name: {r: (float(day.requests[r][i]), float(placed.requests[r][i])) for r in RESOURCES}
+                                 for i, name in enumerate(day.names)},
+                    "node_ratios": placed.ratios}
         elapsed = time.perf_counter() - began_all
         progress(f"day {count}/{len(days)} ({day.split}, {len(day.present)} workloads, {len(systems)} systems) "
                  f"in {time.perf_counter() - began:.1f}s; about {elapsed / count * (len(days) - count):.0f}s left")
-    return Result(days, splits, tallies, clairvoyant, node_day)
+    return Result(days, splits, tallies, clairvoyant, node_day, last_day)
 
 
 def busiest_node(day: Day, placed: Placed, real: tuple[float, float]) -> dict[str, Any]:

@@ -37,12 +37,27 @@ def summary(result: Result, systems: list[System]) -> list[dict[str, Any]]:
     for system in systems:
         tallies = result.tallies[system.name]
         row: dict[str, Any] = {"policy": system.name, "kind": system.kind, "ours": system.ours,
-                               "family": system.family or system.name, "source": system.source}
+                               "family": system.family or system.name, "source": system.source,
+                               "hot_time_budget": system.account.budget.cpu if system.account else None}
         row |= figures(tallies["tuning"].add(tallies["holdout"]), base["tuning"].add(base["holdout"]))
         for split in SPLITS:
             row[split] = figures(tallies[split], base[split])
         rows.append(row)
     return rows
+
+
+def budget_sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Our whole system at each cpu hot-time budget: what it freed and the hot time it realised
+    (overall, and each split apart), by budget."""
+    sweep = []
+    for row in sorted((r for r in rows if r["family"] == OURS and r["hot_time_budget"] is not None),
+                      key=lambda r: r["hot_time_budget"]):
+        def pick(scope: dict[str, Any]) -> dict[str, Any]:
+            return {k: scope[k] for k in ("capacity_freed", "cpu_violation_rate", "memory_violation_rate")}
+
+        sweep.append({"hot_time_budget": row["hot_time_budget"], "policy": row["policy"], **pick(row),
+                      **{split: pick(row[split]) for split in SPLITS}})
+    return sweep
 
 
 def clairvoyant_freed(result: Result, split: str | None = None) -> float:
@@ -102,6 +117,7 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         "clairvoyant_capacity_freed": clairvoyant_freed(result),
         "clairvoyant_by_split": clairvoyant,
         "against_peers": {split: against_peers(rows, split) for split in SPLITS},
+        "budget_sweep": budget_sweep(rows),
     }
     (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
     lines = [
@@ -149,11 +165,36 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
             lines.append(f"| {verdict['peer']} | {verdict['peer_freed']:.1%} | {verdict['violation_rate']:.3%} | "
                          f"{there} | {ratio} | {'yes' if verdict['matched'] else '**no**'} |")
         lines.append("")
+    sweep = data["budget_sweep"]
+    if len(sweep) > 1:
+        lines += ["## The budget sweep", "",
+                  f"`{OURS}` at each cpu hot-time budget: the realised hot time (cpu violation rate) should stay "
+                  "within 0.5x to 1.5x of the budget, on the holdout days above all.", "",
+                  "| budget | tuning: freed | tuning: realised (x budget) | holdout: freed | "
+                  "holdout: realised (x budget) |", "| --- | --- | --- | --- | --- |"]
+        for entry in sweep:
+            cells = []
+            for split in SPLITS:
+                realised = entry[split]["cpu_violation_rate"]
+                times = f"{realised / entry['hot_time_budget']:.2f}x" if entry["hot_time_budget"] else "-"
+                cells += [f"{entry[split]['capacity_freed']:.1%}", f"{realised:.3%} ({times})"]
+            lines.append(f"| {entry['hot_time_budget']:.2%} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if len(sweep) > 1:
+        lines += ["![realised hot time against the budget](budget_kept.png)", ""]
     lines += ["![capacity freed against cpu violations](savings_vs_violations.png)", "",
               "![the busiest node of the last day, per system](node_day.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     _plots(out, rows, result, data)
     return data
+
+
+# One colour per family, distinguishable in print and by most colour-blind readers (no red: red is ours).
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+           "#393b79", "#637939", "#8c6d31", "#843c39")
+MARKERS = "osD^v<>pP*Xh"
+FLOOR = 1e-3
+"""% of node-samples: a zero violation rate is drawn here on the log axis."""
 
 
 def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str, Any]) -> None:
@@ -162,64 +203,122 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    markers = "os^vD<>pP*Xh"
     families = list(dict.fromkeys(row["family"] for row in rows))
-    palette = [plt.get_cmap("tab10")(i) for i in (0, 1, 2, 4, 5, 6, 7, 8, 9)]  # no red: red is ours
-    colours: dict[str, Any] = {family: palette[i % len(palette)]
-                               for i, family in enumerate(f for f in families if f != OURS)}
+    others = [f for f in families if f != OURS]
+    colours: dict[str, Any] = {family: PALETTE[i % len(PALETTE)] for i, family in enumerate(others)}
     colours[OURS] = "crimson"
-    figure, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
-    floor = 1e-3  # % of node-samples: a zero violation rate is drawn here on the log axis
+    markers = {family: MARKERS[i % len(MARKERS)] for i, family in enumerate(families)}
+    figure, axes = plt.subplots(1, 2, figsize=(15, 6.5), sharey=True)
     for axis, split in zip(axes, SPLITS, strict=True):
-        for number, family in enumerate(families):
+        labels: list[tuple[str, float, float, Any, bool]] = []
+        for family in families:
             members = [r for r in rows if r["family"] == family]
-            points = sorted((max(r[split]["cpu_violation_rate"] * 100, floor), r[split]["capacity_freed"] * 100)
-                            for r in members)
+            points = sorted(((max(r[split]["cpu_violation_rate"] * 100, FLOOR), r[split]["capacity_freed"] * 100, r)
+                             for r in members), key=lambda point: (point[0], point[1]))
             ours = family == OURS
-            axis.plot([x for x, _ in points], [y for _, y in points], marker=markers[number % len(markers)],
-                      markersize=7 if ours else 5, linewidth=(2.5 if ours else 1) if len(points) > 1 else 0,
-                      color=colours[family], zorder=3 if ours else 2)
-            label = next(r for r in members if r["policy"] == family) if any(
-                r["policy"] == family for r in members) else members[0]  # the published default
-            x = max(label[split]["cpu_violation_rate"] * 100, floor)
-            y = label[split]["capacity_freed"] * 100
-            # Our own variants (load-aware) sit next to our curve: their labels go below it.
-            below = members[0]["ours"] and not ours
-            axis.annotate(family, (x, y), fontsize=8, xytext=(5, -11 if below else 3), textcoords="offset points",
-                          color=colours[family], fontweight="bold" if ours else "normal",
-                          ha="right" if x > 8 else "left")
-        axis.axhline(data["clairvoyant_by_split"][split] * 100, color="grey", linestyle="--", linewidth=1)
-        axis.annotate("clairvoyant bound", (0.01, data["clairvoyant_by_split"][split] * 100), fontsize=8,
-                      xycoords=("axes fraction", "data"), xytext=(0, 3), textcoords="offset points", color="grey")
+            axis.plot([x for x, _, _ in points], [y for _, y, _ in points], marker=markers[family],
+                      markersize=8 if ours else 6, linestyle="-" if len(points) > 1 else "none",
+                      linewidth=2.5 if ours else 1.2, color=colours[family], zorder=4 if ours else 3)
+            if ours:  # our curve is the budget sweep: each point says its budget
+                for x, y, row in points:
+                    if row["hot_time_budget"] is not None:
+                        axis.annotate(f"{row['hot_time_budget']:.2%}", (x, y), fontsize=7, color="crimson",
+                                      xytext=(0, -12), textcoords="offset points", ha="center")
+            head = next((r for r in members if r["policy"] == family), members[0])  # the published default
+            labels.append((family, max(head[split]["cpu_violation_rate"] * 100, FLOOR),
+                           head[split]["capacity_freed"] * 100, colours[family], ours))
+        bound = data["clairvoyant_by_split"][split] * 100
+        axis.axhline(bound, color="grey", linestyle="--", linewidth=1)
+        axis.annotate("clairvoyant bound (knows the future)", (0.01, bound), fontsize=8, color="grey",
+                      xycoords=("axes fraction", "data"), xytext=(0, 3), textcoords="offset points")
         axis.set_xscale("log")
-        axis.set_xlabel("cpu violation rate, % of node-samples over real capacity (log; 0 drawn at 0.001)")
-        axis.set_title(f"{split} days: capacity freed vs cpu violations (up and left is better)", fontsize=10)
+        axis.set_xlim(FLOOR / 2, 50)
+        axis.set_ylim(-3, max(bound, max(y for _, _, y, _, _ in labels)) + 8)
+        axis.set_xlabel("cpu hot time: % of node-samples above real capacity (log scale; 0 drawn at 0.001)")
+        axis.set_title(f"{split} days: capacity freed against hot time (up and left is better)", fontsize=10)
         axis.grid(alpha=0.3, which="both")
+        _direct_labels(figure, axis, labels)
     axes[0].set_ylabel("capacity freed (% of the baseline's node-days)")
     figure.tight_layout()
     figure.savefig(out / "savings_vs_violations.png", dpi=110)
     plt.close(figure)
 
+    sweep = data.get("budget_sweep") or []
+    if len(sweep) > 1:
+        figure, axis = plt.subplots(figsize=(6.5, 5.5))
+        budgets = [entry["hot_time_budget"] * 100 for entry in sweep]
+        axis.fill_between([min(budgets) / 2, max(budgets) * 2], [min(budgets) / 4, max(budgets)],
+                          [min(budgets) * 0.75, max(budgets) * 3], color="grey", alpha=0.15)
+        axis.plot([min(budgets) / 2, max(budgets) * 2], [min(budgets) / 2, max(budgets) * 2], color="grey",
+                  linewidth=1)
+        axis.annotate("realised = budget (band: 0.5x to 1.5x)", (min(budgets), min(budgets)), fontsize=8,
+                      color="grey", xytext=(8, -4), textcoords="offset points")
+        for split, colour, marker in (("tuning", "#1f77b4", "o"), ("holdout", "crimson", "s")):
+            realised = [max(entry[split]["cpu_violation_rate"] * 100, FLOOR) for entry in sweep]
+            axis.plot(budgets, realised, marker=marker, color=colour, linewidth=1.8)
+            axis.annotate(f"{split} days", (budgets[-1], realised[-1]), color=colour, fontsize=9,
+                          xytext=(6, 0), textcoords="offset points", va="center")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlim(min(budgets) / 2, max(budgets) * 4)
+        axis.set_xlabel("cpu hot-time budget (% of node-time, log)")
+        axis.set_ylabel("realised cpu hot time (% of node-samples, log)")
+        axis.set_title(f"Does the budget mean what it says? ({OURS})", fontsize=10)
+        axis.grid(alpha=0.3, which="both")
+        figure.tight_layout()
+        figure.savefig(out / "budget_kept.png", dpi=110)
+        plt.close(figure)
+
     shown = [name for name in (OURS, "crane-style", "vpa-style", "crane-style+katalyst") if name in result.node_day]
-    figure, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 4), squeeze=False)
+    figure, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 4.4), squeeze=False, sharey=True)
+    top = 0.0
     for axis, name in zip(axes[0], shown, strict=True):
         node = result.node_day[name]
-        real = node["cpu_real"] / MILLI
-        axis.plot(node["hours"], [u / MILLI for u in node["cpu_usage"]], color="tab:blue", linewidth=0.9,
-                  label="usage")
-        axis.axhline(real, color="black", linewidth=1.2, label="real capacity")
-        axis.axhline(node["cpu_requested"] / MILLI, color="tab:green", linestyle="--", linewidth=1,
-                     label="requested")
-        axis.axhline(node["cpu_oversold"] / MILLI, color="tab:orange", linestyle=":", linewidth=1.5,
-                     label="oversold allocatable")
-        axis.set_ylim(0, max(real, node["cpu_oversold"] / MILLI, node["cpu_requested"] / MILLI,
-                             max(node["cpu_usage"]) / MILLI) * 1.1)
-        axis.set_title(f"{name}: node {node['node']} ({node['workloads']} workloads)", fontsize=9)
-        axis.set_xlabel("hour of the last evaluated day")
+        usage = [u / MILLI for u in node["cpu_usage"]]
+        lines = {"real capacity": (node["cpu_real"] / MILLI, "black", "-"),
+                 "oversold allocatable": (node["cpu_oversold"] / MILLI, "tab:orange", ":"),
+                 "requested": (node["cpu_requested"] / MILLI, "tab:green", "--")}
+        axis.plot(node["hours"], usage, color="tab:blue", linewidth=0.9)
+        axis.annotate("usage", (node["hours"][-1], usage[-1]), color="tab:blue", fontsize=7, xytext=(2, 0),
+                      textcoords="offset points", va="center")
+        for label, (value, colour, style) in lines.items():
+            axis.axhline(value, color=colour, linestyle=style, linewidth=1.3)
+            axis.annotate(label, (0.01, value), xycoords=("axes fraction", "data"), color=colour, fontsize=7,
+                          xytext=(0, 2), textcoords="offset points")
+        top = max(top, max(usage), *(value for value, _, _ in lines.values()))
+        axis.set_title(f"{name}: node {node['node']}, {node['workloads']} workloads", fontsize=9)
+        axis.set_xlabel("hour of the last replayed day")
+        axis.set_xlim(0, 24)
         axis.grid(alpha=0.3)
+    axes[0][0].set_ylim(0, top * 1.1)
     axes[0][0].set_ylabel("cpu cores")
-    axes[0][0].legend(fontsize=7, loc="lower left")
-    figure.suptitle("The busiest node (by cpu usage) of each system on the last day", fontsize=10)
+    figure.suptitle("The busiest node (by cpu usage) of each system on the last replayed day, one y axis for all",
+                    fontsize=10)
     figure.tight_layout()
     figure.savefig(out / "node_day.png", dpi=110)
     plt.close(figure)
+
+
+def _direct_labels(figure: Any, axis: Any, labels: list[tuple[str, float, float, Any, bool]]) -> None:
+    """Each family's name beside its published default, at the first of a few offsets where it
+    overlaps no label placed before it (ours first) and stays inside the axes."""
+    renderer = figure.canvas.get_renderer()
+    frame = axis.get_window_extent(renderer)
+    placed: list[Any] = []
+    offsets = ((6, 4), (6, -12), (-6, 4), (-6, -12), (0, 12), (0, -20), (12, 16), (12, -26), (-12, 16), (-12, -26))
+    for family, x, y, colour, ours in sorted(labels, key=lambda label: not label[4]):
+        text = None
+        for dx, dy in offsets:
+            text = axis.annotate(family, (x, y), fontsize=8, color=colour, xytext=(dx, dy),
+                                 textcoords="offset points", fontweight="bold" if ours else "normal",
+                                 ha="left" if dx >= 0 else "right")
+            box = text.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(other) for other in placed):
+                break
+            text.remove()
+            text = None
+        if text is None:  # nowhere free: the first place, drawn anyway
+            text = axis.annotate(family, (x, y), fontsize=8, color=colour, xytext=offsets[0],
+                                 textcoords="offset points", fontweight="bold" if ours else "normal")
+        placed.append(text.get_window_extent(renderer))

@@ -135,7 +135,13 @@ class _NoHistory:
     def container_stats(self, window: float, percentile: float) -> dict[Any, Any]:
         raise HistoryUnavailable("down")
 
-    def node_stats(self, window: float, percentile: float) -> dict[Any, Any]:
+    def node_stats(self, window: float, percentile: float, memory_percentile: float | None = None) -> dict[Any, Any]:
+        raise HistoryUnavailable("down")
+
+    def node_hot_time(self, window: float, real: dict[str, Any]) -> dict[Any, Any]:
+        raise HistoryUnavailable("down")
+
+    def node_peaks(self, window: float) -> dict[Any, Any]:
         raise HistoryUnavailable("down")
 
 

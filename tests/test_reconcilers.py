@@ -4,7 +4,9 @@ from a real Prometheus (backfilled with promtool) or from metrics-server sampled
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from kubernetes import client
 
 from kube.leader import LeaseElector
 from oversale.annotations import AnnotationKeys
+from oversale.budget import AccountConfig
 from oversale.settings import Settings
 from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable
@@ -217,8 +220,13 @@ def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     history = PrometheusHistory(prometheus.url, resolution=300)
     reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
     reconciler.run_pass(dry_run=True)
-    assert history.queries == 9
-    assert reconciler.metrics.history_queries._value.get() == 9
+    # 9 for the ratios; the hot-time account reads, for each of its two windows, the sample
+    # count and one count above the real allocatable per resource (the nodes here share theirs).
+    assert history.queries == 9 + 2 * 3
+    assert reconciler.metrics.history_queries._value.get() == 15
+    # From the second pass on, calibration reads the peaks since the last predictions: 2 more.
+    reconciler.run_pass(dry_run=True)
+    assert history.queries - 15 == 17
 
 
 def test_dry_run_prints_the_table_and_writes_nothing(api, source):
@@ -331,3 +339,54 @@ def test_cli_refuses_bad_settings(tmp_path):
                             env={"OVERSALE_HISTORY_WINDOW": "a week", "PATH": "/usr/bin:/bin"},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "OVERSALE_HISTORY_WINDOW" in result.stderr
+
+
+def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accounted(api, tmp_path):
+    """node-1's real cpu is 3920m; in the last day its usage passed it in 6 of 144 samples
+    (4.2% of the day, 42x the default 0.1% budget)."""
+    history = SqliteHistory(tmp_path / "history.db", retention_seconds=8 * 86400)
+    sampler = MetricsSampler(api_client_for(api), history)
+    now = time.time()
+    hot = set(range(int(now - 86400) + 6000, int(now - 86400) + 6000 + 6 * 600, 600))
+    for t in range(int(now - 2 * 86400) + 600, int(now), 600):
+        for (pod, container), (cpu_at, memory_at) in CONTAINERS.items():
+            api.put("podmetrics", {"metadata": {"name": pod, "namespace": NS}, "window": "30s", "containers": [
+                {"name": container, "usage": {"cpu": f"{round(cpu_at(t))}m", "memory": f"{round(memory_at(t))}"}}]})
+        api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s",
+                                "usage": {"cpu": "4500m" if t in hot else "900m", "memory": "3Gi"}})
+        sampler.sample(now=t)
+    reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
+    rows = reconciler.run_pass()
+
+    notes = annotations(api, "nodes", "node-1", "")
+    account = json.loads(notes[KEYS.hot_time_account])
+    # 42x over: 42 ** -0.5 = 0.15, held at the floor.
+    assert account["cpu"]["multiplier"] == AccountConfig().min_multiplier
+    assert "backedOffAt" in account["cpu"] and account["memory"] == {"multiplier": 1.0}
+    # 6 hot samples of the 287 or 288 the two days hold (the window's edges fall between samples).
+    assert re.match(r"cpu 2\.(091|083)% of 28[78] samples \(budget 0\.100%\), memory 0\.000% ", notes[KEYS.hot_time])
+    events = [e for e in api.list_objects("events", None, {})["items"] if e["reason"] == "HotTimeOverspent"]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    # Two days hold 6 hot samples: 2.09% of the (long) window, 20.9 budgets, more telling than the
+    # last day's 4.2% against its tolerance of 4 budgets.
+    assert re.search(r"hot 2\.0\d\d% of the long window, 20\.\dx the budget 0\.100%: target x0\.50",
+                     events[0]["message"]), events[0]["message"]
+    metric = reconciler.metrics.hot_time.labels("node", "node-1", "cpu", "1d")._value.get()
+    assert metric == pytest.approx(6 / 144, rel=0.05)
+    assert reconciler.metrics.hot_time.labels("cluster", "", "cpu", "7d")._value.get() > 0
+    assert reconciler.metrics.overspends.labels("default", "cpu")._value.get() == 1
+    assert "account: target x" in next(r for r in rows if r.object == "Node/node-1" and r.resource == "cpu").reason
+
+    # The next pass waits for the back-off's effect instead of backing off again, and checks the
+    # peak predicted for the samples since (calibration).
+    api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s",
+                            "usage": {"cpu": "5000m", "memory": "3Gi"}})
+    sampler.sample(now=time.time())
+    reconciler.run_pass()
+    assert reconciler.metrics.overspends.labels("default", "cpu")._value.get() == 1
+    assert json.loads(annotations(api, "nodes", "node-1", "")[KEYS.hot_time_account])["cpu"]["multiplier"] == \
+        account["cpu"]["multiplier"]
+    assert reconciler.metrics.predictions.labels("default", "cpu")._value.get() == 1
+    # The peak predicted was the window's 99.9th percentile, 4500m; 5000m came.
+    assert reconciler.metrics.predictions_exceeded.labels("default", "cpu")._value.get() == 1
+    assert reconciler.metrics.predictions_exceeded.labels("default", "memory")._value.get() == 0

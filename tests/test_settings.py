@@ -40,7 +40,8 @@ def test_environment_overrides_with_quantities_and_lists():
 @pytest.mark.parametrize(("name", "value"), [
     ("OVERSALE_MAX_RATIO", "abc"), ("OVERSALE_MAX_RATIO", "0.5"), ("OVERSALE_CPU_FLOOR", "lots"),
     ("OVERSALE_MIN_RATIO", "0"), ("OVERSALE_MIN_RATIO", "1.5"), ("OVERSALE_MIN_RATIO", "NaN"),
-    ("OVERSALE_NODE_PERCENTILE", "1.01"),
+    ("OVERSALE_NODE_PERCENTILE", "0.99"), ("OVERSALE_CPU_HOT_TIME_BUDGET", "1.01"),
+    ("OVERSALE_MEMORY_HOT_TIME_BUDGET", "-0.1"), ("OVERSALE_CPU_HOT_TIME_BUDGET", "NaN"),
     ("OVERSALE_WORKERS", "0"), ("OVERSALE_KUBERNETES", "maybe"), ("OVERSALE_ANNOTATION_PREFIX", "a/b"),
     ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"), ("OVERSALE_LOG_LEVEL", "LOUD"),
     ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"),

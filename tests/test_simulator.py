@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from oversale.budget import HotTimeBudget
 from oversale.estimator import CompressionEstimator, OversaleEstimator
 from simulator.policies import default_systems, katalyst_realtime, ours_requests
 from simulator.replay import Config, run
@@ -33,7 +34,7 @@ def write_generic(path, rows):
 def replay(tmp_path, rows, **config):
     trace = tmp_path / "trace.csv"
     write_generic(trace, rows)
-    systems = default_systems(CompressionEstimator(), OversaleEstimator())
+    systems = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())
     result = run(read_trace(trace), Config(**config), systems)
     return result, {row["policy"]: row for row in summary(result, systems)}
 

@@ -1,0 +1,96 @@
+"""A worked example of ``python -m reconcilers plan`` on real usage: Bitbrains VMs as Pods.
+
+  python -m bench.plan_example [--vms 60] [--days 14] [--out plan-example]
+
+The first ``--vms`` VMs of the shared Bitbrains July 2013 trace become Pods of a cluster (three
+namespaces, one ReplicaSet each, spread over nodes of 32 cores and 256 GiB in one GKE node pool).
+Their requests and usage are written as kube-state-metrics and cAdvisor publish them, shifted to
+end now, turned into TSDB blocks with ``promtool``, served by a real Prometheus, and the plan runs
+against it as it would against a cluster's. docs/reconcilers.md shows the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from simulator.trace import SLOT, read_trace
+from tests.conftest import ROOT, SHARED
+from tests.prometheus_server import Family, PrometheusServer, write_openmetrics
+
+TRACE = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
+NAMESPACES = ("shop", "search", "batch")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.plan_example", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vms", type=int, default=60)
+    parser.add_argument("--days", type=int, default=14)
+    parser.add_argument("--out", type=Path, default=Path("plan-example"))
+    args = parser.parse_args(argv)
+    workloads = read_trace(TRACE)
+    origin = min(int(w.slots[0]) for w in workloads)
+    span = args.days * 86400 // SLOT
+    chosen = [w for w in workloads if int(w.slots[0]) == origin and len(w.slots) > 0.9 * span][: args.vms]
+    end = time.time() - 120
+    start = end - args.days * 86400
+    families = {name: Family(name, kind) for name, kind in (
+        ("kube_pod_container_resource_requests", "gauge"), ("kube_pod_owner", "gauge"), ("kube_pod_info", "gauge"),
+        ("container_cpu_usage_seconds_total", "counter"), ("container_memory_working_set_bytes", "gauge"),
+        ("kube_node_status_allocatable", "gauge"), ("kube_node_labels", "gauge"))}
+    nodes = max(1, len(chosen) // 8)
+    for index, workload in enumerate(chosen):
+        namespace = NAMESPACES[index % len(NAMESPACES)]
+        pod, node = f"vm-{workload.name}-0", f"node-{index % nodes}"
+        kept = {"namespace": namespace, "pod": pod}
+
+        def at(values: np.ndarray, slots: np.ndarray = workload.slots) -> Callable[[float], float]:
+            def value(t: float) -> float:
+                position = int(np.searchsorted(slots, origin + int((t - start) // SLOT)))
+                return float(values[min(position, len(values) - 1)])
+            return value
+
+        requests = families["kube_pod_container_resource_requests"].series
+        requests.append(({**kept, "container": "app", "node": node, "resource": "cpu", "unit": "core"},
+                         at(workload.request["cpu"] / 1000)))
+        requests.append(({**kept, "container": "app", "node": node, "resource": "memory", "unit": "byte"},
+                         at(workload.request["memory"])))
+        owner = {**kept, "owner_kind": "ReplicaSet", "owner_name": f"vm-{workload.name}", "owner_is_controller": "true"}
+        families["kube_pod_owner"].series.append((owner, lambda t: 1))
+        families["kube_pod_info"].series.append(({**kept, "node": node}, lambda t: 1))
+        families["container_cpu_usage_seconds_total"].series.append(
+            ({**kept, "container": "app"}, at(workload.usage["cpu"] / 1000)))
+        families["container_memory_working_set_bytes"].series.append(
+            ({**kept, "container": "app"}, at(workload.usage["memory"])))
+    for number in range(nodes):
+        node = f"node-{number}"
+        families["kube_node_status_allocatable"].series += [
+            ({"node": node, "resource": "cpu", "unit": "core"}, lambda t: 32),
+            ({"node": node, "resource": "memory", "unit": "byte"}, lambda t: 256 * 2**30)]
+        families["kube_node_labels"].series.append(
+            ({"node": node, "label_cloud_google_com_gke_nodepool": "general"}, lambda t: 1))
+    with tempfile.TemporaryDirectory(prefix="oversale-plan-") as directory:
+        path = Path(directory) / "history.om"
+        samples = write_openmetrics(path, families.values(), start, end, SLOT)
+        print(f"{len(chosen)} VMs as Pods over {args.days} days: {samples:,} samples", flush=True)
+        server = PrometheusServer(Path(directory), path)
+        try:
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "reconcilers", "plan", "--prometheus", server.url, "--days",
+                            str(args.days), "--out", str(args.out)], cwd=ROOT, check=True)
+            print(f"plan took {time.perf_counter() - started:.0f}s")
+        finally:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The hot-time budget: the one risk a team decides when it oversells, and how it is kept.
+
+*Hot time* is the share of node-time an oversold node spends with real usage above its real
+allocatable (per resource). The user sets a budget for it (default cpu 0.1%, about 1.4 minutes a
+day; memory 0.01%); everything else follows:
+
+- **Budget -> ratio.** A node packed up to its oversold allocatable ``r x C`` carries requests
+  ``r x C``; if its Pods use what they used per requested unit over the window, its usage exceeds
+  ``C`` exactly when the window's usage exceeded ``requested / r``. The largest ratio whose
+  predicted exceedance is within the budget ``b`` is therefore ``requested / Q(1 - b)`` of the
+  node's summed usage: :func:`budget_quantile` gives the quantile level, and the existing
+  estimator (``oversale.estimator.oversale_proposal``) applies it with its caps and floor. A
+  budget of 0 means no overselling (ratio 1): no history rules out a peak it has not seen. The
+  idea, judging a predictor by its violation rate against its savings, is the one of Bashir et
+  al., "Take it to the limit: peak prediction-driven resource overcommitment in datacenters"
+  (EuroSys 2021).
+- **The account.** What was predicted is then checked against what happened: observed hot time
+  over a short (1 day) and a long (7 days) window. A node or pool that overspends is backed off
+  at once (:func:`adjust_multiplier` scales the ratio's target down in proportion to the
+  overspend); one that underspends for long rises again slowly, with a dead band between
+  ``rise_below x budget`` and the budget where nothing moves (hysteresis).
+- **Calibration.** Each prediction of a node's peak is later compared with the peak that came:
+  :func:`calibration` is the share of predictions exceeded, which on an honest estimator at
+  quantile ``1 - b`` stays near the share the budget implies.
+
+The compression reconciler takes its percentile from the same budget (:func:`compression_percentile`)
+so a container's demand is exceeded no more often than a node may be: the two never pull
+against each other. Everything here is arithmetic over plain numbers; the live reconcilers and
+the replay call the same functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
+from fractions import Fraction
+
+from oversale.estimator import (
+    CompressionEstimator,
+    OversaleEstimator,
+    Proposal,
+    UsageStats,
+    oversale_proposal,
+    safe_floor,
+)
+from oversale.quantity import CPU
+
+DAY_SECONDS = 86400.0
+
+
+@dataclass(frozen=True)
+class HotTimeBudget:
+    """Share of node-time (0..1) an oversold node may spend above its real capacity, per resource."""
+
+    cpu: float = 0.001
+    memory: float = 0.0001
+
+    def of(self, resource: str) -> float:
+        return self.cpu if resource == CPU else self.memory
+
+
+@dataclass(frozen=True)
+class AccountConfig:
+    """How the account turns observed hot time into a change of the ratio's target."""
+
+    short_window_seconds: float = DAY_SECONDS
+    """A back-off happens at most once per this window (its effect shows in the next one)."""
+    long_window_seconds: float = 7 * DAY_SECONDS
+    """Overspending here backs the ratio off; underspending here lets it rise again."""
+    short_overspend: float = 4.0
+    """The short window alone backs off only above this many budgets: one unlucky day is noise,
+    four budgets' worth of it is not (chosen on the tuning days: ``python -m simulator.tune``)."""
+    rise_below: float = 0.5
+    """Rise only when the long window's hot time is below this share of the budget."""
+    min_rise_days: float = 3.0
+    """...and it holds at least this many days of samples ("underspends for long")."""
+    rise_per_day: float = 0.05
+    """A rise adds at most this fraction of the multiplier per day."""
+    min_multiplier: float = 0.5
+    max_multiplier: float = 1.2
+    backoff_exponent: float = 0.5
+    """An overspend by a factor k multiplies the target by k ** -exponent (never below
+    ``min_multiplier``)."""
+
+
+@dataclass(frozen=True)
+class HotTime:
+    """Observed hot time of one node (or pool) and resource over a window."""
+
+    hot_samples: int
+    samples: int
+
+    @property
+    def share(self) -> float:
+        return self.hot_samples / self.samples if self.samples else 0.0
+
+    def __add__(self, other: HotTime) -> HotTime:
+        return HotTime(self.hot_samples + other.hot_samples, self.samples + other.samples)
+
+
+NO_HOT_TIME = HotTime(0, 0)
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    multiplier: float
+    reason: str
+    backed_off: bool = False
+    overspend: float = 0.0
+    """Observed hot time / budget when backed off."""
+
+
+def budget_quantile(budget: float, scale: float = 1.0) -> float:
+    """The usage quantile whose exceedance the budget allows: ``1 - scale x budget`` (1: the
+    peak). ``scale`` calibrates the estimator: a window's exceedance over-states (scale > 1) or
+    under-states the exceedance that follows, and the replay's tuning days measure by how much."""
+    if not 0 <= budget <= 1 or math.isnan(budget):
+        raise ValueError(f"a hot-time budget is a share of time between 0 and 1, not {budget!r}")
+    return max(0.0, 1.0 - scale * budget)
+
+
+def budget_proposal(resource: str, requested: int, real_allocatable: int, usage: UsageStats | None,
+                    current: Decimal, estimator: OversaleEstimator, budget: float,
+                    multiplier: float = 1.0) -> Proposal:
+    """The node ratio for one resource under a hot-time budget: the largest whose predicted
+    exceedance is within it, i.e. ``target x multiplier x requested / Q(1 - budget)`` of the
+    node's summed usage (``usage`` must summarise that quantile), with the estimator's caps,
+    floor and stabilisation. A budget of 0 allows no overselling: ratio 1."""
+    if budget <= 0:
+        # Never below what already runs (the node webhook refuses such a cut), nor above the cap.
+        cover = min(safe_floor(requested, real_allocatable, Decimal(0)), estimator.max_ratio(resource))
+        return Proposal(cover, "hot-time budget 0: no overselling" + (f" beyond the running requests ({cover})"
+                                                                       if cover > 1 else ""))
+    quantile = budget_quantile(budget, estimator.budget_scale)
+    target = (estimator.target(resource) * Decimal(repr(multiplier))).quantize(Decimal("0.001"), ROUND_FLOOR)
+    if resource == CPU:
+        shaped = dataclasses.replace(estimator, percentile=quantile, cpu_target=target)
+    else:
+        shaped = dataclasses.replace(estimator, memory_percentile=quantile, memory_target=target)
+    proposal = oversale_proposal(resource, requested, real_allocatable, usage, current, shaped)
+    return dataclasses.replace(proposal, reason=f"budget {budget:.3%}: {proposal.reason}"
+                               + (f" (account: target x{multiplier:.2f})" if multiplier != 1 else ""))
+
+
+def compression_percentile(budget: float, scale: float = 1.0, floor: float = 0.9) -> float:
+    """A container's demand percentile under the same budget, never below ``floor``: the
+    compression reconciler sizes requests so they are exceeded no more often than a node may be
+    hot (a lower percentile would hand the node reconciler a risk it did not budget for)."""
+    return max(floor, budget_quantile(budget, scale))
+
+
+def accounted_estimator(estimator: CompressionEstimator, multiplier: float) -> CompressionEstimator:
+    """The compression estimator under the pool's account: its demand divided by the cpu
+    multiplier, so a pool backed off for overspending also gets larger requests (the node
+    ratio alone cannot take back risk that right-sized requests hand out), and one that
+    underspends gets smaller ones. The demand never drops below 80% of the percentile."""
+    if multiplier == 1:
+        return estimator
+    factor = (1 + Fraction(estimator.margin)) / Fraction(repr(multiplier))
+    margin = max(Decimal("-0.2"), Decimal(float(factor - 1)).quantize(Decimal("0.0001")))
+    return dataclasses.replace(estimator, margin=margin)
+
+
+def exceedance(values: Sequence[float], threshold: float) -> float:
+    """The share of ``values`` above ``threshold``: the predicted hot time of a node whose usage
+    behaves as in the window and whose oversold capacity puts real capacity at ``threshold``."""
+    if not values:
+        return 0.0
+    return sum(1 for v in values if v > threshold) / len(values)
+
+
+def hot_time(values: Iterable[float], capacity: float) -> HotTime:
+    """Observed hot time: samples whose usage is above the real ``capacity``."""
+    hot = total = 0
+    for value in values:
+        total += 1
+        hot += value > capacity
+    return HotTime(hot, total)
+
+
+def adjust_multiplier(current: float, short: HotTime, long: HotTime, budget: float, elapsed_seconds: float,
+                      since_backoff_seconds: float | None, config: AccountConfig) -> Adjustment:
+    """The ratio target's multiplier after one look at the account.
+
+    Overspend backs off at once, by ``(spent / budget) ** -backoff_exponent``: the long window
+    above the budget, or the last day alone above ``short_overspend`` budgets; unless a back-off
+    happened within the short window already (its effect is not in the figures yet). A long
+    window of at least ``min_rise_days`` below ``rise_below x budget`` rises by ``rise_per_day``
+    per day elapsed. In between, nothing moves (hysteresis)."""
+    current = min(max(current, config.min_multiplier), config.max_multiplier)
+    if budget <= 0:
+        return Adjustment(current, "no budget: no overselling")
+    # The more telling window: each against its own tolerance (the last day's is wider).
+    window, spent, tolerance = max((("the last day", short, config.short_overspend), ("the long window", long, 1.0)),
+                                   key=lambda seen: seen[1].share / seen[2])
+    limit = budget * tolerance
+    if spent.samples and spent.share > limit:
+        overspend = spent.share / budget
+        said = f"hot {spent.share:.3%} of {window}, {overspend:.1f}x the budget {budget:.3%}"
+        if since_backoff_seconds is not None and since_backoff_seconds < config.short_window_seconds:
+            return Adjustment(current, f"{said}; backed off {since_backoff_seconds / 3600:.1f} h ago: waiting",
+                              overspend=overspend)
+        backed = max(config.min_multiplier, current * overspend ** -config.backoff_exponent)
+        return Adjustment(backed, f"{said}: target x{backed / current:.2f}", backed_off=True, overspend=overspend)
+    long_enough = short.samples > 0 and long.samples >= short.samples * config.min_rise_days * 0.9
+    if long_enough and long.share < config.rise_below * budget and current < config.max_multiplier:
+        risen = min(config.max_multiplier, current * (1 + config.rise_per_day * elapsed_seconds / DAY_SECONDS))
+        return Adjustment(risen, f"hot {long.share:.3%} of the long window, under {config.rise_below:g}x the "
+                                 f"budget {budget:.3%}: rising slowly")
+    return Adjustment(current, f"hot {long.share:.3%} of the long window, within the budget {budget:.3%}")
+
+
+def calibration(predictions: Iterable[tuple[float, float]]) -> tuple[int, int]:
+    """(exceeded, total) over (predicted peak, observed peak) pairs: a prediction is exceeded when
+    the peak that came was higher."""
+    exceeded = total = 0
+    for predicted, observed in predictions:
+        total += 1
+        exceeded += observed > predicted
+    return exceeded, total
+
+
+@dataclass(frozen=True)
+class NodeAccount:
+    """One node's account for one resource, as the reconciler keeps it between passes."""
+
+    multiplier: float = 1.0
+    backed_off_at: float | None = None
+    """Epoch seconds of the last back-off."""
+
+
+def read_accounts(text: str | None) -> dict[str, NodeAccount]:
+    """The node's ``hot-time-account`` annotation; anything unreadable starts afresh (at 1)."""
+    try:
+        data = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    accounts = {}
+    if isinstance(data, dict):
+        for resource, entry in data.items():
+            if isinstance(entry, dict):
+                try:
+                    multiplier = float(entry.get("multiplier", 1.0))
+                    at = entry.get("backedOffAt")
+                    accounts[str(resource)] = NodeAccount(multiplier if math.isfinite(multiplier) else 1.0,
+                                                          float(at) if at is not None else None)
+                except (TypeError, ValueError):
+                    continue
+    return accounts
+
+
+def write_accounts(accounts: dict[str, NodeAccount]) -> str:
+    return json.dumps({r: {"multiplier": round(a.multiplier, 4),
+                           **({"backedOffAt": round(a.backed_off_at)} if a.backed_off_at is not None else {})}
+                       for r, a in sorted(accounts.items())}, separators=(",", ":"), sort_keys=True)
+
+
+def budget_of(annotations: Mapping[str, str], labels: Mapping[str, str], key: str, default: float) -> float:
+    """A node's budget: its annotation, else its label (set on a whole pool by the node group's
+    labels), else the cluster-wide setting; an unusable value falls back to the default."""
+    for source in (annotations, labels):
+        text = source.get(key)
+        if text is None:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if 0 <= value <= 1:
+            return value
+    return default
+
+
+def pool_of(labels: Mapping[str, str], pool_labels: Sequence[str]) -> str:
+    return next((labels[label] for label in pool_labels if labels.get(label)), "default")
+
+
+def describe_hot_time(spent: dict[str, HotTime], budgets: dict[str, float]) -> str:
+    """The node annotation a person reads: ``cpu 0.052% of 7d (budget 0.100%), memory ...``."""
+    return ", ".join(f"{r} {spent[r].share:.3%} of {spent[r].samples} samples (budget {budgets[r]:.3%})"
+                     for r in sorted(spent) if r in budgets)

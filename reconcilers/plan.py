@@ -1,0 +1,233 @@
+"""``python -m reconcilers plan``: the whole-system replay on the cluster's own history, before
+anything is switched on. It reads Prometheus only (nothing is written to the cluster).
+
+The history is what the usual exporters publish:
+
+- kube-state-metrics: ``kube_pod_container_resource_requests`` (requests), ``kube_pod_owner``
+  (which workload a Pod belongs to), ``kube_pod_info`` (its node), ``kube_node_status_allocatable``
+  (node sizes) and, where its label allowlist exports them, ``kube_node_labels`` (node pools);
+- cAdvisor (the kubelet's ``/metrics/cadvisor``): ``container_cpu_usage_seconds_total`` and
+  ``container_memory_working_set_bytes``.
+
+Each Pod becomes one replayed workload (``namespace/owner/pod``) with its summed requests and
+usage every ``step``; the Pods of each node pool are replayed on nodes of that pool's size (the
+most common allocatable among its nodes; on a cluster already oversold by oversale the exporters
+see the oversold values, so plan before switching it on). The report is the backtest's, per pool,
+plus what our system at the chosen budget would do per namespace and the ratios it would set.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oversale.budget import HotTimeBudget
+from oversale.settings import Settings
+from reconcilers.history import HistoryUnavailable
+from reconcilers.prometheus import Points, PrometheusHistory
+
+EXPORTERS = {
+    "kube_pod_container_resource_requests": "kube-state-metrics",
+    "kube_pod_owner": "kube-state-metrics",
+    "kube_pod_info": "kube-state-metrics",
+    "kube_node_status_allocatable": "kube-state-metrics",
+    "container_cpu_usage_seconds_total": "cAdvisor (the kubelet's /metrics/cadvisor)",
+    "container_memory_working_set_bytes": "cAdvisor (the kubelet's /metrics/cadvisor)",
+}
+APP_CONTAINERS = 'container!="",container!="POD"'
+QUERIES = {
+    "cpu_request": 'sum by (namespace, pod) (kube_pod_container_resource_requests{resource="cpu"})',
+    "memory_request": 'sum by (namespace, pod) (kube_pod_container_resource_requests{resource="memory"})',
+    "cpu_usage": f"sum by (namespace, pod) (rate(container_cpu_usage_seconds_total{{{APP_CONTAINERS}}}[$RATE]))",
+    "memory_usage": f"sum by (namespace, pod) (container_memory_working_set_bytes{{{APP_CONTAINERS}}})",
+}
+SOURCE_METRIC = {"cpu_request": "kube_pod_container_resource_requests",
+                 "memory_request": "kube_pod_container_resource_requests",
+                 "cpu_usage": "container_cpu_usage_seconds_total",
+                 "memory_usage": "container_memory_working_set_bytes"}
+
+
+class PlanError(Exception):
+    """The history cannot be planned on (a missing exporter, too little history)."""
+
+
+@dataclass
+class PodHistory:
+    namespace: str
+    pod: str
+    owner: str = ""
+    node: str = ""
+    series: dict[str, dict[float, float]] = field(default_factory=dict)
+    """cpu_request, cpu_usage (cores), memory_request, memory_usage (bytes): time -> value"""
+
+    @property
+    def name(self) -> str:
+        return f"{self.namespace}/{self.owner or '-'}/{self.pod}"
+
+
+@dataclass
+class ClusterHistory:
+    pods: dict[tuple[str, str], PodHistory]
+    node_sizes: dict[str, tuple[float, float]]
+    """node -> (allocatable cores, bytes)"""
+    node_pools: dict[str, str]
+
+
+def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels: tuple[str, ...],
+                         progress: Callable[[str], None], now: float | None = None) -> ClusterHistory:
+    """Every series the plan needs, over the last ``days``; a required one absent names its
+    exporter."""
+    end = now if now is not None else time.time()
+    start = end - days * 86400
+    pods: dict[tuple[str, str], PodHistory] = {}
+    rate = f"{max(4 * prometheus.resolution, 300):.0f}s"
+    for key, query in QUERIES.items():
+        found = _range(prometheus, query.replace("$RATE", rate), start, end, SOURCE_METRIC[key], days)
+        for labels, points in found:
+            pod = pods.setdefault((labels.get("namespace", ""), labels.get("pod", "")),
+                                  PodHistory(labels.get("namespace", ""), labels.get("pod", "")))
+            pod.series[key] = dict(points)
+        progress(f"read {key}: {len(found)} Pods")
+    for labels, _ in _range(prometheus, "max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner)", start,
+                            end, "kube_pod_owner", days):
+        owned = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
+        if owned is not None and labels.get("owner_kind") not in (None, "", "<none>"):
+            owned.owner = f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
+    for labels, _ in _range(prometheus, "max by (namespace, pod, node) (kube_pod_info)", start, end, "kube_pod_info",
+                            days):
+        placed = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
+        if placed is not None and labels.get("node"):
+            placed.node = labels["node"]
+    sizes: dict[str, list[float]] = {}
+    for resource in ("cpu", "memory"):
+        query = f'max by (node) (kube_node_status_allocatable{{resource="{resource}"}})'
+        for labels, points in _range(prometheus, query, start, end, "kube_node_status_allocatable", days):
+            sizes.setdefault(labels.get("node", ""), [0.0, 0.0])[0 if resource == "cpu" else 1] = points[-1][1]
+    pools = {}
+    try:
+        for labels, _ in prometheus.query_range("kube_node_labels", start, end):
+            for label in pool_labels:
+                value = labels.get("label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label))
+                if value:
+                    pools[labels.get("node", "")] = value
+                    break
+    except HistoryUnavailable:
+        pass  # optional: without it every node is in pool "default"
+    return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools)
+
+
+def _range(prometheus: PrometheusHistory, query: str, start: float, end: float, metric: str,
+           days: float) -> list[tuple[dict[str, str], Points]]:
+    found = prometheus.query_range(query, start, end)
+    if not found:
+        raise PlanError(f"no {metric} series in the last {days:g} days at {prometheus.url}: is "
+                        f"{EXPORTERS[metric]} scraped by this Prometheus?")
+    return found
+
+
+def write_export(history: ClusterHistory, pods: list[PodHistory], path: Path) -> int:
+    """The pool's history as a ``generic`` trace, the backtest's own input format (kept in the
+    report folder, so the plan can be re-run offline: ``backtest --trace``)."""
+    rows = 0
+    with gzip.open(path, "wt", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
+                      "memory_usage_bytes"))
+        for pod in pods:
+            usage = pod.series.get("cpu_usage", {})
+            for t in sorted(usage):
+                request = pod.series.get("cpu_request", {}).get(t)
+                if request is None or request <= 0:
+                    continue  # no request at that time (BestEffort, or not running): nothing to place
+                out.writerow((pod.name, int(t), f"{request:.6g}", f"{usage[t]:.6g}",
+                              f"{pod.series.get('memory_request', {}).get(t, 0):.0f}",
+                              f"{pod.series.get('memory_usage', {}).get(t, 0):.0f}"))
+                rows += 1
+    return rows
+
+
+def by_pool(history: ClusterHistory) -> dict[str, list[PodHistory]]:
+    pools: dict[str, list[PodHistory]] = {}
+    for pod in history.pods.values():
+        pools.setdefault(history.node_pools.get(pod.node, "default"), []).append(pod)
+    return pools
+
+
+def pool_size(history: ClusterHistory, pool: str) -> tuple[float, float] | None:
+    sizes = Counter(size for node, size in history.node_sizes.items()
+                    if history.node_pools.get(node, "default") == pool and size[0] > 0 and size[1] > 0)
+    return sizes.most_common(1)[0][0] if sizes else None
+
+
+def per_namespace(last_day: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Requests before and after, per namespace, on the last replayed day."""
+    totals: dict[str, dict[str, float]] = {}
+    for name, resources in last_day["requests"].items():
+        namespace = name.split("/", 1)[0]
+        entry = totals.setdefault(namespace, {"cpu_requested_cores": 0.0, "cpu_set_cores": 0.0,
+                                              "memory_requested_bytes": 0.0, "memory_set_bytes": 0.0})
+        entry["cpu_requested_cores"] += resources["cpu"][0] / 1000
+        entry["cpu_set_cores"] += resources["cpu"][1] / 1000
+        entry["memory_requested_bytes"] += resources["memory"][0]
+        entry["memory_set_bytes"] += resources["memory"][1]
+    return totals
+
+
+def ratios_set(last_day: dict[str, Any]) -> dict[str, Any]:
+    """The ratios our system would set at the chosen budget: per workload (the compression ratio,
+    original / set cpu request) and per node (oversale ratios of the last replayed day)."""
+    workloads = {name: round(r["cpu"][0] / r["cpu"][1], 3) for name, r in last_day["requests"].items()
+                 if r["cpu"][1] > 0}
+    nodes = [{"cpu": round(c, 3), "memory": round(m, 3)} for c, m in last_day["node_ratios"]]
+    return {"workloads": workloads, "nodes": nodes}
+
+
+def summary_line(settings: Settings, budget: HotTimeBudget) -> str:
+    return (f"at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%}; "
+            f"OVERSALE_CPU_HOT_TIME_BUDGET={settings.cpu_hot_time_budget:g} in this environment)")
+
+
+def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudget, days: float) -> None:
+    """The top-level report: one section per pool, linking its backtest-style report."""
+    lines = ["# Plan: oversale on this cluster's own history", "",
+             f"The last {days:g} days of this cluster's history, replayed through the whole system and the peers "
+             "(nothing was written to the cluster). Each pool's full report (capacity freed against realised hot "
+             "time for a range of budgets, the peers, plots, `summary.json`) is linked below.", ""]
+    for pool, entry in pools.items():
+        data = entry["summary"]
+        ours = next((row for row in data["policies"] if row["policy"] == "oversale"), None)
+        lines += [f"## Pool `{pool}`: {entry['pods']} Pods on nodes of {entry['node_cores']:g} cores, "
+                  f"{entry['node_memory_bytes'] / 2**30:g} GiB", "",
+                  f"[Full report]({pool}/report.md). " + (
+                      f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "
+                      f"node-days at a realised cpu hot time of {ours['cpu_violation_rate']:.3%}." if ours else ""),
+                  "", "| budget | capacity freed | realised cpu hot time | realised memory hot time |",
+                  "| --- | --- | --- | --- |"]
+        for sweep in data["budget_sweep"]:
+            lines.append(f"| {sweep['hot_time_budget']:.2%} | {sweep['capacity_freed']:.1%} | "
+                         f"{sweep['cpu_violation_rate']:.3%} | {sweep['memory_violation_rate']:.3%} |")
+        lines += ["", "| namespace | cpu requested | cpu set | memory requested | memory set |",
+                  "| --- | --- | --- | --- | --- |"]
+        for namespace, totals in sorted(entry["namespaces"].items()):
+            lines.append(f"| {namespace} | {totals['cpu_requested_cores']:.2f} | {totals['cpu_set_cores']:.2f} | "
+                         f"{totals['memory_requested_bytes'] / 2**30:.2f} GiB | "
+                         f"{totals['memory_set_bytes'] / 2**30:.2f} GiB |")
+        node_ratios = [n["cpu"] for n in entry["ratios"]["nodes"]]
+        if node_ratios:
+            lines += ["", f"Node cpu ratios it would set: {min(node_ratios):g} to {max(node_ratios):g} "
+                          f"(mean {sum(node_ratios) / len(node_ratios):.2f}) over {len(node_ratios)} nodes; "
+                          "per workload ratios are in `plan.json`."]
+        lines.append("")
+    (out / "plan.md").write_text("\n".join(lines))
+    (out / "plan.json").write_text(json.dumps(
+        {"budget": {"cpu": budget.cpu, "memory": budget.memory}, "days": days,
+         "pools": {pool: {k: v for k, v in entry.items() if k != "summary"} for pool, entry in pools.items()}},
+        indent=2) + "\n")

@@ -1,0 +1,82 @@
+"""Choose the hot-time account's knobs on the tuning days only.
+
+  python -m simulator.tune --trace TRACE.csv.gz [--holdout-days 14] [--warmup-days 7]
+
+The trace is cut before its last ``--holdout-days`` days, so nothing here sees the holdout. For
+each candidate ``AccountConfig`` the whole system runs at every budget of the goal's range
+(0.05% to 1%), and the candidate is scored by how far the realised cpu hot time strays from the
+budget: the mean of ``|log(realised / budget)|`` (0 when every budget is kept exactly; a budget
+kept within 0.5x..1.5x contributes at most 0.69). The printed table is what the default in
+``oversale.budget.AccountConfig`` was chosen from; docs/backtest.md reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import math
+import sys
+import time
+from pathlib import Path
+
+from oversale.budget import AccountConfig, HotTimeBudget
+from oversale.settings import Settings
+from simulator.policies import OURS, budget_name, budget_system, default_systems
+from simulator.replay import SLOTS_PER_DAY, Config, run
+from simulator.trace import read_trace
+
+GOAL_BUDGETS = (0.0005, 0.001, 0.002, 0.005, 0.01)
+SCALES = (1.0, 2.0)
+"""Candidates of OVERSALE_BUDGET_CALIBRATION."""
+GRID = {
+    "short_overspend": (2.0, 4.0),
+    "rise_per_day": (0.05, 0.15),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulator.tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", type=Path, required=True)
+    parser.add_argument("--holdout-days", type=int, default=14, help="days cut off the end (default 14)")
+    parser.add_argument("--warmup-days", type=int, default=7, help="history-only days (default 7)")
+    args = parser.parse_args(argv)
+    workloads = read_trace(args.trace)
+    origin = min(int(w.slots[0]) for w in workloads)
+    last = max(int(w.slots[-1]) for w in workloads)
+    cut = origin + ((last - origin) // SLOTS_PER_DAY + 1 - args.holdout_days) * SLOTS_PER_DAY
+    tuning = []
+    for workload in workloads:
+        keep = workload.slots < cut
+        if keep.any():
+            tuning.append(dataclasses.replace(
+                workload, slots=workload.slots[keep], request={r: v[keep] for r, v in workload.request.items()},
+                usage={r: v[keep] for r, v in workload.usage.items()}))
+    settings = Settings()
+    config = Config(32, 256 * 2**30, args.warmup_days, 7, 0)
+    baseline = [s for s in default_systems(settings.compression_estimator(), settings.oversale_estimator(),
+                                           settings.budget, sweep=False) if s.name == "none"]
+    print("scale  short  rise/day  score  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS), flush=True)
+    for scale, *values in itertools.product(SCALES, *GRID.values()):
+        account = AccountConfig(**dict(zip(GRID, values, strict=True)))
+        oversale = dataclasses.replace(settings.oversale_estimator(), budget_scale=scale)
+        systems = baseline + [budget_system(budget_name(b), HotTimeBudget(b, settings.memory_hot_time_budget),
+                                            settings.compression_estimator(), oversale, OURS, account)
+                              for b in GOAL_BUDGETS]
+        started = time.perf_counter()
+        result = run(tuning, config, systems)
+        realised = []
+        for budget in GOAL_BUDGETS:
+            tally = result.tallies[budget_name(budget)]["tuning"]
+            realised.append(tally.violations["cpu"] / max(tally.node_samples["cpu"], 1))
+        score = sum(abs(math.log(max(r, 1e-6) / b)) for r, b in zip(realised, GOAL_BUDGETS, strict=True)) \
+            / len(GOAL_BUDGETS)
+        print(f"{scale:>5}  {values[0]:>5}  {values[1]:>8}  {score:.3f}  "
+              + "  ".join(f"{r / b:.2f}x" for r, b in zip(realised, GOAL_BUDGETS, strict=True))
+              + f"   ({time.perf_counter() - started:.0f}s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

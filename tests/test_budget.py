@@ -1,0 +1,158 @@
+"""The hot-time budget: budget -> ratio, the account, calibration (pure functions)."""
+
+from __future__ import annotations
+
+import math
+import random
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oversale.budget import (
+    AccountConfig,
+    HotTime,
+    NodeAccount,
+    accounted_estimator,
+    adjust_multiplier,
+    budget_of,
+    budget_proposal,
+    budget_quantile,
+    calibration,
+    compression_percentile,
+    exceedance,
+    hot_time,
+    pool_of,
+    read_accounts,
+    write_accounts,
+)
+from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig, summarize
+
+STEADY = OversaleEstimator(stability=StabilityConfig(Decimal(0), Decimal(1000)))
+REAL = 32_000  # millicores
+WEEK = [(i * 300.0, v) for i, v in enumerate(
+    8_000 + 4_000 * math.sin(i / 20) + random.Random(7).random() * 3_000 for i in range(2016))]
+
+
+def ratio_at(budget: float, requested: int = 30_000, multiplier: float = 1.0,
+             estimator: OversaleEstimator = STEADY) -> Decimal:
+    stats = summarize(WEEK, budget_quantile(budget) if budget else 1.0, now=WEEK[-1][0] + 300)
+    return budget_proposal("cpu", requested, REAL, stats, Decimal(1), estimator, budget, multiplier).ratio
+
+
+def test_the_ratio_grows_with_the_budget_and_a_zero_budget_oversells_nothing():
+    budgets = [0, 0.0001, 0.001, 0.01, 0.05, 0.2]
+    ratios = [ratio_at(b) for b in budgets]
+    assert ratios[0] == 1
+    assert ratios == sorted(ratios) and ratios[-1] > ratios[1] > 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 1), st.floats(0, 1), st.integers(1_000, 200_000), st.floats(0.5, 2.0))
+def test_monotone_and_never_above_the_caps(low, high, requested, multiplier):
+    low, high = sorted((low, high))
+    assert ratio_at(low, requested, multiplier) <= ratio_at(high, requested, multiplier)
+    assert ratio_at(high, requested, multiplier) <= max(STEADY.cpu_max_ratio, Decimal(requested) / REAL + 1)
+
+
+def test_a_zero_budget_still_covers_what_already_runs():
+    assert ratio_at(0, requested=40_000) == Decimal("1.25")
+
+
+def test_the_chosen_ratio_keeps_the_predicted_exceedance_within_the_budget():
+    values = [v for _, v in WEEK]
+    for budget in (0.001, 0.01, 0.05):
+        ratio = float(ratio_at(budget))
+        # A node full at this ratio carries ratio x REAL of requests; usage per request as in the window.
+        threshold = 30_000 / ratio  # the window's usage at which the full node reaches REAL
+        assert exceedance(values, threshold + 1e-6) <= budget + 1 / len(values)
+
+
+def test_budget_zero_and_quantiles():
+    assert budget_quantile(0) == 1 and budget_quantile(0.001) == pytest.approx(0.999)
+    assert compression_percentile(0.001) == pytest.approx(0.999) and compression_percentile(0.5) == 0.9
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="share of time"):
+            budget_quantile(bad)
+
+
+def test_the_account_counts_known_hot_time():
+    # One day of 5-minute samples, 3 of them above a 32-core node's real capacity.
+    usage = [20_000.0] * 285 + [33_000.0, 40_000.0, 32_001.0]
+    spent = hot_time(usage, REAL)
+    assert spent == HotTime(3, 288) and spent.share == pytest.approx(3 / 288)
+    assert hot_time([32_000.0], REAL).hot_samples == 0  # at capacity is not above it
+
+
+CONFIG = AccountConfig()
+
+
+def test_overspend_backs_off_at_once_in_proportion_and_says_by_how_much():
+    day = HotTime(4, 1000)  # 0.4%, four times a 0.1% budget
+    adjustment = adjust_multiplier(1.0, day, day, 0.001, 300, None, CONFIG)
+    assert adjustment.backed_off and adjustment.multiplier == pytest.approx(4 ** -CONFIG.backoff_exponent)
+    assert "4.0x the budget" in adjustment.reason
+    # Within the short window after a back-off the account waits for its effect.
+    again = adjust_multiplier(adjustment.multiplier, day, day, 0.001, 300, 3600, CONFIG)
+    assert not again.backed_off and again.multiplier == adjustment.multiplier
+    # Never below the floor, however large the overspend.
+    assert adjust_multiplier(1.0, HotTime(900, 1000), HotTime(900, 1000), 0.001, 300, None, CONFIG).multiplier \
+        == CONFIG.min_multiplier
+
+
+def test_underspending_rises_slowly_and_the_dead_band_holds():
+    quiet = HotTime(0, 2016)
+    multiplier, days = 0.5, 0
+    while multiplier < 1.0:
+        multiplier = adjust_multiplier(multiplier, HotTime(0, 288), quiet, 0.001, 86400, None, CONFIG).multiplier
+        days += 1
+    assert days >= 3, "a rise is slow: at most rise_per_day a day"
+    # Between rise_below x budget and the budget nothing moves (hysteresis).
+    band = HotTime(15, 20_000)  # 0.075% against 0.1%
+    held = adjust_multiplier(0.8, HotTime(0, 288), band, 0.001, 86400, None, CONFIG)
+    assert held.multiplier == 0.8 and not held.backed_off
+    # A rise needs a long window of at least min_rise_days: two days of history are not "long".
+    assert adjust_multiplier(0.8, HotTime(0, 288), HotTime(0, 576), 0.001, 86400, None, CONFIG).multiplier == 0.8
+
+
+def test_one_unlucky_day_is_noise_a_week_over_budget_is_not():
+    week_fine = HotTime(10, 2016)  # 0.5 budgets over the week
+    assert not adjust_multiplier(1.0, HotTime(10, 288), week_fine, 0.01, 300, None, CONFIG).backed_off  # 3.5 budgets
+    assert adjust_multiplier(1.0, HotTime(14, 288), week_fine, 0.01, 300, None, CONFIG).backed_off  # 4.9 budgets
+    week_over = HotTime(30, 2016)  # 1.5 budgets over the week, a quiet last day
+    over = adjust_multiplier(1.0, HotTime(0, 288), week_over, 0.01, 300, None, CONFIG)
+    assert over.backed_off and "of the long window, 1.5x the budget" in over.reason
+
+
+def test_a_backed_off_account_asks_for_larger_requests():
+    estimator = CompressionEstimator()
+    assert accounted_estimator(estimator, 1.0) is estimator
+    backed = accounted_estimator(estimator, 0.5)
+    assert float(1 + backed.margin) == pytest.approx(2 * float(1 + estimator.margin), rel=1e-3)
+    assert accounted_estimator(estimator, 2.0).margin == Decimal("-0.2")
+
+
+def test_calibration_counts_known_exceedances():
+    rng = random.Random(3)
+    values = [rng.random() for _ in range(100_000)]
+    predicted = 0.99  # the 99th percentile of uniform noise: exceeded 1% of the time
+    exceeded, total = calibration((predicted, v) for v in values)
+    assert total == 100_000 and exceeded / total == pytest.approx(0.01, abs=0.002)
+    assert calibration([(5.0, 6.0), (5.0, 5.0), (5.0, 4.0)]) == (1, 3)
+
+
+def test_accounts_round_trip_and_bad_text_starts_afresh():
+    accounts = {"cpu": NodeAccount(0.7071, 1_700_000_000.0), "memory": NodeAccount()}
+    assert read_accounts(write_accounts(accounts)) == accounts
+    assert read_accounts("not json") == {} and read_accounts('{"cpu": {"multiplier": "x"}}') == {}
+
+
+def test_budget_and_pool_of_a_node():
+    key = "stke.platform/cpu-hot-time-budget"
+    assert budget_of({key: "0.01"}, {key: "0.02"}, key, 0.001) == 0.01
+    assert budget_of({}, {key: "0.02"}, key, 0.001) == 0.02
+    assert budget_of({key: "lots"}, {}, key, 0.001) == 0.001
+    assert budget_of({key: "2"}, {}, key, 0.001) == 0.001
+    assert pool_of({"cloud.google.com/gke-nodepool": "batch"}, ("cloud.google.com/gke-nodepool",)) == "batch"
+    assert pool_of({}, ("cloud.google.com/gke-nodepool",)) == "default"

@@ -1,0 +1,146 @@
+"""``python -m reconcilers plan`` against a real Prometheus whose history is backfilled with
+promtool, with series named and labelled as kube-state-metrics and cAdvisor publish them."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+from tests.prometheus_server import Family, PrometheusServer, write_openmetrics
+
+DAYS = 9
+STEP = 300
+# namespace, pod, ReplicaSet, node, cpu request (cores), memory request (bytes), cpu usage (cores) at time t
+PODS = [
+    ("shop", "web-7d9f8-aaaaa", "web-7d9f8", "node-a", 2.0, 2 * 2**30, lambda t: 0.3 + 0.2 * math.sin(t / 7200)),
+    ("shop", "web-7d9f8-bbbbb", "web-7d9f8", "node-b", 2.0, 2 * 2**30, lambda t: 0.35 + 0.2 * math.sin(t / 7000)),
+    ("shop", "api-5c6b7-ccccc", "api-5c6b7", "node-a", 1.0, 1 * 2**30, lambda t: 0.2 + 0.1 * math.cos(t / 5000)),
+    ("batch", "etl-8e9f0-ddddd", "etl-8e9f0", "node-b", 4.0, 4 * 2**30, lambda t: 1.0 + 0.8 * math.sin(t / 9000)),
+    ("batch", "etl-8e9f0-eeeee", "etl-8e9f0", "node-c", 4.0, 4 * 2**30, lambda t: 0.9 + 0.7 * math.sin(t / 8000)),
+]
+NODES = ("node-a", "node-b", "node-c")
+
+
+def exporter_families(with_state_metrics: bool = True) -> list[Family]:
+    requests = Family("kube_pod_container_resource_requests", "gauge")
+    owner = Family("kube_pod_owner", "gauge")
+    info = Family("kube_pod_info", "gauge")
+    cpu = Family("container_cpu_usage_seconds_total", "counter")
+    memory = Family("container_memory_working_set_bytes", "gauge")
+    for namespace, pod, replicaset, node, cpu_request, memory_request, usage in PODS:
+        kept = {"namespace": namespace, "pod": pod}
+        # kube-state-metrics: one series per container and resource, with its unit.
+        requests.series.append(({**kept, "container": "app", "node": node, "resource": "cpu", "unit": "core",
+                                 "uid": f"uid-{pod}"}, lambda t, v=cpu_request: v))
+        requests.series.append(({**kept, "container": "app", "node": node, "resource": "memory", "unit": "byte",
+                                 "uid": f"uid-{pod}"}, lambda t, v=memory_request: v))
+        owner.series.append(({**kept, "owner_kind": "ReplicaSet", "owner_name": replicaset,
+                              "owner_is_controller": "true", "uid": f"uid-{pod}"}, lambda t: 1))
+        info.series.append(({**kept, "node": node, "host_ip": "10.0.0.1", "pod_ip": "10.1.0.1", "uid": f"uid-{pod}",
+                             "created_by_kind": "ReplicaSet", "created_by_name": replicaset}, lambda t: 1))
+        # cAdvisor: the app container, and the pause container (container="POD") and the Pod's
+        # cgroup (container="") which the plan must not count twice.
+        cadvisor = {**kept, "container": "app", "id": f"/kubepods/{pod}/app", "image": "app:1", "name": "k8s_app"}
+        cpu.series.append((cadvisor, usage))
+        cpu.series.append(({**kept, "container": "", "id": f"/kubepods/{pod}"}, usage))
+        memory.series.append((cadvisor, lambda t, f=usage: f(t) * 2**30))
+        memory.series.append(({**kept, "container": "POD", "id": f"/kubepods/{pod}/pause"}, lambda t: 2**20))
+    if not with_state_metrics:
+        return [cpu, memory]
+    allocatable = Family("kube_node_status_allocatable", "gauge")
+    labels = Family("kube_node_labels", "gauge")
+    for node in NODES:
+        allocatable.series.append(({"node": node, "resource": "cpu", "unit": "core"}, lambda t: 8))
+        allocatable.series.append(({"node": node, "resource": "memory", "unit": "byte"}, lambda t: 32 * 2**30))
+        allocatable.series.append(({"node": node, "resource": "pods", "unit": "integer"}, lambda t: 110))
+        labels.series.append(({"node": node, "label_cloud_google_com_gke_nodepool": "general",
+                               "label_kubernetes_io_hostname": node}, lambda t: 1))
+    return [requests, owner, info, cpu, memory, allocatable, labels]
+
+
+def backfilled(directory: Path, families: list[Family], days: float) -> PrometheusServer:
+    end = time.time() - 120
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "history.om"
+    write_openmetrics(path, families, end - days * 86400, end, STEP)
+    return PrometheusServer(directory, path)
+
+
+@pytest.fixture(scope="module")
+def cluster_prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
+    server = backfilled(tmp_path_factory.mktemp("plan-prometheus"), exporter_families(), DAYS)
+    yield server
+    server.stop()
+
+
+def plan(url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")}
+    return subprocess.run([sys.executable, "-m", "reconcilers", "plan", "--prometheus", url, "--days", str(DAYS),
+                           "--out", str(out), *extra], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_prometheus, tmp_path):
+    result = plan(cluster_prometheus.url, tmp_path / "plan", "--hot-time-budget", "0.01")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert summary["budget"]["cpu"] == 0.01
+    pool = summary["pools"]["general"]  # from kube_node_labels' GKE node-pool label
+    assert pool["pods"] == 5 and pool["node_cores"] == 8 and pool["node_memory_bytes"] == 32 * 2**30
+    # Requests as kube-state-metrics reported them, summed per namespace (the last replayed day).
+    assert pool["namespaces"]["shop"]["cpu_requested_cores"] == pytest.approx(5.0)
+    assert pool["namespaces"]["batch"]["cpu_requested_cores"] == pytest.approx(8.0)
+    # Right-sizing frees most of it: usage is well below the requests.
+    assert pool["namespaces"]["shop"]["cpu_set_cores"] < 2.5
+    ratios = pool["ratios"]
+    assert set(ratios["workloads"]) == {f"{ns}/ReplicaSet/{rs}/{pod}" for ns, pod, rs, *_ in PODS}
+    assert all(ratio > 1 for ratio in ratios["workloads"].values()) and ratios["nodes"]
+    # The pool's report is the backtest's: the budget sweep, plots and the export it replayed.
+    report = tmp_path / "plan" / "general"
+    data = json.loads((report / "summary.json").read_text())
+    sweep = data["budget_sweep"]
+    assert [entry["hot_time_budget"] for entry in sweep] == sorted(entry["hot_time_budget"] for entry in sweep)
+    assert len(sweep) >= 5 and {"capacity_freed", "cpu_violation_rate", "memory_violation_rate"} <= set(sweep[0])
+    assert {"savings_vs_violations.png", "node_day.png", "report.md", "history.csv.gz"} <= \
+        {p.name for p in report.iterdir()}
+    text = (tmp_path / "plan" / "plan.md").read_text()
+    assert "Pool `general`" in text and "| shop |" in text and "(general/report.md)" in text
+
+
+def test_cadvisor_pause_and_pod_cgroup_series_are_not_counted(cluster_prometheus, tmp_path):
+    result = plan(cluster_prometheus.url, tmp_path / "plan")
+    assert result.returncode == 0, result.stderr
+    with gzip.open(tmp_path / "plan" / "general" / "history.csv.gz", "rt") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["workload"].endswith("web-7d9f8-aaaaa")]
+    assert rows
+    peak = max(float(r["cpu_usage_cores"]) for r in rows)
+    assert 0.45 < peak < 0.55, "the app container's usage once (0.3 + 0.2 peak), not the Pod cgroup's again"
+    assert float(rows[0]["cpu_request_cores"]) == 2.0
+
+
+def test_a_missing_exporter_is_named_not_a_traceback(tmp_path):
+    server = backfilled(tmp_path / "cadvisor-only", exporter_families(with_state_metrics=False), 1)
+    try:
+        result = plan(server.url, tmp_path / "plan")
+    finally:
+        server.stop()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "kube_pod_container_resource_requests" in result.stderr and "kube-state-metrics" in result.stderr
+    assert not (tmp_path / "plan").exists()
+
+
+def test_an_unreachable_prometheus_is_one_line(tmp_path):
+    result = plan(f"http://127.0.0.1:{free_port()}", tmp_path / "plan")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "unreachable" in result.stderr and len(result.stderr.strip().splitlines()) == 1
