@@ -145,7 +145,7 @@ class Settings:
     memory_hot_time_budget: float = field(default=0.0001, metadata=_env("OVERSALE_MEMORY_HOT_TIME_BUDGET"))
     """The same for memory (0.0001: about 9 seconds a day); memory contention kills Pods."""
 
-    budget_calibration: float = field(default=1.0, metadata=_env("OVERSALE_BUDGET_CALIBRATION"))
+    budget_calibration: float = field(default=4.0, metadata=_env("OVERSALE_BUDGET_CALIBRATION"))
     """The node's quantile is 1 - calibration x budget: how much the window's exceedance
     over-states what follows. Chosen on the backtest's tuning days (``python -m simulator.tune``);
     change it only after running that on your own history."""

@@ -21,7 +21,6 @@ from oversale.budget import (
     NO_HOT_TIME,
     HotTime,
     NodeAccount,
-    accounted_estimator,
     adjust_multiplier,
     budget_of,
     budget_quantile,
@@ -103,7 +102,6 @@ class Reconciler:
         self.metrics = metrics or ReconcilerMetrics()
         self.clock = clock
         self._resize_supported: bool | None = None
-        self._compression = settings.compression_estimator()
         self._predictions: dict[str, tuple[float, dict[str, float]]] = {}
         """node -> (when, resource -> the peak predicted for the coming period): calibration."""
 
@@ -166,11 +164,10 @@ class Reconciler:
             rows = [Row(_name(k), "*", "", "", "", f"history unavailable, holding: {error}") for k in workloads]
             return rows + self.reconcile_resizes(dry_run, current)
         self._staleness("containers", [s.cpu for s in stats.values()])
-        self._compression = accounted_estimator(self.settings.compression_estimator(), self._cluster_multiplier())
         usage = self._usage_by_workload(workloads, stats)
         autoscalers = self._autoscalers()
         plans = [(workload, plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
-                                             self._compression, self.settings.rescale_hpa),
+                                             self.settings.compression_estimator(), self.settings.rescale_hpa),
                   usage.get(key, {})) for key, workload in sorted(workloads.items())]
         to_write = [job for job in plans if job[1].changes()] if not dry_run else []
         written = {job[1].key: ratios for job, ratios in zip(to_write, self._write_all(self._write_workload, to_write),
@@ -228,7 +225,7 @@ class Reconciler:
                 self.metrics.writes.labels(kind, "conflict").inc()
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
                 plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
-                                        self._compression, self.settings.rescale_hpa)
+                                        self.settings.compression_estimator(), self.settings.rescale_hpa)
                 continue
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)
@@ -566,17 +563,6 @@ class Reconciler:
         for (scope, label, resource, window), spent in totals.items():
             self.metrics.hot_time.labels(scope, label, resource, window).set(spent.share)
         return kept
-
-    def _cluster_multiplier(self) -> float:
-        """The mean cpu multiplier of the oversold nodes' accounts: requests grow when the nodes
-        they land on were backed off (the replay does the same with its one pool)."""
-        try:
-            nodes = self.cluster.nodes(f"{self.keys.oversale_label}=enabled")
-        except (ApiException, urllib3.exceptions.HTTPError):
-            return 1.0
-        multipliers = [read_accounts(((n.get("metadata") or {}).get("annotations") or {}).get(
-            self.keys.hot_time_account)).get("cpu", NodeAccount()).multiplier for n in nodes]
-        return sum(multipliers) / len(multipliers) if multipliers else 1.0
 
     def _calibrate(self, nodes: list[dict[str, Any]], stats: dict[str, ResourceStats]) -> None:
         """Calibration: each node's peak predicted at the last pass (its budget quantile) against

@@ -21,7 +21,6 @@ from oversale.budget import (
     AccountConfig,
     HotTime,
     HotTimeBudget,
-    accounted_estimator,
     adjust_multiplier,
     budget_proposal,
     budget_quantile,
@@ -119,16 +118,14 @@ def usage_stats(times: np.ndarray, values: np.ndarray, percentile: float, now: f
 
 # ---- request policies ---------------------------------------------------------------------------
 
-def ours_requests(estimator: CompressionEstimator, account: BudgetAccount | None = None) -> RequestPolicy:
+def ours_requests(estimator: CompressionEstimator) -> RequestPolicy:
     """This project's right-sizing: the compression reconciler's ratio for the workload, applied
-    by the webhook's own arithmetic (a ratio below 1 raises the request); with an account, its
-    cpu multiplier scales the demand (``accounted_estimator``), as the live reconciler does."""
+    by the webhook's own arithmetic (a ratio below 1 raises the request)."""
     def request(resource: str, original: float, history: History, now: float) -> float:
         times, values = history[resource]
-        sized = accounted_estimator(estimator, account.multiplier(CPU)) if account else estimator
-        stats = usage_stats(times, values, sized.percentile, now)
+        stats = usage_stats(times, values, estimator.percentile, now)
         amount = max(1, round(original))
-        proposal = compression_proposal(resource, {"c": amount}, {"c": stats}, sized)
+        proposal = compression_proposal(resource, {"c": amount}, {"c": stats}, estimator)
         return float(resized_amount(amount, proposal.ratio, 1))
     return request
 
@@ -198,7 +195,7 @@ def budget_system(name: str, budget: HotTimeBudget, compression: CompressionEsti
                                 percentile=compression_percentile(budget.cpu, oversale.budget_scale))
     kept = BudgetAccount(budget, account or AccountConfig())
     return System(name, f"this project at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%})",
-                  ours_requests(sized, kept), ours_ratio(oversale, kept), family, ours=True, account=kept)
+                  ours_requests(sized), ours_ratio(oversale, kept), family, ours=True, account=kept)
 
 
 def katalyst_realtime(target: float = 0.6, e: float = 0.4) -> NodeRatio:
@@ -266,7 +263,7 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
     def whole(name: str, family: str, load: LoadConfig | None = None,
               remediation: RemediationConfig | None = None) -> System:
         kept = BudgetAccount(budget, account or AccountConfig())
-        return System(name, ours_source, ours_requests(sized, kept), ours_ratio(oversale, kept), family, ours=True,
+        return System(name, ours_source, ours_requests(sized), ours_ratio(oversale, kept), family, ours=True,
                       load=load, remediation=remediation, account=kept)
 
     nodes_only = BudgetAccount(budget, account or AccountConfig())

@@ -201,6 +201,14 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str
     import matplotlib
 
     matplotlib.use("Agg")
+    frontier_plot(out, rows, data)
+    budget_plot(out, data)
+    node_plot(out, result)
+
+
+def frontier_plot(out: Path, rows: list[dict[str, Any]], data: dict[str, Any]) -> None:
+    """Capacity freed against cpu hot time, one panel per split: every family a colour and a
+    marker, ours a thick line along the budgets, names written beside the points."""
     import matplotlib.pyplot as plt
 
     families = list(dict.fromkeys(row["family"] for row in rows))
@@ -211,6 +219,8 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str
     figure, axes = plt.subplots(1, 2, figsize=(15, 6.5), sharey=True)
     for axis, split in zip(axes, SPLITS, strict=True):
         labels: list[tuple[str, float, float, Any, bool]] = []
+        budget_labels: list[tuple[str, float, float, Any, bool]] = []
+        points_drawn: list[tuple[float, float]] = []
         for family in families:
             members = [r for r in rows if r["family"] == family]
             points = sorted(((max(r[split]["cpu_violation_rate"] * 100, FLOOR), r[split]["capacity_freed"] * 100, r)
@@ -219,11 +229,10 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str
             axis.plot([x for x, _, _ in points], [y for _, y, _ in points], marker=markers[family],
                       markersize=8 if ours else 6, linestyle="-" if len(points) > 1 else "none",
                       linewidth=2.5 if ours else 1.2, color=colours[family], zorder=4 if ours else 3)
+            points_drawn += [(x, y) for x, y, _ in points]
             if ours:  # our curve is the budget sweep: each point says its budget
-                for x, y, row in points:
-                    if row["hot_time_budget"] is not None:
-                        axis.annotate(f"{row['hot_time_budget']:.2%}", (x, y), fontsize=7, color="crimson",
-                                      xytext=(0, -12), textcoords="offset points", ha="center")
+                budget_labels += [(f"{row['hot_time_budget']:.2%}", x, y, "crimson", False) for x, y, row in points
+                                  if row["hot_time_budget"] is not None]
             head = next((r for r in members if r["policy"] == family), members[0])  # the published default
             labels.append((family, max(head[split]["cpu_violation_rate"] * 100, FLOOR),
                            head[split]["capacity_freed"] * 100, colours[family], ours))
@@ -237,11 +246,17 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str
         axis.set_xlabel("cpu hot time: % of node-samples above real capacity (log scale; 0 drawn at 0.001)")
         axis.set_title(f"{split} days: capacity freed against hot time (up and left is better)", fontsize=10)
         axis.grid(alpha=0.3, which="both")
-        _direct_labels(figure, axis, labels)
+        _direct_labels(figure, axis, sorted(labels, key=lambda label: not label[4]) + budget_labels, points_drawn)
     axes[0].set_ylabel("capacity freed (% of the baseline's node-days)")
     figure.tight_layout()
     figure.savefig(out / "savings_vs_violations.png", dpi=110)
     plt.close(figure)
+
+
+
+def budget_plot(out: Path, data: dict[str, Any]) -> None:
+    """Realised hot time against the budget, tuning and holdout, with the 0.5x..1.5x band."""
+    import matplotlib.pyplot as plt
 
     sweep = data.get("budget_sweep") or []
     if len(sweep) > 1:
@@ -269,23 +284,32 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str
         figure.savefig(out / "budget_kept.png", dpi=110)
         plt.close(figure)
 
+
+
+def node_plot(out: Path, result: Result) -> None:
+    """The busiest node of four systems on the last day, on one y axis."""
+    import matplotlib.pyplot as plt
+
     shown = [name for name in (OURS, "crane-style", "vpa-style", "crane-style+katalyst") if name in result.node_day]
     figure, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 4.4), squeeze=False, sharey=True)
     top = 0.0
     for axis, name in zip(axes[0], shown, strict=True):
         node = result.node_day[name]
         usage = [u / MILLI for u in node["cpu_usage"]]
-        lines = {"real capacity": (node["cpu_real"] / MILLI, "black", "-"),
-                 "oversold allocatable": (node["cpu_oversold"] / MILLI, "tab:orange", ":"),
-                 "requested": (node["cpu_requested"] / MILLI, "tab:green", "--")}
+        # Each line's label at its own place along the x axis: lines often coincide (a node full to
+        # its allocatable has requests = oversold allocatable; a peer that does not oversell has
+        # oversold = real).
+        lines = {"real capacity": (node["cpu_real"] / MILLI, "black", "-", 0.01),
+                 "oversold allocatable": (node["cpu_oversold"] / MILLI, "tab:orange", ":", 0.27),
+                 "requested": (node["cpu_requested"] / MILLI, "tab:green", "--", 0.68)}
         axis.plot(node["hours"], usage, color="tab:blue", linewidth=0.9)
         axis.annotate("usage", (node["hours"][-1], usage[-1]), color="tab:blue", fontsize=7, xytext=(2, 0),
                       textcoords="offset points", va="center")
-        for label, (value, colour, style) in lines.items():
+        for label, (value, colour, style, where) in lines.items():
             axis.axhline(value, color=colour, linestyle=style, linewidth=1.3)
-            axis.annotate(label, (0.01, value), xycoords=("axes fraction", "data"), color=colour, fontsize=7,
+            axis.annotate(label, (where, value), xycoords=("axes fraction", "data"), color=colour, fontsize=7,
                           xytext=(0, 2), textcoords="offset points")
-        top = max(top, max(usage), *(value for value, _, _ in lines.values()))
+        top = max(top, max(usage), *(value for value, _, _, _ in lines.values()))
         axis.set_title(f"{name}: node {node['node']}, {node['workloads']} workloads", fontsize=9)
         axis.set_xlabel("hour of the last replayed day")
         axis.set_xlim(0, 24)
@@ -299,19 +323,27 @@ def _plots(out: Path, rows: list[dict[str, Any]], result: Result, data: dict[str
     plt.close(figure)
 
 
-def _direct_labels(figure: Any, axis: Any, labels: list[tuple[str, float, float, Any, bool]]) -> None:
-    """Each family's name beside its published default, at the first of a few offsets where it
-    overlaps no label placed before it (ours first) and stays inside the axes."""
+def _direct_labels(figure: Any, axis: Any, labels: list[tuple[str, float, float, Any, bool]],
+                   points: list[tuple[float, float]]) -> None:
+    """Each label beside its point, at the first of a few offsets where it overlaps no marker and
+    no label placed before it, and stays inside the axes (labels are placed in the order given)."""
+    from matplotlib.transforms import Bbox
+
     renderer = figure.canvas.get_renderer()
     frame = axis.get_window_extent(renderer)
     placed: list[Any] = []
-    offsets = ((6, 4), (6, -12), (-6, 4), (-6, -12), (0, 12), (0, -20), (12, 16), (12, -26), (-12, 16), (-12, -26))
-    for family, x, y, colour, ours in sorted(labels, key=lambda label: not label[4]):
+    for x, y in points:  # the markers themselves, about 8 px across
+        px, py = axis.transData.transform((x, y))
+        placed.append(Bbox.from_extents(px - 4, py - 4, px + 4, py + 4))
+    offsets = ((6, 4), (6, -12), (-6, 4), (-6, -12), (0, 10), (0, -18), (12, 16), (12, -26), (-12, 16), (-12, -26),
+               (20, 0), (-20, 0), (0, 24), (0, -32))
+    for family, x, y, colour, ours in labels:
         text = None
+        size = 8 if family[0].isalpha() else 7
         for dx, dy in offsets:
-            text = axis.annotate(family, (x, y), fontsize=8, color=colour, xytext=(dx, dy),
+            text = axis.annotate(family, (x, y), fontsize=size, color=colour, xytext=(dx, dy),
                                  textcoords="offset points", fontweight="bold" if ours else "normal",
-                                 ha="left" if dx >= 0 else "right")
+                                 ha="left" if dx > 0 else "right" if dx < 0 else "center")
             box = text.get_window_extent(renderer)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
             if inside and not any(box.overlaps(other) for other in placed):
@@ -319,6 +351,6 @@ def _direct_labels(figure: Any, axis: Any, labels: list[tuple[str, float, float,
             text.remove()
             text = None
         if text is None:  # nowhere free: the first place, drawn anyway
-            text = axis.annotate(family, (x, y), fontsize=8, color=colour, xytext=offsets[0],
+            text = axis.annotate(family, (x, y), fontsize=size, color=colour, xytext=offsets[0],
                                  textcoords="offset points", fontweight="bold" if ours else "normal")
         placed.append(text.get_window_extent(renderer))
