@@ -123,9 +123,10 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
     lines = [
         "# Backtest report: the whole system on one simulated cluster", "",
         f"Trace `{trace.name}`: days {tuning[0] if tuning else '-'}..{tuning[-1] if tuning else '-'} are the "
-        f"**tuning** days (defaults were chosen on them), days {holdout[0] if holdout else '-'}.."
-        f"{holdout[-1] if holdout else '-'} the **holdout** (the last {config.holdout_days} days, never used to "
-        f"choose anything); day 0 is the trace's first, days 0..{config.warmup_days - 1} only give history. Each "
+        f"**tuning** days (the ones a setting may be chosen on), days {holdout[0] if holdout else '-'}.."
+        f"{holdout[-1] if holdout else '-'} the **holdout** (the last {config.holdout_days} days, to judge a "
+        f"choice on days it was not made on); day 0 is the trace's first, days 0..{config.warmup_days - 1} only "
+        f"give history. Each "
         f"day's requests and ratios come only from the {config.window_days} days before it. Nodes have "
         f"{config.node_cpu_cores:g} cores and {config.node_memory_bytes / GIB:g} GiB; usage is replayed every 5 "
         "minutes.", "",
@@ -154,8 +155,8 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
                          f"{f['memory_violation_rate']:.3%} | {f['cpu_above_request']:.2%} | "
                          f"{f['memory_above_request']:.2%} | {f['evictions_per_node_day']:.3f} | {row['source']} |")
         lines += ["", f"### Against each peer ({split}, cpu)", "",
-                  f"What `{OURS}` frees at each peer's cpu violation rate, read off its curve (its cpu-target "
-                  "variants and the baseline, joined by straight lines). *Matched*: at least the peer's capacity "
+                  f"What `{OURS}` frees at each peer's cpu violation rate, read off its curve (its budget sweep "
+                  "and the baseline, joined by straight lines). *Matched*: at least the peer's capacity "
                   "at an equal or lower violation rate.", "",
                   "| peer | peer frees | at cpu violation rate | we free there | ours / peer | matched |",
                   "| --- | --- | --- | --- | --- | --- |"]

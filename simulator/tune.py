@@ -28,11 +28,11 @@ from simulator.replay import SLOTS_PER_DAY, Config, run
 from simulator.trace import read_trace
 
 GOAL_BUDGETS = (0.0005, 0.001, 0.002, 0.005, 0.01)
-SCALES = (4.0,)
+SCALES = (1.0, 2.0, 4.0)
 """Candidates of OVERSALE_BUDGET_CALIBRATION."""
 GRID = {
-    "min_multiplier": (0.5, 0.8),
-    "backoff_exponent": (0.25, 0.5),
+    "short_overspend": (2.0, 4.0),
+    "min_multiplier": (0.5,),
 }
 
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(32, 256 * 2**30, args.warmup_days, 7, 0)
     baseline = [s for s in default_systems(settings.compression_estimator(), settings.oversale_estimator(),
                                            settings.budget, sweep=False) if s.name == "none"]
-    print("scale  min  exponent  score  freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS), flush=True)
+    print("scale  short  floor  score  freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS), flush=True)
     for scale, *values in itertools.product(SCALES, *GRID.values()):
         account = AccountConfig(**dict(zip(GRID, values, strict=True)))
         oversale = dataclasses.replace(settings.oversale_estimator(), budget_scale=scale)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             freed.append(1 - tally.node_days / base)
         score = sum(abs(math.log(max(r, 1e-6) / b)) for r, b in zip(realised, GOAL_BUDGETS, strict=True)) \
             / len(GOAL_BUDGETS)
-        print(f"{scale:>5}  {values[0]:>3}  {values[1]:>8}  {score:.3f}  {sum(freed) / len(freed):.1%}  "
+        print(f"{scale:>5}  {values[0]:>5}  {values[1]:>5}  {score:.3f}  {sum(freed) / len(freed):.1%}  "
               + "  ".join(f"{r / b:.2f}x" for r, b in zip(realised, GOAL_BUDGETS, strict=True))
               + f"   ({time.perf_counter() - started:.0f}s)", flush=True)
     return 0

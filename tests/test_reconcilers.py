@@ -369,7 +369,7 @@ def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accou
     assert len(events) == 1 and events[0]["type"] == "Warning"
     # Two days hold 6 hot samples: 2.09% of the (long) window, 20.9 budgets, more telling than the
     # last day's 4.2% against its tolerance of 4 budgets.
-    assert re.search(r"hot 2\.0\d\d% of the long window, 20\.\dx the budget 0\.100%: target x0\.80",
+    assert re.search(r"hot 2\.0\d\d% of the long window, 20\.\dx the budget 0\.100%: target x0\.50",
                      events[0]["message"]), events[0]["message"]
     metric = reconciler.metrics.hot_time.labels("node", "node-1", "cpu", "1d")._value.get()
     assert metric == pytest.approx(6 / 144, rel=0.05)
