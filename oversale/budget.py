@@ -8,9 +8,11 @@ day; memory 0.01%); everything else follows:
   ``r x C``; if its Pods use what they used per requested unit over the window, its usage exceeds
   ``C`` exactly when the window's usage exceeded ``requested / r``. The largest ratio whose
   predicted exceedance is within the budget ``b`` is therefore ``requested / Q(1 - b)`` of the
-  node's summed usage: :func:`budget_quantile` gives the quantile level, and the existing
-  estimator (``oversale.estimator.oversale_proposal``) applies it with its caps and floor. A
-  budget of 0 means no overselling (ratio 1): no history rules out a peak it has not seen. The
+  node's summed usage: :func:`budget_quantile` gives the quantile level (``1 - c x b``, where the
+  calibration ``c``, ``OVERSALE_BUDGET_CALIBRATION``, says by how much a week's exceedance
+  over-states the next day's on the tuning days), and the existing estimator
+  (``oversale.estimator.oversale_proposal``) applies it with its caps and floor. A budget of 0
+  means no overselling (ratio 1): no history rules out a peak it has not seen. The
   idea, judging a predictor by its violation rate against its savings, is the one of Bashir et
   al., "Take it to the limit: peak prediction-driven resource overcommitment in datacenters"
   (EuroSys 2021).
@@ -21,7 +23,7 @@ day; memory 0.01%); everything else follows:
   ``rise_below x budget`` and the budget where nothing moves (hysteresis).
 - **Calibration.** Each prediction of a node's peak is later compared with the peak that came:
   :func:`calibration` is the share of predictions exceeded, which on an honest estimator at
-  quantile ``1 - b`` stays near the share the budget implies.
+  quantile ``1 - c x b`` stays near ``c x b`` (one sample per prediction).
 
 The compression reconciler takes its percentile from the same budget (:func:`compression_percentile`)
 so a container's demand is exceeded no more often than a node may be: the two never pull
@@ -170,15 +172,18 @@ def hot_time(values: Iterable[float], capacity: float) -> HotTime:
     return HotTime(hot, total)
 
 
-def adjust_multiplier(current: float, short: HotTime, long: HotTime, budget: float, elapsed_seconds: float,
-                      since_backoff_seconds: float | None, config: AccountConfig) -> Adjustment:
+def adjust_multiplier(current: float, short: HotTime, long: HotTime, budget: float,
+                      since_change_seconds: float | None, since_backoff_seconds: float | None,
+                      config: AccountConfig) -> Adjustment:
     """The ratio target's multiplier after one look at the account.
 
     Overspend backs off at once, by ``(spent / budget) ** -backoff_exponent``: the long window
     above the budget, or the last day alone above ``short_overspend`` budgets; unless a back-off
     happened within the short window already (its effect is not in the figures yet). A long
-    window of at least ``min_rise_days`` below ``rise_below x budget`` rises by ``rise_per_day``
-    per day elapsed. In between, nothing moves (hysteresis)."""
+    window of at least ``min_rise_days`` below ``rise_below x budget`` rises by ``rise_per_day``,
+    at most once per short window (``since_change_seconds``: since the last rise or back-off, None
+    if never), so the account's annotation changes at most daily. In between, nothing moves
+    (hysteresis)."""
     current = min(max(current, config.min_multiplier), config.max_multiplier)
     if budget <= 0:
         return Adjustment(current, "no budget: no overselling")
@@ -196,7 +201,11 @@ def adjust_multiplier(current: float, short: HotTime, long: HotTime, budget: flo
         return Adjustment(backed, f"{said}: target x{backed / current:.2f}", backed_off=True, overspend=overspend)
     long_enough = short.samples > 0 and long.samples >= short.samples * config.min_rise_days * 0.9
     if long_enough and long.share < config.rise_below * budget and current < config.max_multiplier:
-        risen = min(config.max_multiplier, current * (1 + config.rise_per_day * elapsed_seconds / DAY_SECONDS))
+        if since_change_seconds is not None and since_change_seconds < config.short_window_seconds:
+            wait = (config.short_window_seconds - since_change_seconds) / 3600
+            return Adjustment(current, f"hot {long.share:.3%} of the long window, under {config.rise_below:g}x the "
+                                       f"budget {budget:.3%}: rising in {wait:.1f} h, a day after the last change")
+        risen = min(config.max_multiplier, current * (1 + config.rise_per_day))
         return Adjustment(risen, f"hot {long.share:.3%} of the long window, under {config.rise_below:g}x the "
                                  f"budget {budget:.3%}: rising slowly")
     return Adjustment(current, f"hot {long.share:.3%} of the long window, within the budget {budget:.3%}")
@@ -219,6 +228,8 @@ class NodeAccount:
     multiplier: float = 1.0
     backed_off_at: float | None = None
     """Epoch seconds of the last back-off."""
+    changed_at: float | None = None
+    """Epoch seconds of the last back-off or rise."""
 
 
 def read_accounts(text: str | None) -> dict[str, NodeAccount]:
@@ -233,9 +244,10 @@ def read_accounts(text: str | None) -> dict[str, NodeAccount]:
             if isinstance(entry, dict):
                 try:
                     multiplier = float(entry.get("multiplier", 1.0))
-                    at = entry.get("backedOffAt")
+                    at, changed = entry.get("backedOffAt"), entry.get("changedAt")
                     accounts[str(resource)] = NodeAccount(multiplier if math.isfinite(multiplier) else 1.0,
-                                                          float(at) if at is not None else None)
+                                                          float(at) if at is not None else None,
+                                                          float(changed) if changed is not None else None)
                 except (TypeError, ValueError):
                     continue
     return accounts
@@ -243,7 +255,8 @@ def read_accounts(text: str | None) -> dict[str, NodeAccount]:
 
 def write_accounts(accounts: dict[str, NodeAccount]) -> str:
     return json.dumps({r: {"multiplier": round(a.multiplier, 4),
-                           **({"backedOffAt": round(a.backed_off_at)} if a.backed_off_at is not None else {})}
+                           **({"backedOffAt": round(a.backed_off_at)} if a.backed_off_at is not None else {}),
+                           **({"changedAt": round(a.changed_at)} if a.changed_at is not None else {})}
                        for r, a in sorted(accounts.items())}, separators=(",", ":"), sort_keys=True)
 
 

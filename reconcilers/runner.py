@@ -545,10 +545,12 @@ class Reconciler:
                         totals[key] = totals.get(key, NO_HOT_TIME) + spent
                 account = accounts.get(resource, NodeAccount())
                 since = None if account.backed_off_at is None else now - account.backed_off_at
-                adjustment = adjust_multiplier(account.multiplier, day, week, budget,
-                                               self.settings.reconcile_interval_seconds, since, config)
+                changed = None if account.changed_at is None else now - account.changed_at
+                adjustment = adjust_multiplier(account.multiplier, day, week, budget, changed, since, config)
+                moved = adjustment.multiplier != account.multiplier
                 after[resource] = NodeAccount(adjustment.multiplier,
-                                              now if adjustment.backed_off else account.backed_off_at)
+                                              now if adjustment.backed_off else account.backed_off_at,
+                                              now if moved else account.changed_at)
                 self.metrics.budget_multiplier.labels(name, resource).set(adjustment.multiplier)
                 if adjustment.backed_off:
                     self.metrics.overspends.labels(pool, resource).inc()

@@ -87,11 +87,13 @@ class BudgetAccount:
     multipliers: dict[str, float] = field(default_factory=dict)
     days: list[dict[str, HotTime]] = field(default_factory=list)
     last_backoff: dict[str, int] = field(default_factory=dict)
+    last_change: dict[str, int] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.multipliers.clear()
         self.days.clear()
         self.last_backoff.clear()
+        self.last_change.clear()
 
     def multiplier(self, resource: str) -> float:
         return self.multipliers.get(resource, 1.0)
@@ -102,10 +104,12 @@ class BudgetAccount:
             long = HotTime(0, 0)
             for observed in self.days:
                 long = long + observed[resource]
-            since = self.last_backoff.get(resource)
+            since, changed = self.last_backoff.get(resource), self.last_change.get(resource)
             adjustment = adjust_multiplier(self.multiplier(resource), short, long, self.budget.of(resource),
-                                           DAY_SECONDS, None if since is None else (day - since) * DAY_SECONDS,
-                                           self.config)
+                                           None if changed is None else (day - changed) * DAY_SECONDS,
+                                           None if since is None else (day - since) * DAY_SECONDS, self.config)
+            if adjustment.multiplier != self.multiplier(resource):
+                self.last_change[resource] = day
             self.multipliers[resource] = adjustment.multiplier
             if adjustment.backed_off:
                 self.last_backoff[resource] = day

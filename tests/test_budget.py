@@ -90,14 +90,14 @@ CONFIG = AccountConfig()
 def test_overspend_backs_off_at_once_in_proportion_and_says_by_how_much():
     day = HotTime(4, 1000)  # 0.4%, four times a 0.1% budget
     wide = AccountConfig(min_multiplier=0.1)
-    adjustment = adjust_multiplier(1.0, day, day, 0.001, 300, None, wide)
+    adjustment = adjust_multiplier(1.0, day, day, 0.001, None, None, wide)
     assert adjustment.backed_off and adjustment.multiplier == pytest.approx(4 ** -wide.backoff_exponent)
     assert "4.0x the budget" in adjustment.reason
     # Within the short window after a back-off the account waits for its effect.
-    again = adjust_multiplier(adjustment.multiplier, day, day, 0.001, 300, 3600, wide)
+    again = adjust_multiplier(adjustment.multiplier, day, day, 0.001, 3600, 3600, wide)
     assert not again.backed_off and again.multiplier == adjustment.multiplier
     # Never below the floor, however large the overspend.
-    assert adjust_multiplier(1.0, HotTime(900, 1000), HotTime(900, 1000), 0.001, 300, None, CONFIG).multiplier \
+    assert adjust_multiplier(1.0, HotTime(900, 1000), HotTime(900, 1000), 0.001, None, None, CONFIG).multiplier \
         == CONFIG.min_multiplier
 
 
@@ -108,6 +108,9 @@ def test_underspending_rises_slowly_and_the_dead_band_holds():
         multiplier = adjust_multiplier(multiplier, HotTime(0, 288), quiet, 0.001, 86400, None, CONFIG).multiplier
         days += 1
     assert days >= 3, "a rise is slow: at most rise_per_day a day"
+    # Within a day of the last change it waits (the account's annotation changes at most daily).
+    waiting = adjust_multiplier(0.8, HotTime(0, 288), quiet, 0.001, 3600, None, CONFIG)
+    assert waiting.multiplier == 0.8 and "after the last change" in waiting.reason
     # Between rise_below x budget and the budget nothing moves (hysteresis).
     band = HotTime(15, 20_000)  # 0.075% against 0.1%
     held = adjust_multiplier(0.8, HotTime(0, 288), band, 0.001, 86400, None, CONFIG)
@@ -118,10 +121,10 @@ def test_underspending_rises_slowly_and_the_dead_band_holds():
 
 def test_one_unlucky_day_is_noise_a_week_over_budget_is_not():
     week_fine = HotTime(10, 2016)  # 0.5 budgets over the week
-    assert not adjust_multiplier(1.0, HotTime(10, 288), week_fine, 0.01, 300, None, CONFIG).backed_off  # 3.5 budgets
-    assert adjust_multiplier(1.0, HotTime(14, 288), week_fine, 0.01, 300, None, CONFIG).backed_off  # 4.9 budgets
+    assert not adjust_multiplier(1.0, HotTime(10, 288), week_fine, 0.01, None, None, CONFIG).backed_off  # 3.5 budgets
+    assert adjust_multiplier(1.0, HotTime(14, 288), week_fine, 0.01, None, None, CONFIG).backed_off  # 4.9 budgets
     week_over = HotTime(30, 2016)  # 1.5 budgets over the week, a quiet last day
-    over = adjust_multiplier(1.0, HotTime(0, 288), week_over, 0.01, 300, None, CONFIG)
+    over = adjust_multiplier(1.0, HotTime(0, 288), week_over, 0.01, None, None, CONFIG)
     assert over.backed_off and "of the long window, 1.5x the budget" in over.reason
 
 
@@ -135,7 +138,7 @@ def test_calibration_counts_known_exceedances():
 
 
 def test_accounts_round_trip_and_bad_text_starts_afresh():
-    accounts = {"cpu": NodeAccount(0.7071, 1_700_000_000.0), "memory": NodeAccount()}
+    accounts = {"cpu": NodeAccount(0.7071, 1_700_000_000.0, 1_700_000_000.0), "memory": NodeAccount()}
     assert read_accounts(write_accounts(accounts)) == accounts
     assert read_accounts("not json") == {} and read_accounts('{"cpu": {"multiplier": "x"}}') == {}
 
