@@ -14,12 +14,12 @@ import logging
 import sys
 from pathlib import Path
 
-from kube.cli import CliError, add_debug_flag, run_cli
+from kube.cli import CliError, Parser, add_debug_flag, run_cli
 from kube.tls import CA_DAYS, RENEW_FRACTION, SERVING_DAYS, CertificatePaths, generate, service_hosts
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m certs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)

@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from kube.client import one_line
 
@@ -18,6 +19,14 @@ DEBUG_HELP = "show the traceback of an unexpected error instead of one line"
 
 class CliError(Exception):
     """A problem the user can fix, already told in one line (exit code 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors told in one line (argparse prints the whole usage first, which
+    buries the one line that says what is wrong); exit code 2 as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
 
 
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kube.cli import CliError, add_debug_flag, check_api_server, run_cli
+from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli
 from oversale.errors import SettingsError
 from oversale.settings import Settings
 
@@ -35,7 +35,7 @@ log = logging.getLogger("reconcilers")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reconcilers", description=__doc__,
+    parser = Parser(prog="python -m reconcilers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="reconcile in a loop (leader-elected)")

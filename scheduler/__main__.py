@@ -16,14 +16,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kube.cli import CliError, add_debug_flag, bind_address, check_api_server, run_cli
+from kube.cli import CliError, Parser, add_debug_flag, bind_address, check_api_server, run_cli
 from kube.tls import CertificatePaths
 from oversale.errors import SettingsError
 from oversale.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scheduler", description=__doc__,
+    parser = Parser(prog="python -m scheduler", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bind", default="0.0.0.0:8444", type=bind_address, help="HOST:PORT (default 0.0.0.0:8444)")
     parser.add_argument("--certs-dir", type=Path, help="serve HTTPS with tls.crt/tls.key from here")

@@ -97,7 +97,9 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
     (["reconcilers", "backtest", "--trace", "/nonexistent/trace.csv"], ["/nonexistent/trace.csv", "no such file"]),
 ])
 def test_bad_arguments_are_named(command, names):
-    assert_one_clean_line(run(command), *names)
+    result = run(command)
+    assert_one_clean_line(result, *names)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # no usage block before it
 
 
 def test_certs_generate_keeps_an_existing_ca_unless_forced(tmp_path):

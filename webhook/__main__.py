@@ -7,7 +7,6 @@ laptop with no cluster; clients verify against DIR/ca.crt.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -15,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kube.cli import CliError, add_debug_flag, bind_address, run_cli
+from kube.cli import CliError, Parser, add_debug_flag, bind_address, run_cli
 from kube.tls import LOCAL_HOSTS, CertificatePaths, generate
 from oversale.errors import SettingsError
 from oversale.settings import Settings
@@ -24,7 +23,7 @@ log = logging.getLogger("webhook")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m webhook", description=__doc__)
+    parser = Parser(prog="python -m webhook", description=__doc__)
     parser.add_argument("--bind", default="0.0.0.0:8443", type=bind_address,
                         help="HOST:PORT to listen on (default 0.0.0.0:8443)")
     parser.add_argument("--certs-dir", type=Path, required=True, help="directory with ca.crt, tls.crt, tls.key")
