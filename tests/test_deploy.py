@@ -350,7 +350,24 @@ tests:
         values: '0.5x20'
       - series: 'oversale_reconciler_leader{pod="r1"}'
         values: '1x5 0x20'
+      - series: 'oversale_hot_time_ratio{scope="pool", name="general", resource="cpu", window="7d", pod="r1"}'
+        values: '0.0005x30 0.004x90'
+      - series: 'oversale_hot_time_budget_ratio{pool="general", resource="cpu", pod="r1"}'
+        values: '0.001x120'
     alert_rule_test:
+      - eval_time: 60m
+        alertname: OversalePoolOverHotTimeBudget
+        exp_alerts: []
+      - eval_time: 100m
+        alertname: OversalePoolOverHotTimeBudget
+        exp_alerts:
+          - exp_labels: {severity: warning, name: general, resource: cpu}
+            exp_annotations:
+              summary: "Pool general spent 0.4% of its node-time above real cpu"
+              description: >-
+                Over 7 days the pool ran hot longer than its hot-time budget allows. The reconcilers back its
+                nodes off (HotTimeOverspent Events); if this lasts, lower the budget's calibration or the
+                maximum ratio, or turn on remediation.
       - eval_time: 8m
         alertname: OversaleNodeAboveRealCapacity
         exp_alerts: []
