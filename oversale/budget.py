@@ -281,6 +281,7 @@ def pool_of(labels: Mapping[str, str], pool_labels: Sequence[str]) -> str:
 
 
 def describe_hot_time(spent: dict[str, HotTime], budgets: dict[str, float]) -> str:
-    """The node annotation a person reads: ``cpu 0.052% of 7d (budget 0.100%), memory ...``."""
-    return ", ".join(f"{r} {spent[r].share:.3%} of {spent[r].samples} samples (budget {budgets[r]:.3%})"
-                     for r in sorted(spent) if r in budgets)
+    """The node annotation a person reads: ``cpu 0.05% (budget 0.10%), memory ...``. To 0.01%
+    and without sample counts, so it changes only when hot samples enter or leave the window
+    (the reconciler writes it only when it changes: one write per node per pass would not do)."""
+    return ", ".join(f"{r} {spent[r].share:.2%} (budget {budgets[r]:.2%})" for r in sorted(spent) if r in budgets)
