@@ -375,6 +375,10 @@ def _apply_raise(
 ) -> int:
     """Set each unit's raised request in ``pod`` from the originals in ``restored``; return the
     Pod's new effective request."""
+    # Start from the Pod as it came: a second application (one unit short of the limits, after
+    # the first made the Pod Guaranteed) must not keep the first one's value where it now
+    # computes the original amount (an unchanged amount keeps whatever spelling it finds).
+    _restore_resource(pod, restored, resource)
     container_max = bounds.for_container(resource).max
     for container, original_container in zip(all_containers(pod), all_containers(restored), strict=True):
         original = request_of(original_container, resource)

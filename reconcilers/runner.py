@@ -569,7 +569,7 @@ class Reconciler:
     def _calibrate(self, nodes: list[dict[str, Any]], stats: dict[str, ResourceStats]) -> None:
         """Calibration: each node's peak predicted at the last pass (its budget quantile) against
         the peak that came since, one batched read; then this pass's predictions are kept. At
-        one sample per pass, an honest estimator is exceeded about as often as the budget says."""
+        one sample per pass, an honest estimator is exceeded in about calibration x budget of them."""
         now = self.clock()
         if self._predictions:
             since = max(now - min(at for at, _ in self._predictions.values()), 1.0)

@@ -440,3 +440,15 @@ def test_the_guaranteed_shortcut_agrees_with_the_qos_class(p):
         resources["limits"] = dict(resources.get("requests") or {"cpu": "1", "memory": "1Gi"})
         resources["requests"] = dict(resources["limits"])
     assert is_guaranteed(p) == (qos_class(p) == "Guaranteed")
+
+
+def test_a_raise_that_would_reach_every_limit_stops_short_and_keeps_burstable():
+    """Found by the property test above: cpu already at its limit, memory one unit below its. The
+    first try raised memory to its limit (Guaranteed); the second, one unit short, computed the
+    original amount and kept the first try's value."""
+    p = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "web-", "namespace": "default"},
+         "spec": {"containers": [{"name": "app0", "image": "x", "resources": {
+             "requests": {"cpu": "1m", "memory": "1"}, "limits": {"cpu": "1m", "memory": "2"}}}]}}
+    out = compress_requests(p, policy(cpu="0.2", memory="0.2")).pod
+    assert qos_class(out) == "Burstable"
+    assert requests(out, "app0") == {"cpu": "1m", "memory": "1"}
