@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -22,8 +23,6 @@ def load_api_client(mode: str) -> Any | None:
         return client.ApiClient(configuration)
     except config.ConfigException:
         pass
-    import os
-
     paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p] or \
         [os.path.expanduser(config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION)]
     if not any(os.path.exists(p) for p in paths):

@@ -112,8 +112,6 @@ class Adjustment:
     multiplier: float
     reason: str
     backed_off: bool = False
-    overspend: float = 0.0
-    """Observed hot time / budget when backed off."""
 
 
 def budget_quantile(budget: float, scale: float = 1.0) -> float:
@@ -155,16 +153,10 @@ def compression_percentile(budget: float, scale: float = 1.0, floor: float = 0.9
     return max(floor, budget_quantile(budget, scale))
 
 
-def exceedance(values: Sequence[float], threshold: float) -> float:
-    """The share of ``values`` above ``threshold``: the predicted hot time of a node whose usage
-    behaves as in the window and whose oversold capacity puts real capacity at ``threshold``."""
-    if not values:
-        return 0.0
-    return sum(1 for v in values if v > threshold) / len(values)
-
-
 def hot_time(values: Iterable[float], capacity: float) -> HotTime:
-    """Observed hot time: samples whose usage is above the real ``capacity``."""
+    """Hot time: samples whose usage is above the real ``capacity``. Observed, over the samples
+    that came; predicted, over a window's samples against the usage at which a full node
+    reaches its real capacity."""
     hot = total = 0
     for value in values:
         total += 1
@@ -195,10 +187,9 @@ def adjust_multiplier(current: float, short: HotTime, long: HotTime, budget: flo
         overspend = spent.share / budget
         said = f"hot {spent.share:.3%} of {window}, {overspend:.1f}x the budget {budget:.3%}"
         if since_backoff_seconds is not None and since_backoff_seconds < config.short_window_seconds:
-            return Adjustment(current, f"{said}; backed off {since_backoff_seconds / 3600:.1f} h ago: waiting",
-                              overspend=overspend)
+            return Adjustment(current, f"{said}; backed off {since_backoff_seconds / 3600:.1f} h ago: waiting")
         backed = max(config.min_multiplier, current * overspend ** -config.backoff_exponent)
-        return Adjustment(backed, f"{said}: target x{backed / current:.2f}", backed_off=True, overspend=overspend)
+        return Adjustment(backed, f"{said}: target x{backed / current:.2f}", backed_off=True)
     long_enough = short.samples > 0 and long.samples >= short.samples * config.min_rise_days * 0.9
     if long_enough and long.share < config.rise_below * budget and current < config.max_multiplier:
         if since_change_seconds is not None and since_change_seconds < config.short_window_seconds:

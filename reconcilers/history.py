@@ -7,6 +7,7 @@ usage summaries (see ``oversale.estimator.UsageStats``). CPU is in millicores, m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,9 +39,11 @@ class History(Protocol):
     def node_stats(self, window: float, quantile: float,
                    memory_quantile: float | None = None) -> dict[str, ResourceStats]: ...
 
-    def node_hot_time(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
-        """Per node and resource, the samples of the window above the node's real allocatable
-        (``real``: node -> resource -> millicores or bytes) and all its samples."""
+    def node_hot_time(self, windows: Sequence[float],
+                      real: dict[str, dict[str, float]]) -> list[dict[str, dict[str, HotTime]]]:
+        """For each window (seconds back from now), per node and resource: the samples above the
+        node's real allocatable (``real``: node -> resource -> millicores or bytes) and all its
+        samples."""
         ...
 
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:

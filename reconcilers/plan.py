@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from oversale.budget import HotTimeBudget
-from oversale.settings import Settings
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import Points, PrometheusHistory
 
@@ -188,11 +187,6 @@ def ratios_set(last_day: dict[str, Any]) -> dict[str, Any]:
                  if r["cpu"][1] > 0}
     nodes = [{"cpu": round(c, 3), "memory": round(m, 3)} for c, m in last_day["node_ratios"]]
     return {"workloads": workloads, "nodes": nodes}
-
-
-def summary_line(settings: Settings, budget: HotTimeBudget) -> str:
-    return (f"at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%}; "
-            f"OVERSALE_CPU_HOT_TIME_BUDGET={settings.cpu_hot_time_budget:g} in this environment)")
 
 
 def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudget, days: float) -> None:

@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,17 +74,20 @@ class PrometheusHistory:
     def node_stats(self, window: float, quantile: float,
                    memory_quantile: float | None = None) -> dict[str, ResourceStats]:
         label = self.node_label
-        cpu = self._summaries(NODE_CPU.format(label=label), window, quantile, (label,), with_peak=False)
+        cpu = self._summaries(self._node_cpu(), window, quantile, (label,), with_peak=False)
         memory = self._summaries(self._node_memory(), window, quantile if memory_quantile is None else memory_quantile,
                                  (label,), with_peak=False, counts=cpu)
         return {_node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
-    def node_hot_time(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
+    def node_hot_time(self, windows: Sequence[float],
+                      real: dict[str, dict[str, float]]) -> list[dict[str, dict[str, HotTime]]]:
+        return [self._hot_time_over(window, real) for window in windows]
+
+    def _hot_time_over(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
         """One count query per resource and distinct real allocatable (the nodes of a pool share
         theirs), plus one count of all samples: the number of queries does not grow with nodes."""
         label, now = self.node_label, time.time()
-        expressions = {"cpu": NODE_CPU.format(label=label).replace("$RATE", _duration(self.rate_window)),
-                       "memory": self._node_memory()}
+        expressions = {"cpu": self._node_cpu(), "memory": self._node_memory()}
         totals = self._per_window(f"count_over_time(({expressions['cpu']})[$WINDOW:$STEP])", window, now,
                                   (label,), sum)
         samples = {_node_name(key[0]): int(count) for key, count in totals.items()}
@@ -103,12 +106,14 @@ class PrometheusHistory:
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
         label, now = self.node_label, time.time()
         result: dict[str, dict[str, float]] = {}
-        cpu = NODE_CPU.format(label=label).replace("$RATE", _duration(self.rate_window))
-        for resource, expression in (("cpu", cpu), ("memory", self._node_memory())):
+        for resource, expression in (("cpu", self._node_cpu()), ("memory", self._node_memory())):
             for key, value in self._per_window(f"max_over_time(({expression})[$WINDOW:$STEP])", window, now,
                                                (label,), max).items():
                 result.setdefault(_node_name(key[0]), {})[resource] = value
         return result
+
+    def _node_cpu(self) -> str:
+        return NODE_CPU.format(label=self.node_label).replace("$RATE", _duration(self.rate_window))
 
     def _node_memory(self) -> str:
         return self.node_memory_query or NODE_MEMORY.format(label=self.node_label)

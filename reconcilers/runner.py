@@ -518,8 +518,7 @@ class Reconciler:
         real = {n["metadata"]["name"]: {r: float(v) for r, v in real_allocatable_of(n, self.keys).items()}
                 for n in nodes}
         try:
-            short = self.history.node_hot_time(config.short_window_seconds, real)
-            long = self.history.node_hot_time(config.long_window_seconds, real)
+            short, long = self.history.node_hot_time((config.short_window_seconds, config.long_window_seconds), real)
         except HistoryUnavailable as error:
             log.warning("hot time unavailable (%s): accounts held", error)
             return {}

@@ -12,7 +12,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +86,22 @@ class SqliteHistory:
                    memory_quantile: float | None = None) -> dict[str, ResourceStats]:
         return {pod: stats for (_, pod, _), stats in self._stats("node", window, quantile, memory_quantile).items()}
 
-    def node_hot_time(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
-        result = {}
-        for (_, node, _), samples in self._samples("node", window).items():
-            if node in real:
-                result[node] = {resource: hot_time((s[position] for s in samples), real[node][resource])
-                                for position, resource in ((1, "cpu"), (2, "memory")) if resource in real[node]}
-        return result
+    def node_hot_time(self, windows: Sequence[float],
+                      real: dict[str, dict[str, float]]) -> list[dict[str, dict[str, HotTime]]]:
+        # One read of the longest window; the shorter ones are its tails.
+        read = self._samples("node", max(windows)) if windows else {}
+        now = time.time()
+        results: list[dict[str, dict[str, HotTime]]] = []
+        for window in windows:
+            since = int(now - window)
+            result = {}
+            for (_, node, _), samples in read.items():
+                if node in real:
+                    recent = [s for s in samples if s[0] >= since]
+                    result[node] = {resource: hot_time((s[position] for s in recent), real[node][resource])
+                                    for position, resource in ((1, "cpu"), (2, "memory")) if resource in real[node]}
+            results.append(result)
+        return results
 
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
         return {node: {"cpu": float(max(s[1] for s in samples)), "memory": float(max(s[2] for s in samples))}

@@ -192,14 +192,21 @@ def ours_ratio(estimator: OversaleEstimator, account: BudgetAccount | None = Non
 
 
 def budget_system(name: str, budget: HotTimeBudget, compression: CompressionEstimator,
-                  oversale: OversaleEstimator, family: str, account: AccountConfig | None = None) -> System:
+                  oversale: OversaleEstimator, family: str, account: AccountConfig | None = None,
+                  source: str = "", load: LoadConfig | None = None,
+                  remediation: RemediationConfig | None = None) -> System:
     """This project's whole system run at a hot-time budget: requests at the budget's
-    percentile, node ratios from the budget, backed off by the account."""
-    sized = dataclasses.replace(compression,
-                                percentile=compression_percentile(budget.cpu, oversale.budget_scale))
+    percentile, node ratios from the budget, backed off by its own account."""
     kept = BudgetAccount(budget, account or AccountConfig())
-    return System(name, f"this project at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%})",
-                  ours_requests(sized), ours_ratio(oversale, kept), family, ours=True, account=kept)
+    return System(name, source or f"this project at a cpu hot-time budget of {budget.cpu:.3%} (memory "
+                  f"{budget.memory:.3%})", ours_requests(budget_sized(compression, budget, oversale)),
+                  ours_ratio(oversale, kept), family, ours=True, load=load, remediation=remediation, account=kept)
+
+
+def budget_sized(compression: CompressionEstimator, budget: HotTimeBudget,
+                 oversale: OversaleEstimator) -> CompressionEstimator:
+    """The compression estimator at the budget's percentile."""
+    return dataclasses.replace(compression, percentile=compression_percentile(budget.cpu, oversale.budget_scale))
 
 
 def katalyst_realtime(target: float = 0.6, e: float = 0.4) -> NodeRatio:
@@ -261,20 +268,16 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
                    f"P{budget_quantile(budget.memory, oversale.budget_scale) * 100:g} (memory), "
                    f"at most {oversale.cpu_max_ratio} / {oversale.memory_max_ratio}, backed off by the hot-time "
                    "account")
-    sized = dataclasses.replace(compression,
-                                percentile=compression_percentile(budget.cpu, oversale.budget_scale))
+    sized = budget_sized(compression, budget, oversale)
 
-    def whole(name: str, family: str, load: LoadConfig | None = None,
-              remediation: RemediationConfig | None = None) -> System:
-        kept = BudgetAccount(budget, account or AccountConfig())
-        return System(name, ours_source, ours_requests(sized), ours_ratio(oversale, kept), family, ours=True,
-                      load=load, remediation=remediation, account=kept)
+    def whole(name: str, load: LoadConfig | None = None, remediation: RemediationConfig | None = None) -> System:
+        return budget_system(name, budget, compression, oversale, name, account, ours_source, load, remediation)
 
     nodes_only = BudgetAccount(budget, account or AccountConfig())
 
     systems = [
         System("none", "no right-sizing, no overselling (baseline)", no_compression, family="none"),
-        whole(OURS, OURS),
+        whole(OURS),
         System("oversale-pods", "this project's right-sizing alone (no node overselling)", ours_requests(sized),
                family="oversale-pods", ours=True),
         System("oversale-nodes", "this project's node overselling alone (requests as written)", no_compression,
@@ -290,8 +293,8 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
         System("static-oversale-1.5", "static oversale ratio 1.5", no_compression, static_ratio(1.5),
                "static-oversale"),
     ]
-    systems.append(whole(f"{OURS}+load-aware", f"{OURS}+load-aware", load=load or LoadConfig()))
-    systems.append(whole(f"{OURS}+remediation", f"{OURS}+remediation", remediation=remediation or RemediationConfig()))
+    systems.append(whole(f"{OURS}+load-aware", load=load or LoadConfig()))
+    systems.append(whole(f"{OURS}+remediation", remediation=remediation or RemediationConfig()))
     if sweep:
         systems.extend(budget_system(budget_name(cpu), HotTimeBudget(cpu, budget.memory), compression, oversale, OURS,
                                      account) for cpu in BUDGET_SWEEP if cpu != budget.cpu)

@@ -20,7 +20,6 @@ from oversale.budget import (
     budget_quantile,
     calibration,
     compression_percentile,
-    exceedance,
     hot_time,
     pool_of,
     read_accounts,
@@ -65,7 +64,7 @@ def test_the_chosen_ratio_keeps_the_predicted_exceedance_within_the_budget():
         ratio = float(ratio_at(budget))
         # A node full at this ratio carries ratio x REAL of requests; usage per request as in the window.
         threshold = 30_000 / ratio  # the window's usage at which the full node reaches REAL
-        assert exceedance(values, threshold + 1e-6) <= budget + 1 / len(values)
+        assert hot_time(values, threshold + 1e-6).share <= budget + 1 / len(values)
 
 
 def test_budget_zero_and_quantiles():

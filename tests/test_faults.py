@@ -138,7 +138,7 @@ class _NoHistory:
     def node_stats(self, window: float, percentile: float, memory_percentile: float | None = None) -> dict[Any, Any]:
         raise HistoryUnavailable("down")
 
-    def node_hot_time(self, window: float, real: dict[str, Any]) -> dict[Any, Any]:
+    def node_hot_time(self, windows: Any, real: dict[str, Any]) -> list[Any]:
         raise HistoryUnavailable("down")
 
     def node_peaks(self, window: float) -> dict[Any, Any]:
