@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 FULL_PCPUS = "FullPCPUs"
@@ -60,6 +61,10 @@ class Topology:
     def from_koordinator(cls, text: str) -> Topology:
         """The CPU-topology JSON Koordinator publishes: ``{"detail": [{"id", "core", "socket", "node"}]}``.
         Core numbers are made unique per socket (Linux numbers cores per socket)."""
+        return _parsed_topology(text)
+
+    @classmethod
+    def _parse(cls, text: str) -> Topology:
         detail = json.loads(text)["detail"]
         cpus = tuple(sorted((CPU(int(c["id"]), int(c["socket"]) * 100000 + int(c["core"]), int(c["socket"]),
                                  int(c["node"])) for c in detail), key=lambda c: c.id))
@@ -75,6 +80,13 @@ class Topology:
         for cpu in self.cpus:
             per_core[cpu.core] = per_core.get(cpu.core, 0) + 1
         return max(per_core.values()) if per_core else 1
+
+
+@lru_cache(maxsize=256)
+def _parsed_topology(text: str) -> Topology:
+    """A fleet has a handful of machine shapes: nodes of one shape share one (immutable) Topology,
+    not 64 CPU objects each, which keeps the extender's cache small and its collections short."""
+    return Topology._parse(text)
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,10 @@ class FreeSummary:
     threads: int
     total: int
     detailed: bool
+    _shortages: dict[tuple[int, str, bool], str | None] = field(default_factory=dict, compare=False, repr=False)
+    _scores: dict[tuple[int, str, bool, str, bool], int] = field(default_factory=dict, compare=False, repr=False)
+    """``shortage`` and ``score`` answered per Pod shape: replicas of one workload ask the same question of
+    every node, and a summary lives only as long as its node's Pods do not change."""
 
     @classmethod
     def of(cls, topology: Topology, taken: Iterable[int]) -> FreeSummary:
@@ -225,6 +241,12 @@ class FreeSummary:
 
     def shortage(self, count: int, policy: str, single_numa: bool) -> str | None:
         """None when ``count`` CPUs fit under ``policy``, else why not (the message NoFit carries)."""
+        key = (count, policy, single_numa)
+        if key not in self._shortages:
+            self._shortages[key] = self._shortage(count, policy, single_numa)
+        return self._shortages[key]
+
+    def _shortage(self, count: int, policy: str, single_numa: bool) -> str | None:
         if policy == FULL_PCPUS and count % self.threads:
             return f"FullPCPUs needs a multiple of {self.threads} CPUs (threads per core); {count} asked"
         per_zone = self.whole_cores if policy == FULL_PCPUS else self.free
@@ -244,6 +266,12 @@ class FreeSummary:
     def score(self, count: int, policy: str, single_numa: bool, strategy: str, fits: bool = False) -> int:
         """0..10 by the strategy (pack or spread the zones), fragmentation breaking ties: placements
         that leave more whole free cores score higher. ``fits``: the caller already checked."""
+        key = (count, policy, single_numa, strategy, fits)
+        if key not in self._scores:
+            self._scores[key] = self._score(count, policy, single_numa, strategy, fits)
+        return self._scores[key]
+
+    def _score(self, count: int, policy: str, single_numa: bool, strategy: str, fits: bool) -> int:
         if not self.total or (not fits and self.shortage(count, policy, single_numa) is not None):
             return 0
         zones = [z for z in self.free if self.available(z, policy) >= count] if single_numa else list(self.free)

@@ -9,7 +9,7 @@ allocatable, so exclusive CPUs never draw on capacity that exists only on paper.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -41,7 +41,6 @@ from oversale.usage import (
     combined_score,
     estimated_usage,
     hot_reason,
-    is_fresh,
     load_score_after,
     watermarks_for,
 )
@@ -120,6 +119,9 @@ class NodeUsage:
     bound_memory: int = 0
     _summary: FreeSummary | None = None
     _free: tuple[int, int] | None = None
+    _answers: dict[tuple[int, str | None, bool, int, int], tuple[str | None, int]] = field(default_factory=dict)
+    """(``shortfall``, packing score) per Pod shape, for the node in ``_answers_for`` (see ``_fit``)."""
+    _answers_for: NodeView | None = None
 
     def summary(self, topology: Topology) -> FreeSummary:
         """Free CPUs and whole cores per zone (computed once per usage snapshot)."""
@@ -245,9 +247,12 @@ def allocate(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | N
 def node_score(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | None = None) -> int:
     """0..10: the node's strategy (pack or spread) for this Pod; bound Pods by NUMA zone, with the
     fragmentation tie-break of ``oversale.cpus.score``."""
+    return 0 if shortfall(node, usage, demand, now) is not None else _packing(node, usage, demand)
+
+
+def _packing(node: NodeView, usage: NodeUsage, demand: PodDemand) -> int:
+    """``node_score`` of a Pod known to fit."""
     policy = demand.binding_on(node)
-    if shortfall(node, usage, demand, now) is not None:
-        return 0
     if policy:
         return usage.summary(node.topology).score(demand.cpus, policy, demand.single_numa or node.single_numa,
                                                   node.strategy, fits=True)
@@ -270,29 +275,135 @@ class NodeHeat:
     """Estimated usage of Pods bound recently and not yet in the metrics."""
 
 
+@dataclass(frozen=True, slots=True)
+class LoadFacts:
+    """What load-aware placement needs of one node, whatever Pod is placed: computed once per
+    metrics poll (by the extender) rather than once per Pod and node, which is what lets one
+    filter + prioritize over thousands of nodes stay within a few milliseconds."""
+
+    at: float
+    """When the freshest sample was taken (the metrics are stale ``max_age_seconds`` later)."""
+    hot: str | None
+    """Why the node is above a scheduling watermark (``oversale.usage.hot_reason``), or None."""
+    cpu_used: float
+    """Millicores: the 5-minute average + Pods bound but not yet in the metrics."""
+    memory_used: float
+    real_cpu: int
+    real_memory: int
+
+    def is_fresh(self, now: float, config: LoadConfig) -> bool:
+        return now - self.at <= config.max_age_seconds
+
+
+def load_facts(node: NodeView, heat: NodeHeat | None) -> LoadFacts | None:
+    """The node's ``LoadFacts``, or None when it has no metrics or no record of its real
+    allocatable: such a node is neither filtered nor favoured by load."""
+    if heat is None or heat.load is None or not node.real:
+        return None
+    load, pending = heat.load, heat.pending
+    return LoadFacts(load.at, hot_reason(load, pending, node.real, node.watermarks),
+                     load.cpu_average + pending.get(CPU, 0.0), load.memory + pending.get(MEMORY, 0.0),
+                     node.real.get(CPU, 0), node.real.get(MEMORY, 0))
+
+
 def load_shortfall(node: NodeView, heat: NodeHeat | None, config: LoadConfig) -> str | None:
     """Why a node is too hot for new Pods, or None; a node without fresh metrics (or without a
     record of its real allocatable) is never filtered by load, so a metrics outage cannot block
     scheduling."""
-    if heat is None or heat.load is None or not is_fresh(heat.load, heat.now, config) or not node.real:
-        return None
-    return hot_reason(heat.load, heat.pending, node.real, node.watermarks)
+    facts = load_facts(node, heat)
+    return facts.hot if facts is not None and heat is not None and facts.is_fresh(heat.now, config) else None
 
 
 def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,
                     config: LoadConfig, estimate: Mapping[str, float] | None = None, now: float | None = None) -> int:
-    """0..10: the packing score (``node_score``) combined with how cool the node stays after
-    placing the Pod, by the configured weights; by packing alone without fresh metrics.
-    ``estimate``: the Pod's ``estimated_usage`` (the same for every node: computed once by the caller).
+    """0..10 for one node: ``rank`` of a single node, its metrics read at ``heat.now``.
+    ``estimate``: the Pod's ``estimated_usage`` (default: from its requests)."""
+    return _score_one(node, usage, load_facts(node, heat), _Ask.of(demand, config, estimate), now,
+                      heat.now if heat is not None else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What placing one Pod asks of every node, read once: the per-node loops below run for
+    every node of every filter and prioritize call, thousands of times, so they read attributes
+    of this, not dicts."""
+
+    demand: PodDemand
+    config: LoadConfig
+    shape: tuple[int, str | None, bool, int, int]
+    """What a node's fit and packing score depend on, of the Pod (its owner only matters where
+    a node holds reservations)."""
+    pod_cpu: float
+    pod_memory: float
+
+    @classmethod
+    def of(cls, demand: PodDemand, config: LoadConfig, estimate: Mapping[str, float] | None = None) -> _Ask:
+        pod = estimate if estimate is not None else estimated_usage(demand.requests, config)
+        shape = (demand.cpus, demand.bind_policy, demand.single_numa, demand.requests.get(CPU, 0),
+                 demand.requests.get(MEMORY, 0))
+        return cls(demand, config, shape, pod.get(CPU, 0.0), pod.get(MEMORY, 0.0))
+
+
+def screen(views: Sequence[NodeView], usages: Sequence[NodeUsage], facts: Sequence[LoadFacts | None] | None,
+           demand: PodDemand, config: LoadConfig, now: float) -> list[str | None]:
+    """The filter over many nodes at once: per node, why the Pod cannot go there, or None.
+
+    ``facts``: each node's ``LoadFacts`` (None for the list: by requests alone); a node is filtered
+    by load only when its metrics are fresh at ``now``. The same answers as ``shortfall`` and
+    ``load_shortfall`` node by node.
+    """
+    ask = _Ask.of(demand, config)
+    return [_reason_one(view, usage, fact, ask, now)
+            for view, usage, fact in zip(views, usages, facts if facts is not None else [None] * len(views),
+                                         strict=True)]
+
+
+def rank(views: Sequence[NodeView], usages: Sequence[NodeUsage], facts: Sequence[LoadFacts | None] | None,
+         demand: PodDemand, config: LoadConfig, now: float, estimate: Mapping[str, float] | None = None) -> list[int]:
+    """The score over many nodes at once, 0..10 each: the packing score (``node_score``) combined
+    with how cool the node stays after placing the Pod (its ``estimate``, default from its
+    requests), by the configured weights; by packing alone where metrics are missing or stale.
     A node holding a reservation for the Pod's owner scores 10: the room was made for it."""
-    if node.reservations and node.holds_for(demand.owner, now) and shortfall(node, usage, demand, now) is None:
-        return 10
-    packing = node_score(node, usage, demand, now)
-    if heat is None or heat.load is None or not is_fresh(heat.load, heat.now, config) or not node.real \
-            or config.load_weight <= 0:
-        return packing
-    load = heat.load
-    if packing == 0 and shortfall(node, usage, demand) is not None:
+    ask = _Ask.of(demand, config, estimate)
+    return [_score_one(view, usage, fact, ask, now, now)
+            for view, usage, fact in zip(views, usages, facts if facts is not None else [None] * len(views),
+                                         strict=True)]
+
+
+def _fit(node: NodeView, usage: NodeUsage, ask: _Ask, now: float | None) -> tuple[str | None, int]:
+    """(``shortfall``, ``node_score``) of the Pod on the node. A node holding no reservation gives
+    the same answers to every Pod of one shape (the replicas of a workload) until its Pods change,
+    which makes a new usage snapshot: they are remembered per shape, for this view of the node."""
+    if node.reservations:
+        reason = shortfall(node, usage, ask.demand, now)
+        return reason, 0 if reason is not None else _packing(node, usage, ask.demand)
+    if usage._answers_for is not node or len(usage._answers) > 64:
+        usage._answers, usage._answers_for = {}, node
+    answer = usage._answers.get(ask.shape)
+    if answer is None:
+        reason = shortfall(node, usage, ask.demand, now)
+        answer = usage._answers[ask.shape] = (reason, 0 if reason is not None else _packing(node, usage, ask.demand))
+    return answer
+
+
+def _reason_one(node: NodeView, usage: NodeUsage, facts: LoadFacts | None, ask: _Ask, now: float) -> str | None:
+    reason = _fit(node, usage, ask, now)[0]
+    if reason is not None:
+        return reason
+    if facts is not None and facts.hot and now - facts.at <= ask.config.max_age_seconds:
+        return facts.hot
+    return None
+
+
+def _score_one(node: NodeView, usage: NodeUsage, facts: LoadFacts | None, ask: _Ask, now: float | None,
+               fresh_at: float) -> int:
+    reason, packing = _fit(node, usage, ask, now)
+    if reason is not None:
         return 0
-    pod = estimate if estimate is not None else estimated_usage(demand.requests, config)
-    return combined_score(packing, load_score_after(load, heat.pending, pod, node.real), config)
+    if node.reservations and node.holds_for(ask.demand.owner, now):
+        return 10
+    config = ask.config
+    if facts is None or config.load_weight <= 0 or fresh_at - facts.at > config.max_age_seconds:
+        return packing
+    return combined_score(packing, load_score_after(facts.cpu_used + ask.pod_cpu, facts.memory_used + ask.pod_memory,
+                                                    facts.real_cpu, facts.real_memory), config)

@@ -147,29 +147,20 @@ def hot_reason(load: NodeLoad, pending: Mapping[str, float], real: Mapping[str, 
     return None
 
 
-def load_score_after(load: NodeLoad, pending: Mapping[str, float], pod: Mapping[str, float],
-                     real: Mapping[str, int]) -> int:
-    """The load score of a node after placing a Pod: its predicted utilisation per resource
+def load_score_after(cpu: float, memory: float, real_cpu: int, real_memory: int) -> int:
+    """The load score of a node after placing a Pod, from its predicted usage per resource
     (current usage, 5-min average cpu and latest memory, + Pods not yet in the metrics + this
-    Pod's estimate, over real allocatable; a resource without real capacity counts as full),
-    scored by ``load_score``. Plain floats, no intermediate dicts: this runs for every node of
-    every prioritize call."""
-    cpu = _share(load.cpu_average + pending.get(CPU, 0.0) + pod.get(CPU, 0.0), real.get(CPU, 0))
-    memory = _share(load.memory + pending.get(MEMORY, 0.0) + pod.get(MEMORY, 0.0), real.get(MEMORY, 0))
-    return _score(max(cpu, memory))
+    Pod's estimate) over real allocatable; a resource without real capacity counts as full.
+    10 for an idle node, 0 at or above real capacity; the hotter resource decides. Plain numbers,
+    no calls: this runs for every node of every prioritize call.
 
-
-def load_score(predicted: Mapping[str, float]) -> int:
-    """0..10: 10 for an idle node, 0 at or above real capacity; the hotter resource decides."""
-    return _score(max(predicted.values(), default=1.0))
-
-
-def _share(used: float, capacity: int) -> float:
-    return used / capacity if capacity > 0 else 1.0
-
-
-def _score(hottest: float) -> int:
-    return max(0, min(10, round(10 * (1 - hottest))))
+    >>> load_score_after(0, 0, 4000, 2**30), load_score_after(4800, 0, 4000, 2**30)
+    (10, 0)
+    """
+    cpu_share = cpu / real_cpu if real_cpu > 0 else 1.0
+    memory_share = memory / real_memory if real_memory > 0 else 1.0
+    score = round(10 * (1 - (cpu_share if cpu_share > memory_share else memory_share)))
+    return 0 if score < 0 else 10 if score > 10 else score
 
 
 def combined_score(packing: int, load: int | None, config: LoadConfig) -> int:

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kube.client import one_line
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import FULL_PCPUS, NoFit
-from oversale.placement import NodeView, PodDemand, allocate, load_shortfall, placement_score, pod_demand, shortfall
-from oversale.usage import estimated_usage
+from oversale.placement import (
+    LoadFacts,
+    NodeUsage,
+    NodeView,
+    PodDemand,
+    allocate,
+    load_shortfall,
+    pod_demand,
+    rank,
+    screen,
+)
 from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -32,42 +42,56 @@ class Binder(Protocol):
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
 
-def _nodes_sent(args: ExtenderArgs, state: ClusterState) -> tuple[bool, list[tuple[str, Any, NodeView | None]]]:
-    """(full objects sent?, [(name, object or name, view or None)]) in the order they were sent."""
+@dataclass
+class _Sent:
+    """The nodes of one filter or prioritize call that the extender knows, in the order sent."""
+
+    full: bool
+    """Whole Node objects were sent (``nodeCacheCapable`` false), not names."""
+    names: list[str]
+    objects: list[Any]
+    """What goes back for each: the Node object or its name."""
+    views: list[NodeView]
+    unknown: list[str]
+    """Names sent that are not in the extender's cache (yet)."""
+
+
+def _nodes_sent(args: ExtenderArgs, state: ClusterState) -> _Sent:
     nodes = args.get("Nodes")
     if nodes is not None and nodes.get("items") is not None:
-        return True, [(str(n["metadata"]["name"]), n, state.view_of(n)) for n in nodes["items"]]
-    return False, [(name, name, state.nodes.get(name)) for name in args.get("NodeNames") or []]
+        items = nodes["items"]
+        return _Sent(True, [str(n["metadata"]["name"]) for n in items], items, [state.view_of(n) for n in items], [])
+    names = args.get("NodeNames") or []
+    views = state.views(names)
+    if all(view is not None for view in views):
+        return _Sent(False, names, names, views, [])  # type: ignore[arg-type]  # checked: no None
+    known = [(name, view) for name, view in zip(names, views, strict=True) if view is not None]
+    return _Sent(False, [n for n, _ in known], [n for n, _ in known], [v for _, v in known],
+                 [name for name, view in zip(names, views, strict=True) if view is None])
+
+
+def _load(sent: _Sent, state: ClusterState, load_aware: bool) -> tuple[list[NodeUsage], list[LoadFacts | None] | None]:
+    """What the sent nodes' Pods take, and their load (None: by requests alone)."""
+    return state.usages(sent.names), state.load_facts(sent.names, sent.views) if load_aware else None
 
 
 def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
                  load_aware: bool = False) -> ExtenderFilterResult:
     demand = pod_demand(args["Pod"], keys)
-    full, sent = _nodes_sent(args, state)
-    passed: list[Any] = []
-    failed: dict[str, str] = {}
+    sent = _nodes_sent(args, state)
+    usages, facts = _load(sent, state, load_aware)
+    reasons = screen(sent.views, usages, facts, demand, state.load_config, state.wall())
+    failed = dict.fromkeys(sent.unknown, "node not in the extender's cache yet")
     unresolvable: dict[str, str] = {}
-    names = [name for name, _, _ in sent]
-    config = state.load_config
-    heats = state.heats(names) if load_aware else [None] * len(names)
-    now = state.wall()
-    for (name, obj, view), usage, heat in zip(sent, state.usages(names), heats, strict=True):
-        if view is None:
-            failed[name] = "node not in the extender's cache yet"
-            continue
-        reason = shortfall(view, usage, demand, now)
-        if reason is not None:
-            (unresolvable if _never_fits(view, demand) else failed)[name] = reason
-            continue
-        hot = load_shortfall(view, heat, config) if load_aware else None
-        if hot is not None:
-            failed[name] = hot  # cools down: another try later may pass
-        else:
-            passed.append(obj)
+    for index, reason in enumerate(reasons):
+        if reason is not None:  # too hot cools down, and most shortfalls pass after a preemption
+            view = sent.views[index]
+            (unresolvable if _never_fits(view, demand) else failed)[sent.names[index]] = reason
+    passed = [obj for obj, reason in zip(sent.objects, reasons, strict=True) if reason is None]
     # Only nodes that were sent come back, in the same form. With nodeCacheCapable an empty or
     # missing NodeNames would filter out every node, so the list is always present.
     result: ExtenderFilterResult = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
-    if full:
+    if sent.full:
         result["Nodes"] = {"metadata": {}, "items": passed}
         result["NodeNames"] = None
     else:
@@ -88,15 +112,13 @@ def _never_fits(view: NodeView, demand: PodDemand) -> bool:
 def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
                load_aware: bool = False) -> list[HostPriority]:
     demand = pod_demand(args["Pod"], keys)
-    _, sent = _nodes_sent(args, state)
-    names = [name for name, _, _ in sent]
-    usages = state.usages(names)
-    heats = state.heats(names) if load_aware else [None] * len(names)
-    config = state.load_config
-    estimate = estimated_usage(demand.requests, config)
-    now = state.wall()
-    return [{"Host": name, "Score": placement_score(view, usage, demand, heat, config, estimate, now) if view else 0}
-            for (name, _, view), usage, heat in zip(sent, usages, heats, strict=True)]
+    sent = _nodes_sent(args, state)
+    usages, facts = _load(sent, state, load_aware)
+    scores = rank(sent.views, usages, facts, demand, state.load_config, state.wall())
+    priorities: list[HostPriority] = [{"Host": name, "Score": score}
+                                      for name, score in zip(sent.names, scores, strict=True)]
+    priorities += [{"Host": name, "Score": 0} for name in sent.unknown]
+    return priorities
 
 
 def refusal(pod: dict[str, Any], uid: str, schedulers: frozenset[str]) -> str | None:

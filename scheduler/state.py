@@ -21,7 +21,7 @@ from typing import Any
 
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
-from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, node_view, pod_demand
+from oversale.placement import LoadFacts, NodeHeat, NodeUsage, NodeView, PodDemand, load_facts, node_view, pod_demand
 from oversale.pods import is_terminal
 from oversale.quantity import RESOURCES
 from oversale.timestamps import parse_timestamp
@@ -75,6 +75,10 @@ class ClusterState:
     """Pods bound within the settle time: the few whose estimates may still count."""
     _pending: dict[str, dict[str, float]] | None = None
     _pending_until: float = 0.0
+    _facts: dict[str, LoadFacts | None] = field(default_factory=dict)
+    """Each node's ``LoadFacts`` (what the filter and score read of its load, whatever the Pod),
+    dropped when its samples, its view or the pending estimates change."""
+    _facts_pending: dict[str, dict[str, float]] | None = None
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -84,6 +88,7 @@ class ClusterState:
     # -- nodes -------------------------------------------------------------------------------
     def set_node(self, name: str, node: dict[str, Any] | None) -> None:
         with self._lock:
+            self._facts.pop(name, None)
             if node is None:
                 self.nodes.pop(name, None)
                 self._raw_nodes.pop(name, None)
@@ -91,6 +96,7 @@ class ClusterState:
             self._raw_nodes[name] = node
             self.nodes[name] = node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
             self._usage.pop(name, None)
+            self._facts.pop(name, None)
 
     def set_topology(self, name: str, zones: dict[int, int] | None) -> None:
         """NodeResourceTopology zones (id -> CPUs) of a node, or None when its object is gone."""
@@ -103,6 +109,11 @@ class ClusterState:
                 self.nodes[name] = node_view(self._raw_nodes[name], self.keys, self.nrt.get(name),
                                              self.load_config.watermarks)
             self._usage.pop(name, None)
+            self._facts.pop(name, None)
+
+    def views(self, names: list[str]) -> list[NodeView | None]:
+        """The cached view of each named node (None: not in the cache)."""
+        return list(map(self.nodes.get, names))
 
     def view_of(self, node: dict[str, Any]) -> NodeView:
         """A node sent in full (nodeCacheCapable false)."""
@@ -226,6 +237,7 @@ class ClusterState:
                 load = windows(times, cpus, (sample.memory,), self.load_config)
                 if load is not None:
                     self._loads[name] = load
+                    self._facts.pop(name, None)
 
     def record_pods_in_metrics(self, pods: Iterable[tuple[str, str]]) -> None:
         """One poll of PodMetrics: the Pods whose usage the node figures now include."""
@@ -242,6 +254,28 @@ class ClusterState:
             loads = self._loads
             no_pending: dict[str, float] = {}
             return [NodeHeat(loads.get(node), now, pending.get(node, no_pending)) for node in nodes]
+
+    def load_facts(self, names: list[str], views: list[NodeView]) -> list[LoadFacts | None]:
+        """Each node's ``LoadFacts``: cached for the extender's own views, built for a node sent in
+        full (``nodeCacheCapable`` false), whose labels may carry other watermarks."""
+        now = self.wall()
+        with self._lock:
+            pending = self._pending_by_node(now, self.load_config)
+            if pending is not self._facts_pending:
+                self._facts.clear()
+                self._facts_pending = pending
+            cache, nodes, loads = self._facts, self.nodes, self._loads
+            no_pending: dict[str, float] = {}
+            facts: list[LoadFacts | None] = []
+            for name, view in zip(names, views, strict=True):
+                if nodes.get(name) is view and name in cache:
+                    facts.append(cache[name])
+                    continue
+                fact = load_facts(view, NodeHeat(loads.get(name), now, pending.get(name, no_pending)))
+                if nodes.get(name) is view:
+                    cache[name] = fact
+                facts.append(fact)
+            return facts
 
     def _pending_by_node(self, now: float, config: LoadConfig) -> dict[str, dict[str, float]]:
         """Summed estimates per node of the settling Pods not yet in PodMetrics (cached until a

@@ -3,20 +3,39 @@ filter at and around each watermark, estimates of Pods not yet in the metrics, t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import Topology
-from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score
+from oversale.placement import (
+    NodeHeat,
+    NodeUsage,
+    NodeView,
+    PodDemand,
+    Reservation,
+    load_facts,
+    load_shortfall,
+    node_score,
+    placement_score,
+    rank,
+    screen,
+    shortfall,
+)
 from oversale.usage import (
     LoadConfig,
+    NodeLoad,
     Sample,
     Watermarks,
+    combined_score,
     estimated_usage,
     hot_reason,
-    load_score,
+    load_score_after,
     node_load,
     stale_reason,
     watermarks_for,
@@ -98,7 +117,7 @@ def test_the_cooler_node_scores_higher_and_weights_combine_with_packing():
     config = LoadConfig()
     assert placement_score(view(), NodeUsage(), demand, cool, config) > \
         placement_score(view(), NodeUsage(), demand, warm, config)
-    assert load_score({"cpu": 0.0, "memory": 0.0}) == 10 and load_score({"cpu": 1.2, "memory": 0.1}) == 0
+    assert load_score_after(0.0, 0.0, 4000, GI) == 10 and load_score_after(4800.0, 0.1 * GI, 4000, GI) == 0
     packing_only = LoadConfig(load_weight=0)
     assert placement_score(view(), NodeUsage(), demand, cool, packing_only) == \
         placement_score(view(), NodeUsage(), demand, warm, packing_only)
@@ -110,3 +129,75 @@ def test_watermarks_per_node_from_annotation_then_label_and_bad_values_are_repor
     marks, problems = watermarks_for(labels, annotations, KEYS, Watermarks())
     assert marks == Watermarks(Decimal("0.7"), Decimal("0.85"), Decimal("0.9"))
     assert [p.key for p in problems] == [KEYS.cpu_peak_scheduling_watermark]
+
+
+# -- the batch filter and score (what the extender and the replay call) -----------------------------
+
+TOPOLOGY = Topology.from_zones({0: 8, 1: 8})
+
+
+@st.composite
+def placements(draw):
+    """Nodes (some binding CPUs, some holding reservations, some without fresh metrics), the Pods on
+    them, and one Pod to place."""
+    nodes = []
+    for index in range(draw(st.integers(1, 6))):
+        cpu = draw(st.integers(1000, 32000))
+        reservations = tuple(Reservation(draw(st.sampled_from(["ns/Deployment/a", "ns/Deployment/b"])),
+                                         {"cpu": draw(st.integers(0, 8000)), "memory": draw(st.integers(0, 8 * GI))},
+                                         NOW + draw(st.sampled_from([-10, 60])))
+                             for _ in range(draw(st.integers(0, 2))))
+        node = NodeView(f"n{index}", {"cpu": cpu, "memory": 32 * GI}, Decimal("1.5"), TOPOLOGY,
+                        bind_policy=draw(st.sampled_from([None, "FullPCPUs"])), ratio=Fraction(3, 2),
+                        strategy=draw(st.sampled_from(["MostAllocated", "LeastAllocated"])), real=REAL,
+                        reservations=reservations)
+        usage = NodeUsage(shared={"cpu": draw(st.integers(0, cpu)), "memory": draw(st.integers(0, 32 * GI))},
+                          bound_cpus=set(draw(st.lists(st.integers(0, 15), max_size=8))))
+        load = NodeLoad(draw(st.floats(0, 16000)), draw(st.floats(0, 16000)), draw(st.floats(0, 64 * GI)),
+                        NOW - draw(st.sampled_from([5, 500])))
+        heat = NodeHeat(draw(st.sampled_from([load, None])), NOW, {"cpu": draw(st.floats(0, 4000))})
+        nodes.append((node, usage, heat))
+    cpu = draw(st.sampled_from([500, 2000, 4000, 8000]))
+    demand = PodDemand("p", {"cpu": cpu, "memory": draw(st.integers(0, 16 * GI))},
+                       draw(st.sampled_from([None, "FullPCPUs", "SpreadByPCPUs"])), draw(st.booleans()),
+                       cpus=cpu // 1000 if cpu % 1000 == 0 else 0,
+                       owner=draw(st.sampled_from(["", "ns/Deployment/a"])))
+    return nodes, demand
+
+
+@settings(max_examples=300, deadline=None)
+@given(placements())
+def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case):
+    """``screen`` and ``rank`` remember answers per Pod shape and decide the common case by two
+    comparisons; every answer must still be the one ``shortfall``, ``node_score`` and the load
+    functions give node by node, on a cold call, a warm one, and after a node's view changed."""
+    nodes, demand = case
+    config = LoadConfig()
+    estimate = estimated_usage(demand.requests, config)
+
+    def expected(node, usage, heat):
+        reason = shortfall(node, usage, demand, NOW)
+        facts = load_facts(node, heat)
+        fresh = facts is not None and NOW - facts.at <= config.max_age_seconds
+        if reason is not None:
+            return reason, 0
+        if node.reservations and node.holds_for(demand.owner, NOW):
+            return load_shortfall(node, heat, config), 10
+        packing = node_score(node, usage, demand, NOW)
+        if not fresh:
+            return None, packing
+        return facts.hot, combined_score(packing, load_score_after(facts.cpu_used + estimate["cpu"],
+                                                                   facts.memory_used + estimate["memory"],
+                                                                   facts.real_cpu, facts.real_memory), config)
+
+    views, usages = [n for n, _, _ in nodes], [u for _, u, _ in nodes]
+    facts = [load_facts(n, h) for n, _, h in nodes]
+    for _ in range(2):  # cold, then with every answer remembered
+        assert list(zip(screen(views, usages, facts, demand, config, NOW),
+                        rank(views, usages, facts, demand, config, NOW), strict=True)) == \
+            [expected(*node) for node in nodes]
+    # The same usage snapshot under a changed view (the node's allocatable was oversold anew).
+    grown = [replace(view, allocatable={"cpu": view.allocatable["cpu"] * 2, "memory": 64 * GI}) for view in views]
+    assert rank(grown, usages, None, demand, config, NOW) == [
+        0 if shortfall(view, usage, demand, NOW) else 10 if view.reservations and view.holds_for(demand.owner, NOW)
+        else node_score(view, usage, demand, NOW) for view, usage in zip(grown, usages, strict=True)]
