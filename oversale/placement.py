@@ -9,7 +9,7 @@ allocatable, so exclusive CPUs never draw on capacity that exists only on paper.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -42,6 +42,7 @@ from oversale.usage import (
     estimated_usage,
     hot_reason,
     load_score_after,
+    watermark_exceeded,
     watermarks_for,
 )
 
@@ -120,7 +121,7 @@ class NodeUsage:
     _summary: FreeSummary | None = None
     _free: tuple[int, int] | None = None
     _answers: dict[tuple[int, str | None, bool, int, int], tuple[str | None, int]] = field(default_factory=dict)
-    """(``shortfall``, packing score) per Pod shape, for the node in ``_answers_for`` (see ``_fit``)."""
+    """(``shortfall``, packing score) per Pod shape, for the node in ``_answers_for`` (see ``fit_on``)."""
     _answers_for: NodeView | None = None
 
     def summary(self, topology: Topology) -> FreeSummary:
@@ -283,13 +284,23 @@ class LoadFacts:
 
     at: float
     """When the freshest sample was taken (the metrics are stale ``max_age_seconds`` later)."""
-    hot: str | None
-    """Why the node is above a scheduling watermark (``oversale.usage.hot_reason``), or None."""
+    is_hot: bool
+    """Above a scheduling watermark (``oversale.usage.watermark_exceeded``)."""
     cpu_used: float
     """Millicores: the 5-minute average + Pods bound but not yet in the metrics."""
     memory_used: float
     real_cpu: int
     real_memory: int
+    load: NodeLoad
+    pending: Mapping[str, float]
+    real: Mapping[str, int]
+    watermarks: Watermarks
+
+    @property
+    def hot(self) -> str | None:
+        """Why the node is above a scheduling watermark, or None; worded only when asked (for the
+        nodes a filter refuses), not for every node at every poll."""
+        return hot_reason(self.load, self.pending, self.real, self.watermarks) if self.is_hot else None
 
     def is_fresh(self, now: float, config: LoadConfig) -> bool:
         return now - self.at <= config.max_age_seconds
@@ -300,10 +311,10 @@ def load_facts(node: NodeView, heat: NodeHeat | None) -> LoadFacts | None:
     allocatable: such a node is neither filtered nor favoured by load."""
     if heat is None or heat.load is None or not node.real:
         return None
-    load, pending = heat.load, heat.pending
-    return LoadFacts(load.at, hot_reason(load, pending, node.real, node.watermarks),
+    load, pending, real = heat.load, heat.pending, node.real
+    return LoadFacts(load.at, watermark_exceeded(load, pending, real, node.watermarks) is not None,
                      load.cpu_average + pending.get(CPU, 0.0), load.memory + pending.get(MEMORY, 0.0),
-                     node.real.get(CPU, 0), node.real.get(MEMORY, 0))
+                     real.get(CPU, 0), real.get(MEMORY, 0), load, pending, real, node.watermarks)
 
 
 def load_shortfall(node: NodeView, heat: NodeHeat | None, config: LoadConfig) -> str | None:
@@ -316,61 +327,38 @@ def load_shortfall(node: NodeView, heat: NodeHeat | None, config: LoadConfig) ->
 
 def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,
                     config: LoadConfig, estimate: Mapping[str, float] | None = None, now: float | None = None) -> int:
-    """0..10 for one node: ``rank`` of a single node, its metrics read at ``heat.now``.
-    ``estimate``: the Pod's ``estimated_usage`` (default: from its requests)."""
-    return _score_one(node, usage, load_facts(node, heat), _Ask.of(demand, config, estimate), now,
+    """0..10 for one node (``score_on``), its metrics read at ``heat.now``. ``estimate``: the
+    Pod's ``estimated_usage`` (default: from its requests)."""
+    return score_on(node, usage, load_facts(node, heat), Ask.of(demand, config, estimate), now,
                       heat.now if heat is not None else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
-class _Ask:
-    """What placing one Pod asks of every node, read once: the per-node loops below run for
-    every node of every filter and prioritize call, thousands of times, so they read attributes
-    of this, not dicts."""
+class Ask:
+    """What placing one Pod asks of every node, read once per filter or prioritize call, not
+    once per node."""
 
     demand: PodDemand
     config: LoadConfig
     shape: tuple[int, str | None, bool, int, int]
     """What a node's fit and packing score depend on, of the Pod (its owner only matters where
     a node holds reservations)."""
+    cpu: int
+    """Its cpu request (millicores)."""
+    memory: int
     pod_cpu: float
+    """Its estimated cpu usage (millicores), for the load score."""
     pod_memory: float
 
     @classmethod
-    def of(cls, demand: PodDemand, config: LoadConfig, estimate: Mapping[str, float] | None = None) -> _Ask:
+    def of(cls, demand: PodDemand, config: LoadConfig, estimate: Mapping[str, float] | None = None) -> Ask:
         pod = estimate if estimate is not None else estimated_usage(demand.requests, config)
-        shape = (demand.cpus, demand.bind_policy, demand.single_numa, demand.requests.get(CPU, 0),
-                 demand.requests.get(MEMORY, 0))
-        return cls(demand, config, shape, pod.get(CPU, 0.0), pod.get(MEMORY, 0.0))
+        cpu, memory = demand.requests.get(CPU, 0), demand.requests.get(MEMORY, 0)
+        return cls(demand, config, (demand.cpus, demand.bind_policy, demand.single_numa, cpu, memory), cpu, memory,
+                   pod.get(CPU, 0.0), pod.get(MEMORY, 0.0))
 
 
-def screen(views: Sequence[NodeView], usages: Sequence[NodeUsage], facts: Sequence[LoadFacts | None] | None,
-           demand: PodDemand, config: LoadConfig, now: float) -> list[str | None]:
-    """The filter over many nodes at once: per node, why the Pod cannot go there, or None.
-
-    ``facts``: each node's ``LoadFacts`` (None for the list: by requests alone); a node is filtered
-    by load only when its metrics are fresh at ``now``. The same answers as ``shortfall`` and
-    ``load_shortfall`` node by node.
-    """
-    ask = _Ask.of(demand, config)
-    return [_reason_one(view, usage, fact, ask, now)
-            for view, usage, fact in zip(views, usages, facts if facts is not None else [None] * len(views),
-                                         strict=True)]
-
-
-def rank(views: Sequence[NodeView], usages: Sequence[NodeUsage], facts: Sequence[LoadFacts | None] | None,
-         demand: PodDemand, config: LoadConfig, now: float, estimate: Mapping[str, float] | None = None) -> list[int]:
-    """The score over many nodes at once, 0..10 each: the packing score (``node_score``) combined
-    with how cool the node stays after placing the Pod (its ``estimate``, default from its
-    requests), by the configured weights; by packing alone where metrics are missing or stale.
-    A node holding a reservation for the Pod's owner scores 10: the room was made for it."""
-    ask = _Ask.of(demand, config, estimate)
-    return [_score_one(view, usage, fact, ask, now, now)
-            for view, usage, fact in zip(views, usages, facts if facts is not None else [None] * len(views),
-                                         strict=True)]
-
-
-def _fit(node: NodeView, usage: NodeUsage, ask: _Ask, now: float | None) -> tuple[str | None, int]:
+def fit_on(node: NodeView, usage: NodeUsage, ask: Ask, now: float | None) -> tuple[str | None, int]:
     """(``shortfall``, ``node_score``) of the Pod on the node. A node holding no reservation gives
     the same answers to every Pod of one shape (the replicas of a workload) until its Pods change,
     which makes a new usage snapshot: they are remembered per shape, for this view of the node."""
@@ -386,18 +374,25 @@ def _fit(node: NodeView, usage: NodeUsage, ask: _Ask, now: float | None) -> tupl
     return answer
 
 
-def _reason_one(node: NodeView, usage: NodeUsage, facts: LoadFacts | None, ask: _Ask, now: float) -> str | None:
-    reason = _fit(node, usage, ask, now)[0]
+def reason_on(node: NodeView, usage: NodeUsage, facts: LoadFacts | None, ask: Ask, now: float) -> str | None:
+    """The filter on one node: why the Pod cannot go there, or None. ``facts``: the node's load
+    (None: by requests alone); a node is filtered by load only when its metrics are fresh at
+    ``now``, so a metrics outage cannot block scheduling."""
+    reason = fit_on(node, usage, ask, now)[0]
     if reason is not None:
         return reason
-    if facts is not None and facts.hot and now - facts.at <= ask.config.max_age_seconds:
+    if facts is not None and facts.is_hot and now - facts.at <= ask.config.max_age_seconds:
         return facts.hot
     return None
 
 
-def _score_one(node: NodeView, usage: NodeUsage, facts: LoadFacts | None, ask: _Ask, now: float | None,
-               fresh_at: float) -> int:
-    reason, packing = _fit(node, usage, ask, now)
+def score_on(node: NodeView, usage: NodeUsage, facts: LoadFacts | None, ask: Ask, now: float | None,
+             fresh_at: float) -> int:
+    """The score on one node, 0..10: the packing score (``node_score``) combined with how cool
+    the node stays after placing the Pod (``ask.pod_cpu`` and ``ask.pod_memory``), by the
+    configured weights; by packing alone where metrics are missing or stale at ``fresh_at``. A
+    node holding a reservation for the Pod's owner scores 10: the room was made for it."""
+    reason, packing = fit_on(node, usage, ask, now)
     if reason is not None:
         return 0
     if node.reservations and node.holds_for(ask.demand.owner, now):

@@ -24,7 +24,9 @@ def parse_timestamp(text: Any) -> float | None:
 
 
 def format_timestamp(seconds: float, micro: bool = False) -> str:
-    """>>> format_timestamp(60.5), format_timestamp(60.5, micro=True)
+    """RFC 3339 in UTC, as the API server writes timestamps.
+
+    >>> format_timestamp(60.5), format_timestamp(60.5, micro=True)
     ('1970-01-01T00:01:00Z', '1970-01-01T00:01:00.500000Z')
     """
     pattern = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"

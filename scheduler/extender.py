@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from kube.client import one_line
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import FULL_PCPUS, NoFit
-from oversale.placement import (
-    LoadFacts,
-    NodeUsage,
-    NodeView,
-    PodDemand,
-    allocate,
-    load_shortfall,
-    pod_demand,
-    rank,
-    screen,
-)
+from oversale.node_table import NodeTable, rank, screen
+from oversale.placement import NodeView, PodDemand, allocate, load_shortfall, pod_demand
 from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -30,6 +25,7 @@ from scheduler.protocol import (
 from scheduler.state import ClusterState, PodRecord, resource_status
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Binder(Protocol):
@@ -51,43 +47,46 @@ class _Sent:
     names: list[str]
     objects: list[Any]
     """What goes back for each: the Node object or its name."""
-    views: list[NodeView]
     unknown: list[str]
     """Names sent that are not in the extender's cache (yet)."""
 
 
-def _nodes_sent(args: ExtenderArgs, state: ClusterState) -> _Sent:
+def _answer(args: ExtenderArgs, state: ClusterState,
+            decide: Callable[[NodeTable, npt.NDArray[np.int64]], list[T]]) -> tuple[_Sent, list[T]]:
+    """``decide`` (a filter or a score over the node table) for the nodes sent, in the order sent."""
     nodes = args.get("Nodes")
     if nodes is not None and nodes.get("items") is not None:
         items = nodes["items"]
-        return _Sent(True, [str(n["metadata"]["name"]) for n in items], items, [state.view_of(n) for n in items], [])
+        names = [str(n["metadata"]["name"]) for n in items]
+        table, slots = state.table_of([(name, state.view_of(n)) for name, n in zip(names, items, strict=True)])
+        return _Sent(True, names, items, []), decide(table, slots)
     names = args.get("NodeNames") or []
-    views = state.views(names)
-    if all(view is not None for view in views):
-        return _Sent(False, names, names, views, [])  # type: ignore[arg-type]  # checked: no None
-    known = [(name, view) for name, view in zip(names, views, strict=True) if view is not None]
-    return _Sent(False, [n for n, _ in known], [n for n, _ in known], [v for _, v in known],
-                 [name for name, view in zip(names, views, strict=True) if view is None])
-
-
-def _load(sent: _Sent, state: ClusterState, load_aware: bool) -> tuple[list[NodeUsage], list[LoadFacts | None] | None]:
-    """What the sent nodes' Pods take, and their load (None: by requests alone)."""
-    return state.usages(sent.names), state.load_facts(sent.names, sent.views) if load_aware else None
+    with state.locked():  # a watch event must not change a row while it is read
+        table, slots, unknown = state.table(names)
+        answers = decide(table, slots)
+    if unknown:
+        missing = set(unknown)
+        names = [name for name in names if name not in missing]
+    return _Sent(False, names, names, unknown), answers
 
 
 def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
                  load_aware: bool = False) -> ExtenderFilterResult:
     demand = pod_demand(args["Pod"], keys)
-    sent = _nodes_sent(args, state)
-    usages, facts = _load(sent, state, load_aware)
-    reasons = screen(sent.views, usages, facts, demand, state.load_config, state.wall())
+
+    def decide(table: NodeTable, slots: npt.NDArray[np.int64]) -> list[tuple[str, bool] | None]:
+        """Per node: None (it passes), or why not and whether no preemption can ever help."""
+        reasons = screen(table, slots, demand, state.load_config, state.wall(), load_aware)
+        return [None if reason is None else (reason, _never_fits(table.row(slot)[0], demand))
+                for slot, reason in zip(slots.tolist(), reasons, strict=True)]
+
+    sent, verdicts = _answer(args, state, decide)
     failed = dict.fromkeys(sent.unknown, "node not in the extender's cache yet")
     unresolvable: dict[str, str] = {}
-    for index, reason in enumerate(reasons):
-        if reason is not None:  # too hot cools down, and most shortfalls pass after a preemption
-            view = sent.views[index]
-            (unresolvable if _never_fits(view, demand) else failed)[sent.names[index]] = reason
-    passed = [obj for obj, reason in zip(sent.objects, reasons, strict=True) if reason is None]
+    for name, verdict in zip(sent.names, verdicts, strict=True):
+        if verdict is not None:  # too hot cools down, and most shortfalls pass after a preemption
+            (unresolvable if verdict[1] else failed)[name] = verdict[0]
+    passed = [obj for obj, verdict in zip(sent.objects, verdicts, strict=True) if verdict is None]
     # Only nodes that were sent come back, in the same form. With nodeCacheCapable an empty or
     # missing NodeNames would filter out every node, so the list is always present.
     result: ExtenderFilterResult = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
@@ -112,9 +111,8 @@ def _never_fits(view: NodeView, demand: PodDemand) -> bool:
 def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
                load_aware: bool = False) -> list[HostPriority]:
     demand = pod_demand(args["Pod"], keys)
-    sent = _nodes_sent(args, state)
-    usages, facts = _load(sent, state, load_aware)
-    scores = rank(sent.views, usages, facts, demand, state.load_config, state.wall())
+    sent, scores = _answer(args, state, lambda table, slots: rank(table, slots, demand, state.load_config,
+                                                                  state.wall(), load_aware))
     priorities: list[HostPriority] = [{"Host": name, "Score": score}
                                       for name, score in zip(sent.names, scores, strict=True)]
     priorities += [{"Host": name, "Score": 0} for name in sent.unknown]

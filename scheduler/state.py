@@ -19,9 +19,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
-from oversale.placement import LoadFacts, NodeHeat, NodeUsage, NodeView, PodDemand, load_facts, node_view, pod_demand
+from oversale.node_table import NodeTable
+from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_facts, node_view, pod_demand
 from oversale.pods import is_terminal
 from oversale.quantity import RESOURCES
 from oversale.timestamps import parse_timestamp
@@ -75,10 +79,14 @@ class ClusterState:
     """Pods bound within the settle time: the few whose estimates may still count."""
     _pending: dict[str, dict[str, float]] | None = None
     _pending_until: float = 0.0
-    _facts: dict[str, LoadFacts | None] = field(default_factory=dict)
-    """Each node's ``LoadFacts`` (what the filter and score read of its load, whatever the Pod),
-    dropped when its samples, its view or the pending estimates change."""
-    _facts_pending: dict[str, dict[str, float]] | None = None
+    _table: NodeTable = field(default_factory=NodeTable)
+    """Every node's view, usage and load facts as columns (what filter and prioritize read)."""
+    _dirty: set[str] = field(default_factory=set)
+    """Nodes whose row is out of date: brought up to date before the table is next read."""
+    _load_dirty: set[str] = field(default_factory=set)
+    """Nodes whose metrics or pending estimates changed (only the load of their row is rebuilt)."""
+    _table_pending: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The pending estimates the table's rows were built with."""
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -88,15 +96,13 @@ class ClusterState:
     # -- nodes -------------------------------------------------------------------------------
     def set_node(self, name: str, node: dict[str, Any] | None) -> None:
         with self._lock:
-            self._facts.pop(name, None)
+            self._changed(name)
             if node is None:
                 self.nodes.pop(name, None)
                 self._raw_nodes.pop(name, None)
                 return
             self._raw_nodes[name] = node
             self.nodes[name] = node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
-            self._usage.pop(name, None)
-            self._facts.pop(name, None)
 
     def set_topology(self, name: str, zones: dict[int, int] | None) -> None:
         """NodeResourceTopology zones (id -> CPUs) of a node, or None when its object is gone."""
@@ -108,8 +114,7 @@ class ClusterState:
             if name in self._raw_nodes:
                 self.nodes[name] = node_view(self._raw_nodes[name], self.keys, self.nrt.get(name),
                                              self.load_config.watermarks)
-            self._usage.pop(name, None)
-            self._facts.pop(name, None)
+            self._changed(name)
 
     def views(self, names: list[str]) -> list[NodeView | None]:
         """The cached view of each named node (None: not in the cache)."""
@@ -145,13 +150,14 @@ class ClusterState:
             self._pods[uid] = record
             self._by_node.setdefault(node, {})[uid] = record
             self._note_settling(record)
-            self._usage.pop(node, None)
+            self._changed(node)
 
     def reset_pods(self) -> None:
         with self._lock:
             self._pods.clear()
             self._by_node.clear()
             self._usage.clear()
+            self._dirty |= set(self.nodes)
 
     def _forget(self, uid: str) -> None:
         if uid in self._settling:
@@ -159,26 +165,19 @@ class ClusterState:
         record = self._pods.pop(uid, None)
         if record is not None:
             self._by_node.get(record.node, {}).pop(uid, None)
-            self._usage.pop(record.node, None)
+            self._changed(record.node)
 
     def _unreserve(self, uid: str) -> None:
         if uid in self._settling:
             self._pending = None
         reservation = self._reserved.pop(uid, None)
         if reservation is not None:
-            self._usage.pop(reservation.record.node, None)
+            self._changed(reservation.record.node)
 
     def is_bound(self, uid: str) -> bool:
         return uid in self._pods or uid in self._reserved
 
     # -- accounting --------------------------------------------------------------------------
-    def usages(self, nodes: list[str]) -> list[NodeUsage]:
-        """``usage`` for many nodes under one acquisition of the lock (filter and prioritize)."""
-        with self._lock:
-            self._expire_reservations()
-            cache = self._usage
-            return [cache.get(node) or self.usage(node) for node in nodes]
-
     def _expire_reservations(self) -> None:
         if self._reserved:
             now = self.clock()
@@ -209,7 +208,7 @@ class ClusterState:
         with self._lock:
             self._reserved[record.uid] = Reservation(record, self.clock())
             self._note_settling(record)
-            self._usage.pop(record.node, None)
+            self._changed(record.node)
 
     def release(self, uid: str) -> None:
         with self._lock:
@@ -222,22 +221,29 @@ class ClusterState:
             self._pending = None
 
     def record_node_samples(self, samples: Mapping[str, Sample]) -> None:
-        """One poll of NodeMetrics; each node keeps the last ``peak_seconds`` of samples."""
+        """One poll of NodeMetrics; each node keeps the last ``peak_seconds`` of samples. Only the
+        poller writes samples, so the windows are computed before taking the lock that filter
+        and prioritize calls wait on."""
+        horizon = self.load_config.peak_seconds
+        loads: dict[str, NodeLoad] = {}
+        for name, sample in samples.items():
+            times, cpus = self._samples.setdefault(name, (array("d"), array("d")))
+            if times and sample.at <= times[-1]:
+                continue  # metrics-server has not scraped the node again
+            times.append(sample.at)
+            cpus.append(sample.cpu)
+            old = bisect_left(times, sample.at - horizon)
+            if old:
+                del times[:old], cpus[:old]
+            load = windows(times, cpus, (sample.memory,), self.load_config)
+            if load is not None:
+                loads[name] = load
         with self._lock:
-            horizon = self.load_config.peak_seconds
-            for name, sample in samples.items():
-                times, cpus = self._samples.setdefault(name, (array("d"), array("d")))
-                if times and sample.at <= times[-1]:
-                    continue  # metrics-server has not scraped the node again
-                times.append(sample.at)
-                cpus.append(sample.cpu)
-                old = bisect_left(times, sample.at - horizon)
-                if old:
-                    del times[:old], cpus[:old]
-                load = windows(times, cpus, (sample.memory,), self.load_config)
-                if load is not None:
-                    self._loads[name] = load
-                    self._facts.pop(name, None)
+            self._loads.update(loads)
+            self._load_dirty.update(loads)
+            # The rows' load is brought up to date here, on the poller's thread, not by the next
+            # filter call: a poll changes every node's row at once.
+            self._refresh_rows()
 
     def record_pods_in_metrics(self, pods: Iterable[tuple[str, str]]) -> None:
         """One poll of PodMetrics: the Pods whose usage the node figures now include."""
@@ -255,27 +261,56 @@ class ClusterState:
             no_pending: dict[str, float] = {}
             return [NodeHeat(loads.get(node), now, pending.get(node, no_pending)) for node in nodes]
 
-    def load_facts(self, names: list[str], views: list[NodeView]) -> list[LoadFacts | None]:
-        """Each node's ``LoadFacts``: cached for the extender's own views, built for a node sent in
-        full (``nodeCacheCapable`` false), whose labels may carry other watermarks."""
+    def table(self, names: list[str]) -> tuple[NodeTable, npt.NDArray[np.int64], list[str]]:
+        """The node table with every row up to date, the rows of ``names`` and the names not in it.
+        Read it under ``locked()``: a watch event may change a row."""
+        with self._lock:
+            self._refresh_rows()
+            slots, unknown = self._table.slots(names)
+            return self._table, slots, unknown
+
+    def _refresh_rows(self) -> None:
+        """Rebuild the rows whose node or Pods changed, and the load of those whose metrics or
+        pending estimates did (under the lock)."""
         now = self.wall()
+        self._expire_reservations()
+        pending = self._pending_by_node(now, self.load_config)
+        if pending is not self._table_pending:
+            # Only the nodes whose estimates changed: a bind changes one node's, not 5,000 rows.
+            old = self._table_pending
+            self._load_dirty |= {n for n in old.keys() | pending.keys() if old.get(n) != pending.get(n)}
+            self._table_pending = pending
+        table, loads, no_pending = self._table, self._loads, dict[str, float]()
+        for name in self._dirty:
+            view = self.nodes.get(name)
+            if view is None:
+                table.remove(name)
+            else:
+                table.put(name, view, self.usage(name),
+                          load_facts(view, NodeHeat(loads.get(name), now, pending.get(name, no_pending))))
+        for name in self._load_dirty - self._dirty:
+            view = self.nodes.get(name)
+            if view is not None:  # metrics of a node not (yet) in the watch have no row
+                table.put_load(name, load_facts(view, NodeHeat(loads.get(name), now, pending.get(name, no_pending))))
+        self._dirty.clear()
+        self._load_dirty.clear()
+
+    def table_of(self, nodes: list[tuple[str, NodeView]]) -> tuple[NodeTable, npt.NDArray[np.int64]]:
+        """A table of nodes sent in full (``nodeCacheCapable`` false): their own views, whose
+        labels may carry other watermarks than the cached ones, with the cached usage and load."""
+        now = self.wall()
+        table = NodeTable()
         with self._lock:
             pending = self._pending_by_node(now, self.load_config)
-            if pending is not self._facts_pending:
-                self._facts.clear()
-                self._facts_pending = pending
-            cache, nodes, loads = self._facts, self.nodes, self._loads
-            no_pending: dict[str, float] = {}
-            facts: list[LoadFacts | None] = []
-            for name, view in zip(names, views, strict=True):
-                if nodes.get(name) is view and name in cache:
-                    facts.append(cache[name])
-                    continue
-                fact = load_facts(view, NodeHeat(loads.get(name), now, pending.get(name, no_pending)))
-                if nodes.get(name) is view:
-                    cache[name] = fact
-                facts.append(fact)
-            return facts
+            for name, view in nodes:
+                table.put(name, view, self.usage(name),
+                          load_facts(view, NodeHeat(self._loads.get(name), now, pending.get(name, {}))))
+        return table, table.slots([name for name, _ in nodes])[0]
+
+    def _changed(self, node: str) -> None:
+        """Something on ``node`` changed: its usage is counted again and its row rebuilt."""
+        self._usage.pop(node, None)
+        self._dirty.add(node)
 
     def _pending_by_node(self, now: float, config: LoadConfig) -> dict[str, dict[str, float]]:
         """Summed estimates per node of the settling Pods not yet in PodMetrics (cached until a

@@ -26,7 +26,8 @@ import numpy as np
 from oversale.budget import HotTime
 from oversale.cpus import Topology
 from oversale.node_oversale import oversold_allocatable
-from oversale.placement import LoadFacts, NodeHeat, NodeUsage, NodeView, PodDemand, load_facts, rank, screen
+from oversale.node_table import NodeTable, rank, screen
+from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_facts
 from oversale.quantity import CPU, MEMORY, RESOURCES
 from oversale.remediation import Candidate, RemediationConfig, Target, excess, next_streak, plan_moves
 from oversale.usage import LoadConfig, NodeLoad, Sample, node_load
@@ -226,8 +227,6 @@ class _Node:
     requested: list[float]
     history: list[np.ndarray]
     present: np.ndarray
-    facts: LoadFacts | None = None
-    """Its load as the extender would read it (kept until a Pod joins the node)."""
 
 
 def _view(number: int, real: tuple[float, float], ratio: list[float], topology: Topology) -> NodeView:
@@ -257,22 +256,19 @@ def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
     items = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
     topology = Topology.flat(max(1, int(real[0] // MILLI)))
     nodes: list[_Node] = []
+    table = NodeTable()
+    config, now, load_aware = system.load or _REQUESTS_ONLY, float(window.times[-1]), system.load is not None
     assignment = np.zeros(len(items), dtype=np.int64)
     for index in largest_first(items, real):
         cpu, memory = items[index]
         demand = PodDemand(uid=str(index), requests={CPU: math.ceil(cpu), MEMORY: math.ceil(memory)},
                            bind_policy=None, single_numa=False)
         chosen, best = None, -1
-        views, usages = [n.view for n in nodes], [n.usage for n in nodes]
-        facts = None
-        if system.load:
-            for node in nodes:
-                node.facts = node.facts or load_facts(node.view, _heat(node, window.times))
-            facts = [n.facts for n in nodes]
-        config, now = system.load or _REQUESTS_ONLY, float(window.times[-1])
         # The extender's own filter and score over the open nodes; the first of the best wins.
-        for number, (reason, score) in enumerate(zip(screen(views, usages, facts, demand, config, now),
-                                                     rank(views, usages, facts, demand, config, now), strict=True)):
+        slots = np.arange(len(nodes), dtype=np.int64)  # node n is the table's row n
+        for number, (reason, score) in enumerate(zip(screen(table, slots, demand, config, now, load_aware),
+                                                     rank(table, slots, demand, config, now, load_aware),
+                                                     strict=True)):
             if reason is None and score > best:
                 chosen, best = number, score
         if chosen is None:  # a new node; a Pod larger than a node gets one of its own
@@ -291,7 +287,8 @@ def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
                                              node.history[k][node.present], node.ratio[k])
         node.usage = NodeUsage(shared={CPU: int(node.requested[0]), MEMORY: int(node.requested[1])})
         node.view = _view(chosen, real, node.ratio, topology)
-        node.facts = None
+        table.put(node.view.name, node.view, node.usage,
+                  load_facts(node.view, _heat(node, window.times)) if load_aware else None)
     return Placed(assignment, requests, [(n.ratio[0], n.ratio[1]) for n in nodes])
 
 

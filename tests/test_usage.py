@@ -3,6 +3,7 @@ filter at and around each watermark, estimates of Pods not yet in the metrics, t
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from decimal import Decimal
 from fractions import Fraction
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import Topology
+from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import (
     NodeHeat,
     NodeUsage,
@@ -23,8 +25,6 @@ from oversale.placement import (
     load_shortfall,
     node_score,
     placement_score,
-    rank,
-    screen,
     shortfall,
 )
 from oversale.usage import (
@@ -133,7 +133,13 @@ def test_watermarks_per_node_from_annotation_then_label_and_bad_values_are_repor
 
 # -- the batch filter and score (what the extender and the replay call) -----------------------------
 
-TOPOLOGY = Topology.from_zones({0: 8, 1: 8})
+TOPOLOGIES = [
+    Topology.from_zones({0: 8, 1: 8}),
+    Topology.flat(16),
+    Topology.from_koordinator(json.dumps({"detail": [  # 2 sockets x 4 cores x 2 threads
+        {"id": t * 8 + s * 4 + c, "core": c, "socket": s, "node": s} for t in range(2) for s in range(2)
+        for c in range(4)]})),
+]
 
 
 @st.composite
@@ -142,35 +148,39 @@ def placements(draw):
     them, and one Pod to place."""
     nodes = []
     for index in range(draw(st.integers(1, 6))):
-        cpu = draw(st.integers(1000, 32000))
+        cpu = draw(st.sampled_from([1000, 8000, 16000, 32000]))
         reservations = tuple(Reservation(draw(st.sampled_from(["ns/Deployment/a", "ns/Deployment/b"])),
                                          {"cpu": draw(st.integers(0, 8000)), "memory": draw(st.integers(0, 8 * GI))},
                                          NOW + draw(st.sampled_from([-10, 60])))
                              for _ in range(draw(st.integers(0, 2))))
-        node = NodeView(f"n{index}", {"cpu": cpu, "memory": 32 * GI}, Decimal("1.5"), TOPOLOGY,
-                        bind_policy=draw(st.sampled_from([None, "FullPCPUs"])), ratio=Fraction(3, 2),
+        ratio = draw(st.sampled_from([Fraction(1), Fraction(3, 2), Fraction(137, 100)]))
+        node = NodeView(f"n{index}", {"cpu": cpu, "memory": 32 * GI}, Decimal(ratio.numerator) / ratio.denominator,
+                        draw(st.sampled_from(TOPOLOGIES)), ratio=ratio,
+                        bind_policy=draw(st.sampled_from([None, "FullPCPUs", "SpreadByPCPUs"])),
+                        single_numa=draw(st.booleans()),
                         strategy=draw(st.sampled_from(["MostAllocated", "LeastAllocated"])), real=REAL,
                         reservations=reservations)
-        usage = NodeUsage(shared={"cpu": draw(st.integers(0, cpu)), "memory": draw(st.integers(0, 32 * GI))},
+        usage = NodeUsage(shared={"cpu": draw(st.integers(0, cpu)), "memory": draw(st.integers(0, 24 * GI))},
                           bound_cpus=set(draw(st.lists(st.integers(0, 15), max_size=8))))
         load = NodeLoad(draw(st.floats(0, 16000)), draw(st.floats(0, 16000)), draw(st.floats(0, 64 * GI)),
                         NOW - draw(st.sampled_from([5, 500])))
         heat = NodeHeat(draw(st.sampled_from([load, None])), NOW, {"cpu": draw(st.floats(0, 4000))})
         nodes.append((node, usage, heat))
-    cpu = draw(st.sampled_from([500, 2000, 4000, 8000]))
-    demand = PodDemand("p", {"cpu": cpu, "memory": draw(st.integers(0, 16 * GI))},
+    cpu = draw(st.sampled_from([500, 2000, 3000, 4000, 8000]))
+    demand = PodDemand("p", {"cpu": cpu, "memory": draw(st.integers(0, 8 * GI))},
                        draw(st.sampled_from([None, "FullPCPUs", "SpreadByPCPUs"])), draw(st.booleans()),
                        cpus=cpu // 1000 if cpu % 1000 == 0 else 0,
                        owner=draw(st.sampled_from(["", "ns/Deployment/a"])))
     return nodes, demand
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(placements())
 def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case):
-    """``screen`` and ``rank`` remember answers per Pod shape and decide the common case by two
-    comparisons; every answer must still be the one ``shortfall``, ``node_score`` and the load
-    functions give node by node, on a cold call, a warm one, and after a node's view changed."""
+    """``screen`` and ``rank`` decide the common case by vector operations over the node table and
+    remember answers per Pod shape; every answer must still be the one ``shortfall``,
+    ``node_score`` and the load functions give node by node, on a cold call, a warm one, and
+    after a node's view changed."""
     nodes, demand = case
     config = LoadConfig()
     estimate = estimated_usage(demand.requests, config)
@@ -190,14 +200,37 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case):
                                                                    facts.memory_used + estimate["memory"],
                                                                    facts.real_cpu, facts.real_memory), config)
 
-    views, usages = [n for n, _, _ in nodes], [u for _, u, _ in nodes]
-    facts = [load_facts(n, h) for n, _, h in nodes]
+    table = NodeTable()
+    for node, usage, heat in reversed(nodes):  # rows in another order than asked
+        table.put(node.name, node, usage, load_facts(node, heat))
+    slots, unknown = table.slots([node.name for node, _, _ in nodes] + ["gone"])
+    assert unknown == ["gone"]
     for _ in range(2):  # cold, then with every answer remembered
-        assert list(zip(screen(views, usages, facts, demand, config, NOW),
-                        rank(views, usages, facts, demand, config, NOW), strict=True)) == \
+        assert list(zip(screen(table, slots, demand, config, NOW, load_aware=True),
+                        rank(table, slots, demand, config, NOW, load_aware=True), strict=True)) == \
             [expected(*node) for node in nodes]
     # The same usage snapshot under a changed view (the node's allocatable was oversold anew).
-    grown = [replace(view, allocatable={"cpu": view.allocatable["cpu"] * 2, "memory": 64 * GI}) for view in views]
-    assert rank(grown, usages, None, demand, config, NOW) == [
+    grown = [(replace(view, allocatable={"cpu": view.allocatable["cpu"] * 2, "memory": 64 * GI}), usage)
+             for view, usage, _ in nodes]
+    for view, usage in grown:
+        table.put(view.name, view, usage, None)
+    assert rank(table, slots, demand, config, NOW, load_aware=True) == [
         0 if shortfall(view, usage, demand, NOW) else 10 if view.reservations and view.holds_for(demand.owner, NOW)
-        else node_score(view, usage, demand, NOW) for view, usage in zip(grown, usages, strict=True)]
+        else node_score(view, usage, demand, NOW) for view, usage in grown]
+
+
+def test_the_table_keeps_a_single_numa_node_to_one_zone():
+    """A FullPCPUs Pod on a node labelled single-numa-node needs all its cores in one zone, even
+    when the zones together have enough (3 + 3 whole cores free, 4 asked)."""
+    node = NodeView("n", {"cpu": 32000, "memory": 32 * GI}, Decimal(1), TOPOLOGIES[2], bind_policy="FullPCPUs",
+                    single_numa=True, real=REAL)
+    usage = NodeUsage(bound_cpus={0, 4})
+    table = NodeTable()
+    table.put("n", node, usage, None)
+    slots, _ = table.slots(["n"])
+    demand = PodDemand("p", {"cpu": 8000, "memory": GI}, None, False, cpus=8)
+    assert screen(table, slots, demand, LoadConfig(), NOW, load_aware=False) == \
+        ["needs 4 full cores in one NUMA node; NUMA node 0 has 3 free, NUMA node 1 has 3 free"]
+    assert rank(table, slots, demand, LoadConfig(), NOW, load_aware=False) == [0]
+    table.put("n", replace(node, single_numa=False), usage, None)
+    assert screen(table, slots, demand, LoadConfig(), NOW, load_aware=False) == [None]

@@ -1,0 +1,20 @@
+"""The examples in the core's docstrings are run: an example that no longer holds fails here."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import oversale
+
+MODULES = sorted(name for name in (f"oversale.{m.name}" for m in pkgutil.iter_modules(oversale.__path__))
+                 if any(test.examples for test in doctest.DocTestFinder().find(importlib.import_module(name))))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_the_docstring_examples_hold(name):
+    failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert failures == 0, f"{name}: {failures} docstring example(s) no longer hold (output above)"
