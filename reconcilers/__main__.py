@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     backtest.add_argument("--window-days", type=int, default=7, help="history window of every estimate")
     backtest.add_argument("--holdout-days", type=int, default=14,
                           help="the last days, reported apart as the holdout (nothing is tuned on them)")
+    backtest.add_argument("--arrival-seed", type=int, default=0,
+                          help="draws the moment of the day each Pod meets the load-aware extender (default 0)")
     backtest.add_argument("--hot-time-budget", type=float, default=argparse.SUPPRESS, metavar="SHARE",
                           help="run the whole system at this cpu hot-time budget (0..1, e.g. 0.001 for 0.1%%); "
                                "default: OVERSALE_CPU_HOT_TIME_BUDGET, and a sweep of budgets from 0.01%% to 5%%")
@@ -188,7 +190,8 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
         parser.error(f"--node-memory: {error}")
     if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
         parser.error("node size, warm-up and window must be positive, the holdout not negative")
-    config = Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days)
+    config = Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days,
+                    args.arrival_seed)
     budget = _chosen_budget(args, settings, parser)
     systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
                               frontier=args.frontier, load=settings.load,

@@ -47,6 +47,8 @@ class Config:
     window_days: int = 7
     holdout_days: int = 14
     """The last days of the trace, reported apart: nothing may be tuned on them."""
+    arrival_seed: int = 0
+    """Draws the moment of the day at which each Pod meets the load-aware extender."""
 
     @property
     def real(self) -> tuple[float, float]:
@@ -227,6 +229,8 @@ class _Node:
     requested: list[float]
     history: list[np.ndarray]
     present: np.ndarray
+    today: list[np.ndarray] = field(default_factory=list)
+    """Its members' summed usage per slot of the day (what the poller reads as the day goes)."""
 
 
 def _view(number: int, real: tuple[float, float], ratio: list[float], topology: Topology) -> NodeView:
@@ -237,17 +241,30 @@ def _view(number: int, real: tuple[float, float], ratio: list[float], topology: 
                     cpu_ratio=cpu_ratio, topology=topology, real={CPU: int(real[0]), MEMORY: int(real[1])})
 
 
-def _heat(node: _Node, times: np.ndarray) -> NodeHeat:
-    """The usage view of a node in the replay: its members' summed usage over the last hour before
-    the day, as the extender's poller would have read it (the same view the node ratio is
-    computed from); every member counts as already in the metrics."""
+def heat_at(history: list[np.ndarray], today: list[np.ndarray], times: np.ndarray, day_start: float,
+            moment: int) -> NodeHeat:
+    """The usage view of a node when a Pod arrives at slot ``moment`` of the day: its members'
+    summed usage (``history`` over the window's ``times``, then ``today`` per slot of the day,
+    cpu and memory) over the hour before, as the extender's poller would have read it; every
+    member counts as already in the metrics."""
     hour = 3600 // SLOT
-    samples = [Sample(float(t), int(c), int(m)) for t, c, m in
-               zip(times[-hour:], node.history[0][-hour:], node.history[1][-hour:], strict=True)]
-    return NodeHeat(node_load(samples), float(times[-1]))  # read as fresh as the poller reads
+    stamps = np.concatenate([times[-hour:], day_start + SLOT * np.arange(moment)])[-hour:]
+    cpu = np.concatenate([history[0][-hour:], today[0][:moment]])[-hour:]
+    memory = np.concatenate([history[1][-hour:], today[1][:moment]])[-hour:]
+    samples = [Sample(float(t), int(c), int(m)) for t, c, m in zip(stamps, cpu, memory, strict=True)]
+    return NodeHeat(node_load(samples), float(stamps[-1]))  # read as fresh as the poller reads
 
 
-def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
+def arrival_moments(day: Day, seed: int = 0) -> np.ndarray:
+    """The slot of the day at which each workload's Pod meets the load-aware extender: uniform
+    over the day and the same for every system (seeded by ``seed`` and the day), as rollouts and
+    restarts come at any hour. Placement order is unchanged (largest first); only what the
+    load-aware filter and score see depends on the moment."""
+    workloads, slots = day.usage[CPU].shape
+    return np.asarray(np.random.default_rng((seed, day.number)).integers(0, slots, size=workloads))
+
+
+def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int = 0) -> Placed:
     """One system's day: its requests, then Pods placed one by one with the extender's filter and
     score, every node's ratio recomputed by the system's node policy after each arrival."""
     window = day.window
@@ -258,12 +275,19 @@ def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
     nodes: list[_Node] = []
     table = NodeTable()
     config, now, load_aware = system.load or _REQUESTS_ONLY, float(window.times[-1]), system.load is not None
+    moments = arrival_moments(day, arrival_seed)
     assignment = np.zeros(len(items), dtype=np.int64)
     for index in largest_first(items, real):
         cpu, memory = items[index]
         demand = PodDemand(uid=str(index), requests={CPU: math.ceil(cpu), MEMORY: math.ceil(memory)},
                            bind_policy=None, single_numa=False)
         chosen, best = None, -1
+        if load_aware:  # every node's load as the extender reads it at this Pod's moment
+            moment = int(moments[index])
+            now = day.start + SLOT * (moment - 1) if moment else float(window.times[-1])
+            for node in nodes:
+                heat = heat_at(node.history, node.today, window.times, day.start, moment)
+                table.put_load(node.view.name, load_facts(node.view, heat))
         # The extender's own filter and score over the open nodes; the first of the best wins.
         slots = np.arange(len(nodes), dtype=np.int64)  # node n is the table's row n
         for number, (reason, score) in enumerate(zip(screen(table, slots, demand, config, now, load_aware),
@@ -274,7 +298,8 @@ def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
         if chosen is None:  # a new node; a Pod larger than a node gets one of its own
             nodes.append(_Node(_view(len(nodes), real, [1.0, 1.0], topology), NodeUsage(), [1.0, 1.0], [0.0, 0.0],
                                [np.zeros(window.present.shape[1]) for _ in RESOURCES],
-                               np.zeros(window.present.shape[1], dtype=bool)))
+                               np.zeros(window.present.shape[1], dtype=bool),
+                               [np.zeros(day.usage[r].shape[1]) for r in RESOURCES]))
             chosen = len(nodes) - 1
         node = nodes[chosen]
         assignment[index] = chosen
@@ -282,13 +307,13 @@ def place(day: Day, system: System, real: tuple[float, float]) -> Placed:
         for k, resource in enumerate(RESOURCES):
             node.requested[k] += demand.requests[resource]
             node.history[k] += window.usage[resource][index]
+            node.today[k] += day.usage[resource][index]
             if system.ratio is not None:
                 node.ratio[k] = system.ratio(resource, real[k], node.requested[k], window.times[node.present],
                                              node.history[k][node.present], node.ratio[k])
         node.usage = NodeUsage(shared={CPU: int(node.requested[0]), MEMORY: int(node.requested[1])})
         node.view = _view(chosen, real, node.ratio, topology)
-        table.put(node.view.name, node.view, node.usage,
-                  load_facts(node.view, _heat(node, window.times)) if load_aware else None)
+        table.put(node.view.name, node.view, node.usage, None)  # its load is read at the next Pod's moment
     return Placed(assignment, requests, [(n.ratio[0], n.ratio[1]) for n in nodes])
 
 
@@ -381,7 +406,7 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
         day = build_day(workloads, origin, number, config, splits[number])
         clairvoyant[day.split] += clairvoyant_nodes(day, config.real)
         for system in systems:
-            placed = place(day, system, config.real)
+            placed = place(day, system, config.real, config.arrival_seed)
             if system.remediation is not None:
                 remediate(day, placed, config.real, system.remediation, system.load or LoadConfig())
             today = Tally()

@@ -131,9 +131,11 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         f"{config.node_cpu_cores:g} cores and {config.node_memory_bytes / GIB:g} GiB; usage is replayed every 5 "
         "minutes.", "",
         "- Every system runs on the same cluster model: its request policy sets each workload's request; Pods "
-        "arrive largest first and the extender's own filter and score (`oversale.placement`) choose among open "
+        "arrive largest first and the extender's own filter and score (`oversale.node_table`) choose among open "
         "nodes, a node being added when none fits; after each arrival the system's node policy recomputes that "
-        "node's ratio from its members' summed history.",
+        "node's ratio from its members' summed history. With load-aware placement each Pod meets the extender at "
+        f"its own moment of the day (drawn with `--arrival-seed {config.arrival_seed}`) and the node's usage of "
+        "the hour before.",
         "- **capacity freed**: 1 - node-days needed / node-days of `none` (original requests, no overselling).",
         "- **violation rate**: share of (node, 5-minute sample) pairs whose summed usage exceeds the node's *real* "
         "capacity.",

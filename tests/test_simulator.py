@@ -14,7 +14,7 @@ import pytest
 from oversale.budget import HotTimeBudget
 from oversale.estimator import CompressionEstimator, OversaleEstimator
 from simulator.policies import default_systems, katalyst_realtime, ours_requests
-from simulator.replay import Config, run
+from simulator.replay import SLOT, Config, Day, arrival_moments, heat_at, run
 from simulator.report import against_peers, summary
 from simulator.trace import TraceError, detect_format, read_trace
 from tests.conftest import ROOT, SHARED
@@ -237,3 +237,23 @@ def test_remediation_moves_the_surging_workload_off_the_hot_node():
     assert remediated.evictions == 1 and remediated.moved_again == 0
     assert list(remediated.moved[1, 10:13]) == [0, 0, 1]
     assert moved.violations["cpu"] == 2
+
+
+def test_a_pod_meets_the_load_its_node_has_at_the_pods_moment_of_the_day():
+    """Load-aware placement in the replay sees what the extender's poller would have read when the
+    Pod arrived: the hour before its moment, from the end of the history window into the day."""
+    slots = DAY // SLOT
+    start = 30 * DAY
+    times = start - SLOT * np.arange(slots, 0, -1)
+    history = [np.full(slots, 1000.0), np.full(slots, 4.0 * GIB)]
+    busy = (np.arange(slots) >= 100) & (np.arange(slots) < 160)  # 08:20 to 13:20
+    today = [np.where(busy, 20000.0, 1000.0), np.where(busy, 8.0 * GIB, 4.0 * GIB)]
+    at_midnight = heat_at(history, today, times, start, 0)
+    assert (at_midnight.load.cpu_average, at_midnight.load.at) == (1000.0, times[-1])
+    midday = heat_at(history, today, times, start, 130)
+    assert (midday.load.cpu_average, midday.load.memory, midday.load.at) == (20000.0, 8.0 * GIB, start + 129 * SLOT)
+    just_before = heat_at(history, today, times, start, 100)
+    assert just_before.load.cpu_peak == 1000.0  # the busy hours have not begun
+    moments = arrival_moments(Day(3, start, np.arange(slots), {}, {"cpu": np.zeros((50, slots))}, np.ones((50, slots)),
+                                  None, "tuning"))  # type: ignore[arg-type]
+    assert len(moments) == 50 and moments.min() >= 0 and moments.max() < slots and len(set(moments)) > 25
