@@ -124,8 +124,10 @@ class NodeTable:
 
     def put_load(self, name: str, facts: LoadFacts | None) -> None:
         """Replace a node's load facts only (after a metrics poll: the node and its Pods are as
-        they were, so its other columns stand)."""
-        slot = self._slot[name]
+        they were, so its other columns stand). A node without a row yet is left to ``put``."""
+        slot = self._slot.get(name)
+        if slot is None:
+            return
         view, usage, _ = self.row(slot)
         self.rows[slot] = (view, usage, facts)
         self._put_load(slot, facts)

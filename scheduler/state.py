@@ -281,19 +281,21 @@ class ClusterState:
             self._load_dirty |= {n for n in old.keys() | pending.keys() if old.get(n) != pending.get(n)}
             self._table_pending = pending
         table, loads, no_pending = self._table, self._loads, dict[str, float]()
-        for name in self._dirty:
+        # Taken, not iterated in place: counting a node's usage may expire a reservation and mark
+        # another node, which the next refresh then takes.
+        dirty, self._dirty = self._dirty, set()
+        load_dirty, self._load_dirty = self._load_dirty - dirty, set()
+        for name in dirty:
             view = self.nodes.get(name)
             if view is None:
                 table.remove(name)
             else:
                 table.put(name, view, self.usage(name),
                           load_facts(view, NodeHeat(loads.get(name), now, pending.get(name, no_pending))))
-        for name in self._load_dirty - self._dirty:
+        for name in load_dirty:
             view = self.nodes.get(name)
             if view is not None:  # metrics of a node not (yet) in the watch have no row
                 table.put_load(name, load_facts(view, NodeHeat(loads.get(name), now, pending.get(name, no_pending))))
-        self._dirty.clear()
-        self._load_dirty.clear()
 
     def table_of(self, nodes: list[tuple[str, NodeView]]) -> tuple[NodeTable, npt.NDArray[np.int64]]:
         """A table of nodes sent in full (``nodeCacheCapable`` false): their own views, whose

@@ -318,6 +318,20 @@ def test_a_per_node_watermark_annotation_moves_the_threshold(loaded):
     wait_for(lambda: extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["hot"]})["NodeNames"] == ["hot"])
 
 
+def test_full_nodes_are_filtered_by_load_under_their_own_watermarks(loaded):
+    # nodeCacheCapable false: the node objects come with the call, and their annotations count.
+    _, extender = loaded
+    answer = extender.post("filter", {"Pod": pod("p", "1"), "Nodes": {"metadata": {}, "items": [
+        node("node-0"), node("hot")]}})
+    assert [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == ["node-0"]
+    assert answer["FailedNodes"] == {
+        "hot": "cpu usage 71% of real capacity (5-min average) is above the scheduling watermark 65%"}
+    relaxed = node("hot")
+    relaxed["metadata"]["annotations"][KEYS.cpu_scheduling_watermark] = "0.75"
+    answer = extender.post("filter", {"Pod": pod("p", "1"), "Nodes": {"metadata": {}, "items": [relaxed]}})
+    assert [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == ["hot"] and answer["FailedNodes"] == {}
+
+
 def test_stale_metrics_are_ignored_and_counted(loaded):
     api, extender = loaded
     # metrics-server last saw "late" ten minutes ago, at 95%: too old to trust either way.
