@@ -1,17 +1,18 @@
 """The nodes as columns: the filter and the score over thousands of nodes in a few vector steps.
 
 A filter or prioritize call reads a handful of figures of every node: free oversold cpu and
-memory, the packing strategy, the load verdict and the summed usage. Read from a few objects per
-node, 5,000 nodes cost more in memory traffic than in arithmetic (a call's time grew faster than
-the node count); held as numpy columns, the common case (a shared Pod on a node that binds no
-CPUs and holds no reservation) is a few vector operations. A row changes only when its node, the
-node's Pods or its metrics do (``NodeTable.put``).
+memory, free CPUs and whole cores per NUMA zone, the packing strategy, the load verdict and the
+summed usage. Read from a few objects per node, 5,000 nodes cost more in memory traffic than in
+arithmetic (a call's time grew faster than the node count); held as numpy columns, a shared Pod
+or a FullPCPUs Pod is decided for every node by a few vector operations. A row changes only
+when its node, the node's Pods or its metrics do (``NodeTable.put``, ``put_load``).
 
-The node-by-node functions of ``oversale.placement`` (``reason_on``, ``score_on``) stay the
-definition of the filter and the score: the vectors repeat their arithmetic as the same float64
-operations in the same order (Python's ``round`` and numpy's ``rint`` both round half to even),
-and whether a Pod fits a node that binds CPUs or holds reservations, with every refusal's
-wording, comes from ``fit_on`` node by node (``tests/test_usage.py`` checks the two agree).
+The node-by-node functions of ``oversale.placement`` stay the definition of the filter
+(``shortfall``, then ``load_shortfall``) and the score (``score_on``): the vectors repeat their
+arithmetic as the same float64 operations in the same order (Python's ``round`` and numpy's
+``rint`` both round half to even), and every refusal's wording, every SpreadByPCPUs Pod and
+every node holding reservations goes through ``fit_on`` node by node (``tests/test_usage.py``
+checks the two agree).
 
 >>> from decimal import Decimal
 >>> from oversale.cpus import Topology

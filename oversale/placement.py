@@ -330,7 +330,7 @@ def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: N
     """0..10 for one node (``score_on``), its metrics read at ``heat.now``. ``estimate``: the
     Pod's ``estimated_usage`` (default: from its requests)."""
     return score_on(node, usage, load_facts(node, heat), Ask.of(demand, config, estimate), now,
-                      heat.now if heat is not None else 0.0)
+                    heat.now if heat is not None else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,18 +372,6 @@ def fit_on(node: NodeView, usage: NodeUsage, ask: Ask, now: float | None) -> tup
         reason = shortfall(node, usage, ask.demand, now)
         answer = usage._answers[ask.shape] = (reason, 0 if reason is not None else _packing(node, usage, ask.demand))
     return answer
-
-
-def reason_on(node: NodeView, usage: NodeUsage, facts: LoadFacts | None, ask: Ask, now: float) -> str | None:
-    """The filter on one node: why the Pod cannot go there, or None. ``facts``: the node's load
-    (None: by requests alone); a node is filtered by load only when its metrics are fresh at
-    ``now``, so a metrics outage cannot block scheduling."""
-    reason = fit_on(node, usage, ask, now)[0]
-    if reason is not None:
-        return reason
-    if facts is not None and facts.is_hot and now - facts.at <= ask.config.max_age_seconds:
-        return facts.hot
-    return None
 
 
 def score_on(node: NodeView, usage: NodeUsage, facts: LoadFacts | None, ask: Ask, now: float | None,

@@ -116,10 +116,6 @@ class ClusterState:
                                              self.load_config.watermarks)
             self._changed(name)
 
-    def views(self, names: list[str]) -> list[NodeView | None]:
-        """The cached view of each named node (None: not in the cache)."""
-        return list(map(self.nodes.get, names))
-
     def view_of(self, node: dict[str, Any]) -> NodeView:
         """A node sent in full (nodeCacheCapable false)."""
         name = str((node.get("metadata") or {}).get("name", ""))

@@ -2,7 +2,8 @@
 
 Each evaluated day, for every system, in the order the live product runs: the compression
 reconciler sets each workload's request from history before the day; Pods arrive largest first
-and the extender's own filter and score (``oversale.placement``) choose a node among those open,
+and the extender's own filter and score (``oversale.node_table``) choose a node among those open
+(load-aware placement reading each node's usage at the Pod's own moment of the day),
 a new node being added when none fits (as a cluster autoscaler would); after every arrival the
 node oversale reconciler recomputes that node's ratio from its members' summed history, so the
 next Pod sees the new oversold allocatable. Then the day's real usage is replayed every 5 minutes
