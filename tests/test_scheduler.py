@@ -21,7 +21,10 @@ import pytest
 
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
+from oversale.placement import pod_demand
+from scheduler.extender import filter_nodes
 from scheduler.protocol import parse_args, parse_binding
+from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord
 from tests.conftest import ROOT, SHARED, eventually, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
 
@@ -503,3 +506,19 @@ def test_with_a_client_ca_only_kube_schedulers_certificate_gets_in(tmp_path):
     finally:
         stop_process(process)
         api.stop()
+
+
+def test_room_held_by_a_bind_whose_pod_never_shows_up_is_given_back_after_the_ttl():
+    """A bind reserves room before kube-scheduler's cache or the watch shows the Pod; if the Pod
+    never shows up bound, the reservation expires and the node's row in the table frees it."""
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0], wall=lambda: now[0])
+    state.set_node("n", node("n"))  # 24 cores oversold
+    demand = pod_demand(pod("big", "20"), KEYS)
+    args = {"Pod": pod("next", "8"), "NodeNames": ["n"]}
+    assert filter_nodes(args, state, KEYS)["NodeNames"] == ["n"]
+    state.reserve(PodRecord("uid-big", "n", demand, (), "default", "big", now[0]))
+    assert filter_nodes(args, state, KEYS)["FailedNodes"] == {
+        "n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
+    now[0] += RESERVATION_TTL + 1
+    assert filter_nodes(args, state, KEYS)["NodeNames"] == ["n"]
