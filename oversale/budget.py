@@ -223,6 +223,19 @@ class NodeAccount:
     """Epoch seconds of the last back-off or rise."""
 
 
+def keep_account(account: NodeAccount, short: HotTime, long: HotTime, budget: float, now: float,
+                 config: AccountConfig) -> tuple[NodeAccount, Adjustment]:
+    """One look at an account at ``now`` (seconds): ``adjust_multiplier``'s adjustment, and the
+    account as kept after it (when it last backed off, when it last moved). The live reconciler
+    and the replay (its ``now``: the day number x a day's seconds) keep their accounts with this."""
+    since = None if account.backed_off_at is None else now - account.backed_off_at
+    changed = None if account.changed_at is None else now - account.changed_at
+    adjustment = adjust_multiplier(account.multiplier, short, long, budget, changed, since, config)
+    moved = adjustment.multiplier != account.multiplier
+    return NodeAccount(adjustment.multiplier, now if adjustment.backed_off else account.backed_off_at,
+                       now if moved else account.changed_at), adjustment
+
+
 def read_accounts(text: str | None) -> dict[str, NodeAccount]:
     """The node's ``hot-time-account`` annotation; anything unreadable starts afresh (at 1)."""
     try:

@@ -74,9 +74,11 @@ class PrometheusHistory:
     def node_stats(self, window: float, quantile: float,
                    memory_quantile: float | None = None) -> dict[str, ResourceStats]:
         label = self.node_label
-        cpu = self._summaries(self._node_cpu(), window, quantile, (label,), with_peak=False)
-        memory = self._summaries(self._node_memory(), window, quantile if memory_quantile is None else memory_quantile,
-                                 (label,), with_peak=False, counts=cpu)
+        expressions = self._node_expressions()
+        cpu = self._summaries(expressions["cpu"], window, quantile, (label,), with_peak=False)
+        memory = self._summaries(expressions["memory"], window,
+                                 quantile if memory_quantile is None else memory_quantile, (label,), with_peak=False,
+                                 counts=cpu)
         return {_node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
     def node_hot_time(self, windows: Sequence[float],
@@ -87,7 +89,7 @@ class PrometheusHistory:
         """One count query per resource and distinct real allocatable (the nodes of a pool share
         theirs), plus one count of all samples: the number of queries does not grow with nodes."""
         label, now = self.node_label, time.time()
-        expressions = {"cpu": self._node_cpu(), "memory": self._node_memory()}
+        expressions = self._node_expressions()
         totals = self._per_window(f"count_over_time(({expressions['cpu']})[$WINDOW:$STEP])", window, now,
                                   (label,), sum)
         samples = {_node_name(key[0]): int(count) for key, count in totals.items()}
@@ -106,17 +108,16 @@ class PrometheusHistory:
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
         label, now = self.node_label, time.time()
         result: dict[str, dict[str, float]] = {}
-        for resource, expression in (("cpu", self._node_cpu()), ("memory", self._node_memory())):
+        for resource, expression in self._node_expressions().items():
             for key, value in self._per_window(f"max_over_time(({expression})[$WINDOW:$STEP])", window, now,
                                                (label,), max).items():
                 result.setdefault(_node_name(key[0]), {})[resource] = value
         return result
 
-    def _node_cpu(self) -> str:
-        return NODE_CPU.format(label=self.node_label).replace("$RATE", _duration(self.rate_window))
-
-    def _node_memory(self) -> str:
-        return self.node_memory_query or NODE_MEMORY.format(label=self.node_label)
+    def _node_expressions(self) -> dict[str, str]:
+        """Per resource, the PromQL of a node's usage (node-exporter's, or the configured memory query)."""
+        return {"cpu": NODE_CPU.format(label=self.node_label).replace("$RATE", _duration(self.rate_window)),
+                "memory": self.node_memory_query or NODE_MEMORY.format(label=self.node_label)}
 
     # -- queries -----------------------------------------------------------------------------
     def _summaries(

@@ -21,11 +21,11 @@ from oversale.budget import (
     NO_HOT_TIME,
     HotTime,
     NodeAccount,
-    adjust_multiplier,
     budget_of,
     budget_quantile,
     calibration,
     describe_hot_time,
+    keep_account,
     pool_of,
     read_accounts,
     write_accounts,
@@ -425,9 +425,11 @@ class Reconciler:
             log.warning("node history unavailable (%s): holding every node ratio", error)
             self.metrics.staleness.labels("nodes").set(-1)
             stats = {}
-        accounts = self._keep_accounts(nodes, budgets, dry_run) if stats else {}
+        pools = {n["metadata"]["name"]: pool_of(n["metadata"].get("labels") or {}, self.settings.pool_labels)
+                 for n in nodes}
+        accounts = self._keep_accounts(nodes, budgets, pools, dry_run) if stats else {}
         if stats:
-            self._calibrate(nodes, stats)
+            self._calibrate(pools, stats)
         plans = []
         for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
             name = node["metadata"]["name"]
@@ -510,7 +512,7 @@ class Reconciler:
                              self.keys.hot_time_budget(r), self.settings.budget.of(r)) for r in RESOURCES}
 
     def _keep_accounts(self, nodes: list[dict[str, Any]], budgets: dict[str, dict[str, float]],
-                       dry_run: bool) -> dict[str, KeptAccount]:
+                       pools: dict[str, str], dry_run: bool) -> dict[str, KeptAccount]:
         """Observed hot time per node, pool and cluster (gauges, the node's ``hot-time``
         annotation), and each node's multiplier after ``adjust_multiplier``: an overspend backs
         off at once, with a Warning Event saying by how much."""
@@ -527,9 +529,8 @@ class Reconciler:
         kept = {}
         for node in nodes:
             metadata = node["metadata"]
-            name, labels = metadata["name"], metadata.get("labels") or {}
-            annotations = metadata.get("annotations") or {}
-            pool = pool_of(labels, self.settings.pool_labels)
+            name, annotations = metadata["name"], metadata.get("annotations") or {}
+            pool = pools[name]
             accounts = read_accounts(annotations.get(self.keys.hot_time_account))
             after = {}
             for resource in RESOURCES:
@@ -542,14 +543,8 @@ class Reconciler:
                     for aggregate in (("pool", pool), ("cluster", "")):
                         key = (*aggregate, resource, window)
                         totals[key] = totals.get(key, NO_HOT_TIME) + spent
-                account = accounts.get(resource, NodeAccount())
-                since = None if account.backed_off_at is None else now - account.backed_off_at
-                changed = None if account.changed_at is None else now - account.changed_at
-                adjustment = adjust_multiplier(account.multiplier, day, week, budget, changed, since, config)
-                moved = adjustment.multiplier != account.multiplier
-                after[resource] = NodeAccount(adjustment.multiplier,
-                                              now if adjustment.backed_off else account.backed_off_at,
-                                              now if moved else account.changed_at)
+                after[resource], adjustment = keep_account(accounts.get(resource, NodeAccount()), day, week,
+                                                            budget, now, config)
                 self.metrics.budget_multiplier.labels(name, resource).set(adjustment.multiplier)
                 if adjustment.backed_off:
                     self.metrics.overspends.labels(pool, resource).inc()
@@ -565,7 +560,7 @@ class Reconciler:
             self.metrics.hot_time.labels(scope, label, resource, window).set(spent.share)
         return kept
 
-    def _calibrate(self, nodes: list[dict[str, Any]], stats: dict[str, ResourceStats]) -> None:
+    def _calibrate(self, pools: dict[str, str], stats: dict[str, ResourceStats]) -> None:
         """Calibration: each node's peak predicted at the last pass (its budget quantile) against
         the peak that came since, one batched read; then this pass's predictions are kept. At
         one sample per pass, an honest estimator is exceeded in about calibration x budget of them."""
@@ -576,8 +571,6 @@ class Reconciler:
                 peaks = self.history.node_peaks(since)
             except HistoryUnavailable:
                 peaks = {}
-            pools = {n["metadata"]["name"]: pool_of(n["metadata"].get("labels") or {}, self.settings.pool_labels)
-                     for n in nodes}
             for name, (_, predicted) in self._predictions.items():
                 for resource, peak in predicted.items():
                     observed = peaks.get(name, {}).get(resource)

@@ -18,13 +18,15 @@ import numpy as np
 
 from oversale.budget import (
     DAY_SECONDS,
+    NO_HOT_TIME,
     AccountConfig,
     HotTime,
     HotTimeBudget,
-    adjust_multiplier,
+    NodeAccount,
     budget_proposal,
     budget_quantile,
     compression_percentile,
+    keep_account,
 )
 from oversale.compression import resized_amount
 from oversale.estimator import (
@@ -34,6 +36,7 @@ from oversale.estimator import (
     UsageStats,
     compression_proposal,
     oversale_proposal,
+    percentile_name,
     quantile,
     summarize,
 )
@@ -84,35 +87,23 @@ class BudgetAccount:
 
     budget: HotTimeBudget
     config: AccountConfig = field(default_factory=AccountConfig)
-    multipliers: dict[str, float] = field(default_factory=dict)
+    accounts: dict[str, NodeAccount] = field(default_factory=dict)
+    """Per resource, the account as ``keep_account`` leaves it (times in days)."""
     days: list[dict[str, HotTime]] = field(default_factory=list)
-    last_backoff: dict[str, int] = field(default_factory=dict)
-    last_change: dict[str, int] = field(default_factory=dict)
 
     def reset(self) -> None:
-        self.multipliers.clear()
+        self.accounts.clear()
         self.days.clear()
-        self.last_backoff.clear()
-        self.last_change.clear()
 
     def multiplier(self, resource: str) -> float:
-        return self.multipliers.get(resource, 1.0)
+        return self.accounts.get(resource, NodeAccount()).multiplier
 
     def observe(self, day: int, spent: dict[str, HotTime]) -> None:
         self.days = [*self.days, spent][-max(1, round(self.config.long_window_seconds / DAY_SECONDS)):]
         for resource, short in spent.items():
-            long = HotTime(0, 0)
-            for observed in self.days:
-                long = long + observed[resource]
-            since, changed = self.last_backoff.get(resource), self.last_change.get(resource)
-            adjustment = adjust_multiplier(self.multiplier(resource), short, long, self.budget.of(resource),
-                                           None if changed is None else (day - changed) * DAY_SECONDS,
-                                           None if since is None else (day - since) * DAY_SECONDS, self.config)
-            if adjustment.multiplier != self.multiplier(resource):
-                self.last_change[resource] = day
-            self.multipliers[resource] = adjustment.multiplier
-            if adjustment.backed_off:
-                self.last_backoff[resource] = day
+            long = sum((observed[resource] for observed in self.days), NO_HOT_TIME)
+            self.accounts[resource], _ = keep_account(self.accounts.get(resource, NodeAccount()), short, long,
+                                                      self.budget.of(resource), day * DAY_SECONDS, self.config)
 
 
 def usage_stats(times: np.ndarray, values: np.ndarray, percentile: float, now: float) -> UsageStats:
@@ -260,12 +251,12 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
     published defaults; with ``frontier`` also the peers' variants along their main knob, so
     every peer is a curve too."""
     ours_source = (f"this project at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%}): "
-                   f"requests P{compression_percentile(budget.cpu, oversale.budget_scale) * 100:g} x "
+                   f"requests {percentile_name(compression_percentile(budget.cpu, oversale.budget_scale))} x "
                    f"{1 + compression.margin} within "
                    f"ratios {compression.min_ratio}..{compression.max_ratio}; node ratio {oversale.cpu_target} x "
-                   f"requested / P{budget_quantile(budget.cpu, oversale.budget_scale) * 100:g} of the node's "
+                   f"requested / {percentile_name(budget_quantile(budget.cpu, oversale.budget_scale))} of the node's "
                    f"summed usage (cpu), {oversale.memory_target} x requested / "
-                   f"P{budget_quantile(budget.memory, oversale.budget_scale) * 100:g} (memory), "
+                   f"{percentile_name(budget_quantile(budget.memory, oversale.budget_scale))} (memory), "
                    f"at most {oversale.cpu_max_ratio} / {oversale.memory_max_ratio}, backed off by the hot-time "
                    "account")
     sized = budget_sized(compression, budget, oversale)
