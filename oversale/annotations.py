@@ -12,6 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cached_property
+from typing import Any
+
+import orjson
 
 from oversale.errors import InvalidAnnotation, InvalidRatio
 from oversale.quantity import CPU, RESOURCES
@@ -250,6 +253,22 @@ class AnnotationKeys:
         if not annotations:
             return {}
         return {key: annotations[key] for key in self.workload_keys() if key in annotations}
+
+
+def record_text(value: Mapping[str, Any]) -> str:
+    """A record (requests, real node values, applied ratios) as annotation text: compact JSON with
+    sorted keys, so the same record always gives the same text and an unchanged object no patch.
+
+    >>> record_text({"memory": "1Gi", "cpu": "500m"})
+    '{"cpu":"500m","memory":"1Gi"}'
+    """
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def read_record_text(text: str) -> Any:
+    """The value of a record annotation (``ValueError`` when it is not JSON). orjson: node
+    heartbeats read three of these on every status write."""
+    return orjson.loads(text)
 
 
 def parse_ratio(text: str, minimum: Decimal = Decimal(1)) -> Decimal:

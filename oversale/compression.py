@@ -21,14 +21,21 @@ by :func:`policy_from_annotations`; :func:`compress_requests` applies one to a P
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
-from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch, read_ratios
+from oversale.annotations import (
+    AnnotationKeys,
+    AnnotationProblem,
+    parse_switch,
+    read_ratios,
+    read_record_text,
+    record_text,
+)
 from oversale.errors import InvalidAnnotation, QuantityError
 from oversale.limitrange import NO_BOUNDS, RequestBounds
 from oversale.pods import (
@@ -195,12 +202,11 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
             result.pod = _without_our_annotations(restored, policy.keys)
         return result
     annotations = compressed.setdefault("metadata", {}).setdefault("annotations", {})
-    annotations[policy.keys.original_requests] = json.dumps(originals, sort_keys=True, separators=(",", ":"))
+    annotations[policy.keys.original_requests] = record_text(originals)
     if any(amount < 0 for amount in result.freed.values()):
         # Only a raise leaves a request above its original, which is what a reinvocation cannot
         # tell from another webhook's raise without this record.
-        annotations[policy.keys.written_requests] = json.dumps(_recorded_requests(compressed), sort_keys=True,
-                                                               separators=(",", ":"))
+        annotations[policy.keys.written_requests] = record_text(_recorded_requests(compressed))
     else:
         annotations.pop(policy.keys.written_requests, None)
     annotations[policy.keys.compression] = "; ".join(result.reasons)
@@ -235,13 +241,12 @@ def compress_running_pod(
                 requests.pop(resource, None)
     annotations = (final.get("metadata") or {}).get("annotations")
     if annotations is not None and policy.keys.original_requests in annotations:
-        originals = json.loads(annotations[policy.keys.original_requests])
+        originals = read_record_text(annotations[policy.keys.original_requests])
         raised = any(
             parse_amount(resource, value) > parse_amount(resource, originals.get(name, {}).get(resource, value))
             for name, values in _recorded_requests(final).items() for resource, value in values.items())
         if raised:
-            annotations[policy.keys.written_requests] = json.dumps(_recorded_requests(final), sort_keys=True,
-                                                                   separators=(",", ":"))
+            annotations[policy.keys.written_requests] = record_text(_recorded_requests(final))
         else:
             annotations.pop(policy.keys.written_requests, None)
     for resource in list(result.freed):
@@ -290,26 +295,27 @@ def _compress_resource(
         return None
     # Requests only round up (ceil, floors), so the Pod's total never falls below total / ratio;
     # capping the ratio at total / bound keeps the Pod-level LimitRange satisfied.
-    pod_floor = pod_bound.floor_for(effective_limit(pod, resource))
+    pod_floor = pod_bound.floor_for(effective_limit(pod, resource)) if pod_bound.bounds_requests else 0
     if pod_floor:
         ratio = min(ratio, Fraction(total, pod_floor))
     if ratio <= 1:
         guards.append(f"{resource} kept by Pod LimitRange")
         return None
     container_bound = bounds.for_container(resource)
+    floor = config.floor(resource)
     for container in all_containers(pod):
         original = request_of(container, resource)
         if original is None:
             continue
         new = compressed_amount(original, ratio, 0)
-        limit = limit_of(container, resource)
-        for lower, guard in (
-            (config.floor(resource), f"floor {format_amount(resource, config.floor(resource))}"),
-            (container_bound.floor_for(limit), "LimitRange"),
-        ):
+        if new < floor:
+            new = min(floor, original)
+            guards.append(f"{container.get('name')}/{resource} floor {format_amount(resource, floor)}")
+        if container_bound.bounds_requests:
+            lower = container_bound.floor_for(limit_of(container, resource))
             if new < lower:
                 new = min(lower, original)
-                guards.append(f"{container.get('name')}/{resource} {guard}")
+                guards.append(f"{container.get('name')}/{resource} LimitRange")
         _set_request(container.setdefault("resources", {}), resource, new, original)
     # requests_of reads a dict's "resources", which for pod-level resources is the spec itself.
     spec = pod.get("spec") or {}
@@ -489,7 +495,7 @@ def _restore_originals(pod: Pod, keys: AnnotationKeys) -> tuple[Pod, str | None]
     if text is None:
         return pod, None
     try:
-        recorded = json.loads(text)
+        recorded = read_record_text(text)
         if not isinstance(recorded, dict):
             raise ValueError("not a JSON object")
         written = _written_requests(annotations.get(keys.written_requests))
@@ -522,7 +528,7 @@ def _written_requests(text: str | None) -> dict[str, dict[str, str]]:
     """The ``written-requests`` record (empty when absent or unreadable: then only values at or
     below the originals are taken as ours, as before raises existed)."""
     try:
-        written = json.loads(text) if text else {}
+        written = read_record_text(text) if text else {}
     except ValueError:
         return {}
     if not isinstance(written, dict):
@@ -537,6 +543,7 @@ def _without_our_annotations(pod: Pod, keys: AnnotationKeys) -> Pod:
     return pod
 
 
+@lru_cache(maxsize=256)
 def _show_ratio(ratio: Fraction) -> str:
     """A ratio for humans: exact when it is a short decimal, else 3 decimals."""
     shown = Decimal(ratio.numerator) / Decimal(ratio.denominator)

@@ -29,6 +29,11 @@ class Bound:
     max: int | None = None
     """Largest allowed request (a LimitRange ``max`` bounds requests as well as limits)."""
 
+    @property
+    def bounds_requests(self) -> bool:
+        """Whether this bound can raise a request's floor (a min, or a limit/request ratio)."""
+        return bool(self.min or self.max_limit_request_ratio)
+
     def floor_for(self, limit: int | None) -> int:
         """The smallest request that satisfies this bound for a given limit."""
         floor = self.min
@@ -43,6 +48,10 @@ class Bound:
         return Bound(max(self.min, other.min), min(ratios) if ratios else None, min(maxima) if maxima else None)
 
 
+UNBOUNDED = Bound()
+"""No LimitRange rule for a resource (shared: a Bound is frozen)."""
+
+
 @dataclass(frozen=True)
 class RequestBounds:
     """Per resource, the Container and Pod bounds of every LimitRange in a namespace."""
@@ -54,10 +63,10 @@ class RequestBounds:
     the tightest quota); absent when no quota bounds it."""
 
     def for_container(self, resource: str) -> Bound:
-        return self.container.get(resource, Bound())
+        return self.container.get(resource, UNBOUNDED)
 
     def for_pod(self, resource: str) -> Bound:
-        return self.pod.get(resource, Bound())
+        return self.pod.get(resource, UNBOUNDED)
 
     def with_quotas(self, quotas: Iterable[Mapping[str, Any]]) -> RequestBounds:
         """These bounds plus the headroom of ResourceQuota objects (with their ``status``)."""

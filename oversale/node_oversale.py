@@ -19,7 +19,6 @@ on CREATE) when it sends a value that differs from the stored one.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +26,15 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from oversale.annotations import AnnotationKeys, AnnotationProblem, current_ratio, parse_switch, read_ratios
+from oversale.annotations import (
+    AnnotationKeys,
+    AnnotationProblem,
+    current_ratio,
+    parse_switch,
+    read_ratios,
+    read_record_text,
+    record_text,
+)
 from oversale.budget import budget_proposal
 from oversale.errors import InvalidAnnotation, QuantityError
 from oversale.estimator import OversaleEstimator, RatioPlan, UsageStats, oversale_proposal
@@ -119,7 +126,7 @@ def read_record(annotations: Mapping[str, str] | None, keys: AnnotationKeys) -> 
     if not annotations or keys.real_allocatable not in annotations:
         return None
     try:
-        values = [json.loads(annotations.get(key, "{}")) for key in (keys.real_allocatable, keys.real_capacity)]
+        values = [read_record_text(annotations.get(key, "{}")) for key in (keys.real_allocatable, keys.real_capacity)]
         for value in values:
             if not isinstance(value, dict):
                 return None
@@ -197,9 +204,9 @@ def oversell_node(
     for key in keys.node_record_keys():
         result.annotations.pop(key, None)
     if result.applied:
-        result.annotations[keys.real_allocatable] = _compact(real["allocatable"])
-        result.annotations[keys.real_capacity] = _compact(real["capacity"])
-        result.annotations[keys.applied_oversale_ratio] = _compact({r: str(v) for r, v in result.applied.items()})
+        result.annotations[keys.real_allocatable] = record_text(real["allocatable"])
+        result.annotations[keys.real_capacity] = record_text(real["capacity"])
+        result.annotations[keys.applied_oversale_ratio] = record_text({r: str(v) for r, v in result.applied.items()})
     return result
 
 
@@ -222,7 +229,7 @@ def keep_record(node: Mapping[str, Any], stored: Mapping[str, Any], keys: Annota
 def applied_ratios(annotations: Mapping[str, str], keys: AnnotationKeys) -> dict[str, str]:
     """Resource -> ratio text from the record of what the webhook applied (empty when none)."""
     try:
-        applied = json.loads(annotations.get(keys.applied_oversale_ratio, "{}"))
+        applied = read_record_text(annotations.get(keys.applied_oversale_ratio, "{}"))
     except ValueError:
         return {}
     return applied if isinstance(applied, dict) else {}
@@ -248,10 +255,6 @@ def _put(values: dict[str, str], resource: str, amount: int, spelling: str | Non
     if present is not None and _same(resource, present, format_amount(resource, amount)):
         return
     values[resource] = spelling if spelling is not None else format_amount(resource, amount)
-
-
-def _compact(value: Mapping[str, str]) -> str:
-    return json.dumps(dict(value), sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(kw_only=True)

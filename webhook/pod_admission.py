@@ -18,7 +18,7 @@ from oversale.compression import (
     policy_from_annotations,
 )
 from oversale.limitrange import RequestBounds
-from oversale.patch import make_patch
+from oversale.patch import make_patch, map_patch
 from oversale.settings import Settings
 from webhook.owners import OwnerAnnotations
 from webhook.reviews import AdmissionRequest, AdmissionReview, allow
@@ -97,20 +97,21 @@ def pod_patch(original: dict[str, Any], mutated: dict[str, Any]) -> list[dict[st
         for index, (old, new) in enumerate(pairs):
             path = f"/spec/{kind}/{index}/resources"
             old_resources, new_resources = old.get("resources"), new.get("resources")
-            if old_resources is new_resources or old_resources == new_resources:
+            if old_resources == new_resources:
                 continue
-            if old_resources and new_resources and _without_requests(old_resources) == _without_requests(new_resources):
-                # Only the requests map changed: diff that flat map.
-                operations += make_patch(old_resources.get("requests"), new_resources.get("requests"),
-                                         f"{path}/requests")
+            if _only_requests_changed(old_resources, new_resources):
+                operations += map_patch(old_resources["requests"], new_resources["requests"], f"{path}/requests")
             else:
                 operations += make_patch(old_resources, new_resources, path)
     operations += make_patch(spec_before.get("resources"), spec_after.get("resources"), "/spec/resources")
     return operations
 
 
-def _without_requests(resources: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in resources.items() if key != "requests"}
+def _only_requests_changed(old: Any, new: Any) -> bool:
+    """Both are resources maps with a requests map, and nothing but the requests differ."""
+    return (isinstance(old, dict) and isinstance(new, dict) and isinstance(old.get("requests"), dict)
+            and isinstance(new.get("requests"), dict) and old.keys() == new.keys()
+            and all(key == "requests" or old[key] == new[key] for key in old))
 
 
 def _skip_reason(request: AdmissionRequest, settings: Settings, namespace: str) -> str | None:
