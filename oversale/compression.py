@@ -178,13 +178,15 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     compressed = _writable_copy(restored)
     guards: list[str] = []
     for resource, ratio in policy.ratios.items():
+        before = effective_request(restored, resource)
+        if before == 0:
+            continue
         if ratio < 1:
-            applied = _raise_resource(compressed, restored, resource, Fraction(ratio), bounds, guards)
+            applied = _raise_resource(compressed, restored, resource, Fraction(ratio), before, bounds, guards)
         else:
-            applied = _compress_resource(compressed, resource, Fraction(ratio), policy.config, bounds, guards)
+            applied = _compress_resource(compressed, resource, Fraction(ratio), before, policy.config, bounds, guards)
         if applied is not None:
             result.applied[resource] = applied
-            before = effective_request(restored, resource)
             after = effective_request(compressed, resource)
             result.freed[resource] = before - after
             shown = _show_ratio(applied)
@@ -284,15 +286,14 @@ def _compress_resource(
     pod: Pod,
     resource: str,
     ratio: Fraction,
+    total: int,
     config: CompressionConfig,
     bounds: RequestBounds,
     guards: list[str],
 ) -> Fraction | None:
-    """Lower one resource's requests in ``pod`` in place; return the ratio applied (None if none)."""
+    """Lower one resource's requests in ``pod`` in place; return the ratio applied (None if none).
+    ``total`` is the Pod's effective request of ``resource`` as it came (not 0)."""
     pod_bound = bounds.for_pod(resource)
-    total = effective_request(pod, resource)
-    if total == 0:
-        return None
     # Requests only round up (ceil, floors), so the Pod's total never falls below total / ratio;
     # capping the ratio at total / bound keeps the Pod-level LimitRange satisfied.
     pod_floor = pod_bound.floor_for(effective_limit(pod, resource)) if pod_bound.bounds_requests else 0
@@ -327,13 +328,11 @@ def _compress_resource(
 
 
 def _raise_resource(
-    pod: Pod, restored: Pod, resource: str, ratio: Fraction, bounds: RequestBounds, guards: list[str]
+    pod: Pod, restored: Pod, resource: str, ratio: Fraction, before: int, bounds: RequestBounds, guards: list[str]
 ) -> Fraction | None:
     """Raise one resource's requests in ``pod`` in place, within every guard; return the ratio
-    applied (None when a guard leaves nothing to raise). ``restored`` is the Pod as it came."""
-    before = effective_request(restored, resource)
-    if before == 0:
-        return None
+    applied (None when a guard leaves nothing to raise). ``restored`` is the Pod as it came and
+    ``before`` its effective request of ``resource`` (not 0)."""
     # The Pod's total may grow to the Pod LimitRange max and to what the namespace quota has left:
     # the ResourceQuota plugin admits the Pod only if its whole request fits in hard - used.
     caps: list[tuple[int, str]] = []

@@ -109,8 +109,13 @@ def node_policy_from_annotations(
 
 
 def oversold_allocatable(real_allocatable: int, ratio: Decimal) -> int:
-    """``floor(real x ratio)``, exactly."""
-    return math.floor(real_allocatable * Fraction(ratio))
+    """``floor(real x ratio)``, exactly (in integers: a Decimal is a ratio of two integers).
+
+    >>> oversold_allocatable(3920, Decimal("1.5")), oversold_allocatable(7, Decimal("1.33"))
+    (5880, 9)
+    """
+    numerator, denominator = ratio.as_integer_ratio()
+    return real_allocatable * numerator // denominator
 
 
 def lowest_safe_ratio(real_allocatable: int, requested: int) -> Decimal:

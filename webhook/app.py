@@ -139,9 +139,9 @@ def _record_pod(metrics: Metrics, decision: PodDecision) -> AdmissionReview:
                                           (MEMORY, metrics.freed_bytes, metrics.added_bytes)):
             amount = freed.get(resource, 0)
             if amount > 0:
-                lowered.labels(decision.namespace).inc(amount)
+                metrics.child(lowered, decision.namespace).inc(amount)
             elif amount < 0:
-                raised.labels(decision.namespace).inc(-amount)
+                metrics.child(raised, decision.namespace).inc(-amount)
     return decision.review
 
 
