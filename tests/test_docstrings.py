@@ -1,4 +1,4 @@
-"""The examples in the core's docstrings are run: an example that no longer holds fails here."""
+"""The examples in the core's docstrings (and the webhook memo's) are run: one that no longer holds fails."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 
 import oversale
 
-MODULES = sorted(name for name in (f"oversale.{m.name}" for m in pkgutil.iter_modules(oversale.__path__))
-                 if any(test.examples for test in doctest.DocTestFinder().find(importlib.import_module(name))))
+MODULES = [*sorted(name for name in (f"oversale.{m.name}" for m in pkgutil.iter_modules(oversale.__path__))
+                  if any(test.examples for test in doctest.DocTestFinder().find(importlib.import_module(name)))),
+           "webhook.memo"]
 
 
 @pytest.mark.parametrize("name", MODULES)

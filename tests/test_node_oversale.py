@@ -107,6 +107,35 @@ def test_only_the_nodes_own_kubelet_refreshes_real_values():
     assert unchanged.allocatable == stored["status"]["allocatable"]
 
 
+
+def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
+    """Through the app, which remembers status-write answers (the kubelet repeats its writes): the
+    same write from the node's kubelet and from another writer still gets each writer's answer."""
+    import base64
+
+    app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods()).test_client()
+    node = gke_node()
+    node["metadata"].setdefault("annotations", {})[KEYS.cpu_oversale_ratio] = "2"
+    created = oversell_node(node, None, True, policy(**{KEYS.cpu_oversale_ratio: "2"}))
+    stored = copy.deepcopy(node)
+    stored["metadata"]["annotations"] = created.annotations
+    stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
+    sent = copy.deepcopy(stored)
+    sent["status"]["allocatable"]["cpu"] = "1"
+
+    def allocatable_cpu(user: str) -> str:
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u", "kind": {"group": "", "version": "v1", "kind": "Node"},
+            "resource": {"group": "", "version": "v1", "resource": "nodes"}, "subResource": "status",
+            "operation": "UPDATE", "userInfo": {"username": user}, "object": sent, "oldObject": stored}}
+        response = app.post("/mutate/nodes", json=review).get_json()["response"]
+        patch = json.loads(base64.b64decode(response["patch"]))
+        return next(op["value"] for op in patch if op["path"] == "/status/allocatable/cpu")
+
+    for _ in range(2):
+        assert allocatable_cpu(f"system:node:{NAME}") == "2"       # the kubelet's 1 core is real: x2
+        assert allocatable_cpu("system:admin") == "7840m"           # another writer: stored real x2
+
 # ---- the property test ------------------------------------------------------------------------
 
 # Real values the kubelet may report, and ratios, chosen so that no oversold value can equal a real

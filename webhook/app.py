@@ -11,10 +11,12 @@ import orjson
 from flask import Flask, Response
 
 from kube.client import load_api_client
+from oversale.compression import CompressionPolicy
 from oversale.quantity import CPU, MEMORY, RESOURCES, parse_amount
 from oversale.settings import Settings
+from webhook.memo import Memo
 from webhook.metrics import Metrics
-from webhook.node_admission import NodeDecision, NodePods, admit_node, validate_node
+from webhook.node_admission import NodeDecision, NodePods, StatusWrites, admit_node, validate_node
 from webhook.node_pods import LiveNodePods, NoClusterPods
 from webhook.owners import NoCluster, OwnerCache
 from webhook.pod_admission import Owners, PodDecision, admit_pod
@@ -58,9 +60,11 @@ def create_app(
     # The admission routes are answered before Flask builds a request context: every Pod
     # creation and every oversold node's status write waits on them (issue 16's profile: the
     # framework around the policy cost more than the policy).
+    policies: Memo[CompressionPolicy] = Memo()
+    node_writes = StatusWrites(settings)
     app.wsgi_app = AdmissionRoutes(app.wsgi_app, settings, metrics, {  # type: ignore[method-assign]
-        "/mutate/pods": ("pods", lambda r: _record_pod(metrics, admit_pod(r, settings, owners))),
-        "/mutate/nodes": ("nodes", lambda r: _record_node(metrics, admit_node(r, settings))),
+        "/mutate/pods": ("pods", lambda r: _record_pod(metrics, admit_pod(r, settings, owners, policies))),
+        "/mutate/nodes": ("nodes", lambda r: _record_node(metrics, admit_node(r, settings, node_writes))),
         "/validate/nodes": ("nodes-validate",
                             lambda r: _record_verdict(metrics, validate_node(r, settings, node_pods))),
     })

@@ -7,6 +7,7 @@ Glue only: the formula and the choice of real values are in ``oversale.node_over
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 from kube.client import one_line
 from oversale.annotations import AnnotationProblem
 from oversale.node_oversale import (
+    NodePolicy,
     NodeResult,
     keep_record,
     lowest_safe_ratio,
@@ -26,6 +28,7 @@ from oversale.patch import make_patch
 from oversale.pods import is_terminal, scheduled_request
 from oversale.quantity import RESOURCES, format_amount, parse_amount
 from oversale.settings import Settings
+from webhook.memo import Memo
 from webhook.reviews import AdmissionRequest, AdmissionReview, allow, deny
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,9 @@ class NodeDecision:
     reasons: list[str] = field(default_factory=list)
 
 
-def admit_node(request: AdmissionRequest, settings: Settings) -> NodeDecision:
+def admit_node(request: AdmissionRequest, settings: Settings, writes: StatusWrites | None = None) -> NodeDecision:
+    """Answer a Node review; ``writes``, when given, remembers status-write answers (built with
+    the same ``settings``)."""
     uid = request["uid"]
     node = request.get("object")
     skip = _not_a_node(request) or (None if node else "review has no object")
@@ -69,12 +74,29 @@ def admit_node(request: AdmissionRequest, settings: Settings) -> NodeDecision:
     if not (operation == "CREATE" or (operation == "UPDATE" and subresource == "status" and stored is not None)):
         return NodeDecision(allow(uid), "skipped", name, reasons=[f"{operation} {subresource}".strip()])
 
-    policy = node_policy_from_annotations(original_annotations or {}, keys, settings.oversale_limits)
+    username = (request.get("userInfo") or {}).get("username", "")
+    before = stored if operation == "UPDATE" else None
+    from_kubelet = settings.is_kubelet_of(username, name)
+    policy, result, patch = (writes.answer(node, before, from_kubelet) if writes is not None
+                             else reshape_status_write(settings, node, before, from_kubelet))
     for problem in policy.problems:
         log.warning("node %s: %s", name, problem)
-    username = (request.get("userInfo") or {}).get("username", "")
-    result = oversell_node(node, stored if operation == "UPDATE" else None, settings.is_kubelet_of(username, name),
-                           policy)
+    review = allow(uid, patch, [*map(str, policy.problems), *policy.warnings, *result.warnings])
+    return NodeDecision(review, "mutated" if patch else "unchanged", name, result, policy.problems,
+                        dry_run=bool(request.get("dryRun")))
+
+
+Reshaped = tuple[NodePolicy, NodeResult, list[dict[str, Any]]]
+
+
+def reshape_status_write(settings: Settings, node: dict[str, Any], stored: dict[str, Any] | None,
+                         from_kubelet: bool) -> Reshaped:
+    """The policy, the reshaped Node and the patch for a CREATE (``stored`` None) or a status
+    UPDATE. Reads only the Node's annotations and status allocatable/capacity, and the stored
+    Node's record annotations and status allocatable/capacity (what :class:`StatusWrites` keys on)."""
+    original_annotations = (node.get("metadata") or {}).get("annotations")
+    policy = node_policy_from_annotations(original_annotations or {}, settings.keys, settings.oversale_limits)
+    result = oversell_node(node, stored, from_kubelet, policy)
     status = node.get("status") or {}
     patch = [
         *make_patch(original_annotations, _or_none(result.annotations, original_annotations), "/metadata/annotations"),
@@ -86,9 +108,51 @@ def admit_node(request: AdmissionRequest, settings: Settings) -> NodeDecision:
         # A Node without a status object has nothing to oversell; never invent one (a patch into
         # a missing or malformed status would not apply, and the API server would refuse the write).
         patch = []
-    review = allow(uid, patch, [*map(str, policy.problems), *policy.warnings, *result.warnings])
-    return NodeDecision(review, "mutated" if patch else "unchanged", name, result, policy.problems,
-                        dry_run=bool(request.get("dryRun")))
+    return policy, result, patch
+
+
+class StatusWrites:
+    """Answers to recent Node status writes, by everything an answer depends on.
+
+    The kubelet re-sends the same allocatable and capacity in each status update of a node (its
+    conditions and heartbeat times change, our inputs do not), so a node's next write usually asks
+    what its last one asked. The key is exactly what :func:`reshape_status_write` reads.
+    """
+
+    def __init__(self, settings: Settings, size: int = 4096) -> None:
+        self.settings = settings
+        self._memo: Memo[Reshaped] = Memo(size)
+
+    def answer(self, node: dict[str, Any], stored: dict[str, Any] | None, from_kubelet: bool) -> Reshaped:
+        """:func:`reshape_status_write` under this memo's settings."""
+        return self._memo.get(self._key(node, stored, from_kubelet),
+                              lambda: reshape_status_write(self.settings, node, stored, from_kubelet))
+
+    def _key(self, node: dict[str, Any], stored: dict[str, Any] | None, from_kubelet: bool) -> Hashable | None:
+        try:
+            annotations = (node.get("metadata") or {}).get("annotations")
+            key: tuple[Any, ...] = (_items(annotations), *_status_items(node), from_kubelet, stored is None)
+            if stored is not None:
+                kept = (stored.get("metadata") or {}).get("annotations") or {}
+                key += (*(kept.get(name, _ABSENT) for name in self.settings.keys.node_record_keys()),
+                        *_status_items(stored))
+        except AttributeError:  # a malformed Node: answered (and failed open) without the memo
+            return None
+        return key
+
+
+_ABSENT = object()
+
+
+def _items(value: Any) -> Any:
+    return tuple(value.items()) if isinstance(value, dict) else value
+
+
+def _status_items(node: dict[str, Any]) -> tuple[Any, ...]:
+    status = node.get("status")
+    if not isinstance(status, dict):
+        return (status,)
+    return (True, _items(status.get("allocatable")), _items(status.get("capacity")))
 
 
 def validate_node(request: AdmissionRequest, settings: Settings, pods: NodePods) -> AdmissionReview:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from oversale.annotations import AnnotationProblem
 from oversale.compression import (
+    CompressionPolicy,
     CompressionResult,
     compress_requests,
     effective_annotations,
@@ -20,6 +21,7 @@ from oversale.compression import (
 from oversale.limitrange import RequestBounds
 from oversale.patch import make_patch, map_patch
 from oversale.settings import Settings
+from webhook.memo import Memo
 from webhook.owners import OwnerAnnotations
 from webhook.reviews import AdmissionRequest, AdmissionReview, allow
 
@@ -48,7 +50,10 @@ class PodDecision:
     reasons: list[str] = field(default_factory=list)
 
 
-def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners) -> PodDecision:
+def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners,
+              policies: Memo[CompressionPolicy] | None = None) -> PodDecision:
+    """Answer a Pod review; ``policies``, when given, remembers the policy read from each set of
+    compression annotations (built with the same ``settings``: a workload's Pods repeat them)."""
     uid = request["uid"]
     pod = request.get("object")
     namespace = request.get("namespace") or ((pod or {}).get("metadata") or {}).get("namespace", "")
@@ -63,7 +68,10 @@ def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners) -> 
         log.warning("pod %s/%s: %s", namespace, _pod_name(pod), owner.problem)
     pod_annotations = (pod.get("metadata") or {}).get("annotations")
     annotations = effective_annotations(owner.annotations, pod_annotations, settings.keys)
-    policy = policy_from_annotations(annotations, settings.keys, settings.compression)
+    def read_policy() -> CompressionPolicy:
+        return policy_from_annotations(annotations, settings.keys, settings.compression)
+
+    policy = policies.get(tuple(annotations.items()), read_policy) if policies is not None else read_policy()
     for problem in policy.problems:
         log.warning("pod %s/%s (owner %s): %s", namespace, _pod_name(pod), owner.workload or "none", problem)
     result = compress_requests(pod, policy, owners.bounds_for(namespace))
