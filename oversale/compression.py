@@ -451,10 +451,14 @@ def _writable_copy(pod: Pod) -> Pod:
 
 
 def _with_own_resources(container: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``container`` with its own resources and requests maps (limits are never
+    written, so they stay shared)."""
     copied = dict(container)
     if "resources" in copied:
-        copied["resources"] = {key: dict(value) if isinstance(value, dict) else value
-                               for key, value in (copied["resources"] or {}).items()}
+        resources = copied["resources"] = dict(copied["resources"] or {})
+        requests = resources.get("requests")
+        if isinstance(requests, dict):
+            resources["requests"] = dict(requests)
     return copied
 
 
@@ -471,8 +475,9 @@ def _recorded_requests(pod: Pod) -> dict[str, dict[str, str]]:
     recorded: dict[str, dict[str, str]] = {}
     for container in all_containers(pod):
         resources = container.get("resources") or {}
-        values = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        kept = {r: values[r] for r in RESOURCES if r in values}
+        requests = resources.get("requests") or {}
+        limits = resources.get("limits") or {}
+        kept = {r: requests[r] if r in requests else limits[r] for r in RESOURCES if r in requests or r in limits}
         if kept:
             recorded[str(container.get("name"))] = kept
     pod_requests = ((pod.get("spec") or {}).get("resources") or {}).get("requests") or {}
