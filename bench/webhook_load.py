@@ -9,8 +9,9 @@ and, with the same server settings, two floors that only read the body and answe
 run on core 0 and the load generator on core 1 (``taskset``, when the machine has two cores).
 Loads them over keep-alive HTTPS on loopback, in alternating rounds: saturation throughput
 with ``wrk -t1 -c8``, latency at fixed offered loads (500 and 1,000 requests/s) with hey. Bodies: a Pod CREATE review
-(Deployment-owned, 3 containers, 1 init container) and a Node ``nodes/status`` review (50
-images, object and oldObject, oversold node). Then the worker RSS, and (unless --skip-others)
+(Deployment-owned, 3 containers, 1 init container), sent again and again as a rollout does and
+also as 10,000 Pods whose app containers are named apart (saturation only), and a Node ``nodes/status``
+review (50 images, object and oldObject, oversold node). Then the worker RSS, and (unless --skip-others)
 the extender and reconcile-pass benchmarks. Installs Debian's wrk, hey and prometheus when
 missing (as root, as on these machines).
 """
@@ -45,7 +46,7 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def pod_review() -> dict[str, Any]:
+def pod_review(app_name: str = "app") -> dict[str, Any]:
     def container(name: str, cpu: str, memory: str) -> dict[str, Any]:
         return {"name": name, "image": f"registry.example.com/{name}:1.2.3", "ports": [{"containerPort": 8080}],
                 "env": [{"name": "MODE", "value": "production"}],
@@ -56,7 +57,7 @@ def pod_review() -> dict[str, Any]:
         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w1-5d8f9", "uid": "u",
                              "controller": True, "blockOwnerDeletion": True}]},
         "spec": {"initContainers": [container("migrate", "500m", "256Mi")],
-                 "containers": [container("app", "2", "2Gi"), container("proxy", "500m", "256Mi"),
+                 "containers": [container(app_name, "2", "2Gi"), container("proxy", "500m", "256Mi"),
                                 container("logs", "200m", "128Mi")]}}
     return _review("Pod", "pods", "CREATE", pod, None, "", "system:serviceaccount:kube-system:replicaset-controller")
 
@@ -97,9 +98,16 @@ SERVER_CORE, CLIENT_CORE = (["taskset", "-c", "0"], ["taskset", "-c", "1"]) \
 
 
 def wrk(url: str, body: Path, duration: int) -> float:
+    """Saturation throughput; a ``.jsonl`` body file holds one review per line, sent in turn."""
     script = body.with_suffix(".lua")
-    script.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                      f'local f = io.open("{body}", "rb")\nwrk.body = f:read("*all")\nf:close()\n')
+    if body.suffix == ".jsonl":
+        script.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                          f'local bodies = {{}}\nfor line in io.lines("{body}") do bodies[#bodies + 1] = line end\n'
+                          'local i = 0\nrequest = function()\n  i = i % #bodies + 1\n'
+                          '  return wrk.format(nil, nil, nil, bodies[i])\nend\n')
+    else:
+        script.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                          f'local f = io.open("{body}", "rb")\nwrk.body = f:read("*all")\nf:close()\n')
     out = subprocess.run([*CLIENT_CORE, "wrk", "-t1", "-c8", f"-d{duration}s", "-s", str(script), url],
                          capture_output=True, text=True, timeout=duration + 60).stdout
     match = re.search(r"Requests/sec:\s+([\d.]+)", out)
@@ -198,12 +206,17 @@ def main() -> int:
 
             wait_until_serving(processes[name], probe, name, timeout=180)
         log("webhook caches synced; loading")
-        bodies = {"pod": pod_review(), "node": node_review()}
-        for kind, review in bodies.items():
-            body = work / f"{kind}.json"
-            body.write_text(json.dumps(review))
-            path = "/mutate/pods" if kind == "pod" else "/mutate/nodes"
-            figures[f"{kind}_body_bytes"] = body.stat().st_size
+        # "pod": one Pod again and again, as a rollout sends its replicas (the webhook remembers
+        # the answer); "pod_distinct": 10,000 Pods whose app containers are all named apart, more
+        # than the webhook remembers, so every review is computed (same quantities: a cluster
+        # has few distinct request values, and those are parsed once).
+        bodies = {"pod": [pod_review()], "pod_distinct": [pod_review(app_name=f"app-{i}") for i in range(10000)],
+                  "node": [node_review()]}
+        for kind, reviews in bodies.items():
+            body = work / (f"{kind}.json" if len(reviews) == 1 else f"{kind}.jsonl")
+            body.write_text("\n".join(json.dumps(review) for review in reviews) + "\n")
+            path = "/mutate/nodes" if kind == "node" else "/mutate/pods"
+            figures[f"{kind}_body_bytes"] = len(json.dumps(reviews[0]))
             # The machine is shared and noisy: floor and webhook runs alternate, and the median of
             # the paired ratios is the figure.
             rounds = []
@@ -220,7 +233,7 @@ def main() -> int:
             figures[f"{kind}_ratio_to_floor_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
             figures[f"{kind}_ratio_to_flask_floor"] = round(statistics.median(
                 r["webhook"] / r["flask-floor"] for r in rounds), 2)
-            for rate in (500, 1000):
+            for rate in ((500, 1000) if len(reviews) == 1 else ()):
                 for server in ("webhook", "floor"):
                     p50, p99, errors = hey(f"https://127.0.0.1:{ports[server]}{path}", body, rate, args.duration)
                     figures[f"{kind}_{server}_p50_ms_at_{rate}"] = round(p50, 2)

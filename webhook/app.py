@@ -11,15 +11,13 @@ import orjson
 from flask import Flask, Response
 
 from kube.client import load_api_client
-from oversale.compression import CompressionPolicy
 from oversale.quantity import CPU, MEMORY, RESOURCES, parse_amount
 from oversale.settings import Settings
-from webhook.memo import Memo
 from webhook.metrics import Metrics
 from webhook.node_admission import NodeDecision, NodePods, StatusWrites, admit_node, validate_node
 from webhook.node_pods import LiveNodePods, NoClusterPods
 from webhook.owners import NoCluster, OwnerCache
-from webhook.pod_admission import Owners, PodDecision, admit_pod
+from webhook.pod_admission import Owners, PodAnswers, PodDecision, admit_pod
 from webhook.reviews import AdmissionRequest, AdmissionReview, MalformedReview, allow, parse_review
 
 log = logging.getLogger(__name__)
@@ -60,10 +58,10 @@ def create_app(
     # The admission routes are answered before Flask builds a request context: every Pod
     # creation and every oversold node's status write waits on them (issue 16's profile: the
     # framework around the policy cost more than the policy).
-    policies: Memo[CompressionPolicy] = Memo()
+    pod_answers = PodAnswers(settings)
     node_writes = StatusWrites(settings)
     app.wsgi_app = AdmissionRoutes(app.wsgi_app, settings, metrics, {  # type: ignore[method-assign]
-        "/mutate/pods": ("pods", lambda r: _record_pod(metrics, admit_pod(r, settings, owners, policies))),
+        "/mutate/pods": ("pods", lambda r: _record_pod(metrics, admit_pod(r, settings, owners, pod_answers))),
         "/mutate/nodes": ("nodes", lambda r: _record_node(metrics, admit_node(r, settings, node_writes))),
         "/validate/nodes": ("nodes-validate",
                             lambda r: _record_verdict(metrics, validate_node(r, settings, node_pods))),
@@ -136,9 +134,9 @@ def _record_pod(metrics: Metrics, decision: PodDecision) -> AdmissionReview:
     metrics.child(metrics.admissions, "pods", decision.outcome).inc()
     for problem in decision.problems:
         metrics.invalid_annotations.labels(problem.key).inc()
-    if decision.result and decision.outcome == "mutated" and not decision.dry_run:
+    if decision.outcome == "mutated" and not decision.dry_run:
         # A counter only grows: lowered and raised requests are counted apart.
-        freed = decision.result.freed
+        freed = decision.freed
         for resource, lowered, raised in ((CPU, metrics.freed_millicores, metrics.added_millicores),
                                           (MEMORY, metrics.freed_bytes, metrics.added_bytes)):
             amount = freed.get(resource, 0)

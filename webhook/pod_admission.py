@@ -7,8 +7,11 @@ fetches the owner's annotations and LimitRanges and turns the result into a resp
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
+
+import orjson
 
 from oversale.annotations import AnnotationProblem
 from oversale.compression import (
@@ -18,12 +21,13 @@ from oversale.compression import (
     effective_annotations,
     policy_from_annotations,
 )
-from oversale.limitrange import RequestBounds
+from oversale.limitrange import NO_BOUNDS, RequestBounds
 from oversale.patch import make_patch, map_patch
+from oversale.pods import MIRROR_ANNOTATION
 from oversale.settings import Settings
 from webhook.memo import Memo
 from webhook.owners import OwnerAnnotations
-from webhook.reviews import AdmissionRequest, AdmissionReview, allow
+from webhook.reviews import AdmissionRequest, AdmissionReview, allow, encode_patch
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +48,17 @@ class PodDecision:
     outcome: str
     """mutated, unchanged or skipped."""
     namespace: str = ""
-    result: CompressionResult | None = None
+    freed: Mapping[str, int] = field(default_factory=dict)
+    """Resource -> request removed (negative: added), in millicores or bytes."""
     problems: tuple[AnnotationProblem, ...] = ()
     dry_run: bool = False
     reasons: list[str] = field(default_factory=list)
 
 
 def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners,
-              policies: Memo[CompressionPolicy] | None = None) -> PodDecision:
-    """Answer a Pod review; ``policies``, when given, remembers the policy read from each set of
-    compression annotations (built with the same ``settings``: a workload's Pods repeat them)."""
+              answers: PodAnswers | None = None) -> PodDecision:
+    """Answer a Pod review; ``answers``, when given, remembers policies and compressions (built
+    with the same ``settings``)."""
     uid = request["uid"]
     pod = request.get("object")
     namespace = request.get("namespace") or ((pod or {}).get("metadata") or {}).get("namespace", "")
@@ -68,27 +73,102 @@ def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners,
         log.warning("pod %s/%s: %s", namespace, _pod_name(pod), owner.problem)
     pod_annotations = (pod.get("metadata") or {}).get("annotations")
     annotations = effective_annotations(owner.annotations, pod_annotations, settings.keys)
-    def read_policy() -> CompressionPolicy:
-        return policy_from_annotations(annotations, settings.keys, settings.compression)
-
-    policy = policies.get(tuple(annotations.items()), read_policy) if policies is not None else read_policy()
+    answers = answers or PodAnswers(settings, size=0)
+    policy = answers.policy(annotations)
     for problem in policy.problems:
         log.warning("pod %s/%s (owner %s): %s", namespace, _pod_name(pod), owner.workload or "none", problem)
-    result = compress_requests(pod, policy, owners.bounds_for(namespace))
-    patch = pod_patch(pod, result.pod)
-    review = allow(uid, patch, [*warnings, *result.warnings])
-    outcome = "mutated" if patch else ("skipped" if result.skipped else "unchanged")
+    answer = answers.compression(pod, annotations, policy, owners.bounds_for(namespace))
+    review = allow(uid, warnings=[*warnings, *answer.warnings], encoded_patch=answer.patch)
+    outcome = "mutated" if answer.patch else ("skipped" if answer.skipped else "unchanged")
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("pod %s/%s: %s %s", namespace, _pod_name(pod), outcome, result.skipped or result.reasons)
+        log.debug("pod %s/%s: %s %s", namespace, _pod_name(pod), outcome, answer.skipped or answer.reasons)
     return PodDecision(
         review,
         outcome,
         namespace,
-        result,
+        dict(answer.freed),
         policy.problems,
         dry_run=bool(request.get("dryRun")),
-        reasons=[result.skipped] if result.skipped else result.reasons,
+        reasons=[answer.skipped] if answer.skipped else list(answer.reasons),
     )
+
+
+class PodAnswer(NamedTuple):
+    """A compression as admission uses it. Immutable and made of strings and numbers only, so the
+    thousands a memo keeps are not traversed by the garbage collector (a memo of mutable results
+    cost 50 us per review in collections on a worker holding the owner caches)."""
+
+    patch: str
+    """The JSON patch, base64-encoded as the AdmissionResponse carries it ("" for none)."""
+    warnings: tuple[str, ...]
+    freed: tuple[tuple[str, int], ...]
+    skipped: str | None
+    reasons: tuple[str, ...]
+
+    @classmethod
+    def of(cls, pod: dict[str, Any], result: CompressionResult) -> PodAnswer:
+        return cls(encode_patch(pod_patch(pod, result.pod)), tuple(result.warnings), tuple(result.freed.items()),
+                   result.skipped, tuple(result.reasons))
+
+
+class PodAnswers:
+    """Policies and compressions of recent Pod reviews, by everything each depends on.
+
+    A workload's Pods reach admission alike (their names are generated after admission), so a
+    rollout asks the same question once per replica. A compression is keyed on exactly what
+    :func:`compress_requests` and :func:`pod_patch` read: each container's name, restart policy and
+    resources, pod-level resources, this service's record annotations (and whether the Pod has an
+    annotations map), whether it is a mirror Pod, the compression annotations in effect and the
+    namespace's bounds. ``size=0`` remembers nothing.
+    """
+
+    def __init__(self, settings: Settings, size: int = 4096) -> None:
+        self.settings = settings
+        self.size = size
+        self._policies: Memo[CompressionPolicy] = Memo(size)
+        self._compressions: Memo[PodAnswer] = Memo(size)
+        keys = settings.keys
+        self._record_keys = (keys.original_requests, keys.written_requests, keys.compression, MIRROR_ANNOTATION)
+
+    def policy(self, annotations: dict[str, str]) -> CompressionPolicy:
+        settings = self.settings
+        return self._policies.get(
+            tuple(annotations.items()) if self.size else None,
+            lambda: policy_from_annotations(annotations, settings.keys, settings.compression))
+
+    def compression(self, pod: dict[str, Any], annotations: dict[str, str], policy: CompressionPolicy,
+                    bounds: RequestBounds) -> PodAnswer:
+        return self._compressions.get(self._key(pod, annotations, bounds) if self.size else None,
+                                      lambda: PodAnswer.of(pod, compress_requests(pod, policy, bounds)))
+
+    def _key(self, pod: dict[str, Any], annotations: dict[str, str], bounds: RequestBounds) -> Hashable | None:
+        # One bytes object rather than nested tuples: a memo entry the collector need not track
+        # (tuples of tuples would be traversed and promoted on every miss).
+        metadata = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        kept = metadata.get("annotations")
+        if not isinstance(metadata, dict) or not isinstance(spec, dict) or not isinstance(kept, dict | None):
+            return None
+        try:
+            return orjson.dumps([
+                kept is None,
+                {key: kept[key] for key in self._record_keys if key in kept} if kept else {},
+                any(ref.get("kind") == "Node" for ref in metadata.get("ownerReferences") or []),
+                _containers(spec.get("initContainers")),
+                _containers(spec.get("containers")),
+                spec.get("resources"),
+                annotations,
+                None if bounds is NO_BOUNDS else bounds,
+            ], default=str)
+        except (AttributeError, TypeError):  # a malformed Pod: compressed (and failed open) without the memo
+            return None
+
+
+def _containers(containers: Any) -> Any:
+    """What compression reads of each container."""
+    if not isinstance(containers, list):
+        return containers
+    return [(c.get("name"), c.get("restartPolicy"), c.get("resources")) for c in containers]
 
 
 def pod_patch(original: dict[str, Any], mutated: dict[str, Any]) -> list[dict[str, Any]]:

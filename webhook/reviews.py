@@ -106,14 +106,22 @@ def parse_review(body: bytes) -> AdmissionRequest:
     return typed
 
 
+def encode_patch(patch: list[dict[str, Any]]) -> str:
+    """A JSON patch as an AdmissionResponse carries it (base64 of the JSON); "" for no change."""
+    return base64.b64encode(orjson.dumps(patch)).decode() if patch else ""
+
+
 def allow(
-    uid: str, patch: list[dict[str, Any]] | None = None, warnings: list[str] | None = None
+    uid: str, patch: list[dict[str, Any]] | None = None, warnings: list[str] | None = None, *,
+    encoded_patch: str = "",
 ) -> AdmissionReview:
-    """An allowing AdmissionReview response, with a JSON patch when there is something to change."""
+    """An allowing AdmissionReview response, with a JSON patch when there is something to change
+    (``patch``, or one already encoded by :func:`encode_patch`)."""
     response: AdmissionResponse = {"uid": uid, "allowed": True}
-    if patch:
+    encoded = encode_patch(patch) if patch else encoded_patch
+    if encoded:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
+        response["patch"] = encoded
     if warnings:
         # The API server may truncate warnings over 256 characters and long lists of them.
         response["warnings"] = [w if len(w) <= 256 else w[:253] + "..." for w in warnings[:10]]
