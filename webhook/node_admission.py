@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
+import orjson
+
 from kube.client import one_line
 from oversale.annotations import AnnotationProblem
 from oversale.node_oversale import (
@@ -129,30 +131,25 @@ class StatusWrites:
                               lambda: reshape_status_write(self.settings, node, stored, from_kubelet))
 
     def _key(self, node: dict[str, Any], stored: dict[str, Any] | None, from_kubelet: bool) -> Hashable | None:
+        # One bytes object (see webhook.memo): a node whose annotations change on every write
+        # would otherwise leave tuples for the collector to traverse on every miss.
         try:
-            annotations = (node.get("metadata") or {}).get("annotations")
-            key: tuple[Any, ...] = (_items(annotations), *_status_items(node), from_kubelet, stored is None)
+            key = [(node.get("metadata") or {}).get("annotations"), _status_part(node), from_kubelet, stored is None]
             if stored is not None:
                 kept = (stored.get("metadata") or {}).get("annotations") or {}
-                key += (*(kept.get(name, _ABSENT) for name in self.settings.keys.node_record_keys()),
-                        *_status_items(stored))
-        except AttributeError:  # a malformed Node: answered (and failed open) without the memo
+                key += [{name: kept[name] for name in self.settings.keys.node_record_keys() if name in kept},
+                        _status_part(stored)]
+            return orjson.dumps(key)
+        except (AttributeError, TypeError):  # a malformed Node: answered (and failed open) without the memo
             return None
-        return key
 
 
-_ABSENT = object()
-
-
-def _items(value: Any) -> Any:
-    return tuple(value.items()) if isinstance(value, dict) else value
-
-
-def _status_items(node: dict[str, Any]) -> tuple[Any, ...]:
+def _status_part(node: dict[str, Any]) -> list[Any]:
+    """What the reshaping reads of a status: allocatable and capacity, or that it is no object."""
     status = node.get("status")
     if not isinstance(status, dict):
-        return (status,)
-    return (True, _items(status.get("allocatable")), _items(status.get("capacity")))
+        return [False, status]
+    return [True, status.get("allocatable"), status.get("capacity")]
 
 
 def validate_node(request: AdmissionRequest, settings: Settings, pods: NodePods) -> AdmissionReview:

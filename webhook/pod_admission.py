@@ -94,9 +94,8 @@ def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners,
 
 
 class PodAnswer(NamedTuple):
-    """A compression as admission uses it. Immutable and made of strings and numbers only, so the
-    thousands a memo keeps are not traversed by the garbage collector (a memo of mutable results
-    cost 50 us per review in collections on a worker holding the owner caches)."""
+    """A compression as admission uses it: immutable, strings and numbers only, so a remembered
+    one gives the garbage collector next to nothing to traverse (see webhook.memo)."""
 
     patch: str
     """The JSON patch, base64-encoded as the AdmissionResponse carries it ("" for none)."""
@@ -142,8 +141,7 @@ class PodAnswers:
                                       lambda: PodAnswer.of(pod, compress_requests(pod, policy, bounds)))
 
     def _key(self, pod: dict[str, Any], annotations: dict[str, str], bounds: RequestBounds) -> Hashable | None:
-        # One bytes object rather than nested tuples: a memo entry the collector need not track
-        # (tuples of tuples would be traversed and promoted on every miss).
+        # One bytes object rather than nested tuples (see webhook.memo).
         metadata = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         kept = metadata.get("annotations")
