@@ -171,6 +171,9 @@ class Result:
     last_day: dict[str, dict[str, Any]] = field(default_factory=dict)
     """system -> what it set on the last day: ``requests`` (workload -> resource -> (original,
     set)) and ``node_ratios`` (one (cpu, memory) pair per node)."""
+    daily: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """system -> one entry per evaluated day: ``day``, ``split``, ``nodes`` and, per resource,
+    ``{resource}_hot_samples`` out of ``node_samples`` (where the hot time came from)."""
 
 
 def day_grid(workloads: list[Workload], config: Config) -> tuple[int, list[int]]:
@@ -398,6 +401,7 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
     clairvoyant = dict.fromkeys(SPLITS, 0.0)
     node_day: dict[str, dict[str, Any]] = {}
     last_day: dict[str, dict[str, Any]] = {}
+    daily: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     began_all = time.perf_counter()
     for system in systems:
         if system.account is not None:
@@ -413,6 +417,9 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
             today = Tally()
             today.count(day, placed, config.real)
             tallies[system.name][day.split] = tallies[system.name][day.split].add(today)
+            daily[system.name].append({"day": number, "split": day.split, "nodes": placed.nodes,
+                                       "node_samples": today.node_samples[CPU],
+                                       **{f"{r}_hot_samples": today.violations[r] for r in RESOURCES}})
             if system.account is not None:  # what the reconcilers' account sees of this day, tomorrow
                 system.account.observe(number, {r: HotTime(today.violations[r], today.node_samples[r])
                                                 for r in RESOURCES})
@@ -425,7 +432,7 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
         elapsed = time.perf_counter() - began_all
         progress(f"day {count}/{len(days)} ({day.split}, {len(day.present)} workloads, {len(systems)} systems) "
                  f"in {time.perf_counter() - began:.1f}s; about {elapsed / count * (len(days) - count):.0f}s left")
-    return Result(days, splits, tallies, clairvoyant, node_day, last_day)
+    return Result(days, splits, tallies, clairvoyant, node_day, last_day, daily)
 
 
 def busiest_node(day: Day, placed: Placed, real: tuple[float, float]) -> dict[str, Any]:

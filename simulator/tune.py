@@ -23,11 +23,10 @@ from pathlib import Path
 
 from oversale.budget import AccountConfig, HotTimeBudget
 from oversale.settings import Settings
-from simulator.policies import OURS, budget_name, budget_system, default_systems
+from simulator.policies import GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
 from simulator.replay import SLOTS_PER_DAY, Config, run
 from simulator.trace import read_trace
 
-GOAL_BUDGETS = (0.0005, 0.001, 0.002, 0.005, 0.01)
 SCALES = (1.0, 2.0, 4.0)
 """Candidates of OVERSALE_BUDGET_CALIBRATION."""
 GRID = {

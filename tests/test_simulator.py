@@ -15,7 +15,7 @@ from oversale.budget import HotTimeBudget
 from oversale.estimator import CompressionEstimator, OversaleEstimator
 from simulator.policies import default_systems, katalyst_realtime, ours_requests
 from simulator.replay import SLOT, Config, Day, arrival_moments, heat_at, run
-from simulator.report import against_peers, summary
+from simulator.report import against_peers, budgets_against_peers, hot_time_interval, summary
 from simulator.trace import TraceError, detect_format, read_trace
 from tests.conftest import ROOT, SHARED
 
@@ -126,6 +126,31 @@ def test_against_peers_reads_our_curve_at_each_peers_violation_rate():
     assert verdicts["safe"]["ours_freed"] is None and not verdicts["safe"]["matched"]
 
 
+def test_at_each_budget_every_peer_family_is_read_at_the_hot_time_we_realised():
+    def row(policy, family, freed, violation, budget=None, ours=False):
+        figures = {"capacity_freed": freed, "cpu_violation_rate": violation}
+        return {"policy": policy, "family": family, "ours": ours, "hot_time_budget": budget, "holdout": figures}
+    rows = [row("none", "none", 0.0, 0.02),
+            row("oversale budget 0.05%", "oversale", 0.40, 0.001, 0.0005, ours=True),
+            row("oversale", "oversale", 0.50, 0.003, 0.001, ours=True),
+            row("oversale budget 5.00%", "oversale", 0.70, 0.06, 0.05, ours=True),  # outside the goal's range
+            row("oversale-pods", "oversale-pods", 0.45, 0.002, ours=True),  # ours, not a peer
+            row("vpa", "vpa", 0.20, 0.002), row("vpa x1", "vpa", 0.60, 0.004),
+            row("katalyst", "katalyst", 0.9, 0.1)]
+    verdicts = budgets_against_peers(rows, "holdout")
+    assert [v["hot_time_budget"] for v in verdicts] == [0.0005, 0.001]
+    cool, default = verdicts
+    # At 0.1% realised no peer setting is that cool: nobody beats us there.
+    assert [(p["family"], p["peer_freed"], p["beaten"]) for p in cool["peers"]] == [("katalyst", None, True),
+                                                                                    ("vpa", None, True)]
+    assert cool["matched"]
+    # At 0.3%: VPA's two settings joined by a line give 40%, less than our 50%; Katalyst is too hot.
+    vpa = next(p for p in default["peers"] if p["family"] == "vpa")
+    assert vpa["peer_freed"] == pytest.approx(0.40) and vpa["beaten"] and default["matched"]
+    rows[2]["holdout"]["capacity_freed"] = 0.35
+    assert not budgets_against_peers(rows, "holdout")[1]["matched"]
+
+
 def test_our_requests_raise_an_over_user_at_most_to_the_minimum_ratio():
     times = np.arange(400, dtype=np.float64) * 300  # 33 h: enough history
     now = float(times[-1]) + 300
@@ -189,8 +214,20 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     assert 0 < policies["oversale"]["capacity_freed"] < 1
     assert policies["crane-style"]["ours"] is False
     assert "Katalyst" in policies["katalyst-realtime"]["source"]
+    # Day by day, each system's hot samples add up to its split's violation rate.
+    for split in ("tuning", "holdout"):
+        days = [d for d in data["daily"]["oversale"] if d["split"] == split]
+        assert [d["day"] for d in days] == data[f"{split}_days"]
+        rate = sum(d["cpu_hot_samples"] for d in days) / sum(d["node_samples"] for d in days)
+        assert rate == pytest.approx(policies["oversale"][split]["cpu_violation_rate"], abs=1e-6)
+        low, high = data["budget_sweep"][0][split]["cpu_violation_interval"]
+        assert low <= data["budget_sweep"][0][split]["cpu_violation_rate"] <= high
+        at_budgets = data["budgets_against_peers"][split]
+        assert [v["hot_time_budget"] for v in at_budgets] == [0.0005, 0.001, 0.002, 0.005, 0.01]
+        assert {p["family"] for p in at_budgets[0]["peers"]} >= {"vpa-style", "crane-style", "katalyst-realtime"}
     report = (out_dir / "report.md").read_text()
     assert "## Holdout days" in report and "## Tuning days" in report
+    assert "## Where the hot time came from" in report and "### At each budget, against every peer" in report
     for image in ("savings_vs_violations.png", "node_day.png"):
         assert (out_dir / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -257,3 +294,15 @@ def test_a_pod_meets_the_load_its_node_has_at_the_pods_moment_of_the_day():
     moments = arrival_moments(Day(3, start, np.arange(slots), {}, {"cpu": np.zeros((50, slots))}, np.ones((50, slots)),
                                   None, "tuning"))  # type: ignore[arg-type]
     assert len(moments) == 50 and moments.min() >= 0 and moments.max() < slots and len(set(moments)) > 25
+
+
+def test_the_hot_time_interval_spans_the_days_with_and_without_a_burst():
+    quiet = {"split": "holdout", "node_samples": 1000, "cpu_hot_samples": 0}
+    burst = {"split": "holdout", "node_samples": 1000, "cpu_hot_samples": 40}
+    days = [quiet] * 13 + [burst] + [{"split": "tuning", "node_samples": 1000, "cpu_hot_samples": 900}]
+    low, high = hot_time_interval(days, "holdout")
+    # Realised: 40 / 14,000 = 0.29%; drawn again, the burst day falls out often and comes twice sometimes.
+    assert low == 0.0 and 40 / 14000 < high <= 120 / 14000
+    assert hot_time_interval(days, "holdout") == [low, high]  # seeded: a rerun prints the same
+    assert hot_time_interval([quiet] * 5, "holdout") == [0.0, 0.0]
+    assert hot_time_interval(days, "nowhere") is None
