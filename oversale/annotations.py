@@ -232,6 +232,12 @@ class AnnotationKeys:
         ratio target and when it last backed off."""
         return self._key("hot-time-account")
 
+    @cached_property
+    def pool_hot_time_account(self) -> str:
+        """Node, written by the reconciler on every node of a pool: the pool's account (the same
+        JSON as ``hot-time-account``). A pool is no object of its own, so each member carries it."""
+        return self._key("pool-hot-time-account")
+
     def oversale_ratio(self, resource: str) -> str:
         """The node oversale-ratio key for ``cpu`` or ``memory``."""
         return self.cpu_oversale_ratio if resource == CPU else self.memory_oversale_ratio

@@ -257,6 +257,18 @@ def read_accounts(text: str | None) -> dict[str, NodeAccount]:
     return accounts
 
 
+def pool_account(copies: Iterable[Mapping[str, NodeAccount]]) -> dict[str, NodeAccount]:
+    """A pool's account from the copies its nodes carry: per resource, the most recently changed
+    (a node that joined since the last change carries an older copy, or none)."""
+    latest: dict[str, NodeAccount] = {}
+    for copy in copies:
+        for resource, account in copy.items():
+            held = latest.get(resource)
+            if held is None or (account.changed_at or 0.0) > (held.changed_at or 0.0):
+                latest[resource] = account
+    return latest
+
+
 def write_accounts(accounts: dict[str, NodeAccount]) -> str:
     return json.dumps({r: {"multiplier": round(a.multiplier, 4),
                            **({"backedOffAt": round(a.backed_off_at)} if a.backed_off_at is not None else {}),

@@ -271,6 +271,8 @@ class NodePlan(RatioPlan):
     real_allocatable: dict[str, int] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     """Other annotations to write with the ratios (the hot-time account), only those that changed."""
+    multipliers: dict[str, float] = field(default_factory=dict)
+    """The hot-time account's multipliers the proposals were made with (resource -> multiplier)."""
 
 
 def real_allocatable_of(node: Mapping[str, Any], keys: AnnotationKeys) -> dict[str, int]:
@@ -295,7 +297,7 @@ def plan_node(
     metadata = node.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     plan = NodePlan(name=str(metadata.get("name", "")), requested=dict(requested),
-                    real_allocatable=real_allocatable_of(node, keys))
+                    real_allocatable=real_allocatable_of(node, keys), multipliers=dict(multipliers or {}))
     for resource in RESOURCES:
         if resource not in plan.real_allocatable:
             continue

@@ -48,8 +48,12 @@ class ReconcilerMetrics:
         self.budget_multiplier = Gauge("oversale_hot_time_account_multiplier",
                                        "The account's multiplier of a node's ratio target (1: as the budget "
                                        "predicts; below 1: backed off).", ["node", "resource"], registry=registry)
-        self.overspends = Counter("oversale_hot_time_overspends", "Back-offs of a node that overspent its budget.",
-                                  ["pool", "resource"], registry=registry)
+        self.overspends = Counter("oversale_hot_time_overspends", "Back-offs for an overspent budget, by scope "
+                                  "(node: its own account; pool: the pool's, every node of it backed off).",
+                                  ["scope", "pool", "resource"], registry=registry)
+        self.pool_multiplier = Gauge("oversale_hot_time_pool_multiplier",
+                                     "The pool account's multiplier of its nodes' ratio targets (each node takes "
+                                     "the lower of its own and its pool's).", ["pool", "resource"], registry=registry)
         self.predictions = Counter("oversale_budget_predictions",
                                    "Samples checked against the peak predicted for them (the budget's quantile).",
                                    ["pool", "resource"], registry=registry)

@@ -26,6 +26,7 @@ from oversale.budget import (
     calibration,
     describe_hot_time,
     keep_account,
+    pool_account,
     pool_of,
     read_accounts,
     write_accounts,
@@ -86,7 +87,9 @@ class Row:
 
 @dataclass(frozen=True)
 class KeptAccount:
-    accounts: dict[str, NodeAccount]
+    multipliers: dict[str, float]
+    """Resource -> the multiplier of the node's ratio target: the lower of its own account's and
+    its pool's."""
     annotations: dict[str, str]
     """The account annotations that changed."""
 
@@ -437,7 +440,7 @@ class Reconciler:
             usage = {r: node_stats.of(r) if node_stats else None for r in RESOURCES}
             kept = accounts.get(name)
             plan = plan_node(node, requested.get(name, {}), usage, self.keys, self.settings.oversale_estimator(),
-                             budgets[name], {r: a.multiplier for r, a in kept.accounts.items()} if kept else None)
+                             budgets[name], kept.multipliers if kept else None)
             if kept:
                 plan.annotations = kept.annotations
             plans.append((node, plan, requested.get(name, {}), usage))
@@ -480,8 +483,7 @@ class Reconciler:
                 node = self.cluster.node(plan.name)
                 kept = plan.annotations
                 plan = plan_node(node, requested, usage, self.keys, self.settings.oversale_estimator(),
-                                 self._budgets(node), {r: a.multiplier for r, a in
-                                                       read_accounts(kept.get(self.keys.hot_time_account)).items()})
+                                 self._budgets(node), plan.multipliers)
                 plan.annotations = kept
                 continue
             self.metrics.writes.labels("Node", "ok").inc()
@@ -514,8 +516,9 @@ class Reconciler:
     def _keep_accounts(self, nodes: list[dict[str, Any]], budgets: dict[str, dict[str, float]],
                        pools: dict[str, str], dry_run: bool) -> dict[str, KeptAccount]:
         """Observed hot time per node, pool and cluster (gauges, the node's ``hot-time``
-        annotation), and each node's multiplier after ``adjust_multiplier``: an overspend backs
-        off at once, with a Warning Event saying by how much."""
+        annotation), and each node's multiplier: the lower of its own account's and its pool's,
+        each after ``keep_account``. An overspend of the node, or of its pool as a whole (many
+        nodes each a little hot), backs off at once, with a Warning Event saying by how much."""
         config = self.settings.account
         real = {n["metadata"]["name"]: {r: float(v) for r, v in real_allocatable_of(n, self.keys).items()}
                 for n in nodes}
@@ -526,16 +529,17 @@ class Reconciler:
             return {}
         now = self.clock()
         totals: dict[tuple[str, str, str, str], HotTime] = {}
-        kept = {}
+        own: dict[str, dict[str, NodeAccount]] = {}
+        members: dict[str, list[dict[str, Any]]] = {}
         for node in nodes:
             metadata = node["metadata"]
             name, annotations = metadata["name"], metadata.get("annotations") or {}
             pool = pools[name]
+            members.setdefault(pool, []).append(node)
             accounts = read_accounts(annotations.get(self.keys.hot_time_account))
-            after = {}
+            own[name] = {}
             for resource in RESOURCES:
                 budget = budgets[name][resource]
-                self.metrics.hot_time_budget.labels(pool, resource).set(budget)
                 day = short.get(name, {}).get(resource, NO_HOT_TIME)
                 week = long.get(name, {}).get(resource, NO_HOT_TIME)
                 for window, spent in (("1d", day), ("7d", week)):
@@ -543,22 +547,54 @@ class Reconciler:
                     for aggregate in (("pool", pool), ("cluster", "")):
                         key = (*aggregate, resource, window)
                         totals[key] = totals.get(key, NO_HOT_TIME) + spent
-                after[resource], adjustment = keep_account(accounts.get(resource, NodeAccount()), day, week,
-                                                            budget, now, config)
+                own[name][resource], adjustment = keep_account(accounts.get(resource, NodeAccount()), day, week,
+                                                               budget, now, config)
                 self.metrics.budget_multiplier.labels(name, resource).set(adjustment.multiplier)
                 if adjustment.backed_off:
-                    self.metrics.overspends.labels(pool, resource).inc()
-                    message = f"{resource}: {adjustment.reason}"
-                    log.warning("Node/%s: overspent its hot-time budget: %s", name, message)
-                    if not dry_run:
-                        self._best_effort(self.cluster.event, node, "HotTimeOverspent", message, COMPONENT, "Warning")
+                    self._overspent("node", node, pool, resource, adjustment.reason, dry_run)
+        pooled: dict[str, dict[str, NodeAccount]] = {}
+        for pool, nodes_of_pool in sorted(members.items()):
+            stored = pool_account(read_accounts((n["metadata"].get("annotations") or {}).get(
+                self.keys.pool_hot_time_account)) for n in nodes_of_pool)
+            pooled[pool] = {}
+            for resource in RESOURCES:
+                # Nodes of one pool share its budget label; where they differ, the strictest holds.
+                budget = min(budgets[n["metadata"]["name"]][resource] for n in nodes_of_pool)
+                self.metrics.hot_time_budget.labels(pool, resource).set(budget)
+                pooled[pool][resource], adjustment = keep_account(
+                    stored.get(resource, NodeAccount()), totals.get(("pool", pool, resource, "1d"), NO_HOT_TIME),
+                    totals.get(("pool", pool, resource, "7d"), NO_HOT_TIME), budget, now, config)
+                self.metrics.pool_multiplier.labels(pool, resource).set(adjustment.multiplier)
+                if adjustment.backed_off:
+                    # One Event, on the node that spent most: every node's own ratio change says
+                    # "account: target x..." in its OversaleRatioChanged Event already.
+                    hottest = max(nodes_of_pool, key=lambda n: long.get(n["metadata"]["name"], {}).get(
+                        resource, NO_HOT_TIME).hot_samples)
+                    self._overspent("pool", hottest, pool, resource, f"pool {pool} (all {len(nodes_of_pool)} "
+                                    f"nodes backed off): {adjustment.reason}", dry_run)
+        kept = {}
+        for node in nodes:
+            metadata = node["metadata"]
+            name, annotations = metadata["name"], metadata.get("annotations") or {}
+            pool = pools[name]
             wanted = {self.keys.hot_time: describe_hot_time({r: long.get(name, {}).get(r, NO_HOT_TIME)
                                                              for r in RESOURCES}, budgets[name]) + " over 7d",
-                      self.keys.hot_time_account: write_accounts(after)}
-            kept[name] = KeptAccount(after, {k: v for k, v in wanted.items() if annotations.get(k) != v})
+                      self.keys.hot_time_account: write_accounts(own[name]),
+                      self.keys.pool_hot_time_account: write_accounts(pooled[pool])}
+            kept[name] = KeptAccount({r: min(own[name][r].multiplier, pooled[pool][r].multiplier) for r in RESOURCES},
+                                     {k: v for k, v in wanted.items() if annotations.get(k) != v})
         for (scope, label, resource, window), spent in totals.items():
             self.metrics.hot_time.labels(scope, label, resource, window).set(spent.share)
         return kept
+
+    def _overspent(self, scope: str, node: dict[str, Any], pool: str, resource: str, reason: str,
+                   dry_run: bool) -> None:
+        message = f"{resource}: {reason}"
+        self.metrics.overspends.labels(scope, pool, resource).inc()
+        log.warning("Node/%s: %s overspent its hot-time budget: %s", node["metadata"]["name"],
+                    "its pool" if scope == "pool" else "it", message)
+        if not dry_run:
+            self._best_effort(self.cluster.event, node, "HotTimeOverspent", message, COMPONENT, "Warning")
 
     def _calibrate(self, pools: dict[str, str], stats: dict[str, ResourceStats]) -> None:
         """Calibration: each node's peak predicted at the last pass (its budget quantile) against

@@ -21,6 +21,7 @@ from oversale.budget import (
     calibration,
     compression_percentile,
     hot_time,
+    pool_account,
     pool_of,
     read_accounts,
     write_accounts,
@@ -150,3 +151,12 @@ def test_budget_and_pool_of_a_node():
     assert budget_of({key: "2"}, {}, key, 0.001) == 0.001
     assert pool_of({"cloud.google.com/gke-nodepool": "batch"}, ("cloud.google.com/gke-nodepool",)) == "batch"
     assert pool_of({}, ("cloud.google.com/gke-nodepool",)) == "default"
+
+
+def test_a_pools_account_is_the_copy_its_nodes_changed_last():
+    old, new = NodeAccount(0.8, 100.0, 100.0), NodeAccount(0.5, 200.0, 200.0)
+    # A node that joined after the last change carries no copy, or an older one.
+    assert pool_account([{"cpu": old}, {}, {"cpu": new, "memory": NodeAccount()}, {"cpu": old}]) == \
+        {"cpu": new, "memory": NodeAccount()}
+    assert pool_account([{"cpu": new}, {"cpu": old}])["cpu"] == new
+    assert pool_account([]) == {}

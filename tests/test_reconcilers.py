@@ -341,10 +341,10 @@ def test_cli_refuses_bad_settings(tmp_path):
     assert result.returncode == 2 and "OVERSALE_HISTORY_WINDOW" in result.stderr
 
 
-def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accounted(api, tmp_path):
-    """node-1's real cpu is 3920m; in the last day its usage passed it in 6 of 144 samples
-    (4.2% of the day, 42x the default 0.1% budget)."""
-    history = SqliteHistory(tmp_path / "history.db", retention_seconds=8 * 86400)
+def two_days_with_node_1_hot(api: FakeKubeAPI, path: Path) -> SqliteHistory:
+    """Two days of metrics-server samples, every 10 minutes, through the real sampler: node-1 (real
+    cpu 3920m) at 4500m in 6 samples of the last day, 900m otherwise; node-2 at 900m throughout."""
+    history = SqliteHistory(path, retention_seconds=8 * 86400)
     sampler = MetricsSampler(api_client_for(api), history)
     now = time.time()
     hot = set(range(int(now - 86400) + 6000, int(now - 86400) + 6000 + 6 * 600, 600))
@@ -354,7 +354,17 @@ def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accou
                 {"name": container, "usage": {"cpu": f"{round(cpu_at(t))}m", "memory": f"{round(memory_at(t))}"}}]})
         api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s",
                                 "usage": {"cpu": "4500m" if t in hot else "900m", "memory": "3Gi"}})
+        api.put("nodemetrics", {"metadata": {"name": "node-2"}, "window": "30s",
+                                "usage": {"cpu": "900m", "memory": "3Gi"}})
         sampler.sample(now=t)
+    return history
+
+
+def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accounted(api, tmp_path):
+    """node-1's real cpu is 3920m; in the last day its usage passed it in 6 of 144 samples
+    (4.2% of the day, 42x the default 0.1% budget)."""
+    history = two_days_with_node_1_hot(api, tmp_path / "history.db")
+    sampler = MetricsSampler(api_client_for(api), history)
     reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
     rows = reconciler.run_pass()
 
@@ -367,16 +377,32 @@ def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accou
     assert re.fullmatch(r"cpu 2\.(09|08)% \(budget 0\.10%\), memory 0\.00% \(budget 0\.01%\) over 7d",
                         notes[KEYS.hot_time]), notes[KEYS.hot_time]
     events = [e for e in api.list_objects("events", None, {})["items"] if e["reason"] == "HotTimeOverspent"]
-    assert len(events) == 1 and events[0]["type"] == "Warning"
+    # One for the node's own account, one for its pool's ("default": node-1 and node-2, whose only
+    # hot samples are node-1's), both on node-1, the node that spent them.
+    assert [e["involvedObject"]["name"] for e in events] == ["node-1", "node-1"]
+    assert all(e["type"] == "Warning" for e in events)
+    own, pooled = sorted(events, key=lambda e: "pool" in e["message"])
     # Two days hold 6 hot samples: 2.09% of the (long) window, 20.9 budgets, more telling than the
     # last day's 4.2% against its tolerance of 4 budgets.
     assert re.search(r"hot 2\.0\d\d% of the long window, 20\.\dx the budget 0\.100%: target x0\.50",
-                     events[0]["message"]), events[0]["message"]
+                     own["message"]), own["message"]
+    # The pool's week: 6 hot samples of node-1's and node-2's together, half node-1's share.
+    assert re.match(r"cpu: pool default \(all 2 nodes backed off\): hot 1\.04\d% of the long window, 10\.\dx",
+                    pooled["message"]), pooled["message"]
     metric = reconciler.metrics.hot_time.labels("node", "node-1", "cpu", "1d")._value.get()
     assert metric == pytest.approx(6 / 144, rel=0.05)
     assert reconciler.metrics.hot_time.labels("cluster", "", "cpu", "7d")._value.get() > 0
-    assert reconciler.metrics.overspends.labels("default", "cpu")._value.get() == 1
+    assert reconciler.metrics.overspends.labels("node", "default", "cpu")._value.get() == 1
+    assert reconciler.metrics.overspends.labels("pool", "default", "cpu")._value.get() == 1
+    assert reconciler.metrics.pool_multiplier.labels("default", "cpu")._value.get() < 1
     assert "account: target x" in next(r for r in rows if r.object == "Node/node-1" and r.resource == "cpu").reason
+    # node-2 was never hot: its own account is untouched, but it is in the pool that overspent, and
+    # its ratio's target is backed off with the pool's (the replay's account is the pool's).
+    cool = annotations(api, "nodes", "node-2", "")
+    assert json.loads(cool[KEYS.hot_time_account])["cpu"] == {"multiplier": 1.0}
+    assert json.loads(cool[KEYS.pool_hot_time_account]) == json.loads(notes[KEYS.pool_hot_time_account])
+    assert json.loads(cool[KEYS.pool_hot_time_account])["cpu"]["multiplier"] < 1
+    assert "account: target x" in next(r for r in rows if r.object == "Node/node-2" and r.resource == "cpu").reason
 
     # Nothing new seen: the next pass writes nothing to the node (the account changes at most
     # when hot samples enter or leave the window, or once a day).
@@ -390,10 +416,41 @@ def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accou
                             "usage": {"cpu": "5000m", "memory": "3Gi"}})
     sampler.sample(now=time.time())
     reconciler.run_pass()
-    assert reconciler.metrics.overspends.labels("default", "cpu")._value.get() == 1
+    assert reconciler.metrics.overspends.labels("node", "default", "cpu")._value.get() == 1
+    assert reconciler.metrics.overspends.labels("pool", "default", "cpu")._value.get() == 1
     assert json.loads(annotations(api, "nodes", "node-1", "")[KEYS.hot_time_account])["cpu"]["multiplier"] == \
         account["cpu"]["multiplier"]
-    assert reconciler.metrics.predictions.labels("default", "cpu")._value.get() == 1
-    # The peak predicted was the window's 99.9th percentile, 4500m; 5000m came.
+    assert reconciler.metrics.predictions.labels("default", "cpu")._value.get() == 2  # one per node
+    # node-1's peak predicted was the window's 99.9th percentile, 4500m; 5000m came. node-2's 900m held.
     assert reconciler.metrics.predictions_exceeded.labels("default", "cpu")._value.get() == 1
     assert reconciler.metrics.predictions_exceeded.labels("default", "memory")._value.get() == 0
+
+
+def test_a_pools_overspend_backs_off_its_own_nodes_only(api, tmp_path):
+    pool_label = SETTINGS.pool_labels[0]
+    for name, pool in (("node-1", "a"), ("node-2", "b")):
+        stored = api.get("nodes", "", name)
+        stored["metadata"]["labels"][pool_label] = pool
+        api.put("nodes", stored)
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+    reconciler.run_pass()
+    assert reconciler.metrics.pool_multiplier.labels("a", "cpu")._value.get() < 1
+    assert reconciler.metrics.pool_multiplier.labels("b", "cpu")._value.get() == 1
+    cool = annotations(api, "nodes", "node-2", "")
+    assert json.loads(cool[KEYS.pool_hot_time_account])["cpu"] == {"multiplier": 1.0}
+    assert reconciler.metrics.overspends.labels("pool", "b", "cpu")._value.get() == 0
+
+
+def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp_path):
+    for index in range(4):  # node-2 (cool, 900m) carries 4 cores of requests: room to oversell
+        api.put("pods", running_pod(f"calm-{index}", "node-2", "1", "1Gi"))
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+    reconciler.run_pass()  # the pool backs off; node-2's ratio rises from 1.5, by at most 25% a pass
+    assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "1.87"
+    api.concurrent_writes["nodes"] = 1  # the next write lands on a node someone else just wrote
+    rows = reconciler.run_pass()
+    row = next(r for r in rows if r.object == "Node/node-2" and r.resource == "cpu")
+    assert reconciler.metrics.writes.labels("Node", "conflict")._value.get() == 1
+    # 0.5 x 4000m requested / 900m used = 2.22, not the 2.34 (1.87 + 25%) the whole target would give.
+    assert row.written and row.proposed == "2.22" and "account: target x0.50" in row.reason
+    assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "2.22"
