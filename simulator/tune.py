@@ -33,6 +33,7 @@ GRID = {
     "short_overspend": (2.0, 4.0),
     "min_multiplier": (0.5,),
 }
+"""Candidates of ``AccountConfig``'s knobs (every combination is run)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, required=True)
     parser.add_argument("--holdout-days", type=int, default=14, help="days cut off the end (default 14)")
     parser.add_argument("--warmup-days", type=int, default=7, help="history-only days (default 7)")
+    parser.add_argument("--scale", type=float, action="append",
+                        help=f"only this calibration (repeatable; default all of {', '.join(map(str, SCALES))})")
     args = parser.parse_args(argv)
     workloads = read_trace(args.trace)
     origin = min(int(w.slots[0]) for w in workloads)
@@ -57,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(32, 256 * 2**30, args.warmup_days, 7, 0)
     baseline = [s for s in default_systems(settings.compression_estimator(), settings.oversale_estimator(),
                                            settings.budget, sweep=False) if s.name == "none"]
-    print("scale  short  floor  score  freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS), flush=True)
-    for scale, *values in itertools.product(SCALES, *GRID.values()):
+    print("scale  " + "  ".join(GRID) + "  score  freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS), flush=True)
+    for scale, *values in itertools.product(args.scale or SCALES, *GRID.values()):
         account = AccountConfig(**dict(zip(GRID, values, strict=True)))
         oversale = dataclasses.replace(settings.oversale_estimator(), budget_scale=scale)
         systems = baseline + [budget_system(budget_name(b), HotTimeBudget(b, settings.memory_hot_time_budget),
@@ -74,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             freed.append(1 - tally.node_days / base)
         score = sum(abs(math.log(max(r, 1e-6) / b)) for r, b in zip(realised, GOAL_BUDGETS, strict=True)) \
             / len(GOAL_BUDGETS)
-        print(f"{scale:>5}  {values[0]:>5}  {values[1]:>5}  {score:.3f}  {sum(freed) / len(freed):.1%}  "
+        print(f"{scale:>5}  " + "  ".join(f"{value:>{len(knob)}}" for knob, value in zip(GRID, values, strict=True))
+              + f"  {score:.3f}  {sum(freed) / len(freed):.1%}  "
               + "  ".join(f"{r / b:.2f}x" for r, b in zip(realised, GOAL_BUDGETS, strict=True))
               + f"   ({time.perf_counter() - started:.0f}s)", flush=True)
     return 0
