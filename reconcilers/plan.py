@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kube.prometheus import Points
 from oversale.budget import HotTimeBudget
 from reconcilers.history import HistoryUnavailable
-from reconcilers.prometheus import Points, PrometheusHistory
+from reconcilers.prometheus import PrometheusHistory
 
 EXPORTERS = {
     "kube_pod_container_resource_requests": "kube-state-metrics",

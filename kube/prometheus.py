@@ -1,0 +1,110 @@
+"""Prometheus's HTTP API, as every adapter reads it: instant and range queries, the node usage
+expressions of node-exporter, and the errors a caller turns into "no history" (the reconcilers'
+usage history, the extender's long load windows).
+
+    >>> node_name("node-1:9100"), node_name("node-1"), duration(299.6)
+    ('node-1', 'node-1', '300s')
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+NODE_CPU = 'sum by ({label}) (rate(node_cpu_seconds_total{{mode!~"idle|iowait|steal"}}[$RATE])) * 1000'
+"""Millicores a node's processes use (node-exporter), per node label."""
+NODE_MEMORY = "sum by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
+"""Bytes of memory a node uses (node-exporter), per node label."""
+SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
+"""What Prometheus says when a query's window holds too many samples (split it and ask again)."""
+Points = list[tuple[float, float]]
+"""(epoch seconds, value) of one series"""
+
+
+class PrometheusUnavailable(Exception):
+    """Prometheus cannot answer: unreachable, an error status, a failed query."""
+
+
+class QueryTooLarge(PrometheusUnavailable):
+    """Prometheus refused the query for the samples it would load; a smaller window may pass."""
+
+
+@dataclass
+class PrometheusAPI:
+    url: str
+    timeout: float = 30.0
+
+    def instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        """An instant query at ``at``: each series' value by the labels ``keys`` (NaN left out:
+        no data in the window for that series)."""
+        payload = self._post("query", {"query": query, "time": f"{at:.3f}"})
+        result = {}
+        for series in payload["data"]["result"]:
+            value = float(series["value"][1])
+            if value == value:
+                result[tuple(series["metric"].get(k, "") for k in keys)] = value
+        return result
+
+    def query_range(self, query: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], Points]]:
+        """A range query: each series' labels and its (time, value) points."""
+        payload = self._post("query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                             "step": f"{step:g}s"})
+        return [(series["metric"], [(float(t), float(v)) for t, v in series["values"] if v != "NaN"])
+                for series in payload["data"]["result"]]
+
+    def _post(self, endpoint: str, parameters: dict[str, str]) -> dict[str, Any]:
+        body = urllib.parse.urlencode({**parameters, "timeout": f"{self.timeout:g}s"}).encode()
+        request = urllib.request.Request(f"{self.url.rstrip('/')}/api/v1/{endpoint}", data=body,
+                                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout + 5) as response:
+                payload = json.load(response)
+        except urllib.error.HTTPError as error:
+            payload = _error_payload(error)
+            if any(marker in payload.get("error", "") for marker in SPLIT_ERRORS):
+                raise QueryTooLarge(payload["error"]) from None
+            reason = payload.get("error", error.reason)
+            raise PrometheusUnavailable(f"prometheus answered {error.code}: {reason}") from None
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as error:
+            raise PrometheusUnavailable(f"prometheus at {self.url} unreachable: {error}") from None
+        if payload.get("status") != "success":
+            error_text = payload.get("error", "unknown error")
+            if any(marker in error_text for marker in SPLIT_ERRORS):
+                raise QueryTooLarge(error_text)
+            raise PrometheusUnavailable(f"prometheus query failed: {error_text}")
+        for warning in payload.get("warnings") or []:
+            log.warning("prometheus warning (partial data possible): %s", warning)
+        result: dict[str, Any] = payload
+        return result
+
+
+def node_expressions(label: str, rate_window: float, memory_query: str | None = None) -> dict[str, str]:
+    """Per resource, the PromQL of a node's usage: node-exporter's, or the configured memory query."""
+    return {"cpu": NODE_CPU.format(label=label).replace("$RATE", duration(rate_window)),
+            "memory": memory_query or NODE_MEMORY.format(label=label)}
+
+
+def node_name(instance: str) -> str:
+    """The node of a node-exporter ``instance`` label (``host:port``: the port goes)."""
+    host, _, port = instance.rpartition(":")
+    return host if host and port.isdigit() else instance
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration, in whole seconds (at least one)."""
+    return f"{max(1, round(seconds))}s"
+
+
+def _error_payload(error: urllib.error.HTTPError) -> dict[str, str]:
+    try:
+        payload: dict[str, str] = json.loads(error.read())
+    except ValueError:
+        return {}
+    return payload
