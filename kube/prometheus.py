@@ -46,18 +46,24 @@ class PrometheusAPI:
         no data in the window for that series)."""
         payload = self._post("query", {"query": query, "time": f"{at:.3f}"})
         result = {}
-        for series in payload["data"]["result"]:
-            value = float(series["value"][1])
-            if value == value:
-                result[tuple(series["metric"].get(k, "") for k in keys)] = value
+        try:
+            for series in payload["data"]["result"]:
+                value = float(series["value"][1])
+                if value == value:
+                    result[tuple(series["metric"].get(k, "") for k in keys)] = value
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise PrometheusUnavailable(f"prometheus at {self.url} answered no instant vector ({error!r})") from None
         return result
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], Points]]:
         """A range query: each series' labels and its (time, value) points."""
         payload = self._post("query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                              "step": f"{step:g}s"})
-        return [(series["metric"], [(float(t), float(v)) for t, v in series["values"] if v != "NaN"])
-                for series in payload["data"]["result"]]
+        try:
+            return [(series["metric"], [(float(t), float(v)) for t, v in series["values"] if v != "NaN"])
+                    for series in payload["data"]["result"]]
+        except (KeyError, TypeError, ValueError) as error:
+            raise PrometheusUnavailable(f"prometheus at {self.url} answered no range vector ({error!r})") from None
 
     def _post(self, endpoint: str, parameters: dict[str, str]) -> dict[str, Any]:
         body = urllib.parse.urlencode({**parameters, "timeout": f"{self.timeout:g}s"}).encode()

@@ -290,6 +290,20 @@ class Settings:
     metrics_max_age_seconds: float = field(default=180.0, metadata=_env("OVERSALE_METRICS_MAX_AGE"))
     """Node metrics older than this are stale: the node is neither filtered nor favoured by load."""
 
+    load_history: str = field(default="metrics-api", metadata=_env("OVERSALE_LOAD_HISTORY"))
+    """``metrics-api``: the cpu maximum the peak watermark reads comes from the extender's own
+    samples of the last hour. ``prometheus``: also from Prometheus (``OVERSALE_PROMETHEUS_URL``,
+    node-exporter's series) over ``OVERSALE_LOAD_HISTORY_WINDOW``, read every
+    ``OVERSALE_LOAD_HISTORY_INTERVAL``; the higher of the two counts. A restarted extender then
+    has its window at once, and a longer window remembers older bursts."""
+
+    load_history_window_seconds: float = field(default=3600.0, metadata=_env("OVERSALE_LOAD_HISTORY_WINDOW"))
+    """Window of the cpu maximum read from Prometheus."""
+
+    load_history_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_LOAD_HISTORY_INTERVAL"))
+    """How often the extender reads it (one query a read, whatever the number of nodes); a read
+    older than three intervals is no longer used."""
+
     cpu_scheduling_watermark: Decimal = field(default=Decimal("0.65"),
                                               metadata=_env("OVERSALE_CPU_SCHEDULING_WATERMARK"))
     """No new Pods on a node whose 5-minute average cpu usage is above this share of real cpu
@@ -338,6 +352,8 @@ class Settings:
             watermarks=Watermarks(self.cpu_scheduling_watermark, self.cpu_peak_scheduling_watermark,
                                   self.memory_scheduling_watermark),
             max_age_seconds=self.metrics_max_age_seconds,
+            history_peak_seconds=self.load_history_window_seconds,
+            history_max_age_seconds=3 * self.load_history_interval_seconds,
             settle_seconds=self.bound_pod_settle_seconds,
             cpu_estimate=self.cpu_usage_estimate,
             memory_estimate=self.memory_usage_estimate,
@@ -443,6 +459,9 @@ class Settings:
                 values[spec.name] = _PARSERS[spec.name](environ[name])
             except (ValueError, InvalidOperation, QuantityError) as error:
                 raise SettingsError(f"{name}={environ[name]!r}: {error}") from None
+        if values.get("load_history") == "prometheus" and not values.get("prometheus_url"):
+            raise SettingsError("OVERSALE_LOAD_HISTORY='prometheus' needs OVERSALE_PROMETHEUS_URL (where "
+                                "node-exporter's series are)")
         return cls(**values)
 
 
@@ -605,6 +624,9 @@ _PARSERS: dict[str, Any] = {
     "load_aware": _bool,
     "metrics_poll_interval_seconds": lambda text: _duration(text),
     "metrics_max_age_seconds": lambda text: _duration(text),
+    "load_history": _choice("metrics-api", "prometheus"),
+    "load_history_window_seconds": lambda text: _duration(text),
+    "load_history_interval_seconds": lambda text: _duration(text),
     "cpu_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),
     "cpu_peak_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),
     "memory_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),

@@ -9,7 +9,9 @@ go the way cpu does). Pods bound in the last few minutes are not in those figure
 kubelet starts them, metrics-server scrapes, the poller reads): their estimated usage is added
 until they show up in PodMetrics or the settle time passes, as Crane's "hot value" and
 Koordinator's estimated usage of just-scheduled Pods do, so a burst of binds cannot all land on
-the node that looked coolest a minute ago.
+the node that looked coolest a minute ago. Where Prometheus holds the nodes' history, the cpu
+maximum can also come from a longer window read there (:func:`with_history_peak`): a restarted
+extender has no hour of samples of its own, and a burst six hours ago is worth remembering.
 
 Figures are fractions of the node's **real** allocatable (the kubelet's values, which the node
 webhook records): on an oversold node allocatable is a promise, real capacity is the truth.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from oversale.annotations import PLAIN_DECIMAL, AnnotationKeys, AnnotationProblem
@@ -50,6 +52,8 @@ class NodeLoad:
     """Bytes, the latest sample."""
     at: float
     """When the freshest sample was taken (seconds)."""
+    peak_window: str = "1-hour maximum"
+    """Where ``cpu_peak`` comes from (the filter's reason names it)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,11 @@ class LoadConfig:
     load_weight: int = 1
     """Weight of the load score (coolest node after placing) against the packing score."""
     packing_weight: int = 1
+    history_peak_seconds: float = 3600
+    """Window of the cpu maximum read from Prometheus (only with that history source)."""
+    history_max_age_seconds: float = 900
+    """A maximum read from Prometheus longer ago than this is no longer used (Prometheus has been
+    unreachable for a while): the node's own samples alone count again."""
 
 
 def node_load(samples: Sequence[Sample], config: LoadConfig = LoadConfig()) -> NodeLoad | None:
@@ -100,6 +109,23 @@ def windows(times: Sequence[float], cpus: Sequence[float], memories: Sequence[fl
     recent = cpus[bisect_right(times, latest - config.average_seconds):]
     hour = cpus[bisect_right(times, latest - config.peak_seconds):]
     return NodeLoad(sum(recent) / len(recent), float(max(hour)), float(memories[-1]), latest)
+
+
+def with_history_peak(load: NodeLoad, peak: float | None, config: LoadConfig) -> NodeLoad:
+    """A node's windows with its cpu maximum over the longer history window: the higher of its own
+    samples' maximum and the history's, named after the window it came from.
+
+    >>> own = NodeLoad(cpu_average=900, cpu_peak=1200, memory=2e9, at=0)
+    >>> with_history_peak(own, 3800, LoadConfig(history_peak_seconds=6 * 3600)).peak_window
+    '6-hour maximum, from Prometheus'
+    >>> with_history_peak(own, 1000, LoadConfig()) == with_history_peak(own, None, LoadConfig()) == own
+    True
+    """
+    if peak is None or peak <= load.cpu_peak:
+        return load
+    seconds = config.history_peak_seconds
+    window = f"{seconds / 3600:g}-hour" if seconds % 3600 == 0 else f"{seconds / 60:g}-minute"
+    return replace(load, cpu_peak=peak, peak_window=f"{window} maximum, from Prometheus")
 
 
 def is_fresh(load: NodeLoad | None, now: float, config: LoadConfig) -> bool:
@@ -135,7 +161,7 @@ def watermark_exceeded(load: NodeLoad, pending: Mapping[str, float], real: Mappi
     """
     checks = (
         (CPU, load.cpu_average + pending.get(CPU, 0.0), watermarks.cpu_average, "5-min average"),
-        (CPU, load.cpu_peak + pending.get(CPU, 0.0), watermarks.cpu_peak, "1-hour maximum"),
+        (CPU, load.cpu_peak + pending.get(CPU, 0.0), watermarks.cpu_peak, load.peak_window),
         (MEMORY, load.memory + pending.get(MEMORY, 0.0), watermarks.memory, "latest"),
     )
     for resource, used, watermark, window in checks:

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         from kube.leader import LeaseElector
         from kube.probes import serve_probes
         from scheduler.app import ExtenderMetrics, create_app
-        from scheduler.kube import ClusterWatch, KubeBinder, Leadership, UsagePoller
+        from scheduler.kube import ClusterWatch, HistoryPeakPoller, KubeBinder, Leadership, UsagePoller
         from scheduler.state import ClusterState
 
         api_client = load_api_client(settings.kubernetes)
@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         metrics.client_auth.set(1 if args.client_ca else 0)
         if settings.load_aware:
             UsagePoller(api_client, state, settings.metrics_poll_interval_seconds, metrics.record_poll).start()
+            if settings.load_history == "prometheus":
+                from kube.prometheus import PrometheusAPI
+
+                HistoryPeakPoller(PrometheusAPI(settings.prometheus_url, settings.prometheus_timeout_seconds), state,
+                                  settings.load_history_interval_seconds, settings.prometheus_node_label,
+                                  settings.prometheus_rate_window_seconds, settings.prometheus_step_seconds,
+                                  lambda result: metrics.history_polls.labels(result).inc()).start()
         elector = LeaseElector(api_client, settings.namespace, settings.extender_lease_name,
                                f"{socket.gethostname()}-{os.getpid()}", settings.extender_lease_duration_seconds)
         leadership = Leadership(elector, watch)

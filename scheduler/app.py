@@ -31,6 +31,9 @@ class ExtenderMetrics:
                                  registry=self.registry)
         self.metrics_polls = Counter("oversale_extender_metrics_polls", "Reads of metrics.k8s.io by result.",
                                      ["result"], registry=self.registry)
+        self.history_polls = Counter("oversale_extender_history_polls",
+                                     "Reads of the nodes' cpu maximum from Prometheus by result.", ["result"],
+                                     registry=self.registry)
         self.stale_nodes = Gauge("oversale_extender_nodes_without_fresh_metrics",
                                  "Nodes placed by requests alone for want of fresh metrics, by reason (missing, old).",
                                  ["reason"], registry=self.registry)

@@ -15,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kube.client import one_line
 from kube.metrics_api import MetricsAPI
+from kube.prometheus import PrometheusAPI, PrometheusUnavailable, duration, node_expressions, node_name
 from kube.reflector import Reflector
 from oversale.usage import Sample, stale_reason
 from scheduler.state import ClusterState
@@ -180,12 +181,60 @@ class UsagePoller:
         return counts
 
     def start(self) -> None:
-        def loop() -> None:
-            while True:
-                self.poll_once()
-                time.sleep(self._interval)
+        _poll_forever(self.poll_once, self._interval, "usage-poller")
 
-        threading.Thread(target=loop, name="usage-poller", daemon=True).start()
+
+class HistoryPeakPoller:
+    """Reads each node's cpu maximum over ``LoadConfig.history_peak_seconds`` from Prometheus
+    (node-exporter's series) every ``interval`` seconds into ``state``: one query a read, however
+    many nodes. A failed read changes nothing; the last maximum counts until it is
+    ``history_max_age_seconds`` old, then the node's own samples alone do, so a Prometheus outage
+    never blocks scheduling."""
+
+    def __init__(self, prometheus: PrometheusAPI, state: ClusterState, interval: float, node_label: str,
+                 rate_window: float, step: float,
+                 on_poll: Callable[[str], None] = lambda result: None) -> None:
+        self._prometheus = prometheus
+        self._state = state
+        self._interval = interval
+        self._label = node_label
+        cpu = node_expressions(node_label, rate_window)["cpu"]
+        self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
+                      f"{duration(step)}])")
+        self._on_poll = on_poll
+        self._failing = False
+
+    def poll_once(self) -> bool:
+        now = time.time()
+        try:
+            peaks = self._prometheus.instant(self.query, now, (self._label,))
+        except PrometheusUnavailable as error:
+            if not self._failing:
+                log.warning("node history not readable from Prometheus (%s); the peak watermark reads the "
+                            "extender's own samples once the last read is too old", error)
+            self._failing = True
+            self._on_poll("error")
+            return False
+        if self._failing:
+            log.info("node history readable from Prometheus again")
+        self._failing = False
+        self._state.record_history_peaks({node_name(key[0]): value for key, value in peaks.items()}, now)
+        self._on_poll("ok")
+        return True
+
+    def start(self) -> None:
+        _poll_forever(self.poll_once, self._interval, "history-peak-poller")
+
+
+def _poll_forever(poll: Callable[[], bool], interval: float, name: str) -> None:
+    """``poll`` now and every ``interval`` seconds after, on a daemon thread (a poll reports its
+    own failures and never raises)."""
+    def loop() -> None:
+        while True:
+            poll()
+            time.sleep(interval)
+
+    threading.Thread(target=loop, name=name, daemon=True).start()
 
 
 class Leadership:

@@ -29,7 +29,15 @@ from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_fa
 from oversale.pods import is_terminal
 from oversale.quantity import RESOURCES
 from oversale.timestamps import parse_timestamp
-from oversale.usage import LoadConfig, NodeLoad, Sample, estimated_usage, pending_usage, windows
+from oversale.usage import (
+    LoadConfig,
+    NodeLoad,
+    Sample,
+    estimated_usage,
+    pending_usage,
+    windows,
+    with_history_peak,
+)
 
 RESERVATION_TTL = 120.0
 """A reservation whose Pod never shows up bound in the watch is dropped after this long."""
@@ -72,7 +80,12 @@ class ClusterState:
     """Per node, the last hour of (time, cpu) samples as two flat arrays: a deque of objects per
     sample would put hundreds of thousands of objects in front of every garbage collection."""
     _loads: dict[str, NodeLoad] = field(default_factory=dict)
-    """Each node's windows as of its latest sample (recomputed per poll, not per call)."""
+    """Each node's windows as of its latest sample (recomputed per poll, not per call), with the
+    history's cpu maximum where it is higher."""
+    _own_loads: dict[str, NodeLoad] = field(default_factory=dict)
+    """Each node's windows over its own samples alone."""
+    _history_peaks: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per node, (cpu maximum over ``history_peak_seconds``, when it was read) from Prometheus."""
     _in_metrics: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, name) of the Pods in the last PodMetrics list."""
     _settling: dict[str, PodRecord] = field(default_factory=dict)
@@ -235,11 +248,28 @@ class ClusterState:
             if load is not None:
                 loads[name] = load
         with self._lock:
-            self._loads.update(loads)
+            self._own_loads.update(loads)
+            self._loads.update({name: self._with_history(name, load) for name, load in loads.items()})
             self._load_dirty.update(loads)
             # The rows' load is brought up to date here, on the poller's thread, not by the next
             # filter call: a poll changes every node's row at once.
             self._refresh_rows()
+
+    def record_history_peaks(self, peaks: Mapping[str, float], at: float) -> None:
+        """One read of each node's cpu maximum over the history window (Prometheus). A node not
+        in the answer keeps its last maximum until that is ``history_max_age_seconds`` old."""
+        with self._lock:
+            self._history_peaks.update({name: (peak, at) for name, peak in peaks.items()})
+            changed = {name: self._with_history(name, own) for name, own in self._own_loads.items()}
+            changed = {name: load for name, load in changed.items() if load != self._loads.get(name)}
+            self._loads.update(changed)
+            self._load_dirty.update(changed)
+            self._refresh_rows()
+
+    def _with_history(self, name: str, own: NodeLoad) -> NodeLoad:
+        held = self._history_peaks.get(name)
+        fresh = held is not None and self.wall() - held[1] <= self.load_config.history_max_age_seconds
+        return with_history_peak(own, held[0] if held and fresh else None, self.load_config)
 
     def record_pods_in_metrics(self, pods: Iterable[tuple[str, str]]) -> None:
         """One poll of PodMetrics: the Pods whose usage the node figures now include."""

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import free_port, stop_process, wait_until_serving
 
@@ -86,3 +89,38 @@ class PrometheusServer:
     def stop(self) -> None:
         stop_process(self.process)
         self.log.close()
+
+
+GARBAGE_ANSWERS = (
+    b"<html>proxy error</html>",
+    b'{"status": "success", "data": {"resultType": "matrix"}}',
+    b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": "x"}]}}',
+)
+"""200 answers that are not Prometheus's API: a proxy's page, a vector without results, a value
+that is no sample."""
+
+
+def garbage_prometheus(body: bytes) -> ThreadingHTTPServer:
+    """A "Prometheus" on a loopback port that answers every request 200 with ``body``; stop it
+    with ``shutdown()``."""
+
+    class Garbage(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._answer()
+
+        def do_POST(self) -> None:
+            self._answer()
+
+        def _answer(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

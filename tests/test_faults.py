@@ -13,7 +13,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import Reconciler
 from tests.conftest import RunningWebhook, apply_response, eventually, pod_review
 from tests.kube_api import FakeKubeAPI
+from tests.prometheus_server import GARBAGE_ANSWERS, garbage_prometheus
 
 KEYS = AnnotationKeys()
 NS = "shop"
@@ -145,35 +145,9 @@ class _NoHistory:
         raise HistoryUnavailable("down")
 
 
-class _Garbage(BaseHTTPRequestHandler):
-    """A Prometheus that answers 200 with bodies that are not its API's."""
-
-    answers = [b"<html>proxy error</html>", b'{"status": "success", "data": {"resultType": "matrix"}}',
-               b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": "x"}]}}']
-
-    def do_GET(self) -> None:
-        self._answer()
-
-    def do_POST(self) -> None:
-        self._answer()
-
-    def _answer(self) -> None:
-        body = self.answers[hash(self.path) % len(self.answers)]
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.mark.parametrize("answer", range(3))
 def test_prometheus_answering_garbage_holds_the_ratios_and_says_why(answer):
-    _Garbage.answers = [_Garbage.answers[answer]] * 3
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Garbage)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = garbage_prometheus(GARBAGE_ANSWERS[answer])
     api = FakeKubeAPI().start()
     try:
         api.put("deployments", {"metadata": {"name": "web", "namespace": NS, "annotations": {

@@ -19,14 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from kube.prometheus import PrometheusAPI
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from oversale.placement import pod_demand
+from oversale.usage import LoadConfig, Sample
 from scheduler.extender import filter_nodes
+from scheduler.kube import HistoryPeakPoller
 from scheduler.protocol import parse_args, parse_binding
 from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord
 from tests.conftest import ROOT, SHARED, eventually, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
+from tests.prometheus_server import GARBAGE_ANSWERS, Family, PrometheusServer, garbage_prometheus, write_openmetrics
 
 KEYS = AnnotationKeys()
 EXTENDER_PAYLOADS = SHARED / "fixtures" / "extender" / "types_test_payloads.json"
@@ -381,6 +385,109 @@ def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
         assert all(0 <= s["Score"] <= 10 for s in extender.post("prioritize", {"Pod": pod("p", "1"),
                                                                                  "NodeNames": ["node-0"]}))
         assert "metrics API not readable (HTTP 503" in extender.log_path.read_text()
+    finally:
+        extender.stop()
+        api.stop()
+
+
+@pytest.fixture(scope="module")
+def node_history(tmp_path_factory) -> Iterator[PrometheusServer]:
+    """A real Prometheus holding node-exporter's cpu counters of the last 8 hours for two nodes of
+    16 real cores: "burst" ran 15.2 cores (95%) for half an hour three hours ago and 4.8 cores
+    otherwise; "calm" ran 4.8 cores throughout."""
+    directory = tmp_path_factory.mktemp("node-history")
+    end = time.time() - 60
+    burst = (end - 3 * 3600, end - 2.5 * 3600)
+    family = Family("node_cpu_seconds_total", "counter")
+    for name, busy in (("burst", lambda t: 15.2 if burst[0] <= t < burst[1] else 4.8), ("calm", lambda t: 4.8)):
+        family.series.append(({"instance": f"{name}:9100", "cpu": "0", "mode": "user"}, busy))
+        family.series.append(({"instance": f"{name}:9100", "cpu": "0", "mode": "idle"}, lambda t, b=busy: 16 - b(t)))
+    path = directory / "nodes.om"
+    write_openmetrics(path, [family], end - 8 * 3600, end, 60)
+    server = PrometheusServer(directory, path)
+    yield server
+    server.stop()
+
+
+def history_extender(api: FakeKubeAPI, tmp_path: Path, url: str, window: str) -> Extender:
+    for name in ("burst", "calm"):
+        api.put("nodes", node(name))
+        api.put("nodemetrics", node_metrics(name, 4.8))  # 30% now
+    return Extender(api, tmp_path, {"OVERSALE_LOAD_AWARE": "true", "OVERSALE_METRICS_POLL_INTERVAL": "1",
+                                    "OVERSALE_LOAD_HISTORY": "prometheus", "OVERSALE_PROMETHEUS_URL": url,
+                                    "OVERSALE_PROMETHEUS_STEP": "60s", "OVERSALE_LOAD_HISTORY_INTERVAL": "1",
+                                    "OVERSALE_LOAD_HISTORY_WINDOW": window})
+
+
+def test_a_burst_hours_ago_in_prometheus_keeps_new_pods_off_the_node(node_history, tmp_path):
+    api = FakeKubeAPI().start()
+    extender = history_extender(api, tmp_path, node_history.url, "6h")
+    try:
+        # The extender has run for seconds: its own samples say 30% on both. Prometheus remembers.
+        wait_for(lambda: extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["burst"]})["FailedNodes"])
+        answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["burst", "calm"]})
+        assert answer["NodeNames"] == ["calm"]
+        assert answer["FailedNodes"] == {"burst": "cpu usage 95% of real capacity (6-hour maximum, from Prometheus) "
+                                                  "is above the scheduling watermark 85%"}
+        assert 'oversale_extender_history_polls_total{result="ok"}' in extender.get("/metrics")
+    finally:
+        extender.stop()
+    # A window of an hour does not reach back to the burst.
+    extender = history_extender(api, tmp_path, node_history.url, "1h")
+    try:
+        wait_for(lambda: 'oversale_extender_history_polls_total{result="ok"}' in extender.get("/metrics"))
+        wait_for(lambda: 'oversale_extender_nodes_without_fresh_metrics{reason="missing"} 0.0'
+                 in extender.get("/metrics"))
+        answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["burst", "calm"]})
+        assert answer["NodeNames"] == ["burst", "calm"] and answer["FailedNodes"] == {}
+    finally:
+        extender.stop()
+        api.stop()
+
+
+def test_a_maximum_read_from_prometheus_counts_until_it_is_too_old():
+    now = [1000.0]
+    config = LoadConfig(history_peak_seconds=6 * 3600, history_max_age_seconds=900)
+    state = ClusterState(KEYS, load_config=config, wall=lambda: now[0])
+    state.set_node("n", node("n"))
+    state.record_node_samples({"n": Sample(now[0], 4800, 8 << 30)})
+    state.record_history_peaks({"n": 15200.0}, now[0])
+    load = state.heats(["n"])[0].load
+    assert (load.cpu_peak, load.peak_window) == (15200.0, "6-hour maximum, from Prometheus")
+    now[0] += 901  # no read since: Prometheus has been unreachable for three intervals
+    state.record_node_samples({"n": Sample(now[0], 5000, 8 << 30)})
+    load = state.heats(["n"])[0].load
+    assert (load.cpu_peak, load.peak_window) == (5000.0, "1-hour maximum")
+
+
+@pytest.mark.parametrize("body", GARBAGE_ANSWERS)
+def test_a_prometheus_answering_garbage_changes_no_node(body):
+    server = garbage_prometheus(body)
+    try:
+        state = ClusterState(KEYS)
+        state.set_node("n", node("n"))
+        state.record_node_samples({"n": Sample(time.time(), 4800, 8 << 30)})
+        before = state.heats(["n"])[0].load
+        results: list[str] = []
+        poller = HistoryPeakPoller(PrometheusAPI(f"http://127.0.0.1:{server.server_address[1]}"), state, 1,
+                                   "instance", 300, 60, results.append)
+        assert not poller.poll_once() and results == ["error"]
+        assert state.heats(["n"])[0].load == before
+    finally:
+        server.shutdown()
+
+
+def test_an_unreachable_prometheus_leaves_the_peak_to_the_extenders_own_samples(tmp_path):
+    api = FakeKubeAPI().start()
+    extender = history_extender(api, tmp_path, f"http://127.0.0.1:{free_port()}", "6h")
+    try:
+        wait_for(lambda: 'oversale_extender_history_polls_total{result="error"}' in extender.get("/metrics"))
+        wait_for(lambda: 'oversale_extender_nodes_without_fresh_metrics{reason="missing"} 0.0'
+                 in extender.get("/metrics"))
+        answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["burst", "calm"]})
+        assert answer["NodeNames"] == ["burst", "calm"] and answer["Error"] == ""
+        assert "node history not readable from Prometheus (prometheus at http://127.0.0.1:" in \
+            extender.log_path.read_text()
     finally:
         extender.stop()
         api.stop()

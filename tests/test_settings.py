@@ -44,7 +44,9 @@ def test_environment_overrides_with_quantities_and_lists():
     ("OVERSALE_MEMORY_HOT_TIME_BUDGET", "-0.1"), ("OVERSALE_CPU_HOT_TIME_BUDGET", "NaN"),
     ("OVERSALE_WORKERS", "0"), ("OVERSALE_KUBERNETES", "maybe"), ("OVERSALE_ANNOTATION_PREFIX", "a/b"),
     ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"), ("OVERSALE_LOG_LEVEL", "LOUD"),
-    ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"),
+    ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"), ("OVERSALE_LOAD_HISTORY", "thanos"),
+    ("OVERSALE_LOAD_HISTORY", "prometheus"),  # without OVERSALE_PROMETHEUS_URL
+    ("OVERSALE_LOAD_HISTORY_WINDOW", "a day"),
 ])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError, match=name):
