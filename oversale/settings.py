@@ -297,8 +297,10 @@ class Settings:
     ``OVERSALE_LOAD_HISTORY_INTERVAL``; the higher of the two counts. A restarted extender then
     has its window at once, and a longer window remembers older bursts."""
 
-    load_history_window_seconds: float = field(default=3600.0, metadata=_env("OVERSALE_LOAD_HISTORY_WINDOW"))
-    """Window of the cpu maximum read from Prometheus."""
+    load_history_window_seconds: float = field(default=6 * 3600.0, metadata=_env("OVERSALE_LOAD_HISTORY_WINDOW"))
+    """Window of the cpu maximum read from Prometheus. 6 hours: on the backtest's tuning days it
+    freed a little more than 1 hour, at a little less hot time (24 hours: the same as 6); the
+    backtest's load-aware system replays it (docs/backtest.md)."""
 
     load_history_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_LOAD_HISTORY_INTERVAL"))
     """How often the extender reads it (one query a read, whatever the number of nodes); a read

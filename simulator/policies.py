@@ -263,8 +263,10 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
                    "account")
     sized = budget_sized(compression, budget, oversale)
 
-    def whole(name: str, load: LoadConfig | None = None, remediation: RemediationConfig | None = None) -> System:
-        return budget_system(name, budget, compression, oversale, name, account, ours_source, load, remediation)
+    def whole(name: str, load: LoadConfig | None = None, remediation: RemediationConfig | None = None,
+              placed: str = "") -> System:
+        return budget_system(name, budget, compression, oversale, name, account, ours_source + placed, load,
+                             remediation)
 
     nodes_only = BudgetAccount(budget, account or AccountConfig())
 
@@ -286,7 +288,12 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
         System("static-oversale-1.5", "static oversale ratio 1.5", no_compression, static_ratio(1.5),
                "static-oversale"),
     ]
-    systems.append(whole(f"{OURS}+load-aware", load=load or LoadConfig()))
+    load = load or LoadConfig()
+    window = (f", the cpu maximum over the last {load.history_peak_seconds / 3600:g} h as read from Prometheus "
+              "(OVERSALE_LOAD_HISTORY=prometheus)" if load.history_peak_seconds > 3600 else "")
+    systems.append(whole(f"{OURS}+load-aware", load=load,
+                         placed=f"; load-aware placement (scheduling watermarks {load.watermarks.cpu_average}/"
+                                f"{load.watermarks.cpu_peak}{window})"))
     systems.append(whole(f"{OURS}+remediation", remediation=remediation or RemediationConfig()))
     if sweep:
         systems.extend(budget_system(budget_name(cpu), HotTimeBudget(cpu, budget.memory), compression, oversale, OURS,

@@ -31,7 +31,7 @@ from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_facts
 from oversale.quantity import CPU, MEMORY, RESOURCES
 from oversale.remediation import Candidate, RemediationConfig, Target, excess, next_streak, plan_moves
-from oversale.usage import LoadConfig, NodeLoad, Sample, node_load
+from oversale.usage import LoadConfig, NodeLoad, Sample, node_load, with_history_peak
 from simulator.policies import History, System
 from simulator.trace import DAY, GIB, MILLI, SLOT, TraceError, Workload
 
@@ -246,17 +246,24 @@ def _view(number: int, real: tuple[float, float], ratio: list[float], topology: 
 
 
 def heat_at(history: list[np.ndarray], today: list[np.ndarray], times: np.ndarray, day_start: float,
-            moment: int) -> NodeHeat:
+            moment: int, config: LoadConfig) -> NodeHeat:
     """The usage view of a node when a Pod arrives at slot ``moment`` of the day: its members'
     summed usage (``history`` over the window's ``times``, then ``today`` per slot of the day,
     cpu and memory) over the hour before, as the extender's poller would have read it; every
-    member counts as already in the metrics."""
+    member counts as already in the metrics. With a history window longer than the hour
+    (``config.history_peak_seconds``: the extender reading Prometheus), the cpu maximum over that
+    window counts too, as ``with_history_peak`` has it live."""
     hour = 3600 // SLOT
     stamps = np.concatenate([times[-hour:], day_start + SLOT * np.arange(moment)])[-hour:]
     cpu = np.concatenate([history[0][-hour:], today[0][:moment]])[-hour:]
     memory = np.concatenate([history[1][-hour:], today[1][:moment]])[-hour:]
     samples = [Sample(float(t), int(c), int(m)) for t, c, m in zip(stamps, cpu, memory, strict=True)]
-    return NodeHeat(node_load(samples), float(stamps[-1]))  # read as fresh as the poller reads
+    load = node_load(samples, config)
+    longer = round(config.history_peak_seconds / SLOT)
+    if load is not None and longer > hour:
+        peak = float(np.concatenate([history[0][-longer:], today[0][:moment]])[-longer:].max())
+        load = with_history_peak(load, peak, config)
+    return NodeHeat(load, float(stamps[-1]))  # read as fresh as the poller reads
 
 
 def arrival_moments(day: Day, seed: int = 0) -> np.ndarray:
@@ -290,7 +297,7 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
             moment = int(moments[index])
             now = day.start + SLOT * (moment - 1) if moment else float(window.times[-1])
             for node in nodes:
-                heat = heat_at(node.history, node.today, window.times, day.start, moment)
+                heat = heat_at(node.history, node.today, window.times, day.start, moment, config)
                 table.put_load(node.view.name, load_facts(node.view, heat))
         # The extender's own filter and score over the open nodes; the first of the best wins.
         slots = np.arange(len(nodes), dtype=np.int64)  # node n is the table's row n

@@ -13,6 +13,7 @@ import pytest
 
 from oversale.budget import HotTimeBudget
 from oversale.estimator import CompressionEstimator, OversaleEstimator
+from oversale.usage import LoadConfig
 from simulator.policies import default_systems, katalyst_realtime, ours_requests
 from simulator.replay import SLOT, Config, Day, arrival_moments, heat_at, run
 from simulator.report import against_peers, budgets_against_peers, hot_time_interval, summary
@@ -243,7 +244,6 @@ def test_remediation_moves_the_surging_workload_off_the_hot_node():
     """Hand-computed: two 16-core nodes. Node 0 runs w0 (10 cores) and w1, which surges from 1 to 7
     cores at sample 10 (17 cores: over real capacity); node 1 runs w2 (2 cores)."""
     from oversale.remediation import RemediationConfig
-    from oversale.usage import LoadConfig
     from simulator.replay import Day, Placed, Tally, Window, remediate
 
     slots = 288
@@ -285,12 +285,16 @@ def test_a_pod_meets_the_load_its_node_has_at_the_pods_moment_of_the_day():
     history = [np.full(slots, 1000.0), np.full(slots, 4.0 * GIB)]
     busy = (np.arange(slots) >= 100) & (np.arange(slots) < 160)  # 08:20 to 13:20
     today = [np.where(busy, 20000.0, 1000.0), np.where(busy, 8.0 * GIB, 4.0 * GIB)]
-    at_midnight = heat_at(history, today, times, start, 0)
+    at_midnight = heat_at(history, today, times, start, 0, LoadConfig())
     assert (at_midnight.load.cpu_average, at_midnight.load.at) == (1000.0, times[-1])
-    midday = heat_at(history, today, times, start, 130)
+    midday = heat_at(history, today, times, start, 130, LoadConfig())
     assert (midday.load.cpu_average, midday.load.memory, midday.load.at) == (20000.0, 8.0 * GIB, start + 129 * SLOT)
-    just_before = heat_at(history, today, times, start, 100)
+    just_before = heat_at(history, today, times, start, 100, LoadConfig())
     assert just_before.load.cpu_peak == 1000.0  # the busy hours have not begun
+    # Reading Prometheus over 6 hours, the extender remembers the morning's peak in the evening.
+    evening = heat_at(history, today, times, start, 200, LoadConfig(history_peak_seconds=6 * 3600))
+    assert (evening.load.cpu_peak, evening.load.peak_window) == (20000.0, "6-hour maximum, from Prometheus")
+    assert heat_at(history, today, times, start, 200, LoadConfig()).load.cpu_peak == 1000.0
     moments = arrival_moments(Day(3, start, np.arange(slots), {}, {"cpu": np.zeros((50, slots))}, np.ones((50, slots)),
                                   None, "tuning"))  # type: ignore[arg-type]
     assert len(moments) == 50 and moments.min() >= 0 and moments.max() < slots and len(set(moments)) > 25
