@@ -249,7 +249,8 @@ class ClusterState:
                 loads[name] = load
         with self._lock:
             self._own_loads.update(loads)
-            self._loads.update({name: self._with_history(name, load) for name, load in loads.items()})
+            now = self.wall()
+            self._loads.update({name: self._with_history(name, load, now) for name, load in loads.items()})
             self._load_dirty.update(loads)
             # The rows' load is brought up to date here, on the poller's thread, not by the next
             # filter call: a poll changes every node's row at once.
@@ -260,15 +261,16 @@ class ClusterState:
         in the answer keeps its last maximum until that is ``history_max_age_seconds`` old."""
         with self._lock:
             self._history_peaks.update({name: (peak, at) for name, peak in peaks.items()})
-            changed = {name: self._with_history(name, own) for name, own in self._own_loads.items()}
+            now = self.wall()
+            changed = {name: self._with_history(name, own, now) for name, own in self._own_loads.items()}
             changed = {name: load for name, load in changed.items() if load != self._loads.get(name)}
             self._loads.update(changed)
             self._load_dirty.update(changed)
             self._refresh_rows()
 
-    def _with_history(self, name: str, own: NodeLoad) -> NodeLoad:
+    def _with_history(self, name: str, own: NodeLoad, now: float) -> NodeLoad:
         held = self._history_peaks.get(name)
-        fresh = held is not None and self.wall() - held[1] <= self.load_config.history_max_age_seconds
+        fresh = held is not None and now - held[1] <= self.load_config.history_max_age_seconds
         return with_history_peak(own, held[0] if held and fresh else None, self.load_config)
 
     def record_pods_in_metrics(self, pods: Iterable[tuple[str, str]]) -> None:

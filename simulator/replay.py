@@ -254,15 +254,14 @@ def heat_at(history: list[np.ndarray], today: list[np.ndarray], times: np.ndarra
     (``config.history_peak_seconds``: the extender reading Prometheus), the cpu maximum over that
     window counts too, as ``with_history_peak`` has it live."""
     hour = 3600 // SLOT
+    span = max(hour, round(config.history_peak_seconds / SLOT))
     stamps = np.concatenate([times[-hour:], day_start + SLOT * np.arange(moment)])[-hour:]
-    cpu = np.concatenate([history[0][-hour:], today[0][:moment]])[-hour:]
+    cpus = np.concatenate([history[0][-span:], today[0][:moment]])[-span:]  # the longer window's
     memory = np.concatenate([history[1][-hour:], today[1][:moment]])[-hour:]
-    samples = [Sample(float(t), int(c), int(m)) for t, c, m in zip(stamps, cpu, memory, strict=True)]
+    samples = [Sample(float(t), int(c), int(m)) for t, c, m in zip(stamps, cpus[-hour:], memory, strict=True)]
     load = node_load(samples, config)
-    longer = round(config.history_peak_seconds / SLOT)
-    if load is not None and longer > hour:
-        peak = float(np.concatenate([history[0][-longer:], today[0][:moment]])[-longer:].max())
-        load = with_history_peak(load, peak, config)
+    if load is not None and span > hour:
+        load = with_history_peak(load, float(cpus.max()), config)
     return NodeHeat(load, float(stamps[-1]))  # read as fresh as the poller reads
 
 
