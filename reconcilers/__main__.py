@@ -48,10 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         "backtest", help="replay a usage trace through the whole system and its peers on one simulated cluster",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     backtest.add_argument("--trace", type=Path, required=True, default=argparse.SUPPRESS, help="CSV or CSV.gz trace")
-    backtest.add_argument("--format", choices=["bitbrains-long", "generic"], default=argparse.SUPPRESS,
-                          help="bitbrains-long (GWA-T-12 long CSV) or generic (workload,timestamp_s,"
-                               "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes); "
+    backtest.add_argument("--format", choices=["bitbrains-long", "generic", "azure-wide"], default=argparse.SUPPRESS,
+                          help="bitbrains-long (GWA-T-12 long CSV), generic (workload,timestamp_s,"
+                               "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or "
+                               "azure-wide (Azure V1 cpu readings: step_5min, one column per VM); "
                                "default: detected from the header")
+    backtest.add_argument("--vm-cores", type=float, default=argparse.SUPPRESS,
+                          help="azure-wide only: the cores each VM requests, as that trace has no VM sizes "
+                               "(default 4)")
     backtest.add_argument("--out", type=Path, default=Path("backtest-report"), help="report directory")
     backtest.add_argument("--node-cores", type=float, default=32, help="node size in cores")
     backtest.add_argument("--node-memory", default="256Gi", help="node memory")
@@ -182,7 +186,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     from simulator.policies import default_systems
     from simulator.replay import Config, run
     from simulator.report import summary, write_report
-    from simulator.trace import TraceError, read_trace
+    from simulator.trace import DEFAULT_VM_CORES, TraceError, read_trace
 
     try:
         memory = parse_bytes(args.node_memory)
@@ -197,7 +201,8 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
                               frontier=args.frontier, load=settings.load,
                               sweep=getattr(args, "hot_time_budget", None) is None)
     try:
-        workloads = read_trace(args.trace, getattr(args, "format", None), _log)
+        workloads = read_trace(args.trace, getattr(args, "format", None), _log,
+                               getattr(args, "vm_cores", DEFAULT_VM_CORES))
         result = run(workloads, config, systems, _log)
     except TraceError as error:
         raise CliError(str(error)) from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,12 @@ BITBRAINS_COLUMNS = ("vm_id", "timestamp_s", "cpu_cores", "cpu_capacity_provisio
 GENERIC_COLUMNS = ("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
                    "memory_usage_bytes")
 FORMATS = {"bitbrains-long": BITBRAINS_COLUMNS, "generic": GENERIC_COLUMNS}
+AZURE_STEP = "step_5min"
+"""First column of the Azure Public Dataset V1 cpu readings as DataCenterSim repackages them: one
+row per 5-minute step, one column per VM, values in percent of the VM's allocated vCPUs."""
+WIDE_FORMATS = {"azure-wide": AZURE_STEP}
+DEFAULT_VM_CORES = 4.0
+"""The request of an Azure VM when the trace gives no size (``azure-wide`` has none)."""
 
 
 class TraceError(ValueError):
@@ -54,16 +61,23 @@ def detect_format(path: Path) -> str:
     for name, columns in FORMATS.items():
         if header.issuperset(columns):
             return name
+    for name, first in WIDE_FORMATS.items():
+        if first in header:
+            return name
     raise TraceError(f"{path}: the header matches no known format; bitbrains-long needs {', '.join(BITBRAINS_COLUMNS)}"
-                     f"; generic needs {', '.join(GENERIC_COLUMNS)}")
+                     f"; generic needs {', '.join(GENERIC_COLUMNS)}; azure-wide starts with {AZURE_STEP}")
 
 
-def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], None] = lambda m: None) -> list[Workload]:
-    """``bitbrains-long`` (the GWA-T-12 long CSV) or ``generic`` (workload,timestamp_s,
-    cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes); None: from the header."""
+def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], None] = lambda m: None,
+               vm_cores: float = DEFAULT_VM_CORES) -> list[Workload]:
+    """``bitbrains-long`` (the GWA-T-12 long CSV), ``generic`` (workload,timestamp_s,
+    cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or ``azure-wide``
+    (``step_5min`` then one column per VM, each VM requesting ``vm_cores``); None: from the header."""
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     fmt = fmt or detect_format(path)
+    if fmt in WIDE_FORMATS:
+        return _read_wide(path, vm_cores, progress)
     rows: dict[str, dict[int, tuple[float, float, float, float]]] = {}
     read = 0
     try:
@@ -96,6 +110,46 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
                                   {CPU: table[:, 0] * MILLI, MEMORY: table[:, 2]},
                                   {CPU: table[:, 1] * MILLI, MEMORY: table[:, 3]}))
     progress(f"{read:,} rows, {len(workloads)} workloads")
+    return workloads
+
+
+def _read_wide(path: Path, vm_cores: float, progress: Callable[[str], None]) -> list[Workload]:
+    """The Azure V1 readings: step ``n`` is ``(n - 1) x 5`` minutes after the trace's start (it
+    has no absolute time), usage is ``percent / 100 x vm_cores``. The trace has no VM sizes and no
+    memory: every VM requests ``vm_cores`` and no memory, so only cpu is evaluated."""
+    if vm_cores <= 0:
+        raise TraceError(f"{path}: a VM's cores must be positive, not {vm_cores}")
+    steps: list[int] = []
+    values: list[list[float]] = []
+    try:
+        with _open(path) as handle:
+            reader = csv.reader(handle)
+            header = next(reader, [])
+            if not header or header[0] != AZURE_STEP:
+                raise TraceError(f"{path}: not an azure-wide trace (its first column must be {AZURE_STEP})")
+            for number, row in enumerate(reader, 2):
+                if len(row) != len(header):
+                    raise TraceError(f"{path}: not an azure-wide trace (row {number} has {len(row)} columns, "
+                                     f"the header {len(header)})")
+                steps.append(int(row[0]))
+                values.append([float(v) if v not in ("", "NA") else math.nan for v in row[1:]])
+    except (OSError, ValueError, csv.Error) as error:
+        if isinstance(error, TraceError):
+            raise
+        raise TraceError(f"{path}: not an azure-wide trace ({error})") from None
+    if not steps:
+        raise TraceError(f"{path}: no usable rows")
+    slots = np.array(steps, dtype=np.int64) - 1
+    table = np.array(values, dtype=np.float64)
+    workloads = []
+    for column, name in enumerate(header[1:]):
+        known = ~np.isnan(table[:, column])
+        if known.any():
+            used = table[known, column] / 100 * vm_cores * MILLI
+            workloads.append(Workload(name.split()[0], slots[known],  # periodic files add "<period h>"
+                                      {CPU: np.full(len(used), vm_cores * MILLI), MEMORY: np.zeros(len(used))},
+                                      {CPU: used, MEMORY: np.zeros(len(used))}))
+    progress(f"{len(steps):,} steps, {len(workloads)} VMs of {vm_cores:g} cores")
     return workloads
 
 

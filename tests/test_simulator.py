@@ -21,6 +21,7 @@ from simulator.trace import TraceError, detect_format, read_trace
 from tests.conftest import ROOT, SHARED
 
 BITBRAINS = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
+AZURE = SHARED / "traces" / "azure-v1-cpu-100vms"
 DAY = 86400
 GIB = 2**30
 
@@ -182,6 +183,55 @@ def test_bad_traces_are_refused_with_a_message(tmp_path):
     with pytest.raises(TraceError, match="no such file"):
         read_trace(tmp_path / "absent.csv")
     assert detect_format(BITBRAINS) == "bitbrains-long"
+
+
+@pytest.mark.shared
+def test_the_azure_readings_are_percent_of_each_vms_cores():
+    path = AZURE / "microsoft_avg_100.csv.gz"
+    with gzip.open(path, "rt") as source:
+        header = source.readline().strip().split(",")
+        first = source.readline().strip().split(",")
+        rows = 1 + sum(1 for _ in source)
+    assert detect_format(path) == "azure-wide"
+    workloads = read_trace(path, vm_cores=2)
+    assert [w.name for w in workloads] == header[1:] and rows == 8004
+    vm = workloads[0]
+    assert vm.slots[0] == 0 and vm.slots[-1] == rows - 1 and len(vm.slots) == rows
+    assert vm.usage["cpu"][0] == pytest.approx(float(first[1]) / 100 * 2 * 1000)
+    assert set(vm.request["cpu"]) == {2000.0} and not vm.request["memory"].any() and not vm.usage["memory"].any()
+    periodic = read_trace(AZURE / "periodic_avg_78.csv.gz")
+    assert len(periodic) == 78 and all(" " not in w.name for w in periodic), "the period is not part of the name"
+
+
+def test_a_broken_azure_trace_is_refused_with_its_row(tmp_path):
+    broken = tmp_path / "azure.csv"
+    broken.write_text("step_5min,vm1,vm2\n1,10.0,20.0\n2,10.0\n")
+    with pytest.raises(TraceError, match="row 3 has 2 columns, the header 3"):
+        read_trace(broken)
+    broken.write_text("step_5min,vm1\n1,ten\n")
+    with pytest.raises(TraceError, match="not an azure-wide trace"):
+        read_trace(broken)
+    with pytest.raises(TraceError, match="cores must be positive"):
+        read_trace(broken, vm_cores=0)
+
+
+def test_the_command_sizes_azure_vms_by_vm_cores(tmp_path):
+    """Two VMs at a steady 50% for 9 days on 8-core nodes: at 8 cores each they need two nodes as
+    written, at 4 cores one."""
+    trace = tmp_path / "azure.csv"
+    trace.write_text("step_5min,vm1,vm2\n" + "".join(f"{step},50.0,50.0\n" for step in range(1, 9 * 288 + 1)))
+    nodes = {}
+    for cores in ("8", "4"):
+        out_dir = tmp_path / cores
+        result = subprocess.run([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(trace),
+                                 "--vm-cores", cores, "--node-cores", "8", "--node-memory", "64Gi",
+                                 "--holdout-days", "1", "--hot-time-budget", "0.001", "--out", str(out_dir)],
+                                cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        policies = {p["policy"]: p for p in json.loads((out_dir / "summary.json").read_text())["policies"]}
+        nodes[cores] = policies["none"]["nodes_per_day"]
+        assert policies["oversale"]["cpu_violation_rate"] == 0
+    assert nodes == {"8": 2, "4": 1}
 
 
 @pytest.mark.shared
