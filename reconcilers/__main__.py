@@ -30,6 +30,7 @@ from typing import Any
 from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli
 from oversale.errors import SettingsError
 from oversale.settings import Settings
+from simulator.cli import add_cluster_arguments
 
 log = logging.getLogger("reconcilers")
 
@@ -47,22 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     backtest = commands.add_parser(
         "backtest", help="replay a usage trace through the whole system and its peers on one simulated cluster",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    backtest.add_argument("--trace", type=Path, required=True, default=argparse.SUPPRESS, help="CSV or CSV.gz trace")
-    backtest.add_argument("--format", choices=["bitbrains-long", "generic", "azure-wide"], default=argparse.SUPPRESS,
-                          help="bitbrains-long (GWA-T-12 long CSV), generic (workload,timestamp_s,"
-                               "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or "
-                               "azure-wide (Azure V1 cpu readings: step_5min, one column per VM); "
-                               "default: detected from the header")
-    backtest.add_argument("--vm-cores", type=float, default=argparse.SUPPRESS,
-                          help="azure-wide only: the cores each VM requests, as that trace has no VM sizes "
-                               "(default 4)")
+    add_cluster_arguments(backtest)
     backtest.add_argument("--out", type=Path, default=Path("backtest-report"), help="report directory")
-    backtest.add_argument("--node-cores", type=float, default=32, help="node size in cores")
-    backtest.add_argument("--node-memory", default="256Gi", help="node memory")
-    backtest.add_argument("--warmup-days", type=int, default=7, help="days of history before the first scored day")
-    backtest.add_argument("--window-days", type=int, default=7, help="history window of every estimate")
-    backtest.add_argument("--holdout-days", type=int, default=14,
-                          help="the last days, reported apart as the holdout (nothing is tuned on them)")
     backtest.add_argument("--arrival-seed", type=int, default=0,
                           help="draws the moment of the day each Pod meets the load-aware extender (default 0)")
     backtest.add_argument("--hot-time-budget", type=float, default=argparse.SUPPRESS, metavar="SHARE",
@@ -181,28 +168,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
-    from oversale.errors import QuantityError
-    from oversale.quantity import parse_bytes
+    from simulator.cli import cluster_config, read_workloads
     from simulator.policies import default_systems
-    from simulator.replay import Config, run
+    from simulator.replay import run
     from simulator.report import summary, write_report
-    from simulator.trace import DEFAULT_VM_CORES, TraceError, read_trace
+    from simulator.trace import TraceError
 
-    try:
-        memory = parse_bytes(args.node_memory)
-    except QuantityError as error:
-        parser.error(f"--node-memory: {error}")
-    if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
-        parser.error("node size, warm-up and window must be positive, the holdout not negative")
-    config = Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days,
-                    args.arrival_seed)
+    config = cluster_config(args, parser, args.arrival_seed)
     budget = _chosen_budget(args, settings, parser)
     systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
                               frontier=args.frontier, load=settings.load,
                               sweep=getattr(args, "hot_time_budget", None) is None)
     try:
-        workloads = read_trace(args.trace, getattr(args, "format", None), _log,
-                               getattr(args, "vm_cores", DEFAULT_VM_CORES))
+        workloads = read_workloads(args, _log)
         result = run(workloads, config, systems, _log)
     except TraceError as error:
         raise CliError(str(error)) from None

@@ -29,8 +29,6 @@ AZURE_STEP = "step_5min"
 """First column of the Azure Public Dataset V1 cpu readings as DataCenterSim repackages them: one
 row per 5-minute step, one column per VM, values in percent of the VM's allocated vCPUs."""
 WIDE_FORMATS = {"azure-wide": AZURE_STEP}
-DEFAULT_VM_CORES = 4.0
-"""The request of an Azure VM when the trace gives no size (``azure-wide`` has none)."""
 
 
 class TraceError(ValueError):
@@ -69,14 +67,17 @@ def detect_format(path: Path) -> str:
 
 
 def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], None] = lambda m: None,
-               vm_cores: float = DEFAULT_VM_CORES) -> list[Workload]:
+               vm_cores: float | None = None) -> list[Workload]:
     """``bitbrains-long`` (the GWA-T-12 long CSV), ``generic`` (workload,timestamp_s,
     cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or ``azure-wide``
-    (``step_5min`` then one column per VM, each VM requesting ``vm_cores``); None: from the header."""
+    (``step_5min`` then one column per VM, each VM requesting ``vm_cores``, which that format
+    needs: it has no sizes); None: from the header."""
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     fmt = fmt or detect_format(path)
     if fmt in WIDE_FORMATS:
+        if vm_cores is None:
+            raise TraceError(f"{path}: an {fmt} trace has no VM sizes: say how many cores each VM requests")
         return _read_wide(path, vm_cores, progress)
     rows: dict[str, dict[int, tuple[float, float, float, float]]] = {}
     read = 0

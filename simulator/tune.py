@@ -1,8 +1,10 @@
 """Choose the hot-time account's knobs on the tuning days only.
 
-  python -m simulator.tune --trace TRACE.csv.gz [--holdout-days 14] [--warmup-days 7]
+  python -m simulator.tune --trace TRACE.csv.gz [--holdout-days 14] [--node-cores 32 --node-memory 256Gi]
 
-The trace is cut before its last ``--holdout-days`` days, so nothing here sees the holdout. For
+The trace and cluster options are the backtest's (``simulator.cli``): tune a pool that ``plan``
+exported on the node size ``plan`` printed for it. The trace is cut before its last
+``--holdout-days`` days, so nothing here sees the holdout. For
 each candidate ``AccountConfig`` the whole system runs at every budget of the goal's range
 (0.05% to 1%), and the candidate is scored by how far the realised cpu hot time strays from the
 budget: the mean of ``|log(realised / budget)|`` (0 when every budget is kept exactly; a budget
@@ -19,13 +21,13 @@ import itertools
 import math
 import sys
 import time
-from pathlib import Path
 
 from oversale.budget import AccountConfig, HotTimeBudget
 from oversale.settings import Settings
+from simulator.cli import add_cluster_arguments, cluster_config, read_workloads
 from simulator.policies import GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
-from simulator.replay import SLOTS_PER_DAY, Config, run
-from simulator.trace import read_trace
+from simulator.replay import SLOTS_PER_DAY, run
+from simulator.trace import TraceError
 
 SCALES = (1.0, 2.0, 4.0)
 """Candidates of OVERSALE_BUDGET_CALIBRATION."""
@@ -36,19 +38,31 @@ GRID = {
 """Candidates of ``AccountConfig``'s knobs (every combination is run)."""
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module's docstring as written, and every option's default."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulator.tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, required=True)
-    parser.add_argument("--holdout-days", type=int, default=14, help="days cut off the end (default 14)")
-    parser.add_argument("--warmup-days", type=int, default=7, help="history-only days (default 7)")
-    parser.add_argument("--scale", type=float, action="append",
+                                     formatter_class=_Formatter)
+    add_cluster_arguments(parser)
+    parser.add_argument("--scale", type=float, action="append", default=argparse.SUPPRESS,
                         help=f"only this calibration (repeatable; default all of {', '.join(map(str, SCALES))})")
     args = parser.parse_args(argv)
-    workloads = read_trace(args.trace)
+    config = dataclasses.replace(cluster_config(args, parser), holdout_days=0)  # the holdout is cut off below
+    try:
+        workloads = read_workloads(args, lambda message: print(message, file=sys.stderr, flush=True))
+    except TraceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     origin = min(int(w.slots[0]) for w in workloads)
     last = max(int(w.slots[-1]) for w in workloads)
-    cut = origin + ((last - origin) // SLOTS_PER_DAY + 1 - args.holdout_days) * SLOTS_PER_DAY
+    days = (last - origin) // SLOTS_PER_DAY + 1
+    if days - args.holdout_days <= args.warmup_days:
+        print(f"error: {args.trace}: {days} days, of which --holdout-days {args.holdout_days} are cut off and "
+              f"--warmup-days {args.warmup_days} only give history: no day left to tune on", file=sys.stderr)
+        return 1
+    cut = origin + (days - args.holdout_days) * SLOTS_PER_DAY
     tuning = []
     for workload in workloads:
         keep = workload.slots < cut
@@ -57,11 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                 workload, slots=workload.slots[keep], request={r: v[keep] for r, v in workload.request.items()},
                 usage={r: v[keep] for r, v in workload.usage.items()}))
     settings = Settings()
-    config = Config(32, 256 * 2**30, args.warmup_days, 7, 0)
     baseline = [s for s in default_systems(settings.compression_estimator(), settings.oversale_estimator(),
                                            settings.budget, sweep=False) if s.name == "none"]
     print("scale  " + "  ".join(GRID) + "  score  freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS), flush=True)
-    for scale, *values in itertools.product(args.scale or SCALES, *GRID.values()):
+    for scale, *values in itertools.product(getattr(args, "scale", SCALES), *GRID.values()):
         account = AccountConfig(**dict(zip(GRID, values, strict=True)))
         oversale = dataclasses.replace(settings.oversale_estimator(), budget_scale=scale)
         systems = baseline + [budget_system(budget_name(b), HotTimeBudget(b, settings.memory_hot_time_budget),

@@ -199,7 +199,7 @@ def test_the_azure_readings_are_percent_of_each_vms_cores():
     assert vm.slots[0] == 0 and vm.slots[-1] == rows - 1 and len(vm.slots) == rows
     assert vm.usage["cpu"][0] == pytest.approx(float(first[1]) / 100 * 2 * 1000)
     assert set(vm.request["cpu"]) == {2000.0} and not vm.request["memory"].any() and not vm.usage["memory"].any()
-    periodic = read_trace(AZURE / "periodic_avg_78.csv.gz")
+    periodic = read_trace(AZURE / "periodic_avg_78.csv.gz", vm_cores=4)
     assert len(periodic) == 78 and all(" " not in w.name for w in periodic), "the period is not part of the name"
 
 
@@ -207,10 +207,12 @@ def test_a_broken_azure_trace_is_refused_with_its_row(tmp_path):
     broken = tmp_path / "azure.csv"
     broken.write_text("step_5min,vm1,vm2\n1,10.0,20.0\n2,10.0\n")
     with pytest.raises(TraceError, match="row 3 has 2 columns, the header 3"):
+        read_trace(broken, vm_cores=4)
+    with pytest.raises(TraceError, match="no VM sizes: say how many cores each VM requests"):
         read_trace(broken)
     broken.write_text("step_5min,vm1\n1,ten\n")
     with pytest.raises(TraceError, match="not an azure-wide trace"):
-        read_trace(broken)
+        read_trace(broken, vm_cores=4)
     with pytest.raises(TraceError, match="cores must be positive"):
         read_trace(broken, vm_cores=0)
 
@@ -232,6 +234,47 @@ def test_the_command_sizes_azure_vms_by_vm_cores(tmp_path):
         nodes[cores] = policies["none"]["nodes_per_day"]
         assert policies["oversale"]["cpu_violation_rate"] == 0
     assert nodes == {"8": 2, "4": 1}
+
+
+def tune(trace, *options):
+    """``python -m simulator.tune`` at the calibration 4: its exit code, stderr and one row per
+    candidate as (capacity freed, realised hot time as a multiple of each goal budget)."""
+    result = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(trace), "--scale", "4",
+                             "--warmup-days", "7", *options], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] == ["4.0"]]
+    return result.returncode, result.stderr, [(row[4], row[5:10]) for row in rows]
+
+
+def test_the_tuner_runs_on_the_node_size_it_is_given_and_never_sees_the_holdout(tmp_path):
+    """Two workloads requesting 8 cores and using 2, for 10 days; on the last day both use 8. As
+    written they need two 8-core nodes or one 16-core node; right-sized (2.1 cores) both fit on one
+    node of either size. The last day is the holdout: cut off, its burst is never seen."""
+    rows = [(f"w{w}", day * DAY + slot * SLOT, 8, 8 if day == 9 else 2, GIB, GIB // 2)
+            for w in range(2) for day in range(10) for slot in range(288)]
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, rows)
+    code, err, small = tune(trace, "--node-cores", "8", "--node-memory", "64Gi", "--holdout-days", "1")
+    assert code == 0, err
+    assert len(small) == 2, "one row per candidate of the account's grid"
+    assert {freed for freed, _ in small} == {"50.0%"}
+    assert all(multiple == "0.00x" for _, multiples in small for multiple in multiples), "the burst day is cut off"
+    code, err, large = tune(trace, "--node-cores", "16", "--node-memory", "128Gi", "--holdout-days", "1")
+    assert code == 0, err
+    assert {freed for freed, _ in large} == {"0.0%"}
+    code, err, seen = tune(trace, "--node-cores", "8", "--node-memory", "64Gi", "--holdout-days", "0")
+    assert code == 0, err
+    assert all(multiple != "0.00x" for _, multiples in seen for multiple in multiples), "with no holdout it is hot"
+
+
+def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, [("w", day * DAY, 1, 0.5, GIB, GIB // 2) for day in range(20)])
+    code, err, rows = tune(trace)
+    assert code == 1 and rows == []
+    assert err.strip().endswith("20 days, of which --holdout-days 14 are cut off and --warmup-days 7 only give "
+                                "history: no day left to tune on")
+    code, err, _ = tune(tmp_path / "absent.csv")
+    assert code == 1 and "no such file" in err
 
 
 @pytest.mark.shared

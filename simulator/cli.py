@@ -1,0 +1,63 @@
+"""The command-line options every replay command shares: which trace, and what cluster it runs on.
+
+``python -m reconcilers backtest`` and ``python -m simulator.tune`` both take them, so a pool that
+``plan`` exported (``history.csv.gz``, nodes of the size ``plan`` printed) is tuned on the nodes it
+has, not on the backtest's default ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from oversale.errors import QuantityError
+from oversale.quantity import parse_bytes
+
+if TYPE_CHECKING:  # the replay needs numpy: imported when a replay runs, not when a parser is built
+    from simulator.replay import Config
+    from simulator.trace import Workload
+
+DEFAULT_VM_CORES = 4.0
+"""The request of an Azure VM, as ``azure-wide`` traces have no VM sizes."""
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--trace`` and its format, the node size and the replay's days (defaults: the backtest's)."""
+    parser.add_argument("--trace", type=Path, required=True, default=argparse.SUPPRESS, help="CSV or CSV.gz trace")
+    parser.add_argument("--format", choices=["bitbrains-long", "generic", "azure-wide"], default=argparse.SUPPRESS,
+                        help="bitbrains-long (GWA-T-12 long CSV), generic (workload,timestamp_s,"
+                             "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or "
+                             "azure-wide (Azure V1 cpu readings: step_5min, one column per VM); "
+                             "default: detected from the header")
+    parser.add_argument("--vm-cores", type=float, default=DEFAULT_VM_CORES,
+                        help="azure-wide only: the cores each VM requests, as that trace has no VM sizes")
+    parser.add_argument("--node-cores", type=float, default=32, help="node size in cores")
+    parser.add_argument("--node-memory", default="256Gi", help="node memory")
+    parser.add_argument("--warmup-days", type=int, default=7, help="days of history before the first scored day")
+    parser.add_argument("--window-days", type=int, default=7, help="history window of every estimate")
+    parser.add_argument("--holdout-days", type=int, default=14,
+                        help="the last days, reported apart as the holdout (nothing is tuned on them)")
+
+
+def cluster_config(args: argparse.Namespace, parser: argparse.ArgumentParser, arrival_seed: int = 0) -> Config:
+    """The replay's ``Config`` from the options; a bad one ends the command with a usage error."""
+    from simulator.replay import Config
+
+    try:
+        memory = parse_bytes(args.node_memory)
+    except QuantityError as error:
+        parser.error(f"--node-memory: {error}")
+    if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
+        parser.error("node size, warm-up and window must be positive, the holdout not negative")
+    if args.vm_cores <= 0:
+        parser.error(f"--vm-cores {args.vm_cores:g}: a VM's cores must be positive")
+    return Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days, arrival_seed)
+
+
+def read_workloads(args: argparse.Namespace, progress: Callable[[str], None]) -> list[Workload]:
+    """The trace the options name (``TraceError`` when it cannot be read)."""
+    from simulator.trace import read_trace
+
+    return read_trace(args.trace, getattr(args, "format", None), progress, args.vm_cores)
