@@ -19,10 +19,12 @@ import argparse
 import dataclasses
 import itertools
 import math
+import os
 import sys
 import time
 
 from oversale.budget import AccountConfig, HotTimeBudget
+from oversale.errors import SettingsError
 from oversale.settings import Settings
 from simulator.cli import add_cluster_arguments, cluster_config, read_workloads
 from simulator.policies import GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
@@ -50,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"only this calibration (repeatable; default all of {', '.join(map(str, SCALES))})")
     args = parser.parse_args(argv)
     config = dataclasses.replace(cluster_config(args, parser), holdout_days=0)  # the holdout is cut off below
+    try:  # the user's OVERSALE_* settings, as the backtest reads them
+        settings = Settings.from_env(os.environ)
+    except SettingsError as error:
+        parser.error(str(error))
     try:
         workloads = read_workloads(args, lambda message: print(message, file=sys.stderr, flush=True))
     except TraceError as error:
@@ -70,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
             tuning.append(dataclasses.replace(
                 workload, slots=workload.slots[keep], request={r: v[keep] for r, v in workload.request.items()},
                 usage={r: v[keep] for r, v in workload.usage.items()}))
-    settings = Settings()
     baseline = [s for s in default_systems(settings.compression_estimator(), settings.oversale_estimator(),
                                            settings.budget, sweep=False) if s.name == "none"]
     print("scale  " + "  ".join(GRID) + "  score  freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS), flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 
@@ -275,6 +276,10 @@ def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
                                 "history: no day left to tune on")
     code, err, _ = tune(tmp_path / "absent.csv")
     assert code == 1 and "no such file" in err
+    refused = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(trace)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "OVERSALE_CPU_HOT_TIME_BUDGET": "2"})
+    assert refused.returncode == 2 and "OVERSALE_CPU_HOT_TIME_BUDGET" in refused.stderr, "the user's settings count"
 
 
 @pytest.mark.shared
