@@ -118,6 +118,21 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     assert "Pool `general`" in text and "| shop |" in text and "(general/report.md)" in text
 
 
+def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_path):
+    """docs/reconcilers.md's recipe: plan, then simulator.tune on a pool's export with the node
+    size plan.json gives (13 requested cores on 8-core nodes: two nodes as written, one right-sized)."""
+    assert plan(cluster_prometheus.url, tmp_path / "plan").returncode == 0
+    pool = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]
+    tuned = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace",
+                            str(tmp_path / "plan" / "general" / "history.csv.gz"),
+                            "--node-cores", str(pool["node_cores"]), "--node-memory", str(pool["node_memory_bytes"]),
+                            "--holdout-days", "1", "--scale", "4"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert tuned.returncode == 0, tuned.stderr
+    rows = [line.split() for line in tuned.stdout.splitlines() if line.startswith("  4.0")]
+    assert len(rows) == 2 and {row[4] for row in rows} == {"50.0%"}
+
+
 def test_cadvisor_pause_and_pod_cgroup_series_are_not_counted(cluster_prometheus, tmp_path):
     result = plan(cluster_prometheus.url, tmp_path / "plan")
     assert result.returncode == 0, result.stderr
