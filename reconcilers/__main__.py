@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import shlex
 import socket
 import sys
 import threading
@@ -258,7 +259,12 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
             raise CliError(f"pool {pool}: {error}") from None
         data = write_report(folder, summary(result, systems), result, export, config)
         ours = result.last_day[OURS]
+        # The tuner on this pool as it was just replayed (same nodes, warm-up, window and holdout).
+        retune = ["python", "-m", "simulator.tune", "--trace", str(export), "--node-cores", f"{size[0]:g}",
+                  "--node-memory", str(int(size[1])), "--warmup-days", str(config.warmup_days),
+                  "--window-days", str(config.window_days), "--holdout-days", str(config.holdout_days)]
         entries[pool] = {"pods": len(pods), "node_cores": size[0], "node_memory_bytes": size[1], "summary": data,
+                         "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours)}
     if not entries:
         raise CliError("no pool with a known node size: kube_node_status_allocatable has no cpu and memory for the "

@@ -215,6 +215,8 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
             lines.append(f"| {namespace} | {totals['cpu_requested_cores']:.2f} | {totals['cpu_set_cores']:.2f} | "
                          f"{totals['memory_requested_bytes'] / 2**30:.2f} GiB | "
                          f"{totals['memory_set_bytes'] / 2**30:.2f} GiB |")
+        lines += ["", "Before changing `OVERSALE_BUDGET_CALIBRATION` for this pool, choose it on this history (the "
+                      "tuner cuts the holdout off, see docs/backtest.md):", "", f"    {entry['retune']}"]
         node_ratios = [n["cpu"] for n in entry["ratios"]["nodes"]]
         if node_ratios:
             lines += ["", f"Node cpu ratios it would set: {min(node_ratios):g} to {max(node_ratios):g} "

@@ -8,6 +8,7 @@ import gzip
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -119,14 +120,16 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
 
 
 def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_path):
-    """docs/reconcilers.md's recipe: plan, then simulator.tune on a pool's export with the node
-    size plan.json gives (13 requested cores on 8-core nodes: two nodes as written, one right-sized)."""
+    """docs/reconcilers.md's recipe: plan, then the simulator.tune command plan printed for the
+    pool, on its export and its nodes (13 requested cores on 8-core nodes: two nodes as written,
+    one right-sized)."""
     assert plan(cluster_prometheus.url, tmp_path / "plan").returncode == 0
-    pool = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]
-    tuned = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace",
-                            str(tmp_path / "plan" / "general" / "history.csv.gz"),
-                            "--node-cores", str(pool["node_cores"]), "--node-memory", str(pool["node_memory_bytes"]),
-                            "--holdout-days", "1", "--scale", "4"], cwd=ROOT, capture_output=True, text=True,
+    command = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]["retune"]
+    assert f"    {command}" in (tmp_path / "plan" / "plan.md").read_text().splitlines()
+    python, *arguments = shlex.split(command)
+    assert python == "python" and arguments[:2] == ["-m", "simulator.tune"]
+    assert arguments[arguments.index("--node-cores") + 1] == "8"
+    tuned = subprocess.run([sys.executable, *arguments, "--scale", "4"], cwd=ROOT, capture_output=True, text=True,
                            timeout=300)
     assert tuned.returncode == 0, tuned.stderr
     rows = [line.split() for line in tuned.stdout.splitlines() if line.startswith("  4.0")]
