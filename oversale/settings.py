@@ -483,10 +483,10 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def _positive_float(text: str, what: str = "a positive number of seconds") -> float:
     value = float(text)
     if not value > 0 or value == float("inf"):
-        raise ValueError("must be a positive number of seconds")
+        raise ValueError(f"must be {what}")
     return value
 
 
@@ -582,7 +582,7 @@ _PARSERS: dict[str, Any] = {
     "reconcile_interval_seconds": lambda text: _duration(text),
     "cpu_hot_time_budget": lambda text: _share(text),
     "memory_hot_time_budget": lambda text: _share(text),
-    "budget_calibration": lambda text: _positive_float(text),
+    "budget_calibration": lambda text: _positive_float(text, "a positive factor (quantile 1 - calibration x budget)"),
     "pool_labels": lambda text: tuple(label.strip() for label in text.split(",") if label.strip()),
     "compression_margin": lambda text: _decimal_between(text, 0, 10),
     "min_history_seconds": lambda text: _duration(text, allow_zero=True),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from oversale.errors import QuantityError
 from oversale.quantity import parse_bytes
+from simulator.formats import FORMAT_NAMES
 
 if TYPE_CHECKING:  # the replay needs numpy: imported when a replay runs, not when a parser is built
     from simulator.replay import Config
@@ -26,7 +27,7 @@ DEFAULT_VM_CORES = 4.0
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """``--trace`` and its format, the node size and the replay's days (defaults: the backtest's)."""
     parser.add_argument("--trace", type=Path, required=True, default=argparse.SUPPRESS, help="CSV or CSV.gz trace")
-    parser.add_argument("--format", choices=["bitbrains-long", "generic", "azure-wide"], default=argparse.SUPPRESS,
+    parser.add_argument("--format", choices=FORMAT_NAMES, default=argparse.SUPPRESS,
                         help="bitbrains-long (GWA-T-12 long CSV), generic (workload,timestamp_s,"
                              "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or "
                              "azure-wide (Azure V1 cpu readings: step_5min, one column per VM); "

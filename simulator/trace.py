@@ -13,22 +13,13 @@ from typing import IO
 import numpy as np
 
 from oversale.quantity import CPU, MEMORY
+from simulator.formats import AZURE_STEP, BITBRAINS_COLUMNS, FORMATS, GENERIC_COLUMNS, WIDE_FORMATS
 
 SLOT = 300
 """Seconds per sample slot (the traces sample every 5 minutes)."""
 DAY = 86400
 GIB = 2**30
 MILLI = 1000  # cpu amounts are kept in millicores, as everywhere else in oversale
-
-BITBRAINS_COLUMNS = ("vm_id", "timestamp_s", "cpu_cores", "cpu_capacity_provisioned_mhz", "cpu_usage_mhz",
-                     "memory_capacity_provisioned_kb", "memory_usage_kb")
-GENERIC_COLUMNS = ("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
-                   "memory_usage_bytes")
-FORMATS = {"bitbrains-long": BITBRAINS_COLUMNS, "generic": GENERIC_COLUMNS}
-AZURE_STEP = "step_5min"
-"""First column of the Azure Public Dataset V1 cpu readings as DataCenterSim repackages them: one
-row per 5-minute step, one column per VM, values in percent of the VM's allocated vCPUs."""
-WIDE_FORMATS = {"azure-wide": AZURE_STEP}
 
 
 class TraceError(ValueError):

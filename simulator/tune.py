@@ -44,11 +44,22 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
     """The module's docstring as written, and every option's default."""
 
 
+def _calibration(text: str) -> float:
+    """A candidate of OVERSALE_BUDGET_CALIBRATION: a positive, finite factor."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: a calibration is a positive factor (the default is 4)")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulator.tune", description=__doc__,
                                      formatter_class=_Formatter)
     add_cluster_arguments(parser)
-    parser.add_argument("--scale", type=float, action="append", default=argparse.SUPPRESS,
+    parser.add_argument("--scale", type=_calibration, action="append", default=argparse.SUPPRESS,
                         help=f"only this calibration (repeatable; default all of {', '.join(map(str, SCALES))})")
     args = parser.parse_args(argv)
     config = dataclasses.replace(cluster_config(args, parser), holdout_days=0)  # the holdout is cut off below

@@ -126,6 +126,19 @@ def test_backtest_help_shows_every_default():
         assert default in " ".join(text.split()), default
 
 
+def test_format_choices_are_the_readers_formats_and_parsing_them_loads_no_numpy():
+    # The reconcilers' parser is built on every `python -m reconcilers run`; the replay's numpy
+    # is only for backtest and plan, so the format names come from a module without it.
+    code = ("import sys; from reconcilers.__main__ import main\n"
+            "try:\n    main(['backtest', '--trace', 'x.csv', '--format', 'nope'])\n"
+            "except SystemExit as exit:\n    print(exit.code, 'numpy' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ["2", "False"], result.stdout + result.stderr
+    from simulator.trace import FORMATS, WIDE_FORMATS
+    for name in (*FORMATS, *WIDE_FORMATS):
+        assert f"'{name}'" in result.stderr, result.stderr
+
+
 def _pytest(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")} | env
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_quantity.py"],

@@ -46,11 +46,19 @@ def test_environment_overrides_with_quantities_and_lists():
     ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"), ("OVERSALE_LOG_LEVEL", "LOUD"),
     ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"), ("OVERSALE_LOAD_HISTORY", "thanos"),
     ("OVERSALE_LOAD_HISTORY", "prometheus"),  # without OVERSALE_PROMETHEUS_URL
-    ("OVERSALE_LOAD_HISTORY_WINDOW", "a day"),
+    ("OVERSALE_LOAD_HISTORY_WINDOW", "a day"), ("OVERSALE_BUDGET_CALIBRATION", "0"),
 ])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
+
+
+def test_a_refused_value_is_explained_in_its_own_unit():
+    with pytest.raises(SettingsError) as calibration:
+        Settings.from_env({"OVERSALE_BUDGET_CALIBRATION": "-1"})
+    assert "positive factor" in str(calibration.value) and "seconds" not in str(calibration.value)
+    with pytest.raises(SettingsError, match="positive number of seconds"):
+        Settings.from_env({"OVERSALE_OWNER_LOOKUP_TIMEOUT": "-1"})
 
 
 def test_a_bad_setting_stops_the_server_with_the_message(tmp_path):

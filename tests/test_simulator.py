@@ -280,6 +280,10 @@ def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
                              capture_output=True, text=True, timeout=60,
                              env={**os.environ, "OVERSALE_CPU_HOT_TIME_BUDGET": "2"})
     assert refused.returncode == 2 and "OVERSALE_CPU_HOT_TIME_BUDGET" in refused.stderr, "the user's settings count"
+    for scale in ("0", "-1", "inf", "four"):
+        bad = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(trace), "--scale", scale],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and f"--scale: '{scale}': a calibration is a positive factor" in bad.stderr, scale
 
 
 @pytest.mark.shared

@@ -1,0 +1,20 @@
+"""The trace formats the replay reads: their names and the header that identifies each.
+
+Kept apart from ``simulator.trace`` (which needs numpy) so the command-line parsers can offer the
+names without loading the replay.
+"""
+
+from __future__ import annotations
+
+BITBRAINS_COLUMNS = ("vm_id", "timestamp_s", "cpu_cores", "cpu_capacity_provisioned_mhz", "cpu_usage_mhz",
+                     "memory_capacity_provisioned_kb", "memory_usage_kb")
+GENERIC_COLUMNS = ("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
+                   "memory_usage_bytes")
+FORMATS = {"bitbrains-long": BITBRAINS_COLUMNS, "generic": GENERIC_COLUMNS}
+"""Long formats: one row per (workload, time), identified by holding all of these columns."""
+AZURE_STEP = "step_5min"
+"""First column of the Azure Public Dataset V1 cpu readings as DataCenterSim repackages them: one
+row per 5-minute step, one column per VM, values in percent of the VM's allocated vCPUs."""
+WIDE_FORMATS = {"azure-wide": AZURE_STEP}
+"""Wide formats: one row per time step, identified by their first column."""
+FORMAT_NAMES = (*FORMATS, *WIDE_FORMATS)
