@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 
 from kube.cli import CliError, Parser, add_debug_flag, run_cli
-from kube.tls import CA_DAYS, RENEW_FRACTION, SERVING_DAYS, CertificatePaths, generate, service_hosts
+from kube.tls import (
+    CA_DAYS,
+    RENEW_FRACTION,
+    SERVING_DAYS,
+    CertificatePaths,
+    check_hosts,
+    generate,
+    service_hosts,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +118,10 @@ def _hosts(parser: argparse.ArgumentParser, args: argparse.Namespace, namespace:
     hosts = [*(service_hosts(args.service, namespace) if args.service else []), *args.host]
     if not hosts:
         parser.error("give --service and/or --host")
+    try:
+        check_hosts(hosts, getattr(args, "client", False))
+    except ValueError as error:
+        parser.error(str(error))
     return hosts
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,36 @@ class CertificatePaths:
         return self.cert.is_file() and self.key.is_file()
 
 
+_DNS_NAME = re.compile(r"(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*",
+                       re.IGNORECASE)
+COMMON_NAME_MAX = 64
+"""X.509's upper bound on a common name (RFC 5280, ub-common-name)."""
+
+
+def check_hosts(hosts: Sequence[str], client: bool = False) -> None:
+    """ValueError naming the first host a certificate cannot carry. A serving certificate's
+    names are its SANs, which clients match against the address they dial, so each is an IP or a
+    DNS name (a leading ``*.`` allowed) of at most 253 characters; a client certificate's first
+    name is its identity (``kube-scheduler``), any text. Either way the first name is the common
+    name, at most 64 characters."""
+    if not hosts:
+        raise ValueError("at least one host name is needed for the certificate")
+    for host in hosts:
+        if not host or host != host.strip():
+            raise ValueError(f"host {host!r}: empty, or with spaces around it")
+        if client:
+            continue
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if len(host) > 253 or not _DNS_NAME.fullmatch(host):
+                raise ValueError(f"host {host!r} is neither an IP address nor a DNS name "
+                                 "(letters, digits, '-' and dots, e.g. oversale-webhook.oversale.svc)") from None
+    if len(hosts[0]) > COMMON_NAME_MAX:
+        raise ValueError(f"host {hosts[0]!r}: the first name becomes the certificate's common name, at most "
+                         f"{COMMON_NAME_MAX} characters; give a shorter one first")
+
+
 def service_hosts(service: str, namespace: str) -> list[str]:
     """The DNS names a Service is reached by from inside the cluster."""
     return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
@@ -66,8 +97,7 @@ def issue(hosts: Iterable[str], days: int = SERVING_DAYS, ca: Bundle | None = No
     with ``client``, a client certificate instead (its first name as the common name), as
     kube-scheduler presents to the extender."""
     names = list(dict.fromkeys(hosts))
-    if not names:
-        raise ValueError("at least one host name is needed for the certificate")
+    check_hosts(names, client)
     now = datetime.datetime.now(datetime.UTC)
     if ca is None:
         ca_key = ec.generate_private_key(ec.SECP256R1())

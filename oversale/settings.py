@@ -569,7 +569,7 @@ _PARSERS: dict[str, Any] = {
     "threads": _positive_int,
     "keepalive_seconds": _positive_int,
     "log_level": _level,
-    "prometheus_url": lambda text: text.strip().rstrip("/"),
+    "prometheus_url": lambda text: parse_base_url(text) if text.strip() else "",
     "prometheus_timeout_seconds": lambda text: _duration(text),
     "prometheus_step_seconds": lambda text: _duration(text),
     "prometheus_rate_window_seconds": lambda text: _duration(text),
@@ -646,6 +646,18 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def parse_duration(text: str) -> float:
     """A positive duration in seconds from ``300``, ``300s``, ``5m``, ``24h`` or ``7d`` (ValueError)."""
     return _duration(text)
+
+
+def parse_base_url(text: str) -> str:
+    """An http(s) base URL such as ``http://prometheus.monitoring:9090`` (a path prefix allowed),
+    without the trailing slash (ValueError otherwise): refused here, it is one line at start
+    instead of an error on every query."""
+    text = text.strip().rstrip("/")
+    scheme, _, rest = text.partition("://")
+    host = rest.split("/", 1)[0]
+    if scheme.lower() not in ("http", "https") or not host or any(c.isspace() for c in text):
+        raise ValueError("must be an http:// or https:// URL such as http://prometheus.monitoring:9090")
+    return text
 
 
 def _duration(text: str, allow_zero: bool = False) -> float:

@@ -207,7 +207,7 @@ def _chosen_budget(args: argparse.Namespace, settings: Settings, parser: argpars
 
 
 def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
-    from oversale.settings import parse_duration
+    from oversale.settings import parse_base_url, parse_duration
     from reconcilers.history import HistoryUnavailable
     from reconcilers.plan import (
         PlanError,
@@ -229,11 +229,17 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         step = parse_duration(args.step)
     except ValueError as error:
         parser.error(f"--step {args.step!r}: {error}")
-    if args.days <= args.warmup_days or args.warmup_days < 1:
+    try:
+        url = parse_base_url(args.prometheus)
+    except ValueError as error:
+        parser.error(f"--prometheus {args.prometheus!r}: {error}")
+    if args.warmup_days < 1:
+        parser.error(f"--warmup-days {args.warmup_days}: at least 1 day of history comes before the first replayed day")
+    if args.days <= args.warmup_days:
         parser.error(f"--days {args.days:g} must exceed --warmup-days {args.warmup_days} (the first days only give "
                      "history)")
     budget = _chosen_budget(args, settings, parser)
-    prometheus = PrometheusHistory(args.prometheus, settings.prometheus_timeout_seconds, step)
+    prometheus = PrometheusHistory(url, settings.prometheus_timeout_seconds, step)
     try:
         history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log)
     except (PlanError, HistoryUnavailable) as error:

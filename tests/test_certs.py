@@ -57,6 +57,30 @@ def test_generate_cli_rejects_missing_names(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("names", "said"), [
+    (["--host", ""], "empty"), (["--host", "bad host"], "neither an IP address nor a DNS name"),
+    (["--service", "web hook"], "'web hook' is neither"), (["--host", "under_score.svc"], "neither"),
+    (["--host", "a" * 63 + ".svc"], "at most 64 characters"),
+])
+def test_generate_cli_refuses_names_no_client_could_match_and_writes_nothing(tmp_path, names, said):
+    result = subprocess.run([sys.executable, "-m", "certs", "generate", "--dir", str(tmp_path), *names], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_serving_names_may_be_ips_and_wildcards_and_a_client_name_any_identity():
+    bundle = issue(["*.oversale.svc", "10.0.0.1", "::1", "a" * 63])
+    names = x509.load_pem_x509_certificate(bundle.cert).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["*.oversale.svc", "a" * 63]
+    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.1"), ipaddress.ip_address("::1")]
+    client = x509.load_pem_x509_certificate(issue(["system:kube-scheduler"], client=True).cert)
+    assert client.subject.rfc4514_string() == "CN=system:kube-scheduler"
+    with pytest.raises(ValueError, match="system:kube-scheduler"):
+        issue(["system:kube-scheduler"])  # as a serving name no client could dial it
+
+
 def test_problems_name_what_is_wrong():
     good = issue(HOSTS)
     assert problems_with(good, HOSTS) == []

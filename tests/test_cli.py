@@ -95,6 +95,11 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
                                                                                  "no such file"]),
     (["certs", "generate", "--dir", "/proc/oversale-nope", "--host", "localhost"], ["/proc/oversale-nope"]),
     (["reconcilers", "backtest", "--trace", "/nonexistent/trace.csv"], ["/nonexistent/trace.csv", "no such file"]),
+    (["reconcilers", "plan", "--prometheus", "prometheus:9090"], ["--prometheus 'prometheus:9090'", "http://"]),
+    (["reconcilers", "plan", "--prometheus", "ftp://prometheus"], ["--prometheus 'ftp://prometheus'", "http://"]),
+    (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--warmup-days", "0", "--days", "3"],
+     ["--warmup-days 0", "at least 1 day"]),
+    (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--days", "7"], ["--days 7 must exceed"]),
 ])
 def test_bad_arguments_are_named(command, names):
     result = run(command)

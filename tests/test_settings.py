@@ -47,10 +47,17 @@ def test_environment_overrides_with_quantities_and_lists():
     ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"), ("OVERSALE_LOAD_HISTORY", "thanos"),
     ("OVERSALE_LOAD_HISTORY", "prometheus"),  # without OVERSALE_PROMETHEUS_URL
     ("OVERSALE_LOAD_HISTORY_WINDOW", "a day"), ("OVERSALE_BUDGET_CALIBRATION", "0"),
+    ("OVERSALE_PROMETHEUS_URL", "prometheus:9090"), ("OVERSALE_PROMETHEUS_URL", "http:///api"),
 ])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
+
+
+def test_the_prometheus_url_is_a_base_url_or_empty():
+    assert Settings.from_env({"OVERSALE_PROMETHEUS_URL": " https://mon.example:9090/prom/ "}).prometheus_url == \
+        "https://mon.example:9090/prom"
+    assert Settings.from_env({"OVERSALE_PROMETHEUS_URL": "  "}).prometheus_url == ""
 
 
 def test_a_refused_value_is_explained_in_its_own_unit():
