@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,9 @@ def summary(result: Result, systems: list[System]) -> list[dict[str, Any]]:
         tallies = result.tallies[system.name]
         row: dict[str, Any] = {"policy": system.name, "kind": system.kind, "ours": system.ours,
                                "family": system.family or system.name, "source": system.source,
-                               "hot_time_budget": system.account.budget.cpu if system.account else None}
+                               "hot_time_budget": system.account.budget.cpu if system.account else None,
+                               "adds": [step for step, config in (("load-aware", system.load),
+                                                                  ("remediation", system.remediation)) if config]}
         row |= figures(tallies["tuning"].add(tallies["holdout"]), base["tuning"].add(base["holdout"]))
         for split in SPLITS:
             row[split] = figures(tallies[split], base[split])
@@ -85,6 +89,86 @@ def hot_time_interval(days: list[dict[str, Any]], split: str, resource: str = "c
     shares = hot[draws].sum(axis=1) / np.maximum(samples[draws].sum(axis=1), 1)
     low, high = np.quantile(shares, [(1 - level) / 2, (1 + level) / 2])
     return [round(float(low), 6), round(float(high), 6)]
+
+
+def variants_against_curve(rows: list[dict[str, Any]], daily: dict[str, list[dict[str, Any]]], split: str,
+                           resource: str = "cpu", level: float = 0.9, resamples: int = 2000, seed: int = 0
+                           ) -> list[dict[str, Any]]:
+    """Each variant of our whole system (load-aware placement, remediation: what it ``adds``)
+    against our own budget curve at the same capacity freed: the hot time the curve runs at the
+    variant's capacity freed (the sweep's budgets joined by straight lines, as the plot draws it
+    and :func:`against_peers` reads it), and by how
+    much the variant is hotter (``change`` > 0) or cooler. A variant that frees more or less than
+    every budget has no such point (``curve_violation_rate`` None, ``off_the_curve`` says which).
+
+    ``difference`` is the same in share of node-time (variant minus curve), and
+    ``difference_interval``, ``cooler_share`` and ``hotter_share`` come from the split's days drawn
+    again with replacement, the same draws for every system (a paired bootstrap over days, seeded):
+    how far the verdict could have moved on other days like these, and in what share of the draws
+    the variant is the cooler or the hotter one (``draws_on_the_curve``: the share of draws in which
+    its capacity freed is within the curve's range; the rest are left out). A difference carried
+    by one or two hot days shows as an interval on both sides of 0."""
+    key = f"{resource}_hot_samples"
+    curve = sorted((r for r in rows if r["family"] == OURS and r.get("hot_time_budget") is not None
+                    and not r.get("adds") and r["policy"] in daily), key=lambda r: r[split]["capacity_freed"])
+    variants = [r for r in rows if r["ours"] and r.get("adds") and r["policy"] in daily]
+    if len(curve) < 2 or not variants or BASELINE not in daily:
+        return []
+
+    def per_day(name: str, field: str) -> np.ndarray:
+        return np.array([d[field] for d in daily[name] if d["split"] == split], dtype=np.float64)
+
+    base_nodes = per_day(BASELINE, "nodes")
+    if not len(base_nodes):
+        return []
+    draws = np.random.default_rng(seed).integers(0, len(base_nodes), size=(resamples, len(base_nodes)))
+    # Row 0 is the split itself, as measured; the rest are the draws.
+    picks = np.vstack([np.arange(len(base_nodes)), draws])
+    base = base_nodes[picks].sum(axis=1)
+
+    def measured(name: str) -> tuple[np.ndarray, np.ndarray]:
+        freed = 1 - per_day(name, "nodes")[picks].sum(axis=1) / np.maximum(base, 1)
+        hot = per_day(name, key)[picks].sum(axis=1) / np.maximum(per_day(name, "node_samples")[picks].sum(axis=1), 1)
+        return freed, hot
+
+    curve_points = [measured(r["policy"]) for r in curve]
+    verdicts = []
+    for row in variants:
+        freed, hot = measured(row["policy"])
+        at = np.array([_curve_hot_at([(f[i], h[i]) for f, h in curve_points], freed[i])
+                       for i in range(len(freed))], dtype=np.float64)
+        difference = hot - at  # NaN where the variant's capacity freed is off the curve
+        drawn = difference[1:][~np.isnan(difference[1:])]
+        verdict: dict[str, Any] = {
+            "system": row["policy"], "adds": row["adds"], "capacity_freed": row[split]["capacity_freed"],
+            "violation_rate": row[split][f"{resource}_violation_rate"],
+            "curve_violation_rate": None if np.isnan(at[0]) else round(float(at[0]), 6),
+            "off_the_curve": None if not np.isnan(at[0]) else
+            "frees more than any budget" if freed[0] > max(f[0] for f, _ in curve_points) else
+            "frees less than any budget",
+            "change": None if np.isnan(at[0]) or at[0] <= 0 else round(float(hot[0] / at[0] - 1), 3),
+            "difference": None if np.isnan(difference[0]) else round(float(difference[0]), 6),
+            "difference_interval": None, "cooler_share": None, "hotter_share": None,
+            "draws_on_the_curve": round(len(drawn) / resamples, 3)}
+        if len(drawn):
+            low, high = np.quantile(drawn, [(1 - level) / 2, (1 + level) / 2])
+            verdict["difference_interval"] = [round(float(low), 6), round(float(high), 6)]
+            verdict["cooler_share"] = round(float((drawn < 0).mean()), 3)
+            verdict["hotter_share"] = round(float((drawn > 0).mean()), 3)
+        verdicts.append(verdict)
+    return verdicts
+
+
+def _curve_hot_at(points: list[tuple[float, float]], freed: float) -> float:
+    """The hot time of a curve of (freed, hot time) points at ``freed``, straight lines between
+    neighbours; NaN outside the points' range."""
+    points = sorted(points)
+    if not points or freed < points[0][0] or freed > points[-1][0]:
+        return math.nan
+    for (f0, h0), (f1, h1) in itertools.pairwise(points):
+        if f0 <= freed <= f1:
+            return h0 if f1 == f0 else h0 + (h1 - h0) * (freed - f0) / (f1 - f0)
+    return points[-1][1]
 
 
 def clairvoyant_freed(result: Result, split: str | None = None) -> float:
@@ -178,6 +262,7 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         "against_peers": {split: against_peers(rows, split) for split in SPLITS},
         "budgets_against_peers": {split: budgets_against_peers(rows, split) for split in SPLITS},
         "budget_sweep": budget_sweep(rows, result.daily),
+        "variants_against_curve": {split: variants_against_curve(rows, result.daily, split) for split in SPLITS},
         "daily": result.daily,
     }
     (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
@@ -266,12 +351,38 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
                           "-" if interval is None else f"{interval[0]:.3%}..{interval[1]:.3%}"]
             lines.append(f"| {entry['hot_time_budget']:.2%} | " + " | ".join(cells) + " |")
         lines += ["", "![realised hot time against the budget](budget_kept.png)", ""]
+    lines += variants_table(data["variants_against_curve"])
     lines += hot_days_table(result.daily)
     lines += ["![capacity freed against cpu violations](savings_vs_violations.png)", "",
               "![the busiest node of the last day, per system](node_day.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     _plots(out, rows, result, data)
     return data
+
+
+def variants_table(verdicts: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Load-aware placement and remediation against our budget curve (:func:`variants_against_curve`)."""
+    if not any(verdicts.values()):
+        return []
+    lines = ["## Our variants against our curve", "",
+             f"Each variant of `{OURS}` against its budget curve (the sweep, straight lines) at the same "
+             "capacity freed: the hot time the curve runs there, and the variant's difference. *Days like these*: "
+             "the 90% interval of the difference over the split's days drawn again (the same draws for every "
+             "system), and in what share of those draws the variant is cooler or hotter.", "",
+             "| split | variant | freed | cpu hot time | curve there | change | difference | "
+             "days like these (points) | cooler / hotter in |", "|" + " --- |" * 9]
+    for split, rows in verdicts.items():
+        for v in rows:
+            curve = v["off_the_curve"] if v["curve_violation_rate"] is None else f"{v['curve_violation_rate']:.3%}"
+            change = "-" if v["change"] is None else f"{v['change']:+.0%}"
+            difference = "-" if v["difference"] is None else f"{v['difference'] * 100:+.3f} points"
+            interval = "-" if v["difference_interval"] is None else \
+                f"{v['difference_interval'][0] * 100:+.3f}..{v['difference_interval'][1] * 100:+.3f}"
+            shares = "-" if v["cooler_share"] is None else \
+                f"{v['cooler_share']:.0%} / {v['hotter_share']:.0%} of {v['draws_on_the_curve']:.0%} on the curve"
+            lines.append(f"| {split} | {v['system']} | {v['capacity_freed']:.1%} | {v['violation_rate']:.3%} | "
+                         f"{curve} | {change} | {difference} | {interval} | {shares} |")
+    return [*lines, ""]
 
 
 DAILY_SYSTEMS = (BASELINE, OURS, "oversale-pods", "crane-style", "vpa-style")

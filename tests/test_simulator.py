@@ -17,7 +17,7 @@ from oversale.estimator import CompressionEstimator, OversaleEstimator
 from oversale.usage import LoadConfig
 from simulator.policies import default_systems, katalyst_realtime, ours_requests
 from simulator.replay import SLOT, Config, Day, arrival_moments, heat_at, run
-from simulator.report import against_peers, budgets_against_peers, hot_time_interval, summary
+from simulator.report import against_peers, budgets_against_peers, hot_time_interval, summary, variants_against_curve
 from simulator.trace import TraceError, detect_format, read_trace
 from tests.conftest import ROOT, SHARED
 
@@ -328,9 +328,13 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
         at_budgets = data["budgets_against_peers"][split]
         assert [v["hot_time_budget"] for v in at_budgets] == [0.0005, 0.001, 0.002, 0.005, 0.01]
         assert {p["family"] for p in at_budgets[0]["peers"]} >= {"vpa-style", "crane-style", "katalyst-realtime"}
+        variants = {v["system"]: v for v in data["variants_against_curve"][split]}
+        assert set(variants) == {"oversale+load-aware", "oversale+remediation"}
+        assert variants["oversale+remediation"]["adds"] == ["remediation"]
     report = (out_dir / "report.md").read_text()
     assert "## Holdout days" in report and "## Tuning days" in report
     assert "## Where the hot time came from" in report and "### At each budget, against every peer" in report
+    assert "## Our variants against our curve" in report
     for image in ("savings_vs_violations.png", "node_day.png"):
         assert (out_dir / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -400,6 +404,45 @@ def test_a_pod_meets_the_load_its_node_has_at_the_pods_moment_of_the_day():
     moments = arrival_moments(Day(3, start, np.arange(slots), {}, {"cpu": np.zeros((50, slots))}, np.ones((50, slots)),
                                   None, "tuning"))  # type: ignore[arg-type]
     assert len(moments) == 50 and moments.min() >= 0 and moments.max() < slots and len(set(moments)) > 25
+
+
+def test_a_variant_is_read_against_our_curve_at_its_own_capacity_freed():
+    """Ten holdout days; `none` needs 10 nodes a day. Our budgets 0.05% and 1% need 6 and 4 (40%
+    and 60% freed) and are hot 10 and 50 samples of 1,000 a day on every day (1% and 5%). A variant
+    needing 5 nodes (50% freed) sits where the curve runs 3%; it is hot 10 samples a day on nine
+    days and 200 on the tenth (2.9%): cooler as measured, but the burst day decides it."""
+    def row(policy, budget=None, adds=(), family="oversale"):
+        return {"policy": policy, "family": family, "ours": family != "none", "hot_time_budget": budget,
+                "adds": list(adds), "holdout": {"capacity_freed": 0.0, "cpu_violation_rate": 0.0}}
+
+    def days(nodes, hot):
+        return [{"split": "holdout", "nodes": nodes, "node_samples": 1000, "cpu_hot_samples": h} for h in hot]
+    rows = [row("none", family="none"), row("oversale budget 0.05%", 0.0005), row("oversale budget 1.00%", 0.01),
+            row("oversale budget 5.00%", 0.05),
+            row("oversale+load-aware", 0.001, ["load-aware"], "oversale+load-aware")]
+    rows[-1]["holdout"] = {"capacity_freed": 0.5, "cpu_violation_rate": 0.029}
+    daily = {"none": days(10, [0] * 10), "oversale budget 0.05%": days(6, [10] * 10),
+             "oversale budget 1.00%": days(4, [50] * 10), "oversale budget 5.00%": days(2, [900] * 10),
+             "oversale+load-aware": days(5, [10] * 9 + [200])}
+    [verdict] = variants_against_curve(rows, daily, "holdout")
+    assert verdict["system"] == "oversale+load-aware" and verdict["adds"] == ["load-aware"]
+    # The curve at 50% freed is halfway between the budgets 0.05% and 1%: 3% hot.
+    assert verdict["curve_violation_rate"] == pytest.approx(0.03) and verdict["off_the_curve"] is None
+    assert verdict["change"] == pytest.approx(0.029 / 0.03 - 1, abs=1e-3)
+    assert verdict["difference"] == pytest.approx(-0.001)
+    low, high = verdict["difference_interval"]
+    # Drawn without the burst day it is 2 points cooler; with it twice, about 1.9 points hotter.
+    assert low == pytest.approx(-0.02) and 0 < high < 0.04
+    assert verdict["cooler_share"] + verdict["hotter_share"] == pytest.approx(1)
+    assert 0.2 < verdict["cooler_share"] < 0.8 and verdict["draws_on_the_curve"] == 1
+    assert variants_against_curve(rows, daily, "holdout") == [verdict]  # seeded: a rerun prints the same
+    # Freeing more than any budget of the range: no point on the curve to compare with.
+    daily["oversale+load-aware"] = days(1, [0] * 10)
+    beyond = variants_against_curve(rows, daily, "holdout")[0]
+    assert beyond["curve_violation_rate"] is None and beyond["off_the_curve"] == "frees more than any budget"
+    daily["oversale+load-aware"] = days(8, [0] * 10)
+    assert variants_against_curve(rows, daily, "holdout")[0]["off_the_curve"] == "frees less than any budget"
+    assert variants_against_curve(rows[:1] + rows[4:], daily, "holdout") == [], "no curve, no verdict"
 
 
 def test_the_hot_time_interval_spans_the_days_with_and_without_a_burst():
