@@ -13,6 +13,43 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 """Pods in these phases hold no node resources (finished, or rejected by the kubelet at admission)."""
 
 
+def shape_problem(pod: Any) -> str | None:
+    """The first field the policies read that is not of the type the API server serialises (an
+    object where an object belongs, a list of objects for containers), or None. A Pod the API
+    server stored always passes; a hand-made request may not, and is refused by name rather than
+    failing deep inside a policy."""
+    if not isinstance(pod, Mapping):
+        return "the Pod is not an object"
+    objects: list[tuple[str, Any]] = [("metadata", pod.get("metadata")), ("spec", pod.get("spec")),
+                                      ("status", pod.get("status"))]
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if isinstance(metadata, Mapping):
+        objects += [("metadata.annotations", metadata.get("annotations")), ("metadata.labels", metadata.get("labels"))]
+        owners = metadata.get("ownerReferences")
+        if owners is not None and not (isinstance(owners, list) and all(isinstance(o, Mapping) for o in owners)):
+            return "metadata.ownerReferences is not a list of objects"
+    if isinstance(spec, Mapping):
+        objects.append(("spec.resources", spec.get("resources")))
+        for field in ("initContainers", "containers"):
+            containers = spec.get(field)
+            if containers is None:
+                continue
+            if not isinstance(containers, list):
+                return f"spec.{field} is not a list"
+            for index, container in enumerate(containers):
+                where = f"spec.{field}[{index}]"
+                if not isinstance(container, Mapping):
+                    return f"{where} is not an object"
+                resources = container.get("resources")
+                objects.append((f"{where}.resources", resources))
+                if isinstance(resources, Mapping):
+                    objects += [(f"{where}.resources.{kind}", resources.get(kind)) for kind in ("requests", "limits")]
+    for where, value in objects:
+        if value is not None and not isinstance(value, Mapping):
+            return f"{where} is not an object"
+    return None
+
+
 def is_terminal(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
 

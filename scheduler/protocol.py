@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, NotRequired, TypedDict
 
+from oversale.pods import shape_problem
+
 MIN_PRIORITY = 0
 MAX_PRIORITY = 10
 
@@ -66,9 +68,17 @@ def parse_args(body: bytes) -> ExtenderArgs:
         raise BadRequest(f"body is not JSON: {error}") from None
     if not isinstance(payload.get("Pod"), dict):
         raise BadRequest("ExtenderArgs has no Pod")
+    problem = shape_problem(payload["Pod"])
+    if problem:
+        raise BadRequest(f"ExtenderArgs.Pod: {problem}")
     nodes = payload.get("Nodes")
-    if nodes is not None and not isinstance((nodes or {}).get("items"), list | type(None)):
-        raise BadRequest("ExtenderArgs.Nodes has no items list")
+    if nodes is not None:
+        items = nodes.get("items") if isinstance(nodes, dict) else False
+        if not (items is None or (isinstance(items, list) and all(isinstance(node, dict) for node in items))):
+            raise BadRequest("ExtenderArgs.Nodes has no items list of Node objects")
+    names = payload.get("NodeNames")
+    if names is not None and not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
+        raise BadRequest("ExtenderArgs.NodeNames is not a list of node names")
     typed: ExtenderArgs = payload  # type: ignore[assignment]  # shape checked above
     return typed
 

@@ -145,21 +145,30 @@ def _read_wide(path: Path, vm_cores: float, progress: Callable[[str], None]) -> 
     return workloads
 
 
+def _amount(row: dict[str, str], column: str) -> float:
+    """A column's amount: finite and not negative (a NaN or a negative usage would pass every
+    comparison the replay makes unnoticed), else the ValueError that names the row."""
+    value = float(row[column])
+    if not 0 <= value < math.inf:
+        raise ValueError(f"{column} {row[column]!r} is not a finite amount of at least 0")
+    return value
+
+
 def _bitbrains_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, float, float]] | None:
-    cores = float(row["cpu_cores"])
-    capacity_mhz = float(row["cpu_capacity_provisioned_mhz"])
+    cores = _amount(row, "cpu_cores")
+    capacity_mhz = _amount(row, "cpu_capacity_provisioned_mhz")
     if cores <= 0 or capacity_mhz <= 0:
         return None  # powered off
     per_core = capacity_mhz / cores
     return (row["vm_id"], int(float(row["timestamp_s"])),
-            (cores, float(row["cpu_usage_mhz"]) / per_core,
-             float(row["memory_capacity_provisioned_kb"]) * 1024, float(row["memory_usage_kb"]) * 1024))
+            (cores, _amount(row, "cpu_usage_mhz") / per_core,
+             _amount(row, "memory_capacity_provisioned_kb") * 1024, _amount(row, "memory_usage_kb") * 1024))
 
 
 def _generic_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, float, float]] | None:
-    cpu_request = float(row["cpu_request_cores"])
+    cpu_request = _amount(row, "cpu_request_cores")
     if cpu_request <= 0:
         return None
     return (row["workload"], int(float(row["timestamp_s"])),
-            (cpu_request, float(row["cpu_usage_cores"]), float(row["memory_request_bytes"]),
-             float(row["memory_usage_bytes"])))
+            (cpu_request, _amount(row, "cpu_usage_cores"), _amount(row, "memory_request_bytes"),
+             _amount(row, "memory_usage_bytes")))

@@ -274,13 +274,27 @@ def test_pods_rejected_by_the_kubelet_release_their_cpus(cluster):
                                               "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
 
 
-def test_bad_payloads_get_a_400_with_an_error(cluster):
+@pytest.mark.parametrize(("payload", "said"), [
+    ({}, "no Pod"),
+    ({"Pod": {"metadata": 5}}, "ExtenderArgs.Pod: metadata is not an object"),
+    ({"Pod": {"spec": {"containers": "app"}}}, "spec.containers is not a list"),
+    ({"Pod": {"spec": {"containers": [None]}}}, "spec.containers[0] is not an object"),
+    ({"Pod": {"spec": {"initContainers": [{"resources": {"requests": "1"}}]}}},
+     "spec.initContainers[0].resources.requests is not an object"),
+    ({"Pod": {"metadata": {"name": "p"}}, "NodeNames": "node-0"}, "NodeNames is not a list of node names"),
+    ({"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": ["node-0"]}}, "no items list of Node objects"),
+])
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_bad_payloads_get_a_400_naming_the_field(cluster, verb, payload, said):
+    # kube-scheduler never sends these; a hand-made call is told which field is wrong instead of
+    # "filter failed: 'int' object has no attribute 'get'" from deep inside a policy.
     _, extender = cluster
-    request = urllib.request.Request(f"{extender.url}/filter", data=b"{}", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{extender.url}/{verb}", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as failure:
         urllib.request.urlopen(request, timeout=5)
     assert failure.value.code == 400
-    assert "no Pod" in json.load(failure.value)["Error"]
+    assert said in json.load(failure.value)["Error"]
 
 
 # ---- load-aware placement (metrics.k8s.io through the API double) ---------------------------------

@@ -186,6 +186,18 @@ def test_bad_traces_are_refused_with_a_message(tmp_path):
     assert detect_format(BITBRAINS) == "bitbrains-long"
 
 
+@pytest.mark.parametrize(("usage", "said"), [("nan", "'nan'"), ("-0.5", "'-0.5'"), ("inf", "'inf'"),
+                                           ("", "could not convert")])
+def test_a_row_with_an_amount_no_machine_reports_is_refused_by_its_number(tmp_path, usage, said):
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, [("w", slot * SLOT, 1, 0.5, GIB, GIB // 2) for slot in range(3)])
+    with trace.open("a") as out:
+        out.write(f"w,{3 * SLOT},1,{usage},{GIB},{GIB // 2}\n")
+    with pytest.raises(TraceError, match=r"not a generic trace \(row 5: ") as refused:  # the header is row 1
+        read_trace(trace)
+    assert said in str(refused.value)
+
+
 @pytest.mark.shared
 def test_the_azure_readings_are_percent_of_each_vms_cores():
     path = AZURE / "microsoft_avg_100.csv.gz"
