@@ -23,7 +23,7 @@ DEFAULT_PREFIX = "stke.platform"
 
 # A ratio is a plain decimal: no sign, no exponent, no "inf"/"NaN". Decimal keeps the text's
 # exact value, so "3.7" is 37/10 and never rounds the wrong way as a binary float would.
-_RATIO = re.compile(r"^\d{1,6}(\.\d{1,12})?$")
+_RATIO = re.compile(r"^\d{1,6}(\.\d{1,12})?$", re.ASCII)  # ASCII digits only, as the API server reads them
 PLAIN_DECIMAL = _RATIO
 """The form of every number an annotation of ours holds."""
 

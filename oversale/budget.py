@@ -276,20 +276,31 @@ def write_accounts(accounts: dict[str, NodeAccount]) -> str:
                        for r, a in sorted(accounts.items())}, separators=(",", ":"), sort_keys=True)
 
 
-def budget_of(annotations: Mapping[str, str], labels: Mapping[str, str], key: str, default: float) -> float:
+def budget_of(annotations: Mapping[str, str], labels: Mapping[str, str], key: str,
+              default: float) -> tuple[float, str | None]:
     """A node's budget: its annotation, else its label (set on a whole pool by the node group's
-    labels), else the cluster-wide setting; an unusable value falls back to the default."""
-    for source in (annotations, labels):
+    labels), else the cluster-wide setting; and what was wrong with a value that could not be used
+    (it falls back to the next source, never to an unbudgeted node), or None.
+
+    >>> budget_of({}, {"b": "0.005"}, "b", 0.001)
+    (0.005, None)
+    >>> budget_of({"b": "0.5%"}, {}, "b", 0.001)[1]
+    "annotation b='0.5%' ignored: a hot-time budget is a share of node-time from 0 to 1 (0.001 is 0.1%)"
+    """
+    problems: list[str] = []
+    for kind, source in (("annotation", annotations), ("label", labels)):
         text = source.get(key)
         if text is None:
             continue
         try:
             value = float(text)
         except ValueError:
-            continue
+            value = math.nan
         if 0 <= value <= 1:
-            return value
-    return default
+            return value, "; ".join(problems) or None
+        problems.append(f"{kind} {key}={text!r} ignored: a hot-time budget is a share of node-time from 0 to 1 "
+                        "(0.001 is 0.1%)")
+    return default, "; ".join(problems) or None
 
 
 def pool_of(labels: Mapping[str, str], pool_labels: Sequence[str]) -> str:

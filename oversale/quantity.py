@@ -37,7 +37,8 @@ _DECIMAL = {
 }
 _QUANTITY = re.compile(
     r"^(?P<sign>[+-]?)(?P<number>\d+(?:\.\d*)?|\.\d+)"
-    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exponent>[+-]?\d+))?$"
+    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exponent>[+-]?\d+))?$",
+    re.ASCII,  # \d would take any script's digits ("٢"); the API server's parser takes 0-9 only
 )
 # The API server refuses quantities whose exponent leaves int64 range; bounding the exponent
 # also keeps a hostile "1e999999999" from allocating a huge integer.

@@ -22,7 +22,7 @@ from oversale.node_oversale import OversaleLimits
 from oversale.quantity import parse_bytes, parse_millicores
 from oversale.remediation import RemediationConfig, RuntimeWatermarks
 from oversale.resize import ResizeLimits
-from oversale.usage import LoadConfig, Watermarks
+from oversale.usage import LoadConfig, Watermarks, parse_watermark
 
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
@@ -609,8 +609,8 @@ _PARSERS: dict[str, Any] = {
     "remediation": _bool,
     "remediation_interval_seconds": lambda text: _duration(text),
     "remediate_all_nodes": _bool,
-    "cpu_runtime_watermark": lambda text: _decimal_between(text, 0, 1),
-    "memory_runtime_watermark": lambda text: _decimal_between(text, 0, 1),
+    "cpu_runtime_watermark": lambda text: _watermark(text),
+    "memory_runtime_watermark": lambda text: _watermark(text),
     "hot_observations": _positive_int,
     "eviction_min_pod_age_seconds": lambda text: _duration(text, allow_zero=True),
     "evictions_per_node": _positive_int,
@@ -629,9 +629,9 @@ _PARSERS: dict[str, Any] = {
     "load_history": _choice("metrics-api", "prometheus"),
     "load_history_window_seconds": lambda text: _duration(text),
     "load_history_interval_seconds": lambda text: _duration(text),
-    "cpu_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),
-    "cpu_peak_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),
-    "memory_scheduling_watermark": lambda text: _decimal_between(text, 0, 1),
+    "cpu_scheduling_watermark": lambda text: _watermark(text),
+    "cpu_peak_scheduling_watermark": lambda text: _watermark(text),
+    "memory_scheduling_watermark": lambda text: _watermark(text),
     "bound_pod_settle_seconds": lambda text: _duration(text, allow_zero=True),
     "cpu_usage_estimate": lambda text: _decimal_between(text, 0, 10),
     "memory_usage_estimate": lambda text: _decimal_between(text, 0, 10),
@@ -678,6 +678,16 @@ def _share(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 1:  # NaN fails too
         raise ValueError("must be a share of time between 0 and 1, e.g. 0.001 for 0.1% (0: no overselling)")
+    return value
+
+
+def _watermark(text: str) -> Decimal:
+    """A share of real capacity, as a node's watermark annotation takes it: 0 would call every node
+    with any load hot (no Pod placed, or every node remediated), so it is refused; 1 turns the
+    check off in practice."""
+    value = parse_watermark(text)
+    if value is None:
+        raise ValueError("must be a number above 0 and at most 1 (a share of real capacity; 1: never exceeded)")
     return value
 
 

@@ -106,6 +106,7 @@ class Reconciler:
         self.clock = clock
         self._resize_supported: bool | None = None
         self._predictions: dict[str, tuple[float, dict[str, float]]] = {}
+        self._budget_problems: dict[str, str] = {}  # told once per node and value, not every pass
         """node -> (when, resource -> the peak predicted for the coming period): calibration."""
 
     def run_pass(self, dry_run: bool = False) -> list[Row]:
@@ -510,8 +511,18 @@ class Reconciler:
     # -- the hot-time account ----------------------------------------------------------------
     def _budgets(self, node: dict[str, Any]) -> dict[str, float]:
         metadata = node.get("metadata") or {}
-        return {r: budget_of(metadata.get("annotations") or {}, metadata.get("labels") or {},
-                             self.keys.hot_time_budget(r), self.settings.budget.of(r)) for r in RESOURCES}
+        annotations, labels = metadata.get("annotations") or {}, metadata.get("labels") or {}
+        budgets, problems = {}, []
+        for resource in RESOURCES:
+            budgets[resource], problem = budget_of(annotations, labels, self.keys.hot_time_budget(resource),
+                                                   self.settings.budget.of(resource))
+            if problem:
+                problems.append(f"{problem}; {budgets[resource]:.3%} applies")
+        name, told = str(metadata.get("name", "")), "; ".join(problems)
+        if told and self._budget_problems.get(name) != told:
+            log.warning("Node/%s: %s", name, told)
+        self._budget_problems[name] = told
+        return budgets
 
     def _keep_accounts(self, nodes: list[dict[str, Any]], budgets: dict[str, dict[str, float]],
                        pools: dict[str, str], dry_run: bool) -> dict[str, KeptAccount]:

@@ -13,7 +13,7 @@ def test_plain_decimal_ratios_are_read_exactly(text, ratio):
 
 
 @pytest.mark.parametrize("text", ["abc", "0", "-1", "0.5", "NaN", "nan", "inf", "Infinity", "1e3", "1e400", "",
-                                  "1.", ".5", "+2", "2x", "1,5", "9" * 40])
+                                  "1.", ".5", "+2", "2x", "1,5", "9" * 40, "\u0662", "\uff12"])  # other scripts' 2
 def test_anything_else_is_an_invalid_ratio(text):
     with pytest.raises(InvalidRatio):
         parse_ratio(text)

@@ -145,10 +145,15 @@ def test_accounts_round_trip_and_bad_text_starts_afresh():
 
 def test_budget_and_pool_of_a_node():
     key = "stke.platform/cpu-hot-time-budget"
-    assert budget_of({key: "0.01"}, {key: "0.02"}, key, 0.001) == 0.01
-    assert budget_of({}, {key: "0.02"}, key, 0.001) == 0.02
-    assert budget_of({key: "lots"}, {}, key, 0.001) == 0.001
-    assert budget_of({key: "2"}, {}, key, 0.001) == 0.001
+    assert budget_of({key: "0.01"}, {key: "0.02"}, key, 0.001) == (0.01, None)
+    assert budget_of({}, {key: "0.02"}, key, 0.001) == (0.02, None)
+    assert budget_of({key: "lots"}, {}, key, 0.001) == (0.001, f"annotation {key}='lots' ignored: a hot-time budget "
+                                                               "is a share of node-time from 0 to 1 (0.001 is 0.1%)")
+    # A bad annotation falls back to the pool's label, not past it, and says so.
+    value, problem = budget_of({key: "2"}, {key: "0.02"}, key, 0.001)
+    assert value == 0.02 and problem is not None and problem.startswith(f"annotation {key}='2' ignored")
+    value, problem = budget_of({key: "5%"}, {key: "nan"}, key, 0.001)
+    assert value == 0.001 and problem is not None and "'5%'" in problem and f"label {key}='nan'" in problem
     assert pool_of({"cloud.google.com/gke-nodepool": "batch"}, ("cloud.google.com/gke-nodepool",)) == "batch"
     assert pool_of({}, ("cloud.google.com/gke-nodepool",)) == "default"
 

@@ -37,7 +37,7 @@ def test_memory_quantities_in_bytes(text, count):
 
 
 @pytest.mark.parametrize("text", ["", "abc", "1.2.3", "1Gb", "Mi", "1 Gi", "--1", "1e", "1e400", "inf", "NaN",
-                                  "1" * 100, "0x10"])
+                                  "1" * 100, "0x10", "\u0662", "1\u0660\u0660m"])  # Arabic-Indic digits
 def test_invalid_quantities_raise_quantity_error(text):
     with pytest.raises(QuantityError):
         parse_quantity(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import subprocess
@@ -439,6 +440,23 @@ def test_a_pools_overspend_backs_off_its_own_nodes_only(api, tmp_path):
     cool = annotations(api, "nodes", "node-2", "")
     assert json.loads(cool[KEYS.pool_hot_time_account])["cpu"] == {"multiplier": 1.0}
     assert reconciler.metrics.overspends.labels("pool", "b", "cpu")._value.get() == 0
+
+
+def test_a_budget_annotation_that_is_not_a_share_falls_back_to_the_pool_and_is_told_once(api, tmp_path, caplog):
+    key = KEYS.hot_time_budget("cpu")
+    stored = api.get("nodes", "", "node-2")
+    stored["metadata"]["annotations"][key] = "0.5%"  # meant 0.005
+    stored["metadata"]["labels"][key] = "0.02"  # the pool's
+    api.put("nodes", stored)
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        reconciler.run_pass()
+        reconciler.run_pass()
+    told = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert told == [f"Node/node-2: annotation {key}='0.5%' ignored: a hot-time budget is a share of node-time from "
+                    "0 to 1 (0.001 is 0.1%); 2.000% applies"], told
+    assert reconciler.metrics.hot_time_budget.labels("default", "cpu")._value.get() == 0.001  # node-1 is stricter
+    assert "(budget 2.00%)" in annotations(api, "nodes", "node-2", "")[KEYS.hot_time]
 
 
 def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp_path):
