@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "days", 1) < 1:
         parser.error("--days must be at least 1")
     if args.command == "generate":
+        if args.ca_days < args.days:
+            # A chain verifies only while every certificate in it is valid: the serving
+            # certificate's extra days would be days of failed handshakes.
+            parser.error(f"--days {args.days} outlives --ca-days {args.ca_days}: the certificate would stop "
+                         "verifying when its CA expires")
         hosts = _hosts(parser, args, args.namespace)
         existing = CertificatePaths.in_dir(args.dir).ca
         if existing.exists() and not args.force:

@@ -176,6 +176,20 @@ class Result:
     ``{resource}_hot_samples`` out of ``node_samples`` (where the hot time came from)."""
 
 
+def oversized_warning(workloads: list[Workload], config: Config) -> str | None:
+    """What to tell of workloads whose request, as written, is larger than a node at some point of
+    the trace (placed, they get a node of their own), or None."""
+    cpu, memory = config.real
+    oversized = [w.name for w in workloads
+                 if len(w.slots) and (w.request[CPU].max() > cpu or w.request[MEMORY].max() > memory)]
+    if not oversized:
+        return None
+    return (f"warning: {len(oversized)} of {len(workloads)} workloads request more than a node holds "
+            f"({config.node_cpu_cores:g} cores, {config.node_memory_bytes / GIB:g} GiB; e.g. {oversized[0]}): "
+            "each such Pod gets a node of its own, above its capacity by requests; a larger --node-cores or "
+            "--node-memory fits them")
+
+
 def day_grid(workloads: list[Workload], config: Config) -> tuple[int, list[int]]:
     """The first slot of day 0 (the trace's first sample: Bitbrains starts at local midnight) and
     the evaluated day numbers."""
@@ -401,6 +415,9 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
     if len(set(names)) != len(names):
         raise ValueError(f"system names must be unique: {sorted(n for n in set(names) if names.count(n) > 1)}")
     origin, days = day_grid(workloads, config)
+    warning = oversized_warning(workloads, config)
+    if warning:
+        progress(warning)
     first_holdout = days[-1] + 1 - config.holdout_days
     splits = {d: "holdout" if d >= first_holdout else "tuning" for d in days}
     tallies = {name: {split: Tally() for split in SPLITS} for name in names}

@@ -28,7 +28,7 @@ from oversale.errors import SettingsError
 from oversale.settings import Settings
 from simulator.cli import add_cluster_arguments, cluster_config, read_workloads
 from simulator.policies import GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
-from simulator.replay import SLOTS_PER_DAY, run
+from simulator.replay import SLOTS_PER_DAY, oversized_warning, run
 from simulator.trace import TraceError
 
 SCALES = (1.0, 2.0, 4.0)
@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.trace}: {days} days, of which --holdout-days {args.holdout_days} are cut off and "
               f"--warmup-days {args.warmup_days} only give history: no day left to tune on", file=sys.stderr)
         return 1
+    warning = oversized_warning(workloads, config)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     cut = origin + (days - args.holdout_days) * SLOTS_PER_DAY
     tuning = []
     for workload in workloads:

@@ -61,6 +61,7 @@ def test_generate_cli_rejects_missing_names(tmp_path):
     (["--host", ""], "empty"), (["--host", "bad host"], "neither an IP address nor a DNS name"),
     (["--service", "web hook"], "'web hook' is neither"), (["--host", "under_score.svc"], "neither"),
     (["--host", "a" * 63 + ".svc"], "at most 64 characters"),
+    (["--host", "localhost", "--ca-days", "1", "--days", "30"], "--days 30 outlives --ca-days 1"),
 ])
 def test_generate_cli_refuses_names_no_client_could_match_and_writes_nothing(tmp_path, names, said):
     result = subprocess.run([sys.executable, "-m", "certs", "generate", "--dir", str(tmp_path), *names], cwd=ROOT,

@@ -232,11 +232,11 @@ def test_a_broken_azure_trace_is_refused_with_its_row(tmp_path):
 
 def test_the_command_sizes_azure_vms_by_vm_cores(tmp_path):
     """Two VMs at a steady 50% for 9 days on 8-core nodes: at 8 cores each they need two nodes as
-    written, at 4 cores one."""
+    written, at 4 cores one; at 12 cores neither fits a node, and the command says so."""
     trace = tmp_path / "azure.csv"
     trace.write_text("step_5min,vm1,vm2\n" + "".join(f"{step},50.0,50.0\n" for step in range(1, 9 * 288 + 1)))
     nodes = {}
-    for cores in ("8", "4"):
+    for cores in ("8", "4", "12"):
         out_dir = tmp_path / cores
         result = subprocess.run([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(trace),
                                  "--vm-cores", cores, "--node-cores", "8", "--node-memory", "64Gi",
@@ -246,7 +246,9 @@ def test_the_command_sizes_azure_vms_by_vm_cores(tmp_path):
         policies = {p["policy"]: p for p in json.loads((out_dir / "summary.json").read_text())["policies"]}
         nodes[cores] = policies["none"]["nodes_per_day"]
         assert policies["oversale"]["cpu_violation_rate"] == 0
-    assert nodes == {"8": 2, "4": 1}
+        warned = "warning: 2 of 2 workloads request more than a node holds (8 cores, 64 GiB" in result.stderr
+        assert warned == (cores == "12"), result.stderr
+    assert nodes == {"8": 2, "4": 1, "12": 2}
 
 
 def tune(trace, *options):
@@ -273,6 +275,9 @@ def test_the_tuner_runs_on_the_node_size_it_is_given_and_never_sees_the_holdout(
     assert all(multiple == "0.00x" for _, multiples in small for multiple in multiples), "the burst day is cut off"
     code, err, large = tune(trace, "--node-cores", "16", "--node-memory", "128Gi", "--holdout-days", "1")
     assert code == 0, err
+    assert "warning" not in err
+    code, err, _ = tune(trace, "--node-cores", "4", "--node-memory", "32Gi", "--holdout-days", "1")
+    assert code == 0 and "warning: 2 of 2 workloads request more than a node holds (4 cores, 32 GiB" in err, err
     assert {freed for freed, _ in large} == {"0.0%"}
     code, err, seen = tune(trace, "--node-cores", "8", "--node-memory", "64Gi", "--holdout-days", "0")
     assert code == 0, err
