@@ -654,8 +654,13 @@ def parse_base_url(text: str) -> str:
     instead of an error on every query."""
     text = text.strip().rstrip("/")
     scheme, _, rest = text.partition("://")
-    host = rest.split("/", 1)[0]
-    if scheme.lower() not in ("http", "https") or not host or any(c.isspace() for c in text):
+    authority = rest.split("/", 1)[0].rpartition("@")[2]  # [user:password@]host[:port]
+    host, port = authority, ""
+    if ":" in authority and not authority.endswith("]"):  # "[::1]" is a host with no port
+        host, _, port = authority.rpartition(":")
+    valid_port = not port or (port.isascii() and port.isdecimal())
+    if scheme.lower() not in ("http", "https") or host in ("", "[]") or not valid_port \
+            or any(c.isspace() for c in text):
         raise ValueError("must be an http:// or https:// URL such as http://prometheus.monitoring:9090")
     return text
 

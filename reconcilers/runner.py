@@ -106,8 +106,9 @@ class Reconciler:
         self.clock = clock
         self._resize_supported: bool | None = None
         self._predictions: dict[str, tuple[float, dict[str, float]]] = {}
-        self._budget_problems: dict[str, str] = {}  # told once per node and value, not every pass
         """node -> (when, resource -> the peak predicted for the coming period): calibration."""
+        self._budget_problems: dict[str, str] = {}
+        """node -> what was wrong with its budget annotation or label, told once per node and value."""
 
     def run_pass(self, dry_run: bool = False) -> list[Row]:
         rows: list[Row] = []
@@ -519,9 +520,11 @@ class Reconciler:
             if problem:
                 problems.append(f"{problem}; {budgets[resource]:.3%} applies")
         name, told = str(metadata.get("name", "")), "; ".join(problems)
-        if told and self._budget_problems.get(name) != told:
+        if not told:
+            self._budget_problems.pop(name, None)
+        elif self._budget_problems.get(name) != told:
             log.warning("Node/%s: %s", name, told)
-        self._budget_problems[name] = told
+            self._budget_problems[name] = told
         return budgets
 
     def _keep_accounts(self, nodes: list[dict[str, Any]], budgets: dict[str, dict[str, float]],

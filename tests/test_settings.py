@@ -48,6 +48,7 @@ def test_environment_overrides_with_quantities_and_lists():
     ("OVERSALE_LOAD_HISTORY", "prometheus"),  # without OVERSALE_PROMETHEUS_URL
     ("OVERSALE_LOAD_HISTORY_WINDOW", "a day"), ("OVERSALE_BUDGET_CALIBRATION", "0"),
     ("OVERSALE_PROMETHEUS_URL", "prometheus:9090"), ("OVERSALE_PROMETHEUS_URL", "http:///api"),
+    ("OVERSALE_PROMETHEUS_URL", "http://:9090"), ("OVERSALE_PROMETHEUS_URL", "http://prometheus:ninety"),
     ("OVERSALE_CPU_SCHEDULING_WATERMARK", "0"), ("OVERSALE_CPU_RUNTIME_WATERMARK", "0"),  # every node hot
     ("OVERSALE_MEMORY_SCHEDULING_WATERMARK", "85%"),
 ])
