@@ -582,7 +582,7 @@ _PARSERS: dict[str, Any] = {
     "reconcile_interval_seconds": lambda text: _duration(text),
     "cpu_hot_time_budget": lambda text: _share(text),
     "memory_hot_time_budget": lambda text: _share(text),
-    "budget_calibration": lambda text: _positive_float(text, "a positive factor (quantile 1 - calibration x budget)"),
+    "budget_calibration": lambda text: parse_budget_calibration(text),
     "pool_labels": lambda text: tuple(label.strip() for label in text.split(",") if label.strip()),
     "compression_margin": lambda text: _decimal_between(text, 0, 10),
     "min_history_seconds": lambda text: _duration(text, allow_zero=True),
@@ -641,6 +641,12 @@ _PARSERS: dict[str, Any] = {
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_budget_calibration(text: str) -> float:
+    """``OVERSALE_BUDGET_CALIBRATION``: a positive, finite factor (ValueError), as the tuner's
+    candidates are too."""
+    return _positive_float(text, "a positive factor (quantile 1 - calibration x budget)")
 
 
 def parse_duration(text: str) -> float:

@@ -25,7 +25,7 @@ import time
 
 from oversale.budget import AccountConfig, HotTimeBudget
 from oversale.errors import SettingsError
-from oversale.settings import Settings
+from oversale.settings import Settings, parse_budget_calibration
 from simulator.cli import add_cluster_arguments, cluster_config, read_workloads
 from simulator.policies import GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
 from simulator.replay import SLOTS_PER_DAY, oversized_warning, run
@@ -45,14 +45,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 
 def _calibration(text: str) -> float:
-    """A candidate of OVERSALE_BUDGET_CALIBRATION: a positive, finite factor."""
+    """A candidate of OVERSALE_BUDGET_CALIBRATION, read as the setting is."""
     try:
-        value = float(text)
+        return parse_budget_calibration(text)
     except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r}: a calibration is a positive factor (the default is 4)")
-    return value
+        raise argparse.ArgumentTypeError(f"{text!r}: a calibration is a positive factor (the default is 4)") from None
 
 
 def main(argv: list[str] | None = None) -> int:
