@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from kube.client import one_line
+from oversale.errors import SettingsError
+from oversale.settings import Settings
 
 DEBUG_HELP = "show the traceback of an unexpected error instead of one line"
 
@@ -32,6 +35,19 @@ class Parser(argparse.ArgumentParser):
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """Show ``--debug`` in ``--help``; ``run_cli`` takes it out of argv wherever it stands."""
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+
+
+def settings_or_exit(parser: argparse.ArgumentParser) -> Settings:
+    """The Settings from the environment with logging set up from them; a bad setting is a usage
+    error of this command (one line, exit code 2), told before anything starts."""
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingsError as error:
+        parser.error(str(error))
+    # stderr explicitly: `plan` and `once --dry-run` print their tables on stdout.
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    return settings
 
 
 def describe(error: BaseException) -> str:

@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli
-from oversale.errors import SettingsError
+from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli, settings_or_exit
 from oversale.settings import Settings
 from simulator.cli import add_cluster_arguments
 
@@ -72,12 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="the budget whose ratios the plan lists (default: OVERSALE_CPU_HOT_TIME_BUDGET)")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env(os.environ)
-    except SettingsError as error:
-        parser.error(str(error))
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    settings = settings_or_exit(parser)
 
     if args.command == "backtest":
         return _backtest(args, settings, parser)
@@ -169,13 +163,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
-    from simulator.cli import cluster_config, read_workloads
+    from simulator.cli import cluster_config, read_workloads, report_directory
     from simulator.policies import default_systems
     from simulator.replay import run
     from simulator.report import summary, write_report
     from simulator.trace import TraceError
 
     config = cluster_config(args, parser, args.arrival_seed)
+    report_directory(args.out, parser)
     budget = _chosen_budget(args, settings, parser)
     systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
                               frontier=args.frontier, load=settings.load,
@@ -188,6 +183,9 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     rows = summary(result, systems)
     data = write_report(args.out, rows, result, args.trace, config)
     for split in ("tuning", "holdout"):
+        if not data[f"{split}_days"]:
+            print(f"{split} days: none (--holdout-days {config.holdout_days})")
+            continue
         print(f"{split} days (clairvoyant bound frees {data['clairvoyant_by_split'][split]:.1%}):")
         for row in rows:
             figures = row[split]
@@ -220,6 +218,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         write_plan,
     )
     from reconcilers.prometheus import PrometheusHistory
+    from simulator.cli import report_directory
     from simulator.policies import OURS, default_systems
     from simulator.replay import Config, run
     from simulator.report import summary, write_report
@@ -239,6 +238,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         parser.error(f"--days {args.days:g} must exceed --warmup-days {args.warmup_days} (the first days only give "
                      "history)")
     budget = _chosen_budget(args, settings, parser)
+    report_directory(args.out, parser)
     prometheus = PrometheusHistory(url, settings.prometheus_timeout_seconds, step)
     try:
         history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log)

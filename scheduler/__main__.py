@@ -16,10 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kube.cli import CliError, Parser, add_debug_flag, bind_address, check_api_server, run_cli
+from kube.cli import CliError, Parser, add_debug_flag, bind_address, check_api_server, run_cli, settings_or_exit
 from kube.tls import CertificatePaths
-from oversale.errors import SettingsError
-from oversale.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,11 +30,7 @@ def main(argv: list[str] | None = None) -> int:
                              "without it anyone who reaches the port can drive bind")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env(os.environ)
-    except SettingsError as error:
-        parser.error(str(error))
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_or_exit(parser)
 
     if args.client_ca and not args.certs_dir:
         parser.error("--client-ca needs --certs-dir (mutual TLS is TLS first)")

@@ -8,6 +8,8 @@ has, not on the backtest's default ones.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,10 +52,14 @@ def cluster_config(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
         memory = parse_bytes(args.node_memory)
     except QuantityError as error:
         parser.error(f"--node-memory: {error}")
-    if args.node_cores <= 0 or memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
+    if not (math.isfinite(args.node_cores) and args.node_cores > 0):
+        parser.error(f"--node-cores {args.node_cores:g}: a node's cores must be a positive number")
+    if memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
         parser.error("node size, warm-up and window must be positive, the holdout not negative")
-    if args.vm_cores <= 0:
-        parser.error(f"--vm-cores {args.vm_cores:g}: a VM's cores must be positive")
+    if not (math.isfinite(args.vm_cores) and args.vm_cores > 0):
+        parser.error(f"--vm-cores {args.vm_cores:g}: a VM's cores must be a positive number")
+    if arrival_seed < 0:
+        parser.error(f"--arrival-seed {arrival_seed}: a seed is a whole number from 0")
     return Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days, arrival_seed)
 
 
@@ -62,3 +68,17 @@ def read_workloads(args: argparse.Namespace, progress: Callable[[str], None]) ->
     from simulator.trace import read_trace
 
     return read_trace(args.trace, getattr(args, "format", None), progress, args.vm_cores)
+
+
+def report_directory(path: Path, parser: argparse.ArgumentParser) -> Path:
+    """``--out``, checked before a replay that may take minutes, so a path that cannot hold the
+    report is told at once rather than after the work is done and lost; nothing is created here
+    (a command that then fails leaves no empty folder behind)."""
+    if path.exists() and not path.is_dir():
+        parser.error(f"--out {path}: a file, not a directory")
+    existing = next(parent for parent in (path, *path.absolute().parents) if parent.exists())
+    if not existing.is_dir():
+        parser.error(f"--out {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        parser.error(f"--out {path}: {existing} is not writable")
+    return path

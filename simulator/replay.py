@@ -199,6 +199,12 @@ def day_grid(workloads: list[Workload], config: Config) -> tuple[int, list[int]]
     days = list(range(config.warmup_days, total))
     if not days:
         raise TraceError(f"the trace spans {total} days, not more than the {config.warmup_days}-day warm-up")
+    if config.holdout_days >= len(days):
+        # Every figure would be a holdout figure with nothing it was tuned on, and the tuning
+        # tables would read as 0% freed: refuse rather than print numbers that mean nothing.
+        raise TraceError(f"the trace spans {total} days: after the {config.warmup_days}-day warm-up {len(days)} "
+                         f"are replayed, and a {config.holdout_days}-day holdout takes them all, leaving no tuning "
+                         f"day; pass --holdout-days {len(days) // 2} (half of them) or fewer, or a longer trace")
     return origin, days
 
 

@@ -292,6 +292,10 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         f"{clairvoyant['tuning']:.1%} freed on the tuning days, {clairvoyant['holdout']:.1%} on the holdout.", "",
     ]
     for split in SPLITS:
+        if not (tuning if split == "tuning" else holdout):
+            lines += [f"## {split.capitalize()} days", "", f"None: the replay has no {split} days "
+                      f"(`--holdout-days {config.holdout_days}`), so no figure below is about them.", ""]
+            continue
         lines += [f"## {split.capitalize()} days", "",
                   "| system | kind | ours | nodes/day | capacity freed | cpu violation rate | memory violation rate | "
                   "cpu above request | memory above request | evictions/node-day | source and parameters |",
@@ -344,6 +348,9 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         for entry in sweep:
             cells = []
             for split in SPLITS:
+                if not data[f"{split}_days"]:
+                    cells += ["-", "-", "-"]
+                    continue
                 realised = entry[split]["cpu_violation_rate"]
                 times = f"{realised / entry['hot_time_budget']:.2f}x" if entry["hot_time_budget"] else "-"
                 interval = entry[split].get("cpu_violation_interval")
@@ -431,8 +438,9 @@ def frontier_plot(out: Path, rows: list[dict[str, Any]], data: dict[str, Any]) -
     colours: dict[str, Any] = {family: PALETTE[i % len(PALETTE)] for i, family in enumerate(others)}
     colours[OURS] = "crimson"
     markers = {family: MARKERS[i % len(MARKERS)] for i, family in enumerate(families)}
-    figure, axes = plt.subplots(1, 2, figsize=(15, 6.5), sharey=True)
-    for axis, split in zip(axes, SPLITS, strict=True):
+    shown = [split for split in SPLITS if data[f"{split}_days"]]  # a split with no days has no figure
+    figure, axes = plt.subplots(1, len(shown), figsize=(7.5 * len(shown), 6.5), sharey=True, squeeze=False)
+    for axis, split in zip(axes[0], shown, strict=True):
         labels: list[tuple[str, float, float, Any, bool]] = []
         budget_labels: list[tuple[str, float, float, Any, bool]] = []
         points_drawn: list[tuple[float, float]] = []
@@ -462,7 +470,7 @@ def frontier_plot(out: Path, rows: list[dict[str, Any]], data: dict[str, Any]) -
         axis.set_title(f"{split} days: capacity freed against hot time (up and left is better)", fontsize=10)
         axis.grid(alpha=0.3, which="both")
         _direct_labels(figure, axis, sorted(labels, key=lambda label: not label[4]) + budget_labels, points_drawn)
-    axes[0].set_ylabel("capacity freed (% of the baseline's node-days)")
+    axes[0][0].set_ylabel("capacity freed (% of the baseline's node-days)")
     figure.tight_layout()
     figure.savefig(out / "savings_vs_violations.png", dpi=110)
     plt.close(figure)
@@ -484,6 +492,8 @@ def budget_plot(out: Path, data: dict[str, Any]) -> None:
         axis.annotate("realised = budget (band: 0.5x to 1.5x)", (min(budgets), min(budgets)), fontsize=8,
                       color="grey", xytext=(8, -4), textcoords="offset points")
         for split, colour, marker in (("tuning", "#1f77b4", "o"), ("holdout", "crimson", "s")):
+            if not data[f"{split}_days"]:
+                continue
             realised = [max(entry[split]["cpu_violation_rate"] * 100, FLOOR) for entry in sweep]
             axis.plot(budgets, realised, marker=marker, color=colour, linewidth=1.8)
             axis.annotate(f"{split} days", (budgets[-1], realised[-1]), color=colour, fontsize=9,

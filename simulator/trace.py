@@ -63,8 +63,10 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
     cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or ``azure-wide``
     (``step_5min`` then one column per VM, each VM requesting ``vm_cores``, which that format
     needs: it has no sizes); None: from the header."""
-    if not path.is_file():
+    if not path.exists():
         raise TraceError(f"{path}: no such file")
+    if path.is_dir():
+        raise TraceError(f"{path}: a directory, not a trace file")
     fmt = fmt or detect_format(path)
     if fmt in WIDE_FORMATS:
         if vm_cores is None:

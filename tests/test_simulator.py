@@ -17,7 +17,14 @@ from oversale.estimator import CompressionEstimator, OversaleEstimator
 from oversale.usage import LoadConfig
 from simulator.policies import default_systems, katalyst_realtime, ours_requests
 from simulator.replay import SLOT, Config, Day, arrival_moments, heat_at, run
-from simulator.report import against_peers, budgets_against_peers, hot_time_interval, summary, variants_against_curve
+from simulator.report import (
+    against_peers,
+    budgets_against_peers,
+    hot_time_interval,
+    summary,
+    variants_against_curve,
+    write_report,
+)
 from simulator.trace import TraceError, detect_format, read_trace
 from tests.conftest import ROOT, SHARED
 
@@ -35,6 +42,7 @@ def write_generic(path, rows):
 
 
 def replay(tmp_path, rows, **config):
+    config.setdefault("holdout_days", 0)  # the hand-computed cases read the whole run, all tuning
     trace = tmp_path / "trace.csv"
     write_generic(trace, rows)
     systems = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())
@@ -112,6 +120,29 @@ def test_the_last_days_are_the_holdout_and_reported_apart(tmp_path):
     assert ours["tuning"]["cpu_violation_rate"] == 0
     assert ours["holdout"]["cpu_violation_rate"] == 1.0
     assert ours["cpu_violation_rate"] == pytest.approx(1 / 3, abs=1e-4)
+
+
+def test_a_holdout_that_takes_every_replayed_day_is_refused_and_an_empty_split_is_said(tmp_path):
+    # Ten days: seven of warm-up leave three to replay. The default 14-day holdout would take all
+    # three and leave the tuning tables as rows of 0%, which read like "nothing freed".
+    rows = [(name, t, 8, 2.0, GIB, GIB // 2) for t in range(0, 10 * DAY, 300) for name in ("a", "b")]
+    with pytest.raises(TraceError, match="takes them all, leaving no tuning day; pass --holdout-days 1"):
+        replay(tmp_path, rows, node_cpu_cores=8, holdout_days=14)
+    with pytest.raises(TraceError, match="no tuning day"):
+        replay(tmp_path, rows, node_cpu_cores=8, holdout_days=3)
+
+    # No holdout (--holdout-days 0): the report says so instead of a table of zeros.
+    systems = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())
+    result, _ = replay(tmp_path, rows, node_cpu_cores=8)
+    data = write_report(tmp_path / "report", summary(result, systems), result, tmp_path / "trace.csv",
+                        Config(node_cpu_cores=8, holdout_days=0))
+    assert data["tuning_days"] == [7, 8, 9] and data["holdout_days"] == []
+    report = (tmp_path / "report" / "report.md").read_text()
+    holdout = report.split("## Holdout days", 1)[1].split("\n## ", 1)[0]
+    assert "None: the replay has no holdout days (`--holdout-days 0`)" in holdout
+    assert "| system |" not in holdout
+    sweep = report.split("## The budget sweep", 1)[1]
+    assert sweep.split("| 0.10% | ", 1)[1].split("\n")[0].endswith("| - | - | - |")
 
 
 def test_against_peers_reads_our_curve_at_each_peers_violation_rate():

@@ -14,9 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kube.cli import CliError, Parser, add_debug_flag, bind_address, run_cli
+from kube.cli import CliError, Parser, add_debug_flag, bind_address, run_cli, settings_or_exit
 from kube.tls import LOCAL_HOSTS, CertificatePaths, generate
-from oversale.errors import SettingsError
 from oversale.settings import Settings
 
 log = logging.getLogger("webhook")
@@ -36,17 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_debug_flag(parser)
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env(os.environ)
-    except SettingsError as error:
-        parser.error(str(error))
+    settings = settings_or_exit(parser)
     for flag in ("workers", "threads"):
         value = getattr(args, flag)
         if value is not None:
             if value < 1:
                 parser.error(f"--{flag} must be at least 1")
             settings = dataclasses.replace(settings, **{flag: value})
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     paths = CertificatePaths.in_dir(args.certs_dir)
     if not paths.exist():
