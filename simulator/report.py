@@ -292,7 +292,7 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         f"{clairvoyant['tuning']:.1%} freed on the tuning days, {clairvoyant['holdout']:.1%} on the holdout.", "",
     ]
     for split in SPLITS:
-        if not (tuning if split == "tuning" else holdout):
+        if not data[f"{split}_days"]:
             lines += [f"## {split.capitalize()} days", "", f"None: the replay has no {split} days "
                       f"(`--holdout-days {config.holdout_days}`), so no figure below is about them.", ""]
             continue
