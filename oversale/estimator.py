@@ -252,8 +252,7 @@ def oversale_proposal(
 ) -> Proposal:
     """The oversale ratio for one resource of a node (already stabilized: see module docstring)."""
     floor = safe_floor(requested, real_allocatable, estimator.floor_margin)
-    if usage is None or usage.quantile is None or usage.samples < estimator.min_samples \
-            or usage.covered_seconds < estimator.min_coverage_seconds:
+    if usage is None or usage.quantile is None or not has_enough_history(usage, estimator):
         return Proposal(current, "not enough usage history: holding the current ratio")
     if usage.age_seconds is not None and usage.age_seconds > estimator.staleness_seconds:
         decayed = _decimal(1 + (Fraction(current) - 1) * Fraction(estimator.decay), ROUND_CEILING)
@@ -291,6 +290,12 @@ def oversale_proposal(
         reason += f"; raised to cover the running requests ({cover})"
         proposed = cover
     return Proposal(proposed, reason, peak)
+
+
+def has_enough_history(usage: UsageStats, estimator: OversaleEstimator) -> bool:
+    """Whether a node's window is long and full enough for the estimator to set a ratio from it
+    (otherwise the ratio holds where it is)."""
+    return usage.samples >= estimator.min_samples and usage.covered_seconds >= estimator.min_coverage_seconds
 
 
 def safe_floor(requested: int, real_allocatable: int, margin: Decimal) -> Decimal:

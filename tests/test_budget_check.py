@@ -1,0 +1,116 @@
+"""The node-trace check of the hot-time budget (``python -m simulator.budget_check``): a
+hand-computed node, the Alibaba machine trace through the command, and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from oversale.settings import Settings
+from simulator.budget_check import NodeSeries, averaged, check_budget, read_nodes
+from simulator.trace import TraceError
+from tests.conftest import ROOT, SHARED
+
+ALIBABA = SHARED / "traces" / "alibaba-2018-machines" / "machine_usage_first100k_rows.csv.gz"
+DAY = 86400
+STEP = 300
+
+
+def spiky_node(path):
+    """Five-minute samples over four days at utilisation 0.5, except ten samples of 0.6 on day 2."""
+    with path.open("w") as out:
+        out.write("node,timestamp_s,cpu_utilisation\n")
+        for step in range(4 * DAY // STEP):
+            spike = step * STEP // DAY == 2 and step % 20 == 0 and step % (DAY // STEP) < 200
+            out.write(f"n1,{step * STEP},{0.6 if spike else 0.5}\n")
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "simulator.budget_check", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_node_over_its_quantile_is_hot_for_exactly_those_samples_and_the_account_backs_it_off(tmp_path):
+    nodes = read_nodes(spiky_node(tmp_path / "n.csv"))
+    assert [n.name for n in nodes] == ["n1"] and len(nodes[0].times) == 4 * 288
+    settings = Settings.from_env({})
+    # Day 1's window (day 0) covers less than the estimator's one day: not yet under the budget.
+    # Day 2: the window's quantile is 0.5, so the ratio is 2 and each 0.6 sample is hot (1.2 > 1).
+    # Day 3: the quantile of days 0-2 at 1 - 4 x 0.1% is 0.6 (ten samples above rank 859.5 of
+    # 864): ratio 1/0.6, nothing hot.
+    alone = check_budget(nodes, 0.001, settings, window_days=7, with_account=False)
+    assert alone.node_days == 2 and alone.oversold_node_days == 2
+    assert (alone.hot.hot_samples, alone.hot.samples) == (10, 576)
+    assert alone.mean_ratio == pytest.approx((2 + 1.666) / 2, abs=0.01)
+    # The account sees day 2 at 10/288 = 3.5% against 0.1%: it halves the target, and day 3 at
+    # 0.5 / 0.6 is not oversold at all.
+    kept = check_budget(nodes, 0.001, settings, window_days=7)
+    assert kept.node_days == 2 and kept.oversold_node_days == 1
+    assert (kept.hot.hot_samples, kept.hot.samples) == (10, 576) and kept.mean_ratio == pytest.approx(1.5)
+    assert [(d["day"], d["cpu_hot_samples"]) for d in kept.days] == [(2, 10), (3, 0)]
+    # A budget that allows it (5%: the node's P80) keeps the ratio at 2 on day 3 too.
+    loose = check_budget(nodes, 0.05, settings, window_days=7)
+    assert loose.oversold_node_days == 2 and loose.mean_ratio == pytest.approx(2.0)
+
+
+def test_averaging_buckets_the_samples():
+    node = NodeSeries("n", np.array([0.0, 100.0, 200.0, 300.0, 650.0]), np.array([0.2, 0.4, 0.6, 1.0, 0.5]))
+    five = averaged(node, 300)
+    assert five.times.tolist() == [0.0, 300.0, 600.0]
+    assert five.utilisation.tolist() == pytest.approx([0.4, 1.0, 0.5])
+
+
+@pytest.mark.shared
+def test_the_alibaba_machine_trace_through_the_command(tmp_path):
+    with gzip.open(ALIBABA, "rt") as source:
+        rows = sum(1 for _ in source)
+    out = tmp_path / "check.json"
+    result = run("--trace", str(ALIBABA), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "16 nodes" in result.stderr and "budget 0.10%: done" in result.stderr, "progress is shown"
+    data = json.loads(out.read_text())
+    assert data["nodes"] == 16 and data["samples"] == rows and data["budget_calibration"] == 4
+    budgets = data["budgets"]
+    assert [b["hot_time_budget"] for b in budgets] == [0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05]
+    table = result.stdout.splitlines()
+    assert len(table) == 2 + len(budgets)
+    for row, line in zip(budgets, table[2:], strict=True):
+        for figures in (row, row["estimator_alone"]):
+            assert figures["cpu_violation_rate"] == pytest.approx(figures["hot_samples"] / figures["samples"],
+                                                                  abs=1e-6)
+            low, high = figures["interval"]
+            assert low <= figures["cpu_violation_rate"] <= high
+            assert 0 < figures["node_days"] <= 16 * 7
+        assert f"{row['oversold_node_days']} of {row['node_days']}" in line
+        assert f"{row['cpu_violation_rate']:.3%}" in line
+        # Without the account the quantile alone sets every ratio: every counted node is oversold.
+        assert row["estimator_alone"]["oversold_node_days"] == row["estimator_alone"]["node_days"]
+
+
+def test_bad_input_is_named(tmp_path):
+    missing = run("--trace", str(tmp_path / "none.csv"))
+    assert missing.returncode == 1 and "none.csv: no such file" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    workloads = tmp_path / "w.csv"
+    workloads.write_text("workload,timestamp_s,cpu_request_cores\nvm1,0,4\n")
+    wrong = run("--trace", str(workloads))
+    assert wrong.returncode == 1 and "line 1" in wrong.stderr and "is --format right?" in wrong.stderr
+    header = run("--trace", str(workloads), "--format", "node-generic")
+    assert header.returncode == 1 and "node,timestamp_s,cpu_utilisation" in header.stderr
+    negative = tmp_path / "neg.csv"
+    negative.write_text("node,timestamp_s,cpu_utilisation\nn1,0,-0.5\n")
+    assert "line 2" in run("--trace", str(negative)).stderr
+    for args, said in ((["--budget", "0.5%"], "--budget: '0.5%'"), (["--budget", "0"], "above 0"),
+                       (["--window-days", "0"], "--window-days"), (["--average-seconds", "nan"], "--average-seconds"),
+                       (["--json", str(tmp_path)], "--json")):
+        bad = run("--trace", str(negative), *args)
+        assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(TraceError, match="empty"):
+        read_nodes(tmp_path / "empty.csv")
