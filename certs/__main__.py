@@ -120,10 +120,10 @@ def _names(sub: argparse.ArgumentParser) -> None:
 
 
 def _hosts(parser: argparse.ArgumentParser, args: argparse.Namespace, namespace: str) -> list[str]:
-    hosts = [*(service_hosts(args.service, namespace) if args.service else []), *args.host]
-    if not hosts:
-        parser.error("give --service and/or --host")
     try:
+        hosts = [*(service_hosts(args.service, namespace) if args.service else []), *args.host]
+        if not hosts:
+            parser.error("give --service and/or --host")
         check_hosts(hosts, getattr(args, "client", False))
     except ValueError as error:
         parser.error(str(error))

@@ -71,7 +71,7 @@ class PrometheusAPI:
                                          headers={"Content-Type": "application/x-www-form-urlencoded"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout + 5) as response:
-                payload = json.load(response)
+                kind, text = response.headers.get_content_type(), response.read()
         except urllib.error.HTTPError as error:
             payload = _error_payload(error)
             if any(marker in payload.get("error", "") for marker in SPLIT_ERRORS):
@@ -80,6 +80,15 @@ class PrometheusAPI:
             raise PrometheusUnavailable(f"prometheus answered {error.code}: {reason}") from None
         except (urllib.error.URLError, TimeoutError, OSError, ValueError) as error:
             raise PrometheusUnavailable(f"prometheus at {self.url} unreachable: {error}") from None
+        try:
+            answer: Any = json.loads(text)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            # A login page, a proxy's error page or Grafana's UI answer 200 too: name what came.
+            raise PrometheusUnavailable(f"{self.url} answered {kind}, not the Prometheus HTTP API's JSON "
+                                        "(is it the URL of Prometheus itself?)")
+        payload = answer
         if payload.get("status") != "success":
             error_text = payload.get("error", "unknown error")
             if any(marker in error_text for marker in SPLIT_ERRORS):

@@ -86,8 +86,20 @@ def check_hosts(hosts: Sequence[str], client: bool = False) -> None:
                          f"{COMMON_NAME_MAX} characters; give a shorter one first")
 
 
+_SERVICE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
 def service_hosts(service: str, namespace: str) -> list[str]:
-    """The DNS names a Service is reached by from inside the cluster."""
+    """The DNS names a Service is reached by from inside the cluster. ValueError when the API
+    server would refuse the Service's name (a DNS-1035 label) or the namespace's (a DNS-1123
+    label): names such as ``Web`` or ``Prod`` would give SANs no Service can answer to."""
+    if not _SERVICE_NAME.fullmatch(service):
+        raise ValueError(f"Service name {service!r} is not one Kubernetes accepts: lowercase letters, digits and "
+                         "'-', starting with a letter, at most 63 characters")
+    if not _NAMESPACE_NAME.fullmatch(namespace):
+        raise ValueError(f"namespace {namespace!r} is not one Kubernetes accepts: lowercase letters, digits and "
+                         "'-', at most 63 characters")
     return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
 
 

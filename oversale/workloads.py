@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from oversale.annotations import AnnotationKeys, current_ratio, format_ratio, wants
+from oversale.annotations import AnnotationKeys, current_ratio, format_ratio, parse_switch, read_ratios, wants
+from oversale.errors import InvalidAnnotation
 from oversale.estimator import (
     CompressionEstimator,
     Proposal,
@@ -123,11 +124,18 @@ def plan_compression(
     metadata = workload.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     plan = WorkloadPlan(key=(str(workload.get("kind")), metadata.get("namespace", ""), metadata.get("name", "")))
+    minimum = min(estimator.min_ratio, Decimal(1))
+    # A value nobody can read counts as 1, as the webhook counts it; the table says so, or a
+    # typo would sit there unseen until the reconciler next writes a ratio over it.
+    ignored = {problem.key: f"; {problem}" for problem in
+               read_ratios(annotations, keys.requests_ratio, lambda resource: estimator.max_ratio, "read as 1",
+                           minimum).problems}
     for resource in (CPU, MEMORY):
         key = keys.requests_ratio(resource)
-        plan.current[resource] = current_ratio(annotations, key, min(estimator.min_ratio, Decimal(1)))
+        plan.current[resource] = current_ratio(annotations, key, minimum)
         if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
-            plan.skipped[resource] = ("memory-not-opted-in", f"memory not opted in ({keys.enable_memory_compress}: y)")
+            plan.skipped[resource] = ("memory-not-opted-in", _not_opted_in(annotations, keys.enable_memory_compress)
+                                      + ignored.get(key, ""))
             continue
         target = utilization_target(hpa, resource) if hpa else None
         if target is not None and not rescale_hpa:
@@ -137,13 +145,21 @@ def plan_compression(
         proposal = compression_proposal(resource, template_requests(workload, resource), usage.get(resource, {}),
                                         estimator)
         ratio, why = stabilize(plan.current[resource], proposal.ratio, estimator.stability)
-        reason = f"{proposal.reason}; {why}" if why else proposal.reason
+        reason = (f"{proposal.reason}; {why}" if why else proposal.reason) + ignored.get(key, "")
         plan.proposals[resource] = Proposal(ratio, reason, proposal.demand)
         if target is not None and hpa is not None:
             hpa_annotations = (hpa.get("metadata") or {}).get("annotations") or {}
             original = int(hpa_annotations.get(keys.original_target_utilization, target))
             plan.hpa_target = (str(hpa["metadata"]["name"]), original, round(original * ratio))
     return plan
+
+
+def _not_opted_in(annotations: Mapping[str, str], key: str) -> str:
+    try:
+        parse_switch(annotations.get(key, "n"))
+    except InvalidAnnotation as error:
+        return f"memory not opted in: {key} {error}"
+    return f"memory not opted in (set {key}: y)"
 
 
 def describe_change(plan: WorkloadPlan) -> str:

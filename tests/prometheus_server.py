@@ -100,7 +100,7 @@ GARBAGE_ANSWERS = (
 that is no sample."""
 
 
-def garbage_prometheus(body: bytes) -> ThreadingHTTPServer:
+def garbage_prometheus(body: bytes, content_type: str = "application/json") -> ThreadingHTTPServer:
     """A "Prometheus" on a loopback port that answers every request 200 with ``body``; stop it
     with ``shutdown()``."""
 
@@ -113,7 +113,7 @@ def garbage_prometheus(body: bytes) -> ThreadingHTTPServer:
 
         def _answer(self) -> None:
             self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

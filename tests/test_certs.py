@@ -59,7 +59,9 @@ def test_generate_cli_rejects_missing_names(tmp_path):
 
 @pytest.mark.parametrize(("names", "said"), [
     (["--host", ""], "empty"), (["--host", "bad host"], "neither an IP address nor a DNS name"),
-    (["--service", "web hook"], "'web hook' is neither"), (["--host", "under_score.svc"], "neither"),
+    (["--service", "web hook"], "Service name 'web hook' is not one Kubernetes accepts"),
+    (["--service", "Web"], "Service name 'Web'"), (["--service", "web", "--namespace", "Prod"], "namespace 'Prod'"),
+    (["--host", "under_score.svc"], "neither"),
     (["--host", "a" * 63 + ".svc"], "at most 64 characters"),
     (["--host", "localhost", "--ca-days", "1", "--days", "30"], "--days 30 outlives --ca-days 1"),
 ])

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oversale.annotations import AnnotationKeys
 from oversale.estimator import (
     CompressionEstimator,
     OversaleEstimator,
@@ -22,6 +23,7 @@ from oversale.estimator import (
     stabilize,
     summarize,
 )
+from oversale.workloads import plan_compression
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -174,3 +176,27 @@ def test_a_node_over_its_target_never_gains_room_for_more_pods(requested, alloca
     if hot and proposal.ratio > current:
         assert math.floor(allocatable * proposal.ratio) - requested < allocatable / 100  # only covers what runs
         assert "no room for more" in proposal.reason or "above the maximum" in proposal.reason
+
+
+def test_an_unreadable_ratio_or_memory_switch_is_said_in_the_reconcilers_reasons():
+    keys = AnnotationKeys()
+    day = 86400.0
+    stats = UsageStats(quantile=200.0, peak=250.0, samples=2016, covered_seconds=7 * day)
+    workload = {"kind": "Deployment", "metadata": {"name": "web", "namespace": "shop", "annotations": {
+        keys.enable_resource_compress: "y", keys.cpu_requests_ratio: "2x", keys.enable_memory_compress: "yes please"}},
+        "spec": {"template": {"spec": {"containers": [
+            {"name": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}}}
+    plan = plan_compression(workload, {"cpu": {"app": stats}}, None, keys, CompressionEstimator())
+    # The typo reads as 1, as the webhook reads it, and the table says so next to the new ratio.
+    assert plan.current["cpu"] == 1
+    assert plan.proposals["cpu"].ratio > 1
+    assert plan.proposals["cpu"].reason.endswith(
+        f"; annotation {keys.cpu_requests_ratio}='2x' ignored: '2x' is not a plain decimal number such as 1, 1.5 "
+        "or 2.25; cpu read as 1")
+    assert plan.skipped["memory"][1] == (f"memory not opted in: {keys.enable_memory_compress} 'yes please' is not "
+                                         "one of y, yes, true, n, no, false")
+    # Valid annotations add nothing; an absent switch says how to opt in.
+    workload["metadata"]["annotations"] = {keys.enable_resource_compress: "y", keys.cpu_requests_ratio: "2"}
+    plan = plan_compression(workload, {"cpu": {"app": stats}}, None, keys, CompressionEstimator())
+    assert "ignored" not in plan.proposals["cpu"].reason
+    assert plan.skipped["memory"][1] == f"memory not opted in (set {keys.enable_memory_compress}: y)"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, free_port
-from tests.prometheus_server import Family, PrometheusServer, write_openmetrics
+from tests.prometheus_server import Family, PrometheusServer, garbage_prometheus, write_openmetrics
 
 DAYS = 9
 STEP = 300
@@ -162,3 +162,17 @@ def test_an_unreachable_prometheus_is_one_line(tmp_path):
     result = plan(f"http://127.0.0.1:{free_port()}", tmp_path / "plan")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "unreachable" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("body", "content_type"), [(b"<html><body>Sign in to Grafana</body></html>", "text/html"),
+                                                    (b"[]", "application/json")])
+def test_a_url_that_is_not_prometheus_is_named_as_such(tmp_path, body, content_type):
+    server = garbage_prometheus(body, content_type)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = plan(url, tmp_path / "plan")
+    finally:
+        server.shutdown()
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{url} answered {content_type}, not the Prometheus HTTP API's JSON" in result.stderr
+    assert "unreachable" not in result.stderr and not (tmp_path / "plan").exists()
