@@ -33,11 +33,12 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import itertools
 import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -92,7 +93,8 @@ def _open(path: Path) -> IO[str]:
 
 
 def read_nodes(path: Path, fmt: str | None = None) -> list[NodeSeries]:
-    """The node trace as one series per node; duplicate timestamps keep the last row."""
+    """The node trace as one series per node (read whole into memory); duplicate timestamps keep
+    the last row, and a row without a utilisation (the Alibaba trace has some) is skipped."""
     if not path.exists():
         raise TraceError(f"{path}: no such file")
     if path.is_dir():
@@ -109,16 +111,16 @@ def read_nodes(path: Path, fmt: str | None = None) -> list[NodeSeries]:
             if fmt == "node-generic":
                 if tuple(first[:3]) != GENERIC_HEADER:
                     raise TraceError(f"{path}: a node-generic trace starts with the header {','.join(GENERIC_HEADER)}")
-                records: Any = reader
-                column, scale = 2, 1.0
-            else:
-                records = [first, *reader] if first else reader
-                column, scale = 2, 0.01
-            for number, record in enumerate(records, start=2 if fmt == "node-generic" else 1):
-                if not record:
-                    continue
+                records: Iterator[list[str]] = reader
+                start, scale = 2, 1.0
+            else:  # headerless: the first line is a sample
+                records = itertools.chain([first], reader)
+                start, scale = 1, 0.01
+            for number, record in enumerate(records, start=start):
+                if not record or (len(record) > 2 and not record[2].strip()):
+                    continue  # a blank line, or a sample the machine did not report
                 try:
-                    node, stamp, value = record[0], float(record[1]), float(record[column]) * scale
+                    node, stamp, value = record[0], float(record[1]), float(record[2]) * scale
                 except (IndexError, ValueError):
                     raise TraceError(f"{path}: line {number}: {','.join(record)[:80]!r} is not "
                                      + ("node,timestamp_s,cpu_utilisation" if fmt == "node-generic"

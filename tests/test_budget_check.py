@@ -114,3 +114,11 @@ def test_bad_input_is_named(tmp_path):
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(TraceError, match="empty"):
         read_nodes(tmp_path / "empty.csv")
+
+
+def test_a_sample_the_machine_did_not_report_is_skipped_and_the_last_duplicate_kept(tmp_path):
+    trace = tmp_path / "machines.csv"  # the Alibaba layout: headerless, percent
+    trace.write_text("m_2,20,40,90,,,1,1,5\nm_1,10,,88,,,1,1,5\nm_1,0,50,88,,,1,1,5\nm_1,0,55,88,,,1,1,5\n")
+    nodes = read_nodes(trace)
+    assert [(n.name, n.times.tolist(), n.utilisation.tolist()) for n in nodes] == [
+        ("m_1", [0.0], [0.55]), ("m_2", [20.0], [0.4])]
