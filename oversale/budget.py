@@ -114,12 +114,31 @@ class Adjustment:
     backed_off: bool = False
 
 
+BUDGET_RULE = "a hot-time budget is a share of node-time from 0 to 1 (0.001 is 0.1%; 0: no overselling)"
+
+
+def parse_hot_time_budget(text: str) -> float:
+    """A budget as a setting, a flag or an annotation gives it; ValueError(``BUDGET_RULE``) for
+    anything else (``0.1%`` included: a percent sign would make 0.1% read as 10%).
+
+    >>> parse_hot_time_budget("0.001")
+    0.001
+    """
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0 <= value <= 1:  # NaN fails too
+        raise ValueError(BUDGET_RULE)
+    return value
+
+
 def budget_quantile(budget: float, scale: float = 1.0) -> float:
     """The usage quantile whose exceedance the budget allows: ``1 - scale x budget`` (1: the
     peak). ``scale`` calibrates the estimator: a window's exceedance over-states (scale > 1) or
     under-states the exceedance that follows, and the replay's tuning days measure by how much."""
     if not 0 <= budget <= 1 or math.isnan(budget):
-        raise ValueError(f"a hot-time budget is a share of time between 0 and 1, not {budget!r}")
+        raise ValueError(f"{budget!r}: {BUDGET_RULE}")
     return max(0.0, 1.0 - scale * budget)
 
 
@@ -284,8 +303,8 @@ def budget_of(annotations: Mapping[str, str], labels: Mapping[str, str], key: st
 
     >>> budget_of({}, {"b": "0.005"}, "b", 0.001)
     (0.005, None)
-    >>> budget_of({"b": "0.5%"}, {}, "b", 0.001)[1]
-    "annotation b='0.5%' ignored: a hot-time budget is a share of node-time from 0 to 1 (0.001 is 0.1%)"
+    >>> budget_of({"b": "0.5%"}, {}, "b", 0.001)[1].startswith("annotation b='0.5%' ignored: " + BUDGET_RULE[:20])
+    True
     """
     problems: list[str] = []
     for kind, source in (("annotation", annotations), ("label", labels)):
@@ -293,13 +312,9 @@ def budget_of(annotations: Mapping[str, str], labels: Mapping[str, str], key: st
         if text is None:
             continue
         try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if 0 <= value <= 1:
-            return value, "; ".join(problems) or None
-        problems.append(f"{kind} {key}={text!r} ignored: a hot-time budget is a share of node-time from 0 to 1 "
-                        "(0.001 is 0.1%)")
+            return parse_hot_time_budget(text), "; ".join(problems) or None
+        except ValueError as error:
+            problems.append(f"{kind} {key}={text!r} ignored: {error}")
     return default, "; ".join(problems) or None
 
 

@@ -14,7 +14,13 @@ from functools import cached_property
 from typing import Any
 
 from oversale.annotations import DEFAULT_PREFIX, AnnotationKeys
-from oversale.budget import AccountConfig, HotTimeBudget, budget_quantile, compression_percentile
+from oversale.budget import (
+    AccountConfig,
+    HotTimeBudget,
+    budget_quantile,
+    compression_percentile,
+    parse_hot_time_budget,
+)
 from oversale.compression import CompressionConfig
 from oversale.errors import QuantityError, SettingsError
 from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
@@ -580,8 +586,8 @@ _PARSERS: dict[str, Any] = {
     "history_retention_seconds": lambda text: _duration(text),
     "history_window_seconds": lambda text: _duration(text),
     "reconcile_interval_seconds": lambda text: _duration(text),
-    "cpu_hot_time_budget": lambda text: _share(text),
-    "memory_hot_time_budget": lambda text: _share(text),
+    "cpu_hot_time_budget": parse_hot_time_budget,
+    "memory_hot_time_budget": parse_hot_time_budget,
     "budget_calibration": lambda text: parse_budget_calibration(text),
     "pool_labels": lambda text: tuple(label.strip() for label in text.split(",") if label.strip()),
     "compression_margin": lambda text: _decimal_between(text, 0, 10),
@@ -682,13 +688,6 @@ def _duration(text: str, allow_zero: bool = False) -> float:
         raise ValueError("must be a duration such as 300, 5m, 24h or 7d") from None
     if not (value > 0 or (allow_zero and value == 0)) or value == float("inf"):
         raise ValueError("must be a positive duration")
-    return value
-
-
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:  # NaN fails too
-        raise ValueError("must be a share of time between 0 and 1, e.g. 0.001 for 0.1% (0: no overselling)")
     return value
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli, settings_or_exit
 from oversale.settings import Settings
-from simulator.cli import add_cluster_arguments
+from simulator.cli import add_cluster_arguments, hot_time_budget
 
 log = logging.getLogger("reconcilers")
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     backtest.add_argument("--out", type=Path, default=Path("backtest-report"), help="report directory")
     backtest.add_argument("--arrival-seed", type=int, default=0,
                           help="draws the moment of the day each Pod meets the load-aware extender (default 0)")
-    backtest.add_argument("--hot-time-budget", type=float, default=argparse.SUPPRESS, metavar="SHARE",
+    backtest.add_argument("--hot-time-budget", type=hot_time_budget, default=argparse.SUPPRESS, metavar="SHARE",
                           help="run the whole system at this cpu hot-time budget (0..1, e.g. 0.001 for 0.1%%); "
                                "default: OVERSALE_CPU_HOT_TIME_BUDGET, and a sweep of budgets from 0.01%% to 5%%")
     backtest.add_argument("--frontier", action="store_true",
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--warmup-days", type=int, default=7, help="days of history before the first replayed day")
     plan.add_argument("--step", default="5m", help="resolution of the history read")
     plan.add_argument("--out", type=Path, default=Path("plan-report"), help="report directory")
-    plan.add_argument("--hot-time-budget", type=float, default=argparse.SUPPRESS, metavar="SHARE",
+    plan.add_argument("--hot-time-budget", type=hot_time_budget, default=argparse.SUPPRESS, metavar="SHARE",
                       help="the budget whose ratios the plan lists (default: OVERSALE_CPU_HOT_TIME_BUDGET)")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
@@ -199,8 +199,6 @@ def _chosen_budget(args: argparse.Namespace, settings: Settings, parser: argpars
     chosen = getattr(args, "hot_time_budget", None)
     if chosen is None:
         return settings.budget
-    if not 0 <= chosen <= 1:
-        parser.error(f"--hot-time-budget {chosen:g}: a share of node-time between 0 and 1 (0.001 is 0.1%)")
     return dataclasses.replace(settings.budget, cpu=chosen)
 
 

@@ -50,6 +50,7 @@ from oversale.errors import SettingsError
 from oversale.estimator import has_enough_history
 from oversale.quantity import CPU
 from oversale.settings import Settings
+from simulator.cli import hot_time_budget
 from simulator.policies import BUDGET_SWEEP, BudgetAccount, ours_ratio, usage_stats
 from simulator.report import hot_time_interval
 from simulator.trace import DAY, MILLI, TraceError
@@ -204,13 +205,9 @@ def format_table(results: Sequence[tuple[BudgetResult, BudgetResult]]) -> str:
 
 
 def _budget(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a hot-time budget is a share of node-time above 0 and up to 1 "
-                                         "(0.001 is 0.1%)")
+    value = hot_time_budget(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("'0': a budget of 0 allows no overselling, so there is nothing to check")
     return value
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from oversale.budget import parse_hot_time_budget
 from oversale.errors import QuantityError
 from oversale.quantity import parse_bytes
 from simulator.formats import FORMAT_NAMES
@@ -24,6 +25,14 @@ if TYPE_CHECKING:  # the replay needs numpy: imported when a replay runs, not wh
 
 DEFAULT_VM_CORES = 4.0
 """The request of an Azure VM, as ``azure-wide`` traces have no VM sizes."""
+
+
+def hot_time_budget(text: str) -> float:
+    """``--hot-time-budget``/``--budget``: read as OVERSALE_CPU_HOT_TIME_BUDGET is."""
+    try:
+        return parse_hot_time_budget(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

@@ -72,7 +72,7 @@ def test_budget_zero_and_quantiles():
     assert budget_quantile(0) == 1 and budget_quantile(0.001) == pytest.approx(0.999)
     assert compression_percentile(0.001) == pytest.approx(0.999) and compression_percentile(0.5) == 0.9
     for bad in (-0.1, 1.5, float("nan")):
-        with pytest.raises(ValueError, match="share of time"):
+        with pytest.raises(ValueError, match="share of node-time from 0 to 1"):
             budget_quantile(bad)
 
 
@@ -147,8 +147,9 @@ def test_budget_and_pool_of_a_node():
     key = "stke.platform/cpu-hot-time-budget"
     assert budget_of({key: "0.01"}, {key: "0.02"}, key, 0.001) == (0.01, None)
     assert budget_of({}, {key: "0.02"}, key, 0.001) == (0.02, None)
-    assert budget_of({key: "lots"}, {}, key, 0.001) == (0.001, f"annotation {key}='lots' ignored: a hot-time budget "
-                                                               "is a share of node-time from 0 to 1 (0.001 is 0.1%)")
+    assert budget_of({key: "lots"}, {}, key, 0.001) == (
+        0.001, f"annotation {key}='lots' ignored: a hot-time budget is a share of node-time from 0 to 1 (0.001 is "
+               "0.1%; 0: no overselling)")
     # A bad annotation falls back to the pool's label, not past it, and says so.
     value, problem = budget_of({key: "2"}, {key: "0.02"}, key, 0.001)
     assert value == 0.02 and problem is not None and problem.startswith(f"annotation {key}='2' ignored")

@@ -106,7 +106,7 @@ def test_bad_input_is_named(tmp_path):
     negative = tmp_path / "neg.csv"
     negative.write_text("node,timestamp_s,cpu_utilisation\nn1,0,-0.5\n")
     assert "line 2" in run("--trace", str(negative)).stderr
-    for args, said in ((["--budget", "0.5%"], "--budget: '0.5%'"), (["--budget", "0"], "above 0"),
+    for args, said in ((["--budget", "0.5%"], "--budget: '0.5%'"), (["--budget", "0"], "nothing to check"),
                        (["--window-days", "0"], "--window-days"), (["--average-seconds", "nan"], "--average-seconds"),
                        (["--json", str(tmp_path)], "--json")):
         bad = run("--trace", str(negative), *args)

@@ -99,6 +99,11 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
     (["reconcilers", "backtest", "--trace", "x.csv", "--node-cores", "nan"], ["--node-cores nan", "positive"]),
     (["reconcilers", "backtest", "--trace", "x.csv", "--vm-cores", "inf"], ["--vm-cores inf", "positive"]),
     (["reconcilers", "backtest", "--trace", "x.csv", "--arrival-seed", "-1"], ["--arrival-seed -1"]),
+    # As OVERSALE_CPU_HOT_TIME_BUDGET and a node's annotation read it: a percent sign is refused.
+    (["reconcilers", "backtest", "--trace", "x.csv", "--hot-time-budget", "0.1%"],
+     ["--hot-time-budget: '0.1%'", "share of node-time from 0 to 1"]),
+    (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--hot-time-budget", "2"],
+     ["--hot-time-budget: '2'", "share of node-time from 0 to 1"]),
     # Told before the replay, which takes minutes on a month's trace, not after it.
     (["reconcilers", "backtest", "--trace", "x.csv", "--out", "/proc/version"], ["--out /proc/version",
                                                                                   "a file, not a directory"]),

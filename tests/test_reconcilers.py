@@ -454,7 +454,7 @@ def test_a_budget_annotation_that_is_not_a_share_falls_back_to_the_pool_and_is_t
         reconciler.run_pass()
     told = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert told == [f"Node/node-2: annotation {key}='0.5%' ignored: a hot-time budget is a share of node-time from "
-                    "0 to 1 (0.001 is 0.1%); 2.000% applies"], told
+                    "0 to 1 (0.001 is 0.1%; 0: no overselling); 2.000% applies"], told
     assert reconciler.metrics.hot_time_budget.labels("default", "cpu")._value.get() == 0.001  # node-1 is stricter
     assert "(budget 2.00%)" in annotations(api, "nodes", "node-2", "")[KEYS.hot_time]
 
