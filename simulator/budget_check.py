@@ -50,7 +50,7 @@ from oversale.errors import SettingsError
 from oversale.estimator import has_enough_history
 from oversale.quantity import CPU
 from oversale.settings import Settings
-from simulator.cli import hot_time_budget
+from simulator.cli import OneLineParser, hot_time_budget, trace_failed
 from simulator.policies import BUDGET_SWEEP, BudgetAccount, ours_ratio, usage_stats
 from simulator.report import hot_time_interval
 from simulator.trace import DAY, MILLI, TraceError
@@ -212,8 +212,8 @@ def _budget(text: str) -> float:
 
 
 def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulator.budget_check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m simulator.budget_check", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, required=True, help="node utilisation CSV or CSV.gz")
     parser.add_argument("--format", choices=NODE_FORMATS, default=None, help="default: detected from the first line")
     parser.add_argument("--window-days", type=int, default=7, help="history window of every ratio (default 7)")
@@ -238,8 +238,7 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
     except SettingsError as error:
         parser.error(str(error))
     except TraceError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return trace_failed(error)
     if args.average_seconds:
         nodes = [averaged(node, args.average_seconds) for node in nodes]
     samples = sum(len(n.times) for n in nodes)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from oversale.budget import parse_hot_time_budget
 from oversale.errors import QuantityError
@@ -25,6 +26,20 @@ if TYPE_CHECKING:  # the replay needs numpy: imported when a replay runs, not wh
 
 DEFAULT_VM_CORES = 4.0
 """The request of an Azure VM, as ``azure-wide`` traces have no VM sizes."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse telling a bad option in one line and exit code 2, as every entry point of the
+    project does (the adapters' ``kube.cli.Parser``, which the simulator may not import)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
+
+
+def trace_failed(error: Exception) -> int:
+    """A trace the command cannot use: one line, exit code 2 (a bad input, as a bad option is)."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
 
 
 def hot_time_budget(text: str) -> float:

@@ -26,7 +26,7 @@ import time
 from oversale.budget import AccountConfig, HotTimeBudget
 from oversale.errors import SettingsError
 from oversale.settings import Settings, parse_budget_calibration
-from simulator.cli import add_cluster_arguments, cluster_config, read_workloads
+from simulator.cli import OneLineParser, add_cluster_arguments, cluster_config, read_workloads, trace_failed
 from simulator.policies import GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
 from simulator.replay import SLOTS_PER_DAY, oversized_warning, run
 from simulator.trace import TraceError
@@ -53,8 +53,7 @@ def _calibration(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulator.tune", description=__doc__,
-                                     formatter_class=_Formatter)
+    parser = OneLineParser(prog="python -m simulator.tune", description=__doc__, formatter_class=_Formatter)
     add_cluster_arguments(parser)
     parser.add_argument("--scale", type=_calibration, action="append", default=argparse.SUPPRESS,
                         help=f"only this calibration (repeatable; default all of {', '.join(map(str, SCALES))})")
@@ -67,15 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         workloads = read_workloads(args, lambda message: print(message, file=sys.stderr, flush=True))
     except TraceError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return trace_failed(error)
     origin = min(int(w.slots[0]) for w in workloads)
     last = max(int(w.slots[-1]) for w in workloads)
     days = (last - origin) // SLOTS_PER_DAY + 1
     if days - args.holdout_days <= args.warmup_days:
-        print(f"error: {args.trace}: {days} days, of which --holdout-days {args.holdout_days} are cut off and "
-              f"--warmup-days {args.warmup_days} only give history: no day left to tune on", file=sys.stderr)
-        return 1
+        return trace_failed(TraceError(f"{args.trace}: {days} days, of which --holdout-days {args.holdout_days} are "
+                                       f"cut off and --warmup-days {args.warmup_days} only give history: no day left "
+                                       "to tune on"))
     warning = oversized_warning(workloads, config)
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -95,14 +95,14 @@ def test_the_alibaba_machine_trace_through_the_command(tmp_path):
 
 def test_bad_input_is_named(tmp_path):
     missing = run("--trace", str(tmp_path / "none.csv"))
-    assert missing.returncode == 1 and "none.csv: no such file" in missing.stderr
+    assert missing.returncode == 2 and "none.csv: no such file" in missing.stderr
     assert "Traceback" not in missing.stderr
     workloads = tmp_path / "w.csv"
     workloads.write_text("workload,timestamp_s,cpu_request_cores\nvm1,0,4\n")
     wrong = run("--trace", str(workloads))
-    assert wrong.returncode == 1 and "line 1" in wrong.stderr and "is --format right?" in wrong.stderr
+    assert wrong.returncode == 2 and "line 1" in wrong.stderr and "is --format right?" in wrong.stderr
     header = run("--trace", str(workloads), "--format", "node-generic")
-    assert header.returncode == 1 and "node,timestamp_s,cpu_utilisation" in header.stderr
+    assert header.returncode == 2 and "node,timestamp_s,cpu_utilisation" in header.stderr
     negative = tmp_path / "neg.csv"
     negative.write_text("node,timestamp_s,cpu_utilisation\nn1,0,-0.5\n")
     assert "line 2" in run("--trace", str(negative)).stderr
@@ -111,6 +111,7 @@ def test_bad_input_is_named(tmp_path):
                        (["--json", str(tmp_path)], "--json")):
         bad = run("--trace", str(negative), *args)
         assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
+        assert len(bad.stderr.strip().splitlines()) == 1, "one line, no usage block before it"
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(TraceError, match="empty"):
         read_nodes(tmp_path / "empty.csv")

@@ -319,11 +319,11 @@ def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
     trace = tmp_path / "trace.csv"
     write_generic(trace, [("w", day * DAY, 1, 0.5, GIB, GIB // 2) for day in range(20)])
     code, err, rows = tune(trace)
-    assert code == 1 and rows == []
+    assert code == 2 and rows == []
     assert err.strip().endswith("20 days, of which --holdout-days 14 are cut off and --warmup-days 7 only give "
                                 "history: no day left to tune on")
     code, err, _ = tune(tmp_path / "absent.csv")
-    assert code == 1 and "no such file" in err
+    assert code == 2 and "no such file" in err
     refused = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(trace)], cwd=ROOT,
                              capture_output=True, text=True, timeout=60,
                              env={**os.environ, "OVERSALE_CPU_HOT_TIME_BUDGET": "2"})
@@ -332,6 +332,7 @@ def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
         bad = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(trace), "--scale", scale],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2 and f"--scale: '{scale}': a calibration is a positive factor" in bad.stderr, scale
+        assert len(bad.stderr.strip().splitlines()) == 1, "one line, no usage block before it"
 
 
 @pytest.mark.shared
