@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
     parser.add_argument("--window-days", type=int, default=7, help="history window of every ratio (default 7)")
     parser.add_argument("--budget", type=_budget, action="append", default=None,
                         help="a cpu hot-time budget to check (repeatable; default the backtest's sweep, "
-                             + ", ".join(f"{b:.2%}" for b in BUDGET_SWEEP) + ")")
+                             + ", ".join(f"{b:.2%}" for b in BUDGET_SWEEP).replace("%", "%%") + ")")
     parser.add_argument("--average-seconds", type=float, default=0,
                         help="average each node's samples over windows this long first (300: as the "
                              "backtest's 5-minute traces see usage); default 0, as sampled")

@@ -138,6 +138,19 @@ def test_help_lists_debug_and_defaults(module):
     assert result.returncode == 0 and "--debug" in result.stdout
 
 
+@pytest.mark.parametrize("command", [
+    ["reconcilers", sub] for sub in ("run", "once", "remediate", "backtest", "plan")] + [
+    ["certs", sub] for sub in ("generate", "ensure", "inject")] + [
+    ["simulator.tune"], ["simulator.budget_check"]] + [
+    [f"bench.{name}"] for name in ("extender_failover", "extender_speed", "plan_example", "reconcile_scale", "soak",
+                                   "webhook_load")])
+def test_every_commands_help_prints(command):
+    # argparse formats help text with %: a bare percent sign in one option's help broke --help.
+    result = run([*command, "--help"])
+    assert result.returncode == 0 and result.stdout.startswith("usage: "), result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_backtest_help_shows_every_default():
     text = run(["reconcilers", "backtest", "--help"]).stdout
     for default in ("backtest-report", "(default: 32", "256Gi", "(default: 7)", "(default: 14)"):
