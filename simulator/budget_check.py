@@ -15,9 +15,10 @@ above 1. Each day at midnight (trace time) every node's ratio comes from the nod
 own function (``simulator.policies.ours_ratio``: ``oversale.budget.budget_proposal`` on the
 node's last ``--window-days`` days, with its caps, at the ``OVERSALE_BUDGET_CALIBRATION`` the
 backtest uses), its target scaled by one account for the whole cluster (``BudgetAccount``, as in
-the replay: ``keep_account`` over the hot time of the days before). A node-day counts when its
-node was oversold (ratio above 1): the budget is a share of *oversold* node-time. The column
-"estimator alone" keeps the account at 1, to show the quantile's calibration without the loop.
+the replay: ``keep_account`` over the hot time of the days before). A node-day counts once its
+node has the estimator's minimum history (``has_enough_history``), whatever its ratio: the replay
+and the live account count every node of the pool, a backed-off one too. The column "estimator
+alone" keeps the account at 1, to show the quantile's calibration without the loop.
 
 CPU only: a node's memory ratio has a target of 0.6 of real memory (``OVERSALE_MEMORY_TARGET``),
 so a node-level memory check says only whether utilisation stays under 60%.
@@ -38,7 +39,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -191,7 +192,7 @@ def format_table(results: Sequence[tuple[BudgetResult, BudgetResult]]) -> str:
     """Markdown: per budget, the check with the account and with the estimator alone."""
     def cell(result: BudgetResult) -> str:
         if not result.hot.samples:
-            return "no oversold node-day | -"
+            return "no node-day with a day of history | -"
         interval = result.interval or [0.0, 0.0]
         return (f"{result.hot.share:.3%} ({result.hot.share / result.budget:.2f}x) | "
                 f"{interval[0]:.3%}..{interval[1]:.3%}")
@@ -204,6 +205,10 @@ def format_table(results: Sequence[tuple[BudgetResult, BudgetResult]]) -> str:
     return "\n".join(lines)
 
 
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def _budget(text: str) -> float:
     value = hot_time_budget(text)
     if value == 0:
@@ -211,7 +216,7 @@ def _budget(text: str) -> float:
     return value
 
 
-def main(argv: list[str] | None = None, progress: Callable[[str], None] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m simulator.budget_check", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, required=True, help="node utilisation CSV or CSV.gz")
@@ -225,7 +230,6 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
                              "backtest's 5-minute traces see usage); default 0, as sampled")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
-    say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
     if args.window_days < 1:
         parser.error("--window-days must be at least 1")
     if not (math.isfinite(args.average_seconds) and args.average_seconds >= 0):
@@ -243,14 +247,14 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
         nodes = [averaged(node, args.average_seconds) for node in nodes]
     samples = sum(len(n.times) for n in nodes)
     span = (max(float(n.times[-1]) for n in nodes) - min(float(n.times[0]) for n in nodes)) / DAY
-    say(f"{args.trace}: {len(nodes)} nodes, {samples} samples over {span:.1f} days; calibration "
+    _say(f"{args.trace}: {len(nodes)} nodes, {samples} samples over {span:.1f} days; calibration "
         f"{settings.budget_calibration:g}, window {args.window_days} days"
         + (f", samples averaged over {args.average_seconds:g} s" if args.average_seconds else ""))
     results = []
     for budget in args.budget or BUDGET_SWEEP:
         results.append((check_budget(nodes, budget, settings, args.window_days),
                         check_budget(nodes, budget, settings, args.window_days, with_account=False)))
-        say(f"budget {budget:.2%}: done")
+        _say(f"budget {budget:.2%}: done")
     print(format_table(results))
     if args.json is not None:
         args.json.write_text(json.dumps({
