@@ -24,6 +24,8 @@ NODE_MEMORY = "sum by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAva
 """Bytes of memory a node uses (node-exporter), per node label."""
 SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
 """What Prometheus says when a query's window holds too many samples (split it and ask again)."""
+RANGE_STEPS = 10_000
+"""Steps asked per range query: under Prometheus's limit of 11,000 points per series."""
 Points = list[tuple[float, float]]
 """(epoch seconds, value) of one series"""
 
@@ -56,7 +58,22 @@ class PrometheusAPI:
         return result
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], Points]]:
-        """A range query: each series' labels and its (time, value) points."""
+        """A range query: each series' labels and its (time, value) points. Prometheus refuses a
+        range of more than 11,000 steps per series (40 days at 5 minutes), so a longer one is asked
+        in consecutive parts and each series' points joined."""
+        if not step > 0:
+            raise ValueError(f"a range query's step must be positive, not {step!r}")
+        series: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Points]] = {}
+        part_start = start
+        while part_start <= end:
+            # Points fall at part_start + k x step; the next part starts one step after this one's last.
+            part_end = min(end, part_start + (RANGE_STEPS - 1) * step)
+            for labels, points in self._range_part(query, part_start, part_end, step):
+                series.setdefault(tuple(sorted(labels.items())), (labels, []))[1].extend(points)
+            part_start = part_end + step
+        return list(series.values())
+
+    def _range_part(self, query: str, start: float, end: float, step: float) -> list[tuple[dict[str, str], Points]]:
         payload = self._post("query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                              "step": f"{step:g}s"})
         try:

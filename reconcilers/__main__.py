@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     add_cluster_arguments(backtest)
     backtest.add_argument("--out", type=Path, default=Path("backtest-report"), help="report directory")
     backtest.add_argument("--arrival-seed", type=int, default=0,
-                          help="draws the moment of the day each Pod meets the load-aware extender (default 0)")
+                          help="draws the moment of the day each Pod meets the load-aware extender")
     backtest.add_argument("--hot-time-budget", type=hot_time_budget, default=argparse.SUPPRESS, metavar="SHARE",
                           help="run the whole system at this cpu hot-time budget (0..1, e.g. 0.001 for 0.1%%); "
                                "default: OVERSALE_CPU_HOT_TIME_BUDGET, and a sweep of budgets from 0.01%% to 5%%")

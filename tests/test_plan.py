@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kube.prometheus import PrometheusAPI
 from tests.conftest import ROOT, free_port
 from tests.prometheus_server import Family, PrometheusServer, garbage_prometheus, write_openmetrics
 
@@ -176,3 +177,21 @@ def test_a_url_that_is_not_prometheus_is_named_as_such(tmp_path, body, content_t
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"{url} answered {content_type}, not the Prometheus HTTP API's JSON" in result.stderr
     assert "unreachable" not in result.stderr and not (tmp_path / "plan").exists()
+
+
+def test_a_range_longer_than_prometheus_allows_is_read_in_parts(cluster_prometheus):
+    # 45 days at 5 minutes is 12,960 steps; Prometheus refuses more than 11,000 per series.
+    api = PrometheusAPI(cluster_prometheus.url)
+    query = 'kube_node_status_allocatable{resource="cpu"}'
+    end = time.time()
+    start = end - 45 * 86400
+    long = {labels["node"]: points for labels, points in api.query_range(query, start, end, STEP)}
+    # The last 9 days asked in one part, on the same grid of steps: the same points.
+    recent = start + math.ceil(36 * 86400 / STEP) * STEP
+    short = {labels["node"]: points for labels, points in api.query_range(query, recent, end, STEP)}
+    assert set(long) == set(NODES) == set(short)
+    for node, points in long.items():
+        times = [t for t, _ in points]
+        assert times == sorted(set(times)), "no point twice where the parts meet"
+        assert [p for p in points if p[0] > recent - 1] == short[node]  # Prometheus keeps milliseconds
+        assert len(points) >= DAYS * 86400 // STEP - 2, "the whole backfilled history, not one part"
