@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -61,8 +62,9 @@ class PrometheusAPI:
         """A range query: each series' labels and its (time, value) points. Prometheus refuses a
         range of more than 11,000 steps per series (40 days at 5 minutes), so a longer one is asked
         in consecutive parts and each series' points joined."""
-        if not step > 0:
-            raise ValueError(f"a range query's step must be positive, not {step!r}")
+        if not (step > 0 and math.isfinite(start) and math.isfinite(end)):
+            raise ValueError(f"a range query needs a finite start and end and a positive step, not {start!r}, "
+                             f"{end!r}, {step!r}")
         series: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Points]] = {}
         part_start = start
         while part_start <= end:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import shlex
 import socket
@@ -232,6 +233,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         parser.error(f"--prometheus {args.prometheus!r}: {error}")
     if args.warmup_days < 1:
         parser.error(f"--warmup-days {args.warmup_days}: at least 1 day of history comes before the first replayed day")
+    if not math.isfinite(args.days):
+        parser.error(f"--days {args.days:g}: a number of days")
     if args.days <= args.warmup_days:
         parser.error(f"--days {args.days:g} must exceed --warmup-days {args.warmup_days} (the first days only give "
                      "history)")
