@@ -23,6 +23,7 @@ import math
 import os
 import shlex
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -292,7 +293,13 @@ def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
         return PrometheusHistory.from_settings(settings), None
     from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 
-    history = SqliteHistory(Path(settings.sqlite_path), settings.history_retention_seconds)
+    try:
+        history = SqliteHistory(Path(settings.sqlite_path), settings.history_retention_seconds)
+    except (sqlite3.Error, OSError) as error:
+        # Never deleted here: it may be some other program's file the setting points at by mistake.
+        hint = "; move it away to start the history afresh" if "not a database" in str(error) else ""
+        raise CliError(f"OVERSALE_SQLITE_PATH={settings.sqlite_path!r} cannot hold the usage history: "
+                       f"{error}{hint}") from None
     return history, MetricsSampler(api_client, history)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, free_port
+from tests.kube_api import FakeKubeAPI
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -189,3 +190,20 @@ def test_without_the_shared_corpus_its_tests_are_left_out_with_one_line_and_the_
 def test_ci_refuses_to_run_without_the_shared_corpus():
     result = _pytest({"OVERSALE_SHARED_DIR": "/nonexistent/shared", "OVERSALE_REQUIRE_SHARED": "1"})
     assert result.returncode != 0 and "OVERSALE_REQUIRE_SHARED=1" in result.stdout + result.stderr
+
+
+def test_a_history_file_that_is_not_sqlite_is_named_and_left_alone(tmp_path):
+    api = FakeKubeAPI().start()
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        other = tmp_path / "notes.txt"
+        other.write_text("someone else's file, named by the setting by mistake\n" * 10)
+        result = run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_SQLITE_PATH=str(other))
+        line = assert_one_clean_line(result, f"OVERSALE_SQLITE_PATH='{other}'", "file is not a database",
+                                     "move it away")
+        assert "DatabaseError" not in line
+        assert other.read_text().startswith("someone else's file"), "never overwritten"
+        folder = run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_SQLITE_PATH=str(tmp_path))
+        assert_one_clean_line(folder, f"OVERSALE_SQLITE_PATH='{tmp_path}'", "unable to open database file")
+    finally:
+        api.stop()
