@@ -11,6 +11,7 @@ import datetime
 import ipaddress
 import os
 import re
+import ssl
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,29 @@ class CertificatePaths:
 
     def exist(self) -> bool:
         return self.cert.is_file() and self.key.is_file()
+
+
+def serving_pair_problem(paths: CertificatePaths) -> str | None:
+    """Why ``tls.crt`` and ``tls.key`` cannot serve TLS; None when they can. Asked once before
+    serving: gunicorn loads the pair for every new connection, so a bad one would fail each
+    handshake with a log line ("PEM lib") while the server looks up and its clients see only
+    failed connections."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(paths.cert, paths.key)
+        return None
+    except (ssl.SSLError, OSError) as error:
+        reason = str(error)
+    try:
+        x509.load_pem_x509_certificate(paths.cert.read_bytes())
+    except (ValueError, OSError):
+        return f"{paths.cert.name} is not a PEM certificate"
+    try:
+        serialization.load_pem_private_key(paths.key.read_bytes(), password=None)
+    except (ValueError, TypeError, OSError):
+        return f"{paths.key.name} is not a PEM private key without a password"
+    if "MISMATCH" in reason.upper():
+        return f"{paths.key.name} does not match {paths.cert.name}"
+    return reason
 
 
 _DNS_NAME = re.compile(r"(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*",

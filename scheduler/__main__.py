@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kube.cli import CliError, Parser, add_debug_flag, bind_address, check_api_server, run_cli, settings_or_exit
-from kube.tls import CertificatePaths
+from kube.tls import CertificatePaths, serving_pair_problem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--client-ca {args.client_ca}: no such file")
     if args.certs_dir and not CertificatePaths.in_dir(args.certs_dir).exist():
         parser.error(f"--certs-dir {args.certs_dir}: no tls.crt and tls.key (python -m certs generate writes them)")
+    problem = serving_pair_problem(CertificatePaths.in_dir(args.certs_dir)) if args.certs_dir else None
+    if problem:
+        parser.error(f"--certs-dir {args.certs_dir}: {problem}")
 
     from kube.client import load_api_client
     from kube.server import GunicornServer, gunicorn_options

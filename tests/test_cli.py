@@ -207,3 +207,20 @@ def test_a_history_file_that_is_not_sqlite_is_named_and_left_alone(tmp_path):
         assert_one_clean_line(folder, f"OVERSALE_SQLITE_PATH='{tmp_path}'", "unable to open database file")
     finally:
         api.stop()
+
+
+@pytest.mark.parametrize("module", ["webhook", "scheduler"])
+def test_a_certificate_pair_that_cannot_serve_tls_is_refused_before_serving(module, tmp_path):
+    # gunicorn would load the pair on each connection and fail every handshake with a log line.
+    for name in ("one", "two"):
+        made = run(["certs", "generate", "--dir", str(tmp_path / name), "--host", "localhost"])
+        assert made.returncode == 0, made.stderr
+    certs = tmp_path / "one"
+    (certs / "tls.key").write_bytes((tmp_path / "two" / "tls.key").read_bytes())
+    args = [module, "--bind", f"127.0.0.1:{free_port()}", "--certs-dir", str(certs)]
+    assert_one_clean_line(run(args, OVERSALE_KUBERNETES="off"), f"--certs-dir {certs}",
+                          "tls.key does not match tls.crt")
+    (certs / "tls.key").write_text("not a key\n")
+    assert_one_clean_line(run(args, OVERSALE_KUBERNETES="off"), "tls.key is not a PEM private key")
+    (certs / "tls.crt").write_text("not a certificate\n")
+    assert_one_clean_line(run(args, OVERSALE_KUBERNETES="off"), "tls.crt is not a PEM certificate")

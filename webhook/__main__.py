@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from kube.cli import CliError, Parser, add_debug_flag, bind_address, run_cli, settings_or_exit
-from kube.tls import LOCAL_HOSTS, CertificatePaths, generate
+from kube.tls import LOCAL_HOSTS, CertificatePaths, generate, serving_pair_problem
 from oversale.settings import Settings
 
 log = logging.getLogger("webhook")
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         generate(args.certs_dir, LOCAL_HOSTS)
         log.info("no certificate in %s: created a CA and a certificate for %s (verify with %s)",
                  args.certs_dir, ", ".join(LOCAL_HOSTS), paths.ca)
+    problem = serving_pair_problem(paths)
+    if problem:
+        parser.error(f"--certs-dir {args.certs_dir}: {problem}")
 
     _prepare_metrics_dir(args.metrics_dir)
     settings = _resolve_cluster(settings)
