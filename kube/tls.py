@@ -80,6 +80,16 @@ def serving_pair_problem(paths: CertificatePaths) -> str | None:
     return reason
 
 
+def client_ca_problem(path: Path) -> str | None:
+    """Why ``path`` cannot verify client certificates (None when it can): as with the serving
+    pair, gunicorn would load it on every connection and refuse each client."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=path)
+    except (ssl.SSLError, OSError, ValueError):
+        return f"{path.name} holds no PEM CA certificate"
+    return None
+
+
 _DNS_NAME = re.compile(r"(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*",
                        re.IGNORECASE)
 COMMON_NAME_MAX = 64

@@ -224,3 +224,13 @@ def test_a_certificate_pair_that_cannot_serve_tls_is_refused_before_serving(modu
     assert_one_clean_line(run(args, OVERSALE_KUBERNETES="off"), "tls.key is not a PEM private key")
     (certs / "tls.crt").write_text("not a certificate\n")
     assert_one_clean_line(run(args, OVERSALE_KUBERNETES="off"), "tls.crt is not a PEM certificate")
+
+
+def test_a_client_ca_that_holds_no_certificate_is_refused(tmp_path):
+    made = run(["certs", "generate", "--dir", str(tmp_path), "--host", "localhost"])
+    assert made.returncode == 0, made.stderr
+    junk = tmp_path / "client-ca.crt"
+    junk.write_text("not a certificate\n")
+    result = run(["scheduler", "--bind", f"127.0.0.1:{free_port()}", "--certs-dir", str(tmp_path),
+                  "--client-ca", str(junk)], OVERSALE_KUBERNETES="off")
+    assert_one_clean_line(result, f"--client-ca {junk}", "holds no PEM CA certificate")
