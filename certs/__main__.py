@@ -20,6 +20,7 @@ from kube.tls import (
     RENEW_FRACTION,
     SERVING_DAYS,
     CertificatePaths,
+    ca_problem,
     check_hosts,
     generate,
     service_hosts,
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.secret:
             ca = read_ca_from_secret(api_client, *_namespaced(parser, args.secret))
+        problem = ca_problem(ca)
+        if problem:  # a caBundle that verifies nothing would make every call to the webhook fail
+            raise CliError(f"{args.secret or args.ca_file}: {problem}; no caBundle was changed")
         for line in inject_ca_bundle(api_client, args.webhook, ca):
             print(line)
     except LookupError as error:

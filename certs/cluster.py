@@ -124,7 +124,9 @@ def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> li
 
 def read_ca_from_secret(api_client: Any, namespace: str, name: str) -> bytes:
     secret = _read_secret(client.CoreV1Api(api_client), namespace, name)
-    if secret is None or CA_FILE not in (secret.get("data") or {}):
+    if secret is None:
+        raise LookupError(f"no secret {namespace}/{name}")
+    if CA_FILE not in (secret.get("data") or {}):
         raise LookupError(f"secret {namespace}/{name} has no {CA_FILE}")
     return base64.b64decode(secret["data"][CA_FILE])
 

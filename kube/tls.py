@@ -80,13 +80,14 @@ def serving_pair_problem(paths: CertificatePaths) -> str | None:
     return reason
 
 
-def client_ca_problem(path: Path) -> str | None:
-    """Why ``path`` cannot verify client certificates (None when it can): as with the serving
-    pair, gunicorn would load it on every connection and refuse each client."""
+def ca_problem(pem: bytes) -> str | None:
+    """Why ``pem`` cannot verify certificates (None when it can). Asked before it is used: the
+    extender's client CA is loaded on every connection (each client would be refused), and a
+    webhook's ``caBundle`` that holds no certificate makes every API server call to it fail."""
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=path)
-    except (ssl.SSLError, OSError, ValueError):
-        return f"{path.name} holds no PEM CA certificate"
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cadata=pem.decode("ascii"))
+    except (ssl.SSLError, ValueError):
+        return "holds no PEM CA certificate"
     return None
 
 

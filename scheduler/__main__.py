@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kube.cli import CliError, Parser, add_debug_flag, bind_address, check_api_server, run_cli, settings_or_exit
-from kube.tls import CertificatePaths, client_ca_problem, serving_pair_problem
+from kube.tls import CertificatePaths, ca_problem, serving_pair_problem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--client-ca needs --certs-dir (mutual TLS is TLS first)")
     if args.client_ca and not args.client_ca.is_file():
         parser.error(f"--client-ca {args.client_ca}: no such file")
-    if args.client_ca and (problem := client_ca_problem(args.client_ca)):
+    if args.client_ca and (problem := ca_problem(args.client_ca.read_bytes())):
         parser.error(f"--client-ca {args.client_ca}: {problem}")
     if args.certs_dir and not CertificatePaths.in_dir(args.certs_dir).exist():
         parser.error(f"--certs-dir {args.certs_dir}: no tls.crt and tls.key (python -m certs generate writes them)")

@@ -191,6 +191,18 @@ def test_ensure_and_inject_through_the_cli(kube_api, tmp_path):
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert injected.returncode == 0, injected.stderr
     assert "caBundle set on 1 webhook(s)" in injected.stdout
+    injected_bundle = kube_api.get("mutatingwebhookconfigurations", "", "oversale")["webhooks"][0]["clientConfig"]
+    # A file that holds no certificate would leave the API server unable to call the webhook.
+    junk = tmp_path / "ca.crt"
+    junk.write_text("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+    refused = subprocess.run([*run, "inject", "--webhook", "oversale", "--ca-file", str(junk)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and f"{junk}: holds no PEM CA certificate; no caBundle was changed" in refused.stderr
+    after = kube_api.get("mutatingwebhookconfigurations", "", "oversale")["webhooks"][0]["clientConfig"]
+    assert after["caBundle"] == injected_bundle["caBundle"]
+    missing = subprocess.run([*run, "inject", "--webhook", "oversale", "--secret", "oversale/absent"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no secret oversale/absent" in missing.stderr
 
 
 def served_certificate(server: RunningWebhook, ca_file) -> x509.Certificate:
