@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ca = args.ca_file.read_bytes()
 
-    from certs.cluster import ensure_secret, inject_ca_bundle, read_ca_from_secret
+    from certs.cluster import ForeignSecret, ensure_secret, inject_ca_bundle, read_ca_from_secret
     from kube.client import load_api_client
 
     api_client = load_api_client("auto")
@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError("no in-cluster config and no kubeconfig: ensure and inject need an API server "
                        "(set KUBECONFIG or run inside the cluster)")
     if args.command == "ensure":
-        outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction, args.client)
+        try:
+            outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction, args.client)
+        except ForeignSecret as error:
+            raise CliError(str(error)) from None
         print(f"secret {namespace}/{name}: {outcome}")
         return 0
     try:

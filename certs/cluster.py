@@ -33,6 +33,13 @@ from kube.tls import (
 
 log = logging.getLogger(__name__)
 
+MANAGED_BY = {"app.kubernetes.io/managed-by": "oversale-certs"}
+"""The label on every Secret ``ensure`` writes: one without it is someone else's and never replaced."""
+
+
+class ForeignSecret(Exception):
+    """The Secret ``ensure`` would write exists and was not written by it."""
+
 WEBHOOK_KINDS = (
     ("MutatingWebhookConfiguration", "mutating_webhook_configuration"),
     ("ValidatingWebhookConfiguration", "validating_webhook_configuration"),
@@ -54,6 +61,14 @@ def ensure_secret(
     for attempt in range(3):
         current = _read_secret(core, namespace, name)
         ca_secret = _read_secret(core, namespace, f"{name}-ca")
+        for secret, secret_name in ((current, name), (ca_secret, f"{name}-ca")):
+            labels = ((secret or {}).get("metadata") or {}).get("labels") or {}
+            if secret is not None and any(labels.get(key) != value for key, value in MANAGED_BY.items()):
+                # A name shared with another tool's Secret (an Ingress certificate, a password):
+                # replacing it would destroy what that tool keeps there.
+                raise ForeignSecret(f"secret {namespace}/{secret_name} exists and was not written by oversale-certs "
+                                    f"(no label app.kubernetes.io/managed-by=oversale-certs): choose another "
+                                    f"--secret, or label it to hand it over")
         bundle = _bundle_of(current, ca_secret)
         problems = problems_with(bundle, hosts, renew_fraction) if current is not None else ["missing"]
         if not problems:
@@ -167,7 +182,7 @@ def _write_secret(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "oversale-certs"},
+            "labels": dict(MANAGED_BY),
         },
         "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }

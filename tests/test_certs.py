@@ -16,7 +16,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from certs.cluster import ensure_secret, inject_ca_bundle
+from certs.cluster import MANAGED_BY, ForeignSecret, ensure_secret, inject_ca_bundle
 from kube.tls import CertificatePaths, generate, issue, problems_with, service_hosts
 from tests.conftest import ROOT, RunningWebhook
 
@@ -142,12 +142,28 @@ def test_ensure_replaces_a_certificate_for_the_wrong_names(kube_api, api_client)
 
 
 def test_ensure_replaces_garbage(kube_api, api_client):
-    kube_api.put("secrets", {"metadata": {"name": "webhook-tls", "namespace": "oversale"}, "type": "kubernetes.io/tls",
+    kube_api.put("secrets", {"metadata": {"name": "webhook-tls", "namespace": "oversale", "labels": MANAGED_BY},
+                             "type": "kubernetes.io/tls",
                              "data": {"tls.crt": base64.b64encode(b"junk").decode(), "tls.key": ""}})
     assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365).startswith("renewed: unreadable")
     assert problems_with(type(issue(HOSTS))(secret_bundle(kube_api)["ca.crt"], b"",
                                             secret_bundle(kube_api)["tls.crt"], secret_bundle(kube_api)["tls.key"]),
                          HOSTS) == []
+
+
+@pytest.mark.parametrize("name", ["ingress-tls", "ingress-tls-ca"])
+def test_ensure_never_replaces_another_tools_secret(kube_api, api_client, name):
+    # An Ingress certificate for other names (or a password in the "-ca" one) under the name asked
+    # for: "renewing" it would destroy what its owner keeps there.
+    owner = {"app.kubernetes.io/managed-by": "cert-manager"}
+    theirs = {"metadata": {"name": name, "namespace": "web", "labels": owner},
+              "type": "kubernetes.io/tls" if name == "ingress-tls" else "Opaque",
+              "data": {"tls.crt": base64.b64encode(issue(["shop.example.com"]).cert).decode()}}
+    kube_api.put("secrets", theirs)
+    with pytest.raises(ForeignSecret, match=f"secret web/{name} exists and was not written by oversale-certs"):
+        ensure_secret(api_client, "web", "ingress-tls", HOSTS, 365)
+    assert kube_api.get("secrets", "web", name)["data"] == theirs["data"]
+    assert kube_api.get("secrets", "web", "ingress-tls-ca" if name == "ingress-tls" else "ingress-tls") is None
 
 
 def webhook_configuration(name, entries):
@@ -200,6 +216,12 @@ def test_ensure_and_inject_through_the_cli(kube_api, tmp_path):
     assert refused.returncode == 2 and f"{junk}: holds no PEM CA certificate; no caBundle was changed" in refused.stderr
     after = kube_api.get("mutatingwebhookconfigurations", "", "oversale")["webhooks"][0]["clientConfig"]
     assert after["caBundle"] == injected_bundle["caBundle"]
+    kube_api.put("secrets", {"metadata": {"name": "shop-tls", "namespace": "oversale"}, "type": "kubernetes.io/tls"})
+    foreign = subprocess.run([*run, "ensure", "--secret", "oversale/shop-tls", "--service", "oversale-webhook"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert foreign.returncode == 2 and foreign.stderr.strip().splitlines() == [
+        "error: secret oversale/shop-tls exists and was not written by oversale-certs (no label "
+        "app.kubernetes.io/managed-by=oversale-certs): choose another --secret, or label it to hand it over"]
     missing = subprocess.run([*run, "inject", "--webhook", "oversale", "--secret", "oversale/absent"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no secret oversale/absent" in missing.stderr
