@@ -66,9 +66,9 @@ def ensure_secret(
             if secret is not None and any(labels.get(key) != value for key, value in MANAGED_BY.items()):
                 # A name shared with another tool's Secret (an Ingress certificate, a password):
                 # replacing it would destroy what that tool keeps there.
+                label = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
                 raise ForeignSecret(f"secret {namespace}/{secret_name} exists and was not written by oversale-certs "
-                                    f"(no label app.kubernetes.io/managed-by=oversale-certs): choose another "
-                                    f"--secret, or label it to hand it over")
+                                    f"(no label {label}): choose another --secret, or label it to hand it over")
         bundle = _bundle_of(current, ca_secret)
         problems = problems_with(bundle, hosts, renew_fraction) if current is not None else ["missing"]
         if not problems:

@@ -38,11 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--client-ca {args.client_ca}: no such file")
     if args.client_ca and (problem := ca_problem(args.client_ca.read_bytes())):
         parser.error(f"--client-ca {args.client_ca}: {problem}")
-    if args.certs_dir and not CertificatePaths.in_dir(args.certs_dir).exist():
-        parser.error(f"--certs-dir {args.certs_dir}: no tls.crt and tls.key (python -m certs generate writes them)")
-    problem = serving_pair_problem(CertificatePaths.in_dir(args.certs_dir)) if args.certs_dir else None
-    if problem:
-        parser.error(f"--certs-dir {args.certs_dir}: {problem}")
+    if args.certs_dir:
+        paths = CertificatePaths.in_dir(args.certs_dir)
+        if not paths.exist():
+            parser.error(f"--certs-dir {args.certs_dir}: no tls.crt and tls.key (python -m certs generate writes "
+                         "them)")
+        if problem := serving_pair_problem(paths):
+            parser.error(f"--certs-dir {args.certs_dir}: {problem}")
 
     from kube.client import load_api_client
     from kube.server import GunicornServer, gunicorn_options
@@ -97,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     options = gunicorn_options(args.bind, "", "", 1, settings.threads, settings.keepalive_seconds, settings.log_level,
                                str(args.client_ca) if args.client_ca else "")
-    if args.certs_dir:
-        paths = CertificatePaths.in_dir(args.certs_dir)
+    if args.certs_dir:  # `paths` was checked above
         options.update(certfile=str(paths.cert), keyfile=str(paths.key))
     else:
         options.pop("certfile")

@@ -36,9 +36,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
 
 
-def trace_failed(error: Exception) -> int:
-    """A trace the command cannot use: one line, exit code 2 (a bad input, as a bad option is)."""
-    print(f"error: {error}", file=sys.stderr)
+def trace_failed(problem: object) -> int:
+    """A trace the command cannot use (a ``TraceError`` or its message): one line, exit code 2,
+    as a bad option is."""
+    print(f"error: {problem}", file=sys.stderr)
     return 2
 
 

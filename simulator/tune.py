@@ -71,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     last = max(int(w.slots[-1]) for w in workloads)
     days = (last - origin) // SLOTS_PER_DAY + 1
     if days - args.holdout_days <= args.warmup_days:
-        return trace_failed(TraceError(f"{args.trace}: {days} days, of which --holdout-days {args.holdout_days} are "
-                                       f"cut off and --warmup-days {args.warmup_days} only give history: no day left "
-                                       "to tune on"))
+        return trace_failed(f"{args.trace}: {days} days, of which --holdout-days {args.holdout_days} are cut off "
+                            f"and --warmup-days {args.warmup_days} only give history: no day left to tune on")
     warning = oversized_warning(workloads, config)
     if warning:
         print(warning, file=sys.stderr, flush=True)
