@@ -107,7 +107,10 @@ class Remediator:
             while window and window[0].at <= m.at - load_config.peak_seconds:
                 window.popleft()
         heats = {name: NodeHeat(node_load(list(self.samples[name]), load_config), now) for name in fresh}
-        targets_from = [n["metadata"]["name"] for n in nodes if _schedulable(n)]
+        # Every node a Pod could move to, as this pass leaves it: a move takes its room before the
+        # next hot node plans, so two hot nodes never both count on the same free room.
+        targets = {name: Target(views[name], requested[name], heats.get(name))
+                   for name in (n["metadata"]["name"] for n in nodes if _schedulable(n))}
 
         if not dry_run:
             self._drop_spent_reservations(views, by_node, now)
@@ -169,9 +172,8 @@ class Remediator:
                             candidates.append(found)
                             continue
                     log.debug("Node/%s: %s kept: %s", name, pod_name, excluded)
-                targets = [Target(views[t], requested[t], heats.get(t)) for t in targets_from if t != name]
-                plan = plan_moves(over, candidates, targets, self.settings.load,
-                                  min(self.config.max_per_node, budget))
+                plan = plan_moves(over, candidates, [t for other, t in targets.items() if other != name],
+                                  self.settings.load, min(self.config.max_per_node, budget))
                 for kept, reason in plan.kept:
                     rows.append(Row(f"Pod/{kept.name}", "*", name, "", "", f"not moved: {reason}"))
                 if not plan.moves:
@@ -183,6 +185,7 @@ class Remediator:
                     rows.append(Row(f"Pod/{move.pod.name}", "*", name, move.target, "",
                                     f"evict from hot {name} ({why}); {move.reason}", done))
                     if dry_run or done:
+                        targets[move.target] = targets[move.target].taking(move.pod)
                         budget -= 1
                         per_namespace[move.pod.namespace] = per_namespace.get(move.pod.namespace, 0) + 1
                     if done:
@@ -268,6 +271,8 @@ class Remediator:
         try:
             held = json.loads(annotations.get(self.keys.reservations) or "{}")
         except ValueError:
+            held = {}
+        if not isinstance(held, dict):  # unreadable, as the extender reads it: holds nothing
             held = {}
         return {owner: value for owner, value in held.items()
                 if isinstance(value, dict) and (parse_timestamp(value.get("until")) or 0) > now}

@@ -371,7 +371,7 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
     for slot in range(slots):
         where[:, slot] = current
         used = {r: np.bincount(current, weights=day.usage[r][:, slot], minlength=placed.nodes) for r in RESOURCES}
-        requested: dict[str, np.ndarray] | None = None  # summed only in a sample where some node acts
+        targets: dict[int, Target] | None = None  # built only in a sample where some node acts
         budget = config.max_per_pass
         for node in range(placed.nodes):
             peaks[node].append(float(used[CPU][node]))
@@ -386,18 +386,21 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
                                     PodDemand(str(w), {r: math.ceil(requests[r][w]) for r in RESOURCES}, None, False,
                                               owner=str(w)),
                                     {r: float(day.usage[r][w, slot]) for r in RESOURCES}) for w in members]
-            if requested is None:
+            if targets is None:
                 requested = {r: np.bincount(current, weights=requests[r], minlength=placed.nodes) for r in RESOURCES}
-            at = float(day.slots[slot] * SLOT)
-            # The extender's windows of each target: this sample as the 5-minute average, the
-            # highest of the last hour's samples (this day's) as the 1-hour maximum.
-            targets = [Target(views[n], NodeUsage(shared={r: int(requested[r][n]) for r in RESOURCES}),
-                              NodeHeat(NodeLoad(float(used[CPU][n]), float(max(peaks[n])), float(used[MEMORY][n]),
-                                                at), at))
-                       for n in range(placed.nodes) if n != node]
-            plan = plan_moves(over, candidates, targets, load, min(config.max_per_node, budget))
+                at = float(day.slots[slot] * SLOT)
+                # The extender's windows of each target: this sample as the 5-minute average, the
+                # highest of the last hour's samples (this day's) as the 1-hour maximum.
+                targets = {n: Target(views[n], NodeUsage(shared={r: int(requested[r][n]) for r in RESOURCES}),
+                                     NodeHeat(NodeLoad(float(used[CPU][n]), float(max(peaks[n])),
+                                                       float(used[MEMORY][n]), at), at))
+                           for n in range(placed.nodes)}
+            plan = plan_moves(over, candidates, [t for n, t in targets.items() if n != node], load,
+                              min(config.max_per_node, budget))
             for move in plan.moves:
                 workload, target = int(move.pod.name), int(move.target.removeprefix("node-"))
+                # As live: the room a move takes is gone for the next hot node of this sample.
+                targets[target] = targets[target].taking(move.pod)
                 current[workload] = target
                 moves[workload] += 1
                 workload_free_at[workload] = slot + workload_rest

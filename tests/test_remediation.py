@@ -290,3 +290,36 @@ def test_a_node_can_carry_its_own_runtime_watermark(api):
     api.put("nodes", hot)
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
     assert evictions(api) == 1, "an unreadable value keeps the default 95%"
+
+
+def test_two_hot_nodes_in_one_pass_do_not_both_fill_the_one_target(api):
+    """The room a first move takes on a target is gone for the next hot node of the same pass."""
+    api.put("nodes", node("node-hot-2"))
+    api.put("pods", {**pod("batch-1a2b3-xyzab", owner=("ReplicaSet", "batch-1a2b3")),
+                     "spec": {**pod()["spec"], "nodeName": "node-hot-2"}})
+    api.put("nodemetrics", {"metadata": {"name": "node-hot-2"}, "window": "30s",
+                            "usage": {"cpu": "3920m", "memory": "4Gi"}})
+    api.put("podmetrics", {"metadata": {"name": "batch-1a2b3-xyzab", "namespace": "shop"}, "window": "30s",
+                           "containers": [{"name": "app", "usage": {"cpu": "2500m", "memory": "300Mi"}}]})
+    # node-cool has 600m of its 8 cores left by requests: room for one 500m Pod, not two.
+    api.put("pods", {**pod("filler-7a8b9-qwert"), "spec": {**pod()["spec"], "nodeName": "node-cool", "containers": [
+        {"name": "app", "image": "x", "resources": {"requests": {"cpu": "7400m", "memory": "1Gi"}}}]}})
+    one_pass = dataclasses.replace(SETTINGS, hot_observations=1)
+    planned = remediator(api, one_pass).run_pass(dry_run=True)
+    assert [r.proposed for r in planned if r.object.startswith("Pod/") and r.proposed] == ["node-cool"]
+    assert any(r.object.startswith("Pod/") and "no node can take it" in r.reason for r in planned)
+    remediator(api, one_pass).run_pass()
+    assert evictions(api) == 1
+    held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
+    assert len(held) == 1, "one hold, for the one Pod the target has room for"
+
+
+@pytest.mark.parametrize("garbage", ["[1]", "\"held\"", "not json", "{\"shop/ReplicaSet/old\": 3}"])
+def test_an_unreadable_reservation_on_the_target_holds_nothing_and_blocks_nothing(api, garbage):
+    cool = api.get("nodes", "", "node-cool")
+    cool["metadata"]["annotations"] = {KEYS.reservations: garbage}
+    api.put("nodes", cool)
+    remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1
+    held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
+    assert list(held) == ["shop/ReplicaSet/web-5d8f9"], "rewritten as one readable hold"

@@ -431,6 +431,33 @@ def test_remediation_moves_the_surging_workload_off_the_hot_node():
     assert moved.violations["cpu"] == 2
 
 
+def test_two_hot_nodes_in_one_sample_do_not_both_move_onto_the_one_cool_node():
+    """As the live remediator: nodes 0 and 1 each run a 10-core workload and one that surges from 1
+    to 7 cores at sample 10; node 2 runs 3 cores. Node 2 can take one surging workload (10 of 16
+    cores, 62%, under the 65% scheduling watermark), not both (17 cores: over real capacity)."""
+    from oversale.remediation import RemediationConfig
+    from simulator.replay import Day, Placed, Tally, Window, remediate
+
+    slots = 288
+    cpu = np.zeros((5, slots))
+    cpu[[0, 2], :] = 10_000
+    cpu[[1, 3], :10], cpu[[1, 3], 10:] = 1_000, 7_000
+    cpu[4, :] = 3_000
+    usage = {"cpu": cpu, "memory": np.full((5, slots), float(GIB))}
+    empty = Window(np.zeros(0), {"cpu": np.zeros((5, 0)), "memory": np.zeros((5, 0))}, np.zeros((5, 0), dtype=bool))
+    day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((5, slots), dtype=bool), empty, "tuning")
+    real = (16_000.0, 64.0 * GIB)
+    placed = Placed(np.array([0, 0, 1, 1, 2]), {"cpu": np.array([8_000.0, 2_000.0, 8_000.0, 2_000.0, 4_000.0]),
+                                                 "memory": np.full(5, float(GIB))}, [(1.0, 1.0)] * 3)
+    remediate(day, placed, real, RemediationConfig(), LoadConfig())
+    tally = Tally()
+    tally.count(day, placed, real)
+    assert placed.evictions == 1, "the second surging workload has nowhere cool to go"
+    assert int((placed.moved[:, -1] == 2).sum()) == 2, "node 2 ends with its own workload and one moved"
+    # Node 0 is over for the two samples before its move; node 1 keeps its surge; node 2 never is.
+    assert tally.violations["cpu"] == 2 + (slots - 10)
+
+
 def test_a_pod_meets_the_load_its_node_has_at_the_pods_moment_of_the_day():
     """Load-aware placement in the replay sees what the extender's poller would have read when the
     Pod arrived: the hour before its moment, from the end of the history window into the day."""
