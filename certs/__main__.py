@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         _namespaced(parser, args.secret)
     else:
         ca = args.ca_file.read_bytes()
+        _usable_ca(ca, args.ca_file)
 
     from certs.cluster import ForeignSecret, ensure_secret, inject_ca_bundle, read_ca_from_secret
     from kube.client import load_api_client
@@ -108,14 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.secret:
             ca = read_ca_from_secret(api_client, *_namespaced(parser, args.secret))
-        problem = ca_problem(ca)
-        if problem:  # a caBundle that verifies nothing would make every call to the webhook fail
-            raise CliError(f"{args.secret or args.ca_file}: {problem}; no caBundle was changed")
+            _usable_ca(ca, args.secret)
         for line in inject_ca_bundle(api_client, args.webhook, ca):
             print(line)
     except LookupError as error:
         raise CliError(str(error)) from None
     return 0
+
+
+def _usable_ca(ca: bytes, source: object) -> None:
+    """A caBundle that verifies nothing would make every call to the webhooks fail: refused."""
+    problem = ca_problem(ca)
+    if problem:
+        raise CliError(f"{source}: {problem}; no caBundle was changed")
 
 
 def _names(sub: argparse.ArgumentParser) -> None:

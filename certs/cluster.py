@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "oversale-certs"}
 """The label on every Secret ``ensure`` writes: one without it is someone else's and never replaced."""
+REQUEST_TIMEOUT = 30.0
+"""Seconds per API call: the certs Job fails (and is retried) rather than hang on a silent API server."""
 
 
 class ForeignSecret(Exception):
@@ -111,7 +113,8 @@ def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> li
         found = False
         for kind, stem in WEBHOOK_KINDS:
             try:
-                response: Any = getattr(api, f"read_{stem}")(name, _preload_content=False)
+                response: Any = getattr(api, f"read_{stem}")(name, _preload_content=False,
+                                                             _request_timeout=REQUEST_TIMEOUT)
             except ApiException as error:
                 if error.status == 404:
                     continue
@@ -127,7 +130,8 @@ def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> li
                 operations.append({"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded})
             if operations:
                 getattr(api, f"patch_{stem}")(
-                    name, operations, _content_type="application/json-patch+json", _preload_content=False
+                    name, operations, _content_type="application/json-patch+json", _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT,
                 )
                 report.append(f"{kind} {name}: caBundle set on {len(operations) // 2} webhook(s)")
             else:
@@ -148,7 +152,8 @@ def read_ca_from_secret(api_client: Any, namespace: str, name: str) -> bytes:
 
 def _read_secret(core: Any, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        response = core.read_namespaced_secret(name, namespace, _preload_content=False)
+        response = core.read_namespaced_secret(name, namespace, _preload_content=False,
+                                               _request_timeout=REQUEST_TIMEOUT)
     except ApiException as error:
         if error.status == 404:
             return None
@@ -187,10 +192,11 @@ def _write_secret(
         "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }
     if current is None:
-        core.create_namespaced_secret(namespace, body, _preload_content=False)
+        core.create_namespaced_secret(namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
         log.info("created secret %s/%s", namespace, name)
     else:
         # resourceVersion makes a concurrent writer's update a 409 instead of a silent overwrite.
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        core.replace_namespaced_secret(name, namespace, body, _preload_content=False)
+        core.replace_namespaced_secret(name, namespace, body, _preload_content=False,
+                                       _request_timeout=REQUEST_TIMEOUT)
         log.info("replaced secret %s/%s", namespace, name)

@@ -4,6 +4,11 @@ The holder renews the Lease every ``duration / 3``. A replica takes the Lease on
 or its holder has not renewed for ``duration``. The holder counts itself leader only while its
 last successful renewal is younger than ``2/3 x duration``, so it stops writing *before* another
 replica may take over, and at once when a renewal finds someone else holding the Lease.
+
+An API server that cannot be reached (restarting, refusing connections, not answering) only
+fails a round: every replica keeps trying, since one that gave up could never lead again. Each
+call is bounded by ``duration / 3``, so a call that hangs cannot keep a leader counting itself
+one, nor keep a standby from trying again.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -29,6 +35,7 @@ class LeaseElector:
         self._api: Any = client.CoordinationV1Api(api_client)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration = duration
+        self._timeout = duration / 3
         self._clock = clock
         self._renewed_at: float | None = None
         self._stop = threading.Event()
@@ -60,6 +67,10 @@ class LeaseElector:
                 return False
             log.warning("lease %s/%s: %s", self.namespace, self.name, error.reason)
             return self.is_leader()
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            log.warning("lease %s/%s: cannot reach the API server (%s)", self.namespace, self.name,
+                        type(error).__name__)
+            return self.is_leader()
         if self._renewed_at is None:
             log.info("became the leader (lease %s/%s)", self.namespace, self.name)
         self._renewed_at = now
@@ -68,7 +79,10 @@ class LeaseElector:
     def start(self) -> None:
         def loop() -> None:
             while not self._stop.is_set():
-                self.try_acquire_or_renew()
+                try:
+                    self.try_acquire_or_renew()
+                except Exception:  # e.g. a Lease another program wrote: the next round tries again
+                    log.exception("lease %s/%s: election round failed", self.namespace, self.name)
                 self._stop.wait(self.duration / 3)
 
         self._thread = threading.Thread(target=loop, name="lease", daemon=True)
@@ -84,7 +98,8 @@ class LeaseElector:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            response: Any = self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
+            response: Any = self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
+                                                       _request_timeout=self._timeout)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -100,10 +115,12 @@ class LeaseElector:
     def _create(self, now: float) -> None:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(now, 0, None)}
-        self._api.create_namespaced_lease(self.namespace, body, _preload_content=False)
+        self._api.create_namespaced_lease(self.namespace, body, _preload_content=False,
+                                          _request_timeout=self._timeout)
 
     def _replace(self, lease: dict[str, Any], now: float, transitions: int, acquired: bool) -> None:
         spec = lease.get("spec") or {}
         lease["spec"] = self._spec(now, transitions, None if acquired else spec.get("acquireTime"))
         # The resourceVersion in the body makes a concurrent taker's write fail with 409.
-        self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False)
+        self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
+                                           _request_timeout=self._timeout)

@@ -94,7 +94,7 @@ class Logged:
 class FakeKubeAPI:
     """Objects by plural and (namespace, name); a global resourceVersion; an event log per plural."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
         self._events: dict[str, list[tuple[int, str, dict[str, Any]]]] = {p: [] for p in RESOURCES}
         self._oldest: dict[str, int] = {p: 0 for p in RESOURCES}
@@ -125,7 +125,7 @@ class FakeKubeAPI:
         self.kubelet_answers: dict[tuple[str, str], str] = {}
         """(namespace, Pod) -> how its kubelet answers a resize: ``applied`` (the default),
         ``Deferred`` or ``Infeasible``."""
-        self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
+        self.server = _QuietServer(("127.0.0.1", port), _handler(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -94,6 +94,9 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
     (["certs", "ensure", "--secret", "oversale-webhook-tls", "--service", "x"], ["NAMESPACE/NAME"]),
     (["certs", "inject", "--webhook", "x", "--ca-file", "/nonexistent/ca.crt"], ["/nonexistent/ca.crt",
                                                                                  "no such file"]),
+    # A file that is no CA is named before the cluster is looked for (there is none here).
+    (["certs", "inject", "--webhook", "x", "--ca-file", "pyproject.toml"], ["pyproject.toml",
+                                                                            "holds no PEM CA certificate"]),
     (["certs", "generate", "--dir", "/proc/oversale-nope", "--host", "localhost"], ["/proc/oversale-nope"]),
     (["reconcilers", "backtest", "--trace", "/nonexistent/trace.csv"], ["/nonexistent/trace.csv", "no such file"]),
     (["reconcilers", "backtest", "--trace", "/"], ["/: a directory, not a trace file"]),

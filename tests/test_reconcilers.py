@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import Reconciler, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, eventually, free_port
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import Family, PrometheusServer, write_openmetrics
 
@@ -320,6 +321,40 @@ def test_only_the_lease_holder_writes_and_losing_it_stops_writes(api, prometheus
     assert not first.try_acquire_or_renew() and not first.is_leader()
     assert api.get("leases", "oversale", "oversale-reconciler")["spec"]["holderIdentity"] == "b"
     assert api.get("leases", "oversale", "oversale-reconciler")["spec"]["leaseTransitions"] == 1
+
+
+def test_an_api_server_that_refuses_connections_for_a_while_does_not_end_the_election():
+    """An API server restart refuses connections for a few seconds (not an HTTP error): every
+    replica must keep trying, or none leads again and the reconcilers and extender stop for good."""
+    port = free_port()
+    elector = LeaseElector(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")), "oversale",
+                           "oversale-reconciler", "a", 3)
+    assert elector.try_acquire_or_renew() is False, "refused: not the leader, and no exception"
+    elector.start()
+    try:
+        time.sleep(2.5)  # a few rounds (one per second) against nothing
+        api = FakeKubeAPI(port).start()
+        try:
+            assert eventually(elector.is_leader, timeout=10), "leads once the API server is back"
+            assert api.get("leases", "oversale", "oversale-reconciler")["spec"]["holderIdentity"] == "a"
+        finally:
+            api.stop()
+    finally:
+        elector.stop()
+
+
+def test_an_api_server_that_never_answers_fails_the_round_instead_of_hanging_it():
+    """A black-holed API server accepts the connection and says nothing: without a deadline the
+    election thread would wait forever and a standby would never try again."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # connections complete in the backlog; nothing ever reads or answers them
+        host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        elector = LeaseElector(client.ApiClient(client.Configuration(host=host)), "oversale", "oversale-reconciler",
+                               "a", 1.5)
+        started = time.monotonic()
+        assert elector.try_acquire_or_renew() is False
+        assert time.monotonic() - started < 10, "each call gives up after duration / 3 (and urllib3's retries)"
 
 
 def test_cli_dry_run_prints_the_table(api, prometheus, tmp_path):
