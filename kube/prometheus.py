@@ -8,6 +8,7 @@ usage history, the extender's long load windows).
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
@@ -99,6 +100,10 @@ class PrometheusAPI:
             raise PrometheusUnavailable(f"prometheus answered {error.code}: {reason}") from None
         except (urllib.error.URLError, TimeoutError, OSError, ValueError) as error:
             raise PrometheusUnavailable(f"prometheus at {self.url} unreachable: {error}") from None
+        except http.client.HTTPException as error:
+            # Another protocol's port (BadStatusLine) or an answer cut short (IncompleteRead).
+            raise PrometheusUnavailable(f"prometheus at {self.url} sent no complete HTTP answer: "
+                                        f"{type(error).__name__}: {str(error).strip()[:120]}") from None
         try:
             answer: Any = json.loads(text)
         except ValueError:

@@ -227,11 +227,15 @@ class HistoryPeakPoller:
 
 
 def _poll_forever(poll: Callable[[], bool], interval: float, name: str) -> None:
-    """``poll`` now and every ``interval`` seconds after, on a daemon thread (a poll reports its
-    own failures and never raises)."""
+    """``poll`` now and every ``interval`` seconds after, on a daemon thread. A poll reports its
+    own failures; anything it did not foresee is logged here, since a poller thread that died
+    would leave the extender on its last figures with nothing said."""
     def loop() -> None:
         while True:
-            poll()
+            try:
+                poll()
+            except Exception:
+                log.exception("%s: poll failed; trying again in %.0fs", name, interval)
             time.sleep(interval)
 
     threading.Thread(target=loop, name=name, daemon=True).start()

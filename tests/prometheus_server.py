@@ -92,17 +92,21 @@ class PrometheusServer:
 
 
 GARBAGE_ANSWERS = (
-    b"<html>proxy error</html>",
-    b'{"status": "success", "data": {"resultType": "matrix"}}',
-    b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": "x"}]}}',
+    (b"<html>proxy error</html>", False),
+    (b'{"status": "success", "data": {"resultType": "matrix"}}', False),
+    (b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": "x"}]}}', False),
+    (b"SSH-2.0-OpenSSH_9.2\r\n", True),
+    (b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n{"status": "succ', True),
 )
-"""200 answers that are not Prometheus's API: a proxy's page, a vector without results, a value
-that is no sample."""
+"""(body, raw) that a "Prometheus" may send which is not Prometheus's API: 200 with a proxy's
+page, a vector without results, a value that is no sample; and, raw, bytes that are no HTTP
+response (another protocol's port) or a response cut short (a restart mid-answer)."""
 
 
-def garbage_prometheus(body: bytes, content_type: str = "application/json") -> ThreadingHTTPServer:
-    """A "Prometheus" on a loopback port that answers every request 200 with ``body``; stop it
-    with ``shutdown()``."""
+def garbage_prometheus(body: bytes, content_type: str = "application/json", raw: bool = False) -> ThreadingHTTPServer:
+    """A "Prometheus" on a loopback port that answers every request 200 with ``body`` (``raw``:
+    ``body`` is all it sends, status line and headers included, then it hangs up); stop it with
+    ``shutdown()``."""
 
     class Garbage(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -112,6 +116,10 @@ def garbage_prometheus(body: bytes, content_type: str = "application/json") -> T
             self._answer()
 
         def _answer(self) -> None:
+            if raw:
+                self.wfile.write(body)
+                self.close_connection = True
+                return
             self.send_response(200)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))

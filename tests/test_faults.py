@@ -145,9 +145,9 @@ class _NoHistory:
         raise HistoryUnavailable("down")
 
 
-@pytest.mark.parametrize("answer", range(3))
-def test_prometheus_answering_garbage_holds_the_ratios_and_says_why(answer):
-    server = garbage_prometheus(GARBAGE_ANSWERS[answer])
+@pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
+def test_prometheus_answering_garbage_holds_the_ratios_and_says_why(body, raw):
+    server = garbage_prometheus(body, raw=raw)
     api = FakeKubeAPI().start()
     try:
         api.put("deployments", {"metadata": {"name": "web", "namespace": NS, "annotations": {

@@ -165,17 +165,25 @@ def test_an_unreachable_prometheus_is_one_line(tmp_path):
     assert "unreachable" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("body", "content_type"), [(b"<html><body>Sign in to Grafana</body></html>", "text/html"),
-                                                    (b"[]", "application/json")])
-def test_a_url_that_is_not_prometheus_is_named_as_such(tmp_path, body, content_type):
-    server = garbage_prometheus(body, content_type)
+NOT_PROMETHEUS = "{url} answered {content_type}, not the Prometheus HTTP API's JSON"
+
+
+@pytest.mark.parametrize(("body", "content_type", "raw", "named"), [
+    (b"<html><body>Sign in to Grafana</body></html>", "text/html", False, NOT_PROMETHEUS),
+    (b"[]", "application/json", False, NOT_PROMETHEUS),
+    # A port that speaks another protocol.
+    (b"SSH-2.0-OpenSSH_9.2\r\n", "", True,
+     "prometheus at {url} sent no complete HTTP answer: BadStatusLine: SSH-2.0-OpenSSH_9.2"),
+])
+def test_a_url_that_is_not_prometheus_is_named_as_such(tmp_path, body, content_type, raw, named):
+    server = garbage_prometheus(body, content_type, raw=raw)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         result = plan(url, tmp_path / "plan")
     finally:
         server.shutdown()
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert f"{url} answered {content_type}, not the Prometheus HTTP API's JSON" in result.stderr
+    assert named.format(url=url, content_type=content_type) in result.stderr
     assert "unreachable" not in result.stderr and not (tmp_path / "plan").exists()
 
 

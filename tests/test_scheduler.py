@@ -474,9 +474,9 @@ def test_a_maximum_read_from_prometheus_counts_until_it_is_too_old():
     assert (load.cpu_peak, load.peak_window) == (5000.0, "1-hour maximum")
 
 
-@pytest.mark.parametrize("body", GARBAGE_ANSWERS)
-def test_a_prometheus_answering_garbage_changes_no_node(body):
-    server = garbage_prometheus(body)
+@pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
+def test_a_prometheus_answering_garbage_changes_no_node(body, raw):
+    server = garbage_prometheus(body, raw=raw)
     try:
         state = ClusterState(KEYS)
         state.set_node("n", node("n"))
