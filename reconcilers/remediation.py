@@ -86,6 +86,7 @@ class Remediator:
                         f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__)
             self.metrics.skips.labels("remediation-no-usage").inc()
             return []
+        self._forget({n["metadata"]["name"] for n in nodes}, now)
         by_node: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
             node_name = (pod.get("spec") or {}).get("nodeName")
@@ -96,7 +97,7 @@ class Remediator:
         requested = {name: NodeUsage(shared={r: sum(scheduled_request(p, r) for p in by_node.get(name, []))
                                              for r in RESOURCES}) for name in views}
         fresh = {name: m for name, m in node_metrics.items()
-                 if now - m.at <= self.settings.metrics_max_age_seconds}
+                 if name in views and now - m.at <= self.settings.metrics_max_age_seconds}
         # The extender's windows (5-minute average, 1-hour maximum) over what this remediator has
         # observed: a target must stay under its scheduling watermarks by both.
         load_config = self.settings.load
@@ -196,6 +197,15 @@ class Remediator:
             log.warning("lease lost during the remediation pass: stopped evicting")
         self.metrics.hot_nodes.set(hot_nodes)
         return rows
+
+    def _forget(self, present: set[str], now: float) -> None:
+        """Drop what is kept of nodes no longer in the cluster and of cooldowns that ended: with
+        nodes coming and going (autoscaling, spot) the remediator would otherwise grow for ever."""
+        for table in (self.samples, self.streaks):
+            for name in set(table) - present:
+                del table[name]
+        self.node_cooldown = {n: until for n, until in self.node_cooldown.items() if n in present and until > now}
+        self.workload_cooldown = {w: until for w, until in self.workload_cooldown.items() if until > now}
 
     def _drop_spent_reservations(self, views: dict[str, Any], by_node: dict[str, list[dict[str, Any]]],
                                  now: float) -> None:

@@ -252,6 +252,15 @@ class ClusterState:
             now = self.wall()
             self._loads.update({name: self._with_history(name, load, now) for name, load in loads.items()})
             self._load_dirty.update(loads)
+            # A node deleted from the cluster whose last sample has left the window is forgotten:
+            # with nodes coming and going (autoscaling, spot), their windows would pile up.
+            for name in [n for n, (times, _) in self._samples.items()
+                         if n not in samples and n not in self.nodes and (not times or times[-1] < now - horizon)]:
+                del self._samples[name]
+                self._own_loads.pop(name, None)
+                self._loads.pop(name, None)
+            self._history_peaks = {name: held for name, held in self._history_peaks.items()
+                                   if name in self.nodes or now - held[1] <= self.load_config.history_max_age_seconds}
             # The rows' load is brought up to date here, on the poller's thread, not by the next
             # filter call: a poll changes every node's row at once.
             self._refresh_rows()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -323,3 +324,16 @@ def test_an_unreadable_reservation_on_the_target_holds_nothing_and_blocks_nothin
     assert evictions(api) == 1
     held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
     assert list(held) == ["shop/ReplicaSet/web-5d8f9"], "rewritten as one readable hold"
+
+
+def test_nodes_gone_from_the_cluster_and_ended_cooldowns_are_forgotten(api):
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1, node_cooldown_seconds=60,
+                                                      workload_cooldown_seconds=60))
+    remediator_.run_pass()
+    assert evictions(api) == 1 and set(remediator_.node_cooldown) == {"node-hot"}
+    assert {"node-hot", "node-cool"} <= set(remediator_.samples) and "node-hot" in remediator_.streaks
+    api.delete("nodes", "", "node-hot")
+    remediator_.clock = lambda: time.time() + 61
+    remediator_.run_pass()
+    assert "node-hot" not in remediator_.samples and "node-hot" not in remediator_.streaks
+    assert remediator_.node_cooldown == {} and remediator_.workload_cooldown == {}

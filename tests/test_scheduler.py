@@ -474,6 +474,27 @@ def test_a_maximum_read_from_prometheus_counts_until_it_is_too_old():
     assert (load.cpu_peak, load.peak_window) == (5000.0, "1-hour maximum")
 
 
+def test_nodes_deleted_from_the_cluster_leave_no_usage_behind():
+    """Autoscaled and spot clusters replace nodes all day: a deleted node's window and loads go
+    once its last sample has left the window, while a node still in the cluster keeps its own."""
+    now = [1000.0]
+    config = LoadConfig(history_max_age_seconds=900)
+    state = ClusterState(KEYS, load_config=config, wall=lambda: now[0])
+    for number in range(50):
+        state.set_node(f"spot-{number}", node(f"spot-{number}"))
+    state.set_node("kept", node("kept"))
+    state.record_node_samples({**{f"spot-{n}": Sample(now[0], 4000, 8 << 30) for n in range(50)},
+                               "kept": Sample(now[0], 4000, 8 << 30)})
+    state.record_history_peaks({f"spot-{n}": 9000.0 for n in range(50)} | {"kept": 9000.0}, now[0])
+    for number in range(50):
+        state.set_node(f"spot-{number}", None)
+    now[0] += config.peak_seconds + 1
+    state.record_node_samples({"other": Sample(now[0], 1000, 8 << 30)})
+    assert set(state._samples) == {"kept", "other"} and set(state._loads) <= {"kept", "other"}
+    assert set(state._history_peaks) == {"kept"}, "a deleted node's maximum goes once too old to count"
+    assert state.heats(["kept"])[0].load is not None, "a node still in the cluster keeps its last load"
+
+
 @pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
 def test_a_prometheus_answering_garbage_changes_no_node(body, raw):
     server = garbage_prometheus(body, raw=raw)
