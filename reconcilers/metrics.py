@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
@@ -64,3 +66,24 @@ class ReconcilerMetrics:
         self.node_utilization = Gauge("oversale_node_real_utilization",
                                       "Node usage over its real allocatable at the remediator's last observation.",
                                       ["node", "resource"], registry=registry)
+        self._reported: dict[tuple[int, str], set[tuple[str, ...]]] = {}
+
+    def report(self, gauge: Gauge, owner: str, series: Mapping[tuple[str, ...], float]) -> None:
+        """Set the series of objects ``owner`` observed this pass, and remove those it reported
+        before and not now: an object gone from the cluster (a node deleted while hot, a pool, a
+        workload) must stop being reported, or its last value stays on dashboards and alerts
+        for as long as the process lives.
+
+        >>> metrics = ReconcilerMetrics()
+        >>> metrics.report(metrics.node_utilization, "remediator", {("n1", "cpu"): 1.2, ("n2", "cpu"): 0.4})
+        >>> metrics.report(metrics.node_utilization, "remediator", {("n2", "cpu"): 0.5})
+        >>> metrics.registry.get_sample_value("oversale_node_real_utilization", {"node": "n1", "resource": "cpu"})
+        >>> metrics.registry.get_sample_value("oversale_node_real_utilization", {"node": "n2", "resource": "cpu"})
+        0.5
+        """
+        key = (id(gauge), owner)
+        for labels in self._reported.get(key, set()) - set(series):
+            gauge.remove(*labels)
+        for labels, value in series.items():
+            gauge.labels(*labels).set(value)
+        self._reported[key] = set(series)

@@ -119,6 +119,7 @@ class Remediator:
         budget = self.config.max_per_pass
         per_namespace: dict[str, int] = {}
         hot_nodes = 0
+        utilization: dict[tuple[str, ...], float] = {}
         try:
             for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
                 name = node["metadata"]["name"]
@@ -134,7 +135,7 @@ class Remediator:
                 observed = {"cpu": float(reading.cpu), "memory": float(reading.memory)} if reading else {}
                 for resource, used in observed.items():
                     if real.get(resource):
-                        self.metrics.node_utilization.labels(name, resource).set(used / real[resource])
+                        utilization[(name, resource)] = used / real[resource]
                 over = excess(observed, real, watermarks) if reading else {}
                 # A node without fresh metrics is not observed: its streak starts over.
                 self.streaks[name] = next_streak(self.streaks.get(name, 0), bool(over))
@@ -195,6 +196,8 @@ class Remediator:
                         self.streaks[name] = 0
         except NotLeader:
             log.warning("lease lost during the remediation pass: stopped evicting")
+        # Only nodes observed now: a node deleted, or without fresh metrics, has no utilization.
+        self.metrics.report(self.metrics.node_utilization, "remediator", utilization)
         self.metrics.hot_nodes.set(hot_nodes)
         return rows
 

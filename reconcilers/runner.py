@@ -158,6 +158,7 @@ class Reconciler:
             if wants((w.get("metadata") or {}).get("annotations") or {}, self.keys.enable_resource_compress)
         }
         if not workloads:
+            self.metrics.report(self.metrics.ratio, "compression", {})
             return []
         current = {key: dict(w["metadata"].get("annotations") or {}) for key, w in workloads.items()}
         try:
@@ -178,11 +179,13 @@ class Reconciler:
         written = {job[1].key: ratios for job, ratios in zip(to_write, self._write_all(self._write_workload, to_write),
                                                              strict=True) if ratios}
         rows = []
+        ratios: dict[tuple[str, ...], float] = {}
         for _, plan, _ in plans:
-            rows += self._workload_rows(plan, plan.key in written)
+            rows += self._workload_rows(plan, plan.key in written, ratios)
             # In-place resize follows the ratios just written (in a dry run: the ones proposed).
             proposed = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in plan.changes().items()}
             current[plan.key] |= written.get(plan.key) or (proposed if dry_run else {})
+        self.metrics.report(self.metrics.ratio, "compression", ratios)
         return rows + self.reconcile_resizes(dry_run, current)
 
     def _usage_by_workload(self, workloads: dict[WorkloadKey, Any], stats: dict[Any, ResourceStats]
@@ -255,7 +258,8 @@ class Reconciler:
                 "spec": {"metrics": metrics}}
         self._best_effort(self.cluster.patch_autoscaler, namespace, name, body)
 
-    def _workload_rows(self, plan: WorkloadPlan, written: bool) -> list[Row]:
+    def _workload_rows(self, plan: WorkloadPlan, written: bool, ratios: dict[tuple[str, ...], float]) -> list[Row]:
+        """The table's rows of one workload; ``ratios`` gains the ratio it carries per resource."""
         rows = []
         for resource in RESOURCES:
             current = format_ratio(plan.current.get(resource, Decimal(1)))
@@ -265,8 +269,7 @@ class Reconciler:
                 rows.append(Row(_name(plan.key), resource, current, current, "", f"skipped: {why}"))
                 continue
             proposal = plan.proposals[resource]
-            self.metrics.ratio.labels(*plan.key, resource).set(float(proposal.ratio if written else
-                                                                    plan.current.get(resource, 1)))
+            ratios[(*plan.key, resource)] = float(proposal.ratio if written else plan.current.get(resource, 1))
             rows.append(Row(_name(plan.key), resource, current, format_ratio(proposal.ratio),
                             _amount(resource, proposal.demand), proposal.reason,
                             written and resource in plan.changes()))
@@ -403,6 +406,8 @@ class Reconciler:
     def reconcile_nodes(self, dry_run: bool, history: Future[dict[str, ResourceStats]] | None = None) -> list[Row]:
         nodes = self.cluster.nodes(f"{self.keys.oversale_label}=enabled")
         if not nodes:
+            self.metrics.report(self.metrics.ratio, "oversale", {})
+            self._report_accounts({}, {}, {}, {})
             return []
         requested: dict[str, dict[str, int]] = {}
         for pod in self.cluster.running_pods():
@@ -450,14 +455,15 @@ class Reconciler:
         written_nodes = {job[1].name for job, ok in zip(to_write, self._write_all(self._write_node, to_write),
                                                         strict=True) if ok}
         rows = []
+        ratios: dict[tuple[str, ...], float] = {}
         for _, plan, _, _ in plans:
             name, written = plan.name, plan.name in written_nodes
             for resource, proposal in plan.proposals.items():
-                self.metrics.ratio.labels("Node", "", name, resource).set(
-                    float(proposal.ratio if written else plan.current[resource]))
+                ratios[("Node", "", name, resource)] = float(proposal.ratio if written else plan.current[resource])
                 rows.append(Row(f"Node/{name}", resource, format_ratio(plan.current[resource]),
                                 format_ratio(proposal.ratio), _amount(resource, proposal.demand), proposal.reason,
                                 written and resource in plan.changes()))
+        self.metrics.report(self.metrics.ratio, "oversale", ratios)
         return rows
 
     def _write_node(self, node: dict[str, Any], plan: NodePlan, requested: dict[str, int],
@@ -543,6 +549,10 @@ class Reconciler:
             return {}
         now = self.clock()
         totals: dict[tuple[str, str, str, str], HotTime] = {}
+        hot_time: dict[tuple[str, ...], float] = {}
+        multipliers: dict[tuple[str, ...], float] = {}
+        pool_budgets: dict[tuple[str, ...], float] = {}
+        pool_multipliers: dict[tuple[str, ...], float] = {}
         own: dict[str, dict[str, NodeAccount]] = {}
         members: dict[str, list[dict[str, Any]]] = {}
         for node in nodes:
@@ -557,13 +567,13 @@ class Reconciler:
                 day = short.get(name, {}).get(resource, NO_HOT_TIME)
                 week = long.get(name, {}).get(resource, NO_HOT_TIME)
                 for window, spent in (("1d", day), ("7d", week)):
-                    self.metrics.hot_time.labels("node", name, resource, window).set(spent.share)
+                    hot_time[("node", name, resource, window)] = spent.share
                     for aggregate in (("pool", pool), ("cluster", "")):
                         key = (*aggregate, resource, window)
                         totals[key] = totals.get(key, NO_HOT_TIME) + spent
                 own[name][resource], adjustment = keep_account(accounts.get(resource, NodeAccount()), day, week,
                                                                budget, now, config)
-                self.metrics.budget_multiplier.labels(name, resource).set(adjustment.multiplier)
+                multipliers[(name, resource)] = adjustment.multiplier
                 if adjustment.backed_off:
                     self._overspent("node", node, pool, resource, adjustment.reason, dry_run)
         pooled: dict[str, dict[str, NodeAccount]] = {}
@@ -574,11 +584,11 @@ class Reconciler:
             for resource in RESOURCES:
                 # Nodes of one pool share its budget label; where they differ, the strictest holds.
                 budget = min(budgets[n["metadata"]["name"]][resource] for n in nodes_of_pool)
-                self.metrics.hot_time_budget.labels(pool, resource).set(budget)
+                pool_budgets[(pool, resource)] = budget
                 pooled[pool][resource], adjustment = keep_account(
                     stored.get(resource, NodeAccount()), totals.get(("pool", pool, resource, "1d"), NO_HOT_TIME),
                     totals.get(("pool", pool, resource, "7d"), NO_HOT_TIME), budget, now, config)
-                self.metrics.pool_multiplier.labels(pool, resource).set(adjustment.multiplier)
+                pool_multipliers[(pool, resource)] = adjustment.multiplier
                 if adjustment.backed_off:
                     # One Event, on the node that spent most: every node's own ratio change says
                     # "account: target x..." in its OversaleRatioChanged Event already.
@@ -597,9 +607,18 @@ class Reconciler:
                       self.keys.pool_hot_time_account: write_accounts(pooled[pool])}
             kept[name] = KeptAccount({r: min(own[name][r].multiplier, pooled[pool][r].multiplier) for r in RESOURCES},
                                      {k: v for k, v in wanted.items() if annotations.get(k) != v})
-        for (scope, label, resource, window), spent in totals.items():
-            self.metrics.hot_time.labels(scope, label, resource, window).set(spent.share)
+        hot_time |= {key: spent.share for key, spent in totals.items()}
+        self._report_accounts(hot_time, multipliers, pool_budgets, pool_multipliers)
         return kept
+
+    def _report_accounts(self, hot_time: dict[tuple[str, ...], float], multipliers: dict[tuple[str, ...], float],
+                         pool_budgets: dict[tuple[str, ...], float],
+                         pool_multipliers: dict[tuple[str, ...], float]) -> None:
+        """The account's gauges for the opted-in nodes and pools of this pass, and no others."""
+        self.metrics.report(self.metrics.hot_time, "account", hot_time)
+        self.metrics.report(self.metrics.budget_multiplier, "account", multipliers)
+        self.metrics.report(self.metrics.hot_time_budget, "account", pool_budgets)
+        self.metrics.report(self.metrics.pool_multiplier, "account", pool_multipliers)
 
     def _overspent(self, scope: str, node: dict[str, Any], pool: str, resource: str, reason: str,
                    dry_run: bool) -> None:

@@ -462,6 +462,27 @@ def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accou
     assert reconciler.metrics.predictions_exceeded.labels("default", "memory")._value.get() == 0
 
 
+def test_a_node_that_leaves_oversale_is_no_longer_reported(api, tmp_path):
+    """Per-node series follow the nodes opted in now: a node deleted or opted out would otherwise
+    keep its last hot time, multiplier and ratio on dashboards and alerts."""
+    history = two_days_with_node_1_hot(api, tmp_path / "history.db")
+    reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
+    reconciler.run_pass()
+    sample = reconciler.metrics.registry.get_sample_value
+    series = [("oversale_hot_time_ratio", {"scope": "node", "resource": "cpu", "window": "7d"}, "name"),
+              ("oversale_hot_time_account_multiplier", {"resource": "cpu"}, "node"),
+              ("oversale_reconcile_ratio", {"kind": "Node", "namespace": "", "resource": "cpu"}, "name")]
+    for family, labels, key in series:
+        assert None not in (sample(family, {**labels, key: "node-1"}), sample(family, {**labels, key: "node-2"}))
+    node = api.get("nodes", "", "node-1")
+    del node["metadata"]["labels"][KEYS.oversale_label]
+    api.put("nodes", node)
+    reconciler.run_pass()
+    for family, labels, key in series:
+        assert sample(family, {**labels, key: "node-1"}) is None, family
+        assert sample(family, {**labels, key: "node-2"}) is not None, family
+
+
 def test_a_pools_overspend_backs_off_its_own_nodes_only(api, tmp_path):
     pool_label = SETTINGS.pool_labels[0]
     for name, pool in (("node-1", "a"), ("node-2", "b")):

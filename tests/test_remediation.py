@@ -337,3 +337,6 @@ def test_nodes_gone_from_the_cluster_and_ended_cooldowns_are_forgotten(api):
     remediator_.run_pass()
     assert "node-hot" not in remediator_.samples and "node-hot" not in remediator_.streaks
     assert remediator_.node_cooldown == {} and remediator_.workload_cooldown == {}
+    utilization = remediator_.metrics.registry.get_sample_value
+    assert utilization("oversale_node_real_utilization", {"node": "node-hot", "resource": "cpu"}) is None, \
+        "a node deleted while hot is no longer reported hot (its alert would fire for good)"
