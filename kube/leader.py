@@ -5,6 +5,12 @@ or its holder has not renewed for ``duration``. The holder counts itself leader 
 last successful renewal is younger than ``2/3 x duration``, so it stops writing *before* another
 replica may take over, and at once when a renewal finds someone else holding the Lease.
 
+"Has not renewed for ``duration``" is timed on the taker's own clock, from the moment it saw the
+Lease record last change (as client-go does), never by comparing the holder's ``renewTime`` with
+its own clock: that is another machine's clock, and a taker whose clock runs ahead would take the
+Lease from a live holder. A one-shot command therefore waits up to a Lease duration for a holder
+that is gone (``acquire``), and gives the Lease back when done (``release``).
+
 An API server that cannot be reached (restarting, refusing connections, not answering) only
 fails a round: every replica keeps trying, since one that gave up could never lead again. Each
 call is bounded by ``duration / 3``, so a call that hangs cannot keep a leader counting itself
@@ -24,7 +30,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from oversale.timestamps import format_timestamp, parse_timestamp
+from oversale.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,8 @@ class LeaseElector:
         self._timeout = duration / 3
         self._clock = clock
         self._renewed_at: float | None = None
+        self._seen: tuple[Any, Any] | None = None
+        self._seen_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -54,8 +62,10 @@ class LeaseElector:
             else:
                 spec = lease.get("spec") or {}
                 holder = spec.get("holderIdentity")
-                renewed = parse_timestamp(spec.get("renewTime"))
-                expired = renewed is None or now - renewed > float(spec.get("leaseDurationSeconds") or self.duration)
+                record = (holder, spec.get("renewTime"))
+                if record != self._seen:
+                    self._seen, self._seen_at = record, now
+                expired = now - self._seen_at > float(spec.get("leaseDurationSeconds") or self.duration)
                 if holder not in (None, "", self.identity) and not expired:
                     self._lost(f"held by {holder}")
                     return False
@@ -75,6 +85,33 @@ class LeaseElector:
             log.info("became the leader (lease %s/%s)", self.namespace, self.name)
         self._renewed_at = now
         return True
+
+    def acquire(self, wait: float) -> bool:
+        """Rounds until this replica holds the Lease or ``wait`` seconds have passed (a one-shot
+        command: a holder that is gone is known gone only after a Lease duration unrenewed)."""
+        deadline = time.monotonic() + wait
+        while not self.try_acquire_or_renew():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(self.duration / 3, max(0.0, deadline - time.monotonic())))
+        return True
+
+    def release(self) -> None:
+        """Give the Lease back (holder cleared), so the next replica or command takes it at once."""
+        if self._renewed_at is None:
+            return
+        self._renewed_at = None
+        try:
+            lease = self._read()
+            spec = (lease or {}).get("spec") or {}
+            if lease is not None and spec.get("holderIdentity") == self.identity:
+                lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1,
+                                 "renewTime": format_timestamp(self._clock(), micro=True)}
+                self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
+                                                   _request_timeout=self._timeout)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            log.warning("lease %s/%s not released (%s): it expires by itself", self.namespace, self.name,
+                        type(error).__name__)
 
     def start(self) -> None:
         def loop() -> None:

@@ -106,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), one, leader=elector, metrics=metrics)
         if args.dry_run:
             remediator.leader = None
-        elif not elector.try_acquire_or_renew():
-            print(f"error: another replica holds the lease {settings.namespace}/{settings.lease_name}",
-                  file=sys.stderr)
+        elif not _lease_for_one_pass(elector, settings):
             return 1
-        rows = remediator.run_pass(dry_run=args.dry_run)
+        try:
+            rows = remediator.run_pass(dry_run=args.dry_run)
+        finally:
+            elector.release()
         print(format_table(rows) if rows else "no node above its runtime watermark")
         return 0
 
@@ -121,11 +122,12 @@ def main(argv: list[str] | None = None) -> int:
             reconciler.leader = None
             print(format_table(reconciler.run_pass(dry_run=True)))
             return 0
-        if not elector.try_acquire_or_renew():
-            print(f"error: another replica holds the lease {settings.namespace}/{settings.lease_name}",
-                  file=sys.stderr)
+        if not _lease_for_one_pass(elector, settings):
             return 1
-        rows = reconciler.run_pass()
+        try:
+            rows = reconciler.run_pass()
+        finally:
+            elector.release()
         print(format_table(rows))
         return 0
 
@@ -195,6 +197,21 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
                   f"{figures['cpu_violation_rate']:.3%}  memory violations {figures['memory_violation_rate']:.3%}")
     print(f"report: {args.out / 'report.md'}")
     return 0
+
+
+def _lease_for_one_pass(elector: Any, settings: Settings) -> bool:
+    """The Lease for one pass that writes: a holder that is gone shows as gone only once its
+    record has gone unrenewed for a Lease duration on this machine's clock, so wait that long."""
+    if elector.try_acquire_or_renew():
+        return True
+    wait = settings.lease_duration_seconds * 4 / 3
+    log.info("lease %s/%s is held: waiting up to %.0fs for it to be renewed or let go", settings.namespace,
+             settings.lease_name, wait)
+    if elector.acquire(wait):
+        return True
+    print(f"error: another replica holds the lease {settings.namespace}/{settings.lease_name} (it renewed it "
+          f"within the last {settings.lease_duration_seconds:.0f}s)", file=sys.stderr)
+    return False
 
 
 def _chosen_budget(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> Any:

@@ -370,6 +370,50 @@ def test_cli_dry_run_prints_the_table(api, prometheus, tmp_path):
     assert api.count("PATCH") == 0
 
 
+def test_a_replica_whose_clock_runs_ahead_does_not_take_a_live_holders_lease(api):
+    """Expiry is timed on the taker's own clock from when it saw the record change, so a clock 20 s
+    ahead (more than the 15 s Lease) does not read a fresh renewal as expired."""
+    holder_clock, ahead = Clock(), Clock()
+    ahead.now = holder_clock.now + 20
+    first = LeaseElector(api_client_for(api), "oversale", "skewed", "a", 15, holder_clock)
+    second = LeaseElector(api_client_for(api), "oversale", "skewed", "b", 15, ahead)
+    assert first.try_acquire_or_renew()
+    assert not second.try_acquire_or_renew(), "a was renewed just now, whatever b's clock says"
+    for _ in range(4):  # a renews every 5 s; b keeps seeing fresh records
+        holder_clock.now += 5
+        ahead.now += 5
+        assert first.try_acquire_or_renew() and not second.try_acquire_or_renew()
+    ahead.now += 16  # a stopped renewing: b has seen the same record for longer than the Lease
+    assert second.try_acquire_or_renew()
+    assert api.get("leases", "oversale", "skewed")["spec"]["holderIdentity"] == "b"
+
+
+def test_a_released_lease_is_taken_at_once(api):
+    first = LeaseElector(api_client_for(api), "oversale", "released", "a", 15)
+    second = LeaseElector(api_client_for(api), "oversale", "released", "b", 15)
+    assert first.try_acquire_or_renew() and not second.try_acquire_or_renew()
+    first.release()
+    assert not first.is_leader() and second.try_acquire_or_renew()
+
+
+def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, prometheus, tmp_path):
+    env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path), "OVERSALE_PROMETHEUS_URL": prometheus.url, "OVERSALE_FULL_CONFIDENCE": "1d",
+           "OVERSALE_LEASE_DURATION": "2", "OVERSALE_INPLACE_RESIZE": "false"}
+    # A replica that died holding the Lease (its renewTime means nothing to this machine's clock).
+    api.put("leases", {"metadata": {"name": "oversale-reconciler", "namespace": "oversale"},
+                       "spec": {"holderIdentity": "gone-1", "leaseDurationSeconds": 2,
+                                "renewTime": "2030-01-01T00:00:00.000000Z"}})
+    for _ in range(2):
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "reconcilers", "once"], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert not api.get("leases", "oversale", "oversale-reconciler")["spec"].get("holderIdentity"), "released"
+    assert time.monotonic() - started < 20, "the second run found the Lease free, no wait"
+    assert api.count("PATCH", "deployments") > 0
+
+
 def test_cli_refuses_bad_settings(tmp_path):
     result = subprocess.run([sys.executable, "-m", "reconcilers", "once"], cwd=ROOT,
                             env={"OVERSALE_HISTORY_WINDOW": "a week", "PATH": "/usr/bin:/bin"},
