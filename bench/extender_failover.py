@@ -1,8 +1,9 @@
 """Failover time of the scheduler extender: two replicas against the API-server double, the
-leader killed, time until the standby answers /readyz 200 (what the Service then routes
-kube-scheduler to). Default settings (OVERSALE_EXTENDER_LEASE_DURATION 10 s).
+leader killed (``--stop kill``, a crash) or stopped (``--stop term``, a rollout's SIGTERM), time
+until the standby answers /readyz 200 (what the Service then routes kube-scheduler to). Default
+settings (OVERSALE_EXTENDER_LEASE_DURATION 10 s).
 
-    python -m bench.extender_failover [--rounds 3]
+    python -m bench.extender_failover [--rounds 3] [--stop kill|term]
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,14 +41,17 @@ def start(api: FakeKubeAPI, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
     env.update({"KUBECONFIG": str(api.write_kubeconfig(work / f"kubeconfig-{port}")), "PYTHONPATH": str(ROOT)})
+    # A session of its own: a crash is modelled by killing the whole group, master and worker, as
+    # when a container or its node dies (a worker whose master alone is killed exits gracefully).
     process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
-                               stdout=(work / f"extender-{port}.log").open("wb"), stderr=subprocess.STDOUT)
+                               stdout=(work / f"extender-{port}.log").open("wb"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_until_serving(process, lambda: status(f"{url}/healthz") == 200, "extender")
     return process, url
 
 
-def one_round(work: Path) -> float:
+def one_round(work: Path, stop: str) -> float:
     api = FakeKubeAPI().start()
     try:
         first, first_url = start(api, work)
@@ -56,11 +61,14 @@ def one_round(work: Path) -> float:
         time.sleep(5)  # the standby settles (watches synced, its first lease attempts refused)
         assert status(f"{second_url}/readyz") == 503, "the standby must not be ready"
         killed = time.monotonic()
-        first.kill()
-        first.wait()
+        if stop == "kill":
+            os.killpg(first.pid, signal.SIGKILL)
+        else:
+            first.terminate()  # the standby may take over before this one has quite exited
         while status(f"{second_url}/readyz") != 200:
             time.sleep(0.05)
         taken = time.monotonic() - killed
+        first.wait()
         stop_process(second)
         return taken
     finally:
@@ -70,12 +78,15 @@ def one_round(work: Path) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stop", choices=("kill", "term"), default="kill",
+                        help="SIGKILL (a crash) or SIGTERM (a rollout) to the leader")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         times = []
         for number in range(args.rounds):
-            times.append(one_round(Path(directory)))
-            print(f"round {number + 1}: standby ready {times[-1]:.1f} s after the leader was killed", file=sys.stderr)
+            times.append(one_round(Path(directory), args.stop))
+            print(f"round {number + 1}: standby ready {times[-1]:.1f} s after the leader was "
+                  f"{'killed' if args.stop == 'kill' else 'sent SIGTERM'}", file=sys.stderr)
     print(json.dumps({"failover_s": [round(t, 1) for t in times], "median_s": round(statistics.median(times), 1)}))
     return 0
 

@@ -97,7 +97,11 @@ class LeaseElector:
         return True
 
     def release(self) -> None:
-        """Give the Lease back (holder cleared), so the next replica or command takes it at once."""
+        """Stop electing and give the Lease back (holder cleared), so the next replica or command
+        takes it at its next round instead of after a Lease duration."""
+        self.stop()
+        if self._thread is not None:
+            self._thread.join(self.duration)  # a round in flight could otherwise take it again
         if self._renewed_at is None:
             return
         self._renewed_at = None

@@ -9,6 +9,7 @@ extender config), plain HTTP otherwise.
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import socket
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                                f"{socket.gethostname()}-{os.getpid()}", settings.extender_lease_duration_seconds)
         leadership = Leadership(elector, watch)
         leadership.start()
+        # A graceful stop (a rollout's SIGTERM) hands the Lease over at once: the standby takes it
+        # at its next round instead of a Lease duration later, while kube-scheduler's calls fail.
+        atexit.register(elector.release)
         app = create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: leadership.serving,
                          metrics=metrics, serving=lambda: leadership.serving)
         if args.client_ca and settings.extender_probe_port:

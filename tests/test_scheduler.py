@@ -556,6 +556,21 @@ def test_two_replicas_one_serves_and_the_standby_takes_over_without_handing_a_cp
         api.stop()
 
 
+def test_a_graceful_stop_gives_the_lease_back(tmp_path):
+    """A rollout stops the leader with SIGTERM: it hands the Lease over instead of leaving the
+    standby to wait out a Lease duration while kube-scheduler's calls fail."""
+    api = FakeKubeAPI().start()
+    try:
+        api.put("nodes", node("node-0"))
+        leader = Extender(api, tmp_path, {"OVERSALE_EXTENDER_LEASE_DURATION": "30"})
+        assert api.get("leases", "oversale", "oversale-extender")["spec"]["holderIdentity"]
+        leader.stop()
+        assert leader.process.returncode == 0, leader.log_path.read_text()
+        assert not api.get("leases", "oversale", "oversale-extender")["spec"].get("holderIdentity")
+    finally:
+        api.stop()
+
+
 def test_the_api_server_down_and_back_the_extender_keeps_answering_and_catches_up(cluster):
     api, extender = cluster
     api.down = True
