@@ -17,11 +17,13 @@ OVERSALE_LEASE_NAME writes. Every setting is an environment variable (docs/setti
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import logging
 import math
 import os
 import shlex
+import signal
 import socket
 import sqlite3
 import sys
@@ -136,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
     if sampler is not None:
         _every(settings.sample_interval_seconds, sampler.sample, "sampler")
+    # A rollout's SIGTERM: leave through SystemExit so the Lease is given back and the next
+    # replica writes at its next round, not a Lease duration later.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
+    atexit.register(elector.release)
     elector.start()
     from kube.metrics_api import MetricsAPI
     from reconcilers.remediation import Remediator

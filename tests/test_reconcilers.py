@@ -414,6 +414,26 @@ def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, p
     assert api.count("PATCH", "deployments") > 0
 
 
+def test_run_stopped_by_a_rollout_gives_the_lease_back(api, tmp_path):
+    env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path), "OVERSALE_SQLITE_PATH": str(tmp_path / "history.db"),
+           "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()), "OVERSALE_LEASE_DURATION": "30"}
+    process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=(tmp_path / "run.log").open("wb"))
+
+    def holder() -> str | None:
+        return ((api.get("leases", "oversale", "oversale-reconciler") or {}).get("spec") or {}).get("holderIdentity")
+
+    try:
+        assert eventually(holder, timeout=30), (tmp_path / "run.log").read_text()
+        process.terminate()
+        assert process.wait(30) == 0, (tmp_path / "run.log").read_text()
+        assert not holder(), "given back, not left to expire in 30 s"
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
 def test_cli_refuses_bad_settings(tmp_path):
     result = subprocess.run([sys.executable, "-m", "reconcilers", "once"], cwd=ROOT,
                             env={"OVERSALE_HISTORY_WINDOW": "a week", "PATH": "/usr/bin:/bin"},
