@@ -157,18 +157,32 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
     )
 
 
-def reservations_of(annotations: Mapping[str, str], keys: AnnotationKeys) -> tuple[Reservation, ...]:
-    """The reservations a Node's annotation holds (an unreadable one holds nothing: it can only
-    make room, never block scheduling)."""
-    text = annotations.get(keys.reservations)
-    if not text:
-        return ()
+def held_reservations(annotations: Mapping[str, str], keys: AnnotationKeys) -> dict[str, dict[str, Any]]:
+    """A Node's reservations annotation as written: owner -> ``{"cpu", "memory", "until"}``. An
+    unreadable annotation, or entry, holds nothing: a reservation can only make room, never block
+    scheduling.
+
+    >>> keys = AnnotationKeys()
+    >>> held_reservations({keys.reservations: '{"shop/ReplicaSet/web": {"cpu": "500m"}, "x": 3}'}, keys)
+    {'shop/ReplicaSet/web': {'cpu': '500m'}}
+    >>> held_reservations({keys.reservations: "[1]"}, keys)
+    {}
+    """
     try:
-        held = json.loads(text)
-        return tuple(
-            Reservation(str(owner), {r: parse_amount(r, value[r]) for r in RESOURCES if r in value},
-                        parse_timestamp(value.get("until")) or 0.0)
-            for owner, value in held.items() if isinstance(value, dict))
+        held = json.loads(annotations.get(keys.reservations) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(held, dict):
+        return {}
+    return {str(owner): value for owner, value in held.items() if isinstance(value, dict)}
+
+
+def reservations_of(annotations: Mapping[str, str], keys: AnnotationKeys) -> tuple[Reservation, ...]:
+    """The reservations a Node's annotation holds (see :func:`held_reservations`)."""
+    try:
+        return tuple(Reservation(owner, {r: parse_amount(r, value[r]) for r in RESOURCES if r in value},
+                                 parse_timestamp(value.get("until")) or 0.0)
+                     for owner, value in held_reservations(annotations, keys).items())
     except (ValueError, AttributeError, TypeError, QuantityError):
         return ()
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 
 from kube.metrics_api import MetricsAPI
-from oversale.placement import NodeHeat, NodeUsage, node_view, pod_demand
+from oversale.placement import NodeHeat, NodeUsage, held_reservations, node_view, pod_demand
 from oversale.pods import scheduled_request
 from oversale.quantity import RESOURCES, format_amount
 from oversale.remediation import (
@@ -281,14 +281,8 @@ class Remediator:
 
     def _holds(self, node: str, now: float) -> dict[str, Any]:
         annotations = self.cluster.node(node)["metadata"].get("annotations") or {}
-        try:
-            held = json.loads(annotations.get(self.keys.reservations) or "{}")
-        except ValueError:
-            held = {}
-        if not isinstance(held, dict):  # unreadable, as the extender reads it: holds nothing
-            held = {}
-        return {owner: value for owner, value in held.items()
-                if isinstance(value, dict) and (parse_timestamp(value.get("until")) or 0) > now}
+        return {owner: value for owner, value in held_reservations(annotations, self.keys).items()
+                if (parse_timestamp(value.get("until")) or 0) > now}
 
     def _event(self, obj: dict[str, Any], reason: str, message: str) -> None:
         try:
