@@ -259,8 +259,6 @@ class ClusterState:
                 del self._samples[name]
                 self._own_loads.pop(name, None)
                 self._loads.pop(name, None)
-            self._history_peaks = {name: held for name, held in self._history_peaks.items()
-                                   if name in self.nodes or now - held[1] <= self.load_config.history_max_age_seconds}
             # The rows' load is brought up to date here, on the poller's thread, not by the next
             # filter call: a poll changes every node's row at once.
             self._refresh_rows()
@@ -269,8 +267,11 @@ class ClusterState:
         """One read of each node's cpu maximum over the history window (Prometheus). A node not
         in the answer keeps its last maximum until that is ``history_max_age_seconds`` old."""
         with self._lock:
-            self._history_peaks.update({name: (peak, at) for name, peak in peaks.items()})
             now = self.wall()
+            # A deleted node's maximum goes once too old to count, as its window does.
+            self._history_peaks = {name: held for name, held in self._history_peaks.items()
+                                   if name in self.nodes or now - held[1] <= self.load_config.history_max_age_seconds}
+            self._history_peaks.update({name: (peak, at) for name, peak in peaks.items()})
             changed = {name: self._with_history(name, own, now) for name, own in self._own_loads.items()}
             changed = {name: load for name, load in changed.items() if load != self._loads.get(name)}
             self._loads.update(changed)

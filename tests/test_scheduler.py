@@ -490,6 +490,7 @@ def test_nodes_deleted_from_the_cluster_leave_no_usage_behind():
         state.set_node(f"spot-{number}", None)
     now[0] += config.peak_seconds + 1
     state.record_node_samples({"other": Sample(now[0], 1000, 8 << 30)})
+    state.record_history_peaks({"kept": 9000.0}, now[0])
     assert set(state._samples) == {"kept", "other"} and set(state._loads) <= {"kept", "other"}
     assert set(state._history_peaks) == {"kept"}, "a deleted node's maximum goes once too old to count"
     assert state.heats(["kept"])[0].load is not None, "a node still in the cluster keeps its last load"
