@@ -41,7 +41,7 @@ class LeaseElector:
         self._api: Any = client.CoordinationV1Api(api_client)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration = duration
-        self._timeout = duration / 3
+        self._round = duration / 3  # seconds between rounds, and each API call's deadline
         self._clock = clock
         self._renewed_at: float | None = None
         self._seen: tuple[Any, Any] | None = None
@@ -93,7 +93,7 @@ class LeaseElector:
         while not self.try_acquire_or_renew():
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(min(self.duration / 3, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(self._round, max(0.0, deadline - time.monotonic())))
         return True
 
     def release(self) -> None:
@@ -112,7 +112,7 @@ class LeaseElector:
                 lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1,
                                  "renewTime": format_timestamp(self._clock(), micro=True)}
                 self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
-                                                   _request_timeout=self._timeout)
+                                                   _request_timeout=self._round)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             log.warning("lease %s/%s not released (%s): it expires by itself", self.namespace, self.name,
                         type(error).__name__)
@@ -124,7 +124,7 @@ class LeaseElector:
                     self.try_acquire_or_renew()
                 except Exception:  # e.g. a Lease another program wrote: the next round tries again
                     log.exception("lease %s/%s: election round failed", self.namespace, self.name)
-                self._stop.wait(self.duration / 3)
+                self._stop.wait(self._round)
 
         self._thread = threading.Thread(target=loop, name="lease", daemon=True)
         self._thread.start()
@@ -140,7 +140,7 @@ class LeaseElector:
     def _read(self) -> dict[str, Any] | None:
         try:
             response: Any = self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
-                                                       _request_timeout=self._timeout)
+                                                       _request_timeout=self._round)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -157,11 +157,11 @@ class LeaseElector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(now, 0, None)}
         self._api.create_namespaced_lease(self.namespace, body, _preload_content=False,
-                                          _request_timeout=self._timeout)
+                                          _request_timeout=self._round)
 
     def _replace(self, lease: dict[str, Any], now: float, transitions: int, acquired: bool) -> None:
         spec = lease.get("spec") or {}
         lease["spec"] = self._spec(now, transitions, None if acquired else spec.get("acquireTime"))
         # The resourceVersion in the body makes a concurrent taker's write fail with 409.
         self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
-                                           _request_timeout=self._timeout)
+                                           _request_timeout=self._round)
