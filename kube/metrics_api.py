@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from oversale.errors import QuantityError
 from oversale.quantity import parse_bytes, parse_millicores
 from oversale.timestamps import parse_timestamp
+from oversale.usage import first_seen
 
 GROUP, VERSION = "metrics.k8s.io", "v1beta1"
 
@@ -23,7 +25,8 @@ class NodeMetrics:
     memory: int
     """Bytes (working set)."""
     at: float
-    """When metrics-server took it (seconds); the read time when the object has no timestamp."""
+    """When this reader first saw the reading, on its own clock (seconds; see
+    ``oversale.usage.first_seen``): a stamp that stops changing makes the reading age."""
 
 
 @dataclass(frozen=True)
@@ -36,23 +39,30 @@ class ContainerMetrics:
 
 
 class MetricsAPI:
-    """Lists the metrics API with the real ``kubernetes`` client (raises its errors)."""
+    """Lists the metrics API with the real ``kubernetes`` client (raises its errors). Keep one
+    per reader: it remembers each node's last reading to time its age on ``clock``."""
 
-    def __init__(self, api_client: Any, timeout: float = 30) -> None:
+    def __init__(self, api_client: Any, timeout: float = 30, clock: Callable[[], float] = time.time) -> None:
         from kubernetes import client
 
         self._api = client.CustomObjectsApi(api_client)
         self._timeout = timeout
+        self._clock = clock
+        self._seen: dict[str, tuple[float, float]] = {}
 
     def nodes(self) -> list[NodeMetrics]:
-        now = time.time()
+        now = self._clock()
         found = []
+        seen: dict[str, tuple[float, float]] = {}
         for item in self._list("nodes"):
             try:
-                found.append(NodeMetrics(item["metadata"]["name"], parse_millicores(item["usage"]["cpu"]),
-                                         parse_bytes(item["usage"]["memory"]), _timestamp(item, now)))
+                name = item["metadata"]["name"]
+                cpu, memory = parse_millicores(item["usage"]["cpu"]), parse_bytes(item["usage"]["memory"])
             except (KeyError, TypeError, QuantityError):
                 continue  # a malformed item says nothing about the others
+            seen[name] = first_seen(self._seen.get(name), _timestamp(item, now), now)
+            found.append(NodeMetrics(name, cpu, memory, seen[name][1]))
+        self._seen = seen
         return found
 
     def containers(self) -> list[ContainerMetrics]:

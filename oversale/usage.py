@@ -33,7 +33,7 @@ class Sample:
     """One NodeMetrics reading."""
 
     at: float
-    """Seconds (the metrics' own timestamp)."""
+    """Seconds, when the reading was first seen on this process's clock (see ``first_seen``)."""
     cpu: int
     """Millicores."""
     memory: int
@@ -140,6 +140,31 @@ def stale_reason(load: NodeLoad | None, now: float, config: LoadConfig) -> str |
     if not is_fresh(load, now, config):
         return f"node metrics {now - load.at:.0f}s old (limit {config.max_age_seconds:.0f}s)"
     return None
+
+
+def first_seen(previous: tuple[float, float] | None, stamp: float, now: float) -> tuple[float, float]:
+    """``(stamp, seen)``: a node's reading stamped ``stamp`` and when it was first seen, ``seen``
+    on this process's clock ``now`` (``previous``: the same pair for the node's last reading).
+
+    A NodeMetrics timestamp is the kubelet's sample time, taken by the **node's** clock. A node
+    whose clock runs an hour ahead would keep a reading that stopped changing fresh for an hour,
+    and once its clock is set right every new reading would look older than the last and be
+    dropped for that hour. So a reading's age counts from when it was first seen here, as leader
+    election counts a Lease's: only a change of stamp says metrics-server scraped again. A first
+    reading takes the older of the two, so one already old when first seen stays old.
+
+    >>> first_seen(None, 1000.0, 1100.0)               # first reading, 100 s old
+    (1000.0, 1000.0)
+    >>> first_seen(None, 5000.0, 1100.0)               # the node's clock is an hour ahead
+    (5000.0, 1100.0)
+    >>> first_seen((5000.0, 1100.0), 5000.0, 1400.0)   # not scraped again: still 300 s old
+    (5000.0, 1100.0)
+    >>> first_seen((5000.0, 1100.0), 1390.0, 1400.0)   # its clock set right: a new reading
+    (1390.0, 1400.0)
+    """
+    if previous is not None and previous[0] == stamp:
+        return previous
+    return stamp, (min(now, stamp) if previous is None else now)
 
 
 def estimated_usage(requests: Mapping[str, int], config: LoadConfig) -> dict[str, float]:

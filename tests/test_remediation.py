@@ -8,6 +8,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -340,3 +341,20 @@ def test_nodes_gone_from_the_cluster_and_ended_cooldowns_are_forgotten(api):
     utilization = remediator_.metrics.registry.get_sample_value
     assert utilization("oversale_node_real_utilization", {"node": "node-hot", "resource": "cpu"}) is None, \
         "a node deleted while hot is no longer reported hot (its alert would fire for good)"
+
+
+def test_a_hot_reading_from_a_node_whose_clock_runs_ahead_stops_counting_once_it_stops_changing(api):
+    # NodeMetrics are stamped by the node's own clock; node-hot's runs an hour ahead, and
+    # metrics-server keeps serving its one hot reading. Three passes 200 s apart (the reading is
+    # older than the 180 s limit from the second on) observe it hot once, not three times.
+    ahead = datetime.fromtimestamp(time.time() + 3600, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.put("nodemetrics", {**api.get("nodemetrics", "", "node-hot"), "timestamp": ahead})
+    now = [time.time()]
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client, clock=lambda: now[0]), SETTINGS,
+                             clock=lambda: now[0])
+    for _ in range(3):
+        remediator_.run_pass()
+        now[0] += 200
+    assert evictions(api) == 0
+    assert remediator_.streaks.get("node-hot", 0) == 0

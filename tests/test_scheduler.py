@@ -364,6 +364,29 @@ def test_stale_metrics_are_ignored_and_counted(loaded):
                      extender.log_path.read_text())
 
 
+def test_a_node_whose_clock_runs_ahead_is_judged_by_its_readings_not_by_its_clock(tmp_path):
+    # NodeMetrics are stamped by the node's own clock. This one runs an hour ahead.
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("skewed"))
+    api.put("nodemetrics", node_metrics("skewed", 3.2, age=-3600))  # 20%
+    extender = Extender(api, tmp_path, {"OVERSALE_LOAD_AWARE": "true", "OVERSALE_METRICS_POLL_INTERVAL": "1",
+                                        "OVERSALE_METRICS_MAX_AGE": "4s"})
+    stale = 'oversale_extender_nodes_without_fresh_metrics{reason="old"} 1.0'
+    try:
+        wait_for(lambda: 'oversale_extender_nodes_without_fresh_metrics{reason="missing"} 0.0'
+                 in extender.get("/metrics"))
+        # metrics-server keeps serving that one reading: it ages here, whatever its stamp says.
+        wait_for(lambda: stale in extender.get("/metrics"))
+        # The node's clock is set right, and it is busy now: the new reading counts at once.
+        api.put("nodemetrics", node_metrics("skewed", 15.2))  # 95%
+        wait_for(lambda: extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["skewed"]})["FailedNodes"]
+                 == {"skewed": "cpu usage 95% of real capacity (1-hour maximum) is above the scheduling "
+                               "watermark 85%"})
+    finally:
+        extender.stop()
+        api.stop()
+
+
 def test_a_burst_of_binds_moves_the_next_pod_elsewhere_before_metrics_catch_up(loaded):
     api, extender = loaded
     # node-0 is the coolest (30%); each 4-core Pod counts 3.4 cores until PodMetrics show it.
