@@ -270,7 +270,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     except (PlanError, HistoryUnavailable) as error:
         raise CliError(str(error)) from None
     evaluated = int(args.days) - args.warmup_days
-    entries = {}
+    exports = {}
     for pool, pods in sorted(by_pool(history).items()):
         size = pool_size(history, pool)
         if size is None:
@@ -280,7 +280,12 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         folder.mkdir(parents=True, exist_ok=True)
         export = folder / "history.csv.gz"
         rows_written = write_export(history, pods, export)
+        for pod in pods:
+            pod.series.clear()  # in the export now, which the replay reads: not held twice
+        exports[pool] = (folder, export, size, len(pods))
         _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {size[0]:g} cores")
+    entries = {}
+    for pool, (folder, export, size, pods_in_pool) in exports.items():
         config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), evaluated // 2)
         systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
                                   load=settings.load)
@@ -294,7 +299,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         retune = ["python", "-m", "simulator.tune", "--trace", str(export), "--node-cores", f"{size[0]:g}",
                   "--node-memory", str(int(size[1])), "--warmup-days", str(config.warmup_days),
                   "--window-days", str(config.window_days), "--holdout-days", str(config.holdout_days)]
-        entries[pool] = {"pods": len(pods), "node_cores": size[0], "node_memory_bytes": size[1], "summary": data,
+        entries[pool] = {"pods": pods_in_pool, "node_cores": size[0], "node_memory_bytes": size[1], "summary": data,
                          "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours)}
     if not entries:

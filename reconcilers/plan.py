@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kube.prometheus import Points
+from kube.prometheus import RANGE_STEPS, Series
 from oversale.budget import HotTimeBudget
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
@@ -65,8 +65,9 @@ class PodHistory:
     pod: str
     owner: str = ""
     node: str = ""
-    series: dict[str, dict[float, float]] = field(default_factory=dict)
-    """cpu_request, cpu_usage (cores), memory_request, memory_usage (bytes): time -> value"""
+    series: dict[str, Series] = field(default_factory=dict)
+    """cpu_request, cpu_usage (cores), memory_request, memory_usage (bytes); cleared once written to
+    the pool's export"""
 
     @property
     def name(self) -> str:
@@ -91,10 +92,10 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     rate = f"{max(4 * prometheus.resolution, 300):.0f}s"
     for key, query in QUERIES.items():
         found = _range(prometheus, query.replace("$RATE", rate), start, end, SOURCE_METRIC[key], days)
-        for labels, points in found:
+        for labels, series in found:
             pod = pods.setdefault((labels.get("namespace", ""), labels.get("pod", "")),
                                   PodHistory(labels.get("namespace", ""), labels.get("pod", "")))
-            pod.series[key] = dict(points)
+            pod.series[key] = series
         progress(f"read {key}: {len(found)} Pods")
     for labels, _ in _range(prometheus, "max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner)", start,
                             end, "kube_pod_owner", days):
@@ -109,8 +110,8 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     sizes: dict[str, list[float]] = {}
     for resource in ("cpu", "memory"):
         query = f'max by (node) (kube_node_status_allocatable{{resource="{resource}"}})'
-        for labels, points in _range(prometheus, query, start, end, "kube_node_status_allocatable", days):
-            sizes.setdefault(labels.get("node", ""), [0.0, 0.0])[0 if resource == "cpu" else 1] = points[-1][1]
+        for labels, (_, values) in _range(prometheus, query, start, end, "kube_node_status_allocatable", days):
+            sizes.setdefault(labels.get("node", ""), [0.0, 0.0])[0 if resource == "cpu" else 1] = values[-1]
     pools = {}
     try:
         for labels, _ in prometheus.query_range("kube_node_labels", start, end):
@@ -125,8 +126,10 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
 
 
 def _range(prometheus: PrometheusHistory, query: str, start: float, end: float, metric: str,
-           days: float) -> list[tuple[dict[str, str], Points]]:
-    found = prometheus.query_range(query, start, end)
+           days: float) -> list[tuple[dict[str, str], Series]]:
+    # A day per request: what is held is each series' arrays, never a whole cluster's answer.
+    found = prometheus.query_range(query, start, end,
+                                   part_steps=min(RANGE_STEPS, max(1, int(86400 // prometheus.resolution))))
     if not found:
         raise PlanError(f"no {metric} series in the last {days:g} days at {prometheus.url}: is "
                         f"{EXPORTERS[metric]} scraped by this Prometheus?")
@@ -142,14 +145,16 @@ def write_export(history: ClusterHistory, pods: list[PodHistory], path: Path) ->
         out.writerow(("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
                       "memory_usage_bytes"))
         for pod in pods:
-            usage = pod.series.get("cpu_usage", {})
-            for t in sorted(usage):
-                request = pod.series.get("cpu_request", {}).get(t)
+            # One Pod's lookups at a time: the points of the whole cluster stay in arrays.
+            cpu_request, memory_request, memory_usage = (
+                dict(zip(*pod.series.get(key, ((), ())), strict=True))
+                for key in ("cpu_request", "memory_request", "memory_usage"))
+            for t, used in sorted(zip(*pod.series.get("cpu_usage", ((), ())), strict=True)):
+                request = cpu_request.get(t)
                 if request is None or request <= 0:
                     continue  # no request at that time (BestEffort, or not running): nothing to place
-                out.writerow((pod.name, int(t), f"{request:.6g}", f"{usage[t]:.6g}",
-                              f"{pod.series.get('memory_request', {}).get(t, 0):.0f}",
-                              f"{pod.series.get('memory_usage', {}).get(t, 0):.0f}"))
+                out.writerow((pod.name, int(t), f"{request:.6g}", f"{used:.6g}",
+                              f"{memory_request.get(t, 0):.0f}", f"{memory_usage.get(t, 0):.0f}"))
                 rows += 1
     return rows
 

@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kube.prometheus import (
-    Points,
+    RANGE_STEPS,
     PrometheusAPI,
     PrometheusUnavailable,
     QueryTooLarge,
+    Series,
     duration,
     node_expressions,
     node_name,
@@ -186,11 +187,13 @@ class PrometheusHistory:
         finally:
             self.query_seconds += time.perf_counter() - started
 
-    def query_range(self, query: str, start: float, end: float) -> list[tuple[dict[str, str], Points]]:
-        """A range query at ``resolution``: each series' labels and its (time, value) points."""
+    def query_range(self, query: str, start: float, end: float,
+                    part_steps: int = RANGE_STEPS) -> list[tuple[dict[str, str], Series]]:
+        """A range query at ``resolution``: each series' labels and its points (see
+        ``PrometheusAPI.query_range``)."""
         self.queries += 1
         try:
-            return self.api.query_range(query, start, end, self.resolution)
+            return self.api.query_range(query, start, end, self.resolution, part_steps)
         except PrometheusUnavailable as error:
             raise HistoryUnavailable(str(error)) from None
 

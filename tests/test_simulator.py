@@ -217,6 +217,18 @@ def test_bad_traces_are_refused_with_a_message(tmp_path):
     assert detect_format(BITBRAINS) == "bitbrains-long"
 
 
+def test_rows_are_sorted_one_sample_per_slot_the_last_read_wins(tmp_path):
+    # Exporters and concatenated files give rows out of order and twice; a powered-off VM (no
+    # request) places nothing.
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, [("w", 2 * SLOT, 1, 0.2, GIB, 1), ("v", SLOT, 2, 1.5, GIB, 7), ("w", 0, 1, 0.1, GIB, 2),
+                          ("w", 2 * SLOT + 10, 1, 0.3, GIB, 3), ("w", SLOT, 0, 0.0, 0, 0), ("w", 0, 4, 0.4, GIB, 4)])
+    w, v = read_trace(trace)
+    assert (w.name, w.slots.tolist(), v.name, v.slots.tolist()) == ("w", [0, 2], "v", [1])
+    assert w.request["cpu"].tolist() == [4000, 1000] and w.usage["cpu"].tolist() == [400, 300]
+    assert w.usage["memory"].tolist() == [4, 3] and v.usage["memory"].tolist() == [7]
+
+
 @pytest.mark.parametrize(("usage", "said"), [("nan", "'nan'"), ("-0.5", "'-0.5'"), ("inf", "'inf'"),
                                            ("", "could not convert")])
 def test_a_row_with_an_amount_no_machine_reports_is_refused_by_its_number(tmp_path, usage, said):
