@@ -67,7 +67,9 @@ class PrometheusAPI:
         """A range query: each series' labels and its points. It is asked in consecutive parts of
         at most ``part_steps`` steps and each series' points joined: Prometheus refuses more than
         11,000 steps per series (40 days at 5 minutes), and an answer's JSON takes about ten times
-        the memory of its points while it is read, so a smaller part bounds that too."""
+        the memory of its points while it is read, so a smaller part bounds that too. A part
+        Prometheus refuses for the samples it would load is asked again in halves (QueryTooLarge
+        only when a single step is refused)."""
         if not (step > 0 and math.isfinite(start) and math.isfinite(end) and 0 < part_steps <= RANGE_STEPS):
             raise ValueError(f"a range query needs a finite start and end, a positive step and 1 to {RANGE_STEPS} "
                              f"steps a part, not {start!r}, {end!r}, {step!r}, {part_steps!r}")
@@ -76,8 +78,17 @@ class PrometheusAPI:
         while part_start <= end:
             # Points fall at part_start + k x step; the next part starts one step after this one's last.
             part_end = min(end, part_start + (part_steps - 1) * step)
-            payload = self._post("query_range", {"query": query, "start": f"{part_start:.3f}",
-                                                 "end": f"{part_end:.3f}", "step": f"{step:g}s"})
+            try:
+                payload = self._post("query_range", {"query": query, "start": f"{part_start:.3f}",
+                                                     "end": f"{part_end:.3f}", "step": f"{step:g}s"})
+            except QueryTooLarge as error:
+                if part_end <= part_start:
+                    raise
+                # --query.max-samples counts every sample a query loads: fewer steps load fewer.
+                part_steps = max(1, part_steps // 2)
+                log.info("prometheus refused a range of %s (%s); asking %d steps at a time",
+                         duration(part_end - part_start + step), error, part_steps)
+                continue
             try:
                 for found in payload["data"]["result"]:
                     labels: dict[str, str] = found["metric"]

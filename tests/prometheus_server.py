@@ -57,7 +57,7 @@ def write_openmetrics(path: Path, families: Iterable[Family], start: float, end:
 
 
 class PrometheusServer:
-    def __init__(self, workdir: Path, openmetrics: Path) -> None:
+    def __init__(self, workdir: Path, openmetrics: Path, max_samples: int = 50_000_000) -> None:
         for tool in ("prometheus", "promtool"):
             assert shutil.which(tool), f"{tool} is needed (Debian package prometheus; .ci/run installs it)"
         self.data = workdir / "data"
@@ -73,7 +73,7 @@ class PrometheusServer:
         self.process = subprocess.Popen(
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={self.data}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d",
-             "--query.max-samples=50000000"],
+             f"--query.max-samples={max_samples}"],
             stdout=self.log, stderr=subprocess.STDOUT)
         def ready() -> bool:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:

@@ -12,6 +12,9 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,12 +74,12 @@ def exporter_families(with_state_metrics: bool = True) -> list[Family]:
     return [requests, owner, info, cpu, memory, allocatable, labels]
 
 
-def backfilled(directory: Path, families: list[Family], days: float) -> PrometheusServer:
+def backfilled(directory: Path, families: list[Family], days: float, max_samples: int = 50_000_000) -> PrometheusServer:
     end = time.time() - 120
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "history.om"
     write_openmetrics(path, families, end - days * 86400, end, STEP)
-    return PrometheusServer(directory, path)
+    return PrometheusServer(directory, path, max_samples)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +209,28 @@ def test_a_range_longer_than_prometheus_allows_is_read_in_parts(cluster_promethe
     # Asked a day at a time (what the plan does, to bound memory): the same series, the same points.
     daily = {labels["node"]: series for labels, series in api.query_range(query, start, end, STEP, part_steps=288)}
     assert daily == long
+
+
+def test_a_range_prometheus_refuses_for_its_samples_is_read_in_smaller_parts(tmp_path):
+    # --query.max-samples: a large cluster's day of usage can load more samples than Prometheus
+    # allows in one query. This one allows 3,000: a node gauge's 9 days (3 nodes x 2,592 steps)
+    # are refused in one part, and the plan used to stop there.
+    strict = backfilled(tmp_path, exporter_families(), DAYS, max_samples=3000)
+    try:
+        query = 'kube_node_status_allocatable{resource="cpu"}'
+        end = time.time()
+        start = end - DAYS * 86400
+        whole_range = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": STEP})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{strict.url}/api/v1/query_range?{whole_range}", timeout=30)
+        assert "too many samples" in json.load(refused.value)["error"]
+        api = PrometheusAPI(strict.url)
+        whole = {labels["node"]: series for labels, series in api.query_range(query, start, end, STEP)}
+        small = {labels["node"]: series for labels, series in api.query_range(query, start, end, STEP, part_steps=50)}
+        assert whole == small and set(whole) == set(NODES)
+        assert all(len(times) >= DAYS * 86400 // STEP - 2 for times, _ in whole.values())
+        result = plan(strict.url, tmp_path / "plan")
+        assert result.returncode == 0, result.stderr
+        assert json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]["pods"] == len(PODS)
+    finally:
+        strict.stop()
