@@ -5,12 +5,16 @@ The history is what the usual exporters publish:
 
 - kube-state-metrics: ``kube_pod_container_resource_requests`` (requests), ``kube_pod_owner``
   (which workload a Pod belongs to), ``kube_pod_info`` (its node), ``kube_node_status_allocatable``
-  (node sizes) and, where its label allowlist exports them, ``kube_node_labels`` (node pools);
+  (node sizes), optionally ``kube_replicaset_owner`` and ``kube_job_owner`` (a ReplicaSet's
+  Deployment, a Job's CronJob) and, where its label allowlist exports them, ``kube_node_labels``
+  (node pools);
 - cAdvisor (the kubelet's ``/metrics/cadvisor``): ``container_cpu_usage_seconds_total`` and
   ``container_memory_working_set_bytes``.
 
-Each Pod becomes one replayed workload (``namespace/owner/pod``) with its summed requests and
-usage every ``step``; the Pods of each node pool are replayed on nodes of that pool's size (the
+Each Pod's containers are summed every ``step``, and each workload's Pods are joined into as
+many continuous series as it ran Pods at once (:func:`replica_lanes`, so its history spans its
+rollouts as it does live), the replayed workloads; the Pods of each node pool are replayed on nodes
+of that pool's size (the
 most common allocatable among its nodes; on a cluster already oversold by oversale the exporters
 see the oversold values, so plan before switching it on). The report is the backtest's, per pool,
 plus what our system at the chosen budget would do per namespace and the ratios it would set.
@@ -59,19 +63,69 @@ class PlanError(Exception):
     """The history cannot be planned on (a missing exporter, too little history)."""
 
 
+CONTROLLERS = {"ReplicaSet": ("kube_replicaset_owner", "replicaset"), "Job": ("kube_job_owner", "job_name")}
+"""kube-state-metrics' series naming the controller of a Pod's owner: a ReplicaSet's Deployment,
+a Job's CronJob (kind of the Pod's owner -> metric, label of the owner's name)."""
+
+
 @dataclass
 class PodHistory:
     namespace: str
     pod: str
     owner: str = ""
+    """``Kind/name`` of the workload that runs the Pod: its owner's controller where
+    kube-state-metrics names one (a Deployment, a CronJob), else its owner; empty for a bare Pod."""
     node: str = ""
     series: dict[str, Series] = field(default_factory=dict)
     """cpu_request, cpu_usage (cores), memory_request, memory_usage (bytes); cleared once written to
     the pool's export"""
 
     @property
-    def name(self) -> str:
-        return f"{self.namespace}/{self.owner or '-'}/{self.pod}"
+    def workload(self) -> str:
+        return f"{self.namespace}/{self.owner or 'Pod/' + self.pod}"
+
+    def span(self) -> tuple[float, float] | None:
+        """First and last time the Pod used cpu (what the export writes rows for)."""
+        usage = self.series.get("cpu_usage")
+        return (usage[0][0], usage[0][-1]) if usage is not None and len(usage[0]) else None
+
+
+def replica_lanes(pods: list[PodHistory]) -> list[tuple[str, list[PodHistory]]]:
+    """Each workload's Pods joined into as many continuous series ("lanes", named
+    ``namespace/Kind/name/<n>``) as it ran Pods at once, each Pod in the first lane free when it
+    started: the replayed workloads.
+
+    Live, a workload's ratio comes from the usage of all its Pods over the history window, those
+    gone since included. A Deployment rolled out every day has a new Pod, with a new name, every
+    day; replayed one Pod each, none would ever have the day of history right-sizing needs. Its
+    lanes carry the history across rollouts, evictions and rescheduling, as the live reconciler
+    does.
+
+    >>> def pod(name, start, end):
+    ...     return PodHistory("shop", name, "Deployment/web", series={"cpu_usage": ((start, end), (1, 1))})
+    >>> for lane, members in replica_lanes([pod("web-a", 0, 99), pod("web-b", 0, 99), pod("web-c", 90, 199),
+    ...                                         pod("web-d", 100, 199)]):
+    ...     print(lane, [p.pod for p in members])
+    shop/Deployment/web/0 ['web-a', 'web-d']
+    shop/Deployment/web/1 ['web-b']
+    shop/Deployment/web/2 ['web-c']
+    """
+    by_workload: dict[str, list[tuple[tuple[float, float], PodHistory]]] = {}
+    for pod in pods:
+        span = pod.span()
+        if span is not None:
+            by_workload.setdefault(pod.workload, []).append((span, pod))
+    result = []
+    for workload, members in by_workload.items():
+        lanes: list[tuple[float, list[PodHistory]]] = []  # (last time used, its Pods)
+        for (first, last), pod in sorted(members, key=lambda member: (member[0], member[1].pod)):
+            free = next((index for index, (ended, _) in enumerate(lanes) if ended < first), None)
+            if free is None:
+                lanes.append((last, [pod]))
+            else:
+                lanes[free] = (last, [*lanes[free][1], pod])
+        result += [(f"{workload}/{index}", lane_pods) for index, (_, lane_pods) in enumerate(lanes)]
+    return result
 
 
 @dataclass
@@ -102,6 +156,9 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
         owned = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
         if owned is not None and labels.get("owner_kind") not in (None, "", "<none>"):
             owned.owner = f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
+    controllers = _controllers(prometheus, start, end)
+    for pod in pods.values():
+        pod.owner = controllers.get((pod.namespace, pod.owner), pod.owner)
     for labels, _ in _range(prometheus, "max by (namespace, pod, node) (kube_pod_info)", start, end, "kube_pod_info",
                             days):
         placed = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
@@ -125,11 +182,31 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools)
 
 
+def _controllers(prometheus: PrometheusHistory, start: float, end: float) -> dict[tuple[str, str], str]:
+    """(namespace, ``ReplicaSet/name``) -> ``Deployment/name``, and each Job's CronJob. Optional:
+    without them a Deployment's ReplicaSets (one per rollout) replay as workloads of their own."""
+    found = {}
+    for kind, (metric, label) in CONTROLLERS.items():
+        try:
+            answer = prometheus.query_range(f"max by (namespace, {label}, owner_kind, owner_name) ({metric})",
+                                            start, end, part_steps=_day_steps(prometheus))
+        except HistoryUnavailable:
+            continue
+        for labels, _ in answer:
+            if labels.get("owner_kind") not in (None, "", "<none>"):
+                found[(labels.get("namespace", ""), f"{kind}/{labels.get(label, '')}")] = \
+                    f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
+    return found
+
+
+def _day_steps(prometheus: PrometheusHistory) -> int:
+    return min(RANGE_STEPS, max(1, int(86400 // prometheus.resolution)))
+
+
 def _range(prometheus: PrometheusHistory, query: str, start: float, end: float, metric: str,
            days: float) -> list[tuple[dict[str, str], Series]]:
     # A day per request: what is held is each series' arrays, never a whole cluster's answer.
-    found = prometheus.query_range(query, start, end,
-                                   part_steps=min(RANGE_STEPS, max(1, int(86400 // prometheus.resolution))))
+    found = prometheus.query_range(query, start, end, part_steps=_day_steps(prometheus))
     if not found:
         raise PlanError(f"no {metric} series in the last {days:g} days at {prometheus.url}: is "
                         f"{EXPORTERS[metric]} scraped by this Prometheus?")
@@ -144,18 +221,19 @@ def write_export(history: ClusterHistory, pods: list[PodHistory], path: Path) ->
         out = csv.writer(handle)
         out.writerow(("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
                       "memory_usage_bytes"))
-        for pod in pods:
-            # One Pod's lookups at a time: the points of the whole cluster stay in arrays.
-            cpu_request, memory_request, memory_usage = (
-                dict(zip(*pod.series.get(key, ((), ())), strict=True))
-                for key in ("cpu_request", "memory_request", "memory_usage"))
-            for t, used in sorted(zip(*pod.series.get("cpu_usage", ((), ())), strict=True)):
-                request = cpu_request.get(t)
-                if request is None or request <= 0:
-                    continue  # no request at that time (BestEffort, or not running): nothing to place
-                out.writerow((pod.name, int(t), f"{request:.6g}", f"{used:.6g}",
-                              f"{memory_request.get(t, 0):.0f}", f"{memory_usage.get(t, 0):.0f}"))
-                rows += 1
+        for lane, members in replica_lanes(pods):
+            for pod in members:
+                # One Pod's lookups at a time: the points of the whole cluster stay in arrays.
+                cpu_request, memory_request, memory_usage = (
+                    dict(zip(*pod.series.get(key, ((), ())), strict=True))
+                    for key in ("cpu_request", "memory_request", "memory_usage"))
+                for t, used in sorted(zip(*pod.series.get("cpu_usage", ((), ())), strict=True)):
+                    request = cpu_request.get(t)
+                    if request is None or request <= 0:
+                        continue  # no request at that time (BestEffort, or not running): nothing to place
+                    out.writerow((lane, int(t), f"{request:.6g}", f"{used:.6g}",
+                                  f"{memory_request.get(t, 0):.0f}", f"{memory_usage.get(t, 0):.0f}"))
+                    rows += 1
     return rows
 
 
@@ -188,9 +266,14 @@ def per_namespace(last_day: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def ratios_set(last_day: dict[str, Any]) -> dict[str, Any]:
     """The ratios our system would set at the chosen budget: per workload (the compression ratio,
-    original / set cpu request) and per node (oversale ratios of the last replayed day)."""
-    workloads = {name: round(r["cpu"][0] / r["cpu"][1], 3) for name, r in last_day["requests"].items()
-                 if r["cpu"][1] > 0}
+    original / set cpu request, over its lanes) and per node (oversale ratios of the last replayed
+    day)."""
+    totals: dict[str, list[float]] = {}
+    for lane, r in last_day["requests"].items():
+        total = totals.setdefault(lane.rsplit("/", 1)[0], [0.0, 0.0])
+        total[0] += r["cpu"][0]
+        total[1] += r["cpu"][1]
+    workloads = {name: round(original / set_, 3) for name, (original, set_) in totals.items() if set_ > 0}
     nodes = [{"cpu": round(c, 3), "memory": round(m, 3)} for c, m in last_day["node_ratios"]]
     return {"workloads": workloads, "nodes": nodes}
 

@@ -18,8 +18,9 @@ from typing import Any
 
 from tests.conftest import free_port, stop_process, wait_until_serving
 
-Series = tuple[dict[str, str], Callable[[float], float]] | tuple[dict[str, str], Callable[[float], float], float]
-"""(labels, value at time t[, first sample time])"""
+Series = (tuple[dict[str, str], Callable[[float], float]] | tuple[dict[str, str], Callable[[float], float], float]
+          | tuple[dict[str, str], Callable[[float], float], float, float])
+"""(labels, value at time t[, first sample time[, last sample time]])"""
 
 
 @dataclass
@@ -37,13 +38,13 @@ def write_openmetrics(path: Path, families: Iterable[Family], start: float, end:
             out.write(f"# TYPE {family.name} {family.kind}\n")
             suffix = "_total" if family.kind == "counter" else ""
             base = family.name.removesuffix("_total") if family.kind == "counter" else family.name
-            for labels, value_at, *first in family.series:
+            for labels, value_at, *bounds in family.series:
                 text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
                 total = 0.0
                 t = start
-                while first and t < first[0]:
+                while bounds and t < bounds[0]:
                     t += step
-                while t <= end:
+                while t <= (min(end, bounds[1]) if len(bounds) > 1 else end):
                     if family.kind == "counter":
                         total += value_at(t) * step
                         value = total

@@ -109,7 +109,8 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     # Right-sizing frees most of it: usage is well below the requests.
     assert pool["namespaces"]["shop"]["cpu_set_cores"] < 2.5
     ratios = pool["ratios"]
-    assert set(ratios["workloads"]) == {f"{ns}/ReplicaSet/{rs}/{pod}" for ns, pod, rs, *_ in PODS}
+    # Without kube_replicaset_owner a Pod's workload is its ReplicaSet; its two Pods are one workload.
+    assert set(ratios["workloads"]) == {f"{ns}/ReplicaSet/{rs}" for ns, pod, rs, *_ in PODS}
     assert all(ratio > 1 for ratio in ratios["workloads"].values()) and ratios["nodes"]
     # The pool's report is the backtest's: the budget sweep, plots and the export it replayed.
     report = tmp_path / "plan" / "general"
@@ -144,7 +145,8 @@ def test_cadvisor_pause_and_pod_cgroup_series_are_not_counted(cluster_prometheus
     result = plan(cluster_prometheus.url, tmp_path / "plan")
     assert result.returncode == 0, result.stderr
     with gzip.open(tmp_path / "plan" / "general" / "history.csv.gz", "rt") as handle:
-        rows = [r for r in csv.DictReader(handle) if r["workload"].endswith("web-7d9f8-aaaaa")]
+        # The ReplicaSet's two Pods started together: web-7d9f8-aaaaa, first by name, is lane 0.
+        rows = [r for r in csv.DictReader(handle) if r["workload"] == "shop/ReplicaSet/web-7d9f8/0"]
     assert rows
     peak = max(float(r["cpu_usage_cores"]) for r in rows)
     assert 0.45 < peak < 0.55, "the app container's usage once (0.3 + 0.2 peak), not the Pod cgroup's again"
@@ -234,3 +236,47 @@ def test_a_range_prometheus_refuses_for_its_samples_is_read_in_smaller_parts(tmp
         assert json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]["pods"] == len(PODS)
     finally:
         strict.stop()
+
+
+def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):
+    # Continuous delivery: every day a new ReplicaSet and a new Pod, with new names. Live, the
+    # Deployment's history spans its rollouts; so must the replay's, or no Pod ever has the day
+    # of history right-sizing needs and the plan shows nothing to free.
+    families = {family.name: family for family in exporter_families()}
+    owners = Family("kube_replicaset_owner", "gauge")
+    end = time.time() - 120
+    start = end - DAYS * 86400
+    for day in range(DAYS):
+        replicaset, pod = f"app-{day}c8f5d9b", f"app-{day}c8f5d9b-x{day}k2p"
+        first, last = start + day * 86400, start + (day + 1) * 86400 - STEP
+        kept = {"namespace": "ci", "pod": pod}
+        families["kube_pod_container_resource_requests"].series += [
+            ({**kept, "container": "app", "node": "node-c", "resource": "cpu", "unit": "core"}, lambda t: 4.0, first,
+             last),
+            ({**kept, "container": "app", "node": "node-c", "resource": "memory", "unit": "byte"},
+             lambda t: 4 * 2**30, first, last)]
+        families["kube_pod_owner"].series.append(
+            ({**kept, "owner_kind": "ReplicaSet", "owner_name": replicaset, "owner_is_controller": "true"},
+             lambda t: 1, first, last))
+        families["kube_pod_info"].series.append(({**kept, "node": "node-c"}, lambda t: 1, first, last))
+        families["container_cpu_usage_seconds_total"].series.append(
+            ({**kept, "container": "app"}, lambda t: 0.4 + 0.05 * math.sin(t / 3600), first, last))
+        families["container_memory_working_set_bytes"].series.append(
+            ({**kept, "container": "app"}, lambda t: 2**29, first, last))
+        owners.series.append(({"namespace": "ci", "replicaset": replicaset, "owner_kind": "Deployment",
+                               "owner_name": "app", "owner_is_controller": "true"}, lambda t: 1, first, last))
+    tmp_path.mkdir(exist_ok=True)
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [*families.values(), owners], start, end, STEP)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        result = plan(server.url, tmp_path / "plan")
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    pool = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]
+    assert pool["pods"] == len(PODS) + DAYS
+    ci = pool["namespaces"]["ci"]
+    assert ci["cpu_requested_cores"] == 4
+    assert ci["cpu_set_cores"] < 1, "0.4 cores used of 4 requested: right-sized on the days before"
+    assert pool["ratios"]["workloads"]["ci/Deployment/app"] > 4
