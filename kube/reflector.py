@@ -31,9 +31,11 @@ class Reflector:
     """List, then watch, one kind across all namespaces into a namespace -> name -> Entry map.
 
     ``list_fn`` is a kubernetes client list function (it takes ``watch``, ``resource_version``,
-    ``limit``...); ``read_fn`` (name, namespace) fills cache misses. ``on_change(namespace, name,
-    entry or None)`` and ``on_reset()`` let a caller keep its own index in step (a relist calls
-    ``on_reset`` then ``on_change`` for every object).
+    ``limit``...); ``extract(obj)`` is what the cache keeps of an object (None: nothing, so
+    ``get`` misses); ``read_fn`` (name, namespace) fills cache misses. ``on_change(namespace,
+    name, object or None)``, given the whole object as listed or watched, and ``on_reset()`` let a
+    caller keep its own index in step (a relist calls ``on_reset`` then ``on_change`` for every
+    object).
     """
 
     def __init__(
@@ -98,7 +100,8 @@ class Reflector:
                 return None
             raise
         entry = self._extract(json.loads(response.data))
-        self._items.setdefault(namespace, {})[name] = entry
+        if entry is not None:
+            self._items.setdefault(namespace, {})[name] = entry
         return entry
 
     def _run(self) -> None:
@@ -123,13 +126,19 @@ class Reflector:
 
     def _relist(self) -> str:
         items: dict[str, dict[str, Any]] = {}
+        listed_objects: list[tuple[str, str, dict[str, Any]]] = []
         token: str | None = None
         while True:
             response = self._list(limit=500, _continue=token, _preload_content=False, _request_timeout=60)
             page = json.loads(response.data)
             for obj in page.get("items") or []:
                 metadata = obj.get("metadata") or {}
-                items.setdefault(metadata.get("namespace", ""), {})[metadata.get("name", "")] = self._extract(obj)
+                namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
+                entry = self._extract(obj)
+                if entry is not None:
+                    items.setdefault(namespace, {})[name] = entry
+                if self._on_change is not None:
+                    listed_objects.append((namespace, name, obj))
             token = (page.get("metadata") or {}).get("continue") or None
             if token is None:
                 break
@@ -140,9 +149,8 @@ class Reflector:
             if self._on_change is not None:
                 if self._on_reset is not None:
                     self._on_reset()
-                for namespace, by_name in items.items():
-                    for name, entry in by_name.items():
-                        self._on_change(namespace, name, entry)
+                for namespace, name, obj in listed_objects:
+                    self._on_change(namespace, name, obj)
         if not self.synced.is_set():
             self.synced.set()
             self._on_sync(self.name, True)
@@ -184,7 +192,7 @@ class Reflector:
                     else:
                         self._items.setdefault(namespace, {})[name] = entry
                     if self._on_change is not None:
-                        self._on_change(namespace, name, entry)
+                        self._on_change(namespace, name, None if kind == "DELETED" else obj)
         finally:
             response.release_conn()
         return version

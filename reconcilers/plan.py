@@ -13,11 +13,11 @@ The history is what the usual exporters publish:
 
 Each Pod's containers are summed every ``step``, and each workload's Pods are joined into as
 many continuous series as it ran Pods at once (:func:`replica_lanes`, so its history spans its
-rollouts as it does live), the replayed workloads; the Pods of each node pool are replayed on nodes
-of that pool's size (the
-most common allocatable among its nodes; on a cluster already oversold by oversale the exporters
-see the oversold values, so plan before switching it on). The report is the backtest's, per pool,
-plus what our system at the chosen budget would do per namespace and the ratios it would set.
+rollouts as it does live): the replayed workloads. The Pods of each node pool are replayed on
+nodes of that pool's size (the most common allocatable among its nodes; on a cluster already
+oversold by oversale the exporters see the oversold values, so plan before switching it on).
+The report is the backtest's, per pool, plus what our system at the chosen budget would do per
+namespace and the ratios it would set.
 """
 
 from __future__ import annotations

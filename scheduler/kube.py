@@ -45,7 +45,7 @@ class ClusterWatch:
         self.reflectors = [
             Reflector("Node", core.list_node, lambda obj: obj, watch_timeout,
                       on_change=lambda _, name, node: state.set_node(name, node)),
-            Reflector("Pod", core.list_pod_for_all_namespaces, lambda obj: obj, watch_timeout,
+            Reflector("Pod", core.list_pod_for_all_namespaces, _unbound, watch_timeout,
                       read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset),
         ]
         custom = client.CustomObjectsApi(api_client)
@@ -74,6 +74,14 @@ class ClusterWatch:
     def cached_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         pod: dict[str, Any] | None = self._pods.get(namespace, name)
         return pod
+
+
+def _unbound(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """What the Pod cache keeps: Pods not bound yet, which bind may be asked for. A bound Pod
+    lives on as its record in the state (what it holds on which node): its whole object (spec,
+    status, managedFields; tens of kilobytes in Python) for every Pod of a large cluster would be
+    most of the extender's memory."""
+    return None if (pod.get("spec") or {}).get("nodeName") else pod
 
 
 def _crd_served(custom: Any) -> bool:

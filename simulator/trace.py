@@ -74,7 +74,7 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
             raise TraceError(f"{path}: an {fmt} trace has no VM sizes: say how many cores each VM requests")
         return _read_wide(path, vm_cores, progress)
     # Each workload's rows as columns of machine numbers as they are read (about 40 bytes a row;
-    # a dict of tuples of floats took ten times that, 1.4 GB for the July trace's 4.3 million rows).
+    # a dict of tuples of floats took many times that: 1.2 GB for the July trace's 4.3 million rows).
     rows: dict[str, tuple[array[int], array[float], array[float], array[float], array[float]]] = {}
     read = 0
     try:

@@ -703,3 +703,32 @@ def test_room_held_by_a_bind_whose_pod_never_shows_up_is_given_back_after_the_tt
         "n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
     now[0] += RESERVATION_TTL + 1
     assert filter_nodes(args, state, KEYS)["NodeNames"] == ["n"]
+
+
+def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
+    """A bound Pod counts as its record in the state; its whole object is not kept (on a large
+    cluster, every Pod's object was most of the extender's memory: bench.extender_memory)."""
+    from kubernetes import client
+
+    from scheduler.kube import ClusterWatch
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    api.put("pods", pod("running", "2", node_name="node-0"))
+    api.put("pods", pod("pending", "1"))
+    state = ClusterState(KEYS)
+    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        assert watch.cached_pod("default", "pending")["metadata"]["name"] == "pending"
+        assert watch.cached_pod("default", "running") is None
+        assert state.usage("node-0").shared["cpu"] == 2000
+        # Bound (the watch shows its nodeName): out of the cache, counted on its node.
+        api.put("pods", pod("pending", "1", node_name="node-0"))
+        wait_for(lambda: state.usage("node-0").shared["cpu"] == 3000)
+        assert watch.cached_pod("default", "pending") is None
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()

@@ -1,0 +1,99 @@
+"""Resident memory of the scheduler extender holding a cluster: the real extender process (gunicorn
+master and worker) watching the API-server double of tests/, once synced and leading.
+
+    python -m bench.extender_memory [--nodes 500] [--pods 20000]
+
+The nodes are the shared corpus's real GKE Node, renamed; the Pods are the shared corpus's Pods
+(made from public workload manifests) cycled and bound to them, Running. Real Pods as the API
+server returns them are larger (managedFields, container statuses), so what one Pod costs here is
+a floor. The floor of the whole is the same extender watching an empty cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.extender_failover import start, status
+from tests.conftest import SHARED, stop_process
+from tests.kube_api import FakeKubeAPI
+
+FIXTURES = SHARED / "fixtures"
+
+
+def resident_mb(group: int) -> float:
+    """Summed VmRSS of the processes of a process group (the extender's master and worker)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) != group:
+                continue
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return total / 1024
+
+
+def populate(api: FakeKubeAPI, nodes: int, pods: int) -> None:
+    node = json.loads((FIXTURES / "nodes" / "gke-node.json").read_text())
+    for number in range(nodes):
+        named = copy.deepcopy(node)
+        named["metadata"]["name"] = f"node-{number}"
+        api.put("nodes", named)
+    manifests = [json.loads(path.read_text()) for path in sorted((FIXTURES / "pods").glob("*.json"))]
+    for number in range(pods):
+        pod = copy.deepcopy(manifests[number % len(manifests)])
+        metadata = pod["metadata"]
+        metadata["name"] = f"{metadata.get('name') or metadata.pop('generateName', 'pod-').rstrip('-')}-{number}"
+        pod["metadata"].setdefault("namespace", "default")
+        pod["spec"]["nodeName"] = f"node-{number % max(nodes, 1)}"
+        pod["status"] = {"phase": "Running"}
+        api.put("pods", pod)
+
+
+def measure(work: Path, nodes: int, pods: int) -> float:
+    api = FakeKubeAPI().start()
+    try:
+        populate(api, nodes, pods)
+        process, url = start(api, work)
+        try:
+            deadline = time.monotonic() + 600
+            while status(f"{url}/readyz") != 200:  # synced and leading
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the extender did not become ready in 10 minutes")
+                time.sleep(0.2)
+            time.sleep(2)
+            return resident_mb(process.pid)
+        finally:
+            stop_process(process)
+    finally:
+        api.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.extender_memory", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods", type=int, default=20000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        floor = measure(Path(directory), 0, 0)
+        print(f"empty cluster: {floor:.0f} MB", file=sys.stderr)
+        held = measure(Path(directory), args.nodes, args.pods)
+        print(f"{args.nodes} nodes, {args.pods} Pods: {held:.0f} MB", file=sys.stderr)
+    print(json.dumps({"nodes": args.nodes, "pods": args.pods, "floor_mb": round(floor), "resident_mb": round(held),
+                      "cluster_mb": round(held - floor)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
