@@ -266,7 +266,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     report_directory(args.out, parser)
     prometheus = PrometheusHistory(url, settings.prometheus_timeout_seconds, step)
     try:
-        history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log)
+        history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log,
+                                       rescale_hpa=settings.rescale_hpa)
     except (PlanError, HistoryUnavailable) as error:
         raise CliError(str(error)) from None
     evaluated = int(args.days) - args.warmup_days

@@ -6,8 +6,9 @@ The history is what the usual exporters publish:
 - kube-state-metrics: ``kube_pod_container_resource_requests`` (requests), ``kube_pod_owner``
   (which workload a Pod belongs to), ``kube_pod_info`` (its node), ``kube_node_status_allocatable``
   (node sizes), optionally ``kube_replicaset_owner`` and ``kube_job_owner`` (a ReplicaSet's
-  Deployment, a Job's CronJob) and, where its label allowlist exports them, ``kube_node_labels``
-  (node pools);
+  Deployment, a Job's CronJob), ``kube_horizontalpodautoscaler_info`` and
+  ``kube_horizontalpodautoscaler_spec_target_metric`` (workloads scaled on utilization) and, where
+  its label allowlist exports them, ``kube_node_labels`` (node pools);
 - cAdvisor (the kubelet's ``/metrics/cadvisor``): ``container_cpu_usage_seconds_total`` and
   ``container_memory_working_set_bytes``.
 
@@ -37,6 +38,7 @@ from kube.prometheus import RANGE_STEPS, Series
 from oversale.budget import HotTimeBudget
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
+from simulator.formats import FIXED_COLUMN, GENERIC_COLUMNS
 
 EXPORTERS = {
     "kube_pod_container_resource_requests": "kube-state-metrics",
@@ -76,6 +78,8 @@ class PodHistory:
     """``Kind/name`` of the workload that runs the Pod: its owner's controller where
     kube-state-metrics names one (a Deployment, a CronJob), else its owner; empty for a bare Pod."""
     node: str = ""
+    fixed: frozenset[str] = frozenset()
+    """Resources an HPA scales its workload on by utilization: the replay leaves their requests."""
     series: dict[str, Series] = field(default_factory=dict)
     """cpu_request, cpu_usage (cores), memory_request, memory_usage (bytes); cleared once written to
     the pool's export"""
@@ -137,9 +141,11 @@ class ClusterHistory:
 
 
 def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels: tuple[str, ...],
-                         progress: Callable[[str], None], now: float | None = None) -> ClusterHistory:
+                         progress: Callable[[str], None], now: float | None = None,
+                         rescale_hpa: bool = False) -> ClusterHistory:
     """Every series the plan needs, over the last ``days``; a required one absent names its
-    exporter."""
+    exporter. ``rescale_hpa``: as ``OVERSALE_RESCALE_HPA``, HPA-scaled workloads are right-sized
+    too (their HPA's target is rescaled live), else their HPA's resources are left alone."""
     end = now if now is not None else time.time()
     start = end - days * 86400
     pods: dict[tuple[str, str], PodHistory] = {}
@@ -157,8 +163,10 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
         if owned is not None and labels.get("owner_kind") not in (None, "", "<none>"):
             owned.owner = f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
     controllers = _controllers(prometheus, start, end)
+    scaled = {} if rescale_hpa else _utilization_autoscaled(prometheus, start, end)
     for pod in pods.values():
         pod.owner = controllers.get((pod.namespace, pod.owner), pod.owner)
+        pod.fixed = frozenset(scaled.get((pod.namespace, pod.owner), ()))
     for labels, _ in _range(prometheus, "max by (namespace, pod, node) (kube_pod_info)", start, end, "kube_pod_info",
                             days):
         placed = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
@@ -199,6 +207,34 @@ def _controllers(prometheus: PrometheusHistory, start: float, end: float) -> dic
     return found
 
 
+def _utilization_autoscaled(prometheus: PrometheusHistory, start: float, end: float) -> dict[tuple[str, str], set[str]]:
+    """(namespace, ``Kind/name``) -> the resources a HorizontalPodAutoscaler scales it on by
+    utilization, from kube-state-metrics (optional: without it no workload is taken as scaled)."""
+    steps = _day_steps(prometheus)
+    try:
+        targets = prometheus.query_range(
+            "max by (namespace, horizontalpodautoscaler, scaletargetref_kind, scaletargetref_name) "
+            "(kube_horizontalpodautoscaler_info)", start, end, part_steps=steps)
+        metrics = prometheus.query_range(
+            "max by (namespace, horizontalpodautoscaler, metric_name) "
+            '(kube_horizontalpodautoscaler_spec_target_metric{metric_target_type="utilization"})',
+            start, end, part_steps=steps)
+    except HistoryUnavailable:
+        return {}
+    resources: dict[tuple[str, str], set[str]] = {}
+    for labels, _ in metrics:
+        if labels.get("metric_name") in ("cpu", "memory"):
+            resources.setdefault((labels.get("namespace", ""), labels.get("horizontalpodautoscaler", "")),
+                                 set()).add(labels["metric_name"])
+    scaled: dict[tuple[str, str], set[str]] = {}
+    for labels, _ in targets:
+        hpa = (labels.get("namespace", ""), labels.get("horizontalpodautoscaler", ""))
+        if hpa in resources:
+            workload = f"{labels.get('scaletargetref_kind', '')}/{labels.get('scaletargetref_name', '')}"
+            scaled.setdefault((hpa[0], workload), set()).update(resources[hpa])
+    return scaled
+
+
 def _day_steps(prometheus: PrometheusHistory) -> int:
     return min(RANGE_STEPS, max(1, int(86400 // prometheus.resolution)))
 
@@ -219,8 +255,7 @@ def write_export(history: ClusterHistory, pods: list[PodHistory], path: Path) ->
     rows = 0
     with gzip.open(path, "wt", newline="") as handle:
         out = csv.writer(handle)
-        out.writerow(("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
-                      "memory_usage_bytes"))
+        out.writerow((*GENERIC_COLUMNS, FIXED_COLUMN))
         for lane, members in replica_lanes(pods):
             for pod in members:
                 # One Pod's lookups at a time: the points of the whole cluster stay in arrays.
@@ -232,7 +267,8 @@ def write_export(history: ClusterHistory, pods: list[PodHistory], path: Path) ->
                     if request is None or request <= 0:
                         continue  # no request at that time (BestEffort, or not running): nothing to place
                     out.writerow((lane, int(t), f"{request:.6g}", f"{used:.6g}",
-                                  f"{memory_request.get(t, 0):.0f}", f"{memory_usage.get(t, 0):.0f}"))
+                                  f"{memory_request.get(t, 0):.0f}", f"{memory_usage.get(t, 0):.0f}",
+                                  " ".join(sorted(pod.fixed))))
                     rows += 1
     return rows
 

@@ -10,6 +10,11 @@ BITBRAINS_COLUMNS = ("vm_id", "timestamp_s", "cpu_cores", "cpu_capacity_provisio
                      "memory_capacity_provisioned_kb", "memory_usage_kb")
 GENERIC_COLUMNS = ("workload", "timestamp_s", "cpu_request_cores", "cpu_usage_cores", "memory_request_bytes",
                    "memory_usage_bytes")
+FIXED_COLUMN = "fixed_resources"
+"""Optional ``generic`` column: resources whose requests no right-sizing changes for that workload,
+space-separated (``cpu``, ``cpu memory``; ``python -m reconcilers plan`` writes it for workloads a
+HorizontalPodAutoscaler scales on that resource's utilization, which the live reconciler leaves
+alone)."""
 FORMATS = {"bitbrains-long": BITBRAINS_COLUMNS, "generic": GENERIC_COLUMNS}
 """Long formats: one row per (workload, time), identified by holding all of these columns."""
 AZURE_STEP = "step_5min"

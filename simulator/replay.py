@@ -88,6 +88,8 @@ class Day:
     split: str
     names: list[str] = field(default_factory=list)
     """The workloads' names, in the order of the rows above."""
+    fixed: list[frozenset[str]] = field(default_factory=list)
+    """Per workload, the resources whose request no right-sizing changes (empty: none)."""
 
 
 @dataclass
@@ -223,7 +225,8 @@ def build_day(workloads: list[Workload], origin: int, number: int, config: Confi
             usage[resource][index, columns] = workload.usage[resource][today]
             requests[resource][index] = float(workload.request[resource][today].max())
     window = _window_grid(active, first, config.window_days * SLOTS_PER_DAY)
-    return Day(number, float(first * SLOT), slots, requests, usage, present, window, split, [w.name for w in active])
+    return Day(number, float(first * SLOT), slots, requests, usage, present, window, split, [w.name for w in active],
+               [w.fixed for w in active])
 
 
 def _window_grid(active: list[Workload], first_slot: int, length: int) -> Window:
@@ -298,7 +301,10 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
     """One system's day: its requests, then Pods placed one by one with the extender's filter and
     score, every node's ratio recomputed by the system's node policy after each arrival."""
     window = day.window
-    requests = {r: np.array([system.request(r, float(day.requests[r][i]), window.history(i), day.start)
+    # A workload an HPA scales on a resource's utilization keeps that request (the live reconciler
+    # leaves it alone: lower requests would read as higher utilization and scale it out).
+    requests = {r: np.array([float(day.requests[r][i]) if day.fixed and r in day.fixed[i]
+                             else system.request(r, float(day.requests[r][i]), window.history(i), day.start)
                              for i in range(len(day.requests[r]))]) for r in RESOURCES}
     items = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
     topology = Topology.flat(max(1, int(real[0] // MILLI)))

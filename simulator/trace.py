@@ -14,7 +14,7 @@ from typing import IO
 import numpy as np
 
 from oversale.quantity import CPU, MEMORY
-from simulator.formats import AZURE_STEP, BITBRAINS_COLUMNS, FORMATS, GENERIC_COLUMNS, WIDE_FORMATS
+from simulator.formats import AZURE_STEP, BITBRAINS_COLUMNS, FIXED_COLUMN, FORMATS, GENERIC_COLUMNS, WIDE_FORMATS
 
 SLOT = 300
 """Seconds per sample slot (the traces sample every 5 minutes)."""
@@ -35,6 +35,8 @@ class Workload:
     slots: np.ndarray
     request: dict[str, np.ndarray]
     usage: dict[str, np.ndarray]
+    fixed: frozenset[str] = frozenset()
+    """Resources whose request no right-sizing changes (the trace's ``fixed_resources``)."""
 
 
 def _open(path: Path) -> IO[str]:
@@ -76,6 +78,7 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
     # Each workload's rows as columns of machine numbers as they are read (about 40 bytes a row;
     # a dict of tuples of floats took many times that: 1.2 GB for the July trace's 4.3 million rows).
     rows: dict[str, tuple[array[int], array[float], array[float], array[float], array[float]]] = {}
+    fixed: dict[str, set[str]] = {}
     read = 0
     try:
         with _open(path) as handle:
@@ -98,6 +101,8 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
                 columns[0].append(ts // SLOT)
                 for column, value in zip(columns[1:], values, strict=True):
                     column.append(value)
+                if row.get(FIXED_COLUMN):
+                    fixed.setdefault(name, set()).update(_fixed_resources(row[FIXED_COLUMN]))
     except (OSError, KeyError, ValueError, csv.Error) as error:
         if isinstance(error, TraceError):
             raise
@@ -114,7 +119,7 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
         cpu_request, cpu_usage, memory_request, memory_usage = (
             np.frombuffer(column, dtype=np.float64)[order][last] for column in value_columns)
         workloads.append(Workload(name, slots[last], {CPU: cpu_request * MILLI, MEMORY: memory_request},
-                                  {CPU: cpu_usage * MILLI, MEMORY: memory_usage}))
+                                  {CPU: cpu_usage * MILLI, MEMORY: memory_usage}, frozenset(fixed.get(name, ()))))
     rows.clear()
     progress(f"{read:,} rows, {len(workloads)} workloads")
     return workloads
@@ -158,6 +163,14 @@ def _read_wide(path: Path, vm_cores: float, progress: Callable[[str], None]) -> 
                                       {CPU: used, MEMORY: np.zeros(len(used))}))
     progress(f"{len(steps):,} steps, {len(workloads)} VMs of {vm_cores:g} cores")
     return workloads
+
+
+def _fixed_resources(text: str) -> set[str]:
+    """The ``fixed_resources`` column's resources, or the ValueError that names the row."""
+    named = set(text.split())
+    if not named <= {CPU, MEMORY}:
+        raise ValueError(f"{FIXED_COLUMN} {text!r} names no resource but cpu and memory")
+    return named
 
 
 def _amount(row: dict[str, str], column: str) -> float:

@@ -89,8 +89,8 @@ def cluster_prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
     server.stop()
 
 
-def plan(url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")}
+def plan(url: str, out: Path, *extra: str, settings: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")} | (settings or {})
     return subprocess.run([sys.executable, "-m", "reconcilers", "plan", "--prometheus", url, "--days", str(DAYS),
                            "--out", str(out), *extra], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -238,10 +238,10 @@ def test_a_range_prometheus_refuses_for_its_samples_is_read_in_smaller_parts(tmp
         strict.stop()
 
 
-def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):
-    # Continuous delivery: every day a new ReplicaSet and a new Pod, with new names. Live, the
-    # Deployment's history spans its rollouts; so must the replay's, or no Pod ever has the day
-    # of history right-sizing needs and the plan shows nothing to free.
+def rolled_deployment(directory: Path, autoscaled_on: str | None = None) -> PrometheusServer:
+    """The exporters' history of PODS plus ci/Deployment/app, rolled out every day: a new
+    ReplicaSet and a new Pod (4 cores, 4 GiB requested; 0.4 cores, 0.5 GiB used) each day; with
+    ``autoscaled_on``, an HPA scales it on that resource's utilization."""
     families = {family.name: family for family in exporter_families()}
     owners = Family("kube_replicaset_owner", "gauge")
     end = time.time() - 120
@@ -265,18 +265,49 @@ def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tm
             ({**kept, "container": "app"}, lambda t: 2**29, first, last))
         owners.series.append(({"namespace": "ci", "replicaset": replicaset, "owner_kind": "Deployment",
                                "owner_name": "app", "owner_is_controller": "true"}, lambda t: 1, first, last))
-    tmp_path.mkdir(exist_ok=True)
-    history = tmp_path / "history.om"
-    write_openmetrics(history, [*families.values(), owners], start, end, STEP)
-    server = PrometheusServer(tmp_path, history)
+    extra = [owners]
+    if autoscaled_on:
+        hpa = {"namespace": "ci", "horizontalpodautoscaler": "app"}
+        info = Family("kube_horizontalpodautoscaler_info", "gauge", [(
+            {**hpa, "scaletargetref_api_version": "apps/v1", "scaletargetref_kind": "Deployment",
+             "scaletargetref_name": "app"}, lambda t: 1)])
+        target = Family("kube_horizontalpodautoscaler_spec_target_metric", "gauge", [(
+            {**hpa, "metric_name": autoscaled_on, "metric_target_type": "utilization"}, lambda t: 70)])
+        extra += [info, target]
+    directory.mkdir(exist_ok=True)
+    history = directory / "history.om"
+    write_openmetrics(history, [*families.values(), *extra], start, end, STEP)
+    return PrometheusServer(directory, history)
+
+
+def planned_pool(server: PrometheusServer, out: Path, settings: dict[str, str] | None = None) -> dict:
     try:
-        result = plan(server.url, tmp_path / "plan")
+        result = plan(server.url, out, settings=settings)
     finally:
         server.stop()
     assert result.returncode == 0, result.stderr
-    pool = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]
+    return json.loads((out / "plan.json").read_text())["pools"]["general"]
+
+
+def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):
+    # Continuous delivery: every day a new ReplicaSet and a new Pod, with new names. Live, the
+    # Deployment's history spans its rollouts; so must the replay's, or no Pod ever has the day
+    # of history right-sizing needs and the plan shows nothing to free.
+    pool = planned_pool(rolled_deployment(tmp_path), tmp_path / "plan")
     assert pool["pods"] == len(PODS) + DAYS
     ci = pool["namespaces"]["ci"]
     assert ci["cpu_requested_cores"] == 4
     assert ci["cpu_set_cores"] < 1, "0.4 cores used of 4 requested: right-sized on the days before"
     assert pool["ratios"]["workloads"]["ci/Deployment/app"] > 4
+
+
+def test_a_workload_an_hpa_scales_on_cpu_utilization_keeps_its_cpu_request_as_live(tmp_path):
+    # Live, lower cpu requests would read as higher utilization and scale the Deployment out, so
+    # the reconciler leaves its cpu alone (OVERSALE_RESCALE_HPA=false, the default): so does the plan.
+    ci = planned_pool(rolled_deployment(tmp_path / "kept", "cpu"), tmp_path / "kept" / "plan")["namespaces"]["ci"]
+    assert ci["cpu_set_cores"] == ci["cpu_requested_cores"] == 4
+    assert ci["memory_set_bytes"] < ci["memory_requested_bytes"] / 2, "memory is not what the HPA scales on"
+    # With OVERSALE_RESCALE_HPA=true the reconciler right-sizes it and rescales the HPA's target.
+    rescaled = planned_pool(rolled_deployment(tmp_path / "rescaled", "cpu"), tmp_path / "rescaled" / "plan",
+                            {"OVERSALE_RESCALE_HPA": "true"})
+    assert rescaled["namespaces"]["ci"]["cpu_set_cores"] < 1

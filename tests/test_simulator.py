@@ -229,6 +229,19 @@ def test_rows_are_sorted_one_sample_per_slot_the_last_read_wins(tmp_path):
     assert w.usage["memory"].tolist() == [4, 3] and v.usage["memory"].tolist() == [7]
 
 
+def test_fixed_resources_name_cpu_or_memory_or_the_row_is_refused(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("workload,timestamp_s,cpu_request_cores,cpu_usage_cores,memory_request_bytes,"
+                     "memory_usage_bytes,fixed_resources\n"
+                     f"w,0,1,0.5,{GIB},1,cpu\nw,{SLOT},1,0.5,{GIB},1,\nv,0,1,0.5,{GIB},1,cpu memory\n")
+    w, v = read_trace(trace)
+    assert (w.fixed, v.fixed) == ({"cpu"}, {"cpu", "memory"})
+    with trace.open("a") as out:
+        out.write(f"u,0,1,0.5,{GIB},1,gpu\n")
+    with pytest.raises(TraceError, match=r"row 5: fixed_resources 'gpu' names no resource but cpu and memory"):
+        read_trace(trace)
+
+
 @pytest.mark.parametrize(("usage", "said"), [("nan", "'nan'"), ("-0.5", "'-0.5'"), ("inf", "'inf'"),
                                            ("", "could not convert")])
 def test_a_row_with_an_amount_no_machine_reports_is_refused_by_its_number(tmp_path, usage, said):
