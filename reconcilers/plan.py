@@ -178,15 +178,12 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
         for labels, (_, values) in _range(prometheus, query, start, end, "kube_node_status_allocatable", days):
             sizes.setdefault(labels.get("node", ""), [0.0, 0.0])[0 if resource == "cpu" else 1] = values[-1]
     pools = {}
-    try:
-        for labels, _ in prometheus.query_range("kube_node_labels", start, end):
-            for label in pool_labels:
-                value = labels.get("label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label))
-                if value:
-                    pools[labels.get("node", "")] = value
-                    break
-    except HistoryUnavailable:
-        pass  # optional: without it every node is in pool "default"
+    for labels in _optional_labels(prometheus, "kube_node_labels", start, end):  # else all in "default"
+        for label in pool_labels:
+            value = labels.get("label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label))
+            if value:
+                pools[labels.get("node", "")] = value
+                break
     return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools)
 
 
@@ -195,12 +192,8 @@ def _controllers(prometheus: PrometheusHistory, start: float, end: float) -> dic
     without them a Deployment's ReplicaSets (one per rollout) replay as workloads of their own."""
     found = {}
     for kind, (metric, label) in CONTROLLERS.items():
-        try:
-            answer = prometheus.query_range(f"max by (namespace, {label}, owner_kind, owner_name) ({metric})",
-                                            start, end, part_steps=_day_steps(prometheus))
-        except HistoryUnavailable:
-            continue
-        for labels, _ in answer:
+        for labels in _optional_labels(prometheus, f"max by (namespace, {label}, owner_kind, owner_name) ({metric})",
+                                       start, end):
             if labels.get("owner_kind") not in (None, "", "<none>"):
                 found[(labels.get("namespace", ""), f"{kind}/{labels.get(label, '')}")] = \
                     f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
@@ -210,29 +203,29 @@ def _controllers(prometheus: PrometheusHistory, start: float, end: float) -> dic
 def _utilization_autoscaled(prometheus: PrometheusHistory, start: float, end: float) -> dict[tuple[str, str], set[str]]:
     """(namespace, ``Kind/name``) -> the resources a HorizontalPodAutoscaler scales it on by
     utilization, from kube-state-metrics (optional: without it no workload is taken as scaled)."""
-    steps = _day_steps(prometheus)
-    try:
-        targets = prometheus.query_range(
-            "max by (namespace, horizontalpodautoscaler, scaletargetref_kind, scaletargetref_name) "
-            "(kube_horizontalpodautoscaler_info)", start, end, part_steps=steps)
-        metrics = prometheus.query_range(
-            "max by (namespace, horizontalpodautoscaler, metric_name) "
-            '(kube_horizontalpodautoscaler_spec_target_metric{metric_target_type="utilization"})',
-            start, end, part_steps=steps)
-    except HistoryUnavailable:
-        return {}
     resources: dict[tuple[str, str], set[str]] = {}
-    for labels, _ in metrics:
+    for labels in _optional_labels(prometheus, "max by (namespace, horizontalpodautoscaler, metric_name) "
+                                   '(kube_horizontalpodautoscaler_spec_target_metric{metric_target_type="utilization"})',
+                                   start, end):
         if labels.get("metric_name") in ("cpu", "memory"):
             resources.setdefault((labels.get("namespace", ""), labels.get("horizontalpodautoscaler", "")),
                                  set()).add(labels["metric_name"])
     scaled: dict[tuple[str, str], set[str]] = {}
-    for labels, _ in targets:
+    for labels in _optional_labels(prometheus, "max by (namespace, horizontalpodautoscaler, scaletargetref_kind, "
+                                   "scaletargetref_name) (kube_horizontalpodautoscaler_info)", start, end):
         hpa = (labels.get("namespace", ""), labels.get("horizontalpodautoscaler", ""))
         if hpa in resources:
             workload = f"{labels.get('scaletargetref_kind', '')}/{labels.get('scaletargetref_name', '')}"
             scaled.setdefault((hpa[0], workload), set()).update(resources[hpa])
     return scaled
+
+
+def _optional_labels(prometheus: PrometheusHistory, query: str, start: float, end: float) -> list[dict[str, str]]:
+    """The label sets of a series the plan can do without (none when Prometheus cannot answer it)."""
+    try:
+        return [labels for labels, _ in prometheus.query_range(query, start, end, part_steps=_day_steps(prometheus))]
+    except HistoryUnavailable:
+        return []
 
 
 def _day_steps(prometheus: PrometheusHistory) -> int:

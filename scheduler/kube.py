@@ -78,9 +78,9 @@ class ClusterWatch:
 
 def _unbound(pod: dict[str, Any]) -> dict[str, Any] | None:
     """What the Pod cache keeps: Pods not bound yet, which bind may be asked for. A bound Pod
-    lives on as its record in the state (what it holds on which node): its whole object (spec,
-    status, managedFields; tens of kilobytes in Python) for every Pod of a large cluster would be
-    most of the extender's memory."""
+    lives on as its record in the state (what it holds on which node); its whole object (spec,
+    status, managedFields), kept for every Pod of the cluster, cost memory in proportion to the
+    cluster for nothing (bench.extender_memory)."""
     return None if (pod.get("spec") or {}).get("nodeName") else pod
 
 
