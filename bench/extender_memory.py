@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench.extender_failover import start, status
+from bench.proc import status_kib
 from tests.conftest import SHARED, stop_process
 from tests.kube_api import FakeKubeAPI
 
@@ -35,9 +36,7 @@ def resident_mb(group: int) -> float:
         try:
             if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) != group:
                 continue
-            for line in (entry / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
+            total += status_kib(int(entry.name), "VmRSS")
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
     return total / 1024

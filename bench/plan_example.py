@@ -13,6 +13,7 @@ peak resident memory of the plan itself are printed (docs/performance.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.proc import status_kib
 from simulator.trace import SLOT, read_trace
 from tests.conftest import ROOT, SHARED
 from tests.prometheus_server import Family, PrometheusServer, write_openmetrics
@@ -91,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             # the pages it shared with this process before exec, and this one holds the trace).
             peak_kib = 0
             while child.poll() is None:
-                peak_kib = max(peak_kib, _high_water_kib(child.pid))
+                with contextlib.suppress(OSError):  # exited meanwhile
+                    peak_kib = max(peak_kib, status_kib(child.pid, "VmHWM"))
                 time.sleep(0.1)
             if child.returncode:
                 raise subprocess.CalledProcessError(child.returncode, child.args)
@@ -99,16 +102,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"peak resident memory {peak_kib / 1024:.0f} MB (sampled every 0.1 s)")
         finally:
             server.stop()
-    return 0
-
-
-def _high_water_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        pass  # exited meanwhile
     return 0
 
 

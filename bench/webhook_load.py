@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.proc import status_kib
 from kube.tls import LOCAL_HOSTS, generate
 from oversale.annotations import AnnotationKeys
 from tests.conftest import SHARED, free_port, stop_process, wait_until_serving
@@ -133,9 +134,7 @@ def worker_rss_mb(master: int) -> list[float]:
     children = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
     sizes = []
     for pid in children:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                sizes.append(int(line.split()[1]) / 1024)
+        sizes.append(status_kib(int(pid), "VmRSS") / 1024)
     return sizes
 
 
