@@ -104,6 +104,12 @@ class Settings:
     keepalive_seconds: int = field(default=75, metadata=_env("OVERSALE_KEEPALIVE"))
     """How long an idle keep-alive connection stays open; the API server reuses connections."""
 
+    node_series_ttl_seconds: float = field(default=900.0, metadata=_env("OVERSALE_NODE_SERIES_TTL"))
+    """A node's ``oversale_node_*`` series leave ``/metrics`` when no review of that node came for
+    this long: the kubelet reports status at least every ``nodeStatusReportFrequency`` (5 min by
+    default) even when nothing changed, so a node still there is reviewed well within it, and a
+    deleted one stops showing its last values (a duration such as ``15m``)."""
+
     log_level: str = field(default="INFO", metadata=_env("OVERSALE_LOG_LEVEL"))
     """Python log level name (DEBUG logs every admission)."""
 
@@ -574,6 +580,7 @@ _PARSERS: dict[str, Any] = {
     "workers": _positive_int,
     "threads": _positive_int,
     "keepalive_seconds": _positive_int,
+    "node_series_ttl_seconds": lambda text: _duration(text),
     "log_level": _level,
     "prometheus_url": lambda text: parse_base_url(text) if text.strip() else "",
     "prometheus_timeout_seconds": lambda text: _duration(text),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -188,3 +189,33 @@ def test_unreachable_api_allows_with_a_warning(validating):
         api.down = False
     assert response["allowed"] is True
     assert any("could not check the Pods" in w for w in response["warnings"])
+
+
+def test_a_node_no_longer_reviewed_leaves_the_metrics(tmp_path):
+    # The webhook never hears of a node's deletion; a node still there is reviewed at least every
+    # nodeStatusReportFrequency. Both workers serve reviews, so the series live in both files.
+    running = RunningWebhook(tmp_path, env={"OVERSALE_NODE_SERIES_TTL": "2s"})
+    try:
+        gone = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "2"})
+        gone["metadata"]["name"] = "deleted-node"
+        running.review(node_review(gone, None, username="system:node:deleted-node", operation="CREATE"),
+                       "/mutate/nodes")
+        live = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "1.5"})
+        running.review(node_review(live, live), "/mutate/nodes")
+        assert running.metric("oversale_node_oversale_ratio", node="deleted-node", resource="cpu") == 2
+        assert running.metric("oversale_node_oversale_ratio", node=NAME, resource="cpu") == 1.5
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:  # heartbeats of the live node only
+            running.review(node_review(live, live), "/mutate/nodes")
+            time.sleep(0.25)
+        status, body = running.get("/metrics")
+        assert status == 200 and b'node="deleted-node"' not in body
+        assert b"# TYPE oversale_node_oversale_ratio gauge" in body
+        assert running.metric("oversale_node_oversale_ratio", node=NAME, resource="cpu") == 1.5
+        assert running.metric("oversale_node_allocatable", node=NAME, resource="cpu", value="real") == 3.92
+        # The node comes back (same name, new object): its series return at once.
+        running.review(node_review(gone, None, username="system:node:deleted-node", operation="CREATE"),
+                       "/mutate/nodes")
+        assert running.metric("oversale_node_oversale_ratio", node="deleted-node", resource="cpu") == 2
+    finally:
+        running.stop()

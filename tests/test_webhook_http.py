@@ -199,6 +199,25 @@ def test_a_fresh_webhook_lists_every_metric_family_before_any_review(tmp_path):
         server.stop()
 
 
+def test_in_process_metrics_forget_a_node_no_longer_reviewed(monkeypatch):
+    import time
+
+    from webhook.metrics import Metrics
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)  # one registry, as under Flask alone
+    metrics = Metrics(node_series_ttl=0.4)
+    metrics.set_gauge(metrics.node_ratio, ("gone", "cpu"), 2.0)
+    metrics.set_gauge(metrics.node_ratio, ("live", "cpu"), 1.5)
+    for _ in range(4):
+        time.sleep(0.15)
+        metrics.set_gauge(metrics.node_ratio, ("live", "cpu"), 1.5)
+    text = metrics.exposition()[0].decode()
+    assert 'oversale_node_oversale_ratio{node="live",resource="cpu"} 1.5' in text
+    assert 'node="gone"' not in text
+    metrics.set_gauge(metrics.node_ratio, ("gone", "cpu"), 2.0)
+    assert 'oversale_node_oversale_ratio{node="gone",resource="cpu"} 2.0' in metrics.exposition()[0].decode()
+
+
 @pytest.mark.shared
 def test_the_lean_admission_path_keeps_the_wire_contract(webhook_no_cluster):
     # Chunked bodies (no Content-Length) are read too; other methods and paths still reach Flask.

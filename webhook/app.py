@@ -28,7 +28,7 @@ def create_app(
 ) -> Flask:
     """Build the webhook app. Without ``owners``/``node_pods``, connect to the configured cluster
     (watch caches, live Pod lookups), or run with Pod annotations only when there is none."""
-    metrics = metrics or Metrics()
+    metrics = metrics or Metrics(settings.node_series_ttl_seconds)
     if owners is None or node_pods is None:
         connected_owners, connected_pods = _connect(settings, metrics)
         owners = owners if owners is not None else connected_owners

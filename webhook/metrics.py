@@ -7,8 +7,12 @@ whichever worker) aggregates all of them. Without that variable, one in-process 
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import time
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -20,12 +24,21 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.mmap_dict import MmapedDict
 
 
 class Metrics:
-    """The webhook's metrics, registered on their own registry (one per app)."""
+    """The webhook's metrics, registered on their own registry (one per app).
 
-    def __init__(self) -> None:
+    ``node_series_ttl``: seconds after the last review of a node before its per-node series
+    leave the exposition (``OVERSALE_NODE_SERIES_TTL``). No review tells the webhook that a node
+    was deleted, so without it a cluster whose autoscaler replaces nodes would show every node
+    it ever had, at its last values, until the webhook restarts.
+    """
+
+    def __init__(self, node_series_ttl: float = 900.0) -> None:
+        self.node_series_ttl = node_series_ttl
         self.registry = CollectorRegistry()
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         registry = self.registry
@@ -109,8 +122,10 @@ class Metrics:
             registry=registry,
         )
 
+        self._per_node = (self.node_allocatable, self.node_ratio)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._last_set: dict[tuple[int, tuple[str, ...]], tuple[float, float]] = {}
+        self._last_sweep = time.monotonic()
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, looked up once: the client's labels() validates and locks on
@@ -121,26 +136,45 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
-    def set_gauge(self, gauge: Gauge, labels: tuple[str, ...], value: float, refresh_seconds: float = 30.0) -> None:
+    def set_gauge(self, gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
         """Set a per-node gauge, skipping the multiprocess file write when the value is what this
-        worker last wrote less than ``refresh_seconds`` ago: node heartbeats repeat the same
-        values every few seconds. The refresh bounds how long a ``mostrecent`` gauge can show another
-        worker's older value after this one skipped a write."""
+        worker last wrote a moment ago (at most 30 s, and a quarter of the series' time to live):
+        node heartbeats repeat the same values every few seconds. The refresh bounds how long a
+        ``mostrecent`` gauge can show another worker's older value after this one skipped a write,
+        and keeps the write time of a node still reviewed well within the time to live."""
         key = (id(gauge), labels)
         now = time.monotonic()
         last = self._last_set.get(key)
-        if last is not None and last[0] == value and now - last[1] < refresh_seconds:
+        if last is not None and last[0] == value and now - last[1] < min(30.0, self.node_series_ttl / 4):
             return
         self.child(gauge, *labels).set(value)
         self._last_set[key] = (value, now)
+        if now - self._last_sweep >= self.node_series_ttl:
+            self._forget_stale_nodes(now)
+
+    def _forget_stale_nodes(self, now: float) -> None:
+        """Drop this worker's per-node children not written for the time to live. In-process they
+        leave the exposition with them; in multiprocess mode the client cannot remove a sample from
+        the files (it warns that it only forgets its own child), so ``exposition`` filters those."""
+        self._last_sweep = now
+        stale = [key for key, (_, written) in self._last_set.items() if now - written >= self.node_series_ttl]
+        gauges = {id(gauge): gauge for gauge in self._per_node}
+        for key in stale:
+            del self._last_set[key]
+            self._children.pop(key, None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                gauges[key[0]].remove(*key[1])
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition of every worker's samples; every family is listed (HELP and TYPE)
         from the first scrape, even before any worker wrote a sample of it."""
         if not self.multiprocess:
+            self._forget_stale_nodes(time.monotonic())
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        per_node = {family.name for gauge in self._per_node for family in gauge.describe()}
+        registry.register(_RecentNodeSeries(os.environ["PROMETHEUS_MULTIPROC_DIR"], per_node, self.node_series_ttl))
         text = generate_latest(registry)
         # The multiprocess collector knows only families with samples in the files; a fresh
         # webhook would answer an empty body, and a scrape-time alert would see nothing at all.
@@ -154,3 +188,29 @@ class Metrics:
 
     def _collectors(self) -> list[Any]:
         return [value for value in vars(self).values() if isinstance(value, (Counter, Gauge, Histogram))]
+
+
+class _RecentNodeSeries:
+    """The multiprocess collector's families, less each per-node series that no worker has written
+    for ``ttl`` seconds (by the write time a ``mostrecent`` gauge keeps beside each value)."""
+
+    def __init__(self, path: str, names: set[str], ttl: float) -> None:
+        self._path = path
+        self._names = names
+        self._ttl = ttl
+
+    def collect(self) -> Iterator[Metric]:
+        files = glob.glob(os.path.join(self._path, "*.db"))
+        written: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for name in glob.glob(os.path.join(self._path, "gauge_mostrecent_*.db")):
+            for key, _, timestamp, _ in MmapedDict.read_all_values_from_file(name):
+                family, _, labels, _ = json.loads(key)
+                if family in self._names:
+                    series = (family, tuple(sorted(labels.items())))
+                    written[series] = max(written.get(series, 0.0), timestamp)
+        oldest = time.time() - self._ttl
+        for family in multiprocess.MultiProcessCollector.merge(files):
+            if family.name in self._names:
+                family.samples = [sample for sample in family.samples
+                                  if written.get((family.name, tuple(sorted(sample.labels.items()))), 0.0) >= oldest]
+            yield family
