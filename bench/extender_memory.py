@@ -27,8 +27,9 @@ from tests.kube_api import FakeKubeAPI
 FIXTURES = SHARED / "fixtures"
 
 
-def resident_mb(group: int) -> float:
-    """Summed VmRSS of the processes of a process group (the extender's master and worker)."""
+def resident_mb(group: int, field: str = "VmRSS") -> float:
+    """Summed ``field`` (VmRSS: resident now; VmHWM: each process's peak) of the processes of a
+    process group (the extender's master and worker)."""
     total = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -36,7 +37,7 @@ def resident_mb(group: int) -> float:
         try:
             if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) != group:
                 continue
-            total += status_kib(int(entry.name), "VmRSS")
+            total += status_kib(int(entry.name), field)
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
     return total / 1024
@@ -59,7 +60,7 @@ def populate(api: FakeKubeAPI, nodes: int, pods: int) -> None:
         api.put("pods", pod)
 
 
-def measure(work: Path, nodes: int, pods: int) -> float:
+def measure(work: Path, nodes: int, pods: int) -> tuple[float, float]:
     api = FakeKubeAPI().start()
     try:
         populate(api, nodes, pods)
@@ -71,7 +72,7 @@ def measure(work: Path, nodes: int, pods: int) -> float:
                     raise RuntimeError("the extender did not become ready in 10 minutes")
                 time.sleep(0.2)
             time.sleep(2)
-            return resident_mb(process.pid)
+            return resident_mb(process.pid), resident_mb(process.pid, "VmHWM")
         finally:
             stop_process(process)
     finally:
@@ -85,12 +86,12 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=20000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
-        floor = measure(Path(directory), 0, 0)
+        floor, _ = measure(Path(directory), 0, 0)
         print(f"empty cluster: {floor:.0f} MB", file=sys.stderr)
-        held = measure(Path(directory), args.nodes, args.pods)
-        print(f"{args.nodes} nodes, {args.pods} Pods: {held:.0f} MB", file=sys.stderr)
+        held, peak = measure(Path(directory), args.nodes, args.pods)
+        print(f"{args.nodes} nodes, {args.pods} Pods: {held:.0f} MB, peak {peak:.0f} MB", file=sys.stderr)
     print(json.dumps({"nodes": args.nodes, "pods": args.pods, "floor_mb": round(floor), "resident_mb": round(held),
-                      "cluster_mb": round(held - floor)}))
+                      "cluster_mb": round(held - floor), "peak_mb": round(peak)}))
     return 0
 
 

@@ -23,7 +23,7 @@ from oversale.annotations import AnnotationKeys
 from oversale.usage import Sample
 from scheduler.extender import filter_nodes, prioritize
 from scheduler.protocol import ExtenderArgs
-from scheduler.state import ClusterState
+from scheduler.state import ClusterState, pod_facts
 
 KEYS = AnnotationKeys()
 
@@ -57,15 +57,15 @@ def build(nodes: int, usage: bool = False) -> ClusterState:
             KEYS.applied_oversale_ratio: json.dumps({"cpu": "1.5"})}},
             "status": {"allocatable": {"cpu": "96", "memory": "256Gi"}}})
         for p in range(10):
-            state.set_pod(f"{name}-s{p}", pod(f"{name}-s{p}", "2", name))
-        state.set_pod(f"{name}-b0", pod(f"{name}-b0", "8", name, bound="0-3,32-35"))
-        state.set_pod(f"{name}-b1", pod(f"{name}-b1", "8", name, bound="16-19,48-51"))
+            state.set_pod(f"{name}-s{p}", pod_facts(pod(f"{name}-s{p}", "2", name), KEYS))
+        state.set_pod(f"{name}-b0", pod_facts(pod(f"{name}-b0", "8", name, bound="0-3,32-35"), KEYS))
+        state.set_pod(f"{name}-b1", pod_facts(pod(f"{name}-b1", "8", name, bound="16-19,48-51"), KEYS))
         if usage:
             for p in range(2):  # bound a minute ago, not yet in PodMetrics: counted by their estimate
                 fresh = pod(f"{name}-f{p}", "1", name)
                 fresh["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime":
                                                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60))}]
-                state.set_pod(f"{name}-f{p}", fresh)
+                state.set_pod(f"{name}-f{p}", pod_facts(fresh, KEYS))
     if usage:
         generator = random.Random(7)
         for step in range(120):  # an hour of polls, every node in each

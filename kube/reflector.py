@@ -33,9 +33,10 @@ class Reflector:
     ``list_fn`` is a kubernetes client list function (it takes ``watch``, ``resource_version``,
     ``limit``...); ``extract(obj)`` is what the cache keeps of an object (None: nothing, so
     ``get`` misses); ``read_fn`` (name, namespace) fills cache misses. ``on_change(namespace,
-    name, object or None)``, given the whole object as listed or watched, and ``on_reset()`` let a
-    caller keep its own index in step (a relist calls ``on_reset`` then ``on_change`` for every
-    object).
+    name, digest(object) or None)`` and ``on_reset()`` let a caller keep its own index in step (a
+    relist calls ``on_reset`` then ``on_change`` for every object). ``digest`` (default: the whole
+    object) is what the caller's index takes of an object: a relist holds it for every object of
+    the kind until the last page is in, so a caller that needs a little of each should say so.
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class Reflector:
         read_fn: Callable[..., Any] | None = None,
         on_change: Callable[[str, str, Any], None] | None = None,
         on_reset: Callable[[], None] | None = None,
+        digest: Callable[[dict[str, Any]], Any] = lambda obj: obj,
     ) -> None:
         self.name = name
         self._list = list_fn
@@ -57,6 +59,7 @@ class Reflector:
         self._on_sync = on_sync
         self._on_change = on_change
         self._on_reset = on_reset
+        self._digest = digest
         self._items: dict[str, dict[str, Any]] = {}
         self._apply = threading.Lock()
         self._listed: int | None = None
@@ -126,7 +129,7 @@ class Reflector:
 
     def _relist(self) -> str:
         items: dict[str, dict[str, Any]] = {}
-        listed_objects: list[tuple[str, str, dict[str, Any]]] = []
+        listed_digests: list[tuple[str, str, Any]] = []
         token: str | None = None
         while True:
             response = self._list(limit=500, _continue=token, _preload_content=False, _request_timeout=60)
@@ -138,7 +141,7 @@ class Reflector:
                 if entry is not None:
                     items.setdefault(namespace, {})[name] = entry
                 if self._on_change is not None:
-                    listed_objects.append((namespace, name, obj))
+                    listed_digests.append((namespace, name, self._digest(obj)))
             token = (page.get("metadata") or {}).get("continue") or None
             if token is None:
                 break
@@ -149,8 +152,8 @@ class Reflector:
             if self._on_change is not None:
                 if self._on_reset is not None:
                     self._on_reset()
-                for namespace, name, obj in listed_objects:
-                    self._on_change(namespace, name, obj)
+                for namespace, name, digest in listed_digests:
+                    self._on_change(namespace, name, digest)
         if not self.synced.is_set():
             self.synced.set()
             self._on_sync(self.name, True)
@@ -181,6 +184,7 @@ class Reflector:
                     continue
                 namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
                 entry = None if kind == "DELETED" else self._extract(obj)
+                digest = None if kind == "DELETED" or self._on_change is None else self._digest(obj)
                 with self._apply:
                     # resourceVersions are etcd revisions in practice; an event a concurrent
                     # resync already covered must not take an object back in time.
@@ -192,7 +196,7 @@ class Reflector:
                     else:
                         self._items.setdefault(namespace, {})[name] = entry
                     if self._on_change is not None:
-                        self._on_change(namespace, name, None if kind == "DELETED" else obj)
+                        self._on_change(namespace, name, digest)
         finally:
             response.release_conn()
         return version

@@ -18,7 +18,7 @@ from kube.metrics_api import MetricsAPI
 from kube.prometheus import PrometheusAPI, PrometheusUnavailable, duration, node_expressions, node_name
 from kube.reflector import Reflector
 from oversale.usage import Sample, stale_reason
-from scheduler.state import ClusterState
+from scheduler.state import ClusterState, PodFacts, pod_facts, scheduling_part
 
 log = logging.getLogger(__name__)
 NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")
@@ -31,8 +31,8 @@ class ClusterWatch:
         core = client.CoreV1Api(api_client)
         self._uids: dict[tuple[str, str], str] = {}
 
-        def on_pod(namespace: str, name: str, pod: dict[str, Any] | None) -> None:
-            uid = pod["metadata"].get("uid", "") if pod else self._uids.pop((namespace, name), "")
+        def on_pod(namespace: str, name: str, pod: PodFacts | None) -> None:
+            uid = pod.uid if pod else self._uids.pop((namespace, name), "")
             if pod:
                 self._uids[(namespace, name)] = uid
             if uid:
@@ -43,16 +43,17 @@ class ClusterWatch:
             state.reset_pods()
 
         self.reflectors = [
-            Reflector("Node", core.list_node, lambda obj: obj, watch_timeout,
-                      on_change=lambda _, name, node: state.set_node(name, node)),
+            Reflector("Node", core.list_node, _nothing, watch_timeout,
+                      on_change=lambda _, name, node: state.set_node(name, node), digest=scheduling_part),
             Reflector("Pod", core.list_pod_for_all_namespaces, _unbound, watch_timeout,
-                      read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset),
+                      read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset,
+                      digest=partial(pod_facts, keys=state.keys)),
         ]
         custom = client.CustomObjectsApi(api_client)
         if _crd_served(custom):
             self.reflectors.append(Reflector(
-                "NodeResourceTopology", partial(custom.list_cluster_custom_object, *NRT), lambda obj: obj,
-                watch_timeout, on_change=lambda _, name, nrt: state.set_topology(name, _zones(nrt))))
+                "NodeResourceTopology", partial(custom.list_cluster_custom_object, *NRT), _nothing,
+                watch_timeout, on_change=lambda _, name, zones: state.set_topology(name, zones), digest=_zones))
         else:
             log.info("no NodeResourceTopology API: topology from node annotations")
         self._pods = self.reflectors[1]
@@ -74,6 +75,11 @@ class ClusterWatch:
     def cached_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         pod: dict[str, Any] | None = self._pods.get(namespace, name)
         return pod
+
+
+def _nothing(obj: dict[str, Any]) -> None:
+    """The reflector's own cache keeps nothing of a kind the state indexes (Nodes, topologies)."""
+    return None
 
 
 def _unbound(pod: dict[str, Any]) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,20 @@ class PodRecord:
     name: str = ""
     bound_at: float | None = None
     """Wall-clock seconds of the bind (None: long ago, or unknown)."""
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What the state takes from a Pod object, read from it once (``pod_facts``): a relist holds
+    these for every Pod of the cluster until its last page is in, rather than the objects, tens of
+    kilobytes each."""
+
+    uid: str
+    terminal: bool
+    """Finished, or rejected by the kubelet at admission (TopologyAffinityError,
+    UnexpectedAdmissionError: phase Failed): it holds nothing."""
+    record: PodRecord | None
+    """What it holds on its node, ``bound_at`` its PodScheduled time; None while not bound."""
 
 
 @dataclass
@@ -135,31 +149,24 @@ class ClusterState:
         return node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
 
     # -- pods --------------------------------------------------------------------------------
-    def set_pod(self, uid: str, pod: dict[str, Any] | None) -> None:
-        """A watch event: the Pod as it is now, or None when deleted."""
+    def set_pod(self, uid: str, pod: PodFacts | None) -> None:
+        """A watch event: the Pod as it is now (``pod_facts``), or None when deleted."""
         with self._lock:
             self._forget(uid)
             if pod is None:
                 self._unreserve(uid)  # deleted before the watch ever showed it bound
                 return
-            node = (pod.get("spec") or {}).get("nodeName")
-            terminal = is_terminal(pod)
-            if not node or terminal:
-                # Finished Pods, and Pods the kubelet rejected at admission (TopologyAffinityError,
-                # UnexpectedAdmissionError: phase Failed), hold nothing.
-                if terminal:
+            if pod.record is None:
+                if pod.terminal:
                     self._unreserve(uid)
                 return
             reserved = self._reserved.get(uid)
             self._unreserve(uid)  # the watch shows it bound: the Pod's own record counts now
-            metadata = pod.get("metadata") or {}
-            record = PodRecord(uid, node, pod_demand(pod, self.keys), _cpus_of(pod, self.keys),
-                               str(metadata.get("namespace", "")), str(metadata.get("name", "")),
-                               reserved.record.bound_at if reserved else _scheduled_at(pod))
+            record = replace(pod.record, bound_at=reserved.record.bound_at) if reserved else pod.record
             self._pods[uid] = record
-            self._by_node.setdefault(node, {})[uid] = record
+            self._by_node.setdefault(record.node, {})[uid] = record
             self._note_settling(record)
-            self._changed(node)
+            self._changed(record.node)
 
     def reset_pods(self) -> None:
         with self._lock:
@@ -371,6 +378,32 @@ class ClusterState:
                          for node, records in by_node.items()}
         self._pending_until = until
         return self._pending
+
+
+def scheduling_part(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What the state keeps of a watched Node: its name, labels and annotations (ratios, real
+    allocatable, topology, watermarks, reservations) and its allocatable and capacity, all
+    ``node_view`` reads. A Node's status is mostly images, conditions and volumes (10 of a real
+    GKE Node's 12.6 KB), which the extender never reads.
+
+    >>> scheduling_part({"metadata": {"name": "n", "uid": "u"}, "status": {"images": [], "capacity": {"cpu": "4"}}})
+    {'metadata': {'name': 'n'}, 'status': {'capacity': {'cpu': '4'}}}
+    """
+    metadata, status = node.get("metadata") or {}, node.get("status") or {}
+    return {"metadata": {k: metadata[k] for k in ("name", "labels", "annotations") if k in metadata},
+            "status": {k: status[k] for k in ("allocatable", "capacity") if k in status}}
+
+
+def pod_facts(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodFacts:
+    metadata = pod.get("metadata") or {}
+    uid = str(metadata.get("uid", ""))
+    node = (pod.get("spec") or {}).get("nodeName")
+    terminal = is_terminal(pod)
+    if not node or terminal:
+        return PodFacts(uid, terminal, None)
+    return PodFacts(uid, False, PodRecord(uid, str(node), pod_demand(pod, keys), _cpus_of(pod, keys),
+                                          str(metadata.get("namespace", "")), str(metadata.get("name", "")),
+                                          _scheduled_at(pod)))
 
 
 def _scheduled_at(pod: Mapping[str, Any]) -> float | None:

@@ -122,6 +122,27 @@ class Extender:
         self.log.close()
 
 
+@pytest.mark.shared
+def test_the_part_of_a_node_the_state_keeps_gives_the_same_view_as_the_whole_node():
+    from oversale.placement import node_view
+    from scheduler.state import scheduling_part
+
+    whole = json.loads((SHARED / "fixtures" / "nodes" / "gke-node.json").read_text())
+    ours = node("unused", ratio="2", labels={KEYS.cpu_bind_policy: "FullPCPUs", KEYS.numa_allocate_strategy:
+                                             "LeastAllocated", KEYS.numa_topology_policy: "SingleNUMANode"})
+    whole["metadata"]["labels"].update(ours["metadata"]["labels"])
+    whole["metadata"]["annotations"].update(ours["metadata"]["annotations"])
+    whole["metadata"]["annotations"][KEYS.cpu_scheduling_watermark] = "0.5"
+    whole["metadata"]["annotations"][KEYS.reservations] = json.dumps(
+        {"shop/ReplicaSet/web": {"cpu": "500m", "memory": "1Gi", "until": "2099-01-01T00:00:00Z"}})
+    whole["status"]["allocatable"]["cpu"] = "32"
+    kept = scheduling_part(whole)
+    assert len(json.dumps(kept)) < len(json.dumps(whole)) / 2
+    view = node_view(whole, KEYS)
+    assert view.reservations and view.topology and view.bind_policy == "FullPCPUs"
+    assert node_view(kept, KEYS) == view
+
+
 @pytest.fixture
 def cluster(tmp_path) -> Iterator[tuple[FakeKubeAPI, Extender]]:
     api = FakeKubeAPI().start()
