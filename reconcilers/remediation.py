@@ -38,7 +38,7 @@ from oversale.remediation import (
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp, parse_timestamp
 from oversale.usage import Sample, node_load
-from reconcilers.cluster import Cluster
+from reconcilers.cluster import Cluster, packed, unpacked
 from reconcilers.metrics import ReconcilerMetrics
 from reconcilers.runner import COMPONENT, Leadership, NotLeader, Row
 
@@ -79,7 +79,17 @@ class Remediator:
                 totals["cpu"] += c.cpu
                 totals["memory"] += c.memory
             nodes = self.cluster.nodes("")
-            pods = list(self.cluster.running_pods())
+            # Every running Pod is held for the pass, packed (reconcilers.cluster.packed), with
+            # what each node's Pods request summed as the list streams by.
+            by_node: dict[str, list[bytes]] = {}
+            sums: dict[str, dict[str, int]] = {}
+            for pod in self.cluster.running_pods():
+                node_name = (pod.get("spec") or {}).get("nodeName")
+                if node_name:
+                    by_node.setdefault(node_name, []).append(packed(pod))
+                    summed = sums.setdefault(node_name, dict.fromkeys(RESOURCES, 0))
+                    for resource in RESOURCES:
+                        summed[resource] += scheduled_request(pod, resource)
         except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
             # No usage, no evictions: a metrics outage must never move Pods.
             log.warning("remediation pass skipped: cannot read usage or the cluster (%s)",
@@ -87,15 +97,9 @@ class Remediator:
             self.metrics.skips.labels("remediation-no-usage").inc()
             return []
         self._forget({n["metadata"]["name"] for n in nodes}, now)
-        by_node: dict[str, list[dict[str, Any]]] = {}
-        for pod in pods:
-            node_name = (pod.get("spec") or {}).get("nodeName")
-            if node_name:
-                by_node.setdefault(node_name, []).append(pod)
         views = {n["metadata"]["name"]: node_view(n, self.keys, watermarks=self.settings.load.watermarks)
                  for n in nodes}
-        requested = {name: NodeUsage(shared={r: sum(scheduled_request(p, r) for p in by_node.get(name, []))
-                                             for r in RESOURCES}) for name in views}
+        requested = {name: NodeUsage(shared=sums.get(name, dict.fromkeys(RESOURCES, 0))) for name in views}
         fresh = {name: m for name, m in node_metrics.items()
                  if name in views and now - m.at <= self.settings.metrics_max_age_seconds}
         # The extender's windows (5-minute average, 1-hour maximum) over what this remediator has
@@ -158,7 +162,7 @@ class Remediator:
                                     "this pass: next pass"))
                     continue
                 candidates = []
-                for pod in by_node.get(name, []):
+                for pod in map(unpacked, by_node.get(name, [])):
                     pod_name = f"{pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
                     excluded = eviction_exclusion(pod, self.keys, now, self.config.min_pod_age_seconds)
                     usage = pod_usage.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
@@ -210,14 +214,14 @@ class Remediator:
         self.node_cooldown = {n: until for n, until in self.node_cooldown.items() if n in present and until > now}
         self.workload_cooldown = {w: until for w, until in self.workload_cooldown.items() if until > now}
 
-    def _drop_spent_reservations(self, views: dict[str, Any], by_node: dict[str, list[dict[str, Any]]],
+    def _drop_spent_reservations(self, views: dict[str, Any], by_node: dict[str, list[bytes]],
                                  now: float) -> None:
         """A hold is spent once its owner has a Pod on the node again (the replacement landed) or it
         expired; the extender would otherwise count the replacement twice until expiry."""
         for name, view in views.items():
             if not view.reservations:
                 continue
-            owners = {pod_demand(p, self.keys).owner for p in by_node.get(name, [])}
+            owners = {pod_demand(unpacked(p), self.keys).owner for p in by_node.get(name, [])}
             spent = {r.owner for r in view.reservations if r.owner in owners or r.until <= now}
             if spent:
                 self._release(name, *spent)

@@ -53,7 +53,7 @@ from oversale.workloads import (
     plan_compression,
     usage_by_container,
 )
-from reconcilers.cluster import Cluster
+from reconcilers.cluster import Cluster, packed, unpacked
 from reconcilers.history import History, HistoryUnavailable, ResourceStats
 from reconcilers.metrics import ReconcilerMetrics
 
@@ -303,13 +303,14 @@ class Reconciler:
         per_workload: dict[WorkloadKey, int] = {}
         noted_vpa: set[WorkloadKey] = set()
         now = self.clock()
-        pods = sorted(self.cluster.running_pods(), key=lambda p: (p["metadata"].get("namespace", ""),
-                                                                  p["metadata"]["name"]))
-        for pod in pods:
-            namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
-            key = index.owner(namespace, name)
-            if key is None:
-                continue
+        # Only the Pods of these workloads are kept, packed, as the list streams by: every running
+        # Pod of a large cluster parsed at once would take more than the reconciler's memory limit.
+        owned = sorted(((pod["metadata"].get("namespace", ""), pod["metadata"]["name"], key, packed(pod))
+                        for pod in self.cluster.running_pods()
+                        if (key := index.owner(pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))),
+                       key=lambda found: found[:2])
+        for namespace, name, key, data in owned:
+            pod = unpacked(data)
             if key in managed:
                 if key not in noted_vpa:
                     noted_vpa.add(key)
