@@ -1,5 +1,5 @@
-"""Memory the reconcilers' two Pod-wide passes take: the remediation pass and the in-place resize
-pass, each reading every running Pod of the cluster, dry runs.
+"""Memory the reconcilers' two passes over the whole cluster take: the remediation pass, and the
+compression pass with the in-place resize pass it ends with, dry runs.
 
     python -m bench.reconciler_memory [--nodes 500] [--pods 20000]
 
@@ -7,7 +7,8 @@ The Pods are the shared corpus's Pods (made from public workload manifests) cycl
 made to look as the API server returns them: a ReplicaSet owner, a Running status with container
 statuses and conditions, and the ``managedFields`` the API server keeps for each writer (the
 controller's fields of metadata and spec, the kubelet's of status), built from the Pod's own
-fields as server-side field tracking records them. The API-server double of tests/ serves them from
+fields as server-side field tracking records them. They belong to 2,000 opted-in Deployments made
+the same way, whose cpu ratio (2) the Pods do not have yet. The API-server double of tests/ serves them from
 a child process, so the figure is the reconciler's alone: the peak of Python allocations during
 the pass (tracemalloc), over what was allocated before it.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.extender_memory import FIXTURES
+from oversale.annotations import AnnotationKeys
 
 STARTED = "2026-11-01T00:00:00Z"
 WORKLOADS = 2000
@@ -85,6 +87,34 @@ def as_served(pod: dict[str, Any], number: int, node: str) -> dict[str, Any]:
     return pod
 
 
+def deployment(pod: dict[str, Any], number: int) -> dict[str, Any]:
+    """Deployment ``w<number>``, opted in to right-sizing with a cpu ratio of 2, its template the
+    Pod's spec, with a status and the managedFields of its writer (kubectl) and controller."""
+    keys = AnnotationKeys()
+    metadata = {"name": f"w{number}", "namespace": f"ns{number % 50}", "generation": 3,
+                "creationTimestamp": STARTED, "labels": {"app": f"w{number}"},
+                "annotations": {keys.enable_resource_compress: "true", keys.cpu_requests_ratio: "2",
+                                "deployment.kubernetes.io/revision": "3"}}
+    spec = {"replicas": 10, "revisionHistoryLimit": 10, "progressDeadlineSeconds": 600,
+            "selector": {"matchLabels": {"app": f"w{number}"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
+            "template": {"metadata": {"labels": {"app": f"w{number}"}}, "spec": copy.deepcopy(pod["spec"])}}
+    status = {"observedGeneration": 3, "replicas": 10, "updatedReplicas": 10, "readyReplicas": 10,
+              "availableReplicas": 10, "conditions": [
+                  {"type": kind, "status": "True", "lastUpdateTime": STARTED, "lastTransitionTime": STARTED,
+                   "reason": reason, "message": f"Deployment w{number} {reason}"}
+                  for kind, reason in (("Available", "MinimumReplicasAvailable"),
+                                       ("Progressing", "NewReplicaSetAvailable"))]}
+    metadata["managedFields"] = [
+        {"manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "apps/v1", "time": STARTED,
+         "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": fields_v1({"labels": metadata["labels"]}),
+                                                "f:spec": fields_v1(spec)}},
+        {"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "apps/v1", "time": STARTED,
+         "fieldsType": "FieldsV1", "subresource": "status", "fieldsV1": {"f:status": fields_v1(status)}},
+    ]
+    return {"metadata": metadata, "spec": spec, "status": status}
+
+
 def serve(nodes: int, pods: int, urls: Any, done: Any) -> None:
     """The child: the API double holding the cluster, until the parent is done."""
     from tests.kube_api import FakeKubeAPI
@@ -98,6 +128,8 @@ def serve(nodes: int, pods: int, urls: Any, done: Any) -> None:
         api.put("nodemetrics", {"metadata": {"name": f"node-{number}"}, "timestamp": STARTED, "window": "30s",
                                 "usage": {"cpu": "1", "memory": "4Gi"}})
     manifests = [json.loads(path.read_text()) for path in sorted((FIXTURES / "pods").glob("*.json"))]
+    for number in range(WORKLOADS):
+        api.put("deployments", deployment(manifests[number % len(manifests)], number))
     for number in range(pods):
         api.put("pods", as_served(manifests[number % len(manifests)], number, f"node-{number % max(nodes, 1)}"))
     urls.put(api.url)
@@ -155,12 +187,12 @@ def main() -> int:
         remediator = Remediator(cluster, MetricsAPI(api_client), settings)
         figures["remediation_pass_mb"] = round(peak_mb(lambda: remediator.run_pass(dry_run=True)), 1)
         print(f"remediation pass: {figures['remediation_pass_mb']} MB", file=sys.stderr)
-        # Every Pod's owner has new ratios: the resize pass reads and plans every one.
-        ratios = {("Deployment", f"ns{n % 50}", f"w{n}"): {settings.keys.cpu_requests_ratio: "2"}
-                  for n in range(WORKLOADS)}
+        # Every Pod's workload carries a ratio its Pods do not have yet: the resize pass, which
+        # the compression pass ends with, reads and plans every Pod. No usage history: the
+        # compression pass proposes nothing new, but reads and plans every workload.
         reconciler = Reconciler(cluster, SqliteHistory(work / "history.db", 86400.0), settings)
-        figures["resize_pass_mb"] = round(peak_mb(lambda: reconciler.reconcile_resizes(True, ratios)), 1)
-        print(f"resize pass: {figures['resize_pass_mb']} MB", file=sys.stderr)
+        figures["compression_pass_mb"] = round(peak_mb(lambda: reconciler.reconcile_workloads(True)), 1)
+        print(f"compression pass, with its resize pass: {figures['compression_pass_mb']} MB", file=sys.stderr)
     finally:
         done.set()
         child.join(timeout=60)
