@@ -75,7 +75,13 @@ class Cluster:
         return list(self._list(self._autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces))
 
     def nodes(self, label_selector: str) -> list[dict[str, Any]]:
-        return list(self._list(self._core.list_node, label_selector=label_selector))
+        found = []
+        for node in self._list(self._core.list_node, label_selector=label_selector):
+            # A Node's status lists the images on it (up to the kubelet's nodeStatusMaxImages, 50,
+            # each with all its names and size), most of the object; nothing here reads them.
+            (node.get("status") or {}).pop("images", None)
+            found.append(node)
+        return found
 
     def node(self, name: str) -> dict[str, Any]:
         response: Any = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout)
