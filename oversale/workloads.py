@@ -138,20 +138,44 @@ def plan_compression(
                                       + ignored.get(key, ""))
             continue
         target = utilization_target(hpa, resource) if hpa else None
+        hpa_name = str(((hpa or {}).get("metadata") or {}).get("name", ""))
         if target is not None and not rescale_hpa:
-            hpa_name = (hpa or {}).get("metadata", {}).get("name")
             plan.skipped[resource] = ("hpa", f"scaled by HPA {hpa_name} on {resource} utilization")
             continue
+        original = None
+        if target is not None and hpa is not None:
+            recorded = ((hpa.get("metadata") or {}).get("annotations") or {}).get(keys.original_target_utilization)
+            original = _original_target(recorded, target)
+            if original is None:
+                # Rescaling from the current target would compound every earlier rescale.
+                plan.skipped[resource] = ("invalid-annotation", f"HPA {hpa_name}: {keys.original_target_utilization}"
+                                          f" {recorded!r} is not a whole percentage above 0; not right-sized until "
+                                          "it is set to the target before rescaling")
+                continue
         proposal = compression_proposal(resource, template_requests(workload, resource), usage.get(resource, {}),
                                         estimator)
         ratio, why = stabilize(plan.current[resource], proposal.ratio, estimator.stability)
         reason = (f"{proposal.reason}; {why}" if why else proposal.reason) + ignored.get(key, "")
         plan.proposals[resource] = Proposal(ratio, reason, proposal.demand)
-        if target is not None and hpa is not None:
-            hpa_annotations = (hpa.get("metadata") or {}).get("annotations") or {}
-            original = int(hpa_annotations.get(keys.original_target_utilization, target))
-            plan.hpa_target = (str(hpa["metadata"]["name"]), original, round(original * ratio))
+        if original is not None:
+            plan.hpa_target = (hpa_name, original, round(original * ratio))
     return plan
+
+
+def _original_target(recorded: str | None, target: int) -> int | None:
+    """The HPA's utilization target before any rescaling: the recorded one, else the current
+    one (never rescaled yet); None when the record cannot be read.
+
+    >>> _original_target(None, 60), _original_target("60", 75), _original_target("60%", 75)
+    (60, 60, None)
+    """
+    if recorded is None:
+        return target
+    try:
+        original = int(recorded)
+    except ValueError:
+        return None
+    return original if original > 0 else None
 
 
 def _not_opted_in(annotations: Mapping[str, str], key: str) -> str:

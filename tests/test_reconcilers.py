@@ -267,6 +267,20 @@ def test_hpa_target_is_rescaled_when_asked(api, prometheus):
     assert hpa["metadata"]["annotations"][KEYS.original_target_utilization] == "60"
 
 
+def test_an_unreadable_original_target_on_one_hpa_holds_that_workload_only(api, prometheus):
+    hpa = api.get("horizontalpodautoscalers", NS, "api")
+    hpa["metadata"].setdefault("annotations", {})[KEYS.original_target_utilization] = "60%"
+    api.put("horizontalpodautoscalers", hpa)
+    settings = dataclasses.replace(SETTINGS, rescale_hpa=True)
+    rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
+    assert annotations(api, "deployments", "web")[KEYS.cpu_requests_ratio] == "1.25"  # the others go on
+    assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "api")
+    assert api.get("horizontalpodautoscalers", NS, "api")["spec"]["metrics"][0]["resource"]["target"][
+        "averageUtilization"] == 60
+    row = next(r for r in rows if r.object == f"Deployment/{NS}/api" and r.resource == "cpu")
+    assert "'60%' is not a whole percentage" in row.reason
+
+
 def test_node_status_can_be_applied_at_once(api, prometheus):
     settings = dataclasses.replace(SETTINGS, apply_node_status=True)
     Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
