@@ -1,6 +1,7 @@
 """Hostile input is harmless: generated bodies through the real servers (the webhook over TLS,
 the extender over HTTP). Every answer is well-formed JSON, never a 5xx, and fast; every patch the
 webhook returns applies to the object it was given and leaves quantities the API server accepts.
+Hostile values of our own annotations go through every planning function of the core too.
 
 ``make test`` runs OVERSALE_FUZZ_EXAMPLES (default 200) cases per endpoint; docs/security.md gives
 the figures of a long run (10,000 per endpoint).
@@ -223,3 +224,67 @@ def test_extender_verbs_answer_hostile_payloads_well(extender, verb, strategy):
 
     run()
     connection.close()
+
+
+def _our_keys() -> list[str]:
+    from oversale.annotations import AnnotationKeys
+
+    keys = AnnotationKeys()
+    return sorted({value for name in dir(AnnotationKeys) if not name.startswith("_")
+                   for value in [getattr(keys, name)] if isinstance(value, str) and value.startswith(PREFIX + "/")})
+
+
+# Ours include JSON records (real allocatable, topology, the hot-time account, reservations).
+json_annotations = st.one_of(st.sampled_from([
+    '{"cpu": "abc"}', '{"cpu": -1, "memory": "1Gi"}', '{"cpu": {"multiplier": "NaN"}}', '{"detail": [{"id": "x"}]}',
+    '{"detail": [{"id": 0, "core": 0, "socket": 0, "node": 0}, {"id": 0, "core": 1, "socket": 0, "node": 0}]}',
+    '{"a/Deployment/b": {"cpu": "1e30", "until": "never"}}', '{"cpuset": "3-1"}', '[1, 2]', '"x"', "null"]),
+    json_values.map(json.dumps))
+hostile_annotations = st.dictionaries(st.sampled_from(_our_keys()), annotation_values | json_annotations, max_size=12)
+
+
+@FUZZ
+@given(workload_annotations=hostile_annotations, hpa_annotations=hostile_annotations,
+       pod_annotations=hostile_annotations, node_annotations=hostile_annotations, node_labels=hostile_annotations)
+def test_every_pass_plans_around_hostile_annotations_of_ours(workload_annotations, hpa_annotations, pod_annotations,
+                                                             node_annotations, node_labels):
+    # One object with an annotation of ours that nobody can read must never stop a reconciler
+    # pass for every other object (an unreadable HPA record once did): each plan is made or
+    # skipped with a reason, and the views the extender and the remediator build are made.
+    from oversale.annotations import AnnotationKeys
+    from oversale.estimator import UsageStats
+    from oversale.limitrange import NO_BOUNDS
+    from oversale.node_oversale import plan_node
+    from oversale.placement import node_view, pod_demand
+    from oversale.remediation import eviction_exclusion, runtime_watermarks_for
+    from oversale.resize import plan_resize
+    from oversale.settings import Settings
+    from oversale.workloads import plan_compression
+
+    keys, settings = AnnotationKeys(), Settings()
+    template = {"containers": [{"name": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                                             "limits": {"cpu": "2", "memory": "2Gi"}}}]}
+    workload = {"kind": "Deployment", "metadata": {"name": "web", "namespace": "shop",
+                                                   "annotations": dict(workload_annotations)},
+                "spec": {"template": {"spec": template}}}
+    hpa = {"metadata": {"name": "web", "annotations": dict(hpa_annotations)},
+           "spec": {"metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
+               "type": "Utilization", "averageUtilization": 60}}}]}}
+    stats = UsageStats(quantile=300.0, peak=400.0, samples=2000, covered_seconds=7 * 86400.0, age_seconds=60.0)
+    for rescale in (False, True):
+        plan_compression(workload, {"cpu": {"app": stats}, "memory": {"app": stats}}, hpa, keys,
+                         settings.compression_estimator(), rescale)
+    pod = {"metadata": {"name": "web-5d8f9c7b6-abcde", "namespace": "shop", "annotations": dict(pod_annotations),
+                        "creationTimestamp": "2026-11-01T00:00:00Z",
+                        "ownerReferences": [{"kind": "ReplicaSet", "name": "web-5d8f9c7b6", "controller": True}]},
+           "spec": {"nodeName": "n", **template},
+           "status": {"phase": "Running", "startTime": "2026-11-01T00:00:00Z", "qosClass": "Burstable"}}
+    plan_resize(pod, workload_annotations, keys, settings.compression, NO_BOUNDS, time.time(), settings.resize_limits)
+    pod_demand(pod, keys)
+    eviction_exclusion(pod, keys, time.time(), 600.0)
+    node = {"metadata": {"name": "n", "labels": dict(node_labels), "annotations": dict(node_annotations)},
+            "status": {"allocatable": {"cpu": "4", "memory": "16Gi"}, "capacity": {"cpu": "4", "memory": "16Gi"}}}
+    node_view(node, keys)
+    runtime_watermarks_for(node_labels, node_annotations, keys, settings.remediation_config.watermarks)
+    plan_node(node, {"cpu": 2000, "memory": 2**33}, {"cpu": stats, "memory": stats}, keys,
+              settings.oversale_estimator(), {"cpu": 0.001, "memory": 0.0001}, {"cpu": 1.0, "memory": 1.0})
