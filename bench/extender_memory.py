@@ -4,9 +4,9 @@ master and worker) watching the API-server double of tests/, once synced and lea
     python -m bench.extender_memory [--nodes 500] [--pods 20000]
 
 The nodes are the shared corpus's real GKE Node, renamed; the Pods are the shared corpus's Pods
-(made from public workload manifests) cycled and bound to them, Running. Real Pods as the API
-server returns them are larger (managedFields, container statuses), so what one Pod costs here is
-a floor. The floor of the whole is the same extender watching an empty cluster.
+(made from public workload manifests) cycled and bound to them, as the API server returns them
+(``bench.served``: owner, Running status, managedFields), or with ``--bare-pods`` only named,
+bound and Running. The floor of the whole is the same extender watching an empty cluster.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pathlib import Path
 
 from bench.extender_failover import start, status
 from bench.proc import status_kib
-from tests.conftest import SHARED, stop_process
+from bench.served import as_served, gke_nodes, manifests
+from tests.conftest import stop_process
 from tests.kube_api import FakeKubeAPI
-
-FIXTURES = SHARED / "fixtures"
 
 
 def resident_mb(group: int, field: str = "VmRSS") -> float:
@@ -43,27 +42,28 @@ def resident_mb(group: int, field: str = "VmRSS") -> float:
     return total / 1024
 
 
-def populate(api: FakeKubeAPI, nodes: int, pods: int) -> None:
-    node = json.loads((FIXTURES / "nodes" / "gke-node.json").read_text())
-    for number in range(nodes):
-        named = copy.deepcopy(node)
-        named["metadata"]["name"] = f"node-{number}"
-        api.put("nodes", named)
-    manifests = [json.loads(path.read_text()) for path in sorted((FIXTURES / "pods").glob("*.json"))]
+def populate(api: FakeKubeAPI, nodes: int, pods: int, bare: bool = False) -> None:
+    for node in gke_nodes(nodes):
+        api.put("nodes", node)
+    pod_manifests = manifests()
     for number in range(pods):
-        pod = copy.deepcopy(manifests[number % len(manifests)])
+        manifest, node_name = pod_manifests[number % len(pod_manifests)], f"node-{number % max(nodes, 1)}"
+        if not bare:
+            api.put("pods", as_served(manifest, number, node_name))
+            continue
+        pod = copy.deepcopy(manifest)
         metadata = pod["metadata"]
         metadata["name"] = f"{metadata.get('name') or metadata.pop('generateName', 'pod-').rstrip('-')}-{number}"
         pod["metadata"].setdefault("namespace", "default")
-        pod["spec"]["nodeName"] = f"node-{number % max(nodes, 1)}"
+        pod["spec"]["nodeName"] = node_name
         pod["status"] = {"phase": "Running"}
         api.put("pods", pod)
 
 
-def measure(work: Path, nodes: int, pods: int) -> tuple[float, float]:
+def measure(work: Path, nodes: int, pods: int, bare: bool = False) -> tuple[float, float]:
     api = FakeKubeAPI().start()
     try:
-        populate(api, nodes, pods)
+        populate(api, nodes, pods, bare)
         process, url = start(api, work)
         try:
             deadline = time.monotonic() + 600
@@ -84,11 +84,13 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=20000)
+    parser.add_argument("--bare-pods", action="store_true",
+                        help="the corpus's Pods with only a name, a node and phase Running (the first figures)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         floor, _ = measure(Path(directory), 0, 0)
         print(f"empty cluster: {floor:.0f} MB", file=sys.stderr)
-        held, peak = measure(Path(directory), args.nodes, args.pods)
+        held, peak = measure(Path(directory), args.nodes, args.pods, args.bare_pods)
         print(f"{args.nodes} nodes, {args.pods} Pods: {held:.0f} MB, peak {peak:.0f} MB", file=sys.stderr)
     print(json.dumps({"nodes": args.nodes, "pods": args.pods, "floor_mb": round(floor), "resident_mb": round(held),
                       "cluster_mb": round(held - floor), "peak_mb": round(peak)}))
