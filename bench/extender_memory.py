@@ -42,14 +42,18 @@ def resident_mb(group: int, field: str = "VmRSS") -> float:
     return total / 1024
 
 
-def populate(api: FakeKubeAPI, nodes: int, pods: int, bare: bool = False) -> None:
+def populate(api: FakeKubeAPI, nodes: int, pods: int, bare: bool = False, pending: int = 0) -> None:
     for node in gke_nodes(nodes):
         api.put("nodes", node)
     pod_manifests = manifests()
     for number in range(pods):
         manifest, node_name = pod_manifests[number % len(pod_manifests)], f"node-{number % max(nodes, 1)}"
         if not bare:
-            api.put("pods", as_served(manifest, number, node_name))
+            pod = as_served(manifest, number, node_name)
+            if number >= pods - pending:  # not scheduled yet: the Pods the extender caches whole
+                del pod["spec"]["nodeName"]
+                pod["status"] = {"phase": "Pending", "qosClass": pod["status"]["qosClass"]}
+            api.put("pods", pod)
             continue
         pod = copy.deepcopy(manifest)
         metadata = pod["metadata"]
@@ -60,10 +64,10 @@ def populate(api: FakeKubeAPI, nodes: int, pods: int, bare: bool = False) -> Non
         api.put("pods", pod)
 
 
-def measure(work: Path, nodes: int, pods: int, bare: bool = False) -> tuple[float, float]:
+def measure(work: Path, nodes: int, pods: int, bare: bool = False, pending: int = 0) -> tuple[float, float]:
     api = FakeKubeAPI().start()
     try:
-        populate(api, nodes, pods, bare)
+        populate(api, nodes, pods, bare, pending)
         process, url = start(api, work)
         try:
             deadline = time.monotonic() + 600
@@ -86,14 +90,15 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=20000)
     parser.add_argument("--bare-pods", action="store_true",
                         help="the corpus's Pods with only a name, a node and phase Running (the first figures)")
+    parser.add_argument("--pending", type=int, default=0, help="how many of the Pods are not scheduled yet")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         floor, _ = measure(Path(directory), 0, 0)
         print(f"empty cluster: {floor:.0f} MB", file=sys.stderr)
-        held, peak = measure(Path(directory), args.nodes, args.pods, args.bare_pods)
+        held, peak = measure(Path(directory), args.nodes, args.pods, args.bare_pods, args.pending)
         print(f"{args.nodes} nodes, {args.pods} Pods: {held:.0f} MB, peak {peak:.0f} MB", file=sys.stderr)
-    print(json.dumps({"nodes": args.nodes, "pods": args.pods, "floor_mb": round(floor), "resident_mb": round(held),
-                      "cluster_mb": round(held - floor), "peak_mb": round(peak)}))
+    print(json.dumps({"nodes": args.nodes, "pods": args.pods, "pending": args.pending, "floor_mb": round(floor),
+                      "resident_mb": round(held), "cluster_mb": round(held - floor), "peak_mb": round(peak)}))
     return 0
 
 
