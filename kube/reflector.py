@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kube.client import without_managed_fields
+
 log = logging.getLogger(__name__)
 
 
@@ -102,7 +104,7 @@ class Reflector:
             if error.status == 404:
                 return None
             raise
-        entry = self._extract(json.loads(response.data))
+        entry = self._extract(without_managed_fields(json.loads(response.data)))
         if entry is not None:
             self._items.setdefault(namespace, {})[name] = entry
         return entry
@@ -134,7 +136,7 @@ class Reflector:
         while True:
             response = self._list(limit=500, _continue=token, _preload_content=False, _request_timeout=60)
             page = json.loads(response.data)
-            for obj in page.get("items") or []:
+            for obj in map(without_managed_fields, page.get("items") or []):
                 metadata = obj.get("metadata") or {}
                 namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
                 entry = self._extract(obj)
@@ -172,7 +174,7 @@ class Reflector:
         try:
             for line in _lines(response):
                 event = json.loads(line)
-                obj = event.get("object") or {}
+                obj = without_managed_fields(event.get("object") or {})
                 kind = event.get("type")
                 if kind == "ERROR":
                     if obj.get("code") == 410:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from kubernetes import client
 
+from kube.client import without_managed_fields
 from oversale.pods import TERMINAL_PHASES
 from oversale.timestamps import format_timestamp
 
@@ -123,11 +124,7 @@ class Cluster:
                                      _request_timeout=self._timeout, **selectors)
             page = json.loads(response.data)
             for item in page.get("items") or []:
-                # Every object comes with each writer's managedFields (server-side field
-                # tracking); nothing here reads them, and they are much of a Pod (56% of
-                # bench.reconciler_memory's Pods, as JSON).
-                (item.get("metadata") or {}).pop("managedFields", None)
-                yield item
+                yield without_managed_fields(item)
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return

@@ -83,17 +83,12 @@ def _nothing(obj: dict[str, Any]) -> None:
 
 
 def _unbound(pod: dict[str, Any]) -> dict[str, Any] | None:
-    """What the Pod cache keeps: Pods not bound yet, which bind may be asked for, without their
-    managedFields (server-side field tracking, read by nothing here). A bound Pod lives on as its
-    record in the state (what it holds on which node); its whole object (spec, status,
-    managedFields), kept for every Pod of the cluster, cost memory in proportion to the cluster
-    for nothing (bench.extender_memory). A batch cluster may still have thousands pending."""
-    if (pod.get("spec") or {}).get("nodeName"):
-        return None
-    metadata = pod.get("metadata") or {}
-    if "managedFields" not in metadata:
-        return pod
-    return {**pod, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+    """What the Pod cache keeps: Pods not bound yet, which bind may be asked for (the reflector
+    has dropped their managedFields; a batch cluster may have thousands pending). A bound Pod
+    lives on as its record in the state (what it holds on which node); its whole object (spec,
+    status), kept for every Pod of the cluster, cost memory in proportion to the cluster for
+    nothing (bench.extender_memory)."""
+    return None if (pod.get("spec") or {}).get("nodeName") else pod
 
 
 def _crd_served(custom: Any) -> bool:

@@ -736,13 +736,22 @@ def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
     api.put("pods", pod("running", "2", node_name="node-0"))
-    api.put("pods", pod("pending", "1"))
+    # As the API server sends it: with each writer's managedFields, which nothing reads.
+    tracked = pod("pending", "1")
+    tracked["metadata"]["managedFields"] = [{"manager": "kube-controller-manager", "operation": "Update",
+                                             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]
+    api.put("pods", tracked)
     state = ClusterState(KEYS)
     watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
     try:
         watch.start()
         wait_for(lambda: watch.synced)
-        assert watch.cached_pod("default", "pending")["metadata"]["name"] == "pending"
+        cached = watch.cached_pod("default", "pending")
+        assert cached["metadata"]["name"] == "pending" and "managedFields" not in cached["metadata"]
+        assert cached["spec"] == api.get("pods", "default", "pending")["spec"]
+        api.put("pods", {**tracked, "metadata": {**tracked["metadata"], "labels": {"changed": "yes"}}})
+        wait_for(lambda: watch.cached_pod("default", "pending")["metadata"].get("labels") == {"changed": "yes"})
+        assert "managedFields" not in watch.cached_pod("default", "pending")["metadata"]
         assert watch.cached_pod("default", "running") is None
         assert state.usage("node-0").shared["cpu"] == 2000
         # Bound (the watch shows its nodeName): out of the cache, counted on its node.
