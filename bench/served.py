@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from oversale.annotations import AnnotationKeys
-from tests.conftest import SHARED
+from tests.conftest import POD_FIXTURES, SHARED
 
 FIXTURES = SHARED / "fixtures"
 STARTED = "2026-11-01T00:00:00Z"
@@ -114,4 +114,4 @@ def gke_nodes(count: int) -> list[dict[str, Any]]:
 
 def manifests() -> list[dict[str, Any]]:
     """The shared corpus's Pods, in file order."""
-    return [json.loads(path.read_text()) for path in sorted((FIXTURES / "pods").glob("*.json"))]
+    return [json.loads(path.read_text()) for path in POD_FIXTURES]
