@@ -11,6 +11,11 @@ its own clock: that is another machine's clock, and a taker whose clock runs ahe
 Lease from a live holder. A one-shot command therefore waits up to a Lease duration for a holder
 that is gone (``acquire``), and gives the Lease back when done (``release``).
 
+Those durations are timed on a monotonic ``clock``, the wall clock (``wall``) only writes the
+Lease's stamps: an NTP step or a resumed VM moves the wall clock by minutes at once, and timed on
+it a holder whose clock stepped back would count itself leader long after its Lease expired, and
+a standby whose clock stepped forward would take a live holder's Lease.
+
 An API server that cannot be reached (restarting, refusing connections, not answering) only
 fails a round: every replica keeps trying, since one that gave up could never lead again. Each
 call is bounded by ``duration / 3``, so a call that hangs cannot keep a leader counting itself
@@ -37,12 +42,13 @@ log = logging.getLogger(__name__)
 
 class LeaseElector:
     def __init__(self, api_client: Any, namespace: str, name: str, identity: str, duration: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._api: Any = client.CoordinationV1Api(api_client)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration = duration
         self._round = duration / 3  # seconds between rounds, and each API call's deadline
         self._clock = clock
+        self._wall = wall
         self._renewed_at: float | None = None
         self._seen: tuple[Any, Any] | None = None
         self._seen_at = 0.0
@@ -58,7 +64,7 @@ class LeaseElector:
         try:
             lease = self._read()
             if lease is None:
-                self._create(now)
+                self._create()
             else:
                 spec = lease.get("spec") or {}
                 holder = spec.get("holderIdentity")
@@ -70,7 +76,7 @@ class LeaseElector:
                     self._lost(f"held by {holder}")
                     return False
                 transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
-                self._replace(lease, now, transitions, acquired=holder != self.identity)
+                self._replace(lease, transitions, acquired=holder != self.identity)
         except ApiException as error:
             if error.status == 409:
                 self._lost("another replica won the race")
@@ -110,7 +116,7 @@ class LeaseElector:
             spec = (lease or {}).get("spec") or {}
             if lease is not None and spec.get("holderIdentity") == self.identity:
                 lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1,
-                                 "renewTime": format_timestamp(self._clock(), micro=True)}
+                                 "renewTime": format_timestamp(self._wall(), micro=True)}
                 self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
                                                    _request_timeout=self._round)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
@@ -148,20 +154,20 @@ class LeaseElector:
         lease: dict[str, Any] = json.loads(response.data)
         return lease
 
-    def _spec(self, now: float, transitions: int, acquired_at: str | None) -> dict[str, Any]:
-        stamp = format_timestamp(now, micro=True)
+    def _spec(self, transitions: int, acquired_at: str | None) -> dict[str, Any]:
+        stamp = format_timestamp(self._wall(), micro=True)
         return {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, round(self.duration)),
                 "acquireTime": acquired_at or stamp, "renewTime": stamp, "leaseTransitions": transitions}
 
-    def _create(self, now: float) -> None:
+    def _create(self) -> None:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(now, 0, None)}
+                "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(0, None)}
         self._api.create_namespaced_lease(self.namespace, body, _preload_content=False,
                                           _request_timeout=self._round)
 
-    def _replace(self, lease: dict[str, Any], now: float, transitions: int, acquired: bool) -> None:
+    def _replace(self, lease: dict[str, Any], transitions: int, acquired: bool) -> None:
         spec = lease.get("spec") or {}
-        lease["spec"] = self._spec(now, transitions, None if acquired else spec.get("acquireTime"))
+        lease["spec"] = self._spec(transitions, None if acquired else spec.get("acquireTime"))
         # The resourceVersion in the body makes a concurrent taker's write fail with 409.
         self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
                                            _request_timeout=self._round)

@@ -22,6 +22,7 @@ from kube.leader import LeaseElector
 from oversale.annotations import AnnotationKeys
 from oversale.budget import AccountConfig
 from oversale.settings import Settings
+from oversale.timestamps import parse_timestamp
 from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
@@ -400,6 +401,27 @@ def test_a_replica_whose_clock_runs_ahead_does_not_take_a_live_holders_lease(api
     ahead.now += 16  # a stopped renewing: b has seen the same record for longer than the Lease
     assert second.try_acquire_or_renew()
     assert api.get("leases", "oversale", "skewed")["spec"]["holderIdentity"] == "b"
+
+
+def test_a_wall_clock_step_neither_extends_nor_steals_leadership(api):
+    """An NTP step or a resumed VM moves the wall clock at once: durations are timed on the
+    monotonic clock, and the wall clock only stamps the Lease."""
+    ticks, wall = Clock(), Clock()
+    ticks.now = 1000.0  # a monotonic clock counts from an arbitrary origin
+    holder = LeaseElector(api_client_for(api), "oversale", "stepped", "a", 15, ticks, wall)
+    standby_ticks, standby_wall = Clock(), Clock()
+    standby = LeaseElector(api_client_for(api), "oversale", "stepped", "b", 15, standby_ticks, standby_wall)
+    assert holder.try_acquire_or_renew()
+    renewed = parse_timestamp(api.get("leases", "oversale", "stepped")["spec"]["renewTime"])
+    assert renewed == pytest.approx(wall.now, abs=1e-5), "the Lease is stamped with the wall clock"
+
+    assert not standby.try_acquire_or_renew()
+    standby_wall.now += 3600  # the standby's wall clock jumps an hour ahead: the holder is still live
+    assert not standby.try_acquire_or_renew()
+
+    wall.now -= 3600  # the holder's wall clock steps an hour back...
+    ticks.now += 11  # ...while 11 s pass: past 2/3 of the Lease since its last renewal
+    assert not holder.is_leader(), "it stops writing on time, whatever its wall clock says"
 
 
 def test_a_released_lease_is_taken_at_once(api):
