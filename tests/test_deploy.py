@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kube.server import gunicorn_options
 from oversale.settings import Settings
 from tests.conftest import ROOT
 from webhook.app import create_app
@@ -228,6 +229,19 @@ def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
     assert "--metrics-dir" in container["args"] and "/tmp/metrics" in container["args"]
     (budget,) = [b for b in by_kind(rendered, "PodDisruptionBudget") if b["metadata"]["name"] == "oversale-webhook"]
     assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+def test_a_stopping_webhook_keeps_serving_until_the_service_forgets_it(rendered):
+    """The kubelet runs preStop before SIGTERM, and only then does gunicorn close its listener;
+    the Pod's endpoint leaves the Service meanwhile. preStop and gunicorn's graceful shutdown must
+    both fit in the grace period, or the kubelet kills reviews in flight."""
+    (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-webhook"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep" and float(command[1]) >= 5, "a few seconds for the endpoint to be removed"
+    graceful = gunicorn_options("0.0.0.0:8443", "", "", 2, 4, 5, "info")["graceful_timeout"]
+    assert float(command[1]) + graceful <= pod.get("terminationGracePeriodSeconds", 30)
 
 
 def test_every_workload_in_every_overlay_runs_non_root_with_limits(rendered):
