@@ -21,10 +21,13 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-NODE_CPU = 'sum by ({label}) (rate(node_cpu_seconds_total{{mode!~"idle|iowait|steal"}}[$RATE])) * 1000'
-"""Millicores a node's processes use (node-exporter), per node label."""
-NODE_MEMORY = "sum by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
-"""Bytes of memory a node uses (node-exporter), per node label."""
+NODE_CPU = ('sum by ({label}) (max by ({label}, cpu, mode) '
+            '(rate(node_cpu_seconds_total{{mode!~"idle|iowait|steal"}}[$RATE]))) * 1000')
+"""Millicores a node's processes use (node-exporter), per node label. ``max by`` each cpu and mode
+first: an exporter scraped by two jobs (or two Prometheus replicas federated) counts once."""
+NODE_MEMORY = "max by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
+"""Bytes of memory a node uses (node-exporter), per node label (``max``: one exporter scraped twice
+counts once)."""
 SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
 """What Prometheus says when a query's window holds too many samples (split it and ask again)."""
 RANGE_STEPS = 10_000

@@ -49,11 +49,19 @@ EXPORTERS = {
     "container_memory_working_set_bytes": "cAdvisor (the kubelet's /metrics/cadvisor)",
 }
 APP_CONTAINERS = 'container!="",container!="POD"'
+# Each series is taken once per container (cpu usage: per cgroup, ``id``, as the reconcilers read
+# it) before the Pod's sum: kube-state-metrics run as two replicas for availability, or an
+# exporter scraped by two jobs, publishes every series twice, and summed as it comes each would
+# double.
 QUERIES = {
-    "cpu_request": 'sum by (namespace, pod) (kube_pod_container_resource_requests{resource="cpu"})',
-    "memory_request": 'sum by (namespace, pod) (kube_pod_container_resource_requests{resource="memory"})',
-    "cpu_usage": f"sum by (namespace, pod) (rate(container_cpu_usage_seconds_total{{{APP_CONTAINERS}}}[$RATE]))",
-    "memory_usage": f"sum by (namespace, pod) (container_memory_working_set_bytes{{{APP_CONTAINERS}}})",
+    "cpu_request": 'sum by (namespace, pod) (max by (namespace, pod, container) '
+                   '(kube_pod_container_resource_requests{resource="cpu"}))',
+    "memory_request": 'sum by (namespace, pod) (max by (namespace, pod, container) '
+                      '(kube_pod_container_resource_requests{resource="memory"}))',
+    "cpu_usage": "sum by (namespace, pod) (max by (namespace, pod, container, id) "
+                 f"(rate(container_cpu_usage_seconds_total{{{APP_CONTAINERS}}}[$RATE])))",
+    "memory_usage": "sum by (namespace, pod) (max by (namespace, pod, container) "
+                    f"(container_memory_working_set_bytes{{{APP_CONTAINERS}}}))",
 }
 SOURCE_METRIC = {"cpu_request": "kube_pod_container_resource_requests",
                  "memory_request": "kube_pod_container_resource_requests",

@@ -45,21 +45,25 @@ def exporter_families(with_state_metrics: bool = True) -> list[Family]:
     memory = Family("container_memory_working_set_bytes", "gauge")
     for namespace, pod, replicaset, node, cpu_request, memory_request, usage in PODS:
         kept = {"namespace": namespace, "pod": pod}
-        # kube-state-metrics: one series per container and resource, with its unit.
-        requests.series.append(({**kept, "container": "app", "node": node, "resource": "cpu", "unit": "core",
-                                 "uid": f"uid-{pod}"}, lambda t, v=cpu_request: v))
-        requests.series.append(({**kept, "container": "app", "node": node, "resource": "memory", "unit": "byte",
-                                 "uid": f"uid-{pod}"}, lambda t, v=memory_request: v))
+        # kube-state-metrics: one series per container and resource, with its unit; run as two
+        # replicas for availability, so every series stands twice (``instance`` differs).
+        for instance in ("10.2.0.7:8080", "10.2.0.8:8080"):
+            state = {**kept, "container": "app", "node": node, "uid": f"uid-{pod}", "instance": instance}
+            requests.series.append(({**state, "resource": "cpu", "unit": "core"}, lambda t, v=cpu_request: v))
+            requests.series.append(({**state, "resource": "memory", "unit": "byte"}, lambda t, v=memory_request: v))
         owner.series.append(({**kept, "owner_kind": "ReplicaSet", "owner_name": replicaset,
                               "owner_is_controller": "true", "uid": f"uid-{pod}"}, lambda t: 1))
         info.series.append(({**kept, "node": node, "host_ip": "10.0.0.1", "pod_ip": "10.1.0.1", "uid": f"uid-{pod}",
                              "created_by_kind": "ReplicaSet", "created_by_name": replicaset}, lambda t: 1))
         # cAdvisor: the app container, and the pause container (container="POD") and the Pod's
         # cgroup (container="") which the plan must not count twice.
-        cadvisor = {**kept, "container": "app", "id": f"/kubepods/{pod}/app", "image": "app:1", "name": "k8s_app"}
-        cpu.series.append((cadvisor, usage))
+        # The app container is scraped by two jobs (the kubelet's and a standalone cAdvisor's).
+        for job in ("kubelet", "cadvisor"):
+            cadvisor = {**kept, "container": "app", "id": f"/kubepods/{pod}/app", "image": "app:1", "name": "k8s_app",
+                        "job": job}
+            cpu.series.append((cadvisor, usage))
+            memory.series.append((cadvisor, lambda t, f=usage: f(t) * 2**30))
         cpu.series.append(({**kept, "container": "", "id": f"/kubepods/{pod}"}, usage))
-        memory.series.append((cadvisor, lambda t, f=usage: f(t) * 2**30))
         memory.series.append(({**kept, "container": "POD", "id": f"/kubepods/{pod}/pause"}, lambda t: 2**20))
     if not with_state_metrics:
         return [cpu, memory]
@@ -141,7 +145,7 @@ def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_p
     assert len(rows) == 2 and {row[4] for row in rows} == {"50.0%"}
 
 
-def test_cadvisor_pause_and_pod_cgroup_series_are_not_counted(cluster_prometheus, tmp_path):
+def test_cadvisor_pause_pod_cgroup_and_twice_scraped_series_count_once(cluster_prometheus, tmp_path):
     result = plan(cluster_prometheus.url, tmp_path / "plan")
     assert result.returncode == 0, result.stderr
     with gzip.open(tmp_path / "plan" / "general" / "history.csv.gz", "rt") as handle:
@@ -150,7 +154,10 @@ def test_cadvisor_pause_and_pod_cgroup_series_are_not_counted(cluster_prometheus
     assert rows
     peak = max(float(r["cpu_usage_cores"]) for r in rows)
     assert 0.45 < peak < 0.55, "the app container's usage once (0.3 + 0.2 peak), not the Pod cgroup's again"
-    assert float(rows[0]["cpu_request_cores"]) == 2.0
+    memory_peak = max(float(r["memory_usage_bytes"]) for r in rows) / 2**30
+    assert 0.45 < memory_peak < 0.55, "the app container's working set once, not the pause container's too"
+    assert float(rows[0]["cpu_request_cores"]) == 2.0, "once, though both kube-state-metrics replicas report it"
+    assert float(rows[0]["memory_request_bytes"]) == 2 * 2**30
 
 
 def test_a_missing_exporter_is_named_not_a_traceback(tmp_path):

@@ -110,21 +110,26 @@ def prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
     end = time.time() - 120
     cpu = Family("container_cpu_usage_seconds_total", "counter")
     memory = Family("container_memory_working_set_bytes", "gauge")
+    # Every target is scraped by two jobs (kubelet and a standalone cAdvisor job; two node-exporter
+    # jobs): each series stands twice, differing only in ``job``, and must count once.
     for containers, start in ((CONTAINERS, end - 3 * 86400), (YOUNG, end - 6 * HOUR)):
         for (pod, container), (cpu_at, memory_at) in containers.items():
-            labels = {"namespace": NS, "pod": pod, "container": container}
-            # cAdvisor counts CPU seconds; the rate of the counter is the usage in cores.
-            cpu.series.append((labels, lambda t, f=cpu_at: f(t) / 1000, start))
-            memory.series.append((labels, lambda t, f=memory_at: f(t), start))
+            for job in ("kubelet", "cadvisor"):
+                labels = {"namespace": NS, "pod": pod, "container": container, "id": f"/kubepods/{pod}/{container}",
+                          "job": job}
+                # cAdvisor counts CPU seconds; the rate of the counter is the usage in cores.
+                cpu.series.append((labels, lambda t, f=cpu_at: f(t) / 1000, start))
+                memory.series.append((labels, lambda t, f=memory_at: f(t), start))
     node_cpu = Family("node_cpu_seconds_total", "counter")
     node_total = Family("node_memory_MemTotal_bytes", "gauge")
     node_available = Family("node_memory_MemAvailable_bytes", "gauge")
     for name, (cpu_at, used_at) in NODE_USAGE.items():
-        instance = {"instance": f"{name}:9100"}
-        node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, lambda t, f=cpu_at: f(t) / 1000))
-        node_cpu.series.append(({**instance, "cpu": "0", "mode": "idle"}, lambda t, f=cpu_at: 4 - f(t) / 1000))
-        node_total.series.append((instance, lambda t: 16e9))
-        node_available.series.append((instance, lambda t, f=used_at: 16e9 - f(t)))
+        for job in ("node-exporter", "nodes"):
+            instance = {"instance": f"{name}:9100", "job": job}
+            node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, lambda t, f=cpu_at: f(t) / 1000))
+            node_cpu.series.append(({**instance, "cpu": "0", "mode": "idle"}, lambda t, f=cpu_at: 4 - f(t) / 1000))
+            node_total.series.append((instance, lambda t: 16e9))
+            node_available.series.append((instance, lambda t, f=used_at: 16e9 - f(t)))
     path = directory / "history.om"
     write_openmetrics(path, [cpu, memory, node_cpu, node_total, node_available], end - 3 * 86400, end, 60)
     server = PrometheusServer(directory, path)
@@ -163,6 +168,16 @@ def source(request, api, tmp_path):
     if request.param == "prometheus":
         return PrometheusHistory(request.getfixturevalue("prometheus").url, resolution=300)
     return sqlite_history(api, tmp_path / "history.db")
+
+
+def test_prometheus_history_counts_a_series_scraped_twice_once(prometheus):
+    history = PrometheusHistory(prometheus.url, resolution=300)
+    web = history.container_stats(3 * 86400, 0.99)[(NS, "web-5d8f9-abcde", "app")]
+    assert 230 < web.cpu.quantile < 241, "millicores of a 200 +- 40 wave, not twice that"
+    assert web.memory.peak == pytest.approx(300 * 2**20, rel=1e-3)
+    node = history.node_stats(3 * 86400, 0.99)["node-1"]
+    assert 480 < node.cpu.quantile < 501, "millicores of a 400 +- 100 wave"
+    assert 3.1e9 < node.memory.quantile <= 3.2e9
 
 
 # ---- the passes -------------------------------------------------------------------------------
