@@ -141,6 +141,10 @@ class Settings:
     history_retention_seconds: float = field(default=8 * 86400.0, metadata=_env("OVERSALE_HISTORY_RETENTION"))
     """SQLite samples older than this are deleted."""
 
+    history_max_bytes: int = field(default=768 * 2**20, metadata=_env("OVERSALE_HISTORY_MAX_SIZE"))
+    """The most the SQLite history may hold; past it the oldest samples go (below the volume's size:
+    the kubelet evicts a Pod whose emptyDir outgrows its sizeLimit)."""
+
     history_window_seconds: float = field(default=7 * 86400.0, metadata=_env("OVERSALE_HISTORY_WINDOW"))
     """How much history each ratio is computed from."""
 
@@ -591,6 +595,7 @@ _PARSERS: dict[str, Any] = {
     "sqlite_path": lambda text: _nonempty(text),
     "sample_interval_seconds": lambda text: _duration(text),
     "history_retention_seconds": lambda text: _duration(text),
+    "history_max_bytes": lambda text: _positive_size(text),
     "history_window_seconds": lambda text: _duration(text),
     "reconcile_interval_seconds": lambda text: _duration(text),
     "cpu_hot_time_budget": parse_hot_time_budget,
@@ -682,6 +687,14 @@ def parse_base_url(text: str) -> str:
             or any(c.isspace() for c in text):
         raise ValueError("must be an http:// or https:// URL such as http://prometheus.monitoring:9090")
     return text
+
+
+def _positive_size(text: str) -> int:
+    """A size in bytes as a quantity: ``768Mi``, ``2Gi``, ``500M``."""
+    size = parse_bytes(text)
+    if size <= 0:
+        raise ValueError("must be a size above 0, such as 768Mi or 2Gi")
+    return size
 
 
 def _duration(text: str, allow_zero: bool = False) -> float:

@@ -137,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
 
     start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
     if sampler is not None:
-        _every(settings.sample_interval_seconds, sampler.sample, "sampler")
+        def sample() -> None:
+            sampler.sample()
+            metrics.history_span.set(sampler.history.span_seconds)
+
+        _every(settings.sample_interval_seconds, sample, "sampler")
     # A rollout's SIGTERM: leave through SystemExit so the Lease is given back and the next
     # replica writes at its next round, not a Lease duration later.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
@@ -323,7 +327,8 @@ def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
     from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 
     try:
-        history = SqliteHistory(Path(settings.sqlite_path), settings.history_retention_seconds)
+        history = SqliteHistory(Path(settings.sqlite_path), settings.history_retention_seconds,
+                                settings.history_max_bytes)
     except (sqlite3.Error, OSError) as error:
         # Never deleted here: it may be some other program's file the setting points at by mistake.
         hint = "; move it away to start the history afresh" if "not a database" in str(error) else ""

@@ -24,6 +24,10 @@ class ReconcilerMetrics:
         self.staleness = Gauge("oversale_history_staleness_seconds",
                                "Age of the freshest usage sample seen in the last pass (-1: source unavailable).",
                                ["scope"], registry=registry)
+        self.history_span = Gauge("oversale_history_span_seconds",
+                                  "From the oldest to the newest sample of the SQLite usage history: up to "
+                                  "OVERSALE_HISTORY_RETENTION, less while young or once OVERSALE_HISTORY_MAX_SIZE "
+                                  "cut the oldest samples.", registry=registry)
         self.history_queries = Gauge("oversale_history_queries", "Queries the last pass sent to the history source.",
                                      registry=registry)
         self.resizes = Counter("oversale_inplace_resizes", "In-place Pod resizes by result (ok, conflict, error, "

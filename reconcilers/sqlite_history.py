@@ -2,8 +2,13 @@
 interval into a local SQLite file.
 
 Compact: one row per series (kind, namespace, pod, container) and one ``WITHOUT ROWID`` row per
-sample with integer millicores and bytes; samples older than the retention are deleted on each
-write pass. On a persistent volume the history survives restarts; on an emptyDir it starts again.
+sample with integer millicores and bytes, about 23 bytes a sample as the sampler writes them;
+samples older than the retention are deleted on each write pass, series by series along the
+primary key (an index on time alone took 40% of the file). The file is also kept under a size:
+past it, the oldest samples go first, and the history holds less than the retention (a warning
+says how much). The kubelet evicts a Pod whose emptyDir outgrows its ``sizeLimit``, and the
+history with it. On a persistent volume the history survives restarts; on an emptyDir it starts
+again.
 """
 
 from __future__ import annotations
@@ -39,15 +44,21 @@ CREATE TABLE IF NOT EXISTS samples (
     memory INTEGER NOT NULL,       -- bytes
     PRIMARY KEY (series, ts)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS samples_by_time ON samples (ts);
+DROP INDEX IF EXISTS samples_by_time;  -- files written before pruning went series by series
 """
+TRIM_TO = 0.9
+"""Past its size, the history is cut to this share of it: room for several passes before the next cut."""
 
 
 class SqliteHistory:
-    def __init__(self, path: Path, retention_seconds: float) -> None:
+    def __init__(self, path: Path, retention_seconds: float, max_bytes: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.retention = retention_seconds
+        self.max_bytes = max_bytes
+        self.span_seconds = 0.0
+        """From the oldest sample to the newest, after the last write: up to the retention, less
+        while the history is young or once its size cut the oldest samples."""
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False)
         self._db.executescript("PRAGMA journal_mode=WAL;" + SCHEMA)
@@ -65,9 +76,38 @@ class SqliteHistory:
             for kind, namespace, pod, container, cpu, memory in rows:
                 series = self._series_id(kind, namespace, pod, container)
                 self._db.execute("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?)", (series, int(ts), cpu, memory))
-            self._db.execute("DELETE FROM samples WHERE ts < ?", (int(ts - self.retention),))
-            self._db.execute("DELETE FROM series WHERE id NOT IN (SELECT DISTINCT series FROM samples)")
+            self._prune(int(ts - self.retention))
+            used = self.used_bytes()
+            if self.max_bytes is not None and used > self.max_bytes:
+                # Samples are spread evenly over time, so cutting the oldest share of the span
+                # frees about that share of the file.
+                kept = (ts - self._oldest(ts)) * TRIM_TO * self.max_bytes / used
+                self._prune(int(ts - kept))
+                log.warning("usage history at %.1f MiB, over its %.1f MiB (OVERSALE_HISTORY_MAX_SIZE): the oldest "
+                            "samples deleted, %.1f days kept of the %.1f days of OVERSALE_HISTORY_RETENTION (give it "
+                            "more room, sample less often, or use Prometheus)", used / 2**20, self.max_bytes / 2**20,
+                            kept / 86400, self.retention / 86400)
+            self.span_seconds = ts - self._oldest(ts)
         return len(rows)
+
+    def _oldest(self, otherwise: float) -> float:
+        """The time of the oldest sample (each series' first, one lookup of its primary key)."""
+        oldest = self._db.execute("SELECT min((SELECT min(ts) FROM samples WHERE samples.series = s.id)) "
+                                  "FROM series AS s").fetchone()[0]
+        return float(oldest) if oldest is not None else otherwise
+
+    def used_bytes(self) -> int:
+        """The bytes the history's pages hold (the file never shrinks: freed pages are reused)."""
+        pages = [int(self._db.execute(f"PRAGMA {name}").fetchone()[0])
+                 for name in ("page_size", "page_count", "freelist_count")]
+        return pages[0] * (pages[1] - pages[2])
+
+    def _prune(self, before: int) -> None:
+        """Delete the samples older than ``before``: each series' as one range of the primary
+        key, then the series left without samples."""
+        series = [row[0] for row in self._db.execute("SELECT id FROM series")]
+        self._db.executemany("DELETE FROM samples WHERE series = ? AND ts < ?", ((s, before) for s in series))
+        self._db.execute("DELETE FROM series WHERE NOT EXISTS (SELECT 1 FROM samples WHERE samples.series = series.id)")
 
     def _series_id(self, kind: str, namespace: str, pod: str, container: str) -> int:
         found = self._db.execute("SELECT id FROM series WHERE kind=? AND namespace=? AND pod=? AND container=?",

@@ -9,6 +9,7 @@ import logging
 import math
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -320,6 +321,45 @@ def test_sqlite_history_is_compact_survives_restarts_and_prunes(api, tmp_path):
     assert path.stat().st_size < 2 * 2**20
     reopened.record(time.time(), [((NS, "web-5d8f9-abcde", "app"), 1, 1)], [])  # prunes beyond 1 day
     assert reopened.container_stats(7 * 86400, 0.95)[(NS, "web-5d8f9-abcde", "app")].cpu.samples <= 145
+
+
+def test_sqlite_history_keeps_under_its_size_by_dropping_the_oldest_samples(tmp_path, caplog):
+    """The kubelet evicts a Pod whose emptyDir outgrows its sizeLimit: the history must stay under
+    OVERSALE_HISTORY_MAX_SIZE, losing its oldest samples rather than everything."""
+    path = tmp_path / "history.db"
+    history = SqliteHistory(path, retention_seconds=8 * 86400, max_bytes=512 * 2**10)
+    containers = [((NS, f"web-5d8f9-{index:05d}", "app"), 100 + index, 2**28 + index) for index in range(300)]
+    start = time.time() - 2 * 86400
+    for step in range(400):  # 120,000 samples: about 2.7 MB if nothing were cut
+        history.record(start + step * 300, containers, [("node-1", 900, 2**30)])
+        assert path.stat().st_size <= 1.1 * 512 * 2**10, f"the file outgrew its size at pass {step}"
+    assert "the oldest samples deleted" in caplog.text and "OVERSALE_HISTORY_MAX_SIZE" in caplog.text
+    assert 3600 < history.span_seconds < 400 * 300, "the oldest samples went, recent ones stayed"
+    stats = history.container_stats(8 * 86400, 0.99)
+    assert len(stats) == 300 and all(s.cpu.samples >= 12 for s in stats.values())
+    assert stats[(NS, "web-5d8f9-00007", "app")].cpu.quantile == 107
+
+
+def test_a_history_file_of_an_older_version_loses_its_time_index(tmp_path):
+    path = tmp_path / "history.db"
+    old = sqlite3.connect(str(path))
+    old.executescript("CREATE TABLE series (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, namespace TEXT NOT NULL, "
+                      "pod TEXT NOT NULL, container TEXT NOT NULL, UNIQUE (kind, namespace, pod, container));"
+                      "CREATE TABLE samples (series INTEGER NOT NULL REFERENCES series (id), ts INTEGER NOT NULL, "
+                      "cpu INTEGER NOT NULL, memory INTEGER NOT NULL, PRIMARY KEY (series, ts)) WITHOUT ROWID;"
+                      "CREATE INDEX samples_by_time ON samples (ts);"
+                      "INSERT INTO series VALUES (1, 'container', 'shop', 'web-5d8f9-abcde', 'app');")
+    now = int(time.time())
+    old.executemany("INSERT INTO samples VALUES (1, ?, 250, 1048576)", ((now - k * 300,) for k in range(100)))
+    old.commit()
+    old.close()
+    history = SqliteHistory(path, retention_seconds=8 * 86400)
+    assert history.container_stats(86400, 0.99)[(NS, "web-5d8f9-abcde", "app")].cpu.samples == 100
+    history.close()
+    reader = sqlite3.connect(str(path))
+    indexes = {row[0] for row in reader.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    reader.close()
+    assert "samples_by_time" not in indexes, "40% of the file, and nothing reads it"
 
 
 # ---- leader election --------------------------------------------------------------------------
