@@ -59,10 +59,7 @@ class Cluster:
     def workloads(self) -> Iterator[dict[str, Any]]:
         for kind in WORKLOAD_APIS:
             api, stem = self._api(kind)
-            for item in self._list(getattr(api, f"list_{stem}_for_all_namespaces")):
-                item["kind"] = kind  # list items carry no kind
-                item.setdefault("apiVersion", API_VERSIONS[kind])
-                yield item
+            yield from self._list(getattr(api, f"list_{stem}_for_all_namespaces"), kind, API_VERSIONS[kind])
 
     def workload(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
         api, stem = self._api(kind)
@@ -73,11 +70,12 @@ class Cluster:
         return item
 
     def autoscalers(self) -> list[dict[str, Any]]:
-        return list(self._list(self._autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces))
+        return list(self._list(self._autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces,
+                               "HorizontalPodAutoscaler", "autoscaling/v2"))
 
     def nodes(self, label_selector: str) -> list[dict[str, Any]]:
         found = []
-        for node in self._list(self._core.list_node, label_selector=label_selector):
+        for node in self._list(self._core.list_node, "Node", label_selector=label_selector):
             # A Node's status lists the images on it (up to the kubelet's nodeStatusMaxImages, 50,
             # each with all its names and size), most of the object; nothing here reads them.
             (node.get("status") or {}).pop("images", None)
@@ -91,14 +89,14 @@ class Cluster:
 
     def running_pods(self) -> Iterator[dict[str, Any]]:
         """Pods that hold node resources (bound, not finished)."""
-        yield from self._list(self._core.list_pod_for_all_namespaces,
+        yield from self._list(self._core.list_pod_for_all_namespaces, "Pod",
                               field_selector=",".join(f"status.phase!={phase}" for phase in TERMINAL_PHASES))
 
     def limit_ranges(self) -> list[dict[str, Any]]:
-        return list(self._list(self._core.list_limit_range_for_all_namespaces))
+        return list(self._list(self._core.list_limit_range_for_all_namespaces, "LimitRange"))
 
     def resource_quotas(self) -> list[dict[str, Any]]:
-        return list(self._list(self._core.list_resource_quota_for_all_namespaces))
+        return list(self._list(self._core.list_resource_quota_for_all_namespaces, "ResourceQuota"))
 
     def supports_resize(self) -> bool:
         """Whether the API server serves ``pods/resize`` (discovery of the core group)."""
@@ -117,14 +115,17 @@ class Cluster:
         items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
         return items
 
-    def _list(self, function: Any, **selectors: str) -> Iterator[dict[str, Any]]:
+    def _list(self, function: Any, kind: str, api_version: str = "v1", **selectors: str) -> Iterator[dict[str, Any]]:
+        """Every item of a list, page by page, with its ``kind`` and ``apiVersion``: the API server
+        leaves them out of a list's items (kubernetes#3030), and an Event whose involvedObject has
+        no kind is not among the ones ``kubectl describe`` shows for the object."""
         token = None
         while True:
             response: Any = function(limit=500, _continue=token, _preload_content=False,
                                      _request_timeout=self._timeout, **selectors)
             page = json.loads(response.data)
             for item in page.get("items") or []:
-                yield without_managed_fields(item)
+                yield {"apiVersion": api_version, "kind": kind, **without_managed_fields(item)}
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return

@@ -254,7 +254,7 @@ class Remediator:
         log.info("Pod/%s: %s", move.pod.name, message)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
         self._event(pod, "EvictedFromHotNode", message)
-        self._event({**source, "kind": "Node", "apiVersion": "v1"}, "HotNodeRemediated",
+        self._event(source, "HotNodeRemediated",
                     f"evicted {move.pod.name} toward {move.target}" + (" (room reserved)" if reserved else ""))
         return True
 

@@ -368,7 +368,6 @@ class Reconciler:
         self._require_leader()
         metadata = pod["metadata"]
         namespace, name = metadata.get("namespace", ""), metadata["name"]
-        pod = {**pod, "kind": "Pod", "apiVersion": "v1"}
         if plan.record_infeasible:
             self._best_effort(self.cluster.annotate_pod, namespace, name, {self.keys.resize_infeasible: plan.ratios},
                               metadata["resourceVersion"])

@@ -317,7 +317,9 @@ class FakeKubeAPI:
             "apiVersion": API_VERSIONS[prefix],
             "kind": f"{kind}List",
             "metadata": metadata,
-            "items": [copy.deepcopy(o) for o in page],
+            # The API server leaves each item's kind and apiVersion out of a list (kubernetes#3030;
+            # kubectl puts them back when it prints): code that needs them must know them.
+            "items": [{k: copy.deepcopy(v) for k, v in o.items() if k not in ("kind", "apiVersion")} for o in page],
         }
 
     def watch_events(

@@ -570,7 +570,7 @@ def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accou
     events = [e for e in api.list_objects("events", None, {})["items"] if e["reason"] == "HotTimeOverspent"]
     # One for the node's own account, one for its pool's ("default": node-1 and node-2, whose only
     # hot samples are node-1's), both on node-1, the node that spent them.
-    assert [e["involvedObject"]["name"] for e in events] == ["node-1", "node-1"]
+    assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events] == [("Node", "node-1")] * 2
     assert all(e["type"] == "Warning" for e in events)
     own, pooled = sorted(events, key=lambda e: "pool" in e["message"])
     # Two days hold 6 hot samples: 2.09% of the (long) window, 20.9 budgets, more telling than the

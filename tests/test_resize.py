@@ -158,8 +158,10 @@ def test_a_new_ratio_resizes_running_pods_like_the_webhook_would_admit_them(api,
     resized = [r for r in rows if r.object.startswith("Pod/") and r.written]
     assert [(r.object, r.resource, r.current, r.proposed) for r in resized] == [
         (f"Pod/{NS}/{name}", "cpu", "1", "800m") for name in PODS]
-    events = {(e["involvedObject"]["name"], e["reason"]) for e in api.list_objects("events", NS, {})["items"]}
-    assert {(name, "ResizedInPlace") for name in PODS} <= events
+    # Each Event names its Pod by kind too, or `kubectl describe pod` does not show it.
+    events = {(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"])
+              for e in api.list_objects("events", NS, {})["items"]}
+    assert {("Pod", name, "ResizedInPlace") for name in PODS} <= events
     assert reconciler_.metrics.resizes.labels("ok")._value.get() == 2
     assert reconciler_.metrics.resize_supported._value.get() == 1
 

@@ -99,7 +99,7 @@ def main() -> int:
             print(f"   audit:    {KEYS.compression}: {audit}")
         print(f"   allowed:  {response['allowed']}\n")
     print("Serve it for real with `make run` (HTTPS on 127.0.0.1:8443), then e.g.\n"
-          "  curl -sk https://127.0.0.1:8443/mutate/pods -H 'Content-Type: application/json' "
+          "  curl --cacert .certs/ca.crt https://127.0.0.1:8443/mutate/pods -H 'Content-Type: application/json' "
           "-d @docs/examples/pod-review.json")
     return 0
 
