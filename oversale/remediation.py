@@ -28,6 +28,14 @@ from oversale.timestamps import parse_timestamp
 from oversale.usage import LoadConfig, read_watermarks
 
 CRITICAL_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
+DO_NOT_DISRUPT = (
+    ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),
+    ("karpenter.sh/do-not-disrupt", "true"),
+    ("karpenter.sh/do-not-evict", "true"),  # Karpenter's name for it before v0.32
+)
+"""Annotations by which a Pod's team has already told the node autoscalers not to evict it
+(cluster-autoscaler's FAQ, "What types of pods can prevent CA from removing a node?"; Karpenter's
+pod-level disruption controls). Both tools compare the value as an exact string, and so does this."""
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 """Pods at or above this priority are the cluster's own (kube-system's critical classes)."""
 _QOS_ORDER = {"BestEffort": 0, "Burstable": 1, "Guaranteed": 2}
@@ -109,6 +117,11 @@ def eviction_exclusion(pod: Mapping[str, Any], keys: AnnotationKeys, now: float,
         return f"annotation {keys.evictable}={choice!r} is not y or n (kept, to be safe)"
     if allowed is False:
         return f"opted out ({keys.evictable}: n)"
+    if allowed is None:
+        # Our own annotation, when set, is the more specific word: y overrides these.
+        for key, value in DO_NOT_DISRUPT:
+            if annotations.get(key) == value:
+                return f"{key}: {value!r} ({keys.evictable}: y overrides it)"
     if metadata.get("deletionTimestamp") or status.get("phase") != "Running":
         return "not running"
     if is_mirror_or_static(pod):

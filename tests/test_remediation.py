@@ -84,6 +84,25 @@ def test_annotations_opt_out_or_allow_local_storage():
     assert eviction_exclusion(mirror, KEYS, NOW, 600) == "static Pod"
 
 
+@pytest.mark.parametrize(("key", "kept", "not_kept"), [
+    ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false", "true"),
+    ("karpenter.sh/do-not-disrupt", "true", "false"),
+    ("karpenter.sh/do-not-evict", "true", "False"),
+])
+def test_a_pod_its_team_marked_not_to_disrupt_for_the_node_autoscalers_is_kept(key, kept, not_kept):
+    marked = pod()
+    marked["metadata"]["annotations"] = {key: kept}
+    assert eviction_exclusion(marked, KEYS, NOW, 600) == f"{key}: {kept!r} ({KEYS.evictable}: y overrides it)"
+    # Read as the autoscalers read it: only that exact value keeps the Pod.
+    marked["metadata"]["annotations"] = {key: not_kept}
+    assert eviction_exclusion(marked, KEYS, NOW, 600) is None
+    # Our own annotation is the more specific word, either way.
+    marked["metadata"]["annotations"] = {key: kept, KEYS.evictable: "y"}
+    assert eviction_exclusion(marked, KEYS, NOW, 600) is None
+    marked["metadata"]["annotations"] = {key: not_kept, KEYS.evictable: "n"}
+    assert "opted out" in (eviction_exclusion(marked, KEYS, NOW, 600) or "")
+
+
 def test_a_node_is_hot_above_the_watermark_and_a_cool_observation_starts_over():
     real = {"cpu": 4000, "memory": 16 * GI}
     assert excess({"cpu": 3800.0, "memory": 0.0}, real, RuntimeWatermarks()) == {}, "at the watermark: not hot"
@@ -257,6 +276,18 @@ def test_a_pdb_refusal_is_retried_later_and_the_pod_is_never_deleted_around_it(a
     api.put("poddisruptionbudgets", budget)
     remediator_.run_pass()
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None
+
+
+def test_a_pod_marked_safe_to_evict_false_stays_and_the_next_candidate_moves(api):
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["metadata"]["annotations"] = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    api.put("pods", web)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None, "its team said: not to be evicted"
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "600m cover the 120m over the watermark"
+    assert evictions(api) == 1
+    (moved,) = [r for r in rows if r.written]
+    assert moved.object == "Pod/shop/api-6f7c8-fghij"
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
