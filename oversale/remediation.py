@@ -21,6 +21,7 @@ from typing import Any
 
 from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
 from oversale.errors import InvalidAnnotation
+from oversale.node_fit import NodeConstraints, constraint_problem, node_constraints
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.pods import controller_of, is_mirror_or_static, qos_class
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount
@@ -156,6 +157,8 @@ class Candidate:
     demand: PodDemand
     usage: Mapping[str, float]
     """Its current usage (millicores, bytes)."""
+    constraints: NodeConstraints = field(default_factory=NodeConstraints)
+    """What its replacement will ask of a node's labels and taints (the replay's workloads: nothing)."""
 
     @property
     def overuse(self) -> float:
@@ -168,7 +171,7 @@ def candidate(pod: Mapping[str, Any], demand: PodDemand, usage: Mapping[str, flo
     namespace = str(metadata.get("namespace", ""))
     kind, owner = controller_of(metadata) or ("", "")
     return Candidate(f"{namespace}/{metadata.get('name', '')}", namespace, f"{namespace}/{kind}/{owner}",
-                     qos_class(pod), demand, usage)
+                     qos_class(pod), demand, usage, node_constraints(pod))
 
 
 @dataclass
@@ -178,6 +181,8 @@ class Target:
     view: NodeView
     usage: NodeUsage
     heat: NodeHeat | None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Any, ...] = ()
 
     def taking(self, moved: Candidate) -> Target:
         """This node after a Pod moved here (its requests taken, its usage pending in the load)."""
@@ -186,7 +191,7 @@ class Target:
         if heat is not None:
             pending = {r: heat.pending.get(r, 0.0) + moved.usage.get(r, 0.0) for r in RESOURCES}
             heat = replace(heat, pending=pending)
-        return Target(self.view, NodeUsage(shared, set(self.usage.bound_cpus), self.usage.bound_memory), heat)
+        return replace(self, usage=NodeUsage(shared, set(self.usage.bound_cpus), self.usage.bound_memory), heat=heat)
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,8 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig) ->
     Pod's *current usage* as its load), or None and why none can."""
     best, best_score, reasons = None, -1, []
     for index, target in enumerate(targets):
-        why = shortfall(target.view, target.usage, pod.demand)
+        why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints)
+               or shortfall(target.view, target.usage, pod.demand))
         if why is None and target.heat is not None:
             with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)
                                                      for r in RESOURCES})

@@ -114,8 +114,13 @@ class Remediator:
         heats = {name: NodeHeat(node_load(list(self.samples[name]), load_config), now) for name in fresh}
         # Every node a Pod could move to, as this pass leaves it: a move takes its room before the
         # next hot node plans, so two hot nodes never both count on the same free room.
-        targets = {name: Target(views[name], requested[name], heats.get(name))
-                   for name in (n["metadata"]["name"] for n in nodes if _schedulable(n))}
+        # kube-scheduler will hold the replacement to the Pod's nodeSelector, node affinity and
+        # tolerations: a target its labels or taints rule out is no target.
+        targets: dict[str, Target] = {}
+        for node in filter(_schedulable, nodes):
+            name = node["metadata"]["name"]
+            targets[name] = Target(views[name], requested[name], heats.get(name), node["metadata"].get("labels") or {},
+                                   tuple((node.get("spec") or {}).get("taints") or ()))
 
         if not dry_run:
             self._drop_spent_reservations(views, by_node, now)

@@ -290,6 +290,37 @@ def test_a_pod_marked_safe_to_evict_false_stays_and_the_next_candidate_moves(api
     assert moved.object == "Pod/shop/api-6f7c8-fghij"
 
 
+def test_a_pod_is_not_evicted_toward_a_node_its_replacement_could_not_run_on(api):
+    """kube-scheduler holds the replacement to the Pod's nodeSelector and tolerations: a target
+    they rule out is no target (the replacement would wait Pending, or come back to the hot node)."""
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["nodeSelector"] = {"pool": "hot"}
+    api.put("pods", web)
+    hot = api.get("nodes", "", "node-hot")
+    hot["metadata"]["labels"]["pool"] = "hot"
+    api.put("nodes", hot)
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    rows = remediator_.run_pass(dry_run=True)
+    assert "not moved: no node can take it (nodeSelector pool=hot: node-cool has no label pool)" in \
+        {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
+    (planned,) = [r for r in rows if r.proposed == "node-cool"]
+    assert planned.object == "Pod/shop/api-6f7c8-fghij", "the Pod that can go moves instead"
+
+    cool = api.get("nodes", "", "node-cool")
+    cool["spec"] = {"taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]}
+    api.put("nodes", cool)
+    rows = remediator_.run_pass()
+    assert evictions(api) == 0
+    assert "not moved: no node can take it (taint dedicated=batch:NoSchedule on node-cool is not tolerated)" in \
+        {r.reason for r in rows if r.object == "Pod/shop/api-6f7c8-fghij"}
+
+    api_pod = api.get("pods", "shop", "api-6f7c8-fghij")
+    api_pod["spec"]["tolerations"] = [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
+    api.put("pods", api_pod)
+    remediator_.run_pass()
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None and evictions(api) == 1
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
