@@ -1,5 +1,6 @@
-"""Whether a node's labels and taints admit a Pod: its ``nodeSelector``, its required node affinity
-and its tolerations, as kube-scheduler's NodeAffinity and TaintToleration filters judge them.
+"""Whether a node's labels and taints admit a Pod: its ``nodeSelector``, its required node affinity,
+its tolerations and its PersistentVolumes' node affinity, as kube-scheduler's NodeAffinity,
+TaintToleration and VolumeBinding filters judge them.
 
 kube-scheduler applies these filters before it asks any extender, so the extender never needs
 them. The remediator does: it chooses a target node by itself, before it evicts, and a Pod that
@@ -9,8 +10,10 @@ never run on (its replacement then waits Pending, or lands back on the hot node)
 The rules follow the API's own definitions (k8s.io/component-helpers ``nodeaffinity`` and
 ``Toleration.ToleratesTaint``): selector terms are ORed and the requirements within a term ANDed;
 a term that requires nothing matches no node; ``Gt``/``Lt`` compare integers; only
-``NoSchedule`` and ``NoExecute`` taints keep a Pod off. Anything malformed admits no node, the
-safe side: a Pod that cannot be placed is not moved.
+``NoSchedule`` and ``NoExecute`` taints keep a Pod off; a bound volume is reachable where its
+PersistentVolume's ``nodeAffinity.required`` matches the node's labels (a zonal disk in its zone,
+a local volume on its one node). Anything malformed admits no node, the safe side: a Pod that
+cannot be placed is not moved.
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 
 @dataclass(frozen=True)
+class VolumeAffinity:
+    """Where one of a Pod's bound volumes can be reached from."""
+
+    claim: str
+    volume: str
+    """The PersistentVolume bound to ``claim`` ("" when none is: no node reaches it)."""
+    terms: tuple[Any, ...]
+    """Its ``spec.nodeAffinity.required.nodeSelectorTerms``."""
+
+
+@dataclass(frozen=True)
 class NodeConstraints:
     """What a Pod asks of a node's labels and taints."""
 
@@ -32,9 +46,57 @@ class NodeConstraints:
     required_terms: tuple[Any, ...] | None = None
     """``nodeSelectorTerms`` of ``requiredDuringSchedulingIgnoredDuringExecution``; None: none required."""
     tolerations: tuple[Any, ...] = ()
+    volumes: tuple[VolumeAffinity, ...] = ()
+    """Its bound volumes that only some nodes reach (read from the cluster: :func:`volume_affinity`)."""
 
 
-def node_constraints(pod: Mapping[str, Any]) -> NodeConstraints:
+def claim_names(pod: Mapping[str, Any]) -> list[str]:
+    """The PersistentVolumeClaims a Pod's volumes use: named ones, and the claim a generic
+    ephemeral volume gets (``<pod>-<volume>``, as the ephemeral volume controller names it).
+
+    >>> claim_names({"metadata": {"name": "db-0"}, "spec": {"volumes": [
+    ...     {"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}},
+    ...     {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {}}}, {"name": "tmp", "emptyDir": {}}]}})
+    ['data-db-0', 'db-0-scratch']
+    """
+    spec = pod.get("spec")
+    volumes = spec.get("volumes") if isinstance(spec, Mapping) else None
+    pod_name = (pod.get("metadata") or {}).get("name", "")
+    claims = []
+    for volume in volumes if isinstance(volumes, list) else []:
+        if not isinstance(volume, Mapping):
+            continue
+        claim = volume.get("persistentVolumeClaim")
+        if isinstance(claim, Mapping) and isinstance(claim.get("claimName"), str):
+            claims.append(claim["claimName"])
+        elif isinstance(volume.get("ephemeral"), Mapping):
+            claims.append(f"{pod_name}-{volume.get('name')}")
+    return claims
+
+
+def volume_affinity(claim: str, persistent_volume: Mapping[str, Any] | None) -> VolumeAffinity | None:
+    """Where the volume bound to ``claim`` can be reached from, or None for everywhere (a volume
+    with no node affinity: network storage). ``persistent_volume`` None: the claim is not bound.
+
+    >>> pv = {"metadata": {"name": "pv-1"}, "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [
+    ...     {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]}]}}}}
+    >>> affinity = volume_affinity("data-db-0", pv)
+    >>> constraint_problem(NodeConstraints(volumes=(affinity,)), "node-c", {"topology.kubernetes.io/zone": "c"}, [])
+    'volume data-db-0 (PersistentVolume pv-1) cannot be reached from node-c: its node affinity does not match'
+    """
+    if persistent_volume is None:
+        return VolumeAffinity(claim, "", ())
+    name = str((persistent_volume.get("metadata") or {}).get("name", ""))
+    spec = persistent_volume.get("spec") or {}
+    node_affinity = spec.get("nodeAffinity") if isinstance(spec, Mapping) else ()
+    required = node_affinity.get("required") if isinstance(node_affinity, Mapping) else node_affinity
+    if required is None:
+        return None
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    return VolumeAffinity(claim, name, tuple(terms) if isinstance(terms, list) else ())
+
+
+def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...] = ()) -> NodeConstraints:
     """The constraints a Pod's spec puts on its node (none for a spec that states none).
 
     >>> node_constraints({"spec": {"nodeSelector": {"pool": "db"}}}).node_selector
@@ -57,6 +119,7 @@ def node_constraints(pod: Mapping[str, Any]) -> NodeConstraints:
         node_selector=selector if isinstance(selector, Mapping) else ({} if selector is None else None),
         required_terms=terms,
         tolerations=tuple(tolerations) if isinstance(tolerations, list) else (),
+        volumes=volumes,
     )
 
 
@@ -88,6 +151,14 @@ def constraint_problem(constraints: NodeConstraints, node: str, labels: Mapping[
             value = taint.get("value")
             return (f"taint {taint.get('key')}{'=' + str(value) if value else ''}:{taint.get('effect')} on {node} "
                     "is not tolerated")
+    for bound in constraints.volumes:
+        # The VolumeBinding filter matches a PersistentVolume's terms against the node's labels
+        # alone (volumeutil.CheckNodeAffinity builds a Node of labels, with no name).
+        if not any(_term_matches(term, "", labels) for term in bound.terms):
+            if not bound.volume:
+                return f"volume {bound.claim} is not bound to a PersistentVolume"
+            return (f"volume {bound.claim} (PersistentVolume {bound.volume}) cannot be reached from {node}: its node "
+                    "affinity does not match")
     return None
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
 from oversale.errors import InvalidAnnotation
-from oversale.node_fit import NodeConstraints, constraint_problem, node_constraints
+from oversale.node_fit import NodeConstraints, VolumeAffinity, constraint_problem, node_constraints
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.pods import controller_of, is_mirror_or_static, qos_class
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount
@@ -166,12 +166,13 @@ class Candidate:
         return self.usage.get(CPU, 0.0) - self.demand.requests.get(CPU, 0)
 
 
-def candidate(pod: Mapping[str, Any], demand: PodDemand, usage: Mapping[str, float]) -> Candidate:
+def candidate(pod: Mapping[str, Any], demand: PodDemand, usage: Mapping[str, float],
+              volumes: tuple[VolumeAffinity, ...] = ()) -> Candidate:
     metadata = pod.get("metadata") or {}
     namespace = str(metadata.get("namespace", ""))
     kind, owner = controller_of(metadata) or ("", "")
     return Candidate(f"{namespace}/{metadata.get('name', '')}", namespace, f"{namespace}/{kind}/{owner}",
-                     qos_class(pod), demand, usage, node_constraints(pod))
+                     qos_class(pod), demand, usage, node_constraints(pod, volumes))
 
 
 @dataclass

@@ -87,6 +87,17 @@ class Cluster:
         node: dict[str, Any] = json.loads(response.data)
         return node
 
+    def claim(self, namespace: str, name: str) -> dict[str, Any]:
+        response: Any = self._core.read_namespaced_persistent_volume_claim(
+            name, namespace, _preload_content=False, _request_timeout=self._timeout)
+        claim: dict[str, Any] = json.loads(response.data)
+        return claim
+
+    def persistent_volume(self, name: str) -> dict[str, Any]:
+        response: Any = self._core.read_persistent_volume(name, _preload_content=False, _request_timeout=self._timeout)
+        volume: dict[str, Any] = json.loads(response.data)
+        return volume
+
     def running_pods(self) -> Iterator[dict[str, Any]]:
         """Pods that hold node resources (bound, not finished)."""
         yield from self._list(self._core.list_pod_for_all_namespaces, "Pod",

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 
 from kube.metrics_api import MetricsAPI
+from oversale.node_fit import VolumeAffinity, claim_names, volume_affinity
 from oversale.placement import NodeHeat, NodeUsage, held_reservations, node_view, pod_demand
 from oversale.pods import scheduled_request
 from oversale.quantity import RESOURCES, format_amount
@@ -173,8 +174,14 @@ class Remediator:
                     usage = pod_usage.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
                     if excluded is None and usage is None:
                         excluded = "no PodMetrics (its usage is unknown)"
+                    volumes: tuple[VolumeAffinity, ...] = ()
                     if excluded is None:
-                        found = candidate(pod, pod_demand(pod, self.keys), usage or {})
+                        try:
+                            volumes = self._volume_affinities(pod)
+                        except ApiException as error:
+                            excluded = f"its volumes could not be read ({error.status} {error.reason})"
+                    if excluded is None:
+                        found = candidate(pod, pod_demand(pod, self.keys), usage or {}, volumes)
                         if self.workload_cooldown.get(found.workload, 0) > now:
                             excluded = f"workload {found.workload} moved recently (cooling down)"
                         elif per_namespace.get(found.namespace, 0) >= self.config.max_per_namespace:
@@ -209,6 +216,19 @@ class Remediator:
         self.metrics.report(self.metrics.node_utilization, "remediator", utilization)
         self.metrics.hot_nodes.set(hot_nodes)
         return rows
+
+    def _volume_affinities(self, pod: dict[str, Any]) -> tuple[VolumeAffinity, ...]:
+        """Where each of a Pod's bound volumes can be reached from: kube-scheduler's VolumeBinding
+        filter holds the replacement to it (a zonal disk attaches in its zone, a local volume on
+        its one node). Read only for Pods that may move."""
+        namespace = pod["metadata"].get("namespace", "")
+        found = []
+        for claim in claim_names(pod):
+            bound = (self.cluster.claim(namespace, claim).get("spec") or {}).get("volumeName")
+            affinity = volume_affinity(claim, self.cluster.persistent_volume(bound) if bound else None)
+            if affinity is not None:
+                found.append(affinity)
+        return tuple(found)
 
     def _forget(self, present: set[str], now: float) -> None:
         """Drop what is kept of nodes no longer in the cluster and of cooldowns that ended: with

@@ -35,6 +35,8 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "pods": ("/api/v1", "pods", "Pod", True),
     "nodes": ("/api/v1", "nodes", "Node", False),
     "limitranges": ("/api/v1", "limitranges", "LimitRange", True),
+    "persistentvolumeclaims": ("/api/v1", "persistentvolumeclaims", "PersistentVolumeClaim", True),
+    "persistentvolumes": ("/api/v1", "persistentvolumes", "PersistentVolume", False),
     "resourcequotas": ("/api/v1", "resourcequotas", "ResourceQuota", True),
     "namespaces": ("/api/v1", "namespaces", "Namespace", False),
     "secrets": ("/api/v1", "secrets", "Secret", True),

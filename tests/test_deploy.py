@@ -142,8 +142,9 @@ def test_reconciler_rbac_is_exactly_what_it_reads_and_writes(rendered):
     # In-place resize.
     expected |= {("", "pods", "patch"), ("", "pods/resize", "patch"), ("", "limitranges", "list"),
                  ("", "resourcequotas", "list"), ("autoscaling.k8s.io", "verticalpodautoscalers", "list")}
-    # Remediation: evictions only (never delete).
-    expected |= {("", "pods/eviction", "create")}
+    # Remediation: evictions only (never delete), and where the evicted Pod's volumes can be reached from.
+    expected |= {("", "pods/eviction", "create"), ("", "persistentvolumeclaims", "get"),
+                 ("", "persistentvolumes", "get")}
     assert not any(verb == "delete" for _, _, verb in granted)
     assert granted == expected
     lease = next(r for r in by_kind(rendered, "Role") if r["metadata"]["name"] == "oversale-reconciler-lease")
@@ -455,6 +456,8 @@ CALLS = {
         ("", "pods", "patch"): ("reconcilers/cluster.py", "patch_namespaced_pod("),
         ("", "pods/resize", "patch"): ("reconcilers/cluster.py", "patch_namespaced_pod_resize("),
         ("", "pods/eviction", "create"): ("reconcilers/cluster.py", "create_namespaced_pod_eviction("),
+        ("", "persistentvolumeclaims", "get"): ("reconcilers/cluster.py", "read_namespaced_persistent_volume_claim("),
+        ("", "persistentvolumes", "get"): ("reconcilers/cluster.py", "read_persistent_volume("),
         ("", "limitranges", "list"): ("reconcilers/cluster.py", "list_limit_range_for_all_namespaces"),
         ("", "resourcequotas", "list"): ("reconcilers/cluster.py", "list_resource_quota_for_all_namespaces"),
         ("autoscaling.k8s.io", "verticalpodautoscalers", "list"): ("reconcilers/cluster.py", "VPA_PLURAL"),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oversale.node_fit import constraint_problem, node_constraints
+from oversale.node_fit import VolumeAffinity, claim_names, constraint_problem, node_constraints, volume_affinity
 from tests.conftest import SHARED
 
 NODE = "node-a"
@@ -127,3 +127,51 @@ def test_malformed_specs_and_taints_never_raise(spec, terms, taints):
 ])
 def test_a_malformed_constraint_admits_no_node(pod):
     assert problem(pod) is not None
+
+
+def persistent_volume(name: str, *terms: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"capacity": {"storage": "10Gi"}}
+    if terms:
+        spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": list(terms)}}
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+ZONAL = persistent_volume("pv-zonal", expression("topology.kubernetes.io/zone", "In", "b"))
+LOCAL = persistent_volume("pv-local", expression("kubernetes.io/hostname", "In", "node-a"))
+
+
+@pytest.mark.parametrize(("volume", "labels", "admitted"), [
+    (ZONAL, {"topology.kubernetes.io/zone": "b"}, True),
+    (ZONAL, {"topology.kubernetes.io/zone": "c"}, False),
+    (ZONAL, {}, False),
+    (LOCAL, {"kubernetes.io/hostname": "node-a"}, True),
+    (LOCAL, {"kubernetes.io/hostname": "node-b"}, False),
+    # The VolumeBinding filter matches labels only: a term on the node's name matches no node.
+    (persistent_volume("pv-named", {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}),
+     {}, False),
+])
+def test_a_bound_volume_is_reached_only_where_its_persistent_volume_says(volume, labels, admitted):
+    affinity = volume_affinity("data", volume)
+    assert affinity is not None
+    found = constraint_problem(node_constraints({"spec": {}}, (affinity,)), NODE, labels, [])
+    assert (found is None) is admitted, found
+
+
+def test_network_storage_reaches_every_node_and_an_unbound_claim_none():
+    assert volume_affinity("shared", persistent_volume("pv-nfs")) is None
+    assert volume_affinity("shared", {"metadata": {"name": "pv-x"}, "spec": {"nodeAffinity": {}}}) is None
+    unbound = volume_affinity("data", None)
+    assert constraint_problem(node_constraints({"spec": {}}, (unbound,)), NODE, LABELS, []) == \
+        "volume data is not bound to a PersistentVolume"
+    for spec in ("zone b", {"nodeAffinity": ["zone b"]}, {"nodeAffinity": {"required": {"nodeSelectorTerms": "b"}}}):
+        malformed = {"metadata": {"name": "pv-m"}, "spec": spec}
+        assert volume_affinity("data", malformed) == VolumeAffinity("data", "pv-m", ()), "reaches no node"
+
+
+def test_the_claims_a_pod_uses():
+    pod = {"metadata": {"name": "db-0"}, "spec": {"volumes": [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}},
+        {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+        {"name": "config", "configMap": {"name": "db"}}, "garbage", {"name": "odd", "persistentVolumeClaim": {}}]}}
+    assert claim_names(pod) == ["data-db-0", "db-0-scratch"]
+    assert claim_names({"spec": {"volumes": "data"}}) == [] and claim_names({}) == []

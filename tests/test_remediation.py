@@ -321,6 +321,38 @@ def test_a_pod_is_not_evicted_toward_a_node_its_replacement_could_not_run_on(api
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None and evictions(api) == 1
 
 
+def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api):
+    """A zonal PersistentVolume attaches only in its zone: kube-scheduler's VolumeBinding filter
+    would keep the replacement Pending anywhere else (or send it back to the hot node)."""
+    for name, zone in (("node-hot", "a"), ("node-cool", "b")):
+        node_ = api.get("nodes", "", name)
+        node_["metadata"]["labels"]["topology.kubernetes.io/zone"] = zone
+        api.put("nodes", node_)
+    for claim, pod_name, volume in (("data-web", "web-5d8f9-abcde", "pv-disk-a"), ("cache-api", "api-6f7c8-fghij",
+                                                                                  "pv-nfs")):
+        pod_ = api.get("pods", "shop", pod_name)
+        pod_["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+        api.put("pods", pod_)
+        api.put("persistentvolumeclaims", {"metadata": {"name": claim, "namespace": "shop"},
+                                           "spec": {"volumeName": volume}, "status": {"phase": "Bound"}})
+    zonal = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}]}}
+    api.put("persistentvolumes", {"metadata": {"name": "pv-disk-a"}, "spec": {"nodeAffinity": zonal}})
+    api.put("persistentvolumes", {"metadata": {"name": "pv-nfs"}, "spec": {"nfs": {"server": "nfs", "path": "/"}}})
+
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    api.unavailable = {"persistentvolumeclaims"}
+    remediator_.run_pass()
+    assert evictions(api) == 0, "volumes that cannot be read: no move"
+    api.unavailable = set()
+    rows = remediator_.run_pass()
+    assert ("not moved: no node can take it (volume data-web (PersistentVolume pv-disk-a) cannot be reached from "
+            "node-cool: its node affinity does not match)") in \
+        {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "network storage goes anywhere: this Pod moves"
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
