@@ -158,7 +158,8 @@ class Candidate:
     usage: Mapping[str, float]
     """Its current usage (millicores, bytes)."""
     constraints: NodeConstraints = field(default_factory=NodeConstraints)
-    """What its replacement will ask of a node's labels and taints (the replay's workloads: nothing)."""
+    """What its replacement will ask of a node's labels and taints, its volumes' included (the
+    replay's workloads ask nothing)."""
 
     @property
     def overuse(self) -> float:

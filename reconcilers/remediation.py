@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
+from kube.client import one_line
 from kube.metrics_api import MetricsAPI
 from oversale.node_fit import VolumeAffinity, claim_names, volume_affinity
 from oversale.placement import NodeHeat, NodeUsage, held_reservations, node_view, pod_demand
@@ -115,8 +116,8 @@ class Remediator:
         heats = {name: NodeHeat(node_load(list(self.samples[name]), load_config), now) for name in fresh}
         # Every node a Pod could move to, as this pass leaves it: a move takes its room before the
         # next hot node plans, so two hot nodes never both count on the same free room.
-        # kube-scheduler will hold the replacement to the Pod's nodeSelector, node affinity and
-        # tolerations: a target its labels or taints rule out is no target.
+        # kube-scheduler will hold the replacement to the Pod's nodeSelector, node affinity,
+        # tolerations and volumes: a target its labels or taints rule out is no target.
         targets: dict[str, Target] = {}
         for node in filter(_schedulable, nodes):
             name = node["metadata"]["name"]
@@ -178,8 +179,8 @@ class Remediator:
                     if excluded is None:
                         try:
                             volumes = self._volume_affinities(pod)
-                        except ApiException as error:
-                            excluded = f"its volumes could not be read ({error.status} {error.reason})"
+                        except Exception as error:  # noqa: BLE001  -- any API trouble: the Pod stays
+                            excluded = f"its volumes could not be read ({one_line(error)})"
                     if excluded is None:
                         found = candidate(pod, pod_demand(pod, self.keys), usage or {}, volumes)
                         if self.workload_cooldown.get(found.workload, 0) > now:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -321,7 +322,7 @@ def test_a_pod_is_not_evicted_toward_a_node_its_replacement_could_not_run_on(api
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None and evictions(api) == 1
 
 
-def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api):
+def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api, caplog):
     """A zonal PersistentVolume attaches only in its zone: kube-scheduler's VolumeBinding filter
     would keep the replacement Pending anywhere else (or send it back to the hot node)."""
     for name, zone in (("node-hot", "a"), ("node-cool", "b")):
@@ -342,8 +343,10 @@ def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api):
 
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
     api.unavailable = {"persistentvolumeclaims"}
-    remediator_.run_pass()
+    with caplog.at_level(logging.DEBUG, logger="reconcilers.remediation"):
+        remediator_.run_pass()
     assert evictions(api) == 0, "volumes that cannot be read: no move"
+    assert "shop/web-5d8f9-abcde kept: its volumes could not be read (HTTP 503" in caplog.text
     api.unavailable = set()
     rows = remediator_.run_pass()
     assert ("not moved: no node can take it (volume data-web (PersistentVolume pv-disk-a) cannot be reached from "
