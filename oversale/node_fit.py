@@ -41,13 +41,20 @@ class VolumeAffinity:
 class NodeConstraints:
     """What a Pod asks of a node's labels and taints."""
 
-    node_selector: Mapping[str, Any] | None = field(default_factory=dict)
-    """Labels the node must carry; None: the Pod's ``nodeSelector`` is not a map (no node)."""
+    node_selector: Mapping[str, Any] = field(default_factory=dict)
     required_terms: tuple[Any, ...] | None = None
     """``nodeSelectorTerms`` of ``requiredDuringSchedulingIgnoredDuringExecution``; None: none required."""
     tolerations: tuple[Any, ...] = ()
     volumes: tuple[VolumeAffinity, ...] = ()
     """Its bound volumes that only some nodes reach (read from the cluster: :func:`volume_affinity`)."""
+    name: str = ""
+    """``namespace/name``: the Pod itself no longer counts where it was, for inter-Pod affinity."""
+    namespace: str = ""
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    pod_affinity: tuple[PodTerm, ...] = ()
+    pod_anti_affinity: tuple[PodTerm, ...] = ()
+    unreadable: str = ""
+    """Why part of its spec cannot be read (no node admits it then), or ""."""
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:
@@ -105,7 +112,16 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         return NodeConstraints()
+    metadata = pod.get("metadata") or {}
+    namespace = str(metadata.get("namespace", ""))
+    labels = metadata.get("labels")
+    pod_affinity, pod_anti_affinity = (_pod_terms(spec, kind, namespace) for kind in ("podAffinity", "podAntiAffinity"))
     selector = spec.get("nodeSelector")
+    unreadable = ""
+    if selector is not None and not isinstance(selector, Mapping):
+        unreadable = "its nodeSelector is not a map"
+    elif pod_affinity is None or pod_anti_affinity is None:
+        unreadable = "its required pod affinity cannot be read"
     affinity = spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
     required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
@@ -116,16 +132,23 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         terms = tuple(listed) if isinstance(listed, list) else ()
     tolerations = spec.get("tolerations")
     return NodeConstraints(
-        node_selector=selector if isinstance(selector, Mapping) else ({} if selector is None else None),
+        node_selector=selector if isinstance(selector, Mapping) else {},
         required_terms=terms,
         tolerations=tuple(tolerations) if isinstance(tolerations, list) else (),
         volumes=volumes,
+        name=f"{namespace}/{metadata.get('name', '')}",
+        namespace=namespace,
+        labels=labels if isinstance(labels, Mapping) else {},
+        pod_affinity=pod_affinity or (),
+        pod_anti_affinity=pod_anti_affinity or (),
+        unreadable=unreadable,
     )
 
 
 def constraint_problem(constraints: NodeConstraints, node: str, labels: Mapping[str, str],
-                       taints: Sequence[Any]) -> str | None:
-    """None when the node admits the Pod, else why not.
+                       taints: Sequence[Any], neighbours: Neighbours | None = None) -> str | None:
+    """None when the node admits the Pod, else why not; with ``neighbours``, the Pods running on
+    the nodes have their say too (:func:`inter_pod_problem`).
 
     >>> db = NodeConstraints(node_selector={"pool": "db"})
     >>> constraint_problem(db, "node-b", {"pool": "web"}, [])
@@ -135,8 +158,8 @@ def constraint_problem(constraints: NodeConstraints, node: str, labels: Mapping[
     'taint gpu=a100:NoSchedule on node-g is not tolerated'
     >>> constraint_problem(NodeConstraints(tolerations=({"key": "gpu", "operator": "Exists"},)), "node-g", {}, gpu)
     """
-    if constraints.node_selector is None:
-        return "its nodeSelector is not a map"
+    if constraints.unreadable:
+        return constraints.unreadable
     for key, wanted in constraints.node_selector.items():
         if labels.get(key) != wanted:
             has = f"{key}={labels[key]}" if key in labels else f"no label {key}"
@@ -159,7 +182,7 @@ def constraint_problem(constraints: NodeConstraints, node: str, labels: Mapping[
                 return f"volume {bound.claim} is not bound to a PersistentVolume"
             return (f"volume {bound.claim} (PersistentVolume {bound.volume}) cannot be reached from {node}: its node "
                     "affinity does not match")
-    return None
+    return inter_pod_problem(constraints, node, neighbours) if neighbours is not None else None
 
 
 def _term_matches(term: Any, node: str, labels: Mapping[str, str]) -> bool:
@@ -207,3 +230,155 @@ def _tolerates(toleration: Any, taint: Mapping[str, Any]) -> bool:
     if operator == "Exists":
         return True
     return operator == "Equal" and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+@dataclass(frozen=True)
+class PodTerm:
+    """One required inter-Pod affinity or anti-affinity term."""
+
+    selector: Mapping[str, Any] | None
+    """Its ``labelSelector``; None selects no Pod (as the API defines a null selector)."""
+    namespaces: frozenset[str] | None
+    """Where the Pods it selects live: its ``namespaces``, else its owner's namespace; None: any
+    namespace (a ``namespaceSelector``, not resolved here, is taken as every namespace)."""
+    topology_key: str
+
+
+@dataclass(frozen=True)
+class PlacedPod:
+    """A running Pod as inter-Pod affinity sees it."""
+
+    name: str
+    """``namespace/name``."""
+    namespace: str
+    labels: Mapping[str, Any]
+    node: str
+    anti_affinity: tuple[PodTerm, ...] = ()
+
+
+def placed_pod(pod: Mapping[str, Any]) -> PlacedPod:
+    """What inter-Pod affinity reads of a running Pod."""
+    metadata = pod.get("metadata") or {}
+    namespace = str(metadata.get("namespace", ""))
+    labels = metadata.get("labels")
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        spec = {}
+    return PlacedPod(f"{namespace}/{metadata.get('name', '')}", namespace,
+                     labels if isinstance(labels, Mapping) else {}, str(spec.get("nodeName") or ""),
+                     _pod_terms(spec, "podAntiAffinity", namespace) or ())
+
+
+class Neighbours:
+    """The running Pods by node, and every node's labels, for one pass: which Pods share a term's
+    topology domain with a node (the nodes whose label ``topologyKey`` has the same value)."""
+
+    def __init__(self, node_labels: Mapping[str, Mapping[str, str]], pods: Sequence[PlacedPod]) -> None:
+        self.node_labels = node_labels
+        self._domains: dict[str, dict[str, list[PlacedPod]]] = {}
+        self._selected: dict[tuple[str, str | None, str], PlacedPod | None] = {}
+        self.pods = pods
+        self.guarded = [p for p in pods if p.anti_affinity]
+        """The Pods whose own anti-affinity may keep another Pod out (few, in most clusters)."""
+
+    def place(self, pod: PlacedPod) -> None:
+        """A Pod this pass sends to ``pod.node``: the Pods after it must reckon with its replacement."""
+        self.pods = [*self.pods, pod]
+        self.guarded = [*self.guarded, pod] if pod.anti_affinity else self.guarded
+        self._domains.clear()
+        self._selected.clear()
+
+    def selected(self, term: PodTerm, value: str | None, moving: str) -> PlacedPod | None:
+        """A Pod but ``moving`` that ``term`` selects in its domain ``value`` (None: anywhere), or
+        None. Remembered for the pass: every target in one zone asks the same of the same Pods."""
+        memo = (repr(term), value, moving)
+        if memo not in self._selected:
+            domain = self.pods if value is None else self._domain(term.topology_key).get(value, [])
+            self._selected[memo] = next((p for p in domain if p.name != moving and _selects(term, p)), None)
+        return self._selected[memo]
+
+    def _domain(self, key: str) -> dict[str, list[PlacedPod]]:
+        """The running Pods by their node's value of ``key`` (one walk over them per key)."""
+        domains = self._domains.get(key)
+        if domains is None:
+            domains = self._domains[key] = {}
+            for pod in self.pods:
+                value = self.node_labels.get(pod.node, {}).get(key)
+                if value is not None:
+                    domains.setdefault(value, []).append(pod)
+        return domains
+
+
+def replacement(constraints: NodeConstraints, node: str) -> PlacedPod:
+    """The Pod that will replace the one ``constraints`` describe, once it runs on ``node``."""
+    return PlacedPod(f"{constraints.name} (replacement)", constraints.namespace, constraints.labels, node,
+                     constraints.pod_anti_affinity)
+
+
+def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> str | None:
+    """None when the Pod's required inter-Pod affinity and anti-affinity, and every running Pod's
+    required anti-affinity, let it run on ``node`` (kube-scheduler's InterPodAffinity filter),
+    else why not. The Pod that moves (``constraints.name``) no longer counts where it was."""
+    labels = neighbours.node_labels.get(node, {})
+    incoming = PlacedPod(constraints.name, constraints.namespace, constraints.labels, node)
+    affinity = constraints.pod_affinity
+    if affinity:
+        missing = next((t.topology_key for t in affinity if labels.get(t.topology_key) is None), None)
+        if missing is not None:
+            return f"required pod affinity: {node} has no label {missing}"
+        unmet = next((t for t in affinity if neighbours.selected(t, labels[t.topology_key], constraints.name) is None),
+                     None)
+        # The first Pod of a group that selects itself may start anywhere the keys are, as
+        # kube-scheduler allows when no other Pod matches any term and it matches them all.
+        if unmet is not None and not (all(_selects(t, incoming) for t in affinity) and all(
+                neighbours.selected(t, None, constraints.name) is None for t in affinity)):
+            return (f"required pod affinity ({unmet.topology_key}): no Pod it must run beside shares {node}'s "
+                    f"{unmet.topology_key}")
+    for term in constraints.pod_anti_affinity:
+        value = labels.get(term.topology_key)
+        if value is None:
+            continue
+        clash = neighbours.selected(term, value, constraints.name)
+        if clash is not None:
+            return f"required pod anti-affinity ({term.topology_key}): {clash.name} shares {node}'s {term.topology_key}"
+    for other in neighbours.guarded:
+        if other.name == constraints.name:
+            continue
+        for term in other.anti_affinity:
+            value = labels.get(term.topology_key)
+            if (value is not None and neighbours.node_labels.get(other.node, {}).get(term.topology_key) == value
+                    and _selects(term, incoming)):
+                return f"{other.name}'s required pod anti-affinity ({term.topology_key}) keeps it off {node}"
+    return None
+
+
+def _pod_terms(spec: Mapping[str, Any], kind: str, namespace: str) -> tuple[PodTerm, ...] | None:
+    """The required terms of ``affinity.<kind>``; None when they cannot be read."""
+    affinity = spec.get("affinity")
+    block = affinity.get(kind) if isinstance(affinity, Mapping) else None
+    listed = block.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(block, Mapping) else None
+    if listed is None:
+        return ()
+    if not isinstance(listed, list):
+        return None
+    terms = []
+    for term in listed:
+        if not isinstance(term, Mapping) or not isinstance(term.get("topologyKey"), str):
+            return None
+        selector, names = term.get("labelSelector"), term.get("namespaces")
+        if names:
+            namespaces: frozenset[str] | None = frozenset(map(str, names)) if isinstance(names, list) else None
+        else:
+            namespaces = None if term.get("namespaceSelector") is not None else frozenset({namespace})
+        terms.append(PodTerm(selector if isinstance(selector, Mapping) else None, namespaces, term["topologyKey"]))
+    return tuple(terms)
+
+
+def _selects(term: PodTerm, pod: PlacedPod) -> bool:
+    if term.selector is None or (term.namespaces is not None and pod.namespace not in term.namespaces):
+        return False
+    match_labels, expressions = term.selector.get("matchLabels") or {}, term.selector.get("matchExpressions") or []
+    if not isinstance(match_labels, Mapping) or not isinstance(expressions, list):
+        return False
+    return (all(pod.labels.get(key) == value for key, value in match_labels.items())
+            and all(_requirement_holds(e, pod.labels) for e in expressions))

@@ -21,7 +21,7 @@ from typing import Any
 
 from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
 from oversale.errors import InvalidAnnotation
-from oversale.node_fit import NodeConstraints, VolumeAffinity, constraint_problem, node_constraints
+from oversale.node_fit import Neighbours, NodeConstraints, VolumeAffinity, constraint_problem, node_constraints
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.pods import controller_of, is_mirror_or_static, qos_class
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount
@@ -212,12 +212,13 @@ class MovePlan:
     """Excess the moves do not remove (more next pass)."""
 
 
-def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig) -> tuple[int | None, str]:
+def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
+               neighbours: Neighbours | None = None) -> tuple[int | None, str]:
     """The index of the best node that can take ``pod`` (the extender's filter and score, with the
     Pod's *current usage* as its load), or None and why none can."""
     best, best_score, reasons = None, -1, []
     for index, target in enumerate(targets):
-        why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints)
+        why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints, neighbours)
                or shortfall(target.view, target.usage, pod.demand))
         if why is None and target.heat is not None:
             with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)
@@ -241,9 +242,10 @@ def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
 
 
 def plan_moves(over: Mapping[str, float], candidates: Iterable[Candidate], targets: Sequence[Target],
-               config: LoadConfig, allowed: int) -> MovePlan:
+               config: LoadConfig, allowed: int, neighbours: Neighbours | None = None) -> MovePlan:
     """The fewest Pods, in eviction order, whose usage covers the node's excess over its runtime
-    watermark, each with a node that can take it; at most ``allowed`` of them.
+    watermark, each with a node that can take it; at most ``allowed`` of them. With
+    ``neighbours`` (the running Pods), inter-Pod affinity has its say in "can take it".
 
     Greedy in eviction order, then a Pod whose usage is not needed to cover the excess is dropped
     again (the least preferred first), so a large Pod found late replaces the small ones before it.
@@ -257,7 +259,7 @@ def plan_moves(over: Mapping[str, float], candidates: Iterable[Candidate], targe
             break
         if not any(pod.usage.get(r, 0.0) > 0 for r, v in remaining.items() if v > 0):
             continue  # it would not cool what is hot
-        index, why = target_for(pod, targets, config)
+        index, why = target_for(pod, targets, config, neighbours)
         if index is None:
             plan.kept.append((pod, why))
             continue

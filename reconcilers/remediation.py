@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kube.client import one_line
 from kube.metrics_api import MetricsAPI
-from oversale.node_fit import VolumeAffinity, claim_names, volume_affinity
+from oversale.node_fit import Neighbours, VolumeAffinity, claim_names, placed_pod, replacement, volume_affinity
 from oversale.placement import NodeHeat, NodeUsage, held_reservations, node_view, pod_demand
 from oversale.pods import scheduled_request
 from oversale.quantity import RESOURCES, format_amount
@@ -130,6 +130,7 @@ class Remediator:
         budget = self.config.max_per_pass
         per_namespace: dict[str, int] = {}
         hot_nodes = 0
+        neighbours: Neighbours | None = None
         utilization: dict[tuple[str, ...], float] = {}
         try:
             for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
@@ -191,8 +192,13 @@ class Remediator:
                             candidates.append(found)
                             continue
                     log.debug("Node/%s: %s kept: %s", name, pod_name, excluded)
+                if neighbours is None:
+                    # Every running Pod as inter-Pod affinity reads it, once a pass, and only once a
+                    # node has something to plan.
+                    neighbours = Neighbours({n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes},
+                                            [placed_pod(unpacked(p)) for pods in by_node.values() for p in pods])
                 plan = plan_moves(over, candidates, [t for other, t in targets.items() if other != name],
-                                  self.settings.load, min(self.config.max_per_node, budget))
+                                  self.settings.load, min(self.config.max_per_node, budget), neighbours)
                 for kept, reason in plan.kept:
                     rows.append(Row(f"Pod/{kept.name}", "*", name, "", "", f"not moved: {reason}"))
                 if not plan.moves:
@@ -205,6 +211,7 @@ class Remediator:
                                     f"evict from hot {name} ({why}); {move.reason}", done))
                     if dry_run or done:
                         targets[move.target] = targets[move.target].taking(move.pod)
+                        neighbours.place(replacement(move.pod.constraints, move.target))
                         budget -= 1
                         per_namespace[move.pod.namespace] = per_namespace.get(move.pod.namespace, 0) + 1
                     if done:

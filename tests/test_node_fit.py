@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oversale.node_fit import VolumeAffinity, claim_names, constraint_problem, node_constraints, volume_affinity
+from oversale.node_fit import (
+    Neighbours,
+    VolumeAffinity,
+    claim_names,
+    constraint_problem,
+    node_constraints,
+    placed_pod,
+    replacement,
+    volume_affinity,
+)
 from tests.conftest import SHARED
 
 NODE = "node-a"
@@ -109,12 +118,17 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size
 
 
 @settings(max_examples=300, deadline=None)
-@given(spec=st.dictionaries(st.sampled_from(["nodeSelector", "affinity", "tolerations"]), JSON),
+@given(spec=st.dictionaries(st.sampled_from(["nodeSelector", "affinity", "tolerations"]), JSON | st.builds(
+    lambda kind, terms: {kind: {"requiredDuringSchedulingIgnoredDuringExecution": terms}},
+    st.sampled_from(["podAffinity", "podAntiAffinity", "nodeAffinity"]), JSON)),
        terms=JSON, taints=st.lists(JSON, max_size=3))
 def test_malformed_specs_and_taints_never_raise(spec, terms, taints):
     for pod in ({"spec": spec}, affinity(terms if isinstance(terms, dict) else {"matchExpressions": terms})):
-        found = constraint_problem(node_constraints(pod), NODE, LABELS, taints)
-        assert found is None or isinstance(found, str)
+        there = placed_pod({"metadata": {"name": "x", "labels": LABELS}, "spec": {**spec, "nodeName": NODE}})
+        neighbours = Neighbours({NODE: LABELS}, [there])
+        for around in (None, neighbours):
+            found = constraint_problem(node_constraints(pod), NODE, LABELS, taints, around)
+            assert found is None or isinstance(found, str)
 
 
 @pytest.mark.parametrize("pod", [
@@ -175,3 +189,98 @@ def test_the_claims_a_pod_uses():
         {"name": "config", "configMap": {"name": "db"}}, "garbage", {"name": "odd", "persistentVolumeClaim": {}}]}}
     assert claim_names(pod) == ["data-db-0", "db-0-scratch"]
     assert claim_names({"spec": {"volumes": "data"}}) == [] and claim_names({}) == []
+
+
+# ---- inter-Pod affinity -----------------------------------------------------------------------
+
+HOST, ZONE = "kubernetes.io/hostname", "topology.kubernetes.io/zone"
+NODES = {"a": {HOST: "a", ZONE: "z1"}, "b": {HOST: "b", ZONE: "z1"}, "c": {HOST: "c", ZONE: "z2"}, "bare": {}}
+
+
+def term(key: str, selector: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"labelSelector": selector, "topologyKey": key, **extra}
+
+
+def running(name: str, node: str, labels: dict[str, str], namespace: str = "shop",
+            affinity: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"nodeName": node, **({"affinity": affinity} if affinity else {})}}
+
+
+def anti(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": list(terms)}}
+
+
+def with_affinity(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": list(terms)}}
+
+
+WEB_APART = anti(term(HOST, {"matchLabels": {"app": "web"}}))
+CLUSTER = [running("web-1", "a", {"app": "web"}, affinity=WEB_APART), running("db-0", "b", {"app": "db"}),
+           running("cache-0", "c", {"app": "cache"}, affinity=anti(term(ZONE, {"matchLabels": {"app": "batch"}})))]
+
+
+def where(pod: dict[str, Any], pods: list[dict[str, Any]] = CLUSTER) -> dict[str, str | None]:
+    neighbours = Neighbours(NODES, [placed_pod(p) for p in pods])
+    return {node: constraint_problem(node_constraints(pod), node, NODES[node], [], neighbours) for node in NODES}
+
+
+def test_required_anti_affinity_of_the_pod_and_of_the_pods_already_there():
+    # A second replica of a Deployment spread one per node: not beside the first.
+    found = where(running("web-2", "", {"app": "web"}, affinity=WEB_APART))
+    assert found["a"] == f"required pod anti-affinity ({HOST}): shop/web-1 shares a's {HOST}"
+    assert found["b"] is None and found["c"] is None and found["bare"] is None, "no hostname label: no domain"
+    # The Pods already running have their say: cache-0 keeps batch Pods out of its zone.
+    found = where(running("batch-1", "", {"app": "batch"}))
+    assert found["c"] == f"shop/cache-0's required pod anti-affinity ({ZONE}) keeps it off c"
+    assert found["a"] is None and found["b"] is None
+    # Terms select in their owner's namespace unless they name others; a null selector selects nothing.
+    assert where(running("batch-1", "", {"app": "batch"}, namespace="jobs"))["c"] is None
+    assert where(running("web-9", "", {"app": "web"}, namespace="other", affinity=WEB_APART))["a"] is None, \
+        "each term selects in its own Pod's namespace: web-1's in shop, web-9's in other"
+    spread_all = anti(term(HOST, {"matchLabels": {"app": "web"}}, namespaceSelector={}))
+    assert where(running("web-9", "", {"app": "web"}, namespace="other", affinity=spread_all))["a"] is not None
+    assert where(running("x", "", {"app": "web"}, affinity=anti(term(HOST, None))))["a"] is not None, \
+        "web-1's term still selects it"
+    assert where(running("x", "", {"app": "x"}, affinity=anti(term(HOST, None))))["a"] is None
+
+
+def test_the_pod_that_moves_no_longer_counts_where_it_was():
+    # web-1 leaves a: for its zone-wide spread, its own old place does not count against b.
+    zone_apart = anti(term(ZONE, {"matchLabels": {"app": "web"}}))
+    pods = [running("web-1", "a", {"app": "web"}, affinity=zone_apart), running("db-0", "b", {"app": "db"})]
+    assert where(running("web-1", "a", {"app": "web"}, affinity=zone_apart), pods)["b"] is None
+    assert where(running("web-2", "", {"app": "web"}, affinity=zone_apart), pods)["b"] is not None
+
+
+def test_required_affinity_needs_a_matching_pod_in_the_domain():
+    beside_db = with_affinity(term(ZONE, {"matchExpressions": [{"key": "app", "operator": "In", "values": ["db"]}]}))
+    found = where(running("api-1", "", {"app": "api"}, affinity=beside_db))
+    assert found["a"] is None and found["b"] is None
+    assert found["c"] == f"required pod affinity ({ZONE}): no Pod it must run beside shares c's {ZONE}"
+    assert found["bare"] == f"required pod affinity: bare has no label {ZONE}"
+    # The first of a group that selects itself may start anywhere (no other Pod matches).
+    together = with_affinity(term(ZONE, {"matchLabels": {"app": "new"}}))
+    assert where(running("new-1", "", {"app": "new"}, affinity=together))["c"] is None
+    assert where(running("new-2", "", {"app": "new"}, affinity=together),
+                 [*CLUSTER, running("new-1", "a", {"app": "new"})])["c"] is not None
+
+
+def test_a_replacement_sent_this_pass_counts_for_the_next_pod():
+    neighbours = Neighbours(NODES, [placed_pod(p) for p in CLUSTER])
+    web_2 = node_constraints(running("web-2", "a", {"app": "web"}, affinity=WEB_APART))
+    assert constraint_problem(web_2, "b", NODES["b"], [], neighbours) is None
+    neighbours.place(replacement(web_2, "b"))
+    web_3 = node_constraints(running("web-3", "c", {"app": "web"}, affinity=WEB_APART))
+    assert constraint_problem(web_3, "b", NODES["b"], [], neighbours) == \
+        f"required pod anti-affinity ({HOST}): shop/web-2 (replacement) shares b's {HOST}"
+
+
+@pytest.mark.parametrize("affinity", [
+    {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "spread"}},
+    anti({"labelSelector": {"matchLabels": {"app": "web"}}}),
+    with_affinity("web"),
+])
+def test_unreadable_pod_affinity_admits_no_node(affinity):
+    assert set(where(running("w", "", {"app": "w"}, affinity=affinity)).values()) == \
+        {"its required pod affinity cannot be read"}

@@ -356,6 +356,31 @@ def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api, caplog):
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "network storage goes anywhere: this Pod moves"
 
 
+def test_a_replica_spread_one_per_node_is_not_sent_beside_another(api):
+    """Required pod anti-affinity on the hostname (one replica per node): a node already running a
+    replica cannot take the replacement, whatever room it has."""
+    for name in ("node-hot", "node-cool"):
+        node_ = api.get("nodes", "", name)
+        node_["metadata"]["labels"]["kubernetes.io/hostname"] = name
+        api.put("nodes", node_)
+    spread = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["affinity"] = spread
+    api.put("pods", web)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/web-5d8f9-abcde"], "room, no replica"
+    other = pod("web-5d8f9-vwxyz")
+    other["spec"] = {**other["spec"], "nodeName": "node-cool", "affinity": spread}
+    api.put("pods", other)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert ("not moved: no node can take it (required pod anti-affinity (kubernetes.io/hostname): "
+            "shop/web-5d8f9-vwxyz shares node-cool's kubernetes.io/hostname)") in \
+        {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "the Pod that can go moves instead"
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
