@@ -53,6 +53,7 @@ class NodeConstraints:
     labels: Mapping[str, Any] = field(default_factory=dict)
     pod_affinity: tuple[PodTerm, ...] = ()
     pod_anti_affinity: tuple[PodTerm, ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
     unreadable: str = ""
     """Why part of its spec cannot be read (no node admits it then), or ""."""
 
@@ -122,6 +123,9 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         unreadable = "its nodeSelector is not a map"
     elif pod_affinity is None or pod_anti_affinity is None:
         unreadable = "its required pod affinity cannot be read"
+    spread = _spread_constraints(spec)
+    if spread is None:
+        unreadable = unreadable or "its topology spread constraints cannot be read"
     affinity = spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
     required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
@@ -141,6 +145,7 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         labels=labels if isinstance(labels, Mapping) else {},
         pod_affinity=pod_affinity or (),
         pod_anti_affinity=pod_anti_affinity or (),
+        spread=spread or (),
         unreadable=unreadable,
     )
 
@@ -160,13 +165,9 @@ def constraint_problem(constraints: NodeConstraints, node: str, labels: Mapping[
     """
     if constraints.unreadable:
         return constraints.unreadable
-    for key, wanted in constraints.node_selector.items():
-        if labels.get(key) != wanted:
-            has = f"{key}={labels[key]}" if key in labels else f"no label {key}"
-            return f"nodeSelector {key}={wanted}: {node} has {has}"
-    if constraints.required_terms is not None and not any(
-            _term_matches(term, node, labels) for term in constraints.required_terms):
-        return f"required node affinity: {node} matches none of its {len(constraints.required_terms)} term(s)"
+    problem = _labels_problem(constraints, node, labels)
+    if problem is not None:
+        return problem
     for taint in taints:
         if not isinstance(taint, Mapping) or taint.get("effect") not in BLOCKING_EFFECTS:
             continue
@@ -183,6 +184,18 @@ def constraint_problem(constraints: NodeConstraints, node: str, labels: Mapping[
             return (f"volume {bound.claim} (PersistentVolume {bound.volume}) cannot be reached from {node}: its node "
                     "affinity does not match")
     return inter_pod_problem(constraints, node, neighbours) if neighbours is not None else None
+
+
+def _labels_problem(constraints: NodeConstraints, node: str, labels: Mapping[str, str]) -> str | None:
+    """What the Pod's nodeSelector and required node affinity say of a node's labels."""
+    for key, wanted in constraints.node_selector.items():
+        if labels.get(key) != wanted:
+            has = f"{key}={labels[key]}" if key in labels else f"no label {key}"
+            return f"nodeSelector {key}={wanted}: {node} has {has}"
+    if constraints.required_terms is not None and not any(
+            _term_matches(term, node, labels) for term in constraints.required_terms):
+        return f"required node affinity: {node} matches none of its {len(constraints.required_terms)} term(s)"
+    return None
 
 
 def _term_matches(term: Any, node: str, labels: Mapping[str, str]) -> bool:
@@ -245,6 +258,18 @@ class PodTerm:
 
 
 @dataclass(frozen=True)
+class SpreadConstraint:
+    """A ``topologySpreadConstraints`` entry with ``whenUnsatisfiable: DoNotSchedule`` (one that
+    says ``ScheduleAnyway`` only scores nodes, it keeps a Pod off none)."""
+
+    max_skew: int
+    topology_key: str
+    selector: Mapping[str, Any] | None
+    """Its ``labelSelector``; None selects no Pod."""
+    min_domains: int | None = None
+
+
+@dataclass(frozen=True)
 class PlacedPod:
     """A running Pod as inter-Pod affinity sees it."""
 
@@ -277,6 +302,7 @@ class Neighbours:
         self.node_labels = node_labels
         self._domains: dict[str, dict[str, list[PlacedPod]]] = {}
         self._selected: dict[tuple[str, str | None, str], PlacedPod | None] = {}
+        self._spread: dict[tuple[str, ...], dict[str, int]] = {}
         self.pods = pods
         self.guarded = [p for p in pods if p.anti_affinity]
         """The Pods whose own anti-affinity may keep another Pod out (few, in most clusters)."""
@@ -287,6 +313,7 @@ class Neighbours:
         self.guarded = [*self.guarded, pod] if pod.anti_affinity else self.guarded
         self._domains.clear()
         self._selected.clear()
+        self._spread.clear()
 
     def selected(self, term: PodTerm, value: str | None, moving: str) -> PlacedPod | None:
         """A Pod but ``moving`` that ``term`` selects in its domain ``value`` (None: anywhere), or
@@ -296,6 +323,26 @@ class Neighbours:
             domain = self.pods if value is None else self._domain(term.topology_key).get(value, [])
             self._selected[memo] = next((p for p in domain if p.name != moving and _selects(term, p)), None)
         return self._selected[memo]
+
+    def spread_counts(self, spread: SpreadConstraint, constraints: NodeConstraints) -> dict[str, int]:
+        """The Pods ``spread`` counts in each of its domains, as kube-scheduler's PodTopologySpread
+        filter counts them: in the Pod's namespace, on the nodes that carry every key of the Pod's
+        constraints and that its nodeSelector and node affinity admit (``nodeAffinityPolicy:
+        Honor``, the default; taints are ignored, ``nodeTaintsPolicy: Ignore``); every such
+        domain counts, empty ones too. The Pod that moves no longer counts where it was."""
+        keys = tuple(s.topology_key for s in constraints.spread)
+        memo = (repr(spread), repr(constraints.node_selector), repr(constraints.required_terms), repr(keys),
+                constraints.namespace, constraints.name)
+        counts = self._spread.get(memo)
+        if counts is None:
+            term = PodTerm(spread.selector, frozenset({constraints.namespace}), spread.topology_key)
+            eligible = {node: labels[spread.topology_key] for node, labels in self.node_labels.items()
+                        if all(k in labels for k in keys) and _labels_problem(constraints, node, labels) is None}
+            counts = self._spread[memo] = dict.fromkeys(eligible.values(), 0)
+            for pod in self.pods:
+                if pod.node in eligible and pod.name != constraints.name and _selects(term, pod):
+                    counts[eligible[pod.node]] += 1
+        return counts
 
     def _domain(self, key: str) -> dict[str, list[PlacedPod]]:
         """The running Pods by their node's value of ``key`` (one walk over them per key)."""
@@ -316,9 +363,10 @@ def replacement(constraints: NodeConstraints, node: str) -> PlacedPod:
 
 
 def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> str | None:
-    """None when the Pod's required inter-Pod affinity and anti-affinity, and every running Pod's
-    required anti-affinity, let it run on ``node`` (kube-scheduler's InterPodAffinity filter),
-    else why not. The Pod that moves (``constraints.name``) no longer counts where it was."""
+    """None when the Pod's required inter-Pod affinity and anti-affinity, its ``DoNotSchedule``
+    topology spread constraints and every running Pod's required anti-affinity let it run on
+    ``node`` (kube-scheduler's InterPodAffinity and PodTopologySpread filters), else why not. The
+    Pod that moves (``constraints.name``) no longer counts where it was."""
     labels = neighbours.node_labels.get(node, {})
     incoming = PlacedPod(constraints.name, constraints.namespace, constraints.labels, node)
     affinity = constraints.pod_affinity
@@ -341,6 +389,19 @@ def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neigh
         clash = neighbours.selected(term, value, constraints.name)
         if clash is not None:
             return f"required pod anti-affinity ({term.topology_key}): {clash.name} shares {node}'s {term.topology_key}"
+    for spread in constraints.spread:
+        value = labels.get(spread.topology_key)
+        if value is None:
+            return f"topology spread: {node} has no label {spread.topology_key}"
+        counts = neighbours.spread_counts(spread, constraints)
+        fewest = min(counts.values(), default=0)
+        if spread.min_domains is not None and len(counts) < spread.min_domains:
+            fewest = 0
+        term = PodTerm(spread.selector, frozenset({constraints.namespace}), spread.topology_key)
+        there = counts.get(value, 0) + (1 if _selects(term, incoming) else 0)
+        if there - fewest > spread.max_skew:
+            return (f"topology spread ({spread.topology_key}): {there} matching Pods in {node}'s domain with it, "
+                    f"{fewest} in the emptiest, max skew {spread.max_skew}")
     for other in neighbours.guarded:
         if other.name == constraints.name:
             continue
@@ -350,6 +411,28 @@ def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neigh
                     and _selects(term, incoming)):
                 return f"{other.name}'s required pod anti-affinity ({term.topology_key}) keeps it off {node}"
     return None
+
+
+def _spread_constraints(spec: Mapping[str, Any]) -> tuple[SpreadConstraint, ...] | None:
+    """The Pod's ``DoNotSchedule`` topology spread constraints; None when they cannot be read."""
+    listed = spec.get("topologySpreadConstraints")
+    if listed is None:
+        return ()
+    if not isinstance(listed, list):
+        return None
+    found = []
+    for entry in listed:
+        if not isinstance(entry, Mapping):
+            return None
+        if entry.get("whenUnsatisfiable") == "ScheduleAnyway":
+            continue
+        skew, key, min_domains = entry.get("maxSkew"), entry.get("topologyKey"), entry.get("minDomains")
+        if (entry.get("whenUnsatisfiable") != "DoNotSchedule" or type(skew) is not int or skew < 1
+                or not isinstance(key, str) or not (min_domains is None or type(min_domains) is int)):
+            return None
+        selector = entry.get("labelSelector")
+        found.append(SpreadConstraint(skew, key, selector if isinstance(selector, Mapping) else None, min_domains))
+    return tuple(found)
 
 
 def _pod_terms(spec: Mapping[str, Any], kind: str, namespace: str) -> tuple[PodTerm, ...] | None:

@@ -117,11 +117,13 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size
                     max_leaves=12)
 
 
+SPEC_KEYS = st.sampled_from(["nodeSelector", "affinity", "tolerations", "topologySpreadConstraints"])
+REQUIRED = st.builds(lambda kind, terms: {kind: {"requiredDuringSchedulingIgnoredDuringExecution": terms}},
+                     st.sampled_from(["podAffinity", "podAntiAffinity", "nodeAffinity"]), JSON)
+
+
 @settings(max_examples=300, deadline=None)
-@given(spec=st.dictionaries(st.sampled_from(["nodeSelector", "affinity", "tolerations"]), JSON | st.builds(
-    lambda kind, terms: {kind: {"requiredDuringSchedulingIgnoredDuringExecution": terms}},
-    st.sampled_from(["podAffinity", "podAntiAffinity", "nodeAffinity"]), JSON)),
-       terms=JSON, taints=st.lists(JSON, max_size=3))
+@given(spec=st.dictionaries(SPEC_KEYS, JSON | REQUIRED), terms=JSON, taints=st.lists(JSON, max_size=3))
 def test_malformed_specs_and_taints_never_raise(spec, terms, taints):
     for pod in ({"spec": spec}, affinity(terms if isinstance(terms, dict) else {"matchExpressions": terms})):
         there = placed_pod({"metadata": {"name": "x", "labels": LABELS}, "spec": {**spec, "nodeName": NODE}})
@@ -284,3 +286,52 @@ def test_a_replacement_sent_this_pass_counts_for_the_next_pod():
 def test_unreadable_pod_affinity_admits_no_node(affinity):
     assert set(where(running("w", "", {"app": "w"}, affinity=affinity)).values()) == \
         {"its required pod affinity cannot be read"}
+
+
+def spread(key: str, max_skew: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"maxSkew": max_skew, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "web"}}, **extra}
+
+
+def spreading(name: str, node: str, *constraints: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    pod = running(name, node, {"app": "web"})
+    pod["spec"].update(topologySpreadConstraints=list(constraints), **spec)
+    return pod
+
+
+def test_topology_spread_counts_matching_pods_per_domain_as_kube_scheduler_does():
+    webs = [running("web-1", "a", {"app": "web"}), running("web-2", "b", {"app": "web"}),
+            running("web-x", "c", {"app": "web"}, namespace="other")]
+    found = where(spreading("web-3", "", spread(ZONE)), webs)
+    # z1 holds 2 (web-x is in another namespace and does not count), z2 none: only z2 keeps the skew.
+    assert found["a"] == f"topology spread ({ZONE}): 3 matching Pods in a's domain with it, 0 in the emptiest, " \
+        "max skew 1"
+    assert found["c"] is None
+    assert found["bare"] == f"topology spread: bare has no label {ZONE}"
+    assert where(spreading("web-3", "", spread(ZONE, 3)), webs)["a"] is None, "a larger skew allows it"
+    # The Pod that moves no longer counts where it was: web-1 may go to b (z1: web-2 and it).
+    assert where(spreading("web-1", "a", spread(ZONE)), webs)["b"] is not None
+    assert where(spreading("web-1", "a", spread(ZONE, 2)), webs)["b"] is None
+    # ScheduleAnyway only scores: it keeps the Pod off no node.
+    assert where(spreading("web-3", "", {**spread(ZONE), "whenUnsatisfiable": "ScheduleAnyway"}), webs)["a"] is None
+
+
+def test_topology_spread_domains_are_the_nodes_the_pod_could_use():
+    webs = [running("web-1", "a", {"app": "web"}), running("web-2", "c", {"app": "web"})]
+    assert where(spreading("web-3", "", spread(ZONE)), webs)["b"] is None, "z1 1 + it, z2 1: skew 1"
+    # Fewer domains than minDomains: the emptiest counts as 0.
+    assert where(spreading("web-3", "", spread(ZONE, minDomains=3)), webs)["b"] is not None
+    # Nodes its node affinity rules out are no domain: with z2 out of reach, z1 is the only one.
+    only_z1 = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        expression(ZONE, "In", "z1")]}}}
+    lonely = [running("web-1", "a", {"app": "web"}), running("web-2", "b", {"app": "web"})]
+    assert where(spreading("web-3", "", spread(ZONE), affinity=only_z1), lonely)["a"] is None
+    assert where(spreading("web-3", "", spread(ZONE)), lonely)["a"] is not None
+
+
+@pytest.mark.parametrize("constraint", [
+    {**spread(ZONE), "maxSkew": 0}, {**spread(ZONE), "maxSkew": "1"}, {**spread(ZONE), "whenUnsatisfiable": None},
+    {**spread(ZONE), "topologyKey": None}, "zone",
+])
+def test_unreadable_topology_spread_admits_no_node(constraint):
+    assert set(where(spreading("w", "", constraint)).values()) == {"its topology spread constraints cannot be read"}

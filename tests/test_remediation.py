@@ -381,6 +381,35 @@ def test_a_replica_spread_one_per_node_is_not_sent_beside_another(api):
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "the Pod that can go moves instead"
 
 
+def test_a_replica_is_not_moved_where_it_would_break_its_topology_spread(api):
+    """One replica per zone at most one apart (maxSkew 1): the hot node's replica may not join
+    another in its zone while a zone (here a cordoned node's) has none."""
+    for name, zone in (("node-hot", "z1"), ("node-cool", "z1")):
+        node_ = api.get("nodes", "", name)
+        node_["metadata"]["labels"]["topology.kubernetes.io/zone"] = zone
+        api.put("nodes", node_)
+    cordoned = node("node-z2", "8", labelled=False)
+    cordoned["metadata"]["labels"]["topology.kubernetes.io/zone"] = "z2"
+    cordoned["spec"] = {"unschedulable": True}
+    api.put("nodes", cordoned)
+    spread = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+               "labelSelector": {"matchLabels": {"app": "web"}}}]
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["topologySpreadConstraints"] = spread
+    api.put("pods", web)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/web-5d8f9-abcde"], "z1 then holds 1"
+    other = pod("web-5d8f9-vwxyz")
+    other["spec"] = {**other["spec"], "nodeName": "node-cool", "topologySpreadConstraints": spread}
+    api.put("pods", other)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert ("not moved: no node can take it (topology spread (topology.kubernetes.io/zone): 2 matching Pods in "
+            "node-cool's domain with it, 0 in the emptiest, max skew 1)") in \
+        {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "the Pod that can go moves instead"
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
