@@ -297,9 +297,7 @@ def test_a_pod_is_not_evicted_toward_a_node_its_replacement_could_not_run_on(api
     web = api.get("pods", "shop", "web-5d8f9-abcde")
     web["spec"]["nodeSelector"] = {"pool": "hot"}
     api.put("pods", web)
-    hot = api.get("nodes", "", "node-hot")
-    hot["metadata"]["labels"]["pool"] = "hot"
-    api.put("nodes", hot)
+    label_nodes(api, "pool", {"node-hot": "hot"})
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
     rows = remediator_.run_pass(dry_run=True)
     assert "not moved: no node can take it (nodeSelector pool=hot: node-cool has no label pool)" in \
@@ -325,10 +323,7 @@ def test_a_pod_is_not_evicted_toward_a_node_its_replacement_could_not_run_on(api
 def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api, caplog):
     """A zonal PersistentVolume attaches only in its zone: kube-scheduler's VolumeBinding filter
     would keep the replacement Pending anywhere else (or send it back to the hot node)."""
-    for name, zone in (("node-hot", "a"), ("node-cool", "b")):
-        node_ = api.get("nodes", "", name)
-        node_["metadata"]["labels"]["topology.kubernetes.io/zone"] = zone
-        api.put("nodes", node_)
+    label_nodes(api, "topology.kubernetes.io/zone", {"node-hot": "a", "node-cool": "b"})
     for claim, pod_name, volume in (("data-web", "web-5d8f9-abcde", "pv-disk-a"), ("cache-api", "api-6f7c8-fghij",
                                                                                   "pv-nfs")):
         pod_ = api.get("pods", "shop", pod_name)
@@ -356,58 +351,52 @@ def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api, caplog):
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "network storage goes anywhere: this Pod moves"
 
 
-def test_a_replica_spread_one_per_node_is_not_sent_beside_another(api):
-    """Required pod anti-affinity on the hostname (one replica per node): a node already running a
-    replica cannot take the replacement, whatever room it has."""
-    for name in ("node-hot", "node-cool"):
+def label_nodes(api: FakeKubeAPI, key: str, values: dict[str, str]) -> None:
+    for name, value in values.items():
         node_ = api.get("nodes", "", name)
-        node_["metadata"]["labels"]["kubernetes.io/hostname"] = name
+        node_["metadata"]["labels"][key] = value
         api.put("nodes", node_)
-    spread = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+
+
+def another_replica_keeps_it(api: FakeKubeAPI, reason: str, **spec: Any) -> None:
+    """The web Pod, given ``spec``, would move to node-cool while no other replica runs there; once
+    one with the same ``spec`` does, it stays, for ``reason``, and the api Pod moves instead."""
     web = api.get("pods", "shop", "web-5d8f9-abcde")
-    web["spec"]["affinity"] = spread
+    web["spec"].update(spec)
     api.put("pods", web)
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/web-5d8f9-abcde"], "room, no replica"
     other = pod("web-5d8f9-vwxyz")
-    other["spec"] = {**other["spec"], "nodeName": "node-cool", "affinity": spread}
+    other["spec"] = {**other["spec"], "nodeName": "node-cool", **spec}
     api.put("pods", other)
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
-    assert ("not moved: no node can take it (required pod anti-affinity (kubernetes.io/hostname): "
-            "shop/web-5d8f9-vwxyz shares node-cool's kubernetes.io/hostname)") in \
+    assert f"not moved: no node can take it ({reason})" in \
         {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
     assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "the Pod that can go moves instead"
+
+
+def test_a_replica_spread_one_per_node_is_not_sent_beside_another(api):
+    """Required pod anti-affinity on the hostname (one replica per node): a node already running a
+    replica cannot take the replacement, whatever room it has."""
+    label_nodes(api, "kubernetes.io/hostname", {"node-hot": "node-hot", "node-cool": "node-cool"})
+    spread = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    another_replica_keeps_it(api, "required pod anti-affinity (kubernetes.io/hostname): shop/web-5d8f9-vwxyz "
+                                  "shares node-cool's kubernetes.io/hostname", affinity=spread)
 
 
 def test_a_replica_is_not_moved_where_it_would_break_its_topology_spread(api):
     """One replica per zone at most one apart (maxSkew 1): the hot node's replica may not join
     another in its zone while a zone (here a cordoned node's) has none."""
-    for name, zone in (("node-hot", "z1"), ("node-cool", "z1")):
-        node_ = api.get("nodes", "", name)
-        node_["metadata"]["labels"]["topology.kubernetes.io/zone"] = zone
-        api.put("nodes", node_)
     cordoned = node("node-z2", "8", labelled=False)
-    cordoned["metadata"]["labels"]["topology.kubernetes.io/zone"] = "z2"
     cordoned["spec"] = {"unschedulable": True}
     api.put("nodes", cordoned)
+    label_nodes(api, "topology.kubernetes.io/zone", {"node-hot": "z1", "node-cool": "z1", "node-z2": "z2"})
     spread = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
                "labelSelector": {"matchLabels": {"app": "web"}}}]
-    web = api.get("pods", "shop", "web-5d8f9-abcde")
-    web["spec"]["topologySpreadConstraints"] = spread
-    api.put("pods", web)
-    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
-    assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/web-5d8f9-abcde"], "z1 then holds 1"
-    other = pod("web-5d8f9-vwxyz")
-    other["spec"] = {**other["spec"], "nodeName": "node-cool", "topologySpreadConstraints": spread}
-    api.put("pods", other)
-    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
-    assert ("not moved: no node can take it (topology spread (topology.kubernetes.io/zone): 2 matching Pods in "
-            "node-cool's domain with it, 0 in the emptiest, max skew 1)") in \
-        {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
-    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
-    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "the Pod that can go moves instead"
+    another_replica_keeps_it(api, "topology spread (topology.kubernetes.io/zone): 2 matching Pods in node-cool's "
+                                  "domain with it, 0 in the emptiest, max skew 1", topologySpreadConstraints=spread)
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
