@@ -191,7 +191,10 @@ class Remediator:
                         else:
                             candidates.append(found)
                             continue
+                    # A row too: `remediate --dry-run` is where an operator asks why a hot node's
+                    # Pods stay (the long-running loop drops the rows, and logs this at debug).
                     log.debug("Node/%s: %s kept: %s", name, pod_name, excluded)
+                    rows.append(Row(f"Pod/{pod_name}", "*", name, "", "", f"kept: {excluded}"))
                 if neighbours is None:
                     # Every running Pod as inter-Pod affinity reads it, once a pass, and only once a
                     # node has something to plan.

@@ -285,6 +285,11 @@ def test_a_pod_marked_safe_to_evict_false_stays_and_the_next_candidate_moves(api
     api.put("pods", web)
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
     assert api.get("pods", "shop", "web-5d8f9-abcde") is not None, "its team said: not to be evicted"
+    # The table `remediate --dry-run` prints says why each of the hot node's Pods stays.
+    assert {(r.object, r.reason) for r in rows if r.reason.startswith("kept: ")} == {
+        ("Pod/shop/web-5d8f9-abcde", "kept: cluster-autoscaler.kubernetes.io/safe-to-evict: 'false' "
+                                     f"({KEYS.evictable}: y overrides it)"),
+        ("Pod/shop/agent-xyz12", "kept: DaemonSet Pod (it would come back on the same node)")}
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "600m cover the 120m over the watermark"
     assert evictions(api) == 1
     (moved,) = [r for r in rows if r.written]
@@ -339,9 +344,11 @@ def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api, caplog):
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
     api.unavailable = {"persistentvolumeclaims"}
     with caplog.at_level(logging.DEBUG, logger="reconcilers.remediation"):
-        remediator_.run_pass()
+        rows = remediator_.run_pass()
     assert evictions(api) == 0, "volumes that cannot be read: no move"
     assert "shop/web-5d8f9-abcde kept: its volumes could not be read (HTTP 503" in caplog.text
+    assert "kept: its volumes could not be read (HTTP 503 Service Unavailable)" in \
+        {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
     api.unavailable = set()
     rows = remediator_.run_pass()
     assert ("not moved: no node can take it (volume data-web (PersistentVolume pv-disk-a) cannot be reached from "
