@@ -268,6 +268,10 @@ class SpreadConstraint:
     """Its ``labelSelector``; None selects no Pod."""
     min_domains: int | None = None
 
+    def term(self, namespace: str) -> PodTerm:
+        """What it counts, as a term: the Pods its selector picks in the spread Pod's namespace."""
+        return PodTerm(self.selector, frozenset({namespace}), self.topology_key)
+
 
 @dataclass(frozen=True)
 class PlacedPod:
@@ -295,8 +299,8 @@ def placed_pod(pod: Mapping[str, Any]) -> PlacedPod:
 
 
 class Neighbours:
-    """The running Pods by node, and every node's labels, for one pass: which Pods share a term's
-    topology domain with a node (the nodes whose label ``topologyKey`` has the same value)."""
+    """The running Pods and every node's labels, for one pass: which Pods share a term's topology
+    domain with a node (the nodes whose label ``topologyKey`` has the same value)."""
 
     def __init__(self, node_labels: Mapping[str, Mapping[str, str]], pods: Sequence[PlacedPod]) -> None:
         self.node_labels = node_labels
@@ -335,7 +339,7 @@ class Neighbours:
                 constraints.namespace, constraints.name)
         counts = self._spread.get(memo)
         if counts is None:
-            term = PodTerm(spread.selector, frozenset({constraints.namespace}), spread.topology_key)
+            term = spread.term(constraints.namespace)
             eligible = {node: labels[spread.topology_key] for node, labels in self.node_labels.items()
                         if all(k in labels for k in keys) and _labels_problem(constraints, node, labels) is None}
             counts = self._spread[memo] = dict.fromkeys(eligible.values(), 0)
@@ -397,8 +401,7 @@ def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neigh
         fewest = min(counts.values(), default=0)
         if spread.min_domains is not None and len(counts) < spread.min_domains:
             fewest = 0
-        term = PodTerm(spread.selector, frozenset({constraints.namespace}), spread.topology_key)
-        there = counts.get(value, 0) + (1 if _selects(term, incoming) else 0)
+        there = counts.get(value, 0) + (1 if _selects(spread.term(constraints.namespace), incoming) else 0)
         if there - fewest > spread.max_skew:
             return (f"topology spread ({spread.topology_key}): {there} matching Pods in {node}'s domain with it, "
                     f"{fewest} in the emptiest, max skew {spread.max_skew}")
