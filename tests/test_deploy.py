@@ -209,6 +209,44 @@ def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
         "read access to the metrics API's nodes and pods only"
 
 
+# system:kube-scheduler's Lease rules as the API server bootstraps the role (its RBAC bootstrap
+# policy): any Lease may be created, only the default profile's be read and renewed.
+KUBE_SCHEDULER_LEASE_RULES = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kube-scheduler"],
+     "verbs": ["get", "update"]},
+]
+
+
+def lease_rules(objects: list[dict], account: str, namespace: str) -> list[dict]:
+    """The Lease rules a ServiceAccount of the ``oversale`` namespace holds in ``namespace``."""
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in objects if o["kind"] in ("Role", "ClusterRole")}
+    rules: list[dict] = []
+    for binding in [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]:
+        if {"kind": "ServiceAccount", "name": account, "namespace": "oversale"} not in binding["subjects"]:
+            continue
+        if binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] != namespace:
+            continue
+        ref = binding["roleRef"]
+        granted = (KUBE_SCHEDULER_LEASE_RULES if ref["name"] == "system:kube-scheduler"
+                   else roles.get((ref["kind"], ref["name"]), {}).get("rules", []))
+        rules += [r for r in granted if "coordination.k8s.io" in r["apiGroups"] and "leases" in r["resources"]]
+    return rules
+
+
+def test_kube_scheduler_may_hold_the_lease_its_config_names():
+    objects = render("base")
+    (config_map,) = [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"] == "oversale-scheduler-config"]
+    election = yaml.safe_load(config_map["data"]["config.yaml"])["leaderElection"]
+    assert election["leaderElect"] is True
+    (deployment,) = [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "oversale-scheduler"]
+    rules = lease_rules(objects, deployment["spec"]["template"]["spec"]["serviceAccountName"],
+                        election["resourceNamespace"])
+    for verb in ("create", "get", "update"):
+        assert any(verb in r["verbs"] and election["resourceName"] in r.get("resourceNames", [election["resourceName"]])
+                   for r in rules), f"kube-scheduler cannot {verb} its Lease {election['resourceName']}"
+
+
 def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
     (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-webhook"]
     assert deployment["spec"]["replicas"] >= 2
@@ -489,6 +527,10 @@ CALLS = {
     },
     "oversale-reconciler-lease": LEASE_CALLS,
     "oversale-extender-lease": LEASE_CALLS,
+    # Not our code's calls: kube-scheduler's leader election, on the Lease its config names.
+    "oversale-scheduler-lease": {("coordination.k8s.io", "leases", verb): ("deploy/base/scheduler.yaml",
+                                                                           "resourceName: oversale-scheduler")
+                                 for verb in ("get", "update")},
 }
 DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "*"}
 
