@@ -18,6 +18,7 @@ cannot be placed is not moved.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -310,6 +311,14 @@ class Neighbours:
         self.pods = pods
         self.guarded = [p for p in pods if p.anti_affinity]
         """The Pods whose own anti-affinity may keep another Pod out (few, in most clusters)."""
+
+    def fork(self) -> Neighbours:
+        """A copy to try placements on: what the copy places, this one does not see."""
+        twin = copy.copy(self)
+        # place() rebinds the lists and clears the memos, so the copy needs memos of its own
+        # (their entries are never changed in place, and still hold until the first place()).
+        twin._domains, twin._selected, twin._spread = dict(self._domains), dict(self._selected), dict(self._spread)
+        return twin
 
     def place(self, pod: PlacedPod) -> None:
         """A Pod this pass sends to ``pod.node``: the Pods after it must reckon with its replacement."""

@@ -21,7 +21,14 @@ from typing import Any
 
 from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
 from oversale.errors import InvalidAnnotation
-from oversale.node_fit import Neighbours, NodeConstraints, VolumeAffinity, constraint_problem, node_constraints
+from oversale.node_fit import (
+    Neighbours,
+    NodeConstraints,
+    VolumeAffinity,
+    constraint_problem,
+    node_constraints,
+    replacement,
+)
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.pods import controller_of, is_mirror_or_static, qos_class
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount
@@ -242,44 +249,83 @@ def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
 
 
 def plan_moves(over: Mapping[str, float], candidates: Iterable[Candidate], targets: Sequence[Target],
-               config: LoadConfig, allowed: int, neighbours: Neighbours | None = None) -> MovePlan:
+               config: LoadConfig, allowed: int, neighbours: Neighbours | None = None,
+               namespace_room: Mapping[str, int] | None = None) -> MovePlan:
     """The fewest Pods, in eviction order, whose usage covers the node's excess over its runtime
     watermark, each with a node that can take it; at most ``allowed`` of them. With
     ``neighbours`` (the running Pods), inter-Pod affinity has its say in "can take it".
 
+    The moves of one plan reckon with each other as those of later plans do: one Pod per
+    workload (the others wait out its cooldown), no more in a namespace than ``namespace_room``
+    leaves (namespace -> evictions left this pass; absent: no limit), and each replacement is
+    a neighbour of the moves after it.
+
     Greedy in eviction order, then a Pod whose usage is not needed to cover the excess is dropped
     again (the least preferred first), so a large Pod found late replaces the small ones before it.
+    The Pods that stay chosen then get their targets again, in order, as if the dropped ones had
+    never been chosen: room a dropped Pod took on the way is not lost to the others.
     """
     plan = MovePlan()
     remaining = dict(over)
-    chosen: list[tuple[Candidate, int]] = []
-    targets = list(targets)
+    chosen: list[Candidate] = []
+    trial_targets, trial = list(targets), neighbours.fork() if neighbours is not None else None
     for pod in eviction_order(candidates):
         if all(v <= 0 for v in remaining.values()):
             break
         if not any(pod.usage.get(r, 0.0) > 0 for r, v in remaining.items() if v > 0):
             continue  # it would not cool what is hot
-        index, why = target_for(pod, targets, config, neighbours)
-        if index is None:
+        why = _held_back(pod, chosen, namespace_room)
+        if why is None:
+            why = _take(pod, trial_targets, config, trial)[1]
+        if why:
             plan.kept.append((pod, why))
             continue
-        chosen.append((pod, index))
-        targets[index] = targets[index].taking(pod)
+        chosen.append(pod)
         for resource in remaining:
             remaining[resource] -= pod.usage.get(resource, 0.0)
-    for pod, index in reversed(list(chosen)):
+    for pod in reversed(list(chosen)):
         if all(remaining.get(r, 0.0) + pod.usage.get(r, 0.0) <= 0 for r in remaining):
-            chosen.remove((pod, index))
+            chosen.remove(pod)
             for resource in remaining:
                 remaining[resource] += pod.usage.get(resource, 0.0)
-    for pod, index in chosen[:allowed]:
-        plan.moves.append(Move(pod, targets[index].view.name, _covers(pod, over)))
-    for pod, _ in chosen[allowed:]:
-        plan.kept.append((pod, f"over the limit of {allowed} evictions here this pass"))
+    left_out = [(pod, f"over the limit of {allowed} evictions here this pass") for pod in chosen[allowed:]]
+    final_targets, final = list(targets), neighbours.fork() if neighbours is not None else None
+    for pod in chosen[:allowed]:
+        target, why = _take(pod, final_targets, config, final)
+        if target is None:
+            left_out.append((pod, why))
+        else:
+            plan.moves.append(Move(pod, target, _covers(pod, over)))
+    for pod, why in left_out:
+        plan.kept.append((pod, why))
         for resource in remaining:
             remaining[resource] += pod.usage.get(resource, 0.0)
     plan.uncovered = {r: v for r, v in remaining.items() if v > 0}
     return plan
+
+
+def _held_back(pod: Candidate, chosen: Sequence[Candidate], namespace_room: Mapping[str, int] | None) -> str | None:
+    """Why the moves already chosen in this plan keep ``pod`` where it is, or None."""
+    if any(other.workload == pod.workload for other in chosen):
+        return f"another Pod of {pod.workload} was chosen before it (one per workload)"
+    room = (namespace_room or {}).get(pod.namespace)
+    if room is not None and sum(other.namespace == pod.namespace for other in chosen) >= room:
+        return f"over the evictions left in {pod.namespace} this pass ({room})"
+    return None
+
+
+def _take(pod: Candidate, targets: list[Target], config: LoadConfig,
+          neighbours: Neighbours | None) -> tuple[str | None, str]:
+    """Send ``pod`` to the best of ``targets``: that target takes its room and load, and its
+    replacement joins ``neighbours``. The target's name, or None and why no node can take it."""
+    index, why = target_for(pod, targets, config, neighbours)
+    if index is None:
+        return None, why
+    name = targets[index].view.name
+    targets[index] = targets[index].taking(pod)
+    if neighbours is not None:
+        neighbours.place(replacement(pod.constraints, name))
+    return name, ""
 
 
 def _covers(pod: Candidate, over: Mapping[str, float]) -> str:

@@ -200,8 +200,10 @@ class Remediator:
                     # node has something to plan.
                     neighbours = Neighbours({n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes},
                                             [placed_pod(unpacked(p)) for pods in by_node.values() for p in pods])
+                room = {c.namespace: self.config.max_per_namespace - per_namespace.get(c.namespace, 0)
+                        for c in candidates}
                 plan = plan_moves(over, candidates, [t for other, t in targets.items() if other != name],
-                                  self.settings.load, min(self.config.max_per_node, budget), neighbours)
+                                  self.settings.load, min(self.config.max_per_node, budget), neighbours, room)
                 for kept, reason in plan.kept:
                     rows.append(Row(f"Pod/{kept.name}", "*", name, "", "", f"not moved: {reason}"))
                 if not plan.moves:

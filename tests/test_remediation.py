@@ -19,7 +19,17 @@ from kubernetes import client
 from kube.metrics_api import MetricsAPI
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import Topology
-from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, placement_score, reservations_of, shortfall
+from oversale.node_fit import Neighbours, placed_pod
+from oversale.placement import (
+    NodeHeat,
+    NodeUsage,
+    NodeView,
+    PodDemand,
+    placement_score,
+    pod_demand,
+    reservations_of,
+    shortfall,
+)
 from oversale.remediation import (
     Candidate,
     RuntimeWatermarks,
@@ -30,6 +40,7 @@ from oversale.remediation import (
     next_streak,
     plan_moves,
 )
+from oversale.remediation import candidate as candidate_of
 from oversale.settings import Settings
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
@@ -158,6 +169,46 @@ def test_moves_never_exceed_the_limit_and_do_not_pile_onto_one_target():
     limited = plan_moves({"cpu": 3500.0}, pods, [target()], LoadConfig(), allowed=1)
     assert len(limited.moves) == 1 and "over the limit of 1" in limited.kept[-1][1]
     assert limited.uncovered["cpu"] > 0
+
+
+def test_moves_of_one_plan_take_one_pod_per_workload_and_keep_to_the_namespace_limit():
+    pods = [candidate("web-a", "Burstable", 500, 1000, workload="shop/RS/web"),
+            candidate("web-b", "Burstable", 500, 900, workload="shop/RS/web"), candidate("api", "Burstable", 500, 800)]
+    plan = plan_moves({"cpu": 2500.0}, pods, [target()], LoadConfig(), allowed=3)
+    assert [m.pod.name for m in plan.moves] == ["shop/web-a", "shop/api"]
+    assert ("shop/web-b", "another Pod of shop/RS/web was chosen before it (one per workload)") in \
+        [(c.name, why) for c, why in plan.kept]
+    limited = plan_moves({"cpu": 2500.0}, pods, [target()], LoadConfig(), allowed=3, namespace_room={"shop": 1})
+    assert [m.pod.name for m in limited.moves] == ["shop/web-a"]
+    assert ("shop/api", "over the evictions left in shop this pass (1)") in [(c.name, why) for c, why in limited.kept]
+
+
+def test_a_replacement_chosen_earlier_in_the_plan_keeps_the_next_pod_off_its_node():
+    """The api Pod may not share a host with a web Pod: once web's replacement is headed for
+    node-a, api goes to node-b, not beside it."""
+    hostname = "kubernetes.io/hostname"
+    web = pod("web-5d8f9-abcde")
+    api_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"), affinity={"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": hostname}]}})
+    moving = [candidate_of(web, pod_demand(web, KEYS), {"cpu": 1500.0, "memory": float(GI)}),
+              candidate_of(api_pod, pod_demand(api_pod, KEYS), {"cpu": 1000.0, "memory": float(GI)})]
+    targets = [dataclasses.replace(target(name), labels={hostname: name}) for name in ("node-a", "node-b")]
+    neighbours = Neighbours({n: {hostname: n} for n in ("node-hot", "node-a", "node-b")},
+                            [placed_pod(web), placed_pod(api_pod)])
+    plan = plan_moves({"cpu": 2000.0}, moving, targets, LoadConfig(), allowed=2, neighbours=neighbours)
+    assert [(m.pod.name, m.target) for m in plan.moves] == [("shop/web-5d8f9-abcde", "node-a"),
+                                                            ("shop/api-6f7c8-fghij", "node-b")]
+    assert neighbours.pods == [placed_pod(web), placed_pod(api_pod)], "the plan tried its moves on a copy"
+
+
+def test_room_taken_on_the_way_by_a_pod_dropped_again_goes_back_to_the_pods_that_move():
+    """"small" is chosen first and takes room on the roomier node, then "large" alone turns out to
+    cover the excess and "small" is dropped: "large" goes where "small" had stood in its way."""
+    pods = [candidate("small", "Burstable", 200, 1000), candidate("large", "Burstable", 800, 1500)]
+    roomy, busy = target("node-roomy", cpu_free=900), target("node-busy", cpu_free=8000, cpu_used=3000)
+    plan = plan_moves({"cpu": 1400.0}, pods, [roomy, busy], LoadConfig(), allowed=2)
+    assert [(m.pod.name, m.target) for m in plan.moves] == [("shop/large", "node-roomy")]
 
 
 def test_a_reservation_keeps_the_room_for_the_evicted_pods_replacement():
@@ -404,6 +455,23 @@ def test_a_replica_is_not_moved_where_it_would_break_its_topology_spread(api):
                "labelSelector": {"matchLabels": {"app": "web"}}}]
     another_replica_keeps_it(api, "topology spread (topology.kubernetes.io/zone): 2 matching Pods in node-cool's "
                                   "domain with it, 0 in the emptiest, max skew 1", topologySpreadConstraints=spread)
+
+
+def test_several_evictions_from_one_node_take_one_replica_and_keep_to_the_namespace_limit(api):
+    """With three evictions a node allowed, two replicas of one workload still do not leave
+    together (the workload's cooldown), and a namespace's limit holds within the one plan."""
+    api.put("pods", pod("web-5d8f9-bbbbb"))
+    usage(api, "4000m", {"web-5d8f9-abcde": "150m", "web-5d8f9-bbbbb": "140m", "api-6f7c8-fghij": "100m",
+                         "agent-xyz12": "10m"})  # 200m above the watermark: two Pods' worth
+    settings = dataclasses.replace(SETTINGS, hot_observations=1, evictions_per_node=3)
+    rows = remediator(api, dataclasses.replace(settings, evictions_per_namespace=1)).run_pass(dry_run=True)
+    assert [r.object for r in rows if r.proposed] == ["Pod/shop/web-5d8f9-abcde"]
+    reasons = {r.object: r.reason for r in rows}
+    assert reasons["Pod/shop/api-6f7c8-fghij"] == "not moved: over the evictions left in shop this pass (1)"
+    remediator(api, settings).run_pass()
+    assert evictions(api) == 2
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is None and api.get("pods", "shop", "api-6f7c8-fghij") is None
+    assert api.get("pods", "shop", "web-5d8f9-bbbbb") is not None, "one replica of web a pass"
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
