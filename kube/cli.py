@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from kube.client import one_line
 from oversale.errors import SettingsError
-from oversale.settings import Settings
+from oversale.settings import Settings, unread_variables
 
 DEBUG_HELP = "show the traceback of an unexpected error instead of one line"
 
@@ -47,6 +47,8 @@ def settings_or_exit(parser: argparse.ArgumentParser) -> Settings:
     # stderr explicitly: `plan` and `once --dry-run` print their tables on stdout.
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    for warning in unread_variables(os.environ):
+        logging.getLogger("oversale.settings").warning("%s", warning)
     return settings
 
 

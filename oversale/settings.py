@@ -7,6 +7,7 @@ lists them all (a test keeps the two in step).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -481,6 +482,22 @@ class Settings:
             raise SettingsError("OVERSALE_LOAD_HISTORY='prometheus' needs OVERSALE_PROMETHEUS_URL (where "
                                 "node-exporter's series are)")
         return cls(**values)
+
+
+def unread_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``OVERSALE_*`` variable no setting reads, with the closest name when there
+    is one: a misspelt knob would otherwise leave its default in force, and nothing would say so.
+
+    >>> unread_variables({"OVERSALE_CPU_HOT_TIME_BUGDET": "0.0005", "OVERSALE_MAX_RATIO": "4", "HOME": "/"})
+    ['OVERSALE_CPU_HOT_TIME_BUGDET is not a setting; ignored (did you mean OVERSALE_CPU_HOT_TIME_BUDGET?)']
+    """
+    known = [spec.metadata["env"] for spec in dataclasses.fields(Settings)]
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith("OVERSALE_") and name not in known and name not in REPLACED:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            warnings.append(f"{name} is not a setting; ignored" + (f" (did you mean {close[0]}?)" if close else ""))
+    return warnings
 
 
 REPLACED = {

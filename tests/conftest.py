@@ -24,14 +24,18 @@ import pytest
 from tests.kube_api import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
+# The suite's own switches, taken out of the environment: the commands the tests start inherit it,
+# and warn about every OVERSALE_* variable that is not one of their settings.
+SHARED_DIR_SET = os.environ.pop("OVERSALE_SHARED_DIR", "")
+REQUIRE_SHARED = os.environ.pop("OVERSALE_REQUIRE_SHARED", "") == "1"
 
 
 def _shared_dir() -> Path:
     """``$OVERSALE_SHARED_DIR``, else ``shared/`` beside this checkout, or beside the local
     repository it was cloned from (a fresh clone elsewhere, e.g. CI's in /tmp, still finds the
     inputs nobody here wrote)."""
-    if os.environ.get("OVERSALE_SHARED_DIR"):
-        return Path(os.environ["OVERSALE_SHARED_DIR"])
+    if SHARED_DIR_SET:
+        return Path(SHARED_DIR_SET)
     candidates = [ROOT.parent / "shared"]
     origin = subprocess.run(["git", "-C", str(ROOT), "remote", "get-url", "origin"],
                             capture_output=True, text=True, check=False).stdout.strip()
@@ -59,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     needing = [item for item in items if item.get_closest_marker("shared")]
     if SHARED_PRESENT or not needing:
         return
-    if os.environ.get("OVERSALE_REQUIRE_SHARED") == "1":
+    if REQUIRE_SHARED:
         raise pytest.UsageError(f"OVERSALE_REQUIRE_SHARED=1 but {SHARED_MISSING}")
     items[:] = [item for item in items if not item.get_closest_marker("shared")]
     config.hook.pytest_deselected(items=needing)

@@ -71,6 +71,15 @@ def test_an_unreachable_api_server_is_one_line(command, dead_kubeconfig):
     assert line.startswith("error: ")
 
 
+def test_a_misspelt_setting_is_named_at_start_not_silently_left_at_its_default(dead_kubeconfig):
+    result = run(["reconcilers", "once", "--dry-run"], dead_kubeconfig, OVERSALE_CPU_HOT_TIME_BUGDET="0.0005",
+                 OVERSALE_MAX_RATIO="4")
+    assert "WARNING oversale.settings: OVERSALE_CPU_HOT_TIME_BUGDET is not a setting; ignored (did you mean " \
+           "OVERSALE_CPU_HOT_TIME_BUDGET?)" in result.stderr
+    assert "OVERSALE_MAX_RATIO" not in result.stderr, "a setting it reads is not warned about"
+    assert_one_clean_line(result, "cannot reach the API server")
+
+
 def test_the_webhook_names_the_dead_cluster_and_how_to_serve_without_one(dead_kubeconfig, tmp_path):
     result = run(["webhook", "--bind", "127.0.0.1:0", "--certs-dir", str(tmp_path / "certs")], dead_kubeconfig)
     assert_one_clean_line(result, "unreachable", "connection refused", "OVERSALE_KUBERNETES=off")
