@@ -384,6 +384,18 @@ def monitoring_queries() -> list[str]:
     return queries + [target["expr"] for panel in panels for target in panel["targets"]]
 
 
+def test_kube_prometheus_stack_selects_the_monitors_and_alerts_and_grafana_the_dashboard():
+    """kube-prometheus-stack's Prometheus reads only PodMonitors and PrometheusRules labelled with
+    its Helm release (podMonitorSelectorNilUsesHelmValues, ruleSelectorNilUsesHelmValues), its
+    Grafana sidecar only ConfigMaps labelled grafana_dashboard: "1"."""
+    objects = render("monitoring")
+    selected = [o for o in objects if o["kind"] in ("PodMonitor", "PrometheusRule")]
+    assert {o["kind"] for o in selected} == {"PodMonitor", "PrometheusRule"}
+    assert {(o["metadata"].get("labels") or {}).get("release") for o in selected} == {"kube-prometheus-stack"}
+    (dashboard,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"] == "oversale-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
 def test_dashboard_and_alerts_use_only_exported_metrics():
     exported = exported_metric_names()
     used = {name for query in monitoring_queries() for name in re.findall(r"\boversale_[a-z_]+", query)}
