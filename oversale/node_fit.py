@@ -124,7 +124,7 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         unreadable = "its nodeSelector is not a map"
     elif pod_affinity is None or pod_anti_affinity is None:
         unreadable = "its required pod affinity cannot be read"
-    spread = _spread_constraints(spec)
+    spread = _spread_constraints(spec, labels if isinstance(labels, Mapping) else {})
     if spread is None:
         unreadable = unreadable or "its topology spread constraints cannot be read"
     affinity = spec.get("affinity")
@@ -253,9 +253,13 @@ class PodTerm:
     selector: Mapping[str, Any] | None
     """Its ``labelSelector``; None selects no Pod (as the API defines a null selector)."""
     namespaces: frozenset[str] | None
-    """Where the Pods it selects live: its ``namespaces``, else its owner's namespace; None: any
-    namespace (a ``namespaceSelector``, not resolved here, is taken as every namespace)."""
+    """Where the Pods it selects live: its ``namespaces`` (with neither these nor a
+    ``namespaceSelector``, its owner's namespace); None: every namespace (an empty
+    ``namespaceSelector``)."""
     topology_key: str
+    namespace_selector: Mapping[str, Any] | None = None
+    """Its ``namespaceSelector`` when it selects by labels: the namespaces whose labels it matches
+    count too (read with :attr:`Neighbours.namespace_labels`)."""
 
 
 @dataclass(frozen=True)
@@ -303,8 +307,12 @@ class Neighbours:
     """The running Pods and every node's labels, for one pass: which Pods share a term's topology
     domain with a node (the nodes whose label ``topologyKey`` has the same value)."""
 
-    def __init__(self, node_labels: Mapping[str, Mapping[str, str]], pods: Sequence[PlacedPod]) -> None:
+    def __init__(self, node_labels: Mapping[str, Mapping[str, str]], pods: Sequence[PlacedPod],
+                 namespace_labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.node_labels = node_labels
+        self.namespace_labels = namespace_labels
+        """Every namespace's labels, for terms with a ``namespaceSelector``; None: not known, and
+        such a term is taken to reach every namespace."""
         self._domains: dict[str, dict[str, list[PlacedPod]]] = {}
         self._selected: dict[tuple[str, str | None, str], PlacedPod | None] = {}
         self._spread: dict[tuple[str, ...], dict[str, int]] = {}
@@ -334,7 +342,7 @@ class Neighbours:
         memo = (repr(term), value, moving)
         if memo not in self._selected:
             domain = self.pods if value is None else self._domain(term.topology_key).get(value, [])
-            self._selected[memo] = next((p for p in domain if p.name != moving and _selects(term, p)), None)
+            self._selected[memo] = next((p for p in domain if p.name != moving and self.selects(term, p)), None)
         return self._selected[memo]
 
     def spread_counts(self, spread: SpreadConstraint, constraints: NodeConstraints) -> dict[str, int]:
@@ -353,9 +361,21 @@ class Neighbours:
                         if all(k in labels for k in keys) and _labels_problem(constraints, node, labels) is None}
             counts = self._spread[memo] = dict.fromkeys(eligible.values(), 0)
             for pod in self.pods:
-                if pod.node in eligible and pod.name != constraints.name and _selects(term, pod):
+                if pod.node in eligible and pod.name != constraints.name and self.selects(term, pod):
                     counts[eligible[pod.node]] += 1
         return counts
+
+    def selects(self, term: PodTerm, pod: PlacedPod) -> bool:
+        """Whether ``term`` selects ``pod``: its namespace, then its labels."""
+        if term.selector is None:
+            return False
+        if term.namespaces is not None and pod.namespace not in term.namespaces:
+            if term.namespace_selector is None:
+                return False
+            if self.namespace_labels is not None and not _selector_matches(
+                    term.namespace_selector, self.namespace_labels.get(pod.namespace, {})):
+                return False
+        return _selector_matches(term.selector, pod.labels)
 
     def _domain(self, key: str) -> dict[str, list[PlacedPod]]:
         """The running Pods by their node's value of ``key`` (one walk over them per key)."""
@@ -391,7 +411,7 @@ def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neigh
                      None)
         # The first Pod of a group that selects itself may start anywhere the keys are, as
         # kube-scheduler allows when no other Pod matches any term and it matches them all.
-        if unmet is not None and not (all(_selects(t, incoming) for t in affinity) and all(
+        if unmet is not None and not (all(neighbours.selects(t, incoming) for t in affinity) and all(
                 neighbours.selected(t, None, constraints.name) is None for t in affinity)):
             return (f"required pod affinity ({unmet.topology_key}): no Pod it must run beside shares {node}'s "
                     f"{unmet.topology_key}")
@@ -410,7 +430,7 @@ def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neigh
         fewest = min(counts.values(), default=0)
         if spread.min_domains is not None and len(counts) < spread.min_domains:
             fewest = 0
-        there = counts.get(value, 0) + (1 if _selects(spread.term(constraints.namespace), incoming) else 0)
+        there = counts.get(value, 0) + (1 if neighbours.selects(spread.term(constraints.namespace), incoming) else 0)
         if there - fewest > spread.max_skew:
             return (f"topology spread ({spread.topology_key}): {there} matching Pods in {node}'s domain with it, "
                     f"{fewest} in the emptiest, max skew {spread.max_skew}")
@@ -420,13 +440,16 @@ def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neigh
         for term in other.anti_affinity:
             value = labels.get(term.topology_key)
             if (value is not None and neighbours.node_labels.get(other.node, {}).get(term.topology_key) == value
-                    and _selects(term, incoming)):
+                    and neighbours.selects(term, incoming)):
                 return f"{other.name}'s required pod anti-affinity ({term.topology_key}) keeps it off {node}"
     return None
 
 
-def _spread_constraints(spec: Mapping[str, Any]) -> tuple[SpreadConstraint, ...] | None:
-    """The Pod's ``DoNotSchedule`` topology spread constraints; None when they cannot be read."""
+def _spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, Any]) -> tuple[SpreadConstraint, ...] | None:
+    """The Pod's ``DoNotSchedule`` topology spread constraints; None when they cannot be read.
+    ``matchLabelKeys`` narrow the selector to the Pod's own values of those labels (typically
+    ``pod-template-hash``: one rollout's Pods are spread apart from the last one's), as
+    kube-scheduler merges them; a key the Pod does not carry is left out, as it leaves it out."""
     listed = spec.get("topologySpreadConstraints")
     if listed is None:
         return ()
@@ -442,7 +465,12 @@ def _spread_constraints(spec: Mapping[str, Any]) -> tuple[SpreadConstraint, ...]
         if (entry.get("whenUnsatisfiable") != "DoNotSchedule" or type(skew) is not int or skew < 1
                 or not isinstance(key, str) or not (min_domains is None or type(min_domains) is int)):
             return None
-        selector = entry.get("labelSelector")
+        selector, keys = entry.get("labelSelector"), entry.get("matchLabelKeys") or []
+        if not isinstance(keys, list):
+            return None
+        if isinstance(selector, Mapping) and any(k in labels for k in keys):
+            own = [{"key": k, "operator": "In", "values": [labels[k]]} for k in keys if k in labels]
+            selector = {**selector, "matchExpressions": [*(selector.get("matchExpressions") or []), *own]}
         found.append(SpreadConstraint(skew, key, selector if isinstance(selector, Mapping) else None, min_domains))
     return tuple(found)
 
@@ -460,20 +488,22 @@ def _pod_terms(spec: Mapping[str, Any], kind: str, namespace: str) -> tuple[PodT
     for term in listed:
         if not isinstance(term, Mapping) or not isinstance(term.get("topologyKey"), str):
             return None
-        selector, names = term.get("labelSelector"), term.get("namespaces")
-        if names:
-            namespaces: frozenset[str] | None = frozenset(map(str, names)) if isinstance(names, list) else None
-        else:
-            namespaces = None if term.get("namespaceSelector") is not None else frozenset({namespace})
-        terms.append(PodTerm(selector if isinstance(selector, Mapping) else None, namespaces, term["topologyKey"]))
+        selector, names, by_labels = term.get("labelSelector"), term.get("namespaces"), term.get("namespaceSelector")
+        if not isinstance(names, list | None) or not isinstance(by_labels, Mapping | None):
+            return None
+        # The namespaces listed and those the selector matches, together; neither: the Pod's own;
+        # an empty selector: every namespace (the API's rules for a PodAffinityTerm).
+        namespaces = frozenset(map(str, names or ())) or (frozenset({namespace}) if by_labels is None else frozenset())
+        terms.append(PodTerm(selector if isinstance(selector, Mapping) else None,
+                             None if by_labels is not None and not by_labels else namespaces, term["topologyKey"],
+                             by_labels or None))
     return tuple(terms)
 
 
-def _selects(term: PodTerm, pod: PlacedPod) -> bool:
-    if term.selector is None or (term.namespaces is not None and pod.namespace not in term.namespaces):
-        return False
-    match_labels, expressions = term.selector.get("matchLabels") or {}, term.selector.get("matchExpressions") or []
+def _selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """Whether a label selector (``matchLabels``, ``matchExpressions``) matches ``labels``."""
+    match_labels, expressions = selector.get("matchLabels") or {}, selector.get("matchExpressions") or []
     if not isinstance(match_labels, Mapping) or not isinstance(expressions, list):
         return False
-    return (all(pod.labels.get(key) == value for key, value in match_labels.items())
-            and all(_requirement_holds(e, pod.labels) for e in expressions))
+    return (all(labels.get(key) == value for key, value in match_labels.items())
+            and all(_requirement_holds(e, labels) for e in expressions))

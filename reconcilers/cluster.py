@@ -98,6 +98,11 @@ class Cluster:
         volume: dict[str, Any] = json.loads(response.data)
         return volume
 
+    def namespace_labels(self) -> dict[str, dict[str, str]]:
+        """Every namespace's labels (what a pod affinity term's ``namespaceSelector`` matches)."""
+        return {namespace["metadata"]["name"]: namespace["metadata"].get("labels") or {}
+                for namespace in self._list(self._core.list_namespace, "Namespace")}
+
     def running_pods(self) -> Iterator[dict[str, Any]]:
         """Pods that hold node resources (bound, not finished)."""
         yield from self._list(self._core.list_pod_for_all_namespaces, "Pod",

@@ -199,7 +199,8 @@ class Remediator:
                     # Every running Pod as inter-Pod affinity reads it, once a pass, and only once a
                     # node has something to plan.
                     neighbours = Neighbours({n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes},
-                                            [placed_pod(unpacked(p)) for pods in by_node.values() for p in pods])
+                                            [placed_pod(unpacked(p)) for pods in by_node.values() for p in pods],
+                                            self._namespace_labels())
                 room = {c.namespace: self.config.max_per_namespace - per_namespace.get(c.namespace, 0)
                         for c in candidates}
                 plan = plan_moves(over, candidates, [t for other, t in targets.items() if other != name],
@@ -229,6 +230,17 @@ class Remediator:
         self.metrics.report(self.metrics.node_utilization, "remediator", utilization)
         self.metrics.hot_nodes.set(hot_nodes)
         return rows
+
+    def _namespace_labels(self) -> dict[str, dict[str, str]] | None:
+        """Every namespace's labels, or None when they cannot be read (a term's namespaceSelector
+        is then taken to reach every namespace: anti-affinity keeps more Pods apart, affinity
+        finds its partners more easily; said in the log)."""
+        try:
+            return self.cluster.namespace_labels()
+        except Exception as error:  # noqa: BLE001  -- any API trouble: the broader reading
+            log.warning("namespaces could not be listed (%s): a pod affinity term's namespaceSelector is taken "
+                        "as every namespace this pass", one_line(error))
+            return None
 
     def _volume_affinities(self, pod: dict[str, Any]) -> tuple[VolumeAffinity, ...]:
         """Where each of a Pod's bound volumes can be reached from: kube-scheduler's VolumeBinding

@@ -247,6 +247,31 @@ def test_required_anti_affinity_of_the_pod_and_of_the_pods_already_there():
     assert where(running("x", "", {"app": "x"}, affinity=anti(term(HOST, None))))["a"] is None
 
 
+NAMESPACES = {"shop": {"team": "retail"}, "jobs": {"team": "data"}, "other": {"team": "retail"}}
+
+
+def test_a_namespace_selector_picks_the_namespaces_its_labels_match():
+    """kube-scheduler's reading: the namespaces listed and those the selector matches, together;
+    an empty selector, every namespace. Without the namespaces' labels, every namespace."""
+    pods = [*CLUSTER, running("etl-1", "c", {"app": "etl"}, namespace="jobs")]
+
+    def found(*terms: dict[str, Any], namespace_labels: dict[str, Any] | None = NAMESPACES) -> dict[str, str | None]:
+        pod = running("api-1", "", {"app": "api"}, namespace="other", affinity=anti(*terms))
+        neighbours = Neighbours(NODES, [placed_pod(p) for p in pods], namespace_labels)
+        return {node: constraint_problem(node_constraints(pod), node, NODES[node], [], neighbours) for node in NODES}
+
+    apart = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "etl"]}]}
+    retail = found(term(HOST, apart, namespaceSelector={"matchLabels": {"team": "retail"}}))
+    assert retail["a"] == f"required pod anti-affinity ({HOST}): shop/web-1 shares a's {HOST}"
+    assert retail["c"] is None, "etl-1 runs in jobs, a data namespace"
+    both = found(term(HOST, apart, namespaces=["jobs"], namespaceSelector={"matchLabels": {"team": "retail"}}))
+    assert both["a"] is not None and both["c"] is not None, "the listed namespace and the selected ones"
+    assert found(term(HOST, apart, namespaceSelector={"matchLabels": {"team": "none"}}))["a"] is None
+    assert found(term(HOST, apart, namespaceSelector={}))["c"] is not None, "an empty selector: every namespace"
+    unknown = found(term(HOST, apart, namespaceSelector={"matchLabels": {"team": "none"}}), namespace_labels=None)
+    assert unknown["a"] is not None and unknown["c"] is not None, "labels not known: every namespace"
+
+
 def test_the_pod_that_moves_no_longer_counts_where_it_was():
     # web-1 leaves a: for its zone-wide spread, its own old place does not count against b.
     zone_apart = anti(term(ZONE, {"matchLabels": {"app": "web"}}))
@@ -329,7 +354,23 @@ def test_topology_spread_domains_are_the_nodes_the_pod_could_use():
     assert where(spreading("web-3", "", spread(ZONE)), lonely)["a"] is not None
 
 
+def test_match_label_keys_count_only_the_pods_of_the_same_rollout():
+    """``matchLabelKeys: [pod-template-hash]``: the old ReplicaSet's Pods, still running during a
+    rollout, do not count against the new one's spread."""
+    hash_key = "pod-template-hash"
+    webs = [running("web-old-1", "a", {"app": "web", hash_key: "old"}),
+            running("web-old-2", "b", {"app": "web", hash_key: "old"}),
+            running("web-new-1", "c", {"app": "web", hash_key: "new"})]
+    new = spreading("web-new-2", "", spread(ZONE, matchLabelKeys=[hash_key]))
+    new["metadata"]["labels"][hash_key] = "new"
+    assert where(new, webs)["a"] is None, "z1 holds no Pod of this rollout, z2 one"
+    assert where(spreading("web-new-2", "", spread(ZONE)), webs)["a"] is not None, "without the key z1 holds two"
+    assert where(spreading("web-new-2", "", spread(ZONE, matchLabelKeys=[hash_key])), webs)["a"] is not None, \
+        "a key the Pod does not carry is left out"
+
+
 @pytest.mark.parametrize("constraint", [
+    {**spread(ZONE), "matchLabelKeys": "pod-template-hash"},
     {**spread(ZONE), "maxSkew": 0}, {**spread(ZONE), "maxSkew": "1"}, {**spread(ZONE), "whenUnsatisfiable": None},
     {**spread(ZONE), "topologyKey": None}, "zone",
 ])

@@ -444,6 +444,29 @@ def test_a_replica_spread_one_per_node_is_not_sent_beside_another(api):
                                   "shares node-cool's kubernetes.io/hostname", affinity=spread)
 
 
+def test_a_namespace_selector_is_read_with_the_namespaces_labels(api):
+    """web keeps away from ETL Pods of the retail team's namespaces only: the one on node-cool
+    runs in a data namespace, so kube-scheduler would place web's replacement there, and it moves."""
+    label_nodes(api, "kubernetes.io/hostname", {"node-hot": "node-hot", "node-cool": "node-cool"})
+    for name, team in (("shop", "retail"), ("jobs", "data")):
+        api.put("namespaces", {"metadata": {"name": name, "labels": {"team": team}}})
+    etl = pod("etl-7c9d-qwert", owner=("ReplicaSet", "etl-7c9d"))
+    etl["metadata"]["namespace"] = "jobs"
+    etl["spec"]["nodeName"] = "node-cool"
+    api.put("pods", etl)
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "etl"}}, "topologyKey": "kubernetes.io/hostname",
+         "namespaceSelector": {"matchLabels": {"team": "retail"}}}]}}
+    api.put("pods", web)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/web-5d8f9-abcde"]
+    # Once the ETL namespace is the retail team's too, the term reaches it.
+    api.put("namespaces", {"metadata": {"name": "jobs", "labels": {"team": "retail"}}})
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/api-6f7c8-fghij"]
+
+
 def test_a_replica_is_not_moved_where_it_would_break_its_topology_spread(api):
     """One replica per zone at most one apart (maxSkew 1): the hot node's replica may not join
     another in its zone while a zone (here a cordoned node's) has none."""
