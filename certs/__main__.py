@@ -2,6 +2,7 @@
 
   python -m certs generate --dir DIR --service NAME --namespace NS [--host H ...] [--days N] [--force]
   python -m certs ensure --secret NS/NAME --service NAME [--host H ...] [--days N] [--renew-fraction F]
+                        [--restart NS/DEPLOYMENT ...]
   python -m certs inject --webhook NAME [--webhook NAME ...] (--secret NS/NAME | --ca-file PATH)
 
 ``ensure`` and ``inject`` use the in-cluster config, else the kubeconfig.
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         default=RENEW_FRACTION,
         help="renew when less than this fraction of the lifetime is left (default 1/3)",
     )
+    ensure.add_argument("--restart", action="append", default=[], metavar="NAMESPACE/DEPLOYMENT",
+                        help="roll this Deployment's Pods whenever the Secret is written: for a consumer that "
+                             "reads the certificate only at start (kube-scheduler's extender tlsConfig)")
 
     inject = commands.add_parser("inject", help="set caBundle on webhook configurations")
     inject.add_argument("--webhook", action="append", required=True, help="Mutating/ValidatingWebhookConfiguration")
@@ -86,13 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--renew-fraction must be between 0 and 1")
         namespace, name = _namespaced(parser, args.secret)
         hosts = _hosts(parser, args, namespace)
+        restarts = [_namespaced(parser, text) for text in args.restart]
     elif args.secret:
         _namespaced(parser, args.secret)
     else:
         ca = args.ca_file.read_bytes()
         _usable_ca(ca, args.ca_file)
 
-    from certs.cluster import ForeignSecret, ensure_secret, inject_ca_bundle, read_ca_from_secret
+    from certs.cluster import ForeignSecret, ensure_secret, inject_ca_bundle, read_ca_from_secret, restart_deployment
     from kube.client import load_api_client
 
     api_client = load_api_client("auto")
@@ -105,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         except ForeignSecret as error:
             raise CliError(str(error)) from None
         print(f"secret {namespace}/{name}: {outcome}")
+        if outcome != "unchanged":
+            for deployment in restarts:
+                print(restart_deployment(api_client, *deployment))
         return 0
     try:
         if args.secret:

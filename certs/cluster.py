@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from kube.tls import (
     problems_with,
     unexpired_certificates,
 )
+from oversale.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,28 @@ def ensure_secret(
             raise
         return "created" if current is None else f"renewed: {'; '.join(problems)}"
     raise RuntimeError("gave up after repeated write conflicts")
+
+
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+"""The Pod template annotation ``kubectl rollout restart`` sets: a new value rolls the Pods."""
+
+
+def restart_deployment(api_client: Any, namespace: str, name: str) -> str:
+    """Roll a Deployment's Pods, as ``kubectl rollout restart`` does; one line saying what was done.
+
+    For the consumers that read a certificate only when they start: kube-scheduler loads its
+    extender ``tlsConfig`` files once (client-go's ``TLSConfigFor``, no reloading), so after a
+    renewal it would keep presenting the old client certificate until that one expires."""
+    body = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: format_timestamp(time.time())}}}}}
+    try:
+        client.AppsV1Api(api_client).patch_namespaced_deployment(
+            name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT)
+    except ApiException as error:
+        if error.status == 404:
+            return f"deployment {namespace}/{name}: not found, nothing to restart"
+        raise
+    return f"deployment {namespace}/{name}: restarted"
 
 
 def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> list[str]:

@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 
 import pytest
 from cryptography import x509
@@ -225,6 +226,46 @@ def test_ensure_and_inject_through_the_cli(kube_api, tmp_path):
     missing = subprocess.run([*run, "inject", "--webhook", "oversale", "--secret", "oversale/absent"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no secret oversale/absent" in missing.stderr
+
+
+def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_at_start(kube_api, tmp_path):
+    """kube-scheduler loads its extender tlsConfig files once: after a renewal it would present
+    the old certificate until that expired, and every call of the oversale profile would fail."""
+    kubeconfig = kube_api.write_kubeconfig(tmp_path / "kubeconfig")
+    env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    scheduler = {"metadata": {"name": "oversale-scheduler", "namespace": "oversale"},
+                 "spec": {"template": {"metadata": {"labels": {"app": "s"}}, "spec": {"containers": []}}}}
+    kube_api.put("deployments", scheduler)
+
+    def ensure(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "certs", "ensure", "--secret", "oversale/scheduler-client",
+                               "--host", "kube-scheduler", "--client", "--restart", "oversale/oversale-scheduler",
+                               *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+    def restarted_at() -> str | None:
+        template = kube_api.get("deployments", "oversale", "oversale-scheduler")["spec"]["template"]
+        return (template["metadata"].get("annotations") or {}).get("kubectl.kubernetes.io/restartedAt")
+
+    created = ensure()
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.splitlines() == ["secret oversale/scheduler-client: created",
+                                           "deployment oversale/oversale-scheduler: restarted"]
+    first = restarted_at()
+    assert first is not None and first.endswith("Z")
+    unchanged = ensure()
+    assert unchanged.stdout.splitlines() == ["secret oversale/scheduler-client: unchanged"]
+    time.sleep(1.1)  # the annotation has whole seconds: a new rollout needs a new value
+    renewed = ensure("--renew-fraction", "0.999999")
+    assert renewed.stdout.splitlines()[-1] == "deployment oversale/oversale-scheduler: restarted"
+    assert restarted_at() not in (None, first)
+    kube_api.delete("deployments", "oversale", "oversale-scheduler")
+    gone = ensure("--renew-fraction", "0.999999")
+    assert gone.returncode == 0 and gone.stdout.splitlines()[-1] == \
+        "deployment oversale/oversale-scheduler: not found, nothing to restart"
+    bad = subprocess.run([sys.executable, "-m", "certs", "ensure", "--secret", "oversale/x", "--host", "h",
+                          "--restart", "oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "expected NAMESPACE/NAME, got 'oversale-scheduler'" in bad.stderr
 
 
 def served_certificate(server: RunningWebhook, ca_file) -> x509.Certificate:

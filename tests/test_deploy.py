@@ -284,6 +284,22 @@ def test_a_stopping_webhook_keeps_serving_until_the_service_forgets_it(rendered)
     assert float(command[1]) + graceful <= pod.get("terminationGracePeriodSeconds", 30)
 
 
+def test_every_certificate_kube_scheduler_mounts_restarts_it_when_renewed():
+    """kube-scheduler reads its extender tlsConfig files only at start: whatever renews a Secret it
+    mounts must restart it, in the install Job and in the weekly renewal alike."""
+    objects = render("overlays/self-signed")
+    (scheduler,) = [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "oversale-scheduler"]
+    mounted = {v["secret"]["secretName"] for v in scheduler["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+    assert mounted == {"oversale-scheduler-client", "oversale-extender-tls"}
+    for job in [*by_kind(objects, "Job"), *by_kind(objects, "CronJob")]:
+        spec = job["spec"]["jobTemplate"]["spec"] if job["kind"] == "CronJob" else job["spec"]
+        ensured = {c["args"][c["args"].index("--secret") + 1].split("/")[1]: c["args"]
+                   for c in spec["template"]["spec"]["initContainers"] if c["args"][:2] == ["certs", "ensure"]}
+        for secret in mounted:
+            args = ensured[secret]
+            assert args[args.index("--restart") + 1] == "oversale/oversale-scheduler", (job["kind"], secret)
+
+
 def test_every_workload_in_every_overlay_runs_non_root_with_limits(rendered):
     for obj in rendered:
         if obj["kind"] not in ("Deployment", "Job", "CronJob"):
@@ -538,6 +554,7 @@ CALLS = {
         ("", "secrets", "create"): ("certs/cluster.py", "create_namespaced_secret"),
         ("", "secrets", "get"): ("certs/cluster.py", "read_namespaced_secret"),
         ("", "secrets", "update"): ("certs/cluster.py", "replace_namespaced_secret"),
+        ("apps", "deployments", "patch"): ("certs/cluster.py", "patch_namespaced_deployment("),
     },
     "oversale-reconciler-lease": LEASE_CALLS,
     "oversale-extender-lease": LEASE_CALLS,
