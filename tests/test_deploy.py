@@ -300,6 +300,64 @@ def test_every_certificate_kube_scheduler_mounts_restarts_it_when_renewed():
             assert args[args.index("--restart") + 1] == "oversale/oversale-scheduler", (job["kind"], secret)
 
 
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+
+
+def restricted_problems(pod: dict) -> list[str]:
+    """What the Pod Security Standards' "restricted" profile (the one Pod Security Admission
+    enforces in the namespace) would refuse in a Pod spec."""
+    problems = []
+    pod_context = pod.get("securityContext") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            problems.append(key)
+    for volume in pod.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {volume['name']}: {sorted(kinds)}")
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        context = container.get("securityContext") or {}
+        name = container["name"]
+        if context.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        if context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is not True:
+            problems.append(f"{name}: runAsNonRoot is not true")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            problems.append(f"{name}: runAsUser 0")
+        seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile {seccomp}")
+        capabilities = context.get("capabilities") or {}
+        if "ALL" not in (capabilities.get("drop") or []) or set(capabilities.get("add") or []) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: capabilities {capabilities}")
+        if any(port.get("hostPort") for port in container.get("ports") or []):
+            problems.append(f"{name}: hostPort")
+    return problems
+
+
+def test_the_namespace_enforces_the_restricted_pod_security_standard_and_every_pod_meets_it(rendered):
+    namespaces = by_kind(rendered, "Namespace")
+    for namespace in namespaces:
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for obj in rendered:
+        if obj["kind"] in ("Deployment", "Job", "CronJob"):
+            spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+            assert restricted_problems(spec["template"]["spec"]) == [], obj["metadata"]["name"]
+
+
+def test_the_restricted_check_catches_what_the_api_server_would_refuse():
+    pod = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+           "volumes": [{"name": "logs", "hostPath": {"path": "/var/log"}}],
+           "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False,
+                                                             "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}},
+                           "ports": [{"containerPort": 80, "hostPort": 80}]}]}
+    assert restricted_problems(pod) == ["volume logs: ['hostPath']",
+                                        "c: capabilities {'drop': ['ALL'], 'add': ['NET_ADMIN']}", "c: hostPort"]
+
+
 def test_every_workload_in_every_overlay_runs_non_root_with_limits(rendered):
     for obj in rendered:
         if obj["kind"] not in ("Deployment", "Job", "CronJob"):
