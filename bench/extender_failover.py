@@ -1,7 +1,7 @@
 """Failover time of the scheduler extender: two replicas against the API-server double, the
 leader killed (``--stop kill``, a crash) or stopped (``--stop term``, a rollout's SIGTERM), time
-until the standby answers /readyz 200 (what the Service then routes kube-scheduler to). Default
-settings (OVERSALE_EXTENDER_LEASE_DURATION 10 s).
+until the standby has labelled its Pod as the leader (the label the Service selects, so what
+routes kube-scheduler to it). Default settings (OVERSALE_EXTENDER_LEASE_DURATION 10 s).
 
     python -m bench.extender_failover [--rounds 3] [--stop kill|term]
 """
@@ -21,10 +21,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from oversale.annotations import AnnotationKeys
 from tests.conftest import free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
+LEADER = AnnotationKeys().extender_leader
 
 
 def status(url: str) -> int:
@@ -37,10 +39,19 @@ def status(url: str) -> int:
         return 0
 
 
-def start(api: FakeKubeAPI, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+def labelled(api: FakeKubeAPI, pod: str) -> bool:
+    return ((api.get("pods", "oversale", pod) or {}).get("metadata", {}).get("labels") or {}).get(LEADER) == "true"
+
+
+def start(api: FakeKubeAPI, work: Path, pod: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    """An extender process; with ``pod``, as if it ran in that Pod (which it labels when it leads)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG", "POD_"))}
     env.update({"KUBECONFIG": str(api.write_kubeconfig(work / f"kubeconfig-{port}")), "PYTHONPATH": str(ROOT)})
+    if pod:
+        api.put("pods", {"metadata": {"name": pod, "namespace": "oversale", "labels": {}}, "spec": {"containers": []},
+                         "status": {"phase": "Running"}})
+        env.update({"POD_NAME": pod, "POD_NAMESPACE": "oversale"})
     # A session of its own: a crash is modelled by killing the whole group, master and worker, as
     # when a container or its node dies (a worker whose master alone is killed exits gracefully).
     process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
@@ -54,18 +65,18 @@ def start(api: FakeKubeAPI, work: Path) -> tuple[subprocess.Popen[bytes], str]:
 def one_round(work: Path, stop: str) -> float:
     api = FakeKubeAPI().start()
     try:
-        first, first_url = start(api, work)
-        while status(f"{first_url}/readyz") != 200:
+        first, _ = start(api, work, "extender-a")
+        while not labelled(api, "extender-a"):
             time.sleep(0.05)
-        second, second_url = start(api, work)
+        second, second_url = start(api, work, "extender-b")
         time.sleep(5)  # the standby settles (watches synced, its first lease attempts refused)
-        assert status(f"{second_url}/readyz") == 503, "the standby must not be ready"
+        assert status(f"{second_url}/readyz") == 200 and not labelled(api, "extender-b"), "ready, not leading"
         killed = time.monotonic()
         if stop == "kill":
             os.killpg(first.pid, signal.SIGKILL)
         else:
             first.terminate()  # the standby may take over before this one has quite exited
-        while status(f"{second_url}/readyz") != 200:
+        while not labelled(api, "extender-b"):
             time.sleep(0.05)
         taken = time.monotonic() - killed
         first.wait()
@@ -85,7 +96,7 @@ def main() -> int:
         times = []
         for number in range(args.rounds):
             times.append(one_round(Path(directory), args.stop))
-            print(f"round {number + 1}: standby ready {times[-1]:.1f} s after the leader was "
+            print(f"round {number + 1}: standby leading {times[-1]:.1f} s after the leader was "
                   f"{'killed' if args.stop == 'kill' else 'sent SIGTERM'}", file=sys.stderr)
     print(json.dumps({"failover_s": [round(t, 1) for t in times], "median_s": round(statistics.median(times), 1)}))
     return 0

@@ -71,7 +71,7 @@ def measure(work: Path, nodes: int, pods: int, bare: bool = False, pending: int 
         process, url = start(api, work)
         try:
             deadline = time.monotonic() + 600
-            while status(f"{url}/readyz") != 200:  # synced and leading
+            while status(f"{url}/readyz") != 200:  # its caches synced
                 if time.monotonic() > deadline:
                     raise RuntimeError("the extender did not become ready in 10 minutes")
                 time.sleep(0.2)

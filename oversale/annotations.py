@@ -211,6 +211,12 @@ class AnnotationKeys:
         return self._key("cpu-topology")
 
     @cached_property
+    def extender_leader(self) -> str:
+        """Label the leading extender replica puts on its own Pod (``"true"``): the extender's
+        Service selects it, so kube-scheduler reaches the leader alone while every replica is Ready."""
+        return self._key("extender-leader")
+
+    @cached_property
     def resource_status(self) -> str:
         """Written on bound Pods by the scheduler extender: ``{"cpuset": "4-7", "numaNode": 1}``."""
         return self._key("resource-status")

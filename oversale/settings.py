@@ -297,6 +297,10 @@ class Settings:
                                                    metadata=_env("OVERSALE_EXTENDER_LEASE_DURATION"))
     """A standby extender takes over this long after the leader's last renewal (plus a third of it)."""
 
+    pod_name: str = field(default="", metadata=_env("POD_NAME"))
+    """This replica's own Pod (the downward API sets it): the extender leader labels it so that its
+    Service routes kube-scheduler there alone; empty outside a Pod (no label)."""
+
     load_aware: bool = field(default=False, metadata=_env("OVERSALE_LOAD_AWARE"))
     """The extender filters and scores nodes by their real usage (metrics.k8s.io), not only requests.
     Off by default: the backtest does not show it paying off yet (docs/scheduler.md, "Load-aware placement")."""
@@ -657,6 +661,7 @@ _PARSERS: dict[str, Any] = {
     "scheduler_names": lambda text: _names(text),
     "extender_probe_port": lambda text: _port(text),
     "extender_lease_name": lambda text: _nonempty(text),
+    "pod_name": lambda text: text.strip(),
     "extender_lease_duration_seconds": lambda text: _duration(text),
     "load_aware": _bool,
     "metrics_poll_interval_seconds": lambda text: _duration(text),

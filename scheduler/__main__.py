@@ -2,8 +2,9 @@
 
 One worker process (the CPU allocation state lives in it; several processes could hand out the
 same CPU), several threads. Several replicas run active/standby: only the holder of the Lease
-OVERSALE_EXTENDER_LEASE_NAME is ready and binds. HTTPS when --certs-dir is given (``enableHTTPS`` in the scheduler's
-extender config), plain HTTP otherwise.
+OVERSALE_EXTENDER_LEASE_NAME binds, and in a Pod (POD_NAME set) it labels its Pod
+stke.platform/extender-leader=true, which the Service selects. HTTPS when --certs-dir is given
+(``enableHTTPS`` in the scheduler's extender config), plain HTTP otherwise.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from kube.leader import LeaseElector
         from kube.probes import serve_probes
         from scheduler.app import ExtenderMetrics, create_app
-        from scheduler.kube import ClusterWatch, HistoryPeakPoller, KubeBinder, Leadership, UsagePoller
+        from scheduler.kube import ClusterWatch, HistoryPeakPoller, KubeBinder, Leadership, UsagePoller, pod_labeller
         from scheduler.state import ClusterState
 
         api_client = load_api_client(settings.kubernetes)
@@ -81,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
                                   lambda result: metrics.history_polls.labels(result).inc()).start()
         elector = LeaseElector(api_client, settings.namespace, settings.extender_lease_name,
                                f"{socket.gethostname()}-{os.getpid()}", settings.extender_lease_duration_seconds)
-        leadership = Leadership(elector, watch)
+        label = (pod_labeller(api_client, settings.namespace, settings.pod_name, settings.keys.extender_leader)
+                 if settings.pod_name else None)
+        leadership = Leadership(elector, watch, label=label)
         leadership.start()
         # A graceful stop (a rollout's SIGTERM) hands the Lease over at once: the standby takes it
         # at its next round instead of a Lease duration later, while kube-scheduler's calls fail.
-        atexit.register(elector.release)
-        app = create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: leadership.serving,
+        atexit.register(leadership.stop)
+        app = create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: watch.synced,
                          metrics=metrics, serving=lambda: leadership.serving)
         if args.client_ca and settings.extender_probe_port:
             client = app.test_client()

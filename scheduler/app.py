@@ -92,10 +92,10 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
 
     @app.get("/readyz")
     def readyz() -> Response:
+        # A standby is Ready too (it can take over at once); "leader" says which one binds.
         if ready():
-            return Response('{"status": "ready"}', mimetype="application/json")
-        return Response('{"status": "waiting for caches to sync, or on standby (another replica leads)"}', status=503,
-                        mimetype="application/json")
+            return Response(json.dumps({"status": "ready", "leader": serving()}), mimetype="application/json")
+        return Response('{"status": "waiting for caches to sync"}', status=503, mimetype="application/json")
 
     @app.get("/metrics")
     def metrics_route() -> Response:

@@ -147,6 +147,18 @@ class KubeBinder:
         self._core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=self._timeout)
 
 
+def pod_labeller(api_client: Any, namespace: str, name: str, key: str,
+                 timeout: float = 10.0) -> Callable[[bool], None]:
+    """Sets (``True``) or removes (``False``) the label ``key: "true"`` on the Pod ``namespace/name``."""
+    core: Any = client.CoreV1Api(api_client)
+
+    def label(on: bool) -> None:
+        core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {key: "true" if on else None}}},
+                                  _content_type="application/merge-patch+json", _preload_content=False,
+                                  _request_timeout=timeout)
+    return label
+
+
 class UsagePoller:
     """Reads NodeMetrics and PodMetrics every ``interval`` seconds into ``state``.
 
@@ -257,14 +269,24 @@ def _poll_forever(poll: Callable[[], bool], interval: float, name: str) -> None:
 
 
 class Leadership:
-    """Active/standby over a Lease: this replica serves (is ready, binds) only while it holds the
-    Lease, and only after listing Nodes and Pods again once it took it, so a CPU its predecessor
-    handed out is never handed out twice. A standby keeps its watches synced meanwhile."""
+    """Active/standby over a Lease: this replica serves (binds) only while it holds the Lease, and
+    only after listing Nodes and Pods again once it took it, so a CPU its predecessor handed out is
+    never handed out twice. A standby keeps its watches synced meanwhile.
 
-    def __init__(self, elector: Any, watch: ClusterWatch, interval: float = 0.5) -> None:
+    Every synced replica is Ready; the leader labels its own Pod (``label(True)``) and the Service
+    selects that label, so kube-scheduler reaches the leader alone. Readiness cannot say who leads:
+    a Deployment whose standby never became Ready would stall every rolling update (the new Pod
+    never becomes available, so the old leader is never replaced), and a PodDisruptionBudget would
+    count one healthy Pod and refuse to let a drain evict the leader."""
+
+    def __init__(self, elector: Any, watch: ClusterWatch, interval: float = 0.5,
+                 label: Callable[[bool], None] | None = None) -> None:
         self._elector = elector
         self._watch = watch
         self._interval = interval
+        self._label = label
+        self._labelled: bool | None = None
+        """What the Pod's label says (None: not known; a restarted container may find its old one)."""
         self.serving = False
 
     def check(self) -> None:
@@ -275,7 +297,25 @@ class Leadership:
                 log.info("leading: serving kube-scheduler")
         elif self.serving:
             self.serving = False
-            log.warning("lost the lease: not ready until it is taken again")
+            log.warning("lost the lease: binding nothing until it is taken again")
+        self._mark(self.serving)
+
+    def stop(self) -> None:
+        """A graceful stop: unlabelled first (the Service stops sending kube-scheduler here), then the
+        Lease given back, so the standby takes over at its next round, not a Lease duration later."""
+        self.serving = False
+        self._mark(False)
+        self._elector.release()
+
+    def _mark(self, leading: bool) -> None:
+        if self._label is None or self._labelled == leading:
+            return
+        try:
+            self._label(leading)
+            self._labelled = leading
+        except Exception as error:  # noqa: BLE001  -- tried again at the next round
+            log.warning("could not %s the leader label on this Pod: %s", "set" if leading else "remove",
+                        one_line(error))
 
     def start(self) -> None:
         self._elector.start()

@@ -248,6 +248,25 @@ def test_kube_scheduler_may_hold_the_lease_its_config_names():
                    for r in rules), f"kube-scheduler cannot {verb} its Lease {election['resourceName']}"
 
 
+def test_the_extender_service_reaches_the_leader_while_rollouts_and_drains_go_through():
+    """Every synced replica is Ready and the leader labels its own Pod: the Service selects the
+    label. Were the standby never Ready, no rolling update could replace the leader and no
+    PodDisruptionBudget would let a drain evict it."""
+    objects = render("base")
+    (deployment,) = [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "oversale-extender"]
+    (service,) = [s for s in by_kind(objects, "Service") if s["metadata"]["name"] == "oversale-extender"]
+    (budget,) = [b for b in by_kind(objects, "PodDisruptionBudget") if b["metadata"]["name"] == "oversale-extender"]
+    keys = Settings().keys
+    template = deployment["spec"]["template"]
+    assert service["spec"]["selector"] == {**template["metadata"]["labels"], keys.extender_leader: "true"}
+    (container,) = template["spec"]["containers"]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_NAME"] == "metadata.name", "the Pod the leader labels"
+    rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+    assert rolling["maxUnavailable"] == 0 and rolling["maxSurge"] >= 1, "a new replica is Ready before one goes"
+    assert budget["spec"]["minAvailable"] < deployment["spec"]["replicas"], "a drain may evict one"
+
+
 def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
     (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-webhook"]
     assert deployment["spec"]["replicas"] >= 2

@@ -84,7 +84,9 @@ def test_payloads_in_kube_schedulers_own_shapes_parse():
 
 
 class Extender:
-    def __init__(self, api: FakeKubeAPI, tmp: Path, env_extra: dict | None = None, probe: str = "/readyz") -> None:
+    def __init__(self, api: FakeKubeAPI, tmp: Path, env_extra: dict | None = None, probe: str = "/readyz",
+                 leading: bool = True) -> None:
+        """Started and Ready (its caches synced) and, when ``leading``, holding the Lease too."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         kubeconfig = api.write_kubeconfig(tmp / f"kubeconfig-{self.port}")
@@ -96,7 +98,8 @@ class Extender:
                                         cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         def ready() -> bool:
             with urllib.request.urlopen(f"{self.url}{probe}", timeout=2) as response:
-                return bool(response.status == 200)
+                answer = json.load(response)
+                return bool(response.status == 200 and (not leading or probe != "/readyz" or answer["leader"]))
 
         wait_until_serving(self.process, ready, "extender", tmp / f"extender-{self.port}.log")
 
@@ -573,14 +576,31 @@ def test_an_unreachable_prometheus_leaves_the_peak_to_the_extenders_own_samples(
         api.stop()
 
 
+def own_pod(api: FakeKubeAPI, name: str, labels: dict | None = None) -> dict:
+    """The extender's own Pod, as the downward API names it (POD_NAME)."""
+    metadata = {"name": name, "namespace": "oversale", "labels": {"app": "extender", **(labels or {})}}
+    api.put("pods", {"metadata": metadata, "spec": {"containers": []}, "status": {"phase": "Running"}})
+    return {"OVERSALE_EXTENDER_LEASE_DURATION": "3", "POD_NAME": name, "POD_NAMESPACE": "oversale"}
+
+
+def leads(api: FakeKubeAPI, name: str) -> bool:
+    """Whether the extender's Service would select this Pod (the leader label)."""
+    return (api.get("pods", "oversale", name)["metadata"].get("labels") or {}).get(KEYS.extender_leader) == "true"
+
+
 def test_two_replicas_one_serves_and_the_standby_takes_over_without_handing_a_cpu_twice(tmp_path):
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
-    fast = {"OVERSALE_EXTENDER_LEASE_DURATION": "3"}
-    leader = Extender(api, tmp_path, fast)
-    standby = Extender(api, tmp_path, fast, probe="/healthz")
+    leader = Extender(api, tmp_path, own_pod(api, "extender-a"))
+    wait_for(lambda: leads(api, "extender-a"))
+    # A restarted container finds the label its Pod carried when it led: it takes it off.
+    standby = Extender(api, tmp_path, own_pod(api, "extender-b", {KEYS.extender_leader: "true"}), leading=False)
     try:
-        assert leader.status("/readyz") == 200 and standby.status("/readyz") == 503
+        # Both Ready (so rollouts and drains go through); the Service selects the leader's label.
+        assert json.loads(leader.get("/readyz"))["leader"] is True
+        assert json.loads(standby.get("/readyz")) == {"status": "ready", "leader": False}
+        wait_for(lambda: not leads(api, "extender-b"))
+        assert leads(api, "extender-a")
         for name in ("before", "after"):
             api.put("pods", pod(name, "4", "FullPCPUs"))
         wait_for(lambda: api.get("pods", "default", "after") is not None)
@@ -590,8 +610,9 @@ def test_two_replicas_one_serves_and_the_standby_takes_over_without_handing_a_cp
         assert leader.post("bind", {"PodName": "before", "PodNamespace": "default", "PodUID": "uid-before",
                                     "Node": "node-0"})["Error"] == ""
         first_holder = api.get("leases", "oversale", "oversale-extender")["spec"]["holderIdentity"]
-        leader.stop()  # the leader dies right after handing out CPUs
-        wait_for(lambda: standby.status("/readyz") == 200, timeout=20)
+        leader.stop()  # the leader stops right after handing out CPUs
+        wait_for(lambda: leads(api, "extender-b"), timeout=20)
+        assert not leads(api, "extender-a"), "a graceful stop takes its label off first"
         assert standby.post("bind", {"PodName": "after", "PodNamespace": "default", "PodUID": "uid-after",
                                      "Node": "node-0"})["Error"] == ""
         assert not bound_cpus(api, "before") & bound_cpus(api, "after"), "no CPU handed out twice"
