@@ -288,8 +288,11 @@ class Leadership:
         self._labelled: bool | None = None
         """What the Pod's label says (None: not known; a restarted container may find its old one)."""
         self.serving = False
+        self._stopped = False
 
     def check(self) -> None:
+        if self._stopped:
+            return  # stopping: the loop must not take the label or the Lease up again
         if self._elector.is_leader():
             if not self.serving and self._watch.synced:
                 self._watch.resync()
@@ -303,12 +306,13 @@ class Leadership:
     def stop(self) -> None:
         """A graceful stop: unlabelled first (the Service stops sending kube-scheduler here), then the
         Lease given back, so the standby takes over at its next round, not a Lease duration later."""
+        self._stopped = True
         self.serving = False
         self._mark(False)
         self._elector.release()
 
     def _mark(self, leading: bool) -> None:
-        if self._label is None or self._labelled == leading:
+        if self._label is None or self._labelled == leading or (leading and self._stopped):
             return
         try:
             self._label(leading)
