@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from kube.leader import LeaseElector
         from kube.probes import serve_probes
         from scheduler.app import ExtenderMetrics, create_app
-        from scheduler.kube import ClusterWatch, HistoryPeakPoller, KubeBinder, Leadership, UsagePoller, pod_labeller
+        from scheduler.kube import ClusterWatch, HistoryPeakPoller, KubeBinder, Leadership, UsagePoller
         from scheduler.state import ClusterState
 
         api_client = load_api_client(settings.kubernetes)
@@ -82,14 +82,18 @@ def main(argv: list[str] | None = None) -> int:
                                   lambda result: metrics.history_polls.labels(result).inc()).start()
         elector = LeaseElector(api_client, settings.namespace, settings.extender_lease_name,
                                f"{socket.gethostname()}-{os.getpid()}", settings.extender_lease_duration_seconds)
-        label = (pod_labeller(api_client, settings.namespace, settings.pod_name, settings.keys.extender_leader)
-                 if settings.pod_name else None)
-        leadership = Leadership(elector, watch, label=label)
+        binder = KubeBinder(api_client, watch)
+
+        def label(leading: bool) -> None:
+            leader = settings.keys.extender_leader
+            binder.label(settings.namespace, settings.pod_name, {leader: "true" if leading else None})
+
+        leadership = Leadership(elector, watch, label=label if settings.pod_name else None)
         leadership.start()
         # A graceful stop (a rollout's SIGTERM) hands the Lease over at once: the standby takes it
         # at its next round instead of a Lease duration later, while kube-scheduler's calls fail.
         atexit.register(leadership.stop)
-        app = create_app(settings, state, KubeBinder(api_client, watch), ready=lambda: watch.synced,
+        app = create_app(settings, state, binder, ready=lambda: watch.synced,
                          metrics=metrics, serving=lambda: leadership.serving)
         if args.client_ca and settings.extender_probe_port:
             client = app.test_client()

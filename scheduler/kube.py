@@ -136,7 +136,15 @@ class KubeBinder:
         return pod
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
-        self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
+        self._patch_metadata(namespace, name, {"annotations": annotations})
+
+    def label(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        """Sets the labels given, and removes those given as None (the leader label on the
+        extender's own Pod)."""
+        self._patch_metadata(namespace, name, {"labels": labels})
+
+    def _patch_metadata(self, namespace: str, name: str, metadata: dict[str, Any]) -> None:
+        self._core.patch_namespaced_pod(name, namespace, {"metadata": metadata},
                                         _content_type="application/merge-patch+json", _preload_content=False,
                                         _request_timeout=self._timeout)
 
@@ -145,18 +153,6 @@ class KubeBinder:
                 "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         self._core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=self._timeout)
-
-
-def pod_labeller(api_client: Any, namespace: str, name: str, key: str,
-                 timeout: float = 10.0) -> Callable[[bool], None]:
-    """Sets (``True``) or removes (``False``) the label ``key: "true"`` on the Pod ``namespace/name``."""
-    core: Any = client.CoreV1Api(api_client)
-
-    def label(on: bool) -> None:
-        core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {key: "true" if on else None}}},
-                                  _content_type="application/merge-patch+json", _preload_content=False,
-                                  _request_timeout=timeout)
-    return label
 
 
 class UsagePoller:
