@@ -9,7 +9,7 @@ allocatable, so exclusive CPUs never draw on capacity that exists only on paper.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -129,6 +129,25 @@ class NodeUsage:
         if self._summary is None:
             self._summary = FreeSummary.of(topology, self.bound_cpus)
         return self._summary
+
+
+def held_usage(held: Iterable[tuple[Mapping[str, int], Sequence[int]]]) -> NodeUsage:
+    """What Pods take on their node, each given as (requests, exclusive CPUs): a Pod with a cpuset
+    holds those CPUs and its memory request, a shared one its requests.
+
+    >>> usage = held_usage([({"cpu": 2000, "memory": 2**30}, (0, 1)), ({"cpu": 500, "memory": 2**20}, ())])
+    >>> sorted(usage.bound_cpus), usage.bound_memory, usage.shared
+    ([0, 1], 1073741824, {'cpu': 500, 'memory': 1048576})
+    """
+    usage = NodeUsage()
+    for requests, cpus in held:
+        if cpus:
+            usage.bound_cpus.update(cpus)
+            usage.bound_memory += requests.get(MEMORY, 0)
+        else:
+            for resource in RESOURCES:
+                usage.shared[resource] = usage.shared.get(resource, 0) + requests.get(resource, 0)
+    return usage
 
 
 def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[int, int] | None = None,
@@ -337,6 +356,26 @@ def load_shortfall(node: NodeView, heat: NodeHeat | None, config: LoadConfig) ->
     scheduling."""
     facts = load_facts(node, heat)
     return facts.hot if facts is not None and heat is not None and facts.is_fresh(heat.now, config) else None
+
+
+def after_preemption(node: NodeView, left: NodeUsage, demand: PodDemand, heat: NodeHeat | None, config: LoadConfig,
+                     now: float | None, load_aware: bool) -> str | None:
+    """Why the Pod would still not pass the filter on ``node`` once the victims kube-scheduler
+    chose there are gone (``left``: what the node's other Pods take), or None: the preemption
+    would make room.
+
+    kube-scheduler's preemption picks victims with its own plugins alone, until the requests fit
+    the node's allocatable; it asks an extender only through the preempt verb. So it may evict
+    Pods for a cpuset that the remaining real cores still cannot give, for exclusive CPUs charged
+    at ``cpus x ratio`` where it counted ``cpus``, or on a node above a scheduling watermark. A hot
+    node is never worth a preemption: its windows keep the evicted Pods' usage for minutes (the
+    average) to an hour (the maximum), and the Pod would wait for a node the filter refuses.
+    """
+    if load_aware:
+        hot = load_shortfall(node, heat, config)
+        if hot is not None:
+            return hot
+    return shortfall(node, left, demand, now)
 
 
 def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,

@@ -1,5 +1,5 @@
-"""The extender's HTTP surface: POST /filter, /prioritize, /bind (kube-scheduler's extender
-protocol), GET /healthz, /readyz, /metrics."""
+"""The extender's HTTP surface: POST /filter, /prioritize, /preempt, /bind (kube-scheduler's
+extender protocol), GET /healthz, /readyz, /metrics."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from kube.client import one_line
 from oversale.settings import Settings
-from scheduler.extender import Binder, bind, filter_nodes, prioritize
-from scheduler.protocol import BadRequest, parse_args, parse_binding
+from scheduler.extender import Binder, bind, filter_nodes, preempt, prioritize
+from scheduler.protocol import BadRequest, parse_args, parse_binding, parse_preemption
 from scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,12 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
     @app.post("/prioritize")
     def prioritize_route() -> Response:
         return answer("prioritize", lambda body: prioritize(parse_args(body), state, keys, settings.load_aware))
+
+    @app.post("/preempt")
+    def preempt_route() -> Response:
+        # Read-only, like filter: a standby answers too. On an error of ours the answer names no
+        # node, so kube-scheduler evicts nothing for this Pod in this cycle.
+        return answer("preempt", lambda body: preempt(parse_preemption(body), state, keys, settings.load_aware))
 
     @app.post("/bind")
     def bind_route() -> Response:

@@ -14,13 +14,23 @@ from kube.client import one_line
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import FULL_PCPUS, NoFit
 from oversale.node_table import NodeTable, rank, screen
-from oversale.placement import NodeView, PodDemand, allocate, load_shortfall, pod_demand
+from oversale.placement import (
+    NodeView,
+    PodDemand,
+    after_preemption,
+    allocate,
+    load_shortfall,
+    pod_demand,
+)
 from scheduler.protocol import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
     HostPriority,
+    MetaVictims,
 )
 from scheduler.state import ClusterState, PodRecord, resource_status
 
@@ -117,6 +127,37 @@ def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
                                       for name, score in zip(sent.names, scores, strict=True)]
     priorities += [{"Host": name, "Score": 0} for name in sent.unknown]
     return priorities
+
+
+def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationKeys,
+            load_aware: bool = False) -> ExtenderPreemptionResult:
+    """The candidates of kube-scheduler's preemption where evicting its victims lets the Pod pass
+    this extender's filter, with the victims it chose; every other candidate is left out (an
+    empty victim list would fail the whole preemption of a non-ignorable extender)."""
+    pod = args["Pod"]
+    demand = pod_demand(pod, keys)
+    kept: dict[str, MetaVictims] = {}
+    refused: dict[str, str] = {}
+    with state.locked():
+        now = state.wall()
+        for node, victims in args["NodeNameToMetaVictims"].items():
+            view = state.nodes.get(node)
+            if view is None:
+                refused[node] = "node not in the extender's cache"
+                continue
+            uids = [victim["UID"] for victim in victims["Pods"]]
+            reason = after_preemption(view, state.usage_without(node, uids), demand, state.heats([node])[0],
+                                      state.load_config, now, load_aware)
+            if reason is None:
+                kept[node] = victims
+            else:
+                refused[node] = f"still refused after evicting {len(uids)} Pod(s): {reason}"
+    if refused:
+        metadata = pod.get("metadata") or {}
+        log.info("preemption for %s/%s: %d of %d candidate nodes kept; %s", metadata.get("namespace", ""),
+                 metadata.get("name", ""), len(kept), len(kept) + len(refused),
+                 "; ".join(f"{node}: {reason}" for node, reason in sorted(refused.items())))
+    return {"NodeNameToMetaVictims": kept}
 
 
 def refusal(pod: dict[str, Any], uid: str, schedulers: frozenset[str]) -> str | None:

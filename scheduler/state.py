@@ -25,9 +25,17 @@ import numpy.typing as npt
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from oversale.node_table import NodeTable
-from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_facts, node_view, pod_demand
+from oversale.placement import (
+    NodeHeat,
+    NodeUsage,
+    NodeView,
+    PodDemand,
+    held_usage,
+    load_facts,
+    node_view,
+    pod_demand,
+)
 from oversale.pods import is_terminal
-from oversale.quantity import RESOURCES
 from oversale.timestamps import parse_timestamp
 from oversale.usage import (
     LoadConfig,
@@ -207,18 +215,21 @@ class ClusterState:
             cached = self._usage.get(node)
             if cached is not None:
                 return cached
-            records = list(self._by_node.get(node, {}).values())
-            records += [r.record for r in self._reserved.values() if r.record.node == node]
-            usage = NodeUsage()
-            for record in records:
-                if record.cpus:
-                    usage.bound_cpus |= set(record.cpus)
-                    usage.bound_memory += record.demand.requests.get("memory", 0)
-                else:
-                    for resource in RESOURCES:
-                        usage.shared[resource] = usage.shared.get(resource, 0) + record.demand.requests.get(resource, 0)
+            usage = held_usage((r.demand.requests, r.cpus) for r in self._held_on(node))
             self._usage[node] = usage
             return usage
+
+    def usage_without(self, node: str, uids: Iterable[str]) -> NodeUsage:
+        """What the node's Pods and reservations would take once ``uids`` are gone (a preemption's
+        victims; not cached)."""
+        gone = set(uids)
+        with self._lock:
+            self._expire_reservations()
+            return held_usage((r.demand.requests, r.cpus) for r in self._held_on(node) if r.uid not in gone)
+
+    def _held_on(self, node: str) -> list[PodRecord]:
+        records = list(self._by_node.get(node, {}).values())
+        return records + [r.record for r in self._reserved.values() if r.record.node == node]
 
     def reserve(self, record: PodRecord) -> None:
         with self._lock:

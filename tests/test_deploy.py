@@ -184,8 +184,8 @@ def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
     client_ca = next(v for v in extender_deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "client-ca")
     assert client_ca["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}], "never kube-scheduler's key"
     assert container["readinessProbe"]["httpGet"]["port"] == "probes"
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == ("filter", "prioritize",
-                                                                                          "bind")
+    verbs = (extender["filterVerb"], extender["prioritizeVerb"], extender["preemptVerb"], extender["bindVerb"])
+    assert verbs == ("filter", "prioritize", "preempt", "bind")
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
     assert extender["httpTimeout"] == "5s"
     from scheduler.app import create_app as create_extender
@@ -193,7 +193,7 @@ def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
 
     app = create_extender(Settings(kubernetes="off"), ClusterState(Settings().keys), binder=None)  # type: ignore[arg-type]
     routes = {rule.rule.strip("/") for rule in app.url_map.iter_rules() if "POST" in rule.methods}
-    assert {extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]} <= routes
+    assert set(verbs) <= routes
     (deployment,) = [d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "oversale-extender"]
     assert deployment["spec"]["replicas"] == 2, "active/standby over a Lease"
     assert deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]

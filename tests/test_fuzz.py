@@ -187,6 +187,15 @@ def _rss(server: RunningWebhook) -> float:
 extender_args = st.fixed_dictionaries({}, optional={
     "Pod": pods() | json_values, "NodeNames": st.lists(st.sampled_from(["node-0", "nope"]) | st.text(max_size=5))
     | json_values, "Nodes": json_values})
+meta_victims = st.fixed_dictionaries({}, optional={
+    "Pods": st.lists(st.fixed_dictionaries({}, optional={"UID": st.text(max_size=5) | json_values}) | json_values,
+                     max_size=3) | json_values, "NumPDBViolations": st.integers() | json_values})
+whole_victims = st.fixed_dictionaries({}, optional={"Pods": st.lists(pods() | json_values, max_size=2) | json_values,
+                                                    "NumPDBViolations": st.integers() | json_values})
+node_names = st.sampled_from(["node-0", "nope"]) | st.text(max_size=5)
+preemption_args = st.fixed_dictionaries({}, optional={
+    "Pod": pods() | json_values, "NodeNameToMetaVictims": st.dictionaries(node_names, meta_victims, max_size=3)
+    | json_values, "NodeNameToVictims": st.dictionaries(node_names, whole_victims, max_size=2) | json_values})
 binding_args = st.fixed_dictionaries({}, optional={
     "PodName": st.text(max_size=10) | json_values, "PodNamespace": st.sampled_from(["default", ""]) | json_values,
     "PodUID": st.text(max_size=10) | json_values, "Node": st.sampled_from(["node-0", "nope"]) | json_values})
@@ -203,7 +212,7 @@ def extender(tmp_path_factory) -> Iterator[Extender]:
 
 
 @pytest.mark.parametrize(("verb", "strategy"), [("filter", extender_args), ("prioritize", extender_args),
-                                                ("bind", binding_args)])
+                                                ("preempt", preemption_args), ("bind", binding_args)])
 def test_extender_verbs_answer_hostile_payloads_well(extender, verb, strategy):
     import http.client
 
@@ -221,6 +230,11 @@ def test_extender_verbs_answer_hostile_payloads_well(extender, verb, strategy):
         assert isinstance(answer, (dict, list))
         if verb == "bind" and response.status == 200:
             assert answer["Error"], "nothing generated here may be bound"
+        if verb == "preempt" and response.status == 200:
+            sent_nodes = json.loads(sent) if sent.startswith(b"{") else {}
+            # An error of ours names no node (kube-scheduler then evicts nothing for the Pod).
+            assert set(answer.get("NodeNameToMetaVictims") or {}) <= {"node-0"} & (
+                set(sent_nodes.get("NodeNameToMetaVictims") or {}) | set(sent_nodes.get("NodeNameToVictims") or {}))
 
     run()
     connection.close()

@@ -26,7 +26,7 @@ from oversale.placement import pod_demand
 from oversale.usage import LoadConfig, Sample
 from scheduler.extender import filter_nodes
 from scheduler.kube import HistoryPeakPoller
-from scheduler.protocol import parse_args, parse_binding
+from scheduler.protocol import BadRequest, parse_args, parse_binding, parse_preemption
 from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord
 from tests.conftest import ROOT, SHARED, eventually, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
@@ -222,6 +222,67 @@ def test_numa_shortage_is_explained_and_unresolvable_requests_say_so(cluster):
 
 
 @pytest.mark.shared
+def test_preemption_payloads_in_kube_schedulers_own_shapes_parse():
+    args = parse_preemption(json.dumps(PAYLOADS["ExtenderPreemptionArgs"]).encode())
+    assert args["NodeNameToMetaVictims"] == {"foo": {"Pods": [{"UID": "myuid"}], "NumPDBViolations": 1}}
+    # nodeCacheCapable false: whole Pods, of which only the UID matters.
+    whole = {"Pod": pod("p", "1"), "NodeNameToVictims": {"n": {"Pods": [pod("v", "1", node_name="n")],
+                                                               "NumPDBViolations": 0}}}
+    assert parse_preemption(json.dumps(whole).lower().encode())["NodeNameToMetaVictims"] == {
+        "n": {"Pods": [{"UID": "uid-v"}], "NumPDBViolations": 0}}
+    for bad, said in (({"Pod": pod("p", "1"), "NodeNameToMetaVictims": {"n": {"Pods": [{}]}}}, "Pods[0] has no UID"),
+                      ({"Pod": pod("p", "1"), "NodeNameToVictims": ["n"]}, "not an object of node names"),
+                      ({"NodeNameToMetaVictims": {}}, "has no Pod")):
+        with pytest.raises(BadRequest, match=re.escape(said)):
+            parse_preemption(json.dumps(bad).encode())
+
+
+def bound_pod(name: str, cpu: str, node_name: str, cpuset: str | None = None) -> dict:
+    notes = {KEYS.resource_status: json.dumps({"cpuset": cpuset, "numaNode": 0})} if cpuset else {}
+    return pod(name, cpu, "FullPCPUs" if cpuset else None, node_name=node_name, annotations=notes)
+
+
+def victims(*names: str, violations: int = 0) -> dict:
+    return {"Pods": [{"UID": f"uid-{name}"} for name in names], "NumPDBViolations": violations}
+
+
+@pytest.mark.shared
+def test_preemption_keeps_only_nodes_where_the_victims_make_room_by_the_extenders_rules(cluster):
+    api, extender = cluster
+    # node-0 and node-1 (24 oversold of 16 real CPUs): one Pod holds 2 whole cores (charged 6
+    # oversold, counted 4 by kube-scheduler), two shared ones 6 and 8. kube-scheduler sees 18 of
+    # 24 taken; for an 8-CPU FullPCPUs Pod it needs 2 more and picks the 6-core Pod alone.
+    for host in ("node-0", "node-1"):
+        api.put("pods", bound_pod(f"keeper-{host}", "4", host, "0-1,8-9"))
+        api.put("pods", bound_pod(f"a-{host}", "6", host))
+        api.put("pods", bound_pod(f"b-{host}", "8", host))
+    # tiny (16 real, not oversold): 2 whole cores held in each NUMA node and 8 shared; evicting
+    # the shared Pod frees 8 by requests but leaves no NUMA node with 4 free cores.
+    api.put("pods", bound_pod("keeper0-tiny", "4", "tiny", "0-1,8-9"))
+    api.put("pods", bound_pod("keeper1-tiny", "4", "tiny", "4-5,12-13"))
+    api.put("pods", bound_pod("c-tiny", "8", "tiny"))
+    vip = pod("vip", "8", "FullPCPUs")
+    wait_for(lambda: extender.post("filter", {"Pod": vip, "NodeNames": ["tiny"]})["FailedNodes"])
+    wait_for(lambda: len(extender.post("filter", {"Pod": vip, "NodeNames": ["node-0", "node-1"]})["FailedNodes"]) == 2)
+    sent = {"node-0": victims("a-node-0", violations=1), "node-1": victims("a-node-1", "b-node-1"),
+            "tiny": victims("c-tiny"), "ghost": victims("x")}
+    answer = extender.post("preempt", {"Pod": vip, "NodeNameToMetaVictims": sent})
+    assert set(answer) == set(PAYLOADS["ExtenderPreemptionResult"])  # the Go field names, no others
+    # Only node-1 with both shared Pods gone has the 12 oversold cores 4 exclusive cores cost, and them.
+    assert answer == {"NodeNameToMetaVictims": {"node-1": victims("a-node-1", "b-node-1")}}
+    log = extender.log_path.read_text()
+    assert "preemption for default/vip: 1 of 4 candidate nodes kept" in log
+    assert ("node-0: still refused after evicting 1 Pod(s): cpu: 12 charged for its exclusive CPUs, 10 free on "
+            "node-0") in log
+    assert "tiny: still refused after evicting 1 Pod(s): needs 4 full cores in one NUMA node" in log
+    # The same with whole Pods (nodeCacheCapable false); the answer is always by UID.
+    whole = {"Pod": vip, "NodeNameToVictims": {"node-0": {"Pods": [bound_pod("a-node-0", "6", "node-0"),
+                                                                   bound_pod("b-node-0", "8", "node-0")],
+                                                          "NumPDBViolations": 0}}}
+    assert extender.post("preempt", whole) == {"NodeNameToMetaVictims": {"node-0": victims("a-node-0", "b-node-0")}}
+
+
+@pytest.mark.shared
 def test_prioritize_scores_every_node_sent_by_its_strategy(cluster):
     api, extender = cluster
     api.put("pods", pod("half", "8", "FullPCPUs", node_name="node-0",
@@ -353,6 +414,20 @@ def test_a_node_above_its_watermark_is_filtered_with_the_reason_and_the_coolest_
     scores = {s["Host"]: s["Score"] for s in extender.post("prioritize", {"Pod": pod("p", "1"),
                                                                           "NodeNames": ["node-0", "node-1"]})}
     assert scores["node-0"] > scores["node-1"]
+
+
+def test_preemption_never_evicts_for_a_node_above_its_watermark(loaded):
+    api, extender = loaded
+    for host in ("node-0", "hot"):  # both full by requests (24 oversold cores each)
+        api.put("pods", pod(f"full-{host}", "24", node_name=host, single_numa=False))
+    wait_for(lambda: len(extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-0", "hot"]})
+                         ["FailedNodes"]) == 2)
+    sent = {"node-0": {"Pods": [{"UID": "uid-full-node-0"}], "NumPDBViolations": 0},
+            "hot": {"Pods": [{"UID": "uid-full-hot"}], "NumPDBViolations": 0}}
+    answer = extender.post("preempt", {"Pod": pod("p", "1"), "NodeNameToMetaVictims": sent})
+    assert answer == {"NodeNameToMetaVictims": {"node-0": sent["node-0"]}}
+    assert ("hot: still refused after evicting 1 Pod(s): cpu usage 71% of real capacity (5-min average) is above the "
+            "scheduling watermark 65%") in extender.log_path.read_text()
 
 
 def test_a_per_node_watermark_annotation_moves_the_threshold(loaded):
