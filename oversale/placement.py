@@ -104,6 +104,8 @@ class PodDemand:
     """Whole CPUs asked for when the CPU request is an integer (0 otherwise: never bound)."""
     owner: str = ""
     """``namespace/Kind/name`` of the Pod's controller (what a reservation is held for)."""
+    priority: int = 0
+    """``spec.priority`` (set from the PriorityClass at admission): who may preempt whom."""
 
     def binding_on(self, node: NodeView) -> str | None:
         """The policy under which this Pod gets a cpuset on ``node`` (None: a shared Pod)."""
@@ -220,6 +222,7 @@ def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
         single_numa=annotations.get(keys.numa_topology_policy) == SINGLE_NUMA_NODE,
         cpus=cpu // 1000 if cpu > 0 and cpu % 1000 == 0 else 0,
         owner=f"{metadata.get('namespace', '')}/{controller[0]}/{controller[1]}" if controller else "",
+        priority=priority if isinstance(priority := (pod.get("spec") or {}).get("priority"), int) else 0,
     )
 
 
@@ -358,8 +361,54 @@ def load_shortfall(node: NodeView, heat: NodeHeat | None, config: LoadConfig) ->
     return facts.hot if facts is not None and heat is not None and facts.is_fresh(heat.now, config) else None
 
 
+def nominated_ahead(demand: PodDemand, nominated: Iterable[PodDemand]) -> list[PodDemand]:
+    """The Pods nominated to a node whose room ``demand`` must leave: kube-scheduler's rule for
+    its own filters (``addGENominatedPods``), every other Pod of at least the same priority."""
+    return [pod for pod in nominated if pod.uid != demand.uid and pod.priority >= demand.priority]
+
+
+def with_nominated(node: NodeView, usage: NodeUsage, nominated: Iterable[PodDemand]) -> NodeUsage:
+    """``usage`` plus the room of Pods nominated to the node by a preemption, which wait there for
+    their victims to leave. One that will get a cpuset holds the CPUs it would be given now (which
+    ones is decided at its bind; how many, and in which NUMA node, is what other Pods must leave);
+    one that no longer fits them holds its requests in the shared pool."""
+    taken = NodeUsage(dict(usage.shared), set(usage.bound_cpus), usage.bound_memory)
+    for pod in nominated:
+        policy = pod.binding_on(node)
+        try:
+            if policy is None:
+                raise NoFit("shared")
+            cpus = place(node.topology, taken.bound_cpus, pod.cpus, policy, pod.single_numa or node.single_numa,
+                         node.strategy).cpus
+        except NoFit:
+            for resource in RESOURCES:
+                taken.shared[resource] = taken.shared.get(resource, 0) + pod.requests.get(resource, 0)
+            continue
+        taken.bound_cpus.update(cpus)
+        taken.bound_memory += pod.requests.get(MEMORY, 0)
+    return taken
+
+
+def crowded_out(node: NodeView, usage: NodeUsage, demand: PodDemand, nominated: Iterable[PodDemand],
+                now: float | None = None) -> str | None:
+    """Why the Pod, which fits ``usage``, does not once the Pods nominated ahead of it on the node
+    keep their room, or None.
+
+    kube-scheduler's own filters already count those Pods' requests against the oversold
+    allocatable. What they cannot count is what the extender adds: the real cores a nominated
+    Pod's cpuset will need, and its exclusive CPUs charged at the node's ratio. Without this, a
+    lower-priority Pod could take the cores a preemption has just freed, and the preemptor would
+    preempt again.
+    """
+    ahead = nominated_ahead(demand, nominated)
+    if not ahead:
+        return None
+    reason = shortfall(node, with_nominated(node, usage, ahead), demand, now)
+    return None if reason is None else f"{reason}, with room kept for {len(ahead)} Pod(s) nominated there"
+
+
 def after_preemption(node: NodeView, left: NodeUsage, demand: PodDemand, heat: NodeHeat | None, config: LoadConfig,
-                     now: float | None, load_aware: bool) -> str | None:
+                     now: float | None, load_aware: bool, nominated: Iterable[PodDemand] = ()) -> str | None:
     """Why the Pod would still not pass the filter on ``node`` once the victims kube-scheduler
     chose there are gone (``left``: what the node's other Pods take), or None: the preemption
     would make room.
@@ -370,12 +419,13 @@ def after_preemption(node: NodeView, left: NodeUsage, demand: PodDemand, heat: N
     at ``cpus x ratio`` where it counted ``cpus``, or on a node above a scheduling watermark. A hot
     node is never worth a preemption: its windows keep the evicted Pods' usage for minutes (the
     average) to an hour (the maximum), and the Pod would wait for a node the filter refuses.
+    Pods nominated there ahead of this one keep their room (``crowded_out``).
     """
     if load_aware:
         hot = load_shortfall(node, heat, config)
         if hot is not None:
             return hot
-    return shortfall(node, left, demand, now)
+    return shortfall(node, left, demand, now) or crowded_out(node, left, demand, nominated, now)
 
 
 def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,

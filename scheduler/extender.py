@@ -19,8 +19,11 @@ from oversale.placement import (
     PodDemand,
     after_preemption,
     allocate,
+    crowded_out,
     load_shortfall,
+    nominated_ahead,
     pod_demand,
+    with_nominated,
 )
 from scheduler.protocol import (
     ExtenderArgs,
@@ -86,7 +89,13 @@ def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
 
     def decide(table: NodeTable, slots: npt.NDArray[np.int64]) -> list[tuple[str, bool] | None]:
         """Per node: None (it passes), or why not and whether no preemption can ever help."""
-        reasons = screen(table, slots, demand, state.load_config, state.wall(), load_aware)
+        now = state.wall()
+        reasons = screen(table, slots, demand, state.load_config, now, load_aware)
+        if state.has_nominations():  # rare: only while a preemption's victims are leaving
+            for index, slot in enumerate(slots.tolist()):
+                view, usage, _ = table.row(slot)
+                if reasons[index] is None and (nominated := state.nominated_on(view.name)):
+                    reasons[index] = crowded_out(view, usage, demand, nominated, now)
         return [None if reason is None else (reason, _never_fits(table.row(slot)[0], demand))
                 for slot, reason in zip(slots.tolist(), reasons, strict=True)]
 
@@ -147,7 +156,7 @@ def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationK
                 continue
             uids = [victim["UID"] for victim in victims["Pods"]]
             reason = after_preemption(view, state.usage_without(node, uids), demand, state.heats([node])[0],
-                                      state.load_config, now, load_aware)
+                                      state.load_config, now, load_aware, state.nominated_on(node))
             if reason is None:
                 kept[node] = victims
             else:
@@ -196,8 +205,11 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         hot = load_shortfall(view, state.heats([node])[0], state.load_config) if load_aware else None
         if hot is not None:
             return {"Error": f"pod {namespace}/{name} no longer fits {node}: {hot}"}
+        usage = state.usage(node)
+        nominated = nominated_ahead(demand, state.nominated_on(node))
         try:
-            placement = allocate(view, state.usage(node), demand, state.wall())
+            placement = allocate(view, with_nominated(view, usage, nominated) if nominated else usage, demand,
+                                 state.wall())
         except NoFit as reason:
             return {"Error": f"pod {namespace}/{name} no longer fits {node}: {reason}"}
         # Reserved before any API call, under the lock: a concurrent bind sees these CPUs taken.

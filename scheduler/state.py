@@ -75,6 +75,9 @@ class PodFacts:
     UnexpectedAdmissionError: phase Failed): it holds nothing."""
     record: PodRecord | None
     """What it holds on its node, ``bound_at`` its PodScheduled time; None while not bound."""
+    nominated: PodRecord | None = None
+    """Not bound, but nominated to a node by a preemption (``status.nominatedNodeName``): the
+    room it will take there."""
 
 
 @dataclass
@@ -110,6 +113,8 @@ class ClusterState:
     """Per node, (cpu maximum over ``history_peak_seconds``, when it was read) from Prometheus."""
     _in_metrics: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, name) of the Pods in the last PodMetrics list."""
+    _nominated: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
+    """Per node, the Pods nominated to it by a preemption, waiting for their victims to leave."""
     _settling: dict[str, PodRecord] = field(default_factory=dict)
     """Pods bound within the settle time: the few whose estimates may still count."""
     _pending: dict[str, dict[str, float]] | None = None
@@ -161,6 +166,9 @@ class ClusterState:
         """A watch event: the Pod as it is now (``pod_facts``), or None when deleted."""
         with self._lock:
             self._forget(uid)
+            self._unnominate(uid)
+            if pod is not None and pod.nominated is not None:
+                self._nominated.setdefault(pod.nominated.node, {})[uid] = pod.nominated
             if pod is None:
                 self._unreserve(uid)  # deleted before the watch ever showed it bound
                 return
@@ -180,6 +188,7 @@ class ClusterState:
         with self._lock:
             self._pods.clear()
             self._by_node.clear()
+            self._nominated.clear()
             self._usage.clear()
             self._dirty |= set(self.nodes)
 
@@ -197,6 +206,20 @@ class ClusterState:
         reservation = self._reserved.pop(uid, None)
         if reservation is not None:
             self._changed(reservation.record.node)
+
+    def _unnominate(self, uid: str) -> None:
+        for node in [n for n, pods in self._nominated.items() if uid in pods]:
+            del self._nominated[node][uid]
+            if not self._nominated[node]:
+                del self._nominated[node]
+
+    def nominated_on(self, node: str) -> list[PodDemand]:
+        """The Pods nominated to ``node``, waiting for a preemption's victims to leave."""
+        with self._lock:
+            return [record.demand for record in self._nominated.get(node, {}).values()]
+
+    def has_nominations(self) -> bool:
+        return bool(self._nominated)
 
     def is_bound(self, uid: str) -> bool:
         return uid in self._pods or uid in self._reserved
@@ -411,7 +434,11 @@ def pod_facts(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodFacts:
     node = (pod.get("spec") or {}).get("nodeName")
     terminal = is_terminal(pod)
     if not node or terminal:
-        return PodFacts(uid, terminal, None)
+        nominated = (pod.get("status") or {}).get("nominatedNodeName")
+        if terminal or not nominated or not isinstance(nominated, str):
+            return PodFacts(uid, terminal, None)
+        return PodFacts(uid, False, None, PodRecord(uid, nominated, pod_demand(pod, keys), (),
+                                                    str(metadata.get("namespace", "")), str(metadata.get("name", ""))))
     return PodFacts(uid, False, PodRecord(uid, str(node), pod_demand(pod, keys), _cpus_of(pod, keys),
                                           str(metadata.get("namespace", "")), str(metadata.get("name", "")),
                                           _scheduled_at(pod)))

@@ -282,6 +282,42 @@ def test_preemption_keeps_only_nodes_where_the_victims_make_room_by_the_extender
     assert extender.post("preempt", whole) == {"NodeNameToMetaVictims": {"node-0": victims("a-node-0", "b-node-0")}}
 
 
+def prioritised(manifest: dict, priority: int, nominated: str | None = None) -> dict:
+    manifest["spec"]["priority"] = priority
+    if nominated:
+        manifest["status"]["nominatedNodeName"] = nominated
+    return manifest
+
+
+def test_room_freed_by_a_preemption_is_kept_for_the_preemptor(cluster):
+    api, extender = cluster
+    # node-0: 2 whole cores held in NUMA node 0; "vip" (8 CPUs, one NUMA node) has preempted and is
+    # nominated there while its victims leave. kube-scheduler counts 4 + 8 of 24 oversold cores
+    # and would let another 8-CPU Pod in; only NUMA node 1 can give vip its 4 cores.
+    api.put("pods", bound_pod("keeper", "4", "node-0", "0-1,8-9"))
+    api.put("pods", prioritised(pod("vip", "8", "FullPCPUs"), 1000, nominated="node-0"))
+    low, boss = prioritised(pod("low", "8", "FullPCPUs"), 0), prioritised(pod("boss", "8", "FullPCPUs"), 2000)
+    wait_for(lambda: extender.post("filter", {"Pod": low, "NodeNames": ["node-0"]})["FailedNodes"])
+    refused = extender.post("filter", {"Pod": low, "NodeNames": ["node-0"]})["FailedNodes"]["node-0"]
+    assert refused == ("cpu: 12 charged for its exclusive CPUs, 6 free on node-0 (oversold allocatable), with room "
+                       "kept for 1 Pod(s) nominated there")
+    # Not for vip itself, nor for a Pod of higher priority (kube-scheduler's own rule).
+    for ahead in (pod("vip", "8", "FullPCPUs"), boss):
+        assert extender.post("filter", {"Pod": prioritised(ahead, ahead["spec"].get("priority", 1000)),
+                                        "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"]
+    # Were kube-scheduler to ask, bind would not hand low the cores either.
+    api.put("pods", low)
+    wait_for(lambda: api.get("pods", "default", "low") is not None)
+    answer = extender.post("bind", {"PodName": "low", "PodNamespace": "default", "PodUID": "uid-low",
+                                    "Node": "node-0"})
+    assert "no longer fits node-0" in answer["Error"]
+    # Once vip is bound, its own cpuset counts; once it is gone, the room is free again.
+    vip = prioritised(pod("vip", "8", "FullPCPUs"), 1000)
+    api.put("pods", vip)
+    api.delete("pods", "default", "vip")
+    wait_for(lambda: extender.post("filter", {"Pod": low, "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
+
+
 @pytest.mark.shared
 def test_prioritize_scores_every_node_sent_by_its_strategy(cluster):
     api, extender = cluster
