@@ -4,8 +4,9 @@
   python -m certs ensure --secret NS/NAME --service NAME [--host H ...] [--days N] [--renew-fraction F]
                         [--restart NS/DEPLOYMENT ...]
   python -m certs inject --webhook NAME [--webhook NAME ...] (--secret NS/NAME | --ca-file PATH)
+  python -m certs restart-on-change --secret NS/NAME [--secret ...] --restart NS/DEPLOYMENT [...]
 
-``ensure`` and ``inject`` use the in-cluster config, else the kubeconfig.
+``ensure``, ``inject`` and ``restart-on-change`` use the in-cluster config, else the kubeconfig.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from kube.cli import CliError, Parser, add_debug_flag, run_cli
+from kube.cli import CliError, Parser, add_debug_flag, run_cli, settings_or_exit
 from kube.tls import (
     CA_DAYS,
     RENEW_FRACTION,
@@ -64,6 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--secret", help="NAMESPACE/NAME of a Secret with ca.crt")
     source.add_argument("--ca-file", type=Path, help="a PEM file")
 
+    follow = commands.add_parser(
+        "restart-on-change", help="roll Deployments that read these Secrets only at start when the "
+        "certificates in them changed (for Secrets another tool renews, e.g. cert-manager)")
+    follow.add_argument("--secret", action="append", required=True, metavar="NAMESPACE/NAME",
+                        help="a Secret the Deployment mounts (tls.crt and ca.crt count); repeatable")
+    follow.add_argument("--restart", action="append", required=True, metavar="NAMESPACE/DEPLOYMENT",
+                        help="the Deployment to roll when they changed; repeatable")
+
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -91,13 +100,25 @@ def main(argv: list[str] | None = None) -> int:
         namespace, name = _namespaced(parser, args.secret)
         hosts = _hosts(parser, args, namespace)
         restarts = [_namespaced(parser, text) for text in args.restart]
+    elif args.command == "restart-on-change":
+        secrets = [_namespaced(parser, text) for text in args.secret]
+        restarts = [_namespaced(parser, text) for text in args.restart]
+        keys = settings_or_exit(parser).keys
     elif args.secret:
         _namespaced(parser, args.secret)
     else:
         ca = args.ca_file.read_bytes()
         _usable_ca(ca, args.ca_file)
 
-    from certs.cluster import ForeignSecret, ensure_secret, inject_ca_bundle, read_ca_from_secret, restart_deployment
+    from certs.cluster import (
+        ForeignSecret,
+        certificates_digest,
+        ensure_secret,
+        inject_ca_bundle,
+        read_ca_from_secret,
+        restart_deployment,
+        restart_on_change,
+    )
     from kube.client import load_api_client
 
     api_client = load_api_client("auto")
@@ -113,6 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         if outcome != "unchanged":
             for deployment in restarts:
                 print(restart_deployment(api_client, *deployment))
+        return 0
+    if args.command == "restart-on-change":
+        try:
+            digest = certificates_digest(api_client, secrets)
+        except LookupError as error:
+            raise CliError(f"{error}; nothing was restarted") from None
+        for deployment in restarts:
+            print(restart_on_change(api_client, *deployment, digest, keys.certificates))
         return 0
     try:
         if args.secret:

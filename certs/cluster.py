@@ -10,6 +10,7 @@ the same CA and the ``caBundle`` the API server trusts does not change under run
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import time
@@ -114,7 +115,52 @@ def restart_deployment(api_client: Any, namespace: str, name: str) -> str:
     For the consumers that read a certificate only when they start: kube-scheduler loads its
     extender ``tlsConfig`` files once (client-go's ``TLSConfigFor``, no reloading), so after a
     renewal it would keep presenting the old client certificate until that one expires."""
-    body = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: format_timestamp(time.time())}}}}}
+    return _roll(api_client, namespace, name, {}) or f"deployment {namespace}/{name}: restarted"
+
+
+def certificates_digest(api_client: Any, secrets: Sequence[tuple[str, str]]) -> str:
+    """A short digest of the certificates (``tls.crt``, ``ca.crt``) the Secrets hold: what a
+    consumer that reads them only at start was started with. LookupError names a Secret that is
+    missing or holds no certificate (cert-manager has not issued it yet)."""
+    digest = hashlib.sha256()
+    core = client.CoreV1Api(api_client)
+    for namespace, name in sorted(set(secrets)):
+        data = (_read_secret(core, namespace, name) or {}).get("data")
+        if not data or not (data.get(CERT_FILE) or data.get(CA_FILE)):
+            raise LookupError(f"secret {namespace}/{name} is missing or holds no {CERT_FILE} or {CA_FILE}")
+        for key in (CERT_FILE, CA_FILE):
+            digest.update(f"{namespace}/{name}/{key}:".encode() + base64.b64decode(data.get(key) or ""))
+    return digest.hexdigest()[:16]
+
+
+def restart_on_change(api_client: Any, namespace: str, name: str, digest: str, key: str) -> str:
+    """Roll the Deployment when its Pod template does not record ``digest`` under ``key`` (and
+    record it); one line saying what was done.
+
+    For certificates another tool renews (cert-manager), where no ``ensure`` knows when they
+    change: run it on a schedule. kube-scheduler reads its extender ``tlsConfig`` files only at
+    start, so without a restart it would present the old client certificate until it expired.
+    The record lives in the template itself, so the roll that records it is the restart."""
+    try:
+        deployment: Any = client.AppsV1Api(api_client).read_namespaced_deployment(
+            name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+    except ApiException as error:
+        if error.status == 404:
+            return f"deployment {namespace}/{name}: not found, nothing to restart"
+        raise
+    template = (json.loads(deployment.data).get("spec") or {}).get("template") or {}
+    started_with = ((template.get("metadata") or {}).get("annotations") or {}).get(key)
+    if started_with == digest:
+        return f"deployment {namespace}/{name}: unchanged (certificates {digest})"
+    return _roll(api_client, namespace, name, {key: digest}) or (
+        f"deployment {namespace}/{name}: restarted (certificates {started_with or 'not recorded'} -> {digest})")
+
+
+def _roll(api_client: Any, namespace: str, name: str, annotations: dict[str, str]) -> str | None:
+    """Set the Pod template's annotations and ``restartedAt`` (a new template rolls the Pods); a
+    line to say instead when the Deployment does not exist, else None."""
+    annotations = {**annotations, RESTARTED_AT: format_timestamp(time.time())}
+    body = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
     try:
         client.AppsV1Api(api_client).patch_namespaced_deployment(
             name, namespace, body, _content_type="application/merge-patch+json", _preload_content=False,
@@ -123,7 +169,7 @@ def restart_deployment(api_client: Any, namespace: str, name: str) -> str:
         if error.status == 404:
             return f"deployment {namespace}/{name}: not found, nothing to restart"
         raise
-    return f"deployment {namespace}/{name}: restarted"
+    return None
 
 
 def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> list[str]:

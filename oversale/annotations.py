@@ -217,6 +217,12 @@ class AnnotationKeys:
         return self._key("extender-leader")
 
     @cached_property
+    def certificates(self) -> str:
+        """Written on a Deployment's Pod template by ``certs restart-on-change``: a digest of the
+        certificates its Pods were started with (a new one rolls them)."""
+        return self._key("certificates")
+
+    @cached_property
     def resource_status(self) -> str:
         """Written on bound Pods by the scheduler extender: ``{"cpuset": "4-7", "numaNode": 1}``."""
         return self._key("resource-status")

@@ -7,6 +7,7 @@ import base64
 import datetime
 import ipaddress
 import json
+import re
 import socket
 import ssl
 import subprocess
@@ -266,6 +267,56 @@ def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_
                           "--restart", "oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "expected NAMESPACE/NAME, got 'oversale-scheduler'" in bad.stderr
+
+
+def test_certificates_another_tool_renews_restart_the_scheduler_once_per_change(kube_api, tmp_path):
+    """With cert-manager no ``ensure`` knows when kube-scheduler's client certificate is renewed;
+    a schedule compares what the Secrets hold with what the Pods were started with."""
+    kubeconfig = kube_api.write_kubeconfig(tmp_path / "kubeconfig")
+    env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    template = {"metadata": {"labels": {"app": "s"}}, "spec": {"containers": []}}
+    kube_api.put("deployments", {"metadata": {"name": "oversale-scheduler", "namespace": "oversale"},
+                                 "spec": {"template": template}})
+
+    def issued(name: str, days: int) -> None:  # what cert-manager writes: tls.crt, tls.key, ca.crt
+        paths = generate(tmp_path / f"{name}-{days}", ["kube-scheduler"], days=days)
+        kube_api.put("secrets", {"metadata": {"name": name, "namespace": "oversale"}, "type": "kubernetes.io/tls",
+                                 "data": {key: base64.b64encode(path.read_bytes()).decode() for key, path in
+                                          (("tls.crt", paths.cert), ("tls.key", paths.key), ("ca.crt", paths.ca))}})
+
+    def follow() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "certs", "restart-on-change", "--secret",
+                               "oversale/scheduler-client", "--secret", "oversale/extender-tls", "--restart",
+                               "oversale/oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    def template_annotations() -> dict:
+        template = kube_api.get("deployments", "oversale", "oversale-scheduler")["spec"]["template"]
+        return template["metadata"].get("annotations") or {}
+
+    issued("extender-tls", 30)
+    missing = follow()
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        "error: secret oversale/scheduler-client is missing or holds no tls.crt or ca.crt; nothing was restarted"]
+    assert template_annotations() == {}
+    issued("scheduler-client", 30)
+    first = follow()
+    assert first.returncode == 0, first.stderr
+    (line,) = first.stdout.splitlines()
+    assert re.fullmatch(r"deployment oversale/oversale-scheduler: restarted \(certificates not recorded -> "
+                        r"[0-9a-f]{16}\)", line)
+    recorded = template_annotations()
+    digest = recorded["stke.platform/certificates"]
+    assert recorded["kubectl.kubernetes.io/restartedAt"].endswith("Z")
+    again = follow()
+    assert again.stdout.splitlines() == [f"deployment oversale/oversale-scheduler: unchanged (certificates {digest})"]
+    assert template_annotations() == recorded, "no second rollout for the same certificates"
+    issued("scheduler-client", 31)  # renewed
+    renewed = follow()
+    assert renewed.stdout.startswith(f"deployment oversale/oversale-scheduler: restarted (certificates {digest} -> ")
+    assert template_annotations()["stke.platform/certificates"] != digest
+    kube_api.delete("deployments", "oversale", "oversale-scheduler")
+    assert follow().stdout.splitlines() == ["deployment oversale/oversale-scheduler: not found, nothing to restart"]
 
 
 def served_certificate(server: RunningWebhook, ca_file) -> x509.Certificate:

@@ -305,7 +305,8 @@ def test_a_stopping_webhook_keeps_serving_until_the_service_forgets_it(rendered)
 
 def test_every_certificate_kube_scheduler_mounts_restarts_it_when_renewed():
     """kube-scheduler reads its extender tlsConfig files only at start: whatever renews a Secret it
-    mounts must restart it, in the install Job and in the weekly renewal alike."""
+    mounts must restart it, in the install Job and in the weekly renewal alike, and with
+    cert-manager, which renews them itself, a schedule that notices."""
     objects = render("overlays/self-signed")
     (scheduler,) = [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "oversale-scheduler"]
     mounted = {v["secret"]["secretName"] for v in scheduler["spec"]["template"]["spec"]["volumes"] if "secret" in v}
@@ -317,6 +318,23 @@ def test_every_certificate_kube_scheduler_mounts_restarts_it_when_renewed():
         for secret in mounted:
             args = ensured[secret]
             assert args[args.index("--restart") + 1] == "oversale/oversale-scheduler", (job["kind"], secret)
+    # cert-manager renews them on its own: a schedule compares and restarts.
+    objects = render("overlays/cert-manager")
+    (cron,) = by_kind(objects, "CronJob")
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[:2] == ["certs", "restart-on-change"]
+    assert {args[i + 1] for i, arg in enumerate(args) if arg == "--secret"} == {f"oversale/{s}" for s in mounted}
+    assert [args[i + 1] for i, arg in enumerate(args) if arg == "--restart"] == ["oversale/oversale-scheduler"]
+    (binding,) = [b for b in by_kind(objects, "RoleBinding")
+                  if {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "oversale"}
+                  in b["subjects"]]
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == binding["roleRef"]["name"]]
+    allowed = {(resource, verb, name) for rule in role["rules"] for resource in rule["resources"]
+               for verb in rule["verbs"] for name in rule.get("resourceNames", [])}
+    assert {("secrets", "get", secret) for secret in mounted} | {("deployments", verb, "oversale-scheduler")
+                                                                 for verb in ("get", "patch")} <= allowed
 
 
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
@@ -632,6 +650,7 @@ CALLS = {
         ("", "secrets", "get"): ("certs/cluster.py", "read_namespaced_secret"),
         ("", "secrets", "update"): ("certs/cluster.py", "replace_namespaced_secret"),
         ("apps", "deployments", "patch"): ("certs/cluster.py", "patch_namespaced_deployment("),
+        ("apps", "deployments", "get"): ("certs/cluster.py", "read_namespaced_deployment("),
     },
     "oversale-reconciler-lease": LEASE_CALLS,
     "oversale-extender-lease": LEASE_CALLS,
