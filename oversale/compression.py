@@ -36,6 +36,7 @@ from oversale.annotations import (
     read_record_text,
     record_text,
 )
+from oversale.cpus import BIND_POLICIES
 from oversale.errors import InvalidAnnotation, QuantityError
 from oversale.limitrange import NO_BOUNDS, RequestBounds
 from oversale.pods import (
@@ -138,6 +139,30 @@ def policy_from_annotations(
     )
 
 
+def exclusive_cpus(pod: Pod, keys: AnnotationKeys) -> str | None:
+    """Why the Pod's cpu request must stay as it is because it sizes exclusive CPUs, or None.
+
+    The extender gives a Pod that asks for binding (``cpu-bind-policy``) as many whole CPUs as its
+    cpu request when that is an integer, and a cpuset bounds the cores its containers may run on,
+    whatever their limit: a lower request would take cores away, a fractional one the binding
+    itself, and a raised one would ask for cores the cpuset it holds does not have. A Pod that
+    holds a cpuset (``resource-status``) keeps it until it is recreated.
+
+    >>> keys = AnnotationKeys()
+    >>> exclusive_cpus({"metadata": {"annotations": {keys.cpu_bind_policy: "FullPCPUs"}}}, keys)
+    'it asks for exclusive CPUs (stke.platform/cpu-bind-policy: FullPCPUs), as many as its cpu request'
+    >>> exclusive_cpus({"metadata": {"annotations": {keys.cpu_bind_policy: "Sometimes"}}}, keys) is None
+    True
+    """
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if keys.resource_status in annotations:
+        return f"it holds exclusive CPUs ({keys.resource_status}), as many as its cpu request"
+    policy = annotations.get(keys.cpu_bind_policy)
+    if policy in BIND_POLICIES:
+        return f"it asks for exclusive CPUs ({keys.cpu_bind_policy}: {policy}), as many as its cpu request"
+    return None
+
+
 def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds = NO_BOUNDS) -> CompressionResult:
     """Compress ``pod``'s requests by ``policy``, within LimitRange ``bounds``.
 
@@ -158,6 +183,7 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     if not originals:
         result.skipped = "no cpu or memory requests"
         return result
+    exclusive = exclusive_cpus(restored, policy.keys) if CPU in policy.ratios else None
     if policy.disabled:
         result.skipped = f"disabled by {policy.keys.enable_resource_compress}"
     elif not policy.ratios:
@@ -168,6 +194,10 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
             "Guaranteed Pod not compressed: lower requests would make it Burstable "
             "(set OVERSALE_ALLOW_GUARANTEED_DOWNGRADE=true to allow)"
         )
+    elif exclusive:
+        result.warnings.append(f"cpu request not compressed: {exclusive}")
+        if set(policy.ratios) == {CPU}:
+            result.skipped = f"cpu request kept: {exclusive}"
     if result.skipped:
         # Restoring matters only when something left our annotation behind; otherwise the Pod
         # goes back exactly as it came.
@@ -179,7 +209,7 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     guards: list[str] = []
     for resource, ratio in policy.ratios.items():
         before = effective_request(restored, resource)
-        if before == 0:
+        if before == 0 or (resource == CPU and exclusive):
             continue
         if ratio < 1:
             applied = _raise_resource(compressed, restored, resource, Fraction(ratio), before, bounds, guards)

@@ -8,6 +8,8 @@ what the API and the kubelet allow:
 - only app containers and native sidecars can be resized; a finished init container and
   pod-level ``spec.resources`` (alpha to resize) are not touched;
 - the QoS class is immutable: the API refuses such a resize, so it is never sent;
+- the cpu request of a Pod holding (or asking for) exclusive CPUs is their count, and a resize
+  cannot change the cpuset it holds, so it is kept (``oversale.compression.exclusive_cpus``);
 - a container whose ``resizePolicy`` says ``RestartContainer`` for a resource is restarted to
   apply it, so that resource is resized only where the workload opted in to restarts;
 - the kubelet answers asynchronously with Pod conditions: ``PodResizeInProgress``, or
@@ -27,6 +29,7 @@ from oversale.compression import (
     CompressionConfig,
     compress_running_pod,
     effective_annotations,
+    exclusive_cpus,
     policy_from_annotations,
 )
 from oversale.errors import InvalidAnnotation
@@ -126,6 +129,11 @@ def plan_resize(
                                   "rollout")
 
     resizable = _resizable(pod, workload_annotations, keys)
+    exclusive = exclusive_cpus(pod, keys) if CPU in resizable else None
+    if exclusive:
+        if resizable == {CPU}:
+            return _skip("exclusive-cpus", f"cpu request kept: {exclusive}")
+        resizable -= {CPU}
     policy = policy_from_annotations(effective_annotations(workload_annotations, annotations, keys), keys, config)
     asked = ",".join(f"{r}={format_ratio(policy.ratios.get(r, Decimal(1)))}" for r in RESOURCES if r in resizable)
     pending = _condition(pod, RESIZE_PENDING)

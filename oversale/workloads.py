@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from oversale.annotations import AnnotationKeys, current_ratio, format_ratio, parse_switch, read_ratios, wants
+from oversale.compression import exclusive_cpus
 from oversale.errors import InvalidAnnotation
 from oversale.estimator import (
     CompressionEstimator,
@@ -136,6 +137,11 @@ def plan_compression(
         if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
             plan.skipped[resource] = ("memory-not-opted-in", _not_opted_in(annotations, keys.enable_memory_compress)
                                       + ignored.get(key, ""))
+            continue
+        exclusive = exclusive_cpus(dict(pod_template(workload)), keys) if resource == CPU else None
+        if exclusive:
+            # The webhook and resize keep such a Pod's cpu request; a ratio would only say otherwise.
+            plan.skipped[resource] = ("exclusive-cpus", f"cpu request kept: {exclusive}" + ignored.get(key, ""))
             continue
         target = utilization_target(hpa, resource) if hpa else None
         hpa_name = str(((hpa or {}).get("metadata") or {}).get("name", ""))

@@ -134,6 +134,27 @@ def test_guaranteed_pods_are_left_alone_with_a_warning_unless_allowed():
     assert qos_class(allowed.pod) == "Burstable"
 
 
+def test_a_pod_asking_for_exclusive_cpus_keeps_its_cpu_request():
+    # The extender gives it as many whole CPUs as its cpu request: halving the request would halve
+    # its cores, and 1.5 would make it fractional and lose the binding altogether.
+    bound = pod(container("app", "4", "4Gi", limits={"cpu": "8", "memory": "8Gi"}),
+                annotations={KEYS.cpu_bind_policy: "FullPCPUs"})
+    for ratio in ("2", "1.5", "0.5"):
+        result = compress_requests(bound, policy(cpu=ratio))
+        assert result.pod == bound
+        assert result.skipped == ("cpu request kept: it asks for exclusive CPUs (stke.platform/cpu-bind-policy: "
+                                  "FullPCPUs), as many as its cpu request")
+        assert "cpu request not compressed: it asks for exclusive CPUs" in " ".join(result.warnings)
+    both = compress_requests(bound, policy(cpu="2", memory="2"))
+    assert requests(both.pod, "app") == {"cpu": "4", "memory": "2Gi"}, "memory still follows its ratio"
+    assert both.freed == {"memory": 2 * 2**30}
+    # A Pod already holding a cpuset (written at bind) keeps it too; a policy name nobody serves does not count.
+    holding = pod(container("app", "4", "4Gi"), annotations={KEYS.resource_status: '{"cpuset":"0-3","numaNode":0}'})
+    assert compress_requests(holding, policy(cpu="2")).skipped.startswith("cpu request kept: it holds exclusive CPUs")
+    unknown = pod(container("app", "4", "4Gi"), annotations={KEYS.cpu_bind_policy: "Always"})
+    assert requests(compress_requests(unknown, policy(cpu="2")).pod, "app")["cpu"] == "2"
+
+
 def test_invalid_annotation_leaves_only_that_resource_alone():
     result = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="abc", memory="2"))
     assert requests(result.pod, "app") == {"cpu": "1", "memory": "512Mi"}

@@ -178,6 +178,21 @@ def test_a_node_over_its_target_never_gains_room_for_more_pods(requested, alloca
         assert "no room for more" in proposal.reason or "above the maximum" in proposal.reason
 
 
+def test_a_workload_whose_pods_ask_for_exclusive_cpus_gets_no_cpu_ratio():
+    keys = AnnotationKeys()
+    stats = UsageStats(quantile=200.0, peak=250.0, samples=2016, covered_seconds=7 * 86400.0)
+    workload = {"kind": "Deployment", "metadata": {"name": "db", "namespace": "shop", "annotations": {
+        keys.enable_resource_compress: "y"}}, "spec": {"template": {
+            "metadata": {"annotations": {keys.cpu_bind_policy: "FullPCPUs"}},
+            "spec": {"containers": [{"name": "app", "resources": {"requests": {"cpu": "4", "memory": "1Gi"}}}]}}}}
+    plan = plan_compression(workload, {"cpu": {"app": stats}}, None, keys, CompressionEstimator())
+    assert "cpu" not in plan.proposals
+    assert plan.skipped["cpu"] == ("exclusive-cpus", "cpu request kept: it asks for exclusive CPUs "
+                                   "(stke.platform/cpu-bind-policy: FullPCPUs), as many as its cpu request")
+    del workload["spec"]["template"]["metadata"]
+    assert plan_compression(workload, {"cpu": {"app": stats}}, None, keys, CompressionEstimator()).proposals["cpu"]
+
+
 def test_an_unreadable_ratio_or_memory_switch_is_said_in_the_reconcilers_reasons():
     keys = AnnotationKeys()
     day = 86400.0

@@ -98,12 +98,17 @@ def _change(pod: dict[str, Any], how: str) -> dict[str, Any]:
         pod["spec"]["resources"] = {"requests": {"cpu": "200m"}}
     elif how == "ratio":
         pod["metadata"]["annotations"][KEYS.cpu_requests_ratio] = "4"
+    elif how == "exclusive CPUs asked":
+        pod["metadata"]["annotations"][KEYS.cpu_bind_policy] = "FullPCPUs"
+    elif how == "exclusive CPUs held":
+        pod["metadata"]["annotations"][KEYS.resource_status] = '{"cpuset":"0-1","numaNode":0}'
     return pod
 
 
 # (what the first Pod has, what its twin has instead)
 CHANGES = [("", "limits"), ("", "name"), ("init", "sidecar"), ("", "init"), ("", "recorded originals"), ("", "mirror"),
-           ("", "node-owned"), ("", "pod-level"), ("", "ratio"),
+           ("", "node-owned"), ("", "pod-level"), ("", "ratio"), ("", "exclusive CPUs asked"),
+           ("", "exclusive CPUs held"),
            ("ratio from the workload", "ratio from the workload, no annotations map")]
 
 

@@ -365,6 +365,17 @@ def test_pod_level_resources_and_stopped_pods_are_not_resized():
         "not-running"
 
 
+def test_a_pod_holding_exclusive_cpus_keeps_its_cpu_request_in_place():
+    pod = running(template(limits={"cpu": "4", "memory": "2Gi"}))
+    pod["metadata"].setdefault("annotations", {})[KEYS.resource_status] = '{"cpuset":"0","numaNode":0}'
+    plan = plan_resize(pod, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    assert plan.code == "exclusive-cpus" and not plan.patch
+    # With memory opted in, memory is still resized; cpu is not.
+    both = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", KEYS.memory_requests_ratio: "2",
+                             KEYS.enable_memory_compress: "y"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    assert [(c.resource, c.before, c.after) for c in both.changes] == [("memory", 2**30, 2**29)]
+
+
 def test_a_raise_counts_the_pods_own_requests_as_quota_headroom():
     # The namespace has 300m left; the Pod already holds 1 core of the quota, so it may grow by
     # 300m (to 1300m), not shrink to 300m.

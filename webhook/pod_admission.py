@@ -116,8 +116,8 @@ class PodAnswers:
     A workload's Pods reach admission alike (their names are generated after admission), so a
     rollout asks the same question once per replica. A compression is keyed on exactly what
     :func:`compress_requests` and :func:`pod_patch` read: each container's name, restart policy and
-    resources, pod-level resources, this service's record annotations (and whether the Pod has an
-    annotations map), whether it is a mirror Pod, the compression annotations in effect and the
+    resources, pod-level resources, this service's record annotations and exclusive-CPU ones (and
+    whether the Pod has an annotations map), whether it is a mirror Pod, the compression annotations in effect and the
     namespace's bounds. ``size=0`` remembers nothing.
     """
 
@@ -127,7 +127,10 @@ class PodAnswers:
         self._policies: Memo[CompressionPolicy] = Memo(size)
         self._compressions: Memo[PodAnswer] = Memo(size)
         keys = settings.keys
-        self._record_keys = (keys.original_requests, keys.written_requests, keys.compression, MIRROR_ANNOTATION)
+        # Every Pod annotation compress_requests reads: its records, the mirror mark, and the
+        # exclusive-CPU request or holding that keeps the cpu request (exclusive_cpus).
+        self._record_keys = (keys.original_requests, keys.written_requests, keys.compression, MIRROR_ANNOTATION,
+                             keys.cpu_bind_policy, keys.resource_status)
 
     def policy(self, annotations: dict[str, str]) -> CompressionPolicy:
         settings = self.settings
