@@ -251,6 +251,24 @@ def unexpired_certificates(pem: bytes) -> bytes:
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates if c.not_valid_after_utc > now)
 
 
+def expires_at(path: Path) -> float | None:
+    """When the first certificate of a PEM file to expire does (Unix seconds), or None when the file
+    holds none it can read: a chain stops verifying at its earliest expiry.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     paths = generate(Path(directory), ["localhost"], days=30)
+    ...     left = expires_at(paths.cert) - datetime.datetime.now(datetime.UTC).timestamp()
+    ...     (29 * 86400 < left <= 30 * 86400, expires_at(paths.key))
+    (True, None)
+    """
+    try:
+        certificates = x509.load_pem_x509_certificates(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return min(c.not_valid_after_utc for c in certificates).timestamp()
+
+
 def generate(
     directory: Path, hosts: Iterable[str], days: int = SERVING_DAYS, ca_days: int = CA_DAYS
 ) -> CertificatePaths:

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         state = ClusterState(settings.keys, load_config=settings.load)
         watch = ClusterWatch(api_client, state, settings.watch_timeout_seconds)
         watch.start()
-        metrics = ExtenderMetrics()
+        served = {"serving": paths.cert, "ca": paths.ca} if args.certs_dir else {}
+        metrics = ExtenderMetrics({**served, **({"client-ca": args.client_ca} if args.client_ca else {})})
         metrics.client_auth.set(1 if args.client_ca else 0)
         if settings.load_aware:
             UsagePoller(api_client, state, settings.metrics_poll_interval_seconds, metrics.record_poll).start()

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kube.certificate_expiry import CertificateExpiry
 from kube.client import one_line
 from oversale.settings import Settings
 from scheduler.extender import Binder, bind, filter_nodes, preempt, prioritize
@@ -22,8 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class ExtenderMetrics:
-    def __init__(self) -> None:
+    def __init__(self, certificates: Mapping[str, Path] | None = None) -> None:
         self.registry = CollectorRegistry()
+        self.registry.register(CertificateExpiry(certificates or {}))
         self.calls = Counter("oversale_extender_calls", "Extender calls by verb and result.", ["verb", "result"],
                              registry=self.registry)
         self.latency = Histogram("oversale_extender_duration_seconds", "Time to answer one extender call.", ["verb"],

@@ -8,6 +8,7 @@ import copy
 import http.client
 import json
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -256,3 +257,10 @@ def kube_api() -> Iterator[FakeKubeAPI]:
     api = FakeKubeAPI().start()
     yield api
     api.stop()
+
+
+def expiry_samples(exposition: str) -> dict[str, float]:
+    """certificate -> expiry of the ``oversale_tls_certificate_expiry_timestamp_seconds`` samples of
+    a /metrics answer (large values come in Go's exponent form, 1.8e+09)."""
+    return {match[0]: float(match[1]) for match in re.findall(
+        r'^oversale_tls_certificate_expiry_timestamp_seconds\{certificate="([a-z-]+)"\} (\S+)$', exposition, re.M)}

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from certs.cluster import MANAGED_BY, ForeignSecret, ensure_secret, inject_ca_bundle
 from kube.tls import CertificatePaths, generate, issue, problems_with, service_hosts
-from tests.conftest import ROOT, RunningWebhook
+from tests.conftest import ROOT, RunningWebhook, expiry_samples
 
 HOSTS = service_hosts("oversale-webhook", "oversale")
 
@@ -347,6 +347,25 @@ def test_rotated_files_are_served_on_new_connections_without_restart(tmp_path):
         kept_alive.request("GET", "/healthz")  # an open connection keeps working
         assert json.loads(kept_alive.getresponse().read()) == {"status": "ok"}
         assert server.process.poll() is None
+    finally:
+        server.stop()
+
+
+def test_metrics_show_when_the_served_certificates_expire_and_follow_a_renewal(tmp_path):
+    """A renewal that never happens is silent until the API server can no longer call the
+    webhook; the expiry on /metrics is what an alert can watch (OversaleCertificateExpiringSoon)."""
+    server = RunningWebhook(tmp_path)
+    try:
+        paths = CertificatePaths.in_dir(server.certs)
+        status, body = server.get("/metrics")
+        assert status == 200
+        assert expiry_samples(body.decode()) == {"ca": load(paths.ca).not_valid_after_utc.timestamp(),
+                                                 "serving": load(paths.cert).not_valid_after_utc.timestamp()}
+        generate(server.certs, ["localhost", "127.0.0.1"], days=20)  # renewed, for a shorter life
+        _, body = server.get("/metrics")
+        serving = expiry_samples(body.decode())["serving"]
+        assert serving == load(paths.cert).not_valid_after_utc.timestamp()
+        assert 19 * 86400 < serving - time.time() <= 20 * 86400
     finally:
         server.stop()
 

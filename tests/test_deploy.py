@@ -531,6 +531,9 @@ tests:
         values: '0.0005x30 0.004x90'
       - series: 'oversale_hot_time_budget_ratio{pool="general", resource="cpu", pod="r1"}'
         values: '0.001x120'
+      # Expires 14 days and 30 minutes after the test's start; renewed at minute 150 (300 days on).
+      - series: 'oversale_tls_certificate_expiry_timestamp_seconds{pod="w1", certificate="serving"}'
+        values: '1211400x149 25920000x60'
     alert_rule_test:
       - eval_time: 60m
         alertname: OversalePoolOverHotTimeBudget
@@ -558,6 +561,24 @@ tests:
                 n1 has used 120% of its real cpu for 10 minutes. Its Pods are throttled (cpu) or at risk
                 of eviction (memory). Lower its oversale ratio, or turn on remediation
                 (OVERSALE_REMEDIATION=true).
+      - eval_time: 60m
+        alertname: OversaleCertificateExpiringSoon
+        exp_alerts: []
+      - eval_time: 100m
+        alertname: OversaleCertificateExpiringSoon
+        exp_alerts:
+          - exp_labels: {severity: warning, pod: w1, certificate: serving}
+            exp_annotations:
+              summary: "The serving certificate of w1 expires in 13d 22h 50m 0s"
+              description: >-
+                It was not renewed: check the oversale-certs-renew CronJob (self-signed overlay) or the
+                Certificate in cert-manager. Once the webhook's expires, the API server cannot call it (it
+                fails open): new Pods go uncompressed and every oversold node falls back to its real
+                allocatable at its next status write; once the extender's does, Pods of the oversale
+                scheduler profile stay Pending.
+      - eval_time: 180m
+        alertname: OversaleCertificateExpiringSoon
+        exp_alerts: []
       - eval_time: 12m
         alertname: OversaleReconcilerNotLeading
         exp_alerts: []

@@ -28,7 +28,7 @@ from scheduler.extender import filter_nodes
 from scheduler.kube import HistoryPeakPoller
 from scheduler.protocol import BadRequest, parse_args, parse_binding, parse_preemption
 from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord
-from tests.conftest import ROOT, SHARED, eventually, free_port, stop_process, wait_until_serving
+from tests.conftest import ROOT, SHARED, eventually, expiry_samples, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import GARBAGE_ANSWERS, Family, PrometheusServer, garbage_prometheus, write_openmetrics
 
@@ -833,7 +833,14 @@ def test_with_a_client_ca_only_kube_schedulers_certificate_gets_in(tmp_path):
 
         wait_for(ready)
         with urllib.request.urlopen(f"{plain}/metrics", timeout=5) as response:
-            assert "oversale_extender_client_auth 1.0" in response.read().decode()
+            exposition = response.read().decode()
+        assert "oversale_extender_client_auth 1.0" in exposition
+        # When what it serves and whom it trusts expire, for the alert to watch.
+        from cryptography import x509
+
+        assert expiry_samples(exposition) == {
+            name: x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+            for name, pem in (("serving", serving.cert), ("ca", serving.ca_cert), ("client-ca", scheduler_ca.ca_cert))}
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(urllib.request.Request(f"{plain}/bind", data=b"{}"), timeout=5)
         assert missing.value.code in (404, 501)

@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         settings.keepalive_seconds, settings.log_level,
     )
     log.info("serving on https://%s with %d workers x %d threads", args.bind, settings.workers, settings.threads)
-    GunicornServer(lambda: create_app(settings), options).run()
+    served = {"serving": paths.cert, "ca": paths.ca}
+    GunicornServer(lambda: create_app(settings, certificates=served), options).run()
     return 0
 
 

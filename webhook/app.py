@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -24,11 +25,13 @@ log = logging.getLogger(__name__)
 
 
 def create_app(
-    settings: Settings, owners: Any = None, node_pods: NodePods | None = None, metrics: Metrics | None = None
+    settings: Settings, owners: Any = None, node_pods: NodePods | None = None, metrics: Metrics | None = None,
+    certificates: Mapping[str, Path] | None = None,
 ) -> Flask:
     """Build the webhook app. Without ``owners``/``node_pods``, connect to the configured cluster
-    (watch caches, live Pod lookups), or run with Pod annotations only when there is none."""
-    metrics = metrics or Metrics(settings.node_series_ttl_seconds)
+    (watch caches, live Pod lookups), or run with Pod annotations only when there is none.
+    ``certificates``: the files served (name -> path), whose expiry ``/metrics`` shows."""
+    metrics = metrics or Metrics(settings.node_series_ttl_seconds, certificates)
     if owners is None or node_pods is None:
         connected_owners, connected_pods = _connect(settings, metrics)
         owners = owners if owners is not None else connected_owners

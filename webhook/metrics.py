@@ -12,7 +12,8 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import (
@@ -27,6 +28,8 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.mmap_dict import MmapedDict
 
+from kube.certificate_expiry import CertificateExpiry
+
 
 class Metrics:
     """The webhook's metrics, registered on their own registry (one per app).
@@ -37,11 +40,14 @@ class Metrics:
     it ever had, at its last values, until the webhook restarts.
     """
 
-    def __init__(self, node_series_ttl: float = 900.0) -> None:
+    def __init__(self, node_series_ttl: float = 900.0, certificates: Mapping[str, Path] | None = None) -> None:
         self.node_series_ttl = node_series_ttl
         self.registry = CollectorRegistry()
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         registry = self.registry
+        # Read by whichever worker serves the scrape, from the files: no worker writes it.
+        self.certificates = CertificateExpiry(certificates or {})
+        registry.register(self.certificates)
         self.admissions = Counter(
             "oversale_admissions",
             "Admission reviews answered, by resource and outcome "
@@ -175,6 +181,7 @@ class Metrics:
         registry = CollectorRegistry()
         per_node = {family.name for gauge in self._per_node for family in gauge.describe()}
         registry.register(_RecentNodeSeries(os.environ["PROMETHEUS_MULTIPROC_DIR"], per_node, self.node_series_ttl))
+        registry.register(self.certificates)
         text = generate_latest(registry)
         # The multiprocess collector knows only families with samples in the files; a fresh
         # webhook would answer an empty body, and a scrape-time alert would see nothing at all.
