@@ -227,7 +227,7 @@ def _fit(table: NodeTable, slots: Ints, ask: Ask, now: float) -> tuple[list[str 
         policy = np.zeros(len(slots), np.int8)  # only a Pod asking whole CPUs is ever bound
     binds, full = policy > 0, policy == 1
     numerator, denominator = table.ratio_numerator[slots], table.ratio_denominator[slots]
-    cpu = np.where(binds, -(-demand.cpus * 1000 * numerator // denominator), ask.cpu)  # bound_charge
+    cpu = np.where(binds, -(-demand.cpus * 1000 * numerator // denominator) + demand.overhead_cpu, ask.cpu)  # shortfall
     threads, total = table.threads[slots], table.cpus[slots]
     single = demand.single_numa | table.single_numa[slots] | (table.zones[slots] == 1)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -30,7 +30,7 @@ from oversale.cpus import (
 )
 from oversale.errors import QuantityError
 from oversale.node_oversale import applied_ratios, real_allocatable_of
-from oversale.pods import controller_of, scheduled_request
+from oversale.pods import controller_of, effective_request, scheduled_request
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount, parse_amount
 from oversale.timestamps import parse_timestamp
 from oversale.usage import (
@@ -107,6 +107,12 @@ class PodDemand:
     priority: int = 0
     """``spec.priority`` (set from the PriorityClass at admission): who may preempt whom."""
 
+    @property
+    def overhead_cpu(self) -> int:
+        """Millicores of a bound Pod's request beyond its whole CPUs: its RuntimeClass overhead,
+        which runs in the Pod's sandbox rather than on its cpuset, so it draws on the shared pool."""
+        return max(0, self.requests.get(CPU, 0) - 1000 * self.cpus) if self.cpus else 0
+
     def binding_on(self, node: NodeView) -> str | None:
         """The policy under which this Pod gets a cpuset on ``node`` (None: a shared Pod)."""
         policy = self.bind_policy or node.bind_policy
@@ -146,6 +152,8 @@ def held_usage(held: Iterable[tuple[Mapping[str, int], Sequence[int]]]) -> NodeU
         if cpus:
             usage.bound_cpus.update(cpus)
             usage.bound_memory += requests.get(MEMORY, 0)
+            if (overhead := requests.get(CPU, 0) - 1000 * len(cpus)) > 0:  # see PodDemand.overhead_cpu
+                usage.shared[CPU] = usage.shared.get(CPU, 0) + overhead
         else:
             for resource in RESOURCES:
                 usage.shared[resource] = usage.shared.get(resource, 0) + requests.get(resource, 0)
@@ -214,7 +222,9 @@ def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
     controller = controller_of(metadata)
     policy = annotations.get(keys.cpu_bind_policy)
     requests = {r: scheduled_request(pod, r) for r in RESOURCES}
-    cpu = requests.get(CPU, 0)
+    # Whole CPUs come from the containers' request: a RuntimeClass overhead (Kata, gVisor) is the
+    # sandbox's, not theirs, and would otherwise make 4 cores read as 4250m and never be bound.
+    cpu = effective_request(pod, CPU)
     return PodDemand(
         uid=str((pod.get("metadata") or {}).get("uid", "")),
         requests=requests,
@@ -250,7 +260,7 @@ def shortfall(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | 
     if node.reservations:
         held_cpu, held_memory = node.held_for_others(demand.owner, now)
         free_cpu, free_memory = free_cpu - held_cpu, free_memory - held_memory
-    cpu = bound_charge(node, demand.cpus) if policy else demand.requests.get(CPU, 0)
+    cpu = bound_charge(node, demand.cpus) + demand.overhead_cpu if policy else demand.requests.get(CPU, 0)
     if cpu > free_cpu:
         what = "charged for its exclusive CPUs" if policy else "requested"
         return (f"cpu: {format_amount(CPU, cpu)} {what}, {format_amount(CPU, max(free_cpu, 0))} free on "
@@ -386,6 +396,7 @@ def with_nominated(node: NodeView, usage: NodeUsage, nominated: Iterable[PodDema
             continue
         taken.bound_cpus.update(cpus)
         taken.bound_memory += pod.requests.get(MEMORY, 0)
+        taken.shared[CPU] = taken.shared.get(CPU, 0) + pod.overhead_cpu
     return taken
 
 

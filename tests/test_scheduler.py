@@ -212,6 +212,24 @@ def test_bound_pods_get_whole_cores_from_real_cpus_and_are_charged_at_the_ratio(
     assert refused["FailedNodes"]["node-0"] == "cpu: 18500m requested, 18 free on node-0 (oversold allocatable)"
 
 
+def test_a_runtime_class_overhead_neither_breaks_the_binding_nor_goes_uncharged(cluster):
+    # Kata-style: the sandbox's 250m comes on top of the containers' 4 cores (spec.overhead, set by
+    # the RuntimeClass admission plugin). The cpuset is the containers' 4; the 250m is shared.
+    api, extender = cluster
+    kata = pod("kata", "4", "FullPCPUs")
+    kata["spec"]["overhead"] = {"cpu": "250m", "memory": "160Mi"}
+    api.put("pods", kata)
+    wait_for(lambda: api.get("pods", "default", "kata") is not None)
+    assert extender.post("bind", {"PodName": "kata", "PodNamespace": "default", "PodUID": "uid-kata",
+                                  "Node": "node-0"}) == {"Error": ""}
+    assert len(bound_cpus(api, "kata")) == 4
+    # 4 exclusive CPUs at 1.5 and the 250m overhead: 17750m of node-0's 24 oversold cores left.
+    wait_for(lambda: extender.post("filter", {"Pod": pod("s", "17750m"), "NodeNames": ["node-0"]})["NodeNames"]
+             == ["node-0"])
+    refused = extender.post("filter", {"Pod": pod("s", "17751m"), "NodeNames": ["node-0"]})
+    assert refused["FailedNodes"]["node-0"] == "cpu: 17751m requested, 17750m free on node-0 (oversold allocatable)"
+
+
 def test_numa_shortage_is_explained_and_unresolvable_requests_say_so(cluster):
     _, extender = cluster
     answer = extender.post("filter", {"Pod": pod("big", "10", "FullPCPUs"), "NodeNames": ["node-0"]})

@@ -167,7 +167,8 @@ def placements(draw):
         heat = NodeHeat(draw(st.sampled_from([load, None])), NOW, {"cpu": draw(st.floats(0, 4000))})
         nodes.append((node, usage, heat))
     cpu = draw(st.sampled_from([500, 2000, 3000, 4000, 8000]))
-    demand = PodDemand("p", {"cpu": cpu, "memory": draw(st.integers(0, 8 * GI))},
+    overhead = draw(st.sampled_from([0, 0, 250]))  # a RuntimeClass's, on top of the containers' request
+    demand = PodDemand("p", {"cpu": cpu + overhead, "memory": draw(st.integers(0, 8 * GI))},
                        draw(st.sampled_from([None, "FullPCPUs", "SpreadByPCPUs"])), draw(st.booleans()),
                        cpus=cpu // 1000 if cpu % 1000 == 0 else 0,
                        owner=draw(st.sampled_from(["", "ns/Deployment/a"])))
