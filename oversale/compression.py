@@ -36,7 +36,7 @@ from oversale.annotations import (
     read_record_text,
     record_text,
 )
-from oversale.cpus import BIND_POLICIES
+from oversale.cpus import bind_policy
 from oversale.errors import InvalidAnnotation, QuantityError
 from oversale.limitrange import NO_BOUNDS, RequestBounds
 from oversale.pods import (
@@ -157,8 +157,8 @@ def exclusive_cpus(pod: Pod, keys: AnnotationKeys) -> str | None:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if keys.resource_status in annotations:
         return f"it holds exclusive CPUs ({keys.resource_status}), as many as its cpu request"
-    policy = annotations.get(keys.cpu_bind_policy)
-    if policy in BIND_POLICIES:
+    policy = bind_policy(annotations.get(keys.cpu_bind_policy))
+    if policy:
         return f"it asks for exclusive CPUs ({keys.cpu_bind_policy}: {policy}), as many as its cpu request"
     return None
 

@@ -30,6 +30,16 @@ LEAST_ALLOCATED = "LeastAllocated"
 SINGLE_NUMA_NODE = "single-numa-node"
 
 
+def bind_policy(value: object) -> str | None:
+    """The binding policy a ``cpu-bind-policy`` annotation or label value names, or None: absent,
+    or a name nobody serves (such a Pod or node is shared).
+
+    >>> bind_policy("FullPCPUs"), bind_policy("fullpcpus"), bind_policy(None)
+    ('FullPCPUs', None, None)
+    """
+    return value if isinstance(value, str) and value in BIND_POLICIES else None
+
+
 @dataclass(frozen=True)
 class CPU:
     id: int

@@ -17,7 +17,6 @@ from typing import Any
 
 from oversale.annotations import AnnotationKeys, current_ratio
 from oversale.cpus import (
-    BIND_POLICIES,
     LEAST_ALLOCATED,
     MOST_ALLOCATED,
     SINGLE_NUMA_NODE,
@@ -25,6 +24,7 @@ from oversale.cpus import (
     NoFit,
     Placement,
     Topology,
+    bind_policy,
     place,
     topology_from_node,
 )
@@ -169,7 +169,6 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
     real = real_allocatable_of(node, keys)
     applied = applied_ratios(annotations, keys)
     ratio = current_ratio({keys.cpu_oversale_ratio: applied[CPU]} if CPU in applied else {}, keys.cpu_oversale_ratio)
-    bind = labels.get(keys.cpu_bind_policy)
     return NodeView(
         name=str(metadata.get("name", "")),
         allocatable={r: parse_amount(r, allocatable[r]) for r in RESOURCES if r in allocatable},
@@ -177,7 +176,7 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
         ratio=Fraction(ratio),
         topology=topology_from_node(node, (keys.cpu_topology, KOORDINATOR_TOPOLOGY), real.get(CPU, 0) // 1000,
                                     nrt_zones),
-        bind_policy=bind if bind in BIND_POLICIES else None,
+        bind_policy=bind_policy(labels.get(keys.cpu_bind_policy)),
         single_numa=labels.get(keys.numa_topology_policy) == SINGLE_NUMA_NODE,
         strategy=LEAST_ALLOCATED if labels.get(keys.numa_allocate_strategy) == LEAST_ALLOCATED else MOST_ALLOCATED,
         real=real,
@@ -220,7 +219,6 @@ def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     controller = controller_of(metadata)
-    policy = annotations.get(keys.cpu_bind_policy)
     requests = {r: scheduled_request(pod, r) for r in RESOURCES}
     # Whole CPUs come from the containers' request: a RuntimeClass overhead (Kata, gVisor) is the
     # sandbox's, not theirs, and would otherwise make 4 cores read as 4250m and never be bound.
@@ -228,7 +226,7 @@ def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
     return PodDemand(
         uid=str((pod.get("metadata") or {}).get("uid", "")),
         requests=requests,
-        bind_policy=policy if policy in BIND_POLICIES else None,
+        bind_policy=bind_policy(annotations.get(keys.cpu_bind_policy)),
         single_numa=annotations.get(keys.numa_topology_policy) == SINGLE_NUMA_NODE,
         cpus=cpu // 1000 if cpu > 0 and cpu % 1000 == 0 else 0,
         owner=f"{metadata.get('namespace', '')}/{controller[0]}/{controller[1]}" if controller else "",
