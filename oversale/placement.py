@@ -379,22 +379,26 @@ def with_nominated(node: NodeView, usage: NodeUsage, nominated: Iterable[PodDema
     """``usage`` plus the room of Pods nominated to the node by a preemption, which wait there for
     their victims to leave. One that will get a cpuset holds the CPUs it would be given now (which
     ones is decided at its bind; how many, and in which NUMA node, is what other Pods must leave);
-    one that no longer fits them holds its requests in the shared pool."""
+    while its victims still hold the cores it needs, it holds what its cpuset will cost the pool
+    (``cpus x ratio``, as ``shortfall`` charges it). A shared one holds its requests."""
     taken = NodeUsage(dict(usage.shared), set(usage.bound_cpus), usage.bound_memory)
     for pod in nominated:
         policy = pod.binding_on(node)
-        try:
-            if policy is None:
-                raise NoFit("shared")
-            cpus = place(node.topology, taken.bound_cpus, pod.cpus, policy, pod.single_numa or node.single_numa,
-                         node.strategy).cpus
-        except NoFit:
+        if policy is None:
             for resource in RESOURCES:
                 taken.shared[resource] = taken.shared.get(resource, 0) + pod.requests.get(resource, 0)
             continue
+        try:
+            cpus = place(node.topology, taken.bound_cpus, pod.cpus, policy, pod.single_numa or node.single_numa,
+                         node.strategy).cpus
+        except NoFit:
+            taken.shared[CPU] = taken.shared.get(CPU, 0) + bound_charge(node, pod.cpus) + pod.overhead_cpu
+            taken.bound_memory += pod.requests.get(MEMORY, 0)
+            continue
         taken.bound_cpus.update(cpus)
         taken.bound_memory += pod.requests.get(MEMORY, 0)
-        taken.shared[CPU] = taken.shared.get(CPU, 0) + pod.overhead_cpu
+        if pod.overhead_cpu:
+            taken.shared[CPU] = taken.shared.get(CPU, 0) + pod.overhead_cpu
     return taken
 
 

@@ -21,11 +21,13 @@ from oversale.placement import (
     NodeView,
     PodDemand,
     Reservation,
+    crowded_out,
     load_facts,
     load_shortfall,
     node_score,
     placement_score,
     shortfall,
+    with_nominated,
 )
 from oversale.usage import (
     LoadConfig,
@@ -218,6 +220,23 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case):
     assert rank(table, slots, demand, config, NOW, load_aware=True) == [
         0 if shortfall(view, usage, demand, NOW) else 10 if view.reservations and view.holds_for(demand.owner, NOW)
         else node_score(view, usage, demand, NOW) for view, usage in grown]
+
+
+def test_a_nominated_pod_holds_its_cpuset_or_while_its_victims_stay_what_it_will_cost():
+    # 16 real cores oversold 1.5 (24 in all); the victims of a preemption still hold cores 0-9.
+    node, usage = view(ratio=Fraction(3, 2)), NodeUsage(bound_cpus=set(range(10)))
+    vip = PodDemand("vip", {"cpu": 4000, "memory": GI}, "FullPCPUs", False, cpus=4, priority=100)
+    held = with_nominated(node, usage, [vip])
+    assert held.bound_cpus == set(range(14)) and held.shared == {} and held.bound_memory == GI
+    # It needs 8 and only 6 are free yet: the cores are not its to hold, but 8 x 1.5 of the pool are.
+    big = replace(vip, uid="big", requests={"cpu": 8000, "memory": GI}, cpus=8)
+    held = with_nominated(node, usage, [big])
+    assert held.bound_cpus == set(range(10)) and held.shared == {"cpu": 12000}
+    low = PodDemand("low", {"cpu": 2000, "memory": GI}, None, False, priority=0)
+    assert crowded_out(node, usage, low, [big], NOW) == (
+        "cpu: 2 requested, 0 free on n (oversold allocatable), with room kept for 1 Pod(s) nominated there")
+    assert crowded_out(node, usage, replace(low, priority=100), [big], NOW) is not None, "equal priority waits"
+    assert crowded_out(node, usage, replace(low, priority=101), [big], NOW) is None, "a higher one does not"
 
 
 def test_the_table_keeps_a_single_numa_node_to_one_zone():
