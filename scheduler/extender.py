@@ -91,10 +91,11 @@ def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
         """Per node: None (it passes), or why not and whether no preemption can ever help."""
         now = state.wall()
         reasons = screen(table, slots, demand, state.load_config, now, load_aware)
-        if state.has_nominations():  # rare: only while a preemption's victims are leaving
+        nominations = state.nominations()  # rare: only while a preemption's victims are leaving
+        if nominations:
             for index, slot in enumerate(slots.tolist()):
                 view, usage, _ = table.row(slot)
-                if reasons[index] is None and (nominated := state.nominated_on(view.name)):
+                if reasons[index] is None and (nominated := nominations.get(view.name)):
                     reasons[index] = crowded_out(view, usage, demand, nominated, now)
         return [None if reason is None else (reason, _never_fits(table.row(slot)[0], demand))
                 for slot, reason in zip(slots.tolist(), reasons, strict=True)]
@@ -155,8 +156,9 @@ def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationK
                 refused[node] = "node not in the extender's cache"
                 continue
             uids = [victim["UID"] for victim in victims["Pods"]]
-            reason = after_preemption(view, state.usage_without(node, uids), demand, state.heats([node])[0],
-                                      state.load_config, now, load_aware, state.nominated_on(node))
+            heat = state.heats([node])[0] if load_aware else None
+            reason = after_preemption(view, state.usage_without(node, uids), demand, heat, state.load_config, now,
+                                      load_aware, state.nominated_on(node))
             if reason is None:
                 kept[node] = victims
             else:

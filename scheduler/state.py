@@ -213,13 +213,16 @@ class ClusterState:
             if not self._nominated[node]:
                 del self._nominated[node]
 
-    def nominated_on(self, node: str) -> list[PodDemand]:
-        """The Pods nominated to ``node``, waiting for a preemption's victims to leave."""
+    def nominations(self) -> dict[str, list[PodDemand]]:
+        """Per node, the Pods nominated to it, waiting for a preemption's victims to leave (a
+        snapshot; empty, and cheap, when no preemption is under way)."""
+        if not self._nominated:  # the filter's hot path: no lock taken in the common case
+            return {}
         with self._lock:
-            return [record.demand for record in self._nominated.get(node, {}).values()]
+            return {node: [record.demand for record in pods.values()] for node, pods in self._nominated.items()}
 
-    def has_nominations(self) -> bool:
-        return bool(self._nominated)
+    def nominated_on(self, node: str) -> list[PodDemand]:
+        return self.nominations().get(node, [])
 
     def is_bound(self, uid: str) -> bool:
         return uid in self._pods or uid in self._reserved
