@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from oversale.quantity import CPU, MEMORY, RESOURCES, parse_amount
 
 Pod = dict[str, Any]
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+RESIZE_PENDING = "PodResizePending"
+RESIZE_IN_PROGRESS = "PodResizeInProgress"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 """Pods in these phases hold no node resources (finished, or rejected by the kubelet at admission)."""
 
@@ -131,10 +133,75 @@ def has_pod_level_resources(pod: Mapping[str, Any]) -> bool:
 
 
 def effective_request(pod: Mapping[str, Any], resource: str) -> int:
-    """What the scheduler reserves for ``resource`` (without overhead, which compression never
-    changes): pod-level requests when set, else the sidecar-aware rule of kube-scheduler's
-    PodRequests: each regular init container runs alongside the sidecars started before it, and
-    the app containers run alongside all sidecars."""
+    """What the scheduler reserves for ``resource`` by the Pod's spec (without overhead, which
+    compression never changes): pod-level requests when set, else the sidecar-aware rule of
+    kube-scheduler's PodRequests: each regular init container runs alongside the sidecars started
+    before it, and the app containers run alongside all sidecars."""
+    return _aggregate_requests(pod, resource, lambda container, _: request_of(container, resource) or 0)
+
+
+def held_request(pod: Mapping[str, Any], resource: str) -> int:
+    """What a Pod holds of ``resource`` on its node while an in-place resize may be under way, as
+    kube-scheduler counts a Pod already there (KEP 1287; component-helpers' PodRequests with
+    status resources): per app container and sidecar, the largest of its spec request, the request
+    the runtime applies (``status.containerStatuses[].resources``) and what the kubelet admitted
+    (``allocatedResources``); the spec request is left out while the resize is ``Infeasible``, as
+    the kubelet will never apply it. A downsize in flight thus still holds its old request, and a
+    Pod not started yet (no such status) holds its spec. Pod-level requests, when set, decide
+    alone (their in-place resize is alpha).
+
+    >>> pod = {"spec": {"containers": [{"name": "app", "resources": {"requests": {"cpu": "1"}}}]},
+    ...        "status": {"containerStatuses": [{"name": "app", "allocatedResources": {"cpu": "3"},
+    ...                                          "resources": {"requests": {"cpu": "3"}}}]}}
+    >>> held_request(pod, "cpu"), effective_request(pod, "cpu")
+    (3000, 1000)
+    """
+    status = pod.get("status") or {}
+    statuses = {s.get("name"): s for kind in ("initContainerStatuses", "containerStatuses")
+                for s in status.get(kind) or [] if isinstance(s, Mapping)}
+    if not statuses:
+        return effective_request(pod, resource)
+    infeasible = resize_infeasible(pod)
+
+    def held(container: Mapping[str, Any], resizable: bool) -> int:
+        spec = request_of(container, resource) or 0
+        own = statuses.get(container.get("name")) if resizable else None
+        applied = own.get("resources") if own else None
+        # kube-scheduler reads the status only once the kubelet has reported applied resources.
+        if own is None or not isinstance(applied, Mapping):
+            return spec
+        amounts = [_amount(resource, (applied.get("requests") or {}).get(resource)),
+                   _amount(resource, (own.get("allocatedResources") or {}).get(resource))]
+        return max(amounts + ([] if infeasible else [spec]))
+
+    return _aggregate_requests(pod, resource, held)
+
+
+def condition_of(pod: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    """The Pod's condition of type ``kind`` when its status is ``True``, else None."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == kind and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def resize_infeasible(pod: Mapping[str, Any]) -> bool:
+    """The kubelet has found the Pod's in-place resize Infeasible: condition ``PodResizePending``
+    with reason ``Infeasible`` (Kubernetes 1.33+), or ``status.resize: Infeasible`` before."""
+    if (pod.get("status") or {}).get("resize") == "Infeasible":
+        return True
+    pending = condition_of(pod, RESIZE_PENDING)
+    return pending is not None and pending.get("reason") == "Infeasible"
+
+
+def _amount(resource: str, value: Any) -> int:
+    return parse_amount(resource, value) if value is not None else 0
+
+
+def _aggregate_requests(pod: Mapping[str, Any], resource: str,
+                        amount: Callable[[Mapping[str, Any], bool], int]) -> int:
+    """The sidecar-aware sum of ``amount(container, resizable)`` (resizable: an app container or a
+    sidecar, the containers in-place resize may change)."""
     spec = pod.get("spec") or {}
     pod_level = (spec.get("resources") or {}).get("requests") or {}
     if resource in pod_level:
@@ -142,13 +209,12 @@ def effective_request(pod: Mapping[str, Any], resource: str) -> int:
     sidecars = 0
     init_peak = 0
     for container in spec.get("initContainers") or []:
-        amount = request_of(container, resource) or 0
         if is_sidecar(container):
-            sidecars += amount
+            sidecars += amount(container, True)
             init_peak = max(init_peak, sidecars)
         else:
-            init_peak = max(init_peak, amount + sidecars)
-    apps = sum(request_of(c, resource) or 0 for c in spec.get("containers") or [])
+            init_peak = max(init_peak, amount(container, False) + sidecars)
+    apps = sum(amount(c, True) for c in spec.get("containers") or [])
     return max(init_peak, apps + sidecars)
 
 
@@ -218,8 +284,9 @@ def is_guaranteed(pod: Mapping[str, Any]) -> bool:
 
 
 def scheduled_request(pod: Mapping[str, Any], resource: str) -> int:
-    """What a bound Pod takes from its node's allocatable, as kubelet admission counts it:
-    the effective request plus the RuntimeClass overhead."""
+    """What a Pod takes from its node's allocatable, as kube-scheduler and kubelet admission count
+    it: what it holds (:func:`held_request`; its spec request for a Pod not yet running) plus the
+    RuntimeClass overhead."""
     overhead = (pod.get("spec") or {}).get("overhead") or {}
     extra = parse_amount(resource, overhead[resource]) if resource in overhead else 0
-    return effective_request(pod, resource) + extra
+    return held_request(pod, resource) + extra

@@ -35,12 +35,19 @@ from oversale.compression import (
 from oversale.errors import InvalidAnnotation
 from oversale.limitrange import RequestBounds
 from oversale.patch import make_patch
-from oversale.pods import Pod, effective_request, has_pod_level_resources, is_mirror_or_static, is_sidecar, qos_class
+from oversale.pods import (
+    RESIZE_IN_PROGRESS,
+    RESIZE_PENDING,
+    Pod,
+    condition_of,
+    effective_request,
+    has_pod_level_resources,
+    is_mirror_or_static,
+    is_sidecar,
+    qos_class,
+)
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount, parse_amount
 from oversale.timestamps import format_timestamp, parse_timestamp
-
-RESIZE_PENDING = "PodResizePending"
-RESIZE_IN_PROGRESS = "PodResizeInProgress"
 
 
 @dataclass(frozen=True)
@@ -136,8 +143,8 @@ def plan_resize(
         resizable -= {CPU}
     policy = policy_from_annotations(effective_annotations(workload_annotations, annotations, keys), keys, config)
     asked = ",".join(f"{r}={format_ratio(policy.ratios.get(r, Decimal(1)))}" for r in RESOURCES if r in resizable)
-    pending = _condition(pod, RESIZE_PENDING)
-    if _condition(pod, RESIZE_IN_PROGRESS):
+    pending = condition_of(pod, RESIZE_PENDING)
+    if condition_of(pod, RESIZE_IN_PROGRESS):
         return _skip("in-progress", "the kubelet is applying the last resize")
     same_ratios = annotations.get(keys.resized_ratios) == asked
     if pending and same_ratios:
@@ -203,13 +210,6 @@ def _resizable(pod: Pod, workload_annotations: Mapping[str, str], keys: Annotati
                   for policy in container.get("resizePolicy") or []
                   if policy.get("restartPolicy") == "RestartContainer"}
     return frozenset(wanted - restarting)
-
-
-def _condition(pod: Pod, kind: str) -> dict[str, Any] | None:
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
-            return dict(condition)
-    return None
 
 
 def vpa_managed(vpas: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:

@@ -168,6 +168,26 @@ def test_safe_changes_are_allowed(validating):
                              "/validate/nodes")["allowed"] is True
 
 
+def test_a_pod_resized_down_in_place_counts_what_the_kubelet_still_holds(validating):
+    # Until the kubelet applies an in-place downsize, the node still holds the old request (and
+    # kube-scheduler counts it): a ratio safe for the lowered spec is not safe yet.
+    api, server = validating
+    shrinking = pod_on_node("shrinking", "150m")
+    shrinking["status"]["containerStatuses"] = [{"name": "c", "allocatedResources": {"cpu": "1"},
+                                                 "resources": {"requests": {"cpu": "1"}}}]
+    api.put("pods", shrinking)
+    try:
+        stored = oversold_node("2")
+        lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1.5"})  # 5880m; the specs sum to 5700m
+        response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
+    finally:
+        api.delete("pods", "default", "shrinking")
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        f"cpu-oversale-ratio 1.5 gives 5880m allocatable; the 38 pods on {NAME} request 6550m; "
+        "the lowest safe ratio is 1.68")
+
+
 def test_removing_the_ratio_is_checked_too(validating):
     _, server = validating
     stored = oversold_node("2")

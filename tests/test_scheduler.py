@@ -413,6 +413,25 @@ def test_pods_rejected_by_the_kubelet_release_their_cpus(cluster):
                                               "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
 
 
+def test_a_pod_resized_down_in_place_holds_its_old_request_until_the_kubelet_applies_it(cluster):
+    # KEP 1287: kube-scheduler counts a Pod already on a node by the largest of its spec, what the
+    # kubelet admitted and what the runtime applies. Counting the lowered spec alone would offer
+    # room the node does not have yet, and the Pod bound there is rejected by the kubelet.
+    api, extender = cluster
+    shrinking = pod("shrinking", "4", node_name="tiny")          # tiny: 16 real cores, not oversold
+    shrinking["status"]["containerStatuses"] = [{"name": "c", "allocatedResources": {"cpu": "14"},
+                                                 "resources": {"requests": {"cpu": "14"}}}]
+    api.put("pods", shrinking)
+    asking = {"Pod": pod("p", "8"), "NodeNames": ["tiny"]}
+    wait_for(lambda: extender.post("filter", asking)["FailedNodes"])
+    assert extender.post("filter", asking)["FailedNodes"]["tiny"] == \
+        "cpu: 8 requested, 2 free on tiny (oversold allocatable)"
+    shrinking["status"]["containerStatuses"] = [{"name": "c", "allocatedResources": {"cpu": "4"},
+                                                 "resources": {"requests": {"cpu": "4"}}}]
+    api.put("pods", shrinking)                                   # the kubelet has applied it
+    wait_for(lambda: extender.post("filter", asking)["NodeNames"] == ["tiny"])
+
+
 @pytest.mark.parametrize(("payload", "said"), [
     ({}, "no Pod"),
     ({"Pod": {"metadata": 5}}, "ExtenderArgs.Pod: metadata is not an object"),
