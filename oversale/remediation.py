@@ -262,35 +262,25 @@ def plan_moves(over: Mapping[str, float], candidates: Iterable[Candidate], targe
 
     Greedy in eviction order, then a Pod whose usage is not needed to cover the excess is dropped
     again (the least preferred first), so a large Pod found late replaces the small ones before it.
-    The Pods that stay chosen then get their targets again, in order, as if the dropped ones had
-    never been chosen: room a dropped Pod took on the way is not lost to the others.
+    A dropped Pod may have held others back (its workload's, its namespace's share): then the
+    choice is made again without it, so a BestEffort Pod of the same workload is not passed over
+    for a Guaranteed one because of a move that never happens. The Pods that stay chosen then get
+    their targets again, in order, as if the dropped ones had never been chosen: room a dropped
+    Pod took on the way is not lost to the others.
     """
-    plan = MovePlan()
-    remaining = dict(over)
-    chosen: list[Candidate] = []
-    trial_targets, trial = list(targets), neighbours.fork() if neighbours is not None else None
-    for pod in eviction_order(candidates):
-        if all(v <= 0 for v in remaining.values()):
+    ordered = eviction_order(candidates)
+    dropped: set[str] = set()
+    while True:
+        choice = _choose(over, [p for p in ordered if p.name not in dropped], targets, config, neighbours,
+                         namespace_room)
+        if not choice.dropped or not choice.held_back:
             break
-        if not any(pod.usage.get(r, 0.0) > 0 for r, v in remaining.items() if v > 0):
-            continue  # it would not cool what is hot
-        why = _held_back(pod, chosen, namespace_room)
-        if why is None:
-            why = _take(pod, trial_targets, config, trial)[1]
-        if why:
-            plan.kept.append((pod, why))
-            continue
-        chosen.append(pod)
-        for resource in remaining:
-            remaining[resource] -= pod.usage.get(resource, 0.0)
-    for pod in reversed(list(chosen)):
-        if all(remaining.get(r, 0.0) + pod.usage.get(r, 0.0) <= 0 for r in remaining):
-            chosen.remove(pod)
-            for resource in remaining:
-                remaining[resource] += pod.usage.get(resource, 0.0)
-    left_out = [(pod, f"over the limit of {allowed} evictions here this pass") for pod in chosen[allowed:]]
+        dropped |= {p.name for p in choice.dropped}  # each round drops at least one more Pod: it ends
+    plan = MovePlan(kept=choice.kept)
+    remaining = choice.remaining
+    left_out = [(pod, f"over the limit of {allowed} evictions here this pass") for pod in choice.chosen[allowed:]]
     final_targets, final = list(targets), neighbours.fork() if neighbours is not None else None
-    for pod in chosen[:allowed]:
+    for pod in choice.chosen[:allowed]:
         target, why = _take(pod, final_targets, config, final)
         if target is None:
             left_out.append((pod, why))
@@ -302,6 +292,52 @@ def plan_moves(over: Mapping[str, float], candidates: Iterable[Candidate], targe
             remaining[resource] += pod.usage.get(resource, 0.0)
     plan.uncovered = {r: v for r, v in remaining.items() if v > 0}
     return plan
+
+
+@dataclass
+class _Choice:
+    """One greedy round of :func:`plan_moves`."""
+
+    chosen: list[Candidate]
+    dropped: list[Candidate]
+    """Chosen, then found not needed to cover the excess."""
+    kept: list[tuple[Candidate, str]]
+    remaining: dict[str, float]
+    """The excess the chosen Pods leave."""
+    held_back: bool
+    """Some Pod was kept because of one chosen before it (its workload's, its namespace's share)."""
+
+
+def _choose(over: Mapping[str, float], ordered: Sequence[Candidate], targets: Sequence[Target], config: LoadConfig,
+            neighbours: Neighbours | None, namespace_room: Mapping[str, int] | None) -> _Choice:
+    remaining = dict(over)
+    chosen: list[Candidate] = []
+    kept: list[tuple[Candidate, str]] = []
+    held_back = False
+    trial_targets, trial = list(targets), neighbours.fork() if neighbours is not None else None
+    for pod in ordered:
+        if all(v <= 0 for v in remaining.values()):
+            break
+        if not any(pod.usage.get(r, 0.0) > 0 for r, v in remaining.items() if v > 0):
+            continue  # it would not cool what is hot
+        why = _held_back(pod, chosen, namespace_room)
+        held_back = held_back or why is not None
+        if why is None:
+            why = _take(pod, trial_targets, config, trial)[1]
+        if why:
+            kept.append((pod, why))
+            continue
+        chosen.append(pod)
+        for resource in remaining:
+            remaining[resource] -= pod.usage.get(resource, 0.0)
+    dropped = []
+    for pod in reversed(list(chosen)):
+        if all(remaining.get(r, 0.0) + pod.usage.get(r, 0.0) <= 0 for r in remaining):
+            chosen.remove(pod)
+            dropped.append(pod)
+            for resource in remaining:
+                remaining[resource] += pod.usage.get(resource, 0.0)
+    return _Choice(chosen, dropped, kept, remaining, held_back)
 
 
 def _held_back(pod: Candidate, chosen: Sequence[Candidate], namespace_room: Mapping[str, int] | None) -> str | None:

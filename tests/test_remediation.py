@@ -183,6 +183,18 @@ def test_moves_of_one_plan_take_one_pod_per_workload_and_keep_to_the_namespace_l
     assert ("shop/api", "over the evictions left in shop this pass (1)") in [(c.name, why) for c, why in limited.kept]
 
 
+def test_a_pod_dropped_again_holds_no_other_pod_of_its_workload_back():
+    """web-a is chosen first and holds web-b back (one per workload); the Guaranteed db then
+    covers the excess alone and web-a is dropped. Evicting db while the Burstable web-b would
+    do is the wrong order: the plan is made again without web-a, and web-b goes."""
+    pods = [candidate("web-a", "BestEffort", 0, 1000, workload="shop/RS/web"),
+            candidate("web-b", "Burstable", 500, 2000, workload="shop/RS/web"),
+            candidate("db", "Guaranteed", 2000, 2000)]
+    plan = plan_moves({"cpu": 1500.0}, pods, [target()], LoadConfig(), allowed=3)
+    assert [m.pod.name for m in plan.moves] == ["shop/web-b"] and plan.uncovered == {}
+    assert not any("chosen before it" in why for _, why in plan.kept)
+
+
 def test_a_replacement_chosen_earlier_in_the_plan_keeps_the_next_pod_off_its_node():
     """The api Pod may not share a host with a web Pod: once web's replacement is headed for
     node-a, api goes to node-b, not beside it."""
