@@ -13,7 +13,7 @@ from typing import Any
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kube.certificate_expiry import CertificateExpiry
+from kube.certificate_expiry import CertificateExpiry, PeerCertificate
 from kube.client import one_line
 from oversale.settings import Settings
 from scheduler.extender import Binder, bind, filter_nodes, preempt, prioritize
@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 class ExtenderMetrics:
     def __init__(self, certificates: Mapping[str, Path] | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(CertificateExpiry(certificates or {}))
+        self.scheduler_client = PeerCertificate()
+        """kube-scheduler's client certificate, as its calls present it (mutual TLS only)."""
+        self.registry.register(CertificateExpiry(certificates or {}, {"kube-scheduler-client": self.scheduler_client}))
         self.calls = Counter("oversale_extender_calls", "Extender calls by verb and result.", ["verb", "result"],
                              registry=self.registry)
         self.latency = Histogram("oversale_extender_duration_seconds", "Time to answer one extender call.", ["verb"],
@@ -60,6 +62,8 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
 
     def answer(verb: str, work: Callable[[bytes], Any]) -> Response:
         started = time.perf_counter()
+        # gunicorn hands each request its connection: under mutual TLS, kube-scheduler's.
+        metrics.scheduler_client.saw(request.environ.get("gunicorn.socket"))
         try:
             payload = work(request.get_data())
             result = "error" if isinstance(payload, dict) and payload.get("Error") else "ok"

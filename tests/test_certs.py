@@ -370,6 +370,49 @@ def test_metrics_show_when_the_served_certificates_expire_and_follow_a_renewal(t
         server.stop()
 
 
+def test_the_peer_certificate_follows_what_the_client_presents_and_is_forgotten_when_idle(tmp_path):
+    """kube-scheduler reads its client certificate only at start; the expiry of the one it presents
+    is what shows a renewal that never reached it. Real handshakes over a socket pair."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kube.certificate_expiry import PeerCertificate
+    from kube.tls import LOCAL_HOSTS, write_bundle
+
+    serving = write_bundle(tmp_path / "serving", issue(LOCAL_HOSTS))
+    client_ca = issue(["oversale-scheduler-ca"])
+    (tmp_path / "client-ca.crt").write_bytes(client_ca.ca_cert)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tmp_path / "client-ca.crt"))
+    server_context.load_cert_chain(str(serving.cert), str(serving.key))
+    server_context.verify_mode = ssl.CERT_REQUIRED
+    now = [1_000_000.0]
+    peer = PeerCertificate(max_age=3600, clock=lambda: now[0])
+
+    def present(days: int) -> float:
+        client = write_bundle(tmp_path / f"client-{days}", issue(["kube-scheduler"], days=days, ca=client_ca,
+                                                                  client=True))
+        context = ssl.create_default_context(cafile=str(serving.ca))
+        context.load_cert_chain(str(client.cert), str(client.key))
+        near, far = socket.socketpair()
+        with ThreadPoolExecutor(1) as pool:
+            accepted = pool.submit(server_context.wrap_socket, near, server_side=True)
+            with context.wrap_socket(far, server_hostname="localhost"), accepted.result() as connection:
+                peer.saw(connection)
+                peer.saw(connection)  # kept alive: the same certificate again
+        return load(client.cert).not_valid_after_utc.timestamp()
+
+    assert peer.expiry() is None, "nothing presented yet"
+    first = present(days=30)
+    assert peer.expiry() == first
+    renewed = present(days=300)  # restarted with its renewed certificate
+    assert peer.expiry() == renewed != first
+    with socket.socket() as plain:
+        peer.saw(plain)  # a plain connection (the probe port) tells nothing
+    peer.saw(None)
+    assert peer.expiry() == renewed
+    now[0] += 3601
+    assert peer.expiry() is None, "idle for longer than max_age: what it would present is unknown"
+
+
 def test_ensure_client_makes_a_client_certificate_for_kube_scheduler(kube_api, api_client):
     from cryptography import x509
     from cryptography.x509.oid import ExtendedKeyUsageOID

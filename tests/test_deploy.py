@@ -572,8 +572,10 @@ tests:
               summary: "The serving certificate of w1 expires in 13d 22h 50m 0s"
               description: >-
                 It was not renewed: check the oversale-certs-renew CronJob (self-signed overlay) or the
-                Certificate in cert-manager. Once the webhook's expires, the API server cannot call it (it
-                fails open): new Pods go uncompressed and every oversold node falls back to its real
+                Certificate in cert-manager. For kube-scheduler-client (the certificate kube-scheduler
+                presents to the extender, which it reads only at start), a renewed Secret has not reached
+                it: restart the oversale-scheduler Deployment. Once the webhook's expires, the API server
+                cannot call it (it fails open): new Pods go uncompressed and every oversold node falls back to its real
                 allocatable at its next status write; once the extender's does, Pods of the oversale
                 scheduler profile stay Pending.
       - eval_time: 180m

@@ -875,9 +875,12 @@ def test_with_a_client_ca_only_kube_schedulers_certificate_gets_in(tmp_path):
         # When what it serves and whom it trusts expire, for the alert to watch.
         from cryptography import x509
 
+        # kube-scheduler's own certificate, which it reads only at start, as its calls present it:
+        # whether it was restarted after a renewal.
         assert expiry_samples(exposition) == {
             name: x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
-            for name, pem in (("serving", serving.cert), ("ca", serving.ca_cert), ("client-ca", scheduler_ca.ca_cert))}
+            for name, pem in (("serving", serving.cert), ("ca", serving.ca_cert), ("client-ca", scheduler_ca.ca_cert),
+                              ("kube-scheduler-client", kube_scheduler.cert.read_bytes()))}
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(urllib.request.Request(f"{plain}/bind", data=b"{}"), timeout=5)
         assert missing.value.code in (404, 501)
