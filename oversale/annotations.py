@@ -68,8 +68,13 @@ class AnnotationKeys:
 
     @cached_property
     def original_target_utilization(self) -> str:
-        """Written on HPAs the reconciler rescales: the target utilization before any rescaling."""
+        """Written on HPAs the reconciler rescales: the cpu target utilization before any rescaling."""
         return self._key("original-target-utilization")
+
+    @cached_property
+    def original_memory_target_utilization(self) -> str:
+        """The same for an HPA's memory target."""
+        return self._key("original-memory-target-utilization")
 
     @cached_property
     def oversale_label(self) -> str:
@@ -261,6 +266,10 @@ class AnnotationKeys:
     def requests_ratio(self, resource: str) -> str:
         """The compression-ratio key for ``cpu`` or ``memory``."""
         return self.cpu_requests_ratio if resource == CPU else self.memory_requests_ratio
+
+    def original_target_utilization_of(self, resource: str) -> str:
+        """The key that records an HPA's ``cpu`` or ``memory`` target before rescaling."""
+        return self.original_target_utilization if resource == CPU else self.original_memory_target_utilization
 
     def workload_keys(self) -> tuple[str, ...]:
         """The keys read from a Pod's owning workload (what the owner caches keep)."""

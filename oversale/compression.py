@@ -57,6 +57,8 @@ from oversale.quantity import CPU, RESOURCES, format_amount, parse_amount
 # Key of pod-level spec.resources in the original-requests annotation: not a valid container name
 # (container names are DNS labels), so it can never collide with one.
 POD_LEVEL_KEY = "(pod)"
+VPA_UPDATES = "vpaUpdates"
+"""Set on a Pod by the VerticalPodAutoscaler's admission controller when it sets its requests."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,17 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     result = CompressionResult(pod=pod, warnings=[*policy.warnings, *map(str, policy.problems)])
     if is_mirror_or_static(pod):
         result.skipped = "mirror/static Pod (run by the kubelet, not the scheduler)"
+        return result
+    if VPA_UPDATES in ((pod.get("metadata") or {}).get("annotations") or {}):
+        # VPA's requests are its recommendation, already near the usage: a ratio on top would
+        # divide them again. They are kept as VPA set them (not restored from our record, which a
+        # pass of ours before VPA's may have left), and that record goes, as it no longer holds.
+        result.skipped = "requests set by a VerticalPodAutoscaler"
+        if policy.ratios and not policy.disabled:
+            result.warnings.append("requests set by a VerticalPodAutoscaler (vpaUpdates) not compressed: two "
+                                   "controllers would set them; remove the ratio or the VPA")
+        if _has_our_annotations(pod, policy.keys):
+            result.pod = _without_our_annotations(_writable_copy(pod), policy.keys)
         return result
     restored, restore_warning = _restore_originals(pod, policy.keys)
     if restore_warning:
@@ -568,6 +581,11 @@ def _written_requests(text: str | None) -> dict[str, dict[str, str]]:
     if not isinstance(written, dict):
         return {}
     return {str(k): v for k, v in written.items() if isinstance(v, dict)}
+
+
+def _has_our_annotations(pod: Pod, keys: AnnotationKeys) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return any(key in annotations for key in (keys.original_requests, keys.written_requests, keys.compression))
 
 
 def _without_our_annotations(pod: Pod, keys: AnnotationKeys) -> Pod:

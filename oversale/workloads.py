@@ -26,7 +26,7 @@ from oversale.estimator import (
     merge_pods,
     stabilize,
 )
-from oversale.pods import requests_of
+from oversale.pods import controller_of, requests_of
 from oversale.quantity import CPU, MEMORY
 
 KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob")
@@ -92,8 +92,10 @@ class WorkloadPlan(RatioPlan):
     key: WorkloadKey
     skipped: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Resource -> (reason code for metrics, explanation for people) when it is not reconciled."""
-    hpa_target: tuple[str, int, int] | None = None
-    """(HPA name, original target utilization, new target) when the HPA is rescaled."""
+    hpa_name: str = ""
+    """The HPA that scales the workload, if any."""
+    hpa_targets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Resource -> (original target utilization, new target) of the HPA's targets it rescales."""
 
 
 def utilization_target(hpa: Mapping[str, Any], resource: str) -> int | None:
@@ -115,17 +117,21 @@ def plan_compression(
     keys: AnnotationKeys,
     estimator: CompressionEstimator,
     rescale_hpa: bool = False,
+    vpa: str = "",
 ) -> WorkloadPlan:
     """The ratios one opted-in workload should carry. ``usage``: resource -> container -> stats.
 
     A workload scaled by a utilization HPA is skipped for that resource (lower requests raise the
     measured utilization and make the HPA scale out), unless ``rescale_hpa``: then the HPA's
-    target is multiplied by the ratio so the absolute threshold stays where it was.
+    target is multiplied by the ratio so the absolute threshold stays where it was. A workload
+    whose requests the VerticalPodAutoscaler ``vpa`` sets is skipped altogether.
     """
     metadata = workload.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     plan = WorkloadPlan(key=(str(workload.get("kind")), metadata.get("namespace", ""), metadata.get("name", "")))
     minimum = min(estimator.min_ratio, Decimal(1))
+    hpa_metadata = (hpa or {}).get("metadata") or {}
+    plan.hpa_name = str(hpa_metadata.get("name", ""))
     # A value nobody can read counts as 1, as the webhook counts it; the table says so, or a
     # typo would sit there unseen until the reconciler next writes a ratio over it.
     ignored = {problem.key: f"; {problem}" for problem in
@@ -134,6 +140,13 @@ def plan_compression(
     for resource in (CPU, MEMORY):
         key = keys.requests_ratio(resource)
         plan.current[resource] = current_ratio(annotations, key, minimum)
+        if vpa:
+            # Its admission controller sets the Pods' requests to its own recommendation; a ratio
+            # on top would divide that (the webhook skips such Pods), and VPA would scale the
+            # limits by the compressed request.
+            plan.skipped[resource] = ("vpa", f"its requests are set by VerticalPodAutoscaler {vpa}"
+                                             + ignored.get(key, ""))
+            continue
         if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
             plan.skipped[resource] = ("memory-not-opted-in", _not_opted_in(annotations, keys.enable_memory_compress)
                                       + ignored.get(key, ""))
@@ -144,19 +157,27 @@ def plan_compression(
             plan.skipped[resource] = ("exclusive-cpus", f"cpu request kept: {exclusive}" + ignored.get(key, ""))
             continue
         target = utilization_target(hpa, resource) if hpa else None
-        hpa_name = str(((hpa or {}).get("metadata") or {}).get("name", ""))
         if target is not None and not rescale_hpa:
-            plan.skipped[resource] = ("hpa", f"scaled by HPA {hpa_name} on {resource} utilization")
+            plan.skipped[resource] = ("hpa", f"scaled by HPA {plan.hpa_name} on {resource} utilization")
+            continue
+        manager = controller_of(hpa_metadata)
+        if target is not None and manager:
+            # KEDA's ScaledObject (and the like) writes its HPA's spec back from its own on every
+            # change: a rescaled target would be put back, and the HPA would scale out.
+            plan.skipped[resource] = ("hpa-managed", f"scaled by HPA {plan.hpa_name} on {resource} utilization, "
+                                                     f"whose spec {manager[0]} {manager[1]} manages: its target "
+                                                     "cannot be rescaled")
             continue
         original = None
-        if target is not None and hpa is not None:
-            recorded = ((hpa.get("metadata") or {}).get("annotations") or {}).get(keys.original_target_utilization)
+        if target is not None:
+            record = keys.original_target_utilization_of(resource)
+            recorded = (hpa_metadata.get("annotations") or {}).get(record)
             original = _original_target(recorded, target)
             if original is None:
                 # Rescaling from the current target would compound every earlier rescale.
-                plan.skipped[resource] = ("invalid-annotation", f"HPA {hpa_name}: {keys.original_target_utilization}"
-                                          f" {recorded!r} is not a whole percentage above 0; not right-sized until "
-                                          "it is set to the target before rescaling")
+                plan.skipped[resource] = ("invalid-annotation", f"HPA {plan.hpa_name}: {record} {recorded!r} is not a "
+                                          "whole percentage above 0; not right-sized until it is set to the target "
+                                          "before rescaling")
                 continue
         proposal = compression_proposal(resource, template_requests(workload, resource), usage.get(resource, {}),
                                         estimator)
@@ -164,7 +185,7 @@ def plan_compression(
         reason = (f"{proposal.reason}; {why}" if why else proposal.reason) + ignored.get(key, "")
         plan.proposals[resource] = Proposal(ratio, reason, proposal.demand)
         if original is not None:
-            plan.hpa_target = (hpa_name, original, round(original * ratio))
+            plan.hpa_targets[resource] = (original, round(original * ratio))
     return plan
 
 

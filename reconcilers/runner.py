@@ -172,8 +172,10 @@ class Reconciler:
         self._staleness("containers", [s.cpu for s in stats.values()])
         usage = self._usage_by_workload(workloads, stats)
         autoscalers = self._autoscalers()
+        vertical = self._vertical_autoscalers()
         plans = [(workload, plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
-                                             self.settings.compression_estimator(), self.settings.rescale_hpa),
+                                             self.settings.compression_estimator(), self.settings.rescale_hpa,
+                                             vertical.get(key, "")),
                   usage.get(key, {})) for key, workload in sorted(workloads.items())]
         to_write = [job for job in plans if job[1].changes()] if not dry_run else []
         written = {job[1].key: ratios for job, ratios in zip(to_write, self._write_all(self._write_workload, to_write),
@@ -209,6 +211,16 @@ class Reconciler:
             found[(target.get("kind", ""), hpa["metadata"]["namespace"], target.get("name", ""))] = hpa
         return found
 
+    def _vertical_autoscalers(self) -> dict[WorkloadKey, str]:
+        """Workload -> the VerticalPodAutoscaler that sets its requests; empty (with a warning) when
+        they cannot be read: the webhook still leaves the Pods VPA admitted alone."""
+        try:
+            return vpa_managed(self.cluster.vertical_autoscalers() or [])
+        except ApiException as error:
+            log.warning("cannot list VerticalPodAutoscalers (%s %s): workloads they manage are not told apart "
+                        "this pass", error.status, error.reason)
+            return {}
+
     def _write_workload(self, workload: dict[str, Any], plan: WorkloadPlan,
                         usage: dict[str, dict[str, UsageStats]]) -> dict[str, str] | None:
         """Write the plan's ratios (deciding again on a conflict); return what was written."""
@@ -233,18 +245,20 @@ class Reconciler:
                 self.metrics.writes.labels(kind, "conflict").inc()
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
                 plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
-                                        self.settings.compression_estimator(), self.settings.rescale_hpa)
+                                        self.settings.compression_estimator(), self.settings.rescale_hpa,
+                                        self._vertical_autoscalers().get(plan.key, ""))
                 continue
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)
             self._best_effort(self.cluster.event, workload, "CompressionRatioChanged", message, COMPONENT)
-            if plan.hpa_target and "cpu" in changes:
-                self._rescale_hpa(namespace, plan.hpa_target)
+            if rescaled := {r: t for r, t in plan.hpa_targets.items() if r in changes}:
+                self._rescale_hpa(namespace, plan.hpa_name, rescaled)
             return ratios
         return None
 
-    def _rescale_hpa(self, namespace: str, target: tuple[str, int, int]) -> None:
-        name, original, new = target
+    def _rescale_hpa(self, namespace: str, name: str, targets: dict[str, tuple[int, int]]) -> None:
+        """Set the HPA's utilization target of each resource in ``targets`` (resource -> (original,
+        new)) and record the originals."""
         hpa = next((h for h in self.cluster.autoscalers()
                     if h["metadata"]["name"] == name and h["metadata"]["namespace"] == namespace), None)
         if hpa is None:
@@ -252,10 +266,10 @@ class Reconciler:
         metrics = hpa["spec"]["metrics"]
         for metric in metrics:
             source = metric.get("resource") or metric.get("containerResource") or {}
-            if source.get("name") == "cpu" and (source.get("target") or {}).get("type") == "Utilization":
-                source["target"]["averageUtilization"] = new
-        body = {"metadata": {"annotations": {self.keys.original_target_utilization: str(original)}},
-                "spec": {"metrics": metrics}}
+            if source.get("name") in targets and (source.get("target") or {}).get("type") == "Utilization":
+                source["target"]["averageUtilization"] = targets[source["name"]][1]
+        originals = {self.keys.original_target_utilization_of(r): str(original) for r, (original, _) in targets.items()}
+        body = {"metadata": {"annotations": originals}, "spec": {"metrics": metrics}}
         self._best_effort(self.cluster.patch_autoscaler, namespace, name, body)
 
     def _workload_rows(self, plan: WorkloadPlan, written: bool, ratios: dict[tuple[str, ...], float]) -> list[Row]:

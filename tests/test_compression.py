@@ -384,6 +384,30 @@ def test_our_own_raise_is_undone_on_reinvocation_but_another_webhooks_is_kept():
     assert requests(compress_requests(other, policy(cpu="0.5")).pod, "app")["cpu"] == "6"
 
 
+def test_requests_a_vpa_set_are_kept_as_it_set_them_and_our_record_goes():
+    """The API server calls the mutating webhooks in the order of their configurations' names,
+    so ours ("oversale") runs before VPA's ("vpa-webhook-config"), and again after it
+    (reinvocationPolicy IfNeeded). On that second call the requests are VPA's recommendation:
+    dividing them by the ratio again would leave the Pod far below its usage."""
+    ours = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="4")).pod
+    assert requests(ours, "app")["cpu"] == "250m"
+    by_vpa = copy.deepcopy(ours)
+    by_vpa["metadata"]["annotations"]["vpaUpdates"] = "Pod resources updated by web: container 0: cpu request"
+    by_vpa["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "240m"  # its recommendation
+    result = compress_requests(by_vpa, policy(cpu="4"))
+    assert requests(result.pod, "app") == {"cpu": "240m", "memory": "1Gi"}, "neither divided nor restored to 1"
+    assert not any(key in result.pod["metadata"]["annotations"]
+                   for key in (KEYS.original_requests, KEYS.compression)), "the record no longer holds"
+    assert result.pod["metadata"]["annotations"]["vpaUpdates"]
+    assert result.skipped == "requests set by a VerticalPodAutoscaler"
+    assert any("VerticalPodAutoscaler" in warning for warning in result.warnings)
+    assert "vpaUpdates" not in ours["metadata"]["annotations"] and by_vpa["metadata"]["annotations"][
+        KEYS.original_requests], "the Pod passed in is not modified"
+    # VPA first (or alone): nothing to undo, nothing changes.
+    fresh = pod(container("app", "300m"), annotations={"vpaUpdates": "Pod resources updated by web"})
+    assert compress_requests(fresh, policy(cpu="2")).pod == fresh
+
+
 raise_ratios = st.decimals(min_value=Decimal("0.2"), max_value=Decimal("0.99"), places=2)
 any_ratios = st.one_of(raise_ratios, st.decimals(min_value=1, max_value=8, places=2))
 

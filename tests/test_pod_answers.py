@@ -102,13 +102,15 @@ def _change(pod: dict[str, Any], how: str) -> dict[str, Any]:
         pod["metadata"]["annotations"][KEYS.cpu_bind_policy] = "FullPCPUs"
     elif how == "exclusive CPUs held":
         pod["metadata"]["annotations"][KEYS.resource_status] = '{"cpuset":"0-1","numaNode":0}'
+    elif how == "requests set by VPA":
+        pod["metadata"]["annotations"]["vpaUpdates"] = "Pod resources updated by web: container 0: cpu request"
     return pod
 
 
 # (what the first Pod has, what its twin has instead)
 CHANGES = [("", "limits"), ("", "name"), ("init", "sidecar"), ("", "init"), ("", "recorded originals"), ("", "mirror"),
            ("", "node-owned"), ("", "pod-level"), ("", "ratio"), ("", "exclusive CPUs asked"),
-           ("", "exclusive CPUs held"),
+           ("", "exclusive CPUs held"), ("", "requests set by VPA"),
            ("ratio from the workload", "ratio from the workload, no annotations map")]
 
 

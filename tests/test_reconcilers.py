@@ -284,6 +284,66 @@ def test_hpa_target_is_rescaled_when_asked(api, prometheus):
     assert hpa["metadata"]["annotations"][KEYS.original_target_utilization] == "60"
 
 
+def test_an_hpa_on_cpu_and_memory_has_each_target_rescaled_by_its_own_ratio(api, prometheus):
+    # db right-sizes cpu (2 -> 2.5) and memory (1 -> 1.25): each utilization target keeps its
+    # absolute threshold by its own ratio, and each original is recorded under its own key.
+    api.put("horizontalpodautoscalers", {
+        "metadata": {"name": "db", "namespace": NS},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"},
+                 "minReplicas": 1, "maxReplicas": 5, "metrics": [
+                     {"type": "Resource", "resource": {"name": "cpu", "target": {
+                         "type": "Utilization", "averageUtilization": 70}}},
+                     {"type": "Resource", "resource": {"name": "memory", "target": {
+                         "type": "Utilization", "averageUtilization": 80}}}]}})
+    settings = dataclasses.replace(SETTINGS, rescale_hpa=True)
+    Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
+    db = annotations(api, "statefulsets", "db")
+    cpu, memory = float(db[KEYS.cpu_requests_ratio]), float(db[KEYS.memory_requests_ratio])
+    assert (cpu, memory) == (2.5, 1.25)
+    hpa = api.get("horizontalpodautoscalers", NS, "db")
+    targets = {m["resource"]["name"]: m["resource"]["target"]["averageUtilization"] for m in hpa["spec"]["metrics"]}
+    assert targets == {"cpu": round(70 * cpu), "memory": round(80 * memory)}
+    assert hpa["metadata"]["annotations"][KEYS.original_target_utilization] == "70"
+    assert hpa["metadata"]["annotations"][KEYS.original_memory_target_utilization] == "80"
+
+
+def test_a_workload_a_vpa_manages_gets_no_ratio(api, prometheus):
+    # VPA's admission controller sets the Pods' requests itself; a ratio would divide its
+    # recommendation and make it scale the limits by the compressed request.
+    api.put("verticalpodautoscalers", {"metadata": {"name": "web-vpa", "namespace": NS}, "spec": {
+        "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+        "updatePolicy": {"updateMode": "Initial"}}})
+    api.put("verticalpodautoscalers", {"metadata": {"name": "db-vpa", "namespace": NS}, "spec": {
+        "targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"},
+        "updatePolicy": {"updateMode": "Off"}}})  # only recommends: db is right-sized as before
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), SETTINGS)
+    rows = reconciler.run_pass()
+    assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "web")
+    row = next(r for r in rows if r.object == f"Deployment/{NS}/web" and r.resource == "cpu")
+    assert row.reason == "skipped: its requests are set by VerticalPodAutoscaler web-vpa"
+    assert reconciler.metrics.skips.labels("vpa")._value.get() == 2  # cpu and memory
+    assert annotations(api, "statefulsets", "db")[KEYS.cpu_requests_ratio] == "2.5"
+
+
+def test_an_hpa_another_controller_manages_is_not_rescaled(api, prometheus):
+    # KEDA writes the spec of the HPA a ScaledObject owns back from its own: a rescaled target
+    # would be put back and the HPA would scale the right-sized workload out.
+    hpa = api.get("horizontalpodautoscalers", NS, "api")
+    hpa["metadata"]["ownerReferences"] = [{"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "name": "api",
+                                           "uid": "u-api", "controller": True, "blockOwnerDeletion": True}]
+    api.put("horizontalpodautoscalers", hpa)
+    settings = dataclasses.replace(SETTINGS, rescale_hpa=True)
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings)
+    rows = reconciler.run_pass()
+    assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "api")
+    after = api.get("horizontalpodautoscalers", NS, "api")
+    assert after["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
+    assert KEYS.original_target_utilization not in (after["metadata"].get("annotations") or {})
+    row = next(r for r in rows if r.object == f"Deployment/{NS}/api" and r.resource == "cpu")
+    assert "whose spec ScaledObject api manages: its target cannot be rescaled" in row.reason
+    assert reconciler.metrics.skips.labels("hpa-managed")._value.get() == 1
+
+
 def test_an_unreadable_original_target_on_one_hpa_holds_that_workload_only(api, prometheus):
     hpa = api.get("horizontalpodautoscalers", NS, "api")
     hpa["metadata"].setdefault("annotations", {})[KEYS.original_target_utilization] = "60%"

@@ -15,6 +15,7 @@ import orjson
 
 from oversale.annotations import AnnotationProblem
 from oversale.compression import (
+    VPA_UPDATES,
     CompressionPolicy,
     CompressionResult,
     compress_requests,
@@ -127,10 +128,10 @@ class PodAnswers:
         self._policies: Memo[CompressionPolicy] = Memo(size)
         self._compressions: Memo[PodAnswer] = Memo(size)
         keys = settings.keys
-        # Every Pod annotation compress_requests reads: its records, the mirror mark, and the
-        # exclusive-CPU request or holding that keeps the cpu request (exclusive_cpus).
+        # Every Pod annotation compress_requests reads: its records, the mirror mark, the
+        # exclusive-CPU request or holding that keeps the cpu request (exclusive_cpus), and VPA's.
         self._record_keys = (keys.original_requests, keys.written_requests, keys.compression, MIRROR_ANNOTATION,
-                             keys.cpu_bind_policy, keys.resource_status)
+                             keys.cpu_bind_policy, keys.resource_status, VPA_UPDATES)
 
     def policy(self, annotations: dict[str, str]) -> CompressionPolicy:
         settings = self.settings
