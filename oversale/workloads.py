@@ -95,7 +95,16 @@ class WorkloadPlan(RatioPlan):
     hpa_name: str = ""
     """The HPA that scales the workload, if any."""
     hpa_targets: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Resource -> (original target utilization, new target) of the HPA's targets it rescales."""
+    """Resource -> (original target utilization, the target now) of the HPA's utilization targets
+    it keeps rescaled (see :func:`rescaled_targets`)."""
+
+    def rescaled_targets(self, ratios: Mapping[str, Decimal]) -> dict[str, tuple[int, int]]:
+        """Resource -> (original, new target) for each HPA target that differs from
+        ``original x ratio`` at ``ratios`` (the ratios in effect on the workload): after a change,
+        and also after a rescale that failed, or an HPA added to a workload already right-sized."""
+        wanted = {r: (original, round(original * ratios.get(r, Decimal(1))))
+                  for r, (original, _) in self.hpa_targets.items()}
+        return {r: (original, new) for r, (original, new) in wanted.items() if new != self.hpa_targets[r][1]}
 
 
 def utilization_target(hpa: Mapping[str, Any], resource: str) -> int | None:
@@ -184,8 +193,8 @@ def plan_compression(
         ratio, why = stabilize(plan.current[resource], proposal.ratio, estimator.stability)
         reason = (f"{proposal.reason}; {why}" if why else proposal.reason) + ignored.get(key, "")
         plan.proposals[resource] = Proposal(ratio, reason, proposal.demand)
-        if original is not None:
-            plan.hpa_targets[resource] = (original, round(original * ratio))
+        if original is not None and target is not None:
+            plan.hpa_targets[resource] = (original, target)
     return plan
 
 

@@ -183,6 +183,14 @@ class Reconciler:
         rows = []
         ratios: dict[tuple[str, ...], float] = {}
         for _, plan, _ in plans:
+            if plan.hpa_targets and not dry_run:
+                # The HPA follows the ratios in effect (those just written, else those carried),
+                # every pass: a rescale that failed, or an HPA added later, is caught up.
+                in_effect = dict(plan.current)
+                if plan.key in written:
+                    in_effect.update({r: p.ratio for r, p in plan.changes().items()})
+                if rescaled := plan.rescaled_targets(in_effect):
+                    self._rescale_hpa(plan.key[1], plan.hpa_name, rescaled)
             rows += self._workload_rows(plan, plan.key in written, ratios)
             # In-place resize follows the ratios just written (in a dry run: the ones proposed).
             proposed = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in plan.changes().items()}
@@ -251,8 +259,6 @@ class Reconciler:
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)
             self._best_effort(self.cluster.event, workload, "CompressionRatioChanged", message, COMPONENT)
-            if rescaled := {r: t for r, t in plan.hpa_targets.items() if r in changes}:
-                self._rescale_hpa(namespace, plan.hpa_name, rescaled)
             return ratios
         return None
 
@@ -270,7 +276,17 @@ class Reconciler:
                 source["target"]["averageUtilization"] = targets[source["name"]][1]
         originals = {self.keys.original_target_utilization_of(r): str(original) for r, (original, _) in targets.items()}
         body = {"metadata": {"annotations": originals}, "spec": {"metrics": metrics}}
-        self._best_effort(self.cluster.patch_autoscaler, namespace, name, body)
+        said = "; ".join(f"{r} target {new}% (the original {original}% x the requests ratio)"
+                         for r, (original, new) in sorted(targets.items()))
+        try:
+            self.cluster.patch_autoscaler(namespace, name, body)
+        except ApiException as error:
+            # Retried next pass: the HPA is compared with the ratios in effect every pass.
+            log.warning("HorizontalPodAutoscaler/%s/%s: could not rescale (%s %s); until it is, it scales the "
+                        "right-sized workload out", namespace, name, error.status, error.reason)
+            return
+        log.info("HorizontalPodAutoscaler/%s/%s: %s", namespace, name, said)
+        self._best_effort(self.cluster.event, hpa, "UtilizationTargetRescaled", said, COMPONENT)
 
     def _workload_rows(self, plan: WorkloadPlan, written: bool, ratios: dict[tuple[str, ...], float]) -> list[Row]:
         """The table's rows of one workload; ``ratios`` gains the ratio it carries per resource."""

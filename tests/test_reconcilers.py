@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -282,6 +283,29 @@ def test_hpa_target_is_rescaled_when_asked(api, prometheus):
     hpa = api.get("horizontalpodautoscalers", NS, "api")
     assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 75  # 60 x 1.25
     assert hpa["metadata"]["annotations"][KEYS.original_target_utilization] == "60"
+
+
+def test_an_hpa_added_to_a_workload_already_right_sized_is_rescaled_to_the_ratio_in_effect(api, prometheus):
+    # A rescale is not only for a pass that changes the ratio: an HPA made later (or one whose
+    # rescale failed) would otherwise keep its target for ever, and scale the workload out.
+    hpa = api.get("horizontalpodautoscalers", NS, "api")
+    api.delete("horizontalpodautoscalers", NS, "api")
+    settings = dataclasses.replace(SETTINGS, rescale_hpa=True, max_ratio=Decimal("1.25"))
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings)
+    reconciler.run_pass()
+    assert annotations(api, "deployments", "api")[KEYS.cpu_requests_ratio] == "1.25"
+    api.put("horizontalpodautoscalers", hpa)                     # target 60, as its author wrote it
+    reconciler.run_pass()
+    assert annotations(api, "deployments", "api")[KEYS.cpu_requests_ratio] == "1.25", "the ratio did not change"
+    after = api.get("horizontalpodautoscalers", NS, "api")
+    assert after["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 75
+    assert after["metadata"]["annotations"][KEYS.original_target_utilization] == "60"
+    said = [e["message"] for e in api.list_objects("events", None, {})["items"]
+            if e["reason"] == "UtilizationTargetRescaled"]
+    assert said == ["cpu target 75% (the original 60% x the requests ratio)"]
+    reconciler.run_pass()                                        # in step now: nothing more is written
+    assert len([e for e in api.list_objects("events", None, {})["items"]
+                if e["reason"] == "UtilizationTargetRescaled"]) == 1
 
 
 def test_an_hpa_on_cpu_and_memory_has_each_target_rescaled_by_its_own_ratio(api, prometheus):
