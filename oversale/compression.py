@@ -21,6 +21,7 @@ by :func:`policy_from_annotations`; :func:`compress_requests` applies one to a P
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -178,18 +179,22 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     if is_mirror_or_static(pod):
         result.skipped = "mirror/static Pod (run by the kubelet, not the scheduler)"
         return result
-    if VPA_UPDATES in ((pod.get("metadata") or {}).get("annotations") or {}):
-        # VPA's requests are its recommendation, already near the usage: a ratio on top would
-        # divide them again. They are kept as VPA set them (not restored from our record, which a
-        # pass of ours before VPA's may have left), and that record goes, as it no longer holds.
+    # VPA's requests are its recommendation, already near the usage: a ratio on top would divide
+    # them again. They are kept as VPA set them, not restored from our record (which a call of
+    # ours before VPA's may have left); the other resource is compressed as usual.
+    by_vpa = vpa_set_resources(pod)
+    if by_vpa & set(policy.ratios) and not policy.disabled:
+        result.warnings.append(f"{' and '.join(sorted(by_vpa & set(policy.ratios)))} requests set by a "
+                               "VerticalPodAutoscaler (vpaUpdates) not compressed: two controllers would set "
+                               "them; remove the ratio or the VPA")
+    if by_vpa and not set(policy.ratios) - by_vpa:
         result.skipped = "requests set by a VerticalPodAutoscaler"
-        if policy.ratios and not policy.disabled:
-            result.warnings.append("requests set by a VerticalPodAutoscaler (vpaUpdates) not compressed: two "
-                                   "controllers would set them; remove the ratio or the VPA")
         if _has_our_annotations(pod, policy.keys):
-            result.pod = _without_our_annotations(_writable_copy(pod), policy.keys)
+            result.pod = _without_our_annotations(_writable_copy(pod), policy.keys)  # it no longer holds
         return result
-    restored, restore_warning = _restore_originals(pod, policy.keys)
+    if by_vpa:
+        policy = dataclasses.replace(policy, ratios={r: v for r, v in policy.ratios.items() if r not in by_vpa})
+    restored, restore_warning = _restore_originals(pod, policy.keys, kept=by_vpa)
     if restore_warning:
         result.warnings.append(restore_warning)
     originals = _recorded_requests(restored)
@@ -530,12 +535,12 @@ def _recorded_requests(pod: Pod) -> dict[str, dict[str, str]]:
     return recorded
 
 
-def _restore_originals(pod: Pod, keys: AnnotationKeys) -> tuple[Pod, str | None]:
+def _restore_originals(pod: Pod, keys: AnnotationKeys, kept: frozenset[str] = frozenset()) -> tuple[Pod, str | None]:
     """Put back the requests recorded by an earlier pass of this webhook.
 
     A recorded value is used only where the current request is not above it, or is exactly what
     this service wrote (its own raise): a request another mutating webhook raised after us is a
-    new original, not ours to undo.
+    new original, not ours to undo. Resources in ``kept`` (set by a VerticalPodAutoscaler) stay.
     """
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     text = annotations.get(keys.original_requests)
@@ -560,7 +565,7 @@ def _restore_originals(pod: Pod, keys: AnnotationKeys) -> tuple[Pod, str | None]
             current = requests_of(unit)
             ours = written.get(name) or {}
             for resource, original in values.items():
-                if resource not in RESOURCES:
+                if resource not in RESOURCES or resource in kept:
                     continue
                 now = current.get(resource, 0)
                 if now <= parse_amount(resource, original) or (
@@ -581,6 +586,24 @@ def _written_requests(text: str | None) -> dict[str, dict[str, str]]:
     if not isinstance(written, dict):
         return {}
     return {str(k): v for k, v in written.items() if isinstance(v, dict)}
+
+
+def vpa_set_resources(pod: Pod) -> frozenset[str]:
+    """The resources whose requests the VerticalPodAutoscaler's admission controller set on
+    ``pod``, read from its ``vpaUpdates`` annotation; both when it names neither (read to be safe).
+
+    >>> vpa_set_resources({"metadata": {"annotations": {
+    ...     "vpaUpdates": "Pod resources updated by web: container 0: memory request, memory limit"}}})
+    frozenset({'memory'})
+    >>> sorted(vpa_set_resources({"metadata": {"annotations": {"vpaUpdates": "updated"}}}))
+    ['cpu', 'memory']
+    >>> vpa_set_resources({"metadata": {}})
+    frozenset()
+    """
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(VPA_UPDATES)
+    if text is None:
+        return frozenset()
+    return frozenset(r for r in RESOURCES if f"{r} request" in str(text)) or frozenset(RESOURCES)
 
 
 def _has_our_annotations(pod: Pod, keys: AnnotationKeys) -> bool:

@@ -212,17 +212,33 @@ def _resizable(pod: Pod, workload_annotations: Mapping[str, str], keys: Annotati
     return frozenset(wanted - restarting)
 
 
-def vpa_managed(vpas: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:
-    """(kind, namespace, name) -> VPA name, for every workload a VerticalPodAutoscaler resizes
-    (``updateMode`` other than ``Off``: that one only recommends)."""
-    managed = {}
+def vpa_controlled(vpas: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], dict[str, str]]:
+    """(kind, namespace, name) -> resource -> VPA name, for each resource whose requests a
+    VerticalPodAutoscaler sets on the workload's Pods: ``updateMode`` other than ``Off`` (that one
+    only recommends), and the ``controlledResources`` of its container policies (both by default;
+    a container no policy names, when there is no ``"*"`` policy, gets both; ``mode: Off`` sets
+    none)."""
+    controlled: dict[tuple[str, str, str], dict[str, str]] = {}
     for vpa in vpas:
         spec = vpa.get("spec") or {}
         mode = (spec.get("updatePolicy") or {}).get("updateMode", "Auto")
         target = spec.get("targetRef") or {}
         if mode == "Off" or not target.get("kind"):
             continue
-        metadata = vpa.get("metadata") or {}
-        managed[(str(target["kind"]), str(metadata.get("namespace", "")), str(target.get("name", "")))] = \
-            str(metadata.get("name", ""))
-    return managed
+        policies = [p for p in (spec.get("resourcePolicy") or {}).get("containerPolicies") or []
+                    if isinstance(p, Mapping)]
+        resources: set[str] = set() if any(p.get("containerName") == "*" for p in policies) else set(RESOURCES)
+        for policy in policies:
+            if policy.get("mode") != "Off":
+                resources |= set(policy.get("controlledResources") or RESOURCES) & set(RESOURCES)
+        if resources:
+            metadata = vpa.get("metadata") or {}
+            key = (str(target["kind"]), str(metadata.get("namespace", "")), str(target.get("name", "")))
+            controlled[key] = dict.fromkeys(sorted(resources), str(metadata.get("name", "")))
+    return controlled
+
+
+def vpa_managed(vpas: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:
+    """(kind, namespace, name) -> VPA name, for every workload a VerticalPodAutoscaler resizes
+    (any resource, see :func:`vpa_controlled`): in-place resize leaves it alone."""
+    return {key: next(iter(resources.values())) for key, resources in vpa_controlled(vpas).items()}

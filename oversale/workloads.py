@@ -126,14 +126,14 @@ def plan_compression(
     keys: AnnotationKeys,
     estimator: CompressionEstimator,
     rescale_hpa: bool = False,
-    vpa: str = "",
+    vpa: Mapping[str, str] | None = None,
 ) -> WorkloadPlan:
     """The ratios one opted-in workload should carry. ``usage``: resource -> container -> stats.
 
     A workload scaled by a utilization HPA is skipped for that resource (lower requests raise the
     measured utilization and make the HPA scale out), unless ``rescale_hpa``: then the HPA's
-    target is multiplied by the ratio so the absolute threshold stays where it was. A workload
-    whose requests the VerticalPodAutoscaler ``vpa`` sets is skipped altogether.
+    target is multiplied by the ratio so the absolute threshold stays where it was. A resource
+    whose requests a VerticalPodAutoscaler sets (``vpa``: resource -> its name) is skipped.
     """
     metadata = workload.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
@@ -149,12 +149,12 @@ def plan_compression(
     for resource in (CPU, MEMORY):
         key = keys.requests_ratio(resource)
         plan.current[resource] = current_ratio(annotations, key, minimum)
-        if vpa:
+        if vpa and resource in vpa:
             # Its admission controller sets the Pods' requests to its own recommendation; a ratio
-            # on top would divide that (the webhook skips such Pods), and VPA would scale the
+            # on top would divide that (the webhook leaves it alone), and VPA would scale the
             # limits by the compressed request.
-            plan.skipped[resource] = ("vpa", f"its requests are set by VerticalPodAutoscaler {vpa}"
-                                             + ignored.get(key, ""))
+            plan.skipped[resource] = ("vpa", f"its {resource} requests are set by VerticalPodAutoscaler "
+                                             f"{vpa[resource]}" + ignored.get(key, ""))
             continue
         if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
             plan.skipped[resource] = ("memory-not-opted-in", _not_opted_in(annotations, keys.enable_memory_compress)

@@ -42,7 +42,7 @@ from oversale.node_oversale import (
 )
 from oversale.pods import scheduled_request
 from oversale.quantity import RESOURCES, format_amount
-from oversale.resize import ResizePlan, plan_resize, vpa_managed
+from oversale.resize import ResizePlan, plan_resize, vpa_controlled, vpa_managed
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp
 from oversale.workloads import (
@@ -175,7 +175,7 @@ class Reconciler:
         vertical = self._vertical_autoscalers()
         plans = [(workload, plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
                                              self.settings.compression_estimator(), self.settings.rescale_hpa,
-                                             vertical.get(key, "")),
+                                             vertical.get(key)),
                   usage.get(key, {})) for key, workload in sorted(workloads.items())]
         to_write = [job for job in plans if job[1].changes()] if not dry_run else []
         written = {job[1].key: ratios for job, ratios in zip(to_write, self._write_all(self._write_workload, to_write),
@@ -219,11 +219,11 @@ class Reconciler:
             found[(target.get("kind", ""), hpa["metadata"]["namespace"], target.get("name", ""))] = hpa
         return found
 
-    def _vertical_autoscalers(self) -> dict[WorkloadKey, str]:
-        """Workload -> the VerticalPodAutoscaler that sets its requests; empty (with a warning) when
-        they cannot be read: the webhook still leaves the Pods VPA admitted alone."""
+    def _vertical_autoscalers(self) -> dict[WorkloadKey, dict[str, str]]:
+        """Workload -> resource -> the VerticalPodAutoscaler that sets those requests; empty (with
+        a warning) when they cannot be read: the webhook still leaves what VPA set alone."""
         try:
-            return vpa_managed(self.cluster.vertical_autoscalers() or [])
+            return vpa_controlled(self.cluster.vertical_autoscalers() or [])
         except ApiException as error:
             log.warning("cannot list VerticalPodAutoscalers (%s %s): workloads they manage are not told apart "
                         "this pass", error.status, error.reason)
@@ -254,7 +254,7 @@ class Reconciler:
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
                 plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
                                         self.settings.compression_estimator(), self.settings.rescale_hpa,
-                                        self._vertical_autoscalers().get(plan.key, ""))
+                                        self._vertical_autoscalers().get(plan.key))
                 continue
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)

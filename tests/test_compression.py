@@ -408,6 +408,21 @@ def test_requests_a_vpa_set_are_kept_as_it_set_them_and_our_record_goes():
     assert compress_requests(fresh, policy(cpu="2")).pod == fresh
 
 
+def test_a_vpa_that_sets_memory_only_leaves_cpu_to_the_ratio():
+    """VPA for memory (controlledResources: [memory]) and oversale for cpu: each keeps its own."""
+    ours = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="4", memory="2")).pod
+    assert requests(ours, "app") == {"cpu": "250m", "memory": "512Mi"}
+    by_vpa = copy.deepcopy(ours)
+    by_vpa["metadata"]["annotations"]["vpaUpdates"] = "Pod resources updated by web: container 0: memory request"
+    by_vpa["spec"]["containers"][0]["resources"]["requests"]["memory"] = "300Mi"  # its recommendation
+    result = compress_requests(by_vpa, policy(cpu="4", memory="2"))
+    assert requests(result.pod, "app") == {"cpu": "250m", "memory": "300Mi"}, "cpu ours, memory VPA's"
+    assert result.warnings == ["memory requests set by a VerticalPodAutoscaler (vpaUpdates) not compressed: two "
+                               "controllers would set them; remove the ratio or the VPA"]
+    assert compress_requests(by_vpa, policy(cpu="4")).pod["spec"]["containers"][0]["resources"]["requests"] == \
+        {"cpu": "250m", "memory": "300Mi"}, "no memory ratio: no warning needed, VPA's memory still stays"
+
+
 raise_ratios = st.decimals(min_value=Decimal("0.2"), max_value=Decimal("0.99"), places=2)
 any_ratios = st.one_of(raise_ratios, st.decimals(min_value=1, max_value=8, places=2))
 

@@ -337,16 +337,25 @@ def test_a_workload_a_vpa_manages_gets_no_ratio(api, prometheus):
     api.put("verticalpodautoscalers", {"metadata": {"name": "web-vpa", "namespace": NS}, "spec": {
         "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
         "updatePolicy": {"updateMode": "Initial"}}})
+    api.put("verticalpodautoscalers", {"metadata": {"name": "hot-vpa", "namespace": NS}, "spec": {
+        "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "hot"},
+        "updatePolicy": {"updateMode": "Off"}}})  # only recommends
     api.put("verticalpodautoscalers", {"metadata": {"name": "db-vpa", "namespace": NS}, "spec": {
         "targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"},
-        "updatePolicy": {"updateMode": "Off"}}})  # only recommends: db is right-sized as before
+        "resourcePolicy": {"containerPolicies": [{"containerName": "*", "controlledResources": ["memory"]}]}}})
     reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), SETTINGS)
     rows = reconciler.run_pass()
     assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "web")
-    row = next(r for r in rows if r.object == f"Deployment/{NS}/web" and r.resource == "cpu")
-    assert row.reason == "skipped: its requests are set by VerticalPodAutoscaler web-vpa"
-    assert reconciler.metrics.skips.labels("vpa")._value.get() == 2  # cpu and memory
-    assert annotations(api, "statefulsets", "db")[KEYS.cpu_requests_ratio] == "2.5"
+    reasons = {(r.object, r.resource): r.reason for r in rows}
+    assert reasons[(f"Deployment/{NS}/web", "cpu")] == \
+        "skipped: its cpu requests are set by VerticalPodAutoscaler web-vpa"
+    # db: VPA sets its memory only, so its cpu is right-sized as before and its memory left to VPA.
+    db = annotations(api, "statefulsets", "db")
+    assert db[KEYS.cpu_requests_ratio] == "2.5" and KEYS.memory_requests_ratio not in db
+    assert reasons[(f"StatefulSet/{NS}/db", "memory")] == \
+        "skipped: its memory requests are set by VerticalPodAutoscaler db-vpa"
+    assert reconciler.metrics.skips.labels("vpa")._value.get() == 3  # web's cpu and memory, db's memory
+    assert annotations(api, "deployments", "hot")[KEYS.cpu_requests_ratio] == "0.5", "Off only recommends"
 
 
 def test_an_hpa_another_controller_manages_is_not_rescaled(api, prometheus):
