@@ -183,8 +183,8 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     # them again. They are kept as VPA set them, not restored from our record (which a call of
     # ours before VPA's may have left); the other resource is compressed as usual.
     by_vpa = vpa_set_resources(pod)
-    if by_vpa & set(policy.ratios) and not policy.disabled:
-        result.warnings.append(f"{' and '.join(sorted(by_vpa & set(policy.ratios)))} requests set by a "
+    if (contested := by_vpa & set(policy.ratios)) and not policy.disabled:
+        result.warnings.append(f"{' and '.join(sorted(contested))} requests set by a "
                                "VerticalPodAutoscaler (vpaUpdates) not compressed: two controllers would set "
                                "them; remove the ratio or the VPA")
     if by_vpa and not set(policy.ratios) - by_vpa:
@@ -606,14 +606,19 @@ def vpa_set_resources(pod: Pod) -> frozenset[str]:
     return frozenset(r for r in RESOURCES if f"{r} request" in str(text)) or frozenset(RESOURCES)
 
 
+def _our_keys(keys: AnnotationKeys) -> tuple[str, str, str]:
+    """The annotations the webhook writes on a Pod it compressed: its record and its audit."""
+    return keys.original_requests, keys.written_requests, keys.compression
+
+
 def _has_our_annotations(pod: Pod, keys: AnnotationKeys) -> bool:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return any(key in annotations for key in (keys.original_requests, keys.written_requests, keys.compression))
+    return any(key in annotations for key in _our_keys(keys))
 
 
 def _without_our_annotations(pod: Pod, keys: AnnotationKeys) -> Pod:
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    for key in (keys.original_requests, keys.written_requests, keys.compression):
+    for key in _our_keys(keys):
         annotations.pop(key, None)
     return pod
 

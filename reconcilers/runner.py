@@ -3,6 +3,7 @@ policies, write what changed (only while leader), and report a row per object an
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -187,10 +188,12 @@ class Reconciler:
                 # The HPA follows the ratios in effect (those just written, else those carried),
                 # every pass: a rescale that failed, or an HPA added later, is caught up.
                 in_effect = dict(plan.current)
-                if plan.key in written:
-                    in_effect.update({r: p.ratio for r, p in plan.changes().items()})
-                if rescaled := plan.rescaled_targets(in_effect):
-                    self._rescale_hpa(plan.key[1], plan.hpa_name, rescaled)
+                for resource in RESOURCES:
+                    if (text := (written.get(plan.key) or {}).get(self.keys.requests_ratio(resource))) is not None:
+                        in_effect[resource] = Decimal(text)
+                hpa = autoscalers.get(plan.key)
+                if hpa is not None and (rescaled := plan.rescaled_targets(in_effect)):
+                    self._rescale_hpa(hpa, rescaled)
             rows += self._workload_rows(plan, plan.key in written, ratios)
             # In-place resize follows the ratios just written (in a dry run: the ones proposed).
             proposed = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in plan.changes().items()}
@@ -262,14 +265,11 @@ class Reconciler:
             return ratios
         return None
 
-    def _rescale_hpa(self, namespace: str, name: str, targets: dict[str, tuple[int, int]]) -> None:
+    def _rescale_hpa(self, hpa: dict[str, Any], targets: dict[str, tuple[int, int]]) -> None:
         """Set the HPA's utilization target of each resource in ``targets`` (resource -> (original,
-        new)) and record the originals."""
-        hpa = next((h for h in self.cluster.autoscalers()
-                    if h["metadata"]["name"] == name and h["metadata"]["namespace"] == namespace), None)
-        if hpa is None:
-            return
-        metrics = hpa["spec"]["metrics"]
+        new)) and record the originals (``hpa``: as this pass listed it)."""
+        namespace, name = hpa["metadata"]["namespace"], hpa["metadata"]["name"]
+        metrics = copy.deepcopy(hpa["spec"]["metrics"])
         for metric in metrics:
             source = metric.get("resource") or metric.get("containerResource") or {}
             if source.get("name") in targets and (source.get("target") or {}).get("type") == "Utilization":
