@@ -9,6 +9,7 @@ allocatable, so exclusive CPUs never draw on capacity that exists only on paper.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -420,25 +421,79 @@ def crowded_out(node: NodeView, usage: NodeUsage, demand: PodDemand, nominated: 
     return None if reason is None else f"{reason}, with room kept for {len(ahead)} Pod(s) nominated there"
 
 
-def after_preemption(node: NodeView, left: NodeUsage, demand: PodDemand, heat: NodeHeat | None, config: LoadConfig,
-                     now: float | None, load_aware: bool, nominated: Iterable[PodDemand] = ()) -> str | None:
-    """Why the Pod would still not pass the filter on ``node`` once the victims kube-scheduler
-    chose there are gone (``left``: what the node's other Pods take), or None: the preemption
-    would make room.
+@dataclass(frozen=True)
+class HeldPod:
+    """A Pod bound to a node, as a preemption sees it."""
+
+    uid: str
+    requests: Mapping[str, int]
+    cpus: tuple[int, ...]
+    """Its exclusive CPUs (empty: a shared Pod)."""
+    priority: int
+    bound_at: float | None = None
+    """When it was bound (None: long ago, or unknown)."""
+    evictable: bool = True
+    """False for a bind still in flight: kube-scheduler cannot find it on the node to evict it."""
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """The extender's answer for one candidate node of a preemption."""
+
+    added: tuple[str, ...] = ()
+    """UIDs of Pods to evict besides the victims kube-scheduler chose, least important first."""
+    refused: str | None = None
+    """Why no preemption on this node lets the Pod pass the filter (None: it does)."""
+
+
+def preemption_on(node: NodeView, held: Sequence[HeldPod], chosen: Iterable[str], demand: PodDemand,
+                  heat: NodeHeat | None, config: LoadConfig, now: float | None, load_aware: bool,
+                  nominated: Iterable[PodDemand] = ()) -> Preemption:
+    """The victims that let the Pod pass the filter on ``node``: kube-scheduler's (``chosen``) and,
+    where they are not enough, the fewest more Pods of lower priority; or why none do.
 
     kube-scheduler's preemption picks victims with its own plugins alone, until the requests fit
-    the node's allocatable; it asks an extender only through the preempt verb. So it may evict
-    Pods for a cpuset that the remaining real cores still cannot give, for exclusive CPUs charged
-    at ``cpus x ratio`` where it counted ``cpus``, or on a node above a scheduling watermark. A hot
-    node is never worth a preemption: its windows keep the evicted Pods' usage for minutes (the
-    average) to an hour (the maximum), and the Pod would wait for a node the filter refuses.
+    the node's allocatable; it asks an extender only through the preempt verb. So its victims may
+    leave a cpuset the remaining real cores still cannot give, or exclusive CPUs charged at
+    ``cpus x ratio`` where it counted ``cpus``: on a full oversold node, a Pod asking for
+    exclusive CPUs would seldom get to preempt. The preempt verb may answer another set of
+    victims per node (the extender interface: "a different set of victim pods for every given
+    candidate node"), so the extender adds to kube-scheduler's set as its ``SelectVictimsOnNode``
+    does: with every other Pod of lower priority gone the Pod must pass; then each is given back,
+    the most important first (higher priority, then bound earlier: ``MoreImportantPod``), where
+    the Pod still passes without it. Added victims are chosen without PodDisruptionBudgets, which
+    the extender does not read; kube-scheduler honours them in preemption only as a preference.
+
+    A hot node is never worth a preemption: its windows keep the evicted Pods' usage for minutes
+    (the average) to an hour (the maximum), and the Pod would wait for a node the filter refuses.
     Pods nominated there ahead of this one keep their room (``crowded_out``).
     """
     if load_aware:
         hot = load_shortfall(node, heat, config)
         if hot is not None:
-            return hot
-    return shortfall(node, left, demand, now) or crowded_out(node, left, demand, nominated, now)
+            return Preemption(refused=hot)
+    ahead = list(nominated)
+
+    def refusal(gone: set[str]) -> str | None:
+        left = held_usage((pod.requests, pod.cpus) for pod in held if pod.uid not in gone)
+        return shortfall(node, left, demand, now) or crowded_out(node, left, demand, ahead, now)
+
+    gone = set(chosen)
+    reason = refusal(gone)
+    if reason is None:
+        return Preemption()
+    lower = [pod for pod in held if pod.evictable and pod.uid not in gone and pod.priority < demand.priority]
+    evicted = {pod.uid for pod in lower}
+    if not lower:
+        return Preemption(refused=reason)
+    if (still := refusal(gone | evicted)) is not None:
+        return Preemption(refused=f"{still}, even with its {len(lower)} other Pod(s) of lower priority evicted too")
+    lower.sort(key=lambda pod: (-pod.priority, -math.inf if pod.bound_at is None else pod.bound_at))
+    for pod in lower:
+        evicted.discard(pod.uid)
+        if refusal(gone | evicted) is not None:
+            evicted.add(pod.uid)
+    return Preemption(added=tuple(pod.uid for pod in reversed(lower) if pod.uid in evicted))
 
 
 def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,

@@ -17,12 +17,12 @@ from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import (
     NodeView,
     PodDemand,
-    after_preemption,
     allocate,
     crowded_out,
     load_shortfall,
     nominated_ahead,
     pod_demand,
+    preemption_on,
     with_nominated,
 )
 from scheduler.protocol import (
@@ -33,6 +33,7 @@ from scheduler.protocol import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     HostPriority,
+    MetaPod,
     MetaVictims,
 )
 from scheduler.state import ClusterState, PodRecord, resource_status
@@ -141,13 +142,15 @@ def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
 
 def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationKeys,
             load_aware: bool = False) -> ExtenderPreemptionResult:
-    """The candidates of kube-scheduler's preemption where evicting its victims lets the Pod pass
-    this extender's filter, with the victims it chose; every other candidate is left out (an
-    empty victim list would fail the whole preemption of a non-ignorable extender)."""
+    """The candidates of kube-scheduler's preemption where its victims, or they and the fewest more
+    Pods of lower priority, let the Pod pass this extender's filter (``preemption_on``), with those
+    victims; every other candidate is left out (an empty victim list would fail the whole
+    preemption of a non-ignorable extender)."""
     pod = args["Pod"]
     demand = pod_demand(pod, keys)
     kept: dict[str, MetaVictims] = {}
     refused: dict[str, str] = {}
+    added: dict[str, int] = {}
     with state.locked():
         now = state.wall()
         for node, victims in args["NodeNameToMetaVictims"].items():
@@ -157,17 +160,25 @@ def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationK
                 continue
             uids = [victim["UID"] for victim in victims["Pods"]]
             heat = state.heats([node])[0] if load_aware else None
-            reason = after_preemption(view, state.usage_without(node, uids), demand, heat, state.load_config, now,
-                                      load_aware, state.nominated_on(node))
-            if reason is None:
-                kept[node] = victims
-            else:
-                refused[node] = f"still refused after evicting {len(uids)} Pod(s): {reason}"
-    if refused:
+            answer = preemption_on(view, state.held_pods(node), uids, demand, heat, state.load_config, now,
+                                   load_aware, state.nominated_on(node))
+            if answer.refused is not None:
+                refused[node] = f"still refused after evicting {len(uids)} Pod(s): {answer.refused}"
+                continue
+            # kube-scheduler's count of PodDisruptionBudgets its own victims break stays: the
+            # extender does not read PDBs (see preemption_on).
+            more: list[MetaPod] = [{"UID": uid} for uid in answer.added]
+            kept[node] = {"Pods": [*victims["Pods"], *more],
+                          "NumPDBViolations": victims["NumPDBViolations"]}
+            if answer.added:
+                added[node] = len(answer.added)
+    if refused or added:
         metadata = pod.get("metadata") or {}
-        log.info("preemption for %s/%s: %d of %d candidate nodes kept; %s", metadata.get("namespace", ""),
+        log.info("preemption for %s/%s: %d of %d candidate nodes kept%s%s", metadata.get("namespace", ""),
                  metadata.get("name", ""), len(kept), len(kept) + len(refused),
-                 "; ".join(f"{node}: {reason}" for node, reason in sorted(refused.items())))
+                 "".join(f"; {node}: {count} more Pod(s) of lower priority evicted than kube-scheduler chose, "
+                         "for the room the extender charges" for node, count in sorted(added.items())),
+                 "".join(f"; {node}: {reason}" for node, reason in sorted(refused.items())))
     return {"NodeNameToMetaVictims": kept}
 
 

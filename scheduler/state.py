@@ -26,6 +26,7 @@ from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from oversale.node_table import NodeTable
 from oversale.placement import (
+    HeldPod,
     NodeHeat,
     NodeUsage,
     NodeView,
@@ -245,13 +246,14 @@ class ClusterState:
             self._usage[node] = usage
             return usage
 
-    def usage_without(self, node: str, uids: Iterable[str]) -> NodeUsage:
-        """What the node's Pods and reservations would take once ``uids`` are gone (a preemption's
-        victims; not cached)."""
-        gone = set(uids)
+    def held_pods(self, node: str) -> list[HeldPod]:
+        """The Pods a preemption on ``node`` would see: those bound there, and the binds in flight
+        (which it cannot evict: kube-scheduler names victims from its own cache)."""
         with self._lock:
             self._expire_reservations()
-            return held_usage((r.demand.requests, r.cpus) for r in self._held_on(node) if r.uid not in gone)
+            reserved = {r.record.uid for r in self._reserved.values()}
+            return [HeldPod(r.uid, r.demand.requests, r.cpus, r.demand.priority, r.bound_at, r.uid not in reserved)
+                    for r in self._held_on(node)]
 
     def _held_on(self, node: str) -> list[PodRecord]:
         records = list(self._by_node.get(node, {}).values())

@@ -271,7 +271,7 @@ def test_preemption_keeps_only_nodes_where_the_victims_make_room_by_the_extender
     # oversold, counted 4 by kube-scheduler), two shared ones 6 and 8. kube-scheduler sees 18 of
     # 24 taken; for an 8-CPU FullPCPUs Pod it needs 2 more and picks the 6-core Pod alone.
     for host in ("node-0", "node-1"):
-        api.put("pods", bound_pod(f"keeper-{host}", "4", host, "0-1,8-9"))
+        api.put("pods", prioritised(bound_pod(f"keeper-{host}", "4", host, "0-1,8-9"), 2000))
         api.put("pods", bound_pod(f"a-{host}", "6", host))
         api.put("pods", bound_pod(f"b-{host}", "8", host))
     # tiny (16 real, not oversold): 2 whole cores held in each NUMA node and 8 shared; evicting
@@ -298,6 +298,18 @@ def test_preemption_keeps_only_nodes_where_the_victims_make_room_by_the_extender
                                                                    bound_pod("b-node-0", "8", "node-0")],
                                                           "NumPDBViolations": 0}}}
     assert extender.post("preempt", whole) == {"NodeNameToMetaVictims": {"node-0": victims("a-node-0", "b-node-0")}}
+    # Above the shared Pods' priority, vip would otherwise never preempt on a full oversold node:
+    # the extender adds the fewest Pods of lower priority its charge needs (not keeper-node-0, of
+    # higher priority), and keeps kube-scheduler's count of PDBs broken. On tiny, one of the two
+    # whole-core Pods must go too, so that one NUMA node has 4 free cores.
+    important = prioritised(pod("vip", "8", "FullPCPUs"), 1000)
+    answer = extender.post("preempt", {"Pod": important, "NodeNameToMetaVictims": {
+        "node-0": victims("a-node-0", violations=1), "tiny": victims("c-tiny")}})["NodeNameToMetaVictims"]
+    assert answer["node-0"] == victims("a-node-0", "b-node-0", violations=1)
+    assert answer["tiny"]["Pods"][0] == {"UID": "uid-c-tiny"} and len(answer["tiny"]["Pods"]) == 2
+    assert answer["tiny"]["Pods"][1]["UID"] in ("uid-keeper0-tiny", "uid-keeper1-tiny")
+    assert ("node-0: 1 more Pod(s) of lower priority evicted than kube-scheduler chose, for the room the extender "
+            "charges") in extender.log_path.read_text()
 
 
 def prioritised(manifest: dict, priority: int, nominated: str | None = None) -> dict:

@@ -16,16 +16,19 @@ from oversale.annotations import AnnotationKeys
 from oversale.cpus import Topology
 from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import (
+    HeldPod,
     NodeHeat,
     NodeUsage,
     NodeView,
     PodDemand,
+    Preemption,
     Reservation,
     crowded_out,
     load_facts,
     load_shortfall,
     node_score,
     placement_score,
+    preemption_on,
     shortfall,
     with_nominated,
 )
@@ -237,6 +240,37 @@ def test_a_nominated_pod_holds_its_cpuset_or_while_its_victims_stay_what_it_will
         "cpu: 2 requested, 0 free on n (oversold allocatable), with room kept for 1 Pod(s) nominated there")
     assert crowded_out(node, usage, replace(low, priority=100), [big], NOW) is not None, "equal priority waits"
     assert crowded_out(node, usage, replace(low, priority=101), [big], NOW) is None, "a higher one does not"
+
+
+def test_a_preemption_adds_the_fewest_lower_priority_victims_the_extenders_charge_needs():
+    # 16 real cores oversold 1.5 (24): a Pod of higher priority holds 4 whole cores (6 charged),
+    # five shared Pods 12 more. kube-scheduler counts 4 + 12 of 24 for vip (8 exclusive CPUs) and
+    # evicts "a" alone (8 free by its count); the extender charges vip 12 and finds 6 + 4 free.
+    node = view(ratio=Fraction(3, 2))
+    vip = PodDemand("vip", {"cpu": 8000, "memory": GI}, "FullPCPUs", False, cpus=8, priority=100)
+
+    def pod(uid: str, cpu: int, priority: int = 0, bound_at: float | None = None, cpus: tuple[int, ...] = (),
+            evictable: bool = True) -> HeldPod:
+        return HeldPod(uid, {"cpu": cpu, "memory": GI}, cpus, priority, bound_at, evictable)
+
+    held = [pod("keeper", 4000, priority=1000, cpus=(0, 1, 2, 3)), pod("a", 4000), pod("old", 2000, bound_at=50),
+            pod("new", 2000, bound_at=100), pod("c", 2000, priority=10), pod("binding", 2000, evictable=False)]
+    config = LoadConfig()
+    # Without "a" vip is 2 short; evicting every other Pod of lower priority frees 6 more. Given back,
+    # the most important first: c (priority 10), then of two at priority 0 the one bound earlier.
+    # The bind in flight is no victim: kube-scheduler cannot find it on the node.
+    assert preemption_on(node, held, ["a"], vip, None, config, NOW, False) == Preemption(added=("new",))
+    assert preemption_on(node, held, ["a", "old", "new"], vip, None, config, NOW, False) == Preemption()
+    # No Pod of lower priority to add, or not enough even with all of them gone: refused, with why.
+    assert preemption_on(node, held, ["a"], replace(vip, priority=0), None, config, NOW, False) == Preemption(
+        refused="cpu: 12 charged for its exclusive CPUs, 10 free on n (oversold allocatable)")
+    bigger = replace(vip, requests={"cpu": 12000, "memory": GI}, cpus=12)
+    refused = preemption_on(node, held, ["a"], bigger, None, config, NOW, False).refused
+    assert refused is not None and refused.endswith("even with its 3 other Pod(s) of lower priority evicted too")
+    # A Pod nominated there ahead of vip keeps its room: more victims make it, where they can.
+    ahead = PodDemand("ahead", {"cpu": 2000, "memory": GI}, None, False, priority=200)
+    assert preemption_on(node, held, ["a"], vip, None, config, NOW, False, [ahead]) == Preemption(
+        added=("new", "old"))
 
 
 def test_the_table_keeps_a_single_numa_node_to_one_zone():
