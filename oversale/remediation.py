@@ -139,6 +139,13 @@ def eviction_exclusion(pod: Mapping[str, Any], keys: AnnotationKeys, now: float,
         return "no controller would recreate it"
     if owner[0] == "DaemonSet":
         return "DaemonSet Pod (it would come back on the same node)"
+    # The descheduler evicts a Job's Pods like any other. But its replacement starts the work
+    # over, and the Job controller counts the evicted Pod as failed against backoffLimit unless the
+    # Job's podFailurePolicy ignores the DisruptionTarget condition: with backoffLimit 0, one move
+    # fails the whole Job. A service replica's replacement costs a restart; this costs the work.
+    if owner[0] == "Job" and allowed is not True:
+        return (f"Job Pod (its replacement starts the work over, and the eviction counts against the Job's "
+                f"backoffLimit; {keys.evictable}: y allows it)")
     if spec.get("priorityClassName") in CRITICAL_PRIORITY_CLASSES or \
             int(spec.get("priority") or 0) >= SYSTEM_CRITICAL_PRIORITY:
         return f"critical priority ({spec.get('priorityClassName') or spec.get('priority')})"

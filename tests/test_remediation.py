@@ -70,6 +70,7 @@ def pod(name: str = "web-5d8f9-abcde", owner: tuple[str, str] | None = ("Replica
 
 @pytest.mark.parametrize(("changed", "reason"), [
     (pod(owner=("DaemonSet", "agent")), "DaemonSet"),
+    (pod(owner=("Job", "nightly-29345")), "Job Pod (its replacement starts the work over"),
     (pod(owner=None), "no controller"),
     (pod(priorityClassName="system-node-critical"), "critical priority"),
     (pod(priority=2_000_001_000), "critical priority"),
@@ -89,6 +90,9 @@ def test_annotations_opt_out_or_allow_local_storage():
     local = pod(volumes=[{"name": "cache", "emptyDir": {}}])
     local["metadata"]["annotations"] = {KEYS.evictable: "y"}
     assert eviction_exclusion(local, KEYS, NOW, 600) is None
+    batch = pod(owner=("Job", "nightly-29345"))
+    batch["metadata"]["annotations"] = {KEYS.evictable: "y"}
+    assert eviction_exclusion(batch, KEYS, NOW, 600) is None
     local["metadata"]["annotations"] = {KEYS.evictable: "perhaps"}
     assert "not y or n" in (eviction_exclusion(local, KEYS, NOW, 600) or "")
     mirror = pod()
