@@ -461,8 +461,10 @@ def preemption_on(node: NodeView, held: Sequence[HeldPod], chosen: Iterable[str]
     candidate node"), so the extender adds to kube-scheduler's set as its ``SelectVictimsOnNode``
     does: with every other Pod of lower priority gone the Pod must pass; then each is given back,
     the most important first (higher priority, then bound earlier: ``MoreImportantPod``), where
-    the Pod still passes without it. Added victims are chosen without PodDisruptionBudgets, which
-    the extender does not read; kube-scheduler honours them in preemption only as a preference.
+    the Pod still passes without it. Since kubernetes#135486 a node where kube-scheduler's own
+    plugins need no victim comes with none (``chosen`` empty), and every victim is the extender's.
+    Added victims are chosen without PodDisruptionBudgets, which the extender does not read;
+    kube-scheduler honours them in preemption only as a preference.
 
     A hot node is never worth a preemption: its windows keep the evicted Pods' usage for minutes
     (the average) to an hour (the maximum), and the Pod would wait for a node the filter refuses.

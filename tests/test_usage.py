@@ -261,6 +261,9 @@ def test_a_preemption_adds_the_fewest_lower_priority_victims_the_extenders_charg
     # The bind in flight is no victim: kube-scheduler cannot find it on the node.
     assert preemption_on(node, held, ["a"], vip, None, config, NOW, False) == Preemption(added=("new",))
     assert preemption_on(node, held, ["a", "old", "new"], vip, None, config, NOW, False) == Preemption()
+    # A node where kube-scheduler's own plugins need no victim comes with none (kubernetes#135486):
+    # the extender picks them all. "a" (bound at an unknown, earlier time) goes before "old".
+    assert preemption_on(node, held, [], vip, None, config, NOW, False) == Preemption(added=("new", "a"))
     # No Pod of lower priority to add, or not enough even with all of them gone: refused, with why.
     assert preemption_on(node, held, ["a"], replace(vip, priority=0), None, config, NOW, False) == Preemption(
         refused="cpu: 12 charged for its exclusive CPUs, 10 free on n (oversold allocatable)")
