@@ -290,6 +290,18 @@ def test_webhook_deployment_is_highly_available_and_locked_down(rendered):
     assert budget["spec"]["selector"] == deployment["spec"]["selector"]
 
 
+def test_the_scheduling_path_outranks_the_workloads_it_serves(rendered):
+    """The webhook, the extender and its kube-scheduler run at a PriorityClass of their own, above
+    workloads at the default 0 (preemption, the kubelet's eviction order), at most the highest a
+    user-defined class may take, and never the default of other Pods."""
+    deployments = {d["metadata"]["name"]: d for d in by_kind(rendered, "Deployment")}
+    (priority,) = by_kind(rendered, "PriorityClass")
+    assert 0 < priority["value"] <= 1_000_000_000 and priority["globalDefault"] is False
+    for name in ("oversale-webhook", "oversale-extender", "oversale-scheduler"):
+        assert deployments[name]["spec"]["template"]["spec"]["priorityClassName"] == priority["metadata"]["name"]
+    assert "priorityClassName" not in deployments["oversale-reconciler"]["spec"]["template"]["spec"]
+
+
 def test_a_stopping_webhook_keeps_serving_until_the_service_forgets_it(rendered):
     """The kubelet runs preStop before SIGTERM, and only then does gunicorn close its listener;
     the Pod's endpoint leaves the Service meanwhile. preStop and gunicorn's graceful shutdown must
