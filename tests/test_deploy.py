@@ -246,6 +246,12 @@ def test_kube_scheduler_may_hold_the_lease_its_config_names():
     for verb in ("create", "get", "update"):
         assert any(verb in r["verbs"] and election["resourceName"] in r.get("resourceNames", [election["resourceName"]])
                    for r in rules), f"kube-scheduler cannot {verb} its Lease {election['resourceName']}"
+    # Active/standby on that Lease: a lost node does not leave the profile's Pods Pending until the
+    # Pod is recreated elsewhere; a drain may evict one replica, not both.
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (budget,) = [b for b in by_kind(objects, "PodDisruptionBudget") if b["metadata"]["name"] == "oversale-scheduler"]
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"] and budget["spec"]["minAvailable"] == 1
 
 
 def test_the_extender_service_reaches_the_leader_while_rollouts_and_drains_go_through():
