@@ -15,6 +15,7 @@ from oversale.annotations import AnnotationKeys
 from oversale.cpus import FULL_PCPUS, NoFit
 from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import (
+    NodeHeat,
     NodeView,
     PodDemand,
     allocate,
@@ -151,27 +152,28 @@ def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationK
     kept: dict[str, MetaVictims] = {}
     refused: dict[str, str] = {}
     added: dict[str, int] = {}
+    # Each node as it stands, read under the lock; the victims are worked out after it is released,
+    # since adding some may take milliseconds a node and filter and bind wait on the lock.
     with state.locked():
         now = state.wall()
-        for node, victims in args["NodeNameToMetaVictims"].items():
-            view = state.nodes.get(node)
-            if view is None:
-                refused[node] = "node not in the extender's cache"
-                continue
-            uids = [victim["UID"] for victim in victims["Pods"]]
-            heat = state.heats([node])[0] if load_aware else None
-            answer = preemption_on(view, state.held_pods(node), uids, demand, heat, state.load_config, now,
-                                   load_aware, state.nominated_on(node))
-            if answer.refused is not None:
-                refused[node] = f"still refused after evicting {len(uids)} Pod(s): {answer.refused}"
-                continue
-            # kube-scheduler's count of PodDisruptionBudgets its own victims break stays: the
-            # extender does not read PDBs (see preemption_on).
-            more: list[MetaPod] = [{"UID": uid} for uid in answer.added]
-            kept[node] = {"Pods": [*victims["Pods"], *more],
-                          "NumPDBViolations": victims["NumPDBViolations"]}
-            if answer.added:
-                added[node] = len(answer.added)
+        known = [node for node in args["NodeNameToMetaVictims"] if node in state.nodes]
+        refused.update((node, "node not in the extender's cache") for node in args["NodeNameToMetaVictims"]
+                       if node not in state.nodes)
+        heats: list[NodeHeat | None] = list(state.heats(known)) if load_aware else [None] * len(known)
+        candidates = [(node, args["NodeNameToMetaVictims"][node], state.nodes[node], state.held_pods(node), heat,
+                       state.nominated_on(node)) for node, heat in zip(known, heats, strict=True)]
+    for node, victims, view, held, heat, nominated in candidates:
+        uids = [victim["UID"] for victim in victims["Pods"]]
+        answer = preemption_on(view, held, uids, demand, heat, state.load_config, now, load_aware, nominated)
+        if answer.refused is not None:
+            refused[node] = f"still refused after evicting {len(uids)} Pod(s): {answer.refused}"
+            continue
+        # kube-scheduler's count of PodDisruptionBudgets its own victims break stays: the extender
+        # does not read PDBs (see preemption_on).
+        more: list[MetaPod] = [{"UID": uid} for uid in answer.added]
+        kept[node] = {"Pods": [*victims["Pods"], *more], "NumPDBViolations": victims["NumPDBViolations"]}
+        if answer.added:
+            added[node] = len(answer.added)
     if refused or added:
         metadata = pod.get("metadata") or {}
         log.info("preemption for %s/%s: %d of %d candidate nodes kept%s%s", metadata.get("namespace", ""),
