@@ -196,6 +196,12 @@ class AnnotationKeys:
         return self._key("reservations")
 
     @cached_property
+    def hot_taint(self) -> str:
+        """Taint key the remediator puts on a Node it has just evicted from (``PreferNoSchedule``,
+        the value the Unix time it lasts until), so replacements placed by any scheduler avoid it."""
+        return self._key("hot")
+
+    @cached_property
     def cpu_bind_policy(self) -> str:
         """Pod annotation or Node label: ``FullPCPUs`` or ``SpreadByPCPUs`` asks for exclusive CPUs."""
         return self._key("cpu-bind-policy")

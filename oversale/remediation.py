@@ -76,6 +76,8 @@ class RemediationConfig:
     """After an eviction, the workload's other Pods are left alone this long."""
     interval_seconds: float = 60.0
     """Time between observations (the replay turns observations and cooldowns into its samples)."""
+    taint_hot_nodes: bool = True
+    """Taint a node evicted from ``PreferNoSchedule`` for its cooldown (see :func:`with_hot_taint`)."""
 
 
 def runtime_watermarks_for(labels: Mapping[str, str] | None, annotations: Mapping[str, str] | None,
@@ -375,3 +377,38 @@ def _covers(pod: Candidate, over: Mapping[str, float]) -> str:
     parts = [f"uses {format_amount(r, round(pod.usage.get(r, 0.0)))} {r}, "
              f"{format_amount(r, round(over[r]))} above the watermark" for r in over]
     return f"{pod.qos}, " + "; ".join(parts)
+
+
+HOT_TAINT_EFFECT = "PreferNoSchedule"
+
+
+def with_hot_taint(taints: Sequence[Mapping[str, Any]], key: str, until: float | None) -> list[dict[str, Any]]:
+    """A node's taints with the remediator's hot-node taint lasting until ``until`` (Unix seconds;
+    None: without it).
+
+    The room a move holds on its target steers only replacements that the ``oversale`` profile
+    places (its extender honours the hold). Any other scheduler (``default-scheduler``, most Pods)
+    sees the hot node with the evicted Pod's requests free again, and its resource scores may well
+    send the replacement straight back, to be moved again after the cooldowns. A
+    ``PreferNoSchedule`` taint that no Pod tolerates is a score, not a filter: every
+    kube-scheduler's TaintToleration plugin scores the node lowest, at the largest weight of the
+    default plugins (3), and nothing is kept off it that has nowhere else to go, DaemonSet Pods
+    included. The value says until when, so a taint a stopped remediator left behind is still
+    recognised as expired and removed by the next one.
+    """
+    kept = [dict(taint) for taint in taints if taint.get("key") != key]
+    if until is not None:
+        kept.append({"key": key, "value": str(int(until)), "effect": HOT_TAINT_EFFECT})
+    return kept
+
+
+def hot_taint_expired(taints: Sequence[Mapping[str, Any]], key: str, now: float) -> bool:
+    """Whether the node carries the remediator's hot-node taint and its time is up (a value that is
+    not a time counts as up)."""
+    for taint in taints:
+        if taint.get("key") == key:
+            try:
+                return float(str(taint.get("value", ""))) <= now
+            except ValueError:
+                return True
+    return False

@@ -283,6 +283,10 @@ class Settings:
     reservation_seconds: float = field(default=300.0, metadata=_env("OVERSALE_RESERVATION_TTL"))
     """How long room held on the target node waits for the evicted Pod's replacement."""
 
+    hot_node_taint: bool = field(default=True, metadata=_env("OVERSALE_HOT_NODE_TAINT"))
+    """After an eviction, taint the node ``PreferNoSchedule`` for its cooldown, so replacements placed
+    by other schedulers than the ``oversale`` profile avoid it too."""
+
     scheduler_names: frozenset[str] = field(default=frozenset({"oversale"}), metadata=_env("OVERSALE_SCHEDULER_NAMES"))
     """Scheduler profiles (``spec.schedulerName``) whose Pods the extender binds; it refuses others."""
 
@@ -400,6 +404,7 @@ class Settings:
             node_cooldown_seconds=self.node_cooldown_seconds,
             workload_cooldown_seconds=self.workload_cooldown_seconds,
             interval_seconds=self.remediation_interval_seconds,
+            taint_hot_nodes=self.hot_node_taint,
         )
 
     @cached_property
@@ -646,6 +651,7 @@ _PARSERS: dict[str, Any] = {
     "resize_max_per_workload": _positive_int,
     "resize_min_interval_seconds": lambda text: _duration(text, allow_zero=True),
     "remediation": _bool,
+    "hot_node_taint": _bool,
     "remediation_interval_seconds": lambda text: _duration(text),
     "remediate_all_nodes": _bool,
     "cpu_runtime_watermark": lambda text: _watermark(text),

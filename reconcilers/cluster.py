@@ -158,6 +158,14 @@ class Cluster:
         self._core.patch_node(name, _annotation_patch(annotations, resource_version), _content_type=MERGE_PATCH,
                               _preload_content=False, _request_timeout=self._timeout)
 
+    def set_node_taints(self, name: str, taints: list[dict[str, Any]], resource_version: str) -> None:
+        """Replace a node's taints (a merge patch replaces the list whole), only if the node is still
+        at ``resource_version``: the node lifecycle controller and others taint nodes too, and a
+        list written over theirs would drop what they added meanwhile (409 instead)."""
+        body = {"metadata": {"resourceVersion": resource_version}, "spec": {"taints": taints or None}}
+        self._core.patch_node(name, body, _content_type=MERGE_PATCH, _preload_content=False,
+                              _request_timeout=self._timeout)
+
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None],
                      resource_version: str) -> None:
         self._core.patch_namespaced_pod(name, namespace, _annotation_patch(annotations, resource_version),

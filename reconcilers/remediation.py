@@ -27,15 +27,18 @@ from oversale.placement import NodeHeat, NodeUsage, held_reservations, node_view
 from oversale.pods import scheduled_request
 from oversale.quantity import RESOURCES, format_amount
 from oversale.remediation import (
+    HOT_TAINT_EFFECT,
     Move,
     Target,
     candidate,
     eviction_exclusion,
     excess,
     hot_reason,
+    hot_taint_expired,
     next_streak,
     plan_moves,
     runtime_watermarks_for,
+    with_hot_taint,
 )
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp, parse_timestamp
@@ -126,6 +129,9 @@ class Remediator:
 
         if not dry_run:
             self._drop_spent_reservations(views, by_node, now)
+            for node in nodes:
+                if hot_taint_expired((node.get("spec") or {}).get("taints") or (), self.keys.hot_taint, now):
+                    self._set_hot_taint(node["metadata"]["name"], None)
         rows: list[Row] = []
         budget = self.config.max_per_pass
         per_namespace: dict[str, int] = {}
@@ -304,9 +310,34 @@ class Remediator:
         log.info("Pod/%s: %s", move.pod.name, message)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
         self._event(pod, "EvictedFromHotNode", message)
+        tainted = self.config.taint_hot_nodes and self._set_hot_taint(source["metadata"]["name"],
+                                                                      now + self.config.node_cooldown_seconds)
         self._event(source, "HotNodeRemediated",
-                    f"evicted {move.pod.name} toward {move.target}" + (" (room reserved)" if reserved else ""))
+                    f"evicted {move.pod.name} toward {move.target}" + (" (room reserved)" if reserved else "")
+                    + (f"; tainted {self.keys.hot_taint}:{HOT_TAINT_EFFECT} for its cooldown" if tainted else ""))
         return True
+
+    def _set_hot_taint(self, node: str, until: float | None) -> bool:
+        """Set (``until``) or remove (None) the hot-node taint (``with_hot_taint``); True when
+        written. A node changed meanwhile (409) is read again, up to 3 times."""
+        for _ in range(3):
+            try:
+                current = self.cluster.node(node)
+                taints = (current.get("spec") or {}).get("taints") or []
+                wanted = with_hot_taint(taints, self.keys.hot_taint, until)
+                if wanted == taints:
+                    return False
+                self.cluster.set_node_taints(node, wanted, current["metadata"].get("resourceVersion", ""))
+            except ApiException as error:
+                if error.status == 409:
+                    continue
+                log.warning("Node/%s: hot-node taint not %s (%s %s)", node, "set" if until else "removed",
+                            error.status, error.reason)
+                return False
+            log.info("Node/%s: hot-node taint %s", node, f"set until {format_timestamp(until)}" if until else "removed")
+            return True
+        log.warning("Node/%s: hot-node taint not %s: the node kept changing", node, "set" if until else "removed")
+        return False
 
     def _reserve(self, move: Move, now: float) -> bool:
         """Hold the Pod's requests on the target for its replacement (expired holds are dropped)."""

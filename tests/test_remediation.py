@@ -37,8 +37,10 @@ from oversale.remediation import (
     eviction_exclusion,
     eviction_order,
     excess,
+    hot_taint_expired,
     next_streak,
     plan_moves,
+    with_hot_taint,
 )
 from oversale.remediation import candidate as candidate_of
 from oversale.settings import Settings
@@ -314,6 +316,42 @@ def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api):
     api.put("pods", {**pod("web-5d8f9-zzzzz"), "spec": {**pod()["spec"], "nodeName": "node-cool"}})
     remediator_.run_pass()
     assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {})
+
+
+def test_the_hot_node_taint_keeps_other_taints_and_says_until_when():
+    dedicated = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
+    tainted = with_hot_taint([dedicated], KEYS.hot_taint, NOW + 600)
+    assert tainted == [dedicated, {"key": KEYS.hot_taint, "value": str(int(NOW) + 600), "effect": "PreferNoSchedule"}]
+    assert with_hot_taint(tainted, KEYS.hot_taint, None) == [dedicated]
+    assert not hot_taint_expired(tainted, KEYS.hot_taint, NOW + 599)
+    assert hot_taint_expired(tainted, KEYS.hot_taint, NOW + 600)
+    assert not hot_taint_expired([dedicated], KEYS.hot_taint, NOW + 600), "no taint of ours: nothing expires"
+    assert hot_taint_expired([{"key": KEYS.hot_taint, "value": "soon"}], KEYS.hot_taint, NOW), "not a time: up"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_node_evicted_from_is_tainted_prefer_no_schedule_for_its_cooldown(api, enabled):
+    """The room held on the target steers only what the oversale profile places; a replacement
+    default-scheduler places would otherwise often go straight back to the hot node."""
+    dedicated = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
+    api.put("nodes", {**node("node-hot"), "spec": {"taints": [dedicated]}})
+    clock = [time.time()]
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    settings = dataclasses.replace(SETTINGS, hot_observations=1, hot_node_taint=enabled)
+    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+    remediator_.run_pass()
+    assert evictions(api) == 1
+    until = str(int(clock[0] + settings.node_cooldown_seconds))
+    ours = {"key": KEYS.hot_taint, "value": until, "effect": "PreferNoSchedule"}
+    assert api.get("nodes", "", "node-hot")["spec"]["taints"] == ([dedicated, ours] if enabled else [dedicated])
+    (remediated,) = [e for e in api.list_objects("events", None, {})["items"] if e["reason"] == "HotNodeRemediated"]
+    assert ("tainted" in remediated["message"]) is enabled
+    clock[0] += settings.node_cooldown_seconds - 5
+    remediator_.run_pass()
+    assert len(api.get("nodes", "", "node-hot")["spec"]["taints"]) == (2 if enabled else 1), "still cooling down"
+    clock[0] += 5
+    remediator_.run_pass()
+    assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], "its time is up: only ours goes"
 
 
 def test_a_node_that_cools_down_before_k_observations_is_left_alone(api):
