@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     # read); it evicts only with OVERSALE_REMEDIATION=true.
     remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
     _every(settings.remediation_interval_seconds,
-           lambda: remediator.run_pass(dry_run=not settings.remediation) if elector.is_leader() else None,
+           lambda: remediator.run_pass(dry_run=not settings.remediation, tidy=True) if elector.is_leader() else None,
            "remediator")
     log.info("observing nodes every %.0fs (%s)", settings.remediation_interval_seconds,
              "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")

@@ -73,8 +73,11 @@ class Remediator:
         self.workload_cooldown: dict[str, float] = {}
         self.samples: dict[str, deque[Sample]] = {}
 
-    def run_pass(self, dry_run: bool = False) -> list[Row]:
-        """Observe every node once; move Pods off those hot long enough. Returns the report rows."""
+    def run_pass(self, dry_run: bool = False, tidy: bool | None = None) -> list[Row]:
+        """Observe every node once; move Pods off those hot long enough. Returns the report rows.
+
+        ``tidy`` (default: not ``dry_run``) removes hot-node taints whose time is up: the running
+        loop tidies even with remediation off, so switching it off leaves no taint behind."""
         now = self.clock()
         try:
             node_metrics = {m.name: m for m in self.usage.nodes()}
@@ -129,6 +132,9 @@ class Remediator:
 
         if not dry_run:
             self._drop_spent_reservations(views, by_node, now)
+        if tidy is None:
+            tidy = not dry_run
+        if tidy:
             for node in nodes:
                 if hot_taint_expired((node.get("spec") or {}).get("taints") or (), self.keys.hot_taint, now):
                     self._set_hot_taint(node["metadata"]["name"], None)
@@ -319,7 +325,10 @@ class Remediator:
 
     def _set_hot_taint(self, node: str, until: float | None) -> bool:
         """Set (``until``) or remove (None) the hot-node taint (``with_hot_taint``); True when
-        written. A node changed meanwhile (409) is read again, up to 3 times."""
+        written. A node changed meanwhile (409) is read again, up to 3 times; only the Lease holder
+        writes."""
+        if self.leader is not None and not self.leader.is_leader():
+            return False
         for _ in range(3):
             try:
                 current = self.cluster.node(node)

@@ -354,6 +354,18 @@ def test_a_node_evicted_from_is_tainted_prefer_no_schedule_for_its_cooldown(api,
     assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], "its time is up: only ours goes"
 
 
+def test_a_taint_left_behind_goes_even_with_remediation_off_but_not_on_a_dry_run(api):
+    dedicated = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
+    left = {"key": KEYS.hot_taint, "value": str(int(time.time()) - 60), "effect": "PreferNoSchedule"}
+    api.put("nodes", {**node("node-hot"), "spec": {"taints": [dedicated, left]}})
+    remediator_ = remediator(api)
+    remediator_.run_pass(dry_run=True)  # `remediate --dry-run` changes nothing
+    assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated, left]
+    remediator_.run_pass(dry_run=True, tidy=True)  # the running loop with OVERSALE_REMEDIATION off
+    assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated]
+    assert evictions(api) == 0
+
+
 def test_a_node_that_cools_down_before_k_observations_is_left_alone(api):
     remediator_ = remediator(api)
     remediator_.run_pass()
