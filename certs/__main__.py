@@ -137,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "restart-on-change":
         try:
-            digest = certificates_digest(api_client, secrets)
+            certificates_digest(api_client, secrets)  # every Secret is there, before anything restarts
         except LookupError as error:
             raise CliError(f"{error}; nothing was restarted") from None
         for deployment in restarts:
-            print(restart_on_change(api_client, *deployment, digest, keys.certificates))
+            try:
+                print(restart_on_change(api_client, *deployment, secrets, keys.certificates))
+            except LookupError as error:
+                raise CliError(f"{error}; deployment {'/'.join(deployment)} not restarted") from None
         return 0
     try:
         if args.secret:

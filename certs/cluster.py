@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -35,6 +35,9 @@ from kube.tls import (
 from oversale.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
+
+CERTIFICATE_FILES = (CERT_FILE, CA_FILE)
+"""What a certificate digest covers: never ``tls.key``, whose digest would say something of the key."""
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "oversale-certs"}
 """The label on every Secret ``ensure`` writes: one without it is someone else's and never replaced."""
@@ -118,24 +121,51 @@ def restart_deployment(api_client: Any, namespace: str, name: str) -> str:
     return _roll(api_client, namespace, name, {}) or f"deployment {namespace}/{name}: restarted"
 
 
-def certificates_digest(api_client: Any, secrets: Sequence[tuple[str, str]]) -> str:
-    """A short digest of the certificates (``tls.crt``, ``ca.crt``) the Secrets hold: what a
-    consumer that reads them only at start was started with. LookupError names a Secret that is
-    missing or holds no certificate (cert-manager has not issued it yet)."""
+def certificates_digest(api_client: Any, secrets: Sequence[tuple[str, str]],
+                        mounted: Mapping[tuple[str, str], frozenset[str]] | None = None) -> str:
+    """A short digest of the certificates the Secrets hold (``tls.crt``, ``ca.crt``; of a Secret in
+    ``mounted``, only the certificate files named there): what a consumer that reads them only at
+    start was started with. LookupError names a Secret that is missing or holds none of them
+    (cert-manager has not issued it yet)."""
     digest = hashlib.sha256()
     core = client.CoreV1Api(api_client)
     for namespace, name in sorted(set(secrets)):
+        chosen = (mounted or {}).get((namespace, name))
+        keys = [key for key in CERTIFICATE_FILES if chosen is None or key in chosen]
         data = (_read_secret(core, namespace, name) or {}).get("data")
-        if not data or not (data.get(CERT_FILE) or data.get(CA_FILE)):
-            raise LookupError(f"secret {namespace}/{name} is missing or holds no {CERT_FILE} or {CA_FILE}")
-        for key in (CERT_FILE, CA_FILE):
+        if not data or not any(data.get(key) for key in keys):
+            raise LookupError(f"secret {namespace}/{name} is missing or holds no {' or '.join(keys)}")
+        for key in keys:
             digest.update(f"{namespace}/{name}/{key}:".encode() + base64.b64decode(data.get(key) or ""))
     return digest.hexdigest()[:16]
 
 
-def restart_on_change(api_client: Any, namespace: str, name: str, digest: str, key: str) -> str:
-    """Roll the Deployment when its Pod template does not record ``digest`` under ``key`` (and
-    record it); one line saying what was done.
+def mounted_certificates(template: Mapping[str, Any], namespace: str,
+                         secrets: Sequence[tuple[str, str]]) -> dict[tuple[str, str], frozenset[str]]:
+    """Which certificate files of each Secret a Pod template mounts (a secret volume or a projected
+    source; its ``items``, or all of them when it names none). kube-scheduler mounts only the
+    ``ca.crt`` of the extender's serving Secret: a renewal of the extender's own certificate,
+    signed by the same CA, changes nothing it reads and must not restart it. A Secret the template
+    does not mount is left out (its whole certificate counts)."""
+    wanted = {name for secret_namespace, name in secrets if secret_namespace == namespace}
+    found: dict[tuple[str, str], set[str]] = {}
+    for volume in (template.get("spec") or {}).get("volumes") or []:
+        sources = [volume.get("secret") or {}] if volume.get("secret") else []
+        sources += [(source.get("secret") or {}) for source in (volume.get("projected") or {}).get("sources") or []
+                    if source.get("secret")]
+        for source in sources:
+            name = source.get("secretName") or source.get("name")
+            if name in wanted:
+                items = {item.get("key") for item in source.get("items") or []}
+                found.setdefault((namespace, name), set()).update(items.intersection(CERTIFICATE_FILES)
+                                                                  if items else CERTIFICATE_FILES)
+    return {secret: frozenset(keys) for secret, keys in found.items() if keys}
+
+
+def restart_on_change(api_client: Any, namespace: str, name: str, secrets: Sequence[tuple[str, str]],
+                      key: str) -> str:
+    """Roll the Deployment when its Pod template does not record the digest of the certificates it
+    mounts from ``secrets`` under ``key`` (and record it); one line saying what was done.
 
     For certificates another tool renews (cert-manager), where no ``ensure`` knows when they
     change: run it on a schedule. kube-scheduler reads its extender ``tlsConfig`` files only at
@@ -149,6 +179,7 @@ def restart_on_change(api_client: Any, namespace: str, name: str, digest: str, k
             return f"deployment {namespace}/{name}: not found, nothing to restart"
         raise
     template = (json.loads(deployment.data).get("spec") or {}).get("template") or {}
+    digest = certificates_digest(api_client, secrets, mounted_certificates(template, namespace, secrets))
     started_with = ((template.get("metadata") or {}).get("annotations") or {}).get(key)
     if started_with == digest:
         return f"deployment {namespace}/{name}: unchanged (certificates {digest})"

@@ -319,6 +319,44 @@ def test_certificates_another_tool_renews_restart_the_scheduler_once_per_change(
     assert follow().stdout.splitlines() == ["deployment oversale/oversale-scheduler: not found, nothing to restart"]
 
 
+def test_only_a_change_in_what_kube_scheduler_mounts_restarts_it(kube_api, tmp_path):
+    """kube-scheduler mounts the extender Secret's ca.crt alone: the extender's own certificate,
+    renewed by the same CA, changes nothing it reads; a new CA, or a new client certificate, does."""
+    kubeconfig = kube_api.write_kubeconfig(tmp_path / "kubeconfig")
+    env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    volumes = [{"name": "client", "secret": {"secretName": "scheduler-client", "items": [
+                   {"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]}},
+               {"name": "extender-ca", "projected": {"sources": [{"secret": {"name": "extender-tls", "items": [
+                   {"key": "ca.crt", "path": "ca.crt"}]}}]}}]
+    kube_api.put("deployments", {"metadata": {"name": "oversale-scheduler", "namespace": "oversale"}, "spec": {
+        "template": {"metadata": {"labels": {"app": "s"}}, "spec": {"containers": [], "volumes": volumes}}}})
+
+    def put(name: str, bundle) -> None:
+        data = {"tls.crt": bundle.cert, "tls.key": bundle.key, "ca.crt": bundle.ca_cert}
+        kube_api.put("secrets", {"metadata": {"name": name, "namespace": "oversale"}, "type": "kubernetes.io/tls",
+                                 "data": {key: base64.b64encode(value).decode() for key, value in data.items()}})
+
+    def follow() -> str:
+        result = subprocess.run([sys.executable, "-m", "certs", "restart-on-change", "--secret",
+                                 "oversale/scheduler-client", "--secret", "oversale/extender-tls", "--restart",
+                                 "oversale/oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    extender = issue(["oversale-extender"])
+    put("extender-tls", extender)
+    put("scheduler-client", issue(["kube-scheduler"], client=True))
+    assert follow().startswith("deployment oversale/oversale-scheduler: restarted (certificates not recorded -> ")
+    put("extender-tls", issue(["oversale-extender"], ca=extender))  # renewed by the same CA
+    assert follow().startswith("deployment oversale/oversale-scheduler: unchanged")
+    put("extender-tls", issue(["oversale-extender"]))  # a new CA: kube-scheduler must trust it
+    assert "restarted" in follow()
+    put("scheduler-client", issue(["kube-scheduler"], client=True))  # a new client certificate
+    assert "restarted" in follow()
+    assert follow().startswith("deployment oversale/oversale-scheduler: unchanged"), "recorded: once per change"
+
+
 def served_certificate(server: RunningWebhook, ca_file) -> x509.Certificate:
     context = ssl.create_default_context(cafile=str(ca_file))
     with socket.create_connection(("127.0.0.1", server.port)) as raw, \
