@@ -150,7 +150,7 @@ def mounted_certificates(template: Mapping[str, Any], namespace: str,
     wanted = {name for secret_namespace, name in secrets if secret_namespace == namespace}
     found: dict[tuple[str, str], set[str]] = {}
     for volume in (template.get("spec") or {}).get("volumes") or []:
-        sources = [volume.get("secret") or {}] if volume.get("secret") else []
+        sources = [volume["secret"]] if volume.get("secret") else []
         sources += [(source.get("secret") or {}) for source in (volume.get("projected") or {}).get("sources") or []
                     if source.get("secret")]
         for source in sources:

@@ -160,8 +160,9 @@ def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationK
         refused.update((node, "node not in the extender's cache") for node in args["NodeNameToMetaVictims"]
                        if node not in state.nodes)
         heats: list[NodeHeat | None] = list(state.heats(known)) if load_aware else [None] * len(known)
+        nominations = state.nominations()
         candidates = [(node, args["NodeNameToMetaVictims"][node], state.nodes[node], state.held_pods(node), heat,
-                       state.nominated_on(node)) for node, heat in zip(known, heats, strict=True)]
+                       nominations.get(node, [])) for node, heat in zip(known, heats, strict=True)]
     for node, victims, view, held, heat, nominated in candidates:
         uids = [victim["UID"] for victim in victims["Pods"]]
         answer = preemption_on(view, held, uids, demand, heat, state.load_config, now, load_aware, nominated)
