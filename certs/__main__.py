@@ -112,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from certs.cluster import (
         ForeignSecret,
-        certificates_digest,
         ensure_secret,
         inject_ca_bundle,
         read_ca_from_secret,
+        read_certificates,
         restart_deployment,
         restart_on_change,
     )
@@ -137,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "restart-on-change":
         try:
-            certificates_digest(api_client, secrets)  # every Secret is there, before anything restarts
+            held = read_certificates(api_client, secrets)  # every Secret is there, before anything restarts
         except LookupError as error:
             raise CliError(f"{error}; nothing was restarted") from None
         for deployment in restarts:
             try:
-                print(restart_on_change(api_client, *deployment, secrets, keys.certificates))
+                print(restart_on_change(api_client, *deployment, held, keys.certificates))
             except LookupError as error:
                 raise CliError(f"{error}; deployment {'/'.join(deployment)} not restarted") from None
         return 0

@@ -121,19 +121,30 @@ def restart_deployment(api_client: Any, namespace: str, name: str) -> str:
     return _roll(api_client, namespace, name, {}) or f"deployment {namespace}/{name}: restarted"
 
 
-def certificates_digest(api_client: Any, secrets: Sequence[tuple[str, str]],
+def read_certificates(api_client: Any, secrets: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
+    """The ``data`` of each Secret, read once per run. LookupError names a Secret that is missing
+    or holds neither ``tls.crt`` nor ``ca.crt`` (cert-manager has not issued it yet), before
+    anything restarts."""
+    core = client.CoreV1Api(api_client)
+    held = {}
+    for namespace, name in sorted(set(secrets)):
+        data = (_read_secret(core, namespace, name) or {}).get("data")
+        if not data or not any(data.get(key) for key in CERTIFICATE_FILES):
+            raise LookupError(f"secret {namespace}/{name} is missing or holds no {' or '.join(CERTIFICATE_FILES)}")
+        held[(namespace, name)] = data
+    return held
+
+
+def certificates_digest(held: Mapping[tuple[str, str], Mapping[str, str]],
                         mounted: Mapping[tuple[str, str], frozenset[str]] | None = None) -> str:
     """A short digest of the certificates the Secrets hold (``tls.crt``, ``ca.crt``; of a Secret in
     ``mounted``, only the certificate files named there): what a consumer that reads them only at
-    start was started with. LookupError names a Secret that is missing or holds none of them
-    (cert-manager has not issued it yet)."""
+    start was started with. LookupError names a Secret that holds none of the files mounted."""
     digest = hashlib.sha256()
-    core = client.CoreV1Api(api_client)
-    for namespace, name in sorted(set(secrets)):
+    for (namespace, name), data in sorted(held.items()):
         chosen = (mounted or {}).get((namespace, name))
         keys = [key for key in CERTIFICATE_FILES if chosen is None or key in chosen]
-        data = (_read_secret(core, namespace, name) or {}).get("data")
-        if not data or not any(data.get(key) for key in keys):
+        if not any(data.get(key) for key in keys):
             raise LookupError(f"secret {namespace}/{name} is missing or holds no {' or '.join(keys)}")
         for key in keys:
             digest.update(f"{namespace}/{name}/{key}:".encode() + base64.b64decode(data.get(key) or ""))
@@ -162,10 +173,11 @@ def mounted_certificates(template: Mapping[str, Any], namespace: str,
     return {secret: frozenset(keys) for secret, keys in found.items() if keys}
 
 
-def restart_on_change(api_client: Any, namespace: str, name: str, secrets: Sequence[tuple[str, str]],
-                      key: str) -> str:
+def restart_on_change(api_client: Any, namespace: str, name: str,
+                      held: Mapping[tuple[str, str], Mapping[str, str]], key: str) -> str:
     """Roll the Deployment when its Pod template does not record the digest of the certificates it
-    mounts from ``secrets`` under ``key`` (and record it); one line saying what was done.
+    mounts from the Secrets ``held`` (``read_certificates``) under ``key`` (and record it); one
+    line saying what was done.
 
     For certificates another tool renews (cert-manager), where no ``ensure`` knows when they
     change: run it on a schedule. kube-scheduler reads its extender ``tlsConfig`` files only at
@@ -179,7 +191,7 @@ def restart_on_change(api_client: Any, namespace: str, name: str, secrets: Seque
             return f"deployment {namespace}/{name}: not found, nothing to restart"
         raise
     template = (json.loads(deployment.data).get("spec") or {}).get("template") or {}
-    digest = certificates_digest(api_client, secrets, mounted_certificates(template, namespace, secrets))
+    digest = certificates_digest(held, mounted_certificates(template, namespace, list(held)))
     started_with = ((template.get("metadata") or {}).get("annotations") or {}).get(key)
     if started_with == digest:
         return f"deployment {namespace}/{name}: unchanged (certificates {digest})"

@@ -73,6 +73,15 @@ class NotLeader(Exception):
     """The lease was lost during the pass: no further writes."""
 
 
+@dataclass(frozen=True)
+class VpaListing:
+    """The VerticalPodAutoscalers as one pass listed them (none when their CRD is not installed),
+    or the error that stopped the list."""
+
+    items: list[dict[str, Any]]
+    error: ApiException | None = None
+
+
 @dataclass
 class Row:
     """One line of the pass report."""
@@ -173,7 +182,9 @@ class Reconciler:
         self._staleness("containers", [s.cpu for s in stats.values()])
         usage = self._usage_by_workload(workloads, stats)
         autoscalers = self._autoscalers()
-        vertical = self._vertical_autoscalers()
+        # Listed once per pass: compression and in-place resize both ask which workloads VPA sets.
+        vpas = self._list_vertical_autoscalers()
+        vertical = self._vertical_autoscalers(vpas)
         plans = [(workload, plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
                                              self.settings.compression_estimator(), self.settings.rescale_hpa,
                                              vertical.get(key)),
@@ -199,7 +210,7 @@ class Reconciler:
             proposed = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in plan.changes().items()}
             current[plan.key] |= written.get(plan.key) or (proposed if dry_run else {})
         self.metrics.report(self.metrics.ratio, "compression", ratios)
-        return rows + self.reconcile_resizes(dry_run, current)
+        return rows + self.reconcile_resizes(dry_run, current, vpas)
 
     def _usage_by_workload(self, workloads: dict[WorkloadKey, Any], stats: dict[Any, ResourceStats]
                            ) -> dict[WorkloadKey, dict[str, dict[str, UsageStats]]]:
@@ -222,15 +233,19 @@ class Reconciler:
             found[(target.get("kind", ""), hpa["metadata"]["namespace"], target.get("name", ""))] = hpa
         return found
 
-    def _vertical_autoscalers(self) -> dict[WorkloadKey, dict[str, str]]:
+    def _list_vertical_autoscalers(self) -> VpaListing:
+        try:
+            return VpaListing(self.cluster.vertical_autoscalers() or [])
+        except ApiException as error:
+            return VpaListing([], error)
+
+    def _vertical_autoscalers(self, vpas: VpaListing) -> dict[WorkloadKey, dict[str, str]]:
         """Workload -> resource -> the VerticalPodAutoscaler that sets those requests; empty (with
         a warning) when they cannot be read: the webhook still leaves what VPA set alone."""
-        try:
-            return vpa_controlled(self.cluster.vertical_autoscalers() or [])
-        except ApiException as error:
+        if vpas.error is not None:
             log.warning("cannot list VerticalPodAutoscalers (%s %s): workloads they manage are not told apart "
-                        "this pass", error.status, error.reason)
-            return {}
+                        "this pass", vpas.error.status, vpas.error.reason)
+        return vpa_controlled(vpas.items)
 
     def _write_workload(self, workload: dict[str, Any], plan: WorkloadPlan,
                         usage: dict[str, dict[str, UsageStats]]) -> dict[str, str] | None:
@@ -257,7 +272,7 @@ class Reconciler:
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
                 plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
                                         self.settings.compression_estimator(), self.settings.rescale_hpa,
-                                        self._vertical_autoscalers().get(plan.key))
+                                        self._vertical_autoscalers(self._list_vertical_autoscalers()).get(plan.key))
                 continue
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)
@@ -306,14 +321,19 @@ class Reconciler:
         return rows
 
     # -- in-place resize ---------------------------------------------------------------------
-    def reconcile_resizes(self, dry_run: bool, ratios: dict[WorkloadKey, dict[str, str]]) -> list[Row]:
+    def reconcile_resizes(self, dry_run: bool, ratios: dict[WorkloadKey, dict[str, str]],
+                          vpas: VpaListing | None = None) -> list[Row]:
         """Bring the running Pods of these workloads (key -> annotations after this pass) to their
-        ratios through ``pods/resize``, within the rate limits."""
+        ratios through ``pods/resize``, within the rate limits (``vpas``: as this pass listed them,
+        else listed here)."""
         if not self.settings.inplace_resize or not ratios:
             return []
         try:
             supported = self.cluster.supports_resize()
-            managed = vpa_managed(self.cluster.vertical_autoscalers() or [])
+            vpas = vpas or self._list_vertical_autoscalers()
+            if vpas.error is not None:  # resizing a Pod VPA also resizes would start a fight
+                raise vpas.error
+            managed = vpa_managed(vpas.items)
         except ApiException as error:
             log.warning("in-place resize skipped this pass: discovery failed (%s %s)", error.status, error.reason)
             return []

@@ -308,7 +308,9 @@ def test_certificates_another_tool_renews_restart_the_scheduler_once_per_change(
     recorded = template_annotations()
     digest = recorded["stke.platform/certificates"]
     assert recorded["kubectl.kubernetes.io/restartedAt"].endswith("Z")
+    kube_api.requests.clear()
     again = follow()
+    assert kube_api.count("GET", "secrets") == 2, "each Secret read once per run"
     assert again.stdout.splitlines() == [f"deployment oversale/oversale-scheduler: unchanged (certificates {digest})"]
     assert template_annotations() == recorded, "no second rollout for the same certificates"
     issued("scheduler-client", 31)  # renewed

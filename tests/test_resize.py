@@ -277,6 +277,28 @@ def test_workloads_a_vpa_resizes_are_left_alone(api, tmp_path, caplog):
     assert resize_calls(api) == 2
 
 
+def test_a_pass_lists_the_vpas_once_for_compression_and_resize(api, tmp_path):
+    # A cluster with thousands of VPAs pays for every list: compression and resize share one.
+    setup(api, {KEYS.enable_resource_compress: "y"})
+    api.put("verticalpodautoscalers", {"metadata": {"name": "web-vpa", "namespace": NS}, "spec": {
+        "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+        "resourcePolicy": {"containerPolicies": [{"containerName": "*", "controlledResources": ["memory"]}]},
+        "updatePolicy": {"updateMode": "InPlaceOrRecreate"}}})
+    rows = reconciler(api, tmp_path).run_pass()
+    assert api.count("GET", "verticalpodautoscalers") == 1
+    # VPA sets memory only: cpu gets a ratio, and the Pods VPA resizes are still left alone.
+    assert KEYS.cpu_requests_ratio in api.get("deployments", NS, "web")["metadata"]["annotations"]
+    assert resize_calls(api) == 0
+    assert any(r.object.startswith("Pod/") and "VerticalPodAutoscaler web-vpa" in r.reason for r in rows)
+
+    # A VPA list the API refuses: no resize at all this pass, and still a single list.
+    api.requests.clear()
+    api.unavailable.add("verticalpodautoscalers")
+    rows = reconciler(api, tmp_path).run_pass()
+    assert api.count("GET", "verticalpodautoscalers") == 1
+    assert resize_calls(api) == 0 and not any(r.object.startswith("Pod/") for r in rows)
+
+
 def test_clusters_without_the_vpa_crd_resize(api, tmp_path):
     api.absent.add("verticalpodautoscalers")
     setup(api, {}, pods=PODS[:1])
