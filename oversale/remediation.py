@@ -30,7 +30,7 @@ from oversale.node_fit import (
     replacement,
 )
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
-from oversale.pods import controller_of, is_mirror_or_static, qos_class
+from oversale.pods import condition_of, controller_of, is_mirror_or_static, qos_class
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount
 from oversale.timestamps import parse_timestamp
 from oversale.usage import LoadConfig, read_watermarks
@@ -65,6 +65,8 @@ class RemediationConfig:
     observations: int = 10
     """Consecutive hot observations before a node is remediated (a spike is not a trend)."""
     min_pod_age_seconds: float = 600.0
+    min_replicas: int = 1
+    """A Pod whose controller has fewer Ready Pods than this is not evicted (1: any may be)."""
     max_per_node: int = 1
     """Evictions per node per pass."""
     max_per_namespace: int = 2
@@ -114,8 +116,12 @@ def next_streak(streak: int, hot: bool) -> int:
     return streak + 1 if hot else 0
 
 
-def eviction_exclusion(pod: Mapping[str, Any], keys: AnnotationKeys, now: float, min_age_seconds: float) -> str | None:
-    """Why a Pod must not be evicted, or None: the descheduler's safety rules, plus an opt-out."""
+def eviction_exclusion(pod: Mapping[str, Any], keys: AnnotationKeys, now: float, min_age_seconds: float,
+                       ready_replicas: int | None = None, min_replicas: int = 1) -> str | None:
+    """Why a Pod must not be evicted, or None: the descheduler's safety rules, plus an opt-out.
+
+    ``ready_replicas`` is how many Ready Pods its controller has now (itself included); with
+    ``min_replicas`` above 1, fewer keep it, as the descheduler's DefaultEvictor ``minReplicas``."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -148,6 +154,12 @@ def eviction_exclusion(pod: Mapping[str, Any], keys: AnnotationKeys, now: float,
     if owner[0] == "Job" and allowed is not True:
         return (f"Job Pod (its replacement starts the work over, and the eviction counts against the Job's "
                 f"backoffLimit; {keys.evictable}: y allows it)")
+    # Evicting a workload's last Ready replica is an outage until its replacement is Ready. The
+    # Eviction API prevents that only where a PodDisruptionBudget says so, and single-replica
+    # workloads seldom have one.
+    if min_replicas > 1 and ready_replicas is not None and ready_replicas < min_replicas and allowed is not True:
+        return (f"{ready_replicas} Ready replica(s) of {owner[0]}/{owner[1]}, fewer than the {min_replicas} "
+                f"remediation needs to move one ({keys.evictable}: y allows it)")
     if spec.get("priorityClassName") in CRITICAL_PRIORITY_CLASSES or \
             int(spec.get("priority") or 0) >= SYSTEM_CRITICAL_PRIORITY:
         return f"critical priority ({spec.get('priorityClassName') or spec.get('priority')})"
@@ -158,6 +170,23 @@ def eviction_exclusion(pod: Mapping[str, Any], keys: AnnotationKeys, now: float,
     if started is not None and now - started < min_age_seconds:
         return f"started {now - started:.0f}s ago (minimum age {min_age_seconds:.0f}s)"
     return None
+
+
+def serving_replica_of(pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(namespace, kind, name) of the controller of a Pod that serves now (Running, Ready, not
+    being deleted: what a PodDisruptionBudget counts as healthy), or None for any other Pod.
+
+    >>> serving_replica_of({"metadata": {"namespace": "shop", "ownerReferences": [
+    ...     {"kind": "ReplicaSet", "name": "web-5d8f9", "controller": True}]},
+    ...     "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    ('shop', 'ReplicaSet', 'web-5d8f9')
+    """
+    metadata = pod.get("metadata") or {}
+    owner = controller_of(metadata)
+    if owner is None or metadata.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") != "Running" \
+            or condition_of(pod, "Ready") is None:
+        return None
+    return str(metadata.get("namespace", "")), *owner
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,11 @@ class Settings:
     eviction_min_pod_age_seconds: float = field(default=600.0, metadata=_env("OVERSALE_EVICTION_MIN_POD_AGE"))
     """Pods younger than this are not evicted."""
 
+    eviction_min_replicas: int = field(default=1, metadata=_env("OVERSALE_EVICTION_MIN_REPLICAS"))
+    """A Pod whose controller has fewer Ready Pods than this is not evicted (the descheduler's
+    ``minReplicas``; 1, the default, as the descheduler's: any may be, a PodDisruptionBudget
+    still holds). 2 keeps every single-replica workload where it is."""
+
     evictions_per_node: int = field(default=1, metadata=_env("OVERSALE_EVICTIONS_PER_NODE"))
     """Evictions from one node per pass at most."""
 
@@ -398,6 +403,7 @@ class Settings:
             watermarks=RuntimeWatermarks(self.cpu_runtime_watermark, self.memory_runtime_watermark),
             observations=self.hot_observations,
             min_pod_age_seconds=self.eviction_min_pod_age_seconds,
+            min_replicas=self.eviction_min_replicas,
             max_per_node=self.evictions_per_node,
             max_per_namespace=self.evictions_per_namespace,
             max_per_pass=self.evictions_per_pass,
@@ -658,6 +664,7 @@ _PARSERS: dict[str, Any] = {
     "memory_runtime_watermark": lambda text: _watermark(text),
     "hot_observations": _positive_int,
     "eviction_min_pod_age_seconds": lambda text: _duration(text, allow_zero=True),
+    "eviction_min_replicas": _positive_int,
     "evictions_per_node": _positive_int,
     "evictions_per_namespace": _positive_int,
     "evictions_per_pass": _positive_int,

@@ -24,7 +24,7 @@ from kube.client import one_line
 from kube.metrics_api import MetricsAPI
 from oversale.node_fit import Neighbours, VolumeAffinity, claim_names, placed_pod, replacement, volume_affinity
 from oversale.placement import NodeHeat, NodeUsage, held_reservations, node_view, pod_demand
-from oversale.pods import scheduled_request
+from oversale.pods import controller_of, scheduled_request
 from oversale.quantity import RESOURCES, format_amount
 from oversale.remediation import (
     HOT_TAINT_EFFECT,
@@ -38,6 +38,7 @@ from oversale.remediation import (
     next_streak,
     plan_moves,
     runtime_watermarks_for,
+    serving_replica_of,
     with_hot_taint,
 )
 from oversale.settings import Settings
@@ -91,7 +92,10 @@ class Remediator:
             # what each node's Pods request summed as the list streams by.
             by_node: dict[str, list[bytes]] = {}
             sums: dict[str, dict[str, int]] = {}
+            ready: dict[tuple[str, str, str], int] = {}
             for pod in self.cluster.running_pods():
+                if (serving := serving_replica_of(pod)) is not None:
+                    ready[serving] = ready.get(serving, 0) + 1
                 node_name = (pod.get("spec") or {}).get("nodeName")
                 if node_name:
                     by_node.setdefault(node_name, []).append(packed(pod))
@@ -184,7 +188,10 @@ class Remediator:
                 candidates = []
                 for pod in map(unpacked, by_node.get(name, [])):
                     pod_name = f"{pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
-                    excluded = eviction_exclusion(pod, self.keys, now, self.config.min_pod_age_seconds)
+                    owner = controller_of(pod["metadata"])
+                    replicas = ready.get((pod["metadata"].get("namespace", ""), *owner), 0) if owner else None
+                    excluded = eviction_exclusion(pod, self.keys, now, self.config.min_pod_age_seconds, replicas,
+                                                  self.config.min_replicas)
                     usage = pod_usage.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
                     if excluded is None and usage is None:
                         excluded = "no PodMetrics (its usage is unknown)"

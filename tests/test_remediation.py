@@ -4,6 +4,7 @@ PodDisruptionBudgets as the API server does)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -40,6 +41,7 @@ from oversale.remediation import (
     hot_taint_expired,
     next_streak,
     plan_moves,
+    serving_replica_of,
     with_hot_taint,
 )
 from oversale.remediation import candidate as candidate_of
@@ -100,6 +102,26 @@ def test_annotations_opt_out_or_allow_local_storage():
     mirror = pod()
     mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
     assert eviction_exclusion(mirror, KEYS, NOW, 600) == "static Pod"
+
+
+def test_a_workload_below_the_minimum_of_ready_replicas_keeps_its_pod():
+    # The default, as the descheduler's: the only replica may move (a PDB would still hold it).
+    assert eviction_exclusion(pod(), KEYS, NOW, 600, ready_replicas=1) is None
+    assert eviction_exclusion(pod(), KEYS, NOW, 600, ready_replicas=1, min_replicas=2) == (
+        f"1 Ready replica(s) of ReplicaSet/web-5d8f9, fewer than the 2 remediation needs to move one "
+        f"({KEYS.evictable}: y allows it)")
+    assert eviction_exclusion(pod(), KEYS, NOW, 600, ready_replicas=2, min_replicas=2) is None
+    allowed = pod()
+    allowed["metadata"]["annotations"] = {KEYS.evictable: "y"}
+    assert eviction_exclusion(allowed, KEYS, NOW, 600, ready_replicas=1, min_replicas=2) is None
+    # Only Running, Ready Pods not being deleted serve; they count per controller.
+    ready = {**pod(), "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    assert serving_replica_of(ready) == ("shop", "ReplicaSet", "web-5d8f9")
+    assert serving_replica_of(pod()) is None, "no Ready condition"
+    leaving = copy.deepcopy(ready)
+    leaving["metadata"]["deletionTimestamp"] = LONG_AGO
+    assert serving_replica_of(leaving) is None
+    assert serving_replica_of({**ready, "metadata": {"name": "bare", "namespace": "shop"}}) is None
 
 
 @pytest.mark.parametrize(("key", "kept", "not_kept"), [
@@ -411,6 +433,25 @@ def test_a_pod_marked_safe_to_evict_false_stays_and_the_next_candidate_moves(api
     assert evictions(api) == 1
     (moved,) = [r for r in rows if r.written]
     assert moved.object == "Pod/shop/api-6f7c8-fghij"
+
+
+def test_with_a_minimum_of_two_ready_replicas_a_single_replica_stays_and_a_replicated_pod_moves(api):
+    def ready(obj: dict[str, Any]) -> dict[str, Any]:
+        obj["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        return obj
+
+    for name in ("web-5d8f9-abcde", "api-6f7c8-fghij"):
+        api.put("pods", ready(api.get("pods", "shop", name)))
+    other = ready(pod("api-6f7c8-klmno", owner=("ReplicaSet", "api-6f7c8")))
+    other["spec"]["nodeName"] = "node-cool"
+    api.put("pods", other)
+    settings = dataclasses.replace(SETTINGS, hot_observations=1, eviction_min_replicas=2)
+    rows = remediator(api, settings).run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None, "its only replica: an eviction is an outage"
+    assert ("Pod/shop/web-5d8f9-abcde", "kept: 1 Ready replica(s) of ReplicaSet/web-5d8f9, fewer than the 2 "
+            f"remediation needs to move one ({KEYS.evictable}: y allows it)") in {(r.object, r.reason) for r in rows}
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "another replica serves on node-cool"
+    assert evictions(api) == 1
 
 
 def test_a_pod_is_not_evicted_toward_a_node_its_replacement_could_not_run_on(api):
