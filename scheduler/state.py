@@ -77,8 +77,8 @@ class PodFacts:
     record: PodRecord | None
     """What it holds on its node, ``bound_at`` its PodScheduled time; None while not bound."""
     nominated: PodRecord | None = None
-    """Not bound, but nominated to a node by a preemption (``status.nominatedNodeName``): the
-    room it will take there."""
+    """Not bound, but nominated to a node (``status.nominatedNodeName``: by a preemption, or for a
+    binding cycle that takes time): the room it will take there."""
 
 
 @dataclass
@@ -115,7 +115,8 @@ class ClusterState:
     _in_metrics: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, name) of the Pods in the last PodMetrics list."""
     _nominated: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
-    """Per node, the Pods nominated to it by a preemption, waiting for their victims to leave."""
+    """Per node, the Pods nominated to it (``status.nominatedNodeName``): by a preemption, waiting
+    for their victims to leave, or for a binding cycle that takes time (KEP-5278)."""
     _settling: dict[str, PodRecord] = field(default_factory=dict)
     """Pods bound within the settle time: the few whose estimates may still count."""
     _pending: dict[str, dict[str, float]] | None = None
@@ -215,12 +216,22 @@ class ClusterState:
                 del self._nominated[node]
 
     def nominations(self) -> dict[str, list[PodDemand]]:
-        """Per node, the Pods nominated to it, waiting for a preemption's victims to leave (a
-        snapshot; empty, and cheap, when no preemption is under way)."""
+        """Per node, the Pods nominated to it, waiting for a preemption's victims to leave or for
+        their binding cycle (a snapshot; empty, and cheap, when none is).
+
+        Since Kubernetes 1.35 (KEP-5278) kube-scheduler also nominates a Pod at the start of a
+        binding cycle whose PreBind takes time, and the API server clears the nomination only at
+        the bind: a Pod this extender is binding holds its room as a reservation, and is left out
+        here so that it is not counted twice until the watch shows it bound."""
         if not self._nominated:  # the filter's hot path: no lock taken in the common case
             return {}
         with self._lock:
-            return {node: [record.demand for record in pods.values()] for node, pods in self._nominated.items()}
+            found: dict[str, list[PodDemand]] = {}
+            for node, pods in self._nominated.items():
+                waiting = [record.demand for uid, record in pods.items() if uid not in self._reserved]
+                if waiting:
+                    found[node] = waiting
+            return found
 
     def nominated_on(self, node: str) -> list[PodDemand]:
         return self.nominations().get(node, [])

@@ -353,6 +353,25 @@ def test_room_freed_by_a_preemption_is_kept_for_the_preemptor(cluster):
     wait_for(lambda: extender.post("filter", {"Pod": low, "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
 
 
+def test_a_pod_nominated_for_its_binding_cycle_is_counted_once_while_the_extender_binds_it(cluster):
+    api, extender = cluster
+    # Since Kubernetes 1.35 (KEP-5278) kube-scheduler sets nominatedNodeName at the start of a
+    # binding cycle whose PreBind takes time (volumes to provision), and the API server clears it
+    # at the bind. node-0 has 24 oversold cores: base and vol take 16, so one more 8-core Pod fits.
+    api.put("pods", bound_pod("base", "8", "node-0"))
+    api.put("pods", prioritised(pod("vol", "8"), 0, nominated="node-0"))
+    nine, eight = pod("nine", "9"), pod("next", "8")
+    wait_for(lambda: extender.post("filter", {"Pod": nine, "NodeNames": ["node-0"]})["FailedNodes"])
+    assert extender.post("filter", {"Pod": eight, "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"]
+    with api.watches_paused():  # the bind is done; the watch has not shown it yet
+        answer = extender.post("bind", {"PodName": "vol", "PodNamespace": "default", "PodUID": "uid-vol",
+                                        "Node": "node-0"})
+        assert answer == {"Error": ""}
+        # vol now holds its room as a bind in flight: its nomination must not hold it again.
+        assert extender.post("filter", {"Pod": eight, "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"]
+        assert extender.post("filter", {"Pod": nine, "NodeNames": ["node-0"]})["FailedNodes"]
+
+
 @pytest.mark.shared
 def test_prioritize_scores_every_node_sent_by_its_strategy(cluster):
     api, extender = cluster
