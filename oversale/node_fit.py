@@ -14,6 +14,11 @@ a term that requires nothing matches no node; ``Gt``/``Lt`` compare integers; on
 PersistentVolume's ``nodeAffinity.required`` matches the node's labels (a zonal disk in its zone,
 a local volume on its one node). Anything malformed admits no node, the safe side: a Pod that
 cannot be placed is not moved.
+
+What a Pod takes of a node besides cpu and memory (a Pod slot, ``ephemeral-storage``,
+``hugepages-*``, extended resources such as ``nvidia.com/gpu``) is checked as kube-scheduler's
+NodeResourcesFit checks it, against the node's allocatable less what its Pods take: cpu and memory
+are the extender's to judge, on the oversold allocatable.
 """
 
 from __future__ import annotations
@@ -23,8 +28,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from oversale.errors import QuantityError
+from oversale.pods import all_containers, scheduled_request
+from oversale.quantity import CPU, MEMORY, format_bytes, parse_bytes
+
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 """``PreferNoSchedule`` only lowers a node's score; these two keep a Pod that does not tolerate them off."""
+POD_SLOTS = "pods"
+"""The allocatable count of Pods a node runs (the kubelet's ``maxPods``): every Pod takes one."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,8 @@ class NodeConstraints:
     spread: tuple[SpreadConstraint, ...] = ()
     unreadable: str = ""
     """Why part of its spec cannot be read (no node admits it then), or ""."""
+    resources: Mapping[str, int] = field(default_factory=dict)
+    """What it takes of a node besides cpu and memory (:func:`other_requests`)."""
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:
@@ -148,7 +161,61 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         pod_anti_affinity=pod_anti_affinity or (),
         spread=spread or (),
         unreadable=unreadable,
+        resources=other_requests(pod),
     )
+
+
+def other_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """What a Pod takes of its node besides cpu and memory, as kube-scheduler's NodeResourcesFit
+    counts it: one of the node's Pod slots, and each other resource it requests, sidecar-aware and
+    with its RuntimeClass overhead, as cpu and memory are counted (a limit alone is its request).
+
+    >>> other_requests({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    {'pods': 1, 'nvidia.com/gpu': 1}
+    """
+    spec = pod.get("spec") or {}
+    names: set[str] = set(spec.get("overhead") or {})
+    for unit in [*all_containers(pod), spec]:  # spec: pod-level resources
+        resources = unit.get("resources") or {}
+        for kind in ("requests", "limits"):
+            names.update(resources.get(kind) or {})
+    taken = {POD_SLOTS: 1}
+    for name in sorted(names - {CPU, MEMORY, POD_SLOTS}):
+        if amount := scheduled_request(pod, name):
+            taken[name] = amount
+    return taken
+
+
+def free_resources(allocatable: Mapping[str, Any], taken: Mapping[str, int]) -> dict[str, int]:
+    """What a node has left of each resource besides cpu and memory: its ``status.allocatable``
+    less what its Pods take (the sums of :func:`other_requests`). One it does not state, or states
+    unreadably, it has none of.
+
+    >>> free_resources({"cpu": "8", "pods": "110", "nvidia.com/gpu": "2"}, {"pods": 12, "nvidia.com/gpu": 2})
+    {'pods': 98, 'nvidia.com/gpu': 0}
+    """
+    free = {}
+    for name, text in allocatable.items():
+        if name in (CPU, MEMORY):
+            continue
+        try:
+            free[name] = parse_bytes(str(text)) - taken.get(name, 0)
+        except QuantityError:
+            continue
+    return free
+
+
+def resources_problem(requests: Mapping[str, int], free: Mapping[str, int], node: str) -> str | None:
+    """None when the node has room for all the Pod takes besides cpu and memory, else why not.
+
+    >>> resources_problem({"pods": 1, "nvidia.com/gpu": 1}, {"pods": 30}, "node-b")
+    'nvidia.com/gpu: 1 requested, 0 free on node-b'
+    """
+    for name, amount in sorted(requests.items()):
+        left = free.get(name, 0)
+        if amount > left:
+            return f"{name}: {format_bytes(amount)} requested, {format_bytes(max(left, 0))} free on {node}"
+    return None
 
 
 def constraint_problem(constraints: NodeConstraints, node: str, labels: Mapping[str, str],

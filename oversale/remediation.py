@@ -28,6 +28,7 @@ from oversale.node_fit import (
     constraint_problem,
     node_constraints,
     replacement,
+    resources_problem,
 )
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.pods import condition_of, controller_of, is_mirror_or_static, qos_class
@@ -163,6 +164,10 @@ def eviction_exclusion(pod: Mapping[str, Any], keys: AnnotationKeys, now: float,
     if spec.get("priorityClassName") in CRITICAL_PRIORITY_CLASSES or \
             int(spec.get("priority") or 0) >= SYSTEM_CRITICAL_PRIORITY:
         return f"critical priority ({spec.get('priorityClassName') or spec.get('priority')})"
+    # A claim's devices are allocated from ResourceSlices this remediator does not read: it cannot
+    # tell whether any other node has them free, and a replacement without them waits Pending.
+    if spec.get("resourceClaims") and allowed is not True:
+        return f"DRA resource claims (no other node is known to have their devices; {keys.evictable}: y allows it)"
     local = [v.get("name") for v in spec.get("volumes") or [] if "emptyDir" in v or "hostPath" in v]
     if local and allowed is not True:
         return f"local storage ({', '.join(map(str, local))}; {keys.evictable}: y allows it)"
@@ -230,6 +235,9 @@ class Target:
     heat: NodeHeat | None
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Any, ...] = ()
+    free: Mapping[str, int] | None = None
+    """What it has left besides cpu and memory (``oversale.node_fit.free_resources``; None: not
+    known, as for the replay's nodes, whose Pods take nothing else)."""
 
     def taking(self, moved: Candidate) -> Target:
         """This node after a Pod moved here (its requests taken, its usage pending in the load)."""
@@ -238,7 +246,11 @@ class Target:
         if heat is not None:
             pending = {r: heat.pending.get(r, 0.0) + moved.usage.get(r, 0.0) for r in RESOURCES}
             heat = replace(heat, pending=pending)
-        return replace(self, usage=NodeUsage(shared, set(self.usage.bound_cpus), self.usage.bound_memory), heat=heat)
+        free = self.free
+        if free is not None:
+            free = {**free, **{r: free.get(r, 0) - amount for r, amount in moved.constraints.resources.items()}}
+        return replace(self, usage=NodeUsage(shared, set(self.usage.bound_cpus), self.usage.bound_memory), heat=heat,
+                       free=free)
 
 
 @dataclass(frozen=True)
@@ -264,6 +276,8 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
     best, best_score, reasons = None, -1, []
     for index, target in enumerate(targets):
         why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints, neighbours)
+               or (resources_problem(pod.constraints.resources, target.free, target.view.name)
+                   if target.free is not None else None)
                or shortfall(target.view, target.usage, pod.demand))
         if why is None and target.heat is not None:
             with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)

@@ -22,7 +22,16 @@ from kubernetes.client.exceptions import ApiException
 
 from kube.client import one_line
 from kube.metrics_api import MetricsAPI
-from oversale.node_fit import Neighbours, VolumeAffinity, claim_names, placed_pod, replacement, volume_affinity
+from oversale.node_fit import (
+    Neighbours,
+    VolumeAffinity,
+    claim_names,
+    free_resources,
+    other_requests,
+    placed_pod,
+    replacement,
+    volume_affinity,
+)
 from oversale.placement import NodeHeat, NodeUsage, held_reservations, node_view, pod_demand
 from oversale.pods import controller_of, scheduled_request
 from oversale.quantity import RESOURCES, format_amount
@@ -92,6 +101,7 @@ class Remediator:
             # what each node's Pods request summed as the list streams by.
             by_node: dict[str, list[bytes]] = {}
             sums: dict[str, dict[str, int]] = {}
+            others: dict[str, dict[str, int]] = {}
             ready: dict[tuple[str, str, str], int] = {}
             for pod in self.cluster.running_pods():
                 if (serving := serving_replica_of(pod)) is not None:
@@ -102,6 +112,9 @@ class Remediator:
                     summed = sums.setdefault(node_name, dict.fromkeys(RESOURCES, 0))
                     for resource in RESOURCES:
                         summed[resource] += scheduled_request(pod, resource)
+                    taken = others.setdefault(node_name, {})
+                    for resource, amount in other_requests(pod).items():
+                        taken[resource] = taken.get(resource, 0) + amount
         except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
             # No usage, no evictions: a metrics outage must never move Pods.
             log.warning("remediation pass skipped: cannot read usage or the cluster (%s)",
@@ -132,7 +145,9 @@ class Remediator:
         for node in filter(_schedulable, nodes):
             name = node["metadata"]["name"]
             targets[name] = Target(views[name], requested[name], heats.get(name), node["metadata"].get("labels") or {},
-                                   tuple((node.get("spec") or {}).get("taints") or ()))
+                                   tuple((node.get("spec") or {}).get("taints") or ()),
+                                   free_resources((node.get("status") or {}).get("allocatable") or {},
+                                                  others.get(name, {})))
 
         if not dry_run:
             self._drop_spent_reservations(views, by_node, now)

@@ -81,6 +81,7 @@ def pod(name: str = "web-5d8f9-abcde", owner: tuple[str, str] | None = ("Replica
     (pod(volumes=[{"name": "cache", "emptyDir": {}}]), "local storage (cache"),
     (pod(volumes=[{"name": "logs", "hostPath": {"path": "/var/log"}}]), "local storage (logs"),
     (pod(started="2027-01-15T07:55:00Z"), "minimum age"),
+    (pod(resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]), "DRA resource claims"),
 ])
 def test_every_exclusion_rule_keeps_the_pod(changed, reason):
     assert eviction_exclusion(pod(), KEYS, NOW, 600) is None
@@ -433,6 +434,37 @@ def test_a_pod_marked_safe_to_evict_false_stays_and_the_next_candidate_moves(api
     assert evictions(api) == 1
     (moved,) = [r for r in rows if r.written]
     assert moved.object == "Pod/shop/api-6f7c8-fghij"
+
+
+def test_a_pod_is_not_evicted_toward_a_node_without_the_gpus_or_pod_slots_it_takes(api):
+    # kube-scheduler's NodeResourcesFit holds the replacement to every resource it requests: a
+    # GPU Pod sent to node-cool, which has none, would wait Pending.
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    api.put("pods", web)
+    settings = dataclasses.replace(SETTINGS, hot_observations=1)
+    rows = remediator(api, settings).run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
+    assert ("Pod/shop/web-5d8f9-abcde", "not moved: no node can take it (nvidia.com/gpu: 1 requested, 0 free on "
+            "node-cool)") in {(r.object, r.reason) for r in rows}
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "api takes no GPU: it moves instead"
+
+    # node-cool with the GPU, but every Pod slot taken: no move at all.
+    cool = api.get("nodes", "", "node-cool")
+    cool["status"]["allocatable"]["nvidia.com/gpu"] = "1"
+    cool["status"]["allocatable"]["pods"] = "1"
+    api.put("nodes", cool)
+    other = pod("batch-7c9d-xyzab", owner=("ReplicaSet", "batch-7c9d"))
+    other["spec"]["nodeName"] = "node-cool"
+    api.put("pods", other)
+    rows = remediator(api, settings).run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
+    assert ("Pod/shop/web-5d8f9-abcde", "not moved: no node can take it (pods: 1 requested, 0 free on node-cool)") \
+        in {(r.object, r.reason) for r in rows}
+    cool["status"]["allocatable"]["pods"] = "110"
+    api.put("nodes", cool)
+    rows = remediator(api, settings).run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is None, "room for it now: it moves"
 
 
 def test_with_a_minimum_of_two_ready_replicas_a_single_replica_stays_and_a_replicated_pod_moves(api):
