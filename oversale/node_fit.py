@@ -18,24 +18,28 @@ cannot be placed is not moved.
 What a Pod takes of a node besides cpu and memory (a Pod slot, ``ephemeral-storage``,
 ``hugepages-*``, extended resources such as ``nvidia.com/gpu``) is checked as kube-scheduler's
 NodeResourcesFit checks it, against the node's allocatable less what its Pods take: cpu and memory
-are the extender's to judge, on the oversold allocatable.
+are the extender's to judge, on the oversold allocatable. Its host ports are checked as the
+NodePorts filter checks them, against those the node's Pods bind.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from oversale.errors import QuantityError
-from oversale.pods import all_containers, scheduled_request
+from oversale.pods import all_containers, is_sidecar, scheduled_request
 from oversale.quantity import CPU, MEMORY, format_bytes, parse_bytes
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 """``PreferNoSchedule`` only lowers a node's score; these two keep a Pod that does not tolerate them off."""
 POD_SLOTS = "pods"
 """The allocatable count of Pods a node runs (the kubelet's ``maxPods``): every Pod takes one."""
+ANY_IP = "0.0.0.0"
+HostPort = tuple[str, str, int]
+"""(host IP, protocol, port) a container binds on its node."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class NodeConstraints:
     """Why part of its spec cannot be read (no node admits it then), or ""."""
     resources: Mapping[str, int] = field(default_factory=dict)
     """What it takes of a node besides cpu and memory (:func:`other_requests`)."""
+    host_ports: tuple[HostPort, ...] = ()
+    """The host ports it binds (:func:`host_ports`)."""
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:
@@ -162,7 +168,46 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         spread=spread or (),
         unreadable=unreadable,
         resources=other_requests(pod),
+        host_ports=host_ports(pod),
     )
+
+
+def host_ports(pod: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    """The host ports a Pod binds on its node, as kube-scheduler's NodePorts filter reads them: of
+    its app containers and, since kubernetes/kubernetes#132040, its sidecars (an IP left empty is
+    every address, a protocol left empty TCP). The API server sets ``hostPort`` to the
+    ``containerPort`` of a Pod on the host network, so those count too.
+
+    >>> web = {"ports": [{"containerPort": 80, "hostPort": 8080}, {"containerPort": 9090}]}
+    >>> host_ports({"spec": {"containers": [web]}})
+    (('0.0.0.0', 'TCP', 8080),)
+    """
+    spec = pod.get("spec") or {}
+    containers = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping) and is_sidecar(c)]
+    containers += [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
+    found = []
+    for container in containers:
+        for port in container.get("ports") or []:
+            number = port.get("hostPort") if isinstance(port, Mapping) else None
+            if isinstance(number, int) and number > 0:
+                found.append((str(port.get("hostIP") or ANY_IP), str(port.get("protocol") or "TCP"), number))
+    return tuple(found)
+
+
+def ports_problem(wanted: Sequence[HostPort], used: Collection[HostPort], node: str) -> str | None:
+    """None when none of the ports the Pod binds is taken on the node, else which one is. Ports
+    clash when protocol and number are the same and either binds every address or both the same
+    one (kube-scheduler's ``HostPortInfo.CheckConflict``).
+
+    >>> ports_problem([("0.0.0.0", "TCP", 8080)], {("10.0.0.5", "TCP", 8080)}, "node-b")
+    'host port 8080/TCP is taken on node-b'
+    >>> ports_problem([("10.0.0.6", "TCP", 8080)], {("10.0.0.5", "TCP", 8080), ("0.0.0.0", "UDP", 8080)}, "node-b")
+    """
+    for ip, protocol, number in wanted:
+        for used_ip, used_protocol, used_number in used:
+            if (used_protocol, used_number) == (protocol, number) and (ip == used_ip or ANY_IP in (ip, used_ip)):
+                return f"host port {number}/{protocol} is taken on {node}"
+    return None
 
 
 def other_requests(pod: Mapping[str, Any]) -> dict[str, int]:

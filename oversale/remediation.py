@@ -22,11 +22,13 @@ from typing import Any
 from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
 from oversale.errors import InvalidAnnotation
 from oversale.node_fit import (
+    HostPort,
     Neighbours,
     NodeConstraints,
     VolumeAffinity,
     constraint_problem,
     node_constraints,
+    ports_problem,
     replacement,
     resources_problem,
 )
@@ -238,6 +240,8 @@ class Target:
     free: Mapping[str, int] | None = None
     """What it has left besides cpu and memory (``oversale.node_fit.free_resources``; None: not
     known, as for the replay's nodes, whose Pods take nothing else)."""
+    ports: frozenset[HostPort] | None = None
+    """The host ports its Pods bind (None: not known, as for the replay's nodes)."""
 
     def taking(self, moved: Candidate) -> Target:
         """This node after a Pod moved here (its requests taken, its usage pending in the load)."""
@@ -249,8 +253,9 @@ class Target:
         free = self.free
         if free is not None:
             free = {**free, **{r: free.get(r, 0) - amount for r, amount in moved.constraints.resources.items()}}
+        ports = self.ports | frozenset(moved.constraints.host_ports) if self.ports is not None else None
         return replace(self, usage=NodeUsage(shared, set(self.usage.bound_cpus), self.usage.bound_memory), heat=heat,
-                       free=free)
+                       free=free, ports=ports)
 
 
 @dataclass(frozen=True)
@@ -278,6 +283,8 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
         why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints, neighbours)
                or (resources_problem(pod.constraints.resources, target.free, target.view.name)
                    if target.free is not None else None)
+               or (ports_problem(pod.constraints.host_ports, target.ports, target.view.name)
+                   if target.ports is not None else None)
                or shortfall(target.view, target.usage, pod.demand))
         if why is None and target.heat is not None:
             with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)

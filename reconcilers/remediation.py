@@ -23,10 +23,12 @@ from kubernetes.client.exceptions import ApiException
 from kube.client import one_line
 from kube.metrics_api import MetricsAPI
 from oversale.node_fit import (
+    HostPort,
     Neighbours,
     VolumeAffinity,
     claim_names,
     free_resources,
+    host_ports,
     other_requests,
     placed_pod,
     replacement,
@@ -102,6 +104,7 @@ class Remediator:
             by_node: dict[str, list[bytes]] = {}
             sums: dict[str, dict[str, int]] = {}
             others: dict[str, dict[str, int]] = {}
+            ports: dict[str, set[HostPort]] = {}
             ready: dict[tuple[str, str, str], int] = {}
             for pod in self.cluster.running_pods():
                 if (serving := serving_replica_of(pod)) is not None:
@@ -115,6 +118,7 @@ class Remediator:
                     taken = others.setdefault(node_name, {})
                     for resource, amount in other_requests(pod).items():
                         taken[resource] = taken.get(resource, 0) + amount
+                    ports.setdefault(node_name, set()).update(host_ports(pod))
         except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
             # No usage, no evictions: a metrics outage must never move Pods.
             log.warning("remediation pass skipped: cannot read usage or the cluster (%s)",
@@ -147,7 +151,8 @@ class Remediator:
             targets[name] = Target(views[name], requested[name], heats.get(name), node["metadata"].get("labels") or {},
                                    tuple((node.get("spec") or {}).get("taints") or ()),
                                    free_resources((node.get("status") or {}).get("allocatable") or {},
-                                                  others.get(name, {})))
+                                                  others.get(name, {})),
+                                   frozenset(ports.get(name, ())))
 
         if not dry_run:
             self._drop_spent_reservations(views, by_node, now)

@@ -15,9 +15,11 @@ from oversale.node_fit import (
     claim_names,
     constraint_problem,
     free_resources,
+    host_ports,
     node_constraints,
     other_requests,
     placed_pod,
+    ports_problem,
     replacement,
     resources_problem,
     volume_affinity,
@@ -411,3 +413,24 @@ def test_what_a_pod_takes_besides_cpu_and_memory_is_counted_as_node_resources_fi
     assert resources_problem(requests, roomy, NODE) == f"nvidia.com/gpu: 2 requested, 1 free on {NODE}"
     assert resources_problem(requests, {**roomy, "nvidia.com/gpu": 2, "hugepages-2Mi": 0}, NODE) == \
         f"hugepages-2Mi: 512Mi requested, 0 free on {NODE}"
+
+
+def test_host_ports_clash_as_the_node_ports_filter_judges_them():
+    proxy = {"spec": {
+        "initContainers": [
+            {"name": "setup", "ports": [{"containerPort": 1, "hostPort": 7000}]},  # runs before: binds nothing after
+            {"name": "mesh", "restartPolicy": "Always", "ports": [{"containerPort": 15001, "hostPort": 15001}]}],
+        "containers": [{"name": "dns", "ports": [
+            {"containerPort": 53, "hostPort": 53, "protocol": "UDP"},
+            {"containerPort": 8080, "hostPort": 8080, "hostIP": "10.0.0.5"},
+            {"containerPort": 9090}]}]}}
+    wanted = host_ports(proxy)
+    assert wanted == (("0.0.0.0", "TCP", 15001), ("0.0.0.0", "UDP", 53), ("10.0.0.5", "TCP", 8080))
+    assert node_constraints(proxy).host_ports == wanted
+    assert ports_problem(wanted, set(), NODE) is None
+    # Another address, or another protocol, is no clash; every address, or the same one, is.
+    assert ports_problem(wanted, {("10.0.0.6", "TCP", 8080), ("0.0.0.0", "TCP", 53)}, NODE) is None
+    assert ports_problem(wanted, {("0.0.0.0", "TCP", 8080)}, NODE) == f"host port 8080/TCP is taken on {NODE}"
+    assert ports_problem(wanted, {("10.0.0.5", "TCP", 8080)}, NODE) == f"host port 8080/TCP is taken on {NODE}"
+    assert ports_problem(wanted, {("10.0.0.7", "UDP", 53)}, NODE) == f"host port 53/UDP is taken on {NODE}"
+    assert ports_problem(wanted, {("10.0.0.7", "TCP", 15001)}, NODE) == f"host port 15001/TCP is taken on {NODE}"

@@ -467,6 +467,22 @@ def test_a_pod_is_not_evicted_toward_a_node_without_the_gpus_or_pod_slots_it_tak
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None, "room for it now: it moves"
 
 
+def test_a_pod_is_not_evicted_toward_a_node_where_its_host_port_is_taken(api):
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 8080}]
+    api.put("pods", web)
+    exporter = pod("exporter-5c4d-qwert", owner=("ReplicaSet", "exporter-5c4d"))
+    exporter["spec"]["nodeName"] = "node-cool"
+    exporter["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 8080, "hostIP": "10.0.0.9"}]
+    api.put("pods", exporter)
+    settings = dataclasses.replace(SETTINGS, hot_observations=1)
+    rows = remediator(api, settings).run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
+    assert ("Pod/shop/web-5d8f9-abcde", "not moved: no node can take it (host port 8080/TCP is taken on "
+            "node-cool)") in {(r.object, r.reason) for r in rows}
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "api binds no host port: it moves instead"
+
+
 def test_with_a_minimum_of_two_ready_replicas_a_single_replica_stays_and_a_replicated_pod_moves(api):
     def ready(obj: dict[str, Any]) -> dict[str, Any]:
         obj["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
