@@ -442,14 +442,10 @@ def test_a_pod_is_not_evicted_toward_a_node_without_the_gpus_or_pod_slots_it_tak
     web = api.get("pods", "shop", "web-5d8f9-abcde")
     web["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
     api.put("pods", web)
-    settings = dataclasses.replace(SETTINGS, hot_observations=1)
-    rows = remediator(api, settings).run_pass()
-    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
-    assert ("Pod/shop/web-5d8f9-abcde", "not moved: no node can take it (nvidia.com/gpu: 1 requested, 0 free on "
-            "node-cool)") in {(r.object, r.reason) for r in rows}
-    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "api takes no GPU: it moves instead"
+    web_stays_and_api_moves(api, "nvidia.com/gpu: 1 requested, 0 free on node-cool")
 
     # node-cool with the GPU, but every Pod slot taken: no move at all.
+    settings = dataclasses.replace(SETTINGS, hot_observations=1)
     cool = api.get("nodes", "", "node-cool")
     cool["status"]["allocatable"]["nvidia.com/gpu"] = "1"
     cool["status"]["allocatable"]["pods"] = "1"
@@ -475,12 +471,17 @@ def test_a_pod_is_not_evicted_toward_a_node_where_its_host_port_is_taken(api):
     exporter["spec"]["nodeName"] = "node-cool"
     exporter["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 8080, "hostIP": "10.0.0.9"}]
     api.put("pods", exporter)
-    settings = dataclasses.replace(SETTINGS, hot_observations=1)
-    rows = remediator(api, settings).run_pass()
+    web_stays_and_api_moves(api, "host port 8080/TCP is taken on node-cool")
+
+
+def web_stays_and_api_moves(api: FakeKubeAPI, reason: str) -> None:
+    """One pass: the web Pod, which would cool the hot node most, stays, as no node can take it
+    for ``reason``; the api Pod, which takes nothing node-cool lacks, moves instead."""
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
     assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
-    assert ("Pod/shop/web-5d8f9-abcde", "not moved: no node can take it (host port 8080/TCP is taken on "
-            "node-cool)") in {(r.object, r.reason) for r in rows}
-    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "api binds no host port: it moves instead"
+    assert ("Pod/shop/web-5d8f9-abcde", f"not moved: no node can take it ({reason})") in \
+        {(r.object, r.reason) for r in rows}
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "the Pod that can go moves instead"
 
 
 def test_with_a_minimum_of_two_ready_replicas_a_single_replica_stays_and_a_replicated_pod_moves(api):
