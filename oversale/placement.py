@@ -26,6 +26,7 @@ from oversale.cpus import (
     Placement,
     Topology,
     bind_policy,
+    parse_cpuset,
     place,
     topology_from_node,
 )
@@ -150,15 +151,37 @@ def held_usage(held: Iterable[tuple[Mapping[str, int], Sequence[int]]]) -> NodeU
     """
     usage = NodeUsage()
     for requests, cpus in held:
-        if cpus:
-            usage.bound_cpus.update(cpus)
-            usage.bound_memory += requests.get(MEMORY, 0)
-            if (overhead := requests.get(CPU, 0) - 1000 * len(cpus)) > 0:  # see PodDemand.overhead_cpu
-                usage.shared[CPU] = usage.shared.get(CPU, 0) + overhead
-        else:
-            for resource in RESOURCES:
-                usage.shared[resource] = usage.shared.get(resource, 0) + requests.get(resource, 0)
+        hold(usage, requests, cpus)
     return usage
+
+
+def hold(usage: NodeUsage, requests: Mapping[str, int], cpus: Sequence[int]) -> None:
+    """Add one Pod's hold to ``usage`` (see :func:`held_usage`)."""
+    if cpus:
+        usage.bound_cpus.update(cpus)
+        usage.bound_memory += requests.get(MEMORY, 0)
+        if (overhead := requests.get(CPU, 0) - 1000 * len(cpus)) > 0:  # see PodDemand.overhead_cpu
+            usage.shared[CPU] = usage.shared.get(CPU, 0) + overhead
+    else:
+        for resource in RESOURCES:
+            usage.shared[resource] = usage.shared.get(resource, 0) + requests.get(resource, 0)
+
+
+def bound_cpus_of(pod: Mapping[str, Any], keys: AnnotationKeys) -> tuple[int, ...]:
+    """The exclusive CPUs the extender gave a Pod at its bind (the cpuset of its
+    ``resource-status`` annotation); none for a shared Pod, or for an annotation it cannot read.
+
+    >>> bound_cpus_of({"metadata": {"annotations": {"stke.platform/resource-status": '{"cpuset": "0-1,8"}'}}},
+    ...               AnnotationKeys())
+    (0, 1, 8)
+    """
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.resource_status)
+    if not text:
+        return ()
+    try:
+        return tuple(parse_cpuset(str(json.loads(text)["cpuset"])))
+    except (ValueError, KeyError, TypeError):
+        return ()
 
 
 def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[int, int] | None = None,

@@ -34,7 +34,7 @@ from oversale.node_fit import (
     replacement,
     volume_affinity,
 )
-from oversale.placement import NodeHeat, NodeUsage, held_reservations, node_view, pod_demand
+from oversale.placement import NodeHeat, NodeUsage, bound_cpus_of, held_reservations, hold, node_view, pod_demand
 from oversale.pods import controller_of, scheduled_request
 from oversale.quantity import RESOURCES, format_amount
 from oversale.remediation import (
@@ -102,7 +102,7 @@ class Remediator:
             # Every running Pod is held for the pass, packed (reconcilers.cluster.packed), with
             # what each node's Pods request summed as the list streams by.
             by_node: dict[str, list[bytes]] = {}
-            sums: dict[str, dict[str, int]] = {}
+            held: dict[str, NodeUsage] = {}
             others: dict[str, dict[str, int]] = {}
             ports: dict[str, set[HostPort]] = {}
             ready: dict[tuple[str, str, str], int] = {}
@@ -112,9 +112,10 @@ class Remediator:
                 node_name = (pod.get("spec") or {}).get("nodeName")
                 if node_name:
                     by_node.setdefault(node_name, []).append(packed(pod))
-                    summed = sums.setdefault(node_name, dict.fromkeys(RESOURCES, 0))
-                    for resource in RESOURCES:
-                        summed[resource] += scheduled_request(pod, resource)
+                    # As the extender holds it: a Pod's exclusive CPUs are charged at the node's
+                    # ratio (cpus x ratio), and a cpuset-seeking Pod needs real cores free.
+                    hold(held.setdefault(node_name, NodeUsage()), {r: scheduled_request(pod, r) for r in RESOURCES},
+                         bound_cpus_of(pod, self.keys))
                     taken = others.setdefault(node_name, {})
                     for resource, amount in other_requests(pod).items():
                         taken[resource] = taken.get(resource, 0) + amount
@@ -128,7 +129,7 @@ class Remediator:
         self._forget({n["metadata"]["name"] for n in nodes}, now)
         views = {n["metadata"]["name"]: node_view(n, self.keys, watermarks=self.settings.load.watermarks)
                  for n in nodes}
-        requested = {name: NodeUsage(shared=sums.get(name, dict.fromkeys(RESOURCES, 0))) for name in views}
+        requested = {name: held.get(name, NodeUsage()) for name in views}
         fresh = {name: m for name, m in node_metrics.items()
                  if name in views and now - m.at <= self.settings.metrics_max_age_seconds}
         # The extender's windows (5-minute average, 1-hour maximum) over what this remediator has

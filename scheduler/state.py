@@ -23,7 +23,6 @@ import numpy as np
 import numpy.typing as npt
 
 from oversale.annotations import AnnotationKeys
-from oversale.cpus import parse_cpuset
 from oversale.node_table import NodeTable
 from oversale.placement import (
     HeldPod,
@@ -31,6 +30,7 @@ from oversale.placement import (
     NodeUsage,
     NodeView,
     PodDemand,
+    bound_cpus_of,
     held_usage,
     load_facts,
     node_view,
@@ -455,7 +455,7 @@ def pod_facts(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodFacts:
             return PodFacts(uid, terminal, None)
         return PodFacts(uid, False, None, PodRecord(uid, nominated, pod_demand(pod, keys), (),
                                                     str(metadata.get("namespace", "")), str(metadata.get("name", ""))))
-    return PodFacts(uid, False, PodRecord(uid, str(node), pod_demand(pod, keys), _cpus_of(pod, keys),
+    return PodFacts(uid, False, PodRecord(uid, str(node), pod_demand(pod, keys), bound_cpus_of(pod, keys),
                                           str(metadata.get("namespace", "")), str(metadata.get("name", "")),
                                           _scheduled_at(pod)))
 
@@ -466,16 +466,6 @@ def _scheduled_at(pod: Mapping[str, Any]) -> float | None:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
             return parse_timestamp(condition.get("lastTransitionTime"))
     return None
-
-
-def _cpus_of(pod: Mapping[str, Any], keys: AnnotationKeys) -> tuple[int, ...]:
-    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.resource_status)
-    if not text:
-        return ()
-    try:
-        return tuple(parse_cpuset(str(json.loads(text)["cpuset"])))
-    except (ValueError, KeyError, TypeError):
-        return ()
 
 
 def resource_status(cpuset: str, numa_nodes: tuple[int, ...]) -> str:
