@@ -155,6 +155,11 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         listed = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
         terms = tuple(listed) if isinstance(listed, list) else ()
     tolerations = spec.get("tolerations")
+    try:
+        resources = other_requests(pod)
+    except (AttributeError, TypeError, ValueError):  # QuantityError is a ValueError
+        resources = {}
+        unreadable = unreadable or "its resources cannot be read"
     return NodeConstraints(
         node_selector=selector if isinstance(selector, Mapping) else {},
         required_terms=terms,
@@ -167,7 +172,7 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         pod_anti_affinity=pod_anti_affinity or (),
         spread=spread or (),
         unreadable=unreadable,
-        resources=other_requests(pod),
+        resources=resources,
         host_ports=host_ports(pod),
     )
 
@@ -183,15 +188,20 @@ def host_ports(pod: Mapping[str, Any]) -> tuple[HostPort, ...]:
     (('0.0.0.0', 'TCP', 8080),)
     """
     spec = pod.get("spec") or {}
-    containers = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping) and is_sidecar(c)]
-    containers += [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
+    containers = [c for c in _listed(spec.get("initContainers")) if isinstance(c, Mapping) and is_sidecar(c)]
+    containers += [c for c in _listed(spec.get("containers")) if isinstance(c, Mapping)]
     found = []
     for container in containers:
-        for port in container.get("ports") or []:
+        ports = container.get("ports")
+        for port in ports if isinstance(ports, list) else ():
             number = port.get("hostPort") if isinstance(port, Mapping) else None
             if isinstance(number, int) and number > 0:
                 found.append((str(port.get("hostIP") or ANY_IP), str(port.get("protocol") or "TCP"), number))
     return tuple(found)
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def ports_problem(wanted: Sequence[HostPort], used: Collection[HostPort], node: str) -> str | None:
@@ -219,16 +229,25 @@ def other_requests(pod: Mapping[str, Any]) -> dict[str, int]:
     {'pods': 1, 'nvidia.com/gpu': 1}
     """
     spec = pod.get("spec") or {}
-    names: set[str] = set(spec.get("overhead") or {})
+    names: set[str] = set(_names(spec.get("overhead")))
     for unit in [*all_containers(pod), spec]:  # spec: pod-level resources
         resources = unit.get("resources") or {}
         for kind in ("requests", "limits"):
-            names.update(resources.get(kind) or {})
+            names.update(_names(resources.get(kind)))
     taken = {POD_SLOTS: 1}
     for name in sorted(names - {CPU, MEMORY, POD_SLOTS}):
         if amount := scheduled_request(pod, name):
             taken[name] = amount
     return taken
+
+
+def _names(amounts: Any) -> list[str]:
+    """The resource names of a ``requests``/``limits``/``overhead`` map (TypeError for a non-map)."""
+    if amounts is None:
+        return []
+    if not isinstance(amounts, Mapping) or not all(isinstance(name, str) for name in amounts):
+        raise TypeError("not a map of resource names")
+    return list(amounts)
 
 
 def free_resources(allocatable: Mapping[str, Any], taken: Mapping[str, int]) -> dict[str, int]:

@@ -122,7 +122,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size
                     max_leaves=12)
 
 
-SPEC_KEYS = st.sampled_from(["nodeSelector", "affinity", "tolerations", "topologySpreadConstraints"])
+SPEC_KEYS = st.sampled_from(["nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "containers",
+                             "initContainers", "overhead", "resources"])
 REQUIRED = st.builds(lambda kind, terms: {kind: {"requiredDuringSchedulingIgnoredDuringExecution": terms}},
                      st.sampled_from(["podAffinity", "podAntiAffinity", "nodeAffinity"]), JSON)
 
@@ -134,8 +135,12 @@ def test_malformed_specs_and_taints_never_raise(spec, terms, taints):
         there = placed_pod({"metadata": {"name": "x", "labels": LABELS}, "spec": {**spec, "nodeName": NODE}})
         neighbours = Neighbours({NODE: LABELS}, [there])
         for around in (None, neighbours):
-            found = constraint_problem(node_constraints(pod), NODE, LABELS, taints, around)
+            constraints = node_constraints(pod)
+            found = constraint_problem(constraints, NODE, LABELS, taints, around)
             assert found is None or isinstance(found, str)
+            for told in (ports_problem(constraints.host_ports, {("0.0.0.0", "TCP", 80)}, NODE),
+                         resources_problem(constraints.resources, {"pods": 110}, NODE)):
+                assert told is None or isinstance(told, str)
 
 
 @pytest.mark.parametrize("pod", [
@@ -145,6 +150,8 @@ def test_malformed_specs_and_taints_never_raise(spec, terms, taints):
     affinity({"matchExpressions": [{"key": ["pool"], "operator": "Exists"}]}),
     affinity({"matchExpressions": [{"key": "pool", "operator": "In", "values": "db"}]}),
     affinity("pool=db"),
+    {"spec": {"containers": [{"name": "gpu", "resources": {"limits": {"nvidia.com/gpu": "one"}}}]}},
+    {"spec": {"containers": [{"name": "app", "resources": {"requests": ["cpu"]}}]}},
 ])
 def test_a_malformed_constraint_admits_no_node(pod):
     assert problem(pod) is not None
