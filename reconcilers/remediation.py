@@ -112,14 +112,19 @@ class Remediator:
                 node_name = (pod.get("spec") or {}).get("nodeName")
                 if node_name:
                     by_node.setdefault(node_name, []).append(packed(pod))
+                # A Pod nominated to a node (by a preemption, or since Kubernetes 1.35 for a binding
+                # cycle that takes time) will take its room there, and kube-scheduler keeps that room
+                # for it: a replacement sent there could find it taken.
+                holder = node_name or (pod.get("status") or {}).get("nominatedNodeName")
+                if holder and isinstance(holder, str):
                     # As the extender holds it: a Pod's exclusive CPUs are charged at the node's
                     # ratio (cpus x ratio), and a cpuset-seeking Pod needs real cores free.
-                    hold(held.setdefault(node_name, NodeUsage()), {r: scheduled_request(pod, r) for r in RESOURCES},
+                    hold(held.setdefault(holder, NodeUsage()), {r: scheduled_request(pod, r) for r in RESOURCES},
                          bound_cpus_of(pod, self.keys))
-                    taken = others.setdefault(node_name, {})
+                    taken = others.setdefault(holder, {})
                     for resource, amount in other_requests(pod).items():
                         taken[resource] = taken.get(resource, 0) + amount
-                    ports.setdefault(node_name, set()).update(host_ports(pod))
+                    ports.setdefault(holder, set()).update(host_ports(pod))
         except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
             # No usage, no evictions: a metrics outage must never move Pods.
             log.warning("remediation pass skipped: cannot read usage or the cluster (%s)",

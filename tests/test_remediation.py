@@ -504,6 +504,25 @@ def test_exclusive_cpus_on_the_target_are_charged_at_its_ratio_as_the_extender_c
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None
 
 
+def test_room_a_pod_nominated_to_the_target_will_take_is_not_offered_to_a_replacement(api):
+    # A Pod kube-scheduler has nominated to node-cool (a preemption's, or one whose volumes are
+    # being provisioned before its bind) will take 7800m of its 8 cores: kube-scheduler keeps that
+    # room, so neither web's nor api's replacement (500m each) would get in.
+    waiting = pod("report-0", owner=("StatefulSet", "report"), cpu="7800m")
+    del waiting["spec"]["nodeName"]
+    waiting["status"] = {"phase": "Pending", "nominatedNodeName": "node-cool"}
+    api.put("pods", waiting)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 0
+    assert ("Pod/shop/web-5d8f9-abcde", "not moved: no node can take it (cpu: 500m requested, 200m free on "
+            "node-cool (oversold allocatable))") in {(r.object, r.reason) for r in rows}
+    # Once it is bound elsewhere, the room is free again.
+    waiting["spec"]["nodeName"], waiting["status"] = "node-hot", {"phase": "Running", "startTime": LONG_AGO}
+    api.put("pods", waiting)
+    remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1
+
+
 def web_stays_and_api_moves(api: FakeKubeAPI, reason: str) -> None:
     """One pass: the web Pod, which would cool the hot node most, stays, as no node can take it
     for ``reason``; the api Pod, which takes nothing node-cool lacks, moves instead."""
