@@ -192,8 +192,7 @@ def host_ports(pod: Mapping[str, Any]) -> tuple[HostPort, ...]:
     containers += [c for c in _listed(spec.get("containers")) if isinstance(c, Mapping)]
     found = []
     for container in containers:
-        ports = container.get("ports")
-        for port in ports if isinstance(ports, list) else ():
+        for port in _listed(container.get("ports")):
             number = port.get("hostPort") if isinstance(port, Mapping) else None
             if isinstance(number, int) and number > 0:
                 found.append((str(port.get("hostIP") or ANY_IP), str(port.get("protocol") or "TCP"), number))

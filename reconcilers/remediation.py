@@ -100,7 +100,8 @@ class Remediator:
                 totals["memory"] += c.memory
             nodes = self.cluster.nodes("")
             # Every running Pod is held for the pass, packed (reconcilers.cluster.packed), with
-            # what each node's Pods request summed as the list streams by.
+            # what each node's Pods hold (requests, cpusets, other resources, host ports) and each
+            # controller's Ready Pods summed as the list streams by.
             by_node: dict[str, list[bytes]] = {}
             held: dict[str, NodeUsage] = {}
             others: dict[str, dict[str, int]] = {}
