@@ -34,7 +34,17 @@ from oversale.node_fit import (
     replacement,
     volume_affinity,
 )
-from oversale.placement import NodeHeat, NodeUsage, bound_cpus_of, held_reservations, hold, node_view, pod_demand
+from oversale.placement import (
+    NodeHeat,
+    NodeUsage,
+    PodDemand,
+    bound_cpus_of,
+    held_reservations,
+    hold,
+    node_view,
+    pod_demand,
+    with_nominated,
+)
 from oversale.pods import controller_of, scheduled_request
 from oversale.quantity import RESOURCES, format_amount
 from oversale.remediation import (
@@ -106,6 +116,7 @@ class Remediator:
             held: dict[str, NodeUsage] = {}
             others: dict[str, dict[str, int]] = {}
             ports: dict[str, set[HostPort]] = {}
+            nominated: dict[str, list[PodDemand]] = {}
             ready: dict[tuple[str, str, str], int] = {}
             for pod in self.cluster.running_pods():
                 if (serving := serving_replica_of(pod)) is not None:
@@ -113,15 +124,17 @@ class Remediator:
                 node_name = (pod.get("spec") or {}).get("nodeName")
                 if node_name:
                     by_node.setdefault(node_name, []).append(packed(pod))
+                    # As the extender holds it: a Pod's exclusive CPUs are charged at the node's
+                    # ratio (cpus x ratio), and a cpuset-seeking Pod needs real cores free.
+                    hold(held.setdefault(node_name, NodeUsage()), {r: scheduled_request(pod, r) for r in RESOURCES},
+                         bound_cpus_of(pod, self.keys))
                 # A Pod nominated to a node (by a preemption, or since Kubernetes 1.35 for a binding
                 # cycle that takes time) will take its room there, and kube-scheduler keeps that room
                 # for it: a replacement sent there could find it taken.
                 holder = node_name or (pod.get("status") or {}).get("nominatedNodeName")
                 if holder and isinstance(holder, str):
-                    # As the extender holds it: a Pod's exclusive CPUs are charged at the node's
-                    # ratio (cpus x ratio), and a cpuset-seeking Pod needs real cores free.
-                    hold(held.setdefault(holder, NodeUsage()), {r: scheduled_request(pod, r) for r in RESOURCES},
-                         bound_cpus_of(pod, self.keys))
+                    if not node_name:
+                        nominated.setdefault(holder, []).append(pod_demand(pod, self.keys))
                     taken = others.setdefault(holder, {})
                     for resource, amount in other_requests(pod).items():
                         taken[resource] = taken.get(resource, 0) + amount
@@ -135,7 +148,9 @@ class Remediator:
         self._forget({n["metadata"]["name"] for n in nodes}, now)
         views = {n["metadata"]["name"]: node_view(n, self.keys, watermarks=self.settings.load.watermarks)
                  for n in nodes}
-        requested = {name: held.get(name, NodeUsage()) for name in views}
+        # Nominated Pods keep their room as the extender keeps it (``with_nominated``).
+        requested = {name: with_nominated(views[name], held.get(name, NodeUsage()), nominated[name])
+                     if name in nominated else held.get(name, NodeUsage()) for name in views}
         fresh = {name: m for name, m in node_metrics.items()
                  if name in views and now - m.at <= self.settings.metrics_max_age_seconds}
         # The extender's windows (5-minute average, 1-hour maximum) over what this remediator has

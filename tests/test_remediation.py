@@ -474,18 +474,25 @@ def test_a_pod_is_not_evicted_toward_a_node_where_its_host_port_is_taken(api):
     web_stays_and_api_moves(api, "host port 8080/TCP is taken on node-cool")
 
 
-def test_exclusive_cpus_on_the_target_are_charged_at_its_ratio_as_the_extender_charges_them(api):
-    # node-cool oversold x2: 8 real cores, 16 allocatable. A Pod there holds 6 whole cores, which
-    # the extender charges 12 of the 16 (real cores cannot be oversold); its 6-core request alone
-    # would leave 10 free, room for web's 5 cores, which the extender would then refuse.
+@pytest.mark.parametrize("bound", [True, False])
+def test_exclusive_cpus_on_the_target_are_charged_at_its_ratio_as_the_extender_charges_them(api, bound):
+    # node-cool oversold x2: 8 real cores, 16 allocatable. A Pod there holds 6 whole cores (or is
+    # nominated there to get them), which the extender charges 12 of the 16 (real cores cannot be
+    # oversold); its 6-core request alone would leave 10 free, room for web's 5 cores, which the
+    # extender would then refuse.
     cool = api.get("nodes", "", "node-cool")
     cool["metadata"]["annotations"] = {KEYS.real_allocatable: json.dumps({"cpu": "8", "memory": "16Gi"}),
                                        KEYS.applied_oversale_ratio: json.dumps({"cpu": "2"})}
     cool["status"]["allocatable"]["cpu"] = cool["status"]["capacity"]["cpu"] = "16"
     api.put("nodes", cool)
     pinned = pod("db-0", owner=("StatefulSet", "db"), cpu="6", memory="1Gi")
-    pinned["spec"]["nodeName"] = "node-cool"
-    pinned["metadata"]["annotations"] = {KEYS.resource_status: json.dumps({"cpuset": "0-5", "numaNode": 0})}
+    if bound:
+        pinned["spec"]["nodeName"] = "node-cool"
+        pinned["metadata"]["annotations"] = {KEYS.resource_status: json.dumps({"cpuset": "0-5", "numaNode": 0})}
+    else:
+        del pinned["spec"]["nodeName"]
+        pinned["metadata"]["annotations"] = {KEYS.cpu_bind_policy: "FullPCPUs"}
+        pinned["status"] = {"phase": "Pending", "nominatedNodeName": "node-cool"}
     api.put("pods", pinned)
     web = api.get("pods", "shop", "web-5d8f9-abcde")
     web["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "5"
