@@ -502,10 +502,10 @@ class Neighbours:
         if term.namespaces is not None and pod.namespace not in term.namespaces:
             if term.namespace_selector is None:
                 return False
-            if self.namespace_labels is not None and not _selector_matches(
+            if self.namespace_labels is not None and not selector_matches(
                     term.namespace_selector, self.namespace_labels.get(pod.namespace, {})):
                 return False
-        return _selector_matches(term.selector, pod.labels)
+        return selector_matches(term.selector, pod.labels)
 
     def _domain(self, key: str) -> dict[str, list[PlacedPod]]:
         """The running Pods by their node's value of ``key`` (one walk over them per key)."""
@@ -630,7 +630,7 @@ def _pod_terms(spec: Mapping[str, Any], kind: str, namespace: str) -> tuple[PodT
     return tuple(terms)
 
 
-def _selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
     """Whether a label selector (``matchLabels``, ``matchExpressions``) matches ``labels``."""
     match_labels, expressions = selector.get("matchLabels") or {}, selector.get("matchExpressions") or []
     if not isinstance(match_labels, Mapping) or not isinstance(expressions, list):

@@ -30,6 +30,7 @@ from oversale.cpus import (
     place,
     topology_from_node,
 )
+from oversale.disruption import Allowances, DisruptionBudget
 from oversale.errors import QuantityError
 from oversale.node_oversale import applied_ratios, real_allocatable_of
 from oversale.pods import controller_of, effective_request, scheduled_request
@@ -457,6 +458,10 @@ class HeldPod:
     """When it was bound (None: long ago, or unknown)."""
     evictable: bool = True
     """False for a bind still in flight: kube-scheduler cannot find it on the node to evict it."""
+    namespace: str = ""
+    name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """What decides which PodDisruptionBudgets cover it."""
 
 
 @dataclass(frozen=True)
@@ -467,11 +472,13 @@ class Preemption:
     """UIDs of Pods to evict besides the victims kube-scheduler chose, least important first."""
     refused: str | None = None
     """Why no preemption on this node lets the Pod pass the filter (None: it does)."""
+    violations: int = 0
+    """How many of the added victims break a PodDisruptionBudget, beyond kube-scheduler's."""
 
 
 def preemption_on(node: NodeView, held: Sequence[HeldPod], chosen: Iterable[str], demand: PodDemand,
                   heat: NodeHeat | None, config: LoadConfig, now: float | None, load_aware: bool,
-                  nominated: Iterable[PodDemand] = ()) -> Preemption:
+                  nominated: Iterable[PodDemand] = (), budgets: Sequence[DisruptionBudget] = ()) -> Preemption:
     """The victims that let the Pod pass the filter on ``node``: kube-scheduler's (``chosen``) and,
     where they are not enough, the fewest more Pods of lower priority; or why none do.
 
@@ -486,8 +493,12 @@ def preemption_on(node: NodeView, held: Sequence[HeldPod], chosen: Iterable[str]
     the most important first (higher priority, then bound earlier: ``MoreImportantPod``), where
     the Pod still passes without it. Since kubernetes#135486 a node where kube-scheduler's own
     plugins need no victim comes with none (``chosen`` empty), and every victim is the extender's.
-    Added victims are chosen without PodDisruptionBudgets, which the extender does not read;
-    kube-scheduler honours them in preemption only as a preference.
+
+    PodDisruptionBudgets (``budgets``) weigh as they do in ``SelectVictimsOnNode``: kube-scheduler's
+    own victims spend the budgets first; the Pods whose eviction would then break one are given
+    back before the others; and each added victim that still breaks one is counted
+    (``violations``), to be added to kube-scheduler's own count, by which it prefers one candidate
+    node over another.
 
     A hot node is never worth a preemption: its windows keep the evicted Pods' usage for minutes
     (the average) to an hour (the maximum), and the Pod would wait for a node the filter refuses.
@@ -514,11 +525,19 @@ def preemption_on(node: NodeView, held: Sequence[HeldPod], chosen: Iterable[str]
     if (still := refusal(gone | evicted)) is not None:
         return Preemption(refused=f"{still}, even with its {len(lower)} other Pod(s) of lower priority evicted too")
     lower.sort(key=lambda pod: (-pod.priority, -math.inf if pod.bound_at is None else pod.bound_at))
-    for pod in lower:
+    spent = Allowances(budgets)
+    for pod in held:
+        if pod.uid in gone:
+            spent.spend(pod.namespace, pod.name, pod.labels)
+    breaking = spent.copy()
+    breakers = {pod.uid for pod in lower if breaking.spend(pod.namespace, pod.name, pod.labels)}
+    for pod in [*(p for p in lower if p.uid in breakers), *(p for p in lower if p.uid not in breakers)]:
         evicted.discard(pod.uid)
         if refusal(gone | evicted) is not None:
             evicted.add(pod.uid)
-    return Preemption(added=tuple(pod.uid for pod in reversed(lower) if pod.uid in evicted))
+    added = [pod for pod in lower if pod.uid in evicted]
+    return Preemption(added=tuple(pod.uid for pod in reversed(added)),
+                      violations=sum(spent.spend(pod.namespace, pod.name, pod.labels) for pod in added))
 
 
 def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,

@@ -161,18 +161,20 @@ def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationK
                        if node not in state.nodes)
         heats: list[NodeHeat | None] = list(state.heats(known)) if load_aware else [None] * len(known)
         nominations = state.nominations()
+        budgets = state.budgets()
         candidates = [(node, args["NodeNameToMetaVictims"][node], state.nodes[node], state.held_pods(node), heat,
                        nominations.get(node, [])) for node, heat in zip(known, heats, strict=True)]
     for node, victims, view, held, heat, nominated in candidates:
         uids = [victim["UID"] for victim in victims["Pods"]]
-        answer = preemption_on(view, held, uids, demand, heat, state.load_config, now, load_aware, nominated)
+        answer = preemption_on(view, held, uids, demand, heat, state.load_config, now, load_aware, nominated, budgets)
         if answer.refused is not None:
             refused[node] = f"still refused after evicting {len(uids)} Pod(s): {answer.refused}"
             continue
-        # kube-scheduler's count of PodDisruptionBudgets its own victims break stays: the extender
-        # does not read PDBs (see preemption_on).
+        # kube-scheduler prefers the candidate whose victims break the fewest PodDisruptionBudgets:
+        # its count for its own victims, and the extender's for those it adds.
         more: list[MetaPod] = [{"UID": uid} for uid in answer.added]
-        kept[node] = {"Pods": [*victims["Pods"], *more], "NumPDBViolations": victims["NumPDBViolations"]}
+        kept[node] = {"Pods": [*victims["Pods"], *more],
+                      "NumPDBViolations": victims["NumPDBViolations"] + answer.violations}
         if answer.added:
             added[node] = len(answer.added)
     if refused or added:

@@ -17,6 +17,7 @@ from kube.client import one_line
 from kube.metrics_api import MetricsAPI
 from kube.prometheus import PrometheusAPI, PrometheusUnavailable, duration, node_expressions, node_name
 from kube.reflector import Reflector
+from oversale.disruption import disruption_budget
 from oversale.usage import Sample, stale_reason
 from scheduler.state import ClusterState, PodFacts, pod_facts, scheduling_part
 
@@ -25,10 +26,11 @@ NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")
 
 
 class ClusterWatch:
-    """Nodes, Pods and (when the CRD exists) NodeResourceTopologies, watched into ``state``."""
+    """Nodes, Pods, PodDisruptionBudgets and (when the CRD exists) NodeResourceTopologies, watched
+    into ``state``."""
 
     def __init__(self, api_client: Any, state: ClusterState, watch_timeout: int = 300) -> None:
-        core = client.CoreV1Api(api_client)
+        core, policy = client.CoreV1Api(api_client), client.PolicyV1Api(api_client)
         self._uids: dict[tuple[str, str], str] = {}
 
         def on_pod(namespace: str, name: str, pod: PodFacts | None) -> None:
@@ -48,6 +50,10 @@ class ClusterWatch:
             Reflector("Pod", core.list_pod_for_all_namespaces, _unbound, watch_timeout,
                       read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset,
                       digest=partial(pod_facts, keys=state.keys)),
+            # What a preemption's added victims are weighed by (kube-scheduler reads them for its own).
+            Reflector("PodDisruptionBudget", policy.list_pod_disruption_budget_for_all_namespaces, _nothing,
+                      watch_timeout, on_change=state.set_budget, on_reset=state.reset_budgets,
+                      digest=disruption_budget),
         ]
         custom = client.CustomObjectsApi(api_client)
         if _crd_served(custom):

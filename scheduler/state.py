@@ -10,6 +10,7 @@ two binds on the same node cannot get the same CPU.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from array import array
@@ -17,12 +18,14 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from oversale.annotations import AnnotationKeys
+from oversale.disruption import DisruptionBudget
 from oversale.node_table import NodeTable
 from oversale.placement import (
     HeldPod,
@@ -62,6 +65,8 @@ class PodRecord:
     name: str = ""
     bound_at: float | None = None
     """Wall-clock seconds of the bind (None: long ago, or unknown)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Which PodDisruptionBudgets cover it, should a preemption add it as a victim."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ class ClusterState:
     """Nodes whose metrics or pending estimates changed (only the load of their row is rebuilt)."""
     _table_pending: dict[str, dict[str, float]] = field(default_factory=dict)
     """The pending estimates the table's rows were built with."""
+    _budgets: dict[tuple[str, str], DisruptionBudget] = field(default_factory=dict)
+    """PodDisruptionBudgets by (namespace, name), for the victims a preemption adds."""
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -263,8 +270,27 @@ class ClusterState:
         with self._lock:
             self._expire_reservations()
             reserved = {r.record.uid for r in self._reserved.values()}
-            return [HeldPod(r.uid, r.demand.requests, r.cpus, r.demand.priority, r.bound_at, r.uid not in reserved)
+            return [HeldPod(r.uid, r.demand.requests, r.cpus, r.demand.priority, r.bound_at, r.uid not in reserved,
+                            r.namespace, r.name, r.labels)
                     for r in self._held_on(node)]
+
+    # -- disruption budgets --------------------------------------------------------------------
+    def set_budget(self, namespace: str, name: str, budget: DisruptionBudget | None) -> None:
+        """A watch event: the PodDisruptionBudget as preemption reads it, or None when it is
+        deleted or covers no Pod."""
+        with self._lock:
+            if budget is None:
+                self._budgets.pop((namespace, name), None)
+            else:
+                self._budgets[(namespace, name)] = budget
+
+    def reset_budgets(self) -> None:
+        with self._lock:
+            self._budgets.clear()
+
+    def budgets(self) -> list[DisruptionBudget]:
+        with self._lock:
+            return list(self._budgets.values())
 
     def _held_on(self, node: str) -> list[PodRecord]:
         records = list(self._by_node.get(node, {}).values())
@@ -457,7 +483,18 @@ def pod_facts(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodFacts:
                                                     str(metadata.get("namespace", "")), str(metadata.get("name", ""))))
     return PodFacts(uid, False, PodRecord(uid, str(node), pod_demand(pod, keys), bound_cpus_of(pod, keys),
                                           str(metadata.get("namespace", "")), str(metadata.get("name", "")),
-                                          _scheduled_at(pod)))
+                                          _scheduled_at(pod), _labels(metadata.get("labels"))))
+
+
+def _labels(labels: Any) -> Mapping[str, str]:
+    """A Pod's labels as held for every bound Pod of the cluster: the Pods of one workload share
+    their keys and most values, so each string is kept once (``sys.intern``), not once a Pod."""
+    if not isinstance(labels, Mapping) or not labels:
+        return _NO_LABELS
+    return {sys.intern(str(key)): sys.intern(str(value)) for key, value in labels.items()}
+
+
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 
 def _scheduled_at(pod: Mapping[str, Any]) -> float | None:

@@ -204,7 +204,8 @@ def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
             "verbs": ["get", "update"]} in lease["rules"]
     role = next(r for r in by_kind(rendered, "ClusterRole") if r["metadata"]["name"] == "oversale-extender")
     verbs = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
-    assert {("bindings", "create"), ("pods", "patch"), ("pods", "watch"), ("nodes", "watch")} <= verbs
+    assert {("bindings", "create"), ("pods", "patch"), ("pods", "watch"), ("nodes", "watch"),
+            ("poddisruptionbudgets", "watch")} <= verbs
     metrics = [rule for rule in role["rules"] if rule["apiGroups"] == ["metrics.k8s.io"]]
     assert metrics == [{"apiGroups": ["metrics.k8s.io"], "resources": ["nodes", "pods"], "verbs": ["list"]}], \
         "read access to the metrics API's nodes and pods only"
@@ -677,6 +678,9 @@ CALLS = {
         ("", "pods", "get"): ("scheduler/kube.py", "read_namespaced_pod("),
         ("", "pods", "patch"): ("scheduler/kube.py", "patch_namespaced_pod("),
         ("", "bindings", "create"): ("scheduler/kube.py", "create_namespaced_binding("),
+        ("policy", "poddisruptionbudgets", "list"): ("scheduler/kube.py",
+                                                     "policy.list_pod_disruption_budget_for_all_namespaces"),
+        ("policy", "poddisruptionbudgets", "watch"): ("kube/reflector.py", "watch=True"),
         ("topology.node.k8s.io", "noderesourcetopologies", "list"): ("scheduler/kube.py", "NRT ="),
         ("topology.node.k8s.io", "noderesourcetopologies", "watch"): ("kube/reflector.py", "watch=True"),
         ("metrics.k8s.io", "nodes", "list"): ("kube/metrics_api.py", 'self._list("nodes")'),

@@ -317,6 +317,53 @@ def test_preemption_keeps_only_nodes_where_the_victims_make_room_by_the_extender
         ["uid-a-node-1"], ["uid-b-node-1"])
 
 
+def labelled(manifest: dict, **labels: str) -> dict:
+    manifest["metadata"]["labels"] = labels
+    return manifest
+
+
+def test_victims_the_extender_adds_are_weighed_by_the_disruption_budgets_they_break(cluster):
+    """kube-scheduler prefers the candidate node whose victims break the fewest PodDisruptionBudgets
+    (NumPDBViolations): the victims the extender adds are chosen and counted the same way, from the
+    budgets it watches."""
+    api, extender = cluster
+    # node-0 (24 oversold of 16 real): keeper holds 2 whole cores (charged 6), a 6 cpu, b and c 4
+    # each. kube-scheduler evicts a for vip (8 exclusive CPUs: 8 by its count, 12 by the extender's
+    # charge), and the extender must add b or c.
+    api.put("pods", prioritised(bound_pod("keeper", "4", "node-0", "0-1,8-9"), 2000))
+    api.put("pods", bound_pod("a", "6", "node-0"))
+    api.put("pods", labelled(bound_pod("b", "4", "node-0"), app="b"))
+    api.put("pods", labelled(bound_pod("c", "4", "node-0"), app="c"))
+    vip = prioritised(pod("vip", "8", "FullPCPUs"), 1000)
+
+    def preempt(sent_violations: int = 0) -> dict:
+        answer = extender.post("preempt", {"Pod": vip, "NodeNameToMetaVictims": {
+            "node-0": victims("a", violations=sent_violations)}})
+        return answer["NodeNameToMetaVictims"]["node-0"]
+
+    def budget(name: str, *apps: str) -> dict:
+        return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": list(apps)}]},
+                         "minAvailable": 1},
+                "status": {"disruptionsAllowed": 0}}
+
+    wait_for(lambda: len(preempt()["Pods"]) == 2)
+    first = preempt()["Pods"][1]["UID"].removeprefix("uid-")
+    other = {"b": "c", "c": "b"}[first]
+    assert preempt() == victims("a", first)
+    # The one it would add may not go: the other goes instead, nothing more broken.
+    api.put("poddisruptionbudgets", budget("first", first))
+    wait_for(lambda: preempt() == victims("a", other))
+    # Neither may: one goes all the same, and kube-scheduler's count grows by one.
+    api.put("poddisruptionbudgets", budget("both", "b", "c"))
+    wait_for(lambda: preempt(sent_violations=2)["NumPDBViolations"] == 3)
+    assert len(preempt()["Pods"]) == 2
+    api.delete("poddisruptionbudgets", "default", "both")
+    api.delete("poddisruptionbudgets", "default", "first")
+    wait_for(lambda: preempt() == victims("a", first))
+
+
 def prioritised(manifest: dict, priority: int, nominated: str | None = None) -> dict:
     manifest["spec"]["priority"] = priority
     if nominated:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import Topology
+from oversale.disruption import DisruptionBudget, disruption_budget
 from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import (
     HeldPod,
@@ -274,6 +275,69 @@ def test_a_preemption_adds_the_fewest_lower_priority_victims_the_extenders_charg
     ahead = PodDemand("ahead", {"cpu": 2000, "memory": GI}, None, False, priority=200)
     assert preemption_on(node, held, ["a"], vip, None, config, NOW, False, [ahead]) == Preemption(
         added=("new", "old"))
+
+
+def test_a_preemption_gives_back_first_the_victims_that_would_break_a_disruption_budget():
+    """As kube-scheduler's SelectVictimsOnNode: kube-scheduler's own victims spend the budgets
+    first, the Pods that would then break one are given back first, and each added victim that
+    still breaks one is counted for kube-scheduler to weigh candidate nodes by."""
+    node = view(ratio=Fraction(3, 2))
+    vip = PodDemand("vip", {"cpu": 8000, "memory": GI}, "FullPCPUs", False, cpus=8, priority=100)
+
+    def pod(uid: str, priority: int = 0, bound_at: float | None = None, app: str = "web",
+            cpus: tuple[int, ...] = (), cpu: int = 2000) -> HeldPod:
+        return HeldPod(uid, {"cpu": cpu, "memory": GI}, cpus, priority, bound_at, namespace="shop", name=uid,
+                       labels={"app": app})
+
+    # As in the test above: with "a" gone vip is 2 cores' charge short; c, old or new frees it.
+    held = [pod("keeper", 1000, app="keeper", cpus=(0, 1, 2, 3), cpu=4000), pod("a", app="a", cpu=4000),
+            pod("old", bound_at=50, app="old"), pod("new", bound_at=100, app="new"), pod("c", 10, app="c"),
+            replace(pod("binding", app="binding"), evictable=False)]
+    config = LoadConfig()
+
+    def budget(allowed: int, *apps: str, disrupted: tuple[str, ...] = ()) -> DisruptionBudget:
+        return disruption_budget({"metadata": {"namespace": "shop", "name": "b"},
+                                  "spec": {"selector": {"matchExpressions": [
+                                      {"key": "app", "operator": "In", "values": list(apps)}]}},
+                                  "status": {"disruptionsAllowed": allowed,
+                                             "disruptedPods": dict.fromkeys(disrupted, "2026-11-26T00:00:00Z")}})
+
+    def preempt(*budgets: DisruptionBudget) -> Preemption:
+        return preemption_on(node, held, ["a"], vip, None, config, NOW, False, budgets=budgets)
+
+    assert preempt() == Preemption(added=("new",))
+    # "new" may not go: "old" goes instead, nothing broken.
+    assert preempt(budget(0, "new")) == Preemption(added=("old",))
+    # Neither may: "c", though more important, breaks nothing.
+    assert preempt(budget(0, "old", "new")) == Preemption(added=("c",))
+    # One of the two may: the more important ("old") spends it and "new", which would break it, stays.
+    assert preempt(budget(1, "old", "new")) == Preemption(added=("old",))
+    # kube-scheduler's own victim "a" spends the one disruption first: "new" would break it.
+    assert preempt(budget(1, "a", "new")) == Preemption(added=("old",))
+    # Every candidate is covered: one must go all the same, and it is counted.
+    assert preempt(budget(0, "old", "new", "c")) == Preemption(added=("new",), violations=1)
+    # Already being disrupted (status.disruptedPods): not counted again; another namespace's
+    # budget, or one in this namespace for other Pods, covers nothing here.
+    assert preempt(budget(0, "new", disrupted=("new",))) == Preemption(added=("new",))
+    elsewhere = replace(budget(0, "old", "new", "c"), namespace="other")
+    assert preempt(elsewhere, budget(0, "keeper")) == Preemption(added=("new",))
+    # A Pod without labels is covered by no budget, as kube-scheduler counts them.
+    held = [replace(p, labels={}) for p in held]
+    assert preempt(budget(0, "old", "new", "c")) == Preemption(added=("new",))
+
+
+def test_a_disruption_budget_reads_as_kube_scheduler_reads_it():
+    shop = {"namespace": "shop", "name": "web"}
+    assert disruption_budget({"metadata": shop, "spec": {"selector": {"matchLabels": {"app": "web"}}}}) == \
+        DisruptionBudget("shop", {"matchLabels": {"app": "web"}}, 0), "no status yet: nothing allowed"
+    # A missing or empty selector covers no Pod in preemption (an eviction reads empty as every Pod).
+    for spec in ({}, {"selector": None}, {"selector": {}}, {"selector": {"matchLabels": {}}}, {"selector": "x"}):
+        assert disruption_budget({"metadata": shop, "spec": spec}) is None
+    for garbage in (None, [], {"metadata": shop}, {"metadata": "x", "spec": {"selector": {"matchLabels": {"a": "b"}}}}):
+        assert disruption_budget(garbage) is None
+    odd = disruption_budget({"metadata": shop, "spec": {"selector": {"matchLabels": {"a": "b"}}},
+                             "status": {"disruptionsAllowed": "2", "disruptedPods": []}})
+    assert odd is not None and odd.allowed == 0 and odd.disrupted == frozenset()
 
 
 def test_the_table_keeps_a_single_numa_node_to_one_zone():
