@@ -19,13 +19,15 @@ What a Pod takes of a node besides cpu and memory (a Pod slot, ``ephemeral-stora
 ``hugepages-*``, extended resources such as ``nvidia.com/gpu``) is checked as kube-scheduler's
 NodeResourcesFit checks it, against the node's allocatable less what its Pods take: cpu and memory
 are the extender's to judge, on the oversold allocatable. Its host ports are checked as the
-NodePorts filter checks them, against those the node's Pods bind.
+NodePorts filter checks them, against those the node's Pods bind; its volumes a CSI driver
+attaches as the NodeVolumeLimits filter checks them, against the driver's limit in the node's
+CSINode and the volumes VolumeAttachments show attached there.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,28 @@ class VolumeAffinity:
 
 
 @dataclass(frozen=True)
+class CsiVolume:
+    """One of a Pod's bound volumes served by a CSI driver, which may cap how many a node attaches."""
+
+    driver: str
+    volume: str
+    """The PersistentVolume's name (what a VolumeAttachment names too)."""
+
+
+# In-tree volume plugins and the CSI drivers CSI migration (GA for all of these) hands them to: a
+# PersistentVolume still written in the in-tree form is attached, and counted, by that driver.
+MIGRATED_PLUGINS = {
+    "awsElasticBlockStore": "ebs.csi.aws.com",
+    "gcePersistentDisk": "pd.csi.storage.gke.io",
+    "azureDisk": "disk.csi.azure.com",
+    "azureFile": "file.csi.azure.com",
+    "cinder": "cinder.csi.openstack.org",
+    "vsphereVolume": "csi.vsphere.vmware.com",
+    "portworxVolume": "pxd.portworx.com",
+}
+
+
+@dataclass(frozen=True)
 class NodeConstraints:
     """What a Pod asks of a node's labels and taints."""
 
@@ -76,6 +100,8 @@ class NodeConstraints:
     """What it takes of a node besides cpu and memory (:func:`other_requests`)."""
     host_ports: tuple[HostPort, ...] = ()
     """The host ports it binds (:func:`host_ports`)."""
+    csi_volumes: tuple[CsiVolume, ...] = ()
+    """Its bound volumes a CSI driver attaches (read from the cluster: :func:`csi_volume`)."""
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:
@@ -124,7 +150,94 @@ def volume_affinity(claim: str, persistent_volume: Mapping[str, Any] | None) -> 
     return VolumeAffinity(claim, name, tuple(terms) if isinstance(terms, list) else ())
 
 
-def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...] = ()) -> NodeConstraints:
+def csi_volume(persistent_volume: Mapping[str, Any]) -> CsiVolume | None:
+    """The CSI driver that attaches a PersistentVolume (its ``spec.csi``, or the driver CSI
+    migration hands its in-tree plugin to), or None for any other volume.
+
+    >>> csi_volume({"metadata": {"name": "pvc-1"}, "spec": {"csi": {"driver": "ebs.csi.aws.com"}}})
+    CsiVolume(driver='ebs.csi.aws.com', volume='pvc-1')
+    >>> csi_volume({"metadata": {"name": "pv-old"}, "spec": {"gcePersistentDisk": {"pdName": "disk-1"}}}).driver
+    'pd.csi.storage.gke.io'
+    """
+    metadata, spec = persistent_volume.get("metadata"), persistent_volume.get("spec")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    if not isinstance(spec, Mapping) or not name:
+        return None
+    csi = spec.get("csi")
+    if isinstance(csi, Mapping) and isinstance(csi.get("driver"), str) and csi["driver"]:
+        return CsiVolume(csi["driver"], str(name))
+    driver = next((MIGRATED_PLUGINS[plugin] for plugin in MIGRATED_PLUGINS if isinstance(spec.get(plugin), Mapping)),
+                  None)
+    return CsiVolume(driver, str(name)) if driver else None
+
+
+def volume_limits(csi_node: Mapping[str, Any]) -> dict[str, int]:
+    """Driver -> how many of its volumes the node may have attached, from a CSINode (a driver
+    that states no ``allocatable.count`` has no limit).
+
+    >>> volume_limits({"spec": {"drivers": [{"name": "ebs.csi.aws.com", "allocatable": {"count": 25}},
+    ...                                     {"name": "efs.csi.aws.com"}]}})
+    {'ebs.csi.aws.com': 25}
+    """
+    spec = csi_node.get("spec")
+    drivers = spec.get("drivers") if isinstance(spec, Mapping) else None
+    limits = {}
+    for driver in drivers if isinstance(drivers, list) else []:
+        allocatable = driver.get("allocatable") if isinstance(driver, Mapping) else None
+        count = allocatable.get("count") if isinstance(allocatable, Mapping) else None
+        if isinstance(count, int) and not isinstance(count, bool) and isinstance(driver.get("name"), str):
+            limits[driver["name"]] = count
+    return limits
+
+
+def attached_volumes(volume_attachments: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, frozenset[str]]]:
+    """Node -> driver -> the volumes attached there or being attached or detached, from
+    VolumeAttachments: a volume counts against a node's limit until its VolumeAttachment is gone
+    (kube-scheduler counts them so since kubernetes/kubernetes#127757, a deleted Pod's volume
+    being still attached).
+
+    >>> attached_volumes([{"metadata": {"name": "csi-1"}, "spec": {"attacher": "ebs.csi.aws.com",
+    ...     "nodeName": "node-a", "source": {"persistentVolumeName": "pvc-1"}}}])
+    {'node-a': {'ebs.csi.aws.com': frozenset({'pvc-1'})}}
+    """
+    found: dict[str, dict[str, set[str]]] = {}
+    for attachment in volume_attachments:
+        spec = attachment.get("spec")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("nodeName"), str):
+            continue
+        source = spec.get("source")
+        volume = source.get("persistentVolumeName") if isinstance(source, Mapping) else None
+        # An inline volume's attachment names no PersistentVolume: it counts as itself.
+        metadata = attachment.get("metadata")
+        volume = volume or f"VolumeAttachment {metadata.get('name', '') if isinstance(metadata, Mapping) else ''}"
+        found.setdefault(spec["nodeName"], {}).setdefault(str(spec.get("attacher", "")), set()).add(str(volume))
+    return {node: {driver: frozenset(volumes) for driver, volumes in drivers.items()}
+            for node, drivers in found.items()}
+
+
+def volumes_problem(wanted: Sequence[CsiVolume], attached: Mapping[str, frozenset[str]],
+                    limits: Mapping[str, int], node: str) -> str | None:
+    """None when the node's CSI drivers can attach the Pod's volumes there too, else why not (as
+    kube-scheduler's NodeVolumeLimits judges it: a volume already attached there takes nothing
+    more).
+
+    >>> volumes_problem([CsiVolume("ebs.csi.aws.com", "pvc-9")], {"ebs.csi.aws.com": frozenset({"pvc-1", "pvc-2"})},
+    ...                 {"ebs.csi.aws.com": 2}, "node-a")
+    'ebs.csi.aws.com: 2 volumes attached to node-a, its limit 2'
+    """
+    for driver in sorted({volume.driver for volume in wanted}):
+        limit = limits.get(driver)
+        if limit is None:
+            continue
+        there = attached.get(driver, frozenset())
+        new = {volume.volume for volume in wanted if volume.driver == driver} - there
+        if new and len(there) + len(new) > limit:
+            return f"{driver}: {len(there)} volumes attached to {node}, its limit {limit}"
+    return None
+
+
+def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...] = (),
+                     csi_volumes: tuple[CsiVolume, ...] = ()) -> NodeConstraints:
     """The constraints a Pod's spec puts on its node (none for a spec that states none).
 
     >>> node_constraints({"spec": {"nodeSelector": {"pool": "db"}}}).node_selector
@@ -174,6 +287,7 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         unreadable=unreadable,
         resources=resources,
         host_ports=host_ports(pod),
+        csi_volumes=csi_volumes,
     )
 
 

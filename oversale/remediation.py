@@ -22,6 +22,7 @@ from typing import Any
 from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
 from oversale.errors import InvalidAnnotation
 from oversale.node_fit import (
+    CsiVolume,
     HostPort,
     Neighbours,
     NodeConstraints,
@@ -31,6 +32,7 @@ from oversale.node_fit import (
     ports_problem,
     replacement,
     resources_problem,
+    volumes_problem,
 )
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.pods import condition_of, controller_of, is_mirror_or_static, qos_class
@@ -220,12 +222,12 @@ class Candidate:
 
 
 def candidate(pod: Mapping[str, Any], demand: PodDemand, usage: Mapping[str, float],
-              volumes: tuple[VolumeAffinity, ...] = ()) -> Candidate:
+              volumes: tuple[VolumeAffinity, ...] = (), csi_volumes: tuple[CsiVolume, ...] = ()) -> Candidate:
     metadata = pod.get("metadata") or {}
     namespace = str(metadata.get("namespace", ""))
     kind, owner = controller_of(metadata) or ("", "")
     return Candidate(f"{namespace}/{metadata.get('name', '')}", namespace, f"{namespace}/{kind}/{owner}",
-                     qos_class(pod), demand, usage, node_constraints(pod, volumes))
+                     qos_class(pod), demand, usage, node_constraints(pod, volumes, csi_volumes))
 
 
 @dataclass
@@ -242,6 +244,11 @@ class Target:
     known, as for the replay's nodes, whose Pods take nothing else)."""
     ports: frozenset[HostPort] | None = None
     """The host ports its Pods bind (None: not known, as for the replay's nodes)."""
+    attached: Mapping[str, frozenset[str]] | None = None
+    """Driver -> the CSI volumes attached to it (``oversale.node_fit.attached_volumes``; None:
+    not known, as for the replay's nodes, or not read this pass)."""
+    volume_limits: Mapping[str, int] = field(default_factory=dict)
+    """Driver -> how many volumes it may attach here (``oversale.node_fit.volume_limits``)."""
 
     def taking(self, moved: Candidate) -> Target:
         """This node after a Pod moved here (its requests taken, its usage pending in the load)."""
@@ -254,8 +261,13 @@ class Target:
         if free is not None:
             free = {**free, **{r: free.get(r, 0) - amount for r, amount in moved.constraints.resources.items()}}
         ports = self.ports | frozenset(moved.constraints.host_ports) if self.ports is not None else None
+        attached = self.attached
+        if attached is not None and moved.constraints.csi_volumes:
+            attached = dict(attached)
+            for volume in moved.constraints.csi_volumes:
+                attached[volume.driver] = attached.get(volume.driver, frozenset()) | {volume.volume}
         return replace(self, usage=NodeUsage(shared, set(self.usage.bound_cpus), self.usage.bound_memory), heat=heat,
-                       free=free, ports=ports)
+                       free=free, ports=ports, attached=attached)
 
 
 @dataclass(frozen=True)
@@ -285,6 +297,8 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
                    if target.free is not None else None)
                or (ports_problem(pod.constraints.host_ports, target.ports, target.view.name)
                    if target.ports is not None else None)
+               or (volumes_problem(pod.constraints.csi_volumes, target.attached, target.volume_limits,
+                                   target.view.name) if target.attached is not None else None)
                or shortfall(target.view, target.usage, pod.demand))
         if why is None and target.heat is not None:
             with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)

@@ -98,6 +98,15 @@ class Cluster:
         volume: dict[str, Any] = json.loads(response.data)
         return volume
 
+    def csi_nodes(self) -> Iterator[dict[str, Any]]:
+        """Every CSINode: each node's CSI drivers and how many volumes each may attach there."""
+        yield from self._list(client.StorageV1Api(self._client).list_csi_node, "CSINode", "storage.k8s.io/v1")
+
+    def volume_attachments(self) -> Iterator[dict[str, Any]]:
+        """Every VolumeAttachment: which CSI volume is attached (or attaching, detaching) where."""
+        yield from self._list(client.StorageV1Api(self._client).list_volume_attachment, "VolumeAttachment",
+                              "storage.k8s.io/v1")
+
     def namespace_labels(self) -> dict[str, dict[str, str]]:
         """Every namespace's labels (what a pod affinity term's ``namespaceSelector`` matches)."""
         return {namespace["metadata"]["name"]: namespace["metadata"].get("labels") or {}

@@ -16,6 +16,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
@@ -23,16 +24,20 @@ from kubernetes.client.exceptions import ApiException
 from kube.client import one_line
 from kube.metrics_api import MetricsAPI
 from oversale.node_fit import (
+    CsiVolume,
     HostPort,
     Neighbours,
     VolumeAffinity,
+    attached_volumes,
     claim_names,
+    csi_volume,
     free_resources,
     host_ports,
     other_requests,
     placed_pod,
     replacement,
     volume_affinity,
+    volume_limits,
 )
 from oversale.placement import (
     NodeHeat,
@@ -189,6 +194,7 @@ class Remediator:
         per_namespace: dict[str, int] = {}
         hot_nodes = 0
         neighbours: Neighbours | None = None
+        volume_room: bool | None = None  # CSI volume limits: read once a pass, when a Pod needs them
         utilization: dict[tuple[str, ...], float] = {}
         try:
             for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
@@ -238,13 +244,18 @@ class Remediator:
                     if excluded is None and usage is None:
                         excluded = "no PodMetrics (its usage is unknown)"
                     volumes: tuple[VolumeAffinity, ...] = ()
+                    attachable: tuple[CsiVolume, ...] = ()
                     if excluded is None:
                         try:
-                            volumes = self._volume_affinities(pod)
+                            volumes, attachable = self._volumes(pod)
                         except Exception as error:  # noqa: BLE001  -- any API trouble: the Pod stays
                             excluded = f"its volumes could not be read ({one_line(error)})"
+                    if excluded is None and attachable and volume_room is None:
+                        volume_room = self._volume_room(targets)
+                    if excluded is None and attachable and volume_room is False:
+                        excluded = "the CSI volume limits of other nodes could not be read this pass"
                     if excluded is None:
-                        found = candidate(pod, pod_demand(pod, self.keys), usage or {}, volumes)
+                        found = candidate(pod, pod_demand(pod, self.keys), usage or {}, volumes, attachable)
                         if self.workload_cooldown.get(found.workload, 0) > now:
                             excluded = f"workload {found.workload} moved recently (cooling down)"
                         elif per_namespace.get(found.namespace, 0) >= self.config.max_per_namespace:
@@ -303,18 +314,36 @@ class Remediator:
                         "as every namespace this pass", one_line(error))
             return None
 
-    def _volume_affinities(self, pod: dict[str, Any]) -> tuple[VolumeAffinity, ...]:
-        """Where each of a Pod's bound volumes can be reached from: kube-scheduler's VolumeBinding
-        filter holds the replacement to it (a zonal disk attaches in its zone, a local volume on
-        its one node). Read only for Pods that may move."""
+    def _volumes(self, pod: dict[str, Any]) -> tuple[tuple[VolumeAffinity, ...], tuple[CsiVolume, ...]]:
+        """Where each of a Pod's bound volumes can be reached from, and which of them a CSI driver
+        attaches: kube-scheduler's VolumeBinding filter holds the replacement to the first (a
+        zonal disk attaches in its zone, a local volume on its one node), its NodeVolumeLimits
+        filter to the second. Read only for Pods that may move."""
         namespace = pod["metadata"].get("namespace", "")
-        found = []
+        reachable, attachable = [], []
         for claim in claim_names(pod):
             bound = (self.cluster.claim(namespace, claim).get("spec") or {}).get("volumeName")
-            affinity = volume_affinity(claim, self.cluster.persistent_volume(bound) if bound else None)
-            if affinity is not None:
-                found.append(affinity)
-        return tuple(found)
+            volume = self.cluster.persistent_volume(bound) if bound else None
+            if (affinity := volume_affinity(claim, volume)) is not None:
+                reachable.append(affinity)
+            if volume is not None and (attached := csi_volume(volume)) is not None:
+                attachable.append(attached)
+        return tuple(reachable), tuple(attachable)
+
+    def _volume_room(self, targets: dict[str, Target]) -> bool:
+        """Give every target its CSI drivers' volume limits and the volumes attached to it, read
+        once a pass; False (said in the log) when they cannot be read: a Pod with such volumes
+        then stays, since its replacement could find every node's limit reached."""
+        try:
+            limits = {str(csi["metadata"]["name"]): volume_limits(csi) for csi in self.cluster.csi_nodes()}
+            attached = attached_volumes(self.cluster.volume_attachments())
+        except Exception as error:  # noqa: BLE001  -- any API trouble: such Pods stay this pass
+            log.warning("CSINodes or VolumeAttachments could not be listed (%s): Pods with CSI volumes are not "
+                        "moved this pass", one_line(error))
+            return False
+        for name, target in targets.items():
+            targets[name] = replace(target, attached=attached.get(name, {}), volume_limits=limits.get(name, {}))
+        return True
 
     def _forget(self, present: set[str], now: float) -> None:
         """Drop what is kept of nodes no longer in the cluster and of cooldowns that ended: with

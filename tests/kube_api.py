@@ -60,6 +60,8 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "podmetrics": ("/apis/metrics.k8s.io/v1beta1", "pods", "PodMetrics", True),
     "nodemetrics": ("/apis/metrics.k8s.io/v1beta1", "nodes", "NodeMetrics", False),
     "poddisruptionbudgets": ("/apis/policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    "csinodes": ("/apis/storage.k8s.io/v1", "csinodes", "CSINode", False),
+    "volumeattachments": ("/apis/storage.k8s.io/v1", "volumeattachments", "VolumeAttachment", False),
     "verticalpodautoscalers": ("/apis/autoscaling.k8s.io/v1", "verticalpodautoscalers", "VerticalPodAutoscaler",
                                True),
 }
@@ -77,6 +79,7 @@ API_VERSIONS = {
     "/apis/topology.node.k8s.io/v1alpha2": "topology.node.k8s.io/v1alpha2",
     "/apis/autoscaling.k8s.io/v1": "autoscaling.k8s.io/v1",
     "/apis/policy/v1": "policy/v1",
+    "/apis/storage.k8s.io/v1": "storage.k8s.io/v1",
 }
 # What GET /api/v1 lists besides each core plural (the subresources the code looks for).
 CORE_SUBRESOURCES = ("pods/status", "pods/resize", "pods/eviction", "nodes/status")

@@ -143,9 +143,10 @@ def test_reconciler_rbac_is_exactly_what_it_reads_and_writes(rendered):
     expected |= {("", "pods", "patch"), ("", "pods/resize", "patch"), ("", "limitranges", "list"),
                  ("", "resourcequotas", "list"), ("autoscaling.k8s.io", "verticalpodautoscalers", "list")}
     # Remediation: evictions only (never delete), where the evicted Pod's volumes can be reached
-    # from, and the namespaces pod affinity terms select by label.
+    # from and attached, and the namespaces pod affinity terms select by label.
     expected |= {("", "pods/eviction", "create"), ("", "persistentvolumeclaims", "get"),
-                 ("", "persistentvolumes", "get"), ("", "namespaces", "list")}
+                 ("", "persistentvolumes", "get"), ("", "namespaces", "list"),
+                 ("storage.k8s.io", "csinodes", "list"), ("storage.k8s.io", "volumeattachments", "list")}
     assert not any(verb == "delete" for _, _, verb in granted)
     assert granted == expected
     lease = next(r for r in by_kind(rendered, "Role") if r["metadata"]["name"] == "oversale-reconciler-lease")
@@ -662,6 +663,8 @@ CALLS = {
         ("", "pods/eviction", "create"): ("reconcilers/cluster.py", "create_namespaced_pod_eviction("),
         ("", "persistentvolumeclaims", "get"): ("reconcilers/cluster.py", "read_namespaced_persistent_volume_claim("),
         ("", "persistentvolumes", "get"): ("reconcilers/cluster.py", "read_persistent_volume("),
+        ("storage.k8s.io", "csinodes", "list"): ("reconcilers/cluster.py", "list_csi_node"),
+        ("storage.k8s.io", "volumeattachments", "list"): ("reconcilers/cluster.py", "list_volume_attachment"),
         ("", "namespaces", "list"): ("reconcilers/cluster.py", "list_namespace,"),
         ("", "limitranges", "list"): ("reconcilers/cluster.py", "list_limit_range_for_all_namespaces"),
         ("", "resourcequotas", "list"): ("reconcilers/cluster.py", "list_resource_quota_for_all_namespaces"),

@@ -10,10 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oversale.node_fit import (
+    CsiVolume,
     Neighbours,
     VolumeAffinity,
+    attached_volumes,
     claim_names,
     constraint_problem,
+    csi_volume,
     free_resources,
     host_ports,
     node_constraints,
@@ -23,6 +26,8 @@ from oversale.node_fit import (
     replacement,
     resources_problem,
     volume_affinity,
+    volume_limits,
+    volumes_problem,
 )
 from tests.conftest import SHARED
 
@@ -441,3 +446,51 @@ def test_host_ports_clash_as_the_node_ports_filter_judges_them():
     assert ports_problem(wanted, {("10.0.0.5", "TCP", 8080)}, NODE) == f"host port 8080/TCP is taken on {NODE}"
     assert ports_problem(wanted, {("10.0.0.7", "UDP", 53)}, NODE) == f"host port 53/UDP is taken on {NODE}"
     assert ports_problem(wanted, {("10.0.0.7", "TCP", 15001)}, NODE) == f"host port 15001/TCP is taken on {NODE}"
+
+
+def test_csi_volumes_count_against_each_drivers_limit_as_node_volume_limits_counts_them():
+    ebs, efs = "ebs.csi.aws.com", "efs.csi.aws.com"
+    ebs_volume = {"metadata": {"name": "pv-1"}, "spec": {"csi": {"driver": ebs, "volumeHandle": "vol-1"}}}
+    assert csi_volume(ebs_volume) == CsiVolume(ebs, "pv-1")
+    # In-tree volumes are attached by the driver CSI migration hands them to.
+    for plugin, driver in (("awsElasticBlockStore", ebs), ("azureDisk", "disk.csi.azure.com"),
+                           ("gcePersistentDisk", "pd.csi.storage.gke.io")):
+        assert csi_volume({"metadata": {"name": "pv-old"}, "spec": {plugin: {}}}) == CsiVolume(driver, "pv-old")
+    for other in ({"metadata": {"name": "pv-nfs"}, "spec": {"nfs": {"server": "nfs", "path": "/"}}},
+                  {"metadata": {"name": "pv-local"}, "spec": {"local": {"path": "/mnt"}}},
+                  {"metadata": {"name": "pv-x"}, "spec": {"csi": {"driver": ""}}},
+                  {"metadata": {"name": "pv-x"}, "spec": "garbage"},
+                  {"metadata": {}, "spec": {"csi": {"driver": ebs}}},
+                  {"metadata": "x", "spec": {"csi": {"driver": ebs}}}):
+        assert csi_volume(other) is None
+
+    csi_node = {"spec": {"drivers": [{"name": ebs, "allocatable": {"count": 3}}, {"name": efs},
+                                     {"name": "odd", "allocatable": {"count": "3"}}, "garbage"]}}
+    assert volume_limits(csi_node) == {ebs: 3}, "a driver stating no count has no limit"
+    assert volume_limits({"spec": None}) == {} and volume_limits({}) == {}
+
+    def attachment(name: str, volume: str) -> dict[str, Any]:
+        return {"metadata": {"name": name},
+                "spec": {"attacher": ebs, "nodeName": NODE, "source": {"persistentVolumeName": volume}}}
+
+    attachments = [
+        attachment("a1", "pv-1"), attachment("a2", "pv-2"),
+        # A migrated inline volume's attachment names no PersistentVolume: it counts by itself.
+        {"metadata": {"name": "a3"}, "spec": {"attacher": ebs, "nodeName": NODE, "source": {"inlineVolumeSpec": {}}}},
+        {"metadata": {"name": "a4"}, "spec": {"attacher": efs, "nodeName": "node-b", "source": {
+            "persistentVolumeName": "pv-9"}}},
+        {"metadata": {"name": "bad"}, "spec": {"attacher": ebs}}, {"metadata": {"name": "worse"}},
+        {"metadata": "x", "spec": {"attacher": ebs, "nodeName": "node-c"}}]
+    attached = attached_volumes(attachments)
+    assert attached == {NODE: {ebs: frozenset({"pv-1", "pv-2", "VolumeAttachment a3"})},
+                        "node-b": {efs: frozenset({"pv-9"})}, "node-c": {ebs: frozenset({"VolumeAttachment "})}}
+
+    there, limits = attached[NODE], {ebs: 4}
+    assert volumes_problem([CsiVolume(ebs, "pv-3")], there, limits, NODE) is None, "3 of 4: room for one"
+    assert volumes_problem([CsiVolume(ebs, "pv-3"), CsiVolume(ebs, "pv-4")], there, limits, NODE) == \
+        "ebs.csi.aws.com: 3 volumes attached to node-a, its limit 4"
+    assert volumes_problem([CsiVolume(ebs, "pv-1"), CsiVolume(ebs, "pv-3")], there, limits, NODE) is None, \
+        "a volume attached there already takes nothing more"
+    assert volumes_problem([CsiVolume(efs, "pv-5")] * 2, there, limits, NODE) is None, "no limit for that driver"
+    assert volumes_problem([CsiVolume(ebs, "pv-3")], {}, {ebs: 0}, NODE) == \
+        "ebs.csi.aws.com: 0 volumes attached to node-a, its limit 0"

@@ -20,7 +20,7 @@ from kubernetes import client
 from kube.metrics_api import MetricsAPI
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import Topology
-from oversale.node_fit import Neighbours, placed_pod
+from oversale.node_fit import CsiVolume, Neighbours, NodeConstraints, placed_pod
 from oversale.placement import (
     NodeHeat,
     NodeUsage,
@@ -189,6 +189,26 @@ def test_a_pod_whose_only_target_is_full_or_would_run_hot_is_not_moved():
     # 8 real cores at 4.2 used + 1.5 moved = 71%: above the 65% scheduling watermark.
     warm = plan_moves({"cpu": 1000.0}, pods, [target(cpu_used=4200)], LoadConfig(), allowed=5)
     assert warm.moves == [] and "above the scheduling watermark 65%" in warm.kept[0][1]
+
+
+def test_a_move_takes_a_volume_slot_on_its_target_for_the_next_move():
+    """Two Pods, each with a volume the same CSI driver attaches, and room for one more volume on
+    the only target: the first goes, the second stays; a volume already attached there takes no
+    slot."""
+    ebs = "ebs.csi.aws.com"
+
+    def with_volume(name: str, volume: str) -> Candidate:
+        found = candidate(name, "Burstable", 500, 1000)
+        return dataclasses.replace(found, constraints=NodeConstraints(csi_volumes=(CsiVolume(ebs, volume),)))
+
+    room = dataclasses.replace(target(), attached={ebs: frozenset({"pv-0"})}, volume_limits={ebs: 2})
+    plan = plan_moves({"cpu": 2000.0}, [with_volume("a", "pv-a"), with_volume("b", "pv-b")], [room], LoadConfig(),
+                      allowed=5)
+    assert [m.pod.name for m in plan.moves] == ["shop/a"]
+    assert plan.kept[0][1] == "no node can take it (ebs.csi.aws.com: 2 volumes attached to node-cool, its limit 2)"
+    plan = plan_moves({"cpu": 2000.0}, [with_volume("a", "pv-a"), with_volume("b", "pv-0")], [room], LoadConfig(),
+                      allowed=5)
+    assert [m.pod.name for m in plan.moves] == ["shop/a", "shop/b"]
 
 
 def test_moves_never_exceed_the_limit_and_do_not_pile_onto_one_target():
@@ -588,37 +608,76 @@ def test_a_pod_is_not_evicted_toward_a_node_its_replacement_could_not_run_on(api
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None and evictions(api) == 1
 
 
-def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api, caplog):
-    """A zonal PersistentVolume attaches only in its zone: kube-scheduler's VolumeBinding filter
-    would keep the replacement Pending anywhere else (or send it back to the hot node)."""
-    label_nodes(api, "topology.kubernetes.io/zone", {"node-hot": "a", "node-cool": "b"})
-    for claim, pod_name, volume in (("data-web", "web-5d8f9-abcde", "pv-disk-a"), ("cache-api", "api-6f7c8-fghij",
-                                                                                  "pv-nfs")):
+def pass_while_unavailable(api: FakeKubeAPI, caplog: Any, plural: str) -> tuple[Remediator, list[Any]]:
+    """A remediator's first pass (hot at once) while ``plural`` answers HTTP 503: nothing moves."""
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    api.unavailable = {plural}
+    with caplog.at_level(logging.DEBUG, logger="reconcilers.remediation"):
+        rows = remediator_.run_pass()
+    api.unavailable = set()
+    assert evictions(api) == 0, f"{plural} cannot be read: no move"
+    return remediator_, rows
+
+
+def with_claimed_volumes(api: FakeKubeAPI, web: tuple[str, str, dict[str, Any]],
+                         api_pod: tuple[str, str, dict[str, Any]]) -> None:
+    """The web and the api Pod each mount a claim (name, its PersistentVolume, that volume's spec)."""
+    for pod_name, (claim, volume, source) in (("web-5d8f9-abcde", web), ("api-6f7c8-fghij", api_pod)):
         pod_ = api.get("pods", "shop", pod_name)
         pod_["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
         api.put("pods", pod_)
         api.put("persistentvolumeclaims", {"metadata": {"name": claim, "namespace": "shop"},
                                            "spec": {"volumeName": volume}, "status": {"phase": "Bound"}})
+        api.put("persistentvolumes", {"metadata": {"name": volume}, "spec": source})
+
+
+def test_a_pod_is_not_evicted_away_from_the_zone_its_disk_is_in(api, caplog):
+    """A zonal PersistentVolume attaches only in its zone: kube-scheduler's VolumeBinding filter
+    would keep the replacement Pending anywhere else (or send it back to the hot node)."""
+    label_nodes(api, "topology.kubernetes.io/zone", {"node-hot": "a", "node-cool": "b"})
     zonal = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
         {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}]}}
-    api.put("persistentvolumes", {"metadata": {"name": "pv-disk-a"}, "spec": {"nodeAffinity": zonal}})
-    api.put("persistentvolumes", {"metadata": {"name": "pv-nfs"}, "spec": {"nfs": {"server": "nfs", "path": "/"}}})
-
-    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
-    api.unavailable = {"persistentvolumeclaims"}
-    with caplog.at_level(logging.DEBUG, logger="reconcilers.remediation"):
-        rows = remediator_.run_pass()
-    assert evictions(api) == 0, "volumes that cannot be read: no move"
+    with_claimed_volumes(api, ("data-web", "pv-disk-a", {"nodeAffinity": zonal}),
+                         ("cache-api", "pv-nfs", {"nfs": {"server": "nfs", "path": "/"}}))
+    remediator_, rows = pass_while_unavailable(api, caplog, "persistentvolumeclaims")
     assert "shop/web-5d8f9-abcde kept: its volumes could not be read (HTTP 503" in caplog.text
     assert "kept: its volumes could not be read (HTTP 503 Service Unavailable)" in \
         {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
-    api.unavailable = set()
     rows = remediator_.run_pass()
     assert ("not moved: no node can take it (volume data-web (PersistentVolume pv-disk-a) cannot be reached from "
             "node-cool: its node affinity does not match)") in \
         {r.reason for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"}
     assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None, "network storage goes anywhere: this Pod moves"
+
+
+MOVABLE = ("Pod/shop/web-5d8f9-abcde", "Pod/shop/api-6f7c8-fghij")
+
+
+def test_a_pod_is_not_evicted_toward_a_node_whose_csi_driver_attaches_no_more_volumes(api, caplog):
+    """A CSI driver caps how many of its volumes a node attaches (its CSINode's allocatable count):
+    kube-scheduler's NodeVolumeLimits filter would keep the replacement Pending on a node at its
+    limit, counting the volumes VolumeAttachments show there. An in-tree EBS volume is attached by
+    the EBS CSI driver (CSI migration) and counts the same."""
+    with_claimed_volumes(api, ("data-web", "pv-web", {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-1"}}),
+                         ("cache-api", "pv-api", {"awsElasticBlockStore": {"volumeID": "vol-2"}}))
+    api.put("csinodes", {"metadata": {"name": "node-cool"}, "spec": {"drivers": [
+        {"name": "ebs.csi.aws.com", "nodeID": "i-cool", "allocatable": {"count": 2}}]}})
+    for attached in ("pv-other", "pv-another"):
+        api.put("volumeattachments", {"metadata": {"name": f"csi-{attached}"}, "spec": {
+            "attacher": "ebs.csi.aws.com", "nodeName": "node-cool", "source": {"persistentVolumeName": attached}}})
+    remediator_, rows = pass_while_unavailable(api, caplog, "volumeattachments")
+    assert "CSINodes or VolumeAttachments could not be listed (HTTP 503" in caplog.text
+    assert {r.object: r.reason for r in rows if r.object in MOVABLE} == dict.fromkeys(
+        MOVABLE, "kept: the CSI volume limits of other nodes could not be read this pass")
+    rows = remediator_.run_pass()
+    assert evictions(api) == 0
+    assert {r.object: r.reason for r in rows if r.object in MOVABLE} == dict.fromkeys(
+        MOVABLE, "not moved: no node can take it (ebs.csi.aws.com: 2 volumes attached to node-cool, its limit 2)")
+    # One volume detached (its VolumeAttachment gone): room for one more there.
+    api.delete("volumeattachments", "", "csi-pv-another")
+    remediator_.run_pass()
+    assert evictions(api) == 1
 
 
 def label_nodes(api: FakeKubeAPI, key: str, values: dict[str, str]) -> None:
