@@ -151,7 +151,7 @@ def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationK
     demand = pod_demand(pod, keys)
     kept: dict[str, MetaVictims] = {}
     refused: dict[str, str] = {}
-    added: dict[str, int] = {}
+    added: dict[str, str] = {}
     # Each node as it stands, read under the lock; the victims are worked out after it is released,
     # since adding some may take milliseconds a node and filter and bind wait on the lock.
     with state.locked():
@@ -176,13 +176,14 @@ def preempt(args: ExtenderPreemptionArgs, state: ClusterState, keys: AnnotationK
         kept[node] = {"Pods": [*victims["Pods"], *more],
                       "NumPDBViolations": victims["NumPDBViolations"] + answer.violations}
         if answer.added:
-            added[node] = len(answer.added)
+            added[node] = (f"{len(answer.added)} more Pod(s) of lower priority evicted than kube-scheduler chose"
+                           + (f" ({answer.violations} breaking a PodDisruptionBudget)" if answer.violations else ""))
     if refused or added:
         metadata = pod.get("metadata") or {}
         log.info("preemption for %s/%s: %d of %d candidate nodes kept%s%s", metadata.get("namespace", ""),
                  metadata.get("name", ""), len(kept), len(kept) + len(refused),
-                 "".join(f"; {node}: {count} more Pod(s) of lower priority evicted than kube-scheduler chose, "
-                         "for the room the extender charges" for node, count in sorted(added.items())),
+                 "".join(f"; {node}: {more}, for the room the extender charges"
+                         for node, more in sorted(added.items())),
                  "".join(f"; {node}: {reason}" for node, reason in sorted(refused.items())))
     return {"NodeNameToMetaVictims": kept}
 

@@ -50,11 +50,14 @@ class ClusterWatch:
             Reflector("Pod", core.list_pod_for_all_namespaces, _unbound, watch_timeout,
                       read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset,
                       digest=partial(pod_facts, keys=state.keys)),
-            # What a preemption's added victims are weighed by (kube-scheduler reads them for its own).
-            Reflector("PodDisruptionBudget", policy.list_pod_disruption_budget_for_all_namespaces, _nothing,
-                      watch_timeout, on_change=state.set_budget, on_reset=state.reset_budgets,
-                      digest=disruption_budget),
         ]
+        # What a preemption's added victims are weighed by (kube-scheduler reads them for its own).
+        # A preference only: the extender serves before they are in (or where it may not list
+        # them, said in the log each retry), and adds victims without them meanwhile.
+        self._budgets = Reflector("PodDisruptionBudget", policy.list_pod_disruption_budget_for_all_namespaces,
+                                  _nothing, watch_timeout, on_change=state.set_budget, on_reset=state.reset_budgets,
+                                  digest=disruption_budget)
+        self.reflectors.append(self._budgets)
         custom = client.CustomObjectsApi(api_client)
         if _crd_served(custom):
             self.reflectors.append(Reflector(
@@ -70,7 +73,7 @@ class ClusterWatch:
 
     @property
     def synced(self) -> bool:
-        return all(r.synced.is_set() for r in self.reflectors)
+        return all(r.synced.is_set() for r in self.reflectors if r is not self._budgets)
 
     def resync(self) -> None:
         """List Nodes and Pods again now: a new leader starts from what the API holds, including

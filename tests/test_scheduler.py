@@ -359,6 +359,8 @@ def test_victims_the_extender_adds_are_weighed_by_the_disruption_budgets_they_br
     api.put("poddisruptionbudgets", budget("both", "b", "c"))
     wait_for(lambda: preempt(sent_violations=2)["NumPDBViolations"] == 3)
     assert len(preempt()["Pods"]) == 2
+    assert ("node-0: 1 more Pod(s) of lower priority evicted than kube-scheduler chose (1 breaking a "
+            "PodDisruptionBudget), for the room the extender charges") in extender.log_path.read_text()
     api.delete("poddisruptionbudgets", "default", "both")
     api.delete("poddisruptionbudgets", "default", "first")
     wait_for(lambda: preempt() == victims("a", first))
@@ -986,6 +988,34 @@ def test_room_held_by_a_bind_whose_pod_never_shows_up_is_given_back_after_the_tt
         "n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
     now[0] += RESERVATION_TTL + 1
     assert filter_nodes(args, state, KEYS)["NodeNames"] == ["n"]
+
+
+def test_the_extender_serves_while_it_cannot_list_disruption_budgets():
+    """PodDisruptionBudgets only weigh a preemption's added victims: an extender that may not list
+    them (RBAC from an older release, an API outage) still syncs and serves, and takes them in
+    once it can."""
+    from kubernetes import client
+
+    from scheduler.kube import ClusterWatch
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    api.put("poddisruptionbudgets", {"metadata": {"name": "web", "namespace": "default"},
+                                     "spec": {"selector": {"matchLabels": {"app": "web"}}},
+                                     "status": {"disruptionsAllowed": 1}})
+    api.unavailable = {"poddisruptionbudgets"}
+    state = ClusterState(KEYS)
+    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        assert state.budgets() == [] and "node-0" in state.nodes
+        api.unavailable = set()
+        wait_for(lambda: [budget.allowed for budget in state.budgets()] == [1])
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
 
 
 def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
