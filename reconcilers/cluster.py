@@ -189,10 +189,15 @@ class Cluster:
         pod: dict[str, Any] = json.loads(response.data)
         return pod
 
-    def evict(self, namespace: str, name: str) -> None:
+    def evict(self, namespace: str, name: str, uid: str = "") -> None:
         """Ask for a Pod's eviction (policy/v1 Eviction): the API server refuses it with 429 while a
-        PodDisruptionBudget allows no disruption, and never deletes a Pod around its budget."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        PodDisruptionBudget allows no disruption, and never deletes a Pod around its budget. With
+        ``uid``, only that Pod: one recreated under its name since (a StatefulSet's) is refused
+        with 409, rather than evicted in its place."""
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
         self._core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
                                                   _request_timeout=self._timeout)
 

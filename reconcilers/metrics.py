@@ -40,7 +40,8 @@ class ReconcilerMetrics:
                                "Nodes hot for the required number of observations in the last pass.",
                                registry=registry)
         self.evictions = Counter("oversale_remediation_evictions", "Evictions asked for, by result (hot-node: "
-                                 "accepted, refused-by-pdb, gone, error).", ["result"], registry=registry)
+                                 "accepted, refused-by-pdb, gone: deleted or recreated under its name since the "
+                                 "pass read it, error).", ["result"], registry=registry)
         self.reservations = Counter("oversale_remediation_reservations",
                                     "Room reserved on target nodes before an eviction.", registry=registry)
         self.leader = Gauge("oversale_reconciler_leader", "1 while this replica holds the reconcilers' Lease.",

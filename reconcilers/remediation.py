@@ -377,14 +377,18 @@ class Remediator:
         namespace, name = move.pod.name.split("/", 1)
         reserved = self._reserve(move, now)
         try:
-            self.cluster.evict(namespace, name)
+            # The Pod this pass read, by its UID: a StatefulSet recreates its Pods under the same name,
+            # and the one there now may be young, elsewhere, and no part of this node's heat.
+            self.cluster.evict(namespace, name, move.pod.demand.uid)
         except ApiException as error:
             self._release(move.target, move.pod.workload)
             if error.status == 429:
                 self.metrics.evictions.labels("refused-by-pdb").inc()
                 log.info("Pod/%s: eviction refused for now (PodDisruptionBudget); retried next pass", move.pod.name)
-            elif error.status == 404:
+            elif error.status in (404, 409):
                 self.metrics.evictions.labels("gone").inc()
+                log.info("Pod/%s: gone since this pass read it%s; not evicted", move.pod.name,
+                         " (another Pod has its name now)" if error.status == 409 else "")
             else:
                 self.metrics.evictions.labels("error").inc()
                 log.warning("Pod/%s: eviction failed: %s %s", move.pod.name, error.status, error.reason)

@@ -127,6 +127,9 @@ class FakeKubeAPI:
         """plural -> [HTTP status, how many more requests get it] (429 with Retry-After, 500...)."""
         self.cut_watches: set[str] = set()
         """Plurals whose next watch event is sent half-written and the connection dropped."""
+        self.recreated: set[tuple[str, str]] = set()
+        """(namespace, Pod) its controller deletes and creates again under the same name (a new UID)
+        just before the next eviction of it arrives: a StatefulSet's Pod, replaced meanwhile."""
         self.kubelet_answers: dict[tuple[str, str], str] = {}
         """(namespace, Pod) -> how its kubelet answers a resize: ``applied`` (the default),
         ``Deferred`` or ``Infeasible``."""
@@ -607,7 +610,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             if plural == "bindings":
                 return self._bind(namespace or "", body)
             if plural == "pods" and sub == "eviction":
-                return self._evict(namespace or "", name or "")
+                return self._evict(namespace or "", name or "", body)
             if RESOURCES[plural][3]:
                 body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
             if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:
@@ -615,12 +618,21 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             code, result = api.write(plural, "CREATE", "", body, None, self._username())
             self._send(code, result)
 
-        def _evict(self, namespace: str, name: str) -> None:
+        def _evict(self, namespace: str, name: str, eviction: dict[str, Any]) -> None:
             """POST pods/NAME/eviction: the disruption controller's budget decides, as the API server's
-            eviction registry does (429 while no disruption is allowed; the Pod is deleted otherwise)."""
+            eviction registry does (429 while no disruption is allowed; the Pod is deleted otherwise),
+            and a UID precondition that names another Pod is a 409 Conflict."""
             pod = api.get("pods", namespace, name)
             if pod is None:
                 return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+            if (namespace, name) in api.recreated:
+                api.recreated.discard((namespace, name))
+                pod["metadata"]["uid"] = f"{pod['metadata'].get('uid', '')}-again"
+                api.put("pods", pod)
+            wanted = ((eviction.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+            if wanted and wanted != pod["metadata"].get("uid"):
+                return self._send(409, _status(409, "Conflict", f"Precondition failed: UID in precondition: {wanted}, "
+                                                                f"UID in object meta: {pod['metadata'].get('uid')}"))
             labels = pod["metadata"].get("labels") or {}
             for budget in api.list_objects("poddisruptionbudgets", namespace, {})["items"]:
                 wanted = ((budget.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}

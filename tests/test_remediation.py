@@ -836,6 +836,23 @@ def test_an_unreadable_reservation_on_the_target_holds_nothing_and_blocks_nothin
     assert list(held) == ["shop/ReplicaSet/web-5d8f9"], "rewritten as one readable hold"
 
 
+def test_a_pod_recreated_under_its_name_since_the_pass_read_it_is_not_evicted(api, caplog):
+    """The eviction names the Pod the pass read by its UID: a StatefulSet recreates its Pods under
+    the same name, and the new one is no part of this node's heat."""
+    api.recreated = {("shop", "web-5d8f9-abcde")}
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    with caplog.at_level(logging.INFO, logger="reconcilers.remediation"):
+        rows = remediator_.run_pass()
+    assert evictions(api) == 1, "asked for once"
+    survivor = api.get("pods", "shop", "web-5d8f9-abcde")
+    assert survivor is not None and survivor["metadata"]["uid"].endswith("-again"), "the new Pod stays"
+    assert [r for r in rows if r.written] == []
+    assert remediator_.metrics.evictions.labels("gone")._value.get() == 1
+    assert "Pod/shop/web-5d8f9-abcde: gone since this pass read it (another Pod has its name now)" in caplog.text
+    assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {}), \
+        "the room held for its replacement is released"
+
+
 def test_nodes_gone_from_the_cluster_and_ended_cooldowns_are_forgotten(api):
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1, node_cooldown_seconds=60,
                                                       workload_cooldown_seconds=60))
