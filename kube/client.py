@@ -38,6 +38,10 @@ def load_api_client(mode: str) -> Any | None:
     return client.ApiClient(configuration)
 
 
+VPA = ("autoscaling.k8s.io", "v1", "verticalpodautoscalers")
+"""Group, version and plural of the VerticalPodAutoscaler custom resource."""
+
+
 def without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     """``obj``, as the API server sent it, less ``metadata.managedFields`` (server-side field
     tracking: each writer's fields, much of a Pod, 56% of ``bench.served``'s as JSON), which no

@@ -39,6 +39,9 @@ class Reflector:
     relist calls ``on_reset`` then ``on_change`` for every object). ``digest`` (default: the whole
     object) is what the caller's index takes of an object: a relist holds it for every object of
     the kind until the last page is in, so a caller that needs a little of each should say so.
+    ``optional``: a custom resource whose CRD may not be installed; while the API server answers
+    404 for it, the cache is synced and empty, and it lists again every ``watch_timeout_seconds``
+    (a CRD installed later is picked up without a restart).
     """
 
     def __init__(
@@ -52,8 +55,10 @@ class Reflector:
         on_change: Callable[[str, str, Any], None] | None = None,
         on_reset: Callable[[], None] | None = None,
         digest: Callable[[dict[str, Any]], Any] = lambda obj: obj,
+        optional: bool = False,
     ) -> None:
         self.name = name
+        self._optional = optional
         self._list = list_fn
         self._read = read_fn
         self._extract = extract
@@ -120,9 +125,25 @@ class Reflector:
             except Gone:
                 log.info("%s watch expired; listing again", self.name)
             except Exception as error:  # noqa: BLE001  -- any API failure: retry, never die
+                if self._optional and getattr(error, "status", None) == 404:
+                    self._not_installed()
+                    self._stop.wait(self._watch_timeout)
+                    continue
                 log.warning("%s list/watch failed (%s); retrying in %.1fs", self.name, error, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    def _not_installed(self) -> None:
+        """An optional kind the API server does not serve: no objects, and that is all there is."""
+        with self._apply:
+            had = bool(self._items)
+            self._items, self._listed = {}, None
+            if self._on_reset is not None and had:
+                self._on_reset()
+        if not self.synced.is_set():
+            self.synced.set()
+            self._on_sync(self.name, True)
+            log.info("%s is not served by the API server (its CRD is not installed): none", self.name)
 
     def resync(self) -> None:
         """List again now, in the caller's thread, and apply it (what a new leader does before it

@@ -166,8 +166,11 @@ def exclusive_cpus(pod: Pod, keys: AnnotationKeys) -> str | None:
     return None
 
 
-def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds = NO_BOUNDS) -> CompressionResult:
-    """Compress ``pod``'s requests by ``policy``, within LimitRange ``bounds``.
+def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds = NO_BOUNDS,
+                      vpa_resources: frozenset[str] = frozenset()) -> CompressionResult:
+    """Compress ``pod``'s requests by ``policy``, within LimitRange ``bounds``; ``vpa_resources``:
+    those a VerticalPodAutoscaler of its workload sets (:func:`oversale.resize.vpa_controlled`),
+    left as they are, as are those its ``vpaUpdates`` annotation names.
 
     Returns a new Pod; ``pod`` is not modified. Only ``metadata.annotations``, the containers'
     ``resources`` and ``spec.resources`` ever change (the webhook's patch covers exactly those).
@@ -181,11 +184,14 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
         return result
     # VPA's requests are its recommendation, already near the usage: a ratio on top would divide
     # them again. They are kept as VPA set them, not restored from our record (which a call of
-    # ours before VPA's may have left); the other resource is compressed as usual.
-    by_vpa = vpa_set_resources(pod)
+    # ours before VPA's may have left); the other resource is compressed as usual. Known before
+    # VPA's admission runs (``vpa_resources``), they are not compressed at all: VPA scales each
+    # limit by recommendation / request, and from a request we had lowered it would raise the
+    # limit by our ratio.
+    by_vpa = vpa_set_resources(pod) | vpa_resources
     if (contested := by_vpa & set(policy.ratios)) and not policy.disabled:
         result.warnings.append(f"{' and '.join(sorted(contested))} requests set by a "
-                               "VerticalPodAutoscaler (vpaUpdates) not compressed: two controllers would set "
+                               "VerticalPodAutoscaler not compressed: two controllers would set "
                                "them; remove the ratio or the VPA")
     if by_vpa and not set(policy.ratios) - by_vpa:
         result.skipped = "requests set by a VerticalPodAutoscaler"

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from kubernetes import client
 
-from kube.client import without_managed_fields
+from kube.client import VPA, without_managed_fields
 from oversale.pods import TERMINAL_PHASES
 from oversale.timestamps import format_timestamp
 
@@ -28,7 +28,6 @@ WORKLOAD_APIS = {
 API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1", "CronJob": "batch/v1"}
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-VPA_GROUP, VPA_VERSION, VPA_PLURAL = "autoscaling.k8s.io", "v1", "verticalpodautoscalers"
 
 
 def packed(obj: dict[str, Any]) -> bytes:
@@ -131,8 +130,8 @@ class Cluster:
     def vertical_autoscalers(self) -> list[dict[str, Any]] | None:
         """Every VerticalPodAutoscaler, or None when its CRD is not installed."""
         try:
-            response: Any = self._custom.list_cluster_custom_object(
-                VPA_GROUP, VPA_VERSION, VPA_PLURAL, _preload_content=False, _request_timeout=self._timeout)
+            response: Any = self._custom.list_cluster_custom_object(*VPA, _preload_content=False,
+                                                                    _request_timeout=self._timeout)
         except client.exceptions.ApiException as error:
             if error.status == 404:
                 return None

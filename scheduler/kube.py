@@ -11,7 +11,6 @@ from functools import partial
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kube.client import one_line
 from kube.metrics_api import MetricsAPI
@@ -58,13 +57,12 @@ class ClusterWatch:
                                   _nothing, watch_timeout, on_change=state.set_budget, on_reset=state.reset_budgets,
                                   digest=disruption_budget)
         self.reflectors.append(self._budgets)
-        custom = client.CustomObjectsApi(api_client)
-        if _crd_served(custom):
-            self.reflectors.append(Reflector(
-                "NodeResourceTopology", partial(custom.list_cluster_custom_object, *NRT), _nothing,
-                watch_timeout, on_change=lambda _, name, zones: state.set_topology(name, zones), digest=_zones))
-        else:
-            log.info("no NodeResourceTopology API: topology from node annotations")
+        # NFD's topology-updater publishes NUMA zones where it is installed; without its CRD,
+        # topology comes from node annotations.
+        self.reflectors.append(Reflector(
+            "NodeResourceTopology", partial(client.CustomObjectsApi(api_client).list_cluster_custom_object, *NRT),
+            _nothing, watch_timeout, on_change=lambda _, name, zones: state.set_topology(name, zones),
+            on_reset=state.reset_topologies, digest=_zones, optional=True))
         self._pods = self.reflectors[1]
 
     def start(self) -> None:
@@ -98,16 +96,6 @@ def _unbound(pod: dict[str, Any]) -> dict[str, Any] | None:
     status), kept for every Pod of the cluster, cost memory in proportion to the cluster for
     nothing (bench.extender_memory)."""
     return None if (pod.get("spec") or {}).get("nodeName") else pod
-
-
-def _crd_served(custom: Any) -> bool:
-    try:
-        custom.list_cluster_custom_object(*NRT, limit=1, _preload_content=False, _request_timeout=10)
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return True
 
 
 def _zones(nrt: dict[str, Any] | None) -> dict[int, int] | None:

@@ -165,6 +165,12 @@ class ClusterState:
                                              self.load_config.watermarks)
             self._changed(name)
 
+    def reset_topologies(self) -> None:
+        """Before a relist of NodeResourceTopologies (or once their CRD is gone): none is known."""
+        with self._lock:
+            for name in list(self.nrt):
+                self.set_topology(name, None)
+
     def view_of(self, node: dict[str, Any]) -> NodeView:
         """A node sent in full (nodeCacheCapable false)."""
         name = str((node.get("metadata") or {}).get("name", ""))

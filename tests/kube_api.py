@@ -189,6 +189,8 @@ class FakeKubeAPI:
         with self._changed:
             obj = self._objects[plural].pop((namespace, name))
             self._version += 1
+            # As etcd's watch sends it: the deleted object at the revision of its deletion.
+            obj.setdefault("metadata", {})["resourceVersion"] = str(self._version)
             self._events[plural].append((self._version, "DELETED", obj))
             self._changed.notify_all()
 

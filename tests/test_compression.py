@@ -417,10 +417,24 @@ def test_a_vpa_that_sets_memory_only_leaves_cpu_to_the_ratio():
     by_vpa["spec"]["containers"][0]["resources"]["requests"]["memory"] = "300Mi"  # its recommendation
     result = compress_requests(by_vpa, policy(cpu="4", memory="2"))
     assert requests(result.pod, "app") == {"cpu": "250m", "memory": "300Mi"}, "cpu ours, memory VPA's"
-    assert result.warnings == ["memory requests set by a VerticalPodAutoscaler (vpaUpdates) not compressed: two "
+    assert result.warnings == ["memory requests set by a VerticalPodAutoscaler not compressed: two "
                                "controllers would set them; remove the ratio or the VPA"]
     assert compress_requests(by_vpa, policy(cpu="4")).pod["spec"]["containers"][0]["resources"]["requests"] == \
         {"cpu": "250m", "memory": "300Mi"}, "no memory ratio: no warning needed, VPA's memory still stays"
+
+
+def test_resources_a_vpa_will_set_are_left_for_it_before_its_admission_runs():
+    """Known from the workload's VerticalPodAutoscaler before VPA's own admission runs (this
+    webhook's configuration sorts first): VPA scales each limit by recommendation / request, so a
+    request lowered here first would have its limit raised by the ratio. It stays as it came."""
+    original = pod(container("app", "1", "1Gi", limits={"cpu": "2", "memory": "2Gi"}))
+    result = compress_requests(original, policy(cpu="2", memory="2"), vpa_resources=frozenset({"cpu"}))
+    assert requests(result.pod, "app") == {"cpu": "1", "memory": "512Mi"}, "cpu VPA's, memory ours"
+    assert result.warnings == ["cpu requests set by a VerticalPodAutoscaler not compressed: two controllers "
+                               "would set them; remove the ratio or the VPA"]
+    assert result.pod["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "2", "memory": "2Gi"}
+    both = compress_requests(original, policy(cpu="2", memory="2"), vpa_resources=frozenset({"cpu", "memory"}))
+    assert both.pod == original and both.skipped == "requests set by a VerticalPodAutoscaler"
 
 
 raise_ratios = st.decimals(min_value=Decimal("0.2"), max_value=Decimal("0.99"), places=2)

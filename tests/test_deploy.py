@@ -125,7 +125,9 @@ def test_rbac_lists_exactly_what_the_code_uses_and_no_wildcards(rendered):
         {("batch", r) for r in ("jobs", "cronjobs")}
     expected = {(g, r, v) for g, r in workloads for v in ("get", "list", "watch")} | \
         {("", "limitranges", "list"), ("", "limitranges", "watch"), ("", "resourcequotas", "list"),
-         ("", "resourcequotas", "watch"), ("", "pods", "list")}
+         ("", "resourcequotas", "watch"), ("", "pods", "list"),
+         ("autoscaling.k8s.io", "verticalpodautoscalers", "list"), ("autoscaling.k8s.io", "verticalpodautoscalers",
+                                                                    "watch")}
     assert granted == expected
 
 
@@ -644,6 +646,8 @@ CALLS = {
         **{("", resource, verb): ("webhook/owners.py", "WatchedKind(")
            for resource in ("limitranges", "resourcequotas") for verb in ("list", "watch")},
         ("", "pods", "list"): ("webhook/node_pods.py", "list_pod_for_all_namespaces"),
+        ("autoscaling.k8s.io", "verticalpodautoscalers", "list"): ("webhook/owners.py", "list_cluster_custom_object"),
+        ("autoscaling.k8s.io", "verticalpodautoscalers", "watch"): ("kube/reflector.py", "watch=True"),
     },
     "oversale-reconciler": {
         **{(group, resource, verb): ("reconcilers/cluster.py", call) for group, resource in
@@ -668,7 +672,7 @@ CALLS = {
         ("", "namespaces", "list"): ("reconcilers/cluster.py", "list_namespace,"),
         ("", "limitranges", "list"): ("reconcilers/cluster.py", "list_limit_range_for_all_namespaces"),
         ("", "resourcequotas", "list"): ("reconcilers/cluster.py", "list_resource_quota_for_all_namespaces"),
-        ("autoscaling.k8s.io", "verticalpodautoscalers", "list"): ("reconcilers/cluster.py", "VPA_PLURAL"),
+        ("autoscaling.k8s.io", "verticalpodautoscalers", "list"): ("reconcilers/cluster.py", "(*VPA,"),
         ("", "events", "create"): ("reconcilers/cluster.py", "create_namespaced_event("),
         ("metrics.k8s.io", "pods", "list"): ("kube/metrics_api.py", 'self._list("pods")'),
         ("metrics.k8s.io", "nodes", "list"): ("kube/metrics_api.py", 'self._list("nodes")'),

@@ -179,6 +179,37 @@ def test_annotation_changes_arrive_through_the_watch(cluster):
     assert eventually(lambda: cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "500m")
 
 
+def test_requests_a_workloads_vpa_sets_are_left_to_it(cluster):
+    """VPA's admission runs after this webhook and scales each limit by its recommendation over the
+    request it finds: a request lowered here first would get its limit raised by the ratio. So the
+    resources a VerticalPodAutoscaler of the workload sets (updateMode not Off, its
+    controlledResources) are left as they came, from the watched VPAs."""
+    api, server = cluster
+    api.put(*workload("deployments", "tuned", {KEYS.cpu_requests_ratio: "2", KEYS.memory_requests_ratio: "2"}))
+    api.put(*workload("replicasets", "tuned-1", {}, owner=("Deployment", "tuned")))
+    pod = owned_pod("ReplicaSet", "tuned-1")
+
+    def admitted() -> tuple[dict, list[str]]:
+        response = server.review(pod_review(pod))
+        return apply_response(pod, response)["spec"]["containers"][0]["resources"]["requests"], \
+            response.get("warnings") or []
+
+    assert admitted()[0] == {"cpu": "500m", "memory": "512Mi"}
+    vpa = {"apiVersion": "autoscaling.k8s.io/v1", "kind": "VerticalPodAutoscaler",
+           "metadata": {"name": "tuned", "namespace": NS},
+           "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "tuned"},
+                    "updatePolicy": {"updateMode": "Auto"},
+                    "resourcePolicy": {"containerPolicies": [{"containerName": "*", "controlledResources": ["cpu"]}]}}}
+    api.put("verticalpodautoscalers", vpa)
+    assert eventually(lambda: admitted()[0] == {"cpu": "1", "memory": "512Mi"}), "cpu VPA's, memory ours"
+    assert "cpu requests set by a VerticalPodAutoscaler not compressed: two controllers would set them; remove " \
+           "the ratio or the VPA" in admitted()[1]
+    # A VPA that only recommends (updateMode: Off) sets nothing.
+    api.put("verticalpodautoscalers", {**vpa, "spec": {**vpa["spec"], "updatePolicy": {"updateMode": "Off"}}})
+    assert eventually(lambda: admitted()[0] == {"cpu": "500m", "memory": "512Mi"})
+    api.delete("verticalpodautoscalers", NS, "tuned")
+
+
 def test_expired_watch_relists(cluster):
     api, server = cluster
     lists_before = api.count("GET", "statefulsets", watch=False)
@@ -203,7 +234,9 @@ def test_unreadable_owner_falls_back_to_pod_annotations_with_a_warning(cluster):
 
 
 def test_readiness_waits_for_the_caches(tmp_path):
+    """... every cache but that of VerticalPodAutoscalers where their CRD is not installed."""
     api = FakeKubeAPI().start()
+    api.absent = {"verticalpodautoscalers"}
     api.down = True
     server = RunningWebhook(tmp_path, env={"OVERSALE_KUBERNETES": "auto",
                                            "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kc"))}, workers=1)

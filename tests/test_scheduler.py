@@ -1018,6 +1018,36 @@ def test_the_extender_serves_while_it_cannot_list_disruption_budgets():
         api.stop()
 
 
+def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_installed():
+    """NFD's topology-updater publishes each node's NUMA zones as a NodeResourceTopology. Without
+    its CRD the extender syncs all the same (topology from node annotations), and takes the zones
+    in once the CRD is installed, without a restart."""
+    from kubernetes import client
+
+    from scheduler.kube import ClusterWatch
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    api.absent = {"noderesourcetopologies"}
+    state = ClusterState(KEYS)
+    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state, watch_timeout=1)
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        assert state.nrt == {}
+        api.absent = set()
+        api.put("noderesourcetopologies", {"metadata": {"name": "node-0"}, "zones": [
+            {"name": "node-0", "type": "Node", "resources": [{"name": "cpu", "capacity": "8", "allocatable": "7"}]},
+            {"name": "node-1", "type": "Node", "resources": [{"name": "cpu", "capacity": "8", "allocatable": "8"}]}]})
+        wait_for(lambda: state.nrt.get("node-0") == {0: 7, 1: 8})
+        api.delete("noderesourcetopologies", "", "node-0")
+        wait_for(lambda: state.nrt == {})
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
 def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
     """A bound Pod counts as its record in the state; its whole object is not kept (on a large
     cluster, every Pod's object was most of the extender's memory: bench.extender_memory)."""

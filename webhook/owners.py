@@ -1,5 +1,6 @@
 """Watch-backed caches of what admission needs from the cluster: workload annotations, the
-ReplicaSet -> Deployment and Job -> CronJob links, LimitRanges and ResourceQuotas.
+ReplicaSet -> Deployment and Job -> CronJob links, LimitRanges and ResourceQuotas, and (where
+its CRD is installed) which resources each workload's VerticalPodAutoscaler sets.
 
 Each kind is one list-then-watch loop (the client-go reflector pattern) over the real
 ``kubernetes`` client, keeping only the few fields admission reads. A Pod admitted milliseconds
@@ -12,13 +13,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from kube.client import one_line
+from kube.client import VPA, one_line
 from kube.reflector import Reflector, WatchedKind
 from oversale.annotations import AnnotationKeys
 from oversale.limitrange import NO_BOUNDS, RequestBounds, bounds_from_limit_ranges
 from oversale.pods import controller_of
+from oversale.resize import vpa_controlled
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,8 @@ class OwnerAnnotations:
     """``Kind/namespace/name`` of the workload read, None for a naked Pod."""
     problem: str | None = None
     """Why the owner could not be read (then only the Pod's own annotations apply)."""
+    vpa: frozenset[str] = frozenset()
+    """The resources a VerticalPodAutoscaler of the workload sets on its Pods."""
 
 
 class OwnerCache:
@@ -90,6 +95,15 @@ class OwnerCache:
         }
         self._limit_ranges = Reflector.for_kind(api_client, LIMIT_RANGES, limit_range, watch_timeout_seconds, on_sync)
         self._quotas = Reflector.for_kind(api_client, RESOURCE_QUOTAS, resource_quota, watch_timeout_seconds, on_sync)
+        # VPA's admission runs after this webhook (its configuration's name sorts after ours) and
+        # scales limits by its recommendation over the request it finds: the resources it will
+        # set must be known before it runs. Without the CRD there is none.
+        from kubernetes import client
+
+        self._vpas = Reflector("VerticalPodAutoscaler",
+                               partial(client.CustomObjectsApi(api_client).list_cluster_custom_object, *VPA),
+                               lambda vpa: Entry(_NO_ANNOTATIONS, extra=vpa_controlled([vpa])),
+                               watch_timeout_seconds, on_sync, optional=True)
 
     def start(self) -> None:
         for reflector in self._all():
@@ -100,7 +114,7 @@ class OwnerCache:
             reflector.stop()
 
     def _all(self) -> list[Reflector]:
-        return [*self._reflectors.values(), self._limit_ranges, self._quotas]
+        return [*self._reflectors.values(), self._limit_ranges, self._quotas, self._vpas]
 
     @property
     def synced(self) -> bool:
@@ -130,9 +144,14 @@ class OwnerCache:
             self._on_lookup("error")
             problem = f"could not read owner {kind} {namespace}/{name}: {one_line(error)}"
             return OwnerAnnotations(_NO_ANNOTATIONS, problem=problem)
+        workload, vpa = f"{kind}/{namespace}/{name}", self._vpa_resources(kind, namespace, name)
         if entry is None:
-            return OwnerAnnotations(_NO_ANNOTATIONS, f"{kind}/{namespace}/{name}")
-        return OwnerAnnotations(entry.annotations, f"{kind}/{namespace}/{name}")
+            return OwnerAnnotations(_NO_ANNOTATIONS, workload, vpa=vpa)
+        return OwnerAnnotations(entry.annotations, workload, vpa=vpa)
+
+    def _vpa_resources(self, kind: str, namespace: str, name: str) -> frozenset[str]:
+        return frozenset(resource for vpa in self._vpas.in_namespace(namespace)
+                         for resource in vpa.extra.get((kind, namespace, name), ()))
 
     def _entry(self, kind: str, namespace: str, name: str) -> Entry | None:
         reflector = self._reflectors.get(kind)

@@ -78,7 +78,7 @@ def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners,
     policy = answers.policy(annotations)
     for problem in policy.problems:
         log.warning("pod %s/%s (owner %s): %s", namespace, _pod_name(pod), owner.workload or "none", problem)
-    answer = answers.compression(pod, annotations, policy, owners.bounds_for(namespace))
+    answer = answers.compression(pod, annotations, policy, owners.bounds_for(namespace), owner.vpa)
     review = allow(uid, warnings=[*warnings, *answer.warnings], encoded_patch=answer.patch)
     outcome = "mutated" if answer.patch else ("skipped" if answer.skipped else "unchanged")
     if log.isEnabledFor(logging.DEBUG):
@@ -118,8 +118,8 @@ class PodAnswers:
     rollout asks the same question once per replica. A compression is keyed on exactly what
     :func:`compress_requests` and :func:`pod_patch` read: each container's name, restart policy and
     resources, pod-level resources, this service's record annotations and exclusive-CPU ones (and
-    whether the Pod has an annotations map), whether it is a mirror Pod, the compression annotations in effect and the
-    namespace's bounds. ``size=0`` remembers nothing.
+    whether the Pod has an annotations map), whether it is a mirror Pod, the compression annotations in effect, the
+    namespace's bounds and the resources a VerticalPodAutoscaler sets. ``size=0`` remembers nothing.
     """
 
     def __init__(self, settings: Settings, size: int = 4096) -> None:
@@ -140,11 +140,12 @@ class PodAnswers:
             lambda: policy_from_annotations(annotations, settings.keys, settings.compression))
 
     def compression(self, pod: dict[str, Any], annotations: dict[str, str], policy: CompressionPolicy,
-                    bounds: RequestBounds) -> PodAnswer:
-        return self._compressions.get(self._key(pod, annotations, bounds) if self.size else None,
-                                      lambda: PodAnswer.of(pod, compress_requests(pod, policy, bounds)))
+                    bounds: RequestBounds, vpa: frozenset[str] = frozenset()) -> PodAnswer:
+        return self._compressions.get(self._key(pod, annotations, bounds, vpa) if self.size else None,
+                                      lambda: PodAnswer.of(pod, compress_requests(pod, policy, bounds, vpa)))
 
-    def _key(self, pod: dict[str, Any], annotations: dict[str, str], bounds: RequestBounds) -> Hashable | None:
+    def _key(self, pod: dict[str, Any], annotations: dict[str, str], bounds: RequestBounds,
+             vpa: frozenset[str]) -> Hashable | None:
         # One bytes object rather than nested tuples (see webhook.memo).
         metadata = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
@@ -161,6 +162,7 @@ class PodAnswers:
                 spec.get("resources"),
                 annotations,
                 None if bounds is NO_BOUNDS else bounds,
+                sorted(vpa),
             ], default=str)
         except (AttributeError, TypeError):  # a malformed Pod: compressed (and failed open) without the memo
             return None
