@@ -431,6 +431,19 @@ def constraint_problem(constraints: NodeConstraints, node: str, labels: Mapping[
     return inter_pod_problem(constraints, node, neighbours) if neighbours is not None else None
 
 
+def intolerable_soft_taints(constraints: NodeConstraints, taints: Sequence[Any]) -> int:
+    """How many of a node's ``PreferNoSchedule`` taints the Pod does not tolerate: the count
+    kube-scheduler's TaintToleration plugin scores nodes by (fewer is better), at the highest
+    weight of its default score plugins.
+
+    >>> soft = [{"key": "stke.platform/hot", "value": "1764000000", "effect": "PreferNoSchedule"}]
+    >>> intolerable_soft_taints(NodeConstraints(), soft), intolerable_soft_taints(NodeConstraints(), [])
+    (1, 0)
+    """
+    return sum(1 for taint in taints if isinstance(taint, Mapping) and taint.get("effect") == "PreferNoSchedule"
+               and not any(_tolerates(toleration, taint) for toleration in constraints.tolerations))
+
+
 def _labels_problem(constraints: NodeConstraints, node: str, labels: Mapping[str, str]) -> str | None:
     """What the Pod's nodeSelector and required node affinity say of a node's labels."""
     for key, wanted in constraints.node_selector.items():

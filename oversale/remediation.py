@@ -28,6 +28,7 @@ from oversale.node_fit import (
     NodeConstraints,
     VolumeAffinity,
     constraint_problem,
+    intolerable_soft_taints,
     node_constraints,
     ports_problem,
     replacement,
@@ -289,8 +290,10 @@ class MovePlan:
 def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
                neighbours: Neighbours | None = None) -> tuple[int | None, str]:
     """The index of the best node that can take ``pod`` (the extender's filter and score, with the
-    Pod's *current usage* as its load), or None and why none can."""
-    best, best_score, reasons = None, -1, []
+    Pod's *current usage* as its load), or None and why none can. Nodes with fewer
+    ``PreferNoSchedule`` taints the Pod does not tolerate come first, as kube-scheduler's
+    TaintToleration score ranks them: room held on a node it ranks last would seldom be taken."""
+    best, best_rank, reasons = None, (-1, -1), []
     for index, target in enumerate(targets):
         why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints, neighbours)
                or (resources_problem(pod.constraints.resources, target.free, target.view.name)
@@ -307,9 +310,10 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
         if why is not None:
             reasons.append(why)
             continue
-        score = placement_score(target.view, target.usage, pod.demand, target.heat, config, dict(pod.usage))
-        if score > best_score:
-            best, best_score = index, score
+        rank = (-intolerable_soft_taints(pod.constraints, target.taints),
+                placement_score(target.view, target.usage, pod.demand, target.heat, config, dict(pod.usage)))
+        if best is None or rank > best_rank:
+            best, best_rank = index, rank
     if best is None:
         return None, "no node can take it" + (f" ({reasons[0]}{' ...' if len(reasons) > 1 else ''})"
                                               if reasons else " (no other node)")

@@ -191,6 +191,24 @@ def test_a_pod_whose_only_target_is_full_or_would_run_hot_is_not_moved():
     assert warm.moves == [] and "above the scheduling watermark 65%" in warm.kept[0][1]
 
 
+def test_a_target_with_a_soft_taint_the_pod_does_not_tolerate_comes_last():
+    """kube-scheduler's TaintToleration ranks a node lower for each PreferNoSchedule taint the Pod
+    does not tolerate (the hot-node taint, a cluster autoscaler's deletion candidate): room held
+    there would seldom be taken. Such a node is chosen only when no other can take the Pod."""
+    soft = ({"key": "DeletionCandidateOfClusterAutoscaler", "value": "1764000000", "effect": "PreferNoSchedule"},)
+    tainted, plain = dataclasses.replace(target("node-tainted"), taints=soft), target("node-plain")
+    pod_ = candidate("big", "Burstable", 500, 1500)
+    plan = plan_moves({"cpu": 1000.0}, [pod_], [tainted, plain], LoadConfig(), allowed=5)
+    assert [m.target for m in plan.moves] == ["node-plain"]
+    full = dataclasses.replace(plain, usage=NodeUsage(shared={"cpu": 8000, "memory": 0}))
+    plan = plan_moves({"cpu": 1000.0}, [pod_], [tainted, full], LoadConfig(), allowed=5)
+    assert [m.target for m in plan.moves] == ["node-tainted"], "the only node with room"
+    tolerant = dataclasses.replace(pod_, constraints=NodeConstraints(tolerations=(
+        {"key": "DeletionCandidateOfClusterAutoscaler", "operator": "Exists"},)))
+    plan = plan_moves({"cpu": 1000.0}, [tolerant], [tainted, plain], LoadConfig(), allowed=5)
+    assert [m.target for m in plan.moves] == ["node-tainted"], "tolerated: the score alone decides (a tie: first)"
+
+
 def test_a_move_takes_a_volume_slot_on_its_target_for_the_next_move():
     """Two Pods, each with a volume the same CSI driver attaches, and room for one more volume on
     the only target: the first goes, the second stays; a volume already attached there takes no
