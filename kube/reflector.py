@@ -136,9 +136,10 @@ class Reflector:
     def _not_installed(self) -> None:
         """An optional kind the API server does not serve: no objects, and that is all there is."""
         with self._apply:
-            had = bool(self._items)
+            # What a caller indexed from an earlier list goes too (the CRD was uninstalled): its
+            # own index may hold what this cache does not (an extract that keeps nothing).
             self._items, self._listed = {}, None
-            if self._on_reset is not None and had:
+            if self._on_reset is not None:
                 self._on_reset()
         if not self.synced.is_set():
             self.synced.set()

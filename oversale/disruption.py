@@ -85,8 +85,6 @@ class Allowances:
     def spend(self, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
         """Count one more victim; True when it breaks a budget (takes one below zero)."""
         broken = False
-        if not labels:
-            return False
         for index, budget in enumerate(self._budgets):
             if budget.covers(namespace, name, labels):
                 self._left[index] -= 1

@@ -1042,6 +1042,12 @@ def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_instal
         wait_for(lambda: state.nrt.get("node-0") == {0: 7, 1: 8})
         api.delete("noderesourcetopologies", "", "node-0")
         wait_for(lambda: state.nrt == {})
+        # Its CRD uninstalled: the zones known from it go.
+        api.put("noderesourcetopologies", {"metadata": {"name": "node-0"}, "zones": [
+            {"name": "node-0", "type": "Node", "resources": [{"name": "cpu", "allocatable": "6"}]}]})
+        wait_for(lambda: state.nrt.get("node-0") == {0: 6})
+        api.absent = {"noderesourcetopologies"}
+        wait_for(lambda: state.nrt == {})
     finally:
         for reflector in watch.reflectors:
             reflector.stop()
