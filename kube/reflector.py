@@ -70,6 +70,8 @@ class Reflector:
         self._items: dict[str, dict[str, Any]] = {}
         self._apply = threading.Lock()
         self._listed: int | None = None
+        self._at: int | None = None
+        """The resourceVersion the cache stands at: its last list's, or the last watch event's."""
         self._stop = threading.Event()
         self.synced = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"reflector-{name}", daemon=True)
@@ -138,7 +140,7 @@ class Reflector:
         with self._apply:
             # What a caller indexed from an earlier list goes too (the CRD was uninstalled): its
             # own index may hold what this cache does not (an extract that keeps nothing).
-            self._items, self._listed = {}, None
+            self._items, self._listed, self._at = {}, None, None
             if self._on_reset is not None:
                 self._on_reset()
         if not self.synced.is_set():
@@ -148,7 +150,9 @@ class Reflector:
 
     def resync(self) -> None:
         """List again now, in the caller's thread, and apply it (what a new leader does before it
-        serves): watch events older than this list are dropped when they arrive afterwards."""
+        serves): watch events older than this list are dropped when they arrive afterwards, and a
+        list older than the events the watch applied while it was read is dropped itself (the
+        cache is newer already)."""
         self._relist()
 
     def _relist(self) -> str:
@@ -171,8 +175,14 @@ class Reflector:
                 break
         listed = str((page.get("metadata") or {}).get("resourceVersion", ""))
         with self._apply:
+            number = _number(listed)
+            if number is not None and self._at is not None and number < self._at:
+                # The watch applied newer events while this list was paged and read (a resync
+                # beside the watch): applied now, it would take the cache back in time, and the
+                # watch, already past them, never sends those events again.
+                return listed
             self._items = items
-            self._listed = _number(listed)
+            self._listed = self._at = number
             if self._on_change is not None:
                 if self._on_reset is not None:
                     self._on_reset()
@@ -204,16 +214,19 @@ class Reflector:
                     raise RuntimeError(f"watch error: {obj.get('message')}")
                 metadata = obj.get("metadata") or {}
                 version = str(metadata.get("resourceVersion", version))
-                if kind == "BOOKMARK":
-                    continue
+                bookmark = kind == "BOOKMARK"
                 namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
-                entry = None if kind == "DELETED" else self._extract(obj)
-                digest = None if kind == "DELETED" or self._on_change is None else self._digest(obj)
+                entry = None if kind == "DELETED" or bookmark else self._extract(obj)
+                digest = None if kind == "DELETED" or bookmark or self._on_change is None else self._digest(obj)
                 with self._apply:
                     # resourceVersions are etcd revisions in practice; an event a concurrent
                     # resync already covered must not take an object back in time.
                     number = _number(version)
                     if self._listed is not None and number is not None and number <= self._listed:
+                        continue
+                    if number is not None:
+                        self._at = number  # a bookmark too: every event up to it has arrived
+                    if bookmark:
                         continue
                     if entry is None:
                         self._items.get(namespace, {}).pop(name, None)

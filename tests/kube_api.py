@@ -130,6 +130,11 @@ class FakeKubeAPI:
         self.recreated: set[tuple[str, str]] = set()
         """(namespace, Pod) its controller deletes and creates again under the same name (a new UID)
         just before the next eviction of it arrives: a StatefulSet's Pod, replaced meanwhile."""
+        self.held_lists: dict[str, threading.Event] = {}
+        """plural -> Event: the next list of it takes its snapshot, then waits for the Event before
+        it answers (a large cluster's list, paged over seconds while writes and their watch events
+        go on); ``lists_held`` names the plurals whose held list has taken its snapshot."""
+        self.lists_held: set[str] = set()
         self.kubelet_answers: dict[tuple[str, str], str] = {}
         """(namespace, Pod) -> how its kubelet answers a resize: ``applied`` (the default),
         ``Deferred`` or ``Infeasible``."""
@@ -531,7 +536,12 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             if name is None and query.get("watch") == ["true"]:
                 return self._watch(plural, namespace, query)
             if name is None:
-                return self._send(200, api.list_objects(plural, namespace, query))
+                listed = api.list_objects(plural, namespace, query)
+                held = api.held_lists.pop(plural, None)
+                if held is not None:
+                    api.lists_held.add(plural)
+                    held.wait(30)
+                return self._send(200, listed)
             obj = api.get(plural, namespace or "", name)
             if obj is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))

@@ -1054,6 +1054,44 @@ def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_instal
         api.stop()
 
 
+def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
+    """A new leader lists Pods again before it serves. On a large cluster that list takes seconds,
+    and the watch goes on applying events meanwhile: a Pod bound while the list was in flight must
+    stay counted on its node when the (older) list lands, or the CPUs it holds are handed out again."""
+    from kubernetes import client
+
+    from scheduler.kube import ClusterWatch
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    api.put("pods", pod("running", "2", node_name="node-0"))
+    api.put("pods", pod("pending", "1"))
+    state = ClusterState(KEYS)
+    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        assert state.usage("node-0").shared["cpu"] == 2000
+        api.held_lists["pods"] = answered = threading.Event()
+        resync = threading.Thread(target=watch.resync)
+        resync.start()
+        wait_for(lambda: "pods" in api.lists_held)  # its snapshot has "pending" unbound
+        api.put("pods", pod("pending", "1", node_name="node-0"))
+        wait_for(lambda: state.usage("node-0").shared["cpu"] == 3000)  # the watch's event
+        answered.set()
+        resync.join(10)
+        assert not resync.is_alive()
+        assert state.usage("node-0").shared["cpu"] == 3000
+        assert watch.cached_pod("default", "pending") is None
+        # Later events still apply on top.
+        api.put("pods", pod("late", "1", node_name="node-0"))
+        wait_for(lambda: state.usage("node-0").shared["cpu"] == 4000)
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
 def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
     """A bound Pod counts as its record in the state; its whole object is not kept (on a large
     cluster, every Pod's object was most of the extender's memory: bench.extender_memory)."""
