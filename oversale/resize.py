@@ -19,7 +19,7 @@ what the API and the kubelet allow:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -236,6 +236,31 @@ def vpa_controlled(vpas: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, st
             key = (str(target["kind"]), str(metadata.get("namespace", "")), str(target.get("name", "")))
             controlled[key] = dict.fromkeys(sorted(resources), str(metadata.get("name", "")))
     return controlled
+
+
+VPA_WELL_KNOWN_KINDS = frozenset({"DaemonSet", "Deployment", "ReplicaSet", "StatefulSet", "ReplicationController",
+                                   "Job", "CronJob"})
+"""The owner kinds VPA's controller fetcher reads itself; any other owner counts for it only when
+it serves a ``scale`` subresource (an Argo Rollout does)."""
+
+
+def vpa_targets(owners: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (kind, name) a VerticalPodAutoscaler's ``targetRef`` may name to act on a Pod whose
+    controller chain, from its own controller upward, is ``owners``, as far as it can be read.
+
+    VPA acts on a Pod when its ``targetRef`` is the top-most owner that is of a kind VPA knows or
+    serves ``scale`` (its controller fetcher's ``FindTopMostWellKnownOrScalable``): the Deployment
+    over a ReplicaSet, the CronJob over a Job, an Argo Rollout over its ReplicaSet. Whether a custom
+    owner serves ``scale`` is not known here, so the last well-known owner and every owner above it
+    are returned: a VPA naming any of them is taken to act (the safe side).
+
+    >>> vpa_targets([("ReplicaSet", "web-1"), ("Deployment", "web")])
+    [('Deployment', 'web')]
+    >>> vpa_targets([("ReplicaSet", "web-1"), ("Rollout", "web")])
+    [('ReplicaSet', 'web-1'), ('Rollout', 'web')]
+    """
+    known = [index for index, (kind, _) in enumerate(owners) if kind in VPA_WELL_KNOWN_KINDS]
+    return list(owners[known[-1] if known else 0:])
 
 
 def vpa_managed(vpas: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:

@@ -210,6 +210,33 @@ def test_requests_a_workloads_vpa_sets_are_left_to_it(cluster):
     api.delete("verticalpodautoscalers", NS, "tuned")
 
 
+def test_a_vpa_on_an_argo_rollout_is_seen_through_its_replicaset(cluster):
+    """VPA acts on the top-most owner that is of a kind it knows or serves ``scale``: an Argo
+    Rollout over its ReplicaSet, which this webhook does not read. The ratio here comes from the Pod
+    template; a VPA naming the Rollout sets the cpu request, so it is left as it came."""
+    api, server = cluster
+    api.put("replicasets", {"metadata": {"name": "canary-7f9c", "namespace": NS, "ownerReferences": [
+        {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": "canary", "uid": "uid-canary",
+         "controller": True, "blockOwnerDeletion": True}]}, "spec": {}})
+    pod = owned_pod("ReplicaSet", "canary-7f9c", annotations={KEYS.cpu_requests_ratio: "2"})
+    assert eventually(lambda: cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "500m")
+    api.put("verticalpodautoscalers", {
+        "apiVersion": "autoscaling.k8s.io/v1", "kind": "VerticalPodAutoscaler",
+        "metadata": {"name": "canary", "namespace": NS},
+        "spec": {"targetRef": {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": "canary"},
+                 "updatePolicy": {"updateMode": "Auto"}}})
+    assert eventually(lambda: cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "1")
+    assert any("cpu requests set by a VerticalPodAutoscaler not compressed" in warning
+               for warning in server.review(pod_review(pod)).get("warnings") or [])
+    # A VPA naming a Deployment over the same Pods' ReplicaSet elsewhere does not reach these.
+    api.put("verticalpodautoscalers", {
+        "apiVersion": "autoscaling.k8s.io/v1", "kind": "VerticalPodAutoscaler",
+        "metadata": {"name": "canary", "namespace": NS},
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "canary"}}})
+    assert eventually(lambda: cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "500m")
+    api.delete("verticalpodautoscalers", NS, "canary")
+
+
 def test_expired_watch_relists(cluster):
     api, server = cluster
     lists_before = api.count("GET", "statefulsets", watch=False)

@@ -21,7 +21,7 @@ from kube.reflector import Reflector, WatchedKind
 from oversale.annotations import AnnotationKeys
 from oversale.limitrange import NO_BOUNDS, RequestBounds, bounds_from_limit_ranges
 from oversale.pods import controller_of
-from oversale.resize import vpa_controlled
+from oversale.resize import vpa_controlled, vpa_targets
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ LIMIT_RANGES = WatchedKind("LimitRange", "CoreV1Api", "limit_range")
 RESOURCE_QUOTAS = WatchedKind("ResourceQuota", "CoreV1Api", "resource_quota")
 # Owners whose own controller carries the workload's annotations.
 _PARENT_KIND = {"ReplicaSet": "Deployment", "Job": "CronJob"}
+_MAX_CHAIN = 4
+"""Owners read above a Pod at most (a Deployment under an operator's resource is three)."""
 
 
 @dataclass(frozen=True)
@@ -133,24 +135,38 @@ class OwnerCache:
         owner = controller_of(pod.get("metadata") or {})
         if owner is None:
             return OwnerAnnotations(_NO_ANNOTATIONS)
-        kind, name = owner
-        try:
-            entry = self._entry(kind, namespace, name)
-            parent_kind = _PARENT_KIND.get(kind)
-            if entry is not None and entry.controller and entry.controller[0] == parent_kind:
-                kind, name = entry.controller
-                entry = self._entry(kind, namespace, name)
-        except Exception as error:  # noqa: BLE001  -- API trouble must not block admission
-            self._on_lookup("error")
-            problem = f"could not read owner {kind} {namespace}/{name}: {one_line(error)}"
+        chain, problem = self._controller_chain(owner, namespace)
+        if problem is not None:  # API trouble must not block admission: the Pod's own annotations
             return OwnerAnnotations(_NO_ANNOTATIONS, problem=problem)
-        workload, vpa = f"{kind}/{namespace}/{name}", self._vpa_resources(kind, namespace, name)
+        kind, name, entry = chain[0]
+        if len(chain) > 1 and chain[1][0] == _PARENT_KIND.get(kind):
+            kind, name, entry = chain[1]
+        vpa = self._vpa_resources(namespace, vpa_targets([(k, n) for k, n, _ in chain]))
+        workload = f"{kind}/{namespace}/{name}"
         if entry is None:
             return OwnerAnnotations(_NO_ANNOTATIONS, workload, vpa=vpa)
         return OwnerAnnotations(entry.annotations, workload, vpa=vpa)
 
-    def _vpa_resources(self, kind: str, namespace: str, name: str) -> frozenset[str]:
-        return frozenset(resource for vpa in self._vpas.in_namespace(namespace)
+    def _controller_chain(self, first: tuple[str, str],
+                          namespace: str) -> tuple[list[tuple[str, str, Entry | None]], str | None]:
+        """The Pod's controller and the controllers above it, each with its cache entry (None for
+        a kind not followed, such as an Argo Rollout over its ReplicaSet: the chain stops there),
+        or why one could not be read."""
+        chain: list[tuple[str, str, Entry | None]] = []
+        owner: tuple[str, str] | None = first
+        while owner is not None and len(chain) < _MAX_CHAIN and owner not in [(k, n) for k, n, _ in chain]:
+            kind, name = owner
+            try:
+                entry = self._entry(kind, namespace, name)
+            except Exception as error:  # noqa: BLE001  -- said in the answer's warning
+                self._on_lookup("error")
+                return chain, f"could not read owner {kind} {namespace}/{name}: {one_line(error)}"
+            chain.append((kind, name, entry))
+            owner = entry.controller if entry is not None else None
+        return chain, None
+
+    def _vpa_resources(self, namespace: str, targets: list[tuple[str, str]]) -> frozenset[str]:
+        return frozenset(resource for vpa in self._vpas.in_namespace(namespace) for kind, name in targets
                          for resource in vpa.extra.get((kind, namespace, name), ()))
 
     def _entry(self, kind: str, namespace: str, name: str) -> Entry | None:
