@@ -249,6 +249,7 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
             except Exception:  # noqa: BLE001
                 log.warning("could not remove the cpuset annotation from %s/%s", namespace, name)
         return {"Error": f"binding {namespace}/{name} to {node} failed: {one_line(error)}"}
+    state.confirm(uid)
     if placement is not None:
         log.info("bound %s/%s to %s with cpuset %s", namespace, name, node, placement.cpuset)
     return {"Error": ""}

@@ -52,7 +52,12 @@ from oversale.usage import (
 )
 
 RESERVATION_TTL = 120.0
-"""A reservation whose Pod never shows up bound in the watch is dropped after this long."""
+"""A bind that has not answered after this long gives its room back (its API call times out well
+before). Once the API server took the binding, the room is held until the watch shows the Pod
+bound or gone, however late: a watch lagging minutes behind on a loaded API server is how
+kube-scheduler's expiring assumed Pods handed their room out twice, and why it stopped expiring
+them (kubernetes#106361). Only a relist that may have missed the Pod's deletion starts this clock
+again for it."""
 
 
 @dataclass
@@ -90,6 +95,15 @@ class PodFacts:
 class Reservation:
     record: PodRecord
     at: float
+    """When the bind began (``ClusterState.clock``)."""
+    bound: bool = False
+    """The API server took the binding."""
+    unlisted_at: float | None = None
+    """A bound one's: when a relist began that has not shown its Pod (yet)."""
+
+    def expired(self, now: float) -> bool:
+        since = self.unlisted_at if self.bound else self.at
+        return since is not None and now - since > RESERVATION_TTL
 
 
 @dataclass
@@ -190,6 +204,8 @@ class ClusterState:
             if pod.record is None:
                 if pod.terminal:
                     self._unreserve(uid)
+                elif (reservation := self._reserved.get(uid)) is not None:
+                    reservation.unlisted_at = None  # it exists: its bind shows up in the watch
                 return
             reserved = self._reserved.get(uid)
             self._unreserve(uid)  # the watch shows it bound: the Pod's own record counts now
@@ -201,6 +217,12 @@ class ClusterState:
 
     def reset_pods(self) -> None:
         with self._lock:
+            # A Pod deleted while the watch was away has no DELETED event: a bound reservation the
+            # relist does not show again expires like a bind that never answered.
+            now = self.clock()
+            for reservation in self._reserved.values():
+                if reservation.bound:
+                    reservation.unlisted_at = now
             self._pods.clear()
             self._by_node.clear()
             self._nominated.clear()
@@ -256,7 +278,7 @@ class ClusterState:
     def _expire_reservations(self) -> None:
         if self._reserved:
             now = self.clock()
-            for uid in [u for u, r in self._reserved.items() if now - r.at > RESERVATION_TTL]:
+            for uid in [u for u, r in self._reserved.items() if r.expired(now)]:
                 self._unreserve(uid)
 
     def usage(self, node: str) -> NodeUsage:
@@ -311,6 +333,12 @@ class ClusterState:
     def release(self, uid: str) -> None:
         with self._lock:
             self._unreserve(uid)
+
+    def confirm(self, uid: str) -> None:
+        """The API server took the Pod's binding: its room is held until the watch shows it."""
+        with self._lock:
+            if (reservation := self._reserved.get(uid)) is not None:
+                reservation.bound = True
 
     # -- real usage (metrics.k8s.io) ------------------------------------------------------------
     def _note_settling(self, record: PodRecord) -> None:

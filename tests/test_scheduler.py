@@ -1054,6 +1054,61 @@ def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_instal
         api.stop()
 
 
+def test_a_bind_the_api_server_took_holds_its_room_however_late_the_watch_shows_it():
+    """kube-scheduler stopped expiring the Pods it assumed once their bind succeeded
+    (kubernetes#106361): under load its watch showed them bound minutes late, and their room went
+    to other Pods meanwhile. The extender holds a bound Pod's room until its watch shows the Pod, or
+    until a relist that no longer shows it (deleted while the watch was away) is a TTL old."""
+    from kubernetes import client
+
+    from scheduler.extender import bind
+    from scheduler.kube import ClusterWatch, KubeBinder
+
+    now = [1000.0]
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))  # 24 cores oversold
+    api.put("nodes", node("m"))
+    api.put("pods", pod("big", "20"))
+    api.put("pods", pod("other", "20"))
+    state = ClusterState(KEYS, clock=lambda: now[0], wall=lambda: now[0])
+    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
+    binder = KubeBinder(client.ApiClient(client.Configuration(host=api.url)), watch)
+    after = {"Pod": pod("next", "8"), "NodeNames": ["n"]}
+    refused = {"n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        with api.watches_paused():  # the watch lags behind the bind
+            assert bind({"PodName": "big", "PodNamespace": "default", "PodUID": "uid-big", "Node": "n"},
+                        state, binder, KEYS) == {"Error": ""}
+            assert api.get("pods", "default", "big")["spec"]["nodeName"] == "n"
+            now[0] += RESERVATION_TTL + 1
+            assert filter_nodes(after, state, KEYS)["FailedNodes"] == refused
+        wait_for(lambda: watch.cached_pod("default", "big") is None)  # the watch shows it bound
+        assert filter_nodes(after, state, KEYS)["FailedNodes"] == refused
+
+        # Bound, then deleted before the watch showed either: the relist that follows the expired
+        # watch does not show it, and its room comes back a TTL after that relist.
+        elsewhere = {"Pod": pod("next", "8"), "NodeNames": ["m"]}
+        with api.watches_paused():
+            assert bind({"PodName": "other", "PodNamespace": "default", "PodUID": "uid-other", "Node": "m"},
+                        state, binder, KEYS) == {"Error": ""}
+            api.delete("pods", "default", "other")
+            api.put("pods", pod("marker", "1"))  # shows when the relist is in
+            api.compact("pods")
+            wait_for(lambda: watch.cached_pod("default", "marker") is not None)
+            now[0] += RESERVATION_TTL / 2
+            assert filter_nodes(elsewhere, state, KEYS)["FailedNodes"] == {
+                "m": "cpu: 8 requested, 4 free on m (oversold allocatable)"}
+            now[0] += RESERVATION_TTL / 2 + 1
+            assert filter_nodes(elsewhere, state, KEYS)["NodeNames"] == ["m"]
+            assert filter_nodes(after, state, KEYS)["FailedNodes"] == refused, "the watched Pod still holds"
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
 def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
     """A new leader lists Pods again before it serves. On a large cluster that list takes seconds,
     and the watch goes on applying events meanwhile: a Pod bound while the list was in flight must
