@@ -26,6 +26,7 @@ from oversale.resize import vpa_controlled, vpa_targets
 log = logging.getLogger(__name__)
 
 _NO_ANNOTATIONS: Mapping[str, str] = {}
+_NO_VPA: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,8 @@ class OwnerCache:
         kind, name, entry = chain[0]
         if len(chain) > 1 and chain[1][0] == _PARENT_KIND.get(kind):
             kind, name, entry = chain[1]
-        vpa = self._vpa_resources(namespace, vpa_targets([(k, n) for k, n, _ in chain]))
+        vpas = self._vpas.in_namespace(namespace)
+        vpa = self._vpa_resources(vpas, namespace, vpa_targets([(k, n) for k, n, _ in chain])) if vpas else _NO_VPA
         workload = f"{kind}/{namespace}/{name}"
         if entry is None:
             return OwnerAnnotations(_NO_ANNOTATIONS, workload, vpa=vpa)
@@ -153,8 +155,10 @@ class OwnerCache:
         a kind not followed, such as an Argo Rollout over its ReplicaSet: the chain stops there),
         or why one could not be read."""
         chain: list[tuple[str, str, Entry | None]] = []
+        seen: set[tuple[str, str]] = set()
         owner: tuple[str, str] | None = first
-        while owner is not None and len(chain) < _MAX_CHAIN and owner not in [(k, n) for k, n, _ in chain]:
+        while owner is not None and len(chain) < _MAX_CHAIN and owner not in seen:
+            seen.add(owner)
             kind, name = owner
             try:
                 entry = self._entry(kind, namespace, name)
@@ -165,8 +169,9 @@ class OwnerCache:
             owner = entry.controller if entry is not None else None
         return chain, None
 
-    def _vpa_resources(self, namespace: str, targets: list[tuple[str, str]]) -> frozenset[str]:
-        return frozenset(resource for vpa in self._vpas.in_namespace(namespace) for kind, name in targets
+    @staticmethod
+    def _vpa_resources(vpas: list[Entry], namespace: str, targets: list[tuple[str, str]]) -> frozenset[str]:
+        return frozenset(resource for vpa in vpas for kind, name in targets
                          for resource in vpa.extra.get((kind, namespace, name), ()))
 
     def _entry(self, kind: str, namespace: str, name: str) -> Entry | None:
