@@ -4,10 +4,12 @@ caches and the scheduler extender's node and Pod views are built on it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +43,9 @@ class Reflector:
     the kind until the last page is in, so a caller that needs a little of each should say so.
     ``optional``: a custom resource whose CRD may not be installed; while the API server answers
     404 for it, the cache is synced and empty, and it lists again every ``watch_timeout_seconds``
-    (a CRD installed later is picked up without a restart).
+    (a CRD installed later is picked up without a restart). ``batch()``: what a relist's
+    ``on_reset`` and all its ``on_change`` calls run within (the caller's lock), so a reader of the
+    caller's index never sees it half rebuilt.
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class Reflector:
         on_reset: Callable[[], None] | None = None,
         digest: Callable[[dict[str, Any]], Any] = lambda obj: obj,
         optional: bool = False,
+        batch: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> None:
         self.name = name
         self._optional = optional
@@ -67,6 +72,7 @@ class Reflector:
         self._on_change = on_change
         self._on_reset = on_reset
         self._digest = digest
+        self._batch = batch
         self._items: dict[str, dict[str, Any]] = {}
         self._apply = threading.Lock()
         self._listed: int | None = None
@@ -137,7 +143,7 @@ class Reflector:
 
     def _not_installed(self) -> None:
         """An optional kind the API server does not serve: no objects, and that is all there is."""
-        with self._apply:
+        with self._apply, self._batch():
             # What a caller indexed from an earlier list goes too (the CRD was uninstalled): its
             # own index may hold what this cache does not (an extract that keeps nothing).
             self._items, self._listed, self._at = {}, None, None
@@ -174,7 +180,7 @@ class Reflector:
             if token is None:
                 break
         listed = str((page.get("metadata") or {}).get("resourceVersion", ""))
-        with self._apply:
+        with self._apply, self._batch():
             number = _number(listed)
             if number is not None and self._at is not None and number < self._at:
                 # The watch applied newer events while this list was paged and read (a resync

@@ -43,26 +43,29 @@ class ClusterWatch:
             self._uids.clear()
             state.reset_pods()
 
+        # A relist resets an index and fills it again: under the state's lock throughout, or a
+        # bind in between would see the Pods of a node half counted and hand out what they hold.
         self.reflectors = [
             Reflector("Node", core.list_node, _nothing, watch_timeout,
-                      on_change=lambda _, name, node: state.set_node(name, node), digest=scheduling_part),
+                      on_change=lambda _, name, node: state.set_node(name, node), digest=scheduling_part,
+                      batch=state.locked),
             Reflector("Pod", core.list_pod_for_all_namespaces, _unbound, watch_timeout,
                       read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset,
-                      digest=partial(pod_facts, keys=state.keys)),
+                      digest=partial(pod_facts, keys=state.keys), batch=state.locked),
         ]
         # What a preemption's added victims are weighed by (kube-scheduler reads them for its own).
         # A preference only: the extender serves before they are in (or where it may not list
         # them, said in the log each retry), and adds victims without them meanwhile.
         self._budgets = Reflector("PodDisruptionBudget", policy.list_pod_disruption_budget_for_all_namespaces,
                                   _nothing, watch_timeout, on_change=state.set_budget, on_reset=state.reset_budgets,
-                                  digest=disruption_budget)
+                                  digest=disruption_budget, batch=state.locked)
         self.reflectors.append(self._budgets)
         # NFD's topology-updater publishes NUMA zones where it is installed; without its CRD,
         # topology comes from node annotations.
         self.reflectors.append(Reflector(
             "NodeResourceTopology", partial(client.CustomObjectsApi(api_client).list_cluster_custom_object, *NRT),
             _nothing, watch_timeout, on_change=lambda _, name, zones: state.set_topology(name, zones),
-            on_reset=state.reset_topologies, digest=_zones, optional=True))
+            on_reset=state.reset_topologies, digest=_zones, optional=True, batch=state.locked))
         self._pods = self.reflectors[1]
 
     def start(self) -> None:

@@ -1109,6 +1109,54 @@ def test_a_bind_the_api_server_took_holds_its_room_however_late_the_watch_shows_
         api.stop()
 
 
+def test_a_relist_is_applied_at_once_never_half_way():
+    """A relist (the watch expired, or a new leader) rebuilds the Pod index: a filter or a bind
+    that reads it half rebuilt sees a node's Pods half counted, and hands out the room and CPUs the
+    others hold. Readers sampling a node throughout a relist of 3,000 Pods see it whole, or as
+    before."""
+    import sys
+
+    from kubernetes import client
+
+    from scheduler.kube import ClusterWatch
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    for index in range(3000):
+        api.put("pods", pod(f"p{index}", "10m", node_name="node-0"))
+    state = ClusterState(KEYS)
+    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
+    interval = sys.getswitchinterval()
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced, timeout=60)
+        assert state.usage("node-0").shared["cpu"] == 30000
+        seen: set[int] = set()
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                seen.add(state.usage("node-0").shared.get("cpu", 0))
+
+        sys.setswitchinterval(1e-5)  # threads take turns often, as they do under load
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        lists = api.count("GET", "pods", watch=False)
+        with api.watches_paused():
+            api.put("pods", pod("marker", "1"))
+            api.compact("pods")  # the watch is too old now: 410, then a relist
+            wait_for(lambda: watch.cached_pod("default", "marker") is not None, timeout=60)
+        stop.set()
+        sampler.join()
+        assert api.count("GET", "pods", watch=False) > lists
+        assert seen == {30000}
+    finally:
+        sys.setswitchinterval(interval)
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
 def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
     """A new leader lists Pods again before it serves. On a large cluster that list takes seconds,
     and the watch goes on applying events meanwhile: a Pod bound while the list was in flight must
