@@ -47,8 +47,8 @@ class ClusterWatch:
         # bind in between would see the Pods of a node half counted and hand out what they hold.
         self.reflectors = [
             Reflector("Node", core.list_node, _nothing, watch_timeout,
-                      on_change=lambda _, name, node: state.set_node(name, node), digest=scheduling_part,
-                      batch=state.locked),
+                      on_change=lambda _, name, node: state.set_node(name, node), on_reset=state.reset_nodes,
+                      digest=scheduling_part, batch=state.locked),
             Reflector("Pod", core.list_pod_for_all_namespaces, _unbound, watch_timeout,
                       read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset,
                       digest=partial(pod_facts, keys=state.keys), batch=state.locked),

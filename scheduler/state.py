@@ -167,6 +167,13 @@ class ClusterState:
             self._raw_nodes[name] = node
             self.nodes[name] = node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
 
+    def reset_nodes(self) -> None:
+        """Before a relist of Nodes: a node deleted while the watch was away has no DELETED event,
+        and the list fills in the others again (under the same lock, so none is missed between)."""
+        with self._lock:
+            for name in list(self.nodes):
+                self.set_node(name, None)
+
     def set_topology(self, name: str, zones: dict[int, int] | None) -> None:
         """NodeResourceTopology zones (id -> CPUs) of a node, or None when its object is gone."""
         with self._lock:

@@ -1157,6 +1157,46 @@ def test_a_relist_is_applied_at_once_never_half_way():
         api.stop()
 
 
+def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
+    """A node deleted while the Node watch was away sends no DELETED event: the relist that follows
+    forgets it, or it would count among the nodes without fresh metrics for good (the extender's
+    gauge, and its log) in a cluster whose autoscaler removes nodes."""
+    from kubernetes import client
+
+    from scheduler.kube import ClusterWatch, UsagePoller
+
+    api = FakeKubeAPI().start()
+    for name in ("node-0", "node-1"):
+        api.put("nodes", node(name))
+        api.put("nodemetrics", node_metrics(name, 4.0))
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    state = ClusterState(KEYS, load_config=LoadConfig(max_age_seconds=3.0))
+    watch = ClusterWatch(api_client, state)
+    polls: list[dict[str, int]] = []
+    poller = UsagePoller(api_client, state, 30, lambda result, stale: polls.append(stale))
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        assert poller.poll_once() and polls[-1] == {"missing": 0, "old": 0}
+        with api.watches_paused():
+            api.delete("nodes", "", "node-1")
+            api.delete("nodemetrics", "", "node-1")
+            api.put("nodes", node("node-2"))
+            api.put("nodemetrics", node_metrics("node-2", 4.0))
+            api.compact("nodes")  # the watch is too old now: 410, then a relist
+            wait_for(lambda: "node-2" in state.nodes)
+        time.sleep(4.0)  # node-1's last metrics are past the limit now; the others are read afresh
+        for name in ("node-0", "node-2"):
+            api.put("nodemetrics", node_metrics(name, 4.5))
+        assert poller.poll_once() and polls[-1] == {"missing": 0, "old": 0}
+        args = {"Pod": pod("next", "1"), "NodeNames": ["node-0", "node-1"]}
+        assert filter_nodes(args, state, KEYS)["FailedNodes"] == {"node-1": "node not in the extender's cache yet"}
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
 def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
     """A new leader lists Pods again before it serves. On a large cluster that list takes seconds,
     and the watch goes on applying events meanwhile: a Pod bound while the list was in flight must
