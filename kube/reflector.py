@@ -75,7 +75,6 @@ class Reflector:
         self._batch = batch
         self._items: dict[str, dict[str, Any]] = {}
         self._apply = threading.Lock()
-        self._listed: int | None = None
         self._at: int | None = None
         """The resourceVersion the cache stands at: its last list's, or the last watch event's."""
         self._stop = threading.Event()
@@ -146,7 +145,7 @@ class Reflector:
         with self._apply, self._batch():
             # What a caller indexed from an earlier list goes too (the CRD was uninstalled): its
             # own index may hold what this cache does not (an extract that keeps nothing).
-            self._items, self._listed, self._at = {}, None, None
+            self._items, self._at = {}, None
             if self._on_reset is not None:
                 self._on_reset()
         if not self.synced.is_set():
@@ -188,7 +187,7 @@ class Reflector:
                 # watch, already past them, never sends those events again.
                 return listed
             self._items = items
-            self._listed = self._at = number
+            self._at = number
             if self._on_change is not None:
                 if self._on_reset is not None:
                     self._on_reset()
@@ -225,10 +224,11 @@ class Reflector:
                 entry = None if kind == "DELETED" or bookmark else self._extract(obj)
                 digest = None if kind == "DELETED" or bookmark or self._on_change is None else self._digest(obj)
                 with self._apply:
-                    # resourceVersions are etcd revisions in practice; an event a concurrent
-                    # resync already covered must not take an object back in time.
+                    # resourceVersions are etcd revisions in practice; an event the cache already
+                    # stands past (a concurrent resync listed after it, or a watch started again
+                    # from a list that was dropped) must not take an object back in time.
                     number = _number(version)
-                    if self._listed is not None and number is not None and number <= self._listed:
+                    if self._at is not None and number is not None and number <= self._at:
                         continue
                     if number is not None:
                         self._at = number  # a bookmark too: every event up to it has arrived
