@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         # at its next round instead of a Lease duration later, while kube-scheduler's calls fail.
         atexit.register(leadership.stop)
         app = create_app(settings, state, binder, ready=lambda: watch.synced,
-                         metrics=metrics, serving=lambda: leadership.serving)
+                         metrics=metrics, serving=leadership.leading)
         if args.client_ca and settings.extender_probe_port:
             client = app.test_client()
 

@@ -97,7 +97,7 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
             # Only the leader hands out CPUs: a standby's view may miss its predecessor's last binds.
             return answer("bind", lambda body: {"Error": "this extender replica is on standby (not the leader)"})
         return answer("bind", lambda body: bind(parse_binding(body), state, binder, keys, settings.scheduler_names,
-                                                settings.load_aware))
+                                                settings.load_aware, serving))
 
     @app.get("/healthz")
     def healthz() -> Response:

@@ -203,8 +203,16 @@ def refusal(pod: dict[str, Any], uid: str, schedulers: frozenset[str]) -> str | 
     return None
 
 
+class LostLease(Exception):
+    """This replica stopped leading while a bind was under way."""
+
+
 def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: AnnotationKeys,
-         schedulers: frozenset[str] = frozenset({"oversale"}), load_aware: bool = False) -> ExtenderBindingResult:
+         schedulers: frozenset[str] = frozenset({"oversale"}), load_aware: bool = False,
+         leading: Callable[[], bool] = lambda: True) -> ExtenderBindingResult:
+    """Bind the Pod to the node kube-scheduler chose, with its cpuset where it asks for exclusive
+    CPUs. ``leading`` is asked again before each write: a replica paused past its Lease (a long
+    GC, a frozen VM) must not write a cpuset the new leader may be handing out meanwhile."""
     namespace, name, node = args["PodNamespace"], args["PodName"], args["Node"]
     try:
         pod = binder.pod(namespace, name)
@@ -237,10 +245,20 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
     annotated = False
     try:
         if placement is not None:
+            if not leading():
+                raise LostLease()
             binder.annotate(namespace, name, {keys.resource_status: resource_status(placement.cpuset,
                                                                                     placement.numa_nodes)})
             annotated = True
+        if not leading():
+            raise LostLease()
         binder.bind(namespace, name, uid, node)
+    except LostLease:
+        # The cpuset written stays: on a Pod that is not bound it counts for no one, and the new
+        # leader writes its own at the bind kube-scheduler asks it for (removing ours could remove
+        # that one).
+        state.release(uid)
+        return {"Error": f"not binding pod {namespace}/{name}: this extender replica stopped leading mid-bind"}
     except Exception as error:  # noqa: BLE001  -- release what was allocated and report
         state.release(uid)
         if annotated:

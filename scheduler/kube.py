@@ -299,6 +299,11 @@ class Leadership:
             log.warning("lost the lease: binding nothing until it is taken again")
         self._mark(self.serving)
 
+    def leading(self) -> bool:
+        """Serving, and holding the Lease by this replica's clock now, not only at the last check
+        (a process paused past its Lease resumes with ``serving`` still set)."""
+        return self.serving and bool(self._elector.is_leader())
+
     def stop(self) -> None:
         """A graceful stop: unlabelled first (the Service stops sending kube-scheduler here), then the
         Lease given back, so the standby takes over at its next round, not a Lease duration later."""

@@ -1197,6 +1197,47 @@ def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
         api.stop()
 
 
+def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
+    """A leader paused past its Lease (a long GC, a frozen VM) resumes in the middle of a bind while
+    the new leader may be handing out the same CPUs: it asks again before each write, and once it
+    no longer leads it neither binds nor keeps the CPUs. The cpuset it wrote stays on the Pod,
+    which is not bound and so counts for no one; removing it could remove the new leader's."""
+    from kubernetes import client
+
+    from scheduler.extender import bind
+    from scheduler.kube import ClusterWatch, KubeBinder, Leadership
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    watch = ClusterWatch(api_client, state)
+
+    class PausedElector:
+        """Leads until the cpuset is written; the process is then paused past its Lease."""
+
+        def is_leader(self) -> bool:
+            return api.count("PATCH", "pods") == 0
+
+    leadership = Leadership(PausedElector(), watch)
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        leadership.serving = True  # the last check, before the pause
+        answer = bind({"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"},
+                      state, KubeBinder(api_client, watch), KEYS, leading=leadership.leading)
+        assert answer == {"Error": "not binding pod default/pinned: this extender replica stopped leading mid-bind"}
+        stored = api.get("pods", "default", "pinned")
+        assert not stored["spec"].get("nodeName") and api.count("POST", "bindings") == 0
+        assert KEYS.resource_status in stored["metadata"]["annotations"] and api.count("PATCH", "pods") == 1
+        assert state.usage("n").bound_cpus == set() and not state.is_bound("uid-pinned")
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
 def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
     """A new leader lists Pods again before it serves. On a large cluster that list takes seconds,
     and the watch goes on applying events meanwhile: a Pod bound while the list was in flight must
