@@ -72,6 +72,14 @@ def one_line(error: BaseException) -> str:
     return text.splitlines()[0][:200] if text.strip() else type(error).__name__
 
 
+def refused_by_server(error: BaseException) -> bool:
+    """The API server answered the request with a refusal (HTTP 4xx): what it asked for did not
+    happen. A timeout, a dropped connection or a 5xx (the API server's own timeout writing to
+    etcd among them) leaves open whether it did."""
+    status = getattr(error, "status", None)
+    return isinstance(status, int) and 400 <= status < 500
+
+
 def _unreachable(error: BaseException) -> str | None:
     """urllib3 wraps a refused or timed-out connection in MaxRetryError(pool, url, reason);
     say which host and the root cause instead."""

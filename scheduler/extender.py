@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from kube.client import one_line
+from kube.client import one_line, refused_by_server
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import FULL_PCPUS, NoFit
 from oversale.node_table import NodeTable, rank, screen
@@ -242,16 +242,20 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         # Reserved before any API call, under the lock: a concurrent bind sees these CPUs taken.
         state.reserve(PodRecord(uid, node, demand, placement.cpus if placement else (), namespace, name,
                                 state.wall()))
-    annotated = False
+    bind_sent = False
     try:
-        if placement is not None:
-            if not leading():
-                raise LostLease()
-            binder.annotate(namespace, name, {keys.resource_status: resource_status(placement.cpuset,
-                                                                                    placement.numa_nodes)})
-            annotated = True
         if not leading():
             raise LostLease()
+        if placement is not None:
+            binder.annotate(namespace, name, {keys.resource_status: resource_status(placement.cpuset,
+                                                                                    placement.numa_nodes)})
+        elif keys.resource_status in ((pod.get("metadata") or {}).get("annotations") or {}):
+            # A cpuset from an earlier bind of this Pod that did not happen: bound here without
+            # one, the Pod would be read as holding those CPUs.
+            binder.annotate(namespace, name, {keys.resource_status: None})
+        if not leading():
+            raise LostLease()
+        bind_sent = True
         binder.bind(namespace, name, uid, node)
     except LostLease:
         # The cpuset written stays: on a Pod that is not bound it counts for no one, and the new
@@ -259,13 +263,15 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         # that one).
         state.release(uid)
         return {"Error": f"not binding pod {namespace}/{name}: this extender replica stopped leading mid-bind"}
-    except Exception as error:  # noqa: BLE001  -- release what was allocated and report
-        state.release(uid)
-        if annotated:
-            try:
-                binder.annotate(namespace, name, {keys.resource_status: None})
-            except Exception:  # noqa: BLE001
-                log.warning("could not remove the cpuset annotation from %s/%s", namespace, name)
+    except Exception as error:  # noqa: BLE001  -- reported to kube-scheduler, which retries
+        if bind_sent and not refused_by_server(error):
+            # A timeout or a 5xx may hide a bind that happened: the room stays held until the
+            # watch shows the Pod bound (then its record counts) or RESERVATION_TTL passes, and
+            # the cpuset stays with it (an unbound Pod's counts for no one).
+            log.warning("bind of %s/%s to %s may or may not have happened (%s); its room is held until the "
+                        "watch tells", namespace, name, node, one_line(error))
+        else:
+            state.release(uid)
         return {"Error": f"binding {namespace}/{name} to {node} failed: {one_line(error)}"}
     state.confirm(uid)
     if placement is not None:

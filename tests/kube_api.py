@@ -135,6 +135,9 @@ class FakeKubeAPI:
         it answers (a large cluster's list, paged over seconds while writes and their watch events
         go on); ``lists_held`` names the plurals whose held list has taken its snapshot."""
         self.lists_held: set[str] = set()
+        self.slow_bindings = 0.0
+        """Seconds the API server takes to answer a Binding it has already stored (overloaded): a
+        client that times out first cannot tell whether the bind happened."""
         self.kubelet_answers: dict[tuple[str, str], str] = {}
         """(namespace, Pod) -> how its kubelet answers a resize: ``applied`` (the default),
         ``Deferred`` or ``Infeasible``."""
@@ -669,6 +672,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return self._send(409, _status(409, "Conflict", f"pod {name} is already assigned to a node"))
             pod.setdefault("spec", {})["nodeName"] = binding["target"]["name"]
             api.put("pods", pod)
+            time.sleep(api.slow_bindings)
             self._send(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
 
     return Handler

@@ -1238,6 +1238,76 @@ def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
         api.stop()
 
 
+def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
+    """An overloaded API server stores a Binding, and the client times out before the answer: the
+    bind may have happened. Its CPUs stay held, and its cpuset stays on the Pod, so that a Pod bound
+    after all runs on the CPUs it was given and counts them (releasing them, and removing the cpuset,
+    left it bound and unpinned, its CPUs free to hand out). kube-scheduler hears of the error and
+    retries; the watch then shows the Pod bound."""
+    from kubernetes import client
+
+    from scheduler.extender import bind
+    from scheduler.kube import ClusterWatch, KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    watch = ClusterWatch(api_client, state)
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        api.slow_bindings = 2.0
+        with api.watches_paused():
+            answer = bind({"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"},
+                          state, KubeBinder(api_client, watch, timeout=0.5), KEYS)
+            assert answer["Error"].startswith("binding default/pinned to n failed")
+            held = state.usage("n").bound_cpus
+            assert len(held) == 4, "held while it is not known whether the bind happened"
+        stored = api.get("pods", "default", "pinned")
+        assert stored["spec"]["nodeName"] == "n" and KEYS.resource_status in stored["metadata"]["annotations"]
+        wait_for(lambda: watch.cached_pod("default", "pinned") is None)  # the watch shows it bound
+        assert state.usage("n").bound_cpus == held
+    finally:
+        api.slow_bindings = 0.0
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
+def test_a_cpuset_left_by_an_earlier_bind_that_failed_is_cleared_at_a_shared_bind():
+    """A bind that failed leaves its cpuset on the Pod (it counts for no one while the Pod is not
+    bound). If kube-scheduler then binds the Pod to a node that gives it no exclusive CPUs, that
+    cpuset is taken off first: bound with it, the Pod would be read as holding those CPUs there."""
+    from kubernetes import client
+
+    from scheduler.extender import bind
+    from scheduler.kube import ClusterWatch, KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("plain"))
+    left = pod("web", "2", annotations={KEYS.resource_status: json.dumps({"cpuset": "0-3", "numaNode": 0})})
+    api.put("pods", left)
+    state = ClusterState(KEYS)
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    watch = ClusterWatch(api_client, state)
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced)
+        assert bind({"PodName": "web", "PodNamespace": "default", "PodUID": "uid-web", "Node": "plain"},
+                    state, KubeBinder(api_client, watch), KEYS) == {"Error": ""}
+        stored = api.get("pods", "default", "web")
+        assert stored["spec"]["nodeName"] == "plain"
+        assert KEYS.resource_status not in (stored["metadata"].get("annotations") or {})
+        wait_for(lambda: watch.cached_pod("default", "web") is None)
+        assert state.usage("plain").bound_cpus == set() and state.usage("plain").shared["cpu"] == 2000
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
 def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
     """A new leader lists Pods again before it serves. On a large cluster that list takes seconds,
     and the watch goes on applying events meanwhile: a Pod bound while the list was in flight must
