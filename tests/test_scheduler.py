@@ -14,8 +14,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,6 +167,26 @@ def bound_cpus(api: FakeKubeAPI, name: str) -> set[int]:
 
 def wait_for(check, timeout=10.0):
     assert eventually(check, timeout), "condition not reached in time"
+
+
+@contextmanager
+def watched(api: FakeKubeAPI, state: ClusterState, watch_timeout: int = 300) -> Iterator[tuple[Any, Any]]:
+    """The extender's watches (``ClusterWatch``, the real client) over ``api`` into ``state``,
+    synced; stopped afterwards, and ``api`` with them. Yields (API client, watch)."""
+    from kubernetes import client
+
+    from scheduler.kube import ClusterWatch
+
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    watch = ClusterWatch(api_client, state, watch_timeout)
+    try:
+        watch.start()
+        wait_for(lambda: watch.synced, timeout=60)
+        yield api_client, watch
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
 
 
 @pytest.mark.shared
@@ -994,10 +1016,6 @@ def test_the_extender_serves_while_it_cannot_list_disruption_budgets():
     """PodDisruptionBudgets only weigh a preemption's added victims: an extender that may not list
     them (RBAC from an older release, an API outage) still syncs and serves, and takes them in
     once it can."""
-    from kubernetes import client
-
-    from scheduler.kube import ClusterWatch
-
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
     api.put("poddisruptionbudgets", {"metadata": {"name": "web", "namespace": "default"},
@@ -1005,35 +1023,21 @@ def test_the_extender_serves_while_it_cannot_list_disruption_budgets():
                                      "status": {"disruptionsAllowed": 1}})
     api.unavailable = {"poddisruptionbudgets"}
     state = ClusterState(KEYS)
-    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state):
         assert state.budgets() == [] and "node-0" in state.nodes
         api.unavailable = set()
         wait_for(lambda: [budget.allowed for budget in state.budgets()] == [1])
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_installed():
     """NFD's topology-updater publishes each node's NUMA zones as a NodeResourceTopology. Without
     its CRD the extender syncs all the same (topology from node annotations), and takes the zones
     in once the CRD is installed, without a restart."""
-    from kubernetes import client
-
-    from scheduler.kube import ClusterWatch
-
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
     api.absent = {"noderesourcetopologies"}
     state = ClusterState(KEYS)
-    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state, watch_timeout=1)
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state, watch_timeout=1):
         assert state.nrt == {}
         api.absent = set()
         api.put("noderesourcetopologies", {"metadata": {"name": "node-0"}, "zones": [
@@ -1048,10 +1052,6 @@ def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_instal
         wait_for(lambda: state.nrt.get("node-0") == {0: 6})
         api.absent = {"noderesourcetopologies"}
         wait_for(lambda: state.nrt == {})
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_a_bind_the_api_server_took_holds_its_room_however_late_the_watch_shows_it():
@@ -1059,10 +1059,8 @@ def test_a_bind_the_api_server_took_holds_its_room_however_late_the_watch_shows_
     (kubernetes#106361): under load its watch showed them bound minutes late, and their room went
     to other Pods meanwhile. The extender holds a bound Pod's room until its watch shows the Pod, or
     until a relist that no longer shows it (deleted while the watch was away) is a TTL old."""
-    from kubernetes import client
-
     from scheduler.extender import bind
-    from scheduler.kube import ClusterWatch, KubeBinder
+    from scheduler.kube import KubeBinder
 
     now = [1000.0]
     api = FakeKubeAPI().start()
@@ -1071,13 +1069,10 @@ def test_a_bind_the_api_server_took_holds_its_room_however_late_the_watch_shows_
     api.put("pods", pod("big", "20"))
     api.put("pods", pod("other", "20"))
     state = ClusterState(KEYS, clock=lambda: now[0], wall=lambda: now[0])
-    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
-    binder = KubeBinder(client.ApiClient(client.Configuration(host=api.url)), watch)
     after = {"Pod": pod("next", "8"), "NodeNames": ["n"]}
     refused = {"n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch)
         with api.watches_paused():  # the watch lags behind the bind
             assert bind({"PodName": "big", "PodNamespace": "default", "PodUID": "uid-big", "Node": "n"},
                         state, binder, KEYS) == {"Error": ""}
@@ -1103,10 +1098,6 @@ def test_a_bind_the_api_server_took_holds_its_room_however_late_the_watch_shows_
             now[0] += RESERVATION_TTL / 2 + 1
             assert filter_nodes(elsewhere, state, KEYS)["NodeNames"] == ["m"]
             assert filter_nodes(after, state, KEYS)["FailedNodes"] == refused, "the watched Pod still holds"
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_a_relist_is_applied_at_once_never_half_way():
@@ -1114,22 +1105,13 @@ def test_a_relist_is_applied_at_once_never_half_way():
     that reads it half rebuilt sees a node's Pods half counted, and hands out the room and CPUs the
     others hold. Readers sampling a node throughout a relist of 3,000 Pods see it whole, or as
     before."""
-    import sys
-
-    from kubernetes import client
-
-    from scheduler.kube import ClusterWatch
-
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
     for index in range(3000):
         api.put("pods", pod(f"p{index}", "10m", node_name="node-0"))
     state = ClusterState(KEYS)
-    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
     interval = sys.getswitchinterval()
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced, timeout=60)
+    with watched(api, state) as (_, watch):
         assert state.usage("node-0").shared["cpu"] == 30000
         seen: set[int] = set()
         stop = threading.Event()
@@ -1142,41 +1124,33 @@ def test_a_relist_is_applied_at_once_never_half_way():
         sampler = threading.Thread(target=sample)
         sampler.start()
         lists = api.count("GET", "pods", watch=False)
-        with api.watches_paused():
-            api.put("pods", pod("marker", "1"))
-            api.compact("pods")  # the watch is too old now: 410, then a relist
-            wait_for(lambda: watch.cached_pod("default", "marker") is not None, timeout=60)
-        stop.set()
-        sampler.join()
+        try:
+            with api.watches_paused():
+                api.put("pods", pod("marker", "1"))
+                api.compact("pods")  # the watch is too old now: 410, then a relist
+                wait_for(lambda: watch.cached_pod("default", "marker") is not None, timeout=60)
+        finally:
+            stop.set()
+            sampler.join()
+            sys.setswitchinterval(interval)
         assert api.count("GET", "pods", watch=False) > lists
         assert seen == {30000}
-    finally:
-        sys.setswitchinterval(interval)
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
     """A node deleted while the Node watch was away sends no DELETED event: the relist that follows
     forgets it, or it would count among the nodes without fresh metrics for good (the extender's
     gauge, and its log) in a cluster whose autoscaler removes nodes."""
-    from kubernetes import client
-
-    from scheduler.kube import ClusterWatch, UsagePoller
+    from scheduler.kube import UsagePoller
 
     api = FakeKubeAPI().start()
     for name in ("node-0", "node-1"):
         api.put("nodes", node(name))
         api.put("nodemetrics", node_metrics(name, 4.0))
-    api_client = client.ApiClient(client.Configuration(host=api.url))
     state = ClusterState(KEYS, load_config=LoadConfig(max_age_seconds=3.0))
-    watch = ClusterWatch(api_client, state)
     polls: list[dict[str, int]] = []
-    poller = UsagePoller(api_client, state, 30, lambda result, stale: polls.append(stale))
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state) as (api_client, _):
+        poller = UsagePoller(api_client, state, 30, lambda result, stale: polls.append(stale))
         assert poller.poll_once() and polls[-1] == {"missing": 0, "old": 0}
         with api.watches_paused():
             api.delete("nodes", "", "node-1")
@@ -1191,10 +1165,6 @@ def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
         assert poller.poll_once() and polls[-1] == {"missing": 0, "old": 0}
         args = {"Pod": pod("next", "1"), "NodeNames": ["node-0", "node-1"]}
         assert filter_nodes(args, state, KEYS)["FailedNodes"] == {"node-1": "node not in the extender's cache yet"}
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
@@ -1202,17 +1172,13 @@ def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
     the new leader may be handing out the same CPUs: it asks again before each write, and once it
     no longer leads it neither binds nor keeps the CPUs. The cpuset it wrote stays on the Pod,
     which is not bound and so counts for no one; removing it could remove the new leader's."""
-    from kubernetes import client
-
     from scheduler.extender import bind
-    from scheduler.kube import ClusterWatch, KubeBinder, Leadership
+    from scheduler.kube import KubeBinder, Leadership
 
     api = FakeKubeAPI().start()
     api.put("nodes", node("n"))
     api.put("pods", pod("pinned", "4", "FullPCPUs"))
     state = ClusterState(KEYS)
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    watch = ClusterWatch(api_client, state)
 
     class PausedElector:
         """Leads until the cpuset is written; the process is then paused past its Lease."""
@@ -1220,10 +1186,8 @@ def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
         def is_leader(self) -> bool:
             return api.count("PATCH", "pods") == 0
 
-    leadership = Leadership(PausedElector(), watch)
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state) as (api_client, watch):
+        leadership = Leadership(PausedElector(), watch)
         leadership.serving = True  # the last check, before the pause
         answer = bind({"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"},
                       state, KubeBinder(api_client, watch), KEYS, leading=leadership.leading)
@@ -1232,10 +1196,6 @@ def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
         assert not stored["spec"].get("nodeName") and api.count("POST", "bindings") == 0
         assert KEYS.resource_status in stored["metadata"]["annotations"] and api.count("PATCH", "pods") == 1
         assert state.usage("n").bound_cpus == set() and not state.is_bound("uid-pinned")
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
@@ -1244,20 +1204,14 @@ def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
     after all runs on the CPUs it was given and counts them (releasing them, and removing the cpuset,
     left it bound and unpinned, its CPUs free to hand out). kube-scheduler hears of the error and
     retries; the watch then shows the Pod bound."""
-    from kubernetes import client
-
     from scheduler.extender import bind
-    from scheduler.kube import ClusterWatch, KubeBinder
+    from scheduler.kube import KubeBinder
 
     api = FakeKubeAPI().start()
     api.put("nodes", node("n"))
     api.put("pods", pod("pinned", "4", "FullPCPUs"))
     state = ClusterState(KEYS)
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    watch = ClusterWatch(api_client, state)
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state) as (api_client, watch):
         api.slow_bindings = 2.0
         with api.watches_paused():
             answer = bind({"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"},
@@ -1269,32 +1223,21 @@ def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
         assert stored["spec"]["nodeName"] == "n" and KEYS.resource_status in stored["metadata"]["annotations"]
         wait_for(lambda: watch.cached_pod("default", "pinned") is None)  # the watch shows it bound
         assert state.usage("n").bound_cpus == held
-    finally:
-        api.slow_bindings = 0.0
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_a_cpuset_left_by_an_earlier_bind_that_failed_is_cleared_at_a_shared_bind():
     """A bind that failed leaves its cpuset on the Pod (it counts for no one while the Pod is not
     bound). If kube-scheduler then binds the Pod to a node that gives it no exclusive CPUs, that
     cpuset is taken off first: bound with it, the Pod would be read as holding those CPUs there."""
-    from kubernetes import client
-
     from scheduler.extender import bind
-    from scheduler.kube import ClusterWatch, KubeBinder
+    from scheduler.kube import KubeBinder
 
     api = FakeKubeAPI().start()
     api.put("nodes", node("plain"))
     left = pod("web", "2", annotations={KEYS.resource_status: json.dumps({"cpuset": "0-3", "numaNode": 0})})
     api.put("pods", left)
     state = ClusterState(KEYS)
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    watch = ClusterWatch(api_client, state)
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state) as (api_client, watch):
         assert bind({"PodName": "web", "PodNamespace": "default", "PodUID": "uid-web", "Node": "plain"},
                     state, KubeBinder(api_client, watch), KEYS) == {"Error": ""}
         stored = api.get("pods", "default", "web")
@@ -1302,29 +1245,18 @@ def test_a_cpuset_left_by_an_earlier_bind_that_failed_is_cleared_at_a_shared_bin
         assert KEYS.resource_status not in (stored["metadata"].get("annotations") or {})
         wait_for(lambda: watch.cached_pod("default", "web") is None)
         assert state.usage("plain").bound_cpus == set() and state.usage("plain").shared["cpu"] == 2000
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
     """A new leader lists Pods again before it serves. On a large cluster that list takes seconds,
     and the watch goes on applying events meanwhile: a Pod bound while the list was in flight must
     stay counted on its node when the (older) list lands, or the CPUs it holds are handed out again."""
-    from kubernetes import client
-
-    from scheduler.kube import ClusterWatch
-
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
     api.put("pods", pod("running", "2", node_name="node-0"))
     api.put("pods", pod("pending", "1"))
     state = ClusterState(KEYS)
-    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state) as (_, watch):
         assert state.usage("node-0").shared["cpu"] == 2000
         api.held_lists["pods"] = answered = threading.Event()
         resync = threading.Thread(target=watch.resync)
@@ -1340,19 +1272,11 @@ def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
         # Later events still apply on top.
         api.put("pods", pod("late", "1", node_name="node-0"))
         wait_for(lambda: state.usage("node-0").shared["cpu"] == 4000)
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
     """A bound Pod counts as its record in the state; its whole object is not kept (on a large
     cluster, every Pod's object was most of the extender's memory: bench.extender_memory)."""
-    from kubernetes import client
-
-    from scheduler.kube import ClusterWatch
-
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
     api.put("pods", pod("running", "2", node_name="node-0"))
@@ -1362,10 +1286,7 @@ def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
                                              "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]
     api.put("pods", tracked)
     state = ClusterState(KEYS)
-    watch = ClusterWatch(client.ApiClient(client.Configuration(host=api.url)), state)
-    try:
-        watch.start()
-        wait_for(lambda: watch.synced)
+    with watched(api, state) as (_, watch):
         cached = watch.cached_pod("default", "pending")
         assert cached["metadata"]["name"] == "pending" and "managedFields" not in cached["metadata"]
         assert cached["spec"] == api.get("pods", "default", "pending")["spec"]
@@ -1378,7 +1299,3 @@ def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
         api.put("pods", pod("pending", "1", node_name="node-0"))
         wait_for(lambda: state.usage("node-0").shared["cpu"] == 3000)
         assert watch.cached_pod("default", "pending") is None
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
