@@ -263,7 +263,23 @@ def vpa_targets(owners: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return list(owners[known[-1] if known else 0:])
 
 
-def vpa_managed(vpas: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], str]:
-    """(kind, namespace, name) -> VPA name, for every workload a VerticalPodAutoscaler resizes
-    (any resource, see :func:`vpa_controlled`): in-place resize leaves it alone."""
-    return {key: next(iter(resources.values())) for key, resources in vpa_controlled(vpas).items()}
+def workload_vpa(controlled: Mapping[tuple[str, str, str], Mapping[str, str]], key: tuple[str, str, str],
+                 controller: tuple[str, str] | None) -> dict[str, str]:
+    """Resource -> the VerticalPodAutoscaler that sets its requests on the Pods of workload ``key``
+    (``controlled``: :func:`vpa_controlled`'s answer). ``controller`` is the workload's own
+    controller, if any: an operator's resource that serves ``scale`` and owns a Deployment or a
+    StatefulSet is the top-most owner VPA acts through (:func:`vpa_targets`), so a VPA naming it
+    sets the workload's Pods as surely as one naming the workload (the webhook reads the same).
+
+    >>> controlled = {("Database", "prod", "orders"): {"cpu": "orders-vpa", "memory": "orders-vpa"}}
+    >>> workload_vpa(controlled, ("StatefulSet", "prod", "orders-db"), ("Database", "orders"))
+    {'cpu': 'orders-vpa', 'memory': 'orders-vpa'}
+    >>> workload_vpa(controlled, ("StatefulSet", "prod", "orders-db"), None)
+    {}
+    """
+    kind, namespace, name = key
+    found: dict[str, str] = {}
+    for target_kind, target_name in vpa_targets([(kind, name), *([controller] if controller else [])]):
+        for resource, vpa in controlled.get((target_kind, namespace, target_name), {}).items():
+            found.setdefault(resource, vpa)
+    return found

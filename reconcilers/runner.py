@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
@@ -41,9 +41,9 @@ from oversale.node_oversale import (
     plan_node,
     real_allocatable_of,
 )
-from oversale.pods import scheduled_request
+from oversale.pods import controller_of, scheduled_request
 from oversale.quantity import RESOURCES, format_amount
-from oversale.resize import ResizePlan, plan_resize, vpa_controlled, vpa_managed
+from oversale.resize import ResizePlan, plan_resize, vpa_controlled, workload_vpa
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp
 from oversale.workloads import (
@@ -171,6 +171,7 @@ class Reconciler:
             self.metrics.report(self.metrics.ratio, "compression", {})
             return []
         current = {key: dict(w["metadata"].get("annotations") or {}) for key, w in workloads.items()}
+        controllers = {key: controller_of(w["metadata"]) for key, w in workloads.items()}
         try:
             stats = history.result() if history else self.history.container_stats(
                 self.settings.history_window_seconds, self.settings.compression_percentile)
@@ -178,7 +179,7 @@ class Reconciler:
             self.metrics.staleness.labels("containers").set(-1)
             self.metrics.skips.labels("history-unavailable").inc(len(workloads))
             rows = [Row(_name(k), "*", "", "", "", f"history unavailable, holding: {error}") for k in workloads]
-            return rows + self.reconcile_resizes(dry_run, current)
+            return rows + self.reconcile_resizes(dry_run, current, controllers=controllers)
         self._staleness("containers", [s.cpu for s in stats.values()])
         usage = self._usage_by_workload(workloads, stats)
         autoscalers = self._autoscalers()
@@ -187,7 +188,7 @@ class Reconciler:
         vertical = self._vertical_autoscalers(vpas)
         plans = [(workload, plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
                                              self.settings.compression_estimator(), self.settings.rescale_hpa,
-                                             vertical.get(key)),
+                                             workload_vpa(vertical, key, controllers[key])),
                   usage.get(key, {})) for key, workload in sorted(workloads.items())]
         to_write = [job for job in plans if job[1].changes()] if not dry_run else []
         written = {job[1].key: ratios for job, ratios in zip(to_write, self._write_all(self._write_workload, to_write),
@@ -210,7 +211,7 @@ class Reconciler:
             proposed = {self.keys.requests_ratio(r): format_ratio(p.ratio) for r, p in plan.changes().items()}
             current[plan.key] |= written.get(plan.key) or (proposed if dry_run else {})
         self.metrics.report(self.metrics.ratio, "compression", ratios)
-        return rows + self.reconcile_resizes(dry_run, current, vpas)
+        return rows + self.reconcile_resizes(dry_run, current, vpas, controllers)
 
     def _usage_by_workload(self, workloads: dict[WorkloadKey, Any], stats: dict[Any, ResourceStats]
                            ) -> dict[WorkloadKey, dict[str, dict[str, UsageStats]]]:
@@ -240,8 +241,9 @@ class Reconciler:
             return VpaListing([], error)
 
     def _vertical_autoscalers(self, vpas: VpaListing) -> dict[WorkloadKey, dict[str, str]]:
-        """Workload -> resource -> the VerticalPodAutoscaler that sets those requests; empty (with
-        a warning) when they cannot be read: the webhook still leaves what VPA set alone."""
+        """VPA target -> resource -> the VerticalPodAutoscaler that sets those requests
+        (:func:`workload_vpa` reads a workload's); empty (with a warning) when they cannot be
+        read: the webhook still leaves what VPA set alone."""
         if vpas.error is not None:
             log.warning("cannot list VerticalPodAutoscalers (%s %s): workloads they manage are not told apart "
                         "this pass", vpas.error.status, vpas.error.reason)
@@ -272,7 +274,8 @@ class Reconciler:
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
                 plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
                                         self.settings.compression_estimator(), self.settings.rescale_hpa,
-                                        self._vertical_autoscalers(self._list_vertical_autoscalers()).get(plan.key))
+                                        workload_vpa(self._vertical_autoscalers(self._list_vertical_autoscalers()),
+                                                     plan.key, controller_of(workload["metadata"])))
                 continue
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)
@@ -322,10 +325,11 @@ class Reconciler:
 
     # -- in-place resize ---------------------------------------------------------------------
     def reconcile_resizes(self, dry_run: bool, ratios: dict[WorkloadKey, dict[str, str]],
-                          vpas: VpaListing | None = None) -> list[Row]:
+                          vpas: VpaListing | None = None,
+                          controllers: Mapping[WorkloadKey, tuple[str, str] | None] | None = None) -> list[Row]:
         """Bring the running Pods of these workloads (key -> annotations after this pass) to their
         ratios through ``pods/resize``, within the rate limits (``vpas``: as this pass listed them,
-        else listed here)."""
+        else listed here; ``controllers``: each workload's own controller, for the VPAs naming it)."""
         if not self.settings.inplace_resize or not ratios:
             return []
         try:
@@ -333,7 +337,7 @@ class Reconciler:
             vpas = vpas or self._list_vertical_autoscalers()
             if vpas.error is not None:  # resizing a Pod VPA also resizes would start a fight
                 raise vpas.error
-            managed = vpa_managed(vpas.items)
+            controlled = vpa_controlled(vpas.items)
         except ApiException as error:
             log.warning("in-place resize skipped this pass: discovery failed (%s %s)", error.status, error.reason)
             return []
@@ -361,14 +365,15 @@ class Reconciler:
                        key=lambda found: found[:2])
         for namespace, name, key, data in owned:
             pod = unpacked(data)
-            if key in managed:
+            if vpa := workload_vpa(controlled, key, (controllers or {}).get(key)):
+                manager = next(iter(vpa.values()))
                 if key not in noted_vpa:
                     noted_vpa.add(key)
                     log.info("%s: managed by VerticalPodAutoscaler %s, its Pods are not resized in place (two "
-                             "controllers resizing one Pod fight)", _name(key), managed[key])
+                             "controllers resizing one Pod fight)", _name(key), manager)
                 self.metrics.skips.labels("resize-vpa").inc()
                 rows.append(Row(f"Pod/{namespace}/{name}", "*", "", "", "",
-                                f"skipped: managed by VerticalPodAutoscaler {managed[key]}"))
+                                f"skipped: managed by VerticalPodAutoscaler {manager}"))
                 continue
             namespace_bounds = bounds.get(namespace, NO_BOUNDS)
             plan = plan_resize(pod, ratios[key], self.keys, self.settings.compression, namespace_bounds, now, limits)

@@ -358,6 +358,25 @@ def test_a_workload_a_vpa_manages_gets_no_ratio(api, prometheus):
     assert annotations(api, "deployments", "hot")[KEYS.cpu_requests_ratio] == "0.5", "Off only recommends"
 
 
+def test_a_vpa_on_the_operator_resource_that_owns_a_workload_counts(api, prometheus):
+    # An operator's resource that serves scale and owns the StatefulSet is the top-most owner VPA
+    # acts through: a VPA naming it sets db's Pods, as the webhook already reads it.
+    db = api.get("statefulsets", NS, "db")
+    db["metadata"]["ownerReferences"] = [{"apiVersion": "example.com/v1", "kind": "Database", "name": "orders",
+                                          "uid": "u-orders", "controller": True}]
+    api.put("statefulsets", db)
+    api.put("verticalpodautoscalers", {"metadata": {"name": "orders-vpa", "namespace": NS}, "spec": {
+        "targetRef": {"apiVersion": "example.com/v1", "kind": "Database", "name": "orders"},
+        "resourcePolicy": {"containerPolicies": [{"containerName": "*", "controlledResources": ["cpu"]}]}}})
+    rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), SETTINGS).run_pass()
+    reasons = {(r.object, r.resource): r.reason for r in rows}
+    assert reasons[(f"StatefulSet/{NS}/db", "cpu")] == \
+        "skipped: its cpu requests are set by VerticalPodAutoscaler orders-vpa"
+    stored = annotations(api, "statefulsets", "db")
+    assert stored[KEYS.cpu_requests_ratio] == "2", "the ratio it carried is left as it was"
+    assert KEYS.memory_requests_ratio in stored, "memory, which the VPA does not set, is right-sized"
+
+
 def test_an_hpa_another_controller_manages_is_not_rescaled(api, prometheus):
     # KEDA writes the spec of the HPA a ScaledObject owns back from its own: a rescaled target
     # would be put back and the HPA would scale the right-sized workload out.

@@ -277,6 +277,22 @@ def test_workloads_a_vpa_resizes_are_left_alone(api, tmp_path, caplog):
     assert resize_calls(api) == 2
 
 
+def test_pods_a_vpa_on_the_workloads_owner_resizes_are_left_alone(api, tmp_path):
+    # A Deployment an operator's scalable resource owns: VPA acts through that resource.
+    setup(api, {KEYS.enable_resource_compress: "y"})
+    web = api.get("deployments", NS, "web")
+    web["metadata"]["ownerReferences"] = [{"apiVersion": "example.com/v1", "kind": "WebApp", "name": "shopfront",
+                                           "uid": "u-shopfront", "controller": True}]
+    api.put("deployments", web)
+    api.put("verticalpodautoscalers", {"metadata": {"name": "shopfront-vpa", "namespace": NS},
+                                       "spec": {"targetRef": {"apiVersion": "example.com/v1", "kind": "WebApp",
+                                                              "name": "shopfront"},
+                                                "updatePolicy": {"updateMode": "InPlaceOrRecreate"}}})
+    rows = reconciler(api, tmp_path).run_pass()
+    assert resize_calls(api) == 0
+    assert any(r.object.startswith("Pod/") and "VerticalPodAutoscaler shopfront-vpa" in r.reason for r in rows)
+
+
 def test_a_pass_lists_the_vpas_once_for_compression_and_resize(api, tmp_path):
     # A cluster with thousands of VPAs pays for every list: compression and resize share one.
     setup(api, {KEYS.enable_resource_compress: "y"})
