@@ -37,7 +37,7 @@ from scheduler.protocol import (
     MetaPod,
     MetaVictims,
 )
-from scheduler.state import ClusterState, PodRecord, resource_status
+from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord, Reservation, resource_status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,7 +46,9 @@ T = TypeVar("T")
 class Binder(Protocol):
     """The API-server side of a bind."""
 
-    def pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def pod(self, namespace: str, name: str, fresh: bool = False) -> dict[str, Any]:
+        """The Pod; ``fresh``: as the API server holds it now, not as a cache last saw it."""
+        ...
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None: ...
 
@@ -223,6 +225,8 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
     if refused:
         return {"Error": f"not binding pod {namespace}/{name}: {refused}"}
     demand = pod_demand(pod, keys)
+    if (earlier := state.lost_bind(uid)) is not None:
+        return _bind_again(args, uid, earlier, demand, state, binder, keys, schedulers, leading)
     with state.locked():
         view = state.nodes.get(node)
         if view is None:
@@ -243,12 +247,12 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         state.reserve(PodRecord(uid, node, demand, placement.cpus if placement else (), namespace, name,
                                 state.wall()))
     bind_sent = False
+    status = resource_status(placement.cpuset, placement.numa_nodes) if placement is not None else None
     try:
         if not leading():
             raise LostLease()
-        if placement is not None:
-            binder.annotate(namespace, name, {keys.resource_status: resource_status(placement.cpuset,
-                                                                                    placement.numa_nodes)})
+        if status is not None:
+            binder.annotate(namespace, name, {keys.resource_status: status})
         elif keys.resource_status in ((pod.get("metadata") or {}).get("annotations") or {}):
             # A cpuset from an earlier bind of this Pod that did not happen: bound here without
             # one, the Pod would be read as holding those CPUs.
@@ -270,11 +274,59 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
             # the cpuset stays with it (an unbound Pod's counts for no one).
             log.warning("bind of %s/%s to %s may or may not have happened (%s); its room is held until the "
                         "watch tells", namespace, name, node, one_line(error))
+            state.lose_answer(uid, status)
         else:
             state.release(uid)
         return {"Error": f"binding {namespace}/{name} to {node} failed: {one_line(error)}"}
     state.confirm(uid)
     if placement is not None:
         log.info("bound %s/%s to %s with cpuset %s", namespace, name, node, placement.cpuset)
+    return {"Error": ""}
+
+
+def _bind_again(args: ExtenderBindingArgs, uid: str, earlier: Reservation, demand: PodDemand, state: ClusterState,
+                binder: Binder, keys: AnnotationKeys, schedulers: frozenset[str],
+                leading: Callable[[], bool]) -> ExtenderBindingResult:
+    """kube-scheduler retries a bind whose Binding got no answer (``earlier``, its room held).
+
+    Asked for the same node, the same Binding goes again, on the same CPUs, after a fresh read of
+    the Pod: the API server takes at most one Binding of a Pod (a second is a 409 Conflict), so
+    whichever of the two it takes, the Pod ends on this node with the cpuset already written. A
+    Pod the fresh read shows bound there was bound by the first: that is the answer that was lost.
+    Asked for another node, the first Binding may still land on its own: the retry is refused until
+    the watch tells, or the room expires (``RESERVATION_TTL``)."""
+    namespace, name, node = args["PodNamespace"], args["PodName"], args["Node"]
+    if earlier.record.node != node or earlier.record.demand != demand:
+        return {"Error": f"not binding pod {namespace}/{name} to {node}: an earlier bind of it to "
+                         f"{earlier.record.node} got no answer and may still land; its room there is held until "
+                         f"the watch tells (at most {RESERVATION_TTL:.0f} s)"}
+    try:
+        pod = binder.pod(namespace, name, fresh=True)
+    except Exception as error:  # noqa: BLE001  -- reported to the scheduler, which retries
+        return {"Error": f"cannot read pod {namespace}/{name}: {one_line(error)}"}
+    if (pod.get("spec") or {}).get("nodeName") == node and str(pod["metadata"].get("uid", "")) == uid:
+        state.confirm(uid)
+        log.info("bind of %s/%s to %s had happened: its answer was lost", namespace, name, node)
+        return {"Error": ""}
+    refused = refusal(pod, uid, schedulers)
+    if refused:
+        return {"Error": f"not binding pod {namespace}/{name}: {refused}"}
+    try:
+        if not leading():
+            raise LostLease()
+        if ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.resource_status) != earlier.status:
+            binder.annotate(namespace, name, {keys.resource_status: earlier.status})
+        if not leading():
+            raise LostLease()
+        binder.bind(namespace, name, uid, node)
+    except LostLease:
+        state.release(uid)
+        return {"Error": f"not binding pod {namespace}/{name}: this extender replica stopped leading mid-bind"}
+    except Exception as error:  # noqa: BLE001  -- reported to kube-scheduler, which retries
+        # Either Binding may have been taken (a 409 here is the first one landing): the room stays
+        # held, and the next retry reads the Pod again.
+        return {"Error": f"binding {namespace}/{name} to {node} failed again: {one_line(error)}"}
+    state.confirm(uid)
+    log.info("bound %s/%s to %s at the retry of a bind whose answer was lost", namespace, name, node)
     return {"Error": ""}
 

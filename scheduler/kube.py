@@ -126,8 +126,10 @@ class KubeBinder:
         self._watch = watch
         self._timeout = timeout
 
-    def pod(self, namespace: str, name: str) -> dict[str, Any]:
-        cached = self._watch.cached_pod(namespace, name) if self._watch else None
+    def pod(self, namespace: str, name: str, fresh: bool = False) -> dict[str, Any]:
+        """The Pod from the watch cache (kept for Pods not bound yet), else, or when ``fresh``,
+        from the API server: a GET without a resourceVersion is read from etcd by quorum."""
+        cached = self._watch.cached_pod(namespace, name) if self._watch and not fresh else None
         if cached is not None:
             return cached
         response: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False,

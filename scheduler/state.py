@@ -100,6 +100,11 @@ class Reservation:
     """The API server took the binding."""
     unlisted_at: float | None = None
     """A bound one's: when a relist began that has not shown its Pod (yet)."""
+    answer_lost: bool = False
+    """The Binding was sent and no answer came back (a timeout, a 5xx): it may or may not have
+    been taken."""
+    status: str | None = None
+    """The ``resource-status`` annotation that bind wrote on the Pod (None: none, or removed)."""
 
     def expired(self, now: float) -> bool:
         since = self.unlisted_at if self.bound else self.at
@@ -341,11 +346,24 @@ class ClusterState:
         with self._lock:
             self._unreserve(uid)
 
+    def lose_answer(self, uid: str, status: str | None) -> None:
+        """The Binding sent for the Pod got no answer (``status``: the cpuset annotation written
+        before it): its room stays held, and a retry may send the same Binding again."""
+        with self._lock:
+            if (reservation := self._reserved.get(uid)) is not None:
+                reservation.answer_lost, reservation.status = True, status
+
+    def lost_bind(self, uid: str) -> Reservation | None:
+        """The held reservation of the Pod's earlier bind whose answer was lost, if any."""
+        with self._lock:
+            reservation = self._reserved.get(uid)
+            return reservation if reservation is not None and reservation.answer_lost else None
+
     def confirm(self, uid: str) -> None:
         """The API server took the Pod's binding: its room is held until the watch shows it."""
         with self._lock:
             if (reservation := self._reserved.get(uid)) is not None:
-                reservation.bound = True
+                reservation.bound, reservation.answer_lost = True, False
 
     # -- real usage (metrics.k8s.io) ------------------------------------------------------------
     def _note_settling(self, record: PodRecord) -> None:

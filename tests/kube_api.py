@@ -503,6 +503,15 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             return json.loads(self.rfile.read(length) or b"null")
 
         def _prologue(self) -> tuple[str, str | None, str | None, str | None, dict[str, list[str]]] | None:
+            """The request's route, or None once it has been answered here (an outage, a storm...).
+            An answer given here leaves the request's body unread: it is read and dropped, or
+            the next request on the kept-alive connection would start in the middle of it."""
+            route = self._routed_or_answered()
+            if route is None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            return route
+
+        def _routed_or_answered(self) -> tuple[str, str | None, str | None, str | None, dict[str, list[str]]] | None:
             route = self._route()
             if api.down:
                 self._send(503, _status(503, "ServiceUnavailable", "the server is unable to handle the request"))

@@ -1225,6 +1225,65 @@ def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
         assert state.usage("n").bound_cpus == held
 
 
+def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus():
+    """The API server failed a Binding with a 5xx, and had not stored it: the room stays held, as
+    the bind may have happened. kube-scheduler retries to the same node: the extender reads the Pod
+    afresh, finds it unbound, and sends the same Binding again on the same CPUs (before, every retry
+    was refused as already bound until the room expired, 2 minutes). To another node, the retry is
+    refused, since the first Binding might still land."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("nodes", node("m"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch, timeout=5)
+        api.storms["bindings"] = [500, 1]
+        assert bind(args, state, binder, KEYS)["Error"].startswith("binding default/pinned to n failed")
+        held = state.usage("n").bound_cpus
+        first = api.get("pods", "default", "pinned")
+        assert len(held) == 4 and not first["spec"].get("nodeName")
+
+        elsewhere = bind({**args, "Node": "m"}, state, binder, KEYS)["Error"]
+        assert "an earlier bind of it to n got no answer and may still land" in elsewhere
+        assert api.count("POST", "bindings") == 1 and state.usage("m").bound_cpus == set()
+
+        assert bind(args, state, binder, KEYS) == {"Error": ""}
+        stored = api.get("pods", "default", "pinned")
+        assert stored["spec"]["nodeName"] == "n"
+        assert stored["metadata"]["annotations"][KEYS.resource_status] == \
+            first["metadata"]["annotations"][KEYS.resource_status], "the same cpuset"
+        assert state.usage("n").bound_cpus == held
+        wait_for(lambda: watch.cached_pod("default", "pinned") is None)  # the watch shows it bound
+        assert state.usage("n").bound_cpus == held and state.is_bound("uid-pinned")
+
+
+def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened():
+    """The API server stored the Binding but its answer came too late. kube-scheduler's retry, before
+    the watch shows the Pod bound, reads the Pod afresh and is answered that the bind happened: no
+    second Binding is sent, and the room is held until the watch shows the Pod."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
+    with watched(api, state) as (api_client, watch), api.watches_paused():
+        api.slow_bindings = 2.0
+        assert bind(args, state, KubeBinder(api_client, watch, timeout=0.5), KEYS)["Error"]
+        api.slow_bindings = 0.0
+        held = state.usage("n").bound_cpus
+        assert bind(args, state, KubeBinder(api_client, watch, timeout=5), KEYS) == {"Error": ""}
+        assert api.count("POST", "bindings") == 1
+        assert state.usage("n").bound_cpus == held and len(held) == 4
+
+
 def test_a_cpuset_left_by_an_earlier_bind_that_failed_is_cleared_at_a_shared_bind():
     """A bind that failed leaves its cpuset on the Pod (it counts for no one while the Pod is not
     bound). If kube-scheduler then binds the Pod to a node that gives it no exclusive CPUs, that
