@@ -294,7 +294,8 @@ def _bind_again(args: ExtenderBindingArgs, uid: str, earlier: Reservation, deman
     whichever of the two it takes, the Pod ends on this node with the cpuset already written. A
     Pod the fresh read shows bound there was bound by the first: that is the answer that was lost.
     Asked for another node, the first Binding may still land on its own: the retry is refused until
-    the watch tells, or the room expires (``RESERVATION_TTL``)."""
+    the watch tells, or the room expires (``RESERVATION_TTL``). Nothing is sent on a room that has
+    expired: its CPUs may have been handed out since."""
     namespace, name, node = args["PodNamespace"], args["PodName"], args["Node"]
     if earlier.record.node != node or earlier.record.demand != demand:
         return {"Error": f"not binding pod {namespace}/{name} to {node}: an earlier bind of it to "
@@ -311,6 +312,9 @@ def _bind_again(args: ExtenderBindingArgs, uid: str, earlier: Reservation, deman
     refused = refusal(pod, uid, schedulers)
     if refused:
         return {"Error": f"not binding pod {namespace}/{name}: {refused}"}
+    if not state.resend(uid):
+        return {"Error": f"not binding pod {namespace}/{name}: the room held for its earlier bind has just expired; "
+                         "kube-scheduler's next try places it afresh"}
     try:
         if not leading():
             raise LostLease()
@@ -325,6 +329,7 @@ def _bind_again(args: ExtenderBindingArgs, uid: str, earlier: Reservation, deman
     except Exception as error:  # noqa: BLE001  -- reported to kube-scheduler, which retries
         # Either Binding may have been taken (a 409 here is the first one landing): the room stays
         # held, and the next retry reads the Pod again.
+        state.lose_answer(uid, earlier.status)
         return {"Error": f"binding {namespace}/{name} to {node} failed again: {one_line(error)}"}
     state.confirm(uid)
     log.info("bound %s/%s to %s at the retry of a bind whose answer was lost", namespace, name, node)

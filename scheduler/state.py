@@ -359,6 +359,18 @@ class ClusterState:
             reservation = self._reserved.get(uid)
             return reservation if reservation is not None and reservation.answer_lost else None
 
+    def resend(self, uid: str) -> bool:
+        """A retry sends the Pod's lost Binding again: its reservation is a bind in flight once
+        more, timed from now. False when the reservation has expired meanwhile (its room may be
+        handed out already): nothing may be sent on it."""
+        with self._lock:
+            self._expire_reservations()
+            reservation = self._reserved.get(uid)
+            if reservation is None or not reservation.answer_lost:
+                return False
+            reservation.at, reservation.answer_lost = self.clock(), False
+            return True
+
     def confirm(self, uid: str) -> None:
         """The API server took the Pod's binding: its room is held until the watch shows it."""
         with self._lock:

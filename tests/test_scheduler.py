@@ -1262,6 +1262,30 @@ def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus():
         assert state.usage("n").bound_cpus == held and state.is_bound("uid-pinned")
 
 
+def test_a_lost_bind_retried_after_its_room_expired_is_placed_afresh():
+    """The room held for a lost bind expires (its clock runs out between the retry's checks): the
+    retry sends nothing on it, since those CPUs may have gone to another Pod; the next one places
+    the Pod as a first bind would."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
+    args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch, timeout=5)
+        api.storms["bindings"] = [500, 1]
+        assert bind(args, state, binder, KEYS)["Error"]
+        now[0] += RESERVATION_TTL + 1
+        assert "has just expired" in bind(args, state, binder, KEYS)["Error"]
+        assert api.count("POST", "bindings") == 1 and state.usage("n").bound_cpus == set()
+        assert bind(args, state, binder, KEYS) == {"Error": ""}
+        assert len(state.usage("n").bound_cpus) == 4 and api.get("pods", "default", "pinned")["spec"]["nodeName"] == "n"
+
+
 def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened():
     """The API server stored the Binding but its answer came too late. kube-scheduler's retry, before
     the watch shows the Pod bound, reads the Pod afresh and is answered that the bind happened: no
