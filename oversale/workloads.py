@@ -119,6 +119,23 @@ def utilization_target(hpa: Mapping[str, Any], resource: str) -> int | None:
     return None
 
 
+def workload_hpa(autoscalers: Mapping[WorkloadKey, Mapping[str, Any]], key: WorkloadKey,
+                 controller: tuple[str, str] | None) -> Mapping[str, Any] | None:
+    """The HorizontalPodAutoscaler that scales the workload ``key`` (``autoscalers``: by their
+    ``scaleTargetRef``): one naming it, else one naming its own ``controller``, an operator's
+    resource that serves ``scale`` and owns the workload. Either measures utilization against the
+    requests of the workload's Pods.
+
+    >>> hpa = {"metadata": {"name": "orders"}, "spec": {"scaleTargetRef": {"kind": "KafkaConnect", "name": "orders"}}}
+    >>> workload_hpa({("KafkaConnect", "prod", "orders"): hpa}, ("Deployment", "prod", "orders-connect"),
+    ...              ("KafkaConnect", "orders")) is hpa
+    True
+    """
+    if key in autoscalers:
+        return autoscalers[key]
+    return autoscalers.get((controller[0], key[1], controller[1])) if controller else None
+
+
 def plan_compression(
     workload: Mapping[str, Any],
     usage: Mapping[str, Mapping[str, UsageStats]],
@@ -132,7 +149,9 @@ def plan_compression(
 
     A workload scaled by a utilization HPA is skipped for that resource (lower requests raise the
     measured utilization and make the HPA scale out), unless ``rescale_hpa``: then the HPA's
-    target is multiplied by the ratio so the absolute threshold stays where it was. A resource
+    target is multiplied by the ratio so the absolute threshold stays where it was. An HPA that
+    names the workload's owner (:func:`workload_hpa`) is never rescaled: the owner may scale other
+    workloads too, each with its own ratio. A resource
     whose requests a VerticalPodAutoscaler sets (``vpa``: resource -> its name) is skipped.
     """
     metadata = workload.get("metadata") or {}
@@ -141,6 +160,9 @@ def plan_compression(
     minimum = min(estimator.min_ratio, Decimal(1))
     hpa_metadata = (hpa or {}).get("metadata") or {}
     plan.hpa_name = str(hpa_metadata.get("name", ""))
+    scaled = ((hpa or {}).get("spec") or {}).get("scaleTargetRef") or {}
+    owner_scaled = (f"{scaled.get('kind', '')} {scaled.get('name', '')}"
+                    if scaled and (scaled.get("kind"), scaled.get("name")) != plan.key[::2] else "")
     # A value nobody can read counts as 1, as the webhook counts it; the table says so, or a
     # typo would sit there unseen until the reconciler next writes a ratio over it.
     ignored = {problem.key: f"; {problem}" for problem in
@@ -166,8 +188,10 @@ def plan_compression(
             plan.skipped[resource] = ("exclusive-cpus", f"cpu request kept: {exclusive}" + ignored.get(key, ""))
             continue
         target = utilization_target(hpa, resource) if hpa else None
-        if target is not None and not rescale_hpa:
-            plan.skipped[resource] = ("hpa", f"scaled by HPA {plan.hpa_name} on {resource} utilization")
+        if target is not None and (not rescale_hpa or owner_scaled):
+            plan.skipped[resource] = ("hpa", f"scaled by HPA {plan.hpa_name} on {resource} utilization"
+                                             + (f" through {owner_scaled}, the workload's owner: its target is not "
+                                                "rescaled" if owner_scaled else ""))
             continue
         manager = controller_of(hpa_metadata)
         if target is not None and manager:

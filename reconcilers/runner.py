@@ -53,6 +53,7 @@ from oversale.workloads import (
     describe_change,
     plan_compression,
     usage_by_container,
+    workload_hpa,
 )
 from reconcilers.cluster import Cluster, packed, unpacked
 from reconcilers.history import History, HistoryUnavailable, ResourceStats
@@ -186,7 +187,8 @@ class Reconciler:
         # Listed once per pass: compression and in-place resize both ask which workloads VPA sets.
         vpas = self._list_vertical_autoscalers()
         vertical = self._vertical_autoscalers(vpas)
-        plans = [(workload, plan_compression(workload, usage.get(key, {}), autoscalers.get(key), self.keys,
+        plans = [(workload, plan_compression(workload, usage.get(key, {}),
+                                             workload_hpa(autoscalers, key, controllers[key]), self.keys,
                                              self.settings.compression_estimator(), self.settings.rescale_hpa,
                                              workload_vpa(vertical, key, controllers[key])),
                   usage.get(key, {})) for key, workload in sorted(workloads.items())]
@@ -272,10 +274,11 @@ class Reconciler:
                     return None
                 self.metrics.writes.labels(kind, "conflict").inc()
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
-                plan = plan_compression(workload, usage, self._autoscalers().get(plan.key), self.keys,
-                                        self.settings.compression_estimator(), self.settings.rescale_hpa,
+                controller = controller_of(workload["metadata"])
+                plan = plan_compression(workload, usage, workload_hpa(self._autoscalers(), plan.key, controller),
+                                        self.keys, self.settings.compression_estimator(), self.settings.rescale_hpa,
                                         workload_vpa(self._vertical_autoscalers(self._list_vertical_autoscalers()),
-                                                     plan.key, controller_of(workload["metadata"])))
+                                                     plan.key, controller))
                 continue
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)

@@ -396,6 +396,32 @@ def test_an_hpa_another_controller_manages_is_not_rescaled(api, prometheus):
     assert reconciler.metrics.skips.labels("hpa-managed")._value.get() == 1
 
 
+def test_an_hpa_on_the_operator_resource_that_owns_a_workload_holds_its_ratio(api, prometheus):
+    # The HPA scales the operator's resource (it serves scale), and measures utilization against
+    # the requests of the Deployment it owns: a ratio would make it scale out. Its target is not
+    # rescaled either, even when asked: the resource may own other workloads with other ratios.
+    web = api.get("deployments", NS, "web")
+    web["metadata"]["ownerReferences"] = [{"apiVersion": "example.com/v1", "kind": "WebApp", "name": "shopfront",
+                                           "uid": "u-shopfront", "controller": True}]
+    api.put("deployments", web)
+    api.put("horizontalpodautoscalers", {
+        "metadata": {"name": "shopfront", "namespace": NS},
+        "spec": {"scaleTargetRef": {"apiVersion": "example.com/v1", "kind": "WebApp", "name": "shopfront"},
+                 "minReplicas": 1, "maxReplicas": 5,
+                 "metrics": [{"type": "Resource", "resource": {
+                     "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]}})
+    for rescale in (False, True):
+        settings = dataclasses.replace(SETTINGS, rescale_hpa=rescale)
+        rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
+        assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "web")
+        row = next(r for r in rows if r.object == f"Deployment/{NS}/web" and r.resource == "cpu")
+        assert row.reason == ("skipped: scaled by HPA shopfront on cpu utilization through WebApp shopfront, the "
+                              "workload's owner: its target is not rescaled")
+        hpa = api.get("horizontalpodautoscalers", NS, "shopfront")
+        assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 70
+    assert annotations(api, "deployments", "api")[KEYS.cpu_requests_ratio] == "1.25", "its own HPA is rescaled"
+
+
 def test_an_unreadable_original_target_on_one_hpa_holds_that_workload_only(api, prometheus):
     hpa = api.get("horizontalpodautoscalers", NS, "api")
     hpa["metadata"].setdefault("annotations", {})[KEYS.original_target_utilization] = "60%"
