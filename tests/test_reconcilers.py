@@ -77,6 +77,25 @@ def running_pod(name: str, node_name: str, cpu: str, memory: str) -> dict:
             "status": {"phase": "Running"}}
 
 
+def utilization_hpa(name: str, target: tuple[str, str, str], percent: dict[str, int]) -> dict:
+    """An HPA on ``target`` (apiVersion, kind, name) by the utilization of each resource given."""
+    api_version, kind, target_name = target
+    return {"metadata": {"name": name, "namespace": NS},
+            "spec": {"scaleTargetRef": {"apiVersion": api_version, "kind": kind, "name": target_name},
+                     "minReplicas": 1, "maxReplicas": 5,
+                     "metrics": [{"type": "Resource", "resource": {
+                         "name": resource, "target": {"type": "Utilization", "averageUtilization": value}}}
+                         for resource, value in percent.items()]}}
+
+
+def owned_by(api: FakeKubeAPI, plural: str, name: str, kind: str, owner: str) -> None:
+    """Give the stored workload a controller of ``kind`` (an operator's resource, example.com/v1)."""
+    obj = api.get(plural, NS, name)
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": "example.com/v1", "kind": kind, "name": owner,
+                                           "uid": f"u-{owner}", "controller": True}]
+    api.put(plural, obj)
+
+
 def populate(api: FakeKubeAPI) -> None:
     on = {KEYS.enable_resource_compress: "y"}
     api.put("deployments", workload("Deployment", "web", {"app": ("1", "1Gi")}, on))
@@ -86,12 +105,7 @@ def populate(api: FakeKubeAPI) -> None:
     api.put("deployments", workload("Deployment", "young", {"app": ("500m", "256Mi")}, on))
     api.put("deployments", workload("Deployment", "other", {"app": ("500m", "256Mi")}))
     api.put("deployments", workload("Deployment", "hot", {"app": ("250m", "256Mi")}, on))
-    api.put("horizontalpodautoscalers", {
-        "metadata": {"name": "api", "namespace": NS},
-        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "api"},
-                 "minReplicas": 1, "maxReplicas": 5,
-                 "metrics": [{"type": "Resource", "resource": {
-                     "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 60}}}]}})
+    api.put("horizontalpodautoscalers", utilization_hpa("api", ("apps/v1", "Deployment", "api"), {"cpu": 60}))
     api.put("nodes", node("node-1"))
     api.put("nodes", node("node-2", annotations={KEYS.cpu_oversale_ratio: "1.5"}))
     api.put("nodes", node("node-3", labelled=False))
@@ -311,14 +325,8 @@ def test_an_hpa_added_to_a_workload_already_right_sized_is_rescaled_to_the_ratio
 def test_an_hpa_on_cpu_and_memory_has_each_target_rescaled_by_its_own_ratio(api, prometheus):
     # db right-sizes cpu (2 -> 2.5) and memory (1 -> 1.25): each utilization target keeps its
     # absolute threshold by its own ratio, and each original is recorded under its own key.
-    api.put("horizontalpodautoscalers", {
-        "metadata": {"name": "db", "namespace": NS},
-        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"},
-                 "minReplicas": 1, "maxReplicas": 5, "metrics": [
-                     {"type": "Resource", "resource": {"name": "cpu", "target": {
-                         "type": "Utilization", "averageUtilization": 70}}},
-                     {"type": "Resource", "resource": {"name": "memory", "target": {
-                         "type": "Utilization", "averageUtilization": 80}}}]}})
+    api.put("horizontalpodautoscalers",
+            utilization_hpa("db", ("apps/v1", "StatefulSet", "db"), {"cpu": 70, "memory": 80}))
     settings = dataclasses.replace(SETTINGS, rescale_hpa=True)
     Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
     db = annotations(api, "statefulsets", "db")
@@ -361,10 +369,7 @@ def test_a_workload_a_vpa_manages_gets_no_ratio(api, prometheus):
 def test_a_vpa_on_the_operator_resource_that_owns_a_workload_counts(api, prometheus):
     # An operator's resource that serves scale and owns the StatefulSet is the top-most owner VPA
     # acts through: a VPA naming it sets db's Pods, as the webhook already reads it.
-    db = api.get("statefulsets", NS, "db")
-    db["metadata"]["ownerReferences"] = [{"apiVersion": "example.com/v1", "kind": "Database", "name": "orders",
-                                          "uid": "u-orders", "controller": True}]
-    api.put("statefulsets", db)
+    owned_by(api, "statefulsets", "db", "Database", "orders")
     api.put("verticalpodautoscalers", {"metadata": {"name": "orders-vpa", "namespace": NS}, "spec": {
         "targetRef": {"apiVersion": "example.com/v1", "kind": "Database", "name": "orders"},
         "resourcePolicy": {"containerPolicies": [{"containerName": "*", "controlledResources": ["cpu"]}]}}})
@@ -400,16 +405,9 @@ def test_an_hpa_on_the_operator_resource_that_owns_a_workload_holds_its_ratio(ap
     # The HPA scales the operator's resource (it serves scale), and measures utilization against
     # the requests of the Deployment it owns: a ratio would make it scale out. Its target is not
     # rescaled either, even when asked: the resource may own other workloads with other ratios.
-    web = api.get("deployments", NS, "web")
-    web["metadata"]["ownerReferences"] = [{"apiVersion": "example.com/v1", "kind": "WebApp", "name": "shopfront",
-                                           "uid": "u-shopfront", "controller": True}]
-    api.put("deployments", web)
-    api.put("horizontalpodautoscalers", {
-        "metadata": {"name": "shopfront", "namespace": NS},
-        "spec": {"scaleTargetRef": {"apiVersion": "example.com/v1", "kind": "WebApp", "name": "shopfront"},
-                 "minReplicas": 1, "maxReplicas": 5,
-                 "metrics": [{"type": "Resource", "resource": {
-                     "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]}})
+    owned_by(api, "deployments", "web", "WebApp", "shopfront")
+    api.put("horizontalpodautoscalers",
+            utilization_hpa("shopfront", ("example.com/v1", "WebApp", "shopfront"), {"cpu": 70}))
     for rescale in (False, True):
         settings = dataclasses.replace(SETTINGS, rescale_hpa=rescale)
         rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
