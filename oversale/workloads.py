@@ -3,7 +3,10 @@ Pods gone since still count in history) belong to them, and their ratio plan.
 
 Pod names follow their controller: a Deployment's Pods are ``<name>-<template hash>-<5 chars>``,
 a StatefulSet's ``<name>-<ordinal>``, a DaemonSet's ``<name>-<5 chars>``, a CronJob's
-``<name>-<scheduled minute>-<5 chars>``.
+``<name>-<scheduled minute>-<5 chars>`` (``<name>-<scheduled minute>-<index>-<5 chars>`` for an
+Indexed Job). All but the StatefulSet's are generated names: the API server cuts the prefix a
+controller asks for (``generateName``) to 58 characters before it adds the 5 random ones, so a
+long-named workload's Pods are 63 characters long and end without the rest of the prefix.
 """
 
 from __future__ import annotations
@@ -31,8 +34,18 @@ from oversale.quantity import CPU, MEMORY
 
 KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob")
 _SUFFIX = re.compile(r"^[a-z0-9]{5}$")
-_HASH = re.compile(r"^[a-z0-9]{1,10}$")
+# A ReplicaSet's pod-template-hash is its uint32 template hash in decimal, each digit mapped by
+# apimachinery's SafeEncodeString to one of "4-9bcdf" (plain digits before Kubernetes 1.11): a
+# segment with any other letter (``exporter`` in ``node-exporter-x2kqp``) is no hash, and the Pod
+# is not the Deployment ``node``'s.
+_HASH = re.compile(r"^[0-9bcdf]{1,10}$")
 _DIGITS = re.compile(r"^\d+$")
+GENERATED_PREFIX_LENGTH = 58
+"""The API server's ``maxGeneratedNameLength``: 63 (a Pod name's limit) less 5 random characters."""
+# What may follow ``<name>-`` in a cut generated prefix: the start of ``<hash>-`` (a Deployment's)
+# or of ``<minute>-[<index>-]`` (a CronJob's).
+_CUT_HASH = re.compile(r"^([0-9bcdf]{0,10}|[0-9bcdf]{1,10}-)$")
+_CUT_MINUTE = re.compile(r"^(\d*|\d+-\d*|\d+-\d+-)$")
 
 WorkloadKey = tuple[str, str, str]
 """(kind, namespace, name)"""
@@ -58,8 +71,21 @@ class PodIndex:
 
     def __init__(self, workloads: Mapping[WorkloadKey, Any]) -> None:
         self._by_name: dict[tuple[str, str], str] = {(ns, name): kind for kind, ns, name in workloads}
+        # Names of GENERATED_PREFIX_LENGTH or more: their Pods' names start with the first 58 only.
+        self._by_cut_name: dict[tuple[str, str], tuple[str, str]] = {
+            (ns, name[:GENERATED_PREFIX_LENGTH]): (kind, name) for kind, ns, name in workloads
+            if len(name) >= GENERATED_PREFIX_LENGTH and kind in ("Deployment", "DaemonSet")}
 
     def owner(self, namespace: str, pod: str) -> WorkloadKey | None:
+        """The workload whose Pod is named ``pod``, or None.
+
+        >>> index = PodIndex({("Deployment", "shop", "checkout"): None,
+        ...                   ("Deployment", "shop", "payments-reconciliation-worker-europe-west1-canary"): None})
+        >>> index.owner("shop", "checkout-5d8f9c7b6-x2kqp")
+        ('Deployment', 'shop', 'checkout')
+        >>> index.owner("shop", "payments-reconciliation-worker-europe-west1-canary-5d8f9c7x2kqp")
+        ('Deployment', 'shop', 'payments-reconciliation-worker-europe-west1-canary')
+        """
         parts = pod.split("-")
         if len(parts) >= 3:
             name, middle, last = "-".join(parts[:-2]), parts[-2], parts[-1]
@@ -68,10 +94,32 @@ class PodIndex:
                 (kind == "Deployment" and _HASH.match(middle)) or (kind == "CronJob" and _DIGITS.match(middle))
             ):
                 return kind, namespace, name
+        if len(parts) >= 4 and _SUFFIX.match(parts[-1]) and _DIGITS.match(parts[-2]) and _DIGITS.match(parts[-3]):
+            name = "-".join(parts[:-3])
+            if self._by_name.get((namespace, name)) == "CronJob":  # an Indexed Job's Pod
+                return "CronJob", namespace, name
         if len(parts) >= 2:
             name, last = "-".join(parts[:-1]), parts[-1]
             kind = self._by_name.get((namespace, name))
             if (kind == "StatefulSet" and _DIGITS.match(last)) or (kind == "DaemonSet" and _SUFFIX.match(last)):
+                return kind, namespace, name
+        if len(pod) == GENERATED_PREFIX_LENGTH + 5:
+            return self._cut_owner(namespace, pod[:GENERATED_PREFIX_LENGTH])
+        return None
+
+    def _cut_owner(self, namespace: str, prefix: str) -> WorkloadKey | None:
+        """The workload whose generated Pod names start with ``prefix``, a prefix the API server
+        cut to 58 characters: ``<name>-`` and the start of what follows it, or a long name's start.
+        Where two workloads' cut prefixes are the same (``x``, 57 characters, and ``x-blue``), their
+        Pods cannot be told apart: the longer name is taken."""
+        if (found := self._by_cut_name.get((namespace, prefix))) is not None:
+            return found[0], namespace, found[1]
+        dash = len(prefix)
+        while (dash := prefix.rfind("-", 0, dash)) > 0:  # the longest name first
+            name, rest = prefix[:dash], prefix[dash + 1:]
+            kind = self._by_name.get((namespace, name))
+            if ((kind == "Deployment" and _CUT_HASH.match(rest)) or (kind == "DaemonSet" and not rest)
+                    or (kind == "CronJob" and _CUT_MINUTE.match(rest))):
                 return kind, namespace, name
         return None
 

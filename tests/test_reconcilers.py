@@ -51,7 +51,7 @@ CONTAINERS = {
     ("api-7c4b2-qwert", "api"): (wave(100, 10), wave(100 * 2**20, 0)),
     ("hot-6d7c8-aaaaa", "app"): (wave(600, 50), wave(100 * 2**20, 0)),   # uses more than its 250m request
 }
-YOUNG = {("young-6f5e4-zxcvb", "app"): (wave(50, 5), wave(50 * 2**20, 0))}   # only 6 hours of history
+YOUNG = {("young-6f5d4-zxcvb", "app"): (wave(50, 5), wave(50 * 2**20, 0))}   # only 6 hours of history
 NODE_USAGE = {"node-1": (wave(400, 100), wave(3e9, 2e8))}
 
 
