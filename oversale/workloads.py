@@ -43,9 +43,11 @@ _DIGITS = re.compile(r"^\d+$")
 GENERATED_PREFIX_LENGTH = 58
 """The API server's ``maxGeneratedNameLength``: 63 (a Pod name's limit) less 5 random characters."""
 # What may follow ``<name>-`` in a cut generated prefix: the start of ``<hash>-`` (a Deployment's)
-# or of ``<minute>-[<index>-]`` (a CronJob's).
+# or of ``<minute>-`` (a CronJob's Job's). An Indexed Job's Pods keep their ``-<index>-``: the Job
+# controller cuts the Job's name before it instead (podGenerateNameWithIndex), down to no digit of
+# the minute at all.
 _CUT_HASH = re.compile(r"^([0-9bcdf]{0,10}|[0-9bcdf]{1,10}-)$")
-_CUT_MINUTE = re.compile(r"^(\d*|\d+-\d*|\d+-\d+-)$")
+_CUT_MINUTE = re.compile(r"^(\d*|\d+-|\d*-\d+-)$")
 
 WorkloadKey = tuple[str, str, str]
 """(kind, namespace, name)"""

@@ -26,6 +26,12 @@ def name_of(stem: str, length: int) -> str:
     return name[:-1] + "x" if name.endswith("-") else name
 
 
+def indexed(job: str, index: int) -> str:
+    """The Job controller's prefix for an Indexed Job's Pod: the Job's name is cut, the index kept."""
+    tail = f"-{index}-"
+    return job[:58 - len(tail)] + tail if len(job + tail) > 58 else job + tail
+
+
 def pods_of(kind: str, name: str, rng: random.Random) -> list[str]:
     """Pod names as each controller asks for them: the ReplicaSet controller asks ``<rs>-``,
     where the Deployment controller named the ReplicaSet ``<name>-<template hash>``; the Job
@@ -37,7 +43,7 @@ def pods_of(kind: str, name: str, rng: random.Random) -> list[str]:
         return [generated(f"{name}-", rng)]
     if kind == "CronJob":
         job = f"{name}-29420160"
-        return [generated(f"{job}-", rng), generated(f"{job}-0-", rng), generated(f"{job}-12-", rng)]
+        return [generated(f"{job}-", rng), *(generated(indexed(job, index), rng) for index in (0, 12, 345))]
     return [f"{name}-0", f"{name}-11"]  # a StatefulSet names its Pods itself
 
 
