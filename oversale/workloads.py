@@ -72,7 +72,11 @@ class PodIndex:
     """Finds the workload a Pod name belongs to, in O(1) per Pod."""
 
     def __init__(self, workloads: Mapping[WorkloadKey, Any]) -> None:
-        self._by_name: dict[tuple[str, str], str] = {(ns, name): kind for kind, ns, name in workloads}
+        # A name may stand for workloads of several kinds (a Deployment and a StatefulSet `redis`):
+        # their Pods' names tell them apart.
+        self._kinds: dict[tuple[str, str], set[str]] = {}
+        for kind, ns, name in workloads:
+            self._kinds.setdefault((ns, name), set()).add(kind)
         # Names of GENERATED_PREFIX_LENGTH or more: their Pods' names start with the first 58 only.
         self._by_cut_name: dict[tuple[str, str], tuple[str, str]] = {
             (ns, name[:GENERATED_PREFIX_LENGTH]): (kind, name) for kind, ns, name in workloads
@@ -89,22 +93,24 @@ class PodIndex:
         ('Deployment', 'shop', 'payments-reconciliation-worker-europe-west1-canary')
         """
         parts = pod.split("-")
-        if len(parts) >= 3:
-            name, middle, last = "-".join(parts[:-2]), parts[-2], parts[-1]
-            kind = self._by_name.get((namespace, name))
-            if _SUFFIX.match(last) and (
-                (kind == "Deployment" and _HASH.match(middle)) or (kind == "CronJob" and _DIGITS.match(middle))
-            ):
-                return kind, namespace, name
+        if len(parts) >= 3 and _SUFFIX.match(parts[-1]):
+            name, middle = "-".join(parts[:-2]), parts[-2]
+            kinds = self._kinds.get((namespace, name), ())
+            if "Deployment" in kinds and _HASH.match(middle):
+                return "Deployment", namespace, name
+            if "CronJob" in kinds and _DIGITS.match(middle):
+                return "CronJob", namespace, name
         if len(parts) >= 4 and _SUFFIX.match(parts[-1]) and _DIGITS.match(parts[-2]) and _DIGITS.match(parts[-3]):
             name = "-".join(parts[:-3])
-            if self._by_name.get((namespace, name)) == "CronJob":  # an Indexed Job's Pod
+            if "CronJob" in self._kinds.get((namespace, name), ()):  # an Indexed Job's Pod
                 return "CronJob", namespace, name
         if len(parts) >= 2:
             name, last = "-".join(parts[:-1]), parts[-1]
-            kind = self._by_name.get((namespace, name))
-            if (kind == "StatefulSet" and _DIGITS.match(last)) or (kind == "DaemonSet" and _SUFFIX.match(last)):
-                return kind, namespace, name
+            kinds = self._kinds.get((namespace, name), ())
+            if "StatefulSet" in kinds and _DIGITS.match(last):
+                return "StatefulSet", namespace, name
+            if "DaemonSet" in kinds and _SUFFIX.match(last):
+                return "DaemonSet", namespace, name
         if len(pod) == GENERATED_PREFIX_LENGTH + 5:
             return self._cut_owner(namespace, pod[:GENERATED_PREFIX_LENGTH])
         return None
@@ -119,10 +125,13 @@ class PodIndex:
         dash = len(prefix)
         while (dash := prefix.rfind("-", 0, dash)) > 0:  # the longest name first
             name, rest = prefix[:dash], prefix[dash + 1:]
-            kind = self._by_name.get((namespace, name))
-            if ((kind == "Deployment" and _CUT_HASH.match(rest)) or (kind == "DaemonSet" and not rest)
-                    or (kind == "CronJob" and _CUT_MINUTE.match(rest))):
-                return kind, namespace, name
+            kinds = self._kinds.get((namespace, name))
+            if kinds is None:
+                continue
+            for kind, follows in (("Deployment", _CUT_HASH.match(rest)), ("DaemonSet", not rest),
+                                  ("CronJob", _CUT_MINUTE.match(rest))):
+                if kind in kinds and follows:
+                    return kind, namespace, name
         return None
 
 

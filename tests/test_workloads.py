@@ -91,3 +91,14 @@ def test_a_daemonsets_pods_are_not_a_deployments_whose_name_starts_theirs():
     assert index.owner(NS, generated("web-agent-", rng)) is None
     assert index.owner(NS, generated("web-5d8f9c7b6-", rng)) == ("Deployment", NS, "web")
     assert index.owner(NS, generated("node-1234567890-", rng)) == ("Deployment", NS, "node"), "a pre-1.11 hash"
+
+
+def test_workloads_of_different_kinds_may_share_a_name():
+    # Before, the index kept one kind per name: the other workload's Pods were never found.
+    rng = random.Random(13)
+    index = PodIndex(dict.fromkeys([("Deployment", NS, "redis"), ("StatefulSet", NS, "redis"),
+                                    ("DaemonSet", NS, "backup"), ("CronJob", NS, "backup")]))
+    for kind, name in (("Deployment", "redis"), ("StatefulSet", "redis"), ("DaemonSet", "backup"),
+                       ("CronJob", "backup")):
+        for pod in pods_of(kind, name, rng):
+            assert index.owner(NS, pod) == (kind, NS, name), pod
