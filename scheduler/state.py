@@ -354,8 +354,10 @@ class ClusterState:
                 reservation.answer_lost, reservation.status = True, status
 
     def lost_bind(self, uid: str) -> Reservation | None:
-        """The held reservation of the Pod's earlier bind whose answer was lost, if any."""
+        """The held reservation of the Pod's earlier bind whose answer was lost, if any (one that
+        has expired is not held)."""
         with self._lock:
+            self._expire_reservations()
             reservation = self._reserved.get(uid)
             return reservation if reservation is not None and reservation.answer_lost else None
 

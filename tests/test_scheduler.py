@@ -1263,14 +1263,60 @@ def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus():
 
 
 def test_a_lost_bind_retried_after_its_room_expired_is_placed_afresh():
-    """The room held for a lost bind expires (its clock runs out between the retry's checks): the
-    retry sends nothing on it, since those CPUs may have gone to another Pod; the next one places
-    the Pod as a first bind would."""
+    """Once the room held for a lost bind has expired, its CPUs may go to another Pod: a retry is
+    placed as a first bind would be, never sent again on those CPUs."""
     from scheduler.extender import bind
     from scheduler.kube import KubeBinder
 
     api = FakeKubeAPI().start()
     api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    api.put("pods", pod("other", "4", "FullPCPUs"))
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
+    args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch, timeout=5)
+        api.storms["bindings"] = [500, 1]
+        assert bind(args, state, binder, KEYS)["Error"]
+        first = bound_cpus(api, "pinned")
+        now[0] += RESERVATION_TTL + 1
+        assert bind({**args, "PodName": "other", "PodUID": "uid-other"}, state, binder, KEYS) == {"Error": ""}
+        assert bound_cpus(api, "other") == first, "the expired room's CPUs went to another Pod"
+        assert bind(args, state, binder, KEYS) == {"Error": ""}
+        assert api.get("pods", "default", "pinned")["spec"]["nodeName"] == "n"
+        assert not bound_cpus(api, "pinned") & bound_cpus(api, "other"), "no CPU handed out twice"
+        assert len(state.usage("n").bound_cpus) == 8
+
+
+def test_nothing_is_resent_on_a_lost_binds_room_once_it_has_expired():
+    """``ClusterState.resend``, which a retry asks before it sends a lost Binding again: the room's
+    clock starts again from the retry, and a room that has expired (between the retry's first look
+    and its send) is not sent on."""
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
+    state.set_node("n", node("n"))
+    demand = pod_demand(pod("pinned", "4", "FullPCPUs"), KEYS)
+    state.reserve(PodRecord("uid-pinned", "n", demand, (0, 1, 8, 9), "default", "pinned", now[0]))
+    state.lose_answer("uid-pinned", '{"cpuset":"0-1,8-9","numaNode":0}')
+    now[0] += RESERVATION_TTL - 1
+    assert state.resend("uid-pinned"), "held still: sent again, its clock started again"
+    state.lose_answer("uid-pinned", '{"cpuset":"0-1,8-9","numaNode":0}')
+    now[0] += RESERVATION_TTL - 1
+    assert state.lost_bind("uid-pinned") is not None and state.usage("n").bound_cpus == {0, 1, 8, 9}
+    now[0] += 2
+    assert not state.resend("uid-pinned") and state.usage("n").bound_cpus == set()
+
+
+def test_a_lost_bind_whose_room_expired_does_not_hold_a_retry_elsewhere():
+    """Once the room held for a lost bind has expired, the first Binding is taken not to land: a
+    retry to another node is placed, not refused as if that room were still held."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("nodes", node("m"))
     api.put("pods", pod("pinned", "4", "FullPCPUs"))
     now = [1000.0]
     state = ClusterState(KEYS, clock=lambda: now[0])
@@ -1280,10 +1326,9 @@ def test_a_lost_bind_retried_after_its_room_expired_is_placed_afresh():
         api.storms["bindings"] = [500, 1]
         assert bind(args, state, binder, KEYS)["Error"]
         now[0] += RESERVATION_TTL + 1
-        assert "has just expired" in bind(args, state, binder, KEYS)["Error"]
-        assert api.count("POST", "bindings") == 1 and state.usage("n").bound_cpus == set()
-        assert bind(args, state, binder, KEYS) == {"Error": ""}
-        assert len(state.usage("n").bound_cpus) == 4 and api.get("pods", "default", "pinned")["spec"]["nodeName"] == "n"
+        assert bind({**args, "Node": "m"}, state, binder, KEYS) == {"Error": ""}
+        assert api.get("pods", "default", "pinned")["spec"]["nodeName"] == "m"
+        assert len(state.usage("m").bound_cpus) == 4 and state.usage("n").bound_cpus == set()
 
 
 def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened():
