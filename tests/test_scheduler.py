@@ -1225,6 +1225,33 @@ def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
         assert state.usage("n").bound_cpus == held
 
 
+PINNED = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
+"""kube-scheduler's bind of ``pinned`` to n, as ``lost_bind`` sends it first."""
+
+
+@contextmanager
+def lost_bind(*others: str) -> Iterator[tuple[FakeKubeAPI, ClusterState, Any, Any, list[float]]]:
+    """Nodes n and m; Pods ``pinned`` and ``others`` asking for 4 exclusive CPUs each; the
+    extender's watches over them; and ``pinned``'s bind to n failed with a 500 the API server did
+    not store: its answer lost, its room held. Yields (api, state, binder, watch, the state's clock
+    as a one-item list to move)."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    for name in ("n", "m"):
+        api.put("nodes", node(name))
+    for name in ("pinned", *others):
+        api.put("pods", pod(name, "4", "FullPCPUs"))
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch, timeout=5)
+        api.storms["bindings"] = [500, 1]
+        assert bind(PINNED, state, binder, KEYS)["Error"].startswith("binding default/pinned to n failed")
+        yield api, state, binder, watch, now
+
+
 def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus():
     """The API server failed a Binding with a 5xx, and had not stored it: the room stays held, as
     the bind may have happened. kube-scheduler retries to the same node: the extender reads the Pod
@@ -1232,27 +1259,17 @@ def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus():
     was refused as already bound until the room expired, 2 minutes). To another node, the retry is
     refused, since the first Binding might still land."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    api.put("nodes", node("m"))
-    api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    state = ClusterState(KEYS)
-    args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
-    with watched(api, state) as (api_client, watch):
-        binder = KubeBinder(api_client, watch, timeout=5)
-        api.storms["bindings"] = [500, 1]
-        assert bind(args, state, binder, KEYS)["Error"].startswith("binding default/pinned to n failed")
+    with lost_bind() as (api, state, binder, watch, _):
         held = state.usage("n").bound_cpus
         first = api.get("pods", "default", "pinned")
         assert len(held) == 4 and not first["spec"].get("nodeName")
 
-        elsewhere = bind({**args, "Node": "m"}, state, binder, KEYS)["Error"]
+        elsewhere = bind({**PINNED, "Node": "m"}, state, binder, KEYS)["Error"]
         assert "an earlier bind of it to n got no answer and may still land" in elsewhere
         assert api.count("POST", "bindings") == 1 and state.usage("m").bound_cpus == set()
 
-        assert bind(args, state, binder, KEYS) == {"Error": ""}
+        assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
         stored = api.get("pods", "default", "pinned")
         assert stored["spec"]["nodeName"] == "n"
         assert stored["metadata"]["annotations"][KEYS.resource_status] == \
@@ -1266,24 +1283,13 @@ def test_a_lost_bind_retried_after_its_room_expired_is_placed_afresh():
     """Once the room held for a lost bind has expired, its CPUs may go to another Pod: a retry is
     placed as a first bind would be, never sent again on those CPUs."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    api.put("pods", pod("other", "4", "FullPCPUs"))
-    now = [1000.0]
-    state = ClusterState(KEYS, clock=lambda: now[0])
-    args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
-    with watched(api, state) as (api_client, watch):
-        binder = KubeBinder(api_client, watch, timeout=5)
-        api.storms["bindings"] = [500, 1]
-        assert bind(args, state, binder, KEYS)["Error"]
+    with lost_bind("other") as (api, state, binder, _, now):
         first = bound_cpus(api, "pinned")
         now[0] += RESERVATION_TTL + 1
-        assert bind({**args, "PodName": "other", "PodUID": "uid-other"}, state, binder, KEYS) == {"Error": ""}
+        assert bind({**PINNED, "PodName": "other", "PodUID": "uid-other"}, state, binder, KEYS) == {"Error": ""}
         assert bound_cpus(api, "other") == first, "the expired room's CPUs went to another Pod"
-        assert bind(args, state, binder, KEYS) == {"Error": ""}
+        assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
         assert api.get("pods", "default", "pinned")["spec"]["nodeName"] == "n"
         assert not bound_cpus(api, "pinned") & bound_cpus(api, "other"), "no CPU handed out twice"
         assert len(state.usage("n").bound_cpus) == 8
@@ -1312,21 +1318,10 @@ def test_a_lost_bind_whose_room_expired_does_not_hold_a_retry_elsewhere():
     """Once the room held for a lost bind has expired, the first Binding is taken not to land: a
     retry to another node is placed, not refused as if that room were still held."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    api.put("nodes", node("m"))
-    api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    now = [1000.0]
-    state = ClusterState(KEYS, clock=lambda: now[0])
-    args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
-    with watched(api, state) as (api_client, watch):
-        binder = KubeBinder(api_client, watch, timeout=5)
-        api.storms["bindings"] = [500, 1]
-        assert bind(args, state, binder, KEYS)["Error"]
+    with lost_bind() as (api, state, binder, _, now):
         now[0] += RESERVATION_TTL + 1
-        assert bind({**args, "Node": "m"}, state, binder, KEYS) == {"Error": ""}
+        assert bind({**PINNED, "Node": "m"}, state, binder, KEYS) == {"Error": ""}
         assert api.get("pods", "default", "pinned")["spec"]["nodeName"] == "m"
         assert len(state.usage("m").bound_cpus) == 4 and state.usage("n").bound_cpus == set()
 
