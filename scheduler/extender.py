@@ -209,12 +209,28 @@ class LostLease(Exception):
     """This replica stopped leading while a bind was under way."""
 
 
+_LOST_LEASE = "this extender replica stopped leading mid-bind"
+
+
+def _before_binding(binder: Binder, keys: AnnotationKeys, namespace: str, name: str, cpuset: str | None,
+                    write: bool, leading: Callable[[], bool]) -> None:
+    """What goes before a Binding: the Pod's cpuset annotation (``cpuset``; None removes it) when
+    ``write``, with the Lease asked before it and again after it. Raises LostLease once this
+    replica no longer leads: a replica paused past its Lease (a long GC, a frozen VM) must not
+    write a cpuset, nor a Binding, the new leader may be handing out meanwhile."""
+    if not leading():
+        raise LostLease()
+    if write:
+        binder.annotate(namespace, name, {keys.resource_status: cpuset})
+    if not leading():
+        raise LostLease()
+
+
 def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: AnnotationKeys,
          schedulers: frozenset[str] = frozenset({"oversale"}), load_aware: bool = False,
          leading: Callable[[], bool] = lambda: True) -> ExtenderBindingResult:
     """Bind the Pod to the node kube-scheduler chose, with its cpuset where it asks for exclusive
-    CPUs. ``leading`` is asked again before each write: a replica paused past its Lease (a long
-    GC, a frozen VM) must not write a cpuset the new leader may be handing out meanwhile."""
+    CPUs. ``leading`` is asked again before each write (:func:`_before_binding`)."""
     namespace, name, node = args["PodNamespace"], args["PodName"], args["Node"]
     try:
         pod = binder.pod(namespace, name)
@@ -248,17 +264,11 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
                                 state.wall()))
     bind_sent = False
     status = resource_status(placement.cpuset, placement.numa_nodes) if placement is not None else None
+    # Without a cpuset of its own, a cpuset from an earlier bind of this Pod that did not happen is
+    # taken off: bound here with it, the Pod would be read as holding those CPUs.
+    leftover = keys.resource_status in ((pod.get("metadata") or {}).get("annotations") or {})
     try:
-        if not leading():
-            raise LostLease()
-        if status is not None:
-            binder.annotate(namespace, name, {keys.resource_status: status})
-        elif keys.resource_status in ((pod.get("metadata") or {}).get("annotations") or {}):
-            # A cpuset from an earlier bind of this Pod that did not happen: bound here without
-            # one, the Pod would be read as holding those CPUs.
-            binder.annotate(namespace, name, {keys.resource_status: None})
-        if not leading():
-            raise LostLease()
+        _before_binding(binder, keys, namespace, name, status, status is not None or leftover, leading)
         bind_sent = True
         binder.bind(namespace, name, uid, node)
     except LostLease:
@@ -266,7 +276,7 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         # leader writes its own at the bind kube-scheduler asks it for (removing ours could remove
         # that one).
         state.release(uid)
-        return {"Error": f"not binding pod {namespace}/{name}: this extender replica stopped leading mid-bind"}
+        return {"Error": f"not binding pod {namespace}/{name}: {_LOST_LEASE}"}
     except Exception as error:  # noqa: BLE001  -- reported to kube-scheduler, which retries
         if bind_sent and not refused_by_server(error):
             # A timeout or a 5xx may hide a bind that happened: the room stays held until the
@@ -316,16 +326,12 @@ def _bind_again(args: ExtenderBindingArgs, uid: str, earlier: Reservation, deman
         return {"Error": f"not binding pod {namespace}/{name}: the room held for its earlier bind has just expired; "
                          "kube-scheduler's next try places it afresh"}
     try:
-        if not leading():
-            raise LostLease()
-        if ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.resource_status) != earlier.status:
-            binder.annotate(namespace, name, {keys.resource_status: earlier.status})
-        if not leading():
-            raise LostLease()
+        written = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.resource_status)
+        _before_binding(binder, keys, namespace, name, earlier.status, written != earlier.status, leading)
         binder.bind(namespace, name, uid, node)
     except LostLease:
         state.release(uid)
-        return {"Error": f"not binding pod {namespace}/{name}: this extender replica stopped leading mid-bind"}
+        return {"Error": f"not binding pod {namespace}/{name}: {_LOST_LEASE}"}
     except Exception as error:  # noqa: BLE001  -- reported to kube-scheduler, which retries
         # Either Binding may have been taken (a 409 here is the first one landing): the room stays
         # held, and the next retry reads the Pod again.
