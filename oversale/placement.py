@@ -33,7 +33,7 @@ from oversale.cpus import (
 from oversale.disruption import Allowances, DisruptionBudget
 from oversale.errors import QuantityError
 from oversale.node_oversale import applied_ratios, real_allocatable_of
-from oversale.pods import controller_of, effective_request, scheduled_request
+from oversale.pods import controller_of, effective_request, scheduled_request, workload_of
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount, parse_amount
 from oversale.timestamps import parse_timestamp
 from oversale.usage import (
@@ -109,6 +109,9 @@ class PodDemand:
     """``namespace/Kind/name`` of the Pod's controller (what a reservation is held for)."""
     priority: int = 0
     """``spec.priority`` (set from the PriorityClass at admission): who may preempt whom."""
+    workload: str = ""
+    """``namespace/Kind/name`` of its workload (``workload_of``: a Deployment rather than its
+    ReplicaSet), whose Pods in the metrics say what it will use (``pod_estimate``)."""
 
     @property
     def overhead_cpu(self) -> int:
@@ -256,6 +259,7 @@ def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
         cpus=cpu // 1000 if cpu > 0 and cpu % 1000 == 0 else 0,
         owner=f"{metadata.get('namespace', '')}/{controller[0]}/{controller[1]}" if controller else "",
         priority=priority if isinstance(priority := (pod.get("spec") or {}).get("priority"), int) else 0,
+        workload=workload_of(metadata),
     )
 
 
@@ -543,7 +547,7 @@ def preemption_on(node: NodeView, held: Sequence[HeldPod], chosen: Iterable[str]
 def placement_score(node: NodeView, usage: NodeUsage, demand: PodDemand, heat: NodeHeat | None,
                     config: LoadConfig, estimate: Mapping[str, float] | None = None, now: float | None = None) -> int:
     """0..10 for one node (``score_on``), its metrics read at ``heat.now``. ``estimate``: the
-    Pod's ``estimated_usage`` (default: from its requests)."""
+    Pod's ``pod_estimate`` (default: from its requests alone)."""
     return score_on(node, usage, load_facts(node, heat), Ask.of(demand, config, estimate), now,
                     heat.now if heat is not None else 0.0)
 

@@ -85,6 +85,28 @@ def controller_of(metadata: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def workload_of(metadata: Mapping[str, Any]) -> str:
+    """``namespace/Kind/name`` of the workload a Pod belongs to ("" without a controller): its
+    controller, except that a ReplicaSet a Deployment made stands for the Deployment. The
+    Deployment controller names each of its ReplicaSets ``<deployment>-<pod-template-hash>`` and
+    gives their Pods that hash as the ``pod-template-hash`` label, so the Pods of a rollout's new
+    ReplicaSet are known as the same workload as the old one's.
+
+    >>> workload_of({"namespace": "shop", "labels": {"pod-template-hash": "5d8f9"},
+    ...              "ownerReferences": [{"kind": "ReplicaSet", "name": "web-5d8f9", "controller": True}]})
+    'shop/Deployment/web'
+    """
+    controller = controller_of(metadata)
+    if controller is None:
+        return ""
+    kind, name = controller
+    template_hash = (metadata.get("labels") or {}).get("pod-template-hash")
+    if kind == "ReplicaSet" and isinstance(template_hash, str) and template_hash \
+            and name.endswith(f"-{template_hash}") and len(name) > len(template_hash) + 1:
+        kind, name = "Deployment", name[:-len(template_hash) - 1]
+    return f"{metadata.get('namespace', '')}/{kind}/{name}"
+
+
 def requests_of(container: Mapping[str, Any], *, default_from_limits: bool = True) -> dict[str, int]:
     """A container's cpu/memory requests in millicores/bytes. The API server copies limits into
     missing requests before admission webhooks run, so a limit-only resource counts as requested."""

@@ -353,10 +353,12 @@ class Settings:
     """A Pod bound this recently and not yet in PodMetrics counts by its estimated usage."""
 
     cpu_usage_estimate: Decimal = field(default=Decimal("0.85"), metadata=_env("OVERSALE_CPU_USAGE_ESTIMATE"))
-    """Estimated cpu usage of a Pod not yet in the metrics, as a share of its request."""
+    """Estimated cpu usage of a Pod not yet in the metrics, as a share of its request, where no Pod
+    of its workload is in the metrics either (else what those use each counts)."""
 
     memory_usage_estimate: Decimal = field(default=Decimal("0.7"), metadata=_env("OVERSALE_MEMORY_USAGE_ESTIMATE"))
-    """Estimated memory usage of a Pod not yet in the metrics, as a share of its request."""
+    """Estimated memory usage of a Pod not yet in the metrics, as a share of its request, where no
+    Pod of its workload is in the metrics either."""
 
     load_score_weight: int = field(default=1, metadata=_env("OVERSALE_LOAD_SCORE_WEIGHT"))
     """Weight of "stays coolest after placing" in the extender's score (0: load only filters)."""

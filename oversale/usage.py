@@ -81,7 +81,8 @@ class LoadConfig:
     settle_seconds: float = 300
     """A bound Pod counts by its estimate until it shows up in PodMetrics or this long passed."""
     cpu_estimate: Decimal = Decimal("0.85")
-    """A Pod not yet in the metrics is expected to use this share of its cpu request."""
+    """A Pod not yet in the metrics, of a workload none of whose Pods is, is expected to use this
+    share of its cpu request (see ``pod_estimate``)."""
     memory_estimate: Decimal = Decimal("0.7")
     load_weight: int = 1
     """Weight of the load score (coolest node after placing) against the packing score."""
@@ -168,13 +169,60 @@ def first_seen(previous: tuple[float, float] | None, stamp: float, now: float) -
 
 
 def estimated_usage(requests: Mapping[str, int], config: LoadConfig) -> dict[str, float]:
-    """What a Pod not yet in the metrics is expected to use: its request x the estimate factor.
-
-    Requests of Pods under right-sizing already come from their workload's usage history (the
-    compression reconciler sets them), so this is the workload's history where it has one.
-    """
+    """What a Pod of a workload with no Pod in the metrics is expected to use: its request x the
+    estimate factors (Koordinator's default estimator)."""
     return {CPU: requests.get(CPU, 0) * float(config.cpu_estimate),
             MEMORY: requests.get(MEMORY, 0) * float(config.memory_estimate)}
+
+
+@dataclass(frozen=True)
+class WorkloadUsage:
+    """What one workload's Pods use now, per Pod: the mean over those in the metrics."""
+
+    cpu: float
+    """Millicores."""
+    memory: float
+    """Bytes."""
+    pods: int
+    """How many Pods the mean is over."""
+
+
+def workload_usage(pods: Iterable[tuple[str, float, float]]) -> dict[str, WorkloadUsage]:
+    """Per workload, the mean usage of its Pods, from ``(workload, cpu millicores, memory bytes)``
+    per Pod in the metrics; Pods of no workload ("") are left out.
+
+    >>> workload_usage([("shop/Deployment/web", 100, 2**20), ("shop/Deployment/web", 300, 3 * 2**20)])
+    {'shop/Deployment/web': WorkloadUsage(cpu=200.0, memory=2097152.0, pods=2)}
+    """
+    sums: dict[str, list[float]] = {}
+    for workload, cpu, memory in pods:
+        if workload:
+            total = sums.setdefault(workload, [0.0, 0.0, 0])
+            total[0] += cpu
+            total[1] += memory
+            total[2] += 1
+    return {workload: WorkloadUsage(cpu / count, memory / count, int(count))
+            for workload, (cpu, memory, count) in sums.items()}
+
+
+def pod_estimate(requests: Mapping[str, int], observed: WorkloadUsage | None, config: LoadConfig) -> dict[str, float]:
+    """What a Pod not in the metrics yet (one being placed, or bound in the last few minutes) is
+    expected to use: what its workload's Pods use each, where any of them is in the metrics (a
+    replica like the others); else its request x the estimate factors.
+
+    Requests say little of use where a workload is not right-sized: a BestEffort replica requests
+    nothing and may use cores, and one requesting 4 cores may use a tenth of one. A burst of such
+    replicas counted by requests would pile onto one node, or be kept off it, before the metrics
+    show them.
+
+    >>> pod_estimate({"cpu": 4000, "memory": 2**30}, WorkloadUsage(150.0, 2**28, 3), LoadConfig())
+    {'cpu': 150.0, 'memory': 268435456.0}
+    >>> pod_estimate({"cpu": 4000, "memory": 0}, None, LoadConfig())
+    {'cpu': 3400.0, 'memory': 0.0}
+    """
+    if observed is None or observed.pods <= 0:
+        return estimated_usage(requests, config)
+    return {CPU: float(observed.cpu), MEMORY: float(observed.memory)}
 
 
 def watermark_exceeded(load: NodeLoad, pending: Mapping[str, float], real: Mapping[str, int],

@@ -135,8 +135,9 @@ def _never_fits(view: NodeView, demand: PodDemand) -> bool:
 def prioritize(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
                load_aware: bool = False) -> list[HostPriority]:
     demand = pod_demand(args["Pod"], keys)
+    estimate = state.estimate_for(demand) if load_aware else None
     sent, scores = _answer(args, state, lambda table, slots: rank(table, slots, demand, state.load_config,
-                                                                  state.wall(), load_aware))
+                                                                  state.wall(), load_aware, estimate))
     priorities: list[HostPriority] = [{"Host": name, "Score": score}
                                       for name, score in zip(sent.names, scores, strict=True)]
     priorities += [{"Host": name, "Score": 0} for name in sent.unknown]

@@ -183,7 +183,11 @@ class UsagePoller:
             self._on_poll("error", self._staleness())
             return False
         self._state.record_node_samples({n.name: Sample(n.at, n.cpu, n.memory) for n in nodes})
-        self._state.record_pods_in_metrics({(c.namespace, c.pod) for c in containers})
+        pods: dict[tuple[str, str], tuple[float, float]] = {}
+        for container in containers:
+            cpu, memory = pods.get((container.namespace, container.pod), (0.0, 0.0))
+            pods[(container.namespace, container.pod)] = (cpu + container.cpu, memory + container.memory)
+        self._state.record_pods_in_metrics(pods)
         self._on_poll("ok", self._staleness())
         return True
 

@@ -15,7 +15,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -45,10 +45,12 @@ from oversale.usage import (
     LoadConfig,
     NodeLoad,
     Sample,
-    estimated_usage,
+    WorkloadUsage,
     pending_usage,
+    pod_estimate,
     windows,
     with_history_peak,
+    workload_usage,
 )
 
 RESERVATION_TTL = 120.0
@@ -138,6 +140,8 @@ class ClusterState:
     """Per node, (cpu maximum over ``history_peak_seconds``, when it was read) from Prometheus."""
     _in_metrics: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, name) of the Pods in the last PodMetrics list."""
+    _workloads: dict[str, WorkloadUsage] = field(default_factory=dict)
+    """Per workload, what its bound Pods in the last PodMetrics list use each."""
     _nominated: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
     """Per node, the Pods nominated to it (``status.nominatedNodeName``): by a preemption, waiting
     for their victims to leave, or for a binding cycle that takes time (KEP-5278)."""
@@ -439,11 +443,24 @@ class ClusterState:
         fresh = held is not None and now - held[1] <= self.load_config.history_max_age_seconds
         return with_history_peak(own, held[0] if held and fresh else None, self.load_config)
 
-    def record_pods_in_metrics(self, pods: Iterable[tuple[str, str]]) -> None:
-        """One poll of PodMetrics: the Pods whose usage the node figures now include."""
+    def record_pods_in_metrics(self, pods: Mapping[tuple[str, str], tuple[float, float]]) -> None:
+        """One poll of PodMetrics, (namespace, name) -> (cpu millicores, memory bytes) summed over
+        the Pod's containers: the Pods whose usage the node figures now include, and what each
+        workload's Pods use (``estimate_for``). The workloads are worked out before taking the
+        lock filter and prioritize wait on: a cluster may have 100,000 Pods."""
+        with self._lock:
+            bound = list(self._pods.values())
+        observed = workload_usage((record.demand.workload, *pods[key]) for record in bound
+                                  if (key := (record.namespace, record.name)) in pods)
         with self._lock:
             self._in_metrics = set(pods)
+            self._workloads = observed
             self._pending = None
+
+    def estimate_for(self, demand: PodDemand) -> dict[str, float]:
+        """What a Pod not in the metrics yet is expected to use (``pod_estimate``): what its
+        workload's Pods use each where any is in the metrics, else its request x the factors."""
+        return pod_estimate(demand.requests, self._workloads.get(demand.workload), self.load_config)
 
     def heats(self, nodes: list[str]) -> list[NodeHeat]:
         """Each node's load windows and the estimates of its Pods not yet in the metrics."""
@@ -523,7 +540,7 @@ class ClusterState:
             elif (record.namespace, record.name) not in self._in_metrics:
                 by_node.setdefault(record.node, []).append(record)
                 until = min(until, settles)
-        self._pending = {node: pending_usage(estimated_usage(r.demand.requests, config) for r in records)
+        self._pending = {node: pending_usage(self.estimate_for(r.demand) for r in records)
                          for node, records in by_node.items()}
         self._pending_until = until
         return self._pending

@@ -31,7 +31,7 @@ from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_facts
 from oversale.quantity import CPU, MEMORY, RESOURCES
 from oversale.remediation import Candidate, RemediationConfig, Target, excess, next_streak, plan_moves
-from oversale.usage import LoadConfig, NodeLoad, Sample, node_load, with_history_peak
+from oversale.usage import LoadConfig, NodeLoad, Sample, WorkloadUsage, node_load, pod_estimate, with_history_peak
 from simulator.policies import History, System
 from simulator.trace import DAY, GIB, MILLI, SLOT, TraceError, Workload
 
@@ -288,6 +288,18 @@ def heat_at(history: list[np.ndarray], today: list[np.ndarray], times: np.ndarra
     return NodeHeat(load, float(stamps[-1]))  # read as fresh as the poller reads
 
 
+def observed_usage(window: Window, day: Day, index: int, moment: int, config: LoadConfig) -> WorkloadUsage | None:
+    """What workload ``index``'s Pods use at slot ``moment`` of the day as PodMetrics would show
+    the extender: its 5-minute average cpu and latest memory before that moment (the trace has one
+    Pod per workload, so its own usage stands for its replicas'); None where it did not run just
+    before (no replica in the metrics: placed by its request)."""
+    if not (day.present[index][moment - 1] if moment else window.present[index][-1]):
+        return None
+    heat = heat_at([window.usage[r][index] for r in RESOURCES], [day.usage[r][index] for r in RESOURCES],
+                   window.times, day.start, moment, config)
+    return None if heat.load is None else WorkloadUsage(heat.load.cpu_average, heat.load.memory, 1)
+
+
 def arrival_moments(day: Day, seed: int = 0) -> np.ndarray:
     """The slot of the day at which each workload's Pod meets the load-aware extender: uniform
     over the day and the same for every system (seeded by ``seed`` and the day), as rollouts and
@@ -317,17 +329,18 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
         cpu, memory = items[index]
         demand = PodDemand(uid=str(index), requests={CPU: math.ceil(cpu), MEMORY: math.ceil(memory)},
                            bind_policy=None, single_numa=False)
-        chosen, best = None, -1
+        chosen, best, estimate = None, -1, None
         if load_aware:  # every node's load as the extender reads it at this Pod's moment
             moment = int(moments[index])
             now = day.start + SLOT * (moment - 1) if moment else float(window.times[-1])
             for node in nodes:
                 heat = heat_at(node.history, node.today, window.times, day.start, moment, config)
                 table.put_load(node.view.name, load_facts(node.view, heat))
+            estimate = pod_estimate(demand.requests, observed_usage(window, day, index, moment, config), config)
         # The extender's own filter and score over the open nodes; the first of the best wins.
         slots = np.arange(len(nodes), dtype=np.int64)  # node n is the table's row n
         for number, (reason, score) in enumerate(zip(screen(table, slots, demand, config, now, load_aware),
-                                                     rank(table, slots, demand, config, now, load_aware),
+                                                     rank(table, slots, demand, config, now, load_aware, estimate),
                                                      strict=True)):
             if reason is None and score > best:
                 chosen, best = number, score

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from oversale.pods import effective_request, held_request, resize_infeasible, scheduled_request, shape_problem
+from oversale.pods import (
+    effective_request,
+    held_request,
+    resize_infeasible,
+    scheduled_request,
+    shape_problem,
+    workload_of,
+)
 from oversale.quantity import CPU, parse_amount
 from tests.conftest import POD_FIXTURES
 
@@ -100,3 +107,24 @@ def test_pod_level_requests_decide_alone_and_pending_pods_hold_their_spec():
     pending = {"spec": {"containers": [{"name": "app", "resources": {"requests": {"cpu": "3"}}}]},
                "status": {"phase": "Pending"}}
     assert held_request(pending, CPU) == 3000
+
+
+def owned(kind: str, name: str, labels: dict | None = None) -> dict:
+    return {"namespace": "shop", "labels": labels or {},
+            "ownerReferences": [{"kind": kind, "name": name, "controller": True}]}
+
+
+@pytest.mark.parametrize(("metadata", "workload"), [
+    # The Deployment controller names a ReplicaSet <deployment>-<pod-template-hash>.
+    (owned("ReplicaSet", "web-5d8f9", {"pod-template-hash": "5d8f9"}), "shop/Deployment/web"),
+    (owned("ReplicaSet", "api-v2-7c9b4", {"pod-template-hash": "7c9b4"}), "shop/Deployment/api-v2"),
+    # A ReplicaSet of its own (or an operator's), whatever labels its Pods carry.
+    (owned("ReplicaSet", "web"), "shop/ReplicaSet/web"),
+    (owned("ReplicaSet", "web-5d8f9", {"pod-template-hash": "7c9b4"}), "shop/ReplicaSet/web-5d8f9"),
+    (owned("ReplicaSet", "-5d8f9", {"pod-template-hash": "5d8f9"}), "shop/ReplicaSet/-5d8f9"),
+    (owned("StatefulSet", "db", {"pod-template-hash": "5d8f9"}), "shop/StatefulSet/db"),
+    ({"namespace": "shop", "ownerReferences": [{"kind": "ReplicaSet", "name": "web-5d8f9"}]}, ""),
+    ({"namespace": "shop"}, ""),
+])
+def test_the_workload_of_a_pod_is_its_deployment_across_replica_sets(metadata, workload):
+    assert workload_of(metadata) == workload

@@ -685,6 +685,43 @@ def test_a_burst_of_binds_moves_the_next_pod_elsewhere_before_metrics_catch_up(l
                                               "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
 
 
+def replica(name: str, replica_set: str, cpu: str | None, node_name: str | None = None) -> dict:
+    """A Pod of the Deployment ``web``'s ReplicaSet ``web-<replica_set>``, BestEffort where ``cpu`` is None."""
+    made = pod(name, cpu or "1", node_name=node_name, single_numa=False)
+    made["metadata"]["labels"] = {"app": "web", "pod-template-hash": replica_set}
+    made["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"web-{replica_set}",
+                                            "uid": f"uid-rs-{replica_set}", "controller": True}]
+    if cpu is None:
+        del made["spec"]["containers"][0]["resources"]
+    return made
+
+
+@pytest.mark.parametrize(("cpu", "used", "kept_off"), [(None, "3", True), ("4", "100m", False)])
+def test_a_burst_of_replicas_counts_what_the_running_ones_use_not_their_requests(loaded, cpu, used, kept_off):
+    # A replica of web's old ReplicaSet runs on node-1 and uses `used` cores. Two replicas of its
+    # new ReplicaSet (a rollout) are bound to node-0 (30% of 16 cores, watermark 65%): by requests
+    # they would count 0 (BestEffort) or 2 x 3.4 cores; they count what the running one uses.
+    api, extender = loaded
+    api.put("pods", replica("web-5d8f9-x1", "5d8f9", cpu, node_name="node-1"))
+    api.put("podmetrics", {"metadata": {"name": "web-5d8f9-x1", "namespace": "default"}, "window": "20s",
+                           "containers": [{"name": "c", "usage": {"cpu": used, "memory": "10Mi"}}]})
+    for name in ("web-7c9b4-b1", "web-7c9b4-b2"):
+        api.put("pods", replica(name, "7c9b4", cpu))
+        wait_for(lambda n=name: api.get("pods", "default", n) is not None)
+        assert extender.post("bind", {"PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}",
+                                      "Node": "node-0"}) == {"Error": ""}
+    if kept_off:  # 4.8 + 2 x 3 cores: 68% of node-0's real 16
+        expected = {"NodeNames": ["node-1"], "FailedNodes": {
+            "node-0": "cpu usage 68% of real capacity (5-min average, with Pods bound but not yet in the metrics) "
+                      "is above the scheduling watermark 65%"}}
+    else:  # 4.8 + 2 x 0.1 cores: 31%, where 2 x 3.4 cores by requests would have kept it off
+        expected = {"NodeNames": ["node-0", "node-1"], "FailedNodes": {}}
+    # The running replica's usage counts from the next poll of the metrics API on.
+    wait_for(lambda: {key: value for key, value in extender.post("filter", {
+        "Pod": replica("web-7c9b4-b3", "7c9b4", cpu), "NodeNames": ["node-0", "node-1"]}).items()
+        if key in expected} == expected)
+
+
 def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
