@@ -8,6 +8,8 @@ what the API and the kubelet allow:
 - only app containers and native sidecars can be resized; a finished init container and
   pod-level ``spec.resources`` (alpha to resize) are not touched;
 - the QoS class is immutable: the API refuses such a resize, so it is never sent;
+- the API refuses any resize of a static Pod's mirror or of a Windows Pod (``spec.os.name:
+  windows``): theirs is never sent either, and new ratios reach them at the next rollout;
 - the cpu request of a Pod holding (or asking for) exclusive CPUs is their count, and a resize
   cannot change the cpuset it holds, so it is kept (``oversale.compression.exclusive_cpus``);
 - a container whose ``resizePolicy`` says ``RestartContainer`` for a resource is restarted to
@@ -125,6 +127,8 @@ def plan_resize(
         return _skip("not-running", f"phase {status.get('phase')}, not running")
     if is_mirror_or_static(pod):
         return _skip("static", "static Pod (the kubelet rejects changes to it)")
+    if ((pod.get("spec") or {}).get("os") or {}).get("name") == "windows":
+        return _skip("windows", "Windows Pod (the API refuses to resize one); new ratios apply at the next rollout")
     switch = workload_annotations.get(keys.inplace_resize)
     try:
         if switch is not None and not parse_switch(switch):

@@ -402,6 +402,10 @@ def _resize_problem(old: dict[str, Any], new: dict[str, Any]) -> str | None:
                 container.pop("resizePolicy", None)
         return spec
 
+    if "kubernetes.io/config.mirror" in ((old.get("metadata") or {}).get("annotations") or {}):
+        return "Forbidden: static pods cannot be resized"
+    if ((old.get("spec") or {}).get("os") or {}).get("name") == "windows":
+        return "Forbidden: windows pods cannot be resized"
     if without_resources(old.get("spec") or {}) != without_resources(new.get("spec") or {}):
         return "spec: Forbidden: only cpu and memory resources are mutable"
     for kind in ("initContainers", "containers"):

@@ -370,6 +370,25 @@ def test_the_api_double_refuses_what_the_real_api_refuses(api):
     with pytest.raises(ApiException) as refused:
         core.patch_namespaced_pod_resize(PODS[0], NS, image, _content_type="application/json-patch+json")
     assert "only cpu and memory resources are mutable" in refused.value.body
+    windows = admitted(PODS[1], template(), {})
+    windows["spec"]["os"] = {"name": "windows"}
+    api.put("pods", windows)
+    with pytest.raises(ApiException) as refused:
+        core.patch_namespaced_pod_resize(PODS[1], NS, patch, _content_type="application/json-patch+json")
+    assert refused.value.status == 422 and "windows pods cannot be resized" in refused.value.body
+
+
+def test_a_windows_pod_is_never_sent_a_resize_the_api_refuses(api, tmp_path):
+    setup(api, {KEYS.cpu_requests_ratio: "1"}, pods=PODS[:1])
+    windows = stored(api)
+    windows["spec"]["os"] = {"name": "windows"}
+    api.put("pods", windows)
+    reconciler_ = reconciler(api, tmp_path)
+    rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert resize_calls(api) == 0 and requests(stored(api))["cpu"] == "1"
+    assert [r.reason for r in rows if r.object == f"Pod/{NS}/{PODS[0]}"] == [
+        "not resized: Windows Pod (the API refuses to resize one); new ratios apply at the next rollout"]
+    assert reconciler_.metrics.resizes.labels("error")._value.get() == 0
 
 
 # ---- the pure policy --------------------------------------------------------------------------
