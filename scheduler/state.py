@@ -141,7 +141,11 @@ class ClusterState:
     _in_metrics: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, name) of the Pods in the last PodMetrics list."""
     _workloads: dict[str, WorkloadUsage] = field(default_factory=dict)
-    """Per workload, what its bound Pods in the last PodMetrics list use each."""
+    """Per workload with a bound Pod in the last PodMetrics list, what its Pods use each: cpu as
+    the mean of the polls of the last ``average_seconds`` (as the node's 5-minute average, and as
+    the replay reads it), memory as of the last poll."""
+    _workload_cpu: dict[str, tuple[array[float], array[float]]] = field(default_factory=dict)
+    """Per such workload, (poll time, cpu per Pod) over the last ``average_seconds``."""
     _nominated: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
     """Per node, the Pods nominated to it (``status.nominatedNodeName``): by a preemption, waiting
     for their victims to leave, or for a binding cycle that takes time (KEP-5278)."""
@@ -450,11 +454,27 @@ class ClusterState:
         lock filter and prioritize wait on: a cluster may have 100,000 Pods."""
         with self._lock:
             bound = list(self._pods.values())
+        now = self.wall()
+        averaged: dict[str, WorkloadUsage] = {}
+        kept: dict[str, tuple[array[float], array[float]]] = {}
         observed = workload_usage((record.demand.workload, *pods[key]) for record in bound
                                   if (key := (record.namespace, record.name)) in pods)
+        for workload, usage in observed.items():
+            # Only the poller writes these; a workload with no Pod in this poll is known no more.
+            times, cpus = kept[workload] = self._workload_cpu.get(workload, (array("d"), array("d")))
+            if times and now <= times[-1]:  # the wall clock stepped back: start the window over
+                del times[:], cpus[:]
+            times.append(now)
+            cpus.append(usage.cpu)
+            old = bisect_left(times, now - self.load_config.average_seconds)
+            if old:
+                del times[:old], cpus[:old]
+            load = windows(times, cpus, (usage.memory,), self.load_config)
+            averaged[workload] = replace(usage, cpu=load.cpu_average) if load is not None else usage
+        self._workload_cpu = kept
         with self._lock:
             self._in_metrics = set(pods)
-            self._workloads = observed
+            self._workloads = averaged
             self._pending = None
 
     def estimate_for(self, demand: PodDemand) -> dict[str, float]:

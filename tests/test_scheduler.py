@@ -29,7 +29,7 @@ from oversale.usage import LoadConfig, Sample
 from scheduler.extender import filter_nodes
 from scheduler.kube import HistoryPeakPoller
 from scheduler.protocol import BadRequest, parse_args, parse_binding, parse_preemption
-from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord
+from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord, pod_facts
 from tests.conftest import ROOT, SHARED, eventually, expiry_samples, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import GARBAGE_ANSWERS, Family, PrometheusServer, garbage_prometheus, write_openmetrics
@@ -811,6 +811,26 @@ def test_a_maximum_read_from_prometheus_counts_until_it_is_too_old():
     state.record_node_samples({"n": Sample(now[0], 5000, 8 << 30)})
     load = state.heats(["n"])[0].load
     assert (load.cpu_peak, load.peak_window) == (5000.0, "1-hour maximum")
+
+
+def test_a_workloads_estimate_is_its_pods_five_minute_average_cpu_and_latest_memory():
+    now = [1000.0]
+    state = ClusterState(KEYS, wall=lambda: now[0])
+    for name in ("web-5d8f9-x1", "web-5d8f9-x2"):
+        state.set_pod(f"uid-{name}", pod_facts(replica(name, "5d8f9", "4", node_name="node-1"), KEYS))
+    new_replica = pod_demand(replica("web-7c9b4-y1", "7c9b4", "4"), KEYS)
+    mi = 2**20
+    for cpus, memory in (((100, 300), 100), ((500, 700), 300), ((900, 1100), 200)):  # a poll a minute
+        state.record_pods_in_metrics({("default", f"web-5d8f9-x{n}"): (cpu, memory * mi)
+                                      for n, cpu in enumerate(cpus, 1)})
+        now[0] += 60
+    # Per Pod 200m, 600m, 1000m: their average, and the memory of the last poll.
+    assert state.estimate_for(new_replica) == {"cpu": 600.0, "memory": 200.0 * mi}
+    now[0] += 230  # 5 minutes after the second poll: only the third and this one count
+    state.record_pods_in_metrics({("default", "web-5d8f9-x1"): (1300, 100 * mi)})
+    assert state.estimate_for(new_replica) == {"cpu": 1150.0, "memory": 100.0 * mi}
+    state.record_pods_in_metrics({})  # none of its Pods in the metrics: known by its requests again
+    assert state.estimate_for(new_replica) == {"cpu": 3400.0, "memory": 0.7 * 2**30}
 
 
 def test_nodes_deleted_from_the_cluster_leave_no_usage_behind():
