@@ -280,8 +280,8 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         "arrive largest first and the extender's own filter and score (`oversale.node_table`) choose among open "
         "nodes, a node being added when none fits; after each arrival the system's node policy recomputes that "
         "node's ratio from its members' summed history. With load-aware placement each Pod meets the extender at "
-        f"its own moment of the day (drawn with `--arrival-seed {config.arrival_seed}`) and the node's usage of "
-        "the hour before.",
+        f"its own moment of the day (drawn with `--arrival-seed {config.arrival_seed}`), the node's usage of "
+        "the hour before, and its workload's own 5-minute average cpu and latest memory as the Pod's estimate.",
         "- **capacity freed**: 1 - node-days needed / node-days of `none` (original requests, no overselling).",
         "- **violation rate**: share of (node, 5-minute sample) pairs whose summed usage exceeds the node's *real* "
         "capacity.",

@@ -14,9 +14,9 @@ import pytest
 
 from oversale.budget import HotTimeBudget
 from oversale.estimator import CompressionEstimator, OversaleEstimator
-from oversale.usage import LoadConfig
+from oversale.usage import LoadConfig, WorkloadUsage, pod_estimate
 from simulator.policies import default_systems, katalyst_realtime, ours_requests
-from simulator.replay import SLOT, Config, Day, arrival_moments, heat_at, run
+from simulator.replay import SLOT, Config, Day, Window, arrival_moments, heat_at, observed_usage, run
 from simulator.report import (
     against_peers,
     budgets_against_peers,
@@ -505,6 +505,28 @@ def test_a_pod_meets_the_load_its_node_has_at_the_pods_moment_of_the_day():
     moments = arrival_moments(Day(3, start, np.arange(slots), {}, {"cpu": np.zeros((50, slots))}, np.ones((50, slots)),
                                   None, "tuning"))  # type: ignore[arg-type]
     assert len(moments) == 50 and moments.min() >= 0 and moments.max() < slots and len(set(moments)) > 25
+
+
+def test_a_pods_estimate_in_the_replay_is_its_workloads_usage_just_before_its_moment():
+    """As live, where the extender reads it from the workload's Pods in PodMetrics: its 5-minute
+    average cpu and latest memory before the moment; by its request where it did not run then."""
+    slots = DAY // SLOT
+    start = 30 * DAY
+    times = start - SLOT * np.arange(slots, 0, -1)
+    window = Window(times, {"cpu": np.full((2, slots), 500.0), "memory": np.full((2, slots), float(GIB))},
+                    np.ones((2, slots), dtype=bool))
+    cpu = np.tile(np.arange(slots, dtype=float) * 10, (2, 1))  # 0, 10, 20 ... millicores through the day
+    present = np.ones((2, slots), dtype=bool)
+    present[1, 50:] = False  # the second workload stopped at slot 50
+    day = Day(3, start, np.arange(slots), {}, {"cpu": cpu, "memory": np.full((2, slots), 2.0 * GIB)}, present,
+              window, "tuning")
+    config = LoadConfig()
+    assert observed_usage(window, day, 0, 0, config) == WorkloadUsage(500.0, float(GIB), 1)  # the window's end
+    # Slot 100: the 5 minutes before are slot 99 alone (990m), and its memory.
+    assert observed_usage(window, day, 0, 100, config) == WorkloadUsage(990.0, 2.0 * GIB, 1)
+    assert observed_usage(window, day, 1, 100, config) is None
+    assert pod_estimate({"cpu": 4000, "memory": GIB}, observed_usage(window, day, 1, 100, config), config) == {
+        "cpu": 3400.0, "memory": 0.7 * GIB}
 
 
 def test_a_variant_is_read_against_our_curve_at_its_own_capacity_freed():
