@@ -6,7 +6,8 @@ Each node: 2 NUMA nodes x 16 cores x 2 threads (64 CPUs), cpu oversold x1.5, 10 
 2 bound Pods of 4 whole cores. Measured for a shared Pod and for a FullPCPUs single-NUMA Pod, by
 requests alone and load-aware (an hour of 30-second NodeMetrics samples per node, 2 Pods per
 node bound in the last minutes and not yet in PodMetrics); and what one metrics poll of every
-node costs the poller (windows, then each row's load in the node table).
+node costs the poller (windows, then each row's load in the node table), and one PodMetrics poll
+of every bound Pod (the shared Pods of each node are the 10 replicas of one Deployment).
 """
 
 from __future__ import annotations
@@ -34,12 +35,17 @@ def topology(sockets: int = 2, cores: int = 16, threads: int = 2) -> str:
                                   for t in range(threads) for s in range(sockets) for c in range(cores)]})
 
 
-def pod(name: str, cpu: str, node: str | None = None, bound: str | None = None) -> dict[str, Any]:
+def pod(name: str, cpu: str, node: str | None = None, bound: str | None = None,
+        deployment: str | None = None) -> dict[str, Any]:
     annotations = {KEYS.cpu_bind_policy: "FullPCPUs", KEYS.numa_topology_policy: "single-numa-node"} if bound \
         is not None or cpu == "8" else {}
     if bound:
         annotations[KEYS.resource_status] = json.dumps({"cpuset": bound, "numaNode": 0})
-    return {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "annotations": annotations},
+    metadata: dict[str, Any] = {"name": name, "namespace": "default", "uid": f"uid-{name}", "annotations": annotations}
+    if deployment:  # a replica of the Deployment's ReplicaSet, as the Deployment controller names them
+        metadata["labels"] = {"pod-template-hash": "5d8f9"}
+        metadata["ownerReferences"] = [{"kind": "ReplicaSet", "name": f"{deployment}-5d8f9", "controller": True}]
+    return {"metadata": metadata,
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "resources": {
                 "requests": {"cpu": cpu, "memory": "2Gi"}}}]},
             "status": {"phase": "Running"}}
@@ -57,7 +63,7 @@ def build(nodes: int, usage: bool = False) -> ClusterState:
             KEYS.applied_oversale_ratio: json.dumps({"cpu": "1.5"})}},
             "status": {"allocatable": {"cpu": "96", "memory": "256Gi"}}})
         for p in range(10):
-            state.set_pod(f"{name}-s{p}", pod_facts(pod(f"{name}-s{p}", "2", name), KEYS))
+            state.set_pod(f"{name}-s{p}", pod_facts(pod(f"{name}-s{p}", "2", name, deployment=f"app-{n}"), KEYS))
         state.set_pod(f"{name}-b0", pod_facts(pod(f"{name}-b0", "8", name, bound="0-3,32-35"), KEYS))
         state.set_pod(f"{name}-b1", pod_facts(pod(f"{name}-b1", "8", name, bound="16-19,48-51"), KEYS))
         if usage:
@@ -101,6 +107,20 @@ def measure_poll(state: ClusterState, nodes: int, repeats: int) -> float:
     return statistics.median(timings) * 1000
 
 
+def measure_pod_poll(state: ClusterState, repeats: int) -> float:
+    """One PodMetrics poll with every bound Pod in it: which Pods are in the metrics, and each
+    workload's per-Pod usage (its 5-minute window) for the estimate of its Pods not yet there."""
+    generator = random.Random(13)
+    names = [(record.namespace, record.name) for record in state._pods.values()]
+    timings = []
+    for _ in range(repeats):
+        pods = {key: (float(generator.randrange(10, 2000)), float(generator.randrange(2**26, 2**31))) for key in names}
+        started = time.perf_counter()
+        state.record_pods_in_metrics(pods)
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings) * 1000
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
@@ -120,6 +140,9 @@ def main() -> int:
                 results[f"{nodes}_metrics_poll_ms"] = round(measure_poll(state, nodes, args.repeats), 2)
                 print(f"{nodes} nodes: one metrics poll recorded (windows and rows) in median "
                       f"{results[f'{nodes}_metrics_poll_ms']} ms, on the poller's thread", file=sys.stderr)
+                results[f"{nodes}_pod_metrics_poll_ms"] = round(measure_pod_poll(state, args.repeats), 2)
+                print(f"{nodes} nodes: one PodMetrics poll of {len(state._pods)} bound Pods recorded in median "
+                      f"{results[f'{nodes}_pod_metrics_poll_ms']} ms, on the poller's thread", file=sys.stderr)
     print(json.dumps(results, indent=2))
     return 0
 

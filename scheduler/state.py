@@ -470,7 +470,7 @@ class ClusterState:
             if old:
                 del times[:old], cpus[:old]
             load = windows(times, cpus, (usage.memory,), self.load_config)
-            averaged[workload] = replace(usage, cpu=load.cpu_average) if load is not None else usage
+            averaged[workload] = WorkloadUsage(load.cpu_average, usage.memory, usage.pods) if load else usage
         self._workload_cpu = kept
         with self._lock:
             self._in_metrics = set(pods)
