@@ -212,6 +212,24 @@ def katalyst_realtime(target: float = 0.6, e: float = 0.4) -> NodeRatio:
     return ratio
 
 
+def koordinator_batch(cpu_threshold: float = 0.6, memory_threshold: float = 0.65) -> NodeRatio:
+    """Koordinator's batch overcommit read as a node ratio: its slo-controller publishes
+    ``Total - Reserved - System.Used - sum(Pod(Prod/Mid).Used)`` as ``kubernetes.io/batch-cpu`` /
+    ``batch-memory`` beside the node's allocatable, with ``Reserved = Allocatable x (1 - T)``
+    (``cpuReclaimThresholdPercent`` 60, ``memoryReclaimThresholdPercent`` 65, the default
+    ``usage`` policy), so a node takes ``A + max(0, A x T - U)`` of requests: ratio ``1 + max(0,
+    T - U/A)``, U the latest usage. The replay has one class of Pod, so the batch room is counted
+    for every Pod, as this project's oversold allocatable is; without a reading there is none
+    (the node's NodeMetric is missing and batch resources degrade to 0)."""
+    def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
+              current: float) -> float:
+        if len(values) == 0 or capacity <= 0:
+            return 1.0
+        threshold = cpu_threshold if resource == CPU else memory_threshold
+        return 1.0 + max(0.0, threshold - float(values[-1]) / capacity)
+    return ratio
+
+
 def capped_at(policy: NodeRatio, cpu_max: float, memory_max: float) -> NodeRatio:
     """A peer's ratio clamped to maxima, as this project's node webhook clamps any ratio."""
     def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
@@ -284,6 +302,8 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
                no_compression, katalyst_realtime(), "katalyst-realtime"),
         System("crane-style+katalyst", "Crane-style requests on nodes Katalyst oversells (T=0.6)", crane_style(),
                katalyst_realtime(), "crane-style+katalyst"),
+        System("koordinator-batch", "Koordinator: batch room A x T - U beside allocatable, T=0.6 cpu / 0.65 "
+               "memory (requests as written)", no_compression, koordinator_batch(), "koordinator-batch"),
         System("static-2", "static compression ratio 2", static_compression(2), family="static"),
         System("static-oversale-1.5", "static oversale ratio 1.5", no_compression, static_ratio(1.5),
                "static-oversale"),
@@ -310,6 +330,9 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
                               katalyst_realtime(target_utilization), "katalyst-realtime"))
         systems.append(System(f"crane-style+katalyst T={target_utilization:g}", "Crane-style on Katalyst, T varied",
                               crane_style(), katalyst_realtime(target_utilization), "crane-style+katalyst"))
+    for threshold in (0.4, 0.8, 1.0):
+        systems.append(System(f"koordinator-batch T={threshold:g}", "Koordinator, reclaim threshold varied",
+                              no_compression, koordinator_batch(threshold, threshold), "koordinator-batch"))
     for ratio in (1.5, 3, 4):
         systems.append(System(f"static-{ratio:g}", "static compression ratio", static_compression(ratio),
                               family="static"))

@@ -15,7 +15,7 @@ import pytest
 from oversale.budget import HotTimeBudget
 from oversale.estimator import CompressionEstimator, OversaleEstimator
 from oversale.usage import LoadConfig, WorkloadUsage, pod_estimate
-from simulator.policies import default_systems, katalyst_realtime, ours_requests
+from simulator.policies import default_systems, katalyst_realtime, koordinator_batch, ours_requests
 from simulator.replay import SLOT, Config, Day, Window, arrival_moments, heat_at, observed_usage, run
 from simulator.report import (
     against_peers,
@@ -202,6 +202,17 @@ def test_our_requests_raise_an_over_user_at_most_to_the_minimum_ratio():
 def test_katalyst_formula_matches_its_definition():
     # A=32, T=0.6, U=8, R=28: ((19.2 - 8) / max(min(8/28, 1), 0.4) + 28) / 32 = (11.2 / 0.4 + 28) / 32 = 1.75
     assert katalyst_realtime()("cpu", 32, 28, np.array([0.0]), np.array([8.0]), 1.0) == pytest.approx(1.75)
+
+
+def test_koordinator_formula_matches_its_definition():
+    # Batch room = A - A x (1 - T) - U = A x T - U beside allocatable A: A=32, U=8, T=0.6 cpu -> (32 + 11.2) / 32.
+    koordinator = koordinator_batch()
+    assert koordinator("cpu", 32, 28, np.array([0.0]), np.array([8.0]), 1.0) == pytest.approx(1.35)
+    # Memory's threshold is 0.65: 64 GiB with 16 used leaves 25.6 GiB of batch room.
+    assert koordinator("memory", 64, 60, np.array([0.0]), np.array([16.0]), 1.0) == pytest.approx(1.4)
+    # A node used beyond A x T has no batch room; one without a reading has none either.
+    assert koordinator("cpu", 32, 28, np.array([0.0]), np.array([25.0]), 1.0) == 1.0
+    assert koordinator("cpu", 32, 28, np.array([]), np.array([]), 1.0) == 1.0
 
 
 @pytest.mark.shared
@@ -401,7 +412,8 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
         assert low <= data["budget_sweep"][0][split]["cpu_violation_rate"] <= high
         at_budgets = data["budgets_against_peers"][split]
         assert [v["hot_time_budget"] for v in at_budgets] == [0.0005, 0.001, 0.002, 0.005, 0.01]
-        assert {p["family"] for p in at_budgets[0]["peers"]} >= {"vpa-style", "crane-style", "katalyst-realtime"}
+        assert {p["family"] for p in at_budgets[0]["peers"]} >= {"vpa-style", "crane-style", "katalyst-realtime",
+                                                                 "koordinator-batch"}
         variants = {v["system"]: v for v in data["variants_against_curve"][split]}
         assert set(variants) == {"oversale+load-aware", "oversale+remediation"}
         assert variants["oversale+remediation"]["adds"] == ["remediation"]
