@@ -85,12 +85,17 @@ def controller_of(metadata: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+_TEMPLATE_HASH_LABELS = (("pod-template-hash", "Deployment"), ("rollouts-pod-template-hash", "Rollout"))
+"""The label each controller that makes ReplicaSets gives their Pods: the hash it names them by."""
+
+
 def workload_of(metadata: Mapping[str, Any]) -> str:
     """``namespace/Kind/name`` of the workload a Pod belongs to ("" without a controller): its
-    controller, except that a ReplicaSet a Deployment made stands for the Deployment. The
+    controller, except that a ReplicaSet a Deployment (or an Argo Rollout) made stands for it. The
     Deployment controller names each of its ReplicaSets ``<deployment>-<pod-template-hash>`` and
-    gives their Pods that hash as the ``pod-template-hash`` label, so the Pods of a rollout's new
-    ReplicaSet are known as the same workload as the old one's.
+    gives their Pods that hash as the ``pod-template-hash`` label (Argo Rollouts the same, with
+    ``rollouts-pod-template-hash``), so the Pods of a rollout's new ReplicaSet, or of a canary,
+    are known as the same workload as the old one's.
 
     >>> workload_of({"namespace": "shop", "labels": {"pod-template-hash": "5d8f9"},
     ...              "ownerReferences": [{"kind": "ReplicaSet", "name": "web-5d8f9", "controller": True}]})
@@ -100,10 +105,13 @@ def workload_of(metadata: Mapping[str, Any]) -> str:
     if controller is None:
         return ""
     kind, name = controller
-    template_hash = (metadata.get("labels") or {}).get("pod-template-hash")
-    if kind == "ReplicaSet" and isinstance(template_hash, str) and template_hash \
-            and name.endswith(f"-{template_hash}") and len(name) > len(template_hash) + 1:
-        kind, name = "Deployment", name[:-len(template_hash) - 1]
+    labels = metadata.get("labels") or {}
+    for label, owner in _TEMPLATE_HASH_LABELS if kind == "ReplicaSet" else ():
+        template_hash = labels.get(label)
+        if isinstance(template_hash, str) and template_hash and name.endswith(f"-{template_hash}") \
+                and len(name) > len(template_hash) + 1:
+            kind, name = owner, name[:-len(template_hash) - 1]
+            break
     return f"{metadata.get('namespace', '')}/{kind}/{name}"
 
 

@@ -118,6 +118,8 @@ def owned(kind: str, name: str, labels: dict | None = None) -> dict:
     # The Deployment controller names a ReplicaSet <deployment>-<pod-template-hash>.
     (owned("ReplicaSet", "web-5d8f9", {"pod-template-hash": "5d8f9"}), "shop/Deployment/web"),
     (owned("ReplicaSet", "api-v2-7c9b4", {"pod-template-hash": "7c9b4"}), "shop/Deployment/api-v2"),
+    # Argo Rollouts names its ReplicaSets <rollout>-<hash> too, with a label of its own.
+    (owned("ReplicaSet", "pay-86666d6ffc", {"rollouts-pod-template-hash": "86666d6ffc"}), "shop/Rollout/pay"),
     # A ReplicaSet of its own (or an operator's), whatever labels its Pods carry.
     (owned("ReplicaSet", "web"), "shop/ReplicaSet/web"),
     (owned("ReplicaSet", "web-5d8f9", {"pod-template-hash": "7c9b4"}), "shop/ReplicaSet/web-5d8f9"),
