@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from oversale.errors import QuantityError
-from oversale.quantity import parse_bytes, parse_millicores
+from oversale.quantity import CPU, MEMORY, RESOURCES, parse_bytes, parse_millicores
 from oversale.timestamps import parse_timestamp
 from oversale.usage import first_seen
 
@@ -36,6 +36,17 @@ class ContainerMetrics:
     container: str
     cpu: int
     memory: int
+
+
+def pod_usage(containers: Iterable[ContainerMetrics]) -> dict[tuple[str, str], dict[str, float]]:
+    """(namespace, Pod) -> its usage, cpu millicores and memory bytes, summed over its containers
+    (PodMetrics list each container apart)."""
+    usage: dict[tuple[str, str], dict[str, float]] = {}
+    for container in containers:
+        totals = usage.setdefault((container.namespace, container.pod), dict.fromkeys(RESOURCES, 0.0))
+        totals[CPU] += container.cpu
+        totals[MEMORY] += container.memory
+    return usage
 
 
 class MetricsAPI:

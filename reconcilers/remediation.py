@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 
 from kube.client import one_line
-from kube.metrics_api import MetricsAPI
+from kube.metrics_api import MetricsAPI, pod_usage
 from oversale.node_fit import (
     CsiVolume,
     HostPort,
@@ -108,11 +108,7 @@ class Remediator:
         now = self.clock()
         try:
             node_metrics = {m.name: m for m in self.usage.nodes()}
-            pod_usage: dict[tuple[str, str], dict[str, float]] = {}
-            for c in self.usage.containers():
-                totals = pod_usage.setdefault((c.namespace, c.pod), dict.fromkeys(RESOURCES, 0.0))
-                totals["cpu"] += c.cpu
-                totals["memory"] += c.memory
+            usage_of = pod_usage(self.usage.containers())
             nodes = self.cluster.nodes("")
             # Every running Pod is held for the pass, packed (reconcilers.cluster.packed), with
             # what each node's Pods hold (requests, cpusets, other resources, host ports) and each
@@ -240,7 +236,7 @@ class Remediator:
                     replicas = ready.get((pod["metadata"].get("namespace", ""), *owner), 0) if owner else None
                     excluded = eviction_exclusion(pod, self.keys, now, self.config.min_pod_age_seconds, replicas,
                                                   self.config.min_replicas)
-                    usage = pod_usage.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
+                    usage = usage_of.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
                     if excluded is None and usage is None:
                         excluded = "no PodMetrics (its usage is unknown)"
                     volumes: tuple[VolumeAffinity, ...] = ()

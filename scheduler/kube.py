@@ -13,10 +13,11 @@ from typing import Any
 from kubernetes import client
 
 from kube.client import one_line
-from kube.metrics_api import MetricsAPI
+from kube.metrics_api import MetricsAPI, pod_usage
 from kube.prometheus import PrometheusAPI, PrometheusUnavailable, duration, node_expressions, node_name
 from kube.reflector import Reflector
 from oversale.disruption import disruption_budget
+from oversale.quantity import CPU, MEMORY
 from oversale.usage import Sample, stale_reason
 from scheduler.state import ClusterState, PodFacts, pod_facts, scheduling_part
 
@@ -183,11 +184,8 @@ class UsagePoller:
             self._on_poll("error", self._staleness())
             return False
         self._state.record_node_samples({n.name: Sample(n.at, n.cpu, n.memory) for n in nodes})
-        pods: dict[tuple[str, str], tuple[float, float]] = {}
-        for container in containers:
-            cpu, memory = pods.get((container.namespace, container.pod), (0.0, 0.0))
-            pods[(container.namespace, container.pod)] = (cpu + container.cpu, memory + container.memory)
-        self._state.record_pods_in_metrics(pods)
+        self._state.record_pods_in_metrics({pod: (usage[CPU], usage[MEMORY])
+                                            for pod, usage in pod_usage(containers).items()})
         self._on_poll("ok", self._staleness())
         return True
 
