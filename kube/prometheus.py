@@ -28,6 +28,29 @@ first: an exporter scraped by two jobs (or two Prometheus replicas federated) co
 NODE_MEMORY = "max by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
 """Bytes of memory a node uses (node-exporter), per node label (``max``: one exporter scraped twice
 counts once)."""
+# cAdvisor names a container's cgroup in ``id``. The same ``id`` twice is one cgroup scraped twice
+# (two jobs, or kubelet and a standalone cAdvisor): counted once. Two ``id`` of one container are
+# its cgroups before and after a restart: each counter's rate covers part of the rate window, so
+# they add up.
+CONTAINER_CPU = ('sum by (namespace, pod, container) (max by (namespace, pod, container, id) '
+                 '(rate(container_cpu_usage_seconds_total{container!="", container!="POD", pod!=""}[$RATE]))) * 1000')
+"""Millicores each app container uses (cAdvisor; the pause container and the Pod's own cgroup,
+``container="POD"`` and ``container=""``, left out)."""
+CONTAINER_MEMORY = ('max by (namespace, pod, container) (container_memory_working_set_bytes'
+                    '{container!="", container!="POD", pod!=""})')
+"""Working-set bytes of each app container (cAdvisor)."""
+POD_CPU = f"sum by (namespace, pod) ({CONTAINER_CPU})"
+"""Millicores each Pod's app containers use together."""
+POD_MEMORY = f"sum by (namespace, pod) ({CONTAINER_MEMORY})"
+"""Working-set bytes of each Pod's app containers together."""
+POD_OWNER = ('max by (namespace, pod, owner_kind, owner_name) '
+             '(last_over_time(kube_pod_owner{owner_is_controller="true"}[$WINDOW]))')
+"""Each Pod's controller seen over the window (kube-state-metrics)."""
+OWNER_CONTROLLERS = {"ReplicaSet": ("kube_replicaset_owner", "replicaset"), "Job": ("kube_job_owner", "job_name")}
+"""kube-state-metrics' series naming the controller of a Pod's owner: a ReplicaSet's Deployment,
+a Job's CronJob (kind of the Pod's owner -> metric, label of the owner's name)."""
+NO_OWNER = (None, "", "<none>")
+"""What kube-state-metrics writes in ``owner_kind`` for an object without one."""
 SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
 """What Prometheus says when a query's window holds too many samples (split it and ask again)."""
 RANGE_STEPS = 10_000

@@ -325,7 +325,9 @@ class Settings:
     samples of the last hour. ``prometheus``: also from Prometheus (``OVERSALE_PROMETHEUS_URL``,
     node-exporter's series) over ``OVERSALE_LOAD_HISTORY_WINDOW``, read every
     ``OVERSALE_LOAD_HISTORY_INTERVAL``; the higher of the two counts. A restarted extender then
-    has its window at once, and a longer window remembers older bursts."""
+    has its window at once, and a longer window remembers older bursts. With ``prometheus``, a
+    Pod whose workload has no Pod in PodMetrics is also estimated by what its workload's Pods used
+    over ``OVERSALE_WORKLOAD_HISTORY_WINDOW`` (cAdvisor's and kube-state-metrics' series)."""
 
     load_history_window_seconds: float = field(default=6 * 3600.0, metadata=_env("OVERSALE_LOAD_HISTORY_WINDOW"))
     """Window of the cpu maximum read from Prometheus. 6 hours: on the backtest's tuning days it
@@ -335,6 +337,12 @@ class Settings:
     load_history_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_LOAD_HISTORY_INTERVAL"))
     """How often the extender reads it (one query a read, whatever the number of nodes); a read
     older than three intervals is no longer used."""
+
+    workload_history_window_seconds: float = field(default=86400.0, metadata=_env("OVERSALE_WORKLOAD_HISTORY_WINDOW"))
+    """Window of the workload history read from Prometheus (with ``OVERSALE_LOAD_HISTORY=prometheus``,
+    every ``OVERSALE_LOAD_HISTORY_INTERVAL``): each Pod's mean usage over the part of it the Pod
+    ran, averaged over its workload's Pods. A day holds a nightly CronJob's last run and the day of
+    a workload scaled to zero overnight."""
 
     cpu_scheduling_watermark: Decimal = field(default=Decimal("0.65"),
                                               metadata=_env("OVERSALE_CPU_SCHEDULING_WATERMARK"))
@@ -684,6 +692,7 @@ _PARSERS: dict[str, Any] = {
     "load_history": _choice("metrics-api", "prometheus"),
     "load_history_window_seconds": lambda text: _duration(text),
     "load_history_interval_seconds": lambda text: _duration(text),
+    "workload_history_window_seconds": lambda text: _duration(text),
     "cpu_scheduling_watermark": lambda text: _watermark(text),
     "cpu_peak_scheduling_watermark": lambda text: _watermark(text),
     "memory_scheduling_watermark": lambda text: _watermark(text),

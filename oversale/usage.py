@@ -19,6 +19,7 @@ webhook records): on an oversold node allocatable is a promise, real capacity is
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -177,7 +178,8 @@ def estimated_usage(requests: Mapping[str, int], config: LoadConfig) -> dict[str
 
 @dataclass(frozen=True)
 class WorkloadUsage:
-    """What one workload's Pods use now, per Pod: the mean over those in the metrics."""
+    """What one workload's Pods use, per Pod: the mean over those in the metrics now, or over
+    those the history window holds."""
 
     cpu: float
     """Millicores."""
@@ -205,10 +207,52 @@ def workload_usage(pods: Iterable[tuple[str, float, float]]) -> dict[str, Worklo
             for workload, (cpu, memory, count) in sums.items()}
 
 
+def pod_workloads(owners: Mapping[tuple[str, str], tuple[str, str]],
+                  controllers: Mapping[tuple[str, str, str], tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """(namespace, Pod) -> its workload, named as :func:`oversale.pods.workload_of` names it, from
+    what kube-state-metrics publishes: ``owners`` ((namespace, Pod) -> the controller's (kind,
+    name), ``kube_pod_owner``) and ``controllers`` ((namespace, kind, name) -> that controller's own
+    controller, ``kube_replicaset_owner`` and ``kube_job_owner``). A ReplicaSet stands for the
+    Deployment or Rollout that made it, a Job for its CronJob.
+
+    >>> pod_workloads({("shop", "web-5d8f9-x1"): ("ReplicaSet", "web-5d8f9"), ("shop", "once"): ("Job", "once")},
+    ...               {("shop", "ReplicaSet", "web-5d8f9"): ("Deployment", "web")})
+    {('shop', 'web-5d8f9-x1'): 'shop/Deployment/web', ('shop', 'once'): 'shop/Job/once'}
+    """
+    named = {}
+    for (namespace, pod), (kind, name) in owners.items():
+        kind, name = controllers.get((namespace, kind, name), (kind, name))
+        named[(namespace, pod)] = f"{namespace}/{kind}/{name}"
+    return named
+
+
+_CRONJOB_JOB = re.compile(r"(?P<namespace>[^/]*)/Job/(?P<cronjob>.+)-[0-9]+")
+"""A CronJob's Job is named ``<cronjob>-<scheduled time in minutes since the epoch>``."""
+
+
+def workload_history(workload: str, history: Mapping[str, WorkloadUsage]) -> WorkloadUsage | None:
+    """What ``workload``'s Pods used each over the history window (``history``: per workload,
+    :func:`workload_usage` of the Pods :func:`pod_workloads` names). A Job's Pods, whose Job the
+    CronJob controller has just made and no history knows yet, are known by the Jobs of the CronJob
+    its name comes from.
+
+    >>> nightly = WorkloadUsage(2500.0, 2**30, 4)
+    >>> workload_history("batch/Job/nightly-29400480", {"batch/CronJob/nightly": nightly}) == nightly
+    True
+    >>> workload_history("batch/Job/nightly-29400480", {"batch/CronJob/other": nightly}) is None
+    True
+    """
+    found = history.get(workload)
+    if found is None and (job := _CRONJOB_JOB.fullmatch(workload)):
+        found = history.get(f"{job['namespace']}/CronJob/{job['cronjob']}")
+    return found
+
+
 def pod_estimate(requests: Mapping[str, int], observed: WorkloadUsage | None, config: LoadConfig) -> dict[str, float]:
     """What a Pod not in the metrics yet (one being placed, or bound in the last few minutes) is
-    expected to use: what its workload's Pods use each, where any of them is in the metrics (a
-    replica like the others); else its request x the estimate factors.
+    expected to use: what its workload's Pods use each (a replica like the others), where that is
+    known (``observed``: any of them in the metrics now, else their history where Prometheus holds
+    it); else its request x the estimate factors.
 
     Requests say little of use where a workload is not right-sized: a BestEffort replica requests
     nothing and may use cores, and one requesting 4 cores may use a tenth of one. A burst of such

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kube.prometheus import RANGE_STEPS, Series
+from kube.prometheus import NO_OWNER, OWNER_CONTROLLERS, POD_CPU, POD_MEMORY, RANGE_STEPS, Series
 from oversale.budget import HotTimeBudget
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
@@ -48,7 +48,6 @@ EXPORTERS = {
     "container_cpu_usage_seconds_total": "cAdvisor (the kubelet's /metrics/cadvisor)",
     "container_memory_working_set_bytes": "cAdvisor (the kubelet's /metrics/cadvisor)",
 }
-APP_CONTAINERS = 'container!="",container!="POD"'
 # Each series is taken once per container (cpu usage: per cgroup, ``id``, as the reconcilers read
 # it) before the Pod's sum: kube-state-metrics run as two replicas for availability, or an
 # exporter scraped by two jobs, publishes every series twice, and summed as it comes each would
@@ -58,10 +57,8 @@ QUERIES = {
                    '(kube_pod_container_resource_requests{resource="cpu"}))',
     "memory_request": 'sum by (namespace, pod) (max by (namespace, pod, container) '
                       '(kube_pod_container_resource_requests{resource="memory"}))',
-    "cpu_usage": "sum by (namespace, pod) (max by (namespace, pod, container, id) "
-                 f"(rate(container_cpu_usage_seconds_total{{{APP_CONTAINERS}}}[$RATE])))",
-    "memory_usage": "sum by (namespace, pod) (max by (namespace, pod, container) "
-                    f"(container_memory_working_set_bytes{{{APP_CONTAINERS}}}))",
+    "cpu_usage": f"{POD_CPU} / 1000",
+    "memory_usage": POD_MEMORY,
 }
 SOURCE_METRIC = {"cpu_request": "kube_pod_container_resource_requests",
                  "memory_request": "kube_pod_container_resource_requests",
@@ -71,11 +68,6 @@ SOURCE_METRIC = {"cpu_request": "kube_pod_container_resource_requests",
 
 class PlanError(Exception):
     """The history cannot be planned on (a missing exporter, too little history)."""
-
-
-CONTROLLERS = {"ReplicaSet": ("kube_replicaset_owner", "replicaset"), "Job": ("kube_job_owner", "job_name")}
-"""kube-state-metrics' series naming the controller of a Pod's owner: a ReplicaSet's Deployment,
-a Job's CronJob (kind of the Pod's owner -> metric, label of the owner's name)."""
 
 
 @dataclass
@@ -168,7 +160,7 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     for labels, _ in _range(prometheus, "max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner)", start,
                             end, "kube_pod_owner", days):
         owned = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
-        if owned is not None and labels.get("owner_kind") not in (None, "", "<none>"):
+        if owned is not None and labels.get("owner_kind") not in NO_OWNER:
             owned.owner = f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
     controllers = _controllers(prometheus, start, end)
     scaled = {} if rescale_hpa else _utilization_autoscaled(prometheus, start, end)
@@ -199,10 +191,10 @@ def _controllers(prometheus: PrometheusHistory, start: float, end: float) -> dic
     """(namespace, ``ReplicaSet/name``) -> ``Deployment/name``, and each Job's CronJob. Optional:
     without them a Deployment's ReplicaSets (one per rollout) replay as workloads of their own."""
     found = {}
-    for kind, (metric, label) in CONTROLLERS.items():
+    for kind, (metric, label) in OWNER_CONTROLLERS.items():
         for labels in _optional_labels(prometheus, f"max by (namespace, {label}, owner_kind, owner_name) ({metric})",
                                        start, end):
-            if labels.get("owner_kind") not in (None, "", "<none>"):
+            if labels.get("owner_kind") not in NO_OWNER:
                 found[(labels.get("namespace", ""), f"{kind}/{labels.get(label, '')}")] = \
                     f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
     return found

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kube.prometheus import (
+    CONTAINER_CPU,
+    CONTAINER_MEMORY,
     RANGE_STEPS,
     PrometheusAPI,
     PrometheusUnavailable,
@@ -34,15 +36,6 @@ from oversale.settings import Settings
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
-
-# cAdvisor names a container's cgroup in ``id``. The same ``id`` twice is one cgroup scraped twice
-# (two jobs, or kubelet and a standalone cAdvisor): counted once. Two ``id`` of one container are
-# its cgroups before and after a restart: each counter's rate covers part of the rate window, so
-# they add up.
-CONTAINER_CPU = ('sum by (namespace, pod, container) (max by (namespace, pod, container, id) '
-                 '(rate(container_cpu_usage_seconds_total{container!="", container!="POD", pod!=""}[$RATE]))) * 1000')
-CONTAINER_MEMORY = ('max by (namespace, pod, container) (container_memory_working_set_bytes'
-                    '{container!="", container!="POD", pod!=""})')
 
 
 @dataclass

@@ -62,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         from kube.leader import LeaseElector
         from kube.probes import serve_probes
         from scheduler.app import ExtenderMetrics, create_app
-        from scheduler.kube import ClusterWatch, HistoryPeakPoller, KubeBinder, Leadership, UsagePoller
+        from scheduler.kube import (
+            ClusterWatch,
+            HistoryPeakPoller,
+            KubeBinder,
+            Leadership,
+            UsagePoller,
+            WorkloadHistoryPoller,
+        )
         from scheduler.state import ClusterState
 
         api_client = load_api_client(settings.kubernetes)
@@ -77,10 +84,15 @@ def main(argv: list[str] | None = None) -> int:
             if settings.load_history == "prometheus":
                 from kube.prometheus import PrometheusAPI
 
-                HistoryPeakPoller(PrometheusAPI(settings.prometheus_url, settings.prometheus_timeout_seconds), state,
-                                  settings.load_history_interval_seconds, settings.prometheus_node_label,
-                                  settings.prometheus_rate_window_seconds, settings.prometheus_step_seconds,
+                prometheus = PrometheusAPI(settings.prometheus_url, settings.prometheus_timeout_seconds)
+                HistoryPeakPoller(prometheus, state, settings.load_history_interval_seconds,
+                                  settings.prometheus_node_label, settings.prometheus_rate_window_seconds,
+                                  settings.prometheus_step_seconds,
                                   lambda result: metrics.history_polls.labels(result).inc()).start()
+                WorkloadHistoryPoller(prometheus, state, settings.load_history_interval_seconds,
+                                      settings.workload_history_window_seconds,
+                                      settings.prometheus_rate_window_seconds, settings.prometheus_step_seconds,
+                                      lambda result: metrics.workload_history_polls.labels(result).inc()).start()
         elector = LeaseElector(api_client, settings.namespace, settings.extender_lease_name,
                                f"{socket.gethostname()}-{os.getpid()}", settings.extender_lease_duration_seconds)
         binder = KubeBinder(api_client, watch)

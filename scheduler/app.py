@@ -39,6 +39,9 @@ class ExtenderMetrics:
         self.history_polls = Counter("oversale_extender_history_polls",
                                      "Reads of the nodes' cpu maximum from Prometheus by result.", ["result"],
                                      registry=self.registry)
+        self.workload_history_polls = Counter("oversale_extender_workload_history_polls",
+                                              "Reads of the workloads' usage history from Prometheus by result.",
+                                              ["result"], registry=self.registry)
         self.stale_nodes = Gauge("oversale_extender_nodes_without_fresh_metrics",
                                  "Nodes placed by requests alone for want of fresh metrics, by reason (missing, old).",
                                  ["reason"], registry=self.registry)

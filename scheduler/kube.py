@@ -14,11 +14,22 @@ from kubernetes import client
 
 from kube.client import one_line
 from kube.metrics_api import MetricsAPI, pod_usage
-from kube.prometheus import PrometheusAPI, PrometheusUnavailable, duration, node_expressions, node_name
+from kube.prometheus import (
+    NO_OWNER,
+    OWNER_CONTROLLERS,
+    POD_CPU,
+    POD_MEMORY,
+    POD_OWNER,
+    PrometheusAPI,
+    PrometheusUnavailable,
+    duration,
+    node_expressions,
+    node_name,
+)
 from kube.reflector import Reflector
 from oversale.disruption import disruption_budget
 from oversale.quantity import CPU, MEMORY
-from oversale.usage import Sample, stale_reason
+from oversale.usage import Sample, pod_workloads, stale_reason, workload_usage
 from scheduler.state import ClusterState, PodFacts, pod_facts, scheduling_part
 
 log = logging.getLogger(__name__)
@@ -211,46 +222,113 @@ class UsagePoller:
         _poll_forever(self.poll_once, self._interval, "usage-poller")
 
 
-class HistoryPeakPoller:
-    """Reads each node's cpu maximum over ``LoadConfig.history_peak_seconds`` from Prometheus
-    (node-exporter's series) every ``interval`` seconds into ``state``: one query a read, however
-    many nodes. A failed read changes nothing; the last maximum counts until it is
-    ``history_max_age_seconds`` old, then the node's own samples alone do, so a Prometheus outage
-    never blocks scheduling."""
+class _PrometheusPoller:
+    """Reads Prometheus every ``interval`` seconds into the state (``_read``). A failed read changes
+    nothing and is logged once until a read succeeds again: what was read last counts until it is
+    ``history_max_age_seconds`` old, so a Prometheus outage never blocks scheduling."""
 
-    def __init__(self, prometheus: PrometheusAPI, state: ClusterState, interval: float, node_label: str,
-                 rate_window: float, step: float,
+    name = "prometheus-poller"
+    what = "history"
+    meanwhile = ""
+    """What counts while the reads fail (said once, when they start failing)."""
+
+    def __init__(self, prometheus: PrometheusAPI, state: ClusterState, interval: float,
                  on_poll: Callable[[str], None] = lambda result: None) -> None:
         self._prometheus = prometheus
         self._state = state
         self._interval = interval
-        self._label = node_label
-        cpu = node_expressions(node_label, rate_window)["cpu"]
-        self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
-                      f"{duration(step)}])")
         self._on_poll = on_poll
         self._failing = False
 
+    def _read(self, now: float) -> None:
+        raise NotImplementedError
+
     def poll_once(self) -> bool:
-        now = time.time()
         try:
-            peaks = self._prometheus.instant(self.query, now, (self._label,))
+            self._read(time.time())
         except PrometheusUnavailable as error:
             if not self._failing:
-                log.warning("node history not readable from Prometheus (%s); the peak watermark reads the "
-                            "extender's own samples once the last read is too old", error)
+                log.warning("%s not readable from Prometheus (%s); %s", self.what, error, self.meanwhile)
             self._failing = True
             self._on_poll("error")
             return False
         if self._failing:
-            log.info("node history readable from Prometheus again")
+            log.info("%s readable from Prometheus again", self.what)
         self._failing = False
-        self._state.record_history_peaks({node_name(key[0]): value for key, value in peaks.items()}, now)
         self._on_poll("ok")
         return True
 
     def start(self) -> None:
-        _poll_forever(self.poll_once, self._interval, "history-peak-poller")
+        _poll_forever(self.poll_once, self._interval, self.name)
+
+
+class HistoryPeakPoller(_PrometheusPoller):
+    """Each node's cpu maximum over ``LoadConfig.history_peak_seconds`` (node-exporter's series):
+    one query a read, however many nodes."""
+
+    name = "history-peak-poller"
+    what = "node history"
+    meanwhile = "the peak watermark reads the extender's own samples once the last read is too old"
+
+    def __init__(self, prometheus: PrometheusAPI, state: ClusterState, interval: float, node_label: str,
+                 rate_window: float, step: float,
+                 on_poll: Callable[[str], None] = lambda result: None) -> None:
+        super().__init__(prometheus, state, interval, on_poll)
+        self._label = node_label
+        cpu = node_expressions(node_label, rate_window)["cpu"]
+        self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
+                      f"{duration(step)}])")
+
+    def _read(self, now: float) -> None:
+        peaks = self._prometheus.instant(self.query, now, (self._label,))
+        self._state.record_history_peaks({node_name(key[0]): value for key, value in peaks.items()}, now)
+
+
+class WorkloadHistoryPoller(_PrometheusPoller):
+    """What each workload's Pods used each over ``window`` (cAdvisor's series, tied to workloads by
+    kube-state-metrics' owner series): the estimate of a Pod whose workload has no Pod in PodMetrics
+    now (a scale from zero, a Recreate rollout, a CronJob's next Job). Five queries a read, however
+    many Pods; each Pod's mean is over the steps it ran, so a Pod that ran an hour of the day counts
+    what it used in that hour."""
+
+    name = "workload-history-poller"
+    what = "workload history"
+    meanwhile = ("Pods of workloads with none in the metrics are estimated by their requests once the last read "
+                 "is too old")
+
+    def __init__(self, prometheus: PrometheusAPI, state: ClusterState, interval: float, window: float,
+                 rate_window: float, step: float,
+                 on_poll: Callable[[str], None] = lambda result: None) -> None:
+        super().__init__(prometheus, state, interval, on_poll)
+        over = f"[{duration(window)}:{duration(step)}]"
+        self.queries = {"cpu": f"avg_over_time(({POD_CPU.replace('$RATE', duration(rate_window))}){over})",
+                        "memory": f"avg_over_time(({POD_MEMORY}){over})",
+                        "owner": POD_OWNER.replace("$WINDOW", duration(window))}
+        for kind, (metric, label) in OWNER_CONTROLLERS.items():
+            self.queries[kind] = (f"max by (namespace, {label}, owner_kind, owner_name) "
+                                  f"(last_over_time({metric}[{duration(window)}]))")
+        self._said_no_owners = False
+
+    def _read(self, now: float) -> None:
+        pod = ("namespace", "pod")
+        cpu = self._prometheus.instant(self.queries["cpu"], now, pod)
+        memory = self._prometheus.instant(self.queries["memory"], now, pod)
+        owned = self._prometheus.instant(self.queries["owner"], now, (*pod, "owner_kind", "owner_name"))
+        controllers = {}
+        for kind, (_, label) in OWNER_CONTROLLERS.items():
+            for (namespace, name, owner_kind, owner_name) in self._prometheus.instant(
+                    self.queries[kind], now, ("namespace", label, "owner_kind", "owner_name")):
+                if owner_kind not in NO_OWNER:
+                    controllers[(namespace, kind, name)] = (owner_kind, owner_name)
+        owners = {(namespace, name): (kind, owner) for namespace, name, kind, owner in owned if kind not in NO_OWNER}
+        if cpu and not owners and not self._said_no_owners:
+            log.warning("Prometheus holds container usage but no kube_pod_owner series (kube-state-metrics): "
+                        "no workload is known by its history")
+        self._said_no_owners = bool(cpu and not owners)
+        workloads = pod_workloads(owners, controllers)
+        self._state.record_workload_history(
+            workload_usage((workloads[key], used, memory.get(key, 0.0)) for key, used in cpu.items()
+                           if key in workloads), now)
 
 
 def _poll_forever(poll: Callable[[], bool], interval: float, name: str) -> None:

@@ -50,6 +50,7 @@ from oversale.usage import (
     pod_estimate,
     windows,
     with_history_peak,
+    workload_history,
     workload_usage,
 )
 
@@ -146,6 +147,10 @@ class ClusterState:
     the replay reads it), memory as of the last poll."""
     _workload_cpu: dict[str, tuple[array[float], array[float]]] = field(default_factory=dict)
     """Per such workload, (poll time, cpu per Pod) over the last ``average_seconds``."""
+    _workload_history: dict[str, WorkloadUsage] = field(default_factory=dict)
+    """Per workload, what its Pods used each over the workload history window (Prometheus), as of
+    ``_workload_history_at``: for workloads with no Pod in the last PodMetrics list."""
+    _workload_history_at: float = float("-inf")
     _nominated: dict[str, dict[str, PodRecord]] = field(default_factory=dict)
     """Per node, the Pods nominated to it (``status.nominatedNodeName``): by a preemption, waiting
     for their victims to leave, or for a binding cycle that takes time (KEP-5278)."""
@@ -477,10 +482,22 @@ class ClusterState:
             self._workloads = averaged
             self._pending = None
 
+    def record_workload_history(self, history: Mapping[str, WorkloadUsage], at: float) -> None:
+        """One read of what each workload's Pods used each over the history window (Prometheus);
+        it replaces the last one, and counts until ``history_max_age_seconds`` old."""
+        with self._lock:
+            self._workload_history = dict(history)
+            self._workload_history_at = at
+            self._pending = None
+
     def estimate_for(self, demand: PodDemand) -> dict[str, float]:
         """What a Pod not in the metrics yet is expected to use (``pod_estimate``): what its
-        workload's Pods use each where any is in the metrics, else its request x the factors."""
-        return pod_estimate(demand.requests, self._workloads.get(demand.workload), self.load_config)
+        workload's Pods use each where any is in the metrics, else what they used over the history
+        window where Prometheus holds it (read recently enough), else its request x the factors."""
+        observed = self._workloads.get(demand.workload)
+        if observed is None and self.wall() - self._workload_history_at <= self.load_config.history_max_age_seconds:
+            observed = workload_history(demand.workload, self._workload_history)
+        return pod_estimate(demand.requests, observed, self.load_config)
 
     def heats(self, nodes: list[str]) -> list[NodeHeat]:
         """Each node's load windows and the estimates of its Pods not yet in the metrics."""

@@ -25,9 +25,9 @@ from kube.prometheus import PrometheusAPI
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from oversale.placement import pod_demand
-from oversale.usage import LoadConfig, Sample
+from oversale.usage import LoadConfig, Sample, WorkloadUsage
 from scheduler.extender import filter_nodes
-from scheduler.kube import HistoryPeakPoller
+from scheduler.kube import HistoryPeakPoller, WorkloadHistoryPoller
 from scheduler.protocol import BadRequest, parse_args, parse_binding, parse_preemption
 from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord, pod_facts
 from tests.conftest import ROOT, SHARED, eventually, expiry_samples, free_port, stop_process, wait_until_serving
@@ -833,6 +833,97 @@ def test_a_workloads_estimate_is_its_pods_five_minute_average_cpu_and_latest_mem
     assert state.estimate_for(new_replica) == {"cpu": 3400.0, "memory": 0.7 * 2**30}
 
 
+def test_a_workload_with_no_pod_in_the_metrics_is_known_by_its_history_until_that_is_too_old():
+    now = [1000.0]
+    state = ClusterState(KEYS, load_config=LoadConfig(history_max_age_seconds=900), wall=lambda: now[0])
+    new_replica = pod_demand(replica("web-7c9b4-y1", "7c9b4", "4"), KEYS)
+    by_requests = {"cpu": 3400.0, "memory": 0.7 * 2**30}
+    assert state.estimate_for(new_replica) == by_requests
+    # web was scaled to zero: none of its Pods is in PodMetrics, Prometheus remembers them.
+    state.record_workload_history({"default/Deployment/web": WorkloadUsage(250.0, 2.0**28, 2)}, now[0])
+    assert state.estimate_for(new_replica) == {"cpu": 250.0, "memory": 2.0**28}
+    # A replica running now says what the workload uses now: it counts instead.
+    state.set_pod("uid-web-5d8f9-x1", pod_facts(replica("web-5d8f9-x1", "5d8f9", "4", node_name="node-1"), KEYS))
+    state.record_pods_in_metrics({("default", "web-5d8f9-x1"): (900.0, 2.0**29)})
+    assert state.estimate_for(new_replica) == {"cpu": 900.0, "memory": 2.0**29}
+    state.record_pods_in_metrics({})
+    assert state.estimate_for(new_replica) == {"cpu": 250.0, "memory": 2.0**28}
+    now[0] += 901  # no read since: Prometheus has been unreachable for three intervals
+    assert state.estimate_for(new_replica) == by_requests
+
+
+@pytest.fixture(scope="module")
+def workload_history(tmp_path_factory) -> Iterator[PrometheusServer]:
+    """A real Prometheus holding what cAdvisor and kube-state-metrics published over the last 8
+    hours: the two Pods of the Deployment web's ReplicaSet web-5d8f9 used 3 cores each until two
+    hours ago, when web was scaled to zero; the Pod of the CronJob nightly's Job of six hours ago
+    used 3 cores for an hour."""
+    directory = tmp_path_factory.mktemp("workload-history")
+    end = time.time() - 60
+    web, nightly = (end - 8 * 3600, end - 2 * 3600), (end - 6 * 3600, end - 5 * 3600)
+    cpu = Family("container_cpu_usage_seconds_total", "counter")
+    memory = Family("container_memory_working_set_bytes", "gauge")
+    owners = Family("kube_pod_owner", "gauge")
+    for name, kind, owner, span in (("web-5d8f9-aaaaa", "ReplicaSet", "web-5d8f9", web),
+                                    ("web-5d8f9-bbbbb", "ReplicaSet", "web-5d8f9", web),
+                                    ("nightly-29000000-ccccc", "Job", "nightly-29000000", nightly)):
+        kept = {"namespace": "default", "pod": name}
+        container = {**kept, "container": "c", "id": f"/kubepods/{name}/c", "image": "x"}
+        cpu.series.append((container, lambda t: 3.0, *span))
+        # The Pod's own cgroup (container="") holds the same usage again: not counted twice.
+        cpu.series.append(({**kept, "container": "", "id": f"/kubepods/{name}"}, lambda t: 3.0, *span))
+        memory.series.append((container, lambda t: 2.0**30, *span))
+        owners.series.append(({**kept, "owner_kind": kind, "owner_name": owner, "owner_is_controller": "true",
+                               "uid": f"uid-{name}"}, lambda t: 1, *span))
+    replica_sets = Family("kube_replicaset_owner", "gauge")
+    replica_sets.series.append(({"namespace": "default", "replicaset": "web-5d8f9", "owner_kind": "Deployment",
+                                 "owner_name": "web", "owner_is_controller": "true"}, lambda t: 1, *web))
+    jobs = Family("kube_job_owner", "gauge")
+    jobs.series.append(({"namespace": "default", "job_name": "nightly-29000000", "owner_kind": "CronJob",
+                         "owner_name": "nightly", "owner_is_controller": "true"}, lambda t: 1))
+    path = directory / "workloads.om"
+    write_openmetrics(path, [cpu, memory, owners, replica_sets, jobs], end - 8 * 3600, end, 60)
+    server = PrometheusServer(directory, path)
+    yield server
+    server.stop()
+
+
+def test_pods_of_workloads_scaled_from_zero_count_what_prometheus_remembers_them_using(workload_history, tmp_path):
+    # node-0 runs 30% of its 16 real cores. A BestEffort replica of web, back from zero, and the
+    # Pod of nightly's new Job are bound to it: by their requests they count nothing; by what
+    # their workloads' Pods used each (3 cores), 68%; by one of them alone, 49%.
+    api = FakeKubeAPI().start()
+    for name in ("node-0", "node-1"):
+        api.put("nodes", node(name))
+    api.put("nodemetrics", node_metrics("node-0", 4.8))
+    api.put("nodemetrics", node_metrics("node-1", 6.4))
+    extender = Extender(api, tmp_path, {"OVERSALE_LOAD_AWARE": "true", "OVERSALE_METRICS_POLL_INTERVAL": "1",
+                                        "OVERSALE_LOAD_HISTORY": "prometheus", "OVERSALE_PROMETHEUS_URL":
+                                        workload_history.url, "OVERSALE_PROMETHEUS_STEP": "60s",
+                                        "OVERSALE_LOAD_HISTORY_INTERVAL": "1"})
+    try:
+        wait_for(lambda: 'oversale_extender_workload_history_polls_total{result="ok"}' in extender.get("/metrics"))
+        cron_pod = replica("nightly-29000060-ddddd", "", None)
+        cron_pod["metadata"]["labels"] = {"batch.kubernetes.io/job-name": "nightly-29000060"}
+        cron_pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "controller": True,
+                                                    "name": "nightly-29000060", "uid": "uid-job"}]
+        for made in (replica("web-7c9b4-b1", "7c9b4", None), cron_pod):
+            name = made["metadata"]["name"]
+            api.put("pods", made)
+            wait_for(lambda n=name: api.get("pods", "default", n) is not None)
+            assert extender.post("bind", {"PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}",
+                                          "Node": "node-0"}) == {"Error": ""}
+        answer = extender.post("filter", {"Pod": replica("web-7c9b4-b2", "7c9b4", None),
+                                          "NodeNames": ["node-0", "node-1"]})
+        assert answer["NodeNames"] == ["node-1"]
+        # 3 cores less a little: the rate at the edge of each Pod's life covers part of its window.
+        assert re.fullmatch(r"cpu usage 6[78]% of real capacity \(5-min average, with Pods bound but not yet in the "
+                            r"metrics\) is above the scheduling watermark 65%", answer["FailedNodes"]["node-0"])
+    finally:
+        extender.stop()
+        api.stop()
+
+
 def test_nodes_deleted_from_the_cluster_leave_no_usage_behind():
     """Autoscaled and spot clusters replace nodes all day: a deleted node's window and loads go
     once its last sample has left the window, while a node still in the cluster keeps its own."""
@@ -856,7 +947,7 @@ def test_nodes_deleted_from_the_cluster_leave_no_usage_behind():
 
 
 @pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
-def test_a_prometheus_answering_garbage_changes_no_node(body, raw):
+def test_a_prometheus_answering_garbage_changes_no_node_and_no_workload(body, raw):
     server = garbage_prometheus(body, raw=raw)
     try:
         state = ClusterState(KEYS)
@@ -864,10 +955,15 @@ def test_a_prometheus_answering_garbage_changes_no_node(body, raw):
         state.record_node_samples({"n": Sample(time.time(), 4800, 8 << 30)})
         before = state.heats(["n"])[0].load
         results: list[str] = []
-        poller = HistoryPeakPoller(PrometheusAPI(f"http://127.0.0.1:{server.server_address[1]}"), state, 1,
-                                   "instance", 300, 60, results.append)
+        prometheus = PrometheusAPI(f"http://127.0.0.1:{server.server_address[1]}")
+        poller = HistoryPeakPoller(prometheus, state, 1, "instance", 300, 60, results.append)
         assert not poller.poll_once() and results == ["error"]
         assert state.heats(["n"])[0].load == before
+        new_replica = pod_demand(replica("web-7c9b4-y1", "7c9b4", "4"), KEYS)
+        state.record_workload_history({"default/Deployment/web": WorkloadUsage(250.0, 2.0**28, 2)}, time.time())
+        workloads = WorkloadHistoryPoller(prometheus, state, 1, 86400, 300, 60, results.append)
+        assert not workloads.poll_once() and results == ["error", "error"]
+        assert state.estimate_for(new_replica) == {"cpu": 250.0, "memory": 2.0**28}, "the last read still counts"
     finally:
         server.shutdown()
 
@@ -882,6 +978,9 @@ def test_an_unreachable_prometheus_leaves_the_peak_to_the_extenders_own_samples(
         answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["burst", "calm"]})
         assert answer["NodeNames"] == ["burst", "calm"] and answer["Error"] == ""
         assert "node history not readable from Prometheus (prometheus at http://127.0.0.1:" in \
+            extender.log_path.read_text()
+        assert 'oversale_extender_workload_history_polls_total{result="error"}' in extender.get("/metrics")
+        assert "workload history not readable from Prometheus (prometheus at http://127.0.0.1:" in \
             extender.log_path.read_text()
     finally:
         extender.stop()

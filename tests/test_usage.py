@@ -38,13 +38,16 @@ from oversale.usage import (
     NodeLoad,
     Sample,
     Watermarks,
+    WorkloadUsage,
     combined_score,
     estimated_usage,
     hot_reason,
     load_score_after,
     node_load,
+    pod_workloads,
     stale_reason,
     watermarks_for,
+    workload_history,
 )
 
 KEYS = AnnotationKeys()
@@ -355,3 +358,27 @@ def test_the_table_keeps_a_single_numa_node_to_one_zone():
     assert rank(table, slots, demand, LoadConfig(), NOW, load_aware=False) == [0]
     table.put("n", replace(node, single_numa=False), usage, None)
     assert screen(table, slots, demand, LoadConfig(), NOW, load_aware=False) == [None]
+
+
+def test_workload_history_names_pods_as_the_extender_names_the_pod_being_placed():
+    # kube-state-metrics: each Pod's controller, and the controllers' own controllers.
+    owners = {("shop", "web-5d8f9-a"): ("ReplicaSet", "web-5d8f9"), ("shop", "canary-7c9b4-b"): ("ReplicaSet",
+              "canary-7c9b4"), ("shop", "db-0"): ("StatefulSet", "db"), ("batch", "nightly-29000000-c"): ("Job",
+              "nightly-29000000"), ("batch", "migrate-d"): ("Job", "migrate")}
+    controllers = {("shop", "ReplicaSet", "web-5d8f9"): ("Deployment", "web"),
+                   ("shop", "ReplicaSet", "canary-7c9b4"): ("Rollout", "canary"),
+                   ("batch", "Job", "nightly-29000000"): ("CronJob", "nightly")}
+    named = pod_workloads(owners, controllers)
+    assert named == {("shop", "web-5d8f9-a"): "shop/Deployment/web", ("shop", "canary-7c9b4-b"): "shop/Rollout/canary",
+                     ("shop", "db-0"): "shop/StatefulSet/db", ("batch", "nightly-29000000-c"): "batch/CronJob/nightly",
+                     ("batch", "migrate-d"): "batch/Job/migrate"}
+    history = {workload: WorkloadUsage(100.0 * n, 2.0**20, 1) for n, workload in enumerate(sorted(named.values()), 1)}
+    for live in ("shop/Deployment/web", "shop/Rollout/canary", "shop/StatefulSet/db", "batch/Job/migrate"):
+        assert workload_history(live, history) is history[live]
+    # A CronJob's next Job is new to the history: known by its CronJob, in its own namespace only.
+    assert workload_history("batch/Job/nightly-29000060", history) is history["batch/CronJob/nightly"]
+    assert workload_history("other/Job/nightly-29000060", history) is None
+    # A Job not named <cronjob>-<minute>, or of no CronJob the history knows, is not known.
+    assert workload_history("batch/Job/nightly-manual", history) is None
+    assert workload_history("batch/Job/migrate-29000060", history) is None
+    assert workload_history("", history) is None
