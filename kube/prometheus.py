@@ -28,16 +28,17 @@ first: an exporter scraped by two jobs (or two Prometheus replicas federated) co
 NODE_MEMORY = "max by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
 """Bytes of memory a node uses (node-exporter), per node label (``max``: one exporter scraped twice
 counts once)."""
+APP_CONTAINERS = '{container!="", container!="POD", pod!=""}'
+"""cAdvisor's series of the app containers: not the pause container (``container="POD"``), nor the
+Pod's own cgroup (``container=""``), which holds its containers' usage again."""
 # cAdvisor names a container's cgroup in ``id``. The same ``id`` twice is one cgroup scraped twice
 # (two jobs, or kubelet and a standalone cAdvisor): counted once. Two ``id`` of one container are
 # its cgroups before and after a restart: each counter's rate covers part of the rate window, so
 # they add up.
 CONTAINER_CPU = ('sum by (namespace, pod, container) (max by (namespace, pod, container, id) '
-                 '(rate(container_cpu_usage_seconds_total{container!="", container!="POD", pod!=""}[$RATE]))) * 1000')
-"""Millicores each app container uses (cAdvisor; the pause container and the Pod's own cgroup,
-``container="POD"`` and ``container=""``, left out)."""
-CONTAINER_MEMORY = ('max by (namespace, pod, container) (container_memory_working_set_bytes'
-                    '{container!="", container!="POD", pod!=""})')
+                 f'(rate(container_cpu_usage_seconds_total{APP_CONTAINERS}[$RATE]))) * 1000')
+"""Millicores each app container uses (cAdvisor)."""
+CONTAINER_MEMORY = f"max by (namespace, pod, container) (container_memory_working_set_bytes{APP_CONTAINERS})"
 """Working-set bytes of each app container (cAdvisor)."""
 POD_CPU = f"sum by (namespace, pod) ({CONTAINER_CPU})"
 """Millicores each Pod's app containers use together."""
@@ -173,6 +174,29 @@ def node_expressions(label: str, rate_window: float, memory_query: str | None = 
     """Per resource, the PromQL of a node's usage: node-exporter's, or the configured memory query."""
     return {"cpu": NODE_CPU.format(label=label).replace("$RATE", duration(rate_window)),
             "memory": memory_query or NODE_MEMORY.format(label=label)}
+
+
+def pod_mean_expressions(window: float, rate_window: float, step: float) -> dict[str, str]:
+    """Per resource, the PromQL of what each Pod's app containers used together on average over
+    the part of ``window`` the Pod ran (cpu in millicores, memory in bytes): each container's
+    usage summed over the window (each cgroup once, its restarts' cgroups added), divided by the
+    Pod's time in the window (its longest-lived container's samples; cpu at ``step``).
+
+    It is the mean of the Pod's summed usage at each step, with the aggregations outside the
+    subquery: Prometheus evaluates an aggregation inside a subquery at every step, which took 3.5
+    to 4 times as long for the same figures (``python -m bench.workload_history``).
+    """
+    rate = f"rate(container_cpu_usage_seconds_total{APP_CONTAINERS}[{duration(rate_window)}])"
+    cpu = f"{rate}[{duration(window)}:{duration(step)}]"
+    memory = f"container_memory_working_set_bytes{APP_CONTAINERS}[{duration(window)}]"
+
+    def mean(samples: str) -> str:
+        per_cgroup = "max by (namespace, pod, container, id)"
+        per_container = f"sum by (namespace, pod, container) ({per_cgroup} (count_over_time({samples})))"
+        return (f"sum by (namespace, pod) ({per_cgroup} (sum_over_time({samples}))) / on (namespace, pod) "
+                f"max by (namespace, pod) ({per_container})")
+
+    return {"cpu": f"{mean(cpu)} * 1000", "memory": mean(memory)}
 
 
 def node_name(instance: str) -> str:

@@ -17,14 +17,13 @@ from kube.metrics_api import MetricsAPI, pod_usage
 from kube.prometheus import (
     NO_OWNER,
     OWNER_CONTROLLERS,
-    POD_CPU,
-    POD_MEMORY,
     POD_OWNER,
     PrometheusAPI,
     PrometheusUnavailable,
     duration,
     node_expressions,
     node_name,
+    pod_mean_expressions,
 )
 from kube.reflector import Reflector
 from oversale.disruption import disruption_budget
@@ -300,9 +299,7 @@ class WorkloadHistoryPoller(_PrometheusPoller):
                  rate_window: float, step: float,
                  on_poll: Callable[[str], None] = lambda result: None) -> None:
         super().__init__(prometheus, state, interval, on_poll)
-        over = f"[{duration(window)}:{duration(step)}]"
-        self.queries = {"cpu": f"avg_over_time(({POD_CPU.replace('$RATE', duration(rate_window))}){over})",
-                        "memory": f"avg_over_time(({POD_MEMORY}){over})",
+        self.queries = {**pod_mean_expressions(window, rate_window, step),
                         "owner": POD_OWNER.replace("$WINDOW", duration(window))}
         for kind, (metric, label) in OWNER_CONTROLLERS.items():
             self.queries[kind] = (f"max by (namespace, {label}, owner_kind, owner_name) "

@@ -158,7 +158,8 @@ def test_help_lists_debug_and_defaults(module):
     ["certs", sub] for sub in ("generate", "ensure", "inject")] + [
     ["simulator.tune"], ["simulator.budget_check"]] + [
     [f"bench.{name}"] for name in ("extender_failover", "extender_memory", "extender_speed", "plan_example",
-                                   "reconcile_scale", "reconciler_memory", "soak", "sqlite_history", "webhook_load")])
+                                   "reconcile_scale", "reconciler_memory", "soak", "sqlite_history", "webhook_load",
+                                   "workload_history")])
 def test_every_commands_help_prints(command):
     # argparse formats help text with %: a bare percent sign in one option's help broke --help.
     result = run([*command, "--help"])
