@@ -136,6 +136,13 @@ def prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
                 # cAdvisor counts CPU seconds; the rate of the counter is the usage in cores.
                 cpu.series.append((labels, lambda t, f=cpu_at: f(t) / 1000, start))
                 memory.series.append((labels, lambda t, f=memory_at: f(t), start))
+    # A container restarted a day and a half ago: its two cgroups (ids) each hold half its history,
+    # using 200m then 400m.
+    restart = end - 1.5 * 86400
+    for cgroup, cores, bounds in (("first", 0.2, (end - 3 * 86400, restart)), ("second", 0.4, (restart + 60, end))):
+        labels = {"namespace": NS, "pod": "batch-0", "container": "work", "id": f"/kubepods/batch-0/work-{cgroup}"}
+        cpu.series.append((labels, lambda t, c=cores: c, *bounds))
+        memory.series.append((labels, lambda t, c=cores: c * 2**30, *bounds))
     node_cpu = Family("node_cpu_seconds_total", "counter")
     node_total = Family("node_memory_MemTotal_bytes", "gauge")
     node_available = Family("node_memory_MemAvailable_bytes", "gauge")
@@ -194,6 +201,15 @@ def test_prometheus_history_counts_a_series_scraped_twice_once(prometheus):
     node = history.node_stats(3 * 86400, 0.99)["node-1"]
     assert 480 < node.cpu.quantile < 501, "millicores of a 400 +- 100 wave"
     assert 3.1e9 < node.memory.quantile <= 3.2e9
+
+
+def test_a_restarted_containers_history_is_all_its_cgroups(prometheus):
+    history = PrometheusHistory(prometheus.url, resolution=300)
+    batch = history.container_stats(3 * 86400, 0.99)[(NS, "batch-0", "work")]
+    # Three days of 5-minute steps, not the day and a half of either cgroup alone.
+    assert 3 * 288 - 12 <= batch.cpu.samples <= 3 * 288 + 2
+    assert 399 <= batch.cpu.quantile <= 401, "the higher of the two halves"
+    assert batch.memory.quantile == pytest.approx(0.4 * 2**30) and batch.memory.peak == pytest.approx(0.4 * 2**30)
 
 
 # ---- the passes -------------------------------------------------------------------------------
