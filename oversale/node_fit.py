@@ -84,6 +84,8 @@ class NodeConstraints:
     node_selector: Mapping[str, Any] = field(default_factory=dict)
     required_terms: tuple[Any, ...] | None = None
     """``nodeSelectorTerms`` of ``requiredDuringSchedulingIgnoredDuringExecution``; None: none required."""
+    preferred_terms: tuple[tuple[int, Any], ...] = ()
+    """(weight, ``preference``) of each ``preferredDuringSchedulingIgnoredDuringExecution`` term."""
     tolerations: tuple[Any, ...] = ()
     volumes: tuple[VolumeAffinity, ...] = ()
     """Its bound volumes that only some nodes reach (read from the cluster: :func:`volume_affinity`)."""
@@ -267,6 +269,11 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
     if required is not None:
         listed = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
         terms = tuple(listed) if isinstance(listed, list) else ()
+    preferred = (node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+                 if isinstance(node_affinity, Mapping) else None)
+    preferences = tuple((term["weight"], term.get("preference")) for term in preferred
+                        if isinstance(term, Mapping) and type(term.get("weight")) is int) \
+        if isinstance(preferred, list) else ()
     tolerations = spec.get("tolerations")
     try:
         resources = other_requests(pod)
@@ -276,6 +283,7 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
     return NodeConstraints(
         node_selector=selector if isinstance(selector, Mapping) else {},
         required_terms=terms,
+        preferred_terms=preferences,
         tolerations=tuple(tolerations) if isinstance(tolerations, list) else (),
         volumes=volumes,
         name=f"{namespace}/{metadata.get('name', '')}",
@@ -442,6 +450,20 @@ def intolerable_soft_taints(constraints: NodeConstraints, taints: Sequence[Any])
     """
     return sum(1 for taint in taints if isinstance(taint, Mapping) and taint.get("effect") == "PreferNoSchedule"
                and not any(_tolerates(toleration, taint) for toleration in constraints.tolerations))
+
+
+def preferred_affinity_weight(constraints: NodeConstraints, node: str, labels: Mapping[str, str]) -> int:
+    """The summed weights of the Pod's preferred node affinity terms that ``node`` matches: what
+    kube-scheduler's NodeAffinity score ranks nodes by ("the node(s) with the highest sum are the
+    most preferred", the API's words), at the weight 2 of its default score plugins, second to
+    TaintToleration's 3.
+
+    >>> zone_a = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    >>> prefers = NodeConstraints(preferred_terms=((80, zone_a),))
+    >>> preferred_affinity_weight(prefers, "n1", {"zone": "a"}), preferred_affinity_weight(prefers, "n2", {"zone": "b"})
+    (80, 0)
+    """
+    return sum(weight for weight, term in constraints.preferred_terms if _term_matches(term, node, labels))
 
 
 def _labels_problem(constraints: NodeConstraints, node: str, labels: Mapping[str, str]) -> str | None:

@@ -31,6 +31,7 @@ from oversale.node_fit import (
     intolerable_soft_taints,
     node_constraints,
     ports_problem,
+    preferred_affinity_weight,
     replacement,
     resources_problem,
     volumes_problem,
@@ -292,8 +293,11 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
     """The index of the best node that can take ``pod`` (the extender's filter and score, with the
     Pod's *current usage* as its load), or None and why none can. Nodes with fewer
     ``PreferNoSchedule`` taints the Pod does not tolerate come first, as kube-scheduler's
-    TaintToleration score ranks them: room held on a node it ranks last would seldom be taken."""
-    best, best_rank, reasons = None, (-1, -1), []
+    TaintToleration score ranks them, then those its preferred node affinity weighs most, as
+    NodeAffinity's score does (the two highest weights of kube-scheduler's default score
+    plugins, 3 and 2, against 1 for resources): room held on a node it ranks low would seldom be
+    taken."""
+    best, best_rank, reasons = None, (-1, -1, -1), []
     for index, target in enumerate(targets):
         why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints, neighbours)
                or (resources_problem(pod.constraints.resources, target.free, target.view.name)
@@ -311,6 +315,7 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
             reasons.append(why)
             continue
         rank = (-intolerable_soft_taints(pod.constraints, target.taints),
+                preferred_affinity_weight(pod.constraints, target.view.name, target.labels),
                 placement_score(target.view, target.usage, pod.demand, target.heat, config, dict(pod.usage)))
         if best is None or rank > best_rank:
             best, best_rank = index, rank

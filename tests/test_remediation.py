@@ -20,7 +20,7 @@ from kubernetes import client
 from kube.metrics_api import MetricsAPI
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import Topology
-from oversale.node_fit import CsiVolume, Neighbours, NodeConstraints, placed_pod
+from oversale.node_fit import CsiVolume, Neighbours, NodeConstraints, node_constraints, placed_pod
 from oversale.placement import (
     NodeHeat,
     NodeUsage,
@@ -207,6 +207,27 @@ def test_a_target_with_a_soft_taint_the_pod_does_not_tolerate_comes_last():
         {"key": "DeletionCandidateOfClusterAutoscaler", "operator": "Exists"},)))
     plan = plan_moves({"cpu": 1000.0}, [tolerant], [tainted, plain], LoadConfig(), allowed=5)
     assert [m.target for m in plan.moves] == ["node-tainted"], "tolerated: the score alone decides (a tie: first)"
+
+
+def test_a_target_the_pods_preferred_node_affinity_weighs_most_comes_first():
+    """kube-scheduler's NodeAffinity score (weight 2) ranks nodes by the summed weights of the
+    preferred terms they match, above the resource scores (1): the replacement goes where its Pod
+    prefers, so that is where room is held. Soft taints (TaintToleration, 3) still come first."""
+    spec = {"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 60, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}},
+        {"weight": 30, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}}}
+    plain = candidate("big", "Burstable", 500, 1500)
+    prefers = dataclasses.replace(plain, constraints=node_constraints(spec))
+    cooler = dataclasses.replace(target("node-b", cpu_used=200.0), labels={"zone": "b", "disk": "ssd"})  # weighs 30
+    warmer = dataclasses.replace(target("node-a", cpu_used=2000.0), labels={"zone": "a"})  # weighs 60
+    assert [m.target for m in plan_moves({"cpu": 1000.0}, [prefers], [cooler, warmer], LoadConfig(),
+                                         allowed=5).moves] == ["node-a"]
+    assert [m.target for m in plan_moves({"cpu": 1000.0}, [plain], [cooler, warmer], LoadConfig(),
+                                         allowed=5).moves] == ["node-b"], "no preference: the cooler node"
+    soft = ({"key": "DeletionCandidateOfClusterAutoscaler", "value": "1764000000", "effect": "PreferNoSchedule"},)
+    tainted = dataclasses.replace(warmer, taints=soft)
+    assert [m.target for m in plan_moves({"cpu": 1000.0}, [prefers], [cooler, tainted], LoadConfig(),
+                                         allowed=5).moves] == ["node-b"], "a soft taint outweighs the preference"
 
 
 def test_a_move_takes_a_volume_slot_on_its_target_for_the_next_move():
