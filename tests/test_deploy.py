@@ -556,7 +556,41 @@ tests:
       # Expires 14 days and 30 minutes after the test's start; renewed at minute 150 (300 days on).
       - series: 'oversale_tls_certificate_expiry_timestamp_seconds{pod="w1", certificate="serving"}'
         values: '1211400x149 25920000x60'
+      # The extender's reads of Prometheus: all failing from minute 10 to 40 (node history), and
+      # the workload history's failing from minute 10 on.
+      - series: 'oversale_extender_history_polls_total{pod="e1", result="ok"}'
+        values: '0+1x10 10x30 10+1x40'
+      - series: 'oversale_extender_history_polls_total{pod="e1", result="error"}'
+        values: '0x10 0+1x30 30x40'
+      - series: 'oversale_extender_workload_history_polls_total{pod="e2", result="ok"}'
+        values: '0+1x10 10x70'
+      - series: 'oversale_extender_workload_history_polls_total{pod="e2", result="error"}'
+        values: '0x10 0+1x70'
     alert_rule_test:
+      - eval_time: 20m
+        alertname: OversaleExtenderHistoryUnreadable
+        exp_alerts: []
+      - eval_time: 35m
+        alertname: OversaleExtenderHistoryUnreadable
+        exp_alerts:
+          - exp_labels: {severity: info, pod: e1}
+            exp_annotations:
+              summary: "The extender e1 cannot read its history from Prometheus"
+              description: &unreadable >-
+                Load-aware placement falls back to the extender's own hour of samples and to requests for
+                workloads with no Pod in PodMetrics. Check OVERSALE_PROMETHEUS_URL, the network path to it,
+                and the extender's log (one line when the reads start failing).
+          - exp_labels: {severity: info, pod: e2}
+            exp_annotations:
+              summary: "The extender e2 cannot read its history from Prometheus"
+              description: *unreadable
+      - eval_time: 60m
+        alertname: OversaleExtenderHistoryUnreadable
+        exp_alerts:
+          - exp_labels: {severity: info, pod: e2}
+            exp_annotations:
+              summary: "The extender e2 cannot read its history from Prometheus"
+              description: *unreadable
       - eval_time: 60m
         alertname: OversalePoolOverHotTimeBudget
         exp_alerts: []
