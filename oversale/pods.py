@@ -115,6 +115,25 @@ def workload_of(metadata: Mapping[str, Any]) -> str:
     return f"{metadata.get('namespace', '')}/{kind}/{name}"
 
 
+def pod_workloads(owners: Mapping[tuple[str, str], tuple[str, str]],
+                  controllers: Mapping[tuple[str, str, str], tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """(namespace, Pod) -> its workload, named as :func:`workload_of` names it, from
+    what kube-state-metrics publishes: ``owners`` ((namespace, Pod) -> the controller's (kind,
+    name), ``kube_pod_owner``) and ``controllers`` ((namespace, kind, name) -> that controller's own
+    controller, ``kube_replicaset_owner`` and ``kube_job_owner``). A ReplicaSet stands for the
+    Deployment or Rollout that made it, a Job for its CronJob.
+
+    >>> pod_workloads({("shop", "web-5d8f9-x1"): ("ReplicaSet", "web-5d8f9"), ("shop", "once"): ("Job", "once")},
+    ...               {("shop", "ReplicaSet", "web-5d8f9"): ("Deployment", "web")})
+    {('shop', 'web-5d8f9-x1'): 'shop/Deployment/web', ('shop', 'once'): 'shop/Job/once'}
+    """
+    named = {}
+    for (namespace, pod), (kind, name) in owners.items():
+        kind, name = controllers.get((namespace, kind, name), (kind, name))
+        named[(namespace, pod)] = f"{namespace}/{kind}/{name}"
+    return named
+
+
 def requests_of(container: Mapping[str, Any], *, default_from_limits: bool = True) -> dict[str, int]:
     """A container's cpu/memory requests in millicores/bytes. The API server copies limits into
     missing requests before admission webhooks run, so a limit-only resource counts as requested."""

@@ -207,32 +207,13 @@ def workload_usage(pods: Iterable[tuple[str, float, float]]) -> dict[str, Worklo
             for workload, (cpu, memory, count) in sums.items()}
 
 
-def pod_workloads(owners: Mapping[tuple[str, str], tuple[str, str]],
-                  controllers: Mapping[tuple[str, str, str], tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """(namespace, Pod) -> its workload, named as :func:`oversale.pods.workload_of` names it, from
-    what kube-state-metrics publishes: ``owners`` ((namespace, Pod) -> the controller's (kind,
-    name), ``kube_pod_owner``) and ``controllers`` ((namespace, kind, name) -> that controller's own
-    controller, ``kube_replicaset_owner`` and ``kube_job_owner``). A ReplicaSet stands for the
-    Deployment or Rollout that made it, a Job for its CronJob.
-
-    >>> pod_workloads({("shop", "web-5d8f9-x1"): ("ReplicaSet", "web-5d8f9"), ("shop", "once"): ("Job", "once")},
-    ...               {("shop", "ReplicaSet", "web-5d8f9"): ("Deployment", "web")})
-    {('shop', 'web-5d8f9-x1'): 'shop/Deployment/web', ('shop', 'once'): 'shop/Job/once'}
-    """
-    named = {}
-    for (namespace, pod), (kind, name) in owners.items():
-        kind, name = controllers.get((namespace, kind, name), (kind, name))
-        named[(namespace, pod)] = f"{namespace}/{kind}/{name}"
-    return named
-
-
 _CRONJOB_JOB = re.compile(r"(?P<namespace>[^/]*)/Job/(?P<cronjob>.+)-[0-9]+")
 """A CronJob's Job is named ``<cronjob>-<scheduled time in minutes since the epoch>``."""
 
 
 def workload_history(workload: str, history: Mapping[str, WorkloadUsage]) -> WorkloadUsage | None:
     """What ``workload``'s Pods used each over the history window (``history``: per workload,
-    :func:`workload_usage` of the Pods :func:`pod_workloads` names). A Job's Pods, whose Job the
+    :func:`workload_usage` of the Pods :func:`oversale.pods.pod_workloads` names). A Job's Pods, whose Job the
     CronJob controller has just made and no history knows yet, are known by the Jobs of the CronJob
     its name comes from.
 

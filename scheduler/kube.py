@@ -27,8 +27,9 @@ from kube.prometheus import (
 )
 from kube.reflector import Reflector
 from oversale.disruption import disruption_budget
+from oversale.pods import pod_workloads
 from oversale.quantity import CPU, MEMORY
-from oversale.usage import Sample, pod_workloads, stale_reason, workload_usage
+from oversale.usage import Sample, stale_reason, workload_usage
 from scheduler.state import ClusterState, PodFacts, pod_facts, scheduling_part
 
 log = logging.getLogger(__name__)

@@ -33,6 +33,7 @@ from oversale.placement import (
     shortfall,
     with_nominated,
 )
+from oversale.pods import pod_workloads
 from oversale.usage import (
     LoadConfig,
     NodeLoad,
@@ -44,7 +45,6 @@ from oversale.usage import (
     hot_reason,
     load_score_after,
     node_load,
-    pod_workloads,
     stale_reason,
     watermarks_for,
     workload_history,
