@@ -52,6 +52,13 @@ OWNER_CONTROLLERS = {"ReplicaSet": ("kube_replicaset_owner", "replicaset"), "Job
 a Job's CronJob (kind of the Pod's owner -> metric, label of the owner's name)."""
 NO_OWNER = (None, "", "<none>")
 """What kube-state-metrics writes in ``owner_kind`` for an object without one."""
+
+
+def controller_query(metric: str, label: str, window: float | None = None) -> str:
+    """The PromQL of each object's controller in one of ``OWNER_CONTROLLERS``' series (``label``
+    naming the object); with ``window``, every controller seen over it (for an instant query)."""
+    series = f"last_over_time({metric}[{duration(window)}])" if window else metric
+    return f"max by (namespace, {label}, owner_kind, owner_name) ({series})"
 SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
 """What Prometheus says when a query's window holds too many samples (split it and ask again)."""
 RANGE_STEPS = 10_000

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kube.prometheus import NO_OWNER, OWNER_CONTROLLERS, POD_CPU, POD_MEMORY, RANGE_STEPS, Series
+from kube.prometheus import NO_OWNER, OWNER_CONTROLLERS, POD_CPU, POD_MEMORY, RANGE_STEPS, Series, controller_query
 from oversale.budget import HotTimeBudget
+from oversale.pods import pod_workloads
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
 from simulator.formats import FIXED_COLUMN, GENERIC_COLUMNS
@@ -157,15 +158,18 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
                                   PodHistory(labels.get("namespace", ""), labels.get("pod", "")))
             pod.series[key] = series
         progress(f"read {key}: {len(found)} Pods")
+    owners: dict[tuple[str, str], tuple[str, str]] = {}
     for labels, _ in _range(prometheus, "max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner)", start,
                             end, "kube_pod_owner", days):
-        owned = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
-        if owned is not None and labels.get("owner_kind") not in NO_OWNER:
-            owned.owner = f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
-    controllers = _controllers(prometheus, start, end)
+        if labels.get("owner_kind") not in NO_OWNER:
+            owners[(labels.get("namespace", ""), labels.get("pod", ""))] = (labels["owner_kind"],
+                                                                           labels.get("owner_name", ""))
+    # Named as the extender names a Pod's workload: ``namespace/Kind/name``, less the namespace.
+    for pod_key, workload in pod_workloads(owners, _controllers(prometheus, start, end)).items():
+        if (owned := pods.get(pod_key)) is not None:
+            owned.owner = workload.split("/", 1)[1]
     scaled = {} if rescale_hpa else _utilization_autoscaled(prometheus, start, end)
     for pod in pods.values():
-        pod.owner = controllers.get((pod.namespace, pod.owner), pod.owner)
         pod.fixed = frozenset(scaled.get((pod.namespace, pod.owner), ()))
     for labels, _ in _range(prometheus, "max by (namespace, pod, node) (kube_pod_info)", start, end, "kube_pod_info",
                             days):
@@ -187,16 +191,16 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools)
 
 
-def _controllers(prometheus: PrometheusHistory, start: float, end: float) -> dict[tuple[str, str], str]:
-    """(namespace, ``ReplicaSet/name``) -> ``Deployment/name``, and each Job's CronJob. Optional:
+def _controllers(prometheus: PrometheusHistory, start: float,
+                 end: float) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """(namespace, ``ReplicaSet``, name) -> (``Deployment``, name), and each Job's CronJob. Optional:
     without them a Deployment's ReplicaSets (one per rollout) replay as workloads of their own."""
     found = {}
     for kind, (metric, label) in OWNER_CONTROLLERS.items():
-        for labels in _optional_labels(prometheus, f"max by (namespace, {label}, owner_kind, owner_name) ({metric})",
-                                       start, end):
+        for labels in _optional_labels(prometheus, controller_query(metric, label), start, end):
             if labels.get("owner_kind") not in NO_OWNER:
-                found[(labels.get("namespace", ""), f"{kind}/{labels.get(label, '')}")] = \
-                    f"{labels['owner_kind']}/{labels.get('owner_name', '')}"
+                found[(labels.get("namespace", ""), kind, labels.get(label, ""))] = (labels["owner_kind"],
+                                                                                    labels.get("owner_name", ""))
     return found
 
 

@@ -20,6 +20,7 @@ from kube.prometheus import (
     POD_OWNER,
     PrometheusAPI,
     PrometheusUnavailable,
+    controller_query,
     duration,
     node_expressions,
     node_name,
@@ -303,8 +304,7 @@ class WorkloadHistoryPoller(_PrometheusPoller):
         self.queries = {**pod_mean_expressions(window, rate_window, step),
                         "owner": POD_OWNER.replace("$WINDOW", duration(window))}
         for kind, (metric, label) in OWNER_CONTROLLERS.items():
-            self.queries[kind] = (f"max by (namespace, {label}, owner_kind, owner_name) "
-                                  f"(last_over_time({metric}[{duration(window)}]))")
+            self.queries[kind] = controller_query(metric, label, window)
         self._said_no_owners = False
 
     def _read(self, now: float) -> None:
