@@ -36,6 +36,9 @@ class ContainerMetrics:
     container: str
     cpu: int
     memory: int
+    at: float | None = None
+    """When this reader first saw its Pod's reading, on its own clock (as ``NodeMetrics.at``);
+    None when the reading states no time."""
 
 
 def pod_usage(containers: Iterable[ContainerMetrics]) -> dict[tuple[str, str], dict[str, float]]:
@@ -51,7 +54,7 @@ def pod_usage(containers: Iterable[ContainerMetrics]) -> dict[tuple[str, str], d
 
 class MetricsAPI:
     """Lists the metrics API with the real ``kubernetes`` client (raises its errors). Keep one
-    per reader: it remembers each node's last reading to time its age on ``clock``."""
+    per reader: it remembers each node's and Pod's last reading to time it on ``clock``."""
 
     def __init__(self, api_client: Any, timeout: float = 30, clock: Callable[[], float] = time.time) -> None:
         from kubernetes import client
@@ -60,6 +63,7 @@ class MetricsAPI:
         self._timeout = timeout
         self._clock = clock
         self._seen: dict[str, tuple[float, float]] = {}
+        self._seen_pods: dict[tuple[str, str], tuple[float, float]] = {}
 
     def nodes(self) -> list[NodeMetrics]:
         now = self._clock()
@@ -77,16 +81,24 @@ class MetricsAPI:
         return found
 
     def containers(self) -> list[ContainerMetrics]:
+        now = self._clock()
         found = []
+        seen: dict[tuple[str, str], tuple[float, float]] = {}
         for item in self._list("pods"):
             metadata = item.get("metadata") or {}
+            pod: tuple[str, str] = (metadata.get("namespace", ""), metadata.get("name", ""))
+            at = None
+            if (stamp := parse_timestamp(item.get("timestamp"))) is not None:
+                seen[pod] = first_seen(self._seen_pods.get(pod), stamp, now)
+                at = seen[pod][1]
             for container in item.get("containers") or []:
                 try:
                     found.append(ContainerMetrics(metadata.get("namespace", ""), metadata["name"], container["name"],
                                                   parse_millicores(container["usage"]["cpu"]),
-                                                  parse_bytes(container["usage"]["memory"])))
+                                                  parse_bytes(container["usage"]["memory"]), at))
                 except (KeyError, TypeError, QuantityError):
                     continue
+        self._seen_pods = seen
         return found
 
     def _list(self, plural: str) -> list[dict[str, Any]]:

@@ -197,7 +197,8 @@ class UsagePoller:
             return False
         self._state.record_node_samples({n.name: Sample(n.at, n.cpu, n.memory) for n in nodes})
         self._state.record_pods_in_metrics({pod: (usage[CPU], usage[MEMORY])
-                                            for pod, usage in pod_usage(containers).items()})
+                                            for pod, usage in pod_usage(containers).items()},
+                                           sampled_at={(c.namespace, c.pod): c.at for c in containers})
         self._on_poll("ok", self._staleness())
         return True
 

@@ -139,8 +139,9 @@ class ClusterState:
     """Each node's windows over its own samples alone."""
     _history_peaks: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Per node, (cpu maximum over ``history_peak_seconds``, when it was read) from Prometheus."""
-    _in_metrics: set[tuple[str, str]] = field(default_factory=set)
-    """(namespace, name) of the Pods in the last PodMetrics list."""
+    _in_metrics: dict[tuple[str, str], float | None] = field(default_factory=dict)
+    """(namespace, name) of the Pods in the last PodMetrics list -> when their reading was taken
+    (None: unstated)."""
     _workloads: dict[str, WorkloadUsage] = field(default_factory=dict)
     """Per workload with a bound Pod in the last PodMetrics list, what its Pods use each: cpu as
     the mean of the polls of the last ``average_seconds`` (as the node's 5-minute average, and as
@@ -452,18 +453,25 @@ class ClusterState:
         fresh = held is not None and now - held[1] <= self.load_config.history_max_age_seconds
         return with_history_peak(own, held[0] if held and fresh else None, self.load_config)
 
-    def record_pods_in_metrics(self, pods: Mapping[tuple[str, str], tuple[float, float]]) -> None:
+    def record_pods_in_metrics(self, pods: Mapping[tuple[str, str], tuple[float, float]],
+                               sampled_at: Mapping[tuple[str, str], float | None] | None = None) -> None:
         """One poll of PodMetrics, (namespace, name) -> (cpu millicores, memory bytes) summed over
         the Pod's containers: the Pods whose usage the node figures now include, and what each
-        workload's Pods use (``estimate_for``). The workloads are worked out before taking the
-        lock filter and prioritize wait on: a cluster may have 100,000 Pods."""
+        workload's Pods use (``estimate_for``). ``sampled_at``: when each of these readings was
+        first seen (``kube.metrics_api.ContainerMetrics.at``, on the wall clock). The workloads are
+        worked out before taking the lock filter and prioritize wait on: a cluster may have 100,000
+        Pods."""
         with self._lock:
             bound = list(self._pods.values())
         now = self.wall()
         averaged: dict[str, WorkloadUsage] = {}
         kept: dict[str, tuple[array[float], array[float]]] = {}
+        # A predecessor's reading under a Pod's name (see ``measured``) still tells what a replica
+        # of its workload uses: every reading counts here.
         observed = workload_usage((record.demand.workload, *pods[key]) for record in bound
                                   if (key := (record.namespace, record.name)) in pods)
+        taken: dict[tuple[str, str], float | None] = dict.fromkeys(pods)
+        taken.update(sampled_at or {})
         for workload, usage in observed.items():
             # Only the poller writes these; a workload with no Pod in this poll is known no more.
             times, cpus = kept[workload] = self._workload_cpu.get(workload, (array("d"), array("d")))
@@ -478,7 +486,7 @@ class ClusterState:
             averaged[workload] = WorkloadUsage(load.cpu_average, usage.memory, usage.pods) if load else usage
         self._workload_cpu = kept
         with self._lock:
-            self._in_metrics = set(pods)
+            self._in_metrics = taken
             self._workloads = averaged
             self._pending = None
 
@@ -574,13 +582,27 @@ class ClusterState:
             settles = record.bound_at + config.settle_seconds
             if now >= settles or not self.is_bound(uid):
                 del self._settling[uid]
-            elif (record.namespace, record.name) not in self._in_metrics:
+            elif not measured(record, self._in_metrics):
                 by_node.setdefault(record.node, []).append(record)
                 until = min(until, settles)
         self._pending = {node: pending_usage(self.estimate_for(r.demand) for r in records)
                          for node, records in by_node.items()}
         self._pending_until = until
         return self._pending
+
+
+def measured(record: PodRecord, in_metrics: Mapping[tuple[str, str], float | None]) -> bool:
+    """Whether PodMetrics (``in_metrics``: (namespace, name) -> when each reading was first seen,
+    None if unstamped) hold a reading of this Pod: one first seen since its bind. metrics-server
+    pairs readings with Pods by namespace and name, so a Pod made again under its old name (a
+    StatefulSet's, after an eviction) is served its predecessor's last reading until the next
+    scrape (every 15 to 60 s): that reading is not of this Pod, and the node's figures do not
+    include it yet. First seen, not stamped: the stamp is the node's clock, which may be off."""
+    key = (record.namespace, record.name)
+    if key not in in_metrics:
+        return False
+    sampled = in_metrics[key]
+    return sampled is None or record.bound_at is None or sampled >= record.bound_at
 
 
 def scheduling_part(node: Mapping[str, Any]) -> dict[str, Any]:

@@ -685,6 +685,39 @@ def test_a_burst_of_binds_moves_the_next_pod_elsewhere_before_metrics_catch_up(l
                                               "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
 
 
+def ok_polls(extender: Extender) -> float:
+    found = re.search(r'oversale_extender_metrics_polls_total\{result="ok"\} (\S+)', extender.get("/metrics"))
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_pod_made_again_under_its_old_name_is_not_taken_for_its_predecessor(loaded):
+    # metrics-server pairs readings with Pods by namespace and name: a StatefulSet's db-0, evicted
+    # and made again, is served the old db-0's last reading until metrics-server scrapes again.
+    api, extender = loaded
+    old_stamp = datetime.fromtimestamp(time.time() - 30, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.put("podmetrics", {"metadata": {"name": "db-0", "namespace": "default"}, "timestamp": old_stamp,
+                           "window": "20s", "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "10Mi"}}]})
+    polls = ok_polls(extender)
+    wait_for(lambda: ok_polls(extender) >= polls + 2)  # the old reading is known before the bind
+    api.put("pods", pod("db-0", "8", single_numa=False))
+    wait_for(lambda: api.get("pods", "default", "db-0") is not None)
+    assert extender.post("bind", {"PodName": "db-0", "PodNamespace": "default", "PodUID": "uid-db-0",
+                                  "Node": "node-0"}) == {"Error": ""}
+    # That reading is not the new db-0's: it counts as any Pod just bound, 8 x 0.85 cores, and
+    # node-0 (4.8 of 16 real cores) is above its watermark with it.
+    polls = ok_polls(extender)
+    wait_for(lambda: ok_polls(extender) >= polls + 2)
+    answer = extender.post("filter", {"Pod": pod("next", "1"), "NodeNames": ["node-0", "node-1"]})
+    assert answer["NodeNames"] == ["node-1"]
+    assert "with Pods bound but not yet in the metrics" in answer["FailedNodes"]["node-0"]
+    # metrics-server scrapes the new db-0: its reading counts in the node's own figures (30%).
+    new_stamp = datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.put("podmetrics", {"metadata": {"name": "db-0", "namespace": "default"}, "timestamp": new_stamp,
+                           "window": "20s", "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "10Mi"}}]})
+    wait_for(lambda: extender.post("filter", {"Pod": pod("next", "1"),
+                                              "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
+
+
 def replica(name: str, replica_set: str, cpu: str | None, node_name: str | None = None) -> dict:
     """A Pod of the Deployment ``web``'s ReplicaSet ``web-<replica_set>``, BestEffort where ``cpu`` is None."""
     made = pod(name, cpu or "1", node_name=node_name, single_numa=False)
