@@ -95,7 +95,12 @@ class NodeConstraints:
     labels: Mapping[str, Any] = field(default_factory=dict)
     pod_affinity: tuple[PodTerm, ...] = ()
     pod_anti_affinity: tuple[PodTerm, ...] = ()
+    preferred_pod_terms: tuple[tuple[int, PodTerm], ...] = ()
+    """(weight, term) of each preferred inter-Pod affinity term, anti-affinity ones with their
+    weight negated (:func:`preferred_pod_affinity_weight`)."""
     spread: tuple[SpreadConstraint, ...] = ()
+    soft_spread: tuple[SpreadConstraint, ...] = ()
+    """Its ``ScheduleAnyway`` topology spread constraints (:func:`spread_crowding`)."""
     unreadable: str = ""
     """Why part of its spec cannot be read (no node admits it then), or ""."""
     resources: Mapping[str, int] = field(default_factory=dict)
@@ -291,6 +296,9 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         labels=labels if isinstance(labels, Mapping) else {},
         pod_affinity=pod_affinity or (),
         pod_anti_affinity=pod_anti_affinity or (),
+        preferred_pod_terms=_preferred_pod_terms(spec, namespace),
+        # They only rank nodes: one that cannot be read keeps the Pod off none.
+        soft_spread=_spread_constraints(spec, labels if isinstance(labels, Mapping) else {}, "ScheduleAnyway") or (),
         spread=spread or (),
         unreadable=unreadable,
         resources=resources,
@@ -594,6 +602,7 @@ class Neighbours:
         such a term is taken to reach every namespace."""
         self._domains: dict[str, dict[str, list[PlacedPod]]] = {}
         self._selected: dict[tuple[str, str | None, str], PlacedPod | None] = {}
+        self._counted: dict[tuple[str, str, str], int] = {}
         self._spread: dict[tuple[str, ...], dict[str, int]] = {}
         self.pods = pods
         self.guarded = [p for p in pods if p.anti_affinity]
@@ -605,6 +614,7 @@ class Neighbours:
         # place() rebinds the lists and clears the memos, so the copy needs memos of its own
         # (their entries are never changed in place, and still hold until the first place()).
         twin._domains, twin._selected, twin._spread = dict(self._domains), dict(self._selected), dict(self._spread)
+        twin._counted = dict(self._counted)
         return twin
 
     def place(self, pod: PlacedPod) -> None:
@@ -613,6 +623,7 @@ class Neighbours:
         self.guarded = [*self.guarded, pod] if pod.anti_affinity else self.guarded
         self._domains.clear()
         self._selected.clear()
+        self._counted.clear()
         self._spread.clear()
 
     def selected(self, term: PodTerm, value: str | None, moving: str) -> PlacedPod | None:
@@ -623,6 +634,15 @@ class Neighbours:
             domain = self.pods if value is None else self._domain(term.topology_key).get(value, [])
             self._selected[memo] = next((p for p in domain if p.name != moving and self.selects(term, p)), None)
         return self._selected[memo]
+
+    def count(self, term: PodTerm, value: str, moving: str) -> int:
+        """How many Pods but ``moving`` ``term`` selects in its domain ``value`` (remembered for
+        the pass, as :meth:`selected`)."""
+        memo = (repr(term), value, moving)
+        if memo not in self._counted:
+            self._counted[memo] = sum(1 for p in self._domain(term.topology_key).get(value, [])
+                                      if p.name != moving and self.selects(term, p))
+        return self._counted[memo]
 
     def spread_counts(self, spread: SpreadConstraint, constraints: NodeConstraints) -> dict[str, int]:
         """The Pods ``spread`` counts in each of its domains, as kube-scheduler's PodTopologySpread
@@ -724,11 +744,50 @@ def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neigh
     return None
 
 
-def _spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, Any]) -> tuple[SpreadConstraint, ...] | None:
-    """The Pod's ``DoNotSchedule`` topology spread constraints; None when they cannot be read.
-    ``matchLabelKeys`` narrow the selector to the Pod's own values of those labels (typically
-    ``pod-template-hash``: one rollout's Pods are spread apart from the last one's), as
-    kube-scheduler merges them; a key the Pod does not carry is left out, as it leaves it out."""
+def preferred_pod_affinity_weight(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> int:
+    """What kube-scheduler's InterPodAffinity score counts for ``node`` from the Pod's own
+    preferred terms: each term's weight for every running Pod it selects in ``node``'s topology
+    domain, negative for anti-affinity. (The score also counts the running Pods' preferred terms
+    that select this Pod; those are not read here.)
+
+    >>> web = PodTerm({"matchLabels": {"app": "web"}}, frozenset({"shop"}), "zone")
+    >>> pods = [PlacedPod(f"shop/web-{n}", "shop", {"app": "web"}, f"n{n}") for n in (1, 2)]
+    >>> near = Neighbours({"n1": {"zone": "a"}, "n2": {"zone": "a"}, "n3": {"zone": "b"}}, pods)
+    >>> wants = NodeConstraints(name="shop/api-1", preferred_pod_terms=((40, web),))
+    >>> [preferred_pod_affinity_weight(wants, n, near) for n in ("n1", "n3")]
+    [80, 0]
+    """
+    labels = neighbours.node_labels.get(node, {})
+    return sum(weight * neighbours.count(term, labels[term.topology_key], constraints.name)
+               for weight, term in constraints.preferred_pod_terms if term.topology_key in labels)
+
+
+def spread_crowding(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> int | None:
+    """What kube-scheduler's PodTopologySpread score weighs against ``node`` for the Pod's
+    ``ScheduleAnyway`` constraints: the Pods each selects in ``node``'s domain, summed (fewer is
+    better); None when ``node`` lacks one of their keys, which that score ranks last.
+
+    >>> spread = SpreadConstraint(1, "zone", {"matchLabels": {"app": "web"}})
+    >>> pods = [PlacedPod(f"shop/web-{n}", "shop", {"app": "web"}, f"n{n}") for n in (1, 2)]
+    >>> near = Neighbours({"n1": {"zone": "a"}, "n2": {"zone": "a"}, "n3": {"zone": "b"}, "n4": {}}, pods)
+    >>> spreads = NodeConstraints(name="shop/web-3", namespace="shop", soft_spread=(spread,))
+    >>> [spread_crowding(spreads, n, near) for n in ("n1", "n3", "n4")]
+    [2, 0, None]
+    """
+    labels = neighbours.node_labels.get(node, {})
+    if any(spread.topology_key not in labels for spread in constraints.soft_spread):
+        return None
+    return sum(neighbours.count(spread.term(constraints.namespace), labels[spread.topology_key], constraints.name)
+               for spread in constraints.soft_spread)
+
+
+def _spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, Any],
+                        when: str = "DoNotSchedule") -> tuple[SpreadConstraint, ...] | None:
+    """The Pod's topology spread constraints whose ``whenUnsatisfiable`` is ``when``; None when
+    they cannot be read. ``matchLabelKeys`` narrow the selector to the Pod's own values of those
+    labels (typically ``pod-template-hash``: one rollout's Pods are spread apart from the last
+    one's), as kube-scheduler merges them; a key the Pod does not carry is left out, as it leaves
+    it out."""
     listed = spec.get("topologySpreadConstraints")
     if listed is None:
         return ()
@@ -738,10 +797,10 @@ def _spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, Any]) -> t
     for entry in listed:
         if not isinstance(entry, Mapping):
             return None
-        if entry.get("whenUnsatisfiable") == "ScheduleAnyway":
+        if entry.get("whenUnsatisfiable") in {"ScheduleAnyway", "DoNotSchedule"} - {when}:
             continue
         skew, key, min_domains = entry.get("maxSkew"), entry.get("topologyKey"), entry.get("minDomains")
-        if (entry.get("whenUnsatisfiable") != "DoNotSchedule" or type(skew) is not int or skew < 1
+        if (entry.get("whenUnsatisfiable") != when or type(skew) is not int or skew < 1
                 or not isinstance(key, str) or not (min_domains is None or type(min_domains) is int)):
             return None
         selector, keys = entry.get("labelSelector"), entry.get("matchLabelKeys") or []
@@ -756,27 +815,48 @@ def _spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, Any]) -> t
 
 def _pod_terms(spec: Mapping[str, Any], kind: str, namespace: str) -> tuple[PodTerm, ...] | None:
     """The required terms of ``affinity.<kind>``; None when they cannot be read."""
-    affinity = spec.get("affinity")
-    block = affinity.get(kind) if isinstance(affinity, Mapping) else None
-    listed = block.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(block, Mapping) else None
+    listed = _affinity_block(spec, kind).get("requiredDuringSchedulingIgnoredDuringExecution")
     if listed is None:
         return ()
     if not isinstance(listed, list):
         return None
-    terms = []
-    for term in listed:
-        if not isinstance(term, Mapping) or not isinstance(term.get("topologyKey"), str):
-            return None
-        selector, names, by_labels = term.get("labelSelector"), term.get("namespaces"), term.get("namespaceSelector")
-        if not isinstance(names, list | None) or not isinstance(by_labels, Mapping | None):
-            return None
-        # The namespaces listed and those the selector matches, together; neither: the Pod's own;
-        # an empty selector: every namespace (the API's rules for a PodAffinityTerm).
-        namespaces = frozenset(map(str, names or ())) or (frozenset({namespace}) if by_labels is None else frozenset())
-        terms.append(PodTerm(selector if isinstance(selector, Mapping) else None,
-                             None if by_labels is not None and not by_labels else namespaces, term["topologyKey"],
-                             by_labels or None))
-    return tuple(terms)
+    terms = [_pod_term(term, namespace) for term in listed]
+    return None if None in terms else tuple(term for term in terms if term is not None)
+
+
+def _preferred_pod_terms(spec: Mapping[str, Any], namespace: str) -> tuple[tuple[int, PodTerm], ...]:
+    """The ``preferredDuringSchedulingIgnoredDuringExecution`` terms of ``podAffinity`` and, with
+    their weight negated, of ``podAntiAffinity``. They only rank nodes, so one that cannot be read
+    is left out (the API server would have refused it)."""
+    found = []
+    for kind, sign in (("podAffinity", 1), ("podAntiAffinity", -1)):
+        listed = _affinity_block(spec, kind).get("preferredDuringSchedulingIgnoredDuringExecution")
+        for entry in listed if isinstance(listed, list) else ():
+            weight = entry.get("weight") if isinstance(entry, Mapping) else None
+            if isinstance(weight, int) and (term := _pod_term(entry.get("podAffinityTerm"), namespace)) is not None:
+                found.append((sign * weight, term))
+    return tuple(found)
+
+
+def _affinity_block(spec: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    affinity = spec.get("affinity")
+    block = affinity.get(kind) if isinstance(affinity, Mapping) else None
+    return block if isinstance(block, Mapping) else {}
+
+
+def _pod_term(term: Any, namespace: str) -> PodTerm | None:
+    """One ``PodAffinityTerm`` of a Pod in ``namespace``; None when it cannot be read."""
+    if not isinstance(term, Mapping) or not isinstance(term.get("topologyKey"), str):
+        return None
+    selector, names, by_labels = term.get("labelSelector"), term.get("namespaces"), term.get("namespaceSelector")
+    if not isinstance(names, list | None) or not isinstance(by_labels, Mapping | None):
+        return None
+    # The namespaces listed and those the selector matches, together; neither: the Pod's own;
+    # an empty selector: every namespace (the API's rules for a PodAffinityTerm).
+    namespaces = frozenset(map(str, names or ())) or (frozenset({namespace}) if by_labels is None else frozenset())
+    return PodTerm(selector if isinstance(selector, Mapping) else None,
+                   None if by_labels is not None and not by_labels else namespaces, term["topologyKey"],
+                   by_labels or None)
 
 
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:

@@ -32,8 +32,10 @@ from oversale.node_fit import (
     node_constraints,
     ports_problem,
     preferred_affinity_weight,
+    preferred_pod_affinity_weight,
     replacement,
     resources_problem,
+    spread_crowding,
     volumes_problem,
 )
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
@@ -293,11 +295,17 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
     """The index of the best node that can take ``pod`` (the extender's filter and score, with the
     Pod's *current usage* as its load), or None and why none can. Nodes with fewer
     ``PreferNoSchedule`` taints the Pod does not tolerate come first, as kube-scheduler's
-    TaintToleration score ranks them, then those its preferred node affinity weighs most, as
-    NodeAffinity's score does (the two highest weights of kube-scheduler's default score
-    plugins, 3 and 2, against 1 for resources): room held on a node it ranks low would seldom be
-    taken."""
-    best, best_rank, reasons = None, (-1, -1, -1), []
+    TaintToleration score ranks them, then those its preferences weigh most: its preferred node
+    affinity (NodeAffinity's score) and, with ``neighbours``, its preferred inter-Pod affinity and
+    anti-affinity (InterPodAffinity's) and how few Pods its ``ScheduleAnyway`` spread constraints
+    count there (PodTopologySpread's), each normalized over the nodes that can take it as those
+    plugins normalize it, and summed, as all three weigh 2 (the highest weights of
+    kube-scheduler's default score plugins, 3 and 2, against 1 for resources): room held on a
+    node it ranks low would seldom be taken."""
+    # index, soft taints, node affinity, Pod affinity, spread crowding (None: a key missing), score
+    feasible: list[tuple[int, int, int, int, int | None, int]] = []
+    constraints = pod.constraints
+    reasons = []
     for index, target in enumerate(targets):
         why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints, neighbours)
                or (resources_problem(pod.constraints.resources, target.free, target.view.name)
@@ -314,15 +322,35 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
         if why is not None:
             reasons.append(why)
             continue
-        rank = (-intolerable_soft_taints(pod.constraints, target.taints),
-                preferred_affinity_weight(pod.constraints, target.view.name, target.labels),
-                placement_score(target.view, target.usage, pod.demand, target.heat, config, dict(pod.usage)))
-        if best is None or rank > best_rank:
-            best, best_rank = index, rank
-    if best is None:
+        name = target.view.name
+        feasible.append((index, intolerable_soft_taints(constraints, target.taints),
+                         preferred_affinity_weight(constraints, name, target.labels),
+                         preferred_pod_affinity_weight(constraints, name, neighbours)
+                         if neighbours is not None and constraints.preferred_pod_terms else 0,
+                         spread_crowding(constraints, name, neighbours)
+                         if neighbours is not None and constraints.soft_spread else 0,
+                         placement_score(target.view, target.usage, pod.demand, target.heat, config,
+                                         dict(pod.usage))))
+    if not feasible:
         return None, "no node can take it" + (f" ({reasons[0]}{' ...' if len(reasons) > 1 else ''})"
                                               if reasons else " (no other node)")
-    return best, ""
+    # NodeAffinity scales its sums by the highest; InterPodAffinity maps its lowest to 0 and its
+    # highest to the most (its sums may be negative); PodTopologySpread gives (most + fewest - s) /
+    # most of the most (its constraints' topology weights and skews left out here), and a node
+    # lacking a key nothing.
+    top = max(f[2] for f in feasible)
+    low, high = min(f[3] for f in feasible), max(f[3] for f in feasible)
+    counted = [f[4] for f in feasible if f[4] is not None]
+    fewest, most = min(counted, default=0), max(counted, default=0)
+
+    def rank(found: tuple[int, int, int, int, int | None, int]) -> tuple[int, float, int]:
+        _, soft_taints, node_weight, pod_weight, crowding, score = found
+        preference = ((node_weight / top if top > 0 else 0.0)
+                      + ((pod_weight - low) / (high - low) if high > low else 0.0)
+                      + (0.0 if crowding is None else (most + fewest - crowding) / most if most > 0 else 1.0))
+        return -soft_taints, preference, score
+
+    return max(feasible, key=rank)[0], ""
 
 
 def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:

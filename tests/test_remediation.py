@@ -230,6 +230,70 @@ def test_a_target_the_pods_preferred_node_affinity_weighs_most_comes_first():
                                          allowed=5).moves] == ["node-b"], "a soft taint outweighs the preference"
 
 
+def test_a_target_the_pods_preferred_pod_affinity_weighs_most_comes_first():
+    """kube-scheduler's InterPodAffinity score (weight 2) counts the Pod's preferred terms' weight
+    for each Pod they select in a node's domain (anti-affinity against it): the replacement of an
+    api Pod that prefers a cache Pod's host, or shuns a web Pod's, goes there or elsewhere, whatever
+    the resource scores say. Its score and NodeAffinity's are each normalized before they are
+    summed, so their raw weights do not compare."""
+    hostname = "kubernetes.io/hostname"
+
+    def api_pod(kind: str, weight: int, app: str, **node_affinity: Any) -> Candidate:
+        affinity: dict[str, Any] = {kind: {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": weight, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": app}},
+                                                   "topologyKey": hostname}}]}, **node_affinity}
+        found = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"), affinity=affinity)
+        return candidate_of(found, pod_demand(found, KEYS), {"cpu": 1000.0, "memory": float(GI)})
+
+    cooler = dataclasses.replace(target("node-a", cpu_used=200.0), labels={hostname: "node-a", "disk": "ssd"})
+    warmer = dataclasses.replace(target("node-b", cpu_used=2000.0), labels={hostname: "node-b"})
+    web, cache = pod("web-5d8f9-abcde"), pod("cache-7d9f4-klmno", owner=("ReplicaSet", "cache-7d9f4"))
+    web["spec"]["nodeName"], cache["spec"]["nodeName"] = "node-a", "node-b"
+    neighbours = Neighbours({n: {hostname: n} for n in ("node-hot", "node-a", "node-b")},
+                            [placed_pod(web), placed_pod(cache)])
+
+    def chosen(moving: Candidate, with_neighbours: bool = True) -> list[str]:
+        return [m.target for m in plan_moves({"cpu": 500.0}, [moving], [cooler, warmer], LoadConfig(), allowed=1,
+                                             neighbours=neighbours if with_neighbours else None).moves]
+
+    assert chosen(api_pod("podAffinity", 50, "cache")) == ["node-b"], "beside the cache Pod"
+    assert chosen(api_pod("podAntiAffinity", 50, "web")) == ["node-b"], "away from the web Pod"
+    assert chosen(api_pod("podAffinity", 50, "web")) == ["node-a"]
+    assert chosen(api_pod("podAffinity", 50, "cache"), with_neighbours=False) == ["node-a"], "Pods unknown"
+    ssd = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}
+    # Node affinity's 10 and pod affinity's 50 each count in full: a tie, which the resources break.
+    assert chosen(api_pod("podAffinity", 50, "cache", **ssd)) == ["node-a"]
+
+
+def test_a_target_where_the_pods_schedule_anyway_spread_counts_fewer_comes_first():
+    """kube-scheduler's PodTopologySpread score (weight 2) ranks nodes by how few Pods a
+    ``ScheduleAnyway`` constraint counts in their domain, and a node without its key last."""
+    zone = "topology.kubernetes.io/zone"
+    spread = {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": zone, "whenUnsatisfiable": "ScheduleAnyway",
+                                             "labelSelector": {"matchLabels": {"app": "api"}}}]}
+    moving_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"), **spread)
+    moving = candidate_of(moving_pod, pod_demand(moving_pod, KEYS), {"cpu": 1000.0, "memory": float(GI)})
+    others = [pod(f"api-6f7c8-{n}", owner=("ReplicaSet", "api-6f7c8")) for n in ("aaaaa", "bbbbb")]
+    for other in others:
+        other["spec"]["nodeName"] = "node-a"
+    zones = {"node-hot": {zone: "a"}, "node-a": {zone: "a"}, "node-b": {zone: "b"}, "node-c": {}}
+    neighbours = Neighbours(zones, [placed_pod(moving_pod), *map(placed_pod, others)])
+    cooler = dataclasses.replace(target("node-a", cpu_used=200.0), labels=zones["node-a"])
+    warmer = dataclasses.replace(target("node-b", cpu_used=2000.0), labels=zones["node-b"])
+    keyless = dataclasses.replace(target("node-c", cpu_used=100.0), labels={})
+
+    def chosen(*targets: Target) -> list[str]:
+        return [m.target for m in plan_moves({"cpu": 500.0}, [moving], list(targets), LoadConfig(), allowed=1,
+                                             neighbours=neighbours).moves]
+
+    assert chosen(cooler, warmer) == ["node-b"], "zone a holds two api Pods besides the one moving, zone b none"
+    assert chosen(keyless, warmer) == ["node-b"], "a node without the zone label ranks last"
+    plain = dataclasses.replace(moving, constraints=node_constraints(pod("api-6f7c8-fghij")))
+    assert [m.target for m in plan_moves({"cpu": 500.0}, [plain], [cooler, warmer], LoadConfig(), allowed=1,
+                                         neighbours=neighbours).moves] == ["node-a"], "no constraint: the cooler"
+
+
 def test_a_move_takes_a_volume_slot_on_its_target_for_the_next_move():
     """Two Pods, each with a volume the same CSI driver attaches, and room for one more volume on
     the only target: the first goes, the second stays; a volume already attached there takes no
