@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oversale.errors import QuantityError
-from oversale.pods import all_containers, is_sidecar, scheduled_request
+from oversale.pods import all_containers, controller_of, is_sidecar, scheduled_request
 from oversale.quantity import CPU, MEMORY, format_bytes, parse_bytes
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -101,6 +101,8 @@ class NodeConstraints:
     spread: tuple[SpreadConstraint, ...] = ()
     soft_spread: tuple[SpreadConstraint, ...] = ()
     """Its ``ScheduleAnyway`` topology spread constraints (:func:`spread_crowding`)."""
+    owner: str = ""
+    """``Kind/name`` of its controller ("" without one): its siblings for the default spreading."""
     unreadable: str = ""
     """Why part of its spec cannot be read (no node admits it then), or ""."""
     resources: Mapping[str, int] = field(default_factory=dict)
@@ -299,6 +301,7 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
         preferred_pod_terms=_preferred_pod_terms(spec, namespace),
         # They only rank nodes: one that cannot be read keeps the Pod off none.
         soft_spread=_spread_constraints(spec, labels if isinstance(labels, Mapping) else {}, "ScheduleAnyway") or (),
+        owner=_owner(metadata),
         spread=spread or (),
         unreadable=unreadable,
         resources=resources,
@@ -575,6 +578,13 @@ class PlacedPod:
     labels: Mapping[str, Any]
     node: str
     anti_affinity: tuple[PodTerm, ...] = ()
+    owner: str = ""
+    """``Kind/name`` of its controller ("" without one)."""
+
+
+def _owner(metadata: Any) -> str:
+    owner = controller_of(metadata) if isinstance(metadata, Mapping) else None
+    return f"{owner[0]}/{owner[1]}" if owner else ""
 
 
 def placed_pod(pod: Mapping[str, Any]) -> PlacedPod:
@@ -587,7 +597,7 @@ def placed_pod(pod: Mapping[str, Any]) -> PlacedPod:
         spec = {}
     return PlacedPod(f"{namespace}/{metadata.get('name', '')}", namespace,
                      labels if isinstance(labels, Mapping) else {}, str(spec.get("nodeName") or ""),
-                     _pod_terms(spec, "podAntiAffinity", namespace) or ())
+                     _pod_terms(spec, "podAntiAffinity", namespace) or (), _owner(metadata))
 
 
 class Neighbours:
@@ -603,6 +613,7 @@ class Neighbours:
         self._domains: dict[str, dict[str, list[PlacedPod]]] = {}
         self._selected: dict[tuple[str, str | None, str], PlacedPod | None] = {}
         self._counted: dict[tuple[str, str, str], int] = {}
+        self._siblings: dict[tuple[str, str, str, str, str], int] = {}
         self._spread: dict[tuple[str, ...], dict[str, int]] = {}
         self.pods = pods
         self.guarded = [p for p in pods if p.anti_affinity]
@@ -614,7 +625,7 @@ class Neighbours:
         # place() rebinds the lists and clears the memos, so the copy needs memos of its own
         # (their entries are never changed in place, and still hold until the first place()).
         twin._domains, twin._selected, twin._spread = dict(self._domains), dict(self._selected), dict(self._spread)
-        twin._counted = dict(self._counted)
+        twin._counted, twin._siblings = dict(self._counted), dict(self._siblings)
         return twin
 
     def place(self, pod: PlacedPod) -> None:
@@ -624,6 +635,7 @@ class Neighbours:
         self._domains.clear()
         self._selected.clear()
         self._counted.clear()
+        self._siblings.clear()
         self._spread.clear()
 
     def selected(self, term: PodTerm, value: str | None, moving: str) -> PlacedPod | None:
@@ -643,6 +655,15 @@ class Neighbours:
             self._counted[memo] = sum(1 for p in self._domain(term.topology_key).get(value, [])
                                       if p.name != moving and self.selects(term, p))
         return self._counted[memo]
+
+    def siblings(self, namespace: str, owner: str, key: str, value: str, moving: str) -> int:
+        """How many Pods but ``moving`` of the controller ``owner`` in ``namespace`` run in the
+        domain ``value`` of ``key`` (remembered for the pass)."""
+        memo = (namespace, owner, key, value, moving)
+        if memo not in self._siblings:
+            self._siblings[memo] = sum(1 for p in self._domain(key).get(value, [])
+                                       if p.owner == owner and p.namespace == namespace and p.name != moving)
+        return self._siblings[memo]
 
     def spread_counts(self, spread: SpreadConstraint, constraints: NodeConstraints) -> dict[str, int]:
         """The Pods ``spread`` counts in each of its domains, as kube-scheduler's PodTopologySpread
@@ -691,7 +712,7 @@ class Neighbours:
 def replacement(constraints: NodeConstraints, node: str) -> PlacedPod:
     """The Pod that will replace the one ``constraints`` describe, once it runs on ``node``."""
     return PlacedPod(f"{constraints.name} (replacement)", constraints.namespace, constraints.labels, node,
-                     constraints.pod_anti_affinity)
+                     constraints.pod_anti_affinity, constraints.owner)
 
 
 def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> str | None:
@@ -762,10 +783,21 @@ def preferred_pod_affinity_weight(constraints: NodeConstraints, node: str, neigh
                for weight, term in constraints.preferred_pod_terms if term.topology_key in labels)
 
 
+DEFAULT_SPREAD_KEYS = ("kubernetes.io/hostname", "topology.kubernetes.io/zone")
+"""kube-scheduler's default spreading (its PodTopologySpread ``systemDefaulted`` constraints,
+``ScheduleAnyway`` over these keys) for a Pod that states no spread constraint of its own."""
+DEFAULT_SPREAD_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
+"""The controllers whose selector that default spreading counts a Pod's siblings by (Services'
+too, which are not read here)."""
+
+
 def spread_crowding(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> int | None:
     """What kube-scheduler's PodTopologySpread score weighs against ``node`` for the Pod's
     ``ScheduleAnyway`` constraints: the Pods each selects in ``node``'s domain, summed (fewer is
-    better); None when ``node`` lacks one of their keys, which that score ranks last.
+    better); None when ``node`` lacks one of their keys, which that score ranks last. A Pod with
+    no spread constraint of its own, made by a ReplicaSet or a StatefulSet, is spread by default:
+    its controller's other Pods on ``node``'s host and in its zone count (a key ``node`` lacks
+    counts nothing then).
 
     >>> spread = SpreadConstraint(1, "zone", {"matchLabels": {"app": "web"}})
     >>> pods = [PlacedPod(f"shop/web-{n}", "shop", {"app": "web"}, f"n{n}") for n in (1, 2)]
@@ -775,6 +807,11 @@ def spread_crowding(constraints: NodeConstraints, node: str, neighbours: Neighbo
     [2, 0, None]
     """
     labels = neighbours.node_labels.get(node, {})
+    if not constraints.soft_spread and not constraints.spread:
+        if constraints.owner.partition("/")[0] not in DEFAULT_SPREAD_OWNERS:
+            return 0
+        return sum(neighbours.siblings(constraints.namespace, constraints.owner, key, labels[key], constraints.name)
+                   for key in DEFAULT_SPREAD_KEYS if key in labels)
     if any(spread.topology_key not in labels for spread in constraints.soft_spread):
         return None
     return sum(neighbours.count(spread.term(constraints.namespace), labels[spread.topology_key], constraints.name)

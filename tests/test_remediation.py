@@ -268,7 +268,8 @@ def test_a_target_the_pods_preferred_pod_affinity_weighs_most_comes_first():
 
 def test_a_target_where_the_pods_schedule_anyway_spread_counts_fewer_comes_first():
     """kube-scheduler's PodTopologySpread score (weight 2) ranks nodes by how few Pods a
-    ``ScheduleAnyway`` constraint counts in their domain, and a node without its key last."""
+    ``ScheduleAnyway`` constraint counts in their domain, and a node without its key last; a Pod
+    stating no constraint is spread by default from its controller's other Pods."""
     zone = "topology.kubernetes.io/zone"
     spread = {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": zone, "whenUnsatisfiable": "ScheduleAnyway",
                                              "labelSelector": {"matchLabels": {"app": "api"}}}]}
@@ -289,9 +290,16 @@ def test_a_target_where_the_pods_schedule_anyway_spread_counts_fewer_comes_first
 
     assert chosen(cooler, warmer) == ["node-b"], "zone a holds two api Pods besides the one moving, zone b none"
     assert chosen(keyless, warmer) == ["node-b"], "a node without the zone label ranks last"
-    plain = dataclasses.replace(moving, constraints=node_constraints(pod("api-6f7c8-fghij")))
-    assert [m.target for m in plan_moves({"cpu": 500.0}, [plain], [cooler, warmer], LoadConfig(), allowed=1,
-                                         neighbours=neighbours).moves] == ["node-a"], "no constraint: the cooler"
+
+    def stating_none(owner: tuple[str, str]) -> list[str]:
+        plain = dataclasses.replace(moving, constraints=node_constraints(pod("api-6f7c8-fghij", owner=owner)))
+        return [m.target for m in plan_moves({"cpu": 500.0}, [plain], [cooler, warmer], LoadConfig(), allowed=1,
+                                             neighbours=neighbours).moves]
+
+    # kube-scheduler spreads a ReplicaSet's or StatefulSet's Pods by default, over hosts and zones.
+    assert stating_none(("ReplicaSet", "api-6f7c8")) == ["node-b"], "its ReplicaSet's other Pods are in zone a"
+    assert stating_none(("ReplicaSet", "api-0a1b2")) == ["node-a"], "no sibling anywhere: the cooler"
+    assert stating_none(("Job", "api-6f7c8")) == ["node-a"], "a Job's Pods are not spread by default"
 
 
 def test_a_move_takes_a_volume_slot_on_its_target_for_the_next_move():
