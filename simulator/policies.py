@@ -42,7 +42,7 @@ from oversale.estimator import (
 )
 from oversale.quantity import CPU
 from oversale.remediation import RemediationConfig
-from oversale.usage import LoadConfig
+from oversale.usage import LoadConfig, Watermarks
 from simulator.trace import DAY, SLOT
 
 History = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -67,6 +67,10 @@ class System:
     load: LoadConfig | None = None
     """Load-aware placement (the extender's watermark filter and load score) with these knobs;
     None: by requests alone."""
+    estimate_from_usage: bool = True
+    """With ``load``: a Pod is estimated by what its workload uses where that is known (this
+    project's extender); False: by its request x the estimate factors alone (Koordinator's
+    default estimator)."""
     remediation: RemediationConfig | None = None
     """Hot-node remediation (the remediator's policy, every 5-minute sample); None: off."""
     account: BudgetAccount | None = None
@@ -230,6 +234,14 @@ def koordinator_batch(cpu_threshold: float = 0.6, memory_threshold: float = 0.65
     return ratio
 
 
+KOORDINATOR_LOAD = LoadConfig(watermarks=Watermarks(cpu_average=Decimal("0.65"), cpu_peak=Decimal("Infinity"),
+                                                   memory=Decimal("0.95")))
+"""koord-scheduler's LoadAwareScheduling plugin at its defaults (``usageThresholds`` cpu 65, memory
+95, over the node's latest NodeMetric, which koordlet averages over 5 minutes; no threshold on a
+longer window; ``estimatedScalingFactors`` cpu 85, memory 70 of the request, as this project's
+defaults), placed by this project's filter and scores with those watermarks."""
+
+
 def capped_at(policy: NodeRatio, cpu_max: float, memory_max: float) -> NodeRatio:
     """A peer's ratio clamped to maxima, as this project's node webhook clamps any ratio."""
     def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
@@ -304,6 +316,10 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
                katalyst_realtime(), "crane-style+katalyst"),
         System("koordinator-batch", "Koordinator: batch room A x T - U beside allocatable, T=0.6 cpu / 0.65 "
                "memory (requests as written)", no_compression, koordinator_batch(), "koordinator-batch"),
+        System("koordinator-batch+load-aware", "Koordinator's batch room as above, placed by koord-scheduler's "
+               "LoadAwareScheduling at its defaults (usage thresholds cpu 65% / memory 95% of the node, Pods "
+               "estimated at 85% / 70% of their requests)", no_compression, koordinator_batch(), "koordinator-batch",
+               load=KOORDINATOR_LOAD, estimate_from_usage=False),
         System("static-2", "static compression ratio 2", static_compression(2), family="static"),
         System("static-oversale-1.5", "static oversale ratio 1.5", no_compression, static_ratio(1.5),
                "static-oversale"),

@@ -31,7 +31,16 @@ from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_facts
 from oversale.quantity import CPU, MEMORY, RESOURCES
 from oversale.remediation import Candidate, RemediationConfig, Target, excess, next_streak, plan_moves
-from oversale.usage import LoadConfig, NodeLoad, Sample, WorkloadUsage, node_load, pod_estimate, with_history_peak
+from oversale.usage import (
+    LoadConfig,
+    NodeLoad,
+    Sample,
+    Watermarks,
+    WorkloadUsage,
+    node_load,
+    pod_estimate,
+    with_history_peak,
+)
 from simulator.policies import History, System
 from simulator.trace import DAY, GIB, MILLI, SLOT, TraceError, Workload
 
@@ -260,12 +269,14 @@ class _Node:
     """Its members' summed usage per slot of the day (what the poller reads as the day goes)."""
 
 
-def _view(number: int, real: tuple[float, float], ratio: list[float], topology: Topology) -> NodeView:
+def _view(number: int, real: tuple[float, float], ratio: list[float], topology: Topology,
+          watermarks: Watermarks) -> NodeView:
     cpu_ratio = Decimal(str(ratio[0]))
     return NodeView(name=f"node-{number}",
                     allocatable={CPU: oversold_allocatable(int(real[0]), cpu_ratio),
                                  MEMORY: oversold_allocatable(int(real[1]), Decimal(str(ratio[1])))},
-                    cpu_ratio=cpu_ratio, topology=topology, real={CPU: int(real[0]), MEMORY: int(real[1])})
+                    cpu_ratio=cpu_ratio, topology=topology, real={CPU: int(real[0]), MEMORY: int(real[1])},
+                    watermarks=watermarks)
 
 
 def heat_at(history: list[np.ndarray], today: list[np.ndarray], times: np.ndarray, day_start: float,
@@ -336,7 +347,8 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
             for node in nodes:
                 heat = heat_at(node.history, node.today, window.times, day.start, moment, config)
                 table.put_load(node.view.name, load_facts(node.view, heat))
-            estimate = pod_estimate(demand.requests, observed_usage(window, day, index, moment, config), config)
+            observed = observed_usage(window, day, index, moment, config) if system.estimate_from_usage else None
+            estimate = pod_estimate(demand.requests, observed, config)
         # The extender's own filter and score over the open nodes; the first of the best wins.
         slots = np.arange(len(nodes), dtype=np.int64)  # node n is the table's row n
         for number, (reason, score) in enumerate(zip(screen(table, slots, demand, config, now, load_aware),
@@ -345,7 +357,8 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
             if reason is None and score > best:
                 chosen, best = number, score
         if chosen is None:  # a new node; a Pod larger than a node gets one of its own
-            nodes.append(_Node(_view(len(nodes), real, [1.0, 1.0], topology), NodeUsage(), [1.0, 1.0], [0.0, 0.0],
+            nodes.append(_Node(_view(len(nodes), real, [1.0, 1.0], topology, config.watermarks), NodeUsage(),
+                               [1.0, 1.0], [0.0, 0.0],
                                [np.zeros(window.present.shape[1]) for _ in RESOURCES],
                                np.zeros(window.present.shape[1], dtype=bool),
                                [np.zeros(day.usage[r].shape[1]) for r in RESOURCES]))
@@ -361,7 +374,7 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
                 node.ratio[k] = system.ratio(resource, real[k], node.requested[k], window.times[node.present],
                                              node.history[k][node.present], node.ratio[k])
         node.usage = NodeUsage(shared={CPU: int(node.requested[0]), MEMORY: int(node.requested[1])})
-        node.view = _view(chosen, real, node.ratio, topology)
+        node.view = _view(chosen, real, node.ratio, topology, config.watermarks)
         table.put(node.view.name, node.view, node.usage, None)  # its load is read at the next Pod's moment
     return Placed(assignment, requests, [(n.ratio[0], n.ratio[1]) for n in nodes])
 
@@ -378,7 +391,7 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
     workload_rest = math.ceil(config.workload_cooldown_seconds / SLOT)
     capacity = {CPU: int(real[0]), MEMORY: int(real[1])}
     topology = Topology.flat(max(1, int(real[0] // MILLI)))
-    views = [_view(n, real, list(ratio), topology) for n, ratio in enumerate(placed.ratios)]
+    views = [_view(n, real, list(ratio), topology, load.watermarks) for n, ratio in enumerate(placed.ratios)]
     current = placed.assignment.copy()
     where = np.empty((len(current), slots), dtype=np.int64)
     requests = {r: placed.requests[r] for r in RESOURCES}

@@ -402,6 +402,8 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     assert 0 < policies["oversale"]["capacity_freed"] < 1
     assert policies["crane-style"]["ours"] is False
     assert "Katalyst" in policies["katalyst-realtime"]["source"]
+    assert "LoadAwareScheduling" in policies["koordinator-batch+load-aware"]["source"]
+    assert policies["koordinator-batch+load-aware"]["family"] == "koordinator-batch"
     # Day by day, each system's hot samples add up to its split's violation rate.
     for split in ("tuning", "holdout"):
         days = [d for d in data["daily"]["oversale"] if d["split"] == split]
@@ -517,6 +519,33 @@ def test_a_pod_meets_the_load_its_node_has_at_the_pods_moment_of_the_day():
     moments = arrival_moments(Day(3, start, np.arange(slots), {}, {"cpu": np.zeros((50, slots))}, np.ones((50, slots)),
                                   None, "tuning"))  # type: ignore[arg-type]
     assert len(moments) == 50 and moments.min() >= 0 and moments.max() < slots and len(set(moments)) > 25
+
+
+def test_the_replays_load_aware_placement_keeps_the_watermarks_it_is_given():
+    """Two workloads of 4 requested cores each use 6 on 16-core nodes: the second meets the first's
+    node at 37.5% of its real cpu. The default watermark (65%) lets it join; one of 30%, as an
+    operator may set with OVERSALE_CPU_SCHEDULING_WATERMARK for the backtest, sends it to a new
+    node, as the live extender would."""
+    from decimal import Decimal
+
+    from oversale.usage import Watermarks
+    from simulator.policies import System, no_compression
+    from simulator.replay import place
+
+    slots = DAY // SLOT
+    start = 30 * DAY
+    times = start - SLOT * np.arange(slots, 0, -1)
+    usage = {"cpu": np.full((2, slots), 6000.0), "memory": np.full((2, slots), float(GIB))}
+    window = Window(times, usage, np.ones((2, slots), dtype=bool))
+    day = Day(30, start, np.arange(slots), {"cpu": np.full(2, 4000.0), "memory": np.full(2, float(GIB))}, usage,
+              np.ones((2, slots), dtype=bool), window, "tuning")
+    real = (16000.0, 64.0 * GIB)
+
+    def nodes_used(load: LoadConfig) -> list[int]:
+        return place(day, System("s", "", no_compression, load=load), real).assignment.tolist()
+
+    assert nodes_used(LoadConfig()) == [0, 0]
+    assert nodes_used(LoadConfig(watermarks=Watermarks(cpu_average=Decimal("0.3")))) == [0, 1]
 
 
 def test_a_pods_estimate_in_the_replay_is_its_workloads_usage_just_before_its_moment():
