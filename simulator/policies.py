@@ -234,6 +234,13 @@ def koordinator_batch(cpu_threshold: float = 0.6, memory_threshold: float = 0.65
     return ratio
 
 
+CRANE_LOAD = LoadConfig(watermarks=Watermarks(cpu_average=Decimal("0.65"), cpu_peak=Decimal("0.75"),
+                                             memory=Decimal("0.65")))
+"""Crane's dynamic scheduler at its default policy (``predicate``: cpu_usage_avg_5m 0.65,
+cpu_usage_max_avg_1h 0.75, mem_usage_avg_5m 0.65, mem_usage_max_avg_1h 0.75), placed by this
+project's filter and scores at those watermarks: its memory is held to 65% of the latest sample
+here, and its own score (usage windows up to a day, less a "hot value" for recent binds) is this
+project's."""
 KOORDINATOR_LOAD = LoadConfig(watermarks=Watermarks(cpu_average=Decimal("0.65"), cpu_peak=Decimal("Infinity"),
                                                    memory=Decimal("0.95")))
 """koord-scheduler's LoadAwareScheduling plugin at its defaults (``usageThresholds`` cpu 65, memory
@@ -310,6 +317,9 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
         System("vpa-style", "Kubernetes VPA recommender: P90 of a decaying histogram, 24 h half-life, x 1.15",
                vpa_style(), family="vpa-style"),
         System("crane-style", "Crane: P99 over 7 days x 1.15", crane_style(), family="crane-style"),
+        System("crane-style+load-aware", "Crane-style requests placed by Crane's dynamic scheduler at its default "
+               "policy (nodes above cpu 65% of real capacity over 5 minutes or 75% at the hour's peak, or memory "
+               "65%, refused)", crane_style(), family="crane-style", load=CRANE_LOAD, estimate_from_usage=False),
         System("katalyst-realtime", "Katalyst: max(1, ((A*T - U)/max(min(U/R, 1), E) + R)/A), T=0.6, E=0.4",
                no_compression, katalyst_realtime(), "katalyst-realtime"),
         System("crane-style+katalyst", "Crane-style requests on nodes Katalyst oversells (T=0.6)", crane_style(),

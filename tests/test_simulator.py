@@ -404,6 +404,7 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     assert "Katalyst" in policies["katalyst-realtime"]["source"]
     assert "LoadAwareScheduling" in policies["koordinator-batch+load-aware"]["source"]
     assert policies["koordinator-batch+load-aware"]["family"] == "koordinator-batch"
+    assert "dynamic scheduler" in policies["crane-style+load-aware"]["source"]
     # Day by day, each system's hot samples add up to its split's violation rate.
     for split in ("tuning", "holdout"):
         days = [d for d in data["daily"]["oversale"] if d["split"] == split]
