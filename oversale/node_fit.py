@@ -580,11 +580,20 @@ class PlacedPod:
     anti_affinity: tuple[PodTerm, ...] = ()
     owner: str = ""
     """``Kind/name`` of its controller ("" without one)."""
+    courting: tuple[tuple[int, PodTerm], ...] = ()
+    """Its preferred pod affinity (+weight) and anti-affinity (-weight) terms, and its required
+    affinity terms at kube-scheduler's ``hardPodAffinityWeight`` (1): what draws other Pods to
+    its domain or keeps them from it (:meth:`Neighbours.courted`)."""
 
 
 def _owner(metadata: Any) -> str:
     owner = controller_of(metadata) if isinstance(metadata, Mapping) else None
     return f"{owner[0]}/{owner[1]}" if owner else ""
+
+
+HARD_POD_AFFINITY_WEIGHT = 1
+"""kube-scheduler's InterPodAffinity ``hardPodAffinityWeight`` default: a running Pod's required
+affinity term that selects the incoming Pod scores its domain this much."""
 
 
 def placed_pod(pod: Mapping[str, Any]) -> PlacedPod:
@@ -595,9 +604,11 @@ def placed_pod(pod: Mapping[str, Any]) -> PlacedPod:
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         spec = {}
+    courting = (*_preferred_pod_terms(spec, namespace),
+                *((HARD_POD_AFFINITY_WEIGHT, term) for term in _pod_terms(spec, "podAffinity", namespace) or ()))
     return PlacedPod(f"{namespace}/{metadata.get('name', '')}", namespace,
                      labels if isinstance(labels, Mapping) else {}, str(spec.get("nodeName") or ""),
-                     _pod_terms(spec, "podAntiAffinity", namespace) or (), _owner(metadata))
+                     _pod_terms(spec, "podAntiAffinity", namespace) or (), _owner(metadata), courting)
 
 
 class Neighbours:
@@ -618,6 +629,9 @@ class Neighbours:
         self.pods = pods
         self.guarded = [p for p in pods if p.anti_affinity]
         """The Pods whose own anti-affinity may keep another Pod out (few, in most clusters)."""
+        self.courting = [p for p in pods if p.courting]
+        """The Pods whose affinity terms score other Pods' nodes."""
+        self._courted: dict[str, dict[tuple[str, str], int]] = {}
 
     def fork(self) -> Neighbours:
         """A copy to try placements on: what the copy places, this one does not see."""
@@ -625,13 +639,15 @@ class Neighbours:
         # place() rebinds the lists and clears the memos, so the copy needs memos of its own
         # (their entries are never changed in place, and still hold until the first place()).
         twin._domains, twin._selected, twin._spread = dict(self._domains), dict(self._selected), dict(self._spread)
-        twin._counted, twin._siblings = dict(self._counted), dict(self._siblings)
+        twin._counted, twin._siblings, twin._courted = dict(self._counted), dict(self._siblings), dict(self._courted)
         return twin
 
     def place(self, pod: PlacedPod) -> None:
         """A Pod this pass sends to ``pod.node``: the Pods after it must reckon with its replacement."""
         self.pods = [*self.pods, pod]
         self.guarded = [*self.guarded, pod] if pod.anti_affinity else self.guarded
+        self.courting = [*self.courting, pod] if pod.courting else self.courting
+        self._courted.clear()
         self._domains.clear()
         self._selected.clear()
         self._counted.clear()
@@ -655,6 +671,22 @@ class Neighbours:
             self._counted[memo] = sum(1 for p in self._domain(term.topology_key).get(value, [])
                                       if p.name != moving and self.selects(term, p))
         return self._counted[memo]
+
+    def courted(self, constraints: NodeConstraints) -> dict[tuple[str, str], int]:
+        """(topology key, value) -> what the running Pods' own affinity terms that select the Pod
+        ``constraints`` describe give the nodes of that domain (remembered for the pass)."""
+        found = self._courted.get(constraints.name)
+        if found is None:
+            incoming = PlacedPod(constraints.name, constraints.namespace, constraints.labels, "")
+            found = self._courted[constraints.name] = {}
+            for pod in self.courting:
+                if pod.name == constraints.name:
+                    continue
+                for weight, term in pod.courting:
+                    value = self.node_labels.get(pod.node, {}).get(term.topology_key)
+                    if value is not None and self.selects(term, incoming):
+                        found[(term.topology_key, value)] = found.get((term.topology_key, value), 0) + weight
+        return found
 
     def siblings(self, namespace: str, owner: str, key: str, value: str, moving: str) -> int:
         """How many Pods but ``moving`` of the controller ``owner`` in ``namespace`` run in the
@@ -712,7 +744,9 @@ class Neighbours:
 def replacement(constraints: NodeConstraints, node: str) -> PlacedPod:
     """The Pod that will replace the one ``constraints`` describe, once it runs on ``node``."""
     return PlacedPod(f"{constraints.name} (replacement)", constraints.namespace, constraints.labels, node,
-                     constraints.pod_anti_affinity, constraints.owner)
+                     constraints.pod_anti_affinity, constraints.owner,
+                     (*constraints.preferred_pod_terms,
+                      *((HARD_POD_AFFINITY_WEIGHT, term) for term in constraints.pod_affinity)))
 
 
 def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> str | None:
@@ -766,10 +800,10 @@ def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neigh
 
 
 def preferred_pod_affinity_weight(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> int:
-    """What kube-scheduler's InterPodAffinity score counts for ``node`` from the Pod's own
-    preferred terms: each term's weight for every running Pod it selects in ``node``'s topology
-    domain, negative for anti-affinity. (The score also counts the running Pods' preferred terms
-    that select this Pod; those are not read here.)
+    """What kube-scheduler's InterPodAffinity score counts for ``node``: each of the Pod's own
+    preferred terms' weight for every running Pod it selects in ``node``'s topology domain, and
+    each running Pod's term that selects this Pod, where ``node`` shares that Pod's domain
+    (:meth:`Neighbours.courted`); negative for anti-affinity.
 
     >>> web = PodTerm({"matchLabels": {"app": "web"}}, frozenset({"shop"}), "zone")
     >>> pods = [PlacedPod(f"shop/web-{n}", "shop", {"app": "web"}, f"n{n}") for n in (1, 2)]
@@ -779,8 +813,10 @@ def preferred_pod_affinity_weight(constraints: NodeConstraints, node: str, neigh
     [80, 0]
     """
     labels = neighbours.node_labels.get(node, {})
-    return sum(weight * neighbours.count(term, labels[term.topology_key], constraints.name)
-               for weight, term in constraints.preferred_pod_terms if term.topology_key in labels)
+    own = sum(weight * neighbours.count(term, labels[term.topology_key], constraints.name)
+              for weight, term in constraints.preferred_pod_terms if term.topology_key in labels)
+    courted = neighbours.courted(constraints)
+    return own + sum(weight for (key, value), weight in courted.items() if labels.get(key) == value)
 
 
 DEFAULT_SPREAD_KEYS = ("kubernetes.io/hostname", "topology.kubernetes.io/zone")

@@ -297,11 +297,12 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
     ``PreferNoSchedule`` taints the Pod does not tolerate come first, as kube-scheduler's
     TaintToleration score ranks them, then those its preferences weigh most: its preferred node
     affinity (NodeAffinity's score) and, with ``neighbours``, its preferred inter-Pod affinity and
-    anti-affinity (InterPodAffinity's) and how few Pods its ``ScheduleAnyway`` spread constraints,
-    or the default spreading of its controller's Pods, count there (PodTopologySpread's), each
-    normalized over the nodes that can take it as those plugins normalize it, and summed, as all
-    three weigh 2 (the highest weights of kube-scheduler's default score plugins, 3 and 2,
-    against 1 for resources): room held on a node it ranks low would seldom be taken."""
+    anti-affinity and the running Pods' terms that select it (InterPodAffinity's), and how few
+    Pods its ``ScheduleAnyway`` spread constraints, or the default spreading of its controller's
+    Pods, count there (PodTopologySpread's), each normalized over the nodes that can take it as
+    those plugins normalize it, and summed, as all three weigh 2 (the highest weights of
+    kube-scheduler's default score plugins, 3 and 2, against 1 for resources): room held on a
+    node it ranks low would seldom be taken."""
     # index, soft taints, node affinity, Pod affinity, spread crowding (None: a key missing), score
     feasible: list[tuple[int, int, int, int, int | None, int]] = []
     constraints = pod.constraints
@@ -325,8 +326,7 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
         name = target.view.name
         feasible.append((index, intolerable_soft_taints(constraints, target.taints),
                          preferred_affinity_weight(constraints, name, target.labels),
-                         preferred_pod_affinity_weight(constraints, name, neighbours)
-                         if neighbours is not None and constraints.preferred_pod_terms else 0,
+                         preferred_pod_affinity_weight(constraints, name, neighbours) if neighbours is not None else 0,
                          spread_crowding(constraints, name, neighbours) if neighbours is not None else 0,
                          placement_score(target.view, target.usage, pod.demand, target.heat, config,
                                          dict(pod.usage))))

@@ -266,6 +266,37 @@ def test_a_target_the_pods_preferred_pod_affinity_weighs_most_comes_first():
     assert chosen(api_pod("podAffinity", 50, "cache", **ssd)) == ["node-a"]
 
 
+def test_a_running_pods_own_affinity_terms_that_select_the_moved_pod_weigh_its_nodes():
+    """InterPodAffinity also scores a node by the running Pods' terms that select the incoming Pod:
+    their preferred affinity (+weight) and anti-affinity (-weight), and their required affinity at
+    hardPodAffinityWeight 1, for the nodes in their domain. An api Pod stating no affinity of its
+    own goes where a cache Pod wants it, or away from a web Pod that shuns it."""
+    hostname = "kubernetes.io/hostname"
+    api_term = {"labelSelector": {"matchLabels": {"app": "api"}}, "topologyKey": hostname}
+    moving_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"))
+    moving = candidate_of(moving_pod, pod_demand(moving_pod, KEYS), {"cpu": 1000.0, "memory": float(GI)})
+    cooler = dataclasses.replace(target("node-a", cpu_used=200.0), labels={hostname: "node-a"})
+    warmer = dataclasses.replace(target("node-b", cpu_used=2000.0), labels={hostname: "node-b"})
+
+    def chosen(node: str, affinity: dict[str, Any]) -> list[str]:
+        other = pod("cache-7d9f4-klmno", owner=("ReplicaSet", "cache-7d9f4"), affinity=affinity)
+        other["spec"]["nodeName"] = node
+        neighbours = Neighbours({n: {hostname: n} for n in ("node-hot", "node-a", "node-b")},
+                                [placed_pod(moving_pod), placed_pod(other)])
+        return [m.target for m in plan_moves({"cpu": 500.0}, [moving], [cooler, warmer], LoadConfig(), allowed=1,
+                                             neighbours=neighbours).moves]
+
+    wants = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 30, "podAffinityTerm": api_term}]}}
+    shuns = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 30, "podAffinityTerm": api_term}]}}
+    needs = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [api_term]}}
+    assert chosen("node-b", wants) == ["node-b"], "the cache Pod prefers api Pods beside it"
+    assert chosen("node-a", shuns) == ["node-b"], "the Pod on the cooler node shuns api Pods"
+    assert chosen("node-b", needs) == ["node-b"], "a required term counts at hardPodAffinityWeight"
+    assert chosen("node-b", {}) == ["node-a"], "no term: the cooler node"
+
+
 def test_a_target_where_the_pods_schedule_anyway_spread_counts_fewer_comes_first():
     """kube-scheduler's PodTopologySpread score (weight 2) ranks nodes by how few Pods a
     ``ScheduleAnyway`` constraint counts in their domain, and a node without its key last; a Pod
