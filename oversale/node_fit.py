@@ -596,6 +596,13 @@ HARD_POD_AFFINITY_WEIGHT = 1
 affinity term that selects the incoming Pod scores its domain this much."""
 
 
+def _courting(preferred: tuple[tuple[int, PodTerm], ...],
+              required: tuple[PodTerm, ...]) -> tuple[tuple[int, PodTerm], ...]:
+    """A Pod's terms as they score other Pods' nodes: preferred ones at their (signed) weight,
+    required affinity at ``HARD_POD_AFFINITY_WEIGHT``."""
+    return (*preferred, *((HARD_POD_AFFINITY_WEIGHT, term) for term in required))
+
+
 def placed_pod(pod: Mapping[str, Any]) -> PlacedPod:
     """What inter-Pod affinity reads of a running Pod."""
     metadata = pod.get("metadata") or {}
@@ -604,8 +611,7 @@ def placed_pod(pod: Mapping[str, Any]) -> PlacedPod:
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         spec = {}
-    courting = (*_preferred_pod_terms(spec, namespace),
-                *((HARD_POD_AFFINITY_WEIGHT, term) for term in _pod_terms(spec, "podAffinity", namespace) or ()))
+    courting = _courting(_preferred_pod_terms(spec, namespace), _pod_terms(spec, "podAffinity", namespace) or ())
     return PlacedPod(f"{namespace}/{metadata.get('name', '')}", namespace,
                      labels if isinstance(labels, Mapping) else {}, str(spec.get("nodeName") or ""),
                      _pod_terms(spec, "podAntiAffinity", namespace) or (), _owner(metadata), courting)
@@ -745,8 +751,7 @@ def replacement(constraints: NodeConstraints, node: str) -> PlacedPod:
     """The Pod that will replace the one ``constraints`` describe, once it runs on ``node``."""
     return PlacedPod(f"{constraints.name} (replacement)", constraints.namespace, constraints.labels, node,
                      constraints.pod_anti_affinity, constraints.owner,
-                     (*constraints.preferred_pod_terms,
-                      *((HARD_POD_AFFINITY_WEIGHT, term) for term in constraints.pod_affinity)))
+                     _courting(constraints.preferred_pod_terms, constraints.pod_affinity))
 
 
 def inter_pod_problem(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> str | None:
