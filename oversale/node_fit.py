@@ -27,8 +27,10 @@ CSINode and the volumes VolumeAttachments show attached there.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from oversale.errors import QuantityError
@@ -100,7 +102,7 @@ class NodeConstraints:
     weight negated (:func:`preferred_pod_affinity_weight`)."""
     spread: tuple[SpreadConstraint, ...] = ()
     soft_spread: tuple[SpreadConstraint, ...] = ()
-    """Its ``ScheduleAnyway`` topology spread constraints (:func:`spread_crowding`)."""
+    """Its ``ScheduleAnyway`` topology spread constraints (:func:`spread_scores`)."""
     owner: str = ""
     """``Kind/name`` of its controller ("" without one): its siblings for the default spreading."""
     unreadable: str = ""
@@ -630,7 +632,6 @@ class Neighbours:
         self._domains: dict[str, dict[str, list[PlacedPod]]] = {}
         self._selected: dict[tuple[str, str | None, str], PlacedPod | None] = {}
         self._counted: dict[tuple[str, str, str], int] = {}
-        self._siblings: dict[tuple[str, str, str, str, str], int] = {}
         self._spread: dict[tuple[str, ...], dict[str, int]] = {}
         self.pods = pods
         self.guarded = [p for p in pods if p.anti_affinity]
@@ -645,7 +646,7 @@ class Neighbours:
         # place() rebinds the lists and clears the memos, so the copy needs memos of its own
         # (their entries are never changed in place, and still hold until the first place()).
         twin._domains, twin._selected, twin._spread = dict(self._domains), dict(self._selected), dict(self._spread)
-        twin._counted, twin._siblings, twin._courted = dict(self._counted), dict(self._siblings), dict(self._courted)
+        twin._counted, twin._courted = dict(self._counted), dict(self._courted)
         return twin
 
     def place(self, pod: PlacedPod) -> None:
@@ -657,7 +658,6 @@ class Neighbours:
         self._domains.clear()
         self._selected.clear()
         self._counted.clear()
-        self._siblings.clear()
         self._spread.clear()
 
     def selected(self, term: PodTerm, value: str | None, moving: str) -> PlacedPod | None:
@@ -694,32 +694,30 @@ class Neighbours:
                         found[(term.topology_key, value)] = found.get((term.topology_key, value), 0) + weight
         return found
 
-    def siblings(self, namespace: str, owner: str, key: str, value: str, moving: str) -> int:
-        """How many Pods but ``moving`` of the controller ``owner`` in ``namespace`` run in the
-        domain ``value`` of ``key`` (remembered for the pass)."""
-        memo = (namespace, owner, key, value, moving)
-        if memo not in self._siblings:
-            self._siblings[memo] = sum(1 for p in self._domain(key).get(value, [])
-                                       if p.owner == owner and p.namespace == namespace and p.name != moving)
-        return self._siblings[memo]
-
     def spread_counts(self, spread: SpreadConstraint, constraints: NodeConstraints) -> dict[str, int]:
         """The Pods ``spread`` counts in each of its domains, as kube-scheduler's PodTopologySpread
         filter counts them: in the Pod's namespace, on the nodes that carry every key of the Pod's
         constraints and that its nodeSelector and node affinity admit (``nodeAffinityPolicy:
         Honor``, the default; taints are ignored, ``nodeTaintsPolicy: Ignore``); every such
         domain counts, empty ones too. The Pod that moves no longer counts where it was."""
-        keys = tuple(s.topology_key for s in constraints.spread)
-        memo = (repr(spread), repr(constraints.node_selector), repr(constraints.required_terms), repr(keys),
+        return self.domain_counts(spread.topology_key, tuple(s.topology_key for s in constraints.spread),
+                                  constraints, repr(spread), partial(self.selects, spread.term(constraints.namespace)))
+
+    def domain_counts(self, key: str, keys: tuple[str, ...], constraints: NodeConstraints, counted: str,
+                       counts_pod: Callable[[PlacedPod], bool]) -> dict[str, int]:
+        """The Pods but the moving one that ``counts_pod`` (described by ``counted``, for the memo)
+        picks in each domain of ``key``, on the nodes that carry every one of ``keys`` and that the
+        Pod's nodeSelector and node affinity admit; every such domain counts, empty ones too."""
+        memo = (counted, key, repr(constraints.node_selector), repr(constraints.required_terms), repr(keys),
                 constraints.namespace, constraints.name)
         counts = self._spread.get(memo)
         if counts is None:
-            term = spread.term(constraints.namespace)
-            eligible = {node: labels[spread.topology_key] for node, labels in self.node_labels.items()
-                        if all(k in labels for k in keys) and _labels_problem(constraints, node, labels) is None}
+            eligible = {node: labels[key] for node, labels in self.node_labels.items()
+                        if key in labels and all(k in labels for k in keys)
+                        and _labels_problem(constraints, node, labels) is None}
             counts = self._spread[memo] = dict.fromkeys(eligible.values(), 0)
             for pod in self.pods:
-                if pod.node in eligible and pod.name != constraints.name and self.selects(term, pod):
+                if pod.node in eligible and pod.name != constraints.name and counts_pod(pod):
                     counts[eligible[pod.node]] += 1
         return counts
 
@@ -824,39 +822,72 @@ def preferred_pod_affinity_weight(constraints: NodeConstraints, node: str, neigh
     return own + sum(weight for (key, value), weight in courted.items() if labels.get(key) == value)
 
 
-DEFAULT_SPREAD_KEYS = ("kubernetes.io/hostname", "topology.kubernetes.io/zone")
+DEFAULT_SPREAD = (SpreadConstraint(3, "kubernetes.io/hostname", None),
+                  SpreadConstraint(5, "topology.kubernetes.io/zone", None))
 """kube-scheduler's default spreading (its PodTopologySpread ``systemDefaulted`` constraints,
-``ScheduleAnyway`` over these keys) for a Pod that states no spread constraint of its own."""
+``ScheduleAnyway``, max skew 3 over hosts and 5 over zones) for a Pod that states no spread
+constraint of its own; they count its controller's other Pods."""
 DEFAULT_SPREAD_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
 """The controllers whose selector that default spreading counts a Pod's siblings by (Services'
 too, which are not read here)."""
 
 
-def spread_crowding(constraints: NodeConstraints, node: str, neighbours: Neighbours) -> int | None:
-    """What kube-scheduler's PodTopologySpread score weighs against ``node`` for the Pod's
-    ``ScheduleAnyway`` constraints: the Pods each selects in ``node``'s domain, summed (fewer is
-    better); None when ``node`` lacks one of their keys, which that score ranks last. A Pod with
-    no spread constraint of its own, made by a ReplicaSet or a StatefulSet, is spread by default:
-    its controller's other Pods on ``node``'s host and in its zone count (a key ``node`` lacks
-    counts nothing then).
+def spread_scores(constraints: NodeConstraints, nodes: Sequence[str], neighbours: Neighbours) -> list[int | None]:
+    """kube-scheduler's PodTopologySpread score of each of ``nodes`` (those that can take the Pod)
+    before it is normalized: the higher, the more crowded. Per ``ScheduleAnyway`` constraint whose
+    key the node carries, the Pods it counts in the node's domain x ln(domains among ``nodes`` + 2)
+    (so the few domains of a zone key are not watered down by the many of a hostname key), plus
+    max skew - 1 (so a larger skew tolerates more); summed and rounded. None for a node lacking a
+    key of the Pod's own constraints, which that plugin ignores (scores 0). A Pod with no spread
+    constraint of its own, made by a ReplicaSet, StatefulSet or ReplicationController, is spread
+    by :data:`DEFAULT_SPREAD` from its controller's other Pods, and a node lacking the zone key is
+    then scored by its host alone. Pods count only on nodes the Pod's node affinity admits
+    (``nodeAffinityPolicy: Honor``).
 
     >>> spread = SpreadConstraint(1, "zone", {"matchLabels": {"app": "web"}})
     >>> pods = [PlacedPod(f"shop/web-{n}", "shop", {"app": "web"}, f"n{n}") for n in (1, 2)]
     >>> near = Neighbours({"n1": {"zone": "a"}, "n2": {"zone": "a"}, "n3": {"zone": "b"}, "n4": {}}, pods)
     >>> spreads = NodeConstraints(name="shop/web-3", namespace="shop", soft_spread=(spread,))
-    >>> [spread_crowding(spreads, n, near) for n in ("n1", "n3", "n4")]
-    [2, 0, None]
+    >>> spread_scores(spreads, ["n1", "n3", "n4"], near)  # 2 x ln(2 zones + 2) = 2.77
+    [3, 0, None]
     """
-    labels = neighbours.node_labels.get(node, {})
-    if not constraints.soft_spread and not constraints.spread:
-        if constraints.owner.partition("/")[0] not in DEFAULT_SPREAD_OWNERS:
-            return 0
-        return sum(neighbours.siblings(constraints.namespace, constraints.owner, key, labels[key], constraints.name)
-                   for key in DEFAULT_SPREAD_KEYS if key in labels)
-    if any(spread.topology_key not in labels for spread in constraints.soft_spread):
-        return None
-    return sum(neighbours.count(spread.term(constraints.namespace), labels[spread.topology_key], constraints.name)
-               for spread in constraints.soft_spread)
+    explicit = bool(constraints.soft_spread or constraints.spread)
+    if explicit:
+        spreads = constraints.soft_spread
+    elif constraints.owner.partition("/")[0] in DEFAULT_SPREAD_OWNERS:
+        spreads = DEFAULT_SPREAD
+    else:
+        spreads = ()
+    if not spreads:
+        return [0] * len(nodes)
+    labels_of = [neighbours.node_labels.get(node, {}) for node in nodes]
+    # Only the Pod's own constraints need every key: default spreading still spreads by host on
+    # nodes without a zone label.
+    keys = tuple(spread.topology_key for spread in spreads) if explicit else ()
+    scored = [labels for labels in labels_of if all(k in labels for k in keys)]
+    terms = []
+    for spread in spreads:
+        if spread.topology_key == "kubernetes.io/hostname":
+            size = len(scored)
+        else:
+            size = len({labels.get(spread.topology_key, "") for labels in scored})
+        if explicit:
+            counts = neighbours.domain_counts(spread.topology_key, keys, constraints, repr(spread),
+                                               partial(neighbours.selects, spread.term(constraints.namespace)))
+        else:
+            counts = neighbours.domain_counts(
+                spread.topology_key, keys, constraints, f"siblings of {constraints.owner}",
+                lambda pod: pod.owner == constraints.owner and pod.namespace == constraints.namespace)
+        terms.append((spread, math.log(size + 2), counts))
+    scores: list[int | None] = []
+    for labels in labels_of:
+        if not all(k in labels for k in keys):
+            scores.append(None)
+            continue
+        raw = sum(counts.get(labels[spread.topology_key], 0) * weight + spread.max_skew - 1
+                  for spread, weight, counts in terms if spread.topology_key in labels)
+        scores.append(math.floor(raw + 0.5))  # Go's math.Round: halves away from zero
+    return scores
 
 
 def _spread_constraints(spec: Mapping[str, Any], labels: Mapping[str, Any],

@@ -35,7 +35,7 @@ from oversale.node_fit import (
     preferred_pod_affinity_weight,
     replacement,
     resources_problem,
-    spread_crowding,
+    spread_scores,
     volumes_problem,
 )
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
@@ -303,8 +303,8 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
     those plugins normalize it, and summed, as all three weigh 2 (the highest weights of
     kube-scheduler's default score plugins, 3 and 2, against 1 for resources): room held on a
     node it ranks low would seldom be taken."""
-    # index, soft taints, node affinity, Pod affinity, spread crowding (None: a key missing), score
-    feasible: list[tuple[int, int, int, int, int | None, int]] = []
+    # index, soft taints, node affinity, Pod affinity, score
+    feasible: list[tuple[int, int, int, int, int]] = []
     constraints = pod.constraints
     reasons = []
     for index, target in enumerate(targets):
@@ -327,29 +327,31 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
         feasible.append((index, intolerable_soft_taints(constraints, target.taints),
                          preferred_affinity_weight(constraints, name, target.labels),
                          preferred_pod_affinity_weight(constraints, name, neighbours) if neighbours is not None else 0,
-                         spread_crowding(constraints, name, neighbours) if neighbours is not None else 0,
                          placement_score(target.view, target.usage, pod.demand, target.heat, config,
                                          dict(pod.usage))))
     if not feasible:
         return None, "no node can take it" + (f" ({reasons[0]}{' ...' if len(reasons) > 1 else ''})"
                                               if reasons else " (no other node)")
+    # PodTopologySpread weighs its domains by how many the nodes that can take the Pod span.
+    crowding = (spread_scores(constraints, [targets[f[0]].view.name for f in feasible], neighbours)
+                if neighbours is not None else [0] * len(feasible))
     # NodeAffinity scales its sums by the highest; InterPodAffinity maps its lowest to 0 and its
     # highest to the most (its sums may be negative); PodTopologySpread gives (most + fewest - s) /
-    # most of the most (its constraints' topology weights and skews left out here), and a node
-    # lacking a key nothing.
+    # most of the most, and a node it ignores (a key missing) nothing.
     top = max(f[2] for f in feasible)
     low, high = min(f[3] for f in feasible), max(f[3] for f in feasible)
-    counted = [f[4] for f in feasible if f[4] is not None]
+    counted = [c for c in crowding if c is not None]
     fewest, most = min(counted, default=0), max(counted, default=0)
 
-    def rank(found: tuple[int, int, int, int, int | None, int]) -> tuple[int, float, int]:
-        _, soft_taints, node_weight, pod_weight, crowding, score = found
+    def rank(position: int) -> tuple[int, float, int]:
+        _, soft_taints, node_weight, pod_weight, score = feasible[position]
+        spread = crowding[position]
         preference = ((node_weight / top if top > 0 else 0.0)
                       + ((pod_weight - low) / (high - low) if high > low else 0.0)
-                      + (0.0 if crowding is None else (most + fewest - crowding) / most if most > 0 else 1.0))
+                      + (0.0 if spread is None else (most + fewest - spread) / most if most > 0 else 1.0))
         return -soft_taints, preference, score
 
-    return max(feasible, key=rank)[0], ""
+    return feasible[max(range(len(feasible)), key=rank)][0], ""
 
 
 def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:

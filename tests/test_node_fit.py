@@ -371,6 +371,49 @@ def test_topology_spread_domains_are_the_nodes_the_pod_could_use():
     assert where(spreading("web-3", "", spread(ZONE)), lonely)["a"] is not None
 
 
+def test_spread_scores_are_kube_schedulers_weighted_counts_with_the_skew_added():
+    """PodTopologySpread's score before normalizing: per ScheduleAnyway constraint, the Pods it
+    counts in the node's domain x ln(domains among the candidate nodes + 2), plus max skew - 1,
+    summed and rounded; a node lacking a key of the Pod's own constraints is ignored (None)."""
+    from oversale.node_fit import spread_scores
+
+    soft = {"whenUnsatisfiable": "ScheduleAnyway"}
+    pod = spreading("web-9", "", {**spread(HOST), **soft}, {**spread(ZONE, 2), **soft})
+    webs = [running("web-1", "a", {"app": "web"}), running("web-2", "a", {"app": "web"}),
+            running("web-3", "c", {"app": "web"}), running("web-x", "c", {"app": "web"}, namespace="other")]
+    neighbours = Neighbours(NODES, [placed_pod(p) for p in webs])
+    # Hosts: 3 candidates, ln 5 = 1.61 a Pod; zones z1 and z2: ln 4 = 1.39 a Pod, + 1 for skew 2.
+    # a: 2 x 1.61 + (2 x 1.39 + 1) = 6.99; b: 0 + 3.77; c: 1.61 + 2.39 = 4.00 (web-x: other namespace).
+    assert spread_scores(node_constraints(pod), ["a", "b", "c", "bare"], neighbours) == [7, 4, 4, None]
+    # Two candidates, one zone: each Pod on a host weighs ln 4, each in the zone ln 3.
+    assert spread_scores(node_constraints(pod), ["a", "b"], neighbours) == [round(2 * 1.386 + 2 * 1.099 + 1),
+                                                                             round(2 * 1.099 + 1)]
+    # Pods count only on nodes the Pod's node affinity admits (nodeAffinityPolicy: Honor): with
+    # node a ruled out, zone z1 counts none of its Pods for b.
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [expression(HOST, "NotIn", "a")]}}}
+    assert spread_scores(node_constraints(pod), ["b", "c"], neighbours) == [1, round(1.386 + 1.386 + 1)]
+
+
+def test_default_spreading_scores_a_node_without_a_zone_by_its_host():
+    """A ReplicaSet's Pod stating no constraint is spread by kube-scheduler's defaults (host,
+    max skew 3; zone, max skew 5) from its siblings; a node without the zone label is still
+    scored, by its host alone, and a Job's Pod is not spread at all."""
+    from oversale.node_fit import spread_scores
+
+    def sibling(name: str, node: str, kind: str = "ReplicaSet") -> dict[str, Any]:
+        found = running(name, node, {"app": "web"})
+        found["metadata"]["ownerReferences"] = [{"kind": kind, "name": "web-5d8f9", "controller": True}]
+        return found
+
+    hosts = {**NODES, "bare": {HOST: "bare"}}  # the kubelet always sets the hostname label
+    neighbours = Neighbours(hosts, [placed_pod(p) for p in (sibling("web-1", "a"), sibling("web-2", "bare"))])
+    # Hosts: 4 candidates, ln 6 = 1.79; zones among them: z1, z2 and "none", ln 5 = 1.61.
+    # a: 1.79 + 2 + (1.61 + 4) = 9.40; b: 2 + 5.61; c: 2 + 4; bare: 1.79 + 2, no zone term.
+    assert spread_scores(node_constraints(sibling("web-9", "")), ["a", "b", "c", "bare"], neighbours) == [9, 8, 6, 4]
+    assert spread_scores(node_constraints(sibling("web-9", "", "Job")), ["a", "bare"], neighbours) == [0, 0]
+
+
 def test_match_label_keys_count_only_the_pods_of_the_same_rollout():
     """``matchLabelKeys: [pod-template-hash]``: the old ReplicaSet's Pods, still running during a
     rollout, do not count against the new one's spread."""

@@ -333,6 +333,34 @@ def test_a_target_where_the_pods_schedule_anyway_spread_counts_fewer_comes_first
     assert stating_none(("Job", "api-6f7c8")) == ["node-a"], "a Job's Pods are not spread by default"
 
 
+def test_a_larger_max_skew_lets_the_other_preferences_outweigh_the_spread():
+    """PodTopologySpread adds max skew - 1 to each domain's count before it normalizes, so the
+    larger a constraint's skew, the less one more Pod there weighs. With a sibling on the node its
+    node affinity prefers: under maxSkew 1 the two preferences cancel and the cooler node wins;
+    under maxSkew 5 the preferred node keeps most of its spread score and wins."""
+    hostname = "kubernetes.io/hostname"
+    ssd = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}
+    sibling = pod("api-6f7c8-aaaaa", owner=("ReplicaSet", "api-6f7c8"))
+    sibling["spec"]["nodeName"] = "node-a"
+    labels = {"node-hot": {hostname: "node-hot"}, "node-a": {hostname: "node-a", "disk": "ssd"},
+              "node-b": {hostname: "node-b"}}
+    preferred = dataclasses.replace(target("node-a", cpu_used=4000.0), labels=labels["node-a"])
+    cooler = dataclasses.replace(target("node-b", cpu_used=200.0), labels=labels["node-b"])
+
+    def chosen(max_skew: int) -> list[str]:
+        moving_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"), affinity=ssd, topologySpreadConstraints=[
+            {"maxSkew": max_skew, "topologyKey": hostname, "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": {"app": "api"}}}])
+        moving = candidate_of(moving_pod, pod_demand(moving_pod, KEYS), {"cpu": 1000.0, "memory": float(GI)})
+        neighbours = Neighbours(labels, [placed_pod(moving_pod), placed_pod(sibling)])
+        return [m.target for m in plan_moves({"cpu": 500.0}, [moving], [preferred, cooler], LoadConfig(), allowed=1,
+                                             neighbours=neighbours).moves]
+
+    assert chosen(1) == ["node-b"], "spread and node affinity cancel out: the cooler node"
+    assert chosen(5) == ["node-a"], "a skew of 5 barely minds one sibling: the preferred node"
+
+
 def test_a_move_takes_a_volume_slot_on_its_target_for_the_next_move():
     """Two Pods, each with a volume the same CSI driver attaches, and room for one more volume on
     the only target: the first goes, the second stays; a volume already attached there takes no
