@@ -3,7 +3,9 @@ anything is switched on. It reads Prometheus only (nothing is written to the clu
 
 The history is what the usual exporters publish:
 
-- kube-state-metrics: ``kube_pod_container_resource_requests`` (requests), ``kube_pod_owner``
+- kube-state-metrics: ``kube_pod_container_resource_requests`` (requests; with
+  ``kube_pod_init_container_resource_requests`` and ``kube_pod_init_container_info`` where
+  exported, init containers' and sidecars' too: :func:`pod_request_query`), ``kube_pod_owner``
   (which workload a Pod belongs to), ``kube_pod_info`` (its node), ``kube_node_status_allocatable``
   (node sizes), optionally ``kube_replicaset_owner`` and ``kube_job_owner`` (a ReplicaSet's
   Deployment, a Job's CronJob), ``kube_horizontalpodautoscaler_info`` and
@@ -49,15 +51,39 @@ EXPORTERS = {
     "container_cpu_usage_seconds_total": "cAdvisor (the kubelet's /metrics/cadvisor)",
     "container_memory_working_set_bytes": "cAdvisor (the kubelet's /metrics/cadvisor)",
 }
-# Each series is taken once per container (cpu usage: per cgroup, ``id``, as the reconcilers read
-# it) before the Pod's sum: kube-state-metrics run as two replicas for availability, or an
-# exporter scraped by two jobs, publishes every series twice, and summed as it comes each would
-# double.
+
+
+def pod_request_query(resource: str) -> str:
+    """The PromQL of each Pod's ``resource`` request as kube-scheduler reserves it, from
+    kube-state-metrics: its app containers' summed, plus its sidecars' (init containers with
+    ``restartPolicy: Always``, Kubernetes 1.29+, which run beside them: Istio's or Linkerd's
+    proxy in native sidecar mode), or its largest regular init container's where that is more.
+    kube-state-metrics publishes init containers apart (``kube_pod_init_container_resource_requests``),
+    and tells a sidecar by ``kube_pod_init_container_info``'s ``restart_policy`` (since its 2.11):
+    with an older one every init container counts as a regular one. A regular init container is
+    taken alone, not with the sidecars started before it (the order is not exported).
+
+    Each series is taken once per container before the Pod's sum: kube-state-metrics run as two
+    replicas for availability, or scraped by two jobs, publishes every series twice."""
+    def per_container(metric: str) -> str:
+        return f'max by (namespace, pod, container) ({metric}{{resource="{resource}"}})'
+
+    apps = f"sum by (namespace, pod) ({per_container('kube_pod_container_resource_requests')})"
+    init = per_container("kube_pod_init_container_resource_requests")
+    sidecar = 'max by (namespace, pod, container) (kube_pod_init_container_info{restart_policy="Always"})'
+    sidecars = f"sum by (namespace, pod) ({init} * on (namespace, pod, container) {sidecar})"
+    regular = f"max by (namespace, pod) ({init} unless on (namespace, pod, container) {sidecar})"
+    running = f"({apps} + {sidecars}) or {apps} or {sidecars}"
+    # The two sides are told apart by a label so that ``or`` keeps both, then the larger is taken.
+    return (f'max by (namespace, pod) (label_replace({running}, "phase", "running", "", "") '
+            f'or label_replace({regular}, "phase", "init", "", ""))')
+
+
+# Usage is taken once per container (cpu: per cgroup, ``id``, as the reconcilers read it) before
+# the Pod's sum, as requests are (:func:`pod_request_query`).
 QUERIES = {
-    "cpu_request": 'sum by (namespace, pod) (max by (namespace, pod, container) '
-                   '(kube_pod_container_resource_requests{resource="cpu"}))',
-    "memory_request": 'sum by (namespace, pod) (max by (namespace, pod, container) '
-                      '(kube_pod_container_resource_requests{resource="memory"}))',
+    "cpu_request": pod_request_query("cpu"),
+    "memory_request": pod_request_query("memory"),
     "cpu_usage": f"{POD_CPU} / 1000",
     "memory_usage": POD_MEMORY,
 }

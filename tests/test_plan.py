@@ -296,6 +296,48 @@ def planned_pool(server: PrometheusServer, out: Path, settings: dict[str, str] |
     return json.loads((out / "plan.json").read_text())["pools"]["general"]
 
 
+def test_sidecars_and_init_containers_count_in_a_pods_requests_as_kube_scheduler_reserves_them(tmp_path):
+    """kube-state-metrics publishes init containers apart from app containers. A native sidecar
+    (an init container with restartPolicy Always, as Istio's proxy runs in native sidecar mode)
+    runs beside the app, so its request adds to the app's; a regular init container runs before
+    them, so the Pod reserves the larger of the two. The plan counts both as kube-scheduler does."""
+    families = {family.name: family for family in exporter_families()}
+    init_requests = Family("kube_pod_init_container_resource_requests", "gauge")
+    init_info = Family("kube_pod_init_container_info", "gauge")
+    # pod, ReplicaSet, app (cores, GiB), init containers: (name, restart policy, cores, GiB)
+    meshed = [("svc-6d7e8-fffff", "svc-6d7e8", (0.5, 0.5), [("proxy", "Always", 0.5, 0.25),
+                                                           ("istio-init", "", 0.1, 0.0625)]),
+              ("warm-7e8f9-ggggg", "warm-7e8f9", (0.5, 0.25), [("seed", "", 2.0, 1.0)])]
+    for pod, replicaset, (cpu, memory), inits in meshed:
+        kept = {"namespace": "mesh", "pod": pod}
+        state = {**kept, "node": "node-c", "uid": f"uid-{pod}"}
+        families["kube_pod_container_resource_requests"].series += [
+            ({**state, "container": "app", "resource": "cpu", "unit": "core"}, lambda t, v=cpu: v),
+            ({**state, "container": "app", "resource": "memory", "unit": "byte"}, lambda t, v=memory: v * 2**30)]
+        for name, policy, init_cpu, init_memory in inits:
+            init_requests.series += [
+                ({**state, "container": name, "resource": "cpu", "unit": "core"}, lambda t, v=init_cpu: v),
+                ({**state, "container": name, "resource": "memory", "unit": "byte"},
+                 lambda t, v=init_memory: v * 2**30)]
+            init_info.series.append(({**kept, "uid": f"uid-{pod}", "container": name, "image": f"{name}:1",
+                                      "image_spec": f"{name}:1", "image_id": "", "container_id": "",
+                                      "restart_policy": policy}, lambda t: 1))
+        families["kube_pod_owner"].series.append(({**kept, "owner_kind": "ReplicaSet", "owner_name": replicaset,
+                                                   "owner_is_controller": "true"}, lambda t: 1))
+        families["kube_pod_info"].series.append(({**kept, "node": "node-c"}, lambda t: 1))
+        for container in ("app", *(name for name, policy, *_ in inits if policy == "Always")):
+            families["container_cpu_usage_seconds_total"].series.append(
+                ({**kept, "container": container}, lambda t: 0.1 + 0.02 * math.sin(t / 3600)))
+            families["container_memory_working_set_bytes"].series.append(
+                ({**kept, "container": container}, lambda t: 2**27))
+    server = backfilled(tmp_path / "mesh", [*families.values(), init_requests, init_info], DAYS)
+    mesh = planned_pool(server, tmp_path / "plan")["namespaces"]["mesh"]
+    # svc: its app and its proxy, 0.5 + 0.5 cores (istio-init's 0.1 runs before them);
+    # warm: its seed init container's 2 cores, more than its app's 0.5.
+    assert mesh["cpu_requested_cores"] == pytest.approx(1.0 + 2.0)
+    assert mesh["memory_requested_bytes"] == pytest.approx((0.75 + 1.0) * 2**30)
+
+
 def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):
     # Continuous delivery: every day a new ReplicaSet and a new Pod, with new names. Live, the
     # Deployment's history spans its rollouts; so must the replay's, or no Pod ever has the day
