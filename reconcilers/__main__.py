@@ -237,7 +237,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     from reconcilers.plan import (
         PlanError,
         by_pool,
-        daemonset_share,
+        node_bound_share,
         per_namespace,
         pool_size,
         ratios_set,
@@ -282,10 +282,11 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         if allocatable is None:
             _log(f"pool {pool}: no node size in kube_node_status_allocatable: skipped")
             continue
-        daemons = daemonset_share(history, pool)
-        size = (allocatable[0] - daemons[0], allocatable[1] - daemons[1])
+        bound = node_bound_share(history, pool)
+        size = (allocatable[0] - bound[0], allocatable[1] - bound[1])
         if size[0] <= 0 or size[1] <= 0:
-            _log(f"pool {pool}: its DaemonSets request {daemons[0]:g} cores and {daemons[1] / 2**30:g} GiB a node, "
+            _log(f"pool {pool}: its DaemonSet and static Pods request {bound[0]:g} cores and "
+                 f"{bound[1] / 2**30:g} GiB a node, "
                  f"all of its nodes' {allocatable[0]:g} cores or {allocatable[1] / 2**30:g} GiB: skipped")
             continue
         folder = args.out / pool
@@ -294,14 +295,14 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         rows_written = write_export(history, pods, export)
         for pod in pods:
             pod.series.clear()  # in the export now, which the replay reads: not held twice
-        exports[pool] = (folder, export, allocatable, daemons, len(pods))
+        exports[pool] = (folder, export, allocatable, bound, size, len(pods))
         held = ""
-        if any(daemons):
-            held = f" (DaemonSets request {daemons[0]:g} cpu and {daemons[1] / 2**30:.3g} GiB of each)"
+        if any(bound):
+            held = (f" (DaemonSet and static Pods request {bound[0]:g} cpu and {bound[1] / 2**30:.3g} GiB "
+                    "of each)")
         _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {allocatable[0]:g} cores{held}")
     entries = {}
-    for pool, (folder, export, allocatable, daemons, pods_in_pool) in exports.items():
-        size = (allocatable[0] - daemons[0], allocatable[1] - daemons[1])
+    for pool, (folder, export, allocatable, bound, size, pods_in_pool) in exports.items():
         config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), evaluated // 2)
         systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
                                   load=settings.load)
@@ -316,7 +317,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                   "--node-memory", str(int(size[1])), "--warmup-days", str(config.warmup_days),
                   "--window-days", str(config.window_days), "--holdout-days", str(config.holdout_days)]
         entries[pool] = {"pods": pods_in_pool, "node_cores": allocatable[0], "node_memory_bytes": allocatable[1],
-                         "daemonset_cores": daemons[0], "daemonset_memory_bytes": daemons[1], "summary": data,
+                         "node_bound_cores": bound[0], "node_bound_memory_bytes": bound[1], "summary": data,
                          "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours)}
     if not entries:

@@ -18,8 +18,8 @@ Each Pod's containers are summed every ``step``, and each workload's Pods are jo
 many continuous series as it ran Pods at once (:func:`replica_lanes`, so its history spans its
 rollouts as it does live): the replayed workloads. The Pods of each node pool are replayed on
 nodes of that pool's size (the most common allocatable among its nodes, less what its
-DaemonSets request of each: :func:`daemonset_share`; on a cluster already oversold by oversale
-the exporters see the oversold values, so plan before switching it on).
+DaemonSet and static Pods request of each: :func:`node_bound_share`; on a cluster already
+oversold by oversale the exporters see the oversold values, so plan before switching it on).
 The report is the backtest's, per pool, plus what our system at the chosen budget would do per
 namespace and the ratios it would set.
 """
@@ -298,29 +298,36 @@ def write_export(history: ClusterHistory, pods: list[PodHistory], path: Path) ->
     return rows
 
 
+NODE_BOUND_OWNERS = ("DaemonSet/", "Node/")
+"""The owners whose Pods belong to a node, not to the workloads placed on it: a DaemonSet's, and
+a static Pod's mirror (kube-state-metrics names its node as its owner)."""
+
+
 def by_pool(history: ClusterHistory) -> dict[str, list[PodHistory]]:
-    """The Pods each node pool ran, but its DaemonSets' (:func:`daemonset_share`)."""
+    """The Pods each node pool ran, but those bound to their node (:func:`node_bound_share`)."""
     pools: dict[str, list[PodHistory]] = {}
     for pod in history.pods.values():
-        if not pod.owner.startswith("DaemonSet/"):
+        if not pod.owner.startswith(NODE_BOUND_OWNERS):
             pools.setdefault(history.node_pools.get(pod.node, "default"), []).append(pod)
     return pools
 
 
-def daemonset_share(history: ClusterHistory, pool: str) -> tuple[float, float]:
-    """The cores and bytes a node of ``pool`` holds for its DaemonSets' Pods: the median over the
-    pool's nodes of the last requests of the DaemonSet Pods each ran (one per DaemonSet: a
-    rollout's new Pod replaces the old).
 
-    A DaemonSet runs one Pod on every node it selects, however many nodes there are. Replayed as
-    workloads, N of them would be packed onto the fewer nodes right-sizing leaves, as if the
-    cluster kept every node's agents; so they are not replayed, and what they request is taken off
-    each node's size instead (what they use is taken to be that)."""
-    latest: dict[tuple[str, str], tuple[float, float, float]] = {}  # (node, DaemonSet) -> (at, cores, bytes)
+def node_bound_share(history: ClusterHistory, pool: str) -> tuple[float, float]:
+    """The cores and bytes a node of ``pool`` holds for its DaemonSets' Pods and its static Pods:
+    the median over the pool's nodes of the last requests of those each ran (one per DaemonSet: a
+    rollout's new Pod replaces the old; a static Pod keeps its name).
+
+    A DaemonSet runs one Pod on every node it selects, however many nodes there are, and a static
+    Pod runs on the node whose kubelet reads its manifest. Replayed as workloads, N of them would
+    be packed onto the fewer nodes right-sizing leaves, as if the cluster kept every node's
+    agents; so they are not replayed, and what they request is taken off each node's size
+    instead (what they use is taken to be that)."""
+    latest: dict[tuple[str, str], tuple[float, float, float]] = {}  # (node, its Pod) -> (at, cores, bytes)
     for pod in history.pods.values():
         cpu, memory = pod.series.get("cpu_request"), pod.series.get("memory_request")
-        if pod.owner.startswith("DaemonSet/") and cpu is not None and len(cpu[0]):
-            key = (pod.node, f"{pod.namespace}/{pod.owner}")
+        if pod.owner.startswith(NODE_BOUND_OWNERS) and cpu is not None and len(cpu[0]):
+            key = (pod.node, pod.namespace + "/" + (pod.owner if pod.owner.startswith("DaemonSet/") else pod.pod))
             if key not in latest or cpu[0][-1] > latest[key][0]:
                 latest[key] = (cpu[0][-1], cpu[1][-1], memory[1][-1] if memory is not None and len(memory[1]) else 0.0)
     per_node = {node: [0.0, 0.0] for node in history.node_sizes if history.node_pools.get(node, "default") == pool}
@@ -376,12 +383,12 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
     for pool, entry in pools.items():
         data = entry["summary"]
         ours = next((row for row in data["policies"] if row["policy"] == "oversale"), None)
-        held, daemons = (entry["daemonset_cores"], entry["daemonset_memory_bytes"]), ""
+        held, bound = (entry["node_bound_cores"], entry["node_bound_memory_bytes"]), ""
         if any(held):
-            daemons = (f"; DaemonSets request {held[0]:g} cpu and {held[1] / 2**30:.3g} GiB of each (not replayed: "
-                       "the other Pods are replayed on what they leave)")
+            bound = (f"; DaemonSet and static Pods request {held[0]:g} cpu and {held[1] / 2**30:.3g} GiB of "
+                     "each (not replayed: the other Pods are replayed on what they leave)")
         lines += [f"## Pool `{pool}`: {entry['pods']} Pods on nodes of {entry['node_cores']:g} cores, "
-                  f"{entry['node_memory_bytes'] / 2**30:g} GiB{daemons}", "",
+                  f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", "",
                   f"[Full report]({pool}/report.md). " + (
                       f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "
                       f"node-days at a realised cpu hot time of {ours['cpu_violation_rate']:.3%}." if ours else ""),

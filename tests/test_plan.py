@@ -338,10 +338,11 @@ def test_sidecars_and_init_containers_count_in_a_pods_requests_as_kube_scheduler
     assert mesh["memory_requested_bytes"] == pytest.approx((0.75 + 1.0) * 2**30)
 
 
-def test_daemonset_pods_are_taken_off_every_nodes_size_not_packed_as_workloads(tmp_path):
-    """A DaemonSet runs one Pod on every node, however many nodes right-sizing leaves: the plan
-    replays the other Pods on nodes of their allocatable less what the DaemonSets request there
-    (one Pod per DaemonSet and node: a rollout's new Pod replaces the old)."""
+def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_workloads(tmp_path):
+    """A DaemonSet runs one Pod on every node, however many nodes right-sizing leaves, and a
+    static Pod on its own node: the plan replays the other Pods on nodes of their allocatable
+    less what those request there (one Pod per DaemonSet and node: a rollout's new Pod replaces
+    the old)."""
     families = {family.name: family for family in exporter_families()}
     end = time.time() - 120
     start = end - DAYS * 86400
@@ -349,15 +350,19 @@ def test_daemonset_pods_are_taken_off_every_nodes_size_not_packed_as_workloads(t
     # node-a's agent was rolled out half way: an old Pod, then a new one under a new name.
     agents[0] = ("node-agent-ax2k7", "node-a", start, start + DAYS * 43200)
     agents.append(("node-agent-a9p4q", "node-a", start + DAYS * 43200 + STEP, end))
-    for pod, node, first, last in agents:
+    # A static Pod on each node too (its mirror's owner is the Node), 0.5 cores and 0.25 GiB.
+    statics = [(f"haproxy-{node}", node, start, end) for node in NODES]
+    for pod, node, first, last in agents + statics:
         kept = {"namespace": "kube-system", "pod": pod}
+        cpu, memory = (0.5, 2**28) if pod.startswith("haproxy") else (1.0, 2**30)
         families["kube_pod_container_resource_requests"].series += [
-            ({**kept, "container": "agent", "node": node, "resource": "cpu", "unit": "core"}, lambda t: 1.0, first,
-             last),
-            ({**kept, "container": "agent", "node": node, "resource": "memory", "unit": "byte"}, lambda t: 2**30,
-             first, last)]
+            ({**kept, "container": "agent", "node": node, "resource": "cpu", "unit": "core"}, lambda t, v=cpu: v,
+             first, last),
+            ({**kept, "container": "agent", "node": node, "resource": "memory", "unit": "byte"},
+             lambda t, v=memory: v, first, last)]
+        owner = ("Node", node) if pod.startswith("haproxy") else ("DaemonSet", "node-agent")
         families["kube_pod_owner"].series.append(
-            ({**kept, "owner_kind": "DaemonSet", "owner_name": "node-agent", "owner_is_controller": "true"},
+            ({**kept, "owner_kind": owner[0], "owner_name": owner[1], "owner_is_controller": "true"},
              lambda t: 1, first, last))
         families["kube_pod_info"].series.append(({**kept, "node": node}, lambda t: 1, first, last))
         families["container_cpu_usage_seconds_total"].series.append(
@@ -371,11 +376,13 @@ def test_daemonset_pods_are_taken_off_every_nodes_size_not_packed_as_workloads(t
     pool = planned_pool(PrometheusServer(directory, history), tmp_path / "plan")
     assert pool["pods"] == len(PODS), "the agents are not replayed"
     assert "kube-system" not in pool["namespaces"]
-    assert (pool["node_cores"], pool["daemonset_cores"]) == (8, 1.0)
-    assert pool["daemonset_memory_bytes"] == 2**30, "one agent per node, the rolled-out one not counted twice"
+    assert (pool["node_cores"], pool["node_bound_cores"]) == (8, 1.5)
+    assert pool["node_bound_memory_bytes"] == 1.25 * 2**30, "one agent per node (the rolled-out one not counted " \
+        "twice) and its static Pod"
     retune = shlex.split(pool["retune"])
-    assert retune[retune.index("--node-cores") + 1] == "7", "replayed on what the agents leave of each node"
-    assert "DaemonSets request 1 cpu and 1 GiB of each" in (tmp_path / "plan" / "plan.md").read_text()
+    assert retune[retune.index("--node-cores") + 1] == "6.5", "replayed on what the agents leave of each node"
+    assert "DaemonSet and static Pods request 1.5 cpu and 1.25 GiB of each" in \
+        (tmp_path / "plan" / "plan.md").read_text()
 
 
 def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):
