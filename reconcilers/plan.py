@@ -287,11 +287,10 @@ def write_export(history: ClusterHistory, pods: list[PodHistory], path: Path) ->
                 cpu_request, memory_request, memory_usage = (
                     dict(zip(*pod.series.get(key, ((), ())), strict=True))
                     for key in ("cpu_request", "memory_request", "memory_usage"))
+                # Every moment it used cpu, whatever it requested: a Pod requesting no cpu (BestEffort,
+                # or memory only) still loads its node.
                 for t, used in sorted(zip(*pod.series.get("cpu_usage", ((), ())), strict=True)):
-                    request = cpu_request.get(t)
-                    if request is None or request <= 0:
-                        continue  # no request at that time (BestEffort, or not running): nothing to place
-                    out.writerow((lane, int(t), f"{request:.6g}", f"{used:.6g}",
+                    out.writerow((lane, int(t), f"{cpu_request.get(t, 0):.6g}", f"{used:.6g}",
                                   f"{memory_request.get(t, 0):.0f}", f"{memory_usage.get(t, 0):.0f}",
                                   " ".join(sorted(pod.fixed))))
                     rows += 1

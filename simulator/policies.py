@@ -121,6 +121,8 @@ def ours_requests(estimator: CompressionEstimator) -> RequestPolicy:
     """This project's right-sizing: the compression reconciler's ratio for the workload, applied
     by the webhook's own arithmetic (a ratio below 1 raises the request)."""
     def request(resource: str, original: float, history: History, now: float) -> float:
+        if original <= 0:
+            return 0.0  # a container requesting none keeps none: the webhook scales requests, it adds none
         times, values = history[resource]
         stats = usage_stats(times, values, estimator.percentile, now)
         amount = max(1, round(original))

@@ -194,9 +194,10 @@ def _bitbrains_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, f
 
 
 def _generic_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, float, float]] | None:
-    cpu_request = _amount(row, "cpu_request_cores")
-    if cpu_request <= 0:
+    values = (_amount(row, "cpu_request_cores"), _amount(row, "cpu_usage_cores"), _amount(row, "memory_request_bytes"),
+              _amount(row, "memory_usage_bytes"))
+    # No cpu requested and nothing used: not running (a powered-off VM). A workload requesting
+    # no cpu that uses some (BestEffort, or memory requests only) runs, and loads its node.
+    if values[0] <= 0 and values[1] <= 0 and values[3] <= 0:
         return None
-    return (row["workload"], int(float(row["timestamp_s"])),
-            (cpu_request, _amount(row, "cpu_usage_cores"), _amount(row, "memory_request_bytes"),
-             _amount(row, "memory_usage_bytes")))
+    return row["workload"], int(float(row["timestamp_s"])), values

@@ -300,7 +300,8 @@ def test_sidecars_and_init_containers_count_in_a_pods_requests_as_kube_scheduler
     """kube-state-metrics publishes init containers apart from app containers. A native sidecar
     (an init container with restartPolicy Always, as Istio's proxy runs in native sidecar mode)
     runs beside the app, so its request adds to the app's; a regular init container runs before
-    them, so the Pod reserves the larger of the two. The plan counts both as kube-scheduler does."""
+    them, so the Pod reserves the larger of the two. The plan counts both as kube-scheduler does,
+    and replays a Pod that requests nothing by what it uses."""
     families = {family.name: family for family in exporter_families()}
     init_requests = Family("kube_pod_init_container_resource_requests", "gauge")
     init_info = Family("kube_pod_init_container_info", "gauge")
@@ -330,12 +331,25 @@ def test_sidecars_and_init_containers_count_in_a_pods_requests_as_kube_scheduler
                 ({**kept, "container": container}, lambda t: 0.1 + 0.02 * math.sin(t / 3600)))
             families["container_memory_working_set_bytes"].series.append(
                 ({**kept, "container": container}, lambda t: 2**27))
+    # A BestEffort Pod requests nothing, and uses 1.5 cores beside the others all the same.
+    best_effort = {"namespace": "mesh", "pod": "crawl-8f9a0-hhhhh"}
+    families["kube_pod_owner"].series.append(({**best_effort, "owner_kind": "ReplicaSet", "owner_name": "crawl-8f9a0",
+                                               "owner_is_controller": "true"}, lambda t: 1))
+    families["kube_pod_info"].series.append(({**best_effort, "node": "node-c"}, lambda t: 1))
+    families["container_cpu_usage_seconds_total"].series.append(({**best_effort, "container": "app"}, lambda t: 1.5))
+    families["container_memory_working_set_bytes"].series.append(({**best_effort, "container": "app"},
+                                                                  lambda t: 2**29))
     server = backfilled(tmp_path / "mesh", [*families.values(), init_requests, init_info], DAYS)
     mesh = planned_pool(server, tmp_path / "plan")["namespaces"]["mesh"]
     # svc: its app and its proxy, 0.5 + 0.5 cores (istio-init's 0.1 runs before them);
-    # warm: its seed init container's 2 cores, more than its app's 0.5.
+    # warm: its seed init container's 2 cores, more than its app's 0.5; crawl: none.
     assert mesh["cpu_requested_cores"] == pytest.approx(1.0 + 2.0)
     assert mesh["memory_requested_bytes"] == pytest.approx((0.75 + 1.0) * 2**30)
+    with gzip.open(tmp_path / "plan" / "general" / "history.csv.gz", "rt") as handle:
+        crawl = [r for r in csv.DictReader(handle) if r["workload"] == "mesh/ReplicaSet/crawl-8f9a0/0"]
+    assert len(crawl) > DAYS * 200, "replayed, its usage on its node, though it requests nothing"
+    assert {(r["cpu_request_cores"], r["memory_request_bytes"]) for r in crawl} == {("0", "0")}
+    assert float(crawl[len(crawl) // 2]["cpu_usage_cores"]) == pytest.approx(1.5)
 
 
 def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_workloads(tmp_path):

@@ -75,6 +75,25 @@ def test_an_over_user_is_raised_and_no_longer_overloads_its_neighbours(tmp_path)
     assert by_policy["static-2"]["cpu_above_request"] == 0.25
 
 
+def test_a_workload_requesting_no_cpu_still_loads_its_node(tmp_path):
+    """A BestEffort Pod (or one requesting memory only) asks the scheduler for no cpu, so it fits
+    beside anything, and uses cores there all the same. "app" requests 8 of a 16-core node and
+    uses 6; "batch" requests no cpu and uses 12: packed onto app's node, they use 18 cores in
+    every sample. No right-sizing of ours gives batch a cpu request (the webhook scales requests,
+    it adds none), so ours packs them together too."""
+    rows = []
+    start = 10 * DAY
+    for t in range(start, start + 8 * DAY, 300):
+        rows += [("app", t, 8, 6.0, GIB, GIB // 2), ("batch", t, 0, 12.0, GIB, GIB // 2)]
+    rows.append(("idle", start, 0, 0.0, 0, 0))  # requests nothing and uses nothing: not running
+    result, by_policy = replay(tmp_path, rows, node_cpu_cores=16, node_memory_bytes=256 * GIB)
+    assert by_policy["none"]["nodes_per_day"] == 1
+    assert by_policy["none"]["cpu_violation_rate"] == 1, "app's node carries batch's 12 cores too"
+    assert by_policy["oversale-pods"]["cpu_violation_rate"] == 1
+    assert result.last_day["oversale-pods"]["requests"]["batch"]["cpu"][1] == 0
+    assert "idle" not in result.last_day["oversale-pods"]["requests"]
+
+
 def test_node_overselling_closed_loop_hand_computed(tmp_path):
     # Eight days; six workloads each request 8 cores and 1 GiB and use 0.5 GiB. "hot1" and "hot2" use
     # 7 cores (7.6 on the scored day), "q1".."q4" use 1 core. Nodes of 16 cores.
