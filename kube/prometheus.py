@@ -8,16 +8,21 @@ usage history, the extender's long load windows).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import logging
 import math
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from oversale.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +82,48 @@ class QueryTooLarge(PrometheusUnavailable):
     """Prometheus refused the query for the samples it would load; a smaller window may pass."""
 
 
+@dataclass(frozen=True)
+class PrometheusAccess:
+    """What reaching Prometheus takes besides its URL, where it sits behind authentication (an
+    OpenShift or kube-rbac-proxy front wanting a ServiceAccount token, a Mimir, Cortex or Thanos
+    tenant header, a private CA). A ``user:password@`` in the URL is sent as basic auth."""
+
+    headers: tuple[tuple[str, str], ...] = ()
+    """Sent with every query (``OVERSALE_PROMETHEUS_HEADERS``)."""
+    bearer_token_file: str = ""
+    """A file holding a bearer token, read again for every query: a projected ServiceAccount
+    token is rotated by the kubelet while the process runs (``OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE``)."""
+    ca_file: str = ""
+    """PEM certificates an https Prometheus is verified against instead of the system's
+    (``OVERSALE_PROMETHEUS_CA_FILE``)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PrometheusAccess:
+        return cls(settings.prometheus_headers, settings.prometheus_bearer_token_file, settings.prometheus_ca_file)
+
+
 @dataclass
 class PrometheusAPI:
     url: str
+    """Its base URL; a ``user:password@`` in it is sent as basic auth, and never shown."""
     timeout: float = 30.0
+    access: PrometheusAccess = field(default_factory=PrometheusAccess)
+    shown: str = field(init=False)
+    """The URL without its credentials: what messages name."""
+    _base: str = field(init=False, repr=False)
+    _basic: str | None = field(init=False, repr=False)
+    _tls: ssl.SSLContext | None = field(init=False, repr=False, default=None)
+
+    def __post_init__(self) -> None:
+        # urllib takes "user:password@host" for the host name: the credentials go in a header.
+        scheme, netloc, path, _, _ = urllib.parse.urlsplit(self.url.rstrip("/"))
+        userinfo, at, host = netloc.rpartition("@")
+        self._base = self.shown = urllib.parse.urlunsplit((scheme, host, path, "", ""))
+        self._basic = None
+        if at:
+            user, _, password = userinfo.partition(":")
+            pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+            self._basic = "Basic " + base64.b64encode(pair.encode()).decode()
 
     def instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
         """An instant query at ``at``: each series' value by the labels ``keys`` (NaN left out:
@@ -93,7 +136,7 @@ class PrometheusAPI:
                 if value == value:
                     result[tuple(series["metric"].get(k, "") for k in keys)] = value
         except (KeyError, TypeError, ValueError, IndexError) as error:
-            raise PrometheusUnavailable(f"prometheus at {self.url} answered no instant vector ({error!r})") from None
+            raise PrometheusUnavailable(f"prometheus at {self.shown} answered no instant vector ({error!r})") from None
         return result
 
     def query_range(self, query: str, start: float, end: float, step: float,
@@ -133,29 +176,54 @@ class PrometheusAPI:
                             times.append(float(t))
                             values.append(float(v))
             except (KeyError, TypeError, ValueError) as error:
-                raise PrometheusUnavailable(f"prometheus at {self.url} answered no range vector ({error!r})") from None
+                raise PrometheusUnavailable(f"prometheus at {self.shown} answered no range vector "
+                                            f"({error!r})") from None
             del payload  # before the next part is read
             part_start = part_end + step
         return list(series.values())
 
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/x-www-form-urlencoded", **dict(self.access.headers)}
+        if self._basic is not None:
+            headers["Authorization"] = self._basic
+        if self.access.bearer_token_file:
+            try:
+                token = Path(self.access.bearer_token_file).read_text().strip()
+            except (OSError, UnicodeDecodeError) as error:
+                raise PrometheusUnavailable(f"cannot read the bearer token file for prometheus at {self.shown}: "
+                                            f"{error}") from None
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _context(self) -> ssl.SSLContext | None:
+        if self.access.ca_file and self._tls is None:
+            try:
+                self._tls = ssl.create_default_context(cafile=self.access.ca_file)
+            except (OSError, ssl.SSLError) as error:
+                raise PrometheusUnavailable(f"cannot load the CA file {self.access.ca_file} for prometheus at "
+                                            f"{self.shown}: {error}") from None
+        return self._tls
+
     def _post(self, endpoint: str, parameters: dict[str, str]) -> dict[str, Any]:
         body = urllib.parse.urlencode({**parameters, "timeout": f"{self.timeout:g}s"}).encode()
-        request = urllib.request.Request(f"{self.url.rstrip('/')}/api/v1/{endpoint}", data=body,
-                                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+        request = urllib.request.Request(f"{self._base}/api/v1/{endpoint}", data=body, headers=self._headers())
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout + 5) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout + 5, context=self._context()) as response:
                 kind, text = response.headers.get_content_type(), response.read()
         except urllib.error.HTTPError as error:
             payload = _error_payload(error)
             if any(marker in payload.get("error", "") for marker in SPLIT_ERRORS):
                 raise QueryTooLarge(payload["error"]) from None
             reason = payload.get("error", error.reason)
-            raise PrometheusUnavailable(f"prometheus answered {error.code}: {reason}") from None
+            if error.code in (401, 403):
+                reason = (f"{reason} (credentials: a user:password@ in the URL, OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE "
+                          "or OVERSALE_PROMETHEUS_HEADERS)")
+            raise PrometheusUnavailable(f"prometheus at {self.shown} answered {error.code}: {reason}") from None
         except (urllib.error.URLError, TimeoutError, OSError, ValueError) as error:
-            raise PrometheusUnavailable(f"prometheus at {self.url} unreachable: {error}") from None
+            raise PrometheusUnavailable(f"prometheus at {self.shown} unreachable: {error}") from None
         except http.client.HTTPException as error:
             # Another protocol's port (BadStatusLine) or an answer cut short (IncompleteRead).
-            raise PrometheusUnavailable(f"prometheus at {self.url} sent no complete HTTP answer: "
+            raise PrometheusUnavailable(f"prometheus at {self.shown} sent no complete HTTP answer: "
                                         f"{type(error).__name__}: {str(error).strip()[:120]}") from None
         try:
             answer: Any = json.loads(text)
@@ -163,7 +231,7 @@ class PrometheusAPI:
             answer = None
         if not isinstance(answer, dict):
             # A login page, a proxy's error page or Grafana's UI answer 200 too: name what came.
-            raise PrometheusUnavailable(f"{self.url} answered {kind}, not the Prometheus HTTP API's JSON "
+            raise PrometheusUnavailable(f"{self.shown} answered {kind}, not the Prometheus HTTP API's JSON "
                                         "(is it the URL of Prometheus itself?)")
         payload = answer
         if payload.get("status") != "success":

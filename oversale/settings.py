@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -132,6 +133,18 @@ class Settings:
 
     prometheus_node_memory_query: str = field(default="", metadata=_env("OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY"))
     """PromQL giving used node memory in bytes by the node label; empty: MemTotal - MemAvailable."""
+
+    prometheus_headers: tuple[tuple[str, str], ...] = field(default=(), metadata=_env("OVERSALE_PROMETHEUS_HEADERS"))
+    """HTTP headers sent with every query, ``Name=value`` separated by commas (a Mimir, Cortex or
+    Thanos tenant: ``X-Scope-OrgID=prod``). A ``user:password@`` in the URL is sent as basic auth."""
+
+    prometheus_bearer_token_file: str = field(default="", metadata=_env("OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE"))
+    """A file whose token is sent as ``Authorization: Bearer``, read again for every query (a
+    projected ServiceAccount token rotates); empty: none."""
+
+    prometheus_ca_file: str = field(default="", metadata=_env("OVERSALE_PROMETHEUS_CA_FILE"))
+    """PEM certificates an ``https://`` Prometheus is verified against instead of the system's
+    (a private or cluster CA); empty: the system's."""
 
     sqlite_path: str = field(default="/var/lib/oversale/history.db", metadata=_env("OVERSALE_SQLITE_PATH"))
     """The embedded history file (put it on a volume to keep history across restarts)."""
@@ -634,6 +647,9 @@ _PARSERS: dict[str, Any] = {
     "prometheus_rate_window_seconds": lambda text: _duration(text),
     "prometheus_node_label": lambda text: _nonempty(text),
     "prometheus_node_memory_query": str,
+    "prometheus_headers": lambda text: parse_headers(text),
+    "prometheus_bearer_token_file": str.strip,
+    "prometheus_ca_file": str.strip,
     "sqlite_path": lambda text: _nonempty(text),
     "sample_interval_seconds": lambda text: _duration(text),
     "history_retention_seconds": lambda text: _duration(text),
@@ -716,6 +732,26 @@ def parse_budget_calibration(text: str) -> float:
 def parse_duration(text: str) -> float:
     """A positive duration in seconds from ``300``, ``300s``, ``5m``, ``24h`` or ``7d`` (ValueError)."""
     return _duration(text)
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP field name (RFC 9110's token)."""
+
+
+def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
+    """``Name=value`` pairs separated by commas (ValueError naming the first bad one).
+
+    >>> parse_headers("X-Scope-OrgID=prod, X-Extra = a=b")
+    (('X-Scope-OrgID', 'prod'), ('X-Extra', 'a=b'))
+    """
+    headers = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not equals or not _HEADER_NAME.fullmatch(name) or any(c in value for c in "\r\n"):
+            raise ValueError(f"{item!r} is no Name=value header (several: separated by commas)")
+        headers.append((name, value))
+    return tuple(headers)
 
 
 def parse_base_url(text: str) -> str:

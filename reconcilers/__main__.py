@@ -232,6 +232,7 @@ def _chosen_budget(args: argparse.Namespace, settings: Settings, parser: argpars
 
 
 def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
+    from kube.prometheus import PrometheusAccess
     from oversale.settings import parse_base_url, parse_duration
     from reconcilers.history import HistoryUnavailable
     from reconcilers.plan import (
@@ -269,7 +270,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                      "history)")
     budget = _chosen_budget(args, settings, parser)
     report_directory(args.out, parser)
-    prometheus = PrometheusHistory(url, settings.prometheus_timeout_seconds, step)
+    prometheus = PrometheusHistory(url, settings.prometheus_timeout_seconds, step,
+                                   access=PrometheusAccess.from_settings(settings))
     try:
         history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log,
                                        rescale_hpa=settings.rescale_hpa)

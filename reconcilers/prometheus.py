@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from kube.prometheus import (
     APP_CONTAINERS,
     RANGE_STEPS,
+    PrometheusAccess,
     PrometheusAPI,
     PrometheusUnavailable,
     QueryTooLarge,
@@ -51,6 +52,8 @@ class PrometheusHistory:
     """An expression giving used memory in bytes per node (label ``node_label``)."""
     rate_window: float = 300.0
     """Window of the CPU ``rate()``: at least four scrape intervals."""
+    access: PrometheusAccess = field(default_factory=PrometheusAccess)
+    """Credentials and CA, where Prometheus sits behind authentication."""
     max_splits: int = 8
     queries: int = 0
     """Queries sent so far (for the pass report and the benchmark)."""
@@ -59,13 +62,13 @@ class PrometheusHistory:
     api: PrometheusAPI = field(init=False)
 
     def __post_init__(self) -> None:
-        self.api = PrometheusAPI(self.url, self.timeout)
+        self.api = PrometheusAPI(self.url, self.timeout, self.access)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PrometheusHistory:
         return cls(settings.prometheus_url, settings.prometheus_timeout_seconds, settings.prometheus_step_seconds,
                    settings.prometheus_node_label, settings.prometheus_node_memory_query or None,
-                   settings.prometheus_rate_window_seconds)
+                   settings.prometheus_rate_window_seconds, PrometheusAccess.from_settings(settings))
 
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
         keys = ("namespace", "pod", "container")

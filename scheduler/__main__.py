@@ -82,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         if settings.load_aware:
             UsagePoller(api_client, state, settings.metrics_poll_interval_seconds, metrics.record_poll).start()
             if settings.load_history == "prometheus":
-                from kube.prometheus import PrometheusAPI
+                from kube.prometheus import PrometheusAccess, PrometheusAPI
 
-                prometheus = PrometheusAPI(settings.prometheus_url, settings.prometheus_timeout_seconds)
+                prometheus = PrometheusAPI(settings.prometheus_url, settings.prometheus_timeout_seconds,
+                                           PrometheusAccess.from_settings(settings))
                 HistoryPeakPoller(prometheus, state, settings.load_history_interval_seconds,
                                   settings.prometheus_node_label, settings.prometheus_rate_window_seconds,
                                   settings.prometheus_step_seconds,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import subprocess
 import threading
 import urllib.parse
@@ -57,8 +58,25 @@ def write_openmetrics(path: Path, families: Iterable[Family], start: float, end:
     return written
 
 
+@dataclass(frozen=True)
+class WebConfig:
+    """Prometheus's own ``--web.config.file``: basic auth (one user) and TLS, as a Prometheus
+    exposed beyond its namespace is often run."""
+
+    user: str
+    password_hash: str
+    """bcrypt, as Prometheus wants it."""
+    certificate: Path
+    key: Path
+
+    def text(self) -> str:
+        return (f"tls_server_config:\n  cert_file: {self.certificate}\n  key_file: {self.key}\n"
+                f"basic_auth_users:\n  {self.user}: '{self.password_hash}'\n")
+
+
 class PrometheusServer:
-    def __init__(self, workdir: Path, openmetrics: Path, max_samples: int = 50_000_000) -> None:
+    def __init__(self, workdir: Path, openmetrics: Path, max_samples: int = 50_000_000,
+                 web: WebConfig | None = None, ready_headers: dict[str, str] | None = None) -> None:
         for tool in ("prometheus", "promtool"):
             assert shutil.which(tool), f"{tool} is needed (Debian package prometheus; .ci/run installs it)"
         self.data = workdir / "data"
@@ -69,15 +87,22 @@ class PrometheusServer:
         config = workdir / "prometheus.yml"
         config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if web else 'http'}://127.0.0.1:{self.port}"
         self.log = (workdir / "prometheus.log").open("wb")
+        options = []
+        if web is not None:
+            (workdir / "web.yml").write_text(web.text())
+            options.append(f"--web.config.file={workdir / 'web.yml'}")
         self.process = subprocess.Popen(
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={self.data}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d",
-             f"--query.max-samples={max_samples}"],
+             f"--query.max-samples={max_samples}", *options],
             stdout=self.log, stderr=subprocess.STDOUT)
+        unverified = ssl._create_unverified_context() if web else None  # only to see it is up
+
         def ready() -> bool:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+            request = urllib.request.Request(f"{self.url}/-/ready", headers=ready_headers or {})
+            with urllib.request.urlopen(request, timeout=2, context=unverified) as response:
                 return bool(response.status == 200)
 
         wait_until_serving(self.process, ready, "prometheus", workdir / "prometheus.log", timeout=60)
@@ -104,10 +129,16 @@ page, a vector without results, a value that is no sample; and, raw, bytes that 
 response (another protocol's port) or a response cut short (a restart mid-answer)."""
 
 
-def garbage_prometheus(body: bytes, content_type: str = "application/json", raw: bool = False) -> ThreadingHTTPServer:
+class AnsweringServer(ThreadingHTTPServer):
+    headers_seen: list[dict[str, str]]
+    """Each request's headers (names in lower case: they are case-insensitive), in order."""
+
+
+def garbage_prometheus(body: bytes, content_type: str = "application/json", raw: bool = False) -> AnsweringServer:
     """A "Prometheus" on a loopback port that answers every request 200 with ``body`` (``raw``:
-    ``body`` is all it sends, status line and headers included, then it hangs up); stop it with
-    ``shutdown()``."""
+    ``body`` is all it sends, status line and headers included, then it hangs up) and keeps each
+    request's headers (``headers_seen``); stop it with ``shutdown()``."""
+    seen: list[dict[str, str]] = []
 
     class Garbage(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -117,6 +148,7 @@ def garbage_prometheus(body: bytes, content_type: str = "application/json", raw:
             self._answer()
 
         def _answer(self) -> None:
+            seen.append({name.lower(): value for name, value in self.headers.items()})
             if raw:
                 self.wfile.write(body)
                 self.close_connection = True
@@ -130,6 +162,7 @@ def garbage_prometheus(body: bytes, content_type: str = "application/json", raw:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    server = AnsweringServer(("127.0.0.1", 0), Garbage)
+    server.headers_seen = seen
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

@@ -23,7 +23,7 @@ from kubernetes import client
 from kube.leader import LeaseElector
 from oversale.annotations import AnnotationKeys
 from oversale.budget import AccountConfig
-from oversale.settings import Settings
+from oversale.settings import Settings, SettingsError
 from oversale.timestamps import parse_timestamp
 from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable
@@ -32,7 +32,7 @@ from reconcilers.runner import Reconciler, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 from tests.conftest import ROOT, eventually, free_port
 from tests.kube_api import FakeKubeAPI
-from tests.prometheus_server import Family, PrometheusServer, write_openmetrics
+from tests.prometheus_server import Family, PrometheusServer, WebConfig, write_openmetrics
 
 KEYS = AnnotationKeys()
 NS = "shop"
@@ -201,6 +201,83 @@ def test_prometheus_history_counts_a_series_scraped_twice_once(prometheus):
     node = history.node_stats(3 * 86400, 0.99)["node-1"]
     assert 480 < node.cpu.quantile < 501, "millicores of a 400 +- 100 wave"
     assert 3.1e9 < node.memory.quantile <= 3.2e9
+
+
+def test_a_prometheus_behind_tls_and_basic_auth_is_read_with_the_settings_for_it(tmp_path):
+    """Prometheus served with its own web config (TLS from a private CA, basic auth), as one
+    exposed beyond its namespace often is: the reconcilers read it with the credentials in
+    OVERSALE_PROMETHEUS_URL and the CA in OVERSALE_PROMETHEUS_CA_FILE. A wrong password is a 401
+    that names the settings that carry credentials, and no message shows the password; without
+    the CA the certificate is refused."""
+    import base64
+    import warnings
+
+    from kube.tls import generate
+
+    with warnings.catch_warnings():  # bcrypt, which Prometheus wants, from the C library's crypt(3)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+    certificates = generate(tmp_path / "certs", ["127.0.0.1"])
+    web = WebConfig("oversale", crypt.crypt("s3cret pass", crypt.mksalt(crypt.METHOD_BLOWFISH)),
+                    certificates.cert, certificates.key)
+    end = time.time() - 120
+    labels = {"namespace": NS, "pod": "web-5d8f9-abcde", "container": "app", "id": "/kubepods/web/app"}
+    cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)])
+    memory = Family("container_memory_working_set_bytes", "gauge", [(labels, lambda t: 2**28)])
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [cpu, memory], end - 86400, end, 60)
+    basic = "Basic " + base64.b64encode(b"oversale:s3cret pass").decode()
+    server = PrometheusServer(tmp_path, history, web=web, ready_headers={"Authorization": basic})
+    try:
+        address = server.url.removeprefix("https://")
+
+        def reconcilers_history(url: str, **extra: str) -> PrometheusHistory:
+            settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": url, **extra})
+            return PrometheusHistory.from_settings(settings)
+
+        trusting = {"OVERSALE_PROMETHEUS_CA_FILE": str(certificates.ca)}
+        read = reconcilers_history(f"https://oversale:s3cret%20pass@{address}", **trusting)
+        stats = read.container_stats(86400, 0.99)[(NS, "web-5d8f9-abcde", "app")]
+        assert stats.memory.peak == pytest.approx(2**28) and stats.cpu.quantile == pytest.approx(250, rel=0.01)
+        with pytest.raises(HistoryUnavailable) as refused:
+            reconcilers_history(f"https://oversale:wrong@{address}", **trusting).container_stats(86400, 0.99)
+        assert f"prometheus at https://{address} answered 401" in str(refused.value)
+        assert "OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE" in str(refused.value) and "wrong" not in str(refused.value)
+        with pytest.raises(HistoryUnavailable, match="CERTIFICATE_VERIFY_FAILED") as untrusted:
+            reconcilers_history(f"https://oversale:s3cret%20pass@{address}").container_stats(86400, 0.99)
+        assert "s3cret" not in str(untrusted.value)
+    finally:
+        server.stop()
+
+
+def test_a_rotated_bearer_token_and_a_tenant_header_go_with_every_query(tmp_path):
+    """Behind OpenShift's Thanos querier or a kube-rbac-proxy, Prometheus wants the Pod's
+    ServiceAccount token, which the kubelet rotates while the reconcilers run: the file is read
+    again for every query. A Mimir or Cortex tenant header goes with each too. (No Prometheus
+    here checks a bearer token, so a loopback server answering as Prometheus records what came.)"""
+    from kube.prometheus import PrometheusUnavailable
+    from tests.prometheus_server import garbage_prometheus
+
+    token = tmp_path / "token"
+    token.write_text("first-token\n")
+    server = garbage_prometheus(b'{"status": "success", "data": {"resultType": "vector", "result": []}}')
+    try:
+        settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": f"http://127.0.0.1:{server.server_address[1]}",
+                                      "OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE": str(token),
+                                      "OVERSALE_PROMETHEUS_HEADERS": "X-Scope-OrgID=prod"})
+        api = PrometheusHistory.from_settings(settings).api
+        api.instant("up", time.time(), ("instance",))
+        token.write_text("second-token\n")  # the kubelet rotated it
+        api.instant("up", time.time(), ("instance",))
+        assert [(h["authorization"], h["x-scope-orgid"]) for h in server.headers_seen] == [
+            ("Bearer first-token", "prod"), ("Bearer second-token", "prod")]
+        token.unlink()
+        with pytest.raises(PrometheusUnavailable, match=r"cannot read the bearer token file for prometheus at http://"):
+            api.instant("up", time.time(), ("instance",))
+    finally:
+        server.shutdown()
+    with pytest.raises(SettingsError, match=r"OVERSALE_PROMETHEUS_HEADERS.*'X-Scope-OrgID' is no Name=value header"):
+        Settings.from_env({"OVERSALE_PROMETHEUS_HEADERS": "X-Scope-OrgID"})
 
 
 def test_a_restarted_containers_history_is_all_its_cgroups(prometheus):
