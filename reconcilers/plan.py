@@ -311,7 +311,6 @@ def by_pool(history: ClusterHistory) -> dict[str, list[PodHistory]]:
     return pools
 
 
-
 def node_bound_share(history: ClusterHistory, pool: str) -> tuple[float, float]:
     """The cores and bytes a node of ``pool`` holds for its DaemonSets' Pods and its static Pods:
     the median over the pool's nodes of the last requests of those each ran (one per DaemonSet: a
