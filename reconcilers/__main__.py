@@ -239,6 +239,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         PlanError,
         by_pool,
         node_bound_share,
+        node_bound_text,
         per_namespace,
         pool_size,
         ratios_set,
@@ -287,9 +288,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         bound = node_bound_share(history, pool)
         size = (allocatable[0] - bound[0], allocatable[1] - bound[1])
         if size[0] <= 0 or size[1] <= 0:
-            _log(f"pool {pool}: its DaemonSet and static Pods request {bound[0]:g} cores and "
-                 f"{bound[1] / 2**30:g} GiB a node, "
-                 f"all of its nodes' {allocatable[0]:g} cores or {allocatable[1] / 2**30:g} GiB: skipped")
+            _log(f"pool {pool}: {node_bound_text(bound)}, all of its nodes' {allocatable[0]:g} cores or "
+                 f"{allocatable[1] / 2**30:g} GiB: skipped")
             continue
         folder = args.out / pool
         folder.mkdir(parents=True, exist_ok=True)
@@ -298,10 +298,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         for pod in pods:
             pod.series.clear()  # in the export now, which the replay reads: not held twice
         exports[pool] = (folder, export, allocatable, bound, size, len(pods))
-        held = ""
-        if any(bound):
-            held = (f" (DaemonSet and static Pods request {bound[0]:g} cpu and {bound[1] / 2**30:.3g} GiB "
-                    "of each)")
+        held = f" ({node_bound_text(bound)})" if any(bound) else ""
         _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {allocatable[0]:g} cores{held}")
     entries = {}
     for pool, (folder, export, allocatable, bound, size, pods_in_pool) in exports.items():

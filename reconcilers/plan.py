@@ -338,6 +338,11 @@ def node_bound_share(history: ClusterHistory, pool: str) -> tuple[float, float]:
     return statistics.median(c for c, _ in per_node.values()), statistics.median(m for _, m in per_node.values())
 
 
+def node_bound_text(share: tuple[float, float]) -> str:
+    """The share :func:`node_bound_share` found, in words (for the log and ``plan.md``)."""
+    return f"DaemonSet and static Pods request {share[0]:g} cpu and {share[1] / 2**30:.3g} GiB of each node"
+
+
 def pool_size(history: ClusterHistory, pool: str) -> tuple[float, float] | None:
     sizes = Counter(size for node, size in history.node_sizes.items()
                     if history.node_pools.get(node, "default") == pool and size[0] > 0 and size[1] > 0)
@@ -383,8 +388,7 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
         ours = next((row for row in data["policies"] if row["policy"] == "oversale"), None)
         held, bound = (entry["node_bound_cores"], entry["node_bound_memory_bytes"]), ""
         if any(held):
-            bound = (f"; DaemonSet and static Pods request {held[0]:g} cpu and {held[1] / 2**30:.3g} GiB of "
-                     "each (not replayed: the other Pods are replayed on what they leave)")
+            bound = f"; {node_bound_text(held)} (not replayed: the other Pods are replayed on what they leave)"
         lines += [f"## Pool `{pool}`: {entry['pods']} Pods on nodes of {entry['node_cores']:g} cores, "
                   f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", "",
                   f"[Full report]({pool}/report.md). " + (
