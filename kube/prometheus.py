@@ -13,6 +13,7 @@ import http.client
 import json
 import logging
 import math
+import re
 import ssl
 import urllib.error
 import urllib.parse
@@ -96,10 +97,15 @@ class PrometheusAccess:
     ca_file: str = ""
     """PEM certificates an https Prometheus is verified against instead of the system's
     (``OVERSALE_PROMETHEUS_CA_FILE``)."""
+    selector: str = ""
+    """Label matchers every series read must also match (``OVERSALE_PROMETHEUS_SELECTOR``, such
+    as ``cluster="prod-eu"``): where one Prometheus, Thanos or VictoriaMetrics holds several
+    clusters, as a tenant header picks a Mimir tenant. See :func:`scoped`."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PrometheusAccess:
-        return cls(settings.prometheus_headers, settings.prometheus_bearer_token_file, settings.prometheus_ca_file)
+        return cls(settings.prometheus_headers, settings.prometheus_bearer_token_file, settings.prometheus_ca_file,
+                   settings.prometheus_selector)
 
 
 @dataclass
@@ -205,6 +211,8 @@ class PrometheusAPI:
         return self._tls
 
     def _post(self, endpoint: str, parameters: dict[str, str]) -> dict[str, Any]:
+        if self.access.selector:
+            parameters = {**parameters, "query": scoped(parameters["query"], self.access.selector)}
         body = urllib.parse.urlencode({**parameters, "timeout": f"{self.timeout:g}s"}).encode()
         request = urllib.request.Request(f"{self._base}/api/v1/{endpoint}", data=body, headers=self._headers())
         try:
@@ -272,6 +280,75 @@ def pod_mean_expressions(window: float, rate_window: float, step: float) -> dict
                 f"max by (namespace, pod) ({per_container})")
 
     return {"cpu": f"{mean(cpu)} * 1000", "memory": mean(memory)}
+
+
+_PROMQL_TOKEN = re.compile(r"""
+    (?P<space>\s+|\#[^\n]*)
+  | (?P<string>"(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`)
+  | (?P<number>\.?\d[\w.]*)
+  | (?P<name>[a-zA-Z_:][\w:]*)
+  | (?P<other>.)""", re.VERBOSE | re.DOTALL)
+_LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+"""Keywords a list of label names in parentheses follows: the names in it are no metrics."""
+_OPERATORS = {"and", "or", "unless", "bool", "offset", "atan2", "inf", "nan"}
+_AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
+                 "quantile", "limitk", "limit_ratio"}
+
+
+def scoped(query: str, selector: str) -> str:
+    """``query`` with the label matchers ``selector`` added to each of its series selectors, so
+    that every series it reads is one cluster's in a Prometheus that holds several (PromQL has no
+    default matcher; Thanos's external labels are matched as series labels).
+
+    >>> scoped('sum by (pod) (rate(cpu_total{container!=""}[5m])) / on (pod) mem', 'cluster="eu"')
+    'sum by (pod) (rate(cpu_total{container!="", cluster="eu"}[5m])) / on (pod) mem{cluster="eu"}'
+    >>> scoped('max_over_time(up[1h:5m] offset 1d) > bool 0', 'cluster="eu"')
+    'max_over_time(up{cluster="eu"}[1h:5m] offset 1d) > bool 0'
+    """
+    tokens = [(match.lastgroup or "", match.group()) for match in _PROMQL_TOKEN.finditer(query)]
+    out: list[str] = []
+    at = 0
+
+    def next_token(after: int) -> str:
+        return next((text for kind, text in tokens[after:] if kind != "space"), "")
+
+    def copy_through(closing: str) -> None:
+        # Label names of a list, a range's duration: copied as written, strings kept whole.
+        nonlocal at
+        while at < len(tokens):
+            out.append(tokens[at][1])
+            at += 1
+            if tokens[at - 1] == ("other", closing):
+                return
+
+    while at < len(tokens):
+        kind, text = tokens[at]
+        at += 1
+        # PromQL's keywords are case-insensitive (``SUM BY``, ``NaN``); metric names are not.
+        keyword = text.lower()
+        if kind == "name" and keyword in _LABEL_LISTS:
+            out.append(text)
+            if next_token(at) == "(":
+                copy_through(")")
+        elif kind == "name" and keyword not in _OPERATORS and not (
+                next_token(at) == "(" or (keyword in _AGGREGATIONS and next_token(at).lower() in ("by", "without"))):
+            out.append(text)
+            if next_token(at) != "{":
+                out.append(f"{{{selector}}}")
+        elif (kind, text) == ("other", "{"):
+            matchers: list[str] = []
+            while at < len(tokens) and tokens[at] != ("other", "}"):
+                matchers.append(tokens[at][1])
+                at += 1
+            at += 1
+            written = "".join(matchers).rstrip()
+            out.append(f"{{{written}{', ' if written and not written.endswith(',') else ''}{selector}}}")
+        elif (kind, text) == ("other", "["):
+            out.append(text)
+            copy_through("]")
+        else:
+            out.append(text)
+    return "".join(out)
 
 
 def node_name(instance: str) -> str:

@@ -146,6 +146,11 @@ class Settings:
     """PEM certificates an ``https://`` Prometheus is verified against instead of the system's
     (a private or cluster CA); empty: the system's."""
 
+    prometheus_selector: str = field(default="", metadata=_env("OVERSALE_PROMETHEUS_SELECTOR"))
+    """Label matchers every series read must also match, such as ``cluster="prod-eu"``, where one
+    Prometheus (a Thanos querier, VictoriaMetrics, a federation) holds several clusters whose
+    namespaces, workloads and Pods share names; empty: every series."""
+
     sqlite_path: str = field(default="/var/lib/oversale/history.db", metadata=_env("OVERSALE_SQLITE_PATH"))
     """The embedded history file (put it on a volume to keep history across restarts)."""
 
@@ -650,6 +655,7 @@ _PARSERS: dict[str, Any] = {
     "prometheus_headers": lambda text: parse_headers(text),
     "prometheus_bearer_token_file": str.strip,
     "prometheus_ca_file": str.strip,
+    "prometheus_selector": lambda text: parse_selector(text),
     "sqlite_path": lambda text: _nonempty(text),
     "sample_interval_seconds": lambda text: _duration(text),
     "history_retention_seconds": lambda text: _duration(text),
@@ -752,6 +758,35 @@ def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"{item!r} is no Name=value header (several: separated by commas)")
         headers.append((name, value))
     return tuple(headers)
+
+
+_MATCHER = re.compile(r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*')\s*""")
+
+
+def parse_selector(text: str) -> str:
+    """PromQL label matchers separated by commas, braces optional (ValueError naming the first
+    bad one): written back in one form, ready to add inside a series selector's braces.
+
+    >>> parse_selector('{cluster="prod-eu", env=~"prod|staging"}')
+    'cluster="prod-eu", env=~"prod|staging"'
+    """
+    inner = text.strip()
+    if inner.startswith("{") and inner.endswith("}"):
+        inner = inner[1:-1]
+    matchers: list[str] = []
+    at = 0
+    while True:
+        while at < len(inner) and inner[at] in " ,":
+            at += 1
+        if at == len(inner):
+            return ", ".join(matchers)
+        found = _MATCHER.match(inner, at)
+        if found is None or (found.end() < len(inner) and inner[found.end()] != ","):
+            rest = inner[at:].split(",", 1)[0].strip()
+            raise ValueError(f"{rest!r} is no PromQL label matcher such as cluster=\"prod-eu\" (several: separated "
+                             "by commas)")
+        matchers.append(f"{found[1]}{found[2]}{found[3]}")
+        at = found.end()
 
 
 def parse_base_url(text: str) -> str:

@@ -269,7 +269,9 @@ def _range(prometheus: PrometheusHistory, query: str, start: float, end: float, 
     # A day per request: what is held is each series' arrays, never a whole cluster's answer.
     found = prometheus.query_range(query, start, end, part_steps=_day_steps(prometheus))
     if not found:
-        raise PlanError(f"no {metric} series in the last {days:g} days at {prometheus.api.shown}: is "
+        selector = prometheus.api.access.selector
+        matching = f" matching {{{selector}}} (OVERSALE_PROMETHEUS_SELECTOR)" if selector else ""
+        raise PlanError(f"no {metric} series{matching} in the last {days:g} days at {prometheus.api.shown}: is "
                         f"{EXPORTERS[metric]} scraped by this Prometheus?")
     return found
 

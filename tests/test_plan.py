@@ -160,6 +160,37 @@ def test_cadvisor_pause_pod_cgroup_and_twice_scraped_series_count_once(cluster_p
     assert float(rows[0]["memory_request_bytes"]) == 2 * 2**30
 
 
+def test_a_prometheus_holding_several_clusters_is_planned_for_the_one_selected(tmp_path):
+    """A Thanos querier or VictoriaMetrics holding two clusters whose Pods, namespaces and nodes
+    share names, told apart by a ``cluster`` label: the other cluster runs everything three times
+    as large. With OVERSALE_PROMETHEUS_SELECTOR the plan is this cluster's alone; without it the
+    two are mixed; a selector matching no series is named in the error."""
+    families = []
+    for family in exporter_families():
+        series = []
+        for labels, value_at, *bounds in family.series:
+            series.append(({**labels, "cluster": "eu"}, value_at, *bounds))
+            series.append(({**labels, "cluster": "us"}, lambda t, f=value_at: 3 * f(t), *bounds))
+        families.append(Family(family.name, family.kind, series))
+    server = backfilled(tmp_path / "two-clusters", families, DAYS)
+    try:
+        selected = plan(server.url, tmp_path / "eu", settings={"OVERSALE_PROMETHEUS_SELECTOR": 'cluster="eu"'})
+        mixed = plan(server.url, tmp_path / "both")
+        nothing = plan(server.url, tmp_path / "none", settings={"OVERSALE_PROMETHEUS_SELECTOR": 'cluster="ap"'})
+    finally:
+        server.stop()
+    assert selected.returncode == 0, selected.stderr
+    pool = json.loads((tmp_path / "eu" / "plan.json").read_text())["pools"]["general"]
+    assert pool["pods"] == 5 and pool["node_cores"] == 8 and pool["node_memory_bytes"] == 32 * 2**30
+    assert pool["namespaces"]["shop"]["cpu_requested_cores"] == pytest.approx(5.0)
+    assert pool["namespaces"]["batch"]["cpu_requested_cores"] == pytest.approx(8.0)
+    assert pool["namespaces"]["shop"]["cpu_set_cores"] < 2.5
+    assert mixed.returncode == 0, mixed.stderr
+    assert json.loads((tmp_path / "both" / "plan.json").read_text())["pools"]["general"]["node_cores"] == 24
+    assert nothing.returncode == 2 and "Traceback" not in nothing.stderr
+    assert 'no kube_pod_container_resource_requests series matching {cluster="ap"}' in nothing.stderr
+
+
 def test_a_missing_exporter_is_named_not_a_traceback(tmp_path):
     server = backfilled(tmp_path / "cadvisor-only", exporter_families(with_state_metrics=False), 1)
     try:

@@ -280,6 +280,65 @@ def test_a_rotated_bearer_token_and_a_tenant_header_go_with_every_query(tmp_path
         Settings.from_env({"OVERSALE_PROMETHEUS_HEADERS": "X-Scope-OrgID"})
 
 
+@pytest.mark.parametrize(("query", "expected"), [
+    # Strings, label lists and ranges are no series selectors, whatever they hold.
+    ('label_replace(up, "dst", "{x} by on", "src", "(.*)")',
+     'label_replace(up{c="1"}, "dst", "{x} by on", "src", "(.*)")'),
+    ("sum(rate(x_total[5m] offset 1h)) by (pod) * on (pod) group_left(node) kube_pod_info",
+     'sum(rate(x_total{c="1"}[5m] offset 1h)) by (pod) * on (pod) group_left(node) kube_pod_info{c="1"}'),
+    ('topk(3, {__name__=~"node_.+",}) unless ignoring(cpu) y  # a comment: z',
+     'topk(3, {__name__=~"node_.+",c="1"}) unless ignoring(cpu) y{c="1"}  # a comment: z'),
+    ("count without (mode) (a{}) > bool 1e3 and SUM BY (x) (b[1h:5m] @ end()) or vector(NaN)",
+     'count without (mode) (a{c="1"}) > bool 1e3 and SUM BY (x) (b{c="1"}[1h:5m] @ end()) or vector(NaN)'),
+])
+def test_the_selector_is_added_to_every_series_selector_and_nothing_else(query, expected):
+    from kube.prometheus import scoped
+
+    assert scoped(query, 'c="1"') == expected
+
+
+def test_a_prometheus_holding_several_clusters_is_read_for_this_one_alone(tmp_path):
+    """One Thanos querier (or VictoriaMetrics) for every cluster: the same namespace, Pod and node
+    names stand in each, told apart by an external label such as ``cluster``. With
+    OVERSALE_PROMETHEUS_SELECTOR every query the reconcilers ask (containers, nodes, hot time)
+    reads this cluster's series alone; without it the other cluster's usage is taken in."""
+    end = time.time() - 120
+    cpu = Family("container_cpu_usage_seconds_total", "counter")
+    memory = Family("container_memory_working_set_bytes", "gauge")
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    node_total = Family("node_memory_MemTotal_bytes", "gauge")
+    node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+    for cluster, scale in (("eu", 1), ("us", 4)):
+        labels = {"cluster": cluster, "namespace": NS, "pod": "web-5d8f9-abcde", "container": "app",
+                  "id": "/kubepods/web/app"}
+        cpu.series.append((labels, lambda t, s=scale: 0.25 * s))
+        memory.series.append((labels, lambda t, s=scale: 2**28 * s))
+        instance = {"cluster": cluster, "instance": "node-1:9100"}
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, lambda t, s=scale: 0.5 * s))
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "idle"}, lambda t, s=scale: 4 - 0.5 * s))
+        node_total.series.append((instance, lambda t: 16e9))
+        node_available.series.append((instance, lambda t, s=scale: 16e9 - 2e9 * s))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [cpu, memory, node_cpu, node_total, node_available], end - 86400, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        def reconcilers_history(**extra: str) -> PrometheusHistory:
+            return PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url, **extra}))
+
+        eu = reconcilers_history(OVERSALE_PROMETHEUS_SELECTOR='{cluster="eu"}')
+        web = eu.container_stats(86400, 0.99)[(NS, "web-5d8f9-abcde", "app")]
+        assert web.cpu.quantile == pytest.approx(250, rel=0.01) and web.memory.peak == pytest.approx(2**28)
+        node = eu.node_stats(86400, 0.99)["node-1"]
+        assert node.cpu.quantile == pytest.approx(500, rel=0.01) and node.memory.quantile == pytest.approx(2e9)
+        hot = eu.node_hot_time([86400], {"node-1": {"cpu": 1000, "memory": 3e9}})[0]["node-1"]
+        assert hot["cpu"].samples > 250 and hot["memory"].samples > 250
+        assert hot["cpu"].hot_samples == hot["memory"].hot_samples == 0, "the us cluster's node-1 is the hot one"
+        everyone = reconcilers_history().container_stats(86400, 0.99)[(NS, "web-5d8f9-abcde", "app")]
+        assert everyone.memory.peak == pytest.approx(4 * 2**28), "without it, the us cluster's Pod is taken in"
+    finally:
+        server.stop()
+
+
 def test_a_restarted_containers_history_is_all_its_cgroups(prometheus):
     history = PrometheusHistory(prometheus.url, resolution=300)
     batch = history.container_stats(3 * 86400, 0.99)[(NS, "batch-0", "work")]

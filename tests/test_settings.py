@@ -51,6 +51,7 @@ def test_environment_overrides_with_quantities_and_lists():
     ("OVERSALE_PROMETHEUS_URL", "http://:9090"), ("OVERSALE_PROMETHEUS_URL", "http://prometheus:ninety"),
     ("OVERSALE_CPU_SCHEDULING_WATERMARK", "0"), ("OVERSALE_CPU_RUNTIME_WATERMARK", "0"),  # every node hot
     ("OVERSALE_MEMORY_SCHEDULING_WATERMARK", "85%"),
+    ("OVERSALE_PROMETHEUS_SELECTOR", "cluster=prod"), ("OVERSALE_PROMETHEUS_SELECTOR", 'cluster="a" env="b"'),
 ])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError, match=name):
