@@ -322,7 +322,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     if not entries:
         raise CliError("no pool with a known node size: kube_node_status_allocatable has no cpu and memory for the "
                        "nodes the Pods ran on")
-    write_plan(args.out, entries, budget, args.days)
+    write_plan(args.out, entries, budget, args.days, prometheus.api)
     print(f"plan: {args.out / 'plan.md'}")
     return 0
 

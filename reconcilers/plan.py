@@ -38,7 +38,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kube.prometheus import NO_OWNER, OWNER_CONTROLLERS, POD_CPU, POD_MEMORY, RANGE_STEPS, Series, controller_query
+from kube.prometheus import (
+    NO_OWNER,
+    OWNER_CONTROLLERS,
+    POD_CPU,
+    POD_MEMORY,
+    RANGE_STEPS,
+    PrometheusAPI,
+    Series,
+    controller_query,
+)
 from oversale.budget import HotTimeBudget
 from oversale.pods import pod_workloads
 from reconcilers.history import HistoryUnavailable
@@ -379,10 +388,14 @@ def ratios_set(last_day: dict[str, Any]) -> dict[str, Any]:
     return {"workloads": workloads, "nodes": nodes}
 
 
-def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudget, days: float) -> None:
-    """The top-level report: one section per pool, linking its backtest-style report."""
+def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudget, days: float,
+               source: PrometheusAPI) -> None:
+    """The top-level report: one section per pool, linking its backtest-style report, and where
+    the history was read (the URL without its credentials, and the selector if one was set)."""
+    selector = source.access.selector
+    read = f" (read from `{source.shown}`" + (f", series matching `{{{selector}}}`)" if selector else ")")
     lines = ["# Plan: oversale on this cluster's own history", "",
-             f"The last {days:g} days of this cluster's history, replayed through the whole system and the peers "
+             f"The last {days:g} days of this cluster's history{read}, replayed through the whole system and the peers "
              "(nothing was written to the cluster). Each pool's full report (capacity freed against realised hot "
              "time for a range of budgets, the peers, plots, `summary.json`) is linked below.", ""]
     for pool, entry in pools.items():
@@ -418,5 +431,6 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
     (out / "plan.md").write_text("\n".join(lines))
     (out / "plan.json").write_text(json.dumps(
         {"budget": {"cpu": budget.cpu, "memory": budget.memory}, "days": days,
+         "source": {"prometheus": source.shown, "selector": selector},
          "pools": {pool: {k: v for k, v in entry.items() if k != "summary"} for pool, entry in pools.items()}},
         indent=2) + "\n")
