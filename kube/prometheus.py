@@ -131,6 +131,12 @@ class PrometheusAPI:
             pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
             self._basic = "Basic " + base64.b64encode(pair.encode()).decode()
 
+    @property
+    def described(self) -> str:
+        """What a log line at start says is read: the URL without credentials, and the selector."""
+        selector = self.access.selector
+        return f"Prometheus at {self.shown}" + (f", series matching {{{selector}}}" if selector else "")
+
     def instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
         """An instant query at ``at``: each series' value by the labels ``keys`` (NaN left out:
         no data in the window for that series)."""

@@ -335,7 +335,9 @@ def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
     if settings.prometheus_url:
         from reconcilers.prometheus import PrometheusHistory
 
-        return PrometheusHistory.from_settings(settings), None
+        prometheus = PrometheusHistory.from_settings(settings)
+        log.info("usage history from %s", prometheus.api.described)
+        return prometheus, None
     from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 
     try:

@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 prometheus = PrometheusAPI(settings.prometheus_url, settings.prometheus_timeout_seconds,
                                            PrometheusAccess.from_settings(settings))
+                logging.getLogger("scheduler").info("load and workload history also from %s", prometheus.described)
                 HistoryPeakPoller(prometheus, state, settings.load_history_interval_seconds,
                                   settings.prometheus_node_label, settings.prometheus_rate_window_seconds,
                                   settings.prometheus_step_seconds,

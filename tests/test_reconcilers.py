@@ -716,11 +716,14 @@ def test_an_api_server_that_never_answers_fails_the_round_instead_of_hanging_it(
 
 
 def test_cli_dry_run_prints_the_table(api, prometheus, tmp_path):
+    # cluster="" matches every series without a cluster label: a Prometheus of this cluster alone.
     env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path), "OVERSALE_PROMETHEUS_URL": prometheus.url, "OVERSALE_FULL_CONFIDENCE": "1d"}
+           "HOME": str(tmp_path), "OVERSALE_PROMETHEUS_URL": prometheus.url, "OVERSALE_FULL_CONFIDENCE": "1d",
+           "OVERSALE_PROMETHEUS_SELECTOR": 'cluster=""'}
     result = subprocess.run([sys.executable, "-m", "reconcilers", "once", "--dry-run"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    assert f'usage history from Prometheus at {prometheus.url}, series matching {{cluster=""}}' in result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("OBJECT")
     assert any(line.startswith("Deployment/shop/web") and "1.25" in line for line in lines)

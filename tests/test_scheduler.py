@@ -816,6 +816,8 @@ def test_a_burst_hours_ago_in_prometheus_keeps_new_pods_off_the_node(node_histor
         assert answer["FailedNodes"] == {"burst": "cpu usage 95% of real capacity (6-hour maximum, from Prometheus) "
                                                   "is above the scheduling watermark 85%"}
         assert 'oversale_extender_history_polls_total{result="ok"}' in extender.get("/metrics")
+        assert f"load and workload history also from Prometheus at {node_history.url}" in \
+            extender.log_path.read_text()
     finally:
         extender.stop()
     # A window of an hour does not reach back to the burst.

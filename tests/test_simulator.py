@@ -590,6 +590,34 @@ def test_a_pods_estimate_in_the_replay_is_its_workloads_usage_just_before_its_mo
         "cpu": 3400.0, "memory": 0.7 * GIB}
 
 
+def test_our_extender_estimates_a_pod_by_its_workloads_usage_koordinators_by_its_request():
+    """Two 12-core Pods fill a node each on 16-core, 64 GiB nodes: one runs its node's cpu at 60%,
+    the other its node's memory at 60%. The third asks 0.1 core and 32 GiB but uses 5.6 cores and
+    half a GiB. Estimated by its workload's usage (our extender), it goes where cpu is cool;
+    estimated by request x 0.85 cpu / 0.7 memory (Koordinator's default estimator, the
+    ``estimate_from_usage=False`` peers), where memory is cool, and that node's cpu then runs
+    at 95%."""
+    from simulator.policies import System, no_compression
+    from simulator.replay import place
+
+    slots = DAY // SLOT
+    start = 30 * DAY
+    times = start - SLOT * np.arange(slots, 0, -1)
+    usage = {"cpu": np.array([[9600.0], [800.0], [5600.0]]).repeat(slots, axis=1),
+             "memory": np.array([[3.0 * GIB], [38.4 * GIB], [0.5 * GIB]]).repeat(slots, axis=1)}
+    window = Window(times, usage, np.ones((3, slots), dtype=bool))
+    day = Day(30, start, np.arange(slots), {"cpu": np.array([12000.0, 12000.0, 100.0]),
+                                            "memory": np.array([8.0 * GIB, 8.0 * GIB, 32.0 * GIB])},
+              usage, np.ones((3, slots), dtype=bool), window, "tuning")
+    real = (16000.0, 64.0 * GIB)
+    ours = place(day, System("ours", "", no_compression, load=LoadConfig()), real).assignment.tolist()
+    by_request = place(day, System("by request", "", no_compression, load=LoadConfig(), estimate_from_usage=False),
+                       real).assignment.tolist()
+    assert ours[0] != ours[1] and by_request[0] != by_request[1]
+    assert ours[2] == ours[1], "beside the memory-hot Pod: 6.4 cores used of 16"
+    assert by_request[2] == by_request[0], "beside the cpu-hot Pod: its 32 GiB request read as 22.4 GiB of use"
+
+
 def test_a_variant_is_read_against_our_curve_at_its_own_capacity_freed():
     """Ten holdout days; `none` needs 10 nodes a day. Our budgets 0.05% and 1% need 6 and 4 (40%
     and 60% freed) and are hot 10 and 50 samples of 1,000 a day on every day (1% and 5%). A variant
