@@ -85,9 +85,10 @@ class QueryTooLarge(PrometheusUnavailable):
 
 @dataclass(frozen=True)
 class PrometheusAccess:
-    """What reaching Prometheus takes besides its URL, where it sits behind authentication (an
-    OpenShift or kube-rbac-proxy front wanting a ServiceAccount token, a Mimir, Cortex or Thanos
-    tenant header, a private CA). A ``user:password@`` in the URL is sent as basic auth."""
+    """What reaching this cluster's series takes besides Prometheus's URL: credentials where it
+    sits behind authentication (an OpenShift or kube-rbac-proxy front wanting a ServiceAccount
+    token, a Mimir, Cortex or Thanos tenant header, a private CA), and a selector where it holds
+    several clusters. A ``user:password@`` in the URL is sent as basic auth."""
 
     headers: tuple[tuple[str, str], ...] = ()
     """Sent with every query (``OVERSALE_PROMETHEUS_HEADERS``)."""

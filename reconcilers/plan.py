@@ -392,10 +392,9 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
                source: PrometheusAPI) -> None:
     """The top-level report: one section per pool, linking its backtest-style report, and where
     the history was read (the URL without its credentials, and the selector if one was set)."""
-    selector = source.access.selector
-    read = f" (read from `{source.shown}`" + (f", series matching `{{{selector}}}`)" if selector else ")")
     lines = ["# Plan: oversale on this cluster's own history", "",
-             f"The last {days:g} days of this cluster's history{read}, replayed through the whole system and the peers "
+             f"The last {days:g} days of this cluster's history (read from {source.described}), replayed through "
+             "the whole system and the peers "
              "(nothing was written to the cluster). Each pool's full report (capacity freed against realised hot "
              "time for a range of budgets, the peers, plots, `summary.json`) is linked below.", ""]
     for pool, entry in pools.items():
@@ -431,6 +430,6 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
     (out / "plan.md").write_text("\n".join(lines))
     (out / "plan.json").write_text(json.dumps(
         {"budget": {"cpu": budget.cpu, "memory": budget.memory}, "days": days,
-         "source": {"prometheus": source.shown, "selector": selector},
+         "source": {"prometheus": source.shown, "selector": source.access.selector},
          "pools": {pool: {k: v for k, v in entry.items() if k != "summary"} for pool, entry in pools.items()}},
         indent=2) + "\n")

@@ -126,7 +126,7 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
         {p.name for p in report.iterdir()}
     text = (tmp_path / "plan" / "plan.md").read_text()
     assert "Pool `general`" in text and "| shop |" in text and "(general/report.md)" in text
-    assert f"history (read from `{cluster_prometheus.url}`)" in text
+    assert f"history (read from Prometheus at {cluster_prometheus.url})" in text
 
 
 def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_path):
@@ -188,7 +188,7 @@ def test_a_prometheus_holding_several_clusters_is_planned_for_the_one_selected(t
     assert pool["namespaces"]["shop"]["cpu_set_cores"] < 2.5
     source = json.loads((tmp_path / "eu" / "plan.json").read_text())["source"]
     assert source == {"prometheus": server.url, "selector": 'cluster="eu"'}
-    read = f'(read from `{server.url}`, series matching `{{cluster="eu"}}`)'
+    read = f'(read from Prometheus at {server.url}, series matching {{cluster="eu"}})'
     assert read in (tmp_path / "eu" / "plan.md").read_text()
     assert mixed.returncode == 0, mixed.stderr
     assert json.loads((tmp_path / "both" / "plan.json").read_text())["pools"]["general"]["node_cores"] == 24
