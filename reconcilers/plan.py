@@ -18,7 +18,7 @@ Each Pod's containers are summed every ``step``, and each workload's Pods are jo
 many continuous series as it ran Pods at once (:func:`replica_lanes`, so its history spans its
 rollouts as it does live): the replayed workloads. The Pods of each node pool are replayed on
 nodes of that pool's size (the most common allocatable among its nodes, less what its
-DaemonSet and static Pods request of each: :func:`node_bound_share`; on a cluster already
+DaemonSet and static Pods hold of each: :func:`node_bound_share`; on a cluster already
 oversold by oversale the exporters see the oversold values, so plan before switching it on).
 The report is the backtest's, per pool, plus what our system at the chosen budget would do per
 namespace and the ratios it would set.
@@ -322,23 +322,36 @@ def by_pool(history: ClusterHistory) -> dict[str, list[PodHistory]]:
     return pools
 
 
+NODE_BOUND_USAGE_QUANTILE = 0.99
+"""The share of its samples a node-bound Pod's use is held for, where it uses more than it requests."""
+
+
 def node_bound_share(history: ClusterHistory, pool: str) -> tuple[float, float]:
     """The cores and bytes a node of ``pool`` holds for its DaemonSets' Pods and its static Pods:
-    the median over the pool's nodes of the last requests of those each ran (one per DaemonSet: a
-    rollout's new Pod replaces the old; a static Pod keeps its name).
+    the median over the pool's nodes of what the last Pod of each (one per DaemonSet: a rollout's
+    new Pod replaces the old; a static Pod keeps its name) held there, its request, or the 99th
+    percentile of its use where that is more.
 
     A DaemonSet runs one Pod on every node it selects, however many nodes there are, and a static
     Pod runs on the node whose kubelet reads its manifest. Replayed as workloads, N of them would
     be packed onto the fewer nodes right-sizing leaves, as if the cluster kept every node's
-    agents; so they are not replayed, and what they request is taken off each node's size
-    instead (what they use is taken to be that)."""
+    agents; so they are not replayed, and what they hold is taken off each node's size instead.
+    Their use counts where it is more than their request: a log shipper or monitoring agent that
+    requests nothing (BestEffort) still uses cores on every node, which the replay would otherwise
+    never see, and a node's hot time would be read too low."""
     latest: dict[tuple[str, str], tuple[float, float, float]] = {}  # (node, its Pod) -> (at, cores, bytes)
     for pod in history.pods.values():
-        cpu, memory = pod.series.get("cpu_request"), pod.series.get("memory_request")
-        if pod.owner.startswith(NODE_BOUND_OWNERS) and cpu is not None and len(cpu[0]):
-            key = (pod.node, pod.namespace + "/" + (pod.owner if pod.owner.startswith("DaemonSet/") else pod.pod))
-            if key not in latest or cpu[0][-1] > latest[key][0]:
-                latest[key] = (cpu[0][-1], cpu[1][-1], memory[1][-1] if memory is not None and len(memory[1]) else 0.0)
+        if not pod.owner.startswith(NODE_BOUND_OWNERS):
+            continue
+        cpu_request, memory_request, cpu_usage, memory_usage = (
+            pod.series.get(key) for key in ("cpu_request", "memory_request", "cpu_usage", "memory_usage"))
+        seen = [times[-1] for times, _ in pod.series.values() if len(times)]
+        if not seen:
+            continue
+        key = (pod.node, pod.namespace + "/" + (pod.owner if pod.owner.startswith("DaemonSet/") else pod.pod))
+        held = (max(_last(cpu_request), _high(cpu_usage)), max(_last(memory_request), _high(memory_usage)))
+        if key not in latest or max(seen) > latest[key][0]:
+            latest[key] = (max(seen), *held)
     per_node = {node: [0.0, 0.0] for node in history.node_sizes if history.node_pools.get(node, "default") == pool}
     for (node, _), (_, cores, memory_bytes) in latest.items():
         if node in per_node:
@@ -349,9 +362,21 @@ def node_bound_share(history: ClusterHistory, pool: str) -> tuple[float, float]:
     return statistics.median(c for c, _ in per_node.values()), statistics.median(m for _, m in per_node.values())
 
 
+def _last(series: Series | None) -> float:
+    return series[1][-1] if series is not None and len(series[1]) else 0.0
+
+
+def _high(series: Series | None) -> float:
+    """The ``NODE_BOUND_USAGE_QUANTILE`` of a series' values (0 for none)."""
+    if series is None or not len(series[1]):
+        return 0.0
+    values = sorted(series[1])
+    return values[min(len(values) - 1, int(NODE_BOUND_USAGE_QUANTILE * len(values)))]
+
+
 def node_bound_text(share: tuple[float, float]) -> str:
     """The share :func:`node_bound_share` found, in words (for the log and ``plan.md``)."""
-    return f"DaemonSet and static Pods request {share[0]:g} cpu and {share[1] / 2**30:.3g} GiB of each node"
+    return f"DaemonSet and static Pods hold {share[0]:.3g} cpu and {share[1] / 2**30:.3g} GiB of each node"
 
 
 def pool_size(history: ClusterHistory, pool: str) -> tuple[float, float] | None:

@@ -391,8 +391,9 @@ def test_sidecars_and_init_containers_count_in_a_pods_requests_as_kube_scheduler
 def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_workloads(tmp_path):
     """A DaemonSet runs one Pod on every node, however many nodes right-sizing leaves, and a
     static Pod on its own node: the plan replays the other Pods on nodes of their allocatable
-    less what those request there (one Pod per DaemonSet and node: a rollout's new Pod replaces
-    the old)."""
+    less what those hold there: their requests, or what they use where that is more, as a log
+    shipper requesting nothing uses 0.3 cores and 0.5 GiB of every node (one Pod per DaemonSet
+    and node: a rollout's new Pod replaces the old)."""
     families = {family.name: family for family in exporter_families()}
     end = time.time() - 120
     start = end - DAYS * 86400
@@ -402,6 +403,16 @@ def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_
     agents.append(("node-agent-a9p4q", "node-a", start + DAYS * 43200 + STEP, end))
     # A static Pod on each node too (its mirror's owner is the Node), 0.5 cores and 0.25 GiB.
     statics = [(f"haproxy-{node}", node, start, end) for node in NODES]
+    for node in NODES:  # BestEffort: no request series at all, only its usage and its owner
+        kept = {"namespace": "kube-system", "pod": f"log-shipper-{node[-1]}q8z2m"}
+        families["kube_pod_owner"].series.append(
+            ({**kept, "owner_kind": "DaemonSet", "owner_name": "log-shipper", "owner_is_controller": "true"},
+             lambda t: 1))
+        families["kube_pod_info"].series.append(({**kept, "node": node}, lambda t: 1))
+        families["container_cpu_usage_seconds_total"].series.append(
+            ({**kept, "container": "shipper"}, lambda t: 0.3))
+        families["container_memory_working_set_bytes"].series.append(
+            ({**kept, "container": "shipper"}, lambda t: 2**29))
     for pod, node, first, last in agents + statics:
         kept = {"namespace": "kube-system", "pod": pod}
         cpu, memory = (0.5, 2**28) if pod.startswith("haproxy") else (1.0, 2**30)
@@ -426,12 +437,14 @@ def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_
     pool = planned_pool(PrometheusServer(directory, history), tmp_path / "plan")
     assert pool["pods"] == len(PODS), "the agents are not replayed"
     assert "kube-system" not in pool["namespaces"]
-    assert (pool["node_cores"], pool["node_bound_cores"]) == (8, 1.5)
-    assert pool["node_bound_memory_bytes"] == 1.25 * 2**30, "one agent per node (the rolled-out one not counted " \
-        "twice) and its static Pod"
+    # The agent's 1 core requested (it uses 0.2), the static Pod's 0.5, the shipper's 0.3 used.
+    assert pool["node_cores"] == 8 and pool["node_bound_cores"] == pytest.approx(1.8)
+    assert pool["node_bound_memory_bytes"] == 1.75 * 2**30, "one agent per node (the rolled-out one not counted " \
+        "twice), its static Pod and the shipper's use"
     retune = shlex.split(pool["retune"])
-    assert retune[retune.index("--node-cores") + 1] == "6.5", "replayed on what the agents leave of each node"
-    assert "DaemonSet and static Pods request 1.5 cpu and 1.25 GiB of each" in \
+    assert float(retune[retune.index("--node-cores") + 1]) == pytest.approx(6.2), \
+        "replayed on what the agents leave of each node"
+    assert "DaemonSet and static Pods hold 1.8 cpu and 1.75 GiB of each node" in \
         (tmp_path / "plan" / "plan.md").read_text()
 
 
