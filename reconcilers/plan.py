@@ -9,8 +9,10 @@ The history is what the usual exporters publish:
   (which workload a Pod belongs to), ``kube_pod_info`` (its node), ``kube_node_status_allocatable``
   (node sizes), optionally ``kube_replicaset_owner`` and ``kube_job_owner`` (a ReplicaSet's
   Deployment, a Job's CronJob), ``kube_horizontalpodautoscaler_info`` and
-  ``kube_horizontalpodautoscaler_spec_target_metric`` (workloads scaled on utilization) and, where
-  its label allowlist exports them, ``kube_node_labels`` (node pools);
+  ``kube_horizontalpodautoscaler_spec_target_metric`` (workloads scaled on utilization),
+  ``kube_pod_overhead_cpu_cores`` and ``kube_pod_overhead_memory_bytes`` (RuntimeClass overhead:
+  :func:`add_overhead`) and, where its label allowlist exports them, ``kube_node_labels`` (node
+  pools);
 - cAdvisor (the kubelet's ``/metrics/cadvisor``): ``container_cpu_usage_seconds_total`` and
   ``container_memory_working_set_bytes``.
 
@@ -32,6 +34,7 @@ import json
 import re
 import statistics
 import time
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,6 +105,28 @@ SOURCE_METRIC = {"cpu_request": "kube_pod_container_resource_requests",
                  "memory_request": "kube_pod_container_resource_requests",
                  "cpu_usage": "container_cpu_usage_seconds_total",
                  "memory_usage": "container_memory_working_set_bytes"}
+
+
+OVERHEAD_METRICS = {"cpu": "kube_pod_overhead_cpu_cores", "memory": "kube_pod_overhead_memory_bytes"}
+"""kube-state-metrics' series of a Pod's RuntimeClass overhead, per resource (cores, bytes)."""
+
+
+def add_overhead(pod: PodHistory, resource: str, amount: float) -> None:
+    """Counts a Pod's RuntimeClass overhead (a Kata Containers VM, gVisor's sandbox: set at
+    admission, fixed for the Pod's life) in its request and its use of ``resource``.
+    kube-scheduler adds it to the Pod's requests, and the sandbox runs outside the app
+    containers whose cAdvisor series are the Pod's use; its use is taken to be what it reserves.
+    Right-sizing lowers the containers' requests, never the overhead: replayed as part of both
+    request and use, it is sized at about itself again."""
+    usage = pod.series.get(f"{resource}_usage")
+    if f"{resource}_request" not in pod.series and usage is not None:
+        # A Pod whose containers request nothing is still reserved its overhead.
+        pod.series[f"{resource}_request"] = (array("d", usage[0]), array("d", [0.0]) * len(usage[0]))
+    for key in (f"{resource}_request", f"{resource}_usage"):
+        if (series := pod.series.get(key)) is not None:
+            values = series[1]
+            for index in range(len(values)):
+                values[index] += amount
 
 
 class PlanError(Exception):
@@ -205,6 +230,11 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     for pod_key, workload in pod_workloads(owners, _controllers(prometheus, start, end)).items():
         if (owned := pods.get(pod_key)) is not None:
             owned.owner = workload.split("/", 1)[1]
+    for resource, metric in OVERHEAD_METRICS.items():
+        for labels, (_, values) in _optional_series(prometheus, f"max by (namespace, pod) ({metric})", start, end):
+            overheaded = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
+            if overheaded is not None and len(values) and values[-1] > 0:
+                add_overhead(overheaded, resource, values[-1])
     scaled = {} if rescale_hpa else _utilization_autoscaled(prometheus, start, end)
     for pod in pods.values():
         pod.fixed = frozenset(scaled.get((pod.namespace, pod.owner), ()))
@@ -263,8 +293,14 @@ def _utilization_autoscaled(prometheus: PrometheusHistory, start: float, end: fl
 
 def _optional_labels(prometheus: PrometheusHistory, query: str, start: float, end: float) -> list[dict[str, str]]:
     """The label sets of a series the plan can do without (none when Prometheus cannot answer it)."""
+    return [labels for labels, _ in _optional_series(prometheus, query, start, end)]
+
+
+def _optional_series(prometheus: PrometheusHistory, query: str, start: float,
+                     end: float) -> list[tuple[dict[str, str], Series]]:
+    """The series the plan can do without (none when Prometheus cannot answer them)."""
     try:
-        return [labels for labels, _ in prometheus.query_range(query, start, end, part_steps=_day_steps(prometheus))]
+        return prometheus.query_range(query, start, end, part_steps=_day_steps(prometheus))
     except HistoryUnavailable:
         return []
 

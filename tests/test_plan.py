@@ -388,6 +388,39 @@ def test_sidecars_and_init_containers_count_in_a_pods_requests_as_kube_scheduler
     assert float(crawl[len(crawl) // 2]["cpu_usage_cores"]) == pytest.approx(1.5)
 
 
+def test_a_runtimeclass_overhead_counts_in_a_pods_request_and_use(tmp_path):
+    """A Pod of a RuntimeClass with overhead (a Kata Containers VM: 0.25 cores and 160 MiB) is
+    reserved its containers' requests plus the overhead by kube-scheduler, and its sandbox runs
+    outside the app containers' cgroups that cAdvisor's series measure. The plan counts the
+    overhead in both, as kube-state-metrics publishes it; Pods without one are unchanged."""
+    families = {family.name: family for family in exporter_families()}
+    kept = {"namespace": "kata", "pod": "vault-9a0b1-iiiii"}
+    state = {**kept, "node": "node-c", "uid": "uid-vault", "container": "app"}
+    families["kube_pod_container_resource_requests"].series += [
+        ({**state, "resource": "cpu", "unit": "core"}, lambda t: 1.0),
+        ({**state, "resource": "memory", "unit": "byte"}, lambda t: 2**30)]
+    families["kube_pod_owner"].series.append(({**kept, "owner_kind": "ReplicaSet", "owner_name": "vault-9a0b1",
+                                               "owner_is_controller": "true"}, lambda t: 1))
+    families["kube_pod_info"].series.append(({**kept, "node": "node-c"}, lambda t: 1))
+    families["container_cpu_usage_seconds_total"].series.append(({**kept, "container": "app"}, lambda t: 0.2))
+    families["container_memory_working_set_bytes"].series.append(({**kept, "container": "app"}, lambda t: 2**28))
+    overhead = [Family("kube_pod_overhead_cpu_cores", "gauge", [({**kept, "uid": "uid-vault"}, lambda t: 0.25)]),
+                Family("kube_pod_overhead_memory_bytes", "gauge",
+                       [({**kept, "uid": "uid-vault"}, lambda t: 160 * 2**20)])]
+    server = backfilled(tmp_path / "kata", [*families.values(), *overhead], DAYS)
+    pool = planned_pool(server, tmp_path / "plan")
+    assert pool["namespaces"]["kata"]["cpu_requested_cores"] == pytest.approx(1.25)
+    assert pool["namespaces"]["kata"]["memory_requested_bytes"] == pytest.approx(2**30 + 160 * 2**20)
+    assert pool["namespaces"]["shop"]["cpu_requested_cores"] == pytest.approx(5.0), "no overhead, none added"
+    with gzip.open(tmp_path / "plan" / "general" / "history.csv.gz", "rt") as handle:
+        vault = [r for r in csv.DictReader(handle) if r["workload"] == "kata/ReplicaSet/vault-9a0b1/0"]
+    assert len(vault) > DAYS * 200
+    middle = vault[len(vault) // 2]
+    assert float(middle["cpu_request_cores"]) == pytest.approx(1.25)
+    assert float(middle["cpu_usage_cores"]) == pytest.approx(0.45, rel=0.01)
+    assert float(middle["memory_usage_bytes"]) == pytest.approx(2**28 + 160 * 2**20, rel=0.001)
+
+
 def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_workloads(tmp_path):
     """A DaemonSet runs one Pod on every node, however many nodes right-sizing leaves, and a
     static Pod on its own node: the plan replays the other Pods on nodes of their allocatable
