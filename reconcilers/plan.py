@@ -52,6 +52,7 @@ from kube.prometheus import (
     controller_query,
 )
 from oversale.budget import HotTimeBudget
+from oversale.estimator import quantile
 from oversale.pods import pod_workloads
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
@@ -404,10 +405,7 @@ def _last(series: Series | None) -> float:
 
 def _high(series: Series | None) -> float:
     """The ``NODE_BOUND_USAGE_QUANTILE`` of a series' values (0 for none)."""
-    if series is None or not len(series[1]):
-        return 0.0
-    values = sorted(series[1])
-    return values[min(len(values) - 1, int(NODE_BOUND_USAGE_QUANTILE * len(values)))]
+    return (quantile(series[1], NODE_BOUND_USAGE_QUANTILE) if series is not None else None) or 0.0
 
 
 def node_bound_text(share: tuple[float, float]) -> str:
