@@ -2,6 +2,7 @@
 history, and the API-server double of tests/ holding the objects.
 
     python -m bench.reconcile_scale [--workloads 10000] [--nodes 5000] [--hours 24] [--sample 600]
+                                    [--memory-sizes 1] [--memory-step 8]
 
 Prints how long the history takes to build, the pass time (dry run and with writes) and the
 number of PromQL queries. Needs Debian's prometheus package (prometheus, promtool).
@@ -75,7 +76,10 @@ def write_history(path: Path, workloads: int, nodes: int, start: float, end: flo
     return lines
 
 
-def populate(api: FakeKubeAPI, workloads: int, nodes: int, pods_per_node: int) -> None:
+def populate(api: FakeKubeAPI, workloads: int, nodes: int, pods_per_node: int, memory_sizes: int = 1,
+             memory_step: int = 8) -> None:
+    """``memory_sizes``: the nodes' memory allocatable takes that many values, ``memory_step`` MiB
+    apart (8: one instance type whose nodes' kernels and firmware keep different amounts)."""
     template = {"spec": {"containers": [{"name": "app", "image": "x",
                                          "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}
     for w in range(workloads):
@@ -84,7 +88,8 @@ def populate(api: FakeKubeAPI, workloads: int, nodes: int, pods_per_node: int) -
                                 "spec": {"template": template}})
     for n in range(nodes):
         api.put("nodes", {"metadata": {"name": f"node-{n}", "labels": {KEYS.oversale_label: "enabled"}},
-                          "status": {"allocatable": {"cpu": "15890m", "memory": "60Gi"},
+                          "status": {"allocatable": {"cpu": "15890m",
+                                                     "memory": f"{60 * 1024 - memory_step * (n % memory_sizes)}Mi"},
                                      "capacity": {"cpu": "16", "memory": "64Gi"}}})
         for p in range(pods_per_node):
             requests = {"cpu": "3", "memory": "8Gi"}
@@ -101,6 +106,9 @@ def main() -> int:
     parser.add_argument("--pods-per-node", type=int, default=4)
     parser.add_argument("--hours", type=float, default=26.0, help="history length (default 26)")
     parser.add_argument("--sample", type=float, default=600.0, help="seconds between samples (default 600)")
+    parser.add_argument("--memory-sizes", type=int, default=1,
+                        help="distinct memory allocatable values among the nodes (default 1)")
+    parser.add_argument("--memory-step", type=int, default=8, help="MiB between those values (default 8)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
@@ -119,7 +127,7 @@ def main() -> int:
     log(f"prometheus ready in {loaded:.0f}s; loading the API double")
     api = FakeKubeAPI().start()
     try:
-        populate(api, args.workloads, args.nodes, args.pods_per_node)
+        populate(api, args.workloads, args.nodes, args.pods_per_node, args.memory_sizes, args.memory_step)
         api_client = client.ApiClient(client.Configuration(host=api.url))
         # Samples are args.sample apart: rate() needs a window holding several of them.
         settings = dataclasses.replace(
@@ -127,7 +135,8 @@ def main() -> int:
             prometheus_rate_window_seconds=4 * args.sample, prometheus_timeout_seconds=120, min_samples=10,
             full_confidence_seconds=86400.0)
         figures = {"workloads": args.workloads, "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
-                   "history_samples": samples}
+                   "memory_sizes": args.memory_sizes,
+                   "memory_step_mib": args.memory_step, "history_samples": samples}
         for label, dry_run in (("dry_run", True), ("with_writes", False)):
             history = PrometheusHistory.from_settings(settings)
             reconciler = Reconciler(Cluster(api_client, timeout=300), history, settings)

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -362,6 +363,21 @@ def node_name(instance: str) -> str:
     """The node of a node-exporter ``instance`` label (``host:port``: the port goes)."""
     host, _, port = instance.rpartition(":")
     return host if host and port.isdigit() else instance
+
+
+def node_matcher(label: str, nodes: Iterable[str]) -> str:
+    """The label matcher of ``nodes``' node-exporter series, for :func:`scoped`: the node label's
+    value is the node's name, with or without ``:port`` (as :func:`node_name` reads it). A regex
+    metacharacter in a name (its dots) is escaped for RE2, and each backslash for the PromQL string.
+
+    >>> print(node_matcher("instance", ["n2", "ip-10-0-0-1.eu"]))
+    instance=~"(?:ip-10-0-0-1\\\\.eu|n2)(?::[0-9]+)?"
+    """
+    names = "|".join(_REGEX_SPECIAL.sub(lambda special: "\\\\" + special.group(), name) for name in sorted(nodes))
+    return f'{label}=~"(?:{names})(?::[0-9]+)?"'
+
+
+_REGEX_SPECIAL = re.compile(r"[.^$*+?()\[\]{}|\\]")
 
 
 def duration(seconds: float) -> str:

@@ -1,9 +1,10 @@
 """Usage history from Prometheus's HTTP API.
 
-One pass issues a fixed number of instant queries (9 for the ratios), each over the whole
-window, so Prometheus does the per-series work and returns one number per series: never one
-query per object. Container usage comes from cAdvisor (``container_cpu_usage_seconds_total``,
-``container_memory_working_set_bytes``), summarized per cgroup before it is aggregated
+One pass issues a fixed number of instant queries (9 for the ratios, 3 per window for the
+hot-time account whatever the nodes' sizes), each over the whole window, so Prometheus does the
+per-series work and returns one number per series: never one query per object. Container usage
+comes from cAdvisor (``container_cpu_usage_seconds_total``, ``container_memory_working_set_bytes``),
+summarized per cgroup before it is aggregated
 (:meth:`Summaries.per_cgroup`); node usage from node-exporter (``node_cpu_seconds_total``,
 ``MemTotal - MemAvailable``, or a query of your own), aggregated at each step first
 (:meth:`Summaries.at_each_step`).
@@ -30,7 +31,9 @@ from kube.prometheus import (
     Series,
     duration,
     node_expressions,
+    node_matcher,
     node_name,
+    scoped,
 )
 from oversale.budget import HotTime
 from oversale.estimator import UsageStats
@@ -94,8 +97,12 @@ class PrometheusHistory:
         return [self._hot_time_over(window, real) for window in windows]
 
     def _hot_time_over(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
-        """One count query per resource and distinct real allocatable (the nodes of a pool share
-        theirs), plus one count of all samples: the number of queries does not grow with nodes."""
+        """A count of all samples, and one count above the real allocatable per resource: the
+        number of queries grows neither with nodes nor with their sizes. The nodes are grouped by
+        real allocatable (:func:`threshold_groups`), and the count's expression is the ``or`` of
+        each group's usage, its series selected by node name, above the group's. With a node
+        memory query of the user's own, whose series may lack the node label (a join), memory
+        takes one count per group instead, read over all nodes."""
         label, now = self.node_label, time.time()
         expressions = self._node_expressions()
         totals = self._per_window(f"count_over_time(({expressions['cpu']})[$WINDOW:$STEP])", window, now,
@@ -103,14 +110,23 @@ class PrometheusHistory:
         samples = {node_name(key[0]): int(count) for key, count in totals.items()}
         result: dict[str, dict[str, HotTime]] = {}
         for resource, expression in expressions.items():
-            for threshold in sorted({values[resource] for values in real.values() if resource in values}):
-                above = self._per_window(f"count_over_time((({expression}) > {threshold:.0f})[$WINDOW:$STEP])",
-                                         window, now, (label,), sum)
-                hot = {node_name(key[0]): int(count) for key, count in above.items()}
-                for node, values in real.items():
-                    if values.get(resource) == threshold and node in samples:
-                        result.setdefault(node, {})[resource] = HotTime(min(hot.get(node, 0), samples[node]),
-                                                                         samples[node])
+            groups = threshold_groups({node: values[resource] for node, values in real.items()
+                                       if resource in values and node in samples})
+            if not groups:
+                continue
+            # (expression above the real allocatable, the nodes whose counts it gives)
+            counts: list[tuple[str, list[str]]]
+            if len(groups) == 1 or (resource == "memory" and self.node_memory_query):
+                counts = [(f"({expression}) > {threshold:.0f}", nodes) for threshold, nodes in groups]
+            else:
+                counts = [(" or ".join(f"(({scoped(expression, node_matcher(label, nodes))}) > {threshold:.0f})"
+                                       for threshold, nodes in groups), [n for _, nodes in groups for n in nodes])]
+            for above, nodes in counts:
+                hot = {node_name(key[0]): int(count) for key, count in self._per_window(
+                    f"count_over_time(({above})[$WINDOW:$STEP])", window, now, (label,), sum).items()}
+                for node in nodes:
+                    result.setdefault(node, {})[resource] = HotTime(min(hot.get(node, 0), samples[node]),
+                                                                     samples[node])
         return result
 
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
@@ -202,6 +218,31 @@ class PrometheusHistory:
 
 
 _EMPTY = UsageStats(None, None, 0, 0.0, None)
+
+SIZE_TOLERANCE = 0.01
+"""Nodes whose real allocatable is within this share of each other are counted hot against the
+lowest of theirs (:func:`threshold_groups`)."""
+
+
+def threshold_groups(thresholds: dict[str, float],
+                     tolerance: float = SIZE_TOLERANCE) -> list[tuple[float, list[str]]]:
+    """The nodes (node -> its real allocatable of one resource) in groups, each with the lowest
+    real allocatable of its nodes, the others within ``tolerance`` of it. Nodes of one instance
+    type report nearly the same memory, not always the same: the kernel and firmware keep
+    different amounts (a node image upgrade moves MemTotal by megabytes), so a cluster of one
+    type can hold hundreds of values. Counted against the lowest, a node's samples between it and
+    its own are counted hot: the safe side, by at most ``tolerance`` of its capacity.
+
+    >>> threshold_groups({"a": 16.0e9, "b": 16.1e9, "c": 32e9, "d": 3920.0})
+    [(3920.0, ['d']), (16000000000.0, ['a', 'b']), (32000000000.0, ['c'])]
+    """
+    groups: list[tuple[float, list[str]]] = []
+    for node, value in sorted(thresholds.items(), key=lambda item: (item[1], item[0])):
+        if groups and value <= groups[-1][0] * (1 + tolerance):
+            groups[-1][1].append(node)
+        else:
+            groups.append((value, [node]))
+    return groups
 
 
 @dataclass(frozen=True)

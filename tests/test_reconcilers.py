@@ -339,6 +339,52 @@ def test_a_prometheus_holding_several_clusters_is_read_for_this_one_alone(tmp_pa
         server.stop()
 
 
+def test_hot_time_takes_three_queries_whatever_the_node_sizes(tmp_path):
+    """Nodes of four sizes, two of them within 1% of each other (one instance type, two node
+    images): the hot-time account still reads one sample count and one count above the real
+    allocatable per resource, each node counted against its own size (or the lower of two within
+    1%), not one count per size. With a node memory query of the user's own that joins a series
+    without the node label, memory is read one count per size instead, with the same figures."""
+    end = time.time() - 120
+    # name: (cpu used, memory used, real cpu, real memory); constant, so each node is hot in every
+    # sample or in none.
+    nodes = {"small": (1500, 3e9, 1000, 2e9),       # hot in both
+             "mid.eu": (1500, 3e9, 2000, 4e9),      # hot in neither, though above small's sizes
+             "big": (3000, 7e9, 4000, 8e9),         # hot in neither, though above mid's sizes
+             "big-new": (3000, 8.02e9, 4000, 8.05e9)}  # memory between big's size and its own
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    node_total = Family("node_memory_MemTotal_bytes", "gauge")
+    node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+    scale = Family("memory_scale", "gauge")  # a series with no node label, for the user's own query
+    scale.series.append(({"job": "config"}, lambda t: 1.0))
+    for name, (cpu, memory, _, _) in nodes.items():
+        instance = {"instance": f"{name}:9100"}
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, lambda t, c=cpu: c / 1000))
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "idle"}, lambda t, c=cpu: 8 - c / 1000))
+        node_total.series.append((instance, lambda t: 32e9))
+        node_available.series.append((instance, lambda t, m=memory: 32e9 - m))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [node_cpu, node_total, node_available, scale], end - 86400, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    real = {name: {"cpu": float(cpu), "memory": memory} for name, (_, _, cpu, memory) in nodes.items()}
+    try:
+        joined = ("max by (instance) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes) "
+                  "* on () group_left () max(memory_scale)")
+        # The node matchers also go with a cluster selector (here one every series matches).
+        for extra, queries in (({}, 3), ({"OVERSALE_PROMETHEUS_SELECTOR": 'instance=~".+"'}, 3),
+                               ({"OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY": joined}, 2 + 3)):
+            reader = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
+                                                                        **extra}))
+            hot = reader.node_hot_time([6 * HOUR], real)[0]
+            assert reader.queries == queries, extra
+            figures = {name: (by["cpu"].hot_samples, by["memory"].hot_samples) for name, by in hot.items()}
+            full = hot["small"]["cpu"].samples
+            assert full > 60 and all(by[r].samples == full for by in hot.values() for r in ("cpu", "memory"))
+            assert figures == {"small": (full, full), "mid.eu": (0, 0), "big": (0, 0), "big-new": (0, full)}, extra
+    finally:
+        server.stop()
+
+
 def test_a_restarted_containers_history_is_all_its_cgroups(prometheus):
     history = PrometheusHistory(prometheus.url, resolution=300)
     batch = history.container_stats(3 * 86400, 0.99)[(NS, "batch-0", "work")]
