@@ -19,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from array import array
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -363,6 +363,50 @@ def node_name(instance: str) -> str:
     """The node of a node-exporter ``instance`` label (``host:port``: the port goes)."""
     host, _, port = instance.rpartition(":")
     return host if host and port.isdigit() else instance
+
+
+def node_label_problem(found: Collection[str], nodes: Collection[str], label: str) -> str | None:
+    """Why no node's usage is read although node-exporter's series are: the names their ``label``
+    holds (without ``:port``) are none of the cluster's ``nodes``. Scraped through its Pods, a
+    node-exporter's ``instance`` is the Pod's IP and port unless a relabelling sets the node's name
+    (from ``__meta_kubernetes_pod_node_name``, in ``instance`` or a label of its own). None while
+    one name matches, or either side is empty (nothing read yet, no node known yet).
+
+    >>> print(node_label_problem(["10.0.3.7", "10.0.3.9"], ["ip-10-0-3-7.eu"], "instance"))
+    node-exporter's series name 2 nodes by their 'instance' label (10.0.3.7, 10.0.3.9), none of them one of the \
+cluster's 1 nodes (ip-10-0-3-7.eu): no node's usage is read; set OVERSALE_PROMETHEUS_NODE_LABEL to the label \
+holding the node's name
+    """
+    if not found or not nodes or not set(found).isdisjoint(nodes):
+        return None
+
+    def some(names: Collection[str]) -> str:
+        shown = sorted(names)[:3]
+        return ", ".join(shown) + (", ..." if len(names) > len(shown) else "")
+
+    return (f"node-exporter's series name {len(found)} nodes by their {label!r} label ({some(found)}), none of "
+            f"them one of the cluster's {len(nodes)} nodes ({some(nodes)}): no node's usage is read; set "
+            "OVERSALE_PROMETHEUS_NODE_LABEL to the label holding the node's name")
+
+
+class NodeNaming:
+    """Tells when node-exporter's series start to name none of the cluster's nodes
+    (:func:`node_label_problem`), and when they name them again: once each, not at every read."""
+
+    def __init__(self, label: str, meanwhile: str) -> None:
+        self.label = label
+        self.meanwhile = meanwhile
+        """What counts while no node's usage is read (said with the warning)."""
+        self._told: str | None = None
+
+    def check(self, found: Collection[str], nodes: Collection[str]) -> str | None:
+        problem = node_label_problem(found, nodes, self.label)
+        if problem and problem != self._told:
+            log.warning("%s; %s", problem, self.meanwhile)
+        elif problem is None and self._told:
+            log.info("node-exporter's series name the cluster's nodes again")
+        self._told = problem
+        return problem
 
 
 def node_matcher(label: str, nodes: Iterable[str]) -> str:

@@ -7,7 +7,7 @@ usage summaries (see ``oversale.estimator.UsageStats``). CPU is in millicores, m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,4 +48,9 @@ class History(Protocol):
 
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
         """Per node and resource, the highest sample of the window."""
+        ...
+
+    def check_node_names(self, found: Collection[str], nodes: Collection[str]) -> None:
+        """Warns where the nodes the history names (``found``) are none of the cluster's ``nodes``
+        and the source can name them wrong (Prometheus: by the wrong label)."""
         ...

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from kube.prometheus import (
     APP_CONTAINERS,
     RANGE_STEPS,
+    NodeNaming,
     PrometheusAccess,
     PrometheusAPI,
     PrometheusUnavailable,
@@ -63,9 +64,11 @@ class PrometheusHistory:
     query_seconds: float = 0.0
     """Time spent waiting for Prometheus so far."""
     api: PrometheusAPI = field(init=False)
+    node_naming: NodeNaming = field(init=False)
 
     def __post_init__(self) -> None:
         self.api = PrometheusAPI(self.url, self.timeout, self.access)
+        self.node_naming = NodeNaming(self.node_label, "every node ratio is held")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PrometheusHistory:
@@ -137,6 +140,9 @@ class PrometheusHistory:
                                                (label,), max).items():
                 result.setdefault(node_name(key[0]), {})[resource] = value
         return result
+
+    def check_node_names(self, found: Collection[str], nodes: Collection[str]) -> None:
+        self.node_naming.check(found, nodes)
 
     def _node_expressions(self) -> dict[str, str]:
         return node_expressions(self.node_label, self.rate_window, self.node_memory_query)

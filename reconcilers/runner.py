@@ -493,6 +493,8 @@ class Reconciler:
             log.warning("node history unavailable (%s): holding every node ratio", error)
             self.metrics.staleness.labels("nodes").set(-1)
             stats = {}
+        if stats:
+            self.history.check_node_names(stats.keys(), {n["metadata"]["name"] for n in nodes} | requested.keys())
         pools = {n["metadata"]["name"]: pool_of(n["metadata"].get("labels") or {}, self.settings.pool_labels)
                  for n in nodes}
         accounts = self._keep_accounts(nodes, budgets, pools, dry_run) if stats else {}

@@ -18,6 +18,7 @@ from kube.prometheus import (
     NO_OWNER,
     OWNER_CONTROLLERS,
     POD_OWNER,
+    NodeNaming,
     PrometheusAPI,
     PrometheusUnavailable,
     controller_query,
@@ -277,13 +278,16 @@ class HistoryPeakPoller(_PrometheusPoller):
                  on_poll: Callable[[str], None] = lambda result: None) -> None:
         super().__init__(prometheus, state, interval, on_poll)
         self._label = node_label
+        self._naming = NodeNaming(node_label, "the peak watermark reads the extender's own samples")
         cpu = node_expressions(node_label, rate_window)["cpu"]
         self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
                       f"{duration(step)}])")
 
     def _read(self, now: float) -> None:
-        peaks = self._prometheus.instant(self.query, now, (self._label,))
-        self._state.record_history_peaks({node_name(key[0]): value for key, value in peaks.items()}, now)
+        read = self._prometheus.instant(self.query, now, (self._label,))
+        peaks = {node_name(key[0]): value for key, value in read.items()}
+        self._state.record_history_peaks(peaks, now)
+        self._naming.check(peaks, self._state.node_names())
 
 
 class WorkloadHistoryPoller(_PrometheusPoller):

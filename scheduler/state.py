@@ -186,6 +186,10 @@ class ClusterState:
             self._raw_nodes[name] = node
             self.nodes[name] = node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
 
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return list(self.nodes)
+
     def reset_nodes(self) -> None:
         """Before a relist of Nodes: a node deleted while the watch was away has no DELETED event,
         and the list fills in the others again (under the same lock, so none is missed between)."""

@@ -385,6 +385,49 @@ def test_hot_time_takes_three_queries_whatever_the_node_sizes(tmp_path):
         server.stop()
 
 
+def test_node_exporter_series_naming_no_node_of_the_cluster_are_told_and_the_right_label_is_read(
+        api, tmp_path, caplog):
+    """node-exporter scraped through its Pods: ``instance`` is the Pod's IP and port, the node's
+    name is in ``node`` (a relabelling of ``__meta_kubernetes_pod_node_name``). Read by
+    ``instance``, no node's usage is found: every ratio is held and a warning says which setting
+    to change, once, not every pass. With OVERSALE_PROMETHEUS_NODE_LABEL=node the ratio is planned."""
+    end = time.time() - 120
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    node_total = Family("node_memory_MemTotal_bytes", "gauge")
+    node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+    for name, address in (("node-1", "10.0.3.7"), ("node-2", "10.0.3.9")):
+        labels = {"instance": f"{address}:9100", "node": name}
+        node_cpu.series.append(({**labels, "cpu": "0", "mode": "user"}, lambda t: 0.5))
+        node_cpu.series.append(({**labels, "cpu": "0", "mode": "idle"}, lambda t: 3.5))
+        node_total.series.append((labels, lambda t: 16e9))
+        node_available.series.append((labels, lambda t: 13e9))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [node_cpu, node_total, node_available], end - 2 * 86400, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        def node_1_rows(**extra: str) -> list[str]:
+            settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url, **extra})
+            reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory.from_settings(settings), settings)
+            rows = reconciler.run_pass(dry_run=True) + reconciler.run_pass(dry_run=True)
+            return [r.reason for r in rows if r.object == "Node/node-1" and r.resource == "cpu"]
+
+        with caplog.at_level("WARNING", logger="kube.prometheus"):
+            held = node_1_rows()
+        assert held == ["budget 0.100%: not enough usage history: holding the current ratio"] * 2
+        told = [r.getMessage() for r in caplog.records if r.name == "kube.prometheus"]
+        assert len(told) == 1, "once, not every pass"
+        assert told[0].startswith("node-exporter's series name 2 nodes by their 'instance' label (10.0.3.7, "
+                                  "10.0.3.9), none of them one of the cluster's ") and \
+            "set OVERSALE_PROMETHEUS_NODE_LABEL to the label holding the node's name; every node ratio is held" in \
+            told[0]
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="kube.prometheus"):
+            planned = node_1_rows(OVERSALE_PROMETHEUS_NODE_LABEL="node")
+        assert not caplog.records and "not enough usage history" not in planned[0], planned
+    finally:
+        server.stop()
+
+
 def test_a_restarted_containers_history_is_all_its_cgroups(prometheus):
     history = PrometheusHistory(prometheus.url, resolution=300)
     batch = history.container_stats(3 * 86400, 0.99)[(NS, "batch-0", "work")]

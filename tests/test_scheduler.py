@@ -1008,6 +1008,26 @@ def test_nodes_deleted_from_the_cluster_leave_no_usage_behind():
     assert state.heats(["kept"])[0].load is not None, "a node still in the cluster keeps its last load"
 
 
+def test_node_exporter_series_naming_no_node_of_the_cluster_are_told_once(node_history, caplog):
+    """node-exporter scraped through its Pods, no relabelling: ``instance`` holds the Pod's IP and
+    port, so the peaks read name no node, and the extender says so once, naming the setting; and
+    once more when they name the cluster's nodes again."""
+    state = ClusterState(KEYS)
+    state.set_node("ip-10-0-3-7", node("ip-10-0-3-7"))
+    poller = HistoryPeakPoller(PrometheusAPI(node_history.url), state, 1, "instance", 300, 60)
+    with caplog.at_level("INFO", logger="kube.prometheus"):
+        assert poller.poll_once() and poller.poll_once()
+        told = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(told) == 1, "once, not at every read"
+        assert ("node-exporter's series name 2 nodes by their 'instance' label (burst, calm), none of them one of "
+                "the cluster's 1 nodes (ip-10-0-3-7): no node's usage is read; set OVERSALE_PROMETHEUS_NODE_LABEL"
+                in told[0].getMessage())
+        state.set_node("burst", node("burst"))
+        assert poller.poll_once()
+        assert "node-exporter's series name the cluster's nodes again" in caplog.text
+        assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+
+
 @pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
 def test_a_prometheus_answering_garbage_changes_no_node_and_no_workload(body, raw):
     server = garbage_prometheus(body, raw=raw)
