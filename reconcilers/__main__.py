@@ -240,6 +240,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         by_pool,
         node_bound_share,
         node_bound_text,
+        oversold_text,
         per_namespace,
         pool_size,
         ratios_set,
@@ -297,11 +298,13 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         rows_written = write_export(history, pods, export)
         for pod in pods:
             pod.series.clear()  # in the export now, which the replay reads: not held twice
-        exports[pool] = (folder, export, allocatable, bound, size, len(pods))
+        oversold = sum(history.node_pools.get(node, "default") == pool for node in history.oversold)
+        exports[pool] = (folder, export, allocatable, bound, size, len(pods), oversold)
         held = f" ({node_bound_text(bound)})" if any(bound) else ""
-        _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {allocatable[0]:g} cores{held}")
+        _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {allocatable[0]:g} cores{held}"
+             + (f"; {oversold_text(oversold)}" if oversold else ""))
     entries = {}
-    for pool, (folder, export, allocatable, bound, size, pods_in_pool) in exports.items():
+    for pool, (folder, export, allocatable, bound, size, pods_in_pool, oversold) in exports.items():
         config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), evaluated // 2)
         systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
                                   load=settings.load)
@@ -316,7 +319,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                   "--node-memory", str(int(size[1])), "--warmup-days", str(config.warmup_days),
                   "--window-days", str(config.window_days), "--holdout-days", str(config.holdout_days)]
         entries[pool] = {"pods": pods_in_pool, "node_cores": allocatable[0], "node_memory_bytes": allocatable[1],
-                         "node_bound_cores": bound[0], "node_bound_memory_bytes": bound[1], "summary": data,
+                         "node_bound_cores": bound[0], "node_bound_memory_bytes": bound[1],
+                         "oversold_nodes": oversold, "summary": data,
                          "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours)}
     if not entries:

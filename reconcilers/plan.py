@@ -20,8 +20,11 @@ Each Pod's containers are summed every ``step``, and each workload's Pods are jo
 many continuous series as it ran Pods at once (:func:`replica_lanes`, so its history spans its
 rollouts as it does live): the replayed workloads. The Pods of each node pool are replayed on
 nodes of that pool's size (the most common allocatable among its nodes, less what its
-DaemonSet and static Pods hold of each: :func:`node_bound_share`; on a cluster already
-oversold by oversale the exporters see the oversold values, so plan before switching it on).
+DaemonSet and static Pods hold of each: :func:`node_bound_share`). On a cluster already
+oversold the exporters see the oversold sizes: a node whose capacity is more than its machine's
+(cAdvisor's ``machine_cpu_cores`` and ``machine_memory_bytes``, kube-state-metrics'
+``kube_node_status_capacity``, optional) is planned at its real size (:func:`real_node_sizes`);
+the requests are those running, already right-sized where oversale runs.
 The report is the backtest's, per pool, plus what our system at the chosen budget would do per
 namespace and the ratios it would set.
 """
@@ -36,7 +39,7 @@ import statistics
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,7 @@ from kube.prometheus import (
     PrometheusAPI,
     Series,
     controller_query,
+    node_name,
 )
 from oversale.budget import HotTimeBudget
 from oversale.estimator import quantile
@@ -200,8 +204,10 @@ def replica_lanes(pods: list[PodHistory]) -> list[tuple[str, list[PodHistory]]]:
 class ClusterHistory:
     pods: dict[tuple[str, str], PodHistory]
     node_sizes: dict[str, tuple[float, float]]
-    """node -> (allocatable cores, bytes)"""
+    """node -> (allocatable cores, bytes), real (:func:`real_node_sizes`)"""
     node_pools: dict[str, str]
+    oversold: set[str] = field(default_factory=set)
+    """Nodes whose reported size was more than their machine's, taken at their real size."""
 
 
 def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels: tuple[str, ...],
@@ -249,6 +255,8 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
         query = f'max by (node) (kube_node_status_allocatable{{resource="{resource}"}})'
         for labels, (_, values) in _range(prometheus, query, start, end, "kube_node_status_allocatable", days):
             sizes.setdefault(labels.get("node", ""), [0.0, 0.0])[0 if resource == "cpu" else 1] = values[-1]
+    oversold = real_node_sizes(sizes, _machine_sizes(prometheus, start, end, sizes),
+                               _reported_capacity(prometheus, start, end))
     pools = {}
     for labels in _optional_labels(prometheus, "kube_node_labels", start, end):  # else all in "default"
         for label in pool_labels:
@@ -256,7 +264,67 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
             if value:
                 pools[labels.get("node", "")] = value
                 break
-    return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools)
+    return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools, oversold)
+
+
+MACHINE_METRICS = {"cpu": "machine_cpu_cores", "memory": "machine_memory_bytes"}
+"""cAdvisor's size of each node's machine (the kubelet's ``/metrics/cadvisor``): what the kubelet
+reports as the node's capacity, before any webhook reshapes it."""
+MACHINE_NODE_LABELS = ("node", "kubernetes_io_hostname", "instance")
+"""Where scrape configurations put the node's name on the kubelet's series: ``node`` (the
+Prometheus Operator's, from the endpoint's target), ``kubernetes_io_hostname`` (a node role's
+labels mapped), ``instance`` (a node role's target, ``:port`` cut)."""
+
+
+def real_node_sizes(sizes: dict[str, list[float]], machines: dict[str, list[float | None]],
+                    capacity: dict[str, list[float | None]]) -> set[str]:
+    """Takes each node whose reported capacity is more than its machine (oversold: by oversale's
+    node webhook, which reports ``allocatable x ratio`` and the capacity that keeps the kubelet's
+    reservation) back to its real allocatable, the machine less that reservation, in place
+    (``sizes``: node -> [allocatable cores, bytes]); the nodes so taken back. A node without a
+    machine or capacity series is left as reported.
+
+    >>> sizes = {"a": [11.25, 32.0], "b": [7.5, 32.0]}
+    >>> real_node_sizes(sizes, {"a": [8.0, 34.0], "b": [8.0, 34.0]}, {"a": [11.75, 34.0], "b": [8.0, 34.0]})
+    {'a'}
+    >>> sizes
+    {'a': [7.5, 32.0], 'b': [7.5, 32.0]}
+    """
+    oversold = set()
+    for node, size in sizes.items():
+        for index in (0, 1):
+            machine = machines.get(node, [None, None])[index]
+            reported = capacity.get(node, [None, None])[index]
+            if machine is not None and reported is not None and reported > machine * (1 + 1e-9):
+                size[index] = max(0.0, machine - (reported - size[index]))
+                oversold.add(node)
+    return oversold
+
+
+def _machine_sizes(prometheus: PrometheusHistory, start: float, end: float,
+                   nodes: Collection[str]) -> dict[str, list[float | None]]:
+    """node -> [cores, bytes] of its machine (optional: none without cAdvisor's machine series or a
+    label naming one of ``nodes``)."""
+    found: dict[str, list[float | None]] = {}
+    by = ", ".join(MACHINE_NODE_LABELS)
+    for index, metric in enumerate(MACHINE_METRICS.values()):
+        for labels, (_, values) in _optional_series(prometheus, f"max by ({by}) ({metric})", start, end):
+            named = (labels.get("node"), labels.get("kubernetes_io_hostname"), node_name(labels.get("instance", "")))
+            node = next((name for name in named if name in nodes), None)
+            if node is not None and len(values):
+                found.setdefault(node, [None, None])[index] = values[-1]
+    return found
+
+
+def _reported_capacity(prometheus: PrometheusHistory, start: float, end: float) -> dict[str, list[float | None]]:
+    """node -> [cores, bytes] of capacity as the Node reports it (kube-state-metrics; optional)."""
+    found: dict[str, list[float | None]] = {}
+    for index, resource in enumerate(("cpu", "memory")):
+        query = f'max by (node) (kube_node_status_capacity{{resource="{resource}"}})'
+        for labels, (_, values) in _optional_series(prometheus, query, start, end):
+            if len(values):
+                found.setdefault(labels.get("node", ""), [None, None])[index] = values[-1]
+    return found
 
 
 def _controllers(prometheus: PrometheusHistory, start: float,
@@ -413,6 +481,13 @@ def node_bound_text(share: tuple[float, float]) -> str:
     return f"DaemonSet and static Pods hold {share[0]:.3g} cpu and {share[1] / 2**30:.3g} GiB of each node"
 
 
+def oversold_text(count: int) -> str:
+    """The nodes :func:`real_node_sizes` took back, in words (for the log and ``plan.md``)."""
+    nodes = "1 node reported more than its machine holds" if count == 1 else \
+        f"{count} nodes reported more than their machines hold"
+    return f"{nodes} (oversold already): planned at the real size, the machine less the kubelet's reservation"
+
+
 def pool_size(history: ClusterHistory, pool: str) -> tuple[float, float] | None:
     sizes = Counter(size for node, size in history.node_sizes.items()
                     if history.node_pools.get(node, "default") == pool and size[0] > 0 and size[1] > 0)
@@ -463,7 +538,10 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
         if any(held):
             bound = f"; {node_bound_text(held)} (not replayed: the other Pods are replayed on what they leave)"
         lines += [f"## Pool `{pool}`: {entry['pods']} Pods on nodes of {entry['node_cores']:g} cores, "
-                  f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", "",
+                  f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", ""]
+        if entry["oversold_nodes"]:
+            lines += [f"{oversold_text(entry['oversold_nodes'])}; the requests are those running now.", ""]
+        lines += [
                   f"[Full report]({pool}/report.md). " + (
                       f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "
                       f"node-days at a realised cpu hot time of {ours['cpu_violation_rate']:.3%}." if ours else ""),

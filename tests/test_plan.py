@@ -481,6 +481,36 @@ def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_
         (tmp_path / "plan" / "plan.md").read_text()
 
 
+def test_nodes_already_oversold_are_planned_at_their_real_size(tmp_path):
+    """Planning again on a cluster where oversale already runs (to choose another budget): the
+    node webhook reports 7.5 real cores x 1.5 and 32 GiB x 1.25 as allocatable, and the capacity
+    that keeps the kubelet's reservation (0.5 cores, 2 GiB), so kube-state-metrics sees 11.25 cores.
+    cAdvisor's machine series tell the real size, the node named by whichever label the scrape
+    gave it: the plan replays on 7.5-core, 32 GiB nodes, and says so."""
+    families = {family.name: family for family in exporter_families()}
+    allocatable = families["kube_node_status_allocatable"]
+    capacity = Family("kube_node_status_capacity", "gauge")
+    machine_cores = Family("machine_cpu_cores", "gauge")
+    machine_memory = Family("machine_memory_bytes", "gauge")
+    allocatable.series.clear()
+    naming = {"node-a": {"node": "node-a"}, "node-b": {"kubernetes_io_hostname": "node-b"},
+              "node-c": {"instance": "node-c:10250"}}
+    for node in NODES:
+        allocatable.series += [({"node": node, "resource": "cpu", "unit": "core"}, lambda t: 11.25),
+                               ({"node": node, "resource": "memory", "unit": "byte"}, lambda t: 40 * 2**30)]
+        capacity.series += [({"node": node, "resource": "cpu", "unit": "core"}, lambda t: 11.75),
+                            ({"node": node, "resource": "memory", "unit": "byte"}, lambda t: 42 * 2**30)]
+        cadvisor = {**naming[node], "job": "kubelet", "boot_id": f"boot-{node}"}
+        machine_cores.series.append((cadvisor, lambda t: 8))
+        machine_memory.series.append((cadvisor, lambda t: 34 * 2**30))
+    server = backfilled(tmp_path / "oversold", [*families.values(), capacity, machine_cores, machine_memory], DAYS)
+    pool = planned_pool(server, tmp_path / "plan")
+    assert (pool["node_cores"], pool["node_memory_bytes"]) == (7.5, 32 * 2**30)
+    assert pool["oversold_nodes"] == 3
+    assert "3 nodes reported more than their machines hold (oversold already): planned at the real size" in \
+        (tmp_path / "plan" / "plan.md").read_text()
+
+
 def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):
     # Continuous delivery: every day a new ReplicaSet and a new Pod, with new names. Live, the
     # Deployment's history spans its rollouts; so must the replay's, or no Pod ever has the day
