@@ -399,14 +399,13 @@ class NodeNaming:
         """What counts while no node's usage is read (said with the warning)."""
         self._told: str | None = None
 
-    def check(self, found: Collection[str], nodes: Collection[str]) -> str | None:
+    def check(self, found: Collection[str], nodes: Collection[str]) -> None:
         problem = node_label_problem(found, nodes, self.label)
         if problem and problem != self._told:
             log.warning("%s; %s", problem, self.meanwhile)
         elif problem is None and self._told:
             log.info("node-exporter's series name the cluster's nodes again")
         self._told = problem
-        return problem
 
 
 def node_matcher(label: str, nodes: Iterable[str]) -> str:

@@ -541,8 +541,7 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
                   f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", ""]
         if entry["oversold_nodes"]:
             lines += [f"{oversold_text(entry['oversold_nodes'])}; the requests are those running now.", ""]
-        lines += [
-                  f"[Full report]({pool}/report.md). " + (
+        lines += [f"[Full report]({pool}/report.md). " + (
                       f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "
                       f"node-days at a realised cpu hot time of {ours['cpu_violation_rate']:.3%}." if ours else ""),
                   "", "| budget | capacity freed | realised cpu hot time | realised memory hot time |",

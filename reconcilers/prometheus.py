@@ -4,10 +4,9 @@ One pass issues a fixed number of instant queries (9 for the ratios, 3 per windo
 hot-time account whatever the nodes' sizes), each over the whole window, so Prometheus does the
 per-series work and returns one number per series: never one query per object. Container usage
 comes from cAdvisor (``container_cpu_usage_seconds_total``, ``container_memory_working_set_bytes``),
-summarized per cgroup before it is aggregated
-(:meth:`Summaries.per_cgroup`); node usage from node-exporter (``node_cpu_seconds_total``,
-``MemTotal - MemAvailable``, or a query of your own), aggregated at each step first
-(:meth:`Summaries.at_each_step`).
+summarized per cgroup before it is aggregated (:meth:`Summaries.per_cgroup`); node usage from
+node-exporter (``node_cpu_seconds_total``, ``MemTotal - MemAvailable``, or a query of your own),
+aggregated at each step first (:meth:`Summaries.at_each_step`).
 
 A query refused for loading too many samples is split into consecutive sub-windows, combined
 conservatively (the highest quantile of the parts: never lower than the exact one would be on

@@ -12,7 +12,7 @@ import oversale
 
 MODULES = [*sorted(name for name in (f"oversale.{m.name}" for m in pkgutil.iter_modules(oversale.__path__))
                   if any(test.examples for test in doctest.DocTestFinder().find(importlib.import_module(name)))),
-           "webhook.memo", "kube.prometheus", "reconcilers.prometheus", "scheduler.state"]
+           "webhook.memo", "kube.prometheus", "reconcilers.plan", "reconcilers.prometheus", "scheduler.state"]
 
 
 @pytest.mark.parametrize("name", MODULES)
