@@ -255,7 +255,7 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
         query = f'max by (node) (kube_node_status_allocatable{{resource="{resource}"}})'
         for labels, (_, values) in _range(prometheus, query, start, end, "kube_node_status_allocatable", days):
             sizes.setdefault(labels.get("node", ""), [0.0, 0.0])[0 if resource == "cpu" else 1] = values[-1]
-    oversold = real_node_sizes(sizes, _machine_sizes(prometheus, start, end, sizes),
+    oversold = real_node_sizes(sizes, _machine_sizes(prometheus, start, end, sizes, progress),
                                _reported_capacity(prometheus, start, end))
     pools = {}
     for labels in _optional_labels(prometheus, "kube_node_labels", start, end):  # else all in "default"
@@ -301,18 +301,24 @@ def real_node_sizes(sizes: dict[str, list[float]], machines: dict[str, list[floa
     return oversold
 
 
-def _machine_sizes(prometheus: PrometheusHistory, start: float, end: float,
-                   nodes: Collection[str]) -> dict[str, list[float | None]]:
+def _machine_sizes(prometheus: PrometheusHistory, start: float, end: float, nodes: Collection[str],
+                   progress: Callable[[str], None]) -> dict[str, list[float | None]]:
     """node -> [cores, bytes] of its machine (optional: none without cAdvisor's machine series or a
-    label naming one of ``nodes``)."""
+    label naming one of ``nodes``, which ``progress`` is told)."""
     found: dict[str, list[float | None]] = {}
     by = ", ".join(MACHINE_NODE_LABELS)
     for index, metric in enumerate(MACHINE_METRICS.values()):
-        for labels, (_, values) in _optional_series(prometheus, f"max by ({by}) ({metric})", start, end):
+        series = _optional_series(prometheus, f"max by ({by}) ({metric})", start, end)
+        for labels, (_, values) in series:
             named = (labels.get("node"), labels.get("kubernetes_io_hostname"), node_name(labels.get("instance", "")))
             node = next((name for name in named if name in nodes), None)
             if node is not None and len(values):
                 found.setdefault(node, [None, None])[index] = values[-1]
+        if series and not any(sizes[index] is not None for sizes in found.values()):
+            names = sorted({labels.get("instance", "") for labels, _ in series})
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            progress(f"{metric}: no series names a node by {', '.join(MACHINE_NODE_LABELS)} (instance {shown}): "
+                     "node sizes taken as kube-state-metrics reports them")
     return found
 
 

@@ -480,7 +480,9 @@ class Reconciler:
             stats: dict[str, ResourceStats] = history.result() if history else self.history.node_stats(
                 self.settings.history_window_seconds, self.settings.node_percentile,
                 self.settings.memory_node_percentile)
-            self._staleness("nodes", [s.cpu for s in stats.values()])
+            # Of the opted-in nodes' history only: series naming no node of theirs (a wrong
+            # OVERSALE_PROMETHEUS_NODE_LABEL) hold every ratio as surely as no history at all.
+            self._staleness("nodes", [stats[name].cpu for name in budgets if name in stats])
             # Nodes (pools) with their own budget need their own quantile: one more read per
             # distinct budget, not per node.
             for cpu, memory in sorted({(b["cpu"], b["memory"]) for b in budgets.values()} - {default}):

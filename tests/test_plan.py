@@ -509,6 +509,20 @@ def test_nodes_already_oversold_are_planned_at_their_real_size(tmp_path):
     assert pool["oversold_nodes"] == 3
     assert "3 nodes reported more than their machines hold (oversold already): planned at the real size" in \
         (tmp_path / "plan" / "plan.md").read_text()
+    # Machine series named by the kubelet's address alone name no node: sizes as reported, and said.
+    for family in (machine_cores, machine_memory):
+        for index, (_, value_at) in enumerate(family.series):
+            family.series[index] = ({"instance": f"10.0.3.{index + 7}:10250", "job": "kubelet"}, value_at)
+    server = backfilled(tmp_path / "unnamed", [*families.values(), capacity, machine_cores, machine_memory], DAYS)
+    try:
+        result = plan(server.url, tmp_path / "unnamed-plan")
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    assert ("machine_cpu_cores: no series names a node by node, kubernetes_io_hostname, instance (instance "
+            "10.0.3.7:10250, 10.0.3.8:10250, 10.0.3.9:10250): node sizes taken as kube-state-metrics reports "
+            "them") in result.stderr
+    assert json.loads((tmp_path / "unnamed-plan" / "plan.json").read_text())["pools"]["general"]["node_cores"] == 11.25
 
 
 def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):

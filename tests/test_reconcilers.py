@@ -405,15 +405,18 @@ def test_node_exporter_series_naming_no_node_of_the_cluster_are_told_and_the_rig
     write_openmetrics(history, [node_cpu, node_total, node_available], end - 2 * 86400, end, 60)
     server = PrometheusServer(tmp_path, history)
     try:
-        def node_1_rows(**extra: str) -> list[str]:
+        def node_1_rows(**extra: str) -> tuple[list[str], float]:
+            """node-1's cpu reasons over two passes, and the nodes' history staleness gauge."""
             settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url, **extra})
             reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory.from_settings(settings), settings)
             rows = reconciler.run_pass(dry_run=True) + reconciler.run_pass(dry_run=True)
-            return [r.reason for r in rows if r.object == "Node/node-1" and r.resource == "cpu"]
+            return ([r.reason for r in rows if r.object == "Node/node-1" and r.resource == "cpu"],
+                    reconciler.metrics.staleness.labels("nodes")._value.get())
 
         with caplog.at_level("WARNING", logger="kube.prometheus"):
-            held = node_1_rows()
+            held, staleness = node_1_rows()
         assert held == ["budget 0.100%: not enough usage history: holding the current ratio"] * 2
+        assert staleness == -1, "no history of the nodes reconciled: OversaleHistoryStale fires"
         told = [r.getMessage() for r in caplog.records if r.name == "kube.prometheus"]
         assert len(told) == 1, "once, not every pass"
         assert told[0].startswith("node-exporter's series name 2 nodes by their 'instance' label (10.0.3.7, "
@@ -422,8 +425,9 @@ def test_node_exporter_series_naming_no_node_of_the_cluster_are_told_and_the_rig
             told[0]
         caplog.clear()
         with caplog.at_level("WARNING", logger="kube.prometheus"):
-            planned = node_1_rows(OVERSALE_PROMETHEUS_NODE_LABEL="node")
+            planned, staleness = node_1_rows(OVERSALE_PROMETHEUS_NODE_LABEL="node")
         assert not caplog.records and "not enough usage history" not in planned[0], planned
+        assert 0 <= staleness < 600
     finally:
         server.stop()
 
