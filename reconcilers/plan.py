@@ -250,13 +250,10 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
         placed = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
         if placed is not None and labels.get("node"):
             placed.node = labels["node"]
-    sizes: dict[str, list[float]] = {}
-    for resource in ("cpu", "memory"):
-        query = f'max by (node) (kube_node_status_allocatable{{resource="{resource}"}})'
-        for labels, (_, values) in _range(prometheus, query, start, end, "kube_node_status_allocatable", days):
-            sizes.setdefault(labels.get("node", ""), [0.0, 0.0])[0 if resource == "cpu" else 1] = values[-1]
+    sizes = {node: [cores or 0.0, memory_bytes or 0.0] for node, (cores, memory_bytes) in
+             _node_status(prometheus, "kube_node_status_allocatable", start, end, days).items()}
     oversold = real_node_sizes(sizes, _machine_sizes(prometheus, start, end, sizes, progress),
-                               _reported_capacity(prometheus, start, end))
+                               _node_status(prometheus, "kube_node_status_capacity", start, end))
     pools = {}
     for labels in _optional_labels(prometheus, "kube_node_labels", start, end):  # else all in "default"
         for label in pool_labels:
@@ -322,12 +319,17 @@ def _machine_sizes(prometheus: PrometheusHistory, start: float, end: float, node
     return found
 
 
-def _reported_capacity(prometheus: PrometheusHistory, start: float, end: float) -> dict[str, list[float | None]]:
-    """node -> [cores, bytes] of capacity as the Node reports it (kube-state-metrics; optional)."""
+def _node_status(prometheus: PrometheusHistory, metric: str, start: float, end: float,
+                 days: float | None = None) -> dict[str, list[float | None]]:
+    """node -> [cores, bytes], the last of kube-state-metrics' ``metric`` (a Node's
+    ``kube_node_status_allocatable`` or ``kube_node_status_capacity``, as it reports them):
+    required with ``days`` (none is a :class:`PlanError` naming it), else optional."""
     found: dict[str, list[float | None]] = {}
     for index, resource in enumerate(("cpu", "memory")):
-        query = f'max by (node) (kube_node_status_capacity{{resource="{resource}"}})'
-        for labels, (_, values) in _optional_series(prometheus, query, start, end):
+        query = f'max by (node) ({metric}{{resource="{resource}"}})'
+        series = (_range(prometheus, query, start, end, metric, days) if days is not None
+                  else _optional_series(prometheus, query, start, end))
+        for labels, (_, values) in series:
             if len(values):
                 found.setdefault(labels.get("node", ""), [None, None])[index] = values[-1]
     return found

@@ -232,11 +232,11 @@ lowest of theirs (:func:`threshold_groups`)."""
 def threshold_groups(thresholds: dict[str, float],
                      tolerance: float = SIZE_TOLERANCE) -> list[tuple[float, list[str]]]:
     """The nodes (node -> its real allocatable of one resource) in groups, each with the lowest
-    real allocatable of its nodes, the others within ``tolerance`` of it. Nodes of one instance
+    real allocatable of its nodes, the others within ``tolerance`` above it. Nodes of one instance
     type report nearly the same memory, not always the same: the kernel and firmware keep
-    different amounts (a node image upgrade moves MemTotal by megabytes), so a cluster of one
-    type can hold hundreds of values. Counted against the lowest, a node's samples between it and
-    its own are counted hot: the safe side, by at most ``tolerance`` of its capacity.
+    different amounts (a node image upgrade moves MemTotal by megabytes), so one type can stand
+    for several values in a cluster. Counted against the lowest, a node's samples between it and
+    its own are counted hot: the safe side, by at most ``tolerance`` of its real allocatable.
 
     >>> threshold_groups({"a": 16.0e9, "b": 16.1e9, "c": 32e9, "d": 3920.0})
     [(3920.0, ['d']), (16000000000.0, ['a', 'b']), (32000000000.0, ['c'])]
