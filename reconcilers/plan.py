@@ -307,11 +307,11 @@ def _machine_sizes(prometheus: PrometheusHistory, start: float, end: float, node
     for index, metric in enumerate(MACHINE_METRICS.values()):
         series = _optional_series(prometheus, f"max by ({by}) ({metric})", start, end)
         for labels, (_, values) in series:
-            named = (labels.get("node"), labels.get("kubernetes_io_hostname"), node_name(labels.get("instance", "")))
-            node = next((name for name in named if name in nodes), None)
+            node = next((name for label in MACHINE_NODE_LABELS if (name := node_name(labels.get(label, ""))) in nodes),
+                        None)
             if node is not None and len(values):
                 found.setdefault(node, [None, None])[index] = values[-1]
-        if series and not any(sizes[index] is not None for sizes in found.values()):
+        if series and not any(machine[index] is not None for machine in found.values()):
             names = sorted({labels.get("instance", "") for labels, _ in series})
             shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
             progress(f"{metric}: no series names a node by {', '.join(MACHINE_NODE_LABELS)} (instance {shown}): "
