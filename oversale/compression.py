@@ -22,7 +22,7 @@ by :func:`policy_from_annotations`; :func:`compress_requests` applies one to a P
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -592,6 +592,51 @@ def _written_requests(text: str | None) -> dict[str, dict[str, str]]:
     if not isinstance(written, dict):
         return {}
     return {str(k): v for k, v in written.items() if isinstance(v, dict)}
+
+
+def recorded_pod_request(record: str, resource: str, init_containers: Collection[str] = (),
+                         sidecars: Collection[str] = ()) -> int | None:
+    """What kube-scheduler reserved of ``resource`` for a Pod before this webhook right-sized it,
+    read from the Pod's ``original-requests`` record (``record``: the annotation's value) by the
+    rule of :func:`oversale.pods.effective_request`; None when the record holds no ``resource``.
+    The record names containers only: ``init_containers`` says which of them are init containers,
+    ``sidecars`` which init containers run beside the app (``restartPolicy: Always``). Their order
+    is not known, so a regular init container is taken alone, as if before the sidecars. Raises
+    ValueError (QuantityError for a bad quantity) when the record cannot be read.
+
+    ``python -m reconcilers plan`` reads it on a cluster where oversale runs already:
+    kube-state-metrics exports the requests running, already right-sized, and the record (as
+    ``kube_pod_annotations``, where its allowlist names it).
+
+    >>> record = '{"app": {"cpu": "2", "memory": "2Gi"}, "proxy": {"cpu": "100m"}, "migrate": {"cpu": "3"}}'
+    >>> recorded_pod_request(record, "cpu", {"proxy", "migrate"}, {"proxy"})
+    3000
+    >>> recorded_pod_request(record, "cpu", {"proxy"}, {"proxy"})
+    5100
+    >>> recorded_pod_request(record, "memory")
+    2147483648
+    >>> recorded_pod_request('{"app": {"memory": "1Gi"}}', "cpu") is None
+    True
+    """
+    recorded = read_record_text(record)
+    if not isinstance(recorded, dict) or not all(isinstance(values, dict) for values in recorded.values()):
+        raise ValueError("not a JSON object of each container's requests")
+    if not any(resource in values for values in recorded.values()):
+        return None
+    init = set(init_containers) | set(sidecars)
+
+    def container(name: str) -> dict[str, Any]:
+        value = recorded[name].get(resource)
+        return {"name": name, "resources": {"requests": {resource: str(value)} if value is not None else {}}}
+
+    names = [name for name in recorded if name != POD_LEVEL_KEY]
+    spec: dict[str, Any] = {
+        "containers": [container(name) for name in names if name not in init],
+        "initContainers": [container(name) for name in names if name in init and name not in sidecars]
+                          + [{**container(name), "restartPolicy": "Always"} for name in names if name in sidecars]}
+    if resource in recorded.get(POD_LEVEL_KEY, {}):
+        spec["resources"] = {"requests": {resource: str(recorded[POD_LEVEL_KEY][resource])}}
+    return effective_request({"spec": spec}, resource)
 
 
 def vpa_set_resources(pod: Pod) -> frozenset[str]:

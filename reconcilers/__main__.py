@@ -275,7 +275,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     prometheus = PrometheusHistory(url, settings.prometheus_timeout_seconds, step,
                                    access=PrometheusAccess.from_settings(settings))
     try:
-        history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log,
+        history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log, settings.keys,
                                        rescale_hpa=settings.rescale_hpa)
     except (PlanError, HistoryUnavailable) as error:
         raise CliError(str(error)) from None
@@ -299,12 +299,13 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         for pod in pods:
             pod.series.clear()  # in the export now, which the replay reads: not held twice
         oversold = sum(history.node_pools.get(node, "default") == pool for node in history.oversold)
-        exports[pool] = (folder, export, allocatable, bound, size, len(pods), oversold)
+        restored = sum((pod.namespace, pod.pod) in history.restored for pod in pods)
+        exports[pool] = (folder, export, allocatable, bound, size, len(pods), oversold, restored)
         held = f" ({node_bound_text(bound)})" if any(bound) else ""
         _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {allocatable[0]:g} cores{held}"
              + (f"; {oversold_text(oversold)}" if oversold else ""))
     entries = {}
-    for pool, (folder, export, allocatable, bound, size, pods_in_pool, oversold) in exports.items():
+    for pool, (folder, export, allocatable, bound, size, pods_in_pool, oversold, restored) in exports.items():
         config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), evaluated // 2)
         systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
                                   load=settings.load)
@@ -320,13 +321,13 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                   "--window-days", str(config.window_days), "--holdout-days", str(config.holdout_days)]
         entries[pool] = {"pods": pods_in_pool, "node_cores": allocatable[0], "node_memory_bytes": allocatable[1],
                          "node_bound_cores": bound[0], "node_bound_memory_bytes": bound[1],
-                         "oversold_nodes": oversold, "summary": data,
+                         "oversold_nodes": oversold, "original_requests_pods": restored, "summary": data,
                          "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours)}
     if not entries:
         raise CliError("no pool with a known node size: kube_node_status_allocatable has no cpu and memory for the "
                        "nodes the Pods ran on")
-    write_plan(args.out, entries, budget, args.days, prometheus.api)
+    write_plan(args.out, entries, budget, args.days, prometheus.api, settings.keys.original_requests)
     print(f"plan: {args.out / 'plan.md'}")
     return 0
 

@@ -23,8 +23,10 @@ nodes of that pool's size (the most common allocatable among its nodes, less wha
 DaemonSet and static Pods hold of each: :func:`node_bound_share`). On a cluster already
 oversold the exporters see the oversold sizes: a node whose capacity is more than its machine's
 (cAdvisor's ``machine_cpu_cores`` and ``machine_memory_bytes``, kube-state-metrics'
-``kube_node_status_capacity``, optional) is planned at its real size (:func:`real_node_sizes`);
-the requests are those running, already right-sized where oversale runs.
+``kube_node_status_capacity``, optional) is planned at its real size (:func:`real_node_sizes`),
+and each Pod whose original-requests record kube-state-metrics exports (``kube_pod_annotations``)
+at the requests it was created with (:func:`restore_original_requests`); the others at the
+requests running, already right-sized where oversale runs.
 The report is the backtest's, per pool, plus what our system at the chosen budget would do per
 namespace and the ratios it would set.
 """
@@ -55,9 +57,12 @@ from kube.prometheus import (
     controller_query,
     node_name,
 )
+from oversale.annotations import AnnotationKeys
 from oversale.budget import HotTimeBudget
+from oversale.compression import recorded_pod_request
 from oversale.estimator import quantile
 from oversale.pods import pod_workloads
+from oversale.quantity import CPU, RESOURCES
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
 from simulator.formats import FIXED_COLUMN, GENERIC_COLUMNS
@@ -208,14 +213,17 @@ class ClusterHistory:
     node_pools: dict[str, str]
     oversold: set[str] = field(default_factory=set)
     """Nodes whose reported size was more than their machine's, taken at their real size."""
+    restored: set[tuple[str, str]] = field(default_factory=set)
+    """Pods planned at the requests they were created with (:func:`restore_original_requests`)."""
 
 
 def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels: tuple[str, ...],
-                         progress: Callable[[str], None], now: float | None = None,
+                         progress: Callable[[str], None], keys: AnnotationKeys, now: float | None = None,
                          rescale_hpa: bool = False) -> ClusterHistory:
     """Every series the plan needs, over the last ``days``; a required one absent names its
     exporter. ``rescale_hpa``: as ``OVERSALE_RESCALE_HPA``, HPA-scaled workloads are right-sized
-    too (their HPA's target is rescaled live), else their HPA's resources are left alone."""
+    too (their HPA's target is rescaled live), else their HPA's resources are left alone.
+    ``keys``: the annotations of ``OVERSALE_ANNOTATION_PREFIX`` (the original-requests record)."""
     end = now if now is not None else time.time()
     start = end - days * 86400
     pods: dict[tuple[str, str], PodHistory] = {}
@@ -227,6 +235,7 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
                                   PodHistory(labels.get("namespace", ""), labels.get("pod", "")))
             pod.series[key] = series
         progress(f"read {key}: {len(found)} Pods")
+    restored = restore_original_requests(prometheus, start, end, pods, keys.original_requests, progress)
     owners: dict[tuple[str, str], tuple[str, str]] = {}
     for labels, _ in _range(prometheus, "max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner)", start,
                             end, "kube_pod_owner", days):
@@ -257,11 +266,69 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     pools = {}
     for labels in _optional_labels(prometheus, "kube_node_labels", start, end):  # else all in "default"
         for label in pool_labels:
-            value = labels.get("label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label))
+            value = labels.get(state_metrics_label("label", label))
             if value:
                 pools[labels.get("node", "")] = value
                 break
-    return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools, oversold)
+    return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools, oversold, restored)
+
+
+def state_metrics_label(kind: str, key: str) -> str:
+    """The Prometheus label kube-state-metrics gives a Kubernetes ``label`` or ``annotation``
+    (``kind``) its allowlist names: every character but letters, digits and ``_`` made ``_``.
+
+    >>> state_metrics_label("annotation", "stke.platform/original-requests")
+    'annotation_stke_platform_original_requests'
+    """
+    return f"{kind}_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def restore_original_requests(prometheus: PrometheusHistory, start: float, end: float,
+                              pods: dict[tuple[str, str], PodHistory], record_key: str,
+                              progress: Callable[[str], None]) -> set[tuple[str, str]]:
+    """Puts back, in place, the requests each Pod right-sized by oversale was created with, read
+    from its ``record_key`` annotation (the original-requests record) where kube-state-metrics
+    exports it: ``kube_pod_annotations``, given ``--metric-annotations-allowlist=pods=[<record_key>]``.
+    Without it a cluster where oversale runs is planned from requests already right-sized: what
+    they free is read as if never requested. The record stands for the Pod's whole life (written at
+    admission, kept by every in-place resize); init containers and sidecars are told apart by
+    ``kube_pod_init_container_info``. The Pods so restored; a record that cannot be read leaves the
+    Pod's requests as running, and the log says how many."""
+    label = state_metrics_label("annotation", record_key)
+    records: dict[tuple[str, str], tuple[float, str]] = {}
+    query = f'max by (namespace, pod, {label}) (kube_pod_annotations{{{label}!=""}})'
+    for labels, (times, _) in _optional_series(prometheus, query, start, end):
+        key = (labels.get("namespace", ""), labels.get("pod", ""))
+        # A record whose value changed in the Pod's life stands as two series: the last one holds.
+        if key in pods and len(times) and (key not in records or times[-1] > records[key][0]):
+            records[key] = (times[-1], labels.get(label, ""))
+    if not records:
+        return set()
+    init: dict[tuple[str, str], set[str]] = {}
+    sidecars: dict[tuple[str, str], set[str]] = {}
+    for labels in _optional_labels(prometheus, "max by (namespace, pod, container, restart_policy) "
+                                               "(kube_pod_init_container_info)", start, end):
+        key = (labels.get("namespace", ""), labels.get("pod", ""))
+        init.setdefault(key, set()).add(labels.get("container", ""))
+        if labels.get("restart_policy") == "Always":
+            sidecars.setdefault(key, set()).add(labels.get("container", ""))
+    restored, unreadable = set(), 0
+    for key, (_, record) in records.items():
+        try:
+            amounts = {resource: recorded_pod_request(record, resource, init.get(key, ()), sidecars.get(key, ()))
+                       for resource in RESOURCES}
+        except ValueError:
+            unreadable += 1
+            continue
+        for resource, amount in amounts.items():
+            series = pods[key].series.get(f"{resource}_request")
+            if amount is not None and series is not None:
+                series[1][:] = array("d", [amount / 1000 if resource == CPU else float(amount)]) * len(series[1])
+                restored.add(key)
+    progress(f"read {record_key}: {len(restored)} Pods planned at the requests they were created with"
+             + ("; 1 record unreadable, its Pod's requests taken as running" if unreadable == 1 else
+                f"; {unreadable} records unreadable, their Pods' requests taken as running" if unreadable else ""))
+    return restored
 
 
 MACHINE_METRICS = {"cpu": "machine_cpu_cores", "memory": "machine_memory_bytes"}
@@ -530,10 +597,31 @@ def ratios_set(last_day: dict[str, Any]) -> dict[str, Any]:
     return {"workloads": workloads, "nodes": nodes}
 
 
+def requests_text(oversold: int, restored: int, record_key: str) -> str:
+    """What a pool's sizes and requests were taken from where oversale runs already (empty where
+    nothing says it does), for ``plan.md``.
+
+    >>> requests_text(0, 0, "stke.platform/original-requests")
+    ''
+    >>> requests_text(2, 0, "k/r").rsplit(": ", 1)[1]
+    '`--metric-annotations-allowlist=pods=[k/r]`.'
+    """
+    said = [oversold_text(oversold)] if oversold else []
+    if restored:
+        said.append(f"{restored} Pods planned at the requests they were created with, read from their `{record_key}` "
+                    "record")
+    elif oversold:
+        said.append("the requests are those running now, right-sized already where oversale runs; kube-state-metrics "
+                    "exports the requests each Pod was created with when its allowlist names the record: "
+                    f"`--metric-annotations-allowlist=pods=[{record_key}]`")
+    return "; ".join(said) + "." if said else ""
+
+
 def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudget, days: float,
-               source: PrometheusAPI) -> None:
+               source: PrometheusAPI, record_key: str) -> None:
     """The top-level report: one section per pool, linking its backtest-style report, and where
-    the history was read (the URL without its credentials, and the selector if one was set)."""
+    the history was read (the URL without its credentials, and the selector if one was set).
+    ``record_key``: the original-requests annotation (:func:`requests_text`)."""
     lines = ["# Plan: oversale on this cluster's own history", "",
              f"The last {days:g} days of this cluster's history (read from {source.described}), replayed through "
              "the whole system and the peers "
@@ -547,8 +635,8 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
             bound = f"; {node_bound_text(held)} (not replayed: the other Pods are replayed on what they leave)"
         lines += [f"## Pool `{pool}`: {entry['pods']} Pods on nodes of {entry['node_cores']:g} cores, "
                   f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", ""]
-        if entry["oversold_nodes"]:
-            lines += [f"{oversold_text(entry['oversold_nodes'])}; the requests are those running now.", ""]
+        if text := requests_text(entry["oversold_nodes"], entry["original_requests_pods"], record_key):
+            lines += [text, ""]
         lines += [f"[Full report]({pool}/report.md). " + (
                       f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "
                       f"node-days at a realised cpu hot time of {ours['cpu_violation_rate']:.3%}." if ours else ""),

@@ -31,6 +31,11 @@ class Family:
     series: list[Series] = field(default_factory=list)
 
 
+def _escaped(value: str) -> str:
+    """A label value as OpenMetrics writes it (a JSON annotation holds quotes)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def write_openmetrics(path: Path, families: Iterable[Family], start: float, end: float, step: float) -> int:
     """Sample every series from ``start`` to ``end``; counters integrate their rate function."""
     written = 0
@@ -40,7 +45,7 @@ def write_openmetrics(path: Path, families: Iterable[Family], start: float, end:
             suffix = "_total" if family.kind == "counter" else ""
             base = family.name.removesuffix("_total") if family.kind == "counter" else family.name
             for labels, value_at, *bounds in family.series:
-                text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                text = ",".join(f'{k}="{_escaped(v)}"' for k, v in sorted(labels.items()))
                 total = 0.0
                 t = start
                 while bounds and t < bounds[0]:

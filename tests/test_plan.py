@@ -323,12 +323,19 @@ def rolled_deployment(directory: Path, autoscaled_on: str | None = None) -> Prom
     return PrometheusServer(directory, history)
 
 
-def planned_pool(server: PrometheusServer, out: Path, settings: dict[str, str] | None = None) -> dict:
+def planned(server: PrometheusServer, out: Path,
+            settings: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The plan on ``server``'s history, which is then stopped; the plan succeeded."""
     try:
         result = plan(server.url, out, settings=settings)
     finally:
         server.stop()
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def planned_pool(server: PrometheusServer, out: Path, settings: dict[str, str] | None = None) -> dict:
+    planned(server, out, settings)
     return json.loads((out / "plan.json").read_text())["pools"]["general"]
 
 
@@ -507,22 +514,65 @@ def test_nodes_already_oversold_are_planned_at_their_real_size(tmp_path):
     pool = planned_pool(server, tmp_path / "plan")
     assert (pool["node_cores"], pool["node_memory_bytes"]) == (7.5, 32 * 2**30)
     assert pool["oversold_nodes"] == 3
-    assert "3 nodes reported more than their machines hold (oversold already): planned at the real size" in \
-        (tmp_path / "plan" / "plan.md").read_text()
+    said = (tmp_path / "plan" / "plan.md").read_text()
+    assert "3 nodes reported more than their machines hold (oversold already): planned at the real size" in said
+    # No original-requests record exported: the requests are as running, and the flag is named.
+    assert "`--metric-annotations-allowlist=pods=[stke.platform/original-requests]`" in said
     # Machine series named by the kubelet's address alone name no node: sizes as reported, and said.
     for family in (machine_cores, machine_memory):
         for index, (_, value_at) in enumerate(family.series):
             family.series[index] = ({"instance": f"10.0.3.{index + 7}:10250", "job": "kubelet"}, value_at)
     server = backfilled(tmp_path / "unnamed", [*families.values(), capacity, machine_cores, machine_memory], DAYS)
-    try:
-        result = plan(server.url, tmp_path / "unnamed-plan")
-    finally:
-        server.stop()
-    assert result.returncode == 0, result.stderr
+    result = planned(server, tmp_path / "unnamed-plan")
     assert ("machine_cpu_cores: no series names a node by node, kubernetes_io_hostname, instance (instance "
             "10.0.3.7:10250, 10.0.3.8:10250, 10.0.3.9:10250): node sizes taken as kube-state-metrics reports "
             "them") in result.stderr
     assert json.loads((tmp_path / "unnamed-plan" / "plan.json").read_text())["pools"]["general"]["node_cores"] == 11.25
+
+
+def test_requests_right_sized_already_are_planned_at_those_the_pods_were_created_with(tmp_path):
+    """Planning again where oversale runs: kube-state-metrics reports the requests running, already
+    right-sized (cpu by 2.5 for web, 2 for api), and, where its allowlist names it, each Pod's
+    original-requests record as ``kube_pod_annotations``. The plan replays the requests the Pods
+    were created with, each by kube-scheduler's rule: web's second Pod has a native sidecar, api a
+    regular init container asking for more than its app. A record it cannot read leaves that Pod's
+    requests as running, and the log says so."""
+    families = {family.name: family for family in exporter_families()}
+    requests = families["kube_pod_container_resource_requests"]
+    compressed = {"web-7d9f8-aaaaa": 0.8, "web-7d9f8-bbbbb": 0.8, "api-5c6b7-ccccc": 0.5}
+    for index, (labels, _) in enumerate(requests.series):
+        if labels["pod"] in compressed and labels["resource"] == "cpu":
+            requests.series[index] = (labels, lambda t, v=compressed[labels["pod"]]: v)
+    init_requests = Family("kube_pod_init_container_resource_requests", "gauge")
+    init_info = Family("kube_pod_init_container_info", "gauge")
+    for pod, name, policy, cpu, memory in (("web-7d9f8-bbbbb", "proxy", "Always", 0.1, 2**28),
+                                           ("api-5c6b7-ccccc", "migrate", "Never", 1.5, 2**29)):
+        state = {"namespace": "shop", "pod": pod, "container": name, "uid": f"uid-{pod}"}
+        init_requests.series += [({**state, "resource": "cpu", "unit": "core"}, lambda t, v=cpu: v),
+                                 ({**state, "resource": "memory", "unit": "byte"}, lambda t, v=memory: v)]
+        init_info.series.append(({**state, "image": f"{name}:1", "restart_policy": policy}, lambda t: 1))
+    annotations = Family("kube_pod_annotations", "gauge")
+    records = {("shop", "web-7d9f8-aaaaa"): {"app": {"cpu": "2", "memory": "2Gi"}},
+               ("shop", "web-7d9f8-bbbbb"): {"app": {"cpu": "2", "memory": "2Gi"}, "proxy": {"cpu": "250m"}},
+               ("shop", "api-5c6b7-ccccc"): {"app": {"cpu": "1", "memory": "1Gi"},
+                                             "migrate": {"cpu": "3", "memory": "512Mi"}},
+               ("batch", "etl-8e9f0-ddddd"): '{"app": {"cpu": "4"'}
+    for (namespace, pod), record in records.items():
+        annotations.series.append(({"namespace": namespace, "pod": pod, "uid": f"uid-{pod}",
+                                    "annotation_stke_platform_original_requests":
+                                        record if isinstance(record, str) else json.dumps(record)}, lambda t: 1))
+    server = backfilled(tmp_path / "right-sized", [*families.values(), init_requests, init_info, annotations], DAYS)
+    result = planned(server, tmp_path / "plan")
+    pool = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]
+    # web: 2 and 2 + 0.25 (its sidecar runs beside it); api: its init container's 3, more than its app's 1.
+    assert pool["namespaces"]["shop"]["cpu_requested_cores"] == pytest.approx(2 + 2.25 + 3)
+    assert pool["namespaces"]["shop"]["memory_requested_bytes"] == pytest.approx(5 * 2**30)
+    assert pool["namespaces"]["batch"]["cpu_requested_cores"] == pytest.approx(8.0), "etl's unread record: as running"
+    assert pool["original_requests_pods"] == 3
+    assert ("3 Pods planned at the requests they were created with, read from their "
+            "`stke.platform/original-requests` record.") in (tmp_path / "plan" / "plan.md").read_text()
+    assert ("read stke.platform/original-requests: 3 Pods planned at the requests they were created with; "
+            "1 record unreadable, its Pod's requests taken as running") in result.stderr
 
 
 def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):
