@@ -26,7 +26,8 @@ oversold the exporters see the oversold sizes: a node whose capacity is more tha
 ``kube_node_status_capacity``, optional) is planned at its real size (:func:`real_node_sizes`),
 and each Pod whose original-requests record kube-state-metrics exports (``kube_pod_annotations``)
 at the requests it was created with (:func:`restore_original_requests`); the others at the
-requests running, already right-sized where oversale runs.
+requests running, already right-sized where oversale runs. A Pod whose ``vpaUpdates`` annotation
+kube-state-metrics exports keeps the requests its VerticalPodAutoscaler set, as it does live.
 The report is the backtest's, per pool, plus what our system at the chosen budget would do per
 namespace and the ratios it would set.
 """
@@ -59,7 +60,7 @@ from kube.prometheus import (
 )
 from oversale.annotations import AnnotationKeys
 from oversale.budget import HotTimeBudget
-from oversale.compression import recorded_pod_request
+from oversale.compression import VPA_UPDATES, recorded_pod_request, vpa_set_resources
 from oversale.estimator import quantile
 from oversale.pods import pod_workloads
 from oversale.quantity import CPU, RESOURCES
@@ -235,7 +236,8 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
                                   PodHistory(labels.get("namespace", ""), labels.get("pod", "")))
             pod.series[key] = series
         progress(f"read {key}: {len(found)} Pods")
-    restored = restore_original_requests(prometheus, start, end, pods, keys.original_requests, progress)
+    annotated = pod_annotations(prometheus, start, end, pods, (keys.original_requests, VPA_UPDATES))
+    restored = restore_original_requests(prometheus, start, end, pods, annotated, keys.original_requests, progress)
     owners: dict[tuple[str, str], tuple[str, str]] = {}
     for labels, _ in _range(prometheus, "max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner)", start,
                             end, "kube_pod_owner", days):
@@ -254,6 +256,11 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     scaled = {} if rescale_hpa else _utilization_autoscaled(prometheus, start, end)
     for pod in pods.values():
         pod.fixed = frozenset(scaled.get((pod.namespace, pod.owner), ()))
+        if VPA_UPDATES in (annotations := annotated.get((pod.namespace, pod.pod), {})):
+            # Live, the webhook and the reconciler leave what a VerticalPodAutoscaler set.
+            pod.fixed |= vpa_set_resources({"metadata": {"annotations": annotations}})
+    if vpa_set := sum(VPA_UPDATES in annotations for annotations in annotated.values()):
+        progress(f"read {VPA_UPDATES}: {vpa_set} Pods whose requests a VerticalPodAutoscaler set: kept as they are")
     for labels, _ in _range(prometheus, "max by (namespace, pod, node) (kube_pod_info)", start, end, "kube_pod_info",
                             days):
         placed = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
@@ -283,25 +290,37 @@ def state_metrics_label(kind: str, key: str) -> str:
     return f"{kind}_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
+def pod_annotations(prometheus: PrometheusHistory, start: float, end: float,
+                    pods: Collection[tuple[str, str]], keys: Collection[str]) -> dict[tuple[str, str], dict[str, str]]:
+    """Each Pod's last value of those annotations (``keys``) that kube-state-metrics exports,
+    where its allowlist names them (``--metric-annotations-allowlist=pods=[...]``, as
+    ``kube_pod_annotations``): (namespace, Pod) -> annotation -> value, for the Pods of ``pods``
+    that carry any. None are read where none is exported."""
+    labels = {state_metrics_label("annotation", key): key for key in keys}
+    carried = " or ".join(f'kube_pod_annotations{{{label}!=""}}' for label in labels)
+    latest: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+    for found, (times, _) in _optional_series(prometheus, f"max by (namespace, pod, {', '.join(labels)}) ({carried})",
+                                              start, end):
+        pod = (found.get("namespace", ""), found.get("pod", ""))
+        # An annotation whose value changed in the Pod's life stands as two series: the last one holds.
+        if pod in pods and len(times) and (pod not in latest or times[-1] > latest[pod][0]):
+            latest[pod] = (times[-1], {key: found[label] for label, key in labels.items() if found.get(label)})
+    return {pod: values for pod, (_, values) in latest.items()}
+
+
 def restore_original_requests(prometheus: PrometheusHistory, start: float, end: float,
-                              pods: dict[tuple[str, str], PodHistory], record_key: str,
+                              pods: dict[tuple[str, str], PodHistory],
+                              annotated: dict[tuple[str, str], dict[str, str]], record_key: str,
                               progress: Callable[[str], None]) -> set[tuple[str, str]]:
     """Puts back, in place, the requests each Pod right-sized by oversale was created with, read
     from its ``record_key`` annotation (the original-requests record) where kube-state-metrics
-    exports it: ``kube_pod_annotations``, given ``--metric-annotations-allowlist=pods=[<record_key>]``.
-    Without it a cluster where oversale runs is planned from requests already right-sized: what
-    they free is read as if never requested. The record stands for the Pod's whole life (written at
-    admission, kept by every in-place resize); init containers and sidecars are told apart by
-    ``kube_pod_init_container_info``. The Pods so restored; a record that cannot be read leaves the
-    Pod's requests as running, and the log says how many."""
-    label = state_metrics_label("annotation", record_key)
-    records: dict[tuple[str, str], tuple[float, str]] = {}
-    query = f'max by (namespace, pod, {label}) (kube_pod_annotations{{{label}!=""}})'
-    for labels, (times, _) in _optional_series(prometheus, query, start, end):
-        key = (labels.get("namespace", ""), labels.get("pod", ""))
-        # A record whose value changed in the Pod's life stands as two series: the last one holds.
-        if key in pods and len(times) and (key not in records or times[-1] > records[key][0]):
-            records[key] = (times[-1], labels.get(label, ""))
+    exports it (``annotated``: :func:`pod_annotations`). Without it a cluster where oversale runs
+    is planned from requests already right-sized: what they free is read as if never requested.
+    The record stands for the Pod's whole life (written at admission, kept by every in-place
+    resize); init containers and sidecars are told apart by ``kube_pod_init_container_info``. The
+    Pods so restored; a record that cannot be read leaves the Pod's requests as running, and the
+    log says how many."""
+    records = {pod: annotations[record_key] for pod, annotations in annotated.items() if record_key in annotations}
     if not records:
         return set()
     init: dict[tuple[str, str], set[str]] = {}
@@ -313,7 +332,7 @@ def restore_original_requests(prometheus: PrometheusHistory, start: float, end: 
         if labels.get("restart_policy") == "Always":
             sidecars.setdefault(key, set()).add(labels.get("container", ""))
     restored, unreadable = set(), 0
-    for key, (_, record) in records.items():
+    for key, record in records.items():
         try:
             amounts = {resource: recorded_pod_request(record, resource, init.get(key, ()), sidecars.get(key, ()))
                        for resource in RESOURCES}

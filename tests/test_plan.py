@@ -536,7 +536,9 @@ def test_requests_right_sized_already_are_planned_at_those_the_pods_were_created
     original-requests record as ``kube_pod_annotations``. The plan replays the requests the Pods
     were created with, each by kube-scheduler's rule: web's second Pod has a native sidecar, api a
     regular init container asking for more than its app. A record it cannot read leaves that Pod's
-    requests as running, and the log says so."""
+    requests as running, and the log says so. The ETL Pods' cpu requests were set by a
+    VerticalPodAutoscaler (its ``vpaUpdates`` annotation, exported too): left as they are, as the
+    webhook and the reconciler leave them live."""
     families = {family.name: family for family in exporter_families()}
     requests = families["kube_pod_container_resource_requests"]
     compressed = {"web-7d9f8-aaaaa": 0.8, "web-7d9f8-bbbbb": 0.8, "api-5c6b7-ccccc": 0.5}
@@ -557,22 +559,32 @@ def test_requests_right_sized_already_are_planned_at_those_the_pods_were_created
                ("shop", "api-5c6b7-ccccc"): {"app": {"cpu": "1", "memory": "1Gi"},
                                              "migrate": {"cpu": "3", "memory": "512Mi"}},
                ("batch", "etl-8e9f0-ddddd"): '{"app": {"cpu": "4"'}
-    for (namespace, pod), record in records.items():
-        annotations.series.append(({"namespace": namespace, "pod": pod, "uid": f"uid-{pod}",
-                                    "annotation_stke_platform_original_requests":
-                                        record if isinstance(record, str) else json.dumps(record)}, lambda t: 1))
+    vpa = {("batch", pod): "Pod resources updated by etl: container 0: cpu request, cpu limit"
+           for pod in ("etl-8e9f0-ddddd", "etl-8e9f0-eeeee")}
+    for namespace, pod in records | vpa:
+        record = records.get((namespace, pod))
+        exported = {"annotation_stke_platform_original_requests":
+                    record if isinstance(record, str) else json.dumps(record)} if record else {}
+        if (namespace, pod) in vpa:
+            exported["annotation_vpaUpdates"] = vpa[(namespace, pod)]
+        annotations.series.append(({"namespace": namespace, "pod": pod, "uid": f"uid-{pod}", **exported},
+                                   lambda t: 1))
     server = backfilled(tmp_path / "right-sized", [*families.values(), init_requests, init_info, annotations], DAYS)
     result = planned(server, tmp_path / "plan")
     pool = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]
     # web: 2 and 2 + 0.25 (its sidecar runs beside it); api: its init container's 3, more than its app's 1.
     assert pool["namespaces"]["shop"]["cpu_requested_cores"] == pytest.approx(2 + 2.25 + 3)
     assert pool["namespaces"]["shop"]["memory_requested_bytes"] == pytest.approx(5 * 2**30)
-    assert pool["namespaces"]["batch"]["cpu_requested_cores"] == pytest.approx(8.0), "etl's unread record: as running"
+    batch = pool["namespaces"]["batch"]
+    assert batch["cpu_requested_cores"] == pytest.approx(8.0), "etl's unread record: as running"
+    assert batch["cpu_set_cores"] == batch["cpu_requested_cores"], "set by VPA: left as they are"
+    assert batch["memory_set_bytes"] < batch["memory_requested_bytes"], "VPA set cpu only"
     assert pool["original_requests_pods"] == 3
     assert ("3 Pods planned at the requests they were created with, read from their "
             "`stke.platform/original-requests` record.") in (tmp_path / "plan" / "plan.md").read_text()
     assert ("read stke.platform/original-requests: 3 Pods planned at the requests they were created with; "
             "1 record unreadable, its Pod's requests taken as running") in result.stderr
+    assert "read vpaUpdates: 2 Pods whose requests a VerticalPodAutoscaler set: kept as they are" in result.stderr
 
 
 def test_a_deployment_rolled_out_every_day_is_right_sized_across_its_rollouts(tmp_path):
