@@ -455,17 +455,21 @@ def _utilization_autoscaled(prometheus: PrometheusHistory, start: float, end: fl
 
 
 def _optional_labels(prometheus: PrometheusHistory, query: str, start: float, end: float) -> list[dict[str, str]]:
-    """The label sets of a series the plan can do without (none when Prometheus cannot answer it)."""
+    """The label sets of a series the plan can do without (:func:`_optional_series`)."""
     return [labels for labels, _ in _optional_series(prometheus, query, start, end)]
 
 
 def _optional_series(prometheus: PrometheusHistory, query: str, start: float,
                      end: float) -> list[tuple[dict[str, str], Series]]:
-    """The series the plan can do without (none when Prometheus cannot answer them)."""
+    """The series the plan can do without: none where they are not exported. A query Prometheus
+    does not answer (it timed out, a proxy in front of it failed) stops the plan: where exported,
+    the series change the plan (pools, HPAs, node sizes, requests), and without them it would
+    come out different with nothing said."""
     try:
         return prometheus.query_range(query, start, end, part_steps=_day_steps(prometheus))
-    except HistoryUnavailable:
-        return []
+    except HistoryUnavailable as error:
+        raise PlanError(f"{error}, for {query}: the plan stops rather than go on without it (where exported, it "
+                        "changes the plan); run it again") from None
 
 
 def _day_steps(prometheus: PrometheusHistory) -> int:

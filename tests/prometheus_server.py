@@ -142,13 +142,34 @@ class AnsweringServer(ThreadingHTTPServer):
     """Each request's headers (names in lower case: they are case-insensitive), in order."""
 
 
+class _Answering(BaseHTTPRequestHandler):
+    """A handler that answers whole bodies and logs nothing."""
+
+    def send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _serve(handler: type[_Answering], seen: list[dict[str, str]]) -> AnsweringServer:
+    server = AnsweringServer(("127.0.0.1", 0), handler)
+    server.headers_seen = seen
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def garbage_prometheus(body: bytes, content_type: str = "application/json", raw: bool = False) -> AnsweringServer:
     """A "Prometheus" on a loopback port that answers every request 200 with ``body`` (``raw``:
     ``body`` is all it sends, status line and headers included, then it hangs up) and keeps each
     request's headers (``headers_seen``); stop it with ``shutdown()``."""
     seen: list[dict[str, str]] = []
 
-    class Garbage(BaseHTTPRequestHandler):
+    class Garbage(_Answering):
         def do_GET(self) -> None:
             self._answer()
 
@@ -161,16 +182,26 @@ def garbage_prometheus(body: bytes, content_type: str = "application/json", raw:
                 self.wfile.write(body)
                 self.close_connection = True
                 return
-            self.send_response(200)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.send(200, body, content_type)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
+    return _serve(Garbage, seen)
 
-    server = AnsweringServer(("127.0.0.1", 0), Garbage)
-    server.headers_seen = seen
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+
+def refusing_proxy(upstream: str, refused: str) -> AnsweringServer:
+    """A proxy on a loopback port in front of the Prometheus at ``upstream`` that passes every
+    query on but those whose PromQL holds ``refused``: those it answers 503, as Prometheus does a
+    query that timed out (or a proxy in front of it, its upstream). Stop it with ``shutdown()``."""
+
+    class Proxy(_Answering):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if refused in urllib.parse.parse_qs(body.decode()).get("query", [""])[0]:
+                self.send(503, json.dumps({"status": "error", "errorType": "timeout",
+                                           "error": "query timed out in query execution"}).encode())
+                return
+            forwarded = urllib.request.Request(upstream + self.path, data=body, headers={
+                "Content-Type": self.headers.get("Content-Type", "application/x-www-form-urlencoded")})
+            with urllib.request.urlopen(forwarded, timeout=120) as response:
+                self.send(response.status, response.read())
+
+    return _serve(Proxy, [])

@@ -22,7 +22,13 @@ import pytest
 
 from kube.prometheus import PrometheusAPI
 from tests.conftest import ROOT, free_port
-from tests.prometheus_server import Family, PrometheusServer, garbage_prometheus, write_openmetrics
+from tests.prometheus_server import (
+    Family,
+    PrometheusServer,
+    garbage_prometheus,
+    refusing_proxy,
+    write_openmetrics,
+)
 
 DAYS = 9
 STEP = 300
@@ -211,6 +217,22 @@ def test_an_unreachable_prometheus_is_one_line(tmp_path):
     result = plan(f"http://127.0.0.1:{free_port()}", tmp_path / "plan")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "unreachable" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_series_prometheus_does_not_answer_stops_the_plan_not_left_out(cluster_prometheus, tmp_path):
+    """kube_node_labels is optional (without it every node is in one pool), but it is exported
+    here: a query of it that times out stops the plan with one line naming it, and no report is
+    written, where the plan went on with every node in pool ``default`` and nothing said."""
+    proxy = refusing_proxy(cluster_prometheus.url, "kube_node_labels")
+    try:
+        url = f"http://127.0.0.1:{proxy.server_address[1]}"
+        result = plan(url, tmp_path / "plan")
+    finally:
+        proxy.shutdown()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (f"error: prometheus at {url} answered 503: query timed out in query execution, for kube_node_labels: the "
+            "plan stops rather than go on without it") in result.stderr
+    assert not (tmp_path / "plan").exists()
 
 
 NOT_PROMETHEUS = "{url} answered {content_type}, not the Prometheus HTTP API's JSON"
