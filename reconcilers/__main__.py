@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
                      "switching anything on", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     plan.add_argument("--prometheus", required=True, metavar="URL", default=argparse.SUPPRESS,
                       help="the Prometheus that scrapes kube-state-metrics and cAdvisor")
-    plan.add_argument("--days", type=float, default=14, help="history to read; the first --warmup-days only give "
-                                                             "history")
+    plan.add_argument("--days", type=float, default=14, help="history to read (the days Prometheus holds, where "
+                                                             "fewer); the first --warmup-days only give history, "
+                                                             "the last half of the rest is the holdout")
     plan.add_argument("--warmup-days", type=int, default=7, help="days of history before the first replayed day")
     plan.add_argument("--step", default="5m", help="resolution of the history read")
     plan.add_argument("--out", type=Path, default=Path("plan-report"), help="report directory")
@@ -251,7 +252,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     from reconcilers.prometheus import PrometheusHistory
     from simulator.cli import report_directory
     from simulator.policies import OURS, default_systems
-    from simulator.replay import Config, run
+    from simulator.replay import Config, run, trace_days
     from simulator.report import summary, write_report
     from simulator.trace import TraceError, read_trace
 
@@ -279,7 +280,6 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                                        rescale_hpa=settings.rescale_hpa)
     except (PlanError, HistoryUnavailable) as error:
         raise CliError(str(error)) from None
-    evaluated = int(args.days) - args.warmup_days
     exports = {}
     for pool, pods in sorted(by_pool(history).items()):
         allocatable = pool_size(history, pool)
@@ -306,11 +306,27 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
              + (f"; {oversold_text(oversold)}" if oversold else ""))
     entries = {}
     for pool, (folder, export, allocatable, bound, size, pods_in_pool, oversold, restored) in exports.items():
-        config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), evaluated // 2)
+        try:
+            workloads = read_trace(export, "generic")
+        except TraceError as error:
+            raise CliError(f"pool {pool}: {error}") from None
+        # Prometheus may hold fewer days than asked (its retention: 15 by default, often set lower),
+        # or the pool is younger: the holdout is half of the days replayed, not of those asked.
+        held_days = trace_days(workloads)
+        if held_days <= args.warmup_days:
+            raise CliError(f"pool {pool}: Prometheus holds {held_days} days of its history, not more than the "
+                           f"{args.warmup_days}-day warm-up: " + (
+                               f"pass --warmup-days {max(1, held_days - 2)} or fewer" if held_days >= 2 else
+                               "the plan needs 2 days at least (1 of warm-up)"))
+        if held_days < int(args.days):
+            _log(f"pool {pool}: Prometheus holds {held_days} of the {args.days:g} days asked (its retention, or the "
+                 f"pool is younger): {held_days - args.warmup_days} replayed after the {args.warmup_days}-day warm-up")
+        replayed = min(held_days, int(args.days)) - args.warmup_days
+        config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), replayed // 2)
         systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
                                   load=settings.load)
         try:
-            result = run(read_trace(export, "generic"), config, systems, _log)
+            result = run(workloads, config, systems, _log)
         except TraceError as error:
             raise CliError(f"pool {pool}: {error}") from None
         data = write_report(folder, summary(result, systems), result, export, config)
@@ -321,7 +337,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                   "--window-days", str(config.window_days), "--holdout-days", str(config.holdout_days)]
         entries[pool] = {"pods": pods_in_pool, "node_cores": allocatable[0], "node_memory_bytes": allocatable[1],
                          "node_bound_cores": bound[0], "node_bound_memory_bytes": bound[1],
-                         "oversold_nodes": oversold, "original_requests_pods": restored, "summary": data,
+                         "oversold_nodes": oversold, "original_requests_pods": restored, "history_days": held_days,
+                         "summary": data,
                          "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours)}
     if not entries:

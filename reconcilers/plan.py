@@ -658,6 +658,9 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
             bound = f"; {node_bound_text(held)} (not replayed: the other Pods are replayed on what they leave)"
         lines += [f"## Pool `{pool}`: {entry['pods']} Pods on nodes of {entry['node_cores']:g} cores, "
                   f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", ""]
+        if entry["history_days"] < int(days):
+            lines += [f"Planned on the {entry['history_days']} days of history Prometheus holds, of the {days:g} "
+                      "asked (its retention, or the pool is younger).", ""]
         if text := requests_text(entry["oversold_nodes"], entry["original_requests_pods"], record_key):
             lines += [text, ""]
         lines += [f"[Full report]({pool}/report.md). " + (

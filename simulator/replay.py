@@ -201,12 +201,18 @@ def oversized_warning(workloads: list[Workload], config: Config) -> str | None:
             "--node-memory fits them")
 
 
+def trace_days(workloads: list[Workload]) -> int:
+    """The days a trace spans, from the day of its first sample (day 0) to that of its last."""
+    origin = min(int(w.slots[0]) for w in workloads)
+    last = max(int(w.slots[-1]) for w in workloads)
+    return (last - origin) // SLOTS_PER_DAY + 1
+
+
 def day_grid(workloads: list[Workload], config: Config) -> tuple[int, list[int]]:
     """The first slot of day 0 (the trace's first sample: Bitbrains starts at local midnight) and
     the evaluated day numbers."""
     origin = min(int(w.slots[0]) for w in workloads)
-    last = max(int(w.slots[-1]) for w in workloads)
-    total = (last - origin) // SLOTS_PER_DAY + 1
+    total = trace_days(workloads)
     days = list(range(config.warmup_days, total))
     if not days:
         raise TraceError(f"the trace spans {total} days, not more than the {config.warmup_days}-day warm-up")

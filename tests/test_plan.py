@@ -202,6 +202,26 @@ def test_a_prometheus_holding_several_clusters_is_planned_for_the_one_selected(t
     assert 'no kube_pod_container_resource_requests series matching {cluster="ap"}' in nothing.stderr
 
 
+def test_fewer_days_than_asked_are_planned_on_what_prometheus_holds(cluster_prometheus, tmp_path):
+    """Asked for 14 days, this Prometheus holds 9 (its retention is often less than 14): the plan
+    replays the 2 days after the 7-day warm-up (one tuning, one holdout) and says so, where it
+    stopped on advice to pass an option plan does not have. Too few for the warm-up, the line
+    names the --warmup-days that would do."""
+    result = plan(cluster_prometheus.url, tmp_path / "plan", "--days", "14")
+    assert result.returncode == 0, result.stderr
+    assert ("pool general: Prometheus holds 9 of the 14 days asked (its retention, or the pool is younger): 2 "
+            "replayed after the 7-day warm-up") in result.stderr
+    assert json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]["history_days"] == 9
+    assert "Planned on the 9 days of history Prometheus holds, of the 14 asked" in \
+        (tmp_path / "plan" / "plan.md").read_text()
+    summary = json.loads((tmp_path / "plan" / "general" / "summary.json").read_text())
+    assert (summary["tuning_days"], summary["holdout_days"]) == ([7], [8])
+    short = plan(cluster_prometheus.url, tmp_path / "short", "--days", "14", "--warmup-days", "9")
+    assert short.returncode == 2 and "Traceback" not in short.stderr
+    assert ("error: pool general: Prometheus holds 9 days of its history, not more than the 9-day warm-up: pass "
+            "--warmup-days 7 or fewer") in short.stderr
+
+
 def test_a_missing_exporter_is_named_not_a_traceback(tmp_path):
     server = backfilled(tmp_path / "cadvisor-only", exporter_families(with_state_metrics=False), 1)
     try:
