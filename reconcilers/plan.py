@@ -41,6 +41,7 @@ import re
 import statistics
 import time
 from array import array
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -236,6 +237,7 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
                                   PodHistory(labels.get("namespace", ""), labels.get("pod", "")))
             pod.series[key] = series
         progress(f"read {key}: {len(found)} Pods")
+    trim_to_whole_days(pods, prometheus.resolution)
     annotated = pod_annotations(prometheus, start, end, pods, (keys.original_requests, VPA_UPDATES))
     restored = restore_original_requests(prometheus, start, end, pods, annotated, keys.original_requests, progress)
     owners: dict[tuple[str, str], tuple[str, str]] = {}
@@ -278,6 +280,26 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
                 pools[labels.get("node", "")] = value
                 break
     return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools, oversold, restored)
+
+
+def trim_to_whole_days(pods: dict[tuple[str, str], PodHistory], step: float) -> None:
+    """Drops, in place, the oldest samples short of a whole day, so that the days the history
+    spans end with its last sample. The replay counts days from the first sample and takes each as
+    a whole: read over [now - 14 days, now], a 15th day holding the one sample at ``now`` would
+    count as a whole day of the holdout, its empty slots as node-time below capacity, and the
+    realised hot time would read a third too low."""
+    spans = [(times[0], times[-1]) for pod in pods.values() for times, _ in pod.series.values() if len(times)]
+    if not spans:
+        return
+    first, last = min(s[0] for s in spans), max(s[1] for s in spans)
+    whole = int((last - first + step) // 86400)
+    if whole < 1:
+        return
+    keep_from = last - whole * 86400 + step
+    for pod in pods.values():
+        for key, (times, values) in list(pod.series.items()):
+            if (cut := bisect_left(times, keep_from - step / 2)):
+                pod.series[key] = (times[cut:], values[cut:])
 
 
 def state_metrics_label(kind: str, key: str) -> str:
