@@ -13,10 +13,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
+from kube.probes import AnsweringHandler
 from tests.conftest import free_port, stop_process, wait_until_serving
 
 Series = (tuple[dict[str, str], Callable[[float], float]] | tuple[dict[str, str], Callable[[float], float], float]
@@ -142,21 +142,7 @@ class AnsweringServer(ThreadingHTTPServer):
     """Each request's headers (names in lower case: they are case-insensitive), in order."""
 
 
-class _Answering(BaseHTTPRequestHandler):
-    """A handler that answers whole bodies and logs nothing."""
-
-    def send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def _serve(handler: type[_Answering], seen: list[dict[str, str]]) -> AnsweringServer:
+def _serve(handler: type[AnsweringHandler], seen: list[dict[str, str]]) -> AnsweringServer:
     server = AnsweringServer(("127.0.0.1", 0), handler)
     server.headers_seen = seen
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -169,7 +155,7 @@ def garbage_prometheus(body: bytes, content_type: str = "application/json", raw:
     request's headers (``headers_seen``); stop it with ``shutdown()``."""
     seen: list[dict[str, str]] = []
 
-    class Garbage(_Answering):
+    class Garbage(AnsweringHandler):
         def do_GET(self) -> None:
             self._answer()
 
@@ -192,7 +178,7 @@ def refusing_proxy(upstream: str, refused: str) -> AnsweringServer:
     query on but those whose PromQL holds ``refused``: those it answers 503, as Prometheus does a
     query that timed out (or a proxy in front of it, its upstream). Stop it with ``shutdown()``."""
 
-    class Proxy(_Answering):
+    class Proxy(AnsweringHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if refused in urllib.parse.parse_qs(body.decode()).get("query", [""])[0]:
