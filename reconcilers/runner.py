@@ -700,7 +700,13 @@ class Reconciler:
             since = max(now - min(at for at, _ in self._predictions.values()), 1.0)
             try:
                 peaks = self.history.node_peaks(since)
-            except HistoryUnavailable:
+            except HistoryUnavailable as error:
+                # Checked later against a longer window, these predictions would read as exceeded
+                # more often than they were: they are dropped, and counted as not checked.
+                checks = sum(len(predicted) for name, (_, predicted) in self._predictions.items() if name in pools)
+                log.warning("node peaks unavailable (%s): %d predictions of the last pass not checked "
+                            "(calibration)", error, checks)
+                self.metrics.skips.labels("calibration-unavailable").inc(checks)
                 peaks = {}
             for name, (_, predicted) in self._predictions.items():
                 for resource, peak in predicted.items():

@@ -5,6 +5,7 @@ order, one metric family after another), then served by ``prometheus`` on a loop
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import ssl
 import subprocess
@@ -141,6 +142,10 @@ class AnsweringServer(ThreadingHTTPServer):
     headers_seen: list[dict[str, str]]
     """Each request's headers (names in lower case: they are case-insensitive), in order."""
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
 
 def _serve(handler: type[AnsweringHandler], seen: list[dict[str, str]]) -> AnsweringServer:
     server = AnsweringServer(("127.0.0.1", 0), handler)
@@ -175,13 +180,14 @@ def garbage_prometheus(body: bytes, content_type: str = "application/json", raw:
 
 def refusing_proxy(upstream: str, refused: str) -> AnsweringServer:
     """A proxy on a loopback port in front of the Prometheus at ``upstream`` that passes every
-    query on but those whose PromQL holds ``refused``: those it answers 503, as Prometheus does a
-    query that timed out (or a proxy in front of it, its upstream). Stop it with ``shutdown()``."""
+    query on but those whose PromQL matches the regular expression ``refused``: those it answers
+    503, as Prometheus does a query that timed out (or a proxy in front of it, its upstream).
+    Stop it with ``shutdown()``."""
 
     class Proxy(AnsweringHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            if refused in urllib.parse.parse_qs(body.decode()).get("query", [""])[0]:
+            if re.search(refused, urllib.parse.parse_qs(body.decode()).get("query", [""])[0]):
                 self.send(503, json.dumps({"status": "error", "errorType": "timeout",
                                            "error": "query timed out in query execution"}).encode())
                 return

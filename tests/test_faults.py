@@ -154,7 +154,7 @@ def test_prometheus_answering_garbage_holds_the_ratios_and_says_why(body, raw):
             KEYS.enable_resource_compress: "y", KEYS.cpu_requests_ratio: "2"}},
             "spec": {"template": {"spec": {"containers": [
                 {"name": "app", "image": "x", "resources": {"requests": {"cpu": "1"}}}]}}}})
-        history = PrometheusHistory(f"http://127.0.0.1:{server.server_address[1]}", resolution=300)
+        history = PrometheusHistory(server.url, resolution=300)
         reconciler = Reconciler(Cluster(client.ApiClient(client.Configuration(host=api.url))), history,
                                 Settings(kubernetes="off", inplace_resize=False))
         rows = reconciler.run_pass()

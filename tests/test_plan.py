@@ -260,7 +260,7 @@ def test_a_series_prometheus_does_not_answer_stops_the_plan_not_left_out(cluster
     written, where the plan went on with every node in pool ``default`` and nothing said."""
     proxy = refusing_proxy(cluster_prometheus.url, "kube_node_labels")
     try:
-        url = f"http://127.0.0.1:{proxy.server_address[1]}"
+        url = proxy.url
         result = plan(url, tmp_path / "plan")
     finally:
         proxy.shutdown()
@@ -283,7 +283,7 @@ NOT_PROMETHEUS = "{url} answered {content_type}, not the Prometheus HTTP API's J
 def test_a_url_that_is_not_prometheus_is_named_as_such(tmp_path, body, content_type, raw, named):
     server = garbage_prometheus(body, content_type, raw=raw)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        url = server.url
         result = plan(url, tmp_path / "plan")
     finally:
         server.shutdown()

@@ -32,7 +32,7 @@ from reconcilers.runner import Reconciler, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 from tests.conftest import ROOT, eventually, free_port
 from tests.kube_api import FakeKubeAPI
-from tests.prometheus_server import Family, PrometheusServer, WebConfig, write_openmetrics
+from tests.prometheus_server import Family, PrometheusServer, WebConfig, refusing_proxy, write_openmetrics
 
 KEYS = AnnotationKeys()
 NS = "shop"
@@ -262,7 +262,7 @@ def test_a_rotated_bearer_token_and_a_tenant_header_go_with_every_query(tmp_path
     token.write_text("first-token\n")
     server = garbage_prometheus(b'{"status": "success", "data": {"resultType": "vector", "result": []}}')
     try:
-        settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": f"http://127.0.0.1:{server.server_address[1]}",
+        settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
                                       "OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE": str(token),
                                       "OVERSALE_PROMETHEUS_HEADERS": "X-Scope-OrgID=prod"})
         api = PrometheusHistory.from_settings(settings).api
@@ -506,6 +506,28 @@ def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     # From the second pass on, calibration reads the peaks since the last predictions: 2 more.
     reconciler.run_pass(dry_run=True)
     assert history.queries - 15 == 17
+
+
+def test_calibration_says_when_the_peaks_since_cannot_be_read(api, prometheus, caplog):
+    """A pass whose read of the node peaks since the last predictions fails still sets the ratios,
+    and says that it checked none of those predictions, instead of leaving calibration silent."""
+    # The peaks since the last pass are the only node queries over a window of seconds; the
+    # ratios' and the account's windows are hours and days.
+    proxy = refusing_proxy(prometheus.url, r"^max_over_time\(\(.*\)\[\d{1,3}s:")
+    try:
+        reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(proxy.url, resolution=300),
+                                SETTINGS)
+        reconciler.run_pass(dry_run=True)
+        with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+            rows = reconciler.run_pass(dry_run=True)
+    finally:
+        proxy.shutdown()
+    # node-1 has history, node-2 none: one prediction per resource of node-1 was left unchecked.
+    assert "3 requested" in next(r for r in rows if r.object == "Node/node-1" and r.resource == "cpu").reason
+    assert reconciler.metrics.skips.labels("calibration-unavailable")._value.get() == 2
+    assert reconciler.metrics.predictions.labels("default", "cpu")._value.get() == 0
+    warning = next(r.getMessage() for r in caplog.records if "calibration" in r.getMessage())
+    assert warning.startswith("node peaks unavailable (") and "2 predictions of the last pass not checked" in warning
 
 
 def test_dry_run_prints_the_table_and_writes_nothing(api, source):

@@ -450,8 +450,9 @@ def test_prioritize_scores_every_node_sent_by_its_strategy(cluster):
                         annotations={KEYS.resource_status: json.dumps({"cpuset": "0-3,8-11", "numaNode": 0})}))
     api.put("pods", pod("other", "8", "FullPCPUs", node_name="node-1",
                         annotations={KEYS.resource_status: json.dumps({"cpuset": "0-3,8-11", "numaNode": 0})}))
-    wait_for(lambda: extender.post("filter", {"Pod": pod("x", "10", "FullPCPUs", single_numa=False),
-                                              "NodeNames": ["node-0"]})["FailedNodes"])
+    # Both bound Pods seen by the extender's watch, not only the first: the scores depend on both.
+    wait_for(lambda: len(extender.post("filter", {"Pod": pod("x", "10", "FullPCPUs", single_numa=False),
+                                                  "NodeNames": ["node-0", "node-1"]})["FailedNodes"]) == 2)
     scores = extender.post("prioritize", {"Pod": pod("p", "2", "FullPCPUs"), "NodeNames": ["node-0", "node-1"]})
     assert [s["Host"] for s in scores] == ["node-0", "node-1"]
     assert set(scores[0]) == set(PAYLOADS["HostPriority"])
@@ -1037,7 +1038,7 @@ def test_a_prometheus_answering_garbage_changes_no_node_and_no_workload(body, ra
         state.record_node_samples({"n": Sample(time.time(), 4800, 8 << 30)})
         before = state.heats(["n"])[0].load
         results: list[str] = []
-        prometheus = PrometheusAPI(f"http://127.0.0.1:{server.server_address[1]}")
+        prometheus = PrometheusAPI(server.url)
         poller = HistoryPeakPoller(prometheus, state, 1, "instance", 300, 60, results.append)
         assert not poller.poll_once() and results == ["error"]
         assert state.heats(["n"])[0].load == before
