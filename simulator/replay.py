@@ -100,12 +100,20 @@ class Day:
     fixed: list[frozenset[str]] = field(default_factory=list)
     """Per workload, the resources whose request no right-sizing changes (empty: none)."""
 
+    @property
+    def observed(self) -> np.ndarray:
+        """The slots in which the trace holds a sample of any workload. The others (a last day
+        the trace ends in, a gap where the monitoring was down) are not node-time: counted, their
+        empty usage would read as time below capacity and dilute the hot time."""
+        return np.asarray(self.present.any(axis=0))
+
 
 @dataclass
 class Tally:
     """Accumulated figures of one system over the evaluated days of one split."""
 
-    days: int = 0
+    days: float = 0.0
+    """Days counted, each by the share of it the trace observed."""
     node_days: float = 0.0
     node_samples: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
     violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
@@ -116,13 +124,16 @@ class Tally:
     """Workload-days moved more than once."""
 
     def count(self, day: Day, placed: Placed, real: tuple[float, float]) -> None:
-        """Sum usage per node for every slot of the day; count (node, slot) pairs over real capacity."""
-        self.days += 1
-        self.node_days += placed.nodes
+        """Sum usage per node for every slot the trace observed; count (node, slot) pairs over real
+        capacity. A node counts for the share of the day observed."""
+        observed = day.observed
+        share = float(observed.mean())
+        self.days += share
+        self.node_days += placed.nodes * share
         self.evictions += placed.evictions
         self.moved_again += placed.moved_again
         for position, resource in enumerate(RESOURCES):
-            per_node = placed.per_node(day.usage[resource])  # nodes x slots
+            per_node = placed.per_node(day.usage[resource])[:, observed]  # nodes x observed slots
             self.violations[resource] += int((per_node > real[position] + 1e-6).sum())
             self.node_samples[resource] += per_node.size
             over = (day.usage[resource] > placed.requests[resource][:, None] + 1e-6) & day.present
@@ -479,7 +490,7 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
     for count, number in enumerate(days, 1):
         began = time.perf_counter()
         day = build_day(workloads, origin, number, config, splits[number])
-        clairvoyant[day.split] += clairvoyant_nodes(day, config.real)
+        clairvoyant[day.split] += clairvoyant_nodes(day, config.real) * float(day.observed.mean())  # as Tally.count
         for system in systems:
             placed = place(day, system, config.real, config.arrival_seed)
             if system.remediation is not None:

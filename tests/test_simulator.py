@@ -141,6 +141,27 @@ def test_the_last_days_are_the_holdout_and_reported_apart(tmp_path):
     assert ours["cpu_violation_rate"] == pytest.approx(1 / 3, abs=1e-4)
 
 
+def test_a_day_the_trace_ends_in_counts_only_the_time_it_observed(tmp_path):
+    """A trace that ends at noon (an export cut short, a retention edge): the last day's afternoon
+    holds no sample. Counted, its empty slots read as node-time below capacity, and halved the hot
+    time of a holdout overloaded in every sample observed."""
+    rows = []
+    start = 3 * DAY
+    for t in range(start, start + 9 * DAY + DAY // 2, 300):
+        for name in ("a", "b"):
+            rows.append((name, t, 8, 5.0 if t >= start + 9 * DAY else 2.0, GIB, GIB // 2))
+    result, by_policy = replay(tmp_path, rows, node_cpu_cores=8, holdout_days=1)
+    assert result.days == [7, 8, 9]
+    ours = by_policy["oversale"]
+    assert ours["holdout"]["cpu_violation_rate"] == 1.0
+    # 144 hot node-samples of 288 + 288 + 144.
+    assert ours["cpu_violation_rate"] == pytest.approx(144 / 720, abs=1e-4)
+    # One node a day, the half day counted as half a node-day: still one node per day.
+    assert ours["holdout"]["nodes_per_day"] == 1
+    assert [(d["day"], d["node_samples"], d["cpu_hot_samples"]) for d in result.daily["oversale"]] == \
+        [(7, 288, 0), (8, 288, 0), (9, 144, 144)]
+
+
 def test_a_holdout_that_takes_every_replayed_day_is_refused_and_an_empty_split_is_said(tmp_path):
     # Ten days: seven of warm-up leave three to replay. The default 14-day holdout would take all
     # three and leave the tuning tables as rows of 0%, which read like "nothing freed".
