@@ -280,6 +280,28 @@ def test_rows_are_sorted_one_sample_per_slot_the_last_read_wins(tmp_path):
     assert w.usage["memory"].tolist() == [4, 3] and v.usage["memory"].tolist() == [7]
 
 
+def test_a_trace_sampled_every_minute_replays_each_slots_mean_cpu_and_last_memory(tmp_path):
+    """A 1-minute export: each 5-minute slot's cpu is the mean of its five readings, as the live
+    account's rate() over 5 minutes reads it, not the last reading alone (one minute in five
+    replayed as the slot's load); memory and requests are the slot's last reading, as a gauge is
+    read at each step. The command says so."""
+    rows = []
+    for minute in range(10):
+        # One burst minute in each slot, the last one of the first: 4 cores against 0.5 otherwise.
+        cpu = 4.0 if minute in (4, 7) else 0.5
+        rows.append(("w", minute * 60, 2 if minute < 9 else 3, cpu, GIB, (minute + 1) * 1000))
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, rows)
+    said: list[str] = []
+    (w,) = read_trace(trace, progress=said.append)
+    assert w.slots.tolist() == [0, 1]
+    assert w.usage["cpu"].tolist() == pytest.approx([1200.0, 1200.0])  # (4 x 0.5 + 4) / 5 cores
+    assert w.usage["memory"].tolist() == [5000, 10000]
+    assert w.request["cpu"].tolist() == [2000, 3000]
+    assert any("sampled more often than every 5 minutes" in line and "median interval 60 s" in line
+               for line in said), said
+
+
 def test_fixed_resources_name_cpu_or_memory_or_the_row_is_refused(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("workload,timestamp_s,cpu_request_cores,cpu_usage_cores,memory_request_bytes,"
