@@ -113,13 +113,23 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
     # such VM among 500 sampled every 5 minutes) do not make the trace a finer one.
     intervals = [float(np.median(np.diff(np.unique(np.frombuffer(columns[0], dtype=np.int64)))))
                  for columns in rows.values() if len(columns[0]) > 1]
-    fine = bool(intervals) and float(np.median(intervals)) < SLOT
+    interval = float(np.median(intervals)) if intervals else float(SLOT)
+    fine = interval < SLOT
+    # A coarser trace's reading stands for the slots until the next one (at most its interval, so
+    # a gap stays a gap): a node's usage in a slot sums every workload on it, not the few whose
+    # readings happen to fall there (a trace's VMs each keep their own clock).
+    hold = max(1, round(interval / SLOT))
+    end = max(max(columns[0]) for columns in rows.values()) // SLOT
     workloads = [_into_slots(name, np.frombuffer(time_column, dtype=np.int64),
                              [np.frombuffer(column, dtype=np.float64) for column in value_columns],
-                             frozenset(fixed.get(name, ())), average_cpu=fine)
+                             frozenset(fixed.get(name, ())), average_cpu=fine, hold=hold, end=end)
                  for name, (time_column, *value_columns) in rows.items()]
     rows.clear()
     progress(f"{read:,} rows, {len(workloads)} workloads")
+    if hold > 1:
+        progress(f"sampled every {interval:g} s (the workloads' median interval): each reading is held over the "
+                 f"{SLOT // 60}-minute slots until the next, at most {hold}; a burst shorter than that is not in "
+                 "the trace, and the hot time reads low by as much")
     if fine:
         progress(f"sampled more often than every {SLOT // 60} minutes (the workloads' median interval "
                  f"{np.median(intervals):g} s): cpu usage is averaged over each {SLOT // 60}-minute slot, as "
@@ -129,14 +139,17 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
 
 
 def _into_slots(name: str, times: np.ndarray, columns: list[np.ndarray], fixed: frozenset[str],
-                average_cpu: bool) -> Workload:
+                average_cpu: bool, hold: int, end: int) -> Workload:
     """One workload's rows (cpu request, cpu usage, memory request, memory usage, in file order)
     on the 5-minute grid. Rows twice for one time (concatenated exports): the last read wins. In a
     trace sampled every 5 minutes, a slot holding two readings (a clock drifting across a slot's
     edge) keeps the last: each reading is already a 5-minute figure. In one sampled finer
     (``average_cpu``: a 1-minute or 30-second export), the slot's cpu is the mean of its
     readings, which the live account's ``rate()`` over 5 minutes sees; the last reading alone
-    would replay one minute in five as the whole slot's load."""
+    would replay one minute in five as the whole slot's load. In one sampled coarser, each
+    reading is held over the slots until the next, at most ``hold``, and never past ``end``, the
+    slot of the trace's last reading (held further, the trace would grow a sliver of a day in
+    which only some of its workloads run)."""
     # A stable sort keeps the file's order among rows of one time.
     order = np.argsort(times, kind="stable")
     times = times[order]
@@ -150,8 +163,14 @@ def _into_slots(name: str, times: np.ndarray, columns: list[np.ndarray], fixed: 
         cpu_used = np.add.reduceat(cpu_usage, first) / np.diff(np.append(first, len(slots)))
     else:
         cpu_used = cpu_usage[last]
-    return Workload(name, slots[last], {CPU: cpu_request[last] * MILLI, MEMORY: memory_request[last]},
-                    {CPU: cpu_used * MILLI, MEMORY: memory_usage[last]}, fixed)
+    slots, values = slots[last], [cpu_request[last], memory_request[last], cpu_used, memory_usage[last]]
+    if hold > 1:
+        spans = np.minimum(np.diff(np.append(slots, min(slots[-1] + hold, end + 1))), hold)
+        slots = np.repeat(slots, spans) + (np.arange(int(spans.sum())) - np.repeat(np.cumsum(spans) - spans, spans))
+        values = [np.repeat(column, spans) for column in values]
+    cpu_request, memory_request, cpu_used, memory_used = values
+    return Workload(name, slots, {CPU: cpu_request * MILLI, MEMORY: memory_request},
+                    {CPU: cpu_used * MILLI, MEMORY: memory_used}, fixed)
 
 
 def _read_wide(path: Path, vm_cores: float, progress: Callable[[str], None]) -> list[Workload]:

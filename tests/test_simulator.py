@@ -302,6 +302,26 @@ def test_a_trace_sampled_every_minute_replays_each_slots_mean_cpu_and_last_memor
                for line in said), said
 
 
+def test_a_trace_sampled_every_15_minutes_holds_each_reading_until_the_next(tmp_path):
+    """Two VMs, each with its own clock, read every 15 minutes: "a" at :00, "b" at :05. Both
+    request 4 cores and use 5, together on one 8-core node: it is over its capacity all day. Read
+    slot by slot, no 5-minute slot held both readings and the node never read hot; each reading
+    now stands for the slots until the next, and the command says so."""
+    rows = []
+    start = 10 * DAY
+    for t in range(start, start + 8 * DAY, 900):
+        rows += [("a", t, 4, 5.0, GIB, GIB), ("b", t + 300, 4, 5.0, GIB, GIB)]
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, rows)
+    said: list[str] = []
+    a, _ = read_trace(trace, progress=said.append)
+    assert a.slots[:4].tolist() == [start // SLOT + k for k in range(4)]
+    assert any("sampled every 900 s" in line and "held" in line for line in said), said
+    _, by_policy = replay(tmp_path, rows, node_cpu_cores=8, node_memory_bytes=64 * GIB)
+    assert by_policy["none"]["nodes_per_day"] == 1
+    assert by_policy["none"]["cpu_violation_rate"] == 1.0
+
+
 def test_fixed_resources_name_cpu_or_memory_or_the_row_is_refused(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("workload,timestamp_s,cpu_request_cores,cpu_usage_cores,memory_request_bytes,"
