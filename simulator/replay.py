@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -100,7 +101,7 @@ class Day:
     fixed: list[frozenset[str]] = field(default_factory=list)
     """Per workload, the resources whose request no right-sizing changes (empty: none)."""
 
-    @property
+    @cached_property
     def observed(self) -> np.ndarray:
         """The slots in which the trace holds a sample of any workload. The others (a last day
         the trace ends in, a gap where the monitoring was down) are not node-time: counted, their

@@ -119,7 +119,7 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
     # a gap stays a gap): a node's usage in a slot sums every workload on it, not the few whose
     # readings happen to fall there (a trace's VMs each keep their own clock).
     hold = max(1, round(interval / SLOT))
-    end = max(max(columns[0]) for columns in rows.values()) // SLOT
+    end = max(int(np.frombuffer(columns[0], dtype=np.int64).max()) for columns in rows.values()) // SLOT
     workloads = [_into_slots(name, np.frombuffer(time_column, dtype=np.int64),
                              [np.frombuffer(column, dtype=np.float64) for column in value_columns],
                              frozenset(fixed.get(name, ())), average_cpu=fine, hold=hold, end=end)
@@ -132,7 +132,7 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
                  "the trace, and the hot time reads low by as much")
     if fine:
         progress(f"sampled more often than every {SLOT // 60} minutes (the workloads' median interval "
-                 f"{np.median(intervals):g} s): cpu usage is averaged over each {SLOT // 60}-minute slot, as "
+                 f"{interval:g} s): cpu usage is averaged over each {SLOT // 60}-minute slot, as "
                  "rate() over the default 5-minute window reads it live; memory and requests are the slot's "
                  "last reading, as a gauge is read at each step")
     return workloads
@@ -157,9 +157,10 @@ def _into_slots(name: str, times: np.ndarray, columns: list[np.ndarray], fixed: 
     times = times[once]
     cpu_request, cpu_usage, memory_request, memory_usage = (column[order][once] for column in columns)
     slots = times // SLOT
-    last = np.append(slots[1:] != slots[:-1], True)
+    edges = slots[1:] != slots[:-1]
+    last = np.append(edges, True)
     if average_cpu:
-        first = np.flatnonzero(np.append(True, slots[1:] != slots[:-1]))
+        first = np.flatnonzero(np.append(True, edges))
         cpu_used = np.add.reduceat(cpu_usage, first) / np.diff(np.append(first, len(slots)))
     else:
         cpu_used = cpu_usage[last]
