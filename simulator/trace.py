@@ -21,6 +21,8 @@ SLOT = 300
 DAY = 86400
 GIB = 2**30
 MILLI = 1000  # cpu amounts are kept in millicores, as everywhere else in oversale
+LATEST_SECONDS = 1e11
+"""Past any time in seconds (the year 5138); the epoch in milliseconds has been above it since 1973."""
 
 
 class TraceError(ValueError):
@@ -231,13 +233,24 @@ def _amount(row: dict[str, str], column: str) -> float:
     return value
 
 
+def _seconds(row: dict[str, str]) -> int:
+    """``timestamp_s``: seconds since the epoch or since the trace's start. An export in
+    milliseconds would read as a trace a thousand times as long, each reading held or spread over
+    slots it does not cover: refused by its row instead."""
+    value = float(row["timestamp_s"])
+    if not 0 <= value < LATEST_SECONDS:
+        raise ValueError(f"timestamp_s {row['timestamp_s']!r} is not a time in seconds (since the epoch or the "
+                         "trace's start; milliseconds?)")
+    return int(value)
+
+
 def _bitbrains_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, float, float]] | None:
     cores = _amount(row, "cpu_cores")
     capacity_mhz = _amount(row, "cpu_capacity_provisioned_mhz")
     if cores <= 0 or capacity_mhz <= 0:
         return None  # powered off
     per_core = capacity_mhz / cores
-    return (row["vm_id"], int(float(row["timestamp_s"])),
+    return (row["vm_id"], _seconds(row),
             (cores, _amount(row, "cpu_usage_mhz") / per_core,
              _amount(row, "memory_capacity_provisioned_kb") * 1024, _amount(row, "memory_usage_kb") * 1024))
 
@@ -249,4 +262,4 @@ def _generic_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, flo
     # no cpu that uses some (BestEffort, or memory requests only) runs, and loads its node.
     if values[0] <= 0 and values[1] <= 0 and values[3] <= 0:
         return None
-    return row["workload"], int(float(row["timestamp_s"])), values
+    return row["workload"], _seconds(row), values

@@ -266,6 +266,13 @@ def test_bad_traces_are_refused_with_a_message(tmp_path):
     with pytest.raises(TraceError, match="no such file"):
         read_trace(tmp_path / "absent.csv")
     assert detect_format(BITBRAINS) == "bitbrains-long"
+    # An export in milliseconds: refused by its row (the file's line 2), not replayed as a trace 1,000 times as long.
+    millis = tmp_path / "millis.csv"
+    write_generic(millis, [("w", 1372629804000 + k * 300000, 1, 0.5, GIB, GIB) for k in range(3)])
+    with pytest.raises(TraceError) as refused:
+        read_trace(millis)
+    assert str(refused.value) == (f"{millis}: not a generic trace (row 2: timestamp_s '1372629804000' is not a time "
+                                  "in seconds (since the epoch or the trace's start; milliseconds?))")
 
 
 def test_rows_are_sorted_one_sample_per_slot_the_last_read_wins(tmp_path):
