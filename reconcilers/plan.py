@@ -284,10 +284,10 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
 
 def trim_to_whole_days(pods: dict[tuple[str, str], PodHistory], step: float) -> None:
     """Drops, in place, the oldest samples short of a whole day, so that the days the history
-    spans end with its last sample. The replay counts days from the first sample and takes each as
-    a whole: read over [now - 14 days, now], a 15th day holding the one sample at ``now`` would
-    count as a whole day of the holdout, its empty slots as node-time below capacity, and the
-    realised hot time would read a third too low."""
+    spans end with its last sample. The replay counts days from the first sample: read over
+    [now - 14 days, now], a 15th day holding the one sample at ``now`` would be one of the
+    holdout's three days, leaving it two whole days and one sample: a whole day moved from the
+    holdout to the tuning days."""
     spans = [(times[0], times[-1]) for pod in pods.values() for times, _ in pod.series.values() if len(times)]
     if not spans:
         return

@@ -108,6 +108,11 @@ class Day:
         empty usage would read as time below capacity and dilute the hot time."""
         return np.asarray(self.present.any(axis=0))
 
+    @property
+    def observed_share(self) -> float:
+        """The share of the day's slots observed: what the day counts for in node-days."""
+        return float(self.observed.mean())
+
 
 @dataclass
 class Tally:
@@ -127,14 +132,12 @@ class Tally:
     def count(self, day: Day, placed: Placed, real: tuple[float, float]) -> None:
         """Sum usage per node for every slot the trace observed; count (node, slot) pairs over real
         capacity. A node counts for the share of the day observed."""
-        observed = day.observed
-        share = float(observed.mean())
-        self.days += share
-        self.node_days += placed.nodes * share
+        self.days += day.observed_share
+        self.node_days += placed.nodes * day.observed_share
         self.evictions += placed.evictions
         self.moved_again += placed.moved_again
         for position, resource in enumerate(RESOURCES):
-            per_node = placed.per_node(day.usage[resource])[:, observed]  # nodes x observed slots
+            per_node = placed.per_node(day.usage[resource])[:, day.observed]  # nodes x observed slots
             self.violations[resource] += int((per_node > real[position] + 1e-6).sum())
             self.node_samples[resource] += per_node.size
             over = (day.usage[resource] > placed.requests[resource][:, None] + 1e-6) & day.present
@@ -491,7 +494,7 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
     for count, number in enumerate(days, 1):
         began = time.perf_counter()
         day = build_day(workloads, origin, number, config, splits[number])
-        clairvoyant[day.split] += clairvoyant_nodes(day, config.real) * float(day.observed.mean())  # as Tally.count
+        clairvoyant[day.split] += clairvoyant_nodes(day, config.real) * day.observed_share
         for system in systems:
             placed = place(day, system, config.real, config.arrival_seed)
             if system.remediation is not None:
