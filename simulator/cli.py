@@ -53,12 +53,15 @@ def hot_time_budget(text: str) -> float:
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """``--trace`` and its format, the node size and the replay's days (defaults: the backtest's)."""
-    parser.add_argument("--trace", type=Path, required=True, default=argparse.SUPPRESS, help="CSV or CSV.gz trace")
+    parser.add_argument("--trace", type=Path, required=True, default=argparse.SUPPRESS,
+                        help="CSV or CSV.gz trace, or a directory of GWA-T-12's per-VM files")
     parser.add_argument("--format", choices=FORMAT_NAMES, default=argparse.SUPPRESS,
                         help="bitbrains-long (GWA-T-12 long CSV), generic (workload,timestamp_s,"
-                             "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or "
-                             "azure-wide (Azure V1 cpu readings: step_5min, one column per VM); "
-                             "default: detected from the header")
+                             "cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes), "
+                             "azure-wide (Azure V1 cpu readings: step_5min, one column per VM) or "
+                             "bitbrains-raw (GWA-T-12 as the archive ships it: a file per VM, or a directory of "
+                             "them, months in subdirectories); default: detected from the header, and a "
+                             "directory is bitbrains-raw")
     parser.add_argument("--vm-cores", type=float, default=DEFAULT_VM_CORES,
                         help="azure-wide only: the cores each VM requests, as that trace has no VM sizes")
     parser.add_argument("--node-cores", type=float, default=32, help="node size in cores")

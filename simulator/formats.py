@@ -22,4 +22,10 @@ AZURE_STEP = "step_5min"
 row per 5-minute step, one column per VM, values in percent of the VM's allocated vCPUs."""
 WIDE_FORMATS = {"azure-wide": AZURE_STEP}
 """Wide formats: one row per time step, identified by their first column."""
-FORMAT_NAMES = (*FORMATS, *WIDE_FORMATS)
+BITBRAINS_RAW = "bitbrains-raw"
+"""GWA-T-12 as the archive ships it: one file per VM (``rnd/2013-7/1.csv``), named by the VM,
+columns separated by ``;`` and a tab; a directory of them (months in subdirectories) is a trace."""
+BITBRAINS_RAW_COLUMNS = ("Timestamp [ms]", "CPU cores", "CPU capacity provisioned [MHZ]", "CPU usage [MHZ]",
+                         "Memory capacity provisioned [KB]", "Memory usage [KB]")
+"""The columns of a per-VM file the replay reads, in ``BITBRAINS_COLUMNS``' order after ``vm_id``."""
+FORMAT_NAMES = (*FORMATS, *WIDE_FORMATS, BITBRAINS_RAW)

@@ -14,7 +14,16 @@ from typing import IO
 import numpy as np
 
 from oversale.quantity import CPU, MEMORY
-from simulator.formats import AZURE_STEP, BITBRAINS_COLUMNS, FIXED_COLUMN, FORMATS, GENERIC_COLUMNS, WIDE_FORMATS
+from simulator.formats import (
+    AZURE_STEP,
+    BITBRAINS_COLUMNS,
+    BITBRAINS_RAW,
+    BITBRAINS_RAW_COLUMNS,
+    FIXED_COLUMN,
+    FORMATS,
+    GENERIC_COLUMNS,
+    WIDE_FORMATS,
+)
 
 SLOT = 300
 """Seconds per sample slot (the traces sample every 5 minutes)."""
@@ -49,85 +58,164 @@ def detect_format(path: Path) -> str:
     """The format whose columns the file's header holds."""
     try:
         with _open(path) as handle:
-            header = set(next(csv.reader(handle), []))
-    except (OSError, csv.Error, UnicodeDecodeError) as error:
+            first = handle.readline()
+    except (OSError, UnicodeDecodeError) as error:
         raise TraceError(f"{path}: cannot read it ({error})") from None
+    if first.split(";", 1)[0].strip() == BITBRAINS_RAW_COLUMNS[0]:
+        return BITBRAINS_RAW
+    header = set(next(csv.reader([first]), []))
     for name, columns in FORMATS.items():
         if header.issuperset(columns):
             return name
-    for name, first in WIDE_FORMATS.items():
-        if first in header:
+    for name, leading in WIDE_FORMATS.items():
+        if leading in header:
             return name
     raise TraceError(f"{path}: the header matches no known format; bitbrains-long needs {', '.join(BITBRAINS_COLUMNS)}"
-                     f"; generic needs {', '.join(GENERIC_COLUMNS)}; azure-wide starts with {AZURE_STEP}")
+                     f"; generic needs {', '.join(GENERIC_COLUMNS)}; azure-wide starts with {AZURE_STEP}; "
+                     f"{BITBRAINS_RAW} starts with {BITBRAINS_RAW_COLUMNS[0]};")
 
 
 def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], None] = lambda m: None,
                vm_cores: float | None = None) -> list[Workload]:
     """``bitbrains-long`` (the GWA-T-12 long CSV), ``generic`` (workload,timestamp_s,
-    cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes) or ``azure-wide``
+    cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes), ``azure-wide``
     (``step_5min`` then one column per VM, each VM requesting ``vm_cores``, which that format
-    needs: it has no sizes); None: from the header."""
+    needs: it has no sizes) or ``bitbrains-raw`` (GWA-T-12's own per-VM files: one, or a
+    directory of them); None: from the header, and a directory is ``bitbrains-raw``."""
     if not path.exists():
         raise TraceError(f"{path}: no such file")
     if path.is_dir():
-        raise TraceError(f"{path}: a directory, not a trace file")
+        if fmt not in (None, BITBRAINS_RAW):
+            raise TraceError(f"{path}: a directory, not a trace file (only {BITBRAINS_RAW} reads a directory: "
+                             "GWA-T-12's files, one per VM)")
+        fmt = BITBRAINS_RAW
     fmt = fmt or detect_format(path)
     if fmt in WIDE_FORMATS:
         if vm_cores is None:
             raise TraceError(f"{path}: an {fmt} trace has no VM sizes: say how many cores each VM requests")
         return _read_wide(path, vm_cores, progress)
-    # Each workload's rows as columns of machine numbers as they are read (about 40 bytes a row;
-    # a dict of tuples of floats took many times that: 1.2 GB for the July trace's 4.3 million rows).
-    rows: dict[str, tuple[array[int], array[float], array[float], array[float], array[float]]] = {}
-    fixed: dict[str, set[str]] = {}
-    read = 0
+    rows = _Rows()
+    if fmt == BITBRAINS_RAW:
+        _read_raw(path, rows, progress)
+    else:
+        _read_long(path, fmt, rows, progress)
+    if not rows.columns:
+        raise TraceError(f"{path}: no usable rows")
+    return _on_the_grid(rows, progress)
+
+
+class _Rows:
+    """Each workload's rows as columns of machine numbers as they are read (about 40 bytes a row;
+    a dict of tuples of floats took many times that: 1.2 GB for the July trace's 4.3 million rows)."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, tuple[array[int], array[float], array[float], array[float], array[float]]] = {}
+        self.fixed: dict[str, set[str]] = {}
+        self.read = 0
+
+    def add(self, parsed: tuple[str, int, tuple[float, float, float, float]] | None) -> None:
+        """One row as a row parser read it (None: a row that is not replayed)."""
+        if parsed is None:
+            return
+        name, ts, values = parsed
+        columns = self.columns.get(name)
+        if columns is None:
+            columns = self.columns[name] = (array("q"), array("d"), array("d"), array("d"), array("d"))
+        columns[0].append(ts)
+        for column, value in zip(columns[1:], values, strict=True):
+            column.append(value)
+
+
+def _read_long(path: Path, fmt: str, rows: _Rows, progress: Callable[[str], None]) -> None:
+    """A long CSV (``bitbrains-long``, ``generic``): one row per workload and time."""
     try:
         with _open(path) as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in FORMATS[fmt] if c not in (reader.fieldnames or [])]
             if missing:
                 raise TraceError(f"{path}: not a {fmt} trace (missing columns: {', '.join(missing)})")
-            parse = _bitbrains_row if fmt == "bitbrains-long" else _generic_row
             for row in reader:
-                read += 1
-                if read % 500000 == 0:
-                    progress(f"read {read:,} rows")
-                parsed = parse(row)
-                if parsed is None:
+                rows.read += 1
+                if rows.read % 500000 == 0:
+                    progress(f"read {rows.read:,} rows")
+                if fmt == "bitbrains-long":
+                    rows.add(_bitbrains_row(row["vm_id"], row, BITBRAINS_COLUMNS[1:]))
                     continue
-                name, ts, values = parsed
-                columns = rows.get(name)
-                if columns is None:
-                    columns = rows[name] = (array("q"), array("d"), array("d"), array("d"), array("d"))
-                columns[0].append(ts)
-                for column, value in zip(columns[1:], values, strict=True):
-                    column.append(value)
+                rows.add(_generic_row(row))
                 if row.get(FIXED_COLUMN):
-                    fixed.setdefault(name, set()).update(_fixed_resources(row[FIXED_COLUMN]))
+                    rows.fixed.setdefault(row["workload"], set()).update(_fixed_resources(row[FIXED_COLUMN]))
     except (OSError, KeyError, ValueError, csv.Error) as error:
         if isinstance(error, TraceError):
             raise
-        raise TraceError(f"{path}: not a {fmt} trace (row {read + 1}: {error})") from None
-    if not rows:
-        raise TraceError(f"{path}: no usable rows")
+        raise TraceError(f"{path}: not a {fmt} trace (row {rows.read + 1}: {error})") from None
+
+
+def _raw_vm(path: Path) -> str | None:
+    """The VM a GWA-T-12 file holds: its name without ``.csv`` or ``.csv.gz`` (None: not such a file)."""
+    for suffix in (".csv.gz", ".csv"):
+        if path.name.endswith(suffix) and not path.name.startswith("."):
+            return path.name[:-len(suffix)]
+    return None
+
+
+def _read_raw(path: Path, rows: _Rows, progress: Callable[[str], None]) -> None:
+    """GWA-T-12's own files, one per VM, named by it: one file, or a directory's files and its
+    subdirectories' files (no deeper), where files of one name in several subdirectories (the
+    archive's months, ``2013-7/1.csv`` and ``2013-8/1.csv``) are one VM. The archive's header
+    says ``Timestamp [ms]``, but its values are Unix seconds: read as seconds, a time in
+    milliseconds being refused as in every format."""
+    # The archive's depth and no deeper: a directory given by mistake (a home, "/") is not walked.
+    found = [*path.glob("*"), *path.glob("*/*")] if path.is_dir() else [path]
+    files = sorted((p for p in found if p.is_file() and _raw_vm(p)), key=lambda p: (_raw_vm(p) or "", p))
+    if not files:
+        raise TraceError(f"{path}: holds no .csv or .csv.gz files (GWA-T-12 has one per VM)")
+    for number, file in enumerate(files, 1):
+        vm = _raw_vm(file) or file.name
+        line = 1
+        try:
+            with _open(file) as handle:
+                header = [column.strip() for column in handle.readline().split(";")]
+                missing = [c for c in BITBRAINS_RAW_COLUMNS if c not in header]
+                if missing:
+                    raise TraceError(f"{file}: not a {BITBRAINS_RAW} file (missing columns: {', '.join(missing)})")
+                at = [header.index(c) for c in BITBRAINS_RAW_COLUMNS]
+                for text in handle:
+                    line += 1
+                    if not text.strip():
+                        continue
+                    fields = text.split(";")
+                    if len(fields) != len(header):
+                        raise ValueError(f"{len(fields)} columns, the header {len(header)}")
+                    rows.read += 1
+                    rows.add(_bitbrains_row(vm, {c: fields[i] for c, i in zip(BITBRAINS_RAW_COLUMNS, at, strict=True)},
+                                            BITBRAINS_RAW_COLUMNS))
+        except (OSError, ValueError, UnicodeDecodeError) as error:
+            if isinstance(error, TraceError):
+                raise
+            raise TraceError(f"{file}: not a {BITBRAINS_RAW} file (row {line}: {error})") from None
+        if number % 100 == 0:
+            progress(f"read {number:,} of {len(files):,} files")
+
+
+def _on_the_grid(rows: _Rows, progress: Callable[[str], None]) -> list[Workload]:
+    """Every workload's rows on the 5-minute grid, by the trace's own sampling interval."""
     # One sampling scheme per trace: a few extra readings of one VM (Bitbrains' July trace has one
     # such VM among 500 sampled every 5 minutes) do not make the trace a finer one.
     intervals = [float(np.median(np.diff(np.unique(np.frombuffer(columns[0], dtype=np.int64)))))
-                 for columns in rows.values() if len(columns[0]) > 1]
+                 for columns in rows.columns.values() if len(columns[0]) > 1]
     interval = float(np.median(intervals)) if intervals else float(SLOT)
     fine = interval < SLOT
     # A coarser trace's reading stands for the slots until the next one (at most its interval, so
     # a gap stays a gap): a node's usage in a slot sums every workload on it, not the few whose
     # readings happen to fall there (a trace's VMs each keep their own clock).
     hold = max(1, round(interval / SLOT))
-    end = max(int(np.frombuffer(columns[0], dtype=np.int64).max()) for columns in rows.values()) // SLOT
+    end = max(int(np.frombuffer(columns[0], dtype=np.int64).max()) for columns in rows.columns.values()) // SLOT
     workloads = [_into_slots(name, np.frombuffer(time_column, dtype=np.int64),
                              [np.frombuffer(column, dtype=np.float64) for column in value_columns],
-                             frozenset(fixed.get(name, ())), average_cpu=fine, hold=hold, end=end)
-                 for name, (time_column, *value_columns) in rows.items()]
-    rows.clear()
-    progress(f"{read:,} rows, {len(workloads)} workloads")
+                             frozenset(rows.fixed.get(name, ())), average_cpu=fine, hold=hold, end=end)
+                 for name, (time_column, *value_columns) in rows.columns.items()]
+    rows.columns.clear()
+    progress(f"{rows.read:,} rows, {len(workloads)} workloads")
     if hold > 1:
         progress(f"sampled every {interval:g} s (the workloads' median interval): each reading is held over the "
                  f"{SLOT // 60}-minute slots until the next, at most {hold}; a burst shorter than that is not in "
@@ -233,26 +321,30 @@ def _amount(row: dict[str, str], column: str) -> float:
     return value
 
 
-def _seconds(row: dict[str, str]) -> int:
-    """``timestamp_s``: seconds since the epoch or since the trace's start. An export in
-    milliseconds would read as a trace a thousand times as long, each reading held or spread over
-    slots it does not cover: refused by its row instead."""
-    value = float(row["timestamp_s"])
+def _seconds(row: dict[str, str], column: str = "timestamp_s") -> int:
+    """Seconds since the epoch or since the trace's start. An export in milliseconds would read
+    as a trace a thousand times as long, each reading held or spread over slots it does not
+    cover: refused by its row instead."""
+    value = float(row[column])
     if not 0 <= value < LATEST_SECONDS:
-        raise ValueError(f"timestamp_s {row['timestamp_s']!r} is not a time in seconds (since the epoch or the "
+        raise ValueError(f"{column} {row[column]!r} is not a time in seconds (since the epoch or the "
                          "trace's start; milliseconds?)")
     return int(value)
 
 
-def _bitbrains_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, float, float]] | None:
-    cores = _amount(row, "cpu_cores")
-    capacity_mhz = _amount(row, "cpu_capacity_provisioned_mhz")
+def _bitbrains_row(vm: str, row: dict[str, str],
+                   columns: tuple[str, ...]) -> tuple[str, int, tuple[float, float, float, float]] | None:
+    """A GWA-T-12 reading; ``columns`` name its time, cores, provisioned MHz, used MHz,
+    provisioned KB and used KB (the long CSV's names or the archive's own)."""
+    time, cores_column, capacity_column, usage_column, memory_column, memory_usage_column = columns
+    cores = _amount(row, cores_column)
+    capacity_mhz = _amount(row, capacity_column)
     if cores <= 0 or capacity_mhz <= 0:
         return None  # powered off
     per_core = capacity_mhz / cores
-    return (row["vm_id"], _seconds(row),
-            (cores, _amount(row, "cpu_usage_mhz") / per_core,
-             _amount(row, "memory_capacity_provisioned_kb") * 1024, _amount(row, "memory_usage_kb") * 1024))
+    return (vm, _seconds(row, time),
+            (cores, _amount(row, usage_column) / per_core,
+             _amount(row, memory_column) * 1024, _amount(row, memory_usage_column) * 1024))
 
 
 def _generic_row(row: dict[str, str]) -> tuple[str, int, tuple[float, float, float, float]] | None:

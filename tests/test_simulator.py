@@ -460,16 +460,100 @@ def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
         assert len(bad.stderr.strip().splitlines()) == 1, "one line, no usage block before it"
 
 
-@pytest.mark.shared
-def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
-    # The first 20 VMs (the file is sorted by VM); the format is detected from the header.
-    slice_path = tmp_path / "slice.csv"
-    with gzip.open(BITBRAINS, "rt") as source, slice_path.open("w") as out:
+def july_slice(path, last_vm):
+    """The July long CSV's VMs 1 to ``last_vm`` (the file is sorted by VM), written to ``path``."""
+    with gzip.open(BITBRAINS, "rt") as source, path.open("w") as out:
         out.write(source.readline())
         for line in source:
-            if int(line.split(",", 1)[0]) > 20:
+            if int(line.split(",", 1)[0]) > last_vm:
                 break
             out.write(line)
+    return path
+
+
+def write_raw(path, rows):
+    """A GWA-T-12 per-VM file as the archive ships it: ``;`` and a tab between columns, times in seconds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["Timestamp [ms];\tCPU cores;\tCPU capacity provisioned [MHZ];\tCPU usage [MHZ];\tCPU usage [%];\t"
+             "Memory capacity provisioned [KB];\tMemory usage [KB];\tDisk read throughput [KB/s]"]
+    lines += [f"{t};\t{cores};\t{cores * 2600.0};\t{used * 2600.0};\t0.0;\t{kb};\t{kb / 2};\t0.0"
+              for t, cores, used, kb in rows]
+    text = "\n".join(lines) + "\n"
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+
+
+@pytest.mark.shared
+def test_the_archives_own_per_vm_files_read_as_the_long_csv_reads_them(tmp_path):
+    """GWA-T-12 as a user downloads it: one file per VM. The three original files in the shared
+    corpus hold VMs 1 to 3 of the long CSV; read from either, they are the same arrays, and the
+    command replays the directory with its format detected."""
+    long_slice = july_slice(tmp_path / "slice.csv", last_vm=3)
+    raw = BITBRAINS.parent / "raw_sample"
+    assert detect_format(raw / "2013-7_1.csv.gz") == "bitbrains-raw"
+    from_files = read_trace(raw)
+    assert [w.name for w in from_files] == ["2013-7_1", "2013-7_2", "2013-7_3"], "each VM is named by its file"
+    for long_vm, file_vm in zip(read_trace(long_slice), from_files, strict=True):
+        assert len(file_vm.slots) > 8000 and np.array_equal(long_vm.slots, file_vm.slots)
+        for resource in ("cpu", "memory"):
+            assert np.array_equal(long_vm.request[resource], file_vm.request[resource]), (file_vm.name, resource)
+            assert np.array_equal(long_vm.usage[resource], file_vm.usage[resource]), (file_vm.name, resource)
+    out_dir = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(raw), "--out",
+                             str(out_dir), "--node-cores", "8"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "24,776 rows, 3 workloads" in result.stderr
+    assert json.loads((out_dir / "summary.json").read_text())["days_evaluated"] == 23
+
+
+def test_a_directory_of_months_holds_one_vm_per_file_name(tmp_path):
+    """The archive's layout, ``rnd/2013-7/1.csv`` and ``rnd/2013-8/1.csv``: one VM over both
+    months. Files that are no VM's, or deeper than a month, are not read."""
+    july, august = 1372629600, 1375308000
+    write_raw(tmp_path / "2013-7" / "1.csv", [(july + k * SLOT, 2, 1.0, 4096) for k in range(3)])
+    write_raw(tmp_path / "2013-8" / "1.csv.gz", [(august + k * SLOT, 4, 3.0, 8192) for k in range(2)])
+    write_raw(tmp_path / "2013-7" / "2.csv", [(july, 1, 0.5, 1024), (july + SLOT, 0, 0.0, 1024)])
+    write_raw(tmp_path / "2013-7" / "old" / "3.csv", [(july, 1, 0.5, 1024)])
+    (tmp_path / "README.txt").write_text("Bitbrains\n")
+    said: list[str] = []
+    one, two = read_trace(tmp_path, progress=said.append)
+    assert (one.name, two.name) == ("1", "2")
+    assert one.slots.tolist() == [july // SLOT + k for k in range(3)] + [august // SLOT + k for k in range(2)]
+    assert one.request["cpu"].tolist() == [2000] * 3 + [4000] * 2
+    assert one.usage["cpu"].tolist() == pytest.approx([1000] * 3 + [3000] * 2)
+    assert one.request["memory"].tolist() == [4096 * 1024] * 3 + [8192 * 1024] * 2
+    assert two.slots.tolist() == [july // SLOT], "a powered-off reading (0 cores) is dropped"
+    assert said[-1] == "7 rows, 2 workloads", "the deeper file's row is not read"
+
+
+def test_a_broken_per_vm_file_is_refused_by_its_name_and_row(tmp_path):
+    write_raw(tmp_path / "7.csv", [(1372629804 + k * SLOT, 1, 0.5, 1024) for k in range(3)])
+    with (tmp_path / "7.csv").open("a") as out:
+        out.write("1372630704;\t1;\t2600.0\n")
+    with pytest.raises(TraceError) as refused:
+        read_trace(tmp_path)
+    assert str(refused.value) == (f"{tmp_path / '7.csv'}: not a bitbrains-raw file (row 5: 3 columns, the header 8)")
+    write_raw(tmp_path / "7.csv", [(1372629804000, 1, 0.5, 1024)])
+    with pytest.raises(TraceError, match=r"7.csv: not a bitbrains-raw file \(row 2: Timestamp \[ms\] '1372629804000' "
+                                         r"is not a time in seconds"):
+        read_trace(tmp_path / "7.csv")
+    (tmp_path / "7.csv").write_text("Timestamp [ms];\tCPU cores\n1372629804;\t1\n")
+    with pytest.raises(TraceError, match=r"missing columns: CPU capacity provisioned \[MHZ\], CPU usage \[MHZ\]"):
+        read_trace(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(TraceError, match=r"empty: holds no \.csv or \.csv\.gz files"):
+        read_trace(empty)
+    with pytest.raises(TraceError, match="a directory, not a trace file"):
+        read_trace(empty, "generic")
+
+
+@pytest.mark.shared
+def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
+    # The first 20 VMs; the format is detected from the header.
+    slice_path = july_slice(tmp_path / "slice.csv", last_vm=20)
     out_dir = tmp_path / "report"
     result = subprocess.run([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(slice_path),
                              "--out", str(out_dir), "--node-cores", "16"],
