@@ -92,10 +92,19 @@ def cluster_config(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
 
 
 def read_workloads(args: argparse.Namespace, progress: Callable[[str], None]) -> list[Workload]:
-    """The trace the options name (``TraceError`` when it cannot be read)."""
-    from simulator.trace import read_trace
+    """The trace the options name, with the ``--peaks`` trace's cpu peaks where the command has
+    that option and it is given (``TraceError`` when either cannot be read)."""
+    from simulator.trace import TraceError, attach_peaks, read_trace
 
-    return read_trace(args.trace, getattr(args, "format", None), progress, args.vm_cores)
+    workloads = read_trace(args.trace, getattr(args, "format", None), progress, args.vm_cores)
+    if getattr(args, "peaks", None) is not None:
+        progress(f"peaks: {args.peaks}")
+        peaks = read_trace(args.peaks, getattr(args, "format", None), progress, args.vm_cores, peaks=True)
+        try:
+            progress(attach_peaks(workloads, peaks))
+        except TraceError as error:
+            raise TraceError(f"{args.peaks}: {error}") from None
+    return workloads
 
 
 def report_directory(path: Path, parser: argparse.ArgumentParser) -> Path:

@@ -100,6 +100,8 @@ class Day:
     """The workloads' names, in the order of the rows above."""
     fixed: list[frozenset[str]] = field(default_factory=list)
     """Per workload, the resources whose request no right-sizing changes (empty: none)."""
+    peak_cpu: np.ndarray | None = None
+    """workloads x slots: each slot's highest cpu reading, where the trace came with peaks."""
 
     @cached_property
     def observed(self) -> np.ndarray:
@@ -128,14 +130,24 @@ class Tally:
     evictions: int = 0
     moved_again: int = 0
     """Workload-days moved more than once."""
+    peak_samples: int = 0
+    """Node-samples counted at their members' summed cpu peaks (0: the trace has no peaks)."""
+    violations_at_peaks: int = 0
 
     def count(self, day: Day, placed: Placed, real: tuple[float, float]) -> None:
         """Sum usage per node for every slot the trace observed; count (node, slot) pairs over real
-        capacity. A node counts for the share of the day observed."""
+        capacity. A node counts for the share of the day observed. With peaks, count the pairs
+        whose summed cpu peaks exceed it too: a 5-minute average over capacity means the node was
+        hot in that sample, summed peaks over it only that it may have been (its members' highest
+        moments need not coincide), so the truth lies between the two counts."""
         self.days += day.observed_share
         self.node_days += placed.nodes * day.observed_share
         self.evictions += placed.evictions
         self.moved_again += placed.moved_again
+        if day.peak_cpu is not None:
+            at_peaks = placed.per_node(day.peak_cpu)[:, day.observed]
+            self.violations_at_peaks += int((at_peaks > real[0] + 1e-6).sum())
+            self.peak_samples += at_peaks.size
         for position, resource in enumerate(RESOURCES):
             per_node = placed.per_node(day.usage[resource])[:, day.observed]  # nodes x observed slots
             self.violations[resource] += int((per_node > real[position] + 1e-6).sum())
@@ -146,7 +158,9 @@ class Tally:
 
     def add(self, other: Tally) -> Tally:
         total = Tally(self.days + other.days, self.node_days + other.node_days,
-                      evictions=self.evictions + other.evictions, moved_again=self.moved_again + other.moved_again)
+                      evictions=self.evictions + other.evictions, moved_again=self.moved_again + other.moved_again,
+                      peak_samples=self.peak_samples + other.peak_samples,
+                      violations_at_peaks=self.violations_at_peaks + other.violations_at_peaks)
         for name in ("node_samples", "violations", "workload_samples", "above_request"):
             mine, theirs = getattr(self, name), getattr(other, name)
             setattr(total, name, {r: mine[r] + theirs[r] for r in RESOURCES})
@@ -247,6 +261,7 @@ def build_day(workloads: list[Workload], origin: int, number: int, config: Confi
     usage = {r: np.zeros((len(active), len(slots))) for r in RESOURCES}
     requests = {r: np.zeros(len(active)) for r in RESOURCES}
     present = np.zeros((len(active), len(slots)), dtype=bool)
+    peak = np.zeros((len(active), len(slots))) if any(w.peak_cpu is not None for w in active) else None
     for index, workload in enumerate(active):
         today = (workload.slots >= slots[0]) & (workload.slots <= slots[-1])
         columns = workload.slots[today] - slots[0]
@@ -254,9 +269,11 @@ def build_day(workloads: list[Workload], origin: int, number: int, config: Confi
         for resource in RESOURCES:
             usage[resource][index, columns] = workload.usage[resource][today]
             requests[resource][index] = float(workload.request[resource][today].max())
+        if peak is not None:
+            peak[index, columns] = (workload.usage[CPU] if workload.peak_cpu is None else workload.peak_cpu)[today]
     window = _window_grid(active, first, config.window_days * SLOTS_PER_DAY)
     return Day(number, float(first * SLOT), slots, requests, usage, present, window, split, [w.name for w in active],
-               [w.fixed for w in active])
+               [w.fixed for w in active], peak)
 
 
 def _window_grid(active: list[Workload], first_slot: int, length: int) -> Window:
@@ -504,7 +521,9 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
             tallies[system.name][day.split] = tallies[system.name][day.split].add(today)
             daily[system.name].append({"day": number, "split": day.split, "nodes": placed.nodes,
                                        "node_samples": today.node_samples[CPU],
-                                       **{f"{r}_hot_samples": today.violations[r] for r in RESOURCES}})
+                                       **{f"{r}_hot_samples": today.violations[r] for r in RESOURCES},
+                                       **({"cpu_hot_samples_at_peaks": today.violations_at_peaks}
+                                          if today.peak_samples else {})})
             if system.account is not None:  # what the reconcilers' account sees of this day, tomorrow
                 system.account.observe(number, {r: HotTime(today.violations[r], today.node_samples[r])
                                                 for r in RESOURCES})

@@ -48,6 +48,35 @@ class Workload:
     usage: dict[str, np.ndarray]
     fixed: frozenset[str] = frozenset()
     """Resources whose request no right-sizing changes (the trace's ``fixed_resources``)."""
+    peak_cpu: np.ndarray | None = None
+    """Per slot, the highest cpu reading within it (:func:`attach_peaks`); None: only averages known."""
+
+
+def attach_peaks(workloads: list[Workload], peaks: list[Workload]) -> str:
+    """Give each workload its cpu peak in each slot from ``peaks``, a trace of the same workloads
+    whose cpu readings are each slot's highest (the Azure V1 ``max`` files beside the ``avg``
+    ones). A slot ``peaks`` has no reading of, or one below the slot's average (two exports
+    rounded apart), keeps the average: a peak is never below it. Returns the line that says how
+    many matched; a ``TraceError`` when no workload is in both traces (a wrong file)."""
+    by_name = {peak.name: peak for peak in peaks}
+    matched = slots = 0
+    for workload in workloads:
+        average = workload.usage[CPU]
+        peak = by_name.get(workload.name)
+        if peak is None:
+            workload.peak_cpu = average
+            continue
+        at = np.minimum(np.searchsorted(peak.slots, workload.slots), len(peak.slots) - 1)
+        found = peak.slots[at] == workload.slots
+        workload.peak_cpu = np.maximum(average, np.where(found, peak.usage[CPU][at], average))
+        matched += 1
+        slots += int(found.sum())
+    if not matched:
+        raise TraceError(f"the peaks trace names none of the trace's {len(workloads)} workloads (its "
+                         f"{len(peaks)} are, for example, {', '.join(sorted(by_name)[:3])})")
+    total = sum(len(w.slots) for w in workloads)
+    return (f"peaks of {matched} of {len(workloads)} workloads, {slots:,} of {total:,} workload-slots (the rest "
+            "count at their averages)")
 
 
 def _open(path: Path) -> IO[str]:
@@ -76,12 +105,13 @@ def detect_format(path: Path) -> str:
 
 
 def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], None] = lambda m: None,
-               vm_cores: float | None = None) -> list[Workload]:
+               vm_cores: float | None = None, peaks: bool = False) -> list[Workload]:
     """``bitbrains-long`` (the GWA-T-12 long CSV), ``generic`` (workload,timestamp_s,
     cpu_request_cores,cpu_usage_cores,memory_request_bytes,memory_usage_bytes), ``azure-wide``
     (``step_5min`` then one column per VM, each VM requesting ``vm_cores``, which that format
     needs: it has no sizes) or ``bitbrains-raw`` (GWA-T-12's own per-VM files: one, or a
-    directory of them); None: from the header, and a directory is ``bitbrains-raw``."""
+    directory of them); None: from the header, and a directory is ``bitbrains-raw``. With
+    ``peaks``, the cpu readings are peaks (:func:`attach_peaks`): a slot's cpu is its highest."""
     if not path.exists():
         raise TraceError(f"{path}: no such file")
     if path.is_dir():
@@ -101,7 +131,7 @@ def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], Non
         _read_long(path, fmt, rows, progress)
     if not rows.columns:
         raise TraceError(f"{path}: no usable rows")
-    return _on_the_grid(rows, progress)
+    return _on_the_grid(rows, progress, peaks)
 
 
 class _Rows:
@@ -197,7 +227,7 @@ def _read_raw(path: Path, rows: _Rows, progress: Callable[[str], None]) -> None:
             progress(f"read {number:,} of {len(files):,} files")
 
 
-def _on_the_grid(rows: _Rows, progress: Callable[[str], None]) -> list[Workload]:
+def _on_the_grid(rows: _Rows, progress: Callable[[str], None], peaks: bool) -> list[Workload]:
     """Every workload's rows on the 5-minute grid, by the trace's own sampling interval."""
     # One sampling scheme per trace: a few extra readings of one VM (Bitbrains' July trace has one
     # such VM among 500 sampled every 5 minutes) do not make the trace a finer one.
@@ -210,9 +240,10 @@ def _on_the_grid(rows: _Rows, progress: Callable[[str], None]) -> list[Workload]
     # readings happen to fall there (a trace's VMs each keep their own clock).
     hold = max(1, round(interval / SLOT))
     end = max(int(np.frombuffer(columns[0], dtype=np.int64).max()) for columns in rows.columns.values()) // SLOT
+    cpu_in_slot = "max" if peaks else "mean" if fine else "last"
     workloads = [_into_slots(name, np.frombuffer(time_column, dtype=np.int64),
                              [np.frombuffer(column, dtype=np.float64) for column in value_columns],
-                             frozenset(rows.fixed.get(name, ())), average_cpu=fine, hold=hold, end=end)
+                             frozenset(rows.fixed.get(name, ())), cpu_in_slot=cpu_in_slot, hold=hold, end=end)
                  for name, (time_column, *value_columns) in rows.columns.items()]
     rows.columns.clear()
     progress(f"{rows.read:,} rows, {len(workloads)} workloads")
@@ -220,7 +251,10 @@ def _on_the_grid(rows: _Rows, progress: Callable[[str], None]) -> list[Workload]
         progress(f"sampled every {interval:g} s (the workloads' median interval): each reading is held over the "
                  f"{SLOT // 60}-minute slots until the next, at most {hold}; a burst shorter than that is not in "
                  "the trace, and the hot time reads low by as much")
-    if fine:
+    if fine and peaks:
+        progress(f"sampled more often than every {SLOT // 60} minutes (the workloads' median interval "
+                 f"{interval:g} s): each {SLOT // 60}-minute slot's peak is its highest reading")
+    elif fine:
         progress(f"sampled more often than every {SLOT // 60} minutes (the workloads' median interval "
                  f"{interval:g} s): cpu usage is averaged over each {SLOT // 60}-minute slot, as "
                  "rate() over the default 5-minute window reads it live; memory and requests are the slot's "
@@ -229,14 +263,15 @@ def _on_the_grid(rows: _Rows, progress: Callable[[str], None]) -> list[Workload]
 
 
 def _into_slots(name: str, times: np.ndarray, columns: list[np.ndarray], fixed: frozenset[str],
-                average_cpu: bool, hold: int, end: int) -> Workload:
+                cpu_in_slot: str, hold: int, end: int) -> Workload:
     """One workload's rows (cpu request, cpu usage, memory request, memory usage, in file order)
     on the 5-minute grid. Rows twice for one time (concatenated exports): the last read wins. In a
     trace sampled every 5 minutes, a slot holding two readings (a clock drifting across a slot's
-    edge) keeps the last: each reading is already a 5-minute figure. In one sampled finer
-    (``average_cpu``: a 1-minute or 30-second export), the slot's cpu is the mean of its
+    edge) keeps the last (``cpu_in_slot`` "last"): each reading is already a 5-minute figure. In
+    one sampled finer ("mean": a 1-minute or 30-second export), the slot's cpu is the mean of its
     readings, which the live account's ``rate()`` over 5 minutes sees; the last reading alone
-    would replay one minute in five as the whole slot's load. In one sampled coarser, each
+    would replay one minute in five as the whole slot's load. A trace of peaks ("max") keeps a
+    slot's highest cpu reading, whatever its sampling. In one sampled coarser, each
     reading is held over the slots until the next, at most ``hold``, and never past ``end``, the
     slot of the trace's last reading (held further, the trace would grow a sliver of a day in
     which only some of its workloads run)."""
@@ -249,8 +284,10 @@ def _into_slots(name: str, times: np.ndarray, columns: list[np.ndarray], fixed: 
     slots = times // SLOT
     edges = slots[1:] != slots[:-1]
     last = np.append(edges, True)
-    if average_cpu:
-        first = np.flatnonzero(np.append(True, edges))
+    first = np.flatnonzero(np.append(True, edges))
+    if cpu_in_slot == "max":
+        cpu_used = np.maximum.reduceat(cpu_usage, first)
+    elif cpu_in_slot == "mean":
         cpu_used = np.add.reduceat(cpu_usage, first) / np.diff(np.append(first, len(slots)))
     else:
         cpu_used = cpu_usage[last]

@@ -25,7 +25,7 @@ from simulator.report import (
     variants_against_curve,
     write_report,
 )
-from simulator.trace import TraceError, detect_format, read_trace
+from simulator.trace import TraceError, attach_peaks, detect_format, read_trace
 from tests.conftest import ROOT, SHARED
 
 BITBRAINS = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
@@ -307,6 +307,11 @@ def test_a_trace_sampled_every_minute_replays_each_slots_mean_cpu_and_last_memor
     assert w.request["cpu"].tolist() == [2000, 3000]
     assert any("sampled more often than every 5 minutes" in line and "median interval 60 s" in line
                for line in said), said
+    # Read as a trace of peaks (backtest --peaks), each slot's cpu is its highest minute.
+    said.clear()
+    (peaks,) = read_trace(trace, progress=said.append, peaks=True)
+    assert peaks.usage["cpu"].tolist() == [4000.0, 4000.0] and peaks.usage["memory"].tolist() == [5000, 10000]
+    assert any("each 5-minute slot's peak is its highest reading" in line for line in said), said
 
 
 def test_a_trace_sampled_every_15_minutes_holds_each_reading_until_the_next(tmp_path):
@@ -370,6 +375,83 @@ def test_the_azure_readings_are_percent_of_each_vms_cores():
     assert set(vm.request["cpu"]) == {2000.0} and not vm.request["memory"].any() and not vm.usage["memory"].any()
     periodic = read_trace(AZURE / "periodic_avg_78.csv.gz", vm_cores=4)
     assert len(periodic) == 78 and all(" " not in w.name for w in periodic), "the period is not part of the name"
+
+
+def peaks_case(tmp_path):
+    """Two workloads requesting 4 cores each, using 3 on average in every slot: the baseline
+    packs both on one 8-core node, whose summed averages (6) are never above it. Each peaks at 5
+    cores in the first slot of every hour: "a" always, "b" in even hours only (in odd hours its
+    peak is the next slot). Summed, the peaks reach 10 cores in 12 slots a day and 8 (not above)
+    in the rest of the peak slots. Each hour, the peaks trace has one reading of b below its
+    slot's average, and none for another of b's slots."""
+    start = 10 * DAY
+    rows, peaks = [], []
+    for t in range(start, start + 8 * DAY, SLOT):
+        hour_slot, even = (t - start) % 3600 // SLOT, (t - start) // 3600 % 2 == 0
+        rows += [("a", t, 4, 3.0, GIB, GIB), ("b", t, 4, 3.0, GIB, GIB)]
+        peaks.append(("a", t, 4, 5.0 if hour_slot == 0 else 3.0, GIB, GIB))
+        if hour_slot != 6:  # no reading: the average stands
+            b_peak = 5.0 if hour_slot == (0 if even else 1) else 1.0 if hour_slot == 5 else 3.0
+            peaks.append(("b", t, 4, b_peak, GIB, GIB))  # 1.0 is below the average: the average stands
+    write_generic(tmp_path / "trace.csv", rows)
+    write_generic(tmp_path / "peaks.csv", peaks)
+    return tmp_path / "trace.csv", tmp_path / "peaks.csv"
+
+
+def test_peaks_count_the_hot_time_the_five_minute_averages_hide(tmp_path):
+    trace, peaks = peaks_case(tmp_path)
+    workloads = read_trace(trace)
+    said = attach_peaks(workloads, read_trace(peaks))
+    assert said == ("peaks of 2 of 2 workloads, 4,416 of 4,608 workload-slots (the rest count at their "
+                    "averages)"), "b has no peak reading in one slot an hour"
+    a, b = workloads
+    assert a.peak_cpu.max() == 5000 and b.peak_cpu.min() == 3000, "a peak below the average keeps the average"
+    assert (b.peak_cpu == 5000).sum() == 8 * 24, "every hour of the 8 days, in one slot"
+    systems = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())
+    result = run(workloads, Config(node_cpu_cores=8, node_memory_bytes=64 * GIB, holdout_days=0), systems)
+    by_policy = {row["policy"]: row for row in summary(result, systems)}
+    none = by_policy["none"]
+    assert none["nodes_per_day"] == 1 and none["cpu_violation_rate"] == 0
+    assert none["cpu_violation_rate_at_peaks"] == round(12 / 288, 6), "the even hours' peak slots, 12 of 288"
+    for row in by_policy.values():
+        assert row["cpu_violation_rate_at_peaks"] >= row["cpu_violation_rate"], row["policy"]
+    assert all(day["cpu_hot_samples_at_peaks"] == 12 for day in result.daily["none"])
+
+
+def test_the_command_reports_the_hot_time_at_the_peaks_and_refuses_peaks_of_other_workloads(tmp_path):
+    trace, peaks = peaks_case(tmp_path)
+    out = tmp_path / "report"
+    command = [sys.executable, "-m", "reconcilers", "backtest", "--trace", str(trace), "--node-cores", "8",
+               "--node-memory", "64Gi", "--holdout-days", "0", "--out", str(out)]
+    result = subprocess.run([*command, "--peaks", str(peaks)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "peaks of 2 of 2 workloads" in result.stderr
+    assert "at peaks 4.167%" in result.stdout
+    data = json.loads((out / "summary.json").read_text())
+    policies = {row["policy"]: row for row in data["policies"]}
+    assert policies["none"]["tuning"]["cpu_violation_rate_at_peaks"] == round(12 / 288, 6)
+    assert all("cpu_violation_rate_at_peaks" in entry["tuning"] for entry in data["budget_sweep"])
+    report = (out / "report.md").read_text()
+    assert "## Hot time at the 5-minute peaks" in report and "| none | 0.000% | 4.167% |" in report
+    # Without --peaks, nothing about them.
+    plain = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0 and "at peaks" not in plain.stdout
+    assert "Hot time at the 5-minute peaks" not in (out / "report.md").read_text()
+    other = tmp_path / "other.csv"
+    write_generic(other, [("z", 10 * DAY, 4, 5.0, GIB, GIB)])
+    refused = subprocess.run([*command, "--peaks", str(other)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: {other}: the peaks trace names none of the trace's 2 workloads (its 1 are, for example, z)")
+
+
+@pytest.mark.shared
+def test_the_azure_maxima_are_the_peaks_of_the_averages_vm_for_vm():
+    workloads = read_trace(AZURE / "microsoft_avg_100.csv.gz", vm_cores=4)
+    said = attach_peaks(workloads, read_trace(AZURE / "microsoft_max_100.csv.gz", vm_cores=4))
+    assert said.startswith("peaks of 100 of 100 workloads, 800,400 of 800,400 workload-slots")
+    assert all((w.peak_cpu >= w.usage["cpu"]).all() for w in workloads)
+    assert sum((w.peak_cpu > w.usage["cpu"]).sum() for w in workloads) > 0.9 * 800400
 
 
 def test_a_broken_azure_trace_is_refused_with_its_row(tmp_path):
