@@ -11,7 +11,7 @@ from typing import Any
 
 from oversale.errors import QuantityError
 from oversale.quantity import CPU, MEMORY, RESOURCES, parse_bytes, parse_millicores
-from oversale.timestamps import parse_timestamp
+from oversale.timestamps import parse_go_duration, parse_timestamp
 from oversale.usage import first_seen
 
 GROUP, VERSION = "metrics.k8s.io", "v1beta1"
@@ -27,6 +27,9 @@ class NodeMetrics:
     at: float
     """When this reader first saw the reading, on its own clock (seconds; see
     ``oversale.usage.first_seen``): a stamp that stops changing makes the reading age."""
+    window: float | None = None
+    """Seconds the cpu usage is a rate over (the reading's ``window``: metrics-server's
+    ``--metric-resolution``, 15 s by default); None when the reading states none."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class MetricsAPI:
             except (KeyError, TypeError, QuantityError):
                 continue  # a malformed item says nothing about the others
             seen[name] = first_seen(self._seen.get(name), _timestamp(item, now), now)
-            found.append(NodeMetrics(name, cpu, memory, seen[name][1]))
+            found.append(NodeMetrics(name, cpu, memory, seen[name][1], parse_go_duration(item.get("window"))))
         self._seen = seen
         return found
 

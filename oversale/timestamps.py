@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any
+
+_GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?)(ns|us|µs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_timestamp(text: Any) -> float | None:
@@ -31,3 +35,20 @@ def format_timestamp(seconds: float, micro: bool = False) -> str:
     """
     pattern = "%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ"
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime(pattern)
+
+
+def parse_go_duration(text: Any) -> float | None:
+    """Seconds of an API ``Duration`` as Go writes it (a metrics API reading's ``window``), or
+    None for a missing or unreadable value.
+
+    >>> parse_go_duration("15s"), parse_go_duration("1m0s"), parse_go_duration("10.5s"), parse_go_duration("500ms")
+    (15.0, 60.0, 10.5, 0.5)
+    >>> parse_go_duration("15") is None, parse_go_duration("") is None
+    (True, True)
+    """
+    if not isinstance(text, str) or not text:
+        return None
+    parts = _GO_DURATION_PART.findall(text)
+    if "".join(number + unit for number, unit in parts) != text:
+        return None
+    return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)

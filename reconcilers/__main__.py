@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         def sample() -> None:
             sampler.sample()
             metrics.history_span.set(sampler.history.span_seconds)
+            if sampler.window is not None:
+                metrics.usage_window.set(sampler.window)
 
         _every(settings.sample_interval_seconds, sample, "sampler")
     # A rollout's SIGTERM: leave through SystemExit so the Lease is given back and the next

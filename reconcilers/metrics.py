@@ -30,6 +30,10 @@ class ReconcilerMetrics:
                                   "cut the oldest samples.", registry=registry)
         self.history_queries = Gauge("oversale_history_queries", "Queries the last pass sent to the history source.",
                                      registry=registry)
+        self.usage_window = Gauge("oversale_history_usage_window_seconds",
+                                  "Seconds each cpu sample of the SQLite usage history is a rate over "
+                                  "(metrics-server's window, the nodes' median); a Prometheus history's is "
+                                  "OVERSALE_PROMETHEUS_RATE_WINDOW (5m).", registry=registry)
         self.resizes = Counter("oversale_inplace_resizes", "In-place Pod resizes by result (ok, conflict, error, "
                                "infeasible).", ["result"], registry=registry)
         self.resize_supported = Gauge("oversale_inplace_resize_supported",

@@ -182,8 +182,27 @@ class MetricsSampler:
     def __init__(self, api_client: Any, history: SqliteHistory) -> None:
         self._api = MetricsAPI(api_client)
         self.history = history
+        self.window: float | None = None
+        """Seconds the last sample's cpu readings are rates over (the nodes' median ``window``)."""
 
     def sample(self, now: float | None = None) -> int:
         containers = [((c.namespace, c.pod, c.container), c.cpu, c.memory) for c in self._api.containers()]
-        node_rows = [(n.name, n.cpu, n.memory) for n in self._api.nodes()]
+        nodes = self._api.nodes()
+        self._note_window([n.window for n in nodes if n.window is not None])
+        node_rows = [(n.name, n.cpu, n.memory) for n in nodes]
         return self.history.record(now if now is not None else time.time(), containers, node_rows)
+
+    def _note_window(self, windows: list[float]) -> None:
+        # metrics-server's cpu is a rate between its last two scrapes of each kubelet, so a sample
+        # taken every few minutes is the usage of a few seconds: the quantiles and hot time read
+        # from it are of that window, not of the 5-minute rate a Prometheus history and the
+        # backtest read. Said when first known and when it changes, not every sample.
+        if not windows:
+            return
+        window = sorted(windows)[len(windows) // 2]
+        if self.window is None or round(window) != round(self.window):
+            log.info("metrics-server reads cpu over %.0fs windows: the SQLite history's cpu quantiles and hot time "
+                     "are of %.0f-second usage, sampled every OVERSALE_SAMPLE_INTERVAL (the backtest counts 5-minute "
+                     "averages, and a Prometheus history OVERSALE_PROMETHEUS_RATE_WINDOW's rates, 5 minutes by "
+                     "default: a looser reading of the same budget)", window, window)
+        self.window = window

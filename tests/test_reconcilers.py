@@ -938,6 +938,33 @@ def test_cli_refuses_bad_settings(tmp_path):
     assert result.returncode == 2 and "OVERSALE_HISTORY_WINDOW" in result.stderr
 
 
+def test_the_sampler_says_over_what_window_metrics_server_reads_cpu(api, tmp_path, caplog):
+    """metrics-server's cpu is a rate over its last scrape interval (the readings' window, 15 s
+    by default), so a sample every 5 minutes is 15 seconds of usage: the quantiles and the hot
+    time read from SQLite are of that window. Said once when known, again when it changes."""
+    sampler = MetricsSampler(api_client_for(api), SqliteHistory(tmp_path / "h.db", retention_seconds=86400))
+    now = time.time()
+
+    def sample(windows: dict[str, str | None]) -> None:
+        for name, window in windows.items():
+            reading = {"metadata": {"name": name}, "usage": {"cpu": "900m", "memory": "3Gi"}}
+            api.put("nodemetrics", reading | ({"window": window} if window else {}))
+        sampler.sample(now=now)
+
+    with caplog.at_level(logging.INFO, logger="reconcilers.sqlite_history"):
+        sample({"node-1": "15s", "node-2": "15.2s"})
+        assert sampler.window == pytest.approx(15.2)
+        sample({"node-1": "15s", "node-2": "14.9s"})
+        sample({"node-1": None, "node-2": None})  # a reading without one changes nothing
+        assert sampler.window == pytest.approx(15.0)
+        sample({"node-1": "1m0s", "node-2": "1m0.5s"})
+    said = [r.getMessage() for r in caplog.records if "windows" in r.getMessage()]
+    assert len(said) == 2, said
+    assert said[0].startswith("metrics-server reads cpu over 15s windows: the SQLite history's cpu quantiles and hot "
+                              "time are of 15-second usage")
+    assert said[1].startswith("metrics-server reads cpu over 60s windows") and sampler.window == 60.5
+
+
 def two_days_with_node_1_hot(api: FakeKubeAPI, path: Path) -> SqliteHistory:
     """Two days of metrics-server samples, every 10 minutes, through the real sampler: node-1 (real
     cpu 3920m) at 4500m in 6 samples of the last day, 900m otherwise; node-2 at 900m throughout."""
