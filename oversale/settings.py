@@ -155,7 +155,13 @@ class Settings:
     """The embedded history file (put it on a volume to keep history across restarts)."""
 
     sample_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_SAMPLE_INTERVAL"))
-    """How often metrics-server is sampled into SQLite."""
+    """How often a sample of metrics-server is written into SQLite."""
+
+    sample_reads: int = field(default=5, metadata=_env("OVERSALE_SAMPLE_READS"))
+    """Readings of metrics-server averaged into each SQLite sample, evenly over the interval (5:
+    one a minute, as VPA's recommender reads it). Each reading's cpu is a rate over metrics-server's
+    short window (15 s by default): their mean is the interval's average use, as a Prometheus rate
+    and the backtest count it, where one reading alone would be 15 seconds of it."""
 
     history_retention_seconds: float = field(default=8 * 86400.0, metadata=_env("OVERSALE_HISTORY_RETENTION"))
     """SQLite samples older than this are deleted."""
@@ -658,6 +664,7 @@ _PARSERS: dict[str, Any] = {
     "prometheus_selector": lambda text: parse_selector(text),
     "sqlite_path": lambda text: _nonempty(text),
     "sample_interval_seconds": lambda text: _duration(text),
+    "sample_reads": _positive_int,
     "history_retention_seconds": lambda text: _duration(text),
     "history_max_bytes": lambda text: _positive_size(text),
     "history_window_seconds": lambda text: _duration(text),

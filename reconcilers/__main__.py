@@ -144,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
     if sampler is not None:
         def sample() -> None:
-            sampler.sample()
+            sampler.read()
             metrics.history_span.set(sampler.history.span_seconds)
             if sampler.window is not None:
                 metrics.usage_window.set(sampler.window)
 
-        _every(settings.sample_interval_seconds, sample, "sampler")
+        _every(settings.sample_interval_seconds / settings.sample_reads, sample, "sampler")
     # A rollout's SIGTERM: leave through SystemExit so the Lease is given back and the next
     # replica writes at its next round, not a Lease duration later.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
@@ -379,7 +379,7 @@ def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
         hint = "; move it away to start the history afresh" if "not a database" in str(error) else ""
         raise CliError(f"OVERSALE_SQLITE_PATH={settings.sqlite_path!r} cannot hold the usage history: "
                        f"{error}{hint}") from None
-    return history, MetricsSampler(api_client, history)
+    return history, MetricsSampler(api_client, history, settings.sample_reads, settings.sample_interval_seconds)
 
 
 def _every(seconds: float, work: Any, name: str) -> None:

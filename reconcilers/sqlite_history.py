@@ -177,32 +177,79 @@ class SqliteHistory:
 
 
 class MetricsSampler:
-    """One sampling pass over ``metrics.k8s.io`` (PodMetrics and NodeMetrics, all namespaces)."""
+    """Sampling of ``metrics.k8s.io`` (PodMetrics and NodeMetrics, all namespaces) into the history.
 
-    def __init__(self, api_client: Any, history: SqliteHistory) -> None:
+    metrics-server's cpu is a rate between its last two scrapes of each kubelet (the readings'
+    ``window``, 15 s at its default ``--metric-resolution``): one reading per sample would make
+    each sample about 15 seconds of usage, a burstier signal than the 5-minute rate a Prometheus
+    history and the backtest count. So a sample is the mean cpu of ``reads`` readings taken
+    over ``interval`` (and the last memory reading, a gauge's value)."""
+
+    def __init__(self, api_client: Any, history: SqliteHistory, reads: int = 1, interval: float = 300.0) -> None:
         self._api = MetricsAPI(api_client)
         self.history = history
+        self.reads = reads
+        self.interval = interval
         self.window: float | None = None
-        """Seconds the last sample's cpu readings are rates over (the nodes' median ``window``)."""
+        """Seconds the last reading's cpu figures are rates over (the nodes' median ``window``)."""
+        self._taken = 0
+        self._containers: dict[ContainerKey, list[int]] = {}
+        self._nodes: dict[str, list[int]] = {}
+
+    def read(self, now: float | None = None) -> int:
+        """Take one reading; once ``reads`` are in, record them as one sample. The rows written
+        (0 until then)."""
+        self._take()
+        return self.record(now) if self._taken >= self.reads else 0
 
     def sample(self, now: float | None = None) -> int:
-        containers = [((c.namespace, c.pod, c.container), c.cpu, c.memory) for c in self._api.containers()]
-        nodes = self._api.nodes()
-        self._note_window([n.window for n in nodes if n.window is not None])
-        node_rows = [(n.name, n.cpu, n.memory) for n in nodes]
+        """Take one reading and record it at once, with any taken since the last sample (a
+        single pass, ``once``, has no time to wait for more)."""
+        self._take()
+        return self.record(now)
+
+    def record(self, now: float | None = None) -> int:
+        """The readings taken so far as one sample: each series' mean cpu and last memory."""
+        containers = [(key, round(cpu / count), memory) for key, (cpu, count, memory) in self._containers.items()]
+        node_rows = [(name, round(cpu / count), memory) for name, (cpu, count, memory) in self._nodes.items()]
+        self._taken, self._containers, self._nodes = 0, {}, {}
         return self.history.record(now if now is not None else time.time(), containers, node_rows)
 
+    def _take(self) -> None:
+        containers = self._api.containers()
+        nodes = self._api.nodes()
+        self._note_window([n.window for n in nodes if n.window is not None])
+        for c in containers:
+            _accumulate(self._containers, (c.namespace, c.pod, c.container), c.cpu, c.memory)
+        for n in nodes:
+            _accumulate(self._nodes, n.name, n.cpu, n.memory)
+        self._taken += 1
+
     def _note_window(self, windows: list[float]) -> None:
-        # metrics-server's cpu is a rate between its last two scrapes of each kubelet, so a sample
-        # taken every few minutes is the usage of a few seconds: the quantiles and hot time read
-        # from it are of that window, not of the 5-minute rate a Prometheus history and the
-        # backtest read. Said when first known and when it changes, not every sample.
+        # Said when first known and when it changes, not every reading.
         if not windows:
             return
         window = sorted(windows)[len(windows) // 2]
         if self.window is None or round(window) != round(self.window):
-            log.info("metrics-server reads cpu over %.0fs windows: the SQLite history's cpu quantiles and hot time "
-                     "are of %.0f-second usage, sampled every OVERSALE_SAMPLE_INTERVAL (the backtest counts 5-minute "
-                     "averages, and a Prometheus history OVERSALE_PROMETHEUS_RATE_WINDOW's rates, 5 minutes by "
-                     "default: a looser reading of the same budget)", window, window)
+            if self.reads > 1:
+                log.info("metrics-server reads cpu over %.0fs windows: each sample of the SQLite history averages "
+                         "%d of them, one every %.0fs, so it sees %.0f of each %.0fs interval (the backtest and a "
+                         "Prometheus history count the whole interval)", window, self.reads,
+                         self.interval / self.reads, min(window * self.reads, self.interval), self.interval)
+            else:
+                log.info("metrics-server reads cpu over %.0fs windows: with OVERSALE_SAMPLE_READS=1 each sample of "
+                         "the SQLite history is %.0f seconds of usage, and its cpu quantiles and hot time are of "
+                         "that window (the backtest and a Prometheus history count 5-minute rates, a looser "
+                         "reading of the same budget)", window, window)
         self.window = window
+
+
+def _accumulate(series: dict[Any, list[int]], key: Any, cpu: int, memory: int) -> None:
+    """Add one reading to a series' [cpu sum, readings, last memory]."""
+    found = series.get(key)
+    if found is None:
+        series[key] = [cpu, 1, memory]
+    else:
+        found[0] += cpu
+        found[1] += 1
+        found[2] = memory

@@ -960,9 +960,43 @@ def test_the_sampler_says_over_what_window_metrics_server_reads_cpu(api, tmp_pat
         sample({"node-1": "1m0s", "node-2": "1m0.5s"})
     said = [r.getMessage() for r in caplog.records if "windows" in r.getMessage()]
     assert len(said) == 2, said
-    assert said[0].startswith("metrics-server reads cpu over 15s windows: the SQLite history's cpu quantiles and hot "
-                              "time are of 15-second usage")
+    assert said[0].startswith("metrics-server reads cpu over 15s windows: with OVERSALE_SAMPLE_READS=1 each sample of "
+                              "the SQLite history is 15 seconds of usage")
     assert said[1].startswith("metrics-server reads cpu over 60s windows") and sampler.window == 60.5
+
+
+def test_a_sample_is_the_mean_cpu_of_the_intervals_readings_and_their_last_memory(api, tmp_path, caplog):
+    """OVERSALE_SAMPLE_READS=3 over 5 minutes: a reading every 100 s, one sample of their mean
+    cpu (the interval's average use, as a 5-minute rate reads it) and their last memory. A Pod
+    seen in one reading only counts at that reading. ``once`` records at once."""
+    history = SqliteHistory(tmp_path / "h.db", retention_seconds=86400)
+    sampler = MetricsSampler(api_client_for(api), history, reads=3, interval=300)
+    now = time.time()
+
+    def reading(node_cpu: str, node_memory: str, pods: dict[str, str]) -> int:
+        api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "15s",
+                                "usage": {"cpu": node_cpu, "memory": node_memory}})
+        for pod, cpu in pods.items():
+            api.put("podmetrics", {"metadata": {"name": pod, "namespace": NS}, "window": "15s",
+                                   "containers": [{"name": "app", "usage": {"cpu": cpu, "memory": "100Mi"}}]})
+        return sampler.read(now=now)
+
+    with caplog.at_level(logging.INFO, logger="reconcilers.sqlite_history"):
+        assert reading("900m", "3Gi", {"steady": "200m"}) == 0, "nothing written before the third reading"
+        assert reading("1500m", "4Gi", {"steady": "400m", "brief": "700m"}) == 0
+        api.delete("podmetrics", NS, "brief")
+        assert reading("600m", "2Gi", {"steady": "300m"}) > 0
+    peaks = history.node_peaks(3600)["node-1"]
+    assert peaks == {"cpu": 1000.0, "memory": float(2 * 2**30)}, "the mean cpu, the last memory"
+    containers = history.container_stats(3600, 0.5)
+    assert containers[(NS, "steady", "app")].cpu.quantile == 300, "(200 + 400 + 300) / 3"
+    assert containers[(NS, "brief", "app")].cpu.quantile == 700, "seen in one reading: that one"
+    assert any("each sample of the SQLite history averages 3 of them, one every 100s, so it sees 45 of each 300s "
+               "interval" in r.getMessage() for r in caplog.records), caplog.text
+    # One pass (`reconcilers once`) takes a reading and records it with no wait.
+    api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "15s", "usage": {"cpu": "4", "memory": "2Gi"}})
+    assert sampler.sample(now=now + 300) > 0
+    assert history.node_peaks(3600)["node-1"]["cpu"] == 4000.0
 
 
 def two_days_with_node_1_hot(api: FakeKubeAPI, path: Path) -> SqliteHistory:
