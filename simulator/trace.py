@@ -64,6 +64,7 @@ def attach_peaks(workloads: list[Workload], peaks: list[Workload]) -> str:
         average = workload.usage[CPU]
         peak = by_name.get(workload.name)
         if peak is None:
+            # Its averages stand: every day of a trace with peaks then counts at the peaks.
             workload.peak_cpu = average
             continue
         at = np.minimum(np.searchsorted(peak.slots, workload.slots), len(peak.slots) - 1)
@@ -101,7 +102,7 @@ def detect_format(path: Path) -> str:
             return name
     raise TraceError(f"{path}: the header matches no known format; bitbrains-long needs {', '.join(BITBRAINS_COLUMNS)}"
                      f"; generic needs {', '.join(GENERIC_COLUMNS)}; azure-wide starts with {AZURE_STEP}; "
-                     f"{BITBRAINS_RAW} starts with {BITBRAINS_RAW_COLUMNS[0]};")
+                     f"{BITBRAINS_RAW} starts with '{BITBRAINS_RAW_COLUMNS[0]};'")
 
 
 def read_trace(path: Path, fmt: str | None = None, progress: Callable[[str], None] = lambda m: None,
@@ -196,11 +197,10 @@ def _read_raw(path: Path, rows: _Rows, progress: Callable[[str], None]) -> None:
     milliseconds being refused as in every format."""
     # The archive's depth and no deeper: a directory given by mistake (a home, "/") is not walked.
     found = [*path.glob("*"), *path.glob("*/*")] if path.is_dir() else [path]
-    files = sorted((p for p in found if p.is_file() and _raw_vm(p)), key=lambda p: (_raw_vm(p) or "", p))
+    files = sorted((vm, p) for p in found if p.is_file() and (vm := _raw_vm(p)))
     if not files:
         raise TraceError(f"{path}: holds no .csv or .csv.gz files (GWA-T-12 has one per VM)")
-    for number, file in enumerate(files, 1):
-        vm = _raw_vm(file) or file.name
+    for number, (vm, file) in enumerate(files, 1):
         line = 1
         try:
             with _open(file) as handle:
@@ -284,13 +284,12 @@ def _into_slots(name: str, times: np.ndarray, columns: list[np.ndarray], fixed: 
     slots = times // SLOT
     edges = slots[1:] != slots[:-1]
     last = np.append(edges, True)
-    first = np.flatnonzero(np.append(True, edges))
-    if cpu_in_slot == "max":
-        cpu_used = np.maximum.reduceat(cpu_usage, first)
-    elif cpu_in_slot == "mean":
-        cpu_used = np.add.reduceat(cpu_usage, first) / np.diff(np.append(first, len(slots)))
-    else:
+    if cpu_in_slot == "last":
         cpu_used = cpu_usage[last]
+    else:
+        first = np.flatnonzero(np.append(True, edges))
+        cpu_used = (np.maximum.reduceat(cpu_usage, first) if cpu_in_slot == "max" else
+                    np.add.reduceat(cpu_usage, first) / np.diff(np.append(first, len(slots))))
     slots, values = slots[last], [cpu_request[last], memory_request[last], cpu_used, memory_usage[last]]
     if hold > 1:
         spans = np.minimum(np.diff(np.append(slots, min(slots[-1] + hold, end + 1))), hold)
