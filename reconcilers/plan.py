@@ -49,14 +49,17 @@ from pathlib import Path
 from typing import Any
 
 from kube.prometheus import (
+    APP_CONTAINERS,
     NO_OWNER,
     OWNER_CONTROLLERS,
     POD_CPU,
     POD_MEMORY,
     RANGE_STEPS,
     PrometheusAPI,
+    QueryTooLarge,
     Series,
     controller_query,
+    duration,
     node_name,
 )
 from oversale.annotations import AnnotationKeys
@@ -229,9 +232,11 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     end = now if now is not None else time.time()
     start = end - days * 86400
     pods: dict[tuple[str, str], PodHistory] = {}
-    rate = f"{max(4 * prometheus.resolution, 300):.0f}s"
+    scrape = scrape_interval(prometheus, end)
+    rate = cpu_rate_window(prometheus.resolution, scrape)
+    progress(cpu_rate_text(prometheus.resolution, scrape, rate))
     for key, query in QUERIES.items():
-        found = _range(prometheus, query.replace("$RATE", rate), start, end, SOURCE_METRIC[key], days)
+        found = _range(prometheus, query.replace("$RATE", duration(rate)), start, end, SOURCE_METRIC[key], days)
         for labels, series in found:
             pod = pods.setdefault((labels.get("namespace", ""), labels.get("pod", "")),
                                   PodHistory(labels.get("namespace", ""), labels.get("pod", "")))
@@ -280,6 +285,62 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
                 pools[labels.get("node", "")] = value
                 break
     return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools, oversold, restored)
+
+
+SCRAPE_QUERY = (f"quantile(0.5, count_over_time(container_cpu_usage_seconds_total{APP_CONTAINERS}[1h]) "
+                f"- count_over_time(container_cpu_usage_seconds_total{APP_CONTAINERS}[30m]))")
+"""The median number of samples cAdvisor's cpu counters have in the half hour that ended half an
+hour ago: a window the last scrape's lag does not cut short."""
+
+
+def scrape_interval(prometheus: PrometheusHistory, at: float) -> float | None:
+    """How often cAdvisor's cpu counters are scraped, in seconds: half an hour over the median
+    count of their samples between an hour and half an hour before ``at`` (the median: a
+    container started or stopped then has fewer). None where no counter has two samples then."""
+    try:
+        found = prometheus.instant(SCRAPE_QUERY, at, ())
+    except (HistoryUnavailable, QueryTooLarge) as error:
+        raise PlanError(f"{error}, for {SCRAPE_QUERY}: the scrape interval sets the cpu rate's window; run it "
+                        "again") from None
+    samples = found.get(())
+    return 1800 / samples if samples is not None and samples >= 2 else None
+
+
+def cpu_rate_window(step: float, scrape: float | None) -> float:
+    """The window, in seconds, of the cpu rate the plan reads at each ``step``: the step itself, so
+    that each sample is the average use over its own step, the 5-minute averages the live account
+    and the backtest count hot time on (a longer window would smooth bursts away and under-count
+    it); but at least 4 scrape intervals, as ``rate()`` needs two samples in its window and four
+    survive a missed scrape. Where the scrape interval is unknown, 4 steps (at least 5 minutes).
+
+    >>> cpu_rate_window(300, 30), cpu_rate_window(300, 60), cpu_rate_window(300, 300), cpu_rate_window(60, 30)
+    (300, 300, 1200, 120)
+    >>> cpu_rate_window(300, None), cpu_rate_window(60, None)
+    (1200, 300)
+    """
+    if scrape is None:
+        return max(4 * step, 300)
+    return max(step, 4 * scrape)
+
+
+def cpu_rate_text(step: float, scrape: float | None, window: float) -> str:
+    """The log line saying over what window the plan's cpu use is averaged, and why.
+
+    >>> cpu_rate_text(300, 30, 300)
+    'cpu use read as 5-minute averages (cAdvisor scraped every 30s)'
+    >>> cpu_rate_text(300, 300, 1200)[:92]
+    'cpu use read as 20-minute averages (cAdvisor scraped every 300s, and a rate needs 4 scrapes)'
+    """
+    said = f"cpu use read as {window / 60:g}-minute averages"
+    if scrape is None:
+        said += (" (no cAdvisor cpu counter has two samples between an hour and half an hour ago: the scrape "
+                  "interval is unknown)")
+    else:
+        said += f" (cAdvisor scraped every {scrape:.0f}s" + (", and a rate needs 4 scrapes)" if window > step else ")")
+    if window > 300:
+        said += (", smoother than the 5-minute averages hot time is counted on live: the plan's hot time may come "
+                 "out lower than live")
+    return said
 
 
 def trim_to_whole_days(pods: dict[tuple[str, str], PodHistory], step: float) -> None:

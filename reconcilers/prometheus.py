@@ -190,7 +190,7 @@ class PrometheusHistory:
                 for index in range(parts):
                     at = now - index * span
                     query = template.replace("$WINDOW", duration(span)).replace("$STEP", duration(self.resolution))
-                    for key, value in self._instant(query, at, keys).items():
+                    for key, value in self.instant(query, at, keys).items():
                         values.setdefault(key, []).append(value)
                 return {key: combine(found) for key, found in values.items()}
             except QueryTooLarge as error:
@@ -199,7 +199,8 @@ class PrometheusHistory:
                 parts *= 2
                 log.info("prometheus refused a %s window (%s); splitting in %d", duration(window), error, parts)
 
-    def _instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+    def instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        """An instant query at ``at`` (see ``PrometheusAPI.instant``), counted and timed."""
         self.queries += 1
         started = time.perf_counter()
         try:

@@ -237,6 +237,55 @@ def test_the_days_replayed_are_whole_days_ending_with_the_last_sample(cluster_pr
     assert summary["days_evaluated"] == 1 and summary["tuning_days"] == [7]
 
 
+def burst_history(directory: Path, scrape: float) -> PrometheusServer:
+    """3 days of one Pod (shop/web, 4 cores requested) on one node, using 1 core but for ten
+    minutes of 4 cores on its third day, scraped every ``scrape`` seconds."""
+    end = time.time() - 120
+    start = end - 3 * 86400
+    burst = start + 2 * 86400 + 6 * 3600
+    kept, node = {"namespace": "shop", "pod": "web-7d9f8-aaaaa"}, {"node": "node-a"}
+    families = [
+        Family("kube_pod_container_resource_requests", "gauge", [
+            ({**kept, **node, "container": "app", "resource": "cpu", "unit": "core"}, lambda t: 4.0),
+            ({**kept, **node, "container": "app", "resource": "memory", "unit": "byte"}, lambda t: 4 * 2**30)]),
+        Family("kube_pod_owner", "gauge", [({**kept, "owner_kind": "ReplicaSet", "owner_name": "web-7d9f8",
+                                             "owner_is_controller": "true"}, lambda t: 1)]),
+        Family("kube_pod_info", "gauge", [({**kept, **node}, lambda t: 1)]),
+        Family("container_cpu_usage_seconds_total", "counter", [
+            ({**kept, "container": "app", "id": "/kubepods/web/app"},
+             lambda t: 4.0 if burst <= t < burst + 600 else 1.0)]),
+        Family("container_memory_working_set_bytes", "gauge", [
+            ({**kept, "container": "app", "id": "/kubepods/web/app"}, lambda t: 2**30)]),
+        Family("kube_node_status_allocatable", "gauge", [
+            ({**node, "resource": "cpu", "unit": "core"}, lambda t: 8),
+            ({**node, "resource": "memory", "unit": "byte"}, lambda t: 32 * 2**30)]),
+    ]
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "history.om"
+    write_openmetrics(path, families, start, end, scrape)
+    return PrometheusServer(directory, path)
+
+
+def test_cpu_use_is_read_as_the_5_minute_averages_hot_time_is_counted_on(tmp_path):
+    """The live account and the backtest count hot time on 5-minute averages. The plan read each
+    step's cpu as a rate over 4 steps (20 minutes), whatever the scrape interval: a ten-minute
+    burst of 4 cores over 1 came out as at most 2.5 cores, and the plan's hot time lower than the
+    same history gives live. Scraped every minute, a 5-minute rate has its samples: a step's cpu
+    is its own 5-minute average, and the burst reads 4 cores. Scraped every 5 minutes, a rate
+    needs 20 minutes, and the log says the plan's averages are smoother for it."""
+    result = planned(burst_history(tmp_path / "every-minute", 60), tmp_path / "plan", ["--days", "3",
+                                                                                        "--warmup-days", "1"])
+    with gzip.open(tmp_path / "plan" / "default" / "history.csv.gz", "rt") as handle:
+        cpu = [float(row["cpu_usage_cores"]) for row in csv.DictReader(handle)]
+    assert 3.8 <= max(cpu) <= 4.2 and sorted(cpu)[len(cpu) // 2] == pytest.approx(1.0, abs=0.02)
+    assert "cpu use read as 5-minute averages (cAdvisor scraped every 60s)" in result.stderr
+
+    result = planned(burst_history(tmp_path / "every-5-minutes", 300), tmp_path / "coarse", ["--days", "3",
+                                                                                           "--warmup-days", "1"])
+    assert ("cpu use read as 20-minute averages (cAdvisor scraped every 300s, and a rate needs 4 scrapes), smoother "
+            "than the 5-minute averages") in result.stderr
+
+
 def test_a_missing_exporter_is_named_not_a_traceback(tmp_path):
     server = backfilled(tmp_path / "cadvisor-only", exporter_families(with_state_metrics=False), 1)
     try:
@@ -380,11 +429,11 @@ def rolled_deployment(directory: Path, autoscaled_on: str | None = None) -> Prom
     return PrometheusServer(directory, history)
 
 
-def planned(server: PrometheusServer, out: Path,
+def planned(server: PrometheusServer, out: Path, extra: list[str] | None = None,
             settings: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The plan on ``server``'s history, which is then stopped; the plan succeeded."""
     try:
-        result = plan(server.url, out, settings=settings)
+        result = plan(server.url, out, *(extra or ()), settings=settings)
     finally:
         server.stop()
     assert result.returncode == 0, result.stderr
@@ -392,7 +441,7 @@ def planned(server: PrometheusServer, out: Path,
 
 
 def planned_pool(server: PrometheusServer, out: Path, settings: dict[str, str] | None = None) -> dict:
-    planned(server, out, settings)
+    planned(server, out, settings=settings)
     return json.loads((out / "plan.json").read_text())["pools"]["general"]
 
 
