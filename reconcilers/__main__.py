@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--out", type=Path, default=Path("plan-report"), help="report directory")
     plan.add_argument("--hot-time-budget", type=hot_time_budget, default=argparse.SUPPRESS, metavar="SHARE",
                       help="the budget whose ratios the plan lists (default: OVERSALE_CPU_HOT_TIME_BUDGET)")
+    plan.add_argument("--peaks", action="store_true",
+                      help="also read each Pod's highest cpu rate between two scrapes in each step (as backtest "
+                           "--peaks): the report adds the hot time counted at the summed peaks, an upper bound of "
+                           "the time a node spent above capacity at some moment (a heavier query)")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     settings = settings_or_exit(parser)
@@ -263,7 +267,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     from simulator.policies import OURS, default_systems
     from simulator.replay import Config, run, trace_days
     from simulator.report import summary, write_report
-    from simulator.trace import TraceError, read_trace
+    from simulator.trace import TraceError, attach_peaks, read_trace
 
     try:
         step = parse_duration(args.step)
@@ -286,7 +290,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                                    access=PrometheusAccess.from_settings(settings))
     try:
         history = read_cluster_history(prometheus, args.days, settings.pool_labels, _log, settings.keys,
-                                       rescale_hpa=settings.rescale_hpa)
+                                       rescale_hpa=settings.rescale_hpa, peaks=args.peaks)
     except (PlanError, HistoryUnavailable) as error:
         raise CliError(str(error)) from None
     exports = {}
@@ -304,19 +308,23 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         folder = args.out / pool
         folder.mkdir(parents=True, exist_ok=True)
         export = folder / "history.csv.gz"
-        rows_written = write_export(history, pods, export)
+        peaks_export = folder / "peaks.csv.gz" if args.peaks else None
+        rows_written = write_export(history, pods, export, peaks_export)
         for pod in pods:
             pod.series.clear()  # in the export now, which the replay reads: not held twice
         oversold = sum(history.node_pools.get(node, "default") == pool for node in history.oversold)
         restored = sum((pod.namespace, pod.pod) in history.restored for pod in pods)
-        exports[pool] = (folder, export, allocatable, bound, size, len(pods), oversold, restored)
+        exports[pool] = (folder, export, peaks_export, allocatable, bound, size, len(pods), oversold, restored)
         held = f" ({node_bound_text(bound)})" if any(bound) else ""
         _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {allocatable[0]:g} cores{held}"
              + (f"; {oversold_text(oversold)}" if oversold else ""))
     entries = {}
-    for pool, (folder, export, allocatable, bound, size, pods_in_pool, oversold, restored) in exports.items():
+    for pool, (folder, export, peaks_export, allocatable, bound, size, pods_in_pool, oversold,
+               restored) in exports.items():
         try:
             workloads = read_trace(export, "generic")
+            if peaks_export is not None:
+                _log(f"pool {pool}: " + attach_peaks(workloads, read_trace(peaks_export, "generic", peaks=True)))
         except TraceError as error:
             raise CliError(f"pool {pool}: {error}") from None
         # Prometheus may hold fewer days than asked (its retention: 15 by default, often set lower),

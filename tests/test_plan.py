@@ -237,27 +237,28 @@ def test_the_days_replayed_are_whole_days_ending_with_the_last_sample(cluster_pr
     assert summary["days_evaluated"] == 1 and summary["tuning_days"] == [7]
 
 
-def burst_history(directory: Path, scrape: float) -> PrometheusServer:
-    """3 days of one Pod (shop/web, 4 cores requested) on one node, using 1 core but for ten
-    minutes of 4 cores on its third day, scraped every ``scrape`` seconds."""
+def burst_history(directory: Path, scrape: float, burst_seconds: float = 600, node_cores: float = 8,
+                  requested: float = 4.0) -> PrometheusServer:
+    """3 days of one Pod (shop/web, ``requested`` cores) on one node, using 1 core but for
+    ``burst_seconds`` of 4 cores on its third day, scraped every ``scrape`` seconds."""
     end = time.time() - 120
     start = end - 3 * 86400
     burst = start + 2 * 86400 + 6 * 3600
     kept, node = {"namespace": "shop", "pod": "web-7d9f8-aaaaa"}, {"node": "node-a"}
     families = [
         Family("kube_pod_container_resource_requests", "gauge", [
-            ({**kept, **node, "container": "app", "resource": "cpu", "unit": "core"}, lambda t: 4.0),
+            ({**kept, **node, "container": "app", "resource": "cpu", "unit": "core"}, lambda t: requested),
             ({**kept, **node, "container": "app", "resource": "memory", "unit": "byte"}, lambda t: 4 * 2**30)]),
         Family("kube_pod_owner", "gauge", [({**kept, "owner_kind": "ReplicaSet", "owner_name": "web-7d9f8",
                                              "owner_is_controller": "true"}, lambda t: 1)]),
         Family("kube_pod_info", "gauge", [({**kept, **node}, lambda t: 1)]),
         Family("container_cpu_usage_seconds_total", "counter", [
             ({**kept, "container": "app", "id": "/kubepods/web/app"},
-             lambda t: 4.0 if burst <= t < burst + 600 else 1.0)]),
+             lambda t: 4.0 if burst <= t < burst + burst_seconds else 1.0)]),
         Family("container_memory_working_set_bytes", "gauge", [
             ({**kept, "container": "app", "id": "/kubepods/web/app"}, lambda t: 2**30)]),
         Family("kube_node_status_allocatable", "gauge", [
-            ({**node, "resource": "cpu", "unit": "core"}, lambda t: 8),
+            ({**node, "resource": "cpu", "unit": "core"}, lambda t: node_cores),
             ({**node, "resource": "memory", "unit": "byte"}, lambda t: 32 * 2**30)]),
     ]
     directory.mkdir(parents=True, exist_ok=True)
@@ -284,6 +285,29 @@ def test_cpu_use_is_read_as_the_5_minute_averages_hot_time_is_counted_on(tmp_pat
                                                                                            "--warmup-days", "1"])
     assert ("cpu use read as 20-minute averages (cAdvisor scraped every 300s, and a rate needs 4 scrapes), smoother "
             "than the 5-minute averages") in result.stderr
+
+
+def test_plan_peaks_count_hot_time_at_each_steps_highest_rate_between_scrapes(tmp_path):
+    """Hot time is counted on 5-minute averages; a burst shorter than 5 minutes hardly shows in
+    them. With ``--peaks`` the plan also reads each step's highest rate between two scrapes and
+    reports the hot time counted at those peaks, as ``backtest --peaks`` does. A Pod using 1
+    core of its node's 3 bursts to 4 for two minutes: its 5-minute rate reaches 2.2 to 2.5,
+    so no node is hot by the averages, but the Pod's node is at its peak."""
+    server = burst_history(tmp_path / "history", 60, burst_seconds=120, node_cores=3, requested=2.0)
+    result = planned(server, tmp_path / "plan", ["--days", "3", "--warmup-days", "1", "--peaks"])
+    assert "read cpu peaks: 1 Pods, each step's highest rate between two scrapes (60s apart)" in result.stderr
+    folder = tmp_path / "plan" / "default"
+    with gzip.open(folder / "history.csv.gz", "rt") as averages, gzip.open(folder / "peaks.csv.gz", "rt") as peaks:
+        rows = list(zip(csv.DictReader(averages), csv.DictReader(peaks), strict=True))
+    assert all(a["workload"] == p["workload"] and a["timestamp_s"] == p["timestamp_s"] for a, p in rows)
+    assert max(float(a["cpu_usage_cores"]) for a, _ in rows) <= 2.6
+    assert 3.8 <= max(float(p["cpu_usage_cores"]) for _, p in rows) <= 4.2
+    assert all(float(p["cpu_usage_cores"]) >= float(a["cpu_usage_cores"]) - 0.01 for a, p in rows)
+    summary = json.loads((folder / "summary.json").read_text())
+    unchanged = next(row for row in summary["policies"] if row["policy"] == "none")["holdout"]
+    assert unchanged["cpu_violation_rate"] == 0 and unchanged["cpu_violation_rate_at_peaks"] > 0
+    assert all("cpu_violation_rate_at_peaks" in row for row in summary["budget_sweep"])
+    assert "at the summed peaks |" in (tmp_path / "plan" / "plan.md").read_text()
 
 
 def test_a_missing_exporter_is_named_not_a_traceback(tmp_path):
