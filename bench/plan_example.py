@@ -1,19 +1,22 @@
 """A worked example of ``python -m reconcilers plan`` on real usage: Bitbrains VMs as Pods.
 
-  python -m bench.plan_example [--vms 60] [--days 14] [--out plan-example]
+  python -m bench.plan_example [--vms 60] [--days 14] [--scrape 60] [--peaks] [--out plan-example]
 
 The first ``--vms`` VMs of the shared Bitbrains July 2013 trace become Pods of a cluster (three
 namespaces, one ReplicaSet each, spread over nodes of 32 cores and 256 GiB in one GKE node pool).
 Their requests and usage are written as kube-state-metrics and cAdvisor publish them, shifted to
-end now, turned into TSDB blocks with ``promtool``, served by a real Prometheus, and the plan runs
-against it as it would against a cluster's. docs/reconcilers.md shows the result; the time and
-peak resident memory of the plan itself are printed (docs/performance.md).
+end now, the cpu counter scraped every ``--scrape`` seconds (each 5-minute reading held through
+its slot) and the gauges every 5 minutes, turned into TSDB blocks with ``promtool``, served by a
+real Prometheus, and the plan runs against it as it would against a cluster's (scraped every
+minute, the plan reads 5-minute averages, as the trace holds). docs/reconcilers.md shows the
+result; the time and peak resident memory of the plan itself are printed (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vms", type=int, default=60)
     parser.add_argument("--days", type=int, default=14)
+    parser.add_argument("--scrape", type=float, default=60.0,
+                        help="seconds between the exporters' samples (a trace slot is 300)")
+    parser.add_argument("--peaks", action="store_true", help="run the plan with --peaks")
     parser.add_argument("--out", type=Path, default=Path("plan-example"))
     args = parser.parse_args(argv)
     workloads = read_trace(TRACE)
@@ -49,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         ("kube_pod_container_resource_requests", "gauge"), ("kube_pod_owner", "gauge"), ("kube_pod_info", "gauge"),
         ("container_cpu_usage_seconds_total", "counter"), ("container_memory_working_set_bytes", "gauge"),
         ("kube_node_status_allocatable", "gauge"), ("kube_node_labels", "gauge"))}
+    # The cpu counter at the scrape interval, whose rate the plan reads over its step; the gauges,
+    # read at their last value, at the trace's 5 minutes (promtool's time grows with the samples).
+    families["container_cpu_usage_seconds_total"].step = args.scrape
     nodes = max(1, len(chosen) // 8)
     for index, workload in enumerate(chosen):
         namespace = NAMESPACES[index % len(NAMESPACES)]
@@ -87,8 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         server = PrometheusServer(Path(directory), path)
         try:
             started = time.perf_counter()
+            # The history ended when it was written, promtool's minutes ago: the plan reads that much
+            # more, as it would read a cluster's history up to now.
+            days = math.ceil((args.days + (time.time() - end) / 86400) * 100) / 100
             child = subprocess.Popen([sys.executable, "-m", "reconcilers", "plan", "--prometheus", server.url,
-                                      "--days", str(args.days), "--out", str(args.out)], cwd=ROOT)
+                                      "--days", f"{days:g}", "--out", str(args.out),
+                                      *(["--peaks"] if args.peaks else [])], cwd=ROOT)
             # The plan's own peak: VmHWM, which exec starts afresh (a child's ru_maxrss also counts
             # the pages it shared with this process before exec, and this one holds the trace).
             peak_kib = 0

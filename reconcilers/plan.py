@@ -372,8 +372,8 @@ def cpu_rate_text(step: float, scrape: float | None, window: float) -> str:
     else:
         said += f" (cAdvisor scraped every {scrape:.0f}s" + (", and a rate needs 4 scrapes)" if window > step else ")")
     if window > 300:
-        said += (", smoother than the 5-minute averages hot time is counted on live: the plan's hot time may come "
-                 "out lower than live")
+        said += (", smoother than the 5-minute averages the live account counts: shorter bursts are averaged "
+                 "away, in the estimates and in the hot time alike, and the plan's figures are not those live")
     return said
 
 

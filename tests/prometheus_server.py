@@ -30,6 +30,8 @@ class Family:
     name: str
     kind: str  # "counter" or "gauge"
     series: list[Series] = field(default_factory=list)
+    step: float | None = None
+    """Seconds between its samples (its scrape interval); None: ``write_openmetrics``' step."""
 
 
 def _escaped(value: str) -> str:
@@ -38,10 +40,13 @@ def _escaped(value: str) -> str:
 
 
 def write_openmetrics(path: Path, families: Iterable[Family], start: float, end: float, step: float) -> int:
-    """Sample every series from ``start`` to ``end``; counters integrate their rate function."""
+    """Sample every series from ``start`` to ``end``, every ``step`` seconds or its family's own;
+    counters integrate their rate function."""
     written = 0
+    default_step = step
     with path.open("w") as out:
         for family in families:
+            step = family.step or default_step
             out.write(f"# TYPE {family.name} {family.kind}\n")
             suffix = "_total" if family.kind == "counter" else ""
             base = family.name.removesuffix("_total") if family.kind == "counter" else family.name
