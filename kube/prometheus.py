@@ -389,6 +389,57 @@ holding the node's name
             "OVERSALE_PROMETHEUS_NODE_LABEL to the label holding the node's name")
 
 
+CPU_COUNTERS = {"cAdvisor": f"container_cpu_usage_seconds_total{APP_CONTAINERS}",
+                "node-exporter": "node_cpu_seconds_total"}
+"""The cpu counters whose ``rate()`` the history reads, by exporter."""
+
+
+def scrape_interval(api: PrometheusAPI, series: str, at: float) -> float | None:
+    """How often ``series`` (a series selector) is scraped, in seconds: half an hour over the
+    median count of its series' samples between an hour and half an hour before ``at``, a window
+    the last scrape's lag does not cut short (the median: a series started or stopped then has
+    fewer). None where none has two samples then. Raises :class:`PrometheusUnavailable`."""
+    samples = api.instant(f"quantile(0.5, count_over_time({series}[1h]) - count_over_time({series}[30m]))",
+                          at, ()).get(())
+    return 1800 / samples if samples is not None and samples >= 2 else None
+
+
+def rate_window_problem(exporter: str, scrape: float, rate_window: float) -> str | None:
+    """What a ``rate()`` over ``rate_window`` seconds misses of an ``exporter``'s counter scraped
+    every ``scrape`` seconds, or None. A rate needs two samples in its window, and four survive a
+    missed scrape: Prometheus's own advice is a window of at least four scrape intervals.
+
+    >>> rate_window_problem("node-exporter", 60, 300) is None
+    True
+    >>> print(rate_window_problem("cAdvisor", 300, 300))
+    cAdvisor's cpu counters are scraped every 300s, and OVERSALE_PROMETHEUS_RATE_WINDOW (300s) holds 1 of \
+their samples: a rate needs 2, so most of their usage is missing from the history and ratios are held \
+for want of it; set it to 4 scrape intervals at least (20m)
+    >>> print(rate_window_problem("cAdvisor", 120, 300))  # doctest: +ELLIPSIS
+    cAdvisor's ... (300s) holds 2 of their samples: one missed scrape leaves a gap in the history; set ...
+    """
+    if rate_window >= 4 * scrape:
+        return None
+    held = int(rate_window // scrape)
+    missing = ("a rate needs 2, so most of their usage is missing from the history and ratios are held for want of "
+               "it" if held < 2 else "one missed scrape leaves a gap in the history")
+    return (f"{exporter}'s cpu counters are scraped every {scrape:.0f}s, and OVERSALE_PROMETHEUS_RATE_WINDOW "
+            f"({rate_window:.0f}s) holds {held} of their samples: {missing}; set it to 4 scrape intervals at least "
+            f"({math.ceil(4 * scrape / 60):.0f}m)")
+
+
+def warn_rate_window(api: PrometheusAPI, exporter: str, rate_window: float, at: float) -> None:
+    """Reads how often ``exporter``'s cpu counters (:data:`CPU_COUNTERS`) are scraped and logs a
+    warning where a ``rate()`` over ``rate_window`` seconds misses some of their usage
+    (:func:`rate_window_problem`): a 5-minute rate of a counter scraped every 5 minutes holds one
+    sample and gives nothing, so what reads it sees no usage, with nothing said why. One query;
+    raises :class:`PrometheusUnavailable`."""
+    scrape = scrape_interval(api, CPU_COUNTERS[exporter], at)
+    problem = None if scrape is None else rate_window_problem(exporter, scrape, rate_window)
+    if problem:
+        log.warning("%s", problem)
+
+
 class NodeNaming:
     """Tells when node-exporter's series start to name none of the cluster's nodes
     (:func:`node_label_problem`), and when they name them again: once each, not at every read."""

@@ -54,3 +54,8 @@ class History(Protocol):
         """Warns where the nodes the history names (``found``) are none of the cluster's ``nodes``
         and the source can name them wrong (Prometheus: by the wrong label)."""
         ...
+
+    def check_rate_window(self) -> None:
+        """Warns where the source's usage rates hold too few samples of their counters (Prometheus:
+        a rate window shorter than 4 scrape intervals). Raises HistoryUnavailable."""
+        ...

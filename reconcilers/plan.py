@@ -57,7 +57,6 @@ from kube.prometheus import (
     POD_MEMORY,
     RANGE_STEPS,
     PrometheusAPI,
-    QueryTooLarge,
     Series,
     controller_query,
     duration,
@@ -241,7 +240,7 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     end = now if now is not None else time.time()
     start = end - days * 86400
     pods: dict[tuple[str, str], PodHistory] = {}
-    scrape = scrape_interval(prometheus, end)
+    scrape = cadvisor_scrape_interval(prometheus, end)
     rate = cpu_rate_window(prometheus.resolution, scrape)
     progress(cpu_rate_text(prometheus.resolution, scrape, rate))
     for key, query in QUERIES.items():
@@ -298,30 +297,20 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools, oversold, restored)
 
 
-SCRAPE_QUERY = (f"quantile(0.5, count_over_time(container_cpu_usage_seconds_total{APP_CONTAINERS}[1h]) "
-                f"- count_over_time(container_cpu_usage_seconds_total{APP_CONTAINERS}[30m]))")
-"""The median number of samples cAdvisor's cpu counters have in the half hour that ended half an
-hour ago: a window the last scrape's lag does not cut short."""
-
-
-def scrape_interval(prometheus: PrometheusHistory, at: float) -> float | None:
-    """How often cAdvisor's cpu counters are scraped, in seconds: half an hour over the median
-    count of their samples between an hour and half an hour before ``at`` (the median: a
-    container started or stopped then has fewer). None where no counter has two samples then."""
+def cadvisor_scrape_interval(prometheus: PrometheusHistory, at: float) -> float | None:
+    """How often cAdvisor's cpu counters are scraped, in seconds (None: unknown)."""
     try:
-        found = prometheus.instant(SCRAPE_QUERY, at, ())
-    except (HistoryUnavailable, QueryTooLarge) as error:
-        raise PlanError(f"{error}, for {SCRAPE_QUERY}: the scrape interval sets the cpu rate's window; run it "
+        return prometheus.scrape_interval("cAdvisor", at)
+    except HistoryUnavailable as error:
+        raise PlanError(f"{error}, reading how often cAdvisor is scraped: it sets the cpu rate's window; run it "
                         "again") from None
-    samples = found.get(())
-    return 1800 / samples if samples is not None and samples >= 2 else None
 
 
 def cpu_rate_window(step: float, scrape: float | None) -> float:
     """The window, in seconds, of the cpu rate the plan reads at each ``step``: the step itself, so
     that each sample is the average use over its own step, the 5-minute averages the live account
-    and the backtest count hot time on (a longer window would smooth bursts away and under-count
-    it); but at least 4 scrape intervals, as ``rate()`` needs two samples in its window and four
+    and the backtest count hot time on (a longer window smooths bursts away, in the estimates and
+    the hot time alike); but at least 4 scrape intervals, as ``rate()`` needs two samples in its window and four
     survive a missed scrape. Where the scrape interval is unknown, 4 steps (at least 5 minutes).
 
     >>> cpu_rate_window(300, 30), cpu_rate_window(300, 60), cpu_rate_window(300, 300), cpu_rate_window(60, 30)
@@ -338,7 +327,7 @@ def read_cpu_peaks(prometheus: PrometheusHistory, pods: dict[tuple[str, str], Po
                    start: float, end: float, progress: Callable[[str], None]) -> None:
     """Each Pod's cpu peak in each step (:data:`CPU_PEAK`) as its ``cpu_peak`` series, in place, for
     the Pods whose use was read. The peak is the highest rate between two consecutive scrapes, so
-    it needs the scrape interval (:func:`scrape_interval`)."""
+    it needs the scrape interval (:func:`cadvisor_scrape_interval`)."""
     if scrape is None:
         raise PlanError("--peaks reads the highest rate between two scrapes of cAdvisor's cpu counters, but no "
                         "counter has two samples between an hour and half an hour ago: the scrape interval is "

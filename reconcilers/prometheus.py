@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from kube.prometheus import (
     APP_CONTAINERS,
+    CPU_COUNTERS,
     RANGE_STEPS,
     NodeNaming,
     PrometheusAccess,
@@ -34,6 +35,8 @@ from kube.prometheus import (
     node_matcher,
     node_name,
     scoped,
+    scrape_interval,
+    warn_rate_window,
 )
 from oversale.budget import HotTime
 from oversale.estimator import UsageStats
@@ -64,6 +67,7 @@ class PrometheusHistory:
     """Time spent waiting for Prometheus so far."""
     api: PrometheusAPI = field(init=False)
     node_naming: NodeNaming = field(init=False)
+    _rate_window_checked: set[str] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.api = PrometheusAPI(self.url, self.timeout, self.access)
@@ -143,6 +147,26 @@ class PrometheusHistory:
     def check_node_names(self, found: Collection[str], nodes: Collection[str]) -> None:
         self.node_naming.check(found, nodes)
 
+    def scrape_interval(self, exporter: str, at: float | None = None) -> float | None:
+        """How often ``exporter``'s cpu counters (``CPU_COUNTERS``) are scraped, in seconds, as
+        ``kube.prometheus.scrape_interval`` reads it; None where unknown."""
+        self.queries += 1
+        try:
+            return scrape_interval(self.api, CPU_COUNTERS[exporter], time.time() if at is None else at)
+        except PrometheusUnavailable as error:
+            raise HistoryUnavailable(str(error)) from None
+
+    def check_rate_window(self) -> None:
+        """Warns where a cpu counter is scraped too seldom for ``rate_window``
+        (``kube.prometheus.warn_rate_window``): one query per exporter not checked yet."""
+        for exporter in CPU_COUNTERS.keys() - self._rate_window_checked:
+            self.queries += 1
+            try:
+                warn_rate_window(self.api, exporter, self.rate_window, time.time())
+            except PrometheusUnavailable as error:
+                raise HistoryUnavailable(str(error)) from None
+            self._rate_window_checked.add(exporter)
+
     def _node_expressions(self) -> dict[str, str]:
         return node_expressions(self.node_label, self.rate_window, self.node_memory_query)
 
@@ -190,7 +214,7 @@ class PrometheusHistory:
                 for index in range(parts):
                     at = now - index * span
                     query = template.replace("$WINDOW", duration(span)).replace("$STEP", duration(self.resolution))
-                    for key, value in self.instant(query, at, keys).items():
+                    for key, value in self._instant(query, at, keys).items():
                         values.setdefault(key, []).append(value)
                 return {key: combine(found) for key, found in values.items()}
             except QueryTooLarge as error:
@@ -199,8 +223,7 @@ class PrometheusHistory:
                 parts *= 2
                 log.info("prometheus refused a %s window (%s); splitting in %d", duration(window), error, parts)
 
-    def instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
-        """An instant query at ``at`` (see ``PrometheusAPI.instant``), counted and timed."""
+    def _instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
         self.queries += 1
         started = time.perf_counter()
         try:

@@ -147,6 +147,10 @@ class SqliteHistory:
     def check_node_names(self, found: Collection[str], nodes: Collection[str]) -> None:
         """Nothing to check: sampled from NodeMetrics, which the metrics API names after the nodes."""
 
+    def check_rate_window(self) -> None:
+        """Nothing to check: each sample averages readings the sampler takes itself (the sampler logs
+        metrics-server's window)."""
+
     def _each_series(self, kind: str, window: float, now: float
                      ) -> Iterator[tuple[ContainerKey, list[tuple[int, int, int]]]]:
         """Each series' samples over the window, oldest first, one series at a time: a cluster's

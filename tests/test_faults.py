@@ -144,6 +144,9 @@ class _NoHistory:
     def node_peaks(self, window: float) -> dict[Any, Any]:
         raise HistoryUnavailable("down")
 
+    def check_rate_window(self) -> None:
+        raise HistoryUnavailable("down")
+
 
 @pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
 def test_prometheus_answering_garbage_holds_the_ratios_and_says_why(body, raw):

@@ -499,13 +499,53 @@ def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     history = PrometheusHistory(prometheus.url, resolution=300)
     reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
     reconciler.run_pass(dry_run=True)
+    # Once, before the first pass, how often each cpu counter is scraped (2, not the pass's). Then
     # 9 for the ratios; the hot-time account reads, for each of its two windows, the sample
     # count and one count above the real allocatable per resource (the nodes here share theirs).
-    assert history.queries == 9 + 2 * 3
+    assert history.queries == 2 + 9 + 2 * 3
     assert reconciler.metrics.history_queries._value.get() == 15
     # From the second pass on, calibration reads the peaks since the last predictions: 2 more.
     reconciler.run_pass(dry_run=True)
-    assert history.queries - 15 == 17
+    assert history.queries - 17 == 17
+
+
+def test_a_rate_window_shorter_than_4_scrapes_is_told_once_not_left_as_missing_history(api, tmp_path, caplog):
+    """cAdvisor scraped every 5 minutes (node-exporter every minute), read with the default
+    5-minute rate window: the window holds one sample of each cpu counter, rate() gives nothing,
+    and every workload's ratio was held "for want of history" with nothing said why. Before its
+    first pass the reconciler reads how often each cpu counter is scraped and warns, once, naming
+    the interval and the window that would do; with that window the usage is read."""
+    end = time.time() - 120
+    labels = {"namespace": NS, "pod": "web-5d8f9-abcde", "container": "app", "id": "/kubepods/web/app"}
+    cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)], step=300)
+    memory = Family("container_memory_working_set_bytes", "gauge", [(labels, lambda t: 2**28)], step=300)
+    node_cpu = Family("node_cpu_seconds_total", "counter", [
+        ({"instance": "node-1:9100", "cpu": "0", "mode": mode}, lambda t, used=used: used)
+        for mode, used in (("user", 0.5), ("idle", 3.5))])
+    history_file = tmp_path / "history.om"
+    write_openmetrics(history_file, [cpu, memory, node_cpu], end - 86400, end, 60)
+    server = PrometheusServer(tmp_path, history_file)
+    try:
+        history = PrometheusHistory(server.url, resolution=300)
+        web = (NS, "web-5d8f9-abcde", "app")
+        assert web not in history.container_stats(86400, 0.99), "no cpu rate over a window of one sample"
+        reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
+        with caplog.at_level(logging.WARNING, logger="kube.prometheus"):
+            reconciler.run_pass(dry_run=True)
+            reconciler.run_pass(dry_run=True)
+        told = [r.getMessage() for r in caplog.records if "OVERSALE_PROMETHEUS_RATE_WINDOW" in r.getMessage()]
+        assert told == ["cAdvisor's cpu counters are scraped every 300s, and OVERSALE_PROMETHEUS_RATE_WINDOW (300s) "
+                        "holds 1 of their samples: a rate needs 2, so most of their usage is missing from the "
+                        "history and ratios are held for want of it; set it to 4 scrape intervals at least (20m)"]
+
+        caplog.clear()
+        wide = PrometheusHistory(server.url, resolution=300, rate_window=1200)
+        with caplog.at_level(logging.WARNING, logger="kube.prometheus"):
+            wide.check_rate_window()
+        assert not caplog.records
+        assert wide.container_stats(86400, 0.99)[web].cpu.quantile == pytest.approx(250, rel=0.02)
+    finally:
+        server.stop()
 
 
 def test_calibration_says_when_the_peaks_since_cannot_be_read(api, prometheus, caplog):

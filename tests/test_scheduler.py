@@ -1029,6 +1029,21 @@ def test_node_exporter_series_naming_no_node_of_the_cluster_are_told_once(node_h
         assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
 
 
+def test_a_rate_window_of_fewer_than_4_scrapes_is_told_once_by_the_extender(node_history, caplog):
+    """The extender's history pollers read rates of the cpu counters with
+    OVERSALE_PROMETHEUS_RATE_WINDOW, as the reconcilers do: after its first read each checks it
+    against how often its counters are scraped (node-exporter here, every minute) and warns once
+    where it holds fewer than 4 of their samples."""
+    state = ClusterState(KEYS)
+    state.set_node("burst", node("burst"))
+    poller = HistoryPeakPoller(PrometheusAPI(node_history.url), state, 1, "instance", 120, 60)
+    with caplog.at_level("WARNING", logger="kube.prometheus"):
+        assert poller.poll_once() and poller.poll_once()
+    assert [r.getMessage() for r in caplog.records] == [
+        "node-exporter's cpu counters are scraped every 60s, and OVERSALE_PROMETHEUS_RATE_WINDOW (120s) holds 2 of "
+        "their samples: one missed scrape leaves a gap in the history; set it to 4 scrape intervals at least (4m)"]
+
+
 @pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
 def test_a_prometheus_answering_garbage_changes_no_node_and_no_workload(body, raw):
     server = garbage_prometheus(body, raw=raw)
