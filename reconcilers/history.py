@@ -57,5 +57,6 @@ class History(Protocol):
 
     def check_rate_window(self) -> None:
         """Warns where the source's usage rates hold too few samples of their counters (Prometheus:
-        a rate window shorter than 4 scrape intervals). Raises HistoryUnavailable."""
+        a rate window shorter than 4 scrape intervals), once: a later call checks only what an
+        earlier one could not read. Raises HistoryUnavailable."""
         ...

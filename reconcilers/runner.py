@@ -120,12 +120,15 @@ class Reconciler:
         self._predictions: dict[str, tuple[float, dict[str, float]]] = {}
         """node -> (when, resource -> the peak predicted for the coming period): calibration."""
         self._budget_problems: dict[str, str] = {}
-        self._history_checked = False
         """node -> what was wrong with its budget annotation or label, told once per node and value."""
 
     def run_pass(self, dry_run: bool = False) -> list[Row]:
         rows: list[Row] = []
-        self.check_history()
+        # Before the first pass that can read it (the source checks each counter once): scrape
+        # intervals are configured, not something a pass changes, so these queries are not the
+        # pass's. An unavailable history is checked next pass; this one says it is unavailable.
+        with contextlib.suppress(HistoryUnavailable):
+            self.history.check_rate_window()
         queries_before = getattr(self.history, "queries", 0)
         window = self.settings.history_window_seconds
         # Both history reads start at once: Prometheus evaluates them in parallel while the
@@ -141,17 +144,6 @@ class Reconciler:
                 log.warning("lease lost during the pass: stopped writing")
         self.metrics.history_queries.set(getattr(self.history, "queries", 0) - queries_before)
         return rows
-
-    def check_history(self) -> None:
-        """Once, before the first pass that reads the history (a pass calls it): warns where the
-        history's rates hold too few samples of their counters (``History.check_rate_window``).
-        Scrape intervals are configured, not something a pass changes, so its queries are not the
-        pass's. An unavailable history is checked again next pass (the pass says it is unavailable)."""
-        if self._history_checked:
-            return
-        with contextlib.suppress(HistoryUnavailable):
-            self.history.check_rate_window()
-            self._history_checked = True
 
     def _timed(self, name: str, work: Callable[[], list[Row]]) -> list[Row]:
         started = time.perf_counter()

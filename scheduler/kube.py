@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -243,8 +244,8 @@ class _PrometheusPoller:
         self._interval = interval
         self._on_poll = on_poll
         self._failing = False
-        self._rate_windows: dict[str, float] = {}
-        """Exporter -> the window of the rate() the poller reads of its cpu counters: checked once
+        self._unchecked_rate: tuple[str, float] | None = None
+        """(exporter, window) of the rate() the poller reads of its cpu counters: checked once
         against how often they are scraped, after the first read that succeeds."""
 
     def _read(self, now: float) -> None:
@@ -263,13 +264,10 @@ class _PrometheusPoller:
             log.info("%s readable from Prometheus again", self.what)
         self._failing = False
         self._on_poll("ok")
-        while self._rate_windows:
-            exporter, window = next(iter(self._rate_windows.items()))
-            try:
-                warn_rate_window(self._prometheus, exporter, window, time.time())
-            except PrometheusUnavailable:
-                break  # checked after a later read
-            del self._rate_windows[exporter]
+        if self._unchecked_rate is not None:
+            with contextlib.suppress(PrometheusUnavailable):  # else checked after a later read
+                warn_rate_window(self._prometheus, *self._unchecked_rate, time.time())
+                self._unchecked_rate = None
         return True
 
     def start(self) -> None:
@@ -290,7 +288,7 @@ class HistoryPeakPoller(_PrometheusPoller):
         super().__init__(prometheus, state, interval, on_poll)
         self._label = node_label
         self._naming = NodeNaming(node_label, "the peak watermark reads the extender's own samples")
-        self._rate_windows = {"node-exporter": rate_window}
+        self._unchecked_rate = ("node-exporter", rate_window)
         cpu = node_expressions(node_label, rate_window)["cpu"]
         self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
                       f"{duration(step)}])")
@@ -323,7 +321,7 @@ class WorkloadHistoryPoller(_PrometheusPoller):
         for kind, (metric, label) in OWNER_CONTROLLERS.items():
             self.queries[kind] = controller_query(metric, label, window)
         self._said_no_owners = False
-        self._rate_windows = {"cAdvisor": rate_window}
+        self._unchecked_rate = ("cAdvisor", rate_window)
 
     def _read(self, now: float) -> None:
         pod = ("namespace", "pod")
