@@ -19,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from array import array
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,14 +153,15 @@ class PrometheusAPI:
             raise PrometheusUnavailable(f"prometheus at {self.shown} answered no instant vector ({error!r})") from None
         return result
 
-    def query_range(self, query: str, start: float, end: float, step: float,
-                    part_steps: int = RANGE_STEPS) -> list[tuple[dict[str, str], Series]]:
+    def query_range(self, query: str, start: float, end: float, step: float, part_steps: int = RANGE_STEPS,
+                    on_request: Callable[[], None] | None = None) -> list[tuple[dict[str, str], Series]]:
         """A range query: each series' labels and its points. It is asked in consecutive parts of
         at most ``part_steps`` steps and each series' points joined: Prometheus refuses more than
         11,000 steps per series (40 days at 5 minutes), and an answer's JSON takes about ten times
         the memory of its points while it is read, so a smaller part bounds that too. A part
         Prometheus refuses for the samples it would load is asked again in halves (QueryTooLarge
-        only when a single step is refused)."""
+        only when a single step is refused). ``on_request`` is called before each request sent,
+        for a caller counting them."""
         if not (step > 0 and math.isfinite(start) and math.isfinite(end) and 0 < part_steps <= RANGE_STEPS):
             raise ValueError(f"a range query needs a finite start and end, a positive step and 1 to {RANGE_STEPS} "
                              f"steps a part, not {start!r}, {end!r}, {step!r}, {part_steps!r}")
@@ -170,13 +171,16 @@ class PrometheusAPI:
             # Points fall at part_start + k x step; the next part starts one step after this one's last.
             part_end = min(end, part_start + (part_steps - 1) * step)
             try:
+                if on_request is not None:
+                    on_request()
                 payload = self._post("query_range", {"query": query, "start": f"{part_start:.3f}",
                                                      "end": f"{part_end:.3f}", "step": f"{step:g}s"})
             except QueryTooLarge as error:
                 if part_end <= part_start:
                     raise
                 # --query.max-samples counts every sample a query loads: fewer steps load fewer.
-                part_steps = max(1, part_steps // 2)
+                # Halved from the steps this part asked, not from a limit far above a short range's.
+                part_steps = max(1, (round((part_end - part_start) / step) + 1) // 2)
                 log.info("prometheus refused a range of %s (%s); asking %d steps at a time",
                          duration(part_end - part_start + step), error, part_steps)
                 continue

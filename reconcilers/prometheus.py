@@ -1,7 +1,7 @@
 """Usage history from Prometheus's HTTP API.
 
-One pass issues a fixed number of instant queries (9 for the ratios, 3 per window for the
-hot-time account whatever the nodes' sizes), each over the whole window, so Prometheus does the
+One pass issues a fixed number of queries (9 for the ratios, 3 for the hot-time account
+whatever the nodes' sizes, 1 and 7 days at once), each over the whole window, so Prometheus does the
 per-series work and returns one number per series: never one query per object. Container usage
 comes from cAdvisor (``container_cpu_usage_seconds_total``, ``container_memory_working_set_bytes``),
 summarized per cgroup before it is aggregated (:meth:`Summaries.per_cgroup`); node usage from
@@ -100,24 +100,25 @@ class PrometheusHistory:
 
     def node_hot_time(self, windows: Sequence[float],
                       real: dict[str, dict[str, float]]) -> list[dict[str, dict[str, HotTime]]]:
-        return [self._hot_time_over(window, real) for window in windows]
-
-    def _hot_time_over(self, window: float, real: dict[str, dict[str, float]]) -> dict[str, dict[str, HotTime]]:
-        """A count of all samples, and one count above the real allocatable per resource: the
-        number of queries grows neither with nodes nor with their sizes. The nodes are grouped by
+        """A count of all samples, and one count above the real allocatable per resource, for all
+        the windows at once where they nest (:meth:`_counts_over`): the number of queries grows
+        neither with nodes, nor with their sizes, nor with the windows. The nodes are grouped by
         real allocatable (:func:`threshold_groups`), and the count's expression is the ``or`` of
         each group's usage, its series selected by node name, above the group's. With a node
         memory query of the user's own, whose series may lack the node label (a join), memory
         takes one count per group instead, read over all nodes."""
+        if not windows:
+            return []
         label, now = self.node_label, time.time()
         expressions = self._node_expressions()
-        totals = self._per_window(f"count_over_time(({expressions['cpu']})[$WINDOW:$STEP])", window, now,
-                                  (label,), sum)
-        samples = {node_name(key[0]): int(count) for key, count in totals.items()}
-        result: dict[str, dict[str, HotTime]] = {}
+        totals = self._counts_over(f"count_over_time(({expressions['cpu']})[$WINDOW:$STEP])", windows, now, (label,))
+        samples = [{node_name(key[0]): int(count) for key, count in by_window.items()} for by_window in totals]
+        # Every window's nodes are the longest's: the windows end together.
+        seen = set().union(*samples)
+        results: list[dict[str, dict[str, HotTime]]] = [{} for _ in windows]
         for resource, expression in expressions.items():
             groups = threshold_groups({node: values[resource] for node, values in real.items()
-                                       if resource in values and node in samples})
+                                       if resource in values and node in seen})
             if not groups:
                 continue
             # (expression above the real allocatable, the nodes whose counts it gives)
@@ -128,12 +129,40 @@ class PrometheusHistory:
                 counts = [(" or ".join(f"(({scoped(expression, node_matcher(label, nodes))}) > {threshold:.0f})"
                                        for threshold, nodes in groups), [n for _, nodes in groups for n in nodes])]
             for above, nodes in counts:
-                hot = {node_name(key[0]): int(count) for key, count in self._per_window(
-                    f"count_over_time(({above})[$WINDOW:$STEP])", window, now, (label,), sum).items()}
-                for node in nodes:
-                    result.setdefault(node, {})[resource] = HotTime(min(hot.get(node, 0), samples[node]),
-                                                                     samples[node])
-        return result
+                hot = self._counts_over(f"count_over_time(({above})[$WINDOW:$STEP])", windows, now, (label,))
+                for result, found, in_window in zip(results, hot, samples, strict=True):
+                    above_real = {node_name(key[0]): int(count) for key, count in found.items()}
+                    for node in nodes:
+                        if node in in_window:
+                            result.setdefault(node, {})[resource] = HotTime(
+                                min(above_real.get(node, 0), in_window[node]), in_window[node])
+        return results
+
+    def _counts_over(self, template: str, windows: Sequence[float], now: float,
+                     keys: tuple[str, ...]) -> list[dict[tuple[str, ...], float]]:
+        """``template``'s counts (``$WINDOW``, ``$STEP``) over each window back from ``now``. Where
+        every window is a whole number of the shortest (the account's 1 and 7 days), one range
+        query at that step counts each stretch once and every window is a sum of the stretches it
+        covers: one query instead of one per window, and the shortest window's samples are not
+        evaluated twice. Otherwise, or where Prometheus refuses even one stretch, one count per
+        window (:meth:`_per_window`, which splits a refused window)."""
+        shortest = min(windows)
+        stretches = [window / shortest for window in windows]
+        if len(windows) > 1 and all(abs(n - round(n)) < 1e-6 for n in stretches):
+            query = template.replace("$WINDOW", duration(shortest)).replace("$STEP", duration(self.resolution))
+            try:
+                found = self._range(query, now - (round(max(stretches)) - 1) * shortest, now, shortest)
+            except QueryTooLarge as error:
+                log.info("prometheus refused a %s stretch (%s); counting each window alone", duration(shortest), error)
+            else:
+                # A point at t counts (t - shortest, t]; the points are `shortest` apart, so half a
+                # stretch's slack keeps rounding of their times from moving one across a boundary.
+                return [{tuple(labels.get(k, "") for k in keys): total
+                         for labels, (times, values) in found
+                         if (total := sum(v for t, v in zip(times, values, strict=True)
+                                          if t > now - window + shortest / 2))}
+                        for window in windows]
+        return [self._per_window(template, window, now, keys, sum) for window in windows]
 
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
         label, now = self.node_label, time.time()
@@ -235,14 +264,30 @@ class PrometheusHistory:
         finally:
             self.query_seconds += time.perf_counter() - started
 
+    def _range(self, query: str, start: float, end: float, step: float,
+               part_steps: int = RANGE_STEPS) -> list[tuple[dict[str, str], Series]]:
+        """A range query, each request it sends counted and its time taken as the pass's;
+        QueryTooLarge (even one step refused) left to the caller."""
+        started = time.perf_counter()
+        try:
+            return self.api.query_range(query, start, end, step, part_steps, on_request=self._count_request)
+        except QueryTooLarge:
+            raise
+        except PrometheusUnavailable as error:
+            raise HistoryUnavailable(str(error)) from None
+        finally:
+            self.query_seconds += time.perf_counter() - started
+
+    def _count_request(self) -> None:
+        self.queries += 1
+
     def query_range(self, query: str, start: float, end: float,
                     part_steps: int = RANGE_STEPS) -> list[tuple[dict[str, str], Series]]:
         """A range query at ``resolution``: each series' labels and its points (see
         ``PrometheusAPI.query_range``)."""
-        self.queries += 1
         try:
-            return self.api.query_range(query, start, end, self.resolution, part_steps)
-        except PrometheusUnavailable as error:
+            return self._range(query, start, end, self.resolution, part_steps)
+        except QueryTooLarge as error:
             raise HistoryUnavailable(str(error)) from None
 
 
