@@ -15,9 +15,10 @@ smooth data, and the safe side when it is not).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kube.prometheus import (
@@ -151,7 +152,8 @@ class PrometheusHistory:
         if len(windows) > 1 and all(abs(n - round(n)) < 1e-6 for n in stretches):
             query = template.replace("$WINDOW", duration(shortest)).replace("$STEP", duration(self.resolution))
             try:
-                found = self._range(query, now - (round(max(stretches)) - 1) * shortest, now, shortest)
+                found = self._range(query, now - (round(max(stretches)) - 1) * shortest, now, shortest,
+                                    splittable=True)
             except QueryTooLarge as error:
                 log.info("prometheus refused a %s stretch (%s); counting each window alone", duration(shortest), error)
             else:
@@ -180,20 +182,16 @@ class PrometheusHistory:
         """How often ``exporter``'s cpu counters (``CPU_COUNTERS``) are scraped, in seconds, as
         ``kube.prometheus.scrape_interval`` reads it; None where unknown."""
         self.queries += 1
-        try:
+        with self._asking():
             return scrape_interval(self.api, CPU_COUNTERS[exporter], time.time() if at is None else at)
-        except PrometheusUnavailable as error:
-            raise HistoryUnavailable(str(error)) from None
 
     def check_rate_window(self) -> None:
         """Warns where a cpu counter is scraped too seldom for ``rate_window``
         (``kube.prometheus.warn_rate_window``): one query per exporter not checked yet."""
         for exporter in CPU_COUNTERS.keys() - self._rate_window_checked:
             self.queries += 1
-            try:
+            with self._asking():
                 warn_rate_window(self.api, exporter, self.rate_window, time.time())
-            except PrometheusUnavailable as error:
-                raise HistoryUnavailable(str(error)) from None
             self._rate_window_checked.add(exporter)
 
     def _node_expressions(self) -> dict[str, str]:
@@ -254,41 +252,38 @@ class PrometheusHistory:
 
     def _instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
         self.queries += 1
-        started = time.perf_counter()
-        try:
+        with self._asking(splittable=True):
             return self.api.instant(query, at, keys)
-        except QueryTooLarge:
-            raise
-        except PrometheusUnavailable as error:
-            raise HistoryUnavailable(str(error)) from None
-        finally:
-            self.query_seconds += time.perf_counter() - started
 
     def _range(self, query: str, start: float, end: float, step: float,
-               part_steps: int = RANGE_STEPS) -> list[tuple[dict[str, str], Series]]:
-        """A range query, each request it sends counted and its time taken as the pass's;
-        QueryTooLarge (even one step refused) left to the caller."""
-        started = time.perf_counter()
-        try:
+               part_steps: int = RANGE_STEPS, splittable: bool = False) -> list[tuple[dict[str, str], Series]]:
+        """A range query, each request it sends counted."""
+        with self._asking(splittable):
             return self.api.query_range(query, start, end, step, part_steps, on_request=self._count_request)
-        except QueryTooLarge:
-            raise
-        except PrometheusUnavailable as error:
-            raise HistoryUnavailable(str(error)) from None
-        finally:
-            self.query_seconds += time.perf_counter() - started
 
     def _count_request(self) -> None:
         self.queries += 1
+
+    @contextlib.contextmanager
+    def _asking(self, splittable: bool = False) -> Iterator[None]:
+        """What is asked inside, its time taken as waiting for Prometheus; Prometheus unavailable
+        raised as HistoryUnavailable, except QueryTooLarge where the caller can split the query
+        (``splittable``)."""
+        started = time.perf_counter()
+        try:
+            yield
+        except PrometheusUnavailable as error:
+            if splittable and isinstance(error, QueryTooLarge):
+                raise
+            raise HistoryUnavailable(str(error)) from None
+        finally:
+            self.query_seconds += time.perf_counter() - started
 
     def query_range(self, query: str, start: float, end: float,
                     part_steps: int = RANGE_STEPS) -> list[tuple[dict[str, str], Series]]:
         """A range query at ``resolution``: each series' labels and its points (see
         ``PrometheusAPI.query_range``)."""
-        try:
-            return self._range(query, start, end, self.resolution, part_steps)
-        except QueryTooLarge as error:
-            raise HistoryUnavailable(str(error)) from None
+        return self._range(query, start, end, self.resolution, part_steps)
 
 
 _EMPTY = UsageStats(None, None, 0, 0.0, None)
