@@ -69,6 +69,8 @@ class PrometheusHistory:
     api: PrometheusAPI = field(init=False)
     node_naming: NodeNaming = field(init=False)
     _rate_window_checked: set[str] = field(init=False, default_factory=set)
+    _range_times_moved: bool = field(init=False, default=False)
+    """A range query was answered at other times than asked (:meth:`_counts_over`)."""
 
     def __post_init__(self) -> None:
         self.api = PrometheusAPI(self.url, self.timeout, self.access)
@@ -149,21 +151,28 @@ class PrometheusHistory:
         window (:meth:`_per_window`, which splits a refused window)."""
         shortest = min(windows)
         stretches = [window / shortest for window in windows]
-        if len(windows) > 1 and all(abs(n - round(n)) < 1e-6 for n in stretches):
+        if not self._range_times_moved and len(windows) > 1 and all(abs(n - round(n)) < 1e-6 for n in stretches):
             query = template.replace("$WINDOW", duration(shortest)).replace("$STEP", duration(self.resolution))
+            count = round(max(stretches))
             try:
-                found = self._range(query, now - (round(max(stretches)) - 1) * shortest, now, shortest,
-                                    splittable=True)
+                found = self._range(query, now - (count - 1) * shortest, now, shortest, splittable=True)
             except QueryTooLarge as error:
                 log.info("prometheus refused a %s stretch (%s); counting each window alone", duration(shortest), error)
             else:
-                # A point at t counts (t - shortest, t]; the points are `shortest` apart, so half a
-                # stretch's slack keeps rounding of their times from moving one across a boundary.
-                return [{tuple(labels.get(k, "") for k in keys): total
-                         for labels, (times, values) in found
-                         if (total := sum(v for t, v in zip(times, values, strict=True)
-                                          if t > now - window + shortest / 2))}
-                        for window in windows]
+                # A point at t counts (t - shortest, t], and it must stand where it was asked: a
+                # query frontend that aligns a range's start and end to its step (Thanos's does by
+                # default, for its cache) answers a day apart at midnights, which would count the
+                # day up to the last midnight as the last day.
+                if all(_asked_at(t, now, shortest, count) for _, (times, _) in found for t in times):
+                    return [{tuple(labels.get(k, "") for k in keys): total
+                             for labels, (times, values) in found
+                             if (total := sum(v for t, v in zip(times, values, strict=True)
+                                              if t > now - window + shortest / 2))}
+                            for window in windows]
+                self._range_times_moved = True
+                log.warning("%s answered a range query at other times than asked (a query frontend aligning "
+                            "ranges to their step, such as Thanos's --query-range.align-range-with-step): the "
+                            "hot-time account is read with one query per window from now on", self.api.described)
         return [self._per_window(template, window, now, keys, sum) for window in windows]
 
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
@@ -287,6 +296,12 @@ class PrometheusHistory:
 
 
 _EMPTY = UsageStats(None, None, 0, 0.0, None)
+
+
+def _asked_at(t: float, end: float, step: float, count: int) -> bool:
+    """Whether ``t`` is one of the ``count`` times ``end - k x step`` (to the second)."""
+    k = round((end - t) / step)
+    return 0 <= k < count and abs(end - k * step - t) < 1.0
 
 SIZE_TOLERANCE = 0.01
 """Nodes whose real allocatable is within this share of each other are counted hot against the

@@ -189,15 +189,43 @@ def refusing_proxy(upstream: str, refused: str) -> AnsweringServer:
     503, as Prometheus does a query that timed out (or a proxy in front of it, its upstream).
     Stop it with ``shutdown()``."""
 
+    def refuse(path: str, form: dict[str, str]) -> dict[str, str] | None:
+        return None if re.search(refused, form.get("query", "")) else form
+
+    return _proxy(upstream, refuse)
+
+
+def step_aligning_proxy(upstream: str) -> AnsweringServer:
+    """A query frontend on a loopback port in front of the Prometheus at ``upstream`` that moves
+    each range query's start and end down to multiples of its step before passing it on, as
+    Thanos's query-frontend does by default (``--query-range.align-range-with-step``) and Mimir's
+    where a tenant asks (``align_queries_with_step``), for its cache's sake: a range a day apart
+    is then answered at midnights (UTC), not at the times asked. Stop it with ``shutdown()``."""
+
+    def align(path: str, form: dict[str, str]) -> dict[str, str]:
+        if path.endswith("/query_range"):
+            step = float(form["step"].removesuffix("s"))
+            form = {**form, **{edge: f"{float(form[edge]) // step * step:.3f}" for edge in ("start", "end")}}
+        return form
+
+    return _proxy(upstream, align)
+
+
+def _proxy(upstream: str, rewrite: Callable[[str, dict[str, str]], dict[str, str] | None]) -> AnsweringServer:
+    """A proxy passing each POSTed query on to ``upstream`` as ``rewrite(path, form)`` returns
+    it, or answering 503 (a timed-out query) where that is None."""
+
     class Proxy(AnsweringHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            if re.search(refused, urllib.parse.parse_qs(body.decode()).get("query", [""])[0]):
+            form = rewrite(self.path, {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
+            if form is None:
                 self.send(503, json.dumps({"status": "error", "errorType": "timeout",
                                            "error": "query timed out in query execution"}).encode())
                 return
-            forwarded = urllib.request.Request(upstream + self.path, data=body, headers={
-                "Content-Type": self.headers.get("Content-Type", "application/x-www-form-urlencoded")})
+            forwarded = urllib.request.Request(upstream + self.path, data=urllib.parse.urlencode(form).encode(),
+                                               headers={"Content-Type": self.headers.get(
+                                                   "Content-Type", "application/x-www-form-urlencoded")})
             with urllib.request.urlopen(forwarded, timeout=120) as response:
                 self.send(response.status, response.read())
 

@@ -33,7 +33,14 @@ from reconcilers.runner import Reconciler, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 from tests.conftest import ROOT, eventually, free_port
 from tests.kube_api import FakeKubeAPI
-from tests.prometheus_server import Family, PrometheusServer, WebConfig, refusing_proxy, write_openmetrics
+from tests.prometheus_server import (
+    Family,
+    PrometheusServer,
+    WebConfig,
+    refusing_proxy,
+    step_aligning_proxy,
+    write_openmetrics,
+)
 
 KEYS = AnnotationKeys()
 NS = "shop"
@@ -386,7 +393,8 @@ def test_hot_time_takes_three_queries_whatever_the_node_sizes(tmp_path):
         server.stop()
 
 
-def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figures_of_each_window_alone(tmp_path):
+def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figures_of_each_window_alone(
+        tmp_path, caplog):
     """The account's windows nest (1 and 7 days; here 6 and 24 hours): each count is one range
     query whose steps are the shorter window, and the longer window is the sum of the steps, so a
     node hot only before the short window is counted in the long one alone, with the same figures
@@ -437,6 +445,25 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
         short, long = (figures(found) for found in apart.node_hot_time([5 * HOUR, 24 * HOUR], real))
         assert apart.queries == 6, "5 hours is no whole part of a day: each window alone"
         assert short["warm"][0] == pytest.approx(60, abs=1) and long["warm"] == pytest.approx(week["warm"], abs=1)
+        # Behind a query frontend aligning ranges to their step (Thanos's default), the range is
+        # answered at multiples of 6 hours, not at the times asked: told once, then each window
+        # is read alone, with the same figures (the moved answer would lose the last hours).
+        frontend = step_aligning_proxy(server.url)
+        try:
+            behind = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": frontend.url}))
+            with caplog.at_level(logging.WARNING, logger="reconcilers.prometheus"):
+                for queries in (1 + 6, 6):
+                    asked = behind.queries
+                    found = [figures(by_window) for by_window in behind.node_hot_time([6 * HOUR, 24 * HOUR], real)]
+                    for figures_behind, figures_together in zip(found, (day, week), strict=True):
+                        assert figures_behind.keys() == figures_together.keys()
+                        for name, counts in figures_behind.items():
+                            assert counts == pytest.approx(figures_together[name], abs=1), name
+                    assert behind.queries - asked == queries
+            told = [r.getMessage() for r in caplog.records if "other times than asked" in r.getMessage()]
+            assert len(told) == 1 and "align-range-with-step" in told[0], told
+        finally:
+            frontend.shutdown()
     finally:
         server.stop()
     # --query.max-samples: at 500 the range is refused whole and answered a stretch at a time; at
