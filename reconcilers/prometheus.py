@@ -190,16 +190,14 @@ class PrometheusHistory:
     def scrape_interval(self, exporter: str, at: float | None = None) -> float | None:
         """How often ``exporter``'s cpu counters (``CPU_COUNTERS``) are scraped, in seconds, as
         ``kube.prometheus.scrape_interval`` reads it; None where unknown."""
-        self.queries += 1
-        with self._asking():
+        with self._asking(counted=True):
             return scrape_interval(self.api, CPU_COUNTERS[exporter], time.time() if at is None else at)
 
     def check_rate_window(self) -> None:
         """Warns where a cpu counter is scraped too seldom for ``rate_window``
         (``kube.prometheus.warn_rate_window``): one query per exporter not checked yet."""
         for exporter in CPU_COUNTERS.keys() - self._rate_window_checked:
-            self.queries += 1
-            with self._asking():
+            with self._asking(counted=True):
                 warn_rate_window(self.api, exporter, self.rate_window, time.time())
             self._rate_window_checked.add(exporter)
 
@@ -260,24 +258,25 @@ class PrometheusHistory:
                 log.info("prometheus refused a %s window (%s); splitting in %d", duration(window), error, parts)
 
     def _instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
-        self.queries += 1
-        with self._asking(splittable=True):
+        with self._asking(counted=True, splittable=True):
             return self.api.instant(query, at, keys)
 
     def _range(self, query: str, start: float, end: float, step: float,
                part_steps: int = RANGE_STEPS, splittable: bool = False) -> list[tuple[dict[str, str], Series]]:
-        """A range query, each request it sends counted."""
-        with self._asking(splittable):
+        """A range query, each request it sends counted (it may send several)."""
+        with self._asking(splittable=splittable):
             return self.api.query_range(query, start, end, step, part_steps, on_request=self._count_request)
 
     def _count_request(self) -> None:
         self.queries += 1
 
     @contextlib.contextmanager
-    def _asking(self, splittable: bool = False) -> Iterator[None]:
-        """What is asked inside, its time taken as waiting for Prometheus; Prometheus unavailable
-        raised as HistoryUnavailable, except QueryTooLarge where the caller can split the query
-        (``splittable``)."""
+    def _asking(self, counted: bool = False, splittable: bool = False) -> Iterator[None]:
+        """What is asked inside, one query (``counted``) whose time is taken as waiting for
+        Prometheus; Prometheus unavailable raised as HistoryUnavailable, except QueryTooLarge where
+        the caller can split the query (``splittable``)."""
+        if counted:
+            self.queries += 1
         started = time.perf_counter()
         try:
             yield
@@ -302,6 +301,7 @@ def _asked_at(t: float, end: float, step: float, count: int) -> bool:
     """Whether ``t`` is one of the ``count`` times ``end - k x step`` (to the second)."""
     k = round((end - t) / step)
     return 0 <= k < count and abs(end - k * step - t) < 1.0
+
 
 SIZE_TOLERANCE = 0.01
 """Nodes whose real allocatable is within this share of each other are counted hot against the

@@ -427,6 +427,14 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
         return {name: (by["cpu"].samples, by["cpu"].hot_samples, by["memory"].hot_samples)
                 for name, by in hot.items()}
 
+    def assert_within_a_step(found: list[dict[str, Any]], expected: list[dict[str, Any]], context: object) -> None:
+        """The same nodes, each figure within one 5-minute step of the expected: read a moment
+        apart, a step may cross a window's edge."""
+        for figures_found, figures_expected in zip(found, expected, strict=True):
+            assert figures_found.keys() == figures_expected.keys(), context
+            for name, counts in figures_found.items():
+                assert counts == pytest.approx(figures_expected[name], abs=1), (context, name)
+
     try:
         together = reader()
         day, week = (figures(found) for found in together.node_hot_time([6 * HOUR, 24 * HOUR], real))
@@ -437,10 +445,7 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
         assert day["warm"][2] == week["warm"][2] == pytest.approx(24, abs=2)
         assert day["cool"][1:] == week["cool"][1:] == (0, 0)
         for window, figures_together in ((6 * HOUR, day), (24 * HOUR, week)):
-            alone = figures(reader().node_hot_time([window], real)[0])
-            assert alone.keys() == figures_together.keys()
-            for name, counts in alone.items():  # a second later: a step may cross a window's edge
-                assert counts == pytest.approx(figures_together[name], abs=1), (window, name)
+            assert_within_a_step([figures(reader().node_hot_time([window], real)[0])], [figures_together], window)
         apart = reader()
         short, long = (figures(found) for found in apart.node_hot_time([5 * HOUR, 24 * HOUR], real))
         assert apart.queries == 6, "5 hours is no whole part of a day: each window alone"
@@ -455,10 +460,7 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
                 for queries in (1 + 6, 6):
                     asked = behind.queries
                     found = [figures(by_window) for by_window in behind.node_hot_time([6 * HOUR, 24 * HOUR], real)]
-                    for figures_behind, figures_together in zip(found, (day, week), strict=True):
-                        assert figures_behind.keys() == figures_together.keys()
-                        for name, counts in figures_behind.items():
-                            assert counts == pytest.approx(figures_together[name], abs=1), name
+                    assert_within_a_step(found, [day, week], "behind the frontend")
                     assert behind.queries - asked == queries
             told = [r.getMessage() for r in caplog.records if "other times than asked" in r.getMessage()]
             assert len(told) == 1 and "align-range-with-step" in told[0], told
@@ -480,10 +482,7 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
                 # Halved from the 4 steps asked (4, 2, 1: at most 7 requests a count), not from
                 # the 10,000 a part may hold (13 more refusals a count).
                 assert split.queries <= 3 * (1 + 2 + 4)
-            for figures_split, figures_together in zip(found, (day, week), strict=True):
-                assert figures_split.keys() == figures_together.keys()
-                for name, counts in figures_split.items():
-                    assert counts == pytest.approx(figures_together[name], abs=1), (max_samples, name)
+            assert_within_a_step(found, [day, week], max_samples)
         finally:
             strict.stop()
 
