@@ -2,10 +2,13 @@
 history, and the API-server double of tests/ holding the objects.
 
     python -m bench.reconcile_scale [--workloads 10000] [--nodes 5000] [--hours 24] [--sample 600]
-                                    [--memory-sizes 1] [--memory-step 8]
+                                    [--memory-sizes 1] [--memory-step 8] [--node-cpus 0]
+                                    [--recorded-node-cpu]
 
 Prints how long the history takes to build, the pass time (dry run and with writes) and the
-number of PromQL queries. Needs Debian's prometheus package (prometheus, promtool).
+number of PromQL queries. The passes start once Prometheus has compacted the backfilled blocks,
+as a Prometheus that has held the history for that long has them. Needs Debian's prometheus
+package (prometheus, promtool).
 """
 
 from __future__ import annotations
@@ -36,8 +39,18 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def write_history(path: Path, workloads: int, nodes: int, start: float, end: float, step: float) -> int:
-    """OpenMetrics for one Pod per workload and node-exporter series per node, written fast."""
+NODE_MODES = ("user", "system", "nice", "irq", "softirq", "idle", "iowait", "steal")
+"""node-exporter's cpu modes (Linux): a node has one counter per cpu and mode."""
+
+
+def write_history(path: Path, workloads: int, nodes: int, start: float, end: float, step: float,
+                  node_cpus: int = 0, recorded: bool = False) -> int:
+    """OpenMetrics for one Pod per workload and node-exporter series per node, written fast.
+
+    ``node_cpus``: 0 writes one cpu counter per node (the floor of node-exporter's cost), N
+    writes N cpus' counters in each of the 8 modes, as a node-exporter on a node of N cpus
+    publishes them; ``recorded`` writes each node's cores as one recording rule's series
+    (kube-prometheus's ``instance:node_cpu:rate:sum``) instead of its counters."""
     # Aligned to the subquery step: a gauge sampled this sparsely is only visible to the steps
     # within Prometheus's 5-minute lookback of a sample.
     start = math.ceil(start / step) * step
@@ -59,14 +72,31 @@ def write_history(path: Path, workloads: int, nodes: int, start: float, end: flo
             value = (100 + w % 200) * 2**20
             out.write("".join(f"container_memory_working_set_bytes{{{labels}}} {value} {int(t)}\n" for t in times))
             lines += len(times)
-        out.write("# TYPE node_cpu_seconds counter\n")
-        for n in range(nodes):
-            total = 0.0
-            for t in times:
-                total += (2 + math.sin(t / 3600 + n)) * step
-                labels = f'cpu="0",instance="node-{n}:9100",mode="user"'
-                out.write(f"node_cpu_seconds_total{{{labels}}} {total:.3f} {int(t)}\n")
-            lines += len(times)
+        if recorded:
+            out.write("# TYPE instance:node_cpu:rate:sum gauge\n")
+            for n in range(nodes):
+                labels = f'instance="node-{n}:9100",job="node-exporter"'
+                out.write("".join(f"instance:node_cpu:rate:sum{{{labels}}} {2 + math.sin(t / 3600 + n):.4f} {int(t)}\n"
+                                  for t in times))
+                lines += len(times)
+        else:
+            out.write("# TYPE node_cpu_seconds counter\n")
+            # The same cores in all as one counter gives (2 + sin), shared by the busy modes of
+            # every cpu; the modes the usage leaves out (idle, iowait, steal) count too.
+            busy_modes = NODE_MODES[:5]
+            counters = ([("0", "user", 1.0)] if node_cpus == 0 else
+                        [(str(c), mode, 1 / (node_cpus * len(busy_modes)) if mode in busy_modes else 0.0)
+                         for c in range(node_cpus) for mode in NODE_MODES])
+            for n in range(nodes):
+                for cpu, mode, share in counters:
+                    total = 0.0
+                    labels = f'cpu="{cpu}",instance="node-{n}:9100",job="node-exporter",mode="{mode}"'
+                    rows = []
+                    for t in times:
+                        total += ((2 + math.sin(t / 3600 + n)) * share if share else 0.25) * step
+                        rows.append(f"node_cpu_seconds_total{{{labels}}} {total:.3f} {int(t)}\n")
+                    out.write("".join(rows))
+                    lines += len(times)
         for name, gauge in (("node_memory_MemTotal_bytes", 64e9), ("node_memory_MemAvailable_bytes", 40e9)):
             out.write(f"# TYPE {name} gauge\n")
             for n in range(nodes):
@@ -109,6 +139,12 @@ def main() -> int:
     parser.add_argument("--memory-sizes", type=int, default=1,
                         help="distinct memory allocatable values among the nodes (default 1)")
     parser.add_argument("--memory-step", type=int, default=8, help="MiB between those values (default 8)")
+    parser.add_argument("--node-cpus", type=int, default=0,
+                        help="cpus per node, each with node-exporter's 8 modes' counters (default 0: one counter "
+                             "per node, the floor)")
+    parser.add_argument("--recorded-node-cpu", action="store_true",
+                        help="each node's cpu as a recording rule's one series (instance:node_cpu:rate:sum), read "
+                             "with OVERSALE_PROMETHEUS_NODE_CPU_QUERY, instead of its counters")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
@@ -117,14 +153,17 @@ def main() -> int:
     log(f"writing {args.hours:g} h of history for {args.workloads} workloads and {args.nodes} nodes")
     started = time.perf_counter()
     samples = write_history(work / "history.om", args.workloads, args.nodes, end - args.hours * 3600, end,
-                            args.sample)
+                            args.sample, args.node_cpus, args.recorded_node_cpu)
     written = time.perf_counter() - started
     log(f"{samples:,} samples written in {written:.0f}s; building TSDB blocks with promtool")
     started = time.perf_counter()
     prometheus = PrometheusServer(work, work / "history.om")
     (work / "history.om").unlink()
     loaded = time.perf_counter() - started
-    log(f"prometheus ready in {loaded:.0f}s; loading the API double")
+    log(f"prometheus ready in {loaded:.0f}s; waiting for it to compact promtool's blocks")
+    started = time.perf_counter()
+    blocks = prometheus.wait_for_compaction()
+    log(f"{blocks[0]} blocks compacted to {blocks[1]} in {time.perf_counter() - started:.0f}s; loading the API double")
     api = FakeKubeAPI().start()
     try:
         populate(api, args.workloads, args.nodes, args.pods_per_node, args.memory_sizes, args.memory_step)
@@ -133,10 +172,13 @@ def main() -> int:
         settings = dataclasses.replace(
             Settings(kubernetes="off"), prometheus_url=prometheus.url, prometheus_step_seconds=args.sample,
             prometheus_rate_window_seconds=4 * args.sample, prometheus_timeout_seconds=120, min_samples=10,
-            full_confidence_seconds=86400.0)
+            full_confidence_seconds=86400.0,
+            prometheus_node_cpu_query="instance:node_cpu:rate:sum" if args.recorded_node_cpu else "")
         figures = {"workloads": args.workloads, "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
                    "memory_sizes": args.memory_sizes,
-                   "memory_step_mib": args.memory_step, "history_samples": samples}
+                   "memory_step_mib": args.memory_step, "node_cpus": args.node_cpus,
+                   "recorded_node_cpu": args.recorded_node_cpu, "history_samples": samples,
+                   "tsdb_blocks": blocks[1]}
         for label, dry_run in (("dry_run", True), ("with_writes", False)):
             history = PrometheusHistory.from_settings(settings)
             reconciler = Reconciler(Cluster(api_client, timeout=300), history, settings)

@@ -5,8 +5,9 @@ real Prometheus holding what cAdvisor and kube-state-metrics published.
     python -m bench.workload_history [--workloads 5000] [--hours 24] [--sample 300] [--repeats 5]
 
 Prints the median time of one read (``WorkloadHistoryPoller.poll_once``: five instant queries, then
-the Pods tied to their workloads on the poller's thread) and its range over the repeats. Needs
-Debian's prometheus package (prometheus, promtool).
+the Pods tied to their workloads on the poller's thread) and its range over the repeats, once
+Prometheus has compacted the backfilled blocks. Needs Debian's prometheus package (prometheus,
+promtool).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main() -> int:
     log(f"{samples:,} samples written; building TSDB blocks with promtool")
     prometheus = PrometheusServer(work, work / "history.om")
     (work / "history.om").unlink()
+    log("waiting for Prometheus to compact promtool's blocks")
+    blocks = prometheus.wait_for_compaction()
+    log(f"{blocks[0]} blocks compacted to {blocks[1]}")
     try:
         state = ClusterState(AnnotationKeys(), load_config=LoadConfig())
         results: list[str] = []

@@ -84,6 +84,11 @@ class QueryTooLarge(PrometheusUnavailable):
     """Prometheus refused the query for the samples it would load; a smaller window may pass."""
 
 
+class QueryTimedOut(PrometheusUnavailable):
+    """The query ran past its timeout, in Prometheus (``errorType`` timeout, or a context
+    deadline met while it expanded the series) or waiting for the answer."""
+
+
 @dataclass(frozen=True)
 class PrometheusAccess:
     """What reaching this cluster's series takes besides Prometheus's URL: credentials where it
@@ -174,7 +179,7 @@ class PrometheusAPI:
                 if on_request is not None:
                     on_request()
                 payload = self._post("query_range", {"query": query, "start": f"{part_start:.3f}",
-                                                     "end": f"{part_end:.3f}", "step": f"{step:g}s"})
+                                                     "end": f"{part_end:.3f}", "step": _api_duration(step)})
             except QueryTooLarge as error:
                 if part_end <= part_start:
                     raise
@@ -225,7 +230,7 @@ class PrometheusAPI:
     def _post(self, endpoint: str, parameters: dict[str, str]) -> dict[str, Any]:
         if self.access.selector:
             parameters = {**parameters, "query": scoped(parameters["query"], self.access.selector)}
-        body = urllib.parse.urlencode({**parameters, "timeout": f"{self.timeout:g}s"}).encode()
+        body = urllib.parse.urlencode({**parameters, "timeout": _api_duration(self.timeout)}).encode()
         request = urllib.request.Request(f"{self._base}/api/v1/{endpoint}", data=body, headers=self._headers())
         try:
             with urllib.request.urlopen(request, timeout=self.timeout + 5, context=self._context()) as response:
@@ -235,11 +240,18 @@ class PrometheusAPI:
             if any(marker in payload.get("error", "") for marker in SPLIT_ERRORS):
                 raise QueryTooLarge(payload["error"]) from None
             reason = payload.get("error", error.reason)
+            if payload.get("errorType") == "timeout" or "deadline exceeded" in payload.get("error", ""):
+                raise QueryTimedOut(f"prometheus at {self.shown} answered {error.code}: {reason}") from None
             if error.code in (401, 403):
                 reason = (f"{reason} (credentials: a user:password@ in the URL, OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE "
                           "or OVERSALE_PROMETHEUS_HEADERS)")
             raise PrometheusUnavailable(f"prometheus at {self.shown} answered {error.code}: {reason}") from None
-        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as error:
+        except TimeoutError as error:
+            raise QueryTimedOut(f"prometheus at {self.shown} did not answer within {self.timeout + 5:g}s: "
+                                f"{error}") from None
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            if isinstance(error, urllib.error.URLError) and isinstance(error.reason, TimeoutError):
+                raise QueryTimedOut(f"prometheus at {self.shown} unreachable: {error}") from None
             raise PrometheusUnavailable(f"prometheus at {self.shown} unreachable: {error}") from None
         except http.client.HTTPException as error:
             # Another protocol's port (BadStatusLine) or an answer cut short (IncompleteRead).
@@ -265,9 +277,17 @@ class PrometheusAPI:
         return result
 
 
-def node_expressions(label: str, rate_window: float, memory_query: str | None = None) -> dict[str, str]:
-    """Per resource, the PromQL of a node's usage: node-exporter's, or the configured memory query."""
-    return {"cpu": NODE_CPU.format(label=label).replace("$RATE", duration(rate_window)),
+def node_expressions(label: str, rate_window: float, memory_query: str | None = None,
+                     cpu_query: str | None = None) -> dict[str, str]:
+    """Per resource, the PromQL of a node's usage (cpu in millicores, memory in bytes):
+    node-exporter's, or the configured queries (cpu in cores).
+
+    A node-exporter reports one cpu counter per cpu and mode, so the default cpu expression rates
+    and sums some 80 series per node of 16 cpus at every step of a week's history; a recording
+    rule that already holds each node's sum (kube-prometheus-stack's ``instance:node_cpu:rate:sum``) is
+    one series per node."""
+    counters = NODE_CPU.format(label=label).replace("$RATE", duration(rate_window))
+    return {"cpu": f"({cpu_query}) * 1000" if cpu_query else counters,
             "memory": memory_query or NODE_MEMORY.format(label=label)}
 
 
@@ -481,6 +501,14 @@ _REGEX_SPECIAL = re.compile(r"[.^$*+?()\[\]{}|\\]")
 def duration(seconds: float) -> str:
     """A PromQL duration, in whole seconds (at least one)."""
     return f"{max(1, round(seconds))}s"
+
+
+def _api_duration(seconds: float) -> str:
+    """A duration parameter of the HTTP API (``timeout``, ``step``), in whole milliseconds.
+    Prometheus reads a duration string or plain seconds, and ``1.5s`` is neither: a fractional
+    OVERSALE_PROMETHEUS_TIMEOUT sent as ``1.5s`` had every query refused with a 400, as had a
+    step of a million seconds or more (``1e+06s``)."""
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def _error_payload(error: urllib.error.HTTPError) -> dict[str, str]:

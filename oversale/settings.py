@@ -131,6 +131,11 @@ class Settings:
     prometheus_node_label: str = field(default="instance", metadata=_env("OVERSALE_PROMETHEUS_NODE_LABEL"))
     """Label holding the node name on node-exporter series (``host:port`` is cut at the colon)."""
 
+    prometheus_node_cpu_query: str = field(default="", metadata=_env("OVERSALE_PROMETHEUS_NODE_CPU_QUERY"))
+    """PromQL giving the cpu cores a node uses by the node label (a recording rule such as
+    ``instance:node_cpu:rate:sum``); empty: the rate of node-exporter's ``node_cpu_seconds_total``
+    in every mode but idle, iowait and steal, per cpu, summed at every step of the history."""
+
     prometheus_node_memory_query: str = field(default="", metadata=_env("OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY"))
     """PromQL giving used node memory in bytes by the node label; empty: MemTotal - MemAvailable."""
 
@@ -657,6 +662,7 @@ _PARSERS: dict[str, Any] = {
     "prometheus_step_seconds": lambda text: _duration(text),
     "prometheus_rate_window_seconds": lambda text: _duration(text),
     "prometheus_node_label": lambda text: _nonempty(text),
+    "prometheus_node_cpu_query": str.strip,
     "prometheus_node_memory_query": str,
     "prometheus_headers": lambda text: parse_headers(text),
     "prometheus_bearer_token_file": str.strip,

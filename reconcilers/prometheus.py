@@ -5,7 +5,7 @@ whatever the nodes' sizes, 1 and 7 days at once), each over the whole window, so
 per-series work and returns one number per series: never one query per object. Container usage
 comes from cAdvisor (``container_cpu_usage_seconds_total``, ``container_memory_working_set_bytes``),
 summarized per cgroup before it is aggregated (:meth:`Summaries.per_cgroup`); node usage from
-node-exporter (``node_cpu_seconds_total``, ``MemTotal - MemAvailable``, or a query of your own),
+node-exporter (``node_cpu_seconds_total``, ``MemTotal - MemAvailable``, or queries of your own),
 aggregated at each step first (:meth:`Summaries.at_each_step`).
 
 A query refused for loading too many samples is split into consecutive sub-windows, combined
@@ -29,6 +29,7 @@ from kube.prometheus import (
     PrometheusAccess,
     PrometheusAPI,
     PrometheusUnavailable,
+    QueryTimedOut,
     QueryTooLarge,
     Series,
     duration,
@@ -46,6 +47,11 @@ from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
 
+SLOW_NODE_CPU_HINT = ("node-exporter's cpu counters, one per cpu and mode, rated at every step of the window, are "
+                      "most of what these queries evaluate: read a recording rule of each node's cores instead with "
+                      "OVERSALE_PROMETHEUS_NODE_CPU_QUERY (kube-prometheus-stack records instance:node_cpu:rate:sum), "
+                      "or raise OVERSALE_PROMETHEUS_TIMEOUT")
+
 
 @dataclass
 class PrometheusHistory:
@@ -57,6 +63,9 @@ class PrometheusHistory:
     """The label carrying the node name on node-exporter series (``:port`` is stripped)."""
     node_memory_query: str | None = None
     """An expression giving used memory in bytes per node (label ``node_label``)."""
+    node_cpu_query: str | None = None
+    """An expression giving the cpu cores used per node (label ``node_label``), such as a recording
+    rule's series; None: node-exporter's counters, rated here."""
     rate_window: float = 300.0
     """Window of the CPU ``rate()``: at least four scrape intervals."""
     access: PrometheusAccess = field(default_factory=PrometheusAccess)
@@ -79,8 +88,9 @@ class PrometheusHistory:
     @classmethod
     def from_settings(cls, settings: Settings) -> PrometheusHistory:
         return cls(settings.prometheus_url, settings.prometheus_timeout_seconds, settings.prometheus_step_seconds,
-                   settings.prometheus_node_label, settings.prometheus_node_memory_query or None,
-                   settings.prometheus_rate_window_seconds, PrometheusAccess.from_settings(settings))
+                   settings.prometheus_node_label, node_memory_query=settings.prometheus_node_memory_query or None,
+                   node_cpu_query=settings.prometheus_node_cpu_query or None,
+                   rate_window=settings.prometheus_rate_window_seconds, access=PrometheusAccess.from_settings(settings))
 
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
         keys = ("namespace", "pod", "container")
@@ -108,8 +118,8 @@ class PrometheusHistory:
         neither with nodes, nor with their sizes, nor with the windows. The nodes are grouped by
         real allocatable (:func:`threshold_groups`), and the count's expression is the ``or`` of
         each group's usage, its series selected by node name, above the group's. With a node
-        memory query of the user's own, whose series may lack the node label (a join), memory
-        takes one count per group instead, read over all nodes."""
+        query of the user's own (cpu or memory), whose series may lack the node label (a join),
+        that resource takes one count per group instead, read over all nodes."""
         if not windows:
             return []
         label, now = self.node_label, time.time()
@@ -126,7 +136,7 @@ class PrometheusHistory:
                 continue
             # (expression above the real allocatable, the nodes whose counts it gives)
             counts: list[tuple[str, list[str]]]
-            if len(groups) == 1 or (resource == "memory" and self.node_memory_query):
+            if len(groups) == 1 or self._own_node_query(resource):
                 counts = [(f"({expression}) > {threshold:.0f}", nodes) for threshold, nodes in groups]
             else:
                 counts = [(" or ".join(f"(({scoped(expression, node_matcher(label, nodes))}) > {threshold:.0f})"
@@ -196,13 +206,18 @@ class PrometheusHistory:
     def check_rate_window(self) -> None:
         """Warns where a cpu counter is scraped too seldom for ``rate_window``
         (``kube.prometheus.warn_rate_window``): one query per exporter not checked yet."""
-        for exporter in CPU_COUNTERS.keys() - self._rate_window_checked:
+        # A node cpu query of the user's own rates nothing here: its rule has its own window.
+        read = CPU_COUNTERS.keys() - ({"node-exporter"} if self.node_cpu_query else set())
+        for exporter in read - self._rate_window_checked:
             with self._asking(counted=True):
                 warn_rate_window(self.api, exporter, self.rate_window, time.time())
             self._rate_window_checked.add(exporter)
 
     def _node_expressions(self) -> dict[str, str]:
-        return node_expressions(self.node_label, self.rate_window, self.node_memory_query)
+        return node_expressions(self.node_label, self.rate_window, self.node_memory_query, self.node_cpu_query)
+
+    def _own_node_query(self, resource: str) -> bool:
+        return bool(self.node_cpu_query if resource == "cpu" else self.node_memory_query)
 
     # -- queries -----------------------------------------------------------------------------
     def _summaries(
@@ -258,23 +273,25 @@ class PrometheusHistory:
                 log.info("prometheus refused a %s window (%s); splitting in %d", duration(window), error, parts)
 
     def _instant(self, query: str, at: float, keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
-        with self._asking(counted=True, splittable=True):
+        with self._asking(counted=True, splittable=True, query=query):
             return self.api.instant(query, at, keys)
 
     def _range(self, query: str, start: float, end: float, step: float,
                part_steps: int = RANGE_STEPS, splittable: bool = False) -> list[tuple[dict[str, str], Series]]:
         """A range query, each request it sends counted (it may send several)."""
-        with self._asking(splittable=splittable):
+        with self._asking(splittable=splittable, query=query):
             return self.api.query_range(query, start, end, step, part_steps, on_request=self._count_request)
 
     def _count_request(self) -> None:
         self.queries += 1
 
     @contextlib.contextmanager
-    def _asking(self, counted: bool = False, splittable: bool = False) -> Iterator[None]:
+    def _asking(self, counted: bool = False, splittable: bool = False, query: str = "") -> Iterator[None]:
         """What is asked inside, one query (``counted``) whose time is taken as waiting for
         Prometheus; Prometheus unavailable raised as HistoryUnavailable, except QueryTooLarge where
-        the caller can split the query (``splittable``)."""
+        the caller can split the query (``splittable``). A ``query`` rating node-exporter's cpu
+        counters that timed out says what makes it slow and what to set: 26 hours of 500 nodes of
+        16 cpus took this Prometheus a minute a pass (``bench.reconcile_scale --node-cpus 16``)."""
         if counted:
             self.queries += 1
         started = time.perf_counter()
@@ -283,7 +300,8 @@ class PrometheusHistory:
         except PrometheusUnavailable as error:
             if splittable and isinstance(error, QueryTooLarge):
                 raise
-            raise HistoryUnavailable(str(error)) from None
+            slow_counters = isinstance(error, QueryTimedOut) and CPU_COUNTERS["node-exporter"] in query
+            raise HistoryUnavailable(f"{error} ({SLOW_NODE_CPU_HINT})" if slow_counters else str(error)) from None
         finally:
             self.query_seconds += time.perf_counter() - started
 

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 HistoryPeakPoller(prometheus, state, settings.load_history_interval_seconds,
                                   settings.prometheus_node_label, settings.prometheus_rate_window_seconds,
                                   settings.prometheus_step_seconds,
-                                  lambda result: metrics.history_polls.labels(result).inc()).start()
+                                  lambda result: metrics.history_polls.labels(result).inc(),
+                                  settings.prometheus_node_cpu_query or None).start()
                 WorkloadHistoryPoller(prometheus, state, settings.load_history_interval_seconds,
                                       settings.workload_history_window_seconds,
                                       settings.prometheus_rate_window_seconds, settings.prometheus_step_seconds,

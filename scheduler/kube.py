@@ -275,8 +275,8 @@ class _PrometheusPoller:
 
 
 class HistoryPeakPoller(_PrometheusPoller):
-    """Each node's cpu maximum over ``LoadConfig.history_peak_seconds`` (node-exporter's series):
-    one query a read, however many nodes."""
+    """Each node's cpu maximum over ``LoadConfig.history_peak_seconds`` (node-exporter's series,
+    or the node cpu query configured): one query a read, however many nodes."""
 
     name = "history-peak-poller"
     what = "node history"
@@ -284,12 +284,13 @@ class HistoryPeakPoller(_PrometheusPoller):
 
     def __init__(self, prometheus: PrometheusAPI, state: ClusterState, interval: float, node_label: str,
                  rate_window: float, step: float,
-                 on_poll: Callable[[str], None] = lambda result: None) -> None:
+                 on_poll: Callable[[str], None] = lambda result: None, cpu_query: str | None = None) -> None:
         super().__init__(prometheus, state, interval, on_poll)
         self._label = node_label
         self._naming = NodeNaming(node_label, "the peak watermark reads the extender's own samples")
-        self._unchecked_rate = ("node-exporter", rate_window)
-        cpu = node_expressions(node_label, rate_window)["cpu"]
+        # A node cpu query of the user's own (a recording rule) rates nothing here.
+        self._unchecked_rate = None if cpu_query else ("node-exporter", rate_window)
+        cpu = node_expressions(node_label, rate_window, cpu_query=cpu_query)["cpu"]
         self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
                       f"{duration(step)}])")
 

@@ -393,6 +393,84 @@ def test_hot_time_takes_three_queries_whatever_the_node_sizes(tmp_path):
         server.stop()
 
 
+def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not_kept(tmp_path, caplog):
+    """A long-term store keeping each node's cpu as kube-prometheus's recording rule
+    (``instance:node_cpu:rate:sum``, cores by instance) and not node-exporter's per-cpu counters:
+    without OVERSALE_PROMETHEUS_NODE_CPU_QUERY no node has cpu history; with it the node
+    statistics, the hot-time account and the peaks read the rule's series, and the rate window is
+    checked against cAdvisor's counters alone (the rule rated node-exporter's with its own)."""
+    end = time.time() - 120
+    recorded = Family("instance:node_cpu:rate:sum", "gauge")
+    node_total = Family("node_memory_MemTotal_bytes", "gauge")
+    node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+    container_cpu = Family("container_cpu_usage_seconds_total", "counter")
+    container_cpu.series.append(({"namespace": NS, "pod": "web-5d8f9-abcde", "container": "app",
+                                  "id": "/kubepods/web/app"}, lambda t: 0.25))
+    # "hot" ran 6 cores for the last 2 hours and 2 before; "calm" 1 core throughout.
+    for name, cores in (("hot", lambda t: 6.0 if t > end - 2 * HOUR else 2.0), ("calm", lambda t: 1.0)):
+        instance = {"instance": f"{name}:9100", "job": "node-exporter"}
+        recorded.series.append((instance, cores))
+        node_total.series.append((instance, lambda t: 32e9))
+        node_available.series.append((instance, lambda t: 24e9))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [recorded, node_total, node_available, container_cpu], end - 86400, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        def reader(**extra: str) -> PrometheusHistory:
+            return PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
+                                                                      "OVERSALE_PROMETHEUS_STEP": "1m", **extra}))
+
+        assert reader().node_stats(86400, 0.99) == {}, "node-exporter's counters are not there"
+        history = reader(OVERSALE_PROMETHEUS_NODE_CPU_QUERY="instance:node_cpu:rate:sum")
+        with caplog.at_level("WARNING"):
+            history.check_rate_window()
+        assert history.queries == 1, "cAdvisor's counters alone are checked"
+        stats = history.node_stats(86400, 0.5)
+        assert stats["hot"].cpu.quantile == pytest.approx(2000) and stats["calm"].cpu.quantile == pytest.approx(1000)
+        assert stats["hot"].memory.quantile == pytest.approx(8e9)
+        assert history.node_peaks(86400)["hot"]["cpu"] == pytest.approx(6000)
+        real = {name: {"cpu": 4000.0, "memory": 30e9} for name in ("hot", "calm")}
+        day = history.node_hot_time([86400], real)[0]
+        # 2 hours of the day's 24 at 1-minute steps above the real 4 cores: 120 samples, give or take one.
+        assert day["hot"]["cpu"].hot_samples == pytest.approx(120, abs=1)
+        assert day["hot"]["cpu"].samples == pytest.approx(1440, abs=2)
+        assert day["calm"]["cpu"].hot_samples == 0 and day["hot"]["memory"].hot_samples == 0
+    finally:
+        server.stop()
+
+
+def test_node_reads_timing_out_on_node_exporters_counters_say_what_to_set(tmp_path):
+    """Rating every cpu's counters at every step is what makes node reads slow at scale (a node of
+    16 cpus has 128 counters): a node read Prometheus timed out says so and names
+    OVERSALE_PROMETHEUS_NODE_CPU_QUERY and OVERSALE_PROMETHEUS_TIMEOUT. A timeout in fractions of
+    a second is one Prometheus accepts."""
+    end = time.time() - 120
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    for cpu in range(16):
+        for mode in ("user", "system", "nice", "irq", "softirq", "idle", "iowait", "steal"):
+            node_cpu.series.append(({"instance": "node-1:9100", "cpu": str(cpu), "mode": mode},
+                                    lambda t, m=mode: 0.5 if m == "idle" else 0.1))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [node_cpu], end - 86400, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        # A millisecond: Prometheus gives up inside the evaluation, as it does at its 30 s on a
+        # large cluster's week.
+        hurried = PrometheusHistory(server.url, timeout=0.001, resolution=60)
+        with pytest.raises(HistoryUnavailable) as raised:
+            hurried.node_stats(86400, 0.99)
+        assert "context deadline exceeded" in str(raised.value) or "timed out" in str(raised.value)
+        assert ("read a recording rule of each node's cores instead with OVERSALE_PROMETHEUS_NODE_CPU_QUERY "
+                "(kube-prometheus-stack records instance:node_cpu:rate:sum), or raise OVERSALE_PROMETHEUS_TIMEOUT"
+                in str(raised.value))
+        # A timeout in fractions of a second reaches Prometheus as one it reads (2500ms; "2.5s" was
+        # refused with a 400, every query of the pass with it).
+        stats = PrometheusHistory(server.url, timeout=2.5, resolution=60).node_stats(86400, 0.99)
+        assert stats["node-1"].cpu.quantile == pytest.approx(16 * 5 * 0.1 * 1000), "in time, the same read answers"
+    finally:
+        server.stop()
+
+
 def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figures_of_each_window_alone(
         tmp_path, caplog):
     """The account's windows nest (1 and 7 days; here 6 and 24 hours): each count is one range

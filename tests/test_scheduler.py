@@ -781,16 +781,19 @@ def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
 def node_history(tmp_path_factory) -> Iterator[PrometheusServer]:
     """A real Prometheus holding node-exporter's cpu counters of the last 8 hours for two nodes of
     16 real cores: "burst" ran 15.2 cores (95%) for half an hour three hours ago and 4.8 cores
-    otherwise; "calm" ran 4.8 cores throughout."""
+    otherwise; "calm" ran 4.8 cores throughout. The same cores are also recorded as a rule would."""
     directory = tmp_path_factory.mktemp("node-history")
     end = time.time() - 60
     burst = (end - 3 * 3600, end - 2.5 * 3600)
     family = Family("node_cpu_seconds_total", "counter")
+    # The same cores as kube-prometheus's recording rule keeps them, one series per node.
+    recorded = Family("instance:node_cpu:rate:sum", "gauge")
     for name, busy in (("burst", lambda t: 15.2 if burst[0] <= t < burst[1] else 4.8), ("calm", lambda t: 4.8)):
         family.series.append(({"instance": f"{name}:9100", "cpu": "0", "mode": "user"}, busy))
         family.series.append(({"instance": f"{name}:9100", "cpu": "0", "mode": "idle"}, lambda t, b=busy: 16 - b(t)))
+        recorded.series.append(({"instance": f"{name}:9100"}, busy))
     path = directory / "nodes.om"
-    write_openmetrics(path, [family], end - 8 * 3600, end, 60)
+    write_openmetrics(path, [family, recorded], end - 8 * 3600, end, 60)
     server = PrometheusServer(directory, path)
     yield server
     server.stop()
@@ -1042,6 +1045,27 @@ def test_a_rate_window_of_fewer_than_4_scrapes_is_told_once_by_the_extender(node
     assert [r.getMessage() for r in caplog.records] == [
         "node-exporter's cpu counters are scraped every 60s, and OVERSALE_PROMETHEUS_RATE_WINDOW (120s) holds 2 of "
         "their samples: one missed scrape leaves a gap in the history; set it to 4 scrape intervals at least (4m)"]
+
+
+def test_the_extender_reads_a_node_cpu_recording_rule_where_one_is_configured(node_history, caplog):
+    """OVERSALE_PROMETHEUS_NODE_CPU_QUERY: the peak watermark's history is the configured query's
+    (kube-prometheus's ``instance:node_cpu:rate:sum``, in cores), the same peaks as node-exporter's
+    counters give; and no rate-window warning, as the extender rates no counter for it."""
+    def peaks(cpu_query: str | None) -> dict[str, float]:
+        state = ClusterState(KEYS, load_config=LoadConfig(history_peak_seconds=6 * 3600))
+        for name in ("burst", "calm"):
+            state.set_node(name, node(name))
+        poller = HistoryPeakPoller(PrometheusAPI(node_history.url), state, 1, "instance", 120, 60,
+                                   cpu_query=cpu_query)
+        assert poller.poll_once() and poller.poll_once()
+        return {name: peak for name, (peak, _) in state._history_peaks.items()}
+
+    with caplog.at_level("WARNING", logger="kube.prometheus"):
+        ruled = peaks("instance:node_cpu:rate:sum")
+        assert not caplog.records, "nothing is rated, so no rate window is checked"
+        assert peaks("no_such:rule") == {}, "the configured query is the one read"
+    assert ruled == pytest.approx({"burst": 15200, "calm": 4800})
+    assert ruled == pytest.approx(peaks(None), rel=0.02)
 
 
 @pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
