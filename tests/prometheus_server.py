@@ -19,6 +19,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from kube.probes import AnsweringHandler
+from oversale.timestamps import parse_go_duration
 from tests.conftest import free_port, stop_process, wait_until_serving
 
 Series = (tuple[dict[str, str], Callable[[float], float]] | tuple[dict[str, str], Callable[[float], float], float]
@@ -230,18 +231,11 @@ def step_aligning_proxy(upstream: str) -> AnsweringServer:
 
     def align(path: str, form: dict[str, str]) -> dict[str, str]:
         if path.endswith("/query_range"):
-            step = _seconds(form["step"])
+            step = parse_go_duration(form["step"])  # as the client sends it: 86400000ms
             form = {**form, **{edge: f"{float(form[edge]) // step * step:.3f}" for edge in ("start", "end")}}
         return form
 
     return _proxy(upstream, align)
-
-
-def _seconds(text: str) -> float:
-    """An HTTP API duration parameter as the client sends them (``300000ms``, ``300s``, ``300``)."""
-    if text.endswith("ms"):
-        return float(text[:-2]) / 1000
-    return float(text.removesuffix("s"))
 
 
 def _proxy(upstream: str, rewrite: Callable[[str, dict[str, str]], dict[str, str] | None]) -> AnsweringServer:
