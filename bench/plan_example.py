@@ -1,6 +1,7 @@
 """A worked example of ``python -m reconcilers plan`` on real usage: Bitbrains VMs as Pods.
 
   python -m bench.plan_example [--vms 60] [--days 14] [--scrape 60] [--peaks] [--out plan-example]
+                              [--phases 0,60,120,180,240]
 
 The first ``--vms`` VMs of the shared Bitbrains July 2013 trace become Pods of a cluster (three
 namespaces, one ReplicaSet each, spread over nodes of 32 cores and 256 GiB in one GKE node pool).
@@ -9,13 +10,17 @@ end now, the cpu counter scraped every ``--scrape`` seconds (each 5-minute readi
 its slot) and the gauges every 5 minutes, turned into TSDB blocks with ``promtool``, served by a
 real Prometheus, and the plan runs against it as it would against a cluster's (scraped every
 minute, the plan reads 5-minute averages, as the trace holds). docs/reconcilers.md shows the
-result; the time and peak resident memory of the plan itself are printed (docs/performance.md).
+result; the time and peak resident memory of the plan itself are printed (docs/performance.md),
+once Prometheus has compacted promtool's 2-hour blocks.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
+import gzip
+import json
 import math
 import subprocess
 import sys
@@ -44,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds between the exporters' samples (a trace slot is 300)")
     parser.add_argument("--peaks", action="store_true", help="run the plan with --peaks")
     parser.add_argument("--out", type=Path, default=Path("plan-example"))
+    parser.add_argument("--phases", default="", metavar="SECONDS,...",
+                        help="run the plan once for each: where its 5-minute steps end, in seconds into the trace's "
+                             "5-minute slots (each reading is held through its slot, so a step that straddles two "
+                             "averages them); one report each under --out/phase-N. Default: once, at once")
     args = parser.parse_args(argv)
     workloads = read_trace(TRACE)
     origin = min(int(w.slots[0]) for w in workloads)
@@ -95,27 +104,69 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(chosen)} VMs as Pods over {args.days} days: {samples:,} samples", flush=True)
         server = PrometheusServer(Path(directory), path)
         try:
-            started = time.perf_counter()
-            # The history ended when it was written, promtool's minutes ago: the plan reads that much
-            # more, as it would read a cluster's history up to now.
-            days = math.ceil((args.days + (time.time() - end) / 86400) * 100) / 100
-            child = subprocess.Popen([sys.executable, "-m", "reconcilers", "plan", "--prometheus", server.url,
-                                      "--days", f"{days:g}", "--out", str(args.out),
-                                      *(["--peaks"] if args.peaks else [])], cwd=ROOT)
-            # The plan's own peak: VmHWM, which exec starts afresh (a child's ru_maxrss also counts
-            # the pages it shared with this process before exec, and this one holds the trace).
-            peak_kib = 0
-            while child.poll() is None:
-                with contextlib.suppress(OSError):  # exited meanwhile
-                    peak_kib = max(peak_kib, status_kib(child.pid, "VmHWM"))
-                time.sleep(0.1)
-            if child.returncode:
-                raise subprocess.CalledProcessError(child.returncode, child.args)
-            print(f"plan took {time.perf_counter() - started:.0f}s, "
-                  f"peak resident memory {peak_kib / 1024:.0f} MB (sampled every 0.1 s)")
+            # A cluster's Prometheus holds days in a few blocks, not promtool's 2-hour ones.
+            blocks = server.wait_for_compaction()
+            print(f"Prometheus compacted {blocks[0]} blocks into {blocks[1]}", flush=True)
+            phases: list[float | None] = [float(phase) % SLOT for phase in args.phases.split(",") if phase] or [None]
+            launch = 2.0  # seconds from starting the plan to the moment it reads the clock; learnt below
+            rows = []
+            for phase in phases:
+                # The history ended when it was written, promtool's (and the compaction's) minutes
+                # ago: the plan reads that much more (and a slot's), as it would read a cluster's
+                # history up to now.
+                days = math.ceil((args.days + (time.time() + SLOT - end) / 86400) * 100) / 100
+                # Its steps are `days` before the moment it reads the clock, and every step after.
+                grid = days * 86400 - launch + start
+                if phase is not None:
+                    time.sleep((phase - (time.time() - grid)) % SLOT)
+                out = args.out if len(phases) == 1 else args.out / f"phase-{phase:g}"
+                launched = time.time()
+                seconds, peak_kib = run_plan(server.url, days, out, args.peaks)
+                first = read_first_timestamp(out)
+                got = (first - start) % SLOT
+                launch = (first + days * 86400 - launched) % SLOT
+                print(f"plan took {seconds:.0f}s, peak resident memory {peak_kib / 1024:.0f} MB (sampled every "
+                      f"0.1 s); its 5-minute steps end {got:.0f}s into the trace's 5-minute slots", flush=True)
+                rows.append((got, hot_times(out)))
+            if len(rows) > 1:
+                budgets = [budget for budget, _ in rows[0][1]]
+                print("realised cpu hot time (all replayed days) at each budget, by where the steps end in the slots:")
+                print("phase  " + "  ".join(f"{budget:>7.2%}" for budget in budgets))
+                for got, sweep in sorted(rows):
+                    print(f"{got:4.0f}s  " + "  ".join(f"{hot:7.3%}" for _, hot in sweep))
         finally:
             server.stop()
     return 0
+
+
+def run_plan(url: str, days: float, out: Path, peaks: bool) -> tuple[float, int]:
+    """``python -m reconcilers plan`` on the last ``days`` of history: its time and its peak
+    resident memory in KiB."""
+    started = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "reconcilers", "plan", "--prometheus", url,
+                              "--days", f"{days:g}", "--out", str(out), *(["--peaks"] if peaks else [])], cwd=ROOT)
+    # The plan's own peak: VmHWM, which exec starts afresh (a child's ru_maxrss also counts the
+    # pages it shared with this process before exec, and this one holds the trace).
+    peak_kib = 0
+    while child.poll() is None:
+        with contextlib.suppress(OSError):  # exited meanwhile
+            peak_kib = max(peak_kib, status_kib(child.pid, "VmHWM"))
+        time.sleep(0.1)
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, child.args)
+    return time.perf_counter() - started, peak_kib
+
+
+def read_first_timestamp(out: Path) -> int:
+    """The first step of the history the plan wrote for its one pool."""
+    with gzip.open(out / "general" / "history.csv.gz", "rt") as history:
+        return int(next(csv.DictReader(history))["timestamp_s"])
+
+
+def hot_times(out: Path) -> list[tuple[float, float]]:
+    """(budget, realised cpu hot time over every replayed day) of the pool's budget sweep."""
+    summary = json.loads((out / "general" / "summary.json").read_text())
+    return [(row["hot_time_budget"], row["cpu_violation_rate"]) for row in summary["budget_sweep"]]
 
 
 if __name__ == "__main__":

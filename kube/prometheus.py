@@ -417,6 +417,28 @@ CPU_COUNTERS = {"cAdvisor": f"container_cpu_usage_seconds_total{APP_CONTAINERS}"
                 "node-exporter": "node_cpu_seconds_total"}
 """The cpu counters whose ``rate()`` the history reads, by exporter."""
 
+SLOW_NODE_CPU_HINT = ("node-exporter's cpu counters, one per cpu and mode, rated at every step of the window, are "
+                      "most of what these queries evaluate: read a recording rule of each node's cores instead with "
+                      "OVERSALE_PROMETHEUS_NODE_CPU_QUERY (kube-prometheus-stack records instance:node_cpu:rate:sum), "
+                      "or raise OVERSALE_PROMETHEUS_TIMEOUT")
+
+
+def explained(error: PrometheusUnavailable, query: str) -> str:
+    """``error`` as one line; where ``query`` rated node-exporter's cpu counters and timed out, with
+    what makes it slow and what to set. A node of 16 cpus publishes 128 counters (80 in the modes
+    read): 26 hours of 500 such nodes took this Prometheus a minute a pass
+    (``bench.reconcile_scale --node-cpus 16``), where a recording rule took about a second.
+
+    >>> timed_out = QueryTimedOut("prometheus answered 503: query timed out")
+    >>> explained(timed_out, "sum(rate(node_cpu_seconds_total[5m]))")[:70]
+    "prometheus answered 503: query timed out (node-exporter's cpu counters"
+    >>> explained(timed_out, "instance:node_cpu:rate:sum")
+    'prometheus answered 503: query timed out'
+    """
+    if isinstance(error, QueryTimedOut) and CPU_COUNTERS["node-exporter"] in query:
+        return f"{error} ({SLOW_NODE_CPU_HINT})"
+    return str(error)
+
 
 def scrape_interval(api: PrometheusAPI, series: str, at: float) -> float | None:
     """How often ``series`` (a series selector) is scraped, in seconds: half an hour over the

@@ -29,10 +29,10 @@ from kube.prometheus import (
     PrometheusAccess,
     PrometheusAPI,
     PrometheusUnavailable,
-    QueryTimedOut,
     QueryTooLarge,
     Series,
     duration,
+    explained,
     node_expressions,
     node_matcher,
     node_name,
@@ -46,11 +46,6 @@ from oversale.settings import Settings
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
-
-SLOW_NODE_CPU_HINT = ("node-exporter's cpu counters, one per cpu and mode, rated at every step of the window, are "
-                      "most of what these queries evaluate: read a recording rule of each node's cores instead with "
-                      "OVERSALE_PROMETHEUS_NODE_CPU_QUERY (kube-prometheus-stack records instance:node_cpu:rate:sum), "
-                      "or raise OVERSALE_PROMETHEUS_TIMEOUT")
 
 
 @dataclass
@@ -290,8 +285,7 @@ class PrometheusHistory:
         """What is asked inside, one query (``counted``) whose time is taken as waiting for
         Prometheus; Prometheus unavailable raised as HistoryUnavailable, except QueryTooLarge where
         the caller can split the query (``splittable``). A ``query`` rating node-exporter's cpu
-        counters that timed out says what makes it slow and what to set: 26 hours of 500 nodes of
-        16 cpus took this Prometheus a minute a pass (``bench.reconcile_scale --node-cpus 16``)."""
+        counters that timed out says what makes it slow and what to set (:func:`explained`)."""
         if counted:
             self.queries += 1
         started = time.perf_counter()
@@ -300,8 +294,7 @@ class PrometheusHistory:
         except PrometheusUnavailable as error:
             if splittable and isinstance(error, QueryTooLarge):
                 raise
-            slow_counters = isinstance(error, QueryTimedOut) and CPU_COUNTERS["node-exporter"] in query
-            raise HistoryUnavailable(f"{error} ({SLOW_NODE_CPU_HINT})" if slow_counters else str(error)) from None
+            raise HistoryUnavailable(explained(error, query)) from None
         finally:
             self.query_seconds += time.perf_counter() - started
 

@@ -24,6 +24,7 @@ from kube.prometheus import (
     PrometheusUnavailable,
     controller_query,
     duration,
+    explained,
     node_expressions,
     node_name,
     pod_mean_expressions,
@@ -251,12 +252,16 @@ class _PrometheusPoller:
     def _read(self, now: float) -> None:
         raise NotImplementedError
 
+    def _explained(self, error: PrometheusUnavailable) -> str:
+        return str(error)
+
     def poll_once(self) -> bool:
         try:
             self._read(time.time())
         except PrometheusUnavailable as error:
             if not self._failing:
-                log.warning("%s not readable from Prometheus (%s); %s", self.what, error, self.meanwhile)
+                log.warning("%s not readable from Prometheus (%s); %s", self.what, self._explained(error),
+                            self.meanwhile)
             self._failing = True
             self._on_poll("error")
             return False
@@ -293,6 +298,9 @@ class HistoryPeakPoller(_PrometheusPoller):
         cpu = node_expressions(node_label, rate_window, cpu_query=cpu_query)["cpu"]
         self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
                       f"{duration(step)}])")
+
+    def _explained(self, error: PrometheusUnavailable) -> str:
+        return explained(error, self.query)
 
     def _read(self, now: float) -> None:
         read = self._prometheus.instant(self.query, now, (self._label,))

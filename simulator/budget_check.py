@@ -53,7 +53,7 @@ from oversale.quantity import CPU
 from oversale.settings import Settings
 from simulator.cli import OneLineParser, hot_time_budget, trace_failed
 from simulator.policies import BUDGET_SWEEP, BudgetAccount, ours_ratio, usage_stats
-from simulator.report import hot_time_interval
+from simulator.report import hot_time_interval, interval_text
 from simulator.trace import DAY, MILLI, TraceError
 
 NODE_FORMATS = ("alibaba-machines", "node-generic")
@@ -193,9 +193,8 @@ def format_table(results: Sequence[tuple[BudgetResult, BudgetResult]]) -> str:
     def cell(result: BudgetResult) -> str:
         if not result.hot.samples:
             return "no node-day with a day of history | -"
-        interval = result.interval or [0.0, 0.0]
         return (f"{result.hot.share:.3%} ({result.hot.share / result.budget:.2f}x) | "
-                f"{interval[0]:.3%}..{interval[1]:.3%}")
+                f"{interval_text(result.interval or [0.0, 0.0])}")
     lines = ["| cpu budget | oversold node-days | mean ratio | realised (x budget) | days like these "
              "| estimator alone: realised (x budget) | days like these |",
              "| --- | --- | --- | --- | --- | --- | --- |"]

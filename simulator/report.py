@@ -60,8 +60,8 @@ def summary(result: Result, systems: list[System]) -> list[dict[str, Any]]:
 def budget_sweep(rows: list[dict[str, Any]], daily: dict[str, list[dict[str, Any]]] | None = None
                  ) -> list[dict[str, Any]]:
     """Our whole system at each cpu hot-time budget: what it freed and the hot time it realised
-    (overall, and each split apart), by budget; with ``daily``, each split's
-    ``cpu_violation_interval`` too (:func:`hot_time_interval`)."""
+    (overall, and each split apart), by budget; with ``daily``, the ``cpu_violation_interval`` of
+    every replayed day and of each split apart too (:func:`hot_time_interval`)."""
     def pick(scope: dict[str, Any]) -> dict[str, Any]:
         return {k: scope[k] for k in ("capacity_freed", "cpu_violation_rate", "memory_violation_rate", AT_PEAKS)
                 if k in scope}
@@ -72,20 +72,22 @@ def budget_sweep(rows: list[dict[str, Any]], daily: dict[str, list[dict[str, Any
         entry = {"hot_time_budget": row["hot_time_budget"], "policy": row["policy"], **pick(row),
                  **{split: pick(row[split]) for split in SPLITS}}
         if daily and row["policy"] in daily:
+            entry["cpu_violation_interval"] = hot_time_interval(daily[row["policy"]], None)
             for split in SPLITS:
                 entry[split]["cpu_violation_interval"] = hot_time_interval(daily[row["policy"]], split)
         sweep.append(entry)
     return sweep
 
 
-def hot_time_interval(days: list[dict[str, Any]], split: str, resource: str = "cpu", level: float = 0.9,
+def hot_time_interval(days: list[dict[str, Any]], split: str | None, resource: str = "cpu", level: float = 0.9,
                       resamples: int = 2000, seed: int = 0) -> list[float] | None:
-    """How far a split's realised hot time could have fallen on other days like these: the
-    ``level`` interval of the hot time over the split's days drawn again with replacement (a
-    bootstrap over days, seeded, so a rerun prints the same). Hot time comes in events that last
-    hours and hit one or two days, so a budget of 0.1% over two weeks is a handful of node-hours:
-    this interval says how much one event more or less moves the figure. None without days."""
-    chosen = [d for d in days if d["split"] == split]
+    """How far a split's realised hot time (``split`` None: every day's) could have fallen on
+    other days like these: the ``level`` interval of the hot time over the split's days drawn
+    again with replacement (a bootstrap over days, seeded, so a rerun prints the same). Hot time
+    comes in events that last hours and hit one or two days, so a budget of 0.1% over two weeks is
+    a handful of node-hours: this interval says how much one event more or less moves the figure.
+    None without days."""
+    chosen = [d for d in days if split is None or d["split"] == split]
     if not chosen:
         return None
     hot = np.array([d[f"{resource}_hot_samples"] for d in chosen], dtype=np.float64)
@@ -94,6 +96,15 @@ def hot_time_interval(days: list[dict[str, Any]], split: str, resource: str = "c
     shares = hot[draws].sum(axis=1) / np.maximum(samples[draws].sum(axis=1), 1)
     low, high = np.quantile(shares, [(1 - level) / 2, (1 + level) / 2])
     return [round(float(low), 6), round(float(high), 6)]
+
+
+def interval_text(interval: list[float] | None) -> str:
+    """An interval of :func:`hot_time_interval` as the reports print it.
+
+    >>> interval_text([0.0, 0.01799]), interval_text(None)
+    ('0.000%..1.799%', '-')
+    """
+    return "-" if interval is None else f"{interval[0]:.3%}..{interval[1]:.3%}"
 
 
 def variants_against_curve(rows: list[dict[str, Any]], daily: dict[str, list[dict[str, Any]]], split: str,
@@ -360,7 +371,7 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
                 times = f"{realised / entry['hot_time_budget']:.2f}x" if entry["hot_time_budget"] else "-"
                 interval = entry[split].get("cpu_violation_interval")
                 cells += [f"{entry[split]['capacity_freed']:.1%}", f"{realised:.3%} ({times})",
-                          "-" if interval is None else f"{interval[0]:.3%}..{interval[1]:.3%}"]
+                          interval_text(interval)]
             lines.append(f"| {entry['hot_time_budget']:.2%} | " + " | ".join(cells) + " |")
         lines += ["", "![realised hot time against the budget](budget_kept.png)", ""]
     lines += peaks_table(rows, data)

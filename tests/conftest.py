@@ -252,6 +252,26 @@ def webhook_no_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def sixteen_cpu_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Prometheus holding a day of node-exporter's cpu counters for one node, ``node-1:9100``,
+    as node-exporter publishes them: one per cpu and mode, 16 cpus x 8 modes, each cpu 10% busy in
+    each of the 5 modes read (so 8 cores in use)."""
+    from tests.prometheus_server import Family, PrometheusServer, write_openmetrics  # it imports this module
+    end = time.time() - 120
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    for cpu in range(16):
+        for mode in ("user", "system", "nice", "irq", "softirq", "idle", "iowait", "steal"):
+            node_cpu.series.append(({"instance": "node-1:9100", "cpu": str(cpu), "mode": mode},
+                                    lambda t, m=mode: 0.5 if m == "idle" else 0.1))
+    directory = tmp_path_factory.mktemp("sixteen-cpus")
+    history = directory / "history.om"
+    write_openmetrics(history, [node_cpu], end - 86400, end, 60)
+    server = PrometheusServer(directory, history)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def kube_api() -> Iterator[FakeKubeAPI]:
     api = FakeKubeAPI().start()

@@ -132,6 +132,17 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
         {p.name for p in report.iterdir()}
     text = (tmp_path / "plan" / "plan.md").read_text()
     assert "Pool `general`" in text and "| shop |" in text and "(general/report.md)" in text
+    # Each budget's hot time with how far one hot event more or less moves it (over every replayed
+    # day, as the figure itself), and the chosen budget's in the headline.
+    for entry in sweep:
+        low, high = entry["cpu_violation_interval"]
+        assert low <= entry["cpu_violation_rate"] <= high
+        assert (f"| {entry['hot_time_budget']:.2%} | {entry['capacity_freed']:.1%} | "
+                f"{entry['cpu_violation_rate']:.3%} | {low:.3%}..{high:.3%} |") in text
+    chosen = next(entry for entry in sweep if entry["hot_time_budget"] == 0.01)
+    low, high = chosen["cpu_violation_interval"]
+    assert (f"at a realised cpu hot time of {chosen['cpu_violation_rate']:.3%}; on days like these, "
+            f"{low:.3%}..{high:.3%}.") in text
     assert f"history (read from Prometheus at {cluster_prometheus.url})" in text
 
 

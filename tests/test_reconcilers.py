@@ -439,36 +439,24 @@ def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not
         server.stop()
 
 
-def test_node_reads_timing_out_on_node_exporters_counters_say_what_to_set(tmp_path):
+def test_node_reads_timing_out_on_node_exporters_counters_say_what_to_set(sixteen_cpu_node):
     """Rating every cpu's counters at every step is what makes node reads slow at scale (a node of
     16 cpus has 128 counters): a node read Prometheus timed out says so and names
     OVERSALE_PROMETHEUS_NODE_CPU_QUERY and OVERSALE_PROMETHEUS_TIMEOUT. A timeout in fractions of
     a second is one Prometheus accepts."""
-    end = time.time() - 120
-    node_cpu = Family("node_cpu_seconds_total", "counter")
-    for cpu in range(16):
-        for mode in ("user", "system", "nice", "irq", "softirq", "idle", "iowait", "steal"):
-            node_cpu.series.append(({"instance": "node-1:9100", "cpu": str(cpu), "mode": mode},
-                                    lambda t, m=mode: 0.5 if m == "idle" else 0.1))
-    history = tmp_path / "history.om"
-    write_openmetrics(history, [node_cpu], end - 86400, end, 60)
-    server = PrometheusServer(tmp_path, history)
-    try:
-        # A millisecond: Prometheus gives up inside the evaluation, as it does at its 30 s on a
-        # large cluster's week.
-        hurried = PrometheusHistory(server.url, timeout=0.001, resolution=60)
-        with pytest.raises(HistoryUnavailable) as raised:
-            hurried.node_stats(86400, 0.99)
-        assert "context deadline exceeded" in str(raised.value) or "timed out" in str(raised.value)
-        assert ("read a recording rule of each node's cores instead with OVERSALE_PROMETHEUS_NODE_CPU_QUERY "
-                "(kube-prometheus-stack records instance:node_cpu:rate:sum), or raise OVERSALE_PROMETHEUS_TIMEOUT"
-                in str(raised.value))
-        # A timeout in fractions of a second reaches Prometheus as one it reads (2500ms; "2.5s" was
-        # refused with a 400, every query of the pass with it).
-        stats = PrometheusHistory(server.url, timeout=2.5, resolution=60).node_stats(86400, 0.99)
-        assert stats["node-1"].cpu.quantile == pytest.approx(16 * 5 * 0.1 * 1000), "in time, the same read answers"
-    finally:
-        server.stop()
+    # A millisecond: Prometheus gives up inside the evaluation, as it does at its 30 s on a large
+    # cluster's week.
+    hurried = PrometheusHistory(sixteen_cpu_node.url, timeout=0.001, resolution=60)
+    with pytest.raises(HistoryUnavailable) as raised:
+        hurried.node_stats(86400, 0.99)
+    assert "context deadline exceeded" in str(raised.value) or "timed out" in str(raised.value)
+    assert ("read a recording rule of each node's cores instead with OVERSALE_PROMETHEUS_NODE_CPU_QUERY "
+            "(kube-prometheus-stack records instance:node_cpu:rate:sum), or raise OVERSALE_PROMETHEUS_TIMEOUT"
+            in str(raised.value))
+    # A timeout in fractions of a second reaches Prometheus as one it reads (2500ms; "2.5s" was
+    # refused with a 400, every query of the pass with it).
+    stats = PrometheusHistory(sixteen_cpu_node.url, timeout=2.5, resolution=60).node_stats(86400, 0.99)
+    assert stats["node-1"].cpu.quantile == pytest.approx(16 * 5 * 0.1 * 1000), "in time, the same read answers"
 
 
 def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figures_of_each_window_alone(

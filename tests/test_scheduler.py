@@ -1068,6 +1068,28 @@ def test_the_extender_reads_a_node_cpu_recording_rule_where_one_is_configured(no
     assert ruled == pytest.approx(peaks(None), rel=0.02)
 
 
+def test_an_extender_peak_read_timing_out_on_node_exporters_counters_says_what_to_set(sixteen_cpu_node, caplog):
+    """The peak watermark's read rates every cpu's counters too (128 on a node of 16 cpus): when
+    Prometheus times it out, the warning names OVERSALE_PROMETHEUS_NODE_CPU_QUERY and
+    OVERSALE_PROMETHEUS_TIMEOUT, as the reconcilers' does; in time, the same read gives the peak."""
+    def poll(timeout: float) -> tuple[bool, ClusterState]:
+        state = ClusterState(KEYS, load_config=LoadConfig(history_peak_seconds=6 * 3600))
+        state.set_node("node-1", node("node-1"))
+        poller = HistoryPeakPoller(PrometheusAPI(sixteen_cpu_node.url, timeout), state, 1, "instance", 240, 60)
+        return poller.poll_once(), state
+
+    with caplog.at_level("WARNING", logger="scheduler.kube"):
+        read, state = poll(0.001)
+    assert not read and state._history_peaks == {}
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("node history not readable from Prometheus (prometheus at ")
+    assert ("read a recording rule of each node's cores instead with OVERSALE_PROMETHEUS_NODE_CPU_QUERY "
+            "(kube-prometheus-stack records instance:node_cpu:rate:sum), or raise OVERSALE_PROMETHEUS_TIMEOUT)"
+            in warning)
+    read, state = poll(2.5)
+    assert read and state._history_peaks["node-1"][0] == pytest.approx(16 * 5 * 0.1 * 1000)
+
+
 @pytest.mark.parametrize(("body", "raw"), GARBAGE_ANSWERS)
 def test_a_prometheus_answering_garbage_changes_no_node_and_no_workload(body, raw):
     server = garbage_prometheus(body, raw=raw)

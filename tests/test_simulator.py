@@ -675,6 +675,9 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
         variants = {v["system"]: v for v in data["variants_against_curve"][split]}
         assert set(variants) == {"oversale+load-aware", "oversale+remediation"}
         assert variants["oversale+remediation"]["adds"] == ["remediation"]
+    # And over every replayed day, the figure the plan shows.
+    low, high = data["budget_sweep"][0]["cpu_violation_interval"]
+    assert low <= data["budget_sweep"][0]["cpu_violation_rate"] <= high
     report = (out_dir / "report.md").read_text()
     assert "## Holdout days" in report and "## Tuning days" in report
     assert "## Where the hot time came from" in report and "### At each budget, against every peer" in report
@@ -903,3 +906,6 @@ def test_the_hot_time_interval_spans_the_days_with_and_without_a_burst():
     assert hot_time_interval(days, "holdout") == [low, high]  # seeded: a rerun prints the same
     assert hot_time_interval([quiet] * 5, "holdout") == [0.0, 0.0]
     assert hot_time_interval(days, "nowhere") is None
+    # Every day (the split None): the tuning day, 90% hot, counts too.
+    every_low, every_high = hot_time_interval(days, None)
+    assert every_low <= 940 / 15000 < every_high and every_high > 2 * high
