@@ -257,3 +257,60 @@ def _proxy(upstream: str, rewrite: Callable[[str, dict[str, str]], dict[str, str
                 self.send(response.status, response.read())
 
     return _serve(Proxy, [])
+
+
+class VictoriaMetricsServer:
+    """A real VictoriaMetrics (Debian package victoria-metrics), the Prometheus-compatible store
+    many clusters keep their history in instead: the same OpenMetrics history imported through its
+    ``/api/v1/import/prometheus`` (the Prometheus text format, timestamps in milliseconds), then
+    flushed so every sample is searchable. It answers the Prometheus HTTP API with MetricsQL,
+    which reads PromQL with differences of its own (``rate`` without extrapolation, among others)."""
+
+    def __init__(self, workdir: Path, openmetrics: Path) -> None:
+        assert shutil.which("victoria-metrics"), "victoria-metrics is needed (Debian package; .ci/run installs it)"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (workdir / "victoria-metrics.log").open("wb")
+        # -search.latencyOffset=0: by default the last 30 s are left out of answers, as still arriving.
+        self.process = subprocess.Popen(
+            ["victoria-metrics", f"-storageDataPath={workdir / 'victoria-data'}",
+             f"-httpListenAddr=127.0.0.1:{self.port}", "-retentionPeriod=100y", "-search.latencyOffset=0s",
+             "-search.disableCache"], stdout=self.log, stderr=subprocess.STDOUT)
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                return bool(response.status == 200)
+
+        wait_until_serving(self.process, ready, "victoria-metrics", workdir / "victoria-metrics.log", timeout=60)
+        self._import(openmetrics)
+
+    def _import(self, openmetrics: Path) -> None:
+        def lines() -> Iterable[bytes]:
+            with openmetrics.open() as source:
+                for line in source:
+                    if line.startswith("#"):
+                        continue
+                    sample, _, stamp = line.rstrip("\n").rpartition(" ")
+                    yield f"{sample} {int(stamp) * 1000}\n".encode()
+
+        body = b"".join(lines())
+        request = urllib.request.Request(f"{self.url}/api/v1/import/prometheus", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=600) as response:
+            assert response.status == 204, response.read()
+        with urllib.request.urlopen(f"{self.url}/internal/force_flush", timeout=60) as response:
+            assert response.status == 200
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self.log.close()
+
+
+STORES = ("prometheus", "victoria-metrics")
+"""The stores a fixture parametrized by store serves its history from (:func:`serving`)."""
+
+
+def serving(store: str, workdir: Path, openmetrics: Path) -> PrometheusServer | VictoriaMetricsServer:
+    """``openmetrics``' history served by a real ``store`` (one of :data:`STORES`)."""
+    if store == "victoria-metrics":
+        return VictoriaMetricsServer(workdir, openmetrics)
+    return PrometheusServer(workdir, openmetrics)

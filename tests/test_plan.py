@@ -25,6 +25,7 @@ from tests.conftest import ROOT, free_port
 from tests.prometheus_server import (
     Family,
     PrometheusServer,
+    VictoriaMetricsServer,
     garbage_prometheus,
     refusing_proxy,
     write_openmetrics,
@@ -84,12 +85,16 @@ def exporter_families(with_state_metrics: bool = True) -> list[Family]:
     return [requests, owner, info, cpu, memory, allocatable, labels]
 
 
-def backfilled(directory: Path, families: list[Family], days: float, max_samples: int = 50_000_000) -> PrometheusServer:
+def history_file(directory: Path, families: list[Family], days: float) -> Path:
     end = time.time() - 120
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "history.om"
     write_openmetrics(path, families, end - days * 86400, end, STEP)
-    return PrometheusServer(directory, path, max_samples)
+    return path
+
+
+def backfilled(directory: Path, families: list[Family], days: float, max_samples: int = 50_000_000) -> PrometheusServer:
+    return PrometheusServer(directory, history_file(directory, families, days), max_samples)
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +149,29 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     assert (f"at a realised cpu hot time of {chosen['cpu_violation_rate']:.3%}; on days like these, "
             f"{low:.3%}..{high:.3%}.") in text
     assert f"history (read from Prometheus at {cluster_prometheus.url})" in text
+
+
+def test_a_plan_on_victoria_metrics_sets_what_a_plan_on_prometheus_sets(cluster_prometheus, tmp_path):
+    """The same exporters' history kept in VictoriaMetrics instead (its Prometheus API, MetricsQL):
+    the plan reads the same Pods, pools and requests and would set the same ratios (MetricsQL's
+    ``rate`` does not extrapolate: node ratios within 0.02)."""
+    victoria = VictoriaMetricsServer(tmp_path, history_file(tmp_path / "history", exporter_families(), DAYS))
+    try:
+        plans = {}
+        for store, url in (("prometheus", cluster_prometheus.url), ("victoria", victoria.url)):
+            result = plan(url, tmp_path / store)
+            assert result.returncode == 0, result.stderr
+            plans[store] = json.loads((tmp_path / store / "plan.json").read_text())["pools"]
+    finally:
+        victoria.stop()
+    ours, theirs = plans["prometheus"]["general"], plans["victoria"]["general"]
+    assert plans["victoria"].keys() == {"general"} and theirs["pods"] == ours["pods"] == 5
+    assert theirs["namespaces"].keys() == ours["namespaces"].keys()
+    for namespace, totals in ours["namespaces"].items():
+        assert theirs["namespaces"][namespace] == pytest.approx(totals, rel=0.01)
+    assert theirs["ratios"]["workloads"] == pytest.approx(ours["ratios"]["workloads"], rel=0.01)
+    assert [node["cpu"] for node in theirs["ratios"]["nodes"]] == pytest.approx(
+        [node["cpu"] for node in ours["ratios"]["nodes"]], abs=0.02)
 
 
 def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_path):

@@ -32,7 +32,16 @@ from scheduler.protocol import BadRequest, parse_args, parse_binding, parse_pree
 from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord, pod_facts
 from tests.conftest import ROOT, SHARED, eventually, expiry_samples, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
-from tests.prometheus_server import GARBAGE_ANSWERS, Family, PrometheusServer, garbage_prometheus, write_openmetrics
+from tests.prometheus_server import (
+    GARBAGE_ANSWERS,
+    STORES,
+    Family,
+    PrometheusServer,
+    VictoriaMetricsServer,
+    garbage_prometheus,
+    serving,
+    write_openmetrics,
+)
 
 KEYS = AnnotationKeys()
 EXTENDER_PAYLOADS = SHARED / "fixtures" / "extender" / "types_test_payloads.json"
@@ -777,8 +786,8 @@ def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
         api.stop()
 
 
-@pytest.fixture(scope="module")
-def node_history(tmp_path_factory) -> Iterator[PrometheusServer]:
+@pytest.fixture(scope="module", params=STORES)
+def node_history(request, tmp_path_factory) -> Iterator[PrometheusServer | VictoriaMetricsServer]:
     """A real Prometheus holding node-exporter's cpu counters of the last 8 hours for two nodes of
     16 real cores: "burst" ran 15.2 cores (95%) for half an hour three hours ago and 4.8 cores
     otherwise; "calm" ran 4.8 cores throughout. The same cores are also recorded as a rule would."""
@@ -794,7 +803,7 @@ def node_history(tmp_path_factory) -> Iterator[PrometheusServer]:
         recorded.series.append(({"instance": f"{name}:9100"}, busy))
     path = directory / "nodes.om"
     write_openmetrics(path, [family, recorded], end - 8 * 3600, end, 60)
-    server = PrometheusServer(directory, path)
+    server = serving(request.param, directory, path)
     yield server
     server.stop()
 
@@ -891,8 +900,8 @@ def test_a_workload_with_no_pod_in_the_metrics_is_known_by_its_history_until_tha
     assert state.estimate_for(new_replica) == by_requests
 
 
-@pytest.fixture(scope="module")
-def workload_history(tmp_path_factory) -> Iterator[PrometheusServer]:
+@pytest.fixture(scope="module", params=STORES)
+def workload_history(request, tmp_path_factory) -> Iterator[PrometheusServer | VictoriaMetricsServer]:
     """A real Prometheus holding what cAdvisor and kube-state-metrics published over the last 8
     hours: the two Pods of the Deployment web's ReplicaSet web-5d8f9 used 3 cores and 1 GiB each
     until two hours ago, when web was scaled to zero (one of them scraped by two jobs); the Pod of
@@ -929,7 +938,7 @@ def workload_history(tmp_path_factory) -> Iterator[PrometheusServer]:
                          "owner_name": "nightly", "owner_is_controller": "true"}, lambda t: 1))
     path = directory / "workloads.om"
     write_openmetrics(path, [cpu, memory, owners, replica_sets, jobs], end - 8 * 3600, end, 60)
-    server = PrometheusServer(directory, path)
+    server = serving(request.param, directory, path)
     yield server
     server.stop()
 
