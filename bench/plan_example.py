@@ -1,7 +1,7 @@
 """A worked example of ``python -m reconcilers plan`` on real usage: Bitbrains VMs as Pods.
 
   python -m bench.plan_example [--vms 60] [--days 14] [--scrape 60] [--peaks] [--out plan-example]
-                              [--phases 0,60,120,180,240]
+                              [--phase 240]
 
 The first ``--vms`` VMs of the shared Bitbrains July 2013 trace become Pods of a cluster (three
 namespaces, one ReplicaSet each, spread over nodes of 32 cores and 256 GiB in one GKE node pool).
@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import gzip
-import json
 import math
 import subprocess
 import sys
@@ -49,16 +46,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds between the exporters' samples (a trace slot is 300)")
     parser.add_argument("--peaks", action="store_true", help="run the plan with --peaks")
     parser.add_argument("--out", type=Path, default=Path("plan-example"))
-    parser.add_argument("--phases", default="", metavar="SECONDS,...",
-                        help="run the plan once for each: where its 5-minute steps end, in seconds into the trace's "
-                             "5-minute slots (each reading is held through its slot, so a step that straddles two "
-                             "averages them); one report each under --out/phase-N. Default: once, at once")
+    parser.add_argument("--phase", type=float, default=240.0, metavar="SECONDS",
+                        help="where the plan's 5-minute steps (multiples of 5 minutes since the epoch) fall in the "
+                             "trace's 5-minute slots, in seconds after a slot starts. Each reading is held through its "
+                             "slot, and the counter's increment at a scrape is the usage of its own slot: at 240 (the "
+                             "default) the 4 increments a step's rate reads are all of one slot; elsewhere a step "
+                             "averages two")
     args = parser.parse_args(argv)
     workloads = read_trace(TRACE)
     origin = min(int(w.slots[0]) for w in workloads)
     span = args.days * 86400 // SLOT
     chosen = [w for w in workloads if int(w.slots[0]) == origin and len(w.slots) > 0.9 * span][: args.vms]
-    end = time.time() - 120
+    # The plan's steps are multiples of its 5 minutes since the epoch: the slots start --phase
+    # seconds before one.
+    end = (time.time() - 120) // SLOT * SLOT - args.phase % SLOT
     start = end - args.days * 86400
     families = {name: Family(name, kind) for name, kind in (
         ("kube_pod_container_resource_requests", "gauge"), ("kube_pod_owner", "gauge"), ("kube_pod_info", "gauge"),
@@ -107,33 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             # A cluster's Prometheus holds days in a few blocks, not promtool's 2-hour ones.
             blocks = server.wait_for_compaction()
             print(f"Prometheus compacted {blocks[0]} blocks into {blocks[1]}", flush=True)
-            phases: list[float | None] = [float(phase) % SLOT for phase in args.phases.split(",") if phase] or [None]
-            launch = 2.0  # seconds from starting the plan to the moment it reads the clock; learnt below
-            rows = []
-            for phase in phases:
-                # The history ended when it was written, promtool's (and the compaction's) minutes
-                # ago: the plan reads that much more (and a slot's), as it would read a cluster's
-                # history up to now.
-                days = math.ceil((args.days + (time.time() + SLOT - end) / 86400) * 100) / 100
-                # Its steps are `days` before the moment it reads the clock, and every step after.
-                grid = days * 86400 - launch + start
-                if phase is not None:
-                    time.sleep((phase - (time.time() - grid)) % SLOT)
-                out = args.out if len(phases) == 1 else args.out / f"phase-{phase:g}"
-                launched = time.time()
-                seconds, peak_kib = run_plan(server.url, days, out, args.peaks)
-                first = read_first_timestamp(out)
-                got = (first - start) % SLOT
-                launch = (first + days * 86400 - launched) % SLOT
-                print(f"plan took {seconds:.0f}s, peak resident memory {peak_kib / 1024:.0f} MB (sampled every "
-                      f"0.1 s); its 5-minute steps end {got:.0f}s into the trace's 5-minute slots", flush=True)
-                rows.append((got, hot_times(out)))
-            if len(rows) > 1:
-                budgets = [budget for budget, _ in rows[0][1]]
-                print("realised cpu hot time (all replayed days) at each budget, by where the steps end in the slots:")
-                print("phase  " + "  ".join(f"{budget:>7.2%}" for budget in budgets))
-                for got, sweep in sorted(rows):
-                    print(f"{got:4.0f}s  " + "  ".join(f"{hot:7.3%}" for _, hot in sweep))
+            # The history ended when it was written, promtool's (and the compaction's) minutes ago:
+            # the plan reads that much more, as it would read a cluster's history up to now.
+            days = math.ceil((args.days + (time.time() - end) / 86400) * 100) / 100
+            seconds, peak_kib = run_plan(server.url, days, args.out, args.peaks)
+            print(f"plan took {seconds:.0f}s, peak resident memory {peak_kib / 1024:.0f} MB (sampled every 0.1 s)")
         finally:
             server.stop()
     return 0
@@ -155,18 +134,6 @@ def run_plan(url: str, days: float, out: Path, peaks: bool) -> tuple[float, int]
     if child.returncode:
         raise subprocess.CalledProcessError(child.returncode, child.args)
     return time.perf_counter() - started, peak_kib
-
-
-def read_first_timestamp(out: Path) -> int:
-    """The first step of the history the plan wrote for its one pool."""
-    with gzip.open(out / "general" / "history.csv.gz", "rt") as history:
-        return int(next(csv.DictReader(history))["timestamp_s"])
-
-
-def hot_times(out: Path) -> list[tuple[float, float]]:
-    """(budget, realised cpu hot time over every replayed day) of the pool's budget sweep."""
-    summary = json.loads((out / "general" / "summary.json").read_text())
-    return [(row["hot_time_budget"], row["cpu_violation_rate"]) for row in summary["budget_sweep"]]
 
 
 if __name__ == "__main__":

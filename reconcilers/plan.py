@@ -237,8 +237,13 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     too (their HPA's target is rescaled live), else their HPA's resources are left alone.
     ``keys``: the annotations of ``OVERSALE_ANNOTATION_PREFIX`` (the original-requests record).
     ``peaks``: each Pod's cpu peak in each step too (:data:`CPU_PEAK`)."""
-    end = now if now is not None else time.time()
-    start = end - days * 86400
+    # The steps fall on multiples of the step since the epoch, where Prometheus evaluates the
+    # subqueries the live hot-time account counts with: the plan counts the same samples, and a
+    # plan run again within a step reads the same history. A range query's steps are its start
+    # and every step after, so the start is a multiple too (``--days 14.01`` is not).
+    step = prometheus.resolution
+    end = (now if now is not None else time.time()) // step * step
+    start = (end - days * 86400) // step * step
     pods: dict[tuple[str, str], PodHistory] = {}
     scrape = cadvisor_scrape_interval(prometheus, end)
     rate = cpu_rate_window(prometheus.resolution, scrape)

@@ -262,16 +262,20 @@ def test_fewer_days_than_asked_are_planned_on_what_prometheus_holds(cluster_prom
 
 
 def test_the_days_replayed_are_whole_days_ending_with_the_last_sample(cluster_prometheus, tmp_path):
-    """Read over [now - 8 days, now] from a Prometheus holding more, the history has a sample at
-    both ends: 8 days and one step. The replay counts days from the first sample and each as a
+    """Read over [now - 8 days, now] from a Prometheus holding more (8.01 days asked, as
+    ``bench.plan_example`` asks a little more than whole days), the history has a sample at both
+    ends: 8 days and one step, or more. The replay counts days from the first sample and each as a
     whole, so a 9th day of one sample was replayed as a whole day, its empty slots counted as
     node-time below capacity (the hot time of a 3-day holdout read a third too low). The oldest
-    step is dropped: 8 whole days, 1 replayed after the 7-day warm-up."""
-    result = plan(cluster_prometheus.url, tmp_path / "plan", "--days", "8")
+    step is dropped: 8 whole days, 1 replayed after the 7-day warm-up. The steps are multiples of
+    the step since the epoch, the moments the live account's subqueries count at, whenever the
+    plan runs."""
+    result = plan(cluster_prometheus.url, tmp_path / "plan", "--days", "8.01")
     assert result.returncode == 0, result.stderr
     with gzip.open(tmp_path / "plan" / "general" / "history.csv.gz", "rt") as handle:
         times = sorted({int(row["timestamp_s"]) for row in csv.DictReader(handle)})
     assert times[-1] - times[0] == 8 * 86400 - STEP and times[1] - times[0] == STEP
+    assert all(t % STEP == 0 for t in times) and time.time() - times[-1] < STEP + 60
     summary = json.loads((tmp_path / "plan" / "general" / "summary.json").read_text())
     assert summary["days_evaluated"] == 1 and summary["tuning_days"] == [7]
 
