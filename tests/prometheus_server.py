@@ -1,6 +1,7 @@
 """A real Prometheus for tests: history written as OpenMetrics, turned into TSDB blocks with
 ``promtool tsdb create-blocks-from openmetrics`` (timestamps in seconds, each series' samples in
-order, one metric family after another), then served by ``prometheus`` on a loopback port."""
+order, one metric family after another), then served by ``prometheus`` on a loopback port; or the
+same history imported into a real VictoriaMetrics (:class:`VictoriaMetricsServer`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import IO
 
 from kube.probes import AnsweringHandler
 from oversale.timestamps import parse_go_duration
@@ -87,7 +89,18 @@ class WebConfig:
                 f"basic_auth_users:\n  {self.user}: '{self.password_hash}'\n")
 
 
-class PrometheusServer:
+class _LoopbackStore:
+    """A store's process serving on a loopback port, and the log it writes."""
+
+    process: subprocess.Popen[bytes]
+    log: IO[bytes]
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self.log.close()
+
+
+class PrometheusServer(_LoopbackStore):
     def __init__(self, workdir: Path, openmetrics: Path, max_samples: int = 50_000_000,
                  web: WebConfig | None = None, ready_headers: dict[str, str] | None = None) -> None:
         for tool in ("prometheus", "promtool"):
@@ -152,10 +165,6 @@ class PrometheusServer:
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
         with urllib.request.urlopen(url, timeout=30) as response:
             return json.load(response)["data"]["result"]
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self.log.close()
 
 
 GARBAGE_ANSWERS = (
@@ -259,7 +268,7 @@ def _proxy(upstream: str, rewrite: Callable[[str, dict[str, str]], dict[str, str
     return _serve(Proxy, [])
 
 
-class VictoriaMetricsServer:
+class VictoriaMetricsServer(_LoopbackStore):
     """A real VictoriaMetrics (Debian package victoria-metrics), the Prometheus-compatible store
     many clusters keep their history in instead: the same OpenMetrics history imported through its
     ``/api/v1/import/prometheus`` (the Prometheus text format, timestamps in milliseconds), then
@@ -299,10 +308,6 @@ class VictoriaMetricsServer:
             assert response.status == 204, response.read()
         with urllib.request.urlopen(f"{self.url}/internal/force_flush", timeout=60) as response:
             assert response.status == 200
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self.log.close()
 
 
 STORES = ("prometheus", "victoria-metrics")
