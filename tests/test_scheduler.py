@@ -788,9 +788,10 @@ def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
 
 @pytest.fixture(scope="module", params=STORES)
 def node_history(request, tmp_path_factory) -> Iterator[PrometheusServer | VictoriaMetricsServer]:
-    """A real Prometheus holding node-exporter's cpu counters of the last 8 hours for two nodes of
-    16 real cores: "burst" ran 15.2 cores (95%) for half an hour three hours ago and 4.8 cores
-    otherwise; "calm" ran 4.8 cores throughout. The same cores are also recorded as a rule would."""
+    """A real store (Prometheus, then VictoriaMetrics) holding node-exporter's cpu counters of the
+    last 8 hours for two nodes of 16 real cores: "burst" ran 15.2 cores (95%) for half an hour
+    three hours ago and 4.8 cores otherwise; "calm" ran 4.8 cores throughout. The same cores are
+    also recorded as a rule would."""
     directory = tmp_path_factory.mktemp("node-history")
     end = time.time() - 60
     burst = (end - 3 * 3600, end - 2.5 * 3600)
@@ -902,11 +903,11 @@ def test_a_workload_with_no_pod_in_the_metrics_is_known_by_its_history_until_tha
 
 @pytest.fixture(scope="module", params=STORES)
 def workload_history(request, tmp_path_factory) -> Iterator[PrometheusServer | VictoriaMetricsServer]:
-    """A real Prometheus holding what cAdvisor and kube-state-metrics published over the last 8
-    hours: the two Pods of the Deployment web's ReplicaSet web-5d8f9 used 3 cores and 1 GiB each
-    until two hours ago, when web was scaled to zero (one of them scraped by two jobs); the Pod of
-    the CronJob nightly's Job of six hours ago used 3 cores and 1 GiB for an hour, its container
-    restarted halfway (a new cgroup)."""
+    """A real store (Prometheus, then VictoriaMetrics) holding what cAdvisor and kube-state-metrics
+    published over the last 8 hours: the two Pods of the Deployment web's ReplicaSet web-5d8f9
+    used 3 cores and 1 GiB each until two hours ago, when web was scaled to zero (one of them
+    scraped by two jobs); the Pod of the CronJob nightly's Job of six hours ago used 3 cores and
+    1 GiB for an hour, its container restarted halfway (a new cgroup)."""
     directory = tmp_path_factory.mktemp("workload-history")
     end = time.time() - 60
     web, nightly = (end - 8 * 3600, end - 2 * 3600), (end - 6 * 3600, end - 5 * 3600)
