@@ -1,7 +1,7 @@
 """A worked example of ``python -m reconcilers plan`` on real usage: Bitbrains VMs as Pods.
 
   python -m bench.plan_example [--vms 60] [--days 14] [--scrape 60] [--peaks] [--out plan-example]
-                              [--phase 240]
+                              [--phase 240] [--placements N]
 
 The first ``--vms`` VMs of the shared Bitbrains July 2013 trace become Pods of a cluster (three
 namespaces, one ReplicaSet each, spread over nodes of 32 cores and 256 GiB in one GKE node pool).
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                              "slot, and the counter's increment at a scrape is the usage of its own slot: at 240 (the "
                              "default) the 4 increments a step's rate reads are all of one slot; elsewhere a step "
                              "averages two")
+    parser.add_argument("--placements", type=int, metavar="N", help="run the plan with --placements N (default: "
+                                                                     "the plan's)")
     args = parser.parse_args(argv)
     workloads = read_trace(TRACE)
     origin = min(int(w.slots[0]) for w in workloads)
@@ -111,19 +113,21 @@ def main(argv: list[str] | None = None) -> int:
             # The history ended when it was written, promtool's (and the compaction's) minutes ago:
             # the plan reads that much more, as it would read a cluster's history up to now.
             days = math.ceil((args.days + (time.time() - end) / 86400) * 100) / 100
-            seconds, peak_kib = run_plan(server.url, days, args.out, args.peaks)
+            extra = [*(["--peaks"] if args.peaks else []),
+                     *(["--placements", str(args.placements)] if args.placements else [])]
+            seconds, peak_kib = run_plan(server.url, days, args.out, extra)
             print(f"plan took {seconds:.0f}s, peak resident memory {peak_kib / 1024:.0f} MB (sampled every 0.1 s)")
         finally:
             server.stop()
     return 0
 
 
-def run_plan(url: str, days: float, out: Path, peaks: bool) -> tuple[float, int]:
-    """``python -m reconcilers plan`` on the last ``days`` of history: its time and its peak
-    resident memory in KiB."""
+def run_plan(url: str, days: float, out: Path, extra: list[str]) -> tuple[float, int]:
+    """``python -m reconcilers plan`` on the last ``days`` of history, with ``extra`` options: its
+    time and its peak resident memory in KiB."""
     started = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "reconcilers", "plan", "--prometheus", url,
-                              "--days", f"{days:g}", "--out", str(out), *(["--peaks"] if peaks else [])], cwd=ROOT)
+                              "--days", f"{days:g}", "--out", str(out), *extra], cwd=ROOT)
     # The plan's own peak: VmHWM, which exec starts afresh (a child's ru_maxrss also counts the
     # pages it shared with this process before exec, and this one holds the trace).
     peak_kib = 0

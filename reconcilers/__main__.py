@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--out", type=Path, default=Path("plan-report"), help="report directory")
     plan.add_argument("--hot-time-budget", type=hot_time_budget, default=argparse.SUPPRESS, metavar="SHARE",
                       help="the budget whose ratios the plan lists (default: OVERSALE_CPU_HOT_TIME_BUDGET)")
+    plan.add_argument("--placements", type=int, default=5, metavar="N",
+                      help="replay our budget curve on N placements: the report's (ties among the best-scoring "
+                           "nodes go to the first) and N-1 with ties drawn at random, as kube-scheduler draws "
+                           "them; plan.md gives the hot time's range over them (1: the report's alone)")
     plan.add_argument("--peaks", action="store_true",
                       help="also read each Pod's highest cpu rate between two scrapes in each step (as backtest "
                            "--peaks): the report adds the hot time counted at the summed peaks, an upper bound of "
@@ -256,6 +260,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         node_bound_text,
         oversold_text,
         per_namespace,
+        placement_curves,
         pool_size,
         ratios_set,
         read_cluster_history,
@@ -264,9 +269,9 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     )
     from reconcilers.prometheus import PrometheusHistory
     from simulator.cli import report_directory
-    from simulator.policies import OURS, default_systems
+    from simulator.policies import OURS, System, default_systems
     from simulator.replay import Config, run, trace_days
-    from simulator.report import summary, write_report
+    from simulator.report import other_placements, summary, write_report
     from simulator.trace import TraceError, attach_peaks, read_trace
 
     try:
@@ -279,6 +284,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         parser.error(f"--prometheus {args.prometheus!r}: {error}")
     if args.warmup_days < 1:
         parser.error(f"--warmup-days {args.warmup_days}: at least 1 day of history comes before the first replayed day")
+    if args.placements < 1:
+        parser.error(f"--placements {args.placements}: at least 1 (the report's placement)")
     if not math.isfinite(args.days):
         parser.error(f"--days {args.days:g}: a number of days")
     if args.days <= args.warmup_days:
@@ -340,13 +347,19 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                  f"pool is younger): {held_days - args.warmup_days} replayed after the {args.warmup_days}-day warm-up")
         replayed = min(held_days, int(args.days)) - args.warmup_days
         config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), replayed // 2)
-        systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
-                                  load=settings.load)
+
+        def replayed_systems() -> list[System]:
+            return default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
+                                   load=settings.load)
+
+        systems = replayed_systems()
         try:
             result = run(workloads, config, systems, _log)
+            data = write_report(folder, summary(result, systems), result, export, config)
+            curves = [data["budget_sweep"],
+                      *other_placements(workloads, config, replayed_systems, args.placements, _log)]
         except TraceError as error:
             raise CliError(f"pool {pool}: {error}") from None
-        data = write_report(folder, summary(result, systems), result, export, config)
         ours = result.last_day[OURS]
         # The tuner on this pool as it was just replayed (same nodes, warm-up, window and holdout).
         retune = ["python", "-m", "simulator.tune", "--trace", str(export), "--node-cores", f"{size[0]:g}",
@@ -357,7 +370,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                          "oversold_nodes": oversold, "original_requests_pods": restored, "history_days": held_days,
                          "summary": data,
                          "retune": shlex.join(retune),
-                         "namespaces": per_namespace(ours), "ratios": ratios_set(ours)}
+                         "namespaces": per_namespace(ours), "ratios": ratios_set(ours),
+                         "placements": placement_curves(curves)}
     if not entries:
         raise CliError("no pool with a known node size: kube_node_status_allocatable has no cpu and memory for the "
                        "nodes the Pods ran on")

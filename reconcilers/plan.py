@@ -761,6 +761,28 @@ def requests_text(oversold: int, restored: int, record_key: str) -> str:
     return "; ".join(said) + "." if said else ""
 
 
+def placement_curves(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Our budget curve on each placement replayed (the report's first, then
+    :func:`simulator.report.other_placements`), as ``plan.json`` lists them."""
+    keep = ("hot_time_budget", "capacity_freed", "cpu_violation_rate")
+    return [{"placement": number, "ties": "to the first node" if number == 1 else f"drawn, seed {number - 1}",
+             "budget_sweep": [{k: entry[k] for k in keep} for entry in curve]}
+            for number, curve in enumerate(curves, 1)]
+
+
+def placement_range(placements: list[dict[str, Any]], budget: float) -> list[float] | None:
+    """The lowest and highest realised cpu hot time at ``budget`` over the placements replayed;
+    None with one placement only (nothing to compare).
+
+    >>> curve = lambda rate: {"budget_sweep": [{"hot_time_budget": 0.001, "cpu_violation_rate": rate}]}
+    >>> placement_range([curve(0.001), curve(0.014), curve(0.0)], 0.001), placement_range([curve(0.001)], 0.001)
+    ([0.0, 0.014], None)
+    """
+    rates = [entry["cpu_violation_rate"] for placement in placements for entry in placement["budget_sweep"]
+             if entry["hot_time_budget"] == budget]
+    return [min(rates), max(rates)] if len(rates) > 1 else None
+
+
 def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudget, days: float,
                source: PrometheusAPI, record_key: str) -> None:
     """The top-level report: one section per pool, linking its backtest-style report, and where
@@ -789,22 +811,35 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
         # event more or less is part of the figure (a one-minute shift of the 5-minute steps moved
         # the worked example's 0.1% from 0.105% to 1.444%, docs/reconcilers.md).
         ours_interval = hot_time_interval(data["daily"].get("oversale", []), None) if ours else None
+        placements = entry.get("placements") or []
+        ours_range = placement_range(placements, budget.cpu)
         lines += [f"[Full report]({pool}/report.md). " + (
                       f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "
                       f"node-days at a realised cpu hot time of {ours['cpu_violation_rate']:.3%}" + (
                           f" ({ours[AT_PEAKS]:.3%} counted at the summed peaks, an upper bound)"
                           if AT_PEAKS in ours else "")
                       + (f"; on days like these, {interval_text(ours_interval)}" if ours_interval else "")
+                      + (f"; over {len(placements)} placements, {interval_text(ours_range)}" if ours_range else "")
                       + "." if ours else ""),
                   "", "*Days like these*: the 90% interval of the realised cpu hot time when the replayed days are "
                       "drawn again with replacement (one hot event more or less). On a few nodes it is wide: read "
-                      "the figures as that interval, not to the last digit.",
-                  "", "| budget | capacity freed | realised cpu hot time | days like these |"
+                      "the figures as that interval, not to the last digit."]
+        if len(placements) > 1:
+            lines += ["", f"*Over {len(placements)} placements*: the lowest and highest realised cpu hot time when "
+                          "the Pods are placed again with ties among the best-scoring nodes drawn at random, as "
+                          "kube-scheduler draws them (the report's placement gives each tie to the first node). "
+                          "Which workloads share a node can move a few nodes' hot time more than the budget does; "
+                          "the capacity freed moves too, less (`plan.json` lists each placement's)."]
+        lines += ["", "| budget | capacity freed | realised cpu hot time | days like these |"
+                  + (f" over {len(placements)} placements |" if len(placements) > 1 else "")
                   + (" at the summed peaks |" if at_peaks else "") + " realised memory hot time |",
-                  "| --- | --- | --- | --- | --- |" + (" --- |" if at_peaks else "")]
+                  "| --- | --- | --- | --- | --- |" + (" --- |" if len(placements) > 1 else "")
+                  + (" --- |" if at_peaks else "")]
         for sweep in data["budget_sweep"]:
+            spread = placement_range(placements, sweep["hot_time_budget"])
             lines.append(f"| {sweep['hot_time_budget']:.2%} | {sweep['capacity_freed']:.1%} | "
                          f"{sweep['cpu_violation_rate']:.3%} | {interval_text(sweep.get('cpu_violation_interval'))} |"
+                         + (f" {interval_text(spread)} |" if len(placements) > 1 else "")
                          + (f" {sweep[AT_PEAKS]:.3%} |" if at_peaks else "")
                          + f" {sweep['memory_violation_rate']:.3%} |")
         lines += ["", "| namespace | cpu requested | cpu set | memory requested | memory set |",

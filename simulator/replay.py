@@ -60,6 +60,10 @@ class Config:
     """The last days of the trace, reported apart: nothing may be tuned on them."""
     arrival_seed: int = 0
     """Draws the moment of the day at which each Pod meets the load-aware extender."""
+    placement_seed: int | None = None
+    """None: a Pod goes to the first of the best-scoring nodes, one placement a rerun repeats. A
+    seed: to one of them drawn at random, as kube-scheduler's ``selectHost`` does; each seed is
+    another placement the scheduler could equally have made (``plan --placements``)."""
 
     @property
     def real(self) -> tuple[float, float]:
@@ -358,9 +362,12 @@ def arrival_moments(day: Day, seed: int = 0) -> np.ndarray:
     return np.asarray(np.random.default_rng((seed, day.number)).integers(0, slots, size=workloads))
 
 
-def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int = 0) -> Placed:
+def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int = 0,
+          placement_seed: int | None = None) -> Placed:
     """One system's day: its requests, then Pods placed one by one with the extender's filter and
-    score, every node's ratio recomputed by the system's node policy after each arrival."""
+    score, every node's ratio recomputed by the system's node policy after each arrival; ties
+    among the best-scoring nodes go to the first, or with ``placement_seed`` to one drawn at
+    random (:attr:`Config.placement_seed`)."""
     window = day.window
     # A workload an HPA scales on a resource's utilization keeps that request (the live reconciler
     # leaves it alone: lower requests would read as higher utilization and scale it out).
@@ -373,12 +380,15 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
     table = NodeTable()
     config, now, load_aware = system.load or _REQUESTS_ONLY, float(window.times[-1]), system.load is not None
     moments = arrival_moments(day, arrival_seed)
+    # Scores are whole numbers 0..10, so several nodes often tie at the best; kube-scheduler then
+    # picks one of them uniformly at random (selectHost's reservoir sampling).
+    ties = None if placement_seed is None else np.random.default_rng((placement_seed, day.number, 1))
     assignment = np.zeros(len(items), dtype=np.int64)
     for index in largest_first(items, real):
         cpu, memory = items[index]
         demand = PodDemand(uid=str(index), requests={CPU: math.ceil(cpu), MEMORY: math.ceil(memory)},
                            bind_policy=None, single_numa=False)
-        chosen, best, estimate = None, -1, None
+        chosen, best, estimate, tied = None, -1, None, 0
         if load_aware:  # every node's load as the extender reads it at this Pod's moment
             moment = int(moments[index])
             now = day.start + SLOT * (moment - 1) if moment else float(window.times[-1])
@@ -393,7 +403,11 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
                                                      rank(table, slots, demand, config, now, load_aware, estimate),
                                                      strict=True)):
             if reason is None and score > best:
-                chosen, best = number, score
+                chosen, best, tied = number, score, 1
+            elif reason is None and score == best and ties is not None:
+                tied += 1
+                if ties.integers(tied) == 0:
+                    chosen = number
         if chosen is None:  # a new node; a Pod larger than a node gets one of its own
             nodes.append(_Node(_view(len(nodes), real, [1.0, 1.0], topology, config.watermarks), NodeUsage(),
                                [1.0, 1.0], [0.0, 0.0],
@@ -513,7 +527,7 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
         day = build_day(workloads, origin, number, config, splits[number])
         clairvoyant[day.split] += clairvoyant_nodes(day, config.real) * day.observed_share
         for system in systems:
-            placed = place(day, system, config.real, config.arrival_seed)
+            placed = place(day, system, config.real, config.arrival_seed, config.placement_seed)
             if system.remediation is not None:
                 remediate(day, placed, config.real, system.remediation, system.load or LoadConfig())
             today = Tally()

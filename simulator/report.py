@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,8 @@ import numpy as np
 
 from oversale.quantity import RESOURCES
 from simulator.policies import GOAL_BUDGETS, OURS, System
-from simulator.replay import SPLITS, Config, Result, Tally
-from simulator.trace import GIB, MILLI
+from simulator.replay import SPLITS, Config, Result, Tally, run
+from simulator.trace import GIB, MILLI, Workload
 
 BASELINE = "none"
 AT_PEAKS = "cpu_violation_rate_at_peaks"
@@ -77,6 +79,25 @@ def budget_sweep(rows: list[dict[str, Any]], daily: dict[str, list[dict[str, Any
                 entry[split]["cpu_violation_interval"] = hot_time_interval(daily[row["policy"]], split)
         sweep.append(entry)
     return sweep
+
+
+def other_placements(workloads: list[Workload], config: Config, systems: Callable[[], list[System]],
+                     placements: int, progress: Callable[[str], None] = lambda m: None) -> list[list[dict[str, Any]]]:
+    """Our budget curve (:func:`budget_sweep`, without intervals) on ``placements - 1`` other
+    placements kube-scheduler could equally have made: ties among the best-scoring nodes drawn
+    with seeds 1, 2, ... (:attr:`Config.placement_seed`). On a pool of a few nodes, which
+    workloads share a node decides the hot time more than the budget does; these say how much.
+    ``systems`` builds fresh systems for each (their accounts keep state); only the baseline and
+    our curve are replayed, one progress line each (the first replay said the rest)."""
+    curves = []
+    for seed in range(1, placements):
+        began = time.perf_counter()
+        chosen = [s for s in systems() if s.name == BASELINE or s.family == OURS]
+        result = run(workloads, dataclasses.replace(config, placement_seed=seed), chosen)
+        curves.append(budget_sweep(summary(result, chosen)))
+        progress(f"placement {seed + 1}/{placements} (ties drawn, seed {seed}) replayed in "
+                 f"{time.perf_counter() - began:.1f}s")
+    return curves
 
 
 def hot_time_interval(days: list[dict[str, Any]], split: str | None, resource: str = "cpu", level: float = 0.9,

@@ -127,6 +127,8 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
     (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--warmup-days", "0", "--days", "3"],
      ["--warmup-days 0", "at least 1 day"]),
     (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--days", "7"], ["--days 7 must exceed"]),
+    (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--placements", "0"],
+     ["--placements 0", "at least 1"]),
     (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--days", "nan"], ["--days nan: a number of days"]),
     (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--days", "inf"], ["--days inf: a number of days"]),
 ])

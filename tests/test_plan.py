@@ -144,10 +144,27 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
         assert low <= entry["cpu_violation_rate"] <= high
         assert (f"| {entry['hot_time_budget']:.2%} | {entry['capacity_freed']:.1%} | "
                 f"{entry['cpu_violation_rate']:.3%} | {low:.3%}..{high:.3%} |") in text
+    # The curve replayed on 5 placements (the report's, then 4 with ties drawn at random): each
+    # budget's row gives the range of its hot time over them, which holds the report's figure.
+    placements = pool["placements"]
+    assert [p["placement"] for p in placements] == [1, 2, 3, 4, 5]
+    assert "placement 5/5 (ties drawn, seed 4) replayed in" in result.stderr
+    assert placements[0]["budget_sweep"] == [{k: entry[k] for k in ("hot_time_budget", "capacity_freed",
+                                                                    "cpu_violation_rate")} for entry in sweep]
+    assert all([e["hot_time_budget"] for e in p["budget_sweep"]] == [e["hot_time_budget"] for e in sweep]
+               for p in placements)
+    spreads = {}
+    for entry in sweep:
+        rates = [e["cpu_violation_rate"] for p in placements for e in p["budget_sweep"]
+                 if e["hot_time_budget"] == entry["hot_time_budget"]]
+        spreads[entry["hot_time_budget"]] = (min(rates), max(rates))
+        low, high = entry["cpu_violation_interval"]
+        assert (f"| {entry['cpu_violation_rate']:.3%} | {low:.3%}..{high:.3%} | "
+                f"{min(rates):.3%}..{max(rates):.3%} |") in text
     chosen = next(entry for entry in sweep if entry["hot_time_budget"] == 0.01)
     low, high = chosen["cpu_violation_interval"]
     assert (f"at a realised cpu hot time of {chosen['cpu_violation_rate']:.3%}; on days like these, "
-            f"{low:.3%}..{high:.3%}.") in text
+            f"{low:.3%}..{high:.3%}; over 5 placements, {spreads[0.01][0]:.3%}..{spreads[0.01][1]:.3%}.") in text
     assert f"history (read from Prometheus at {cluster_prometheus.url})" in text
 
 
@@ -177,10 +194,13 @@ def test_a_plan_on_victoria_metrics_sets_what_a_plan_on_prometheus_sets(cluster_
 def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_path):
     """docs/reconcilers.md's recipe: plan, then the simulator.tune command plan printed for the
     pool, on its export and its nodes (13 requested cores on 8-core nodes: two nodes as written,
-    one right-sized)."""
-    assert plan(cluster_prometheus.url, tmp_path / "plan").returncode == 0
-    command = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]["retune"]
-    assert f"    {command}" in (tmp_path / "plan" / "plan.md").read_text().splitlines()
+    one right-sized). With ``--placements 1`` the report's placement alone is replayed."""
+    assert plan(cluster_prometheus.url, tmp_path / "plan", "--placements", "1").returncode == 0
+    pool = json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]
+    command = pool["retune"]
+    text = (tmp_path / "plan" / "plan.md").read_text()
+    assert f"    {command}" in text.splitlines()
+    assert [p["placement"] for p in pool["placements"]] == [1] and "placements" not in text
     python, *arguments = shlex.split(command)
     assert python == "python" and arguments[:2] == ["-m", "simulator.tune"]
     assert arguments[arguments.index("--node-cores") + 1] == "8"

@@ -233,14 +233,19 @@ def test_prometheus_history_counts_a_series_scraped_twice_once(prometheus):
 def test_victoria_metrics_gives_the_reconcilers_the_figures_prometheus_gives(prometheus, victoria_metrics):
     """The same three days in VictoriaMetrics, read through its Prometheus API with the same
     queries: every statistic the ratios come from, the hot-time account and the calibration peaks
-    agree with Prometheus's (MetricsQL's ``rate`` does not extrapolate: a few parts in 10,000 on
-    these counters), and the scrape interval the rate-window check reads is the same."""
+    agree with Prometheus's, and the scrape interval the rate-window check reads is the same.
+
+    Within 5 parts in 1,000: Prometheus's ``rate`` extrapolates each window's increase to the
+    window's edges, MetricsQL's reads from the last sample before the window instead, so on these
+    waves the two differ by a few parts in 10,000 to a little over one in 1,000 (1.15e-3 seen),
+    by where the scrapes fall in the windows, which moves with the minute the test runs."""
     ours, theirs = PrometheusHistory(prometheus.url, resolution=300), PrometheusHistory(victoria_metrics.url,
                                                                                          resolution=300)
+    agree = 5e-3
 
     def same(a: UsageStats, b: UsageStats) -> None:
-        assert b.quantile == pytest.approx(a.quantile, rel=1e-3)
-        assert (a.peak is None) == (b.peak is None) and (a.peak is None or b.peak == pytest.approx(a.peak, rel=1e-3))
+        assert b.quantile == pytest.approx(a.quantile, rel=agree)
+        assert (a.peak is None) == (b.peak is None) and (a.peak is None or b.peak == pytest.approx(a.peak, rel=agree))
         # A container's cgroup that ended (the restart): VictoriaMetrics' staleness holds its last
         # sample a step longer.
         assert abs(b.samples - a.samples) <= 1 and abs(b.covered_seconds - a.covered_seconds) <= 300
@@ -260,7 +265,7 @@ def test_victoria_metrics_gives_the_reconcilers_the_figures_prometheus_gives(pro
     assert hot == theirs.node_hot_time([86400, 3 * 86400], real)
     assert hot[1]["node-1"]["cpu"].hot_samples > 0, "a count of something"
     peaks = ours.node_peaks(86400)
-    assert theirs.node_peaks(86400)["node-1"] == pytest.approx(peaks["node-1"], rel=1e-3)
+    assert theirs.node_peaks(86400)["node-1"] == pytest.approx(peaks["node-1"], rel=agree)
     assert [theirs.scrape_interval(exporter) for exporter in ("cAdvisor", "node-exporter")] == [60, 60]
 
 

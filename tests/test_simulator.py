@@ -123,6 +123,30 @@ def test_node_overselling_closed_loop_hand_computed(tmp_path):
     assert by_policy["katalyst-realtime"]["cpu_violation_rate"] == 0
 
 
+def test_ties_between_equally_scored_nodes_go_to_the_first_or_to_a_seeded_draw(tmp_path):
+    """Two workloads of 10 requested cores each open a 16-core node of their own; two of 3 cores
+    then score the same on both (6 cores free on each). "a-hot" uses all its 10 cores, "b-cool" 2,
+    the small ones 3.5 each: beside a-hot they make 17 cores, one of the two nodes hot all day;
+    beside b-cool, 9. The replay's placement gives ties to the first node; a placement seed draws
+    among them as kube-scheduler does, so the seeds between them place both ways, each seed the
+    same way every time."""
+    rows = []
+    start = 10 * DAY
+    for t in range(start, start + 8 * DAY, 300):
+        rows += [("a-hot", t, 10, 10.0, GIB, GIB // 2), ("b-cool", t, 10, 2.0, GIB, GIB // 2),
+                 ("c-small", t, 3, 3.5, GIB, GIB // 2), ("d-small", t, 3, 3.5, GIB, GIB // 2)]
+
+    def hot_time(seed):
+        _, by_policy = replay(tmp_path, rows, node_cpu_cores=16, node_memory_bytes=256 * GIB, placement_seed=seed)
+        assert by_policy["none"]["nodes_per_day"] == 2
+        return by_policy["none"]["cpu_violation_rate"]
+
+    assert hot_time(None) == 0.5, "the small ones join the first node, a-hot's"
+    drawn = {seed: hot_time(seed) for seed in range(1, 9)}
+    assert set(drawn.values()) == {0.0, 0.5}, drawn
+    assert all(hot_time(seed) == drawn[seed] for seed in (1, 2, 3))
+
+
 def test_the_last_days_are_the_holdout_and_reported_apart(tmp_path):
     # Ten days; on the last one both workloads go from 2 to 5 cores.
     rows = []
