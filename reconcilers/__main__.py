@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     backtest.add_argument("--hot-time-budget", type=hot_time_budget, default=argparse.SUPPRESS, metavar="SHARE",
                           help="run the whole system at this cpu hot-time budget (0..1, e.g. 0.001 for 0.1%%); "
                                "default: OVERSALE_CPU_HOT_TIME_BUDGET, and a sweep of budgets from 0.01%% to 5%%")
+    backtest.add_argument("--placements", type=int, default=1, metavar="N",
+                          help="also replay our budget curve on N-1 other placements, ties among the best-scoring "
+                               "nodes drawn at random as kube-scheduler draws them: the report's budget sweep gives "
+                               "each split's hot time over the N (each about half the time of the report's replay)")
     backtest.add_argument("--frontier", action="store_true",
                           help="also run the peers' variants along their main knob (about 2x longer)")
     backtest.add_argument("--peaks", type=Path, default=argparse.SUPPRESS, metavar="TRACE",
@@ -194,24 +198,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
     from simulator.cli import cluster_config, read_workloads, report_directory
-    from simulator.policies import default_systems
+    from simulator.policies import System, default_systems
     from simulator.replay import run
-    from simulator.report import AT_PEAKS, summary, write_report
+    from simulator.report import AT_PEAKS, other_placements, summary, write_report
     from simulator.trace import TraceError
 
     config = cluster_config(args, parser, args.arrival_seed)
+    if args.placements < 1:
+        parser.error(f"--placements {args.placements}: at least 1 (the report's placement)")
     report_directory(args.out, parser)
     budget = _chosen_budget(args, settings, parser)
-    systems = default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
-                              frontier=args.frontier, load=settings.load,
-                              sweep=getattr(args, "hot_time_budget", None) is None)
+
+    def replayed_systems() -> list[System]:
+        return default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
+                               frontier=args.frontier, load=settings.load,
+                               sweep=getattr(args, "hot_time_budget", None) is None)
+
+    systems = replayed_systems()
     try:
         workloads = read_workloads(args, _log)
         result = run(workloads, config, systems, _log)
+        placed = other_placements(workloads, config, replayed_systems, args.placements, _log)
     except TraceError as error:
         raise CliError(str(error)) from None
     rows = summary(result, systems)
-    data = write_report(args.out, rows, result, args.trace, config)
+    data = write_report(args.out, rows, result, args.trace, config, placed)
     for split in ("tuning", "holdout"):
         if not data[f"{split}_days"]:
             print(f"{split} days: none (--holdout-days {config.holdout_days})")
@@ -355,11 +366,10 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         systems = replayed_systems()
         try:
             result = run(workloads, config, systems, _log)
-            data = write_report(folder, summary(result, systems), result, export, config)
-            curves = [data["budget_sweep"],
-                      *other_placements(workloads, config, replayed_systems, args.placements, _log)]
+            placed = other_placements(workloads, config, replayed_systems, args.placements, _log)
         except TraceError as error:
             raise CliError(f"pool {pool}: {error}") from None
+        data = write_report(folder, summary(result, systems), result, export, config, placed)
         ours = result.last_day[OURS]
         # The tuner on this pool as it was just replayed (same nodes, warm-up, window and holdout).
         retune = ["python", "-m", "simulator.tune", "--trace", str(export), "--node-cores", f"{size[0]:g}",
@@ -371,7 +381,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                          "summary": data,
                          "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours),
-                         "placements": placement_curves(curves)}
+                         "placements": placement_curves(data.get("placements") or [data["budget_sweep"]])}
     if not entries:
         raise CliError("no pool with a known node size: kube_node_status_allocatable has no cpu and memory for the "
                        "nodes the Pods ran on")

@@ -71,7 +71,7 @@ from oversale.quantity import CPU, RESOURCES
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
 from simulator.formats import FIXED_COLUMN, GENERIC_COLUMNS
-from simulator.report import AT_PEAKS, hot_time_interval, interval_text
+from simulator.report import AT_PEAKS, hot_time_interval, interval_text, placement_range
 
 EXPORTERS = {
     "kube_pod_container_resource_requests": "kube-state-metrics",
@@ -770,19 +770,6 @@ def placement_curves(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
             for number, curve in enumerate(curves, 1)]
 
 
-def placement_range(placements: list[dict[str, Any]], budget: float) -> list[float] | None:
-    """The lowest and highest realised cpu hot time at ``budget`` over the placements replayed;
-    None with one placement only (nothing to compare).
-
-    >>> curve = lambda rate: {"budget_sweep": [{"hot_time_budget": 0.001, "cpu_violation_rate": rate}]}
-    >>> placement_range([curve(0.001), curve(0.014), curve(0.0)], 0.001), placement_range([curve(0.001)], 0.001)
-    ([0.0, 0.014], None)
-    """
-    rates = [entry["cpu_violation_rate"] for placement in placements for entry in placement["budget_sweep"]
-             if entry["hot_time_budget"] == budget]
-    return [min(rates), max(rates)] if len(rates) > 1 else None
-
-
 def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudget, days: float,
                source: PrometheusAPI, record_key: str) -> None:
     """The top-level report: one section per pool, linking its backtest-style report, and where
@@ -811,7 +798,7 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
         # event more or less is part of the figure (a one-minute shift of the 5-minute steps moved
         # the worked example's 0.1% from 0.105% to 1.444%, docs/reconcilers.md).
         ours_interval = hot_time_interval(data["daily"].get("oversale", []), None) if ours else None
-        placements = entry.get("placements") or []
+        placements = data.get("placements") or []
         ours_range = placement_range(placements, budget.cpu)
         lines += [f"[Full report]({pool}/report.md). " + (
                       f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "

@@ -662,10 +662,11 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     slice_path = july_slice(tmp_path / "slice.csv", last_vm=20)
     out_dir = tmp_path / "report"
     result = subprocess.run([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(slice_path),
-                             "--out", str(out_dir), "--node-cores", "16"],
+                             "--out", str(out_dir), "--node-cores", "16", "--placements", "3"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "day 1/" in result.stderr, "progress is shown"
+    assert "placement 3/3 (ties drawn, seed 2) replayed in" in result.stderr
     data = json.loads((out_dir / "summary.json").read_text())
     policies = {p["policy"]: p for p in data["policies"]}
     assert data["days_evaluated"] >= 20 and len(data["holdout_days"]) == 14
@@ -703,6 +704,19 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     low, high = data["budget_sweep"][0]["cpu_violation_interval"]
     assert low <= data["budget_sweep"][0]["cpu_violation_rate"] <= high
     report = (out_dir / "report.md").read_text()
+    # Our curve on 3 placements, the report's first: the sweep's table gives each split's hot time
+    # over them, a range that holds the report's own figure.
+    placements = data["placements"]
+    figures = ("hot_time_budget", "capacity_freed", "cpu_violation_rate")
+    assert len(placements) == 3 and [{k: e[k] for k in figures} for e in placements[0]] == \
+        [{k: e[k] for k in figures} for e in data["budget_sweep"]]
+    assert "| holdout: over 3 placements |" in report
+    for entry in data["budget_sweep"]:
+        for split in ("tuning", "holdout"):
+            rates = [e[split]["cpu_violation_rate"] for curve in placements for e in curve
+                     if e["hot_time_budget"] == entry["hot_time_budget"]]
+            assert len(rates) == 3 and min(rates) <= entry[split]["cpu_violation_rate"] <= max(rates)
+            assert f"| {min(rates):.3%}..{max(rates):.3%} |" in report
     assert "## Holdout days" in report and "## Tuning days" in report
     assert "## Where the hot time came from" in report and "### At each budget, against every peer" in report
     assert "## Our variants against our curve" in report
