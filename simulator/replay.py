@@ -63,7 +63,8 @@ class Config:
     placement_seed: int | None = None
     """None: a Pod goes to the first of the best-scoring nodes, one placement a rerun repeats. A
     seed: to one of them drawn at random, as kube-scheduler's ``selectHost`` does; each seed is
-    another placement the scheduler could equally have made (``plan --placements``)."""
+    another placement the scheduler could equally have made (``--placements`` of ``plan`` and
+    ``backtest``)."""
 
     @property
     def real(self) -> tuple[float, float]:

@@ -85,8 +85,8 @@ def other_placements(workloads: list[Workload], config: Config, systems: Callabl
                      placements: int, progress: Callable[[str], None] = lambda m: None) -> list[list[dict[str, Any]]]:
     """Our budget curve (:func:`budget_sweep`, without intervals) on ``placements - 1`` other
     placements kube-scheduler could equally have made: ties among the best-scoring nodes drawn
-    with seeds 1, 2, ... (:attr:`Config.placement_seed`). On a pool of a few nodes, which
-    workloads share a node decides the hot time more than the budget does; these say how much.
+    with seeds 1, 2, ... (:attr:`Config.placement_seed`). Which workloads share a node can
+    decide the hot time more than the budget does (on the July backtest's 10-16 nodes too); these say how much.
     ``systems`` builds fresh systems for each (their accounts keep state); only the baseline and
     our curve are replayed, one progress line each (the first replay said the rest)."""
     curves = []
