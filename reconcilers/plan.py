@@ -71,7 +71,14 @@ from oversale.quantity import CPU, RESOURCES
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
 from simulator.formats import FIXED_COLUMN, GENERIC_COLUMNS
-from simulator.report import AT_PEAKS, hot_time_interval, interval_text, placement_range
+from simulator.report import (
+    AT_PEAKS,
+    days_like_these_note,
+    hot_time_interval,
+    interval_text,
+    placement_range,
+    placements_note,
+)
 
 EXPORTERS = {
     "kube_pod_container_resource_requests": "kube-state-metrics",
@@ -808,15 +815,12 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
                       + (f"; on days like these, {interval_text(ours_interval)}" if ours_interval else "")
                       + (f"; over {len(placements)} placements, {interval_text(ours_range)}" if ours_range else "")
                       + "." if ours else ""),
-                  "", "*Days like these*: the 90% interval of the realised cpu hot time when the replayed days are "
-                      "drawn again with replacement (one hot event more or less). On a few nodes it is wide: read "
-                      "the figures as that interval, not to the last digit."]
+                  "", days_like_these_note("the replayed days") + " On a few nodes it is wide: read the "
+                      "figures as that interval, not to the last digit."]
         if len(placements) > 1:
-            lines += ["", f"*Over {len(placements)} placements*: the lowest and highest realised cpu hot time when "
-                          "the Pods are placed again with ties among the best-scoring nodes drawn at random, as "
-                          "kube-scheduler draws them (the report's placement gives each tie to the first node). "
-                          "Which workloads share a node can move a few nodes' hot time more than the budget does; "
-                          "the capacity freed moves too, less (`plan.json` lists each placement's)."]
+            lines += ["", placements_note(len(placements), "the report's placement") + " Which workloads share a "
+                          "node can move a few nodes' hot time more than the budget does; the capacity freed "
+                          "moves too, less (`plan.json` lists each placement's)."]
         lines += ["", "| budget | capacity freed | realised cpu hot time | days like these |"
                   + (f" over {len(placements)} placements |" if len(placements) > 1 else "")
                   + (" at the summed peaks |" if at_peaks else "") + " realised memory hot time |",

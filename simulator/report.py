@@ -115,6 +115,21 @@ def placement_range(placements: list[list[dict[str, Any]]], budget: float, split
     return [min(rates), max(rates)] if len(rates) > 1 else None
 
 
+def days_like_these_note(days: str) -> str:
+    """What *days like these* means, in the words the report and the plan both print (``days``:
+    which days are drawn again, e.g. "the split's days")."""
+    return (f"*Days like these*: the 90% interval of the realised cpu hot time when {days} are drawn again "
+            "with replacement (one hot event more or less).")
+
+
+def placements_note(count: int, report: str) -> str:
+    """What *over N placements* means, in the words the report and the plan both print
+    (``report``: the document whose own placement gives each tie to the first node)."""
+    return (f"*Over {count} placements*: the lowest and highest realised cpu hot time when the Pods are placed "
+            "again with ties among the best-scoring nodes drawn at random, as kube-scheduler draws them "
+            f"({report} gives each tie to the first node).")
+
+
 def hot_time_interval(days: list[dict[str, Any]], split: str | None, resource: str = "cpu", level: float = 0.9,
                       resamples: int = 2000, seed: int = 0) -> list[float] | None:
     """How far a split's realised hot time (``split`` None: every day's) could have fallen on
@@ -401,11 +416,8 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         lines += ["## The budget sweep", "",
                   f"`{OURS}` at each cpu hot-time budget: the realised hot time (cpu violation rate) should stay "
                   "within 0.5x to 1.5x of the budget, on the holdout days above all.", "",
-                  "*Days like these*: the 90% interval of the realised hot time when the split's days are "
-                  "drawn again with replacement (one hot event more or less)."
-                  + (f" *Over {len(placed)} placements*: the lowest and highest realised hot time when the Pods "
-                     "are placed again with ties among the best-scoring nodes drawn at random, as kube-scheduler "
-                     "draws them (this report's placement gives each tie to the first node)." if placed else ""),
+                  days_like_these_note("the split's days")
+                  + (" " + placements_note(len(placed), "this report's placement") if placed else ""),
                   "",
                   "| budget | " + " | ".join(f"{split}: {column}" for split in SPLITS for column in columns) + " |",
                   "| --- |" + " --- |" * (len(SPLITS) * len(columns))]
