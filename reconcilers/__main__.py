@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                           help="run the whole system at this cpu hot-time budget (0..1, e.g. 0.001 for 0.1%%); "
                                "default: OVERSALE_CPU_HOT_TIME_BUDGET, and a sweep of budgets from 0.01%% to 5%%")
     backtest.add_argument("--placements", type=int, default=1, metavar="N",
-                          help="also replay our budget curve on N-1 other placements, ties among the best-scoring "
-                               "nodes drawn at random as kube-scheduler draws them: the report's budget sweep gives "
-                               "each split's hot time over the N (each about half the time of the report's replay)")
+                          help="also replay our budget curve and its variants on N-1 other placements, ties among "
+                               "the best-scoring nodes drawn at random as kube-scheduler draws them: the report's "
+                               "budget sweep gives each split's hot time over the N, and each variant its change "
+                               "against the curve of each placement (each about 60%% of the report's replay)")
     backtest.add_argument("--frontier", action="store_true",
                           help="also run the peers' variants along their main knob (about 2x longer)")
     backtest.add_argument("--peaks", type=Path, default=argparse.SUPPRESS, metavar="TRACE",
@@ -218,7 +219,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     try:
         workloads = read_workloads(args, _log)
         result = run(workloads, config, systems, _log)
-        placed = other_placements(workloads, config, replayed_systems, args.placements, _log)
+        placed = other_placements(workloads, config, replayed_systems, args.placements, _log, variants=True)
     except TraceError as error:
         raise CliError(str(error)) from None
     rows = summary(result, systems)

@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -81,23 +81,40 @@ def budget_sweep(rows: list[dict[str, Any]], daily: dict[str, list[dict[str, Any
     return sweep
 
 
+class OtherPlacement(TypedDict):
+    """One of :func:`other_placements`: our budget curve on it and, where asked, each variant of
+    ours against that curve (:func:`variants_against_curve`, per split; empty when not asked)."""
+
+    seed: int
+    budget_sweep: list[dict[str, Any]]
+    variants_against_curve: dict[str, list[dict[str, Any]]]
+
+
 def other_placements(workloads: list[Workload], config: Config, systems: Callable[[], list[System]],
-                     placements: int, progress: Callable[[str], None] = lambda m: None) -> list[list[dict[str, Any]]]:
+                     placements: int, progress: Callable[[str], None] = lambda m: None,
+                     variants: bool = False) -> list[OtherPlacement]:
     """Our budget curve (:func:`budget_sweep`, without intervals) on ``placements - 1`` other
     placements kube-scheduler could equally have made: ties among the best-scoring nodes drawn
     with seeds 1, 2, ... (:attr:`Config.placement_seed`). Which workloads share a node can
     decide the hot time more than the budget does (on the July backtest's 10-16 nodes too); these say how much.
     ``systems`` builds fresh systems for each (their accounts keep state); only the baseline and
-    our curve are replayed, one progress line each (the first replay said the rest)."""
-    curves = []
+    our curve are replayed, one progress line each (the first replay said the rest). With
+    ``variants``, our variants (load-aware placement, remediation) are replayed on each placement
+    too and judged against the curve *of that placement*: the report's placement is one draw of
+    many, so a variant judged against it alone is judged against that draw's luck."""
+    others: list[OtherPlacement] = []
     for seed in range(1, placements):
         began = time.perf_counter()
-        chosen = [s for s in systems() if s.name == BASELINE or s.family == OURS]
+        chosen = [s for s in systems() if s.name == BASELINE or s.family == OURS
+                  or (variants and s.ours and (s.load is not None or s.remediation is not None))]
         result = run(workloads, dataclasses.replace(config, placement_seed=seed), chosen)
-        curves.append(budget_sweep(summary(result, chosen)))
+        rows = summary(result, chosen)
+        others.append({"seed": seed, "budget_sweep": budget_sweep(rows),
+                       "variants_against_curve": {split: variants_against_curve(rows, result.daily, split)
+                                                  for split in SPLITS} if variants else {}})
         progress(f"placement {seed + 1}/{placements} (ties drawn, seed {seed}) replayed in "
                  f"{time.perf_counter() - began:.1f}s")
-    return curves
+    return others
 
 
 def placement_range(placements: list[list[dict[str, Any]]], budget: float, split: str | None = None
@@ -316,10 +333,11 @@ def _freed_at(envelope: list[tuple[float, float]], violation: float) -> float | 
 
 
 def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: Path, config: Config,
-                 placements: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+                 placements: list[OtherPlacement] | None = None) -> dict[str, Any]:
     """``report.md``, its plots and ``summary.json``; with ``placements`` (:func:`other_placements`),
     the budget sweep's hot time over them too (``summary.json``'s ``placements``: the report's
-    placement first)."""
+    placement first), and where they judged our variants, each variant's change against the curve
+    over them (``placement_variants``, in the same order)."""
     out.mkdir(parents=True, exist_ok=True)
     tuning = [d for d in result.days if result.splits[d] == "tuning"]
     holdout = [d for d in result.days if result.splits[d] == "holdout"]
@@ -337,7 +355,10 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         "daily": result.daily,
     }
     if placements:
-        data["placements"] = [budget_sweep(rows), *placements]
+        data["placements"] = [budget_sweep(rows), *(p["budget_sweep"] for p in placements)]
+        if any(p["variants_against_curve"] for p in placements):
+            data["placement_variants"] = [data["variants_against_curve"],
+                                          *(p["variants_against_curve"] for p in placements)]
     (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
     lines = [
         "# Backtest report: the whole system on one simulated cluster", "",
@@ -437,7 +458,7 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
             lines.append(f"| {entry['hot_time_budget']:.2%} | " + " | ".join(cells) + " |")
         lines += ["", "![realised hot time against the budget](budget_kept.png)", ""]
     lines += peaks_table(rows, data)
-    lines += variants_table(data["variants_against_curve"])
+    lines += variants_table(data["variants_against_curve"], data.get("placement_variants"))
     lines += hot_days_table(result.daily)
     lines += ["![capacity freed against cpu violations](savings_vs_violations.png)", "",
               "![the busiest node of the last day, per system](node_day.png)", ""]
@@ -465,17 +486,27 @@ def peaks_table(rows: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def variants_table(verdicts: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Load-aware placement and remediation against our budget curve (:func:`variants_against_curve`)."""
+def variants_table(verdicts: dict[str, list[dict[str, Any]]],
+                   placed: list[dict[str, list[dict[str, Any]]]] | None = None) -> list[str]:
+    """Load-aware placement and remediation against our budget curve (:func:`variants_against_curve`);
+    with ``placed`` (``summary.json``'s ``placement_variants``), each one's change over those
+    placements too (:func:`change_over_placements`)."""
     if not any(verdicts.values()):
         return []
+    over = [f"over {len(placed)} placements"] if placed else []
     lines = ["## Our variants against our curve", "",
              f"Each variant of `{OURS}` against its budget curve (the sweep, straight lines) at the same "
              "capacity freed: the hot time the curve runs there, and the variant's difference. *Days like these*: "
              "the 90% interval of the difference over the split's days drawn again (the same draws for every "
-             "system), and in what share of those draws the variant is cooler or hotter.", "",
+             "system), and in what share of those draws the variant is cooler or hotter."
+             + (f" *Over {len(placed)} placements*: the lowest and highest change when the Pods are placed again "
+                "with ties among the best-scoring nodes drawn at random, as kube-scheduler draws them, each "
+                "variant against the curve replayed on the same placement (difference in points, change where the "
+                "curve there is above 0), and on how many it is hotter."
+                if placed else ""), "",
              "| split | variant | freed | cpu hot time | curve there | change | difference | "
-             "days like these (points) | cooler / hotter in |", "|" + " --- |" * 9]
+             "days like these (points) | cooler / hotter in |" + "".join(f" {c} |" for c in over),
+             "|" + " --- |" * (9 + len(over))]
     for split, rows in verdicts.items():
         for v in rows:
             curve = v["off_the_curve"] if v["curve_violation_rate"] is None else f"{v['curve_violation_rate']:.3%}"
@@ -486,8 +517,33 @@ def variants_table(verdicts: dict[str, list[dict[str, Any]]]) -> list[str]:
             shares = "-" if v["cooler_share"] is None else \
                 f"{v['cooler_share']:.0%} / {v['hotter_share']:.0%} of {v['draws_on_the_curve']:.0%} on the curve"
             lines.append(f"| {split} | {v['system']} | {v['capacity_freed']:.1%} | {v['violation_rate']:.3%} | "
-                         f"{curve} | {change} | {difference} | {interval} | {shares} |")
+                         f"{curve} | {change} | {difference} | {interval} | {shares} |"
+                         + (f" {change_over_placements(placed, split, v['system'])} |" if placed else ""))
     return [*lines, ""]
+
+
+def change_over_placements(placed: list[dict[str, list[dict[str, Any]]]], split: str, system: str) -> str:
+    """A variant against the curve over the placements, each judged against the curve of its own
+    placement: the lowest and highest difference (and change, where the curve there is above 0),
+    and on how many the variant is hotter; a placement where the variant frees more or less than
+    any budget has no difference and is counted apart.
+
+    >>> verdict = lambda difference, change: {"holdout": [{"system": "v", "difference": difference,
+    ...                                                    "change": change}]}
+    >>> placed = [verdict(0.0001, 0.04), verdict(-0.002, -0.5), verdict(None, None)]
+    >>> change_over_placements(placed, "holdout", "v")
+    '-0.200..+0.010 points (-50%..+4%), hotter on 1 of 3 (1 off the curve)'
+    """
+    verdicts = [v for placement in placed for v in placement.get(split, []) if v["system"] == system]
+    known = [v for v in verdicts if v["difference"] is not None]
+    if not known:
+        return f"off the curve on all {len(verdicts)}"
+    differences = [v["difference"] * 100 for v in known]
+    changes = [v["change"] for v in known if v["change"] is not None]
+    return (f"{min(differences):+.3f}..{max(differences):+.3f} points"
+            + (f" ({min(changes):+.0%}..{max(changes):+.0%})" if len(changes) == len(known) else "")
+            + f", hotter on {sum(d > 0 for d in differences)} of {len(verdicts)}"
+            + (f" ({len(verdicts) - len(known)} off the curve)" if len(known) < len(verdicts) else ""))
 
 
 DAILY_SYSTEMS = (BASELINE, OURS, "oversale-pods", "crane-style", "vpa-style")

@@ -717,6 +717,23 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
                      if e["hot_time_budget"] == entry["hot_time_budget"]]
             assert len(rates) == 3 and min(rates) <= entry[split]["cpu_violation_rate"] <= max(rates)
             assert f"| {min(rates):.3%}..{max(rates):.3%} |" in report
+    # Each variant is judged on every placement against the curve replayed on that placement: the
+    # report's placement first (its verdicts are the report's own), then the two with ties drawn.
+    judged = data["placement_variants"]
+    assert len(judged) == 3 and judged[0] == data["variants_against_curve"]
+    assert "| over 3 placements |" in report
+    for split in ("tuning", "holdout"):
+        for verdict in data["variants_against_curve"][split]:
+            on_each = [v for placement in judged for v in placement[split] if v["system"] == verdict["system"]]
+            row = next(line for line in report.splitlines()
+                       if line.startswith(f"| {split} | {verdict['system']} |"))
+            assert len(on_each) == 3
+            differences = [v["difference"] * 100 for v in on_each if v["difference"] is not None]
+            hotter = sum(d > 0 for d in differences)
+            cell = (f"{min(differences):+.3f}..{max(differences):+.3f} points" if differences
+                    else "off the curve on all 3")
+            assert (f", hotter on {hotter} of 3" in row.split("|")[-2]) == bool(differences)
+            assert cell in row.split("|")[-2], row
     assert "## Holdout days" in report and "## Tuning days" in report
     assert "## Where the hot time came from" in report and "### At each budget, against every peer" in report
     assert "## Our variants against our curve" in report
