@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                           help="also replay our budget curve and its variants on N-1 other placements, ties among "
                                "the best-scoring nodes drawn at random as kube-scheduler draws them: the report's "
                                "budget sweep gives each split's hot time over the N, and each variant its change "
-                               "against the curve of each placement (each about 60%% of the report's replay)")
+                               "against the curve of each placement (each about 70%% of the report's replay)")
     backtest.add_argument("--frontier", action="store_true",
                           help="also run the peers' variants along their main knob (about 2x longer)")
     backtest.add_argument("--peaks", type=Path, default=argparse.SUPPRESS, metavar="TRACE",

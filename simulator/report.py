@@ -139,10 +139,11 @@ def days_like_these_note(days: str) -> str:
             "with replacement (one hot event more or less).")
 
 
-def placements_note(count: int, report: str) -> str:
+def placements_note(count: int, report: str, measure: str = "realised cpu hot time") -> str:
     """What *over N placements* means, in the words the report and the plan both print
-    (``report``: the document whose own placement gives each tie to the first node)."""
-    return (f"*Over {count} placements*: the lowest and highest realised cpu hot time when the Pods are placed "
+    (``report``: the document whose own placement gives each tie to the first node; ``measure``:
+    what ranges over the placements)."""
+    return (f"*Over {count} placements*: the lowest and highest {measure} when the Pods are placed "
             "again with ties among the best-scoring nodes drawn at random, as kube-scheduler draws them "
             f"({report} gives each tie to the first node).")
 
@@ -499,11 +500,10 @@ def variants_table(verdicts: dict[str, list[dict[str, Any]]],
              "capacity freed: the hot time the curve runs there, and the variant's difference. *Days like these*: "
              "the 90% interval of the difference over the split's days drawn again (the same draws for every "
              "system), and in what share of those draws the variant is cooler or hotter."
-             + (f" *Over {len(placed)} placements*: the lowest and highest change when the Pods are placed again "
-                "with ties among the best-scoring nodes drawn at random, as kube-scheduler draws them, each "
-                "variant against the curve replayed on the same placement (difference in points, change where the "
-                "curve there is above 0), and on how many it is hotter."
-                if placed else ""), "",
+             + (" " + placements_note(len(placed), "this report's placement",
+                                      "difference from the curve replayed on the same placement (in points, and "
+                                      "the change where the curve there is above 0)")
+                + " The count is of the placements where the variant is hotter." if placed else ""), "",
              "| split | variant | freed | cpu hot time | curve there | change | difference | "
              "days like these (points) | cooler / hotter in |" + "".join(f" {c} |" for c in over),
              "|" + " --- |" * (9 + len(over))]
