@@ -82,6 +82,12 @@ class System:
             return "compression"
         return "node-oversale" if self.request is no_compression else "system"
 
+    @property
+    def adds(self) -> list[str]:
+        """The steps this system runs beyond placing by requests ("load-aware", "remediation"):
+        a system of ours with any is a variant, judged against our budget curve."""
+        return [step for step, config in (("load-aware", self.load), ("remediation", self.remediation)) if config]
+
 
 @dataclass
 class BudgetAccount:

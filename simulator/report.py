@@ -50,8 +50,7 @@ def summary(result: Result, systems: list[System]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"policy": system.name, "kind": system.kind, "ours": system.ours,
                                "family": system.family or system.name, "source": system.source,
                                "hot_time_budget": system.account.budget.cpu if system.account else None,
-                               "adds": [step for step, config in (("load-aware", system.load),
-                                                                  ("remediation", system.remediation)) if config]}
+                               "adds": system.adds}
         row |= figures(tallies["tuning"].add(tallies["holdout"]), base["tuning"].add(base["holdout"]))
         for split in SPLITS:
             row[split] = figures(tallies[split], base[split])
@@ -106,7 +105,7 @@ def other_placements(workloads: list[Workload], config: Config, systems: Callabl
     for seed in range(1, placements):
         began = time.perf_counter()
         chosen = [s for s in systems() if s.name == BASELINE or s.family == OURS
-                  or (variants and s.ours and (s.load is not None or s.remediation is not None))]
+                  or (variants and s.ours and bool(s.adds))]
         result = run(workloads, dataclasses.replace(config, placement_seed=seed), chosen)
         rows = summary(result, chosen)
         others.append({"seed": seed, "budget_sweep": budget_sweep(rows),
