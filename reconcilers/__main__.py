@@ -34,7 +34,7 @@ from typing import Any
 
 from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli, settings_or_exit
 from oversale.settings import Settings
-from simulator.cli import add_cluster_arguments, hot_time_budget
+from simulator.cli import add_cluster_arguments, hot_time_budget, placement_count
 
 log = logging.getLogger("reconcilers")
 
@@ -205,8 +205,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     from simulator.trace import TraceError
 
     config = cluster_config(args, parser, args.arrival_seed)
-    if args.placements < 1:
-        parser.error(f"--placements {args.placements}: at least 1 (the report's placement)")
+    placement_count(args, parser)
     report_directory(args.out, parser)
     budget = _chosen_budget(args, settings, parser)
 
@@ -296,8 +295,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         parser.error(f"--prometheus {args.prometheus!r}: {error}")
     if args.warmup_days < 1:
         parser.error(f"--warmup-days {args.warmup_days}: at least 1 day of history comes before the first replayed day")
-    if args.placements < 1:
-        parser.error(f"--placements {args.placements}: at least 1 (the report's placement)")
+    placement_count(args, parser)
     if not math.isfinite(args.days):
         parser.error(f"--days {args.days:g}: a number of days")
     if args.days <= args.warmup_days:

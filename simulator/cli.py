@@ -91,6 +91,14 @@ def cluster_config(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
     return Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days, arrival_seed)
 
 
+def placement_count(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``--placements``: how many placements a replay command runs (at least the one that gives
+    each tie among the best-scoring nodes to the first node); a bad one ends the command."""
+    if args.placements < 1:
+        parser.error(f"--placements {args.placements}: at least 1 (the one that gives each tie to the first node)")
+    return int(args.placements)
+
+
 def read_workloads(args: argparse.Namespace, progress: Callable[[str], None]) -> list[Workload]:
     """The trace the options name, with the ``--peaks`` trace's cpu peaks where the command has
     that option and it is given (``TraceError`` when either cannot be read)."""

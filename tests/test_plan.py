@@ -208,7 +208,7 @@ def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_p
                            timeout=300)
     assert tuned.returncode == 0, tuned.stderr
     rows = [line.split() for line in tuned.stdout.splitlines() if line.startswith("  4.0")]
-    assert len(rows) == 2 and {row[4] for row in rows} == {"50.0%"}
+    assert len(rows) == 4 and {row[5] for row in rows} == {"50.0%"}
 
 
 def test_cadvisor_pause_pod_cgroup_and_twice_scraped_series_count_once(cluster_prometheus, tmp_path):

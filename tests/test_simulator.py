@@ -519,7 +519,7 @@ def tune(trace, *options):
     result = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(trace), "--scale", "4",
                              "--warmup-days", "7", *options], cwd=ROOT, capture_output=True, text=True, timeout=300)
     rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] == ["4.0"]]
-    return result.returncode, result.stderr, [(row[4], row[5:10]) for row in rows]
+    return result.returncode, result.stderr, [(row[5], row[6:11]) for row in rows]
 
 
 def test_the_tuner_runs_on_the_node_size_it_is_given_and_never_sees_the_holdout(tmp_path):
@@ -532,7 +532,7 @@ def test_the_tuner_runs_on_the_node_size_it_is_given_and_never_sees_the_holdout(
     write_generic(trace, rows)
     code, err, small = tune(trace, "--node-cores", "8", "--node-memory", "64Gi", "--holdout-days", "1")
     assert code == 0, err
-    assert len(small) == 2, "one row per candidate of the account's grid"
+    assert len(small) == 4, "one row per candidate of the account's grid"
     assert {freed for freed, _ in small} == {"50.0%"}
     assert all(multiple == "0.00x" for _, multiples in small for multiple in multiples), "the burst day is cut off"
     code, err, large = tune(trace, "--node-cores", "16", "--node-memory", "128Gi", "--holdout-days", "1")
@@ -544,6 +544,36 @@ def test_the_tuner_runs_on_the_node_size_it_is_given_and_never_sees_the_holdout(
     code, err, seen = tune(trace, "--node-cores", "8", "--node-memory", "64Gi", "--holdout-days", "0")
     assert code == 0, err
     assert all(multiple != "0.00x" for _, multiples in seen for multiple in multiples), "with no holdout it is hot"
+
+
+def test_the_tuner_scores_each_candidate_over_the_placements_it_is_asked_for(tmp_path):
+    """Two workloads of 10 requested cores, using 9 for a week, each open a 16-core node of their
+    own; two small ones then score the same on both. On the tuning days "a-hot" rises to 10 cores
+    and the small ones to 3.5 each: beside a-hot they make 17 cores, beside "b-cool" 16. So the hot
+    time depends on how ties fall. ``--placements 5`` replays each candidate five times, says so
+    on stderr, and gives each budget's realised hot time as the range over them; the first
+    placement's figure, the one ``--placements 1`` gives, is inside it."""
+    rows = []
+    for day in range(10):
+        for slot in range(288):
+            t, late = day * DAY + slot * SLOT, day >= 7
+            rows += [("a-hot", t, 10, 10 if late else 9, GIB, GIB // 2), ("b-cool", t, 10, 9, GIB, GIB // 2),
+                     ("c-small", t, 3, 3.5 if late else 1, GIB, GIB // 2),
+                     ("d-small", t, 3, 3.5 if late else 1, GIB, GIB // 2)]
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, rows)
+    options = ("--node-cores", "16", "--node-memory", "128Gi", "--holdout-days", "1")
+    code, err, one = tune(trace, *options)
+    assert code == 0, err
+    code, err, five = tune(trace, *options, "--placements", "5")
+    assert code == 0, err
+    assert [line for line in err.splitlines() if "replayed" in line] == [
+        f"candidate {c}/4: placement {p}/5 replayed" for c in (1, 2, 3, 4) for p in range(1, 6)]
+    assert len(five) == len(one) == 4
+    for (_, single), (_, ranged) in zip(one, five, strict=True):
+        bounds = [tuple(float(x) for x in cell.rstrip("x").split("-")) for cell in ranged]
+        assert all(low <= float(alone.rstrip("x")) <= high for alone, (low, high) in zip(single, bounds, strict=True))
+        assert all(low == 0 < high for low, high in bounds), "some placements keep the small ones off a-hot's node"
 
 
 def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
