@@ -83,7 +83,12 @@ class AccountConfig:
     min_multiplier: float = 0.5
     """The account takes at most half off a ratio's target. (A floor of 0.8 scored better on the
     tuning days, +1.7 points freed, but let the holdout run 2.4 times hotter: docs/backtest.md.)"""
-    max_multiplier: float = 1.2
+    max_multiplier: float = 1.0
+    """A rise gives back what a back-off took, never more. A quiet week cannot tell a pool under
+    its budget from one between two bursts, and above 1 the account would set ratios past the
+    calibrated estimator's. (At 1.2, the July tuning days replayed on 5 placements ran the 0.05%
+    budget at up to 15x, after a quiet week had lifted the account past 1; ``python -m
+    simulator.tune --placements 5`` scores 1 at 0.52 against 0.64: docs/backtest.md.)"""
     backoff_exponent: float = 0.5
     """An overspend by a factor k multiplies the target by k ** -exponent (never below
     ``min_multiplier``)."""

@@ -119,6 +119,17 @@ def test_underspending_rises_slowly_and_the_dead_band_holds():
     assert adjust_multiplier(0.8, HotTime(0, 288), HotTime(0, 576), 0.001, 86400, None, CONFIG).multiplier == 0.8
 
 
+def test_a_rise_gives_back_what_a_back_off_took_and_never_more():
+    """A quiet week cannot tell a pool under its budget from one between two bursts, so months
+    without a hot sample leave the target where the estimator put it (1), not past it; an account
+    written above 1 by an earlier version is read back at 1."""
+    quiet, multiplier = HotTime(0, 2016), CONFIG.min_multiplier
+    for _ in range(60):
+        multiplier = adjust_multiplier(multiplier, HotTime(0, 288), quiet, 0.001, 86400, None, CONFIG).multiplier
+    assert multiplier == 1.0
+    assert adjust_multiplier(1.2, HotTime(0, 288), quiet, 0.001, 86400, None, CONFIG).multiplier == 1.0
+
+
 def test_one_unlucky_day_is_noise_a_week_over_budget_is_not():
     week_fine = HotTime(10, 2016)  # 0.5 budgets over the week
     assert not adjust_multiplier(1.0, HotTime(10, 288), week_fine, 0.01, None, None, CONFIG).backed_off  # 3.5 budgets
