@@ -205,7 +205,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     from simulator.trace import TraceError
 
     config = cluster_config(args, parser, args.arrival_seed)
-    placement_count(args, parser)
+    placements = placement_count(args, parser)
     report_directory(args.out, parser)
     budget = _chosen_budget(args, settings, parser)
 
@@ -218,7 +218,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     try:
         workloads = read_workloads(args, _log)
         result = run(workloads, config, systems, _log)
-        placed = other_placements(workloads, config, replayed_systems, args.placements, _log, variants=True)
+        placed = other_placements(workloads, config, replayed_systems, placements, _log, variants=True)
     except TraceError as error:
         raise CliError(str(error)) from None
     rows = summary(result, systems)
@@ -295,7 +295,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         parser.error(f"--prometheus {args.prometheus!r}: {error}")
     if args.warmup_days < 1:
         parser.error(f"--warmup-days {args.warmup_days}: at least 1 day of history comes before the first replayed day")
-    placement_count(args, parser)
+    placements = placement_count(args, parser)
     if not math.isfinite(args.days):
         parser.error(f"--days {args.days:g}: a number of days")
     if args.days <= args.warmup_days:
@@ -365,7 +365,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         systems = replayed_systems()
         try:
             result = run(workloads, config, systems, _log)
-            placed = other_placements(workloads, config, replayed_systems, args.placements, _log)
+            placed = other_placements(workloads, config, replayed_systems, placements, _log)
         except TraceError as error:
             raise CliError(f"pool {pool}: {error}") from None
         data = write_report(folder, summary(result, systems), result, export, config, placed)
@@ -374,6 +374,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         retune = ["python", "-m", "simulator.tune", "--trace", str(export), "--node-cores", f"{size[0]:g}",
                   "--node-memory", str(int(size[1])), "--warmup-days", str(config.warmup_days),
                   "--window-days", str(config.window_days), "--holdout-days", str(config.holdout_days)]
+        if placements > 1:  # the tuner then scores each candidate on as many placements as the plan drew
+            retune += ["--placements", str(placements)]
         entries[pool] = {"pods": pods_in_pool, "node_cores": allocatable[0], "node_memory_bytes": allocatable[1],
                          "node_bound_cores": bound[0], "node_bound_memory_bytes": bound[1],
                          "oversold_nodes": oversold, "original_requests_pods": restored, "history_days": held_days,

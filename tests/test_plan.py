@@ -148,6 +148,8 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     # budget's row gives the range of its hot time over them, which holds the report's figure.
     placements = pool["placements"]
     assert [p["placement"] for p in placements] == [1, 2, 3, 4, 5]
+    retune = shlex.split(pool["retune"])
+    assert retune[retune.index("--placements") + 1] == "5", "the tuner scores on as many placements as the plan"
     assert "placement 5/5 (ties drawn, seed 4) replayed in" in result.stderr
     assert placements[0]["budget_sweep"] == [{k: entry[k] for k in ("hot_time_budget", "capacity_freed",
                                                                     "cpu_violation_rate")} for entry in sweep]
@@ -201,6 +203,7 @@ def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_p
     text = (tmp_path / "plan" / "plan.md").read_text()
     assert f"    {command}" in text.splitlines()
     assert [p["placement"] for p in pool["placements"]] == [1] and "placements" not in text
+    assert "--placements" not in command, "one placement is the tuner's default"
     python, *arguments = shlex.split(command)
     assert python == "python" and arguments[:2] == ["-m", "simulator.tune"]
     assert arguments[arguments.index("--node-cores") + 1] == "8"
