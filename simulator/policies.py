@@ -283,6 +283,8 @@ BUDGET_SWEEP = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 """The cpu hot-time budgets a backtest sweeps when none is given (0.01% to 5%)."""
 GOAL_BUDGETS = (0.0005, 0.001, 0.002, 0.005, 0.01)
 """The budgets the hot-time goal judges (0.05% to 1%): tuned on, and reported against the peers."""
+GOAL_BAND = (0.5, 1.5)
+"""The goal's band: a budget is kept when the realised hot time is 0.5x to 1.5x of it."""
 
 
 def budget_name(cpu_budget: float) -> str:

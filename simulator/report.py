@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from oversale.quantity import RESOURCES
-from simulator.policies import GOAL_BUDGETS, OURS, System
+from simulator.policies import GOAL_BAND, GOAL_BUDGETS, OURS, System
 from simulator.replay import SPLITS, Config, Result, Tally, run
 from simulator.trace import GIB, MILLI, Workload
 
@@ -638,8 +638,9 @@ def budget_plot(out: Path, data: dict[str, Any]) -> None:
     if len(sweep) > 1:
         figure, axis = plt.subplots(figsize=(6.5, 5.5))
         budgets = [entry["hot_time_budget"] * 100 for entry in sweep]
-        axis.fill_between([min(budgets) / 2, max(budgets) * 2], [min(budgets) / 4, max(budgets)],
-                          [min(budgets) * 0.75, max(budgets) * 3], color="grey", alpha=0.15)
+        edges = [min(budgets) / 2, max(budgets) * 2]
+        low, high = GOAL_BAND
+        axis.fill_between(edges, [e * low for e in edges], [e * high for e in edges], color="grey", alpha=0.15)
         axis.plot([min(budgets) / 2, max(budgets) * 2], [min(budgets) / 2, max(budgets) * 2], color="grey",
                   linewidth=1)
         axis.annotate("realised = budget (band: 0.5x to 1.5x)", (min(budgets), min(budgets)), fontsize=8,

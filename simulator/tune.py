@@ -6,11 +6,13 @@ The trace and cluster options are the backtest's (``simulator.cli``): tune a poo
 exported on the node size ``plan`` printed for it. The trace is cut before its last
 ``--holdout-days`` days, so nothing here sees the holdout. For
 each candidate ``AccountConfig`` the whole system runs at every budget of the goal's range
-(0.05% to 1%), and the candidate is scored by how far the realised cpu hot time strays from the
-budget: the mean of ``|log(realised / budget)|`` (0 when every budget is kept exactly; a budget
-kept within 0.5x..1.5x contributes at most 0.69), next to the mean capacity freed over those
-budgets. The printed table is what the defaults in ``oversale.budget.AccountConfig`` and
-``OVERSALE_BUDGET_CALIBRATION`` were chosen from; docs/backtest.md reports the runs.
+(0.05% to 1%), and the candidate is scored by how far the realised cpu hot time strays from each
+budget in widths of the goal's band (:func:`band_distance`: 0 when a budget is kept exactly, 1
+at either edge of 0.5x..1.5x, so a budget over-spent 1.5x weighs as one under-spent 2x), the
+mean over the budgets; ``kept`` counts the budgets (times placements) within the band; next to
+them the mean capacity freed over those budgets. The printed table is what the defaults in
+``oversale.budget.AccountConfig`` and ``OVERSALE_BUDGET_CALIBRATION`` were chosen from;
+docs/backtest.md reports the runs.
 
 With ``--placements N`` each candidate is also replayed on N-1 other placements (ties among the
 best-scoring nodes drawn at random, as kube-scheduler draws them, where the first replay gives
@@ -41,7 +43,7 @@ from simulator.cli import (
     read_workloads,
     trace_failed,
 )
-from simulator.policies import GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
+from simulator.policies import GOAL_BAND, GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
 from simulator.replay import SLOTS_PER_DAY, oversized_warning, run
 from simulator.trace import TraceError
 
@@ -53,6 +55,21 @@ GRID = {
     "max_multiplier": (1.0, 1.2),
 }
 """Candidates of ``AccountConfig``'s knobs (every combination is run)."""
+
+
+def band_distance(realised: float, budget: float) -> float:
+    """How far a realised hot time strays from its budget, in widths of the goal's band: the log
+    of the ratio over the log of the band's edge on that side (1.5 above, 0.5 below), so each edge
+    scores 1 and anything within the band at most 1. A log ratio alone would weigh a budget
+    over-spent tenfold as one under-spent tenfold, and score 1.9x (outside the band) better than
+    0.5x (inside it); for a knob that bounds overload, spending more than asked is the worse miss.
+
+    >>> band_distance(0.0015, 0.001), band_distance(0.0005, 0.001), band_distance(0.001, 0.001)
+    (1.0, 1.0, 0.0)
+    """
+    low, high = GOAL_BAND
+    ratio = max(realised, 1e-6) / budget
+    return math.log(ratio) / math.log(high) if ratio >= 1 else math.log(ratio) / math.log(low)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -105,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                 usage={r: v[keep] for r, v in workload.usage.items()}))
     baseline = [s for s in default_systems(settings.compression_estimator(), settings.oversale_estimator(),
                                            settings.budget, sweep=False) if s.name == "none"]
-    print("scale  " + "  ".join(GRID) + "  score  freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS), flush=True)
+    print("scale  " + "  ".join(GRID) + "  score  kept   freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS),
+          flush=True)
     candidates = list(itertools.product(getattr(args, "scale", SCALES), *GRID.values()))
     for number, (scale, *values) in enumerate(candidates, 1):
         account = AccountConfig(**dict(zip(GRID, values, strict=True)))
@@ -127,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             if placements > 1:
                 print(f"candidate {number}/{len(candidates)}: placement {1 if seed is None else seed + 1}/"
                       f"{placements} replayed", file=sys.stderr, flush=True)
-        score = sum(abs(math.log(max(r, 1e-6) / b)) for rates, b in zip(realised, GOAL_BUDGETS, strict=True)
-                    for r in rates) / sum(map(len, realised))
+        distances = [band_distance(r, b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True) for r in rates]
+        kept = f"{sum(d <= 1 for d in distances)}/{len(distances)}"
         cells = [f"{min(rates) / b:.2f}x" if len(rates) == 1 else f"{min(rates) / b:.2f}-{max(rates) / b:.2f}x"
                  for rates, b in zip(realised, GOAL_BUDGETS, strict=True)]
         print(f"{scale:>5}  " + "  ".join(f"{value:>{len(knob)}}" for knob, value in zip(GRID, values, strict=True))
-              + f"  {score:.3f}  {sum(freed) / len(freed):.1%}  " + "  ".join(cells)
+              + f"  {sum(distances) / len(distances):.3f}  {kept:<5}  {sum(freed) / len(freed):.1%}  "
+              + "  ".join(cells)
               + f"   ({time.perf_counter() - started:.0f}s)", flush=True)
     return 0
 

@@ -26,6 +26,7 @@ from simulator.report import (
     write_report,
 )
 from simulator.trace import TraceError, attach_peaks, detect_format, read_trace
+from simulator.tune import band_distance
 from tests.conftest import ROOT, SHARED
 
 BITBRAINS = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
@@ -515,11 +516,27 @@ def test_the_command_sizes_azure_vms_by_vm_cores(tmp_path):
 
 def tune(trace, *options):
     """``python -m simulator.tune`` at the calibration 4: its exit code, stderr and one row per
-    candidate as (capacity freed, realised hot time as a multiple of each goal budget)."""
+    candidate as (capacity freed, realised hot time as a multiple of each goal budget, budgets
+    kept within the goal's band as "k/n")."""
     result = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(trace), "--scale", "4",
                              "--warmup-days", "7", *options], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] == ["4.0"]]
-    return result.returncode, result.stderr, [(row[5], row[6:11]) for row in rows]
+    lines = result.stdout.splitlines()
+    freed = lines[0].split().index("freed") if lines else 0
+    rows = [line.split() for line in lines if line.split()[:1] == ["4.0"]]
+    return result.returncode, result.stderr, [(row[freed], row[freed + 1:freed + 6], row[freed - 1]) for row in rows]
+
+
+def test_the_tuner_scores_a_budget_over_spent_as_the_worse_miss():
+    """The goal's band is 0.5x..1.5x: both edges score 1 and the inside less, and spending 1.9x
+    the budget (outside) scores worse than 0.5x (inside), tenfold over worse than tenfold under."""
+    budget = 0.001
+    assert band_distance(budget * 1.5, budget) == pytest.approx(1) == band_distance(budget * 0.5, budget)
+    assert band_distance(budget * 1.49, budget) < 1 and band_distance(budget * 0.51, budget) < 1
+    assert band_distance(budget * 1.9, budget) > 1 == pytest.approx(band_distance(budget * 0.5, budget))
+    assert band_distance(budget * 10, budget) > band_distance(budget / 10, budget) > 1
+    over = [band_distance(budget * m, budget) for m in (1, 1.2, 2, 5, 20)]
+    under = [band_distance(budget * m, budget) for m in (1, 0.8, 0.4, 0.1, 0)]
+    assert over == sorted(over) and under == sorted(under) and over[0] == under[0] == 0
 
 
 def test_the_tuner_runs_on_the_node_size_it_is_given_and_never_sees_the_holdout(tmp_path):
@@ -533,17 +550,18 @@ def test_the_tuner_runs_on_the_node_size_it_is_given_and_never_sees_the_holdout(
     code, err, small = tune(trace, "--node-cores", "8", "--node-memory", "64Gi", "--holdout-days", "1")
     assert code == 0, err
     assert len(small) == 4, "one row per candidate of the account's grid"
-    assert {freed for freed, _ in small} == {"50.0%"}
-    assert all(multiple == "0.00x" for _, multiples in small for multiple in multiples), "the burst day is cut off"
+    assert {freed for freed, *_ in small} == {"50.0%"}
+    assert all(multiple == "0.00x" for _, multiples, _ in small for multiple in multiples), "the burst day is cut off"
+    assert {kept for *_, kept in small} == {"0/5"}, "a budget not spent at all is not kept"
     code, err, large = tune(trace, "--node-cores", "16", "--node-memory", "128Gi", "--holdout-days", "1")
     assert code == 0, err
     assert "warning" not in err
     code, err, _ = tune(trace, "--node-cores", "4", "--node-memory", "32Gi", "--holdout-days", "1")
     assert code == 0 and "warning: 2 of 2 workloads request more than a node holds (4 cores, 32 GiB" in err, err
-    assert {freed for freed, _ in large} == {"0.0%"}
+    assert {freed for freed, *_ in large} == {"0.0%"}
     code, err, seen = tune(trace, "--node-cores", "8", "--node-memory", "64Gi", "--holdout-days", "0")
     assert code == 0, err
-    assert all(multiple != "0.00x" for _, multiples in seen for multiple in multiples), "with no holdout it is hot"
+    assert all(multiple != "0.00x" for _, multiples, _ in seen for multiple in multiples), "with no holdout it is hot"
 
 
 def test_the_tuner_scores_each_candidate_over_the_placements_it_is_asked_for(tmp_path):
@@ -570,7 +588,8 @@ def test_the_tuner_scores_each_candidate_over_the_placements_it_is_asked_for(tmp
     assert [line for line in err.splitlines() if "replayed" in line] == [
         f"candidate {c}/4: placement {p}/5 replayed" for c in (1, 2, 3, 4) for p in range(1, 6)]
     assert len(five) == len(one) == 4
-    for (_, single), (_, ranged) in zip(one, five, strict=True):
+    assert {kept.split("/")[1] for *_, kept in one} == {"5"} and {kept.split("/")[1] for *_, kept in five} == {"25"}
+    for (_, single, _), (_, ranged, _) in zip(one, five, strict=True):
         bounds = [tuple(float(x) for x in cell.rstrip("x").split("-")) for cell in ranged]
         assert all(low <= float(alone.rstrip("x")) <= high for alone, (low, high) in zip(single, bounds, strict=True))
         assert all(low == 0 < high for low, high in bounds), "some placements keep the small ones off a-hot's node"
