@@ -88,7 +88,8 @@ class AccountConfig:
     its budget from one between two bursts, and above 1 the account would set ratios past the
     calibrated estimator's. (At 1.2, the July tuning days replayed on 5 placements ran the 0.05%
     budget at up to 15x, after a quiet week had lifted the account past 1; ``python -m
-    simulator.tune --placements 5`` scores 1 at 0.52 against 0.64: docs/backtest.md.)"""
+    simulator.tune --placements 5`` scores 1 at 0.870 against 1.155, with the budgets in the
+    goal's band 1.5x above weighing as 2x below: docs/backtest.md.)"""
     backoff_exponent: float = 0.5
     """An overspend by a factor k multiplies the target by k ** -exponent (never below
     ``min_multiplier``)."""

@@ -10,6 +10,7 @@ This project's policies call the core estimators, the same ones the live reconci
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -285,6 +286,21 @@ GOAL_BUDGETS = (0.0005, 0.001, 0.002, 0.005, 0.01)
 """The budgets the hot-time goal judges (0.05% to 1%): tuned on, and reported against the peers."""
 GOAL_BAND = (0.5, 1.5)
 """The goal's band: a budget is kept when the realised hot time is 0.5x to 1.5x of it."""
+
+
+def band_distance(realised: float, budget: float) -> float:
+    """How far a realised hot time strays from its budget, in widths of the goal's band: the log
+    of the ratio over the log of the band's edge on that side (1.5 above, 0.5 below), so each edge
+    scores 1 and anything within the band at most 1. A log ratio alone would weigh a budget
+    over-spent tenfold as one under-spent tenfold, and score 1.9x (outside the band) better than
+    0.5x (inside it); for a knob that bounds overload, spending more than asked is the worse miss.
+
+    >>> band_distance(0.0015, 0.001), band_distance(0.0005, 0.001), band_distance(0.001, 0.001)
+    (1.0, 1.0, 0.0)
+    """
+    low, high = GOAL_BAND
+    ratio = max(realised, 1e-6) / budget
+    return math.log(ratio) / math.log(high) if ratio >= 1 else math.log(ratio) / math.log(low)
 
 
 def budget_name(cpu_budget: float) -> str:

@@ -7,8 +7,9 @@ exported on the node size ``plan`` printed for it. The trace is cut before its l
 ``--holdout-days`` days, so nothing here sees the holdout. For
 each candidate ``AccountConfig`` the whole system runs at every budget of the goal's range
 (0.05% to 1%), and the candidate is scored by how far the realised cpu hot time strays from each
-budget in widths of the goal's band (:func:`band_distance`: 0 when a budget is kept exactly, 1
-at either edge of 0.5x..1.5x, so a budget over-spent 1.5x weighs as one under-spent 2x), the
+budget in widths of the goal's band (``simulator.policies.band_distance``: 0 when a budget is
+kept exactly, 1 at either edge of 0.5x..1.5x, so a budget over-spent 1.5x weighs as one
+under-spent 2x), the
 mean over the budgets; ``kept`` counts the budgets (times placements) within the band; next to
 them the mean capacity freed over those budgets. The printed table is what the defaults in
 ``oversale.budget.AccountConfig`` and ``OVERSALE_BUDGET_CALIBRATION`` were chosen from;
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import math
 import os
 import sys
 import time
@@ -43,7 +43,7 @@ from simulator.cli import (
     read_workloads,
     trace_failed,
 )
-from simulator.policies import GOAL_BAND, GOAL_BUDGETS, OURS, budget_name, budget_system, default_systems
+from simulator.policies import GOAL_BUDGETS, OURS, band_distance, budget_name, budget_system, default_systems
 from simulator.replay import SLOTS_PER_DAY, oversized_warning, run
 from simulator.trace import TraceError
 
@@ -55,21 +55,6 @@ GRID = {
     "max_multiplier": (1.0, 1.2),
 }
 """Candidates of ``AccountConfig``'s knobs (every combination is run)."""
-
-
-def band_distance(realised: float, budget: float) -> float:
-    """How far a realised hot time strays from its budget, in widths of the goal's band: the log
-    of the ratio over the log of the band's edge on that side (1.5 above, 0.5 below), so each edge
-    scores 1 and anything within the band at most 1. A log ratio alone would weigh a budget
-    over-spent tenfold as one under-spent tenfold, and score 1.9x (outside the band) better than
-    0.5x (inside it); for a knob that bounds overload, spending more than asked is the worse miss.
-
-    >>> band_distance(0.0015, 0.001), band_distance(0.0005, 0.001), band_distance(0.001, 0.001)
-    (1.0, 1.0, 0.0)
-    """
-    low, high = GOAL_BAND
-    ratio = max(realised, 1e-6) / budget
-    return math.log(ratio) / math.log(high) if ratio >= 1 else math.log(ratio) / math.log(low)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -15,10 +15,17 @@ import pytest
 from oversale.budget import HotTimeBudget
 from oversale.estimator import CompressionEstimator, OversaleEstimator
 from oversale.usage import LoadConfig, WorkloadUsage, pod_estimate
-from simulator.policies import default_systems, katalyst_realtime, koordinator_batch, ours_requests
+from simulator.policies import (
+    band_distance,
+    default_systems,
+    katalyst_realtime,
+    koordinator_batch,
+    ours_requests,
+)
 from simulator.replay import SLOT, Config, Day, Window, arrival_moments, heat_at, observed_usage, run
 from simulator.report import (
     against_peers,
+    budget_goal,
     budgets_against_peers,
     hot_time_interval,
     summary,
@@ -26,7 +33,6 @@ from simulator.report import (
     write_report,
 )
 from simulator.trace import TraceError, attach_peaks, detect_format, read_trace
-from simulator.tune import band_distance
 from tests.conftest import ROOT, SHARED
 
 BITBRAINS = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
@@ -208,6 +214,28 @@ def test_a_holdout_that_takes_every_replayed_day_is_refused_and_an_empty_split_i
     assert "| system |" not in holdout
     sweep = report.split("## The budget sweep", 1)[1]
     assert sweep.split("| 0.10% | ", 1)[1].split("\n")[0].endswith("| - | - | - |")
+    assert list(data["budget_goal"]) == ["tuning"], "no verdict for the holdout it does not have"
+    assert "**The goal on the tuning days**: of the 5 budgets from 0.05% to 1%" in sweep
+    assert "The goal on the holdout days" not in sweep
+
+
+def test_the_goal_says_which_budgets_kept_their_band_on_each_placement():
+    """The sweep's goal: 0.05% to 1% each kept within 0.5x..1.5x, read on the report's placement,
+    and on how many of the placements replayed; 0.01% and 5% are outside the goal's range."""
+    def curve(*rates):
+        budgets = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
+        return [{"hot_time_budget": b, "holdout": {"cpu_violation_rate": r}}
+                for b, r in zip(budgets, rates, strict=True)]
+    report = curve(0.01, 0.0017, 0.0023, 0.0027, 0.0053, 0.0054, 0.04)
+    other = curve(0.0, 0.0003, 0.0014, 0.0031, 0.0044, 0.0049, 0.04)
+    goal = budget_goal(report, "holdout", [report, other])
+    assert goal["kept"] == [0.002, 0.005, 0.01] and goal["missed"] == [0.0005, 0.001]
+    by_budget = {v["hot_time_budget"]: v for v in goal["budgets"]}
+    assert by_budget[0.0005]["times_budget"] == pytest.approx(3.4)
+    # 0.2%: 1.35x here, 1.55x on the other; 1%: 0.54x and 0.49x (just under the band).
+    assert [by_budget[b]["kept_on_placements"] for b in goal["kept"] + goal["missed"]] == [1, 2, 1, 1, 1]
+    assert {v["placements"] for v in goal["budgets"]} == {2}
+    assert "placements" not in budget_goal(report, "holdout")["budgets"][0], "one placement: nothing to count"
 
 
 def test_against_peers_reads_our_curve_at_each_peers_violation_rate():
