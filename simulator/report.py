@@ -395,7 +395,6 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         "against_peers": {split: against_peers(rows, split) for split in SPLITS},
         "budgets_against_peers": {split: budgets_against_peers(rows, split) for split in SPLITS},
         "budget_sweep": budget_sweep(rows, result.daily),
-        "budget_goal": {},
         "variants_against_curve": {split: variants_against_curve(rows, result.daily, split) for split in SPLITS},
         "daily": result.daily,
     }
