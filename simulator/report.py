@@ -126,9 +126,15 @@ def placement_range(placements: list[list[dict[str, Any]]], budget: float, split
     >>> placement_range([curve(0.001), curve(0.014), curve(0.0)], 0.001), placement_range([curve(0.001)], 0.001)
     ([0.0, 0.014], None)
     """
-    rates = [(entry if split is None else entry[split])["cpu_violation_rate"] for curve in placements
-             for entry in curve if entry["hot_time_budget"] == budget]
+    rates = placement_rates(placements, budget, split)
     return [min(rates), max(rates)] if len(rates) > 1 else None
+
+
+def placement_rates(placements: list[list[dict[str, Any]]], budget: float, split: str | None = None) -> list[float]:
+    """The realised cpu hot time at ``budget`` on each placement replayed (each a
+    :func:`budget_sweep`), over every replayed day or one ``split``, in the placements' order."""
+    return [(entry if split is None else entry[split])["cpu_violation_rate"] for curve in placements
+            for entry in curve if entry["hot_time_budget"] == budget]
 
 
 def budget_goal(sweep: list[dict[str, Any]], split: str, placements: list[list[dict[str, Any]]] | None = None
@@ -152,8 +158,7 @@ def budget_goal(sweep: list[dict[str, Any]], split: str, placements: list[list[d
         verdict = {"hot_time_budget": budget, "times_budget": realised / budget,
                    "kept": band_distance(realised, budget) <= 1}
         if placements and len(placements) > 1:
-            rates = [e[split]["cpu_violation_rate"] for curve in placements for e in curve
-                     if e["hot_time_budget"] == budget]
+            rates = placement_rates(placements, budget, split)
             verdict["kept_on_placements"] = sum(band_distance(r, budget) <= 1 for r in rates)
             verdict["placements"] = len(rates)
         verdicts.append(verdict)
