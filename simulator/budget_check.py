@@ -53,7 +53,7 @@ from oversale.quantity import CPU
 from oversale.settings import Settings
 from simulator.cli import OneLineParser, hot_time_budget, trace_failed
 from simulator.policies import BUDGET_SWEEP, BudgetAccount, ours_ratio, usage_stats
-from simulator.report import hot_time_interval, interval_text
+from simulator.report import budget_goal, budget_goal_text, hot_time_interval, interval_text
 from simulator.trace import DAY, MILLI, TraceError
 
 NODE_FORMATS = ("alibaba-machines", "node-generic")
@@ -255,12 +255,19 @@ def main(argv: list[str] | None = None) -> int:
                         check_budget(nodes, budget, settings, args.window_days, with_account=False)))
         _say(f"budget {budget:.2%}: done")
     print(format_table(results))
+    # The goal's verdict on the budgets of 0.05% to 1% among those checked, as the backtest's
+    # report gives it under its sweep (with the account: the product's loop).
+    goal = budget_goal([{"hot_time_budget": ours.budget, "checked": {"cpu_violation_rate": ours.hot.share}}
+                        for ours, _ in results if ours.hot.samples], "checked")
+    if goal["budgets"]:
+        print("\n" + budget_goal_text(goal, "node-days checked"))
     if args.json is not None:
         args.json.write_text(json.dumps({
             "trace": str(args.trace), "nodes": len(nodes), "samples": samples, "days": round(span, 2),
             "budget_calibration": settings.budget_calibration, "window_days": args.window_days,
             "average_seconds": args.average_seconds,
-            "budgets": [{**ours.row(), "estimator_alone": alone.row()} for ours, alone in results]}, indent=1) + "\n")
+            "budgets": [{**ours.row(), "estimator_alone": alone.row()} for ours, alone in results],
+            "budget_goal": goal}, indent=1) + "\n")
     return 0
 
 

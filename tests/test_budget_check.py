@@ -78,8 +78,14 @@ def test_the_alibaba_machine_trace_through_the_command(tmp_path):
     assert data["nodes"] == 16 and data["samples"] == rows and data["budget_calibration"] == 4
     budgets = data["budgets"]
     assert [b["hot_time_budget"] for b in budgets] == [0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05]
-    table = result.stdout.splitlines()
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
     assert len(table) == 2 + len(budgets)
+    # Under the table, which of the goal's budgets (0.05% to 1%) kept 0.5x..1.5x, as the backtest says it.
+    goal = [line for line in result.stdout.splitlines() if line.startswith("**The goal on the node-days checked**")]
+    kept = [b["hot_time_budget"] for b in budgets if 0.0005 <= b["hot_time_budget"] <= 0.01
+            and 0.5 <= b["cpu_violation_rate"] / b["hot_time_budget"] <= 1.5]
+    assert data["budget_goal"]["kept"] == kept and len(data["budget_goal"]["budgets"]) == 5
+    assert len(goal) == 1 and f"of the 5 budgets from 0.05% to 1%, {len(kept)} kept within 0.5x..1.5x" in goal[0]
     for row, line in zip(budgets, table[2:], strict=True):
         for figures in (row, row["estimator_alone"]):
             assert figures["cpu_violation_rate"] == pytest.approx(figures["hot_samples"] / figures["samples"],
