@@ -282,7 +282,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     from simulator.cli import report_directory
     from simulator.policies import OURS, System, default_systems
     from simulator.replay import Config, run, trace_days
-    from simulator.report import other_placements, summary, write_report
+    from simulator.report import budget_goal, other_placements, summary, write_report
     from simulator.trace import TraceError, attach_peaks, read_trace
 
     try:
@@ -382,7 +382,9 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                          "summary": data,
                          "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours),
-                         "placements": placement_curves(data.get("placements") or [data["budget_sweep"]])}
+                         "placements": placement_curves(data.get("placements") or [data["budget_sweep"]]),
+                         # The goal's verdict over every replayed day, as the plan's table reads them.
+                         "budget_goal": budget_goal(data["budget_sweep"], None, data.get("placements"))}
     if not entries:
         raise CliError("no pool with a known node size: kube_node_status_allocatable has no cpu and memory for the "
                        "nodes the Pods ran on")

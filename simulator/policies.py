@@ -303,6 +303,25 @@ def band_distance(realised: float, budget: float) -> float:
     return math.log(ratio) / math.log(high) if ratio >= 1 else math.log(ratio) / math.log(low)
 
 
+def within_band(realised: float, budget: float) -> bool:
+    """Whether a budget was kept: the realised hot time within the goal's band (0.5x..1.5x), edges
+    included (:func:`band_distance` at most 1).
+
+    >>> within_band(0.0015, 0.001), within_band(0.0016, 0.001), within_band(0.0, 0.001)
+    (True, False, False)
+    """
+    return band_distance(realised, budget) <= 1
+
+
+def percent_text(share: float) -> str:
+    """A share as the docs write a budget: no trailing zeros (0.0005 -> "0.05%", 0.01 -> "1%")."""
+    return f"{share * 100:g}%"
+
+
+GOAL_RANGE_TEXT = f"{percent_text(GOAL_BUDGETS[0])} to {percent_text(GOAL_BUDGETS[-1])}"
+"""The goal's budgets as a range in words ("0.05% to 1%")."""
+
+
 def budget_name(cpu_budget: float) -> str:
     return f"{OURS} budget {cpu_budget:.2%}"
 

@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from oversale.quantity import RESOURCES
-from simulator.policies import GOAL_BAND, GOAL_BUDGETS, OURS, System, band_distance
+from simulator.policies import GOAL_BAND, GOAL_BUDGETS, GOAL_RANGE_TEXT, OURS, System, within_band
 from simulator.replay import SPLITS, Config, Result, Tally, run
 from simulator.trace import GIB, MILLI, Workload
 
@@ -137,12 +137,13 @@ def placement_rates(placements: list[list[dict[str, Any]]], budget: float, split
             for entry in curve if entry["hot_time_budget"] == budget]
 
 
-def budget_goal(sweep: list[dict[str, Any]], split: str, placements: list[list[dict[str, Any]]] | None = None
-                ) -> dict[str, Any]:
-    """The hot-time goal on one split: which of the goal's budgets (0.05% to 1%) in ``sweep`` kept
-    the realised cpu hot time within the band (0.5x..1.5x), each budget's multiple, and with
-    ``placements`` (each a :func:`budget_sweep`, the report's first) on how many placements it was
-    kept. The sentence a reader otherwise works out from the sweep's table by hand.
+def budget_goal(sweep: list[dict[str, Any]], split: str | None,
+                placements: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """The hot-time goal over every replayed day (``split`` None, as the plan reads it) or one
+    split: which of the goal's budgets (0.05% to 1%) in ``sweep`` kept the realised cpu hot time
+    within the band (0.5x..1.5x), each budget's multiple, and with ``placements`` (each a
+    :func:`budget_sweep`, the report's first) on how many placements it was kept. The sentence a
+    reader otherwise works out from the sweep's table by hand.
 
     >>> at = lambda rates: [{"hot_time_budget": b, "tuning": {"cpu_violation_rate": r}} for b, r in rates]
     >>> goal = budget_goal(at([(0.001, 0.0023), (0.002, 0.0027), (0.05, 0.04)]), "tuning")
@@ -154,12 +155,12 @@ def budget_goal(sweep: list[dict[str, Any]], split: str, placements: list[list[d
         budget = entry["hot_time_budget"]
         if budget not in GOAL_BUDGETS:
             continue
-        realised = entry[split]["cpu_violation_rate"]
+        realised = (entry if split is None else entry[split])["cpu_violation_rate"]
         verdict = {"hot_time_budget": budget, "times_budget": realised / budget,
-                   "kept": band_distance(realised, budget) <= 1}
+                   "kept": within_band(realised, budget)}
         if placements and len(placements) > 1:
             rates = placement_rates(placements, budget, split)
-            verdict["kept_on_placements"] = sum(band_distance(r, budget) <= 1 for r in rates)
+            verdict["kept_on_placements"] = sum(within_band(r, budget) for r in rates)
             verdict["placements"] = len(rates)
         verdicts.append(verdict)
     return {"band": list(GOAL_BAND), "budgets": verdicts,
@@ -176,7 +177,7 @@ def budget_goal_text(goal: dict[str, Any], days: str) -> str:
     low, high = goal["band"]
     kept = [v for v in goal["budgets"] if v["kept"]]
     missed = [v for v in goal["budgets"] if not v["kept"]]
-    return (f"**The goal on the {days}**: of the {len(goal['budgets'])} budgets from 0.05% to 1%, "
+    return (f"**The goal on the {days}**: of the {len(goal['budgets'])} budgets from {GOAL_RANGE_TEXT}, "
             f"{len(kept)} kept within {low:g}x..{high:g}x: {listed(kept)}; missed: {listed(missed)}.")
 
 

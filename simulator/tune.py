@@ -10,9 +10,13 @@ each candidate ``AccountConfig`` the whole system runs at every budget of the go
 budget in widths of the goal's band (``simulator.policies.band_distance``: 0 when a budget is
 kept exactly, 1 at either edge of 0.5x..1.5x, so a budget over-spent 1.5x weighs as one
 under-spent 2x), the mean over the budgets; ``kept`` counts the budgets (times placements)
-within the band; next to them the mean capacity freed over those budgets. The printed table is what the defaults in
-``oversale.budget.AccountConfig`` and ``OVERSALE_BUDGET_CALIBRATION`` were chosen from;
-docs/backtest.md reports the runs.
+within the band; next to them the mean capacity freed over those budgets. The printed table is
+what the defaults in ``oversale.budget.AccountConfig`` and ``OVERSALE_BUDGET_CALIBRATION`` were
+chosen from; docs/backtest.md reports the runs.
+
+Only the calibration is a setting: the account's knobs are the product's, and the grid varies
+them to show what they do. So the last line names the calibration that scores best with the
+account as shipped, beside the score of the one set in ``OVERSALE_BUDGET_CALIBRATION``.
 
 With ``--placements N`` each candidate is also replayed on N-1 other placements (ties among the
 best-scoring nodes drawn at random, as kube-scheduler draws them, where the first replay gives
@@ -20,6 +24,9 @@ each tie to the first node), and scored over every budget on every placement; a 
 gives the lowest and highest multiple over them. Which workloads share a node can move the hot
 time of a small budget more than the knobs do, so a candidate scored on one placement is scored
 on that draw's luck.
+
+The table goes to stdout as each candidate is scored; stderr says how far the run is: one line
+per candidate with the time left, and with ``--placements`` one per placement replayed.
 """
 
 from __future__ import annotations
@@ -42,7 +49,15 @@ from simulator.cli import (
     read_workloads,
     trace_failed,
 )
-from simulator.policies import GOAL_BUDGETS, OURS, band_distance, budget_name, budget_system, default_systems
+from simulator.policies import (
+    GOAL_BUDGETS,
+    OURS,
+    band_distance,
+    budget_name,
+    budget_system,
+    default_systems,
+    within_band,
+)
 from simulator.replay import SLOTS_PER_DAY, oversized_warning, run
 from simulator.trace import TraceError
 
@@ -54,6 +69,46 @@ GRID = {
     "max_multiplier": (1.0, 1.2),
 }
 """Candidates of ``AccountConfig``'s knobs (every combination is run)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """One candidate's row: its calibration and account, and how it kept the goal's budgets."""
+
+    calibration: float
+    account: AccountConfig
+    score: float
+    kept: int
+    cells: int
+    freed: float
+
+
+def settable_choice(scored: list[Scored], shipped: AccountConfig, current: float) -> str | None:
+    """The line under the table: the calibration scoring best among the candidates run with the
+    ``shipped`` account (the one a user cannot change), against the ``current`` calibration's
+    score. None when no candidate ran with the shipped account.
+
+    >>> row = lambda c, score: Scored(c, AccountConfig(), score, 3, 5, 0.4)
+    >>> choice = settable_choice([row(4.0, 0.9), row(2.0, 1.1)], AccountConfig(), 4.0)
+    >>> choice.startswith("With the account as shipped, calibration 4 scores best (0.900, 3/5 kept, 40.0% freed)")
+    True
+    >>> settable_choice([row(4.0, 0.9), row(2.0, 1.1)], AccountConfig(), 2.0).split(". ")[0].split(", ")[-1]
+    'against 1.100 (3/5 kept) for the 2 OVERSALE_BUDGET_CALIBRATION sets'
+    """
+    settable = [row for row in scored if row.account == shipped]
+    if not settable:
+        return None
+    best = min(settable, key=lambda row: row.score)
+    line = (f"With the account as shipped, calibration {best.calibration:g} scores best ({best.score:.3f}, "
+            f"{best.kept}/{best.cells} kept, {best.freed:.1%} freed)")
+    if best.calibration == current:
+        return line + ", the one OVERSALE_BUDGET_CALIBRATION sets."
+    mine = next((row for row in settable if row.calibration == current), None)
+    said = (f"against {mine.score:.3f} ({mine.kept}/{mine.cells} kept) for the {current:g} "
+            "OVERSALE_BUDGET_CALIBRATION sets" if mine else
+            f"; the {current:g} OVERSALE_BUDGET_CALIBRATION sets was not among the candidates (--scale)")
+    return (line + (", " if mine else "") + said + ". Read each budget's range above before changing it: on a "
+            "pool of a few nodes one run of the tuner is not enough (docs/reconcilers.md).")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -109,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     print("scale  " + "  ".join(GRID) + "  score  kept   freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS),
           flush=True)
     candidates = list(itertools.product(getattr(args, "scale", SCALES), *GRID.values()))
+    scored: list[Scored] = []
+    began = time.perf_counter()
     for number, (scale, *values) in enumerate(candidates, 1):
         account = AccountConfig(**dict(zip(GRID, values, strict=True)))
         oversale = dataclasses.replace(settings.oversale_estimator(), budget_scale=scale)
@@ -129,14 +186,20 @@ def main(argv: list[str] | None = None) -> int:
             if placements > 1:
                 print(f"candidate {number}/{len(candidates)}: placement {1 if seed is None else seed + 1}/"
                       f"{placements} replayed", file=sys.stderr, flush=True)
-        distances = [band_distance(r, b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True) for r in rates]
-        kept = f"{sum(d <= 1 for d in distances)}/{len(distances)}"
+        pairs = [(r, b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True) for r in rates]
+        row = Scored(scale, account, sum(band_distance(r, b) for r, b in pairs) / len(pairs),
+                     sum(within_band(r, b) for r, b in pairs), len(pairs), sum(freed) / len(freed))
+        scored.append(row)
         cells = [f"{min(rates) / b:.2f}x" if len(rates) == 1 else f"{min(rates) / b:.2f}-{max(rates) / b:.2f}x"
                  for rates, b in zip(realised, GOAL_BUDGETS, strict=True)]
         print(f"{scale:>5}  " + "  ".join(f"{value:>{len(knob)}}" for knob, value in zip(GRID, values, strict=True))
-              + f"  {sum(distances) / len(distances):.3f}  {kept:<5}  {sum(freed) / len(freed):.1%}  "
-              + "  ".join(cells)
+              + f"  {row.score:.3f}  {f'{row.kept}/{row.cells}':<5}  {row.freed:.1%}  " + "  ".join(cells)
               + f"   ({time.perf_counter() - started:.0f}s)", flush=True)
+        elapsed = time.perf_counter() - began
+        print(f"candidate {number}/{len(candidates)} scored in {time.perf_counter() - started:.0f}s; about "
+              f"{elapsed / number * (len(candidates) - number):.0f}s left", file=sys.stderr, flush=True)
+    if choice := settable_choice(scored, settings.account, settings.budget_calibration):
+        print(choice, flush=True)
     return 0
 
 

@@ -168,6 +168,18 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     assert (f"at a realised cpu hot time of {chosen['cpu_violation_rate']:.3%}; on days like these, "
             f"{low:.3%}..{high:.3%}; over 5 placements, {spreads[0.01][0]:.3%}..{spreads[0.01][1]:.3%}.") in text
     assert f"history (read from Prometheus at {cluster_prometheus.url})" in text
+    # Under the table, the goal's verdict over every replayed day, as the table reads them: which
+    # of the budgets 0.05%..1% kept their hot time within 0.5x..1.5x, and on how many placements.
+    goal = {entry["hot_time_budget"]: entry["cpu_violation_rate"] / entry["hot_time_budget"] for entry in sweep
+            if 0.0005 <= entry["hot_time_budget"] <= 0.01}
+    kept = sorted(b for b, times in goal.items() if 0.5 <= times <= 1.5)
+    assert pool["budget_goal"]["kept"] == kept and len(pool["budget_goal"]["budgets"]) == len(goal) == 5
+    line = next(line for line in text.splitlines() if line.startswith("**The goal on the replayed days**"))
+    assert f"of the 5 budgets from 0.05% to 1%, {len(kept)} kept within 0.5x..1.5x: " in line
+    for budget, times in goal.items():
+        on = sum(0.5 <= p["budget_sweep"][[e["hot_time_budget"] for e in sweep].index(budget)]["cpu_violation_rate"]
+                 / budget <= 1.5 for p in placements)
+        assert f"{budget:.2%} ({times:.2f}x; on {on} of 5 placements)" in line
 
 
 def test_a_plan_on_victoria_metrics_sets_what_a_plan_on_prometheus_sets(cluster_prometheus, tmp_path):

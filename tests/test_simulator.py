@@ -623,6 +623,48 @@ def test_the_tuner_scores_each_candidate_over_the_placements_it_is_asked_for(tmp
         assert all(low == 0 < high for low, high in bounds), "some placements keep the small ones off a-hot's node"
 
 
+def test_the_tuner_names_the_best_calibration_with_the_account_as_shipped(tmp_path):
+    """Only the calibration is a setting: the last line names the one scoring best among the rows
+    run with the shipped account (short_overspend 4, min_multiplier 0.5, max_multiplier 1), and
+    how the user's OVERSALE_BUDGET_CALIBRATION scored, or that it was not among the candidates.
+    Six workloads of 4 requested cores whose use is drawn from one gamma distribution, so the
+    calibrations set different ratios."""
+    use = np.random.default_rng(1).gamma(2.0, 0.4, size=(6, 10 * 288)).clip(max=4)
+    write_generic(tmp_path / "trace.csv", [(f"w{w}", (i // 288) * DAY + (i % 288) * SLOT, 4, float(x), GIB, GIB // 2)
+                                           for w, row in enumerate(use) for i, x in enumerate(row)])
+
+    def tuned(calibration):
+        result = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(tmp_path / "trace.csv"),
+                                 "--scale", "1", "--scale", "4", "--warmup-days", "7", "--node-cores", "8",
+                                 "--node-memory", "64Gi", "--holdout-days", "1"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=300, env={**os.environ, "OVERSALE_BUDGET_CALIBRATION": calibration})
+        assert result.returncode == 0, result.stderr
+        header, *lines = result.stdout.splitlines()
+        progress = [line for line in result.stderr.splitlines() if " scored in " in line]
+        assert [line.split(" scored")[0] for line in progress] == [f"candidate {n}/8" for n in range(1, 9)]
+        assert progress[-1].endswith("; about 0s left"), "progress on stderr, with the time left"
+        return [dict(zip(header.split(), line.split(), strict=False)) for line in lines[:-1]], lines[-1]
+
+    table, line = tuned("4")
+    assert len(table) == 8
+    shipped = {row["scale"]: row for row in table
+               if (row["short_overspend"], row["min_multiplier"], row["max_multiplier"]) == ("4.0", "0.5", "1.0")}
+    assert len(shipped) == 2 and shipped["1.0"]["score"] != shipped["4.0"]["score"], "the calibrations score apart"
+    best, other = sorted(shipped, key=lambda scale: float(shipped[scale]["score"]))
+    said = (f"With the account as shipped, calibration {float(best):g} scores best ({shipped[best]['score']}, "
+            f"{shipped[best]['kept']} kept, {shipped[best]['freed']} freed)")
+    for calibration in ("1", "4"):
+        _, line = tuned(calibration)
+        if float(calibration) == float(best):
+            assert line == said + ", the one OVERSALE_BUDGET_CALIBRATION sets."
+        else:
+            assert line.startswith(said + f", against {shipped[other]['score']} ({shipped[other]['kept']} kept) "
+                                   f"for the {calibration} OVERSALE_BUDGET_CALIBRATION sets. Read each budget's "
+                                   "range above before changing it")
+    _, line = tuned("3")
+    assert line.startswith(said + "; the 3 OVERSALE_BUDGET_CALIBRATION sets was not among the candidates (--scale).")
+
+
 def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
     trace = tmp_path / "trace.csv"
     write_generic(trace, [("w", day * DAY, 1, 0.5, GIB, GIB // 2) for day in range(20)])
