@@ -201,7 +201,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     from simulator.cli import cluster_config, read_workloads, report_directory
     from simulator.policies import System, default_systems
     from simulator.replay import run
-    from simulator.report import AT_PEAKS, other_placements, summary, write_report
+    from simulator.report import AT_PEAKS, budget_goal_text, other_placements, summary, write_report
     from simulator.trace import TraceError
 
     config = cluster_config(args, parser, args.arrival_seed)
@@ -234,6 +234,9 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
             print(f"  {row['policy']:<34} {row['kind']:<13} freed {figures['capacity_freed']:>6.1%}  cpu violations "
                   f"{figures['cpu_violation_rate']:.3%}{at_peaks}  memory violations "
                   f"{figures['memory_violation_rate']:.3%}")
+        goal = data["budget_goal"].get(split)
+        if len(data["budget_sweep"]) > 1 and goal and goal["budgets"]:  # the sweep's verdict, as in report.md
+            print("  " + budget_goal_text(goal, f"{split} days"))
     print(f"report: {args.out / 'report.md'}")
     return 0
 

@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                                            settings.budget, sweep=False) if s.name == "none"]
     print("scale  " + "  ".join(GRID) + "  score  kept   freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS),
           flush=True)
-    candidates = list(itertools.product(getattr(args, "scale", SCALES), *GRID.values()))
+    scales = dict.fromkeys(getattr(args, "scale", SCALES))  # a calibration given twice is run once
+    candidates = list(itertools.product(scales, *GRID.values()))
     scored: list[Scored] = []
     began = time.perf_counter()
     for number, (scale, *values) in enumerate(candidates, 1):

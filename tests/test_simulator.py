@@ -485,6 +485,10 @@ def test_the_command_reports_the_hot_time_at_the_peaks_and_refuses_peaks_of_othe
     assert policies["none"]["tuning"]["cpu_violation_rate_at_peaks"] == round(12 / 288, 6)
     assert all("cpu_violation_rate_at_peaks" in entry["tuning"] for entry in data["budget_sweep"])
     report = (out / "report.md").read_text()
+    # The terminal gets the sweep's verdict on the goal as report.md gives it, for the one split.
+    goal = [line.strip() for line in result.stdout.splitlines() if "The goal on the" in line]
+    assert len(goal) == 1 and goal[0].startswith("**The goal on the tuning days**: of the 5 budgets")
+    assert goal[0] in report.splitlines()
     assert "## Hot time at the 5-minute peaks" in report and "| none | 0.000% | 4.167% |" in report
     # Without --peaks, nothing about them.
     plain = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -581,6 +585,8 @@ def test_the_tuner_runs_on_the_node_size_it_is_given_and_never_sees_the_holdout(
     assert {freed for freed, *_ in small} == {"50.0%"}
     assert all(multiple == "0.00x" for _, multiples, _ in small for multiple in multiples), "the burst day is cut off"
     assert {kept for *_, kept in small} == {"0/5"}, "a budget not spent at all is not kept"
+    code, err, again = tune(trace, "--node-cores", "8", "--node-memory", "64Gi", "--holdout-days", "1", "--scale", "4")
+    assert code == 0 and again == small, "a calibration given twice is run once"
     code, err, large = tune(trace, "--node-cores", "16", "--node-memory", "128Gi", "--holdout-days", "1")
     assert code == 0, err
     assert "warning" not in err
