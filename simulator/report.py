@@ -169,7 +169,12 @@ def budget_goal(sweep: list[dict[str, Any]], split: str | None,
 
 
 def budget_goal_text(goal: dict[str, Any], days: str) -> str:
-    """One line of :func:`budget_goal` for the report: kept and missed budgets with their multiples."""
+    """One line of :func:`budget_goal` for the report: kept and missed budgets with their multiples.
+
+    >>> one = budget_goal([{"hot_time_budget": 0.001, "checked": {"cpu_violation_rate": 0.0012}}], "checked")
+    >>> budget_goal_text(one, "days checked").split(": ", 1)[1]
+    'of the 1 budget from 0.05% to 1%, 1 kept within 0.5x..1.5x: 0.10% (1.20x); missed: none.'
+    """
     def listed(budgets: list[dict[str, Any]]) -> str:
         return ", ".join(f"{v['hot_time_budget']:.2%} ({v['times_budget']:.2f}x"
                          + (f"; on {v['kept_on_placements']} of {v['placements']} placements" if "placements" in v
@@ -177,7 +182,8 @@ def budget_goal_text(goal: dict[str, Any], days: str) -> str:
     low, high = goal["band"]
     kept = [v for v in goal["budgets"] if v["kept"]]
     missed = [v for v in goal["budgets"] if not v["kept"]]
-    return (f"**The goal on the {days}**: of the {len(goal['budgets'])} budgets from {GOAL_RANGE_TEXT}, "
+    count = len(goal["budgets"])
+    return (f"**The goal on the {days}**: of the {count} budget{'' if count == 1 else 's'} from {GOAL_RANGE_TEXT}, "
             f"{len(kept)} kept within {low:g}x..{high:g}x: {listed(kept)}; missed: {listed(missed)}.")
 
 

@@ -4,15 +4,15 @@
 
 The trace and cluster options are the backtest's (``simulator.cli``): tune a pool that ``plan``
 exported on the node size ``plan`` printed for it. The trace is cut before its last
-``--holdout-days`` days, so nothing here sees the holdout. For
-each candidate ``AccountConfig`` the whole system runs at every budget of the goal's range
-(0.05% to 1%), and the candidate is scored by how far the realised cpu hot time strays from each
-budget in widths of the goal's band (``simulator.policies.band_distance``: 0 when a budget is
-kept exactly, 1 at either edge of 0.5x..1.5x, so a budget over-spent 1.5x weighs as one
-under-spent 2x), the mean over the budgets; ``kept`` counts the budgets (times placements)
-within the band; next to them the mean capacity freed over those budgets. The printed table is
-what the defaults in ``oversale.budget.AccountConfig`` and ``OVERSALE_BUDGET_CALIBRATION`` were
-chosen from; docs/backtest.md reports the runs.
+``--holdout-days`` days, so nothing here sees the holdout. For each candidate ``AccountConfig``
+the whole system runs at every budget of the goal's range (0.05% to 1%), and the candidate is
+scored by how far the realised cpu hot time strays from each budget in widths of the goal's band
+(``simulator.policies.band_distance``: 0 when a budget is kept exactly, 1 at either edge of
+0.5x..1.5x, so a budget over-spent 1.5x weighs as one under-spent 2x), the mean over the
+budgets; ``kept`` counts the budgets (times placements) within the band; next to them the mean
+capacity freed over those budgets. The printed table is what the defaults in
+``oversale.budget.AccountConfig`` and ``OVERSALE_BUDGET_CALIBRATION`` were chosen from;
+docs/backtest.md reports the runs.
 
 Only the calibration is a setting: the account's knobs are the product's, and the grid varies
 them to show what they do. So the last line names the calibration that scores best with the
