@@ -51,7 +51,7 @@ from oversale.errors import SettingsError
 from oversale.estimator import has_enough_history
 from oversale.quantity import CPU
 from oversale.settings import Settings
-from simulator.cli import OneLineParser, hot_time_budget, trace_failed
+from simulator.cli import OneLineParser, hot_time_budget, json_file, trace_failed
 from simulator.policies import BUDGET_SWEEP, BudgetAccount, ours_ratio, usage_stats
 from simulator.report import budget_goal, budget_goal_text, hot_time_interval, interval_text
 from simulator.trace import DAY, MILLI, TraceError
@@ -233,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--window-days must be at least 1")
     if not (math.isfinite(args.average_seconds) and args.average_seconds >= 0):
         parser.error(f"--average-seconds {args.average_seconds:g}: a length of time from 0 (as sampled)")
-    if args.json is not None and (args.json.is_dir() or not os.access(args.json.absolute().parent, os.W_OK)):
-        parser.error(f"--json {args.json}: not a file that can be written")
+    json_file(args.json, parser)
     try:
         settings = Settings.from_env(os.environ)
         nodes = read_nodes(args.trace, args.format)

@@ -27,6 +27,7 @@ on that draw's luck.
 
 The table goes to stdout as each candidate is scored; stderr says how far the run is: one line
 per candidate with the time left, and with ``--placements`` one per placement replayed.
+``--json PATH`` also writes every candidate's figures and the choice there.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from oversale.budget import AccountConfig, HotTimeBudget
 from oversale.errors import SettingsError
@@ -45,11 +48,13 @@ from simulator.cli import (
     OneLineParser,
     add_cluster_arguments,
     cluster_config,
+    json_file,
     placement_count,
     read_workloads,
     trace_failed,
 )
 from simulator.policies import (
+    GOAL_BAND,
     GOAL_BUDGETS,
     OURS,
     band_distance,
@@ -81,6 +86,13 @@ class Scored:
     kept: int
     cells: int
     freed: float
+    times_budget: tuple[tuple[float, float], ...] = ()
+    """Per goal budget, the lowest and highest realised hot time over the placements, as multiples."""
+
+
+def best_settable(scored: list[Scored], shipped: AccountConfig) -> Scored | None:
+    """The candidate scoring best among those run with the ``shipped`` account (the first of a tie)."""
+    return min((row for row in scored if row.account == shipped), key=lambda row: row.score, default=None)
 
 
 def settable_choice(scored: list[Scored], shipped: AccountConfig, current: float) -> str | None:
@@ -95,15 +107,14 @@ def settable_choice(scored: list[Scored], shipped: AccountConfig, current: float
     >>> settable_choice([row(4.0, 0.9), row(2.0, 1.1)], AccountConfig(), 2.0).split(". ")[0].split(", ")[-1]
     'against 1.100 (3/5 kept) for the 2 OVERSALE_BUDGET_CALIBRATION sets'
     """
-    settable = [row for row in scored if row.account == shipped]
-    if not settable:
+    best = best_settable(scored, shipped)
+    if best is None:
         return None
-    best = min(settable, key=lambda row: row.score)
     line = (f"With the account as shipped, calibration {best.calibration:g} scores best ({best.score:.3f}, "
             f"{best.kept}/{best.cells} kept, {best.freed:.1%} freed)")
     if best.calibration == current:
         return line + ", the one OVERSALE_BUDGET_CALIBRATION sets."
-    mine = next((row for row in settable if row.calibration == current), None)
+    mine = next((row for row in scored if row.account == shipped and row.calibration == current), None)
     said = (f"against {mine.score:.3f} ({mine.kept}/{mine.cells} kept) for the {current:g} "
             "OVERSALE_BUDGET_CALIBRATION sets" if mine else
             f"; the {current:g} OVERSALE_BUDGET_CALIBRATION sets was not among the candidates (--scale)")
@@ -131,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placements", type=int, default=1, metavar="N",
                         help="score each candidate over N placements: the first (ties to the first node) and "
                              "N-1 with ties drawn at random, as kube-scheduler draws them (each a full replay)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write every candidate's figures and the choice here")
     args = parser.parse_args(argv)
+    json_file(args.json, parser)
     placements = placement_count(args, parser)
     config = dataclasses.replace(cluster_config(args, parser), holdout_days=0)  # the holdout is cut off below
     try:  # the user's OVERSALE_* settings, as the backtest reads them
@@ -188,19 +202,33 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"candidate {number}/{len(candidates)}: placement {1 if seed is None else seed + 1}/"
                       f"{placements} replayed", file=sys.stderr, flush=True)
         pairs = [(r, b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True) for r in rates]
+        times = tuple((min(rates) / b, max(rates) / b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True))
         row = Scored(scale, account, sum(band_distance(r, b) for r, b in pairs) / len(pairs),
-                     sum(within_band(r, b) for r, b in pairs), len(pairs), sum(freed) / len(freed))
+                     sum(within_band(r, b) for r, b in pairs), len(pairs), sum(freed) / len(freed), times)
         scored.append(row)
-        cells = [f"{min(rates) / b:.2f}x" if len(rates) == 1 else f"{min(rates) / b:.2f}-{max(rates) / b:.2f}x"
-                 for rates, b in zip(realised, GOAL_BUDGETS, strict=True)]
+        cells = [f"{low:.2f}x" if placements == 1 else f"{low:.2f}-{high:.2f}x" for low, high in times]
         print(f"{scale:>5}  " + "  ".join(f"{value:>{len(knob)}}" for knob, value in zip(GRID, values, strict=True))
               + f"  {row.score:.3f}  {f'{row.kept}/{row.cells}':<5}  {row.freed:.1%}  " + "  ".join(cells)
               + f"   ({time.perf_counter() - started:.0f}s)", flush=True)
         elapsed = time.perf_counter() - began
         print(f"candidate {number}/{len(candidates)} scored in {time.perf_counter() - started:.0f}s; about "
               f"{elapsed / number * (len(candidates) - number):.0f}s left", file=sys.stderr, flush=True)
-    if choice := settable_choice(scored, settings.account, settings.budget_calibration):
+    choice = settable_choice(scored, settings.account, settings.budget_calibration)
+    if choice:
         print(choice, flush=True)
+    if args.json is not None:
+        best = best_settable(scored, settings.account)
+        args.json.write_text(json.dumps({
+            "trace": str(args.trace), "holdout_days": args.holdout_days, "placements": placements,
+            "budgets": list(GOAL_BUDGETS), "band": list(GOAL_BAND),
+            "candidates": [{"calibration": row.calibration, "account": dataclasses.asdict(row.account),
+                            "score": round(row.score, 6), "kept": row.kept, "cells": row.cells,
+                            "capacity_freed": round(row.freed, 6),
+                            "times_budget": [{"hot_time_budget": b, "lowest": round(low, 6), "highest": round(high, 6)}
+                                             for b, (low, high) in zip(GOAL_BUDGETS, row.times_budget, strict=True)]}
+                           for row in scored],
+            "current_calibration": settings.budget_calibration,
+            "best_calibration": best.calibration if best else None, "choice": choice}, indent=1) + "\n")
     return 0
 
 

@@ -115,6 +115,10 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
     (["reconcilers", "backtest", "--trace", "x.csv", "--arrival-seed", "-1"], ["--arrival-seed -1"]),
     (["reconcilers", "backtest", "--trace", "x.csv", "--placements", "0"], ["--placements 0", "at least 1"]),
     (["simulator.tune", "--trace", "x.csv", "--placements", "-1"], ["--placements -1", "at least 1"]),
+    # Told before the replay, not after minutes of it.
+    (["simulator.tune", "--trace", "x.csv", "--json", "/"], ["--json /: not a file that can be written"]),
+    (["simulator.budget_check", "--trace", "x.csv", "--json", "/nonexistent/out.json"],
+     ["--json /nonexistent/out.json: not a file that can be written"]),
     # As OVERSALE_CPU_HOT_TIME_BUDGET and a node's annotation read it: a percent sign is refused.
     (["reconcilers", "backtest", "--trace", "x.csv", "--hot-time-budget", "0.1%"],
      ["--hot-time-budget: '0.1%'", "share of node-time from 0 to 1"]),

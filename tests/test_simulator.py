@@ -639,11 +639,12 @@ def test_the_tuner_names_the_best_calibration_with_the_account_as_shipped(tmp_pa
     write_generic(tmp_path / "trace.csv", [(f"w{w}", (i // 288) * DAY + (i % 288) * SLOT, 4, float(x), GIB, GIB // 2)
                                            for w, row in enumerate(use) for i, x in enumerate(row)])
 
-    def tuned(calibration):
+    def tuned(calibration, *extra):
         result = subprocess.run([sys.executable, "-m", "simulator.tune", "--trace", str(tmp_path / "trace.csv"),
                                  "--scale", "1", "--scale", "4", "--warmup-days", "7", "--node-cores", "8",
-                                 "--node-memory", "64Gi", "--holdout-days", "1"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=300, env={**os.environ, "OVERSALE_BUDGET_CALIBRATION": calibration})
+                                 "--node-memory", "64Gi", "--holdout-days", "1", *extra], cwd=ROOT,
+                                capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "OVERSALE_BUDGET_CALIBRATION": calibration})
         assert result.returncode == 0, result.stderr
         header, *lines = result.stdout.splitlines()
         progress = [line for line in result.stderr.splitlines() if " scored in " in line]
@@ -651,7 +652,7 @@ def test_the_tuner_names_the_best_calibration_with_the_account_as_shipped(tmp_pa
         assert progress[-1].endswith("; about 0s left"), "progress on stderr, with the time left"
         return [dict(zip(header.split(), line.split(), strict=False)) for line in lines[:-1]], lines[-1]
 
-    table, line = tuned("4")
+    table, line = tuned("4", "--json", str(tmp_path / "tune.json"))
     assert len(table) == 8
     shipped = {row["scale"]: row for row in table
                if (row["short_overspend"], row["min_multiplier"], row["max_multiplier"]) == ("4.0", "0.5", "1.0")}
@@ -669,6 +670,20 @@ def test_the_tuner_names_the_best_calibration_with_the_account_as_shipped(tmp_pa
                                    "range above before changing it")
     _, line = tuned("3")
     assert line.startswith(said + "; the 3 OVERSALE_BUDGET_CALIBRATION sets was not among the candidates (--scale).")
+    # --json: every row's figures as the table gives them, and the same choice.
+    data = json.loads((tmp_path / "tune.json").read_text())
+    assert data["budgets"] == [0.0005, 0.001, 0.002, 0.005, 0.01] and data["placements"] == 1
+    assert data["best_calibration"] == float(best) and data["current_calibration"] == 4.0
+    assert data["choice"].startswith(said)
+    assert len(data["candidates"]) == len(table)
+    for row, candidate in zip(table, data["candidates"], strict=True):
+        account = candidate["account"]
+        assert (row["scale"], row["short_overspend"], row["min_multiplier"], row["max_multiplier"]) == (
+            str(candidate["calibration"]), str(account["short_overspend"]), str(account["min_multiplier"]),
+            str(account["max_multiplier"]))
+        assert row["score"] == f"{candidate['score']:.3f}" and row["kept"] == f"{candidate['kept']}/5"
+        assert row["freed"] == f"{candidate['capacity_freed']:.1%}"
+        assert [row[f"{b:.2%}"] for b in data["budgets"]] == [f"{t['lowest']:.2f}x" for t in candidate["times_budget"]]
 
 
 def test_the_tuner_refuses_a_trace_with_no_day_to_tune_on(tmp_path):
