@@ -86,7 +86,7 @@ class Scored:
     kept: int
     cells: int
     freed: float
-    times_budget: tuple[tuple[float, float], ...] = ()
+    times_budget: tuple[tuple[float, float], ...]
     """Per goal budget, the lowest and highest realised hot time over the placements, as multiples."""
 
 
@@ -100,7 +100,7 @@ def settable_choice(scored: list[Scored], shipped: AccountConfig, current: float
     ``shipped`` account (the one a user cannot change), against the ``current`` calibration's
     score. None when no candidate ran with the shipped account.
 
-    >>> row = lambda c, score: Scored(c, AccountConfig(), score, 3, 5, 0.4)
+    >>> row = lambda c, score: Scored(c, AccountConfig(), score, 3, 5, 0.4, ((1.0, 1.0),) * 5)
     >>> choice = settable_choice([row(4.0, 0.9), row(2.0, 1.1)], AccountConfig(), 4.0)
     >>> choice.startswith("With the account as shipped, calibration 4 scores best (0.900, 3/5 kept, 40.0% freed)")
     True
