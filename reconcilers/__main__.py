@@ -235,8 +235,8 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
                   f"{figures['cpu_violation_rate']:.3%}{at_peaks}  memory violations "
                   f"{figures['memory_violation_rate']:.3%}")
         goal = data["budget_goal"].get(split)
-        if len(data["budget_sweep"]) > 1 and goal and goal["budgets"]:  # the sweep's verdict, as in report.md
-            print("  " + budget_goal_text(goal, f"{split} days"))
+        if len(data["budget_sweep"]) > 1 and goal and (said := budget_goal_text(goal, f"{split} days")):
+            print("  " + said)  # the sweep's verdict, as in report.md
     print(f"report: {args.out / 'report.md'}")
     return 0
 

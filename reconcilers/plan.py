@@ -834,8 +834,8 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
                          + (f" {interval_text(spread)} |" if len(placements) > 1 else "")
                          + (f" {sweep[AT_PEAKS]:.3%} |" if at_peaks else "")
                          + f" {sweep['memory_violation_rate']:.3%} |")
-        if entry["budget_goal"]["budgets"]:
-            lines += ["", budget_goal_text(entry["budget_goal"], "replayed days")]
+        if said := budget_goal_text(entry["budget_goal"], "replayed days"):
+            lines += ["", said]
         lines += ["", "| namespace | cpu requested | cpu set | memory requested | memory set |",
                   "| --- | --- | --- | --- | --- |"]
         for namespace, totals in sorted(entry["namespaces"].items()):

@@ -258,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     # report gives it under its sweep (with the account: the product's loop).
     goal = budget_goal([{"hot_time_budget": ours.budget, "checked": {"cpu_violation_rate": ours.hot.share}}
                         for ours, _ in results if ours.hot.samples], "checked")
-    if goal["budgets"]:
-        print("\n" + budget_goal_text(goal, "node-days checked"))
+    if said := budget_goal_text(goal, "node-days checked"):
+        print("\n" + said)
     if args.json is not None:
         args.json.write_text(json.dumps({
             "trace": str(args.trace), "nodes": len(nodes), "samples": samples, "days": round(span, 2),

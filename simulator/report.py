@@ -168,17 +168,22 @@ def budget_goal(sweep: list[dict[str, Any]], split: str | None,
             "missed": [v["hot_time_budget"] for v in verdicts if not v["kept"]]}
 
 
-def budget_goal_text(goal: dict[str, Any], days: str) -> str:
-    """One line of :func:`budget_goal` for the report: kept and missed budgets with their multiples.
+def budget_goal_text(goal: dict[str, Any], days: str) -> str | None:
+    """One line of :func:`budget_goal` for the report: kept and missed budgets with their multiples;
+    None where it checked none (a sweep without a budget of 0.05% to 1%): no line to print.
 
     >>> one = budget_goal([{"hot_time_budget": 0.001, "checked": {"cpu_violation_rate": 0.0012}}], "checked")
     >>> budget_goal_text(one, "days checked").split(": ", 1)[1]
     'of the 1 budget from 0.05% to 1%, 1 kept within 0.5x..1.5x: 0.10% (1.20x); missed: none.'
+    >>> budget_goal_text(budget_goal([{"hot_time_budget": 0.05, "checked": {}}], "checked"), "days checked") is None
+    True
     """
     def listed(budgets: list[dict[str, Any]]) -> str:
         return ", ".join(f"{v['hot_time_budget']:.2%} ({v['times_budget']:.2f}x"
                          + (f"; on {v['kept_on_placements']} of {v['placements']} placements" if "placements" in v
                             else "") + ")" for v in budgets) or "none"
+    if not goal["budgets"]:
+        return None
     low, high = goal["band"]
     kept = [v for v in goal["budgets"] if v["kept"]]
     missed = [v for v in goal["budgets"] if not v["kept"]]
@@ -514,8 +519,8 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
                 if placed:
                     cells.append(interval_text(placement_range(placed, entry["hot_time_budget"], split)))
             lines.append(f"| {entry['hot_time_budget']:.2%} | " + " | ".join(cells) + " |")
-        lines += [""] + [budget_goal_text(goal, f"{split} days") + "\n" for split, goal in data["budget_goal"].items()
-                         if goal["budgets"]]
+        lines += [""] + [f"{said}\n" for split, goal in data["budget_goal"].items()
+                         if (said := budget_goal_text(goal, f"{split} days"))]
         lines += ["![realised hot time against the budget](budget_kept.png)", ""]
     lines += peaks_table(rows, data)
     lines += variants_table(data["variants_against_curve"], data.get("placement_variants"))
