@@ -178,12 +178,13 @@ def budget_goal_text(goal: dict[str, Any], days: str) -> str | None:
     >>> budget_goal_text(budget_goal([{"hot_time_budget": 0.05, "checked": {}}], "checked"), "days checked") is None
     True
     """
+    if not goal["budgets"]:
+        return None
+
     def listed(budgets: list[dict[str, Any]]) -> str:
         return ", ".join(f"{v['hot_time_budget']:.2%} ({v['times_budget']:.2f}x"
                          + (f"; on {v['kept_on_placements']} of {v['placements']} placements" if "placements" in v
                             else "") + ")" for v in budgets) or "none"
-    if not goal["budgets"]:
-        return None
     low, high = goal["band"]
     kept = [v for v in goal["budgets"] if v["kept"]]
     missed = [v for v in goal["budgets"] if not v["kept"]]
