@@ -755,7 +755,11 @@ def test_a_rate_window_shorter_than_4_scrapes_is_told_once_not_left_as_missing_h
     and every workload's ratio was held "for want of history" with nothing said why. Before its
     first pass the reconciler reads how often each cpu counter is scraped and warns, once, naming
     the interval and the window that would do; with that window the usage is read."""
-    end = time.time() - 120
+    # Samples half a step off the query's steps (multiples of 300 s since the epoch): Prometheus
+    # 2.x's range selectors include both ends, so a sample on a step and the one 300 s before
+    # would both fall in the window, and the run after time.time() lands on a multiple of 300
+    # (1 in 300) would read a rate.
+    end = (time.time() - 120) // 300 * 300 - 150
     labels = {"namespace": NS, "pod": "web-5d8f9-abcde", "container": "app", "id": "/kubepods/web/app"}
     cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)], step=300)
     memory = Family("container_memory_working_set_bytes", "gauge", [(labels, lambda t: 2**28)], step=300)
