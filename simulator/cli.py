@@ -115,12 +115,11 @@ def read_workloads(args: argparse.Namespace, progress: Callable[[str], None]) ->
     return workloads
 
 
-def json_file(path: Path | None, parser: argparse.ArgumentParser) -> Path | None:
+def json_file(path: Path | None, parser: argparse.ArgumentParser) -> None:
     """``--json``, checked before the work as ``--out`` is: a path that cannot be written is told
     at once, not after minutes of replay."""
     if path is not None and (path.is_dir() or not os.access(path.absolute().parent, os.W_OK)):
         parser.error(f"--json {path}: not a file that can be written")
-    return path
 
 
 def report_directory(path: Path, parser: argparse.ArgumentParser) -> Path:

@@ -756,9 +756,8 @@ def test_a_rate_window_shorter_than_4_scrapes_is_told_once_not_left_as_missing_h
     first pass the reconciler reads how often each cpu counter is scraped and warns, once, naming
     the interval and the window that would do; with that window the usage is read."""
     # Samples half a step off the query's steps (multiples of 300 s since the epoch): Prometheus
-    # 2.x's range selectors include both ends, so a sample on a step and the one 300 s before
-    # would both fall in the window, and the run after time.time() lands on a multiple of 300
-    # (1 in 300) would read a rate.
+    # 2.x's range selectors include both ends, so with samples on the steps (1 run in 300 when
+    # they followed time.time()) a window held a sample and the one 300 s before, and a rate.
     end = (time.time() - 120) // 300 * 300 - 150
     labels = {"namespace": NS, "pod": "web-5d8f9-abcde", "container": "app", "id": "/kubepods/web/app"}
     cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)], step=300)
