@@ -1,6 +1,6 @@
 """Usage history from Prometheus's HTTP API.
 
-One pass issues a fixed number of queries (9 for the ratios, 3 for the hot-time account
+One pass issues a fixed number of queries (9 for the ratios, 2 for the hot-time account
 whatever the nodes' sizes, 1 and 7 days at once), each over the whole window, so Prometheus does the
 per-series work and returns one number per series: never one query per object. Container usage
 comes from cAdvisor (``container_cpu_usage_seconds_total``, ``container_memory_working_set_bytes``),
@@ -100,50 +100,65 @@ class PrometheusHistory:
                    memory_quantile: float | None = None) -> dict[str, ResourceStats]:
         label = self.node_label
         expressions = self._node_expressions()
-        cpu = self._summaries(Summaries.at_each_step(expressions["cpu"]), window, quantile, (label,), with_peak=False)
+        cpu = self._summaries(Summaries.at_each_step(expressions["cpu"]), window, quantile, (label,), with_peak=False,
+                              last_samples=lambda now, counted: self._last_node_samples(window, now, counted))
         memory = self._summaries(Summaries.at_each_step(expressions["memory"]), window,
                                  quantile if memory_quantile is None else memory_quantile, (label,), with_peak=False,
                                  counts=cpu)
         return {node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
+    def _last_node_samples(self, window: float, now: float,
+                           counted: Collection[tuple[str, ...]]) -> dict[tuple[str, ...], float]:
+        """Each counted node's last cpu sample time in ``window``, read over the last
+        :data:`RECENT` first: the same steps at the end of the window (a subquery's steps are
+        multiples of its step), so the same figure for every node that reported in it, at a
+        fraction of the cost (a week's subquery rates every cpu counter at 2,016 steps, the hour's
+        at 12). The nodes silent that long (removed, or their exporter down) are read over the
+        whole window, their series alone."""
+        label, expression = self.node_label, self._node_expressions()["cpu"]
+        recent = min(window, RECENT)
+        last = self._per_window(_last_sample_time(expression), recent, now, (label,), max)
+        silent = sorted(key[0] for key in counted if key not in last)
+        if silent and recent < window:
+            # A query of the user's own may join series without the node label: read whole.
+            alone = expression if self._own_node_query("cpu") else scoped(expression, node_matcher(
+                label, {node_name(instance) for instance in silent}))
+            last |= {key: t for key, t in self._per_window(_last_sample_time(alone), window, now,
+                                                           (label,), max).items() if key not in last}
+        return last
+
     def node_hot_time(self, windows: Sequence[float],
                       real: dict[str, dict[str, float]]) -> list[dict[str, dict[str, HotTime]]]:
-        """A count of all samples, and one count above the real allocatable per resource, for all
-        the windows at once where they nest (:meth:`_counts_over`): the number of queries grows
-        neither with nodes, nor with their sizes, nor with the windows. The nodes are grouped by
-        real allocatable (:func:`threshold_groups`), and the count's expression is the ``or`` of
-        each group's usage, its series selected by node name, above the group's. With a node
-        query of the user's own (cpu or memory), whose series may lack the node label (a join),
-        that resource takes one count per group instead, read over all nodes."""
+        """Per resource, each node's samples and those above its real allocatable, for all the
+        windows at once where they nest (:meth:`_counts_over`), both counts from one evaluation
+        of the usage (:data:`HOT_WEIGHT`): the number of queries grows neither with nodes, nor
+        with their sizes, nor with the windows. The nodes are grouped by real allocatable
+        (:func:`threshold_groups`), and the count's expression is the ``or`` of each group's
+        usage, its series selected by node name, against the group's. With a node query of the
+        user's own (cpu or memory), whose series may lack the node label (a join), that resource
+        takes one count per group instead, read over all nodes."""
         if not windows:
             return []
         label, now = self.node_label, time.time()
-        expressions = self._node_expressions()
-        totals = self._counts_over(f"count_over_time(({expressions['cpu']})[$WINDOW:$STEP])", windows, now, (label,))
-        samples = [{node_name(key[0]): int(count) for key, count in by_window.items()} for by_window in totals]
-        # Every window's nodes are the longest's: the windows end together.
-        seen = set().union(*samples)
         results: list[dict[str, dict[str, HotTime]]] = [{} for _ in windows]
-        for resource, expression in expressions.items():
-            groups = threshold_groups({node: values[resource] for node, values in real.items()
-                                       if resource in values and node in seen})
-            if not groups:
-                continue
-            # (expression above the real allocatable, the nodes whose counts it gives)
+        for resource, expression in self._node_expressions().items():
+            groups = threshold_groups({node: values[resource] for node, values in real.items() if resource in values})
+            # (expression: 1 at each step, 1 + HOT_WEIGHT above the real allocatable; its nodes)
             counts: list[tuple[str, list[str]]]
             if len(groups) == 1 or self._own_node_query(resource):
-                counts = [(f"({expression}) > {threshold:.0f}", nodes) for threshold, nodes in groups]
+                counts = [(_weighted(f"({expression}) > bool {threshold:.0f}"), nodes) for threshold, nodes in groups]
             else:
-                counts = [(" or ".join(f"(({scoped(expression, node_matcher(label, nodes))}) > {threshold:.0f})"
-                                       for threshold, nodes in groups), [n for _, nodes in groups for n in nodes])]
-            for above, nodes in counts:
-                hot = self._counts_over(f"count_over_time(({above})[$WINDOW:$STEP])", windows, now, (label,))
-                for result, found, in_window in zip(results, hot, samples, strict=True):
-                    above_real = {node_name(key[0]): int(count) for key, count in found.items()}
+                counts = [(_weighted(" or ".join(
+                    f"(({scoped(expression, node_matcher(label, nodes))}) > bool {threshold:.0f})"
+                    for threshold, nodes in groups)), [n for _, nodes in groups for n in nodes])]
+            for weighted, nodes in counts:
+                found = self._counts_over(f"sum_over_time(({weighted})[$WINDOW:$STEP])", windows, now, (label,))
+                for result, by_series in zip(results, found, strict=True):
+                    read = {node_name(key[0]): divmod(round(total), HOT_WEIGHT) for key, total in by_series.items()}
                     for node in nodes:
-                        if node in in_window:
-                            result.setdefault(node, {})[resource] = HotTime(
-                                min(above_real.get(node, 0), in_window[node]), in_window[node])
+                        if node in read:
+                            hot, samples = read[node]
+                            result.setdefault(node, {})[resource] = HotTime(hot, samples)
         return results
 
     def _counts_over(self, template: str, windows: Sequence[float], now: float,
@@ -223,17 +238,20 @@ class PrometheusHistory:
         keys: tuple[str, ...],
         with_peak: bool,
         counts: dict[tuple[str, ...], UsageStats] | None = None,
+        last_samples: Callable[[float, Collection[tuple[str, ...]]], dict[tuple[str, ...], float]] | None = None,
     ) -> dict[tuple[str, ...], UsageStats]:
         """quantile (and peak) per series; sample count and last-sample age are queried only when
-        ``counts`` (the same series' counts from an earlier call) is not given."""
+        ``counts`` (the same series' counts from an earlier call) is not given, the last sample's
+        time by ``last_samples`` (now, the series counted) where given."""
         now = time.time()
         quantiles = self._per_window(queries.quantile.replace("$Q", str(quantile)), window, now, keys, max)
         peaks = self._per_window(queries.peak, window, now, keys, max) if with_peak else {}
         if counts is None:
-            if queries.last is None:
+            if queries.last_sample is None:
                 raise ValueError("summaries without a last-sample query need the counts of another call")
             samples = self._per_window(queries.count, window, now, keys, sum)
-            last = self._per_window(queries.last, window, now, keys, max)
+            last = (last_samples(now, samples.keys()) if last_samples
+                    else self._per_window(queries.last_sample, window, now, keys, max))
         result = {}
         for key, value in quantiles.items():
             if counts is not None:
@@ -308,11 +326,34 @@ class PrometheusHistory:
 _EMPTY = UsageStats(None, None, 0, 0.0, None)
 
 
+def _last_sample_time(expression: str) -> str:
+    """The time of ``expression``'s last step with a value in ``$WINDOW``."""
+    return f"max_over_time(timestamp({expression})[$WINDOW:$STEP])"
+
+
 def _asked_at(t: float, end: float, step: float, count: int) -> bool:
     """Whether ``t`` is one of the ``count`` times ``end - k x step`` (to the second)."""
     k = round((end - t) / step)
     return 0 <= k < count and abs(end - k * step - t) < 1.0
 
+
+HOT_WEIGHT = 2**26
+"""What a step above the real allocatable adds to a hot-time count besides the 1 every step adds
+(:func:`_weighted`): the one sum then holds both counts (``divmod(sum, HOT_WEIGHT)`` is the hot
+steps and all steps), so Prometheus evaluates a node's usage once for the two, not once each
+(rating every cpu counter at every step is most of a pass's time on real nodes). Exact while a
+window holds fewer than 2**26 steps (776 days at 1-second steps): the sum stays below 2**53,
+where a float64 holds every integer."""
+
+
+def _weighted(above: str) -> str:
+    """``above`` (1 where usage is above the real allocatable, else 0, at each step) weighted as
+    :data:`HOT_WEIGHT` says."""
+    return f"({above}) * {HOT_WEIGHT} + 1"
+
+
+RECENT = 3600.0
+"""How far back a node's last cpu sample is looked for first (:meth:`PrometheusHistory._last_node_samples`)."""
 
 SIZE_TOLERANCE = 0.01
 """Nodes whose real allocatable is within this share of each other are counted hot against the
@@ -348,7 +389,7 @@ class Summaries:
     quantile: str
     peak: str
     count: str
-    last: str | None
+    last_sample: str | None
     """None where the counts come from another call (``_summaries``' ``counts``)."""
 
     @classmethod
@@ -357,7 +398,7 @@ class Summaries:
         before any quantile (a quantile of a sum is not the sum of the quantiles)."""
         over = f"({expression})[$WINDOW:$STEP]"
         return cls(f"quantile_over_time($Q, {over})", f"max_over_time({over})", f"count_over_time({over})",
-                   f"max_over_time(timestamp({expression})[$WINDOW:$STEP])")
+                   _last_sample_time(expression))
 
     @classmethod
     def per_cgroup(cls, samples: str, scale: str = "", instant: str | None = None) -> Summaries:

@@ -415,11 +415,11 @@ def test_a_prometheus_holding_several_clusters_is_read_for_this_one_alone(tmp_pa
         server.stop()
 
 
-def test_hot_time_takes_three_queries_whatever_the_node_sizes(tmp_path):
+def test_hot_time_takes_two_queries_whatever_the_node_sizes(tmp_path):
     """Nodes of four sizes, two of them within 1% of each other (one instance type, two node
-    images): the hot-time account still reads one sample count and one count above the real
-    allocatable per resource, each node counted against its own size (or the lower of two within
-    1%), not one count per size. With a node memory query of the user's own that joins a series
+    images): the hot-time account still reads one count per resource (its samples and those above
+    the real allocatable together), each node counted against its own size (or the lower of two
+    within 1%), not one count per size. With a node memory query of the user's own that joins a series
     without the node label, memory is read one count per size instead, with the same figures."""
     end = time.time() - 120
     # name: (cpu used, memory used, real cpu, real memory); constant, so each node is hot in every
@@ -447,8 +447,8 @@ def test_hot_time_takes_three_queries_whatever_the_node_sizes(tmp_path):
         joined = ("max by (instance) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes) "
                   "* on () group_left () max(memory_scale)")
         # The node matchers also go with a cluster selector (here one every series matches).
-        for extra, queries in (({}, 3), ({"OVERSALE_PROMETHEUS_SELECTOR": 'instance=~".+"'}, 3),
-                               ({"OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY": joined}, 2 + 3)):
+        for extra, queries in (({}, 2), ({"OVERSALE_PROMETHEUS_SELECTOR": 'instance=~".+"'}, 2),
+                               ({"OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY": joined}, 1 + 3)):
             reader = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
                                                                         **extra}))
             hot = reader.node_hot_time([6 * HOUR], real)[0]
@@ -457,6 +457,50 @@ def test_hot_time_takes_three_queries_whatever_the_node_sizes(tmp_path):
             full = hot["small"]["cpu"].samples
             assert full > 60 and all(by[r].samples == full for by in hot.values() for r in ("cpu", "memory"))
             assert figures == {"small": (full, full), "mid.eu": (0, 0), "big": (0, 0), "big-new": (0, full)}, extra
+    finally:
+        server.stop()
+
+
+def test_a_node_silent_for_hours_has_its_last_sample_read_over_the_whole_window(tmp_path):
+    """Each node's last cpu sample is looked for over the last hour first, a fraction of the
+    week's steps; a node whose exporter stopped 3 hours ago ("gone.eu") is read again over the
+    whole window, its series alone, and its age is still the 3 hours (which decay its ratio as
+    stale), not unknown. With every node reporting, that read is not sent. The same with a node
+    cpu query of the user's own, read whole for want of a node label to select by."""
+    end = time.time() - 120
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    recorded = Family("instance:node_cpu:rate:sum", "gauge")
+    node_total = Family("node_memory_MemTotal_bytes", "gauge")
+    node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+    for name, stop in (("steady", end), ("gone.eu", end - 3 * HOUR)):
+        instance = {"instance": f"{name}:9100"}
+        bounds = (end - 26 * HOUR, stop)
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, lambda t: 0.5, *bounds))
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "idle"}, lambda t: 1.5, *bounds))
+        recorded.series.append((instance, lambda t: 0.5, *bounds))
+        node_total.series.append((instance, lambda t: 16e9, *bounds))
+        node_available.series.append((instance, lambda t: 12e9, *bounds))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [node_cpu, recorded, node_total, node_available], end - 26 * HOUR, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        for extra in ({}, {"OVERSALE_PROMETHEUS_NODE_CPU_QUERY": "instance:node_cpu:rate:sum"}):
+            reader = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
+                                                                        **extra}))
+            stats = reader.node_stats(24 * HOUR, 0.99)
+            # The quantile, the sample count, the last hour's last samples, the silent node's
+            # over the day, and memory's quantile.
+            assert reader.queries == 5, extra
+            assert stats.keys() == {"steady", "gone.eu"}
+            assert stats["steady"].cpu.age_seconds < 600, "sampled to the end"
+            # Its last step with a rate: within a step and the 5-minute lookback of its last sample.
+            assert stats["gone.eu"].cpu.age_seconds == pytest.approx(3 * HOUR + 120, abs=600), extra
+            assert stats["gone.eu"].cpu.quantile == pytest.approx(500, rel=0.01)
+            assert stats["gone.eu"].cpu.samples < stats["steady"].cpu.samples
+            # Over the last 2 hours "gone.eu" has no samples: it is not counted, and no more is read.
+            short = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
+                                                                       **extra}))
+            assert short.node_stats(2 * HOUR, 0.99).keys() == {"steady"} and short.queries == 4, extra
     finally:
         server.stop()
 
@@ -576,7 +620,7 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
     try:
         together = reader()
         day, week = (figures(found) for found in together.node_hot_time([6 * HOUR, 24 * HOUR], real))
-        assert together.queries == 3, "one sample count, one count above real per resource"
+        assert together.queries == 2, "one count per resource"
         # 5-minute steps: 72 in 6 hours, 288 in 24; the cpu burst 6 hours long, memory's the last 2.
         assert day["warm"][0] == pytest.approx(72, abs=1) and week["warm"][0] == pytest.approx(288, abs=1)
         assert day["warm"][1] == 0 and week["warm"][1] == pytest.approx(72, abs=2)
@@ -586,7 +630,7 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
             assert_within_a_step([figures(reader().node_hot_time([window], real)[0])], [figures_together], window)
         apart = reader()
         short, long = (figures(found) for found in apart.node_hot_time([5 * HOUR, 24 * HOUR], real))
-        assert apart.queries == 6, "5 hours is no whole part of a day: each window alone"
+        assert apart.queries == 4, "5 hours is no whole part of a day: each window alone"
         assert short["warm"][0] == pytest.approx(60, abs=1) and long["warm"] == pytest.approx(week["warm"], abs=1)
         # Behind a query frontend aligning ranges to their step (Thanos's default), the range is
         # answered at multiples of 6 hours, not at the times asked: told once, then each window
@@ -595,7 +639,7 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
         try:
             behind = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": frontend.url}))
             with caplog.at_level(logging.WARNING, logger="reconcilers.prometheus"):
-                for queries in (1 + 6, 6):
+                for queries in (1 + 4, 4):
                     asked = behind.queries
                     found = [figures(by_window) for by_window in behind.node_hot_time([6 * HOUR, 24 * HOUR], real)]
                     assert_within_a_step(found, [day, week], "behind the frontend")
@@ -615,11 +659,11 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
         try:
             split = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": strict.url}))
             found = [figures(by_window) for by_window in split.node_hot_time([6 * HOUR, 24 * HOUR], real)]
-            assert split.queries > 3, "the refused requests are counted too"
+            assert split.queries > 2, "the refused requests are counted too"
             if max_samples == 500:
                 # Halved from the 4 steps asked (4, 2, 1: at most 7 requests a count), not from
                 # the 10,000 a part may hold (13 more refusals a count).
-                assert split.queries <= 3 * (1 + 2 + 4)
+                assert split.queries <= 2 * (1 + 2 + 4)
             assert_within_a_step(found, [day, week], max_samples)
         finally:
             strict.stop()
@@ -740,13 +784,13 @@ def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
     reconciler.run_pass(dry_run=True)
     # Once, before the first pass, how often each cpu counter is scraped (2, not the pass's). Then
-    # 9 for the ratios; the hot-time account reads the sample count and one count above the real
-    # allocatable per resource (the nodes here share theirs), its day and week at once.
-    assert history.queries == 2 + 9 + 3
-    assert reconciler.metrics.history_queries._value.get() == 12
+    # 9 for the ratios; the hot-time account reads one count per resource, samples and those
+    # above the real allocatable together (the nodes here share theirs), its day and week at once.
+    assert history.queries == 2 + 9 + 2
+    assert reconciler.metrics.history_queries._value.get() == 11
     # From the second pass on, calibration reads the peaks since the last predictions: 2 more.
     reconciler.run_pass(dry_run=True)
-    assert history.queries - 14 == 14
+    assert history.queries - 13 == 13
 
 
 def test_a_rate_window_shorter_than_4_scrapes_is_told_once_not_left_as_missing_history(api, tmp_path, caplog):
