@@ -3,12 +3,12 @@ history, and the API-server double of tests/ holding the objects.
 
     python -m bench.reconcile_scale [--workloads 10000] [--nodes 5000] [--hours 24] [--sample 600]
                                     [--memory-sizes 1] [--memory-step 8] [--node-cpus 0]
-                                    [--recorded-node-cpu]
+                                    [--recorded-node-cpu] [--per-query]
 
 Prints how long the history takes to build, the pass time (dry run and with writes) and the
-number of PromQL queries. The passes start once Prometheus has compacted the backfilled blocks,
-as a Prometheus that has held the history for that long has them. Needs Debian's prometheus
-package (prometheus, promtool).
+number of PromQL queries; ``--per-query`` also each query's time, slowest first. The passes
+start once Prometheus has compacted the backfilled blocks, as a Prometheus that has held the
+history for that long has them. Needs Debian's prometheus package (prometheus, promtool).
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client
 
+from kube.prometheus import PrometheusAPI
 from oversale.annotations import AnnotationKeys
 from oversale.settings import Settings
 from reconcilers.cluster import Cluster
@@ -129,6 +132,25 @@ def populate(api: FakeKubeAPI, workloads: int, nodes: int, pods_per_node: int, m
                              "status": {"phase": "Running"}})
 
 
+def time_each_query(api: PrometheusAPI) -> list[tuple[float, str]]:
+    """Each query ``api`` answers from now on, with its wall time (the bench's own instrument: the
+    pass's two readers query at once, so a query's time includes its share of Prometheus's cores)."""
+    timings: list[tuple[float, str]] = []
+
+    def timed(ask: Callable[..., Any]) -> Callable[..., Any]:
+        def asking(query: str, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return ask(query, *args, **kwargs)
+            finally:
+                timings.append((time.perf_counter() - started, query))
+        return asking
+
+    api.instant = timed(api.instant)  # type: ignore[method-assign]
+    api.query_range = timed(api.query_range)  # type: ignore[method-assign]
+    return timings
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", type=int, default=10000)
@@ -145,6 +167,8 @@ def main() -> int:
     parser.add_argument("--recorded-node-cpu", action="store_true",
                         help="each node's cpu as a recording rule's one series (instance:node_cpu:rate:sum), read "
                              "with OVERSALE_PROMETHEUS_NODE_CPU_QUERY, instead of its counters")
+    parser.add_argument("--per-query", action="store_true",
+                        help="also print each query's time, slowest first (and write them with --json)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
@@ -183,6 +207,7 @@ def main() -> int:
             history = PrometheusHistory.from_settings(settings)
             reconciler = Reconciler(Cluster(api_client, timeout=300), history, settings)
             history.check_rate_window()  # once per process, not part of a pass
+            timings = time_each_query(history.api) if args.per_query else []
             queries, waited = history.queries, history.query_seconds
             log(f"pass ({label.replace('_', ' ')})")
             started = time.perf_counter()
@@ -197,6 +222,10 @@ def main() -> int:
             log(f"{label}: {elapsed:.1f}s, {queries} PromQL queries ({waited:.1f}s waited), "
                 f"{len(rows)} rows, "
                 f"{figures[f'{label}_written']} ratios written")
+            if args.per_query:
+                figures[f"{label}_per_query"] = [[round(seconds, 2), query] for seconds, query in sorted(timings)[::-1]]
+                for seconds, query in sorted(timings, reverse=True):
+                    log(f"  {seconds:6.1f}s  {query[:150]}")
     finally:
         api.stop()
         prometheus.stop()
