@@ -3,7 +3,7 @@ history, and the API-server double of tests/ holding the objects.
 
     python -m bench.reconcile_scale [--workloads 10000] [--nodes 5000] [--hours 24] [--sample 600]
                                     [--memory-sizes 1] [--memory-step 8] [--node-cpus 0]
-                                    [--recorded-node-cpu] [--per-query]
+                                    [--recorded-node-cpu] [--concurrency 4] [--per-query]
 
 Prints how long the history takes to build, the pass time (dry run and with writes) and the
 number of PromQL queries; ``--per-query`` also each query's time, slowest first. The passes
@@ -167,6 +167,8 @@ def main() -> int:
     parser.add_argument("--recorded-node-cpu", action="store_true",
                         help="each node's cpu as a recording rule's one series (instance:node_cpu:rate:sum), read "
                              "with OVERSALE_PROMETHEUS_NODE_CPU_QUERY, instead of its counters")
+    parser.add_argument("--concurrency", type=int, default=Settings.prometheus_concurrency,
+                        help="queries in flight at once (OVERSALE_PROMETHEUS_CONCURRENCY; default %(default)s)")
     parser.add_argument("--per-query", action="store_true",
                         help="also print each query's time, slowest first (and write them with --json)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -196,12 +198,14 @@ def main() -> int:
         settings = dataclasses.replace(
             Settings(kubernetes="off"), prometheus_url=prometheus.url, prometheus_step_seconds=args.sample,
             prometheus_rate_window_seconds=4 * args.sample, prometheus_timeout_seconds=120, min_samples=10,
+            prometheus_concurrency=args.concurrency,
             full_confidence_seconds=86400.0,
             prometheus_node_cpu_query="instance:node_cpu:rate:sum" if args.recorded_node_cpu else "")
         figures = {"workloads": args.workloads, "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
                    "memory_sizes": args.memory_sizes,
                    "memory_step_mib": args.memory_step, "node_cpus": args.node_cpus,
-                   "recorded_node_cpu": args.recorded_node_cpu, "history_samples": samples,
+                   "recorded_node_cpu": args.recorded_node_cpu, "concurrency": args.concurrency,
+                   "history_samples": samples,
                    "tsdb_blocks": blocks[1]}
         for label, dry_run in (("dry_run", True), ("with_writes", False)):
             history = PrometheusHistory.from_settings(settings)

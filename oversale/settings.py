@@ -125,6 +125,10 @@ class Settings:
     prometheus_step_seconds: float = field(default=300.0, metadata=_env("OVERSALE_PROMETHEUS_STEP"))
     """Subquery resolution: one evaluated point per series and step (a duration such as ``5m``)."""
 
+    prometheus_concurrency: int = field(default=4, metadata=_env("OVERSALE_PROMETHEUS_CONCURRENCY"))
+    """PromQL queries the reconcilers keep in flight at once, over all their reads (Prometheus
+    evaluates each query on one core; 1: one after another)."""
+
     prometheus_rate_window_seconds: float = field(default=300.0, metadata=_env("OVERSALE_PROMETHEUS_RATE_WINDOW"))
     """Window of ``rate()`` over CPU counters: at least four scrape intervals."""
 
@@ -661,6 +665,7 @@ _PARSERS: dict[str, Any] = {
     "prometheus_timeout_seconds": lambda text: _duration(text),
     "prometheus_step_seconds": lambda text: _duration(text),
     "prometheus_rate_window_seconds": lambda text: _duration(text),
+    "prometheus_concurrency": _positive_int,
     "prometheus_node_label": lambda text: _nonempty(text),
     "prometheus_node_cpu_query": str.strip,
     "prometheus_node_memory_query": str,

@@ -283,23 +283,56 @@ def step_aligning_proxy(upstream: str) -> AnsweringServer:
     return _proxy(upstream, align)
 
 
-def _proxy(upstream: str, rewrite: Callable[[str, dict[str, str]], dict[str, str] | None]) -> AnsweringServer:
+@dataclass
+class Held:
+    most_at_once: int = 0
+    """The most queries a :func:`holding_proxy` held at once."""
+
+
+def holding_proxy(upstream: str, hold: float = 0.2) -> tuple[AnsweringServer, Held]:
+    """A proxy on a loopback port in front of the Prometheus at ``upstream`` that holds each
+    query ``hold`` seconds before passing it on, so that queries sent together are seen together,
+    and counts the most it held at once. Stop it with ``shutdown()``."""
+    lock, now, held = threading.Lock(), [0], Held()
+
+    def arrive(path: str, form: dict[str, str]) -> dict[str, str]:
+        with lock:
+            now[0] += 1
+            held.most_at_once = max(held.most_at_once, now[0])
+        time.sleep(hold)
+        return form
+
+    def leave() -> None:
+        with lock:
+            now[0] -= 1
+
+    return _proxy(upstream, arrive, leave), held
+
+
+def _proxy(upstream: str, rewrite: Callable[[str, dict[str, str]], dict[str, str] | None],
+           answering: Callable[[], None] = lambda: None) -> AnsweringServer:
     """A proxy passing each POSTed query on to ``upstream`` as ``rewrite(path, form)`` returns
-    it, or answering 503 (a timed-out query) where that is None."""
+    it, or answering 503 (a timed-out query) where that is None; ``answering`` is called just
+    before each answer is sent (after it, the client may already have sent its next query)."""
 
     class Proxy(AnsweringHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             form = rewrite(self.path, {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
             if form is None:
+                answering()
                 self.send(503, json.dumps({"status": "error", "errorType": "timeout",
                                            "error": "query timed out in query execution"}).encode())
                 return
             forwarded = urllib.request.Request(upstream + self.path, data=urllib.parse.urlencode(form).encode(),
                                                headers={"Content-Type": self.headers.get(
                                                    "Content-Type", "application/x-www-form-urlencoded")})
-            with urllib.request.urlopen(forwarded, timeout=120) as response:
-                self.send(response.status, response.read())
+            try:
+                with urllib.request.urlopen(forwarded, timeout=120) as response:
+                    status, answer = response.status, response.read()
+            finally:
+                answering()
+            self.send(status, answer)
 
     return _serve(Proxy, [])
 
