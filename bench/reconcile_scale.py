@@ -227,8 +227,9 @@ def main() -> int:
                 f"{len(rows)} rows, "
                 f"{figures[f'{label}_written']} ratios written")
             if args.per_query:
-                figures[f"{label}_per_query"] = [[round(seconds, 2), query] for seconds, query in sorted(timings)[::-1]]
-                for seconds, query in sorted(timings, reverse=True):
+                slowest_first = sorted(timings, reverse=True)
+                figures[f"{label}_per_query"] = [[round(seconds, 2), query] for seconds, query in slowest_first]
+                for seconds, query in slowest_first:
                     log(f"  {seconds:6.1f}s  {query[:150]}")
     finally:
         api.stop()

@@ -118,23 +118,23 @@ class PrometheusHistory:
         cpu, memory = self._together(
             lambda: self._summaries(Summaries.at_each_step(expressions["cpu"]), window, quantile, (label,),
                                     with_peak=False,
-                                    last_samples=lambda now, counted: self._last_node_samples(window, now, counted)),
+                                    last_samples=lambda now, counted: self._last_node_samples(
+                                        expressions["cpu"], window, now, counted)),
             lambda: self._summaries(Summaries.at_each_step(expressions["memory"]), window,
                                     quantile if memory_quantile is None else memory_quantile, (label,),
                                     with_peak=False, counted=False))
         memory = self._counted_as(memory, cpu)
         return {node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
-    def _last_node_samples(self, window: float, now: float,
+    def _last_node_samples(self, expression: str, window: float, now: float,
                            counted: Collection[tuple[str, ...]]) -> dict[tuple[str, ...], float]:
-        """Each counted node's last cpu sample time in ``window``, read over the last
-        :data:`RECENT` first: the same steps at the end of the window (a subquery's steps are
-        multiples of its step), so the same figure for every node that reported in it, at a
-        fraction of the cost (a week's subquery rates every cpu counter at 2,016 steps, the hour's
-        at 12). The nodes silent that long (removed, or their exporter down) are read over the
+        """Each counted node's last sample time of ``expression`` (its cpu) in ``window``, read
+        over the last :data:`RECENT` first: the same steps at the end of the window (a subquery's
+        steps are multiples of its step), so the same figure for every node that reported in it,
+        at a fraction of the cost (a week's subquery rates every cpu counter at 2,016 steps, the
+        hour's at 12). The nodes silent that long (removed, or their exporter down) are read over the
         whole window, their series alone."""
-        label, expression = self.node_label, self._node_expressions()["cpu"]
-        recent = min(window, RECENT)
+        label, recent = self.node_label, min(window, RECENT)
         last = self._per_window(_last_sample_time(expression), recent, now, (label,), max)
         silent = sorted(key[0] for key in counted if key not in last)
         if silent and recent < window:
