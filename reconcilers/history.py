@@ -7,7 +7,7 @@ usage summaries (see ``oversale.estimator.UsageStats``). CPU is in millicores, m
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,8 +36,11 @@ class History(Protocol):
 
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]: ...
 
-    def node_stats(self, window: float, quantile: float,
-                   memory_quantile: float | None = None) -> dict[str, ResourceStats]: ...
+    def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
+                   counts_from: Mapping[str, ResourceStats] | None = None) -> dict[str, ResourceStats]:
+        """``counts_from``: a read of the same window whose sample counts and ages serve for this
+        one's (a pool with its own budget needs its own quantiles, not its samples counted again)."""
+        ...
 
     def node_hot_time(self, windows: Sequence[float],
                       real: dict[str, dict[str, float]]) -> list[dict[str, dict[str, HotTime]]]:

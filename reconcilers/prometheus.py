@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -101,28 +101,38 @@ class PrometheusHistory:
                    concurrency=settings.prometheus_concurrency)
 
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
+        """Each container's usage over ``window``. Its age is known where it reported in the last
+        :data:`RECENT` (:meth:`_freshest_samples`), else None: a container's age serves the
+        staleness gauge alone, the freshest of all, where a node's decides its ratio."""
         keys = ("namespace", "pod", "container")
         rate = f"rate(container_cpu_usage_seconds_total{APP_CONTAINERS}[{duration(self.rate_window)}])"
-        cpu_queries = Summaries.per_cgroup(f"{rate}[$WINDOW:$STEP]", " * 1000", f"timestamp({rate})")
+        cpu_queries = Summaries.per_cgroup(f"{rate}[$WINDOW:$STEP]", " * 1000")
         memory_queries = Summaries.per_cgroup(f"container_memory_working_set_bytes{APP_CONTAINERS}[$WINDOW]")
+        last_sample = f"max by (namespace, pod, container) ({_last_sample_time(rate)})"
         cpu, memory = self._together(
-            lambda: self._summaries(cpu_queries, window, quantile, keys, with_peak=False),
-            lambda: self._summaries(memory_queries, window, quantile, keys, with_peak=True, counted=False))
+            lambda: self._summaries(cpu_queries, window, quantile, keys, with_peak=False,
+                                    last_samples=lambda now, _: self._freshest_samples(last_sample, window, now, keys)),
+            lambda: self._summaries(memory_queries, window, quantile, keys, with_peak=True))
         memory = self._counted_as(memory, cpu)
         return {(key[0], key[1], key[2]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
-    def node_stats(self, window: float, quantile: float,
-                   memory_quantile: float | None = None) -> dict[str, ResourceStats]:
+    def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
+                   counts_from: Mapping[str, ResourceStats] | None = None) -> dict[str, ResourceStats]:
+        """Each node's usage over ``window``: 4 queries, 2 with ``counts_from`` (the quantiles
+        alone; the sample count evaluates a node's cpu over the whole window once more)."""
         label = self.node_label
         expressions = self._node_expressions()
+        counting = None if counts_from is not None else (
+            lambda now, counted: self._last_node_samples(expressions["cpu"], window, now, counted))
         cpu, memory = self._together(
             lambda: self._summaries(Summaries.at_each_step(expressions["cpu"]), window, quantile, (label,),
-                                    with_peak=False,
-                                    last_samples=lambda now, counted: self._last_node_samples(
-                                        expressions["cpu"], window, now, counted)),
+                                    with_peak=False, last_samples=counting),
             lambda: self._summaries(Summaries.at_each_step(expressions["memory"]), window,
                                     quantile if memory_quantile is None else memory_quantile, (label,),
-                                    with_peak=False, counted=False))
+                                    with_peak=False))
+        if counts_from is not None:
+            cpu = self._counted_as(cpu, {key: known.cpu for key in cpu
+                                         if (known := counts_from.get(node_name(key[0]))) is not None})
         memory = self._counted_as(memory, cpu)
         return {node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
@@ -143,6 +153,21 @@ class PrometheusHistory:
                 label, {node_name(instance) for instance in silent}))
             last |= {key: t for key, t in self._per_window(_last_sample_time(alone), window, now,
                                                            (label,), max).items() if key not in last}
+        return last
+
+    def _freshest_samples(self, template: str, window: float, now: float,
+                          keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        """``template``'s (a last sample's time, :func:`_last_sample_time`) over the last
+        :data:`RECENT`: the series that reported in it, each with its own time, and so the
+        freshest of all exact. Over the whole window only where none did (Prometheus has scraped
+        nothing for an hour), for the age of the freshest then. A week's subquery rated every
+        cgroup's counter at 2,016 steps, a tenth of a full-size pass's Prometheus time
+        (docs/performance.md), for the ages of containers silent for hours, mostly deleted Pods',
+        too many to name in a query as :meth:`_last_node_samples` names silent nodes."""
+        recent = min(window, RECENT)
+        last = self._per_window(template, recent, now, keys, max)
+        if not last and recent < window:
+            last = self._per_window(template, window, now, keys, max)
         return last
 
     def node_hot_time(self, windows: Sequence[float],
@@ -259,28 +284,21 @@ class PrometheusHistory:
         quantile: float,
         keys: tuple[str, ...],
         with_peak: bool,
-        counted: bool = True,
         last_samples: Callable[[float, Collection[tuple[str, ...]]], dict[tuple[str, ...], float]] | None = None,
     ) -> dict[tuple[str, ...], UsageStats]:
-        """quantile (and peak) per series, asked at once; the sample count and last sample's age
-        where ``counted`` (else none: see :meth:`_counted_as`), the last sample's time by
-        ``last_samples`` (now, the series counted) where given."""
+        """quantile (and peak) per series, asked at once; with ``last_samples`` (now, the series
+        counted -> their last sample's time) the sample count and last sample's age too, else none
+        (see :meth:`_counted_as`)."""
         now = time.time()
         asked = [lambda: self._per_window(queries.quantile.replace("$Q", str(quantile)), window, now, keys, max)]
         if with_peak:
             asked.append(lambda: self._per_window(queries.peak, window, now, keys, max))
-        if counted:
-            if queries.last_sample is None:
-                raise ValueError("summaries without a last-sample query need the counts of another read")
-            last_sample = queries.last_sample
+        if last_samples:
             asked.append(lambda: self._per_window(queries.count, window, now, keys, sum))
         found = self._together(*asked)
         quantiles, peaks = found[0], found[1] if with_peak else {}
-        samples = found[-1] if counted else {}
-        last = {}
-        if counted:
-            last = (last_samples(now, samples.keys()) if last_samples
-                    else self._per_window(last_sample, window, now, keys, max))
+        samples = found[-1] if last_samples else {}
+        last = last_samples(now, samples.keys()) if last_samples else {}
         return {key: self._stats(value, peaks.get(key, value) if with_peak else None, int(samples.get(key, 0)),
                                  now - last[key] if key in last else None)
                 for key, value in quantiles.items()}
@@ -454,36 +472,30 @@ def threshold_groups(thresholds: dict[str, float],
 @dataclass(frozen=True)
 class Summaries:
     """The PromQL templates (``$WINDOW``, ``$STEP``, ``$Q`` the quantile) of one usage's summaries
-    per series over a window: its quantile, peak, sample count and last sample's time."""
+    per series over a window: its quantile, peak and sample count."""
 
     quantile: str
     peak: str
     count: str
-    last_sample: str | None
-    """None where the counts come from another call (``_summaries``' ``counts``)."""
 
     @classmethod
     def at_each_step(cls, expression: str) -> Summaries:
         """Of ``expression``'s value at each step: a node's usage, summed over its cpus at each step
         before any quantile (a quantile of a sum is not the sum of the quantiles)."""
         over = f"({expression})[$WINDOW:$STEP]"
-        return cls(f"quantile_over_time($Q, {over})", f"max_over_time({over})", f"count_over_time({over})",
-                   _last_sample_time(expression))
+        return cls(f"quantile_over_time($Q, {over})", f"max_over_time({over})", f"count_over_time({over})")
 
     @classmethod
-    def per_cgroup(cls, samples: str, scale: str = "", instant: str | None = None) -> Summaries:
+    def per_cgroup(cls, samples: str, scale: str = "") -> Summaries:
         """Of each container, from ``samples`` (a range of each of its cgroups' series), with the
         aggregation outside the range: Prometheus evaluates an aggregation inside a subquery at
         every step, which took 3 to 5 times as long for the same figures on 10,000 containers
         (``python -m bench.workload_history``'s data). A container's cgroups are the same cgroup
         scraped by two jobs (the same series twice) and its incarnations before and after a
         restart: the quantile and peak are the highest of theirs (never below those of all its
-        samples together, the safe side), the sample count their sum. ``instant``: the samples'
-        expression at one step, for the last sample's time (not needed where counts come from
-        another call)."""
+        samples together, the safe side), the sample count their sum."""
         per_container = "max by (namespace, pod, container)"
         return cls(f"{per_container} (quantile_over_time($Q, {samples})){scale}",
                    f"{per_container} (max_over_time({samples})){scale}",
                    f"sum by (namespace, pod, container) (max by (namespace, pod, container, id) "
-                   f"(count_over_time({samples})))",
-                   None if instant is None else f"{per_container} (max_over_time({instant}[$WINDOW:$STEP]))")
+                   f"(count_over_time({samples})))")

@@ -494,7 +494,7 @@ class Reconciler:
             for cpu, memory in sorted({(b["cpu"], b["memory"]) for b in budgets.values()} - {default}):
                 scale = self.settings.budget_calibration
                 own = self.history.node_stats(self.settings.history_window_seconds, budget_quantile(cpu, scale),
-                                              budget_quantile(memory, scale))
+                                              budget_quantile(memory, scale), counts_from=stats)
                 stats |= {name: s for name, s in own.items()
                           if (budgets.get(name, {}).get("cpu"), budgets.get(name, {}).get("memory")) == (cpu, memory)}
         except HistoryUnavailable as error:

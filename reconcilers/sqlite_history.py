@@ -17,7 +17,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +122,9 @@ class SqliteHistory:
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
         return {(n, p, c): stats for (n, p, c), stats in self._stats("container", window, quantile).items()}
 
-    def node_stats(self, window: float, quantile: float,
-                   memory_quantile: float | None = None) -> dict[str, ResourceStats]:
+    def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
+                   counts_from: Mapping[str, ResourceStats] | None = None) -> dict[str, ResourceStats]:
+        # counts_from is not needed: the rows read for the quantiles are the samples counted.
         return {pod: stats for (_, pod, _), stats in self._stats("node", window, quantile, memory_quantile).items()}
 
     def node_hot_time(self, windows: Sequence[float],

@@ -28,7 +28,7 @@ from oversale.estimator import UsageStats
 from oversale.settings import Settings, SettingsError
 from oversale.timestamps import parse_timestamp
 from reconcilers.cluster import Cluster
-from reconcilers.history import HistoryUnavailable
+from reconcilers.history import HistoryUnavailable, ResourceStats
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import Reconciler, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
@@ -506,6 +506,48 @@ def test_a_node_silent_for_hours_has_its_last_sample_read_over_the_whole_window(
         server.stop()
 
 
+def test_the_containers_freshest_sample_is_read_over_the_last_hour_and_the_window_only_when_all_are_silent(
+        tmp_path):
+    """A container's age serves the staleness gauge alone: the freshest of all. It is read over
+    the last hour, where a cluster whose Pods report gives it exactly; a container silent longer
+    (a Pod deleted 3 hours ago) keeps its usage and gets no age, rather than a rate at every step
+    of the window for it. Where no container reported in the last hour, the whole window is read
+    once more, and the freshest age is still the 3 hours the gauge then shows. Two clusters in one
+    Prometheus, told apart by OVERSALE_PROMETHEUS_SELECTOR: in "live" one Pod still reports."""
+    end = time.time() - 120
+    cpu = Family("container_cpu_usage_seconds_total", "counter")
+    memory = Family("container_memory_working_set_bytes", "gauge")
+    for cluster, pod, stop in (("live", "steady", end), ("live", "deleted", end - 3 * HOUR),
+                               ("quiet", "deleted", end - 3 * HOUR)):
+        labels = {"cluster": cluster, "namespace": NS, "pod": pod, "container": "app", "id": f"/kubepods/{pod}"}
+        bounds = (end - 26 * HOUR, stop)
+        cpu.series.append((labels, lambda t: 0.25, *bounds))
+        memory.series.append((labels, lambda t: 2**28, *bounds))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [cpu, memory], end - 26 * HOUR, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        def read(cluster: str) -> tuple[dict[str, ResourceStats], int]:
+            reader = PrometheusHistory.from_settings(Settings.from_env({
+                "OVERSALE_PROMETHEUS_URL": server.url, "OVERSALE_PROMETHEUS_SELECTOR": f'{{cluster="{cluster}"}}'}))
+            stats = reader.container_stats(24 * HOUR, 0.99)
+            return {pod: s for (_, pod, _), s in stats.items()}, reader.queries
+
+        live, queries = read("live")
+        # cpu's quantile, count and last hour's last samples, memory's quantile and peak.
+        assert queries == 5 and live.keys() == {"steady", "deleted"}
+        assert live["steady"].cpu.age_seconds < 600, "sampled to the end"
+        assert live["deleted"].cpu.age_seconds is None and live["deleted"].memory.age_seconds is None
+        assert live["deleted"].cpu.quantile == pytest.approx(250, rel=0.01)
+        assert live["deleted"].cpu.samples < live["steady"].cpu.samples
+        quiet, queries = read("quiet")
+        assert queries == 6, "the last samples read again over the whole window"
+        # Its last step with a rate: within a step and the 5-minute lookback of its last sample.
+        assert quiet["deleted"].cpu.age_seconds == pytest.approx(3 * HOUR + 120, abs=600)
+    finally:
+        server.stop()
+
+
 def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not_kept(tmp_path, caplog):
     """A long-term store keeping each node's cpu as kube-prometheus's recording rule
     (``instance:node_cpu:rate:sum``, cores by instance) and not node-exporter's per-cpu counters:
@@ -846,6 +888,15 @@ def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     # From the second pass on, calibration reads the peaks since the last predictions: 2 more.
     reconciler.run_pass(dry_run=True)
     assert history.queries - 13 == 13
+    # A node with a budget of its own (a pool's) reads its own quantiles, cpu's and memory's, not
+    # its samples again: those of the pass's read count for it, and it has the history it had.
+    node = api.get("nodes", "", "node-1")
+    node["metadata"]["annotations"][KEYS.hot_time_budget("cpu")] = "0.0002"
+    api.put("nodes", node)
+    rows = reconciler.run_pass(dry_run=True)
+    assert history.queries - 26 == 13 + 2
+    cpu = next(row for row in rows if row.object == "Node/node-1" and row.resource == "cpu")
+    assert cpu.reason.startswith("budget 0.020%: P99.92 usage"), cpu.reason
 
 
 def test_a_rate_window_shorter_than_4_scrapes_is_told_once_not_left_as_missing_history(api, tmp_path, caplog):
