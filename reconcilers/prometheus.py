@@ -119,37 +119,47 @@ class PrometheusHistory:
     def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
                    counts_from: Mapping[str, ResourceStats] | None = None) -> dict[str, ResourceStats]:
         """Each node's usage over ``window``: 4 queries, 2 with ``counts_from`` (the quantiles
-        alone; the sample count evaluates a node's cpu over the whole window once more)."""
-        label = self.node_label
+        alone). The read of one resource (:meth:`_counting_resource`) counts each node's samples
+        and finds its last; both resources take them."""
+        label, counter = self.node_label, self._counting_resource()
         expressions = self._node_expressions()
-        counting = None if counts_from is not None else (
-            lambda now, counted: self._last_node_samples(expressions["cpu"], window, now, counted))
-        cpu, memory = self._together(
-            lambda: self._summaries(Summaries.at_each_step(expressions["cpu"]), window, quantile, (label,),
-                                    with_peak=False, last_samples=counting),
-            lambda: self._summaries(Summaries.at_each_step(expressions["memory"]), window,
-                                    quantile if memory_quantile is None else memory_quantile, (label,),
-                                    with_peak=False))
-        if counts_from is not None:
-            cpu = self._counted_as(cpu, {key: known.cpu for key in cpu
-                                         if (known := counts_from.get(node_name(key[0]))) is not None})
-        memory = self._counted_as(memory, cpu)
+        quantiles = {"cpu": quantile, "memory": quantile if memory_quantile is None else memory_quantile}
+
+        def read(resource: str) -> dict[tuple[str, ...], UsageStats]:
+            counting = None if counts_from is not None or resource != counter else (
+                lambda now, counted: self._last_node_samples(resource, window, now, counted))
+            return self._summaries(Summaries.at_each_step(expressions[resource]), window, quantiles[resource],
+                                   (label,), with_peak=False, last_samples=counting)
+
+        cpu, memory = self._together(lambda: read("cpu"), lambda: read("memory"))
+        counts = ({"cpu": cpu, "memory": memory}[counter] if counts_from is None else
+                  {key: known.cpu for key in cpu if (known := counts_from.get(node_name(key[0]))) is not None})
+        cpu, memory = self._counted_as(cpu, counts), self._counted_as(memory, counts)
         return {node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
-    def _last_node_samples(self, expression: str, window: float, now: float,
+    def _counting_resource(self) -> str:
+        """The resource whose read counts each node's samples: memory where node-exporter gives
+        both, its cpu a counter per cpu and mode (80 a node of 16 cpus) rated and summed at every
+        step, its memory two gauges scraped with them, so the same steps at a fraction of the
+        cost; cpu where a query of the user's own reads either (a recording rule's series starts
+        where the rule does, and a node's cpu ratio waits for the cpu history it needs)."""
+        return "cpu" if self.node_cpu_query or self.node_memory_query else "memory"
+
+    def _last_node_samples(self, resource: str, window: float, now: float,
                            counted: Collection[tuple[str, ...]]) -> dict[tuple[str, ...], float]:
-        """Each counted node's last sample time of ``expression`` (its cpu) in ``window``, read
-        over the last :data:`RECENT` first: the same steps at the end of the window (a subquery's
-        steps are multiples of its step), so the same figure for every node that reported in it,
-        at a fraction of the cost (a week's subquery rates every cpu counter at 2,016 steps, the
-        hour's at 12). The nodes silent that long (removed, or their exporter down) are read over the
-        whole window, their series alone."""
+        """Each counted node's last sample time of its ``resource`` usage in ``window``, read over
+        the last :data:`RECENT` first: the same steps at the end of the window (a subquery's steps
+        are multiples of its step), so the same figure for every node that reported in it, at a
+        fraction of the cost (a week's subquery evaluates the usage at 2,016 steps, the hour's at
+        12). The nodes silent that long (removed, or their exporter down) are read over the whole
+        window, their series alone."""
         label, recent = self.node_label, min(window, RECENT)
+        expression = self._node_expressions()[resource]
         last = self._per_window(_last_sample_time(expression), recent, now, (label,), max)
         silent = sorted(key[0] for key in counted if key not in last)
         if silent and recent < window:
             # A query of the user's own may join series without the node label: read whole.
-            alone = expression if self._own_node_query("cpu") else scoped(expression, node_matcher(
+            alone = expression if self._own_node_query(resource) else scoped(expression, node_matcher(
                 label, {node_name(instance) for instance in silent}))
             last |= {key: t for key, t in self._per_window(_last_sample_time(alone), window, now,
                                                            (label,), max).items() if key not in last}
@@ -306,7 +316,7 @@ class PrometheusHistory:
     def _counted_as(self, read: dict[tuple[str, ...], UsageStats],
                     counts: dict[tuple[str, ...], UsageStats]) -> dict[tuple[str, ...], UsageStats]:
         """``read`` (summaries read without counts) with the sample count and age of the same
-        series in ``counts``: a container's or node's memory is counted by its cpu's read."""
+        series in ``counts``: a container's memory is counted by its cpu's read, a node's by one resource's."""
         return {key: self._stats(stats.quantile, stats.peak, known.samples if known else 0,
                                  known.age_seconds if known else None)
                 for key, stats in read.items() for known in (counts.get(key),)}

@@ -287,18 +287,21 @@ def step_aligning_proxy(upstream: str) -> AnsweringServer:
 class Held:
     most_at_once: int = 0
     """The most queries a :func:`holding_proxy` held at once."""
+    queries: list[str] = field(default_factory=list)
+    """Every PromQL query it passed on, in the order they came."""
 
 
 def holding_proxy(upstream: str, hold: float = 0.2) -> tuple[AnsweringServer, Held]:
     """A proxy on a loopback port in front of the Prometheus at ``upstream`` that holds each
     query ``hold`` seconds before passing it on, so that queries sent together are seen together,
-    and counts the most it held at once. Stop it with ``shutdown()``."""
+    and counts the most it held at once (and keeps the queries). Stop it with ``shutdown()``."""
     lock, now, held = threading.Lock(), [0], Held()
 
     def arrive(path: str, form: dict[str, str]) -> dict[str, str]:
         with lock:
             now[0] += 1
             held.most_at_once = max(held.most_at_once, now[0])
+            held.queries.append(form.get("query", ""))
         time.sleep(hold)
         return form
 

@@ -463,11 +463,12 @@ def test_hot_time_takes_two_queries_whatever_the_node_sizes(tmp_path):
 
 
 def test_a_node_silent_for_hours_has_its_last_sample_read_over_the_whole_window(tmp_path):
-    """Each node's last cpu sample is looked for over the last hour first, a fraction of the
-    week's steps; a node whose exporter stopped 3 hours ago ("gone.eu") is read again over the
-    whole window, its series alone, and its age is still the 3 hours (which decay its ratio as
-    stale), not unknown. With every node reporting, that read is not sent. The same with a node
-    cpu query of the user's own, read whole for want of a node label to select by."""
+    """Each node's last sample (of its memory gauges where node-exporter gives both resources,
+    of its cpu with a node cpu query of the user's own) is looked for over the last hour first, a
+    fraction of the window's steps; a node whose exporter stopped 3 hours ago ("gone.eu") is read
+    again over the whole window, its series alone (with the user's query, which may join series
+    without the node label to select by, every node's), and its age is still the 3 hours, which
+    decay its ratio as stale, not unknown. With every node reporting, that read is not sent."""
     end = time.time() - 120
     node_cpu = Family("node_cpu_seconds_total", "counter")
     recorded = Family("instance:node_cpu:rate:sum", "gauge")
@@ -489,8 +490,8 @@ def test_a_node_silent_for_hours_has_its_last_sample_read_over_the_whole_window(
             reader = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
                                                                         **extra}))
             stats = reader.node_stats(24 * HOUR, 0.99)
-            # The quantile, the sample count, the last hour's last samples, the silent node's
-            # over the day, and memory's quantile.
+            # Each resource's quantile, one's sample count, its last hour's last samples and the
+            # silent node's over the day.
             assert reader.queries == 5, extra
             assert stats.keys() == {"steady", "gone.eu"}
             assert stats["steady"].cpu.age_seconds < 600, "sampled to the end"
@@ -872,6 +873,37 @@ def test_queries_go_together_up_to_the_concurrency_set_with_the_same_figures(api
             assert plans.keys() == one_at_a_time[3].keys()
             for key, proposed in plans.items():
                 assert _number(proposed) == pytest.approx(_number(one_at_a_time[3][key]), rel=0.02), key
+    finally:
+        proxy.shutdown()
+
+
+def test_node_exporters_cpu_counters_are_rated_over_the_window_for_the_quantile_and_the_account_alone(
+        api, prometheus):
+    """node-exporter's cpu is a counter per cpu and mode, rated and summed at every step: on real
+    nodes most of a pass's Prometheus time. Its memory gauges, scraped with them, count each
+    node's samples and give its last, so a pass rates the counters over the window twice (the
+    quantile and the hot-time account), not three times. With a node query of the user's own,
+    which may start later than node-exporter's series (a recording rule's), cpu counts itself:
+    the counts agree within a step."""
+    proxy, held = holding_proxy(prometheus.url, hold=0)
+    try:
+        found = {}
+        own_memory = "max by (instance) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
+        for extra in ({}, {"OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY": own_memory}):
+            held.queries.clear()
+            settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": proxy.url, **extra})
+            history = PrometheusHistory.from_settings(settings)
+            Reconciler(Cluster(api_client_for(api)), history, settings).run_pass(dry_run=True)
+            rated = [q for q in held.queries if "rate(node_cpu_seconds_total" in q]
+            found[bool(extra)] = (history.node_stats(3 * 86400, 0.99),
+                                  len([q for q in rated if f"[{3600}s:" not in q]))
+        (counted_by_memory, rated_by_memory), (counted_by_cpu, rated_by_cpu) = found[False], found[True]
+        assert (rated_by_memory, rated_by_cpu) == (2, 3)
+        assert counted_by_memory.keys() == counted_by_cpu.keys() == {"node-1"}
+        for resource in ("cpu", "memory"):
+            a, b = counted_by_memory["node-1"].of(resource), counted_by_cpu["node-1"].of(resource)
+            assert a.samples > 800 and abs(a.samples - b.samples) <= 1, resource
+            assert a.age_seconds < 600 and b.age_seconds < 600
     finally:
         proxy.shutdown()
 
