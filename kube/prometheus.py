@@ -486,6 +486,31 @@ def warn_rate_window(api: PrometheusAPI, exporter: str, rate_window: float, at: 
         log.warning("%s", problem)
 
 
+RATE_WINDOW_RECHECK = 86400.0
+"""How often a long-running reader checks its rate window again (:class:`RateWindowCheck`)."""
+
+
+class RateWindowCheck:
+    """When a reader checks its cpu rate window against how often the counters are scraped
+    (:func:`warn_rate_window`): at its first chance, then every ``every`` seconds. A scrape
+    interval raised under a running reconciler or extender (a job scraped less often to save
+    storage) would otherwise empty its rates with nothing said until it restarts. A check that
+    fails (Prometheus unreachable) is not recorded, so the next chance tries again."""
+
+    def __init__(self, rate_window: float, every: float = RATE_WINDOW_RECHECK) -> None:
+        self.rate_window = rate_window
+        self.every = every
+        self._checked: dict[str, float] = {}
+
+    def due(self, exporter: str, now: float) -> bool:
+        return now - self._checked.get(exporter, -math.inf) >= self.every
+
+    def run(self, api: PrometheusAPI, exporter: str, now: float) -> None:
+        """One query; raises :class:`PrometheusUnavailable`."""
+        warn_rate_window(api, exporter, self.rate_window, now)
+        self._checked[exporter] = now
+
+
 class NodeNaming:
     """Tells when node-exporter's series start to name none of the cluster's nodes
     (:func:`node_label_problem`), and when they name them again: once each, not at every read."""

@@ -60,6 +60,6 @@ class History(Protocol):
 
     def check_rate_window(self) -> None:
         """Warns where the source's usage rates hold too few samples of their counters (Prometheus:
-        a rate window shorter than 4 scrape intervals), once: a later call checks only what an
-        earlier one could not read. Raises HistoryUnavailable."""
+        a rate window shorter than 4 scrape intervals), once a day: a later call checks only what
+        an earlier one could not read or checked a day before. Raises HistoryUnavailable."""
         ...

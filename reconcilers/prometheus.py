@@ -30,11 +30,13 @@ from kube.prometheus import (
     APP_CONTAINERS,
     CPU_COUNTERS,
     RANGE_STEPS,
+    RATE_WINDOW_RECHECK,
     NodeNaming,
     PrometheusAccess,
     PrometheusAPI,
     PrometheusUnavailable,
     QueryTooLarge,
+    RateWindowCheck,
     Series,
     duration,
     explained,
@@ -43,7 +45,6 @@ from kube.prometheus import (
     node_name,
     scoped,
     scrape_interval,
-    warn_rate_window,
 )
 from oversale.budget import HotTime
 from oversale.estimator import UsageStats
@@ -72,6 +73,8 @@ class PrometheusHistory:
     access: PrometheusAccess = field(default_factory=PrometheusAccess)
     """Credentials and CA, where Prometheus sits behind authentication."""
     max_splits: int = 8
+    rate_window_recheck: float = RATE_WINDOW_RECHECK
+    """Seconds between two checks of ``rate_window`` against the scrape intervals (:meth:`check_rate_window`)."""
     concurrency: int = 4
     """Queries in flight at once, over every read of this history (:meth:`_together`)."""
     queries: int = 0
@@ -80,7 +83,7 @@ class PrometheusHistory:
     """Time spent waiting for Prometheus so far, summed over queries (which may overlap)."""
     api: PrometheusAPI = field(init=False)
     node_naming: NodeNaming = field(init=False)
-    _rate_window_checked: set[str] = field(init=False, default_factory=set)
+    _rate_checks: RateWindowCheck = field(init=False)
     _range_times_moved: bool = field(init=False, default=False)
     """A range query was answered at other times than asked (:meth:`_counts_over`)."""
     _slots: threading.BoundedSemaphore = field(init=False)
@@ -91,6 +94,7 @@ class PrometheusHistory:
         self.api = PrometheusAPI(self.url, self.timeout, self.access)
         self.node_naming = NodeNaming(self.node_label, "every node ratio is held")
         self._slots = threading.BoundedSemaphore(self.concurrency)
+        self._rate_checks = RateWindowCheck(self.rate_window, self.rate_window_recheck)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PrometheusHistory:
@@ -272,13 +276,15 @@ class PrometheusHistory:
 
     def check_rate_window(self) -> None:
         """Warns where a cpu counter is scraped too seldom for ``rate_window``
-        (``kube.prometheus.warn_rate_window``): one query per exporter not checked yet."""
+        (``kube.prometheus.warn_rate_window``): one query per exporter not checked in the last
+        ``rate_window_recheck`` (:class:`kube.prometheus.RateWindowCheck`)."""
         # A node cpu query of the user's own rates nothing here: its rule has its own window.
         read = CPU_COUNTERS.keys() - ({"node-exporter"} if self.node_cpu_query else set())
-        for exporter in read - self._rate_window_checked:
-            with self._asking(counted=True):
-                warn_rate_window(self.api, exporter, self.rate_window, time.time())
-            self._rate_window_checked.add(exporter)
+        now = time.time()
+        for exporter in sorted(read):
+            if self._rate_checks.due(exporter, now):
+                with self._asking(counted=True):
+                    self._rate_checks.run(self.api, exporter, now)
 
     def _node_expressions(self) -> dict[str, str]:
         return node_expressions(self.node_label, self.rate_window, self.node_memory_query, self.node_cpu_query)

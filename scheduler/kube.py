@@ -22,13 +22,13 @@ from kube.prometheus import (
     NodeNaming,
     PrometheusAPI,
     PrometheusUnavailable,
+    RateWindowCheck,
     controller_query,
     duration,
     explained,
     node_expressions,
     node_name,
     pod_mean_expressions,
-    warn_rate_window,
 )
 from kube.reflector import Reflector
 from oversale.disruption import disruption_budget
@@ -245,9 +245,9 @@ class _PrometheusPoller:
         self._interval = interval
         self._on_poll = on_poll
         self._failing = False
-        self._unchecked_rate: tuple[str, float] | None = None
-        """(exporter, window) of the rate() the poller reads of its cpu counters: checked once
-        against how often they are scraped, after the first read that succeeds."""
+        self._rate_check: tuple[str, RateWindowCheck] | None = None
+        """The exporter whose cpu counters the poller rates, and the check of its rate window
+        against how often they are scraped, after the first read that succeeds and once a day."""
 
     def _read(self, now: float) -> None:
         raise NotImplementedError
@@ -269,10 +269,12 @@ class _PrometheusPoller:
             log.info("%s readable from Prometheus again", self.what)
         self._failing = False
         self._on_poll("ok")
-        if self._unchecked_rate is not None:
-            with contextlib.suppress(PrometheusUnavailable):  # else checked after a later read
-                warn_rate_window(self._prometheus, *self._unchecked_rate, time.time())
-                self._unchecked_rate = None
+        if self._rate_check is not None:
+            exporter, check = self._rate_check
+            now = time.time()
+            if check.due(exporter, now):
+                with contextlib.suppress(PrometheusUnavailable):  # else checked after a later read
+                    check.run(self._prometheus, exporter, now)
         return True
 
     def start(self) -> None:
@@ -294,7 +296,7 @@ class HistoryPeakPoller(_PrometheusPoller):
         self._label = node_label
         self._naming = NodeNaming(node_label, "the peak watermark reads the extender's own samples")
         # A node cpu query of the user's own (a recording rule) rates nothing here.
-        self._unchecked_rate = None if cpu_query else ("node-exporter", rate_window)
+        self._rate_check = None if cpu_query else ("node-exporter", RateWindowCheck(rate_window))
         cpu = node_expressions(node_label, rate_window, cpu_query=cpu_query)["cpu"]
         self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
                       f"{duration(step)}])")
@@ -330,7 +332,7 @@ class WorkloadHistoryPoller(_PrometheusPoller):
         for kind, (metric, label) in OWNER_CONTROLLERS.items():
             self.queries[kind] = controller_query(metric, label, window)
         self._said_no_owners = False
-        self._unchecked_rate = ("cAdvisor", rate_window)
+        self._rate_check = ("cAdvisor", RateWindowCheck(rate_window))
 
     def _read(self, now: float) -> None:
         pod = ("namespace", "pod")

@@ -935,8 +935,9 @@ def test_a_rate_window_shorter_than_4_scrapes_is_told_once_not_left_as_missing_h
     """cAdvisor scraped every 5 minutes (node-exporter every minute), read with the default
     5-minute rate window: the window holds one sample of each cpu counter, rate() gives nothing,
     and every workload's ratio was held "for want of history" with nothing said why. Before its
-    first pass the reconciler reads how often each cpu counter is scraped and warns, once, naming
-    the interval and the window that would do; with that window the usage is read."""
+    first pass the reconciler reads how often each cpu counter is scraped and warns, once (then
+    once a day), naming the interval and the window that would do; with that window the usage is
+    read."""
     # Samples half a step off the query's steps (multiples of 300 s since the epoch): Prometheus
     # 2.x's range selectors include both ends, so with samples on the steps (1 run in 300 when
     # they followed time.time()) a window held a sample and the one 300 s before, and a rate.
@@ -962,6 +963,18 @@ def test_a_rate_window_shorter_than_4_scrapes_is_told_once_not_left_as_missing_h
         assert told == ["cAdvisor's cpu counters are scraped every 300s, and OVERSALE_PROMETHEUS_RATE_WINDOW (300s) "
                         "holds 1 of their samples: a rate needs 2, so most of their usage is missing from the "
                         "history and ratios are held for want of it; set it to 4 scrape intervals at least (20m)"]
+
+        # A reconciler running for days checks again once rate_window_recheck (a day) has passed:
+        # a scrape interval raised under it is told without a restart. Here after a second.
+        caplog.clear()
+        again = PrometheusHistory(server.url, resolution=300, rate_window_recheck=1.0)
+        with caplog.at_level(logging.WARNING, logger="kube.prometheus"):
+            again.check_rate_window()
+            again.check_rate_window()
+            assert again.queries == 2 and len(caplog.records) == 1, "cAdvisor's and node-exporter's, once"
+            time.sleep(1.1)
+            again.check_rate_window()
+        assert again.queries == 4 and [r.getMessage() for r in caplog.records] == told * 2
 
         caplog.clear()
         wide = PrometheusHistory(server.url, resolution=300, rate_window=1200)
