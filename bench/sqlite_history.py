@@ -1,11 +1,13 @@
 """The SQLite usage history (the default source, no Prometheus) read at scale: what one reconcile
 pass reads from it, in time and memory.
 
-    python -m bench.sqlite_history [--containers 2000] [--nodes 100] [--days 8] [--interval 300]
+    python -m bench.sqlite_history [--containers 2000] [--nodes 100] [--days 15] [--interval 300]
 
 The file holds ``--days`` of samples every ``--interval`` seconds for each container and node
 (written in SQL, so the Python process stays small while it is built). One pass then reads the
-container and node statistics and the nodes' hot time, as the reconcilers do, in this process;
+container statistics over ``OVERSALE_COMPRESSION_WINDOW``'s default (two weeks), the node
+statistics over ``OVERSALE_HISTORY_WINDOW``'s (one), each at most ``--days``, and the nodes' hot
+time, as the reconcilers do, in this process;
 the peak resident memory it reaches is what the reconciler Pod's memory limit must hold. The floor
 is the bare minimum of the same read: SQLite walking the rows into Python, nothing kept.
 """
@@ -20,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from oversale.settings import Settings
 from reconcilers.sqlite_history import SqliteHistory
 
 
@@ -55,12 +58,16 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--containers", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=100)
-    parser.add_argument("--days", type=float, default=8, help="history held (OVERSALE_HISTORY_RETENTION)")
+    parser.add_argument("--days", type=float, default=Settings().history_retention_seconds / 86400,
+                        help="history held (OVERSALE_HISTORY_RETENTION's default)")
     parser.add_argument("--interval", type=int, default=300, help="seconds between samples (OVERSALE_SAMPLE_INTERVAL)")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
     now = int(time.time())
     window = args.days * 86400
+    defaults = Settings()
+    container_window = min(window, defaults.compression_window_seconds)
+    node_window = min(window, defaults.history_window_seconds)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "history.db"
         started = time.monotonic()
@@ -86,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         passes = []
         for _ in range(args.runs):
             started = time.monotonic()
-            containers = history.container_stats(window, 0.99)
-            nodes = history.node_stats(window, 0.99)
+            containers = history.container_stats(container_window, 0.99)
+            nodes = history.node_stats(node_window, 0.99)
             history.node_hot_time([86400, 7 * 86400], real)
             passes.append(time.monotonic() - started)
         history.close()

@@ -34,6 +34,14 @@ from oversale.usage import LoadConfig, Watermarks, parse_watermark
 
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
+COMPRESSION_WINDOW_DAYS = 14
+"""The history each workload's request is sized from, by default: two weeks, where the node
+ratios read one (``OVERSALE_HISTORY_WINDOW``). After a quiet week a one-week window lowers every
+request and packs the cluster onto fewer nodes just before load returns; on the backtest's tuning
+days two weeks kept 4 of the 5 goal budgets where one kept 3 (docs/backtest.md). The node ratios
+gain nothing from it and their queries are the costly ones, so they keep a week. Two weeks is
+also the most a Prometheus at its default retention (15 days) holds whole."""
+
 
 def _env(name: str) -> dict[str, Any]:
     return {"env": name}
@@ -172,15 +180,22 @@ class Settings:
     short window (15 s by default): their mean is the interval's average use, as a Prometheus rate
     and the backtest count it, where one reading alone would be 15 seconds of it."""
 
-    history_retention_seconds: float = field(default=8 * 86400.0, metadata=_env("OVERSALE_HISTORY_RETENTION"))
-    """SQLite samples older than this are deleted."""
+    history_retention_seconds: float = field(default=(COMPRESSION_WINDOW_DAYS + 1) * 86400.0,
+                                             metadata=_env("OVERSALE_HISTORY_RETENTION"))
+    """SQLite samples older than this are deleted: a day more than the longest window, so that
+    window is always full."""
 
-    history_max_bytes: int = field(default=768 * 2**20, metadata=_env("OVERSALE_HISTORY_MAX_SIZE"))
+    history_max_bytes: int = field(default=1536 * 2**20, metadata=_env("OVERSALE_HISTORY_MAX_SIZE"))
     """The most the SQLite history may hold; past it the oldest samples go (below the volume's size:
     the kubelet evicts a Pod whose emptyDir outgrows its sizeLimit)."""
 
     history_window_seconds: float = field(default=7 * 86400.0, metadata=_env("OVERSALE_HISTORY_WINDOW"))
-    """How much history each ratio is computed from."""
+    """How much history each node ratio is computed from."""
+
+    compression_window_seconds: float = field(default=COMPRESSION_WINDOW_DAYS * 86400.0,
+                                              metadata=_env("OVERSALE_COMPRESSION_WINDOW"))
+    """How much history each workload's compression ratio (its requests) is computed from
+    (:data:`COMPRESSION_WINDOW_DAYS`)."""
 
     reconcile_interval_seconds: float = field(default=300.0, metadata=_env("OVERSALE_RECONCILE_INTERVAL"))
     """Time between two reconcile passes."""
@@ -679,6 +694,7 @@ _PARSERS: dict[str, Any] = {
     "history_retention_seconds": lambda text: _duration(text),
     "history_max_bytes": lambda text: _positive_size(text),
     "history_window_seconds": lambda text: _duration(text),
+    "compression_window_seconds": lambda text: _duration(text),
     "reconcile_interval_seconds": lambda text: _duration(text),
     "cpu_hot_time_budget": parse_hot_time_budget,
     "memory_hot_time_budget": parse_hot_time_budget,

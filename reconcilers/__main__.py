@@ -359,7 +359,10 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
             _log(f"pool {pool}: Prometheus holds {held_days} of the {args.days:g} days asked (its retention, or the "
                  f"pool is younger): {held_days - args.warmup_days} replayed after the {args.warmup_days}-day warm-up")
         replayed = min(held_days, int(args.days)) - args.warmup_days
-        config = Config(size[0], int(size[1]), args.warmup_days, min(7, args.warmup_days), replayed // 2)
+        # The windows the live reconcilers would read; the first replayed days hold less, as a
+        # cluster's first weeks under the reconcilers do.
+        config = Config(size[0], int(size[1]), args.warmup_days, _days(settings.history_window_seconds),
+                        replayed // 2, request_window_days=_days(settings.compression_window_seconds))
 
         def replayed_systems() -> list[System]:
             return default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
@@ -376,7 +379,8 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         # The tuner on this pool as it was just replayed (same nodes, warm-up, window and holdout).
         retune = ["python", "-m", "simulator.tune", "--trace", str(export), "--node-cores", f"{size[0]:g}",
                   "--node-memory", str(int(size[1])), "--warmup-days", str(config.warmup_days),
-                  "--window-days", str(config.window_days), "--holdout-days", str(config.holdout_days)]
+                  "--window-days", str(config.window_days), "--request-window-days", str(config.request_window_days),
+                  "--holdout-days", str(config.holdout_days)]
         if placements > 1:  # the tuner then scores each candidate on as many placements as the plan drew
             retune += ["--placements", str(placements)]
         entries[pool] = {"pods": pods_in_pool, "node_cores": allocatable[0], "node_memory_bytes": allocatable[1],
@@ -394,6 +398,11 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     write_plan(args.out, entries, budget, args.days, prometheus.api, settings.keys.original_requests)
     print(f"plan: {args.out / 'plan.md'}")
     return 0
+
+
+def _days(seconds: float) -> int:
+    """A window setting in the replay's whole days (at least one)."""
+    return max(1, round(seconds / 86400))
 
 
 def _log(message: str) -> None:

@@ -130,12 +130,13 @@ class Reconciler:
         with contextlib.suppress(HistoryUnavailable):
             self.history.check_rate_window()
         queries_before = getattr(self.history, "queries", 0)
-        window = self.settings.history_window_seconds
         # Both history reads start at once: Prometheus evaluates them in parallel while the
         # cluster is listed.
         with ThreadPoolExecutor(2, thread_name_prefix="history") as pool:
-            containers = pool.submit(self.history.container_stats, window, self.settings.compression_percentile)
-            nodes = pool.submit(self.history.node_stats, window, self.settings.node_percentile,
+            containers = pool.submit(self.history.container_stats, self.settings.compression_window_seconds,
+                                     self.settings.compression_percentile)
+            nodes = pool.submit(self.history.node_stats, self.settings.history_window_seconds,
+                                self.settings.node_percentile,
                                 self.settings.memory_node_percentile)
             try:
                 rows += self._timed("compression", lambda: self.reconcile_workloads(dry_run, containers))
@@ -181,7 +182,7 @@ class Reconciler:
         controllers = {key: controller_of(w["metadata"]) for key, w in workloads.items()}
         try:
             stats = history.result() if history else self.history.container_stats(
-                self.settings.history_window_seconds, self.settings.compression_percentile)
+                self.settings.compression_window_seconds, self.settings.compression_percentile)
         except HistoryUnavailable as error:
             self.metrics.staleness.labels("containers").set(-1)
             self.metrics.skips.labels("history-unavailable").inc(len(workloads))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NoReturn
 from oversale.budget import parse_hot_time_budget
 from oversale.errors import QuantityError
 from oversale.quantity import parse_bytes
+from oversale.settings import COMPRESSION_WINDOW_DAYS
 from simulator.formats import FORMAT_NAMES
 
 if TYPE_CHECKING:  # the replay needs numpy: imported when a replay runs, not when a parser is built
@@ -67,7 +68,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-cores", type=float, default=32, help="node size in cores")
     parser.add_argument("--node-memory", default="256Gi", help="node memory")
     parser.add_argument("--warmup-days", type=int, default=7, help="days of history before the first scored day")
-    parser.add_argument("--window-days", type=int, default=7, help="history window of every estimate")
+    parser.add_argument("--window-days", type=int, default=7,
+                        help="history window of the node ratios (OVERSALE_HISTORY_WINDOW's default)")
+    parser.add_argument("--request-window-days", type=int, default=COMPRESSION_WINDOW_DAYS,
+                        help="history window of the requests (OVERSALE_COMPRESSION_WINDOW's default; Crane-style "
+                             "keeps its own 7 days)")
     parser.add_argument("--holdout-days", type=int, default=14,
                         help="the last days, reported apart as the holdout (nothing is tuned on them)")
 
@@ -82,13 +87,15 @@ def cluster_config(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
         parser.error(f"--node-memory: {error}")
     if not (math.isfinite(args.node_cores) and args.node_cores > 0):
         parser.error(f"--node-cores {args.node_cores:g}: a node's cores must be a positive number")
-    if memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.holdout_days < 0:
-        parser.error("node size, warm-up and window must be positive, the holdout not negative")
+    if (memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.request_window_days < 1
+            or args.holdout_days < 0):
+        parser.error("node size, warm-up and windows must be positive, the holdout not negative")
     if not (math.isfinite(args.vm_cores) and args.vm_cores > 0):
         parser.error(f"--vm-cores {args.vm_cores:g}: a VM's cores must be a positive number")
     if arrival_seed < 0:
         parser.error(f"--arrival-seed {arrival_seed}: a seed is a whole number from 0")
-    return Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days, arrival_seed)
+    return Config(args.node_cores, memory, args.warmup_days, args.window_days, args.holdout_days, arrival_seed,
+                  request_window_days=args.request_window_days)
 
 
 def placement_count(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

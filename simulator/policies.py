@@ -139,7 +139,8 @@ def ours_requests(estimator: CompressionEstimator) -> RequestPolicy:
 
 
 def vpa_style(multiplier: float = 1.15) -> RequestPolicy:
-    """P90 of a histogram whose samples decay with a 24 h half-life, x 1.15 (VPA's recommender)."""
+    """P90 of a histogram whose samples decay with a 24 h half-life, x 1.15 (VPA's recommender; it
+    has no window, and a sample a week old weighs under 1% of a new one)."""
     def request(resource: str, original: float, history: History, now: float) -> float:
         times, values = history[resource]
         if len(values) == 0:
@@ -152,10 +153,15 @@ def vpa_style(multiplier: float = 1.15) -> RequestPolicy:
     return request
 
 
+CRANE_WINDOW = 7 * DAY
+"""Crane's recommendation reads 7 days, whatever window this project's estimates read."""
+
+
 def crane_style(multiplier: float = 1.15) -> RequestPolicy:
     """P99 over 7 days x 1.15 (Crane's resource recommendation)."""
     def request(resource: str, original: float, history: History, now: float) -> float:
-        _, values = history[resource]
+        times, values = history[resource]
+        values = values[times >= now - CRANE_WINDOW]
         if len(values) == 0:
             return original
         return float((quantile(values.tolist(), 0.99) or 0.0) * multiplier)

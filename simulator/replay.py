@@ -32,6 +32,7 @@ from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_facts
 from oversale.quantity import CPU, MEMORY, RESOURCES
 from oversale.remediation import Candidate, RemediationConfig, Target, excess, next_streak, plan_moves
+from oversale.settings import COMPRESSION_WINDOW_DAYS
 from oversale.usage import (
     LoadConfig,
     NodeLoad,
@@ -56,6 +57,7 @@ class Config:
     node_memory_bytes: float = 256 * GIB
     warmup_days: int = 7
     window_days: int = 7
+    """History of the node ratios' estimates (``OVERSALE_HISTORY_WINDOW``)."""
     holdout_days: int = 14
     """The last days of the trace, reported apart: nothing may be tuned on them."""
     arrival_seed: int = 0
@@ -65,10 +67,18 @@ class Config:
     seed: to one of them drawn at random, as kube-scheduler's ``selectHost`` does; each seed is
     another placement the scheduler could equally have made (``--placements`` of ``plan`` and
     ``backtest``)."""
+    request_window_days: int = COMPRESSION_WINDOW_DAYS
+    """History of the request policies' estimates (``OVERSALE_COMPRESSION_WINDOW``; a peer with a
+    window of its own, Crane's 7 days, cuts it shorter)."""
 
     @property
     def real(self) -> tuple[float, float]:
         return (self.node_cpu_cores * MILLI, self.node_memory_bytes)
+
+    @property
+    def history_days(self) -> int:
+        """The days of history kept before each replayed day: the longer window."""
+        return max(self.window_days, self.request_window_days)
 
 
 @dataclass
@@ -82,9 +92,16 @@ class Window:
     present: np.ndarray
     """workloads x slots: the workload has a sample there."""
 
-    def history(self, index: int) -> History:
-        seen = self.present[index]
+    def history(self, index: int, days: int | None = None) -> History:
+        """One workload's samples over the last ``days`` of the window (None: all of it)."""
+        seen = self.present[index] & self.within(days)
         return {r: (self.times[seen], self.usage[r][index][seen]) for r in RESOURCES}
+
+    def within(self, days: int | None) -> np.ndarray:
+        """The slots of the last ``days`` of the window (None: all of them)."""
+        if days is None or not len(self.times):
+            return np.ones(len(self.times), dtype=bool)
+        return np.asarray(self.times >= self.times[-1] + SLOT - days * DAY)
 
 
 @dataclass
@@ -276,7 +293,7 @@ def build_day(workloads: list[Workload], origin: int, number: int, config: Confi
             requests[resource][index] = float(workload.request[resource][today].max())
         if peak is not None:
             peak[index, columns] = (workload.usage[CPU] if workload.peak_cpu is None else workload.peak_cpu)[today]
-    window = _window_grid(active, first, config.window_days * SLOTS_PER_DAY)
+    window = _window_grid(active, first, config.history_days * SLOTS_PER_DAY)
     return Day(number, float(first * SLOT), slots, requests, usage, present, window, split, [w.name for w in active],
                [w.fixed for w in active], peak)
 
@@ -364,16 +381,20 @@ def arrival_moments(day: Day, seed: int = 0) -> np.ndarray:
 
 
 def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int = 0,
-          placement_seed: int | None = None) -> Placed:
+          placement_seed: int | None = None, request_days: int | None = None,
+          ratio_days: int | None = None) -> Placed:
     """One system's day: its requests, then Pods placed one by one with the extender's filter and
     score, every node's ratio recomputed by the system's node policy after each arrival; ties
     among the best-scoring nodes go to the first, or with ``placement_seed`` to one drawn at
-    random (:attr:`Config.placement_seed`)."""
+    random (:attr:`Config.placement_seed`). The requests read the last ``request_days`` of the
+    day's window, the node ratios its last ``ratio_days`` (None: all of it)."""
     window = day.window
+    ratio_slots = window.within(ratio_days)
     # A workload an HPA scales on a resource's utilization keeps that request (the live reconciler
     # leaves it alone: lower requests would read as higher utilization and scale it out).
     requests = {r: np.array([float(day.requests[r][i]) if day.fixed and r in day.fixed[i]
-                             else system.request(r, float(day.requests[r][i]), window.history(i), day.start)
+                             else system.request(r, float(day.requests[r][i]),
+                                                 window.history(i, request_days), day.start)
                              for i in range(len(day.requests[r]))]) for r in RESOURCES}
     items = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
     topology = Topology.flat(max(1, int(real[0] // MILLI)))
@@ -424,8 +445,9 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
             node.history[k] += window.usage[resource][index]
             node.today[k] += day.usage[resource][index]
             if system.ratio is not None:
-                node.ratio[k] = system.ratio(resource, real[k], node.requested[k], window.times[node.present],
-                                             node.history[k][node.present], node.ratio[k])
+                recent = node.present & ratio_slots
+                node.ratio[k] = system.ratio(resource, real[k], node.requested[k], window.times[recent],
+                                             node.history[k][recent], node.ratio[k])
         node.usage = NodeUsage(shared={CPU: int(node.requested[0]), MEMORY: int(node.requested[1])})
         node.view = _view(chosen, real, node.ratio, topology, config.watermarks)
         table.put(node.view.name, node.view, node.usage, None)  # its load is read at the next Pod's moment
@@ -528,7 +550,8 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
         day = build_day(workloads, origin, number, config, splits[number])
         clairvoyant[day.split] += clairvoyant_nodes(day, config.real) * day.observed_share
         for system in systems:
-            placed = place(day, system, config.real, config.arrival_seed, config.placement_seed)
+            placed = place(day, system, config.real, config.arrival_seed, config.placement_seed,
+                           config.request_window_days, config.window_days)
             if system.remediation is not None:
                 remediate(day, placed, config.real, system.remediation, system.load or LoadConfig())
             today = Tally()

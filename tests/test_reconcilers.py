@@ -1019,6 +1019,31 @@ def test_dry_run_prints_the_table_and_writes_nothing(api, source):
     assert web.split()[2:4] == ["1", "1.25"]
 
 
+def test_requests_are_sized_on_two_weeks_and_node_ratios_on_one(api, tmp_path):
+    """hot (250m requested) used 600m until eight days ago and 100m since; node-1 ran at 3.5 cores
+    of its 3.92 until then and at 0.4 since. The compression reconciler reads two weeks
+    (OVERSALE_COMPRESSION_WINDOW): hot still gets its request raised for the busy week. The node
+    reconciler reads one (OVERSALE_HISTORY_WINDOW): node-1 is oversold on its quiet week. With a
+    one-week compression window hot's request would be cut instead."""
+    history = SqliteHistory(tmp_path / "history.db", retention_seconds=Settings().history_retention_seconds)
+    now = time.time()
+    for t in range(int(now - 12 * 86400), int(now), 600):
+        busy = t < now - 8 * 86400
+        history.record(t, [((NS, "hot-6d7c8-aaaaa", "app"), 600 if busy else 100, 100 * 2**20)],
+                       [("node-1", 3500 if busy else 400, 3 * 10**9)])
+    assert history.span_seconds > 11 * 86400, "the default retention keeps both weeks"
+
+    def proposed(rows, name, resource="cpu"):
+        return float(next(r.proposed for r in rows if r.object == name and r.resource == resource))
+
+    rows = Reconciler(Cluster(api_client_for(api)), history, SETTINGS).run_pass(dry_run=True)
+    assert proposed(rows, "Deployment/shop/hot") < 1, "the busy week still counts: hot's request is raised"
+    assert proposed(rows, "Node/node-1") > 1, "the node is oversold on its quiet week"
+    week = dataclasses.replace(SETTINGS, compression_window_seconds=7 * 86400.0)
+    rows = Reconciler(Cluster(api_client_for(api)), history, week).run_pass(dry_run=True)
+    assert proposed(rows, "Deployment/shop/hot") > 1, "a one-week window sees only the quiet week"
+
+
 def test_unreachable_prometheus_raises_nothing(api):
     history = PrometheusHistory(f"http://127.0.0.1:{free_port()}", timeout=2)
     with pytest.raises(HistoryUnavailable):

@@ -82,6 +82,45 @@ def test_an_over_user_is_raised_and_no_longer_overloads_its_neighbours(tmp_path)
     assert by_policy["static-2"]["cpu_above_request"] == 0.25
 
 
+def test_requests_after_a_quiet_week_remember_the_busy_week_before_it(tmp_path):
+    """Fifteen days of one workload requesting 8 cores: 6 cores used in its first week, 1 core in
+    its second, 6 again on the scored day (day 14). At the default window (two weeks,
+    OVERSALE_COMPRESSION_WINDOW) its request still covers the busy week and the day never runs above
+    it; a one-week window sees only the quiet week and sets it near 1 core, under the day's use in
+    every sample. Crane-style reads its own 7 days either way."""
+    rows = []
+    start = 10 * DAY
+    for t in range(start, start + 15 * DAY, 300):
+        rows.append(("app", t, 8, 1.0 if start + 7 * DAY <= t < start + 14 * DAY else 6.0, GIB, GIB // 2))
+    for window, above in ((None, 0), (7, 1)):
+        config = {"warmup_days": 14} | ({} if window is None else {"request_window_days": window})
+        result, by_policy = replay(tmp_path, rows, node_cpu_cores=16, node_memory_bytes=256 * GIB, **config)
+        assert result.days == [14]
+        assert by_policy["oversale-pods"]["cpu_above_request"] == above, f"window {window or 'default'}"
+        assert by_policy["crane-style"]["cpu_above_request"] == 1, "Crane: P99 of its last 7 days x 1.15"
+    assert result.last_day["crane-style"]["requests"]["app"]["cpu"][1] == pytest.approx(1150, abs=1)
+
+
+def test_node_ratios_read_their_own_week_of_the_two_the_requests_read(tmp_path):
+    """The replay keeps two weeks before each day for the requests; a node policy is handed only
+    the last ``window_days`` (OVERSALE_HISTORY_WINDOW, a week), as the live node reconciler reads."""
+    from simulator.policies import System, no_compression
+
+    seen: list[float] = []
+
+    def probe(resource, capacity, requested, times, values, current):
+        seen.append(float(times.min()))
+        return 1.0
+
+    rows = [("app", t, 8, 1.0, GIB, GIB // 2) for t in range(10 * DAY, 25 * DAY, 300)]
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, rows)
+    probing = [System("probe", "", no_compression, probe)]
+    result = run(read_trace(trace), Config(warmup_days=14, holdout_days=0), probing)
+    assert result.days == [14] and seen
+    assert min(seen) == 17 * DAY, "the week before day 14 (the trace starts on day 10), not the two"
+
+
 def test_a_workload_requesting_no_cpu_still_loads_its_node(tmp_path):
     """A BestEffort Pod (or one requesting memory only) asks the scheduler for no cpu, so it fits
     beside anything, and uses cores there all the same. "app" requests 8 of a 16-core node and
