@@ -92,9 +92,9 @@ class Window:
     present: np.ndarray
     """workloads x slots: the workload has a sample there."""
 
-    def history(self, index: int, days: int | None = None) -> History:
-        """One workload's samples over the last ``days`` of the window (None: all of it)."""
-        seen = self.present[index] & self.within(days)
+    def history(self, index: int, slots: np.ndarray | None = None) -> History:
+        """One workload's samples in ``slots`` of the window (a mask from :meth:`within`; None: all)."""
+        seen = self.present[index] if slots is None else self.present[index] & slots
         return {r: (self.times[seen], self.usage[r][index][seen]) for r in RESOURCES}
 
     def within(self, days: int | None) -> np.ndarray:
@@ -390,11 +390,12 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
     day's window, the node ratios its last ``ratio_days`` (None: all of it)."""
     window = day.window
     ratio_slots = window.within(ratio_days)
+    request_slots = window.within(request_days)
+    histories = [window.history(i, request_slots) for i in range(len(day.present))]
     # A workload an HPA scales on a resource's utilization keeps that request (the live reconciler
     # leaves it alone: lower requests would read as higher utilization and scale it out).
     requests = {r: np.array([float(day.requests[r][i]) if day.fixed and r in day.fixed[i]
-                             else system.request(r, float(day.requests[r][i]),
-                                                 window.history(i, request_days), day.start)
+                             else system.request(r, float(day.requests[r][i]), histories[i], day.start)
                              for i in range(len(day.requests[r]))]) for r in RESOURCES}
     items = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
     topology = Topology.flat(max(1, int(real[0] // MILLI)))
