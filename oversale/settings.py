@@ -34,6 +34,10 @@ from oversale.usage import LoadConfig, Watermarks, parse_watermark
 
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
+NODE_WINDOW_DAYS = 7
+"""The history each node ratio is computed from, by default (``OVERSALE_HISTORY_WINDOW``): a
+week, which holds every day of the week once, so a weekly peak is always in view."""
+
 COMPRESSION_WINDOW_DAYS = 14
 """The history each workload's request is sized from, by default: two weeks, where the node
 ratios read one (``OVERSALE_HISTORY_WINDOW``). After a quiet week a one-week window lowers every
@@ -190,8 +194,9 @@ class Settings:
     """The most the SQLite history may hold; past it the oldest samples go (below the volume's size:
     the kubelet evicts a Pod whose emptyDir outgrows its sizeLimit)."""
 
-    history_window_seconds: float = field(default=7 * 86400.0, metadata=_env("OVERSALE_HISTORY_WINDOW"))
-    """How much history each node ratio is computed from."""
+    history_window_seconds: float = field(default=NODE_WINDOW_DAYS * 86400.0,
+                                          metadata=_env("OVERSALE_HISTORY_WINDOW"))
+    """How much history each node ratio is computed from (:data:`NODE_WINDOW_DAYS`)."""
 
     compression_window_seconds: float = field(default=COMPRESSION_WINDOW_DAYS * 86400.0,
                                               metadata=_env("OVERSALE_COMPRESSION_WINDOW"))

@@ -50,7 +50,7 @@ from oversale.budget import HotTime, HotTimeBudget, budget_quantile, hot_time
 from oversale.errors import SettingsError
 from oversale.estimator import has_enough_history
 from oversale.quantity import CPU
-from oversale.settings import Settings
+from oversale.settings import NODE_WINDOW_DAYS, Settings
 from simulator.cli import OneLineParser, hot_time_budget, json_file, trace_failed
 from simulator.policies import BUDGET_SWEEP, BudgetAccount, ours_ratio, usage_stats
 from simulator.report import budget_goal, budget_goal_text, hot_time_interval, interval_text
@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, required=True, help="node utilisation CSV or CSV.gz")
     parser.add_argument("--format", choices=NODE_FORMATS, default=None, help="default: detected from the first line")
-    parser.add_argument("--window-days", type=int, default=7, help="history window of every ratio (default 7)")
+    parser.add_argument("--window-days", type=int, default=NODE_WINDOW_DAYS,
+                        help=f"history window of every ratio (default {NODE_WINDOW_DAYS}, OVERSALE_HISTORY_WINDOW's)")
     parser.add_argument("--budget", type=_budget, action="append", default=None,
                         help="a cpu hot-time budget to check (repeatable; default the backtest's sweep, "
                              + ", ".join(f"{b:.2%}" for b in BUDGET_SWEEP).replace("%", "%%") + ")")

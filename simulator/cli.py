@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NoReturn
 from oversale.budget import parse_hot_time_budget
 from oversale.errors import QuantityError
 from oversale.quantity import parse_bytes
-from oversale.settings import COMPRESSION_WINDOW_DAYS
+from oversale.settings import COMPRESSION_WINDOW_DAYS, NODE_WINDOW_DAYS
 from simulator.formats import FORMAT_NAMES
 
 if TYPE_CHECKING:  # the replay needs numpy: imported when a replay runs, not when a parser is built
@@ -68,7 +68,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-cores", type=float, default=32, help="node size in cores")
     parser.add_argument("--node-memory", default="256Gi", help="node memory")
     parser.add_argument("--warmup-days", type=int, default=7, help="days of history before the first scored day")
-    parser.add_argument("--window-days", type=int, default=7,
+    parser.add_argument("--window-days", type=int, default=NODE_WINDOW_DAYS,
                         help="history window of the node ratios (OVERSALE_HISTORY_WINDOW's default)")
     parser.add_argument("--request-window-days", type=int, default=COMPRESSION_WINDOW_DAYS,
                         help="history window of the requests (OVERSALE_COMPRESSION_WINDOW's default; Crane-style "

@@ -32,7 +32,7 @@ from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_facts
 from oversale.quantity import CPU, MEMORY, RESOURCES
 from oversale.remediation import Candidate, RemediationConfig, Target, excess, next_streak, plan_moves
-from oversale.settings import COMPRESSION_WINDOW_DAYS
+from oversale.settings import COMPRESSION_WINDOW_DAYS, NODE_WINDOW_DAYS
 from oversale.usage import (
     LoadConfig,
     NodeLoad,
@@ -56,7 +56,7 @@ class Config:
     node_cpu_cores: float = 32
     node_memory_bytes: float = 256 * GIB
     warmup_days: int = 7
-    window_days: int = 7
+    window_days: int = NODE_WINDOW_DAYS
     """History of the node ratios' estimates (``OVERSALE_HISTORY_WINDOW``)."""
     holdout_days: int = 14
     """The last days of the trace, reported apart: nothing may be tuned on them."""

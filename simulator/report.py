@@ -431,7 +431,8 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         f"{holdout[-1] if holdout else '-'} the **holdout** (the last {config.holdout_days} days, to judge a "
         f"choice on days it was not made on); day 0 is the trace's first, days 0..{config.warmup_days - 1} only "
         f"give history. Each "
-        f"day's requests and ratios come only from the {config.window_days} days before it. Nodes have "
+        f"day's requests come only from the {config.request_window_days} days before it (shorter where a peer "
+        f"has a window of its own) and its node ratios from the {config.window_days} days before it. Nodes have "
         f"{config.node_cpu_cores:g} cores and {config.node_memory_bytes / GIB:g} GiB; usage is replayed every 5 "
         "minutes.", "",
         "- Every system runs on the same cluster model: its request policy sets each workload's request; Pods "

@@ -248,6 +248,9 @@ def test_a_holdout_that_takes_every_replayed_day_is_refused_and_an_empty_split_i
                         Config(node_cpu_cores=8, holdout_days=0))
     assert data["tuning_days"] == [7, 8, 9] and data["holdout_days"] == []
     report = (tmp_path / "report" / "report.md").read_text()
+    # The report says which history each estimate read: two weeks for requests, one for node ratios.
+    assert "requests come only from the 14 days before it" in report
+    assert "node ratios from the 7 days before it" in report
     holdout = report.split("## Holdout days", 1)[1].split("\n## ", 1)[0]
     assert "None: the replay has no holdout days (`--holdout-days 0`)" in holdout
     assert "| system |" not in holdout
