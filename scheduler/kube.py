@@ -19,6 +19,7 @@ from kube.prometheus import (
     NO_OWNER,
     OWNER_CONTROLLERS,
     POD_OWNER,
+    RATE_WINDOW_RECHECK,
     NodeNaming,
     PrometheusAPI,
     PrometheusUnavailable,
@@ -247,7 +248,8 @@ class _PrometheusPoller:
         self._failing = False
         self._rate_check: tuple[str, RateWindowCheck] | None = None
         """The exporter whose cpu counters the poller rates, and the check of its rate window
-        against how often they are scraped, after the first read that succeeds and once a day."""
+        against how often they are scraped, after the first read that succeeds and then every
+        ``rate_window_recheck`` seconds (a day; a subclass's argument)."""
 
     def _read(self, now: float) -> None:
         raise NotImplementedError
@@ -291,12 +293,14 @@ class HistoryPeakPoller(_PrometheusPoller):
 
     def __init__(self, prometheus: PrometheusAPI, state: ClusterState, interval: float, node_label: str,
                  rate_window: float, step: float,
-                 on_poll: Callable[[str], None] = lambda result: None, cpu_query: str | None = None) -> None:
+                 on_poll: Callable[[str], None] = lambda result: None, cpu_query: str | None = None,
+                 rate_window_recheck: float = RATE_WINDOW_RECHECK) -> None:
         super().__init__(prometheus, state, interval, on_poll)
         self._label = node_label
         self._naming = NodeNaming(node_label, "the peak watermark reads the extender's own samples")
         # A node cpu query of the user's own (a recording rule) rates nothing here.
-        self._rate_check = None if cpu_query else ("node-exporter", RateWindowCheck(rate_window))
+        self._rate_check = None if cpu_query else ("node-exporter",
+                                                   RateWindowCheck(rate_window, rate_window_recheck))
         cpu = node_expressions(node_label, rate_window, cpu_query=cpu_query)["cpu"]
         self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
                       f"{duration(step)}])")
@@ -325,14 +329,15 @@ class WorkloadHistoryPoller(_PrometheusPoller):
 
     def __init__(self, prometheus: PrometheusAPI, state: ClusterState, interval: float, window: float,
                  rate_window: float, step: float,
-                 on_poll: Callable[[str], None] = lambda result: None) -> None:
+                 on_poll: Callable[[str], None] = lambda result: None,
+                 rate_window_recheck: float = RATE_WINDOW_RECHECK) -> None:
         super().__init__(prometheus, state, interval, on_poll)
         self.queries = {**pod_mean_expressions(window, rate_window, step),
                         "owner": POD_OWNER.replace("$WINDOW", duration(window))}
         for kind, (metric, label) in OWNER_CONTROLLERS.items():
             self.queries[kind] = controller_query(metric, label, window)
         self._said_no_owners = False
-        self._rate_check = ("cAdvisor", RateWindowCheck(rate_window))
+        self._rate_check = ("cAdvisor", RateWindowCheck(rate_window, rate_window_recheck))
 
     def _read(self, now: float) -> None:
         pod = ("namespace", "pod")

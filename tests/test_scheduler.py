@@ -1052,9 +1052,23 @@ def test_a_rate_window_of_fewer_than_4_scrapes_is_told_once_by_the_extender(node
     poller = HistoryPeakPoller(PrometheusAPI(node_history.url), state, 1, "instance", 120, 60)
     with caplog.at_level("WARNING", logger="kube.prometheus"):
         assert poller.poll_once() and poller.poll_once()
-    assert [r.getMessage() for r in caplog.records] == [
-        "node-exporter's cpu counters are scraped every 60s, and OVERSALE_PROMETHEUS_RATE_WINDOW (120s) holds 2 of "
-        "their samples: one missed scrape leaves a gap in the history; set it to 4 scrape intervals at least (4m)"]
+    told = ["node-exporter's cpu counters are scraped every 60s, and OVERSALE_PROMETHEUS_RATE_WINDOW (120s) holds 2 "
+            "of their samples: one missed scrape leaves a gap in the history; set it to 4 scrape intervals at least "
+            "(4m)"]
+    assert [r.getMessage() for r in caplog.records] == told
+
+    # An extender running for days checks again once rate_window_recheck (a day) has passed, so a
+    # scrape interval raised under it is told without a restart. Here after 3 seconds.
+    caplog.clear()
+    again = HistoryPeakPoller(PrometheusAPI(node_history.url), state, 1, "instance", 120, 60,
+                              rate_window_recheck=3.0)
+    first = time.time()
+    with caplog.at_level("WARNING", logger="kube.prometheus"):
+        assert again.poll_once() and again.poll_once()
+        assert [r.getMessage() for r in caplog.records] == told, "once, not at every read"
+        time.sleep(max(0.0, first + 3.1 - time.time()))
+        assert again.poll_once()
+    assert [r.getMessage() for r in caplog.records] == told * 2
 
 
 def test_the_extender_reads_a_node_cpu_recording_rule_where_one_is_configured(node_history, caplog):
