@@ -35,6 +35,12 @@ first: an exporter scraped by two jobs (or two Prometheus replicas federated) co
 NODE_MEMORY = "max by ({label}) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)"
 """Bytes of memory a node uses (node-exporter), per node label (``max``: one exporter scraped twice
 counts once)."""
+NODE_MEMORY_REPORTED = "max by ({label}) (node_memory_MemAvailable_bytes)"
+"""A node's memory as reported at all: one of :data:`NODE_MEMORY`'s two gauges, scraped with the
+other, so the steps it has are the steps the usage has, with no subtraction to evaluate at each.
+Still aggregated at each step, not counted per series and then combined: the most of the series'
+counts would miss the steps before an exporter's restart (its Pod's new name labels a new
+series), their sum count an exporter scraped by two jobs twice."""
 APP_CONTAINERS = '{container!="", container!="POD", pod!=""}'
 """cAdvisor's series of the app containers: not the pause container (``container="POD"``), nor the
 Pod's own cgroup (``container=""``), which holds its containers' usage again."""

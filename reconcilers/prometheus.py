@@ -29,6 +29,7 @@ from typing import TypeVar
 from kube.prometheus import (
     APP_CONTAINERS,
     CPU_COUNTERS,
+    NODE_MEMORY_REPORTED,
     RANGE_STEPS,
     RATE_WINDOW_RECHECK,
     NodeNaming,
@@ -123,16 +124,16 @@ class PrometheusHistory:
     def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
                    counts_from: Mapping[str, ResourceStats] | None = None) -> dict[str, ResourceStats]:
         """Each node's usage over ``window``: 4 queries, 2 with ``counts_from`` (the quantiles
-        alone). The read of one resource (:meth:`_counting_resource`) counts each node's samples
+        alone). The read of one resource (:meth:`_counting`) counts each node's samples
         and finds its last; both resources take them."""
-        label, counter = self.node_label, self._counting_resource()
+        label, (counter, counted) = self.node_label, self._counting()
         expressions = self._node_expressions()
         quantiles = {"cpu": quantile, "memory": quantile if memory_quantile is None else memory_quantile}
 
         def read(resource: str) -> dict[tuple[str, ...], UsageStats]:
             counting = None if counts_from is not None or resource != counter else (
                 lambda now, counted: self._last_node_samples(resource, window, now, counted))
-            return self._summaries(Summaries.at_each_step(expressions[resource]), window, quantiles[resource],
+            return self._summaries(Summaries.at_each_step(expressions[resource], counted), window, quantiles[resource],
                                    (label,), with_peak=False, last_samples=counting)
 
         cpu, memory = self._together(lambda: read("cpu"), lambda: read("memory"))
@@ -141,13 +142,18 @@ class PrometheusHistory:
         cpu, memory = self._counted_as(cpu, counts), self._counted_as(memory, counts)
         return {node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
-    def _counting_resource(self) -> str:
-        """The resource whose read counts each node's samples: memory where node-exporter gives
-        both, its cpu a counter per cpu and mode (80 a node of 16 cpus) rated and summed at every
-        step, its memory two gauges scraped with them, so the same steps at a fraction of the
-        cost; cpu where a query of the user's own reads either (a recording rule's series starts
-        where the rule does, and a node's cpu ratio waits for the cpu history it needs)."""
-        return "cpu" if self.node_cpu_query or self.node_memory_query else "memory"
+    def _counting(self) -> tuple[str, str]:
+        """The resource whose read counts each node's samples, and the expression whose steps it
+        counts. Memory where node-exporter gives both, its cpu a counter per cpu and mode (80 a
+        node of 16 cpus) rated and summed at every step, its memory two gauges scraped with them,
+        so the same steps at a fraction of the cost; and of those one gauge alone
+        (:data:`~kube.prometheus.NODE_MEMORY_REPORTED`), the count at half the cost of the usage's
+        (7 s against 14 s a week of 5,000 nodes). Cpu, counted on its usage, where a query of the
+        user's own reads either (a recording rule's series starts where the rule does, and a
+        node's cpu ratio waits for the cpu history it needs)."""
+        if self.node_cpu_query or self.node_memory_query:
+            return "cpu", self._node_expressions()["cpu"]
+        return "memory", NODE_MEMORY_REPORTED.format(label=self.node_label)
 
     def _last_node_samples(self, resource: str, window: float, now: float,
                            counted: Collection[tuple[str, ...]]) -> dict[tuple[str, ...], float]:
@@ -495,11 +501,14 @@ class Summaries:
     count: str
 
     @classmethod
-    def at_each_step(cls, expression: str) -> Summaries:
+    def at_each_step(cls, expression: str, counted: str | None = None) -> Summaries:
         """Of ``expression``'s value at each step: a node's usage, summed over its cpus at each step
-        before any quantile (a quantile of a sum is not the sum of the quantiles)."""
+        before any quantile (a quantile of a sum is not the sum of the quantiles). The steps
+        counted are those ``counted`` has a value at, where given (a cheaper expression with the
+        same steps), else ``expression``'s."""
         over = f"({expression})[$WINDOW:$STEP]"
-        return cls(f"quantile_over_time($Q, {over})", f"max_over_time({over})", f"count_over_time({over})")
+        return cls(f"quantile_over_time($Q, {over})", f"max_over_time({over})",
+                   f"count_over_time(({counted or expression})[$WINDOW:$STEP])")
 
     @classmethod
     def per_cgroup(cls, samples: str, scale: str = "") -> Summaries:

@@ -507,6 +507,40 @@ def test_a_node_silent_for_hours_has_its_last_sample_read_over_the_whole_window(
         server.stop()
 
 
+def test_a_nodes_samples_are_the_steps_its_memory_is_reported_at_through_restarts_and_double_scrapes(tmp_path):
+    """Each node's sample count (its history's length, which caps its ratio until long enough) is
+    the number of steps at which its memory is reported: an exporter scraped by two jobs counts
+    each step once, one restarted half a day ago (its Pod's new name labels new series) counts
+    the steps before and after, and one down for 2 hours misses those steps alone."""
+    end = time.time() - 120
+    families = {name: Family(name, kind) for name, kind in (
+        ("node_cpu_seconds_total", "counter"), ("node_memory_MemTotal_bytes", "gauge"),
+        ("node_memory_MemAvailable_bytes", "gauge"))}
+    restart, down = end - 12 * HOUR, (end - 8 * HOUR, end - 6 * HOUR)
+    exporters = [({"instance": "twice:9100", "job": job}, end - 26 * HOUR, end) for job in ("node-exporter", "node")]
+    exporters += [({"instance": "restarted:9100", "pod": pod}, *bounds)
+                  for pod, bounds in (("exporter-a", (end - 26 * HOUR, restart)), ("exporter-b", (restart + 60, end)))]
+    exporters += [({"instance": "down:9100"}, *bounds) for bounds in ((end - 26 * HOUR, down[0]), (down[1], end))]
+    for labels, first, last in exporters:
+        families["node_cpu_seconds_total"].series.append(({**labels, "cpu": "0", "mode": "user"}, lambda t: 0.5,
+                                                          first, last))
+        families["node_memory_MemTotal_bytes"].series.append((labels, lambda t: 16e9, first, last))
+        families["node_memory_MemAvailable_bytes"].series.append((labels, lambda t: 12e9, first, last))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, families.values(), end - 26 * HOUR, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        stats = PrometheusHistory(server.url, resolution=300).node_stats(24 * HOUR, 0.99)
+    finally:
+        server.stop()
+    steps = 24 * HOUR // 300
+    assert stats["twice"].memory.samples == stats["twice"].cpu.samples == steps, "each step once"
+    assert stats["restarted"].memory.samples == stats["restarted"].cpu.samples == steps
+    # The 2 hours' steps but those within Prometheus's 5-minute lookback of the last sample before.
+    assert stats["down"].cpu.samples == pytest.approx(steps - 2 * HOUR // 300 + 1, abs=1)
+    assert stats["down"].cpu.quantile == pytest.approx(500, rel=0.01)
+
+
 def test_the_containers_freshest_sample_is_read_over_the_last_hour_and_the_window_only_when_all_are_silent(
         tmp_path):
     """A container's age serves the staleness gauge alone: the freshest of all. It is read over
