@@ -126,15 +126,16 @@ class PrometheusHistory:
         """Each node's usage over ``window``: 4 queries, 2 with ``counts_from`` (the quantiles
         alone). The read of one resource (:meth:`_counting`) counts each node's samples
         and finds its last; both resources take them."""
-        label, (counter, counted) = self.node_label, self._counting()
+        label, (counter, counted_on) = self.node_label, self._counting()
         expressions = self._node_expressions()
         quantiles = {"cpu": quantile, "memory": quantile if memory_quantile is None else memory_quantile}
 
         def read(resource: str) -> dict[tuple[str, ...], UsageStats]:
             counting = None if counts_from is not None or resource != counter else (
                 lambda now, counted: self._last_node_samples(resource, window, now, counted))
-            return self._summaries(Summaries.at_each_step(expressions[resource], counted), window, quantiles[resource],
-                                   (label,), with_peak=False, last_samples=counting)
+            summaries = Summaries.at_each_step(expressions[resource], counted_on if resource == counter else None)
+            return self._summaries(summaries, window, quantiles[resource], (label,), with_peak=False,
+                                   last_samples=counting)
 
         cpu, memory = self._together(lambda: read("cpu"), lambda: read("memory"))
         counts = ({"cpu": cpu, "memory": memory}[counter] if counts_from is None else
