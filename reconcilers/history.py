@@ -37,9 +37,13 @@ class History(Protocol):
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]: ...
 
     def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
-                   counts_from: Mapping[str, ResourceStats] | None = None) -> dict[str, ResourceStats]:
+                   counts_from: Mapping[str, ResourceStats] | None = None,
+                   steps_counted: Mapping[str, Mapping[str, HotTime]] | None = None) -> dict[str, ResourceStats]:
         """``counts_from``: a read of the same window whose sample counts and ages serve for this
-        one's (a pool with its own budget needs its own quantiles, not its samples counted again)."""
+        one's (a pool with its own budget needs its own quantiles, not its samples counted again).
+        ``steps_counted``: each node's samples of the same window per resource, counted already
+        (the hot-time account's week, :meth:`node_hot_time`), so not counted again; the nodes
+        not in it have no count, and their ratios wait as for too little history."""
         ...
 
     def node_hot_time(self, windows: Sequence[float],

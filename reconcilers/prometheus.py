@@ -122,26 +122,45 @@ class PrometheusHistory:
         return {(key[0], key[1], key[2]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
 
     def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
-                   counts_from: Mapping[str, ResourceStats] | None = None) -> dict[str, ResourceStats]:
-        """Each node's usage over ``window``: 4 queries, 2 with ``counts_from`` (the quantiles
-        alone). The read of one resource (:meth:`_counting`) counts each node's samples
-        and finds its last; both resources take them."""
+                   counts_from: Mapping[str, ResourceStats] | None = None,
+                   steps_counted: Mapping[str, Mapping[str, HotTime]] | None = None) -> dict[str, ResourceStats]:
+        """Each node's usage over ``window``: 4 queries, 3 with ``steps_counted`` (the quantiles
+        and each node's last sample), 2 with ``counts_from`` (the quantiles alone). The read of one
+        resource (:meth:`_counting`) counts each node's samples and finds its last; both resources
+        take them."""
         label, (counter, counted_on) = self.node_label, self._counting()
         expressions = self._node_expressions()
         quantiles = {"cpu": quantile, "memory": quantile if memory_quantile is None else memory_quantile}
+        counts_itself = counts_from is None and steps_counted is None
 
         def read(resource: str) -> dict[tuple[str, ...], UsageStats]:
-            counting = None if counts_from is not None or resource != counter else (
+            counting = None if not counts_itself or resource != counter else (
                 lambda now, counted: self._last_node_samples(resource, window, now, counted))
             summaries = Summaries.at_each_step(expressions[resource], counted_on if resource == counter else None)
             return self._summaries(summaries, window, quantiles[resource], (label,), with_peak=False,
                                    last_samples=counting)
 
         cpu, memory = self._together(lambda: read("cpu"), lambda: read("memory"))
-        counts = ({"cpu": cpu, "memory": memory}[counter] if counts_from is None else
-                  {key: known.cpu for key in cpu if (known := counts_from.get(node_name(key[0]))) is not None})
+        if counts_from is not None:
+            counts = {key: known.cpu for key in cpu if (known := counts_from.get(node_name(key[0]))) is not None}
+        elif steps_counted is not None:
+            counts = self._counted_already(counter, window, cpu.keys(), steps_counted)
+        else:
+            counts = {"cpu": cpu, "memory": memory}[counter]
         cpu, memory = self._counted_as(cpu, counts), self._counted_as(memory, counts)
         return {node_name(key[0]): ResourceStats(cpu[key], memory.get(key, _EMPTY)) for key in cpu}
+
+    def _counted_already(self, counter: str, window: float, keys: Collection[tuple[str, ...]],
+                         steps_counted: Mapping[str, Mapping[str, HotTime]]) -> dict[tuple[str, ...], UsageStats]:
+        """The sample counts of ``keys``' nodes in ``steps_counted`` (of the resource that counts,
+        :meth:`_counting`: the account evaluates the same usage at the same steps), with their last
+        sample's age read as when counting (:meth:`_last_node_samples`, over the last hour)."""
+        now = time.time()
+        samples = {key: spent.samples for key in keys
+                   if (spent := steps_counted.get(node_name(key[0]), {}).get(counter)) is not None}
+        last = self._last_node_samples(counter, window, now, samples.keys())
+        return {key: self._stats(None, None, count, now - last[key] if key in last else None)
+                for key, count in samples.items()}
 
     def _counting(self) -> tuple[str, str]:
         """The resource whose read counts each node's samples, and the expression whose steps it

@@ -98,6 +98,17 @@ class Row:
 
 
 @dataclass(frozen=True)
+class NodeReads:
+    """What a pass read of its opted-in nodes before deciding their ratios: the nodes, the
+    hot-time account's windows (day, week) and their usage summaries, each read or the error that
+    stopped it."""
+
+    nodes: list[dict[str, Any]]
+    hot_time: list[dict[str, dict[str, HotTime]]] | HistoryUnavailable
+    stats: dict[str, ResourceStats] | HistoryUnavailable
+
+
+@dataclass(frozen=True)
 class KeptAccount:
     multipliers: dict[str, float]
     """Resource -> the multiplier of the node's ratio target: the lower of its own account's and
@@ -130,14 +141,12 @@ class Reconciler:
         with contextlib.suppress(HistoryUnavailable):
             self.history.check_rate_window()
         queries_before = getattr(self.history, "queries", 0)
-        # Both history reads start at once: Prometheus evaluates them in parallel while the
-        # cluster is listed.
+        # The containers' and the nodes' history reads start at once: Prometheus evaluates them in
+        # parallel while the workloads are listed.
         with ThreadPoolExecutor(2, thread_name_prefix="history") as pool:
             containers = pool.submit(self.history.container_stats, self.settings.compression_window_seconds,
                                      self.settings.compression_percentile)
-            nodes = pool.submit(self.history.node_stats, self.settings.history_window_seconds,
-                                self.settings.node_percentile,
-                                self.settings.memory_node_percentile)
+            nodes = pool.submit(self.read_nodes)
             try:
                 rows += self._timed("compression", lambda: self.reconcile_workloads(dry_run, containers))
                 rows += self._timed("oversale", lambda: self.reconcile_nodes(dry_run, nodes))
@@ -468,8 +477,35 @@ class Reconciler:
         return True
 
     # -- node oversale -----------------------------------------------------------------------
-    def reconcile_nodes(self, dry_run: bool, history: Future[dict[str, ResourceStats]] | None = None) -> list[Row]:
+    def read_nodes(self) -> NodeReads:
+        """The opted-in nodes and their history: the hot-time account's first, which needs each
+        node's real allocatable from the list, then the usage summaries, which count each node's
+        samples over the account's week where that is their window too (the same usage at the
+        same steps: about a tenth of a pass's Prometheus time at 5,000 nodes, docs/performance.md)."""
         nodes = self.cluster.nodes(f"{self.keys.oversale_label}=enabled")
+        if not nodes:
+            return NodeReads([], [], {})
+        config, window = self.settings.account, self.settings.history_window_seconds
+        real = {n["metadata"]["name"]: {r: float(v) for r, v in real_allocatable_of(n, self.keys).items()}
+                for n in nodes}
+        hot_time: list[dict[str, dict[str, HotTime]]] | HistoryUnavailable
+        try:
+            hot_time = self.history.node_hot_time((config.short_window_seconds, config.long_window_seconds), real)
+        except HistoryUnavailable as error:
+            hot_time = error
+        week = hot_time[1] if not isinstance(hot_time, HistoryUnavailable) and config.long_window_seconds == window \
+            else None
+        stats: dict[str, ResourceStats] | HistoryUnavailable
+        try:
+            stats = self.history.node_stats(window, self.settings.node_percentile, self.settings.memory_node_percentile,
+                                            steps_counted=week)
+        except HistoryUnavailable as error:
+            stats = error
+        return NodeReads(nodes, hot_time, stats)
+
+    def reconcile_nodes(self, dry_run: bool, reads: Future[NodeReads] | None = None) -> list[Row]:
+        read = reads.result() if reads else self.read_nodes()
+        nodes = read.nodes
         if not nodes:
             self.metrics.report(self.metrics.ratio, "oversale", {})
             self._report_accounts({}, {}, {}, {})
@@ -484,9 +520,9 @@ class Reconciler:
         budgets = {n["metadata"]["name"]: self._budgets(n) for n in nodes}
         default = (self.settings.cpu_hot_time_budget, self.settings.memory_hot_time_budget)
         try:
-            stats: dict[str, ResourceStats] = history.result() if history else self.history.node_stats(
-                self.settings.history_window_seconds, self.settings.node_percentile,
-                self.settings.memory_node_percentile)
+            if isinstance(read.stats, HistoryUnavailable):
+                raise read.stats
+            stats = dict(read.stats)
             # Of the opted-in nodes' history only: series naming no node of theirs (a wrong
             # OVERSALE_PROMETHEUS_NODE_LABEL) hold every ratio as surely as no history at all.
             self._staleness("nodes", [stats[name].cpu for name in budgets if name in stats])
@@ -506,7 +542,7 @@ class Reconciler:
             self.history.check_node_names(stats.keys(), {n["metadata"]["name"] for n in nodes} | requested.keys())
         pools = {n["metadata"]["name"]: pool_of(n["metadata"].get("labels") or {}, self.settings.pool_labels)
                  for n in nodes}
-        accounts = self._keep_accounts(nodes, budgets, pools, dry_run) if stats else {}
+        accounts = self._keep_accounts(nodes, read.hot_time, budgets, pools, dry_run) if stats else {}
         if stats:
             self._calibrate(pools, stats)
         plans = []
@@ -602,20 +638,18 @@ class Reconciler:
             self._budget_problems[name] = told
         return budgets
 
-    def _keep_accounts(self, nodes: list[dict[str, Any]], budgets: dict[str, dict[str, float]],
-                       pools: dict[str, str], dry_run: bool) -> dict[str, KeptAccount]:
+    def _keep_accounts(self, nodes: list[dict[str, Any]],
+                       read: list[dict[str, dict[str, HotTime]]] | HistoryUnavailable,
+                       budgets: dict[str, dict[str, float]], pools: dict[str, str],
+                       dry_run: bool) -> dict[str, KeptAccount]:
         """Observed hot time per node, pool and cluster (gauges, the node's ``hot-time``
         annotation), and each node's multiplier: the lower of its own account's and its pool's,
         each after ``keep_account``. An overspend of the node, or of its pool as a whole (many
         nodes each a little hot), backs off at once, with a Warning Event saying by how much."""
-        config = self.settings.account
-        real = {n["metadata"]["name"]: {r: float(v) for r, v in real_allocatable_of(n, self.keys).items()}
-                for n in nodes}
-        try:
-            short, long = self.history.node_hot_time((config.short_window_seconds, config.long_window_seconds), real)
-        except HistoryUnavailable as error:
-            log.warning("hot time unavailable (%s): accounts held", error)
+        if isinstance(read, HistoryUnavailable):
+            log.warning("hot time unavailable (%s): accounts held", read)
             return {}
+        config, (short, long) = self.settings.account, read
         now = self.clock()
         totals: dict[tuple[str, str, str, str], HotTime] = {}
         hot_time: dict[tuple[str, ...], float] = {}

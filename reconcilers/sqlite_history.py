@@ -123,8 +123,10 @@ class SqliteHistory:
         return {(n, p, c): stats for (n, p, c), stats in self._stats("container", window, quantile).items()}
 
     def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
-                   counts_from: Mapping[str, ResourceStats] | None = None) -> dict[str, ResourceStats]:
-        # counts_from is not needed: the rows read for the quantiles are the samples counted.
+                   counts_from: Mapping[str, ResourceStats] | None = None,
+                   steps_counted: Mapping[str, Mapping[str, HotTime]] | None = None) -> dict[str, ResourceStats]:
+        # Neither counts_from nor steps_counted is needed: the rows read for the quantiles are the
+        # samples counted.
         return {pod: stats for (_, pod, _), stats in self._stats("node", window, quantile, memory_quantile).items()}
 
     def node_hot_time(self, windows: Sequence[float],

@@ -135,7 +135,8 @@ class _NoHistory:
     def container_stats(self, window: float, percentile: float) -> dict[Any, Any]:
         raise HistoryUnavailable("down")
 
-    def node_stats(self, window: float, percentile: float, memory_percentile: float | None = None) -> dict[Any, Any]:
+    def node_stats(self, window: float, percentile: float, memory_percentile: float | None = None,
+                   counts_from: Any = None, steps_counted: Any = None) -> dict[Any, Any]:
         raise HistoryUnavailable("down")
 
     def node_hot_time(self, windows: Any, real: dict[str, Any]) -> list[Any]:

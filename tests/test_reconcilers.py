@@ -888,7 +888,7 @@ def test_queries_go_together_up_to_the_concurrency_set_with_the_same_figures(api
             # quantile and count at once: up to 7 queries would go together.
             assert held.most_at_once == concurrency, concurrency
             # The pass (and the scrape intervals before it), then 5, 4 and 2 queries.
-            assert history.queries == 2 + 11 + 5 + 4 + 2
+            assert history.queries == 2 + 10 + 5 + 4 + 2
         assert found[1][3], "the pass planned ratios"
         # Read seconds apart, a 5-minute step may leave the window or join it: within a step.
         for concurrency in (2, 4):
@@ -917,8 +917,8 @@ def test_node_exporters_cpu_counters_are_rated_over_the_window_for_the_quantile_
     nodes most of a pass's Prometheus time. Its memory gauges, scraped with them, count each
     node's samples and give its last, so a pass rates the counters over the window twice (the
     quantile and the hot-time account), not three times. With a node query of the user's own,
-    which may start later than node-exporter's series (a recording rule's), cpu counts itself:
-    the counts agree within a step."""
+    which may start later than node-exporter's series (a recording rule's), cpu counts itself
+    (the pass takes its count from the account's, also of cpu): the counts agree within a step."""
     proxy, held = holding_proxy(prometheus.url, hold=0)
     try:
         found = {}
@@ -932,7 +932,7 @@ def test_node_exporters_cpu_counters_are_rated_over_the_window_for_the_quantile_
             found[bool(extra)] = (history.node_stats(3 * 86400, 0.99),
                                   len([q for q in rated if "[3600s:" not in q]))
         (counted_by_memory, rated_by_memory), (counted_by_cpu, rated_by_cpu) = found[False], found[True]
-        assert (rated_by_memory, rated_by_cpu) == (2, 3)
+        assert (rated_by_memory, rated_by_cpu) == (2, 2)
         assert counted_by_memory.keys() == counted_by_cpu.keys() == {"node-1"}
         for resource in ("cpu", "memory"):
             a, b = counted_by_memory["node-1"].of(resource), counted_by_cpu["node-1"].of(resource)
@@ -942,25 +942,57 @@ def test_node_exporters_cpu_counters_are_rated_over_the_window_for_the_quantile_
         proxy.shutdown()
 
 
+def test_a_pass_takes_each_nodes_sample_count_from_the_hot_time_accounts_week(api, prometheus):
+    """The hot-time account counts each opted-in node's samples over its week, which is the node
+    read's window too: the pass counts them there alone, and reads the nodes' quantiles and last
+    samples. Where the windows differ, or the account could not be read, the node read counts
+    them itself. Either way each node has the samples and age a read counting them finds."""
+    proxy, held = holding_proxy(prometheus.url, hold=0)
+    no_account = refusing_proxy(proxy.url, r"sum_over_time")
+    try:
+        for env, url, counts_itself in (({}, proxy.url, False), ({"OVERSALE_HISTORY_WINDOW": "6d"}, proxy.url, True),
+                                        ({}, no_account.url, True)):
+            settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": url, **env})
+            history = PrometheusHistory.from_settings(settings)
+            held.queries.clear()
+            read = Reconciler(Cluster(api_client_for(api)), history, settings).read_nodes()
+            counted = [q for q in held.queries if q.startswith("count_over_time")]
+            assert len(counted) == counts_itself, (env, url, held.queries)
+            assert isinstance(read.hot_time, HistoryUnavailable) == (url == no_account.url)
+            window = settings.history_window_seconds
+            by_itself = PrometheusHistory(prometheus.url).node_stats(window, settings.node_percentile,
+                                                                     settings.memory_node_percentile)
+            assert isinstance(read.stats, dict) and read.stats.keys() == by_itself.keys() == {"node-1"}
+            for resource in ("cpu", "memory"):
+                ours, theirs = read.stats["node-1"].of(resource), by_itself["node-1"].of(resource)
+                assert ours.samples > 800 and abs(ours.samples - theirs.samples) <= 1, (env, resource)
+                assert ours.quantile == theirs.quantile and ours.age_seconds < 600, (env, resource)
+    finally:
+        no_account.shutdown()
+        proxy.shutdown()
+
+
 def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     history = PrometheusHistory(prometheus.url, resolution=300)
     reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
     reconciler.run_pass(dry_run=True)
     # Once, before the first pass, how often each cpu counter is scraped (2, not the pass's). Then
-    # 9 for the ratios; the hot-time account reads one count per resource, samples and those
-    # above the real allocatable together (the nodes here share theirs), its day and week at once.
-    assert history.queries == 2 + 9 + 2
-    assert reconciler.metrics.history_queries._value.get() == 11
+    # the hot-time account reads one count per resource, samples and those above the real
+    # allocatable together (the nodes here share theirs), its day and week at once: 2. Its week
+    # counts each node's samples for the node read, which reads their quantiles and last samples
+    # (3), and the containers' take 5.
+    assert history.queries == 2 + 2 + 3 + 5
+    assert reconciler.metrics.history_queries._value.get() == 10
     # From the second pass on, calibration reads the peaks since the last predictions: 2 more.
     reconciler.run_pass(dry_run=True)
-    assert history.queries - 13 == 13
+    assert history.queries - 12 == 12
     # A node with a budget of its own (a pool's) reads its own quantiles, cpu's and memory's, not
     # its samples again: those of the pass's read count for it, and it has the history it had.
     node = api.get("nodes", "", "node-1")
     node["metadata"]["annotations"][KEYS.hot_time_budget("cpu")] = "0.0002"
     api.put("nodes", node)
     rows = reconciler.run_pass(dry_run=True)
-    assert history.queries - 26 == 13 + 2
+    assert history.queries - 24 == 12 + 2
     cpu = next(row for row in rows if row.object == "Node/node-1" and row.resource == "cpu")
     assert cpu.reason.startswith("budget 0.020%: P99.92 usage"), cpu.reason
 
