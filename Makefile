@@ -25,9 +25,11 @@ run: venv
 demo: venv
 	$(BIN)/python -m webhook.demo
 
-## Lint, type-check and run the whole test suite.
+## Lint, type-check and run the whole test suite, a test file to each core (TEST_WORKERS=0: in this process).
+# A file's tests stay on one worker, so its module fixtures (a backfilled Prometheus) start once.
+TEST_WORKERS ?= auto
 test: venv lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --numprocesses=$(TEST_WORKERS) --dist=loadfile
 
 lint: venv
 	$(BIN)/ruff check .

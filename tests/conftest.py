@@ -25,10 +25,23 @@ import pytest
 from tests.kube_api import FakeKubeAPI
 
 ROOT = Path(__file__).resolve().parent.parent
-# The suite's own switches, taken out of the environment: the commands the tests start inherit it,
-# and warn about every OVERSALE_* variable that is not one of their settings.
-SHARED_DIR_SET = os.environ.pop("OVERSALE_SHARED_DIR", "")
-REQUIRE_SHARED = os.environ.pop("OVERSALE_REQUIRE_SHARED", "") == "1"
+
+
+def _suite_switch(name: str) -> str:
+    """A switch of the suite's own, taken out of the environment: the commands the tests start
+    inherit it, and warn about every OVERSALE_* variable that is not one of their settings. It is
+    kept as ``PYTEST_<name>``, which `make test`'s pytest-xdist workers inherit: they start after
+    the controller imported this module (a pytest the tests start is handed neither, see
+    tests/test_cli.py)."""
+    value = os.environ.pop(name, None)
+    if value is None:
+        return os.environ.get(f"PYTEST_{name}", "")
+    os.environ[f"PYTEST_{name}"] = value
+    return value
+
+
+SHARED_DIR_SET = _suite_switch("OVERSALE_SHARED_DIR")
+REQUIRE_SHARED = _suite_switch("OVERSALE_REQUIRE_SHARED") == "1"
 
 
 def _shared_dir() -> Path:
@@ -55,23 +68,34 @@ FRONTEND_POD = SHARED / "fixtures" / "pods" / "016-examples-deployment-frontend.
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """CI sets OVERSALE_REQUIRE_SHARED=1, where a missing corpus is an error, told before any test
+    runs (here, as pytest-xdist's controller collects nothing and a worker's error loses its words)."""
     config.addinivalue_line("markers", "shared: reads ../shared/ (skipped, with one line, where it is absent)")
+    if REQUIRE_SHARED and not SHARED_PRESENT:
+        raise pytest.UsageError(f"OVERSALE_REQUIRE_SHARED=1 but {SHARED_MISSING}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without the corpus, the tests that read it are left out and the rest runs; CI sets
-    OVERSALE_REQUIRE_SHARED=1, where leaving any out is an error."""
+    """Without the corpus, the tests that read it are left out and the rest runs."""
     needing = [item for item in items if item.get_closest_marker("shared")]
     if SHARED_PRESENT or not needing:
         return
-    if REQUIRE_SHARED:
-        raise pytest.UsageError(f"OVERSALE_REQUIRE_SHARED=1 but {SHARED_MISSING}")
     items[:] = [item for item in items if not item.get_closest_marker("shared")]
     config.hook.pytest_deselected(items=needing)
     config.stash[_SKIPPED_SHARED] = len(needing)
+    if hasattr(config, "workeroutput"):  # a pytest-xdist worker: its controller writes the summary
+        config.workeroutput["skipped_shared"] = len(needing)
 
 
 _SKIPPED_SHARED = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller, as each worker ends: the tests it left out (each worker collects
+    them all, and runs its share)."""
+    left_out = getattr(node, "workeroutput", {}).get("skipped_shared", 0)
+    node.config.stash[_SKIPPED_SHARED] = max(node.config.stash.get(_SKIPPED_SHARED, 0), left_out)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -80,13 +104,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"SKIPPED {skipped} tests marked 'shared': {SHARED_MISSING}", yellow=True)
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """CI runs everything: a 'shared' test skipped for any reason (a file missing from the corpus)
-    fails the run there."""
-    if (report.skipped and os.environ.get("OVERSALE_REQUIRE_SHARED") == "1"
-            and "shared" in report.keywords):
+    fails the run there. Made so as the report is made, before anything (the run's count of
+    failures, a pytest-xdist worker's message to its controller) reads its outcome."""
+    report = yield
+    if report.skipped and REQUIRE_SHARED and item.get_closest_marker("shared"):
         report.outcome = "failed"
         report.longrepr = f"OVERSALE_REQUIRE_SHARED=1 and a test that reads ../shared/ was skipped: {report.longrepr}"
+    return report
 
 
 def load_fixture_pod(path: Path) -> dict[str, Any]:

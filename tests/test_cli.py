@@ -195,23 +195,43 @@ def test_format_choices_are_the_readers_formats_and_parsing_them_loads_no_numpy(
         assert f"'{name}'" in result.stderr, result.stderr
 
 
-def _pytest(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")} | env
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_quantity.py"],
+def _pytest(env: dict[str, str], workers: tuple[str, ...] = (),
+            tests: tuple[str, ...] = ("tests/test_quantity.py",)) -> subprocess.CompletedProcess[str]:
+    # Neither the suite's switches nor the copies conftest keeps of them for its workers.
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "PYTEST_OVERSALE_"))} | env
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *tests],
                           cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
 
 
-def test_without_the_shared_corpus_its_tests_are_left_out_with_one_line_and_the_rest_passes():
-    result = _pytest({"OVERSALE_SHARED_DIR": "/nonexistent/shared"})
+# In this process, and as `make test` runs the suite: a test file to each of two pytest-xdist workers.
+AS_RUN = pytest.mark.parametrize("workers", [(), ("--numprocesses=2", "--dist=loadfile")], ids=["alone", "workers"])
+
+
+@AS_RUN
+def test_without_the_shared_corpus_its_tests_are_left_out_with_one_line_and_the_rest_passes(workers):
+    result = _pytest({"OVERSALE_SHARED_DIR": "/nonexistent/shared"}, workers)
     assert result.returncode == 0, result.stdout
     skipped = [line for line in result.stdout.splitlines() if "marked 'shared'" in line]
     assert len(skipped) == 1 and "/nonexistent/shared" in skipped[0] and "../shared/" in skipped[0], result.stdout
-    assert " passed" in result.stdout and "1 deselected" in result.stdout
+    assert skipped[0].startswith("SKIPPED 1 tests") and " passed" in result.stdout, result.stdout
 
 
-def test_ci_refuses_to_run_without_the_shared_corpus():
-    result = _pytest({"OVERSALE_SHARED_DIR": "/nonexistent/shared", "OVERSALE_REQUIRE_SHARED": "1"})
+@AS_RUN
+def test_ci_refuses_to_run_without_the_shared_corpus(workers):
+    result = _pytest({"OVERSALE_SHARED_DIR": "/nonexistent/shared", "OVERSALE_REQUIRE_SHARED": "1"}, workers)
     assert result.returncode != 0 and "OVERSALE_REQUIRE_SHARED=1" in result.stdout + result.stderr
+
+
+@AS_RUN
+def test_ci_fails_a_test_of_the_corpus_that_skips_itself(tmp_path, workers):
+    # A file missing from the corpus (not the whole corpus): the test skips itself, and CI counts it failed.
+    (tmp_path / "test_corpus_file.py").write_text(
+        "import pytest\n\n\n@pytest.mark.shared\ndef test_reads_a_file():\n    pytest.skip('no such trace')\n")
+    tests = ("-p", "tests.conftest", str(tmp_path / "test_corpus_file.py"))
+    required = _pytest({"OVERSALE_REQUIRE_SHARED": "1"}, workers, tests)
+    assert required.returncode == 1 and "1 failed" in required.stdout, required.stdout
+    assert "OVERSALE_REQUIRE_SHARED=1 and a test that reads ../shared/ was skipped" in required.stdout
+    assert "1 skipped" in _pytest({}, workers, tests).stdout
 
 
 def test_a_history_file_that_is_not_sqlite_is_named_and_left_alone(tmp_path):
