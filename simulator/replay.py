@@ -235,7 +235,10 @@ class Result:
     set)) and ``node_ratios`` (one (cpu, memory) pair per node)."""
     daily: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """system -> one entry per evaluated day: ``day``, ``split``, ``nodes`` and, per resource,
-    ``{resource}_hot_samples`` out of ``node_samples`` (where the hot time came from)."""
+    ``{resource}_hot_samples`` out of ``node_samples`` (where the hot time came from); the nodes'
+    ``cpu_ratio_mean`` and ``cpu_ratio_max`` at the end of the day's placement; for a system
+    with an account, per resource ``{resource}_account_multiplier``, the multiplier of the
+    day's ratio targets (why a budget was over- or under-spent: a back-off, a slow rise)."""
 
 
 def oversized_warning(workloads: list[Workload], config: Config) -> str | None:
@@ -551,6 +554,8 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
         day = build_day(workloads, origin, number, config, splits[number])
         clairvoyant[day.split] += clairvoyant_nodes(day, config.real) * day.observed_share
         for system in systems:
+            # The account's multipliers as the day's node ratios read them: what it kept of the days before.
+            multipliers = {r: system.account.multiplier(r) for r in RESOURCES} if system.account is not None else {}
             placed = place(day, system, config.real, config.arrival_seed, config.placement_seed,
                            config.request_window_days, config.window_days)
             if system.remediation is not None:
@@ -558,9 +563,13 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
             today = Tally()
             today.count(day, placed, config.real)
             tallies[system.name][day.split] = tallies[system.name][day.split].add(today)
+            cpu_ratios = [cpu for cpu, _ in placed.ratios] or [1.0]
             daily[system.name].append({"day": number, "split": day.split, "nodes": placed.nodes,
                                        "node_samples": today.node_samples[CPU],
                                        **{f"{r}_hot_samples": today.violations[r] for r in RESOURCES},
+                                       "cpu_ratio_mean": round(sum(cpu_ratios) / len(cpu_ratios), 3),
+                                       "cpu_ratio_max": round(max(cpu_ratios), 3),
+                                       **{f"{r}_account_multiplier": round(m, 3) for r, m in multipliers.items()},
                                        **({"cpu_hot_samples_at_peaks": today.violations_at_peaks}
                                           if today.peak_samples else {})})
             if system.account is not None:  # what the reconcilers' account sees of this day, tomorrow

@@ -623,10 +623,17 @@ def hot_days_table(daily: dict[str, list[dict[str, Any]]]) -> list[str]:
         return []
     lines = ["## Where the hot time came from", "",
              "cpu hot node-samples (5 minutes each) / nodes, day by day: a few days with a burst carry most "
-             "of a split's hot time.", "",
+             "of a split's hot time. With a hot-time account, *x0.50* is its cpu multiplier of that day's "
+             "node ratio targets: a burst backs it off the next day, and it rises again slowly.", "",
              "| day | split | " + " | ".join(shown) + " |", "| --- | --- | " + " | ".join("---" for _ in shown) + " |"]
+
+    def cell(entry: dict[str, Any]) -> str:
+        multiplier = entry.get("cpu_account_multiplier")
+        return f"{entry['cpu_hot_samples']} / {entry['nodes']}" + (f" x{multiplier:.2f}" if multiplier is not None
+                                                                    else "")
+
     for index, entry in enumerate(daily[shown[0]]):
-        cells = [f"{daily[name][index]['cpu_hot_samples']} / {daily[name][index]['nodes']}" for name in shown]
+        cells = [cell(daily[name][index]) for name in shown]
         lines.append(f"| {entry['day']} | {entry['split']} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 

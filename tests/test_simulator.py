@@ -27,6 +27,7 @@ from simulator.report import (
     against_peers,
     budget_goal,
     budgets_against_peers,
+    hot_days_table,
     hot_time_interval,
     summary,
     variants_against_curve,
@@ -1146,3 +1147,31 @@ def test_the_hot_time_interval_spans_the_days_with_and_without_a_burst():
     # Every day (the split None): the tuning day, 90% hot, counts too.
     every_low, every_high = hot_time_interval(days, None)
     assert every_low <= 940 / 15000 < every_high and every_high > 2 * high
+
+
+def test_each_day_says_the_accounts_multiplier_and_the_ratios_so_a_back_off_after_a_burst_shows(tmp_path):
+    # hot1 and hot2 request 8 cores and use 7 (q1..q4 use 1); on day 8 both burst to 9.5 cores for
+    # six hours, more than the 16 real cores of the node they share at our ratio.
+    rows = []
+    start = 10 * DAY
+    for t in range(start, start + 10 * DAY, 300):
+        burst = start + 8 * DAY <= t < start + 8 * DAY + 6 * 3600
+        for name in ("hot1", "hot2", "q1", "q2", "q3", "q4"):
+            usage = (9.5 if burst else 7.0) if name.startswith("hot") else 1.0
+            rows.append((name, t, 8, usage, GIB, GIB // 2))
+    result, _ = replay(tmp_path, rows, node_cpu_cores=16, node_memory_bytes=256 * GIB)
+    ours = result.daily["oversale"]
+    burst_days = [i for i, entry in enumerate(ours) if entry["cpu_hot_samples"]]
+    assert burst_days and burst_days[0] + 1 < len(ours), ours
+    before, after = ours[burst_days[0]], ours[burst_days[0] + 1]
+    # The account had seen nothing hot: its multiplier was 1; the burst backs the next day's targets off.
+    assert before["cpu_account_multiplier"] == 1.0 and before["memory_account_multiplier"] == 1.0
+    assert 0.5 <= after["cpu_account_multiplier"] < 1.0 and after["memory_account_multiplier"] == 1.0
+    assert after["cpu_ratio_mean"] < before["cpu_ratio_mean"] and before["cpu_ratio_max"] > 1
+    assert 1 <= before["cpu_ratio_mean"] <= before["cpu_ratio_max"]
+    # A system without an account has no multiplier; without overselling every ratio is 1.
+    assert "cpu_account_multiplier" not in result.daily["none"][0]
+    assert result.daily["none"][0]["cpu_ratio_mean"] == result.daily["none"][0]["cpu_ratio_max"] == 1.0
+    # The report's table shows the multiplier beside our hot samples and nodes.
+    row = next(line for line in hot_days_table(result.daily) if line.startswith(f"| {after['day']} | "))
+    assert f"{after['cpu_hot_samples']} / {after['nodes']} x{after['cpu_account_multiplier']:.2f}" in row
