@@ -1151,7 +1151,7 @@ def test_the_hot_time_interval_spans_the_days_with_and_without_a_burst():
 
 def test_each_day_says_the_accounts_multiplier_and_the_ratios_so_a_back_off_after_a_burst_shows(tmp_path):
     # hot1 and hot2 request 8 cores and use 7 (q1..q4 use 1); on day 8 both burst to 9.5 cores for
-    # six hours, more than the 16 real cores of the node they share at our ratio.
+    # six hours: 19 cores on the 16 real cores of the node they share (with overselling or without).
     rows = []
     start = 10 * DAY
     for t in range(start, start + 10 * DAY, 300):
