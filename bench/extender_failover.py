@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kube.cli import Parser
 from oversale.annotations import AnnotationKeys
 from tests.conftest import free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
@@ -87,7 +88,7 @@ def one_round(work: Path, stop: str) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stop", choices=("kill", "term"), default="kill",
                         help="SIGKILL (a crash) or SIGTERM (a rollout) to the leader")

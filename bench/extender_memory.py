@@ -22,6 +22,7 @@ from pathlib import Path
 from bench.extender_failover import start, status
 from bench.proc import status_kib
 from bench.served import as_served, gke_nodes, manifests
+from kube.cli import Parser
 from tests.conftest import stop_process
 from tests.kube_api import FakeKubeAPI
 
@@ -84,8 +85,8 @@ def measure(work: Path, nodes: int, pods: int, bare: bool = False, pending: int 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.extender_memory", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m bench.extender_memory", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=20000)
     parser.add_argument("--bare-pods", action="store_true",

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from kube.cli import Parser
 from oversale.annotations import AnnotationKeys
 from oversale.usage import Sample
 from scheduler.extender import filter_nodes, prioritize
@@ -123,7 +124,7 @@ def measure_pod_poll(state: ClusterState, repeats: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--repeats", type=int, default=21)
     args = parser.parse_args()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kubernetes import client
 
+from kube.cli import Parser
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 from tests.kube_api import FakeKubeAPI
 
@@ -46,7 +47,7 @@ def floor(url: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pods", type=int, default=10000)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--reads", type=int, default=5, help="readings per sample (OVERSALE_SAMPLE_READS)")

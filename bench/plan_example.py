@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.proc import status_kib
+from kube.cli import Parser
 from simulator.trace import SLOT, read_trace
 from tests.conftest import ROOT, SHARED
 from tests.prometheus_server import Family, PrometheusServer, write_openmetrics
@@ -38,8 +39,8 @@ NAMESPACES = ("shop", "search", "batch")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.plan_example", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m bench.plan_example", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vms", type=int, default=60)
     parser.add_argument("--days", type=int, default=14)
     parser.add_argument("--scrape", type=float, default=60.0,

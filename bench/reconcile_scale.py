@@ -3,10 +3,14 @@ history, and the API-server double of tests/ holding the objects.
 
     python -m bench.reconcile_scale [--workloads 10000] [--nodes 5000] [--hours 24] [--sample 600]
                                     [--memory-sizes 1] [--memory-step 8] [--node-cpus 0]
-                                    [--recorded-node-cpu] [--concurrency 4] [--per-query]
+                                    [--recorded-node-cpu] [--concurrency 4[,2...]] [--rounds 1]
+                                    [--per-query]
 
-Prints how long the history takes to build, the pass time (dry run and with writes) and the
-number of PromQL queries; ``--per-query`` also each query's time, slowest first. The passes
+Prints how long the history takes to build, the pass time (dry run and with writes), the
+number of PromQL queries, and the cpu time Prometheus and the bench's own process (the
+reconciler, the API double) used in the pass, against the machine's cores: a pass whose cpu
+time is its wall time times the cores waits on the machine, and no order of its queries makes it
+shorter. ``--per-query`` also prints each query's time, slowest first. The passes
 start once Prometheus has compacted the backfilled blocks, as a Prometheus that has held the
 history for that long has them. Needs Debian's prometheus package (prometheus, promtool).
 """
@@ -17,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -26,6 +31,8 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.proc import cpu_seconds
+from kube.cli import Parser
 from kube.prometheus import PrometheusAPI
 from oversale.annotations import AnnotationKeys
 from oversale.settings import Settings
@@ -151,8 +158,19 @@ def time_each_query(api: PrometheusAPI) -> list[tuple[float, str]]:
     return timings
 
 
+def concurrencies(text: str) -> list[int]:
+    """``--concurrency``: one count or several, comma-separated, each at least 1."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: whole numbers, comma-separated (4, or 2,4)") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each at least 1")
+    return values
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", type=int, default=10000)
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods-per-node", type=int, default=4)
@@ -167,12 +185,18 @@ def main() -> int:
     parser.add_argument("--recorded-node-cpu", action="store_true",
                         help="each node's cpu as a recording rule's one series (instance:node_cpu:rate:sum), read "
                              "with OVERSALE_PROMETHEUS_NODE_CPU_QUERY, instead of its counters")
-    parser.add_argument("--concurrency", type=int, default=Settings.prometheus_concurrency,
-                        help="queries in flight at once (OVERSALE_PROMETHEUS_CONCURRENCY; default %(default)s)")
+    parser.add_argument("--concurrency", type=concurrencies, default=[Settings.prometheus_concurrency],
+                        help="queries in flight at once (OVERSALE_PROMETHEUS_CONCURRENCY; default "
+                             f"{Settings.prometheus_concurrency}); several, comma-separated, time a dry run at each "
+                             "in turn on the same history, the pass with writes at the first")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="dry runs at each --concurrency, taken in turn (default 1)")
     parser.add_argument("--per-query", action="store_true",
                         help="also print each query's time, slowest first (and write them with --json)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
 
     work = Path(tempfile.mkdtemp(prefix="oversale-bench-"))
     end = time.time() - 300
@@ -198,39 +222,50 @@ def main() -> int:
         settings = dataclasses.replace(
             Settings(kubernetes="off"), prometheus_url=prometheus.url, prometheus_step_seconds=args.sample,
             prometheus_rate_window_seconds=4 * args.sample, prometheus_timeout_seconds=120, min_samples=10,
-            prometheus_concurrency=args.concurrency,
             full_confidence_seconds=86400.0,
             prometheus_node_cpu_query="instance:node_cpu:rate:sum" if args.recorded_node_cpu else "")
         figures = {"workloads": args.workloads, "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
                    "memory_sizes": args.memory_sizes,
                    "memory_step_mib": args.memory_step, "node_cpus": args.node_cpus,
-                   "recorded_node_cpu": args.recorded_node_cpu, "concurrency": args.concurrency,
-                   "history_samples": samples,
+                   "recorded_node_cpu": args.recorded_node_cpu, "concurrency": args.concurrency[0],
+                   "history_samples": samples, "machine_cores": os.cpu_count(),
                    "tsdb_blocks": blocks[1]}
-        for label, dry_run in (("dry_run", True), ("with_writes", False)):
-            history = PrometheusHistory.from_settings(settings)
+        passes = [("dry_run", True, concurrency) for _ in range(args.rounds) for concurrency in args.concurrency]
+        passes.append(("with_writes", False, args.concurrency[0]))
+        for number, (label, dry_run, concurrency) in enumerate(passes):
+            history = PrometheusHistory.from_settings(
+                dataclasses.replace(settings, prometheus_concurrency=concurrency))
             reconciler = Reconciler(Cluster(api_client, timeout=300), history, settings)
             history.check_rate_window()  # once per process, not part of a pass
             timings = time_each_query(history.api) if args.per_query else []
             queries, waited = history.queries, history.query_seconds
-            log(f"pass ({label.replace('_', ' ')})")
+            log(f"pass ({label.replace('_', ' ')}, {concurrency} queries at once)")
+            cpu_before = cpu_seconds(prometheus.process.pid), cpu_seconds(os.getpid())
             started = time.perf_counter()
             rows = reconciler.run_pass(dry_run=dry_run)
             elapsed = time.perf_counter() - started
+            prometheus_cpu = cpu_seconds(prometheus.process.pid) - cpu_before[0]
+            bench_cpu = cpu_seconds(os.getpid()) - cpu_before[1]
             queries, waited = history.queries - queries, history.query_seconds - waited
-            figures[f"{label}_seconds"] = round(elapsed, 1)
-            figures[f"{label}_queries"] = queries
-            figures[f"{label}_prometheus_seconds"] = round(waited, 1)
-            figures[f"{label}_rows"] = len(rows)
-            figures[f"{label}_written"] = sum(r.written for r in rows)
-            log(f"{label}: {elapsed:.1f}s, {queries} PromQL queries ({waited:.1f}s waited), "
-                f"{len(rows)} rows, "
-                f"{figures[f'{label}_written']} ratios written")
+            measured = {
+                "concurrency": concurrency, "seconds": round(elapsed, 1), "queries": queries,
+                "prometheus_seconds": round(waited, 1), "rows": len(rows), "written": sum(r.written for r in rows),
+                "prometheus_cpu_seconds": round(prometheus_cpu, 1), "bench_cpu_seconds": round(bench_cpu, 1),
+                # The cores the pass kept busy on average: at the machine's count it waits on cpu,
+                # below it on something else (a query alone on one core, the API double).
+                "cores_busy": round((prometheus_cpu + bench_cpu) / elapsed, 2)}
+            log(f"{label}: {elapsed:.1f}s, {queries} PromQL queries ({waited:.1f}s waited), {len(rows)} rows, "
+                f"{measured['written']} ratios written; cpu {prometheus_cpu:.1f}s Prometheus + "
+                f"{bench_cpu:.1f}s bench = {measured['cores_busy']:.2f} of {os.cpu_count()} cores busy")
             if args.per_query:
                 slowest_first = sorted(timings, reverse=True)
-                figures[f"{label}_per_query"] = [[round(seconds, 2), query] for seconds, query in slowest_first]
+                measured["per_query"] = [[round(seconds, 2), query] for seconds, query in slowest_first]
                 for seconds, query in slowest_first:
                     log(f"  {seconds:6.1f}s  {query[:150]}")
+            if number == 0 or not dry_run:
+                figures |= {f"{label}_{key}": value for key, value in measured.items() if key != "concurrency"}
+            if dry_run and len(passes) > 2:
+                figures.setdefault("dry_runs", []).append(measured)
     finally:
         api.stop()
         prometheus.stop()

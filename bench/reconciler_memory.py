@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.served import STARTED, WORKLOADS, as_served, deployment, gke_nodes, manifests
+from kube.cli import Parser
 
 
 def serve(nodes: int, pods: int, urls: Any, done: Any) -> None:
@@ -61,8 +62,8 @@ def peak_mb(run: Any) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.reconciler_memory", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m bench.reconciler_memory", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=20000)
     args = parser.parse_args()

@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 
 from bench.webhook_load import pod_review, worker_rss_mb
+from kube.cli import Parser
 from oversale.annotations import AnnotationKeys
 from tests.conftest import RunningWebhook
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reviews", type=int, default=100_000)
     parser.add_argument("--connections", type=int, default=4)
     args = parser.parse_args()

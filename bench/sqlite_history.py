@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kube.cli import Parser
 from oversale.settings import Settings
 from reconcilers.sqlite_history import SqliteHistory
 
@@ -54,8 +55,8 @@ def peak_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sqlite_history", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m bench.sqlite_history", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--containers", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--days", type=float, default=Settings().history_retention_seconds / 86400,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.proc import status_kib
+from kube.cli import Parser
 from kube.tls import LOCAL_HOSTS, generate
 from oversale.annotations import AnnotationKeys
 from tests.conftest import SHARED, free_port, stop_process, wait_until_serving
@@ -147,7 +148,7 @@ def start(module: str, port: int, certs: Path, env: dict[str, str], log_path: Pa
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=8, help="seconds per load run (default 8)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating floor/webhook saturation runs")
     parser.add_argument("--workloads", type=int, default=10000, help="Deployments in the owner caches")

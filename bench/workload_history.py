@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kube.cli import Parser
 from kube.prometheus import PrometheusAPI
 from oversale.annotations import AnnotationKeys
 from oversale.usage import LoadConfig
@@ -78,7 +79,7 @@ def write_history(path: Path, workloads: int, start: float, end: float, step: fl
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", type=int, default=5000)
     parser.add_argument("--hours", type=float, default=24.0, help="history length and window (default 24)")
     parser.add_argument("--sample", type=float, default=300.0, help="seconds between samples (default 300)")

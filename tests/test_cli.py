@@ -129,6 +129,10 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
                                                                                   "a file, not a directory"]),
     (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--out", "/proc/version"], ["--out /proc/version"]),
     (["reconcilers", "plan", "--prometheus", "prometheus:9090"], ["--prometheus 'prometheus:9090'", "http://"]),
+    # Told before the bench spends minutes building its history.
+    (["bench.reconcile_scale", "--concurrency", "4,x"], ["--concurrency", "'4,x'", "comma-separated"]),
+    (["bench.reconcile_scale", "--concurrency", "0"], ["--concurrency", "at least 1"]),
+    (["bench.reconcile_scale", "--rounds", "0"], ["--rounds", "at least 1"]),
     (["reconcilers", "plan", "--prometheus", "ftp://prometheus"], ["--prometheus 'ftp://prometheus'", "http://"]),
     (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--warmup-days", "0", "--days", "3"],
      ["--warmup-days 0", "at least 1 day"]),
@@ -174,6 +178,22 @@ def test_every_commands_help_prints(command):
     result = run([*command, "--help"])
     assert result.returncode == 0 and result.stdout.startswith("usage: "), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_benchs_cpu_figure_is_the_cpu_time_linux_gives_the_process():
+    from bench.proc import cpu_seconds
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                              "end = time.process_time() + 0.5\n"
+                              "while time.process_time() < end: pass\n"
+                              "t = os.times(); print(t.user + t.system, flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        own = float(child.stdout.readline())
+        assert own >= 0.5 and abs(cpu_seconds(child.pid) - own) < 0.05
+    finally:
+        child.communicate("", timeout=30)
+    with pytest.raises(OSError):
+        cpu_seconds(child.pid)  # reaped: its /proc entry is gone
 
 
 def test_backtest_help_shows_every_default():
