@@ -164,7 +164,7 @@ def concurrencies(text: str) -> list[int]:
         values = [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: whole numbers, comma-separated (4, or 2,4)") from None
-    if not values or min(values) < 1:
+    if min(values) < 1:  # "".split(",") is [""], refused above: never empty here
         raise argparse.ArgumentTypeError(f"{text!r}: each at least 1")
     return values
 
