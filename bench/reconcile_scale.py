@@ -232,14 +232,22 @@ def main() -> int:
                    "tsdb_blocks": blocks[1]}
         passes = [("dry_run", True, concurrency) for _ in range(args.rounds) for concurrency in args.concurrency]
         passes.append(("with_writes", False, args.concurrency[0]))
+        # One history per concurrency, kept from pass to pass as the reconcilers keep theirs: the
+        # first pass at each counts the account's week whole, the next ones its newest hours alone.
+        histories: dict[int, tuple[PrometheusHistory, list[tuple[float, str]]]] = {}
         for number, (label, dry_run, concurrency) in enumerate(passes):
-            history = PrometheusHistory.from_settings(
-                dataclasses.replace(settings, prometheus_concurrency=concurrency))
+            kept = concurrency in histories
+            if not kept:
+                history = PrometheusHistory.from_settings(dataclasses.replace(settings,
+                                                                              prometheus_concurrency=concurrency))
+                history.check_rate_window()  # once per process, not part of a pass
+                histories[concurrency] = history, time_each_query(history.api) if args.per_query else []
+            history, every_query = histories[concurrency]
+            timed_before = len(every_query)
             reconciler = Reconciler(Cluster(api_client, timeout=300), history, settings)
-            history.check_rate_window()  # once per process, not part of a pass
-            timings = time_each_query(history.api) if args.per_query else []
             queries, waited = history.queries, history.query_seconds
-            log(f"pass ({label.replace('_', ' ')}, {concurrency} queries at once)")
+            log(f"pass ({label.replace('_', ' ')}, {concurrency} queries at once, the account's hours "
+                f"{'kept from the pass before' if kept else 'counted whole'})")
             cpu_before = cpu_seconds(prometheus.process.pid), cpu_seconds(os.getpid())
             started = time.perf_counter()
             rows = reconciler.run_pass(dry_run=dry_run)
@@ -248,7 +256,8 @@ def main() -> int:
             bench_cpu = cpu_seconds(os.getpid()) - cpu_before[1]
             queries, waited = history.queries - queries, history.query_seconds - waited
             measured = {
-                "concurrency": concurrency, "seconds": round(elapsed, 1), "queries": queries,
+                "concurrency": concurrency, "account_hours_kept": kept, "seconds": round(elapsed, 1),
+                "queries": queries,
                 "prometheus_seconds": round(waited, 1), "rows": len(rows), "written": sum(r.written for r in rows),
                 "prometheus_cpu_seconds": round(prometheus_cpu, 1), "bench_cpu_seconds": round(bench_cpu, 1),
                 # The cores the pass kept busy on average: at the machine's count it waits on cpu,
@@ -258,7 +267,7 @@ def main() -> int:
                 f"{measured['written']} ratios written; cpu {prometheus_cpu:.1f}s Prometheus + "
                 f"{bench_cpu:.1f}s bench = {measured['cores_busy']:.2f} of {os.cpu_count()} cores busy")
             if args.per_query:
-                slowest_first = sorted(timings, reverse=True)
+                slowest_first = sorted(every_query[timed_before:], reverse=True)
                 measured["per_query"] = [[round(seconds, 2), query] for seconds, query in slowest_first]
                 for seconds, query in slowest_first:
                     log(f"  {seconds:6.1f}s  {query[:150]}")

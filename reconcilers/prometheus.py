@@ -1,8 +1,9 @@
 """Usage history from Prometheus's HTTP API.
 
-One pass issues a fixed number of queries (9 for the ratios, 2 for the hot-time account
-whatever the nodes' sizes, 1 and 7 days at once), each over the whole window, so Prometheus does the
-per-series work and returns one number per series: never one query per object. Container usage
+One pass issues a fixed number of queries (9 for the ratios; for the hot-time account, 1 and 7
+days at once whatever the nodes' sizes, 4 on the first pass and 2 or 4 on the next ones, its
+settled hours kept), Prometheus doing the per-series work and returning one number per series:
+never one query per object. Container usage
 comes from cAdvisor (``container_cpu_usage_seconds_total``, ``container_memory_working_set_bytes``),
 summarized per cgroup before it is aggregated (:meth:`Summaries.per_cgroup`); node usage from
 node-exporter (``node_cpu_seconds_total``, ``MemTotal - MemAvailable``, or queries of your own),
@@ -21,6 +22,7 @@ import logging
 import math
 import threading
 import time
+from array import array
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ from kube.prometheus import (
 from oversale.budget import HotTime
 from oversale.estimator import UsageStats
 from oversale.settings import Settings
+from reconcilers.account_blocks import BlockPlan, Kept, KeptCounts, plan_blocks
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
@@ -82,11 +85,15 @@ class PrometheusHistory:
     """Queries sent so far (for the pass report and the benchmark)."""
     query_seconds: float = 0.0
     """Time spent waiting for Prometheus so far, summed over queries (which may overlap)."""
+    clock: Callable[[], float] = time.time
+    """Now, in seconds since the epoch: every window ends there."""
     api: PrometheusAPI = field(init=False)
     node_naming: NodeNaming = field(init=False)
     _rate_checks: RateWindowCheck = field(init=False)
     _range_times_moved: bool = field(init=False, default=False)
-    """A range query was answered at other times than asked (:meth:`_counts_over`)."""
+    """A range query was answered at other times than asked (:meth:`_count_kept`)."""
+    _kept: KeptCounts = field(init=False, default_factory=dict)
+    """The hot-time account's settled hours, counted on an earlier pass (:meth:`_count_kept`)."""
     _slots: threading.BoundedSemaphore = field(init=False)
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     """Guards the counters and the flag above: the reads run in several threads."""
@@ -155,7 +162,7 @@ class PrometheusHistory:
         """The sample counts of ``keys``' nodes in ``steps_counted`` (of the resource that counts,
         :meth:`_counting`: the account evaluates the same usage at the same steps), with their last
         sample's age read as when counting (:meth:`_last_node_samples`, over the last hour)."""
-        now = time.time()
+        now = self.clock()
         samples = {key: spent.samples for key in keys
                    if (spent := steps_counted.get(node_name(key[0]), {}).get(counter)) is not None}
         last = self._last_node_samples(counter, window, now, samples.keys())
@@ -213,77 +220,114 @@ class PrometheusHistory:
     def node_hot_time(self, windows: Sequence[float],
                       real: dict[str, dict[str, float]]) -> list[dict[str, dict[str, HotTime]]]:
         """Per resource, each node's samples and those above its real allocatable, for all the
-        windows at once where they nest (:meth:`_counts_over`), both counts from one evaluation
-        of the usage (:data:`STEP_MARK`): the number of queries grows neither with nodes, nor
-        with their sizes, nor with the windows. The nodes are grouped by real allocatable
-        (:func:`threshold_groups`), and the count's expression is the ``or`` of each group's
-        usage, its series selected by node name, against the group's. With a node query of the
-        user's own (cpu or memory), whose series may lack the node label (a join), that resource
-        takes one count per group instead, read over all nodes."""
+        windows at once, both counts from one evaluation of the usage (:data:`STEP_MARK`). The
+        settled hours are counted once and kept between passes, the rest of each window counted
+        on every pass (:mod:`reconcilers.account_blocks`, :meth:`_count_kept`): at most 2
+        queries a resource, 1 on a pass within the hour of the one before; the number grows
+        neither with nodes, nor with their sizes, nor with the windows. The nodes are grouped by
+        real allocatable (:func:`threshold_groups`), and the count's expression is the ``or`` of
+        each group's usage, its series selected by node name, against the group's. With a node
+        query of the user's own (cpu or memory), whose series may lack the node label (a join),
+        that resource takes one count per group instead, read over all nodes. Where the hours
+        cannot be kept (:meth:`_count_kept` says why), each window is counted whole."""
         if not windows:
             return []
-        label, now = self.node_label, time.time()
-        # (resource, expression: STEP_MARK at each step, 1 more above the real allocatable; its nodes)
-        asked: list[tuple[str, str, list[str]]] = []
+        now = self.clock()
+        counts: list[_AccountCount] = []
         for resource, expression in self._node_expressions().items():
             groups = threshold_groups({node: values[resource] for node, values in real.items() if resource in values})
-            if len(groups) == 1 or self._own_node_query(resource):
-                asked += [(resource, _marked(f"({expression}) > bool {threshold:.0f}"), nodes)
-                          for threshold, nodes in groups]
-            else:
-                asked.append((resource, _marked(" or ".join(
-                    f"(({scoped(expression, node_matcher(label, nodes))}) > bool {threshold:.0f})"
-                    for threshold, nodes in groups)), [n for _, nodes in groups for n in nodes]))
-        counts = self._together(*(
-            lambda marked=marked: self._counts_over(f"sum_over_time(({marked})[$WINDOW:$STEP])", windows, now, (label,))
-            for _, marked, _ in asked))
+            if self._own_node_query(resource):
+                counts += [_AccountCount(resource, expression, self.node_label, [group], own_query=True)
+                           for group in groups]
+            elif groups:
+                counts.append(_AccountCount(resource, expression, self.node_label, groups, own_query=False))
+        plan = None if self._range_times_moved else plan_blocks(windows, now, self.resolution)
+
+        def count(asked: _AccountCount) -> tuple[list[dict[str, float]], KeptCounts]:
+            if plan is not None:
+                try:
+                    return self._count_kept(asked, plan)
+                except _NotKept as why:
+                    log.info("the hot-time account's %s is counted whole this pass: %s", asked.resource, why)
+            template = f"sum_over_time(({asked.marked()})[$WINDOW:$STEP])"
+            return [{node_name(key[0]): total for key, total in
+                     self._per_window(template, window, now, (self.node_label,), sum).items()}
+                    for window in windows], {}
+
+        found = self._together(*(lambda asked=asked: count(asked) for asked in counts))
+        # What no count kept this pass is forgotten: removed nodes, and the blocks no window reaches.
+        self._kept = {key: kept for _, counted in found for key, kept in counted.items()}
         results: list[dict[str, dict[str, HotTime]]] = [{} for _ in windows]
-        for (resource, _, nodes), found in zip(asked, counts, strict=True):
-            for result, by_series in zip(results, found, strict=True):
-                read = {node_name(key[0]): total for key, total in by_series.items()}
-                for node in nodes:
-                    if node in read:
-                        result.setdefault(node, {})[resource] = _hot_time(read[node])
+        for asked, (totals, _) in zip(counts, found, strict=True):
+            for result, by_node in zip(results, totals, strict=True):
+                for node in asked.nodes():
+                    if by_node.get(node):
+                        result.setdefault(node, {})[asked.resource] = _hot_time(by_node[node])
         return results
 
-    def _counts_over(self, template: str, windows: Sequence[float], now: float,
-                     keys: tuple[str, ...]) -> list[dict[tuple[str, ...], float]]:
-        """``template``'s counts (``$WINDOW``, ``$STEP``) over each window back from ``now``. Where
-        every window is a whole number of the shortest (the account's 1 and 7 days), one range
-        query at that step counts each stretch once and every window is a sum of the stretches it
-        covers: one query instead of one per window, and the shortest window's samples are not
-        evaluated twice. Otherwise, or where Prometheus refuses even one stretch, one count per
-        window (:meth:`_per_window`, which splits a refused window)."""
-        shortest = min(windows)
-        stretches = [window / shortest for window in windows]
-        if not self._range_times_moved and len(windows) > 1 and all(abs(n - round(n)) < 1e-6 for n in stretches):
-            query = template.replace("$WINDOW", duration(shortest)).replace("$STEP", duration(self.resolution))
-            count = round(max(stretches))
-            try:
-                found = self._range(query, now - (count - 1) * shortest, now, shortest, splittable=True)
-            except QueryTooLarge as error:
-                log.info("prometheus refused a %s stretch (%s); counting each window alone", duration(shortest), error)
-            else:
-                # A point at t counts (t - shortest, t], and it must stand where it was asked: a
-                # query frontend that aligns a range's start and end to its step (Thanos's does by
-                # default, for its cache) answers a day apart at midnights, which would count the
-                # day up to the last midnight as the last day.
-                if all(_asked_at(t, now, shortest, count) for _, (times, _) in found for t in times):
-                    return [{tuple(labels.get(k, "") for k in keys): total
-                             for labels, (times, values) in found
-                             if (total := sum(v for t, v in zip(times, values, strict=True)
-                                              if t > now - window + shortest / 2))}
-                            for window in windows]
-                with self._lock:
-                    told, self._range_times_moved = self._range_times_moved, True
-                if not told:
-                    log.warning("%s answered a range query at other times than asked (a query frontend aligning "
-                                "ranges to their step, such as Thanos's --query-range.align-range-with-step): the "
-                                "hot-time account is read with one query per window from now on", self.api.described)
-        return [self._per_window(template, window, now, keys, sum) for window in windows]
+    def _count_kept(self, asked: _AccountCount, plan: BlockPlan) -> tuple[list[dict[str, float]], KeptCounts]:
+        """``asked``'s totals per window and node, from the blocks kept for each node, the blocks
+        it lacks (one range query at block steps for the nodes that lack the same ones: the
+        newest hour on most passes, the whole week for a node new to the account or whose real
+        allocatable moved), and the plan's stretches (one instant query of them all, each
+        labelled with its index). Raises _NotKept where a range is answered at other times than
+        asked (a query frontend aligning ranges to their step): from then on every pass counts
+        each window whole. Raises HistoryUnavailable where Prometheus refuses even an hour."""
+        label, step = self.node_label, duration(plan.step)
+        thresholds = {node: threshold for threshold, nodes in asked.groups for node in nodes}
+        lacking: dict[int, list[str]] = {}
+        for node, threshold in thresholds.items():
+            kept = self._kept.get((asked.resource, node))
+            lacking.setdefault(plan.first if kept is None else kept.missing_from(threshold, plan), []).append(node)
+        counted: KeptCounts = {}
+        for first, nodes in sorted(lacking.items()):
+            new: dict[str, list[float]] = {node: [0.0] * (plan.last - first) for node in nodes}
+            if first < plan.last:
+                only = None if len(nodes) == len(thresholds) else set(nodes)
+                query = f"sum_over_time(({asked.marked(only)})[{duration(plan.block)}:{step}])"
+                end, points = plan.boundary(plan.last), plan.last - first
+                # Refused for its size, it is asked in fewer hours down to one; refused even so, no
+                # window could be counted whole (a window split in its most parts is longer).
+                found = self._range(query, plan.boundary(first + 1), end, plan.block)
+                if not all(_asked_at(t, end, plan.block, points) for _, (times, _) in found for t in times):
+                    self._moved_range()
+                    raise _NotKept("its range was answered at other times than asked")
+                for labels, (times, values) in found:
+                    if (node := node_name(labels.get(label, ""))) in new:
+                        for t, value in zip(times, values, strict=True):
+                            new[node][plan.block_ending_at(t) - first] = value
+            for node, counts in new.items():
+                kept = self._kept.get((asked.resource, node))
+                counted[asked.resource, node] = (kept.extended(plan, counts) if kept is not None and first > plan.first
+                                                 else Kept(thresholds[node], plan.first, array("d", counts)))
+        stretches = " or ".join(
+            f'label_replace(sum_over_time(({asked.marked()})[{duration(end - start)}:{step}]'
+            f'{f" offset {duration(plan.now - end)}" if end < plan.now else ""}), "{STRETCH_LABEL}", "{index}", "", "")'
+            for index, (start, end) in enumerate(plan.stretches))
+        try:
+            partial = self._instant(stretches, plan.now, (label, STRETCH_LABEL))
+        except QueryTooLarge as error:
+            raise HistoryUnavailable(f"query too large even in the account's stretches: {error}") from None
+        by_stretch: list[dict[str, float]] = [{} for _ in plan.stretches]
+        for (instance, index), total in partial.items():
+            by_stretch[int(index)][node_name(instance)] = total
+        return [{node: kept.total(first, plan.last) + sum(by_stretch[index].get(node, 0.0) for index in indices)
+                 for (_, node), kept in counted.items()}
+                for first, indices in plan.windows], counted
+
+    def _moved_range(self) -> None:
+        with self._lock:
+            told, self._range_times_moved = self._range_times_moved, True
+        if not told:
+            # A point at t counts the block ending at t, and it must stand where it was asked: a
+            # query frontend that aligns a range's start and end to its step (Thanos's does by
+            # default, for its cache) answers at other times, which would count other hours.
+            log.warning("%s answered a range query at other times than asked (a query frontend aligning "
+                        "ranges to their step, such as Thanos's --query-range.align-range-with-step): the "
+                        "hot-time account is counted whole, one query per window, from now on", self.api.described)
 
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
-        label, now = self.node_label, time.time()
+        label, now = self.node_label, self.clock()
         result: dict[str, dict[str, float]] = {}
         for resource, expression in self._node_expressions().items():
             for key, value in self._per_window(f"max_over_time(({expression})[$WINDOW:$STEP])", window, now,
@@ -298,7 +342,7 @@ class PrometheusHistory:
         """How often ``exporter``'s cpu counters (``CPU_COUNTERS``) are scraped, in seconds, as
         ``kube.prometheus.scrape_interval`` reads it; None where unknown."""
         with self._asking(counted=True):
-            return scrape_interval(self.api, CPU_COUNTERS[exporter], time.time() if at is None else at)
+            return scrape_interval(self.api, CPU_COUNTERS[exporter], self.clock() if at is None else at)
 
     def check_rate_window(self) -> None:
         """Warns where a cpu counter is scraped too seldom for ``rate_window``
@@ -306,7 +350,7 @@ class PrometheusHistory:
         ``rate_window_recheck`` (:class:`kube.prometheus.RateWindowCheck`)."""
         # A node cpu query of the user's own rates nothing here: its rule has its own window.
         read = CPU_COUNTERS.keys() - ({"node-exporter"} if self.node_cpu_query else set())
-        now = time.time()
+        now = self.clock()
         for exporter in sorted(read):
             if self._rate_checks.due(exporter, now):
                 with self._asking(counted=True):
@@ -331,7 +375,7 @@ class PrometheusHistory:
         """quantile (and peak) per series, asked at once; with ``last_samples`` (now, the series
         counted -> their last sample's time) the sample count and last sample's age too, else none
         (see :meth:`_counted_as`)."""
-        now = time.time()
+        now = self.clock()
         asked = [lambda: self._per_window(queries.quantile.replace("$Q", str(quantile)), window, now, keys, max)]
         if with_peak:
             asked.append(lambda: self._per_window(queries.peak, window, now, keys, max))
@@ -480,6 +524,42 @@ def _hot_time(total: float) -> HotTime:
         raise HistoryUnavailable(f"a hot-time count came back rounded ({total!r}): the history source answers "
                                  "with fewer digits than a float64 holds, which the account's counts need")
     return HotTime(hot, round(steps))
+
+
+STRETCH_LABEL = "oversale_stretch"
+"""The label telling the account's stretches apart in the one query that counts them all."""
+
+
+class _NotKept(Exception):
+    """The account's hours cannot be kept this pass (:meth:`PrometheusHistory._count_kept`)."""
+
+
+@dataclass(frozen=True)
+class _AccountCount:
+    """One count of the hot-time account: ``resource``'s usage against each group's real
+    allocatable (:func:`threshold_groups`)."""
+
+    resource: str
+    expression: str
+    label: str
+    groups: list[tuple[float, list[str]]]
+    own_query: bool
+    """The usage is a query of the user's own, whose series may lack the node label: one group,
+    read over every series, never selected by node name."""
+
+    def nodes(self) -> list[str]:
+        return [node for _, nodes in self.groups for node in nodes]
+
+    def marked(self, only: Collection[str] | None = None) -> str:
+        """:data:`STEP_MARK` at each step, 1 more above the real allocatable: of ``only``'s nodes,
+        where given and the series can be selected by node name, else of all."""
+        groups = [(threshold, [node for node in nodes if only is None or self.own_query or node in only])
+                  for threshold, nodes in self.groups]
+        if self.own_query or (only is None and len(groups) == 1):
+            return _marked(f"({self.expression}) > bool {groups[0][0]:.0f}")
+        return _marked(" or ".join(
+            f"(({scoped(self.expression, node_matcher(self.label, nodes))}) > bool {threshold:.0f})"
+            for threshold, nodes in groups if nodes))
 
 
 RECENT = 3600.0

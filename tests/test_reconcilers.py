@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client
 
 from kube.leader import LeaseElector
+from kube.prometheus import PrometheusAPI, node_expressions, node_name
 from oversale.annotations import AnnotationKeys
 from oversale.budget import AccountConfig
 from oversale.estimator import UsageStats
@@ -416,10 +417,11 @@ def test_a_prometheus_holding_several_clusters_is_read_for_this_one_alone(tmp_pa
         server.stop()
 
 
-def test_hot_time_takes_two_queries_whatever_the_node_sizes(tmp_path):
+def test_hot_time_takes_two_queries_a_resource_whatever_the_node_sizes(tmp_path):
     """Nodes of four sizes, two of them within 1% of each other (one instance type, two node
     images): the hot-time account still reads one count per resource (its samples and those above
-    the real allocatable together), each node counted against its own size (or the lower of two
+    the real allocatable together; 2 queries on the first pass, its hours and its stretches, 1 on
+    the next within the hour), each node counted against its own size (or the lower of two
     within 1%), not one count per size. With a node memory query of the user's own that joins a series
     without the node label, memory is read one count per size instead, with the same figures."""
     end = time.time() - 120
@@ -448,12 +450,15 @@ def test_hot_time_takes_two_queries_whatever_the_node_sizes(tmp_path):
         joined = ("max by (instance) (node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes) "
                   "* on () group_left () max(memory_scale)")
         # The node matchers also go with a cluster selector (here one every series matches).
-        for extra, queries in (({}, 2), ({"OVERSALE_PROMETHEUS_SELECTOR": 'instance=~".+"'}, 2),
-                               ({"OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY": joined}, 1 + 3)):
+        for extra, counts in (({}, 2), ({"OVERSALE_PROMETHEUS_SELECTOR": 'instance=~".+"'}, 2),
+                              ({"OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY": joined}, 1 + 3)):
             reader = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
                                                                         **extra}))
+            reader.clock = lambda: end  # the second pass within the hour of the first
             hot = reader.node_hot_time([6 * HOUR], real)[0]
-            assert reader.queries == queries, extra
+            assert reader.queries == 2 * counts, extra
+            assert reader.node_hot_time([6 * HOUR], real)[0] == hot
+            assert reader.queries == 3 * counts, extra
             figures = {name: (by["cpu"].hot_samples, by["memory"].hot_samples) for name, by in hot.items()}
             full = hot["small"]["cpu"].samples
             assert full > 60 and all(by[r].samples == full for by in hot.values() for r in ("cpu", "memory"))
@@ -653,22 +658,26 @@ def test_node_reads_timing_out_on_node_exporters_counters_say_what_to_set(sixtee
     assert stats["node-1"].cpu.quantile == pytest.approx(16 * 5 * 0.1 * 1000), "in time, the same read answers"
 
 
-def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figures_of_each_window_alone(
+def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_of_each_window_counted_whole(
         tmp_path, caplog):
-    """The account's windows nest (1 and 7 days; here 6 and 24 hours): each count is one range
-    query whose steps are the shorter window, and the longer window is the sum of the steps, so a
-    node hot only before the short window is counted in the long one alone, with the same figures
-    as each window read by itself. Windows that do not nest are read one by one, as before."""
+    """The account's windows (1 and 7 days; here 6 and 24 hours) are cut into the whole hours
+    that have settled, counted once and kept between passes, and the stretches at their ends,
+    counted on every pass: 2 queries a resource on the first pass (the hours in one range query
+    at hour steps, the stretches in one query), 1 on a pass within the same hour, 2 again once an
+    hour more has settled. At every pass each node's figures are exactly those of its window
+    counted whole by Prometheus (two plain subqueries here); a node new to the account, or whose
+    real allocatable moved, is counted over the whole window against its own, the others' hours
+    kept. Windows not a whole number of steps are counted whole, one query each."""
     end = time.time() - 120
 
     def in_hours_ago(start: float, stop: float) -> Callable[[float], bool]:
         return lambda t: end - start * HOUR <= t < end - stop * HOUR
 
-    cpu_hot, memory_hot = in_hours_ago(20, 14), in_hours_ago(2, -1)
+    cpu_hot, memory_hot = in_hours_ago(20, 14), in_hours_ago(5, 2)
     node_cpu = Family("node_cpu_seconds_total", "counter")
     node_total = Family("node_memory_MemTotal_bytes", "gauge")
     node_available = Family("node_memory_MemAvailable_bytes", "gauge")
-    for name, hot in (("warm", True), ("cool", False)):
+    for name, hot in (("warm", True), ("cool", False), ("late", True)):
         instance = {"instance": f"{name}:9100"}
         node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"},
                                 lambda t, h=hot: 1.5 if h and cpu_hot(t) else 0.5))
@@ -676,75 +685,107 @@ def test_the_accounts_day_and_week_are_counted_in_one_query_each_with_the_figure
         node_total.series.append((instance, lambda t: 16e9))
         node_available.series.append((instance, lambda t, h=hot: 16e9 - (5e9 if h and memory_hot(t) else 1e9)))
     history = tmp_path / "history.om"
-    write_openmetrics(history, [node_cpu, node_total, node_available], end - 26 * HOUR, end, 60)
+    write_openmetrics(history, [node_cpu, node_total, node_available], end - 28 * HOUR, end, 60)
     server = PrometheusServer(tmp_path, history)
     real = {name: {"cpu": 1000.0, "memory": 4e9} for name in ("warm", "cool")}
+    windows = [6 * HOUR, 24 * HOUR]
+    # On a half step, where the account ends its windows, 3 hours before the history does.
+    at = (end - 3 * HOUR) // 300 * 300 - 150
+    expressions = node_expressions("instance", 300)
 
-    def reader() -> PrometheusHistory:
-        return PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url}))
+    def reader(clock: float) -> PrometheusHistory:
+        history = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url}))
+        history.clock = lambda: clock
+        return history
 
-    def figures(hot: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int, int]]:
-        return {name: (by["cpu"].samples, by["cpu"].hot_samples, by["memory"].hot_samples)
+    def figures(hot: dict[str, dict[str, Any]]) -> dict[str, tuple[int, ...]]:
+        return {name: (by["cpu"].samples, by["cpu"].hot_samples, by["memory"].samples, by["memory"].hot_samples)
                 for name, by in hot.items()}
 
-    def assert_within_a_step(found: list[dict[str, Any]], expected: list[dict[str, Any]], context: object) -> None:
-        """The same nodes, each figure within one 5-minute step of the expected: read a moment
-        apart, a step may cross a window's edge."""
-        for figures_found, figures_expected in zip(found, expected, strict=True):
-            assert figures_found.keys() == figures_expected.keys(), context
-            for name, counts in figures_found.items():
-                assert counts == pytest.approx(figures_expected[name], abs=1), (context, name)
+    def counted_whole(clock: float, nodes: dict[str, dict[str, float]]) -> list[dict[str, tuple[int, ...]]]:
+        api = PrometheusAPI(server.url)
+
+        def count(resource: str, window: float, above: float | None) -> dict[str, int]:
+            usage = expressions[resource] if above is None else f"({expressions[resource]}) > bool {above:.0f}"
+            counted = "count_over_time" if above is None else "sum_over_time"
+            return {node_name(key[0]): round(value) for key, value in api.instant(
+                f"{counted}(({usage})[{window:.0f}s:300s])", clock, ("instance",)).items()}
+
+        found = []
+        for window in windows:
+            by_node: dict[str, tuple[int, ...]] = {}
+            for name, sizes in nodes.items():
+                by_node[name] = tuple(count(resource, window, above)[name] for resource in ("cpu", "memory")
+                                      for above in (None, sizes[resource]))
+            found.append(by_node)
+        return found
 
     try:
-        together = reader()
-        day, week = (figures(found) for found in together.node_hot_time([6 * HOUR, 24 * HOUR], real))
-        assert together.queries == 2, "one count per resource"
-        # 5-minute steps: 72 in 6 hours, 288 in 24; the cpu burst 6 hours long, memory's the last 2.
-        assert day["warm"][0] == pytest.approx(72, abs=1) and week["warm"][0] == pytest.approx(288, abs=1)
-        assert day["warm"][1] == 0 and week["warm"][1] == pytest.approx(72, abs=2)
-        assert day["warm"][2] == week["warm"][2] == pytest.approx(24, abs=2)
-        assert day["cool"][1:] == week["cool"][1:] == (0, 0)
-        for window, figures_together in ((6 * HOUR, day), (24 * HOUR, week)):
-            assert_within_a_step([figures(reader().node_hot_time([window], real)[0])], [figures_together], window)
-        apart = reader()
-        short, long = (figures(found) for found in apart.node_hot_time([5 * HOUR, 24 * HOUR], real))
-        assert apart.queries == 4, "5 hours is no whole part of a day: each window alone"
-        assert short["warm"][0] == pytest.approx(60, abs=1) and long["warm"] == pytest.approx(week["warm"], abs=1)
-        # Behind a query frontend aligning ranges to their step (Thanos's default), the range is
-        # answered at multiples of 6 hours, not at the times asked: told once, then each window
-        # is read alone, with the same figures (the moved answer would lose the last hours).
+        kept = reader(at)
+        day, week = (figures(found) for found in kept.node_hot_time(windows, real))
+        assert kept.queries == 4, "the hours and the stretches, per resource"
+        assert [day, week] == counted_whole(at, real)
+        # 5-minute steps: 72 in 6 hours, 288 in 24; cpu hot for 6 hours ending 11 hours before
+        # the clock, memory for the 2 hours before it.
+        assert day["warm"][:3] == (72, 0, 72) and day["warm"][3] == pytest.approx((at - end) / 300 + 60, abs=1)
+        assert week["warm"][0] == 288 and week["warm"][1] == pytest.approx(72, abs=1)
+        assert day["cool"][1::2] == week["cool"][1::2] == (0, 0)
+        assert [figures(found) for found in kept.node_hot_time(windows, real)] == [day, week]
+        assert kept.queries == 4 + 2, "within the hour: the stretches alone"
+        # An hour and 10 minutes on: one hour more has settled, and is counted alone.
+        kept.clock = lambda: at + 70 * 60
+        assert [figures(found) for found in kept.node_hot_time(windows, real)] == counted_whole(at + 70 * 60, real)
+        assert kept.queries == 6 + 4
+        # A node joins and one's real memory moves: theirs are counted whole, warm's hours kept.
+        moved = {**real, "cool": {"cpu": 1000.0, "memory": 0.5e9}, "late": {"cpu": 1000.0, "memory": 4e9}}
+        before = kept.queries
+        found = [figures(by_window) for by_window in kept.node_hot_time(windows, moved)]
+        assert found == counted_whole(at + 70 * 60, moved)
+        assert found[0]["cool"][3] == 72, "hot all the time against its new real memory"
+        assert kept.queries - before == 1 + 1 + 2, "cpu: its new node's hours; memory: the 2 nodes' hours"
+        # Windows that are not whole steps: each counted whole, figures within a step.
+        odd = reader(at)
+        apart = [figures(found) for found in odd.node_hot_time([6 * HOUR + 100, 24 * HOUR + 100], real)]
+        assert odd.queries == 4, "one count per window and resource"
+        for found, expected in zip(apart, [day, week], strict=True):
+            assert found.keys() == expected.keys()
+            for name, counts in found.items():
+                assert counts == pytest.approx(expected[name], abs=1), name
+        # Behind a query frontend aligning ranges to their step (Thanos's default), the hours'
+        # range is answered at multiples of an hour, not at the times asked: told once, then each
+        # window is counted whole, with the same figures (the moved answer would count other hours).
         frontend = step_aligning_proxy(server.url)
         try:
             behind = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": frontend.url}))
+            behind.clock = lambda: at
             with caplog.at_level(logging.WARNING, logger="reconcilers.prometheus"):
-                # The two resources' counts are asked at once: each may send its range before
-                # the other's answer is found moved.
-                for queries in ({1 + 4, 2 + 4}, {4}):
+                for queries in (2 * (1 + 2), 2 * 2):
                     asked = behind.queries
-                    found = [figures(by_window) for by_window in behind.node_hot_time([6 * HOUR, 24 * HOUR], real)]
-                    assert_within_a_step(found, [day, week], "behind the frontend")
-                    assert behind.queries - asked in queries
+                    assert [figures(found) for found in behind.node_hot_time(windows, real)] == [day, week]
+                    assert behind.queries - asked == queries
             told = [r.getMessage() for r in caplog.records if "other times than asked" in r.getMessage()]
             assert len(told) == 1 and "align-range-with-step" in told[0], told
         finally:
             frontend.shutdown()
     finally:
         server.stop()
-    # --query.max-samples: at 500 the range is refused whole and answered a stretch at a time; at
-    # 300 even one stretch is refused and each window is counted alone, split as it needs.
-    for max_samples in (500, 300):
+    # --query.max-samples: at 500 and 120 the hours' range is refused whole and asked in fewer
+    # hours (down to one at 120), with the same figures. At 60 even one hour is refused: the
+    # account is unavailable, said in one line (no window counted whole would be smaller).
+    for max_samples in (500, 120, 60):
         workdir = tmp_path / f"max-samples-{max_samples}"
         workdir.mkdir()
         strict = PrometheusServer(workdir, history, max_samples=max_samples)
         try:
             split = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": strict.url}))
-            found = [figures(by_window) for by_window in split.node_hot_time([6 * HOUR, 24 * HOUR], real)]
-            assert split.queries > 2, "the refused requests are counted too"
-            if max_samples == 500:
-                # Halved from the 4 steps asked (4, 2, 1: at most 7 requests a count), not from
-                # the 10,000 a part may hold (13 more refusals a count).
-                assert split.queries <= 2 * (1 + 2 + 4)
-            assert_within_a_step(found, [day, week], max_samples)
+            split.clock = lambda: at
+            if max_samples == 60:
+                with pytest.raises(HistoryUnavailable, match="too many samples"):
+                    split.node_hot_time(windows, real)
+                continue
+            found = [figures(by_window) for by_window in split.node_hot_time(windows, real)]
+            assert split.queries > 4, "the refused requests are counted too"
+            assert found == [day, week], max_samples
         finally:
             strict.stop()
 
@@ -871,12 +912,14 @@ def test_queries_go_together_up_to_the_concurrency_set_with_the_same_figures(api
     Prometheus's cores), never more at once than OVERSALE_PROMETHEUS_CONCURRENCY, and with 1 one
     after another; the figures and the ratios the pass plans are the same whatever it is set to."""
     proxy, held = holding_proxy(prometheus.url)
+    now = time.time()  # every read of every setting ends its windows here
     try:
         found = {}
         for concurrency in (1, 2, 4):
             held.most_at_once = 0
             settings = dataclasses.replace(SETTINGS, prometheus_url=proxy.url, prometheus_concurrency=concurrency)
             history = PrometheusHistory.from_settings(settings)
+            history.clock = lambda: now
             reconciler = Reconciler(Cluster(api_client_for(api)), history, settings)
             rows = reconciler.run_pass(dry_run=True)
             real = {"node-1": {"cpu": 450.0, "memory": 3.1e9}}
@@ -887,8 +930,9 @@ def test_queries_go_together_up_to_the_concurrency_set_with_the_same_figures(api
             # The pass's two readers, each reading cpu and memory at once, each of those its
             # quantile and count at once: up to 7 queries would go together.
             assert held.most_at_once == concurrency, concurrency
-            # The pass (and the scrape intervals before it), then 5, 4 and 2 queries.
-            assert history.queries == 2 + 10 + 5 + 4 + 2
+            # The pass (and the scrape intervals before it), then 5, 4 and 4 queries: the
+            # account's hours counted again, against other sizes than the pass's.
+            assert history.queries == 2 + 12 + 5 + 4 + 4
         assert found[1][3], "the pass planned ratios"
         # Read seconds apart, a 5-minute step may leave the window or join it: within a step.
         for concurrency in (2, 4):
@@ -973,26 +1017,29 @@ def test_a_pass_takes_each_nodes_sample_count_from_the_hot_time_accounts_week(ap
 
 
 def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
-    history = PrometheusHistory(prometheus.url, resolution=300)
+    now = time.time()
+    # The passes within one hour: the account counts an hour more where one has settled between.
+    history = PrometheusHistory(prometheus.url, resolution=300, clock=lambda: now)
     reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
     reconciler.run_pass(dry_run=True)
     # Once, before the first pass, how often each cpu counter is scraped (2, not the pass's). Then
     # the hot-time account reads one count per resource, samples and those above the real
-    # allocatable together (the nodes here share theirs), its day and week at once: 2. Its week
-    # counts each node's samples for the node read, which reads their quantiles and last samples
-    # (3), and the containers' take 5.
-    assert history.queries == 2 + 2 + 3 + 5
-    assert reconciler.metrics.history_queries._value.get() == 10
-    # From the second pass on, calibration reads the peaks since the last predictions: 2 more.
+    # allocatable together (the nodes here share theirs), its day and week at once, its settled
+    # hours and the stretches at their ends: 4. Its week counts each node's samples for the node
+    # read, which reads their quantiles and last samples (3), and the containers' take 5.
+    assert history.queries == 2 + 4 + 3 + 5
+    assert reconciler.metrics.history_queries._value.get() == 12
+    # From the second pass on, the account reads its stretches alone (2) and calibration the
+    # peaks since the last predictions: 2 more.
     reconciler.run_pass(dry_run=True)
-    assert history.queries - 12 == 12
+    assert history.queries - 14 == 12
     # A node with a budget of its own (a pool's) reads its own quantiles, cpu's and memory's, not
     # its samples again: those of the pass's read count for it, and it has the history it had.
     node = api.get("nodes", "", "node-1")
     node["metadata"]["annotations"][KEYS.hot_time_budget("cpu")] = "0.0002"
     api.put("nodes", node)
     rows = reconciler.run_pass(dry_run=True)
-    assert history.queries - 24 == 12 + 2
+    assert history.queries - 26 == 12 + 2
     cpu = next(row for row in rows if row.object == "Node/node-1" and row.resource == "cpu")
     assert cpu.reason.startswith("budget 0.020%: P99.92 usage"), cpu.reason
 

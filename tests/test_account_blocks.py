@@ -1,0 +1,63 @@
+"""How the hot-time account's windows are cut into kept hours and stretches counted each pass
+(``reconcilers.account_blocks``): pure arithmetic, no Prometheus (tests/test_reconcilers.py
+counts the same windows both ways against a real one)."""
+
+from __future__ import annotations
+
+from array import array
+from itertools import pairwise
+
+import pytest
+
+from reconcilers.account_blocks import SETTLE_SECONDS, Kept, plan_blocks
+
+DAY = 86400.0
+
+
+@pytest.mark.parametrize("step", [300, 60, 15, 2, 9])
+@pytest.mark.parametrize("at", [1_800_000_000.0, 1_800_000_149.9, 1_800_000_150.0, 1_800_001_234.5, 1_799_999_999.0])
+def test_each_window_is_its_hours_and_stretches_exactly_each_edge_between_two_steps(step, at):
+    windows = [DAY, 7 * DAY]
+    plan = plan_blocks(windows, at, step)
+    assert plan is not None
+    # Ends at the last moment between two steps before ``at``: no step after it is left out.
+    assert at - step < plan.now <= at and plan.now % step == step // 2
+    assert plan.block % step == 0 and plan.block >= 3600 - step
+    # Only settled hours are kept.
+    assert plan.now - SETTLE_SECONDS - plan.block < plan.boundary(plan.last) <= plan.now - SETTLE_SECONDS
+    for window, (first, stretches) in zip(windows, plan.windows, strict=True):
+        pieces = sorted([(plan.boundary(i), plan.boundary(i + 1)) for i in range(first, plan.last)]
+                        + [plan.stretches[i] for i in stretches])
+        # Back to back, from a window back from now to now: each step in exactly one piece.
+        assert pieces[0][0] == plan.now - window and pieces[-1][1] == plan.now
+        assert all(a[1] == b[0] for a, b in pairwise(pieces))
+        assert all(edge % step == step // 2 for piece in pieces for edge in piece)
+        assert all(end - start < plan.block + SETTLE_SECONDS + step for start, end in pieces)
+    assert plan.first == min(first for first, _ in plan.windows)
+
+
+def test_windows_that_cannot_be_cut_between_steps_are_counted_whole():
+    assert plan_blocks([DAY], 1_800_000_000.0, 1) is None, "no second between two steps"
+    assert plan_blocks([DAY], 1_800_000_000.0, 2.5) is None
+    assert plan_blocks([DAY + 100], 1_800_000_000.0, 300) is None, "not a whole number of steps"
+    # A window with no settled hour in it: nothing to keep.
+    assert plan_blocks([1800], 1_800_000_000.0, 300) is None
+    short = plan_blocks([1800, DAY], 1_800_000_000.0, 300)
+    assert short is not None and short.windows[0] == (short.last, (0,))
+    assert short.stretches[0] == (short.now - 1800, short.now)
+
+
+def test_kept_hours_serve_while_they_are_counted_against_the_same_real_allocatable():
+    plan = plan_blocks([DAY, 7 * DAY], 1_800_000_000.0, 300)
+    assert plan is not None
+    kept = Kept(4e9, plan.first - 2, array("d", range(plan.last - plan.first + 1)))
+    # Its counts reach the hour before the newest: that one alone is missing.
+    assert kept.missing_from(4e9, plan) == plan.last - 1
+    assert kept.missing_from(8e9, plan) == plan.first, "another real allocatable: counted whole"
+    assert Kept(4e9, plan.first + 1, array("d", [1.0])).missing_from(4e9, plan) == plan.first, "starts too late"
+    newer = kept.extended(plan, [1000.0])
+    # The two hours no window reaches any more are dropped; the rest followed by the new one.
+    assert newer.first == plan.first and len(newer.counts) == plan.last - plan.first
+    assert newer.counts[0] == 2.0 and newer.counts[-1] == 1000.0
+    assert newer.total(plan.last - 1, plan.last) == 1000.0
+    assert newer.total(plan.first, plan.last) == sum(range(2, plan.last - plan.first + 1)) + 1000.0
