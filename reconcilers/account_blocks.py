@@ -3,13 +3,14 @@
 Counted whole, a week's account evaluates each node's usage at all of the week's 2,016 steps on
 every pass, though all but the last few were counted the pass before: it was half of a
 full-size pass's Prometheus time (docs/performance.md). Each window is cut here into *blocks*,
-whole hours that have settled, counted once and kept per node (:class:`KeptCounts`), and at
+whole hours that have settled, counted once and kept per node (:data:`KeptCounts`), and at
 most two *stretches*, the part of an hour at the window's start and the unsettled time up to
 now, counted on every pass (:func:`plan_blocks`). The windows are exactly what they were: the
 same steps, each counted once, only not again.
 
 A subquery's steps fall on multiples of its step since the epoch, and a step on a window's
-start is counted in it by Prometheus 2 and not by Prometheus 3 or VictoriaMetrics. Every edge
+start is counted in it by Prometheus 2 (2.42 here) and not by VictoriaMetrics, nor by Prometheus
+3, whose ranges are left-open (its release notes). Every edge
 here, blocks', stretches' and windows', lies half a step between two steps, so each step belongs
 to one piece whichever store answers.
 """

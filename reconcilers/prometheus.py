@@ -300,8 +300,9 @@ class PrometheusHistory:
                 kept = self._kept.get((asked.resource, node))
                 counted[asked.resource, node] = (kept.extended(plan, counts) if kept is not None and first > plan.first
                                                  else Kept(thresholds[node], plan.first, array("d", counts)))
+        marked = asked.marked()
         stretches = " or ".join(
-            f'label_replace(sum_over_time(({asked.marked()})[{duration(end - start)}:{step}]'
+            f'label_replace(sum_over_time(({marked})[{duration(end - start)}:{step}]'
             f'{f" offset {duration(plan.now - end)}" if end < plan.now else ""}), "{STRETCH_LABEL}", "{index}", "", "")'
             for index, (start, end) in enumerate(plan.stretches))
         try:
@@ -437,9 +438,9 @@ class PrometheusHistory:
             return self.api.instant(query, at, keys)
 
     def _range(self, query: str, start: float, end: float, step: float,
-               part_steps: int = RANGE_STEPS, splittable: bool = False) -> list[tuple[dict[str, str], Series]]:
+               part_steps: int = RANGE_STEPS) -> list[tuple[dict[str, str], Series]]:
         """A range query, each request it sends counted (it may send several)."""
-        with self._asking(splittable=splittable, query=query):
+        with self._asking(query=query):
             return self.api.query_range(query, start, end, step, part_steps, on_request=self._count_request)
 
     def _count_request(self) -> None:

@@ -732,15 +732,15 @@ def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_o
         assert day["cool"][1::2] == week["cool"][1::2] == (0, 0)
         assert [figures(found) for found in kept.node_hot_time(windows, real)] == [day, week]
         assert kept.queries == 4 + 2, "within the hour: the stretches alone"
-        # An hour and 10 minutes on: one hour more has settled, and is counted alone.
-        kept.clock = lambda: at + 70 * 60
-        assert [figures(found) for found in kept.node_hot_time(windows, real)] == counted_whole(at + 70 * 60, real)
+        # An hour on: one hour more has settled, and is counted alone.
+        kept.clock = lambda: at + HOUR
+        assert [figures(found) for found in kept.node_hot_time(windows, real)] == counted_whole(at + HOUR, real)
         assert kept.queries == 6 + 4
         # A node joins and one's real memory moves: theirs are counted whole, warm's hours kept.
         moved = {**real, "cool": {"cpu": 1000.0, "memory": 0.5e9}, "late": {"cpu": 1000.0, "memory": 4e9}}
         before = kept.queries
         found = [figures(by_window) for by_window in kept.node_hot_time(windows, moved)]
-        assert found == counted_whole(at + 70 * 60, moved)
+        assert found == counted_whole(at + HOUR, moved)
         assert found[0]["cool"][3] == 72, "hot all the time against its new real memory"
         assert kept.queries - before == 1 + 1 + 2, "cpu: its new node's hours; memory: the 2 nodes' hours"
         # Windows that are not whole steps: each counted whole, figures within a step.
@@ -972,9 +972,11 @@ def test_node_exporters_cpu_counters_are_rated_over_the_window_for_the_quantile_
             settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": proxy.url, **extra})
             history = PrometheusHistory.from_settings(settings)
             Reconciler(Cluster(api_client_for(api)), history, settings).run_pass(dry_run=True)
-            rated = [q for q in held.queries if "rate(node_cpu_seconds_total" in q]
-            found[bool(extra)] = (history.node_stats(3 * 86400, 0.99),
-                                  len([q for q in rated if "[3600s:" not in q]))
+            # Over the window, not the last hour's last samples nor the account's stretches at
+            # its ends (which may last an hour too).
+            rated = [q for q in held.queries if "rate(node_cpu_seconds_total" in q
+                     and "timestamp(" not in q and "oversale_stretch" not in q]
+            found[bool(extra)] = (history.node_stats(3 * 86400, 0.99), len(rated))
         (counted_by_memory, rated_by_memory), (counted_by_cpu, rated_by_cpu) = found[False], found[True]
         assert (rated_by_memory, rated_by_cpu) == (2, 2)
         assert counted_by_memory.keys() == counted_by_cpu.keys() == {"node-1"}
