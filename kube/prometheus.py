@@ -19,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from array import array
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,49 +167,71 @@ class PrometheusAPI:
     def query_range(self, query: str, start: float, end: float, step: float, part_steps: int = RANGE_STEPS,
                     on_request: Callable[[], None] | None = None) -> list[tuple[dict[str, str], Series]]:
         """A range query: each series' labels and its points. It is asked in consecutive parts of
-        at most ``part_steps`` steps and each series' points joined: Prometheus refuses more than
-        11,000 steps per series (40 days at 5 minutes), and an answer's JSON takes about ten times
-        the memory of its points while it is read, so a smaller part bounds that too. A part
-        Prometheus refuses for the samples it would load is asked again in halves (QueryTooLarge
-        only when a single step is refused). ``on_request`` is called before each request sent,
-        for a caller counting them."""
+        at most ``part_steps`` steps (:meth:`range_parts`) and each series' points joined."""
+        series: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Series]] = {}
+        for part in self.range_parts(query, start, end, step, part_steps, on_request):
+            for labels, (times, values) in part:
+                joined = series.setdefault(tuple(sorted(labels.items())), (labels, (array("d"), array("d"))))[1]
+                joined[0].extend(times)
+                joined[1].extend(values)
+        return list(series.values())
+
+    def range_parts(self, query: str, start: float, end: float, step: float, part_steps: int = RANGE_STEPS,
+                    on_request: Callable[[], None] | None = None, newest_first: bool = False,
+                    part_points: int | None = None) -> Iterator[list[tuple[dict[str, str], Series]]]:
+        """A range query in consecutive parts of at most ``part_steps`` steps, oldest first or
+        ``newest_first``, each part's series as they come: Prometheus refuses more than 11,000
+        steps per series (40 days at 5 minutes), and an answer's JSON takes about ten times the
+        memory of its points while it is read, so a smaller part bounds that too. With
+        ``part_points``, the parts after the first hold about that many points (steps x the
+        series the part before had). A part Prometheus refuses for the samples it would load is
+        asked again in halves (QueryTooLarge only when a single step is refused). ``on_request``
+        is called before each request sent, for a caller counting them."""
         if not (step > 0 and math.isfinite(start) and math.isfinite(end) and 0 < part_steps <= RANGE_STEPS):
             raise ValueError(f"a range query needs a finite start and end, a positive step and 1 to {RANGE_STEPS} "
                              f"steps a part, not {start!r}, {end!r}, {step!r}, {part_steps!r}")
-        series: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Series]] = {}
-        part_start = start
-        while part_start <= end:
-            # Points fall at part_start + k x step; the next part starts one step after this one's last.
-            part_end = min(end, part_start + (part_steps - 1) * step)
+        # Points fall at start + k x step; the next part starts one step after this one's last
+        # (or, newest first, ends one step before this one's first).
+        steps = math.floor((end - start) / step + 1e-9) + 1
+        low, high = 0, steps - 1  # the steps not asked yet
+        while low <= high:
+            size = min(part_steps, high - low + 1)
+            first, last = (high - size + 1, high) if newest_first else (low, low + size - 1)
             try:
                 if on_request is not None:
                     on_request()
-                payload = self._post("query_range", {"query": query, "start": f"{part_start:.3f}",
-                                                     "end": f"{part_end:.3f}", "step": _api_duration(step)})
+                payload = self._post("query_range", {"query": query, "start": f"{start + first * step:.3f}",
+                                                     "end": f"{start + last * step:.3f}",
+                                                     "step": _api_duration(step)})
             except QueryTooLarge as error:
-                if part_end <= part_start:
+                if size <= 1:
                     raise
                 # --query.max-samples counts every sample a query loads: fewer steps load fewer.
                 # Halved from the steps this part asked, not from a limit far above a short range's.
-                part_steps = max(1, (round((part_end - part_start) / step) + 1) // 2)
+                part_steps = max(1, size // 2)
                 log.info("prometheus refused a range of %s (%s); asking %d steps at a time",
-                         duration(part_end - part_start + step), error, part_steps)
+                         duration(size * step), error, part_steps)
                 continue
+            part: list[tuple[dict[str, str], Series]] = []
             try:
                 for found in payload["data"]["result"]:
-                    labels: dict[str, str] = found["metric"]
-                    times, values = series.setdefault(tuple(sorted(labels.items())),
-                                                      (labels, (array("d"), array("d"))))[1]
+                    times, values = array("d"), array("d")
                     for t, v in found["values"]:
                         if v != "NaN":
                             times.append(float(t))
                             values.append(float(v))
+                    part.append((found["metric"], (times, values)))
             except (KeyError, TypeError, ValueError) as error:
                 raise PrometheusUnavailable(f"prometheus at {self.shown} answered no range vector "
                                             f"({error!r})") from None
             del payload  # before the next part is read
-            part_start = part_end + step
-        return list(series.values())
+            yield part
+            if part_points is not None and part:
+                part_steps = max(1, min(RANGE_STEPS, part_points // len(part)))
+            if newest_first:
+                high = first - 1
+            else:
+                low = last + 1
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/x-www-form-urlencoded", **dict(self.access.headers)}

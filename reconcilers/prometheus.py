@@ -3,7 +3,10 @@
 One pass issues a fixed number of queries (9 for the ratios; for the hot-time account, 1 and 7
 days at once whatever the nodes' sizes, 4 on the first pass and 2 or 4 on the next ones, its
 settled hours kept), Prometheus doing the per-series work and returning one number per series:
-never one query per object. Container usage
+never one query per object. The node quantiles are the exception: each is a range query of the
+nodes' usage, its samples kept between passes where a later window may read them
+(:mod:`reconcilers.quantile_samples`), so after the first pass it reads only the newest steps,
+in one request (the first pass reads the window in parts). Container usage
 comes from cAdvisor (``container_cpu_usage_seconds_total``, ``container_memory_working_set_bytes``),
 summarized per cgroup before it is aggregated (:meth:`Summaries.per_cgroup`); node usage from
 node-exporter (``node_cpu_seconds_total``, ``MemTotal - MemAvailable``, or queries of your own),
@@ -17,6 +20,7 @@ smooth data, and the safe side when it is not).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import math
@@ -52,8 +56,9 @@ from kube.prometheus import (
 from oversale.budget import HotTime
 from oversale.estimator import UsageStats
 from oversale.settings import Settings
-from reconcilers.account_blocks import BlockPlan, Kept, KeptCounts, plan_blocks
+from reconcilers.account_blocks import SETTLE_SECONDS, BlockPlan, Kept, KeptCounts, plan_blocks
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
+from reconcilers.quantile_samples import KeptSamples, SampleKeeper, top_needed
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -77,6 +82,10 @@ class PrometheusHistory:
     access: PrometheusAccess = field(default_factory=PrometheusAccess)
     """Credentials and CA, where Prometheus sits behind authentication."""
     max_splits: int = 8
+    part_points: int = 500_000
+    """Points a kept node quantile's range request asks for, about, after its first
+    (:meth:`_kept_quantiles`): its JSON, about 15 MB, takes some 80 MB while it is read; a week of
+    5,000 nodes at 5-minute steps is 21 requests."""
     rate_window_recheck: float = RATE_WINDOW_RECHECK
     """Seconds between two checks of ``rate_window`` against the scrape intervals (:meth:`check_rate_window`)."""
     concurrency: int = 4
@@ -94,6 +103,8 @@ class PrometheusHistory:
     """A range query was answered at other times than asked (:meth:`_count_kept`)."""
     _kept: KeptCounts = field(init=False, default_factory=dict)
     """The hot-time account's settled hours, counted on an earlier pass (:meth:`_count_kept`)."""
+    _peaks: dict[tuple[str, float, float], _KeptQuantile] = field(init=False, default_factory=dict)
+    """The node quantiles' settled samples, per expression, window and quantile (:meth:`_kept_quantiles`)."""
     _slots: threading.BoundedSemaphore = field(init=False)
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     """Guards the counters and the flag above: the reads run in several threads."""
@@ -145,7 +156,7 @@ class PrometheusHistory:
                 lambda now, counted: self._last_node_samples(resource, window, now, counted))
             summaries = Summaries.at_each_step(expressions[resource], counted_on if resource == counter else None)
             return self._summaries(summaries, window, quantiles[resource], (label,), with_peak=False,
-                                   last_samples=counting)
+                                   last_samples=counting, kept_from=expressions[resource])
 
         cpu, memory = self._together(lambda: read("cpu"), lambda: read("memory"))
         if counts_from is not None:
@@ -316,6 +327,70 @@ class PrometheusHistory:
                  for (_, node), kept in counted.items()}
                 for first, indices in plan.windows], counted
 
+    def _kept_quantiles(self, expression: str, window: float, quantile: float, now: float,
+                        keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        """Each series' ``quantile`` of ``expression`` over ``window`` (its steps up to ``now``), as
+        ``quantile_over_time`` of the subquery gives it, from the samples kept from earlier
+        passes (:mod:`reconcilers.quantile_samples`) and one range query of the steps since the
+        last settled one kept, for every series: on the first pass, or after a change of the
+        quantile, the whole window, in parts newest first, each part pruned as it comes. Raises
+        _NotKept where the step is not a whole number of seconds or a range is answered at other
+        times than asked (:meth:`_moved_range`)."""
+        step = self.resolution
+        if self._range_times_moved or step < 1 or step != round(step):
+            raise _NotKept("a range query cannot be answered at its steps")
+        last, settled = math.floor(now / step), math.floor((now - SETTLE_SECONDS) / step)
+        first = math.floor((now - window) / step) + 1
+        needed = top_needed(quantile, last - first + 1)
+        state = self._peaks.get((expression, window, quantile))
+        if state is not None and (state.needed < needed or state.settled < first - 1):
+            state = None
+        since = first if state is None else state.settled + 1
+        keepers: dict[tuple[str, ...], SampleKeeper] = {}
+        fresh: dict[tuple[str, ...], list[tuple[int, float]]] = {}
+        with self._asking(query=expression):
+            # The first request's size from the series kept, where known, else the newest hour's.
+            first_part = FIRST_PART_STEPS if state is None else min(RANGE_STEPS, max(1, self.part_points // max(
+                1, len(state.series))))
+            for part in self.api.range_parts(expression, since * step, last * step, step, part_steps=first_part,
+                                             on_request=self._count_request, newest_first=True,
+                                             part_points=self.part_points):
+                seen: set[tuple[str, ...]] = set()
+                for labels, (times, values) in part:
+                    key = tuple(labels.get(name, "") for name in keys)
+                    if key in seen:
+                        continue  # a query of the user's own that leaves two series one name: one read
+                    seen.add(key)
+                    steps = [round(t / step) for t in times]
+                    if any(abs(at * step - t) >= 1.0 or not since <= at <= last
+                           for at, t in zip(steps, times, strict=True)):
+                        self._moved_range()
+                        raise _NotKept("its range was answered at other times than asked")
+                    cut = bisect.bisect_right(steps, settled)
+                    keepers.setdefault(key, SampleKeeper(needed)).feed_newest_first(steps[:cut], values[:cut])
+                    fresh.setdefault(key, []).extend(zip(steps[cut:], values[cut:], strict=True))
+        kept: dict[tuple[str, ...], KeptSamples] = {}
+        found: dict[tuple[str, ...], float] = {}
+        for key in keepers.keys() | (state.series.keys() if state else set()):
+            older = state.series[key].from_step(first) if state and key in state.series else KeptSamples()
+            samples = keepers[key].then(older) if key in keepers else older
+            value = samples.quantile(quantile, first, last, fresh.get(key, ()))
+            if value is not None:
+                found[key] = value
+            if samples.count(first, last):
+                kept[key] = samples
+        with self._lock:
+            self._peaks = {asked: other for asked, other in self._peaks.items() if other.settled >= first - 1}
+            self._peaks[expression, window, quantile] = _KeptQuantile(max(settled, since - 1), needed, kept)
+        return found
+
+    @property
+    def quantile_samples_kept(self) -> int:
+        """The samples the node quantiles keep between passes, over every node (see
+        :mod:`reconcilers.quantile_samples`)."""
+        with self._lock:
+            return sum(len(kept.steps) for state in self._peaks.values() for kept in state.series.values())
+
     def _moved_range(self) -> None:
         with self._lock:
             told, self._range_times_moved = self._range_times_moved, True
@@ -372,12 +447,24 @@ class PrometheusHistory:
         keys: tuple[str, ...],
         with_peak: bool,
         last_samples: Callable[[float, Collection[tuple[str, ...]]], dict[tuple[str, ...], float]] | None = None,
+        kept_from: str | None = None,
     ) -> dict[tuple[str, ...], UsageStats]:
         """quantile (and peak) per series, asked at once; with ``last_samples`` (now, the series
         counted -> their last sample's time) the sample count and last sample's age too, else none
-        (see :meth:`_counted_as`)."""
+        (see :meth:`_counted_as`). With ``kept_from`` (the expression ``queries`` summarize at each
+        step) the quantile comes from its samples kept between passes (:meth:`_kept_quantiles`)."""
         now = self.clock()
-        asked = [lambda: self._per_window(queries.quantile.replace("$Q", str(quantile)), window, now, keys, max)]
+        asked_quantile = queries.quantile.replace("$Q", str(quantile))
+
+        def read_quantiles() -> dict[tuple[str, ...], float]:
+            if kept_from is not None:
+                try:
+                    return self._kept_quantiles(kept_from, window, quantile, now, keys)
+                except _NotKept as why:
+                    log.info("a node quantile is asked of Prometheus whole this pass: %s", why)
+            return self._per_window(asked_quantile, window, now, keys, max)
+
+        asked = [read_quantiles]
         if with_peak:
             asked.append(lambda: self._per_window(queries.peak, window, now, keys, max))
         if last_samples:
@@ -532,7 +619,25 @@ STRETCH_LABEL = "oversale_stretch"
 
 
 class _NotKept(Exception):
-    """The account's hours cannot be kept this pass (:meth:`PrometheusHistory._count_kept`)."""
+    """The account's hours (:meth:`PrometheusHistory._count_kept`) or a node quantile's samples
+    (:meth:`PrometheusHistory._kept_quantiles`) cannot be kept this pass."""
+
+
+@dataclass(frozen=True)
+class _KeptQuantile:
+    """One node quantile's samples kept between passes (:meth:`PrometheusHistory._kept_quantiles`)."""
+
+    settled: int
+    """The last step read as settled: every series' samples up to it are in ``series``."""
+    needed: int
+    """The highest samples of a window the quantile reads (:func:`~reconcilers.quantile_samples.top_needed`)."""
+    series: dict[tuple[str, ...], KeptSamples]
+
+
+FIRST_PART_STEPS = 12
+"""The steps of a kept quantile's first range request where no series are kept yet (the newest
+hour at 5-minute steps): the next ones hold about ``PrometheusHistory.part_points`` points,
+however many series the first answered with."""
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from tests.prometheus_server import (
 KEYS = AnnotationKeys()
 NS = "shop"
 HOUR = 3600.0
+DAY = 24 * HOUR
 SETTINGS = Settings(kubernetes="off", full_confidence_seconds=86400.0)
 
 # Usage by (pod, container) in millicores / bytes as a function of time: a daily wave.
@@ -495,9 +496,10 @@ def test_a_node_silent_for_hours_has_its_last_sample_read_over_the_whole_window(
             reader = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
                                                                         **extra}))
             stats = reader.node_stats(24 * HOUR, 0.99)
-            # Each resource's quantile, one's sample count, its last hour's last samples and the
-            # silent node's over the day.
-            assert reader.queries == 5, extra
+            # Each resource's quantile (2 range requests: its newest hour, then the rest of the
+            # day, the samples kept for the next pass), one's sample count, its last hour's last
+            # samples and the silent node's over the day.
+            assert reader.queries == 7, extra
             assert stats.keys() == {"steady", "gone.eu"}
             assert stats["steady"].cpu.age_seconds < 600, "sampled to the end"
             # Its last step with a rate: within a step and the 5-minute lookback of its last sample.
@@ -507,7 +509,7 @@ def test_a_node_silent_for_hours_has_its_last_sample_read_over_the_whole_window(
             # Over the last 2 hours "gone.eu" has no samples: it is not counted, and no more is read.
             short = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
                                                                        **extra}))
-            assert short.node_stats(2 * HOUR, 0.99).keys() == {"steady"} and short.queries == 4, extra
+            assert short.node_stats(2 * HOUR, 0.99).keys() == {"steady"} and short.queries == 6, extra
     finally:
         server.stop()
 
@@ -656,6 +658,89 @@ def test_node_reads_timing_out_on_node_exporters_counters_say_what_to_set(sixtee
     # refused with a 400, every query of the pass with it).
     stats = PrometheusHistory(sixteen_cpu_node.url, timeout=2.5, resolution=60).node_stats(86400, 0.99)
     assert stats["node-1"].cpu.quantile == pytest.approx(16 * 5 * 0.1 * 1000), "in time, the same read answers"
+
+
+def test_node_quantiles_from_samples_kept_between_passes_equal_quantile_over_time_at_every_pass(tmp_path, caplog):
+    """A node quantile is read from each node's samples kept between passes: the first pass reads
+    the window's steps in a range query, newest first and in parts, and keeps those a later
+    window's quantile may read; each later pass reads the steps since the last settled one kept.
+    At every pass the quantiles equal Prometheus's ``quantile_over_time`` over the whole window,
+    for usage that moves, a node that went silent, one that joined, and the steps not yet
+    settled, with a fraction of the samples kept. Where a query frontend aligns ranges, or the
+    step is not whole seconds, the quantile is asked of Prometheus whole."""
+    end = time.time() - 120
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    node_total = Family("node_memory_MemTotal_bytes", "gauge")
+    node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+    for index, (name, start, stop) in enumerate((("busy", 30, 0), ("gone", 30, 6), ("joined", 2.5, 0))):
+        instance = {"instance": f"{name}:9100"}
+        bounds = (end - start * HOUR, end - stop * HOUR)
+
+        def used(t: float, phase: int = index) -> float:  # cores: a daily wave and noise
+            return 2.0 + math.sin(t / 86400 * 2 * math.pi + phase) + ((t * 7919 + phase) % 613) / 613
+
+        node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, used, *bounds))
+        node_total.series.append((instance, lambda t: 16e9, *bounds))
+        node_available.series.append((instance, lambda t, u=used: 12e9 - u(t) * 1e9, *bounds))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [node_cpu, node_total, node_available], end - 30 * HOUR, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    expressions = node_expressions("instance", 300)
+    whole = PrometheusAPI(server.url)
+
+    def quantile_over_time(at: float, resource: str, quantile: float) -> dict[str, float]:
+        return {node_name(key[0]): value for key, value in whole.instant(
+            f"quantile_over_time({quantile}, ({expressions[resource]})[1d:5m])", at, ("instance",)).items()}
+
+    try:
+        kept = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url}))
+        kept.part_points = 200  # points a request: a day is asked in several parts
+        # Half steps (a window's edge between two steps), from 4 hours before the history's end:
+        # within a step, twice within the settling time, an hour on, and at its end.
+        first = (end - 4 * HOUR) // 300 * 300 - 150
+        for at in (first, first + 60, first + 300, first + 600, first + HOUR, end // 300 * 300 - 150):
+            kept.clock = lambda at=at: at
+            asked = kept.queries
+            stats = kept.node_stats(DAY, 0.95, memory_quantile=0.99)
+            read = kept.queries - asked
+            for resource, quantile in (("cpu", 0.95), ("memory", 0.99)):
+                expected = quantile_over_time(at, resource, quantile)
+                assert {name: s.of(resource).quantile for name, s in stats.items()} == pytest.approx(
+                    expected, rel=1e-12), (at - first, resource)
+            assert stats.keys() == ({"busy", "gone", "joined"} if at >= end - 2.5 * HOUR else {"busy", "gone"})
+            if at == first:
+                # Each resource's newest hour (busy's alone: gone went silent 6 hours before),
+                # then 200 steps and the other 76; the count, the last samples over the last hour
+                # and gone's over the day.
+                assert read == 2 * (1 + 2) + 3, read
+                # 288 steps in a day: busy's and gone's cpu keep a fraction of theirs.
+                assert 0 < kept.quantile_samples_kept < 288 * 2 * 2 / 3, kept.quantile_samples_kept
+            else:
+                assert read == 2 + 3, (at - first, "each resource's steps since the last settled one, in one request")
+        # A frontend aligning ranges to their step answers at the times asked (multiples of the
+        # step), so the samples are still kept; the hot-time account's hours, on another grid, are
+        # not, and the quantiles are then asked whole too, with the same figures.
+        frontend = step_aligning_proxy(server.url)
+        try:
+            behind = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": frontend.url}))
+            behind.clock = lambda: first
+            assert behind.node_stats(DAY, 0.95).keys() == {"busy", "gone"} and behind.quantile_samples_kept > 0
+            with caplog.at_level(logging.INFO, logger="reconcilers.prometheus"):
+                behind.node_hot_time([DAY], {"busy": {"cpu": 1000.0, "memory": 4e9}})
+                asked = behind.queries
+                found = behind.node_stats(DAY, 0.95)
+            assert behind.queries - asked == 2 + 3, "each quantile whole, the count and last samples"
+            assert {name: s.cpu.quantile for name, s in found.items()} == pytest.approx(
+                quantile_over_time(first, "cpu", 0.95), rel=1e-12)
+            assert any("node quantile is asked of Prometheus whole" in r.getMessage() for r in caplog.records)
+        finally:
+            frontend.shutdown()
+        odd = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
+                                                                "OVERSALE_PROMETHEUS_STEP": "300.5"}))
+        odd.clock = lambda: first
+        assert odd.node_stats(DAY, 0.95).keys() == {"busy", "gone"} and odd.quantile_samples_kept == 0
+    finally:
+        server.stop()
 
 
 def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_of_each_window_counted_whole(
@@ -930,9 +1015,10 @@ def test_queries_go_together_up_to_the_concurrency_set_with_the_same_figures(api
             # The pass's two readers, each reading cpu and memory at once, each of those its
             # quantile and count at once: up to 7 queries would go together.
             assert held.most_at_once == concurrency, concurrency
-            # The pass (and the scrape intervals before it), then 5, 4 and 4 queries: the
-            # account's hours counted again, against other sizes than the pass's.
-            assert history.queries == 2 + 12 + 5 + 4 + 4
+            # The pass (and the scrape intervals before it), then 7, 4 and 4 queries: the
+            # quantiles' samples read whole for another quantile than the pass's (2 requests
+            # each), the account's hours counted again, against other sizes than the pass's.
+            assert history.queries == 2 + 14 + 7 + 4 + 4
         assert found[1][3], "the pass planned ratios"
         # Read seconds apart, a 5-minute step may leave the window or join it: within a step.
         for concurrency in (2, 4):
@@ -973,9 +1059,10 @@ def test_node_exporters_cpu_counters_are_rated_over_the_window_for_the_quantile_
             history = PrometheusHistory.from_settings(settings)
             Reconciler(Cluster(api_client_for(api)), history, settings).run_pass(dry_run=True)
             # Over the window, not the last hour's last samples nor the account's stretches at
-            # its ends (which may last an hour too).
-            rated = [q for q in held.queries if "rate(node_cpu_seconds_total" in q
-                     and "timestamp(" not in q and "oversale_stretch" not in q]
+            # its ends (which may last an hour too). The quantile's range query is sent in parts
+            # (the newest hour, then the rest): one text, each step evaluated once.
+            rated = {q for q in held.queries if "rate(node_cpu_seconds_total" in q
+                     and "timestamp(" not in q and "oversale_stretch" not in q}
             found[bool(extra)] = (history.node_stats(3 * 86400, 0.99), len(rated))
         (counted_by_memory, rated_by_memory), (counted_by_cpu, rated_by_cpu) = found[False], found[True]
         assert (rated_by_memory, rated_by_cpu) == (2, 2)
@@ -1028,20 +1115,24 @@ def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     # the hot-time account reads one count per resource, samples and those above the real
     # allocatable together (the nodes here share theirs), its day and week at once, its settled
     # hours and the stretches at their ends: 4. Its week counts each node's samples for the node
-    # read, which reads their quantiles and last samples (3), and the containers' take 5.
-    assert history.queries == 2 + 4 + 3 + 5
-    assert reconciler.metrics.history_queries._value.get() == 12
-    # From the second pass on, the account reads its stretches alone (2) and calibration the
-    # peaks since the last predictions: 2 more.
+    # read, which reads their quantiles (a range query each, in 2 requests: the newest hour, then
+    # the rest of the window) and last samples (5), and the containers' take 5.
+    assert history.queries == 2 + 4 + 5 + 5
+    assert reconciler.metrics.history_queries._value.get() == 14
+    # From the second pass on, the account reads its stretches alone (2), each node quantile the
+    # steps since the last settled one it keeps (1 each), and calibration the peaks since the
+    # last predictions: 2 more.
     reconciler.run_pass(dry_run=True)
-    assert history.queries - 14 == 12
+    assert history.queries - 16 == 2 + 3 + 5 + 2
     # A node with a budget of its own (a pool's) reads its own quantiles, cpu's and memory's, not
     # its samples again: those of the pass's read count for it, and it has the history it had.
+    # Its cpu quantile keeps samples of its own, read whole on this first pass (2 requests); its
+    # memory quantile is the pass's, whose newest steps it reads (1).
     node = api.get("nodes", "", "node-1")
     node["metadata"]["annotations"][KEYS.hot_time_budget("cpu")] = "0.0002"
     api.put("nodes", node)
     rows = reconciler.run_pass(dry_run=True)
-    assert history.queries - 26 == 12 + 2
+    assert history.queries - 28 == 12 + 3
     cpu = next(row for row in rows if row.object == "Node/node-1" and row.resource == "cpu")
     assert cpu.reason.startswith("budget 0.020%: P99.92 usage"), cpu.reason
 
