@@ -84,8 +84,8 @@ class PrometheusHistory:
     max_splits: int = 8
     part_points: int = 500_000
     """Points a kept node quantile's range request asks for, about, after its first
-    (:meth:`_kept_quantiles`): its JSON, about 15 MB, takes some 80 MB while it is read; a week of
-    5,000 nodes at 5-minute steps is 21 requests."""
+    (:meth:`_kept_quantiles`): about 15 MB of JSON, read into 8 MB of arrays; a week of 5,000
+    nodes at 5-minute steps is 21 requests."""
     rate_window_recheck: float = RATE_WINDOW_RECHECK
     """Seconds between two checks of ``rate_window`` against the scrape intervals (:meth:`check_rate_window`)."""
     concurrency: int = 4

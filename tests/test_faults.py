@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kube.prometheus import PrometheusAPI, PrometheusUnavailable
 from oversale.annotations import AnnotationKeys
 from oversale.settings import Settings
 from reconcilers.cluster import Cluster
@@ -168,6 +169,26 @@ def test_prometheus_answering_garbage_holds_the_ratios_and_says_why(body, raw):
     finally:
         server.shutdown()
         api.stop()
+
+
+@pytest.mark.parametrize("values", ['[[1, "0.5"], [2]]', '[[1, "half"]]', '"0.5"', '[[1, "NaN"], [2, "0.5"]]'])
+def test_a_range_answer_is_read_series_by_series_and_a_malformed_one_said_so(values):
+    """A range query's points are read into arrays as each series is parsed (a whole answer as
+    lists took 200 bytes a point); points that are not time and value pairs say the answer is
+    no range vector, and NaN steps are left out."""
+    body = ('{"status": "success", "data": {"resultType": "matrix", "result": [{"metric": {"instance": "a"}, '
+            f'"values": {values}}}]}}}}').encode()
+    server = garbage_prometheus(body)
+    try:
+        api = PrometheusAPI(server.url)
+        if "NaN" in values:
+            [(labels, (times, points))] = api.query_range("up", 1, 2, 1)
+            assert labels == {"instance": "a"} and list(times) == [2.0] and list(points) == [0.5]
+        else:
+            with pytest.raises(PrometheusUnavailable, match="answered no range vector"):
+                api.query_range("up", 1, 2, 1)
+    finally:
+        server.shutdown()
 
 
 def test_a_worker_killed_under_load_costs_no_5xx(webhook_no_cluster):
