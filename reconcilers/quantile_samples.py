@@ -113,7 +113,7 @@ class SampleKeeper:
         """Reversed: last, first of the newest run, then the next older one's."""
 
     def feed_newest_first(self, steps: Sequence[int], values: Sequence[float]) -> None:
-        """Samples older than every one fed so far, in any order within them (read newest first)."""
+        """Samples older than every one fed so far, ascending (read from the last, the newest, back)."""
         for index in range(len(steps) - 1, -1, -1):
             step, value = steps[index], values[index]
             if self._runs and step >= self._runs[-1]:
