@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 BLOCK_SECONDS = 3600.0
@@ -29,7 +29,17 @@ SETTLE_SECONDS = 600.0
 """How long after its end a block is counted and kept. A step's value comes from samples at or
 before it, and a sample is stored once its scrape ends (at most a scrape timeout later) or a
 recording rule's evaluation runs; a remote-written store may lag a few minutes more. A sample
-that arrives later than this for a block already kept is not seen until the reconciler restarts."""
+that arrives later than this for a block already kept is read only where the block is short
+of steps (:data:`LATE_SECONDS`)."""
+
+LATE_SECONDS = 3 * 3600.0
+"""How long a kept block short of steps is read again, on every pass, for samples that reach the
+store late. A remote-write sender cut off from its store (Prometheus in agent mode, or one
+forwarding to Thanos, Mimir or VictoriaMetrics) buffers what it scrapes and sends it, in order,
+once it reaches the store again; its write-ahead log holds about 2 hours. Meanwhile the store
+has no sample for those steps, so the blocks kept then are short of steps, not of hot ones: read
+again once the samples are in, a node that ran hot through the outage is counted so. A block
+short for longer (a node down, or new in the hour) is kept as it is."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,8 @@ class BlockPlan:
     offset: float
     first: int
     last: int
+    late: int
+    """The first block still read again where it is short of steps (:data:`LATE_SECONDS`)."""
     stretches: tuple[tuple[float, float], ...]
     """The times (start excluded, end included) counted on every pass."""
     windows: tuple[tuple[int, tuple[int, ...]], ...]
@@ -58,7 +70,7 @@ class BlockPlan:
 
 
 def plan_blocks(windows: Sequence[float], at: float, step: float, block: float = BLOCK_SECONDS,
-                settle: float = SETTLE_SECONDS) -> BlockPlan | None:
+                settle: float = SETTLE_SECONDS, late: float = LATE_SECONDS) -> BlockPlan | None:
     """The blocks and stretches of ``windows`` (seconds) ending at the last half-step before
     ``at``, at subquery steps of ``step`` seconds; None where they cannot be cut on half steps
     (a step that is not a whole number of seconds, at least 2, or a window not a whole number of
@@ -71,6 +83,8 @@ def plan_blocks(windows: Sequence[float], at: float, step: float, block: float =
     [5.0, 55.0, 5.0]
     >>> plan.windows  # the day: its 23 hours, the stretch up to now and its first 5 minutes
     ((499976, (1, 0)), (499832, (1, 2)))
+    >>> plan.last - plan.late  # the kept blocks that ended less than 3 hours ago
+    3
     """
     if step < 2 or step != round(step) or any(window / step != round(window / step) for window in windows):
         return None
@@ -96,7 +110,10 @@ def plan_blocks(windows: Sequence[float], at: float, step: float, block: float =
     covered = [first for first, _ in per_window if first < last]
     if not covered:
         return None
-    return BlockPlan(now, step, size, offset, min(covered), last, tuple(stretches), tuple(per_window))
+    first = min(covered)
+    # Block i ends at boundary(i + 1): read again while that is less than ``late`` ago.
+    recent = min(last, max(first, math.floor((now - late - offset) / size)))
+    return BlockPlan(now, step, size, offset, first, last, recent, tuple(stretches), tuple(per_window))
 
 
 @dataclass(frozen=True)
@@ -114,11 +131,22 @@ class Kept:
             return plan.first
         return max(plan.first, self.first + len(self.counts))
 
-    def extended(self, plan: BlockPlan, counts: Sequence[float]) -> Kept:
-        """These counts followed by ``counts`` (from :meth:`missing_from`), without the blocks
-        before ``plan.first`` (no window reaches them any more)."""
-        drop = plan.first - self.first
-        return Kept(self.threshold, plan.first, self.counts[drop:] + array("d", counts))
+    def first_short(self, plan: BlockPlan, short: Callable[[float], bool]) -> int | None:
+        """The first block this holds from ``plan.late`` on whose count is ``short`` of steps
+        (:data:`LATE_SECONDS`); None where there is none."""
+        for index in range(max(plan.late, self.first), self.first + len(self.counts)):
+            if short(self.counts[index - self.first]):
+                return index
+        return None
+
+    def extended(self, plan: BlockPlan, first: int, counts: Sequence[float]) -> Kept:
+        """These counts up to block ``first``, followed by ``counts`` (read from ``first``:
+        :meth:`missing_from` or :meth:`first_short`), without the blocks before ``plan.first``
+        (no window reaches them any more)."""
+        if not self.first <= first <= self.first + len(self.counts) or first < plan.first:
+            raise ValueError(f"counts from block {first} do not follow those kept from {self.first}")
+        return Kept(self.threshold, plan.first,
+                    self.counts[plan.first - self.first:first - self.first] + array("d", counts))
 
     def total(self, first: int, last: int) -> float:
         return math.fsum(self.counts[first - self.first:last - self.first])

@@ -286,10 +286,20 @@ class PrometheusHistory:
         each window whole. Raises HistoryUnavailable where Prometheus refuses even an hour."""
         label, step = self.node_label, duration(plan.step)
         thresholds = {node: threshold for threshold, nodes in asked.groups for node in nodes}
+        steps = round(plan.block / plan.step)
         lacking: dict[int, list[str]] = {}
+        short: dict[str, int] = {}
         for node, threshold in thresholds.items():
             kept = self._kept.get((asked.resource, node))
-            lacking.setdefault(plan.first if kept is None else kept.missing_from(threshold, plan), []).append(node)
+            missing = plan.first if kept is None else kept.missing_from(threshold, plan)
+            if kept is not None and missing > plan.first and (
+                    again := kept.first_short(plan, lambda count: _hot_time(count).samples < steps)) is not None:
+                short[node] = min(again, missing)
+            else:
+                lacking.setdefault(missing, []).append(node)
+        if short:
+            # Read again together, from the earliest: their samples arrive late together, if at all.
+            lacking.setdefault(min(short.values()), []).extend(short)
         counted: KeptCounts = {}
         for first, nodes in sorted(lacking.items()):
             new: dict[str, list[float]] = {node: [0.0] * (plan.last - first) for node in nodes}
@@ -309,7 +319,8 @@ class PrometheusHistory:
                             new[node][plan.block_ending_at(t) - first] = value
             for node, counts in new.items():
                 kept = self._kept.get((asked.resource, node))
-                counted[asked.resource, node] = (kept.extended(plan, counts) if kept is not None and first > plan.first
+                counted[asked.resource, node] = (kept.extended(plan, first, counts)
+                                                 if kept is not None and first > plan.first
                                                  else Kept(thresholds[node], plan.first, array("d", counts)))
         marked = asked.marked()
         stretches = " or ".join(

@@ -363,9 +363,11 @@ class VictoriaMetricsServer(_LoopbackStore):
                 return bool(response.status == 200)
 
         wait_until_serving(self.process, ready, "victoria-metrics", workdir / "victoria-metrics.log", timeout=60)
-        self._import(openmetrics)
+        self.import_samples(openmetrics)
 
-    def _import(self, openmetrics: Path) -> None:
+    def import_samples(self, openmetrics: Path) -> None:
+        """Store ``openmetrics``' samples, whenever their time: late ones too, as a remote-write
+        sender's backlog reaches a store once it is connected again."""
         def lines() -> Iterable[bytes]:
             with openmetrics.open() as source:
                 for line in source:

@@ -9,7 +9,7 @@ from itertools import pairwise
 
 import pytest
 
-from reconcilers.account_blocks import SETTLE_SECONDS, Kept, plan_blocks
+from reconcilers.account_blocks import LATE_SECONDS, SETTLE_SECONDS, Kept, plan_blocks
 
 DAY = 86400.0
 
@@ -55,9 +55,38 @@ def test_kept_hours_serve_while_they_are_counted_against_the_same_real_allocatab
     assert kept.missing_from(4e9, plan) == plan.last - 1
     assert kept.missing_from(8e9, plan) == plan.first, "another real allocatable: counted whole"
     assert Kept(4e9, plan.first + 1, array("d", [1.0])).missing_from(4e9, plan) == plan.first, "starts too late"
-    newer = kept.extended(plan, [1000.0])
+    newer = kept.extended(plan, plan.last - 1, [1000.0])
     # The two hours no window reaches any more are dropped; the rest followed by the new one.
     assert newer.first == plan.first and len(newer.counts) == plan.last - plan.first
     assert newer.counts[0] == 2.0 and newer.counts[-1] == 1000.0
     assert newer.total(plan.last - 1, plan.last) == 1000.0
     assert newer.total(plan.first, plan.last) == sum(range(2, plan.last - plan.first + 1)) + 1000.0
+
+
+def test_a_recent_block_short_of_steps_is_read_again_and_its_count_replaced_an_older_one_kept():
+    """A block short of steps may have been kept before its samples reached the store (a
+    remote-write sender cut off from it): while it ended less than LATE_SECONDS ago it is read
+    again, its count and every newer one replaced; an older one stays as kept."""
+    plan = plan_blocks([DAY, 7 * DAY], 1_800_000_000.0, 300)
+    assert plan is not None
+    # The blocks read again ended less than LATE_SECONDS ago; the one before them, earlier.
+    assert plan.first < plan.late < plan.last
+    assert plan.boundary(plan.late) <= plan.now - LATE_SECONDS < plan.boundary(plan.late + 1)
+    full, hours = 12.0, plan.last - plan.first
+    counts = array("d", [full] * hours)
+
+    def short(count: float) -> bool:
+        return count < full
+
+    assert Kept(4e9, plan.first, counts).first_short(plan, short) is None
+    counts[plan.late - plan.first - 1] = 5.0  # ended more than LATE_SECONDS ago: as kept
+    assert Kept(4e9, plan.first, counts).first_short(plan, short) is None
+    counts[plan.late + 1 - plan.first] = 0.0  # an hour with no sample yet
+    counts[plan.last - 1 - plan.first] = 7.0
+    kept = Kept(4e9, plan.first, counts)
+    assert kept.first_short(plan, short) == plan.late + 1
+    again = kept.extended(plan, plan.late + 1, [full, 30.0])
+    assert again.counts[:plan.late + 1 - plan.first] == counts[:plan.late + 1 - plan.first]
+    assert list(again.counts[plan.late + 1 - plan.first:]) == [full, 30.0]
+    with pytest.raises(ValueError, match="do not follow"):
+        kept.extended(plan, plan.last + 1, [full])

@@ -774,8 +774,10 @@ def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_o
     server = PrometheusServer(tmp_path, history)
     real = {name: {"cpu": 1000.0, "memory": 4e9} for name in ("warm", "cool")}
     windows = [6 * HOUR, 24 * HOUR]
-    # On a half step, where the account ends its windows, 3 hours before the history does.
-    at = (end - 3 * HOUR) // 300 * 300 - 150
+    # On a half step, where the account ends its windows, 3 to 4 hours before the history does,
+    # and 15 minutes after an hour's edge: the stretch up to now then loads as few samples at
+    # any time of day (from 10 to 70 minutes, it fit the strictest limit below or not by the clock).
+    at = (end - 4 * HOUR) // HOUR * HOUR + 150 + 15 * 60
     expressions = node_expressions("instance", 300)
 
     def reader(clock: float) -> PrometheusHistory:
@@ -873,6 +875,78 @@ def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_o
             assert found == [day, week], max_samples
         finally:
             strict.stop()
+
+
+def test_an_accounts_hour_kept_short_of_steps_is_counted_again_once_its_late_samples_arrive(tmp_path):
+    """A remote-write sender cut off from its store (Prometheus in agent mode) sends what it
+    buffered once it reaches the store again, hours late. The account's hours settled meanwhile
+    are kept short of the lagging node's steps; while they ended less than LATE_SECONDS ago they
+    are read again on each pass (one query more a resource, for the nodes short of steps alone),
+    so once the samples are in, its figures are those of its windows counted afresh: hot through
+    the outage, counted hot. An hour short since longer is kept as it is. VictoriaMetrics stores
+    samples of any time, as a remote-write store does."""
+    end = time.time() - 120
+    at = (end - HOUR) // 300 * 300 - 150  # on a half step, where the account ends its windows
+    start, cut_off, back = end - 10 * HOUR, at - 2.5 * HOUR, at - 1.25 * HOUR
+    hot = (at - 2.25 * HOUR, at - 1.5 * HOUR)
+    old_gap = (at - 6 * HOUR, at - 4.5 * HOUR)
+
+    def families(bounds: dict[str, list[tuple[float, float]]]) -> list[Family]:
+        # The counter's values written as they are: a node using 0.5 cores, 1.5 while hot.
+        node_cpu = Family("node_cpu_seconds_total", "gauge")
+        node_total = Family("node_memory_MemTotal_bytes", "gauge")
+        node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+        for name, pieces in bounds.items():
+            instance = {"instance": f"{name}:9100"}
+            for first, last in pieces:
+                node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, lambda t: 0.5 * (t - start) + max(
+                    0.0, min(t, hot[1]) - hot[0]), first, last))
+                node_total.series.append((instance, lambda t: 16e9, first, last))
+                node_available.series.append(
+                    (instance, lambda t: 16e9 - (5e9 if hot[0] <= t < hot[1] else 1e9), first, last))
+        return [node_cpu, node_total, node_available]
+
+    on_time, late = tmp_path / "on-time.om", tmp_path / "late.om"
+    both = [(start, old_gap[0] - 1), (old_gap[1], end)]
+    write_openmetrics(on_time, families({"steady": both, "lagging": [(start, old_gap[0] - 1), (old_gap[1], cut_off - 1),
+                                                                      (back, end)]}), start, end, 60)
+    write_openmetrics(late, families({"lagging": [(cut_off, back - 1)]}), start, end, 60)
+    server = VictoriaMetricsServer(tmp_path, on_time)
+    real = {name: {"cpu": 1000.0, "memory": 4e9} for name in ("steady", "lagging")}
+    windows = [2 * HOUR, 8 * HOUR]
+
+    def reader() -> PrometheusHistory:
+        history = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url}))
+        history.clock = lambda: at
+        return history
+
+    def figures(history: PrometheusHistory) -> list[dict[str, tuple[int, ...]]]:
+        return [{name: tuple(n for resource in ("cpu", "memory") for n in (by[resource].samples,
+                                                                           by[resource].hot_samples))
+                 for name, by in found.items()} for found in history.node_hot_time(windows, real)]
+
+    try:
+        kept = reader()
+        short = figures(kept)
+        assert short == figures(reader()), "kept or counted afresh, the same figures"
+        day = short[1]
+        assert day["steady"][1] == day["steady"][3] > 0, "hot through the outage"
+        assert day["lagging"][1] == day["lagging"][3] == 0 and day["lagging"][0] < day["steady"][0]
+        asked = kept.queries
+        assert figures(kept) == short and kept.queries - asked == 2 * 2, "the short hours read again"
+        server.import_samples(late)
+        asked = kept.queries
+        caught_up = figures(kept)
+        assert kept.queries - asked == 2 * 2
+        assert caught_up == figures(reader()), "the late samples counted, as counted afresh"
+        assert caught_up[1]["lagging"] == caught_up[1]["steady"], "the same usage, the same figures"
+        # Nothing short in the last LATE_SECONDS: the stretches alone. The hours short since
+        # longer (both nodes', their exporters down) are kept as they were read, not read again.
+        assert caught_up[1]["steady"][0] < 8 * 12 - 12
+        asked = kept.queries
+        assert figures(kept) == caught_up and kept.queries - asked == 2
+    finally:
+        server.stop()
 
 
 def test_node_exporter_series_naming_no_node_of_the_cluster_are_told_and_the_right_label_is_read(
