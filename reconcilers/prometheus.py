@@ -6,7 +6,8 @@ settled hours kept), Prometheus doing the per-series work and returning one numb
 never one query per object. The node quantiles are the exception: each is a range query of the
 nodes' usage, its samples kept between passes where a later window may read them
 (:mod:`reconcilers.quantile_samples`), so after the first pass it reads only the newest steps,
-in one request (the first pass reads the window in parts). Container usage
+in one request (the first pass reads the window in parts), and a recent gap where samples came
+late in one more (:meth:`PrometheusHistory._late_samples`). Container usage
 comes from cAdvisor (``container_cpu_usage_seconds_total``, ``container_memory_working_set_bytes``),
 summarized per cgroup before it is aggregated (:meth:`Summaries.per_cgroup`); node usage from
 node-exporter (``node_cpu_seconds_total``, ``MemTotal - MemAvailable``, or queries of your own),
@@ -56,7 +57,7 @@ from kube.prometheus import (
 from oversale.budget import HotTime
 from oversale.estimator import UsageStats
 from oversale.settings import Settings
-from reconcilers.account_blocks import SETTLE_SECONDS, BlockPlan, Kept, KeptCounts, plan_blocks
+from reconcilers.account_blocks import LATE_SECONDS, SETTLE_SECONDS, BlockPlan, Kept, KeptCounts, plan_blocks
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 from reconcilers.quantile_samples import KeptSamples, SampleKeeper, top_needed
 
@@ -155,8 +156,11 @@ class PrometheusHistory:
             counting = None if not counts_itself or resource != counter else (
                 lambda now, counted: self._last_node_samples(resource, window, now, counted))
             summaries = Summaries.at_each_step(expressions[resource], counted_on if resource == counter else None)
+            # A query of the user's own may join series without the node label: read whole.
+            select = None if self._own_node_query(resource) else (lambda keys: scoped(
+                expressions[resource], node_matcher(label, {node_name(key[0]) for key in keys})))
             return self._summaries(summaries, window, quantiles[resource], (label,), with_peak=False,
-                                   last_samples=counting, kept_from=expressions[resource])
+                                   last_samples=counting, kept_from=expressions[resource], kept_select=select)
 
         cpu, memory = self._together(lambda: read("cpu"), lambda: read("memory"))
         if counts_from is not None:
@@ -339,14 +343,17 @@ class PrometheusHistory:
                 for first, indices in plan.windows], counted
 
     def _kept_quantiles(self, expression: str, window: float, quantile: float, now: float,
-                        keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+                        keys: tuple[str, ...],
+                        select: Callable[[Collection[tuple[str, ...]]], str] | None = None,
+                        ) -> dict[tuple[str, ...], float]:
         """Each series' ``quantile`` of ``expression`` over ``window`` (its steps up to ``now``), as
         ``quantile_over_time`` of the subquery gives it, from the samples kept from earlier
         passes (:mod:`reconcilers.quantile_samples`) and one range query of the steps since the
         last settled one kept, for every series: on the first pass, or after a change of the
-        quantile, the whole window, in parts newest first, each part pruned as it comes. Raises
-        _NotKept where the step is not a whole number of seconds or a range is answered at other
-        times than asked (:meth:`_moved_range`)."""
+        quantile, the whole window, in parts newest first, each part pruned as it comes. Samples
+        that reached the store late are read again in one more (:meth:`_late_samples`, with
+        ``select``). Raises _NotKept where the step is not a whole number of seconds or a range is
+        answered at other times than asked (:meth:`_moved_range`)."""
         step = self.resolution
         if self._range_times_moved or step < 1 or step != round(step):
             raise _NotKept("a range query cannot be answered at its steps")
@@ -380,10 +387,13 @@ class PrometheusHistory:
                     cut = bisect.bisect_right(steps, settled)
                     keepers.setdefault(key, SampleKeeper(needed)).feed_newest_first(steps[:cut], values[:cut])
                     fresh.setdefault(key, []).extend(zip(steps[cut:], values[cut:], strict=True))
+        late = {} if state is None else self._late_samples(expression, state, keepers.keys() | fresh.keys(), max(
+            first, math.floor((now - LATE_SECONDS) / step) + 1), needed, keys, select)
         kept: dict[tuple[str, ...], KeptSamples] = {}
         found: dict[tuple[str, ...], float] = {}
         for key in keepers.keys() | (state.series.keys() if state else set()):
-            older = state.series[key].from_step(first) if state and key in state.series else KeptSamples()
+            older = late.get(key, state.series[key]).from_step(first) if state and key in state.series \
+                else KeptSamples()
             samples = keepers[key].then(older) if key in keepers else older
             value = samples.quantile(quantile, first, last, fresh.get(key, ()))
             if value is not None:
@@ -393,6 +403,40 @@ class PrometheusHistory:
         with self._lock:
             self._peaks = {asked: other for asked, other in self._peaks.items() if other.settled >= first - 1}
             self._peaks[expression, window, quantile] = _KeptQuantile(max(settled, since - 1), needed, kept)
+        return found
+
+    def _late_samples(self, expression: str, state: _KeptQuantile, read_now: Collection[tuple[str, ...]],
+                      recent: int, needed: int, keys: tuple[str, ...],
+                      select: Callable[[Collection[tuple[str, ...]]], str] | None,
+                      ) -> dict[tuple[str, ...], KeptSamples]:
+        """The kept series with a gap from step ``recent`` on and a sample after it (kept, or among
+        ``read_now``, the series with samples since), with the gap's steps read again and added
+        (:meth:`KeptSamples.with_late`): one range query from the earliest gap to the last settled
+        step, of those series alone where ``select`` (the series -> ``expression`` reading them
+        alone) is given. A remote-write sender cut off from its store sends its buffer once it
+        reaches it again (:data:`~reconcilers.account_blocks.LATE_SECONDS`). A gap with no sample
+        after it is a series' end (a node removed, its exporter down) until one comes: not read."""
+        step, gaps = self.resolution, dict[tuple[str, ...], int]()
+        for key, samples in state.series.items():
+            if samples.runs:
+                until = state.settled if key in read_now else samples.runs[-1]
+                if (missing := samples.first_missing(max(recent, samples.runs[0]), until)) is not None:
+                    gaps[key] = missing
+        if not gaps:
+            return {}
+        start = min(gaps.values())
+        found: dict[tuple[str, ...], KeptSamples] = {}
+        for labels, (times, values) in self._range(expression if select is None else select(gaps.keys()),
+                                                   start * step, state.settled * step, step):
+            key = tuple(labels.get(name, "") for name in keys)
+            if key not in gaps or key in found:
+                continue
+            steps = [round(t / step) for t in times]
+            if any(abs(at * step - t) >= 1.0 or not start <= at <= state.settled
+                   for at, t in zip(steps, times, strict=True)):
+                self._moved_range()
+                raise _NotKept("its range was answered at other times than asked")
+            found[key] = state.series[key].with_late(steps, values, needed)
         return found
 
     @property
@@ -459,18 +503,20 @@ class PrometheusHistory:
         with_peak: bool,
         last_samples: Callable[[float, Collection[tuple[str, ...]]], dict[tuple[str, ...], float]] | None = None,
         kept_from: str | None = None,
+        kept_select: Callable[[Collection[tuple[str, ...]]], str] | None = None,
     ) -> dict[tuple[str, ...], UsageStats]:
         """quantile (and peak) per series, asked at once; with ``last_samples`` (now, the series
         counted -> their last sample's time) the sample count and last sample's age too, else none
         (see :meth:`_counted_as`). With ``kept_from`` (the expression ``queries`` summarize at each
-        step) the quantile comes from its samples kept between passes (:meth:`_kept_quantiles`)."""
+        step) the quantile comes from its samples kept between passes (:meth:`_kept_quantiles`,
+        with ``kept_select``)."""
         now = self.clock()
         asked_quantile = queries.quantile.replace("$Q", str(quantile))
 
         def read_quantiles() -> dict[tuple[str, ...], float]:
             if kept_from is not None:
                 try:
-                    return self._kept_quantiles(kept_from, window, quantile, now, keys)
+                    return self._kept_quantiles(kept_from, window, quantile, now, keys, kept_select)
                 except _NotKept as why:
                     log.info("a node quantile is asked of Prometheus whole this pass: %s", why)
             return self._per_window(asked_quantile, window, now, keys, max)

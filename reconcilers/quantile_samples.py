@@ -16,7 +16,8 @@ The samples are evaluated by a range query at the window's steps (the same point
 evaluates), once each after they have settled (:data:`~reconcilers.account_blocks.SETTLE_SECONDS`);
 the ones not yet settled are read again on every pass and never kept. The count ``n`` comes
 from runs of consecutive steps with a sample, kept whole (:class:`KeptSamples`): a node has one
-run unless its exporter was down.
+run unless its exporter was down, or its samples reached the store late (a remote-write sender
+cut off from it): those are read again and added while recent (:meth:`KeptSamples.with_late`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,45 @@ class KeptSamples:
             if self.runs[i + 1] >= first:
                 runs.extend((max(self.runs[i], first), self.runs[i + 1]))
         return KeptSamples(self.steps[at:], self.values[at:], runs)
+
+    def first_missing(self, first: int, last: int) -> int | None:
+        """The first step from ``first`` to ``last`` with no sample; None where each has one.
+
+        >>> KeptSamples(runs=array("q", [3, 5, 8, 9])).first_missing(4, 9), KeptSamples().first_missing(1, 0)
+        (6, None)
+        """
+        at = first
+        for i in range(0, len(self.runs), 2):
+            if self.runs[i] > at:
+                break
+            at = max(at, self.runs[i + 1] + 1)
+        return at if at <= last else None
+
+    def with_late(self, steps: Sequence[int], values: Sequence[float], needed: int) -> KeptSamples:
+        """These samples and ``steps``' (ascending) at the steps that had none, each kept while
+        fewer than ``needed`` later samples are at least as high (as :class:`SampleKeeper`
+        keeps them), its runs joined. Every later sample at least as high as a late one is kept
+        (one that was dropped had ``needed`` later samples as high, and so has the late one),
+        so counting the kept ones decides it; a kept sample a late one now outranks stays kept,
+        which costs memory, not exactness."""
+        late = [(step, value) for step, value in zip(steps, values, strict=True) if not self.count(step, step)]
+        if not late:
+            return self
+        held = dict(zip(self.steps, self.values, strict=True))
+        for step, value in reversed(late):  # newest first: each counts as later for the older ones
+            if sum(1 for at, other in held.items() if at > step and other >= value) < needed:
+                held[step] = value
+        spans = sorted([(self.runs[i], self.runs[i + 1]) for i in range(0, len(self.runs), 2)]
+                       + [(step, step) for step, _ in late])
+        runs: list[int] = []
+        for start, end in spans:
+            if runs and start <= runs[-1] + 1:
+                runs[-1] = max(runs[-1], end)
+            else:
+                runs += [start, end]
+        ordered = sorted(held.items())
+        return KeptSamples(array("q", [at for at, _ in ordered]), array("d", [value for _, value in ordered]),
+                           array("q", runs))
 
     def quantile(self, quantile: float, first: int, last: int, fresh: Sequence[tuple[int, float]] = ()) -> float | None:
         """The ``quantile`` of the samples at steps ``first`` to ``last``: those kept, and

@@ -112,3 +112,41 @@ def test_samples_out_of_order_and_too_few_kept_are_refused():
         prometheus_quantile(0.5, [4.0, 3.0], 4)
     with pytest.raises(ValueError, match="between 0 and 1"):
         top_needed(1.5, 10)
+
+
+@pytest.mark.parametrize("percent", [99, 90, 50])
+def test_samples_that_arrive_late_fill_their_gap_and_each_pass_equals_the_whole_windows(percent):
+    """A remote-write sender cut off from its store sends its buffer once it is back: the steps of
+    the outage were settled with no sample, then their samples arrive. Added where the kept
+    series had none (:meth:`KeptSamples.with_late`), every later window's quantile is the whole
+    window's, as if they had come in time; a sample already held is not taken twice."""
+    window, total, every = 2016, 3000, 37
+    # Steps whose samples are late: each outage's arrive 3 passes after it began.
+    outages = [(start, start + 2 * every) for start in range(400, total, 600)]
+    needed = top_needed(percent / 100, window)
+    for name, series in shapes(total, 2).items():
+        kept: KeptSamples | None = None
+        settled_to = -1
+        for first, last, settled in passes(window, total, every, unsettled=2):
+            def arrived(step: int, by: int = settled) -> bool:
+                return not any(start <= step < end and by < start + 3 * every for start, end in outages)
+
+            keeper = SampleKeeper(needed)
+            new = [(step, value) for step in range(settled_to + 1, settled + 1)
+                   if (value := series[step]) is not None and arrived(step)]
+            keeper.feed_newest_first([s for s, _ in new], [v for _, v in new])
+            if kept is not None:
+                gap = kept.first_missing(max(first, settled - 6 * every), settled_to)
+                if gap is not None:
+                    late = [(step, value) for step in range(gap, settled_to + 1)
+                            if (value := series[step]) is not None and arrived(step)]
+                    kept = kept.with_late([s for s, _ in late], [v for _, v in late], needed)
+            kept = keeper.then(kept.from_step(first)) if kept is not None else keeper.kept()
+            settled_to = settled
+            fresh = [(step, value) for step in range(settled + 1, last + 1)
+                     if (value := series[step]) is not None and arrived(step)]
+            whole = [value for step in range(first, last + 1)
+                     if (value := series[step]) is not None and arrived(step)]
+            assert kept.count(first, settled) + len(fresh) == len(whole), (name, last)
+            assert kept.quantile(percent / 100, first, last, fresh) == pytest.approx(reference(percent, whole),
+                                                                                    rel=1e-12), (name, last)

@@ -877,14 +877,16 @@ def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_o
             strict.stop()
 
 
-def test_an_accounts_hour_kept_short_of_steps_is_counted_again_once_its_late_samples_arrive(tmp_path):
+def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_quantiles_once_they_arrive(
+        tmp_path):
     """A remote-write sender cut off from its store (Prometheus in agent mode) sends what it
     buffered once it reaches the store again, hours late. The account's hours settled meanwhile
-    are kept short of the lagging node's steps; while they ended less than LATE_SECONDS ago they
-    are read again on each pass (one query more a resource, for the nodes short of steps alone),
-    so once the samples are in, its figures are those of its windows counted afresh: hot through
-    the outage, counted hot. An hour short since longer is kept as it is. VictoriaMetrics stores
-    samples of any time, as a remote-write store does."""
+    are kept short of the lagging node's steps, and its quantiles' samples with a gap; while they
+    are less than LATE_SECONDS old they are read again on each pass (one query more a resource
+    for each, of the lagging node alone), so once the samples are in, its figures are those read
+    afresh: hot through the outage, counted hot, and its quantiles as high as the steady node's.
+    A gap older than that is kept as it is. VictoriaMetrics stores samples of any time, as a
+    remote-write store does."""
     end = time.time() - 120
     at = (end - HOUR) // 300 * 300 - 150  # on a half step, where the account ends its windows
     start, cut_off, back = end - 10 * HOUR, at - 2.5 * HOUR, at - 1.25 * HOUR
@@ -920,31 +922,42 @@ def test_an_accounts_hour_kept_short_of_steps_is_counted_again_once_its_late_sam
         history.clock = lambda: at
         return history
 
-    def figures(history: PrometheusHistory) -> list[dict[str, tuple[int, ...]]]:
-        return [{name: tuple(n for resource in ("cpu", "memory") for n in (by[resource].samples,
-                                                                           by[resource].hot_samples))
-                 for name, by in found.items()} for found in history.node_hot_time(windows, real)]
+    def figures(history: PrometheusHistory) -> tuple[list[dict[str, tuple[int, ...]]], dict[str, tuple[float, ...]]]:
+        """The account's (samples, hot samples) per resource, and the node quantiles."""
+        account = [{name: tuple(n for resource in ("cpu", "memory") for n in (by[resource].samples,
+                                                                              by[resource].hot_samples))
+                    for name, by in found.items()} for found in history.node_hot_time(windows, real)]
+        stats = history.node_stats(8 * HOUR, 0.95)
+        return account, {name: (s.cpu.quantile, s.memory.quantile) for name, s in stats.items()}
 
+    def passes(history: PrometheusHistory) -> tuple[Any, int]:
+        asked = history.queries
+        found = figures(history)
+        return found, history.queries - asked
+
+    # A pass after the first sends 2 queries for the account's stretches, and for the node stats
+    # one a resource (the steps since the last settled), the count and the last hour's last samples.
+    after_first = 2 + 2 + 2
     try:
         kept = reader()
-        short = figures(kept)
-        assert short == figures(reader()), "kept or counted afresh, the same figures"
-        day = short[1]
+        short, _ = passes(kept)
+        assert short == figures(reader()), "kept or read afresh, the same figures"
+        (_, day), quantiles = short
         assert day["steady"][1] == day["steady"][3] > 0, "hot through the outage"
         assert day["lagging"][1] == day["lagging"][3] == 0 and day["lagging"][0] < day["steady"][0]
-        asked = kept.queries
-        assert figures(kept) == short and kept.queries - asked == 2 * 2, "the short hours read again"
+        assert quantiles["steady"][0] == pytest.approx(1500, rel=0.05) and quantiles["lagging"][0] < 1000
+        # Its hours and its samples' gap read again, each resource's in one query more.
+        assert passes(kept) == (short, after_first + 2 + 2)
         server.import_samples(late)
-        asked = kept.queries
-        caught_up = figures(kept)
-        assert kept.queries - asked == 2 * 2
-        assert caught_up == figures(reader()), "the late samples counted, as counted afresh"
-        assert caught_up[1]["lagging"] == caught_up[1]["steady"], "the same usage, the same figures"
-        # Nothing short in the last LATE_SECONDS: the stretches alone. The hours short since
-        # longer (both nodes', their exporters down) are kept as they were read, not read again.
-        assert caught_up[1]["steady"][0] < 8 * 12 - 12
-        asked = kept.queries
-        assert figures(kept) == caught_up and kept.queries - asked == 2
+        caught_up, sent = passes(kept)
+        assert sent == after_first + 2 + 2
+        assert caught_up == figures(reader()), "the late samples read, as read afresh"
+        (_, day), quantiles = caught_up
+        assert day["lagging"] == day["steady"] and quantiles["lagging"] == quantiles["steady"]
+        # Nothing short in the last LATE_SECONDS: no query more. The hours short since longer
+        # (both nodes', their exporters down) are kept as they were read, not read again.
+        assert day["steady"][0] < 8 * 12 - 12
+        assert passes(kept) == (caught_up, after_first)
     finally:
         server.stop()
 
