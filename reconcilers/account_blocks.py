@@ -38,8 +38,9 @@ store late. A remote-write sender cut off from its store (Prometheus in agent mo
 forwarding to Thanos, Mimir or VictoriaMetrics) buffers what it scrapes and sends it, in order,
 once it reaches the store again; its write-ahead log holds about 2 hours. Meanwhile the store
 has no sample for those steps, so the blocks kept then are short of steps, not of hot ones: read
-again once the samples are in, a node that ran hot through the outage is counted so. A block
-short for longer (a node down, or new in the hour) is kept as it is."""
+again once the samples are in, a node that ran hot through the outage is counted so. Only a block
+with a sample after it is read again: until one comes, a node's short blocks are its end (its
+exporter down, or cut off), not worth a query each pass. One short for longer is kept as it is."""
 
 
 @dataclass(frozen=True)
@@ -131,13 +132,22 @@ class Kept:
             return plan.first
         return max(plan.first, self.first + len(self.counts))
 
-    def first_short(self, plan: BlockPlan, short: Callable[[float], bool]) -> int | None:
-        """The first block this holds from ``plan.late`` on whose count is ``short`` of steps
-        (:data:`LATE_SECONDS`); None where there is none."""
-        for index in range(max(plan.late, self.first), self.first + len(self.counts)):
-            if short(self.counts[index - self.first]):
-                return index
-        return None
+    def first_short(self, plan: BlockPlan, steps_of: Callable[[float], int], full: int,
+                    sampled_since: bool) -> int | None:
+        """The first block this holds from ``plan.late`` on with fewer than ``full`` steps
+        (``steps_of`` a count) and samples on both sides: in an earlier block, and in a later
+        block or, ``sampled_since``, since the last (:data:`LATE_SECONDS`); None where there is
+        none. Short blocks before a node's first sample are before it joined, and those with no
+        sample after them its end (its exporter down, or cut off from the store) until one comes:
+        neither is read again meanwhile."""
+        base = max(plan.late, self.first)
+        steps = [steps_of(count) for count in self.counts[base - self.first:]]
+        sampled = [base + index for index, n in enumerate(steps) if n > 0]
+        # Most nodes' oldest block has samples: a look at one block.
+        earlier = any(steps_of(count) > 0 for count in self.counts[:base - self.first])
+        after = self.first + len(self.counts) if sampled_since else (sampled[-1] if sampled else base)
+        before = base if earlier else (sampled[0] + 1 if sampled else after)
+        return next((index for index in range(before, after) if steps[index - base] < full), None)
 
     def extended(self, plan: BlockPlan, first: int, counts: Sequence[float]) -> Kept:
         """These counts up to block ``first``, followed by ``counts`` (read from ``first``:

@@ -284,26 +284,37 @@ class PrometheusHistory:
         """``asked``'s totals per window and node, from the blocks kept for each node, the blocks
         it lacks (one range query at block steps for the nodes that lack the same ones: the
         newest hour on most passes, the whole week for a node new to the account or whose real
-        allocatable moved), and the plan's stretches (one instant query of them all, each
-        labelled with its index). Raises _NotKept where a range is answered at other times than
-        asked (a query frontend aligning ranges to their step): from then on every pass counts
-        each window whole. Raises HistoryUnavailable where Prometheus refuses even an hour."""
-        label, step = self.node_label, duration(plan.step)
+        allocatable moved), and the plan's stretches (:meth:`_stretch_counts`). A node's kept
+        blocks short of steps with a sample after them are read again while recent
+        (:meth:`~reconcilers.account_blocks.Kept.first_short`). Raises _NotKept where a range is
+        answered at other times than asked (a query frontend aligning ranges to their step): from
+        then on every pass counts each window whole. Raises HistoryUnavailable where Prometheus
+        refuses even an hour."""
         thresholds = {node: threshold for threshold, nodes in asked.groups for node in nodes}
-        steps = round(plan.block / plan.step)
         lacking: dict[int, list[str]] = {}
-        short: dict[str, int] = {}
         for node, threshold in thresholds.items():
             kept = self._kept.get((asked.resource, node))
-            missing = plan.first if kept is None else kept.missing_from(threshold, plan)
-            if kept is not None and missing > plan.first and (
-                    again := kept.first_short(plan, lambda count: _hot_time(count).samples < steps)) is not None:
-                short[node] = min(again, missing)
-            else:
-                lacking.setdefault(missing, []).append(node)
+            lacking.setdefault(plan.first if kept is None else kept.missing_from(threshold, plan), []).append(node)
+        counted = self._read_blocks(asked, plan, lacking, thresholds, self._kept)
+        by_stretch = self._stretch_counts(asked, plan)
+        # The stretch since the last block: whether a node has samples after its blocks.
+        since = by_stretch[plan.stretches.index(newest)] if (
+            newest := (plan.boundary(plan.last), plan.now)) in plan.stretches else {}
+        full, steps_of = round(plan.block / plan.step), lambda count: _hot_time(count).samples
+        short = {node: again for (_, node), kept in counted.items() if (again := kept.first_short(
+            plan, steps_of, full, steps_of(since.get(node, 0.0)) > 0)) is not None}
         if short:
             # Read again together, from the earliest: their samples arrive late together, if at all.
-            lacking.setdefault(min(short.values()), []).extend(short)
+            counted |= self._read_blocks(asked, plan, {min(short.values()): list(short)}, thresholds, counted)
+        return [{node: kept.total(first, plan.last) + sum(by_stretch[index].get(node, 0.0) for index in indices)
+                 for (_, node), kept in counted.items()}
+                for first, indices in plan.windows], counted
+
+    def _read_blocks(self, asked: _AccountCount, plan: BlockPlan, lacking: dict[int, list[str]],
+                     thresholds: dict[str, float], kept_before: KeptCounts) -> KeptCounts:
+        """The counts of the nodes in ``lacking`` (first block read -> nodes), ``kept_before``'s
+        blocks before it followed by those read: one range query at block steps a first block."""
+        label, step = self.node_label, duration(plan.step)
         counted: KeptCounts = {}
         for first, nodes in sorted(lacking.items()):
             new: dict[str, list[float]] = {node: [0.0] * (plan.last - first) for node in nodes}
@@ -322,25 +333,28 @@ class PrometheusHistory:
                         for t, value in zip(times, values, strict=True):
                             new[node][plan.block_ending_at(t) - first] = value
             for node, counts in new.items():
-                kept = self._kept.get((asked.resource, node))
+                kept = kept_before.get((asked.resource, node))
                 counted[asked.resource, node] = (kept.extended(plan, first, counts)
                                                  if kept is not None and first > plan.first
                                                  else Kept(thresholds[node], plan.first, array("d", counts)))
-        marked = asked.marked()
+        return counted
+
+    def _stretch_counts(self, asked: _AccountCount, plan: BlockPlan) -> list[dict[str, float]]:
+        """``asked``'s count of each of the plan's stretches per node: one instant query of them
+        all, each labelled with its index."""
+        marked, step = asked.marked(), duration(plan.step)
         stretches = " or ".join(
             f'label_replace(sum_over_time(({marked})[{duration(end - start)}:{step}]'
             f'{f" offset {duration(plan.now - end)}" if end < plan.now else ""}), "{STRETCH_LABEL}", "{index}", "", "")'
             for index, (start, end) in enumerate(plan.stretches))
         try:
-            partial = self._instant(stretches, plan.now, (label, STRETCH_LABEL))
+            partial = self._instant(stretches, plan.now, (self.node_label, STRETCH_LABEL))
         except QueryTooLarge as error:
             raise HistoryUnavailable(f"query too large even in the account's stretches: {error}") from None
         by_stretch: list[dict[str, float]] = [{} for _ in plan.stretches]
         for (instance, index), total in partial.items():
             by_stretch[int(index)][node_name(instance)] = total
-        return [{node: kept.total(first, plan.last) + sum(by_stretch[index].get(node, 0.0) for index in indices)
-                 for (_, node), kept in counted.items()}
-                for first, indices in plan.windows], counted
+        return by_stretch
 
     def _kept_quantiles(self, expression: str, window: float, quantile: float, now: float,
                         keys: tuple[str, ...],

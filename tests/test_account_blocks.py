@@ -63,30 +63,46 @@ def test_kept_hours_serve_while_they_are_counted_against_the_same_real_allocatab
     assert newer.total(plan.first, plan.last) == sum(range(2, plan.last - plan.first + 1)) + 1000.0
 
 
-def test_a_recent_block_short_of_steps_is_read_again_and_its_count_replaced_an_older_one_kept():
+def test_a_recent_block_short_of_steps_with_a_sample_after_it_is_read_again_and_its_count_replaced():
     """A block short of steps may have been kept before its samples reached the store (a
-    remote-write sender cut off from it): while it ended less than LATE_SECONDS ago it is read
-    again, its count and every newer one replaced; an older one stays as kept."""
+    remote-write sender cut off from it): while it ended less than LATE_SECONDS ago and a sample
+    came after it, it is read again, its count and every newer one replaced. An older one stays
+    as kept, and so do short blocks with nothing after them (the node's end, until a sample comes)."""
     plan = plan_blocks([DAY, 7 * DAY], 1_800_000_000.0, 300)
     assert plan is not None
     # The blocks read again ended less than LATE_SECONDS ago; the one before them, earlier.
-    assert plan.first < plan.late < plan.last
+    assert plan.first < plan.late < plan.last - 2
     assert plan.boundary(plan.late) <= plan.now - LATE_SECONDS < plan.boundary(plan.late + 1)
-    full, hours = 12.0, plan.last - plan.first
-    counts = array("d", [full] * hours)
+    full = 12
 
-    def short(count: float) -> bool:
-        return count < full
+    def kept(**steps: float) -> Kept:
+        """Blocks of ``full`` steps (a count is its steps here) but those named by their offset
+        from plan.late (``late_1``: the next, ``before``: the one before it)."""
+        offsets = {"before": -1} | {f"late_{i}": i for i in range(plan.last - plan.late)}
+        counts = array("d", [float(full)] * (plan.last - plan.first))
+        for name, count in steps.items():
+            counts[plan.late + offsets[name] - plan.first] = count
+        return Kept(4e9, plan.first, counts)
 
-    assert Kept(4e9, plan.first, counts).first_short(plan, short) is None
-    counts[plan.late - plan.first - 1] = 5.0  # ended more than LATE_SECONDS ago: as kept
-    assert Kept(4e9, plan.first, counts).first_short(plan, short) is None
-    counts[plan.late + 1 - plan.first] = 0.0  # an hour with no sample yet
-    counts[plan.last - 1 - plan.first] = 7.0
-    kept = Kept(4e9, plan.first, counts)
-    assert kept.first_short(plan, short) == plan.late + 1
-    again = kept.extended(plan, plan.late + 1, [full, 30.0])
-    assert again.counts[:plan.late + 1 - plan.first] == counts[:plan.late + 1 - plan.first]
+    def first_short(blocks: Kept, sampled_since: bool = False) -> int | None:
+        return blocks.first_short(plan, int, full, sampled_since)
+
+    assert first_short(kept()) is None
+    assert first_short(kept(before=5), sampled_since=True) is None, "ended more than LATE_SECONDS ago"
+    assert first_short(kept(late_1=0)) == plan.late + 1, "full blocks after it"
+    assert first_short(kept(late_1=0, late_2=7)) == plan.late + 1
+    # Short up to the last block: read again only once the node has a sample since.
+    trailing = kept(**{f"late_{i}": 0 for i in range(1, plan.last - plan.late)})
+    assert first_short(trailing) is None and first_short(trailing, sampled_since=True) == plan.late + 1
+    # A node that joined in the last hours: its blocks before its first sample (and the one it
+    # joined in, short) are not read again; a gap after them is.
+    joined = Kept(4e9, plan.first, array("d", [0.0] * (plan.last - plan.first - 2) + [5.0, full]))
+    assert first_short(joined, sampled_since=True) is None
+    joined.counts[-1] = 3.0
+    assert first_short(joined, sampled_since=True) == plan.last - 1
+    blocks = kept(late_1=0, late_2=7)
+    again = blocks.extended(plan, plan.late + 1, [full, 30.0])
+    assert again.counts[:plan.late + 1 - plan.first] == blocks.counts[:plan.late + 1 - plan.first]
     assert list(again.counts[plan.late + 1 - plan.first:]) == [full, 30.0]
     with pytest.raises(ValueError, match="do not follow"):
-        kept.extended(plan, plan.last + 1, [full])
+        blocks.extended(plan, plan.last + 1, [full])
