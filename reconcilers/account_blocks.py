@@ -39,8 +39,10 @@ forwarding to Thanos, Mimir or VictoriaMetrics) buffers what it scrapes and send
 once it reaches the store again; its write-ahead log holds about 2 hours. Meanwhile the store
 has no sample for those steps, so the blocks kept then are short of steps, not of hot ones: read
 again once the samples are in, a node that ran hot through the outage is counted so. Only a block
-with a sample after it is read again: until one comes, a node's short blocks are its end (its
-exporter down, or cut off), not worth a query each pass. One short for longer is kept as it is."""
+with samples on both sides is read again (:meth:`Kept.first_short`): until one comes after them,
+a node's short blocks are its end (its exporter down, or still cut off), and those before its
+first sample are before it joined, neither worth a query each pass. One short for longer is kept
+as it is."""
 
 
 @dataclass(frozen=True)

@@ -285,7 +285,7 @@ class PrometheusHistory:
         it lacks (one range query at block steps for the nodes that lack the same ones: the
         newest hour on most passes, the whole week for a node new to the account or whose real
         allocatable moved), and the plan's stretches (:meth:`_stretch_counts`). A node's kept
-        blocks short of steps with a sample after them are read again while recent
+        blocks short of steps with samples on both sides are read again while recent
         (:meth:`~reconcilers.account_blocks.Kept.first_short`). Raises _NotKept where a range is
         answered at other times than asked (a query frontend aligning ranges to their step): from
         then on every pass counts each window whole. Raises HistoryUnavailable where Prometheus
