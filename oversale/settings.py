@@ -145,6 +145,12 @@ class Settings:
     prometheus_rate_window_seconds: float = field(default=300.0, metadata=_env("OVERSALE_PROMETHEUS_RATE_WINDOW"))
     """Window of ``rate()`` over CPU counters: at least four scrape intervals."""
 
+    prometheus_late_seconds: float = field(default=3 * 3600.0, metadata=_env("OVERSALE_PROMETHEUS_LATE_SAMPLES"))
+    """How long a gap in the history kept between passes (the hot-time account's hours, the node
+    quantiles' samples) with samples after it is read again, for samples that reach the store
+    late: a remote-write sender cut off from its store resends what it buffered (Prometheus in
+    agent mode about 2 hours; vmagent as much as its disk holds). 0: never."""
+
     prometheus_node_label: str = field(default="instance", metadata=_env("OVERSALE_PROMETHEUS_NODE_LABEL"))
     """Label holding the node name on node-exporter series (``host:port`` is cut at the colon)."""
 
@@ -686,6 +692,7 @@ _PARSERS: dict[str, Any] = {
     "prometheus_timeout_seconds": lambda text: _duration(text),
     "prometheus_step_seconds": lambda text: _duration(text),
     "prometheus_rate_window_seconds": lambda text: _duration(text),
+    "prometheus_late_seconds": lambda text: _duration(text, allow_zero=True),
     "prometheus_concurrency": _positive_int,
     "prometheus_node_label": lambda text: _nonempty(text),
     "prometheus_node_cpu_query": str.strip,
@@ -864,7 +871,7 @@ def _duration(text: str, allow_zero: bool = False) -> float:
     except ValueError:
         raise ValueError("must be a duration such as 300, 5m, 24h or 7d") from None
     if not (value > 0 or (allow_zero and value == 0)) or value == float("inf"):
-        raise ValueError("must be a positive duration")
+        raise ValueError("must be 0 or a positive duration" if allow_zero else "must be a positive duration")
     return value
 
 

@@ -22,6 +22,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from oversale.settings import Settings
+
 BLOCK_SECONDS = 3600.0
 """A block's length (rounded to whole steps): a week is 168 of them, a pass adds one or none."""
 
@@ -32,17 +34,17 @@ recording rule's evaluation runs; a remote-written store may lag a few minutes m
 that arrives later than this for a block already kept is read only where the block is short
 of steps (:data:`LATE_SECONDS`)."""
 
-LATE_SECONDS = 3 * 3600.0
+LATE_SECONDS = Settings.prometheus_late_seconds
 """How long a kept block short of steps is read again, on every pass, for samples that reach the
-store late. A remote-write sender cut off from its store (Prometheus in agent mode, or one
-forwarding to Thanos, Mimir or VictoriaMetrics) buffers what it scrapes and sends it, in order,
-once it reaches the store again; its write-ahead log holds about 2 hours. Meanwhile the store
-has no sample for those steps, so the blocks kept then are short of steps, not of hot ones: read
-again once the samples are in, a node that ran hot through the outage is counted so. Only a block
-with samples on both sides is read again (:meth:`Kept.first_short`): until one comes after them,
-a node's short blocks are its end (its exporter down, or still cut off), and those before its
-first sample are before it joined, neither worth a query each pass. One short for longer is kept
-as it is."""
+store late, by default (``OVERSALE_PROMETHEUS_LATE_SAMPLES``). A remote-write sender cut off
+from its store (Prometheus in agent mode, or one forwarding to Thanos, Mimir or VictoriaMetrics)
+buffers what it scrapes and sends it, in order, once it reaches the store again; Prometheus's
+write-ahead log holds about 2 hours. Meanwhile the store has no sample for those steps, so the
+blocks kept then are short of steps, not of hot ones: read again once the samples are in, a node
+that ran hot through the outage is counted so. Only a block with samples on both sides is read
+again (:meth:`Kept.first_short`): until one comes after them, a node's short blocks are its end
+(its exporter down, or still cut off), and those before its first sample are before it joined,
+neither worth a query each pass. One short for longer is kept as it is."""
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,9 @@ class PrometheusHistory:
     """Points a kept node quantile's range request asks for, about, after its first
     (:meth:`_kept_quantiles`): about 15 MB of JSON, read into 8 MB of arrays; a week of 5,000
     nodes at 5-minute steps is 22 requests, the newest hour first."""
+    late_seconds: float = LATE_SECONDS
+    """How long a gap in the kept history with samples after it is read again, for samples that
+    reach the store late (:data:`~reconcilers.account_blocks.LATE_SECONDS`); 0: never."""
     rate_window_recheck: float = RATE_WINDOW_RECHECK
     """Seconds between two checks of ``rate_window`` against the scrape intervals (:meth:`check_rate_window`)."""
     concurrency: int = 4
@@ -122,7 +125,7 @@ class PrometheusHistory:
                    settings.prometheus_node_label, node_memory_query=settings.prometheus_node_memory_query or None,
                    node_cpu_query=settings.prometheus_node_cpu_query or None,
                    rate_window=settings.prometheus_rate_window_seconds, access=PrometheusAccess.from_settings(settings),
-                   concurrency=settings.prometheus_concurrency)
+                   concurrency=settings.prometheus_concurrency, late_seconds=settings.prometheus_late_seconds)
 
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
         """Each container's usage over ``window``. Its age is known where it reported in the last
@@ -256,7 +259,7 @@ class PrometheusHistory:
                            for group in groups]
             elif groups:
                 counts.append(_AccountCount(resource, expression, self.node_label, groups, own_query=False))
-        plan = None if self._range_times_moved else plan_blocks(windows, now, self.resolution)
+        plan = None if self._range_times_moved else plan_blocks(windows, now, self.resolution, late=self.late_seconds)
 
         def count(asked: _AccountCount) -> tuple[list[dict[str, float]], KeptCounts]:
             if plan is not None:
@@ -402,7 +405,7 @@ class PrometheusHistory:
                     keepers.setdefault(key, SampleKeeper(needed)).feed_newest_first(steps[:cut], values[:cut])
                     fresh.setdefault(key, []).extend(zip(steps[cut:], values[cut:], strict=True))
         late = {} if state is None else self._late_samples(expression, state, keepers.keys() | fresh.keys(), max(
-            first, math.floor((now - LATE_SECONDS) / step) + 1), needed, keys, select)
+            first, math.floor((now - self.late_seconds) / step) + 1), needed, keys, select)
         kept: dict[tuple[str, ...], KeptSamples] = {}
         found: dict[tuple[str, ...], float] = {}
         for key in keepers.keys() | (state.series.keys() if state else set()):
@@ -427,9 +430,9 @@ class PrometheusHistory:
         ``read_now``, the series with samples since), with the gap's steps read again and added
         (:meth:`KeptSamples.with_late`): one range query from the earliest gap to the last settled
         step, of those series alone where ``select`` (the series -> ``expression`` reading them
-        alone) is given. A remote-write sender cut off from its store sends its buffer once it
-        reaches it again (:data:`~reconcilers.account_blocks.LATE_SECONDS`). A gap with no sample
-        after it is a series' end (a node removed, its exporter down) until one comes: not read."""
+        alone) is given, ``recent`` :attr:`late_seconds` back: a remote-write sender cut off from
+        its store sends its buffer once it reaches it again. A gap with no sample after it is a
+        series' end (a node removed, its exporter down) until one comes, and is not read."""
         step, gaps = self.resolution, dict[tuple[str, ...], int]()
         for key, samples in state.series.items():
             if samples.runs:

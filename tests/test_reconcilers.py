@@ -920,8 +920,8 @@ def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_
     real = {name: {"cpu": 1000.0, "memory": 4e9} for name in ("steady", "lagging")}
     windows = [2 * HOUR, 8 * HOUR]
 
-    def reader() -> PrometheusHistory:
-        history = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url}))
+    def reader(**env: str) -> PrometheusHistory:
+        history = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url, **env}))
         history.clock = lambda: at
         return history
 
@@ -943,8 +943,9 @@ def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_
     # samples, and the last samples over the whole window of a node silent for the last hour.
     after_first = 2 + 2 + 2
     try:
-        kept = reader()
+        kept, never = reader(), reader(OVERSALE_PROMETHEUS_LATE_SAMPLES="0")
         short, _ = passes(kept)
+        assert passes(never)[0] == short
         assert short == figures(reader()), "kept or read afresh, the same figures"
         (_, day), quantiles = short
         assert day["steady"][1] == day["steady"][3] > 0, "hot through the outage"
@@ -963,6 +964,10 @@ def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_
         # (both nodes', their exporters down) are kept as they were read, not read again.
         assert day["steady"][0] < 8 * 12 - 12
         assert passes(kept) == (caught_up, after_first)
+        # OVERSALE_PROMETHEUS_LATE_SAMPLES=0: no gap read again, the late samples left out.
+        (_, day), quantiles = passes(never)[0]
+        assert passes(never)[1] == after_first
+        assert day["lagging"][1] < day["steady"][1] and quantiles["lagging"][0] < 1000
     finally:
         server.stop()
 
