@@ -162,8 +162,9 @@ class PrometheusHistory:
             # A query of the user's own may join series without the node label: read whole.
             select = None if self._own_node_query(resource) else (lambda keys: scoped(
                 expressions[resource], node_matcher(label, {node_name(key[0]) for key in keys})))
+            kept = _KeptRead(expressions[resource], f"the node {resource} quantile", select)
             return self._summaries(summaries, window, quantiles[resource], (label,), with_peak=False,
-                                   last_samples=counting, kept_from=expressions[resource], kept_select=select)
+                                   last_samples=counting, kept=kept)
 
         cpu, memory = self._together(lambda: read("cpu"), lambda: read("memory"))
         if counts_from is not None:
@@ -308,7 +309,12 @@ class PrometheusHistory:
             plan, steps_of, full, steps_of(since.get(node, 0.0)) > 0)) is not None}
         if short:
             # Read again together, from the earliest: their samples arrive late together, if at all.
-            counted |= self._read_blocks(asked, plan, {min(short.values()): list(short)}, thresholds, counted)
+            reread = self._read_blocks(asked, plan, {min(short.values()): list(short)}, thresholds, counted)
+            _told_late(f"the hot-time account's {asked.resource}", [
+                node for (_, node), kept in reread.items()
+                if steps_of(kept.total(plan.first, plan.last)) > steps_of(counted[asked.resource, node].total(
+                    plan.first, plan.last))])
+            counted |= reread
         return [{node: kept.total(first, plan.last) + sum(by_stretch[index].get(node, 0.0) for index in indices)
                  for (_, node), kept in counted.items()}
                 for first, indices in plan.windows], counted
@@ -359,19 +365,17 @@ class PrometheusHistory:
             by_stretch[int(index)][node_name(instance)] = total
         return by_stretch
 
-    def _kept_quantiles(self, expression: str, window: float, quantile: float, now: float,
-                        keys: tuple[str, ...],
-                        select: Callable[[Collection[tuple[str, ...]]], str] | None = None,
-                        ) -> dict[tuple[str, ...], float]:
-        """Each series' ``quantile`` of ``expression`` over ``window`` (its steps up to ``now``), as
+    def _kept_quantiles(self, read: _KeptRead, window: float, quantile: float, now: float,
+                        keys: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+        """Each series' ``quantile`` of ``read``'s expression over ``window`` (its steps up to ``now``), as
         ``quantile_over_time`` of the subquery gives it, from the samples kept from earlier
         passes (:mod:`reconcilers.quantile_samples`) and one range query of the steps since the
         last settled one kept, for every series: on the first pass, or after a change of the
         quantile, the whole window, in parts newest first, each part pruned as it comes. Samples
-        that reached the store late are read again in one more (:meth:`_late_samples`, with
-        ``select``). Raises _NotKept where the step is not a whole number of seconds or a range is
+        that reached the store late are read again in one more (:meth:`_late_samples`). Raises
+        _NotKept where the step is not a whole number of seconds or a range is
         answered at other times than asked (:meth:`_moved_range`)."""
-        step = self.resolution
+        step, expression = self.resolution, read.expression
         if self._range_times_moved or step < 1 or step != round(step):
             raise _NotKept("a range query cannot be answered at its steps")
         last, settled = math.floor(now / step), math.floor((now - SETTLE_SECONDS) / step)
@@ -404,8 +408,8 @@ class PrometheusHistory:
                     cut = bisect.bisect_right(steps, settled)
                     keepers.setdefault(key, SampleKeeper(needed)).feed_newest_first(steps[:cut], values[:cut])
                     fresh.setdefault(key, []).extend(zip(steps[cut:], values[cut:], strict=True))
-        late = {} if state is None else self._late_samples(expression, state, keepers.keys() | fresh.keys(), max(
-            first, math.floor((now - self.late_seconds) / step) + 1), needed, keys, select)
+        late = {} if state is None else self._late_samples(read, state, keepers.keys() | fresh.keys(), max(
+            first, math.floor((now - self.late_seconds) / step) + 1), needed, keys)
         kept: dict[tuple[str, ...], KeptSamples] = {}
         found: dict[tuple[str, ...], float] = {}
         for key in keepers.keys() | (state.series.keys() if state else set()):
@@ -422,17 +426,15 @@ class PrometheusHistory:
             self._peaks[expression, window, quantile] = _KeptQuantile(max(settled, since - 1), needed, kept)
         return found
 
-    def _late_samples(self, expression: str, state: _KeptQuantile, read_now: Collection[tuple[str, ...]],
-                      recent: int, needed: int, keys: tuple[str, ...],
-                      select: Callable[[Collection[tuple[str, ...]]], str] | None,
-                      ) -> dict[tuple[str, ...], KeptSamples]:
-        """The kept series with a gap from step ``recent`` on and a sample after it (kept, or among
-        ``read_now``, the series with samples since), with the gap's steps read again and added
-        (:meth:`KeptSamples.with_late`): one range query from the earliest gap to the last settled
-        step, of those series alone where ``select`` (the series -> ``expression`` reading them
-        alone) is given, ``recent`` :attr:`late_seconds` back: a remote-write sender cut off from
-        its store sends its buffer once it reaches it again. A gap with no sample after it is a
-        series' end (a node removed, its exporter down) until one comes, and is not read."""
+    def _late_samples(self, read: _KeptRead, state: _KeptQuantile, read_now: Collection[tuple[str, ...]],
+                      recent: int, needed: int, keys: tuple[str, ...]) -> dict[tuple[str, ...], KeptSamples]:
+        """The kept series with a gap from step ``recent`` (:attr:`late_seconds` back) on and a
+        sample after it (kept, or among ``read_now``, the series with samples since), with the
+        gap's steps read again and added (:meth:`KeptSamples.with_late`): one range query from the
+        earliest gap to the last settled step, of those series alone where ``read`` can select
+        them. A remote-write sender cut off from its store sends its buffer once it reaches it
+        again; a gap with no sample after it is a series' end (a node removed, its exporter down)
+        until one comes, and is not read."""
         step, gaps = self.resolution, dict[tuple[str, ...], int]()
         for key, samples in state.series.items():
             if samples.runs:
@@ -443,8 +445,8 @@ class PrometheusHistory:
             return {}
         start = min(gaps.values())
         found: dict[tuple[str, ...], KeptSamples] = {}
-        for labels, (times, values) in self._range(expression if select is None else select(gaps.keys()),
-                                                   start * step, state.settled * step, step):
+        for labels, (times, values) in self._range(read.expression if read.select is None else read.select(
+                gaps.keys()), start * step, state.settled * step, step):
             key = tuple(labels.get(name, "") for name in keys)
             if key not in gaps or key in found:
                 continue
@@ -454,6 +456,8 @@ class PrometheusHistory:
                 self._moved_range()
                 raise _NotKept("its range was answered at other times than asked")
             found[key] = state.series[key].with_late(steps, values, needed)
+        _told_late(read.name, [node_name(key[0]) for key, samples in found.items()
+                               if samples.runs != state.series[key].runs])
         return found
 
     @property
@@ -519,21 +523,19 @@ class PrometheusHistory:
         keys: tuple[str, ...],
         with_peak: bool,
         last_samples: Callable[[float, Collection[tuple[str, ...]]], dict[tuple[str, ...], float]] | None = None,
-        kept_from: str | None = None,
-        kept_select: Callable[[Collection[tuple[str, ...]]], str] | None = None,
+        kept: _KeptRead | None = None,
     ) -> dict[tuple[str, ...], UsageStats]:
         """quantile (and peak) per series, asked at once; with ``last_samples`` (now, the series
         counted -> their last sample's time) the sample count and last sample's age too, else none
-        (see :meth:`_counted_as`). With ``kept_from`` (the expression ``queries`` summarize at each
-        step) the quantile comes from its samples kept between passes (:meth:`_kept_quantiles`,
-        with ``kept_select``)."""
+        (see :meth:`_counted_as`). With ``kept`` (of the expression ``queries`` summarize at each
+        step) the quantile comes from its samples kept between passes (:meth:`_kept_quantiles`)."""
         now = self.clock()
         asked_quantile = queries.quantile.replace("$Q", str(quantile))
 
         def read_quantiles() -> dict[tuple[str, ...], float]:
-            if kept_from is not None:
+            if kept is not None:
                 try:
-                    return self._kept_quantiles(kept_from, window, quantile, now, keys, kept_select)
+                    return self._kept_quantiles(kept, window, quantile, now, keys)
                 except _NotKept as why:
                     log.info("a node quantile is asked of Prometheus whole this pass: %s", why)
             return self._per_window(asked_quantile, window, now, keys, max)
@@ -638,6 +640,14 @@ class PrometheusHistory:
 _EMPTY = UsageStats(None, None, 0, 0.0, None)
 
 
+def _told_late(read: str, names: Sequence[str]) -> None:
+    """One line saying whose samples ``read`` found late, read again and now counted: the store's
+    remote-write senders lag (or were cut off from it) that long."""
+    if names:
+        shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        log.info("%s: samples of %d node(s) reached the store late and are now read (%s)", read, len(names), shown)
+
+
 def _last_sample_time(expression: str) -> str:
     """The time of ``expression``'s last step with a value in ``$WINDOW``."""
     return f"max_over_time(timestamp({expression})[$WINDOW:$STEP])"
@@ -706,6 +716,19 @@ class _KeptQuantile:
     needed: int
     """The highest samples of a window the quantile reads (:func:`~reconcilers.quantile_samples.top_needed`)."""
     series: dict[tuple[str, ...], KeptSamples]
+
+
+@dataclass(frozen=True)
+class _KeptRead:
+    """A node quantile read from its samples kept between passes (:meth:`PrometheusHistory._kept_quantiles`)."""
+
+    expression: str
+    """The usage, summarized at each step."""
+    name: str
+    """What it reads, for the log."""
+    select: Callable[[Collection[tuple[str, ...]]], str] | None
+    """Series (their label values) -> ``expression`` reading them alone; None: a query of the
+    user's own, whose series may lack the node label, read whole."""
 
 
 FIRST_PART_STEPS = 12

@@ -879,7 +879,7 @@ def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_o
 
 
 def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_quantiles_once_they_arrive(
-        tmp_path):
+        tmp_path, caplog):
     """A remote-write sender cut off from its store (Prometheus in agent mode) sends what it
     buffered once it reaches the store again, hours late. The account's hours settled meanwhile
     are kept short of the lagging node's steps, and its quantiles' samples with a gap; while they
@@ -954,9 +954,15 @@ def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_
         # No sample after its gap yet: its end, for all the reader knows, not read again.
         assert passes(kept) == (short, after_first + 1)
         server.import_samples(late)
-        # Its hours and its samples' gap read again, each resource's in one query more.
-        caught_up, sent = passes(kept)
+        # Its hours and its samples' gap read again, each resource's in one query more, and
+        # said: the store's senders lag that long.
+        with caplog.at_level(logging.INFO, logger="reconcilers.prometheus"):
+            caught_up, sent = passes(kept)
         assert sent == after_first + 2 + 2
+        told = sorted(r.getMessage() for r in caplog.records if "reached the store late" in r.getMessage())
+        assert told == [f"{read}: samples of 1 node(s) reached the store late and are now read (lagging)"
+                        for read in ("the hot-time account's cpu", "the hot-time account's memory",
+                                     "the node cpu quantile", "the node memory quantile")], told
         assert caught_up == figures(reader()), "the late samples read, as read afresh"
         (_, day), quantiles = caught_up
         assert day["lagging"] == day["steady"] and quantiles["lagging"] == quantiles["steady"]
