@@ -114,11 +114,24 @@ class PrometheusAccess:
     """Label matchers every series read must also match (``OVERSALE_PROMETHEUS_SELECTOR``, such
     as ``cluster="prod-eu"``): where one Prometheus, Thanos or VictoriaMetrics holds several
     clusters, as a tenant header picks a Mimir tenant. See :func:`scoped`."""
+    partial_answers: bool = False
+    """Whether an answer holding part of the store's data is read
+    (``OVERSALE_PROMETHEUS_PARTIAL_ANSWERS``). By default each query asks for all of it or an
+    error (:data:`WHOLE_ANSWERS`), and an answer marked partial anyway is refused."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PrometheusAccess:
         return cls(settings.prometheus_headers, settings.prometheus_bearer_token_file, settings.prometheus_ca_file,
-                   settings.prometheus_selector)
+                   settings.prometheus_selector, settings.prometheus_partial_answers)
+
+
+WHOLE_ANSWERS = {"partial_response": "false", "deny_partial_response": "1"}
+"""Form parameters asking a store that spans several (a Thanos querier, a VictoriaMetrics
+cluster's vmselect) for the whole answer or an error. Both answer with what the reachable stores
+hold by default, Thanos with a warning, VictoriaMetrics with ``"isPartial": true``: a week's
+quantile or hot-time count from a querier whose store gateway is down would come from the
+sidecar's last hours, and kept between passes. Prometheus, Mimir and VictoriaMetrics single-node
+ignore them."""
 
 
 @dataclass
@@ -258,7 +271,8 @@ class PrometheusAPI:
         into two arrays as soon as the series is (:func:`_series_points`)."""
         if self.access.selector:
             parameters = {**parameters, "query": scoped(parameters["query"], self.access.selector)}
-        body = urllib.parse.urlencode({**parameters, "timeout": _api_duration(self.timeout)}).encode()
+        whole = {} if self.access.partial_answers else WHOLE_ANSWERS
+        body = urllib.parse.urlencode({**parameters, **whole, "timeout": _api_duration(self.timeout)}).encode()
         request = urllib.request.Request(f"{self._base}/api/v1/{endpoint}", data=body, headers=self._headers())
         try:
             with urllib.request.urlopen(request, timeout=self.timeout + 5, context=self._context()) as response:
@@ -299,6 +313,13 @@ class PrometheusAPI:
             if any(marker in error_text for marker in SPLIT_ERRORS):
                 raise QueryTooLarge(error_text)
             raise PrometheusUnavailable(f"prometheus query failed: {error_text}")
+        partial: object = payload.get("isPartial")
+        if partial is True:
+            if not self.access.partial_answers:
+                raise PrometheusUnavailable(
+                    f"{self.shown} answered with part of its data (isPartial: a storage node unreachable), refused; "
+                    "OVERSALE_PROMETHEUS_PARTIAL_ANSWERS=true reads such answers")
+            log.warning("%s answered with part of its data (isPartial: a storage node unreachable)", self.shown)
         for warning in payload.get("warnings") or []:
             log.warning("prometheus warning (partial data possible): %s", warning)
         result: dict[str, Any] = payload

@@ -179,6 +179,12 @@ class Settings:
     Prometheus (a Thanos querier, VictoriaMetrics, a federation) holds several clusters whose
     namespaces, workloads and Pods share names; empty: every series."""
 
+    prometheus_partial_answers: bool = field(default=False, metadata=_env("OVERSALE_PROMETHEUS_PARTIAL_ANSWERS"))
+    """Whether an answer holding part of the store's data (a Thanos store or a VictoriaMetrics
+    storage node unreachable) is read. By default every query asks for the whole answer or an
+    error, and the ratios are held meanwhile: a week's quantile read without the store holding
+    its older days would come from hours."""
+
     sqlite_path: str = field(default="/var/lib/oversale/history.db", metadata=_env("OVERSALE_SQLITE_PATH"))
     """The embedded history file (put it on a volume to keep history across restarts)."""
 
@@ -701,6 +707,7 @@ _PARSERS: dict[str, Any] = {
     "prometheus_bearer_token_file": str.strip,
     "prometheus_ca_file": str.strip,
     "prometheus_selector": lambda text: parse_selector(text),
+    "prometheus_partial_answers": _bool,
     "sqlite_path": lambda text: _nonempty(text),
     "sample_interval_seconds": lambda text: _duration(text),
     "sample_reads": _positive_int,

@@ -312,11 +312,44 @@ def holding_proxy(upstream: str, hold: float = 0.2) -> tuple[AnsweringServer, He
     return _proxy(upstream, arrive, leave), held
 
 
+PARTIAL_STORES = ("thanos", "victoria-metrics", "vmselect ignoring deny_partial_response")
+"""The stores :func:`partial_store` stands in for."""
+
+
+def partial_store(upstream: str, store: str) -> AnsweringServer:
+    """The Prometheus at ``upstream`` behind a store that spans several, one of them unreachable,
+    as their documentation describes it: a Thanos querier whose store gateway is down, or a
+    VictoriaMetrics cluster's vmselect with a vmstorage node down (``store``, one of
+    :data:`PARTIAL_STORES`). Asked for the whole answer (Thanos's ``partial_response=false``,
+    vmselect's ``deny_partial_response=1``) it answers an error; otherwise the reachable stores'
+    answer (here all of it), marked partial: a warning (Thanos), ``"isPartial": true``
+    (VictoriaMetrics). The third ignores the parameter, as a vmselect older than it would."""
+    thanos = store == "thanos"
+
+    def reshape(form: dict[str, str], status: int, body: bytes) -> tuple[int, bytes]:
+        if form.get("partial_response") == "false" if thanos else (
+                store == "victoria-metrics" and form.get("deny_partial_response") == "1"):
+            error = ("rpc error: code = Unavailable desc = store gateway thanos-store-0:10901 unreachable" if thanos
+                     else "cannot fetch query results from vmstorage nodes: vmstorage-1:8401 unavailable")
+            return (422 if thanos else 503), json.dumps(
+                {"status": "error", "errorType": "execution" if thanos else "unavailable", "error": error}).encode()
+        answer = json.loads(body)
+        if thanos:
+            answer["warnings"] = ["rpc error: code = Unavailable desc = store gateway thanos-store-0:10901 unreachable"]
+        else:
+            answer["isPartial"] = True
+        return status, json.dumps(answer).encode()
+
+    return _proxy(upstream, lambda path, form: form, reshape=reshape)
+
+
 def _proxy(upstream: str, rewrite: Callable[[str, dict[str, str]], dict[str, str] | None],
-           answering: Callable[[], None] = lambda: None) -> AnsweringServer:
+           answering: Callable[[], None] = lambda: None,
+           reshape: Callable[[dict[str, str], int, bytes], tuple[int, bytes]] | None = None) -> AnsweringServer:
     """A proxy passing each POSTed query on to ``upstream`` as ``rewrite(path, form)`` returns
     it, or answering 503 (a timed-out query) where that is None; ``answering`` is called just
-    before each answer is sent (after it, the client may already have sent its next query)."""
+    before each answer is sent (after it, the client may already have sent its next query);
+    ``reshape`` (the form, the upstream's status and body) gives the answer sent instead."""
 
     class Proxy(AnsweringHandler):
         def do_POST(self) -> None:
@@ -333,6 +366,8 @@ def _proxy(upstream: str, rewrite: Callable[[str, dict[str, str]], dict[str, str
             try:
                 with urllib.request.urlopen(forwarded, timeout=120) as response:
                     status, answer = response.status, response.read()
+                if reshape is not None:
+                    status, answer = reshape(form, status, answer)
             finally:
                 answering()
             self.send(status, answer)

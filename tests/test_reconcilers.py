@@ -36,11 +36,13 @@ from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 from tests.conftest import ROOT, eventually, free_port
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import (
+    PARTIAL_STORES,
     Family,
     PrometheusServer,
     VictoriaMetricsServer,
     WebConfig,
     holding_proxy,
+    partial_store,
     refusing_proxy,
     serving,
     step_aligning_proxy,
@@ -1206,6 +1208,41 @@ def test_a_pass_takes_each_nodes_sample_count_from_the_hot_time_accounts_week(ap
     finally:
         no_account.shutdown()
         proxy.shutdown()
+
+
+@pytest.mark.parametrize("store", PARTIAL_STORES)
+def test_a_store_answering_part_of_its_data_holds_the_ratios_unless_partial_answers_are_read(
+        api, prometheus, store, caplog):
+    """A Thanos querier whose store gateway is down, or a VictoriaMetrics cluster with a storage
+    node down, answers with what the reachable stores hold: a week's quantiles and hot time from
+    the sidecar's last hours. By default every query asks for the whole answer or an error, so
+    the pass holds the ratios and says why; an answer marked partial anyway (a vmselect that
+    ignores the parameter) is refused. With OVERSALE_PROMETHEUS_PARTIAL_ANSWERS=true the answers
+    are read, and each partial one logged."""
+    store_front = partial_store(prometheus.url, store)
+    try:
+        for partial in (False, True):
+            settings = dataclasses.replace(SETTINGS, prometheus_url=store_front.url,
+                                           prometheus_partial_answers=partial)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING):
+                rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory.from_settings(settings),
+                                  settings).run_pass(dry_run=True)
+            held = [row for row in rows if "history unavailable, holding" in row.reason]
+            if not partial:
+                assert held and all(row.proposed == row.current for row in held), [row.reason for row in rows]
+                reasons = " ".join(row.reason for row in held)
+                assert ("unreachable" in reasons or "unavailable" in reasons), reasons
+                if store == PARTIAL_STORES[2]:
+                    assert "OVERSALE_PROMETHEUS_PARTIAL_ANSWERS=true reads such answers" in reasons, reasons
+            else:
+                assert not held, [row.reason for row in held]
+                assert any(row.object.startswith("Node/") and "P99" in row.reason for row in rows), rows
+                told = [r.getMessage() for r in caplog.records if "partial data possible" in r.getMessage()
+                        or "answered with part of its data" in r.getMessage()]
+                assert told, "each partial answer is logged"
+    finally:
+        store_front.shutdown()
 
 
 def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
