@@ -147,7 +147,7 @@ class Settings:
 
     prometheus_late_seconds: float = field(default=3 * 3600.0, metadata=_env("OVERSALE_PROMETHEUS_LATE_SAMPLES"))
     """How long a gap in the history kept between passes (the hot-time account's hours, the node
-    quantiles' samples) with samples after it is read again, for samples that reach the store
+    quantiles' samples) with samples on both sides is read again, for samples that reach the store
     late: a remote-write sender cut off from its store resends what it buffered (Prometheus in
     agent mode about 2 hours; vmagent as much as its disk holds). 0: never."""
 
