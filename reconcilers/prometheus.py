@@ -88,8 +88,8 @@ class PrometheusHistory:
     (:meth:`_kept_quantiles`): about 15 MB of JSON, read into 8 MB of arrays; a week of 5,000
     nodes at 5-minute steps is 22 requests, the newest hour first."""
     late_seconds: float = LATE_SECONDS
-    """How long a gap in the kept history with samples after it is read again, for samples that
-    reach the store late (:data:`~reconcilers.account_blocks.LATE_SECONDS`); 0: never."""
+    """How long a gap in the kept history with samples on both sides is read again, for samples
+    that reach the store late (:data:`~reconcilers.account_blocks.LATE_SECONDS`); 0: never."""
     rate_window_recheck: float = RATE_WINDOW_RECHECK
     """Seconds between two checks of ``rate_window`` against the scrape intervals (:meth:`check_rate_window`)."""
     concurrency: int = 4
@@ -400,11 +400,7 @@ class PrometheusHistory:
                     if key in seen:
                         continue  # a query of the user's own that leaves two series one name: one read
                     seen.add(key)
-                    steps = [round(t / step) for t in times]
-                    if any(abs(at * step - t) >= 1.0 or not since <= at <= last
-                           for at, t in zip(steps, times, strict=True)):
-                        self._moved_range()
-                        raise _NotKept("its range was answered at other times than asked")
+                    steps = self._steps_asked(times, since, last)
                     cut = bisect.bisect_right(steps, settled)
                     keepers.setdefault(key, SampleKeeper(needed)).feed_newest_first(steps[:cut], values[:cut])
                     fresh.setdefault(key, []).extend(zip(steps[cut:], values[cut:], strict=True))
@@ -428,9 +424,9 @@ class PrometheusHistory:
 
     def _late_samples(self, read: _KeptRead, state: _KeptQuantile, read_now: Collection[tuple[str, ...]],
                       recent: int, needed: int, keys: tuple[str, ...]) -> dict[tuple[str, ...], KeptSamples]:
-        """The kept series with a gap from step ``recent`` (:attr:`late_seconds` back) on and a
-        sample after it (kept, or among ``read_now``, the series with samples since), with the
-        gap's steps read again and added (:meth:`KeptSamples.with_late`): one range query from the
+        """The kept series with a gap from step ``recent`` (:attr:`late_seconds` back) on between
+        two of its samples (the later one kept, or among ``read_now``, the series with samples
+        since), with the gap's steps read again and added (:meth:`KeptSamples.with_late`): one range query from the
         earliest gap to the last settled step, of those series alone where ``read`` can select
         them. A remote-write sender cut off from its store sends its buffer once it reaches it
         again; a gap with no sample after it is a series' end (a node removed, its exporter down)
@@ -450,15 +446,20 @@ class PrometheusHistory:
             key = tuple(labels.get(name, "") for name in keys)
             if key not in gaps or key in found:
                 continue
-            steps = [round(t / step) for t in times]
-            if any(abs(at * step - t) >= 1.0 or not start <= at <= state.settled
-                   for at, t in zip(steps, times, strict=True)):
-                self._moved_range()
-                raise _NotKept("its range was answered at other times than asked")
-            found[key] = state.series[key].with_late(steps, values, needed)
+            found[key] = state.series[key].with_late(self._steps_asked(times, start, state.settled), values, needed)
         _told_late(read.name, [node_name(key[0]) for key, samples in found.items()
                                if samples.runs != state.series[key].runs])
         return found
+
+    def _steps_asked(self, times: Sequence[float], first: int, last: int) -> list[int]:
+        """The step numbers of a range answer's ``times``, each one of the steps ``first`` to
+        ``last`` asked (to the second); raises _NotKept where one is not (:meth:`_moved_range`)."""
+        step = self.resolution
+        steps = [round(t / step) for t in times]
+        if any(abs(at * step - t) >= 1.0 or not first <= at <= last for at, t in zip(steps, times, strict=True)):
+            self._moved_range()
+            raise _NotKept("its range was answered at other times than asked")
+        return steps
 
     @property
     def quantile_samples_kept(self) -> int:
