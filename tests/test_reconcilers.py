@@ -271,12 +271,16 @@ def test_victoria_metrics_gives_the_reconcilers_the_figures_prometheus_gives(pro
     # Memory is a gauge, the same samples in both: the same counts. Cpu is a rate, and the two
     # rates differ by the few parts in 10,000 above, so a step whose rate lies that close to the
     # real 450m counts on either side of it: at most one step each time the daily wave crosses
-    # 450m, twice a day (CI once saw 95 against 96 hot steps in the day).
+    # 450m, twice a day (CI once saw 95 against 96 hot steps in the day). Its steps may differ
+    # by one where the windows meet the history's ends (the history was written when the module
+    # started, the windows end when this test runs): the two rates read the samples at a
+    # series' first and last minutes differently, as the containers' counts above (CI once saw
+    # 863 against 864 over the 3 days).
     for days, ours_by_node, theirs_by_node in zip((1, 3), hot, their_hot, strict=True):
         assert ours_by_node.keys() == theirs_by_node.keys() == {"node-1"}
         ours_node, their_node = ours_by_node["node-1"], theirs_by_node["node-1"]
         assert ours_node["memory"] == their_node["memory"]
-        assert ours_node["cpu"].samples == their_node["cpu"].samples
+        assert abs(ours_node["cpu"].samples - their_node["cpu"].samples) <= 1
         assert abs(ours_node["cpu"].hot_samples - their_node["cpu"].hot_samples) <= 2 * days
     assert hot[1]["node-1"]["cpu"].hot_samples > 0, "a count of something"
     peaks = ours.node_peaks(86400)
