@@ -173,23 +173,30 @@ def write_history(directory: Path) -> Path:
     return path
 
 
-def serving_history(store: str, factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """:func:`write_history` served by a real ``store`` for a module's tests."""
-    directory = factory.mktemp(store)
-    server = serving(store, directory, write_history(directory))
+@pytest.fixture(scope="module")
+def history_file(tmp_path_factory) -> Path:
+    """One :func:`write_history` for every store of the module: written once, the stores hold the
+    same samples at the same times, so where two stores' figures differ their reading differs, not
+    the minute each store's history happened to be written."""
+    return write_history(tmp_path_factory.mktemp("history"))
+
+
+def serving_history(store: str, factory: pytest.TempPathFactory, history: Path) -> Iterator[Any]:
+    """``history`` served by a real ``store`` for a module's tests."""
+    server = serving(store, factory.mktemp(store), history)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
-    yield from serving_history("prometheus", tmp_path_factory)
+def prometheus(tmp_path_factory, history_file) -> Iterator[PrometheusServer]:
+    yield from serving_history("prometheus", tmp_path_factory, history_file)
 
 
 @pytest.fixture(scope="module")
-def victoria_metrics(tmp_path_factory) -> Iterator[VictoriaMetricsServer]:
+def victoria_metrics(tmp_path_factory, history_file) -> Iterator[VictoriaMetricsServer]:
     """The same history in VictoriaMetrics, which many clusters keep instead of Prometheus."""
-    yield from serving_history("victoria-metrics", tmp_path_factory)
+    yield from serving_history("victoria-metrics", tmp_path_factory, history_file)
 
 
 @pytest.fixture
@@ -254,7 +261,10 @@ def test_victoria_metrics_gives_the_reconcilers_the_figures_prometheus_gives(pro
         # A container's cgroup that ended (the restart): VictoriaMetrics' staleness holds its last
         # sample a step longer.
         assert abs(b.samples - a.samples) <= 1 and abs(b.covered_seconds - a.covered_seconds) <= 300
-        assert b.age_seconds == pytest.approx(a.age_seconds, abs=60)
+        # For its cache VictoriaMetrics moves a range query of 50 points or more onto its step's
+        # grid and leaves out the last 30 s (-search.latencyOffset), so its last step may stand one
+        # step (300 s) before Prometheus's: CI once saw an age of 300.1 s against 0.07 s.
+        assert b.age_seconds == pytest.approx(a.age_seconds, abs=300 + 60)
 
     containers = ours.container_stats(3 * 86400, 0.99)
     assert len(containers) == 7 and containers.keys() == theirs.container_stats(3 * 86400, 0.99).keys()
@@ -272,10 +282,9 @@ def test_victoria_metrics_gives_the_reconcilers_the_figures_prometheus_gives(pro
     # rates differ by the few parts in 10,000 above, so a step whose rate lies that close to the
     # real 450m counts on either side of it: at most one step each time the daily wave crosses
     # 450m, twice a day (CI once saw 95 against 96 hot steps in the day). Its steps may differ
-    # by one where the windows meet the history's ends (the history was written when the module
-    # started, the windows end when this test runs): the two rates read the samples at a
-    # series' first and last minutes differently, as the containers' counts above (CI once saw
-    # 863 against 864 over the 3 days).
+    # by one where the windows meet the history's ends: the two rates read the samples at a
+    # series' first and last minutes differently, and VictoriaMetrics' last step may stand a step
+    # early, as the ages above (CI once saw 863 against 864 over the 3 days).
     for days, ours_by_node, theirs_by_node in zip((1, 3), hot, their_hot, strict=True):
         assert ours_by_node.keys() == theirs_by_node.keys() == {"node-1"}
         ours_node, their_node = ours_by_node["node-1"], theirs_by_node["node-1"]
