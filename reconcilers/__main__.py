@@ -8,6 +8,9 @@
   python -m reconcilers remediate [--dry-run]
                                           one remediation pass judged on this one observation
                                           (as if every hot node had been hot long enough)
+  python -m reconcilers backtest --trace TRACE.csv.gz [--hot-time-budget 0.001]
+                                          a usage trace replayed through the whole system and its
+                                          peers; writes a report (docs/backtest.md)
 
 The history source is Prometheus when OVERSALE_PROMETHEUS_URL is set, else metrics-server sampled
 into the SQLite file OVERSALE_SQLITE_PATH. Several replicas are safe: only the holder of the Lease
