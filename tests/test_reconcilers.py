@@ -261,9 +261,11 @@ def test_victoria_metrics_gives_the_reconcilers_the_figures_prometheus_gives(pro
         # A container's cgroup that ended (the restart): VictoriaMetrics' staleness holds its last
         # sample a step longer.
         assert abs(b.samples - a.samples) <= 1 and abs(b.covered_seconds - a.covered_seconds) <= 300
-        # For its cache VictoriaMetrics moves a range query of 50 points or more onto its step's
-        # grid and leaves out the last 30 s (-search.latencyOffset), so its last step may stand one
-        # step (300 s) before Prometheus's: CI once saw an age of 300.1 s against 0.07 s.
+        # The last step with a rate is where the two rates differ most (see the counts below):
+        # CI once saw VictoriaMetrics' last step one step (300 s) before Prometheus's, an age of
+        # 300.1 s against 0.07 s, the test running just after a step's edge. (Each store then held
+        # its own copy of the history, written minutes apart. On one shared history, asked 2 s after
+        # a step's edge in a one-off check, both answered that step.)
         assert b.age_seconds == pytest.approx(a.age_seconds, abs=300 + 60)
 
     containers = ours.container_stats(3 * 86400, 0.99)
