@@ -98,8 +98,15 @@ def backfilled(directory: Path, families: list[Family], days: float, max_samples
 
 
 @pytest.fixture(scope="module")
-def cluster_prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
-    server = backfilled(tmp_path_factory.mktemp("plan-prometheus"), exporter_families(), DAYS)
+def cluster_history(tmp_path_factory) -> Path:
+    """The exporters' history of the module's cluster, written once: a store that serves it
+    beside ``cluster_prometheus`` holds the same samples at the same times."""
+    return history_file(tmp_path_factory.mktemp("plan-history"), exporter_families(), DAYS)
+
+
+@pytest.fixture(scope="module")
+def cluster_prometheus(tmp_path_factory, cluster_history) -> Iterator[PrometheusServer]:
+    server = PrometheusServer(tmp_path_factory.mktemp("plan-prometheus"), cluster_history)
     yield server
     server.stop()
 
@@ -182,11 +189,12 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
         assert f"{budget:.2%} ({times:.2f}x; on {on} of 5 placements)" in line
 
 
-def test_a_plan_on_victoria_metrics_sets_what_a_plan_on_prometheus_sets(cluster_prometheus, tmp_path):
+def test_a_plan_on_victoria_metrics_sets_what_a_plan_on_prometheus_sets(cluster_prometheus, cluster_history,
+                                                                        tmp_path):
     """The same exporters' history kept in VictoriaMetrics instead (its Prometheus API, MetricsQL):
     the plan reads the same Pods, pools and requests and would set the same ratios (MetricsQL's
     ``rate`` does not extrapolate: node ratios within 0.02)."""
-    victoria = VictoriaMetricsServer(tmp_path, history_file(tmp_path / "history", exporter_families(), DAYS))
+    victoria = VictoriaMetricsServer(tmp_path, cluster_history)
     try:
         plans = {}
         for store, url in (("prometheus", cluster_prometheus.url), ("victoria", victoria.url)):
