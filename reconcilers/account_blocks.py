@@ -69,10 +69,6 @@ class BlockPlan:
     def boundary(self, index: int) -> float:
         return index * self.block + self.offset
 
-    def block_ending_at(self, t: float) -> int:
-        """The block whose last moment is ``t`` (a point of a range query at block steps)."""
-        return round((t - self.offset) / self.block) - 1
-
 
 def plan_blocks(windows: Sequence[float], at: float, step: float, block: float = BLOCK_SECONDS,
                 settle: float = SETTLE_SECONDS, late: float = LATE_SECONDS) -> BlockPlan | None:

@@ -330,17 +330,16 @@ class PrometheusHistory:
             if first < plan.last:
                 only = None if len(nodes) == len(thresholds) else set(nodes)
                 query = f"sum_over_time(({asked.marked(only)})[{duration(plan.block)}:{step}])"
-                end, points = plan.boundary(plan.last), plan.last - first
                 # Refused for its size, it is asked in fewer hours down to one; refused even so, no
                 # window could be counted whole (a window split in its most parts is longer).
-                found = self._range(query, plan.boundary(first + 1), end, plan.block)
-                if not all(_asked_at(t, end, plan.block, points) for _, (times, _) in found for t in times):
-                    self._moved_range()
-                    raise _NotKept("its range was answered at other times than asked")
-                for labels, (times, values) in found:
+                found = self._range(query, plan.boundary(first + 1), plan.boundary(plan.last), plan.block)
+                # Every series checked before any is read: one moved answer leaves the pass unkept.
+                ends = [self._steps_asked(times, first + 1, plan.last, plan.block, plan.offset)
+                        for _, (times, _) in found]
+                for (labels, (_, values)), ended in zip(found, ends, strict=True):
                     if (node := node_name(labels.get(label, ""))) in new:
-                        for t, value in zip(times, values, strict=True):
-                            new[node][plan.block_ending_at(t) - first] = value
+                        for end, value in zip(ended, values, strict=True):
+                            new[node][end - 1 - first] = value  # a point at boundary i counts block i - 1
             for node, counts in new.items():
                 kept = kept_before.get((asked.resource, node))
                 counted[asked.resource, node] = (kept.extended(plan, first, counts)
@@ -451,12 +450,16 @@ class PrometheusHistory:
                                if samples.runs != state.series[key].runs])
         return found
 
-    def _steps_asked(self, times: Sequence[float], first: int, last: int) -> list[int]:
-        """The step numbers of a range answer's ``times``, each one of the steps ``first`` to
-        ``last`` asked (to the second); raises _NotKept where one is not (:meth:`_moved_range`)."""
-        step = self.resolution
-        steps = [round(t / step) for t in times]
-        if any(abs(at * step - t) >= 1.0 or not first <= at <= last for at, t in zip(steps, times, strict=True)):
+    def _steps_asked(self, times: Sequence[float], first: int, last: int, step: float | None = None,
+                     origin: float = 0.0) -> list[int]:
+        """The step numbers k of a range answer's ``times`` on the grid ``origin + k x step``
+        (``step`` the resolution unless given), each one of the steps ``first`` to ``last`` asked
+        (to the second); raises _NotKept where one is not (:meth:`_moved_range`). The node
+        quantiles count steps from the epoch, the account's blocks from the plan's offset."""
+        step = self.resolution if step is None else step
+        steps = [round((t - origin) / step) for t in times]
+        if any(abs(origin + at * step - t) >= 1.0 or not first <= at <= last
+               for at, t in zip(steps, times, strict=True)):
             self._moved_range()
             raise _NotKept("its range was answered at other times than asked")
         return steps
@@ -652,12 +655,6 @@ def _told_late(read: str, names: Sequence[str]) -> None:
 def _last_sample_time(expression: str) -> str:
     """The time of ``expression``'s last step with a value in ``$WINDOW``."""
     return f"max_over_time(timestamp({expression})[$WINDOW:$STEP])"
-
-
-def _asked_at(t: float, end: float, step: float, count: int) -> bool:
-    """Whether ``t`` is one of the ``count`` times ``end - k x step`` (to the second)."""
-    k = round((end - t) / step)
-    return 0 <= k < count and abs(end - k * step - t) < 1.0
 
 
 STEP_MARK = 2**-26
