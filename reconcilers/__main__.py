@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli, settings_or_exit
 from oversale.settings import Settings
@@ -166,38 +166,45 @@ def main(argv: list[str] | None = None) -> int:
                 metrics.usage_window.set(sampler.window)
 
         _every(settings.sample_interval_seconds / settings.sample_reads, sample, "sampler")
-    # A rollout's SIGTERM: leave through SystemExit so the Lease is given back and the next
-    # replica writes at its next round, not a Lease duration later.
+    # A rollout's SIGTERM: leave through SystemExit, wherever the main thread is, so the Lease is
+    # given back and the next replica writes at its next round, not a Lease duration later.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
-    atexit.register(elector.release)
-    elector.start()
-    from kube.metrics_api import MetricsAPI
-    from reconcilers.remediation import Remediator
+    atexit.register(elector.release)  # on any other way out
+    try:
+        # The first election round before the first pass: left to the elector's thread, it lost
+        # the race to the loop's first is_leader() on some starts, and a replica holding a free
+        # Lease made its first pass a whole interval later.
+        elector.try_acquire_or_renew()
+        elector.start()
+        from kube.metrics_api import MetricsAPI
+        from reconcilers.remediation import Remediator
 
-    # The remediator always observes (node utilization and hot-node metrics, which the alerts
-    # read); it evicts only with OVERSALE_REMEDIATION=true.
-    remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
-    _every(settings.remediation_interval_seconds,
-           lambda: remediator.run_pass(dry_run=not settings.remediation, tidy=True) if elector.is_leader() else None,
-           "remediator")
-    log.info("observing nodes every %.0fs (%s)", settings.remediation_interval_seconds,
-             "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")
-    log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
-             settings.reconciler_metrics_port)
-    while True:
-        started = time.monotonic()
-        metrics.leader.set(1 if elector.is_leader() else 0)
-        if elector.is_leader():
-            try:
-                rows = reconciler.run_pass()
-                written = sum(r.written for r in rows)
-                log.info("pass done in %.1fs: %d objects, %d ratios written", time.monotonic() - started,
-                         len({r.object for r in rows}), written)
-            except Exception:  # a failed pass is retried at the next interval
-                log.exception("pass failed")
-        else:
-            log.info("not the leader: waiting")
-        time.sleep(max(1.0, settings.reconcile_interval_seconds - (time.monotonic() - started)))
+        # The remediator always observes (node utilization and hot-node metrics, which the alerts
+        # read); it evicts only with OVERSALE_REMEDIATION=true.
+        remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
+        _every(settings.remediation_interval_seconds, lambda: remediator.run_pass(
+            dry_run=not settings.remediation, tidy=True) if elector.is_leader() else None, "remediator")
+        log.info("observing nodes every %.0fs (%s)", settings.remediation_interval_seconds,
+                 "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")
+        log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
+                 settings.reconciler_metrics_port)
+        while True:
+            started = time.monotonic()
+            metrics.leader.set(1 if elector.is_leader() else 0)
+            if elector.is_leader():
+                try:
+                    rows = reconciler.run_pass()
+                    written = sum(r.written for r in rows)
+                    log.info("pass done in %.1fs: %d objects, %d ratios written", time.monotonic() - started,
+                             len({r.object for r in rows}), written)
+                except Exception:  # a failed pass is retried at the next interval
+                    log.exception("pass failed")
+            else:
+                log.info("not the leader: waiting")
+            time.sleep(max(1.0, settings.reconcile_interval_seconds - (time.monotonic() - started)))
+    except (SystemExit, KeyboardInterrupt) as stopped:
+        elector.release()
+        _exit_unfinalized(130 if isinstance(stopped, KeyboardInterrupt) else stopped.code)
 
 
 def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
@@ -430,6 +437,18 @@ def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
         raise CliError(f"OVERSALE_SQLITE_PATH={settings.sqlite_path!r} cannot hold the usage history: "
                        f"{error}{hint}") from None
     return history, MetricsSampler(api_client, history, settings.sample_reads, settings.sample_interval_seconds)
+
+
+def _exit_unfinalized(code: object) -> NoReturn:
+    """Leave with ``code`` (a SystemExit's), its output flushed, without finalizing the
+    interpreter around the daemon threads (sampler, remediator, metrics server) that may be
+    inside a call as the main thread leaves. One of about 330 runs stopped by SIGTERM in a loop
+    here died with SIGABRT, with nothing logged, after it had given the Lease back: while the
+    interpreter finalized. Nothing left to do needs that: each SQLite write is a transaction."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def _every(seconds: float, work: Any, name: str) -> None:

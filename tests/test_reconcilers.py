@@ -1776,10 +1776,11 @@ def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, p
     assert api.count("PATCH", "deployments") > 0
 
 
-def test_run_stopped_by_a_rollout_gives_the_lease_back(api, tmp_path):
+def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_rollout(api, tmp_path):
     env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
            "HOME": str(tmp_path), "OVERSALE_SQLITE_PATH": str(tmp_path / "history.db"),
-           "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()), "OVERSALE_LEASE_DURATION": "30"}
+           "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()), "OVERSALE_LEASE_DURATION": "30",
+           "OVERSALE_RECONCILE_INTERVAL": "1h"}
     process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=(tmp_path / "run.log").open("wb"))
 
@@ -1788,6 +1789,8 @@ def test_run_stopped_by_a_rollout_gives_the_lease_back(api, tmp_path):
 
     try:
         assert eventually(holder, timeout=30), (tmp_path / "run.log").read_text()
+        # The first pass (it writes the StatefulSet with no history) comes at once, not an interval on.
+        assert eventually(lambda: api.count("PATCH", "statefulsets"), timeout=30), (tmp_path / "run.log").read_text()
         process.terminate()
         assert process.wait(30) == 0, (tmp_path / "run.log").read_text()
         assert not holder(), "given back, not left to expire in 30 s"
