@@ -188,19 +188,28 @@ def main(argv: list[str] | None = None) -> int:
                  "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")
         log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
                  settings.reconciler_metrics_port)
+        standing_by = False
         while True:
             started = time.monotonic()
-            metrics.leader.set(1 if elector.is_leader() else 0)
-            if elector.is_leader():
-                try:
-                    rows = reconciler.run_pass()
-                    written = sum(r.written for r in rows)
-                    log.info("pass done in %.1fs: %d objects, %d ratios written", time.monotonic() - started,
-                             len({r.object for r in rows}), written)
-                except Exception:  # a failed pass is retried at the next interval
-                    log.exception("pass failed")
-            else:
-                log.info("not the leader: waiting")
+            leading = elector.is_leader()
+            metrics.leader.set(1 if leading else 0)
+            if not leading:
+                if not standing_by:
+                    log.info("not the leader: passing once this replica takes the Lease %s/%s", settings.namespace,
+                             settings.lease_name)
+                standing_by = True
+                # Checked every election round, not every interval: the replica a rollout stops
+                # gives the Lease back, and its successor should pass at once, not minutes later.
+                time.sleep(settings.lease_duration_seconds / 3)
+                continue
+            standing_by = False
+            try:
+                rows = reconciler.run_pass()
+                written = sum(r.written for r in rows)
+                log.info("pass done in %.1fs: %d objects, %d ratios written", time.monotonic() - started,
+                         len({r.object for r in rows}), written)
+            except Exception:  # a failed pass is retried at the next interval
+                log.exception("pass failed")
             time.sleep(max(1.0, settings.reconcile_interval_seconds - (time.monotonic() - started)))
     except (SystemExit, KeyboardInterrupt) as stopped:
         elector.release()

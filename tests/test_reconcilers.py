@@ -33,7 +33,7 @@ from reconcilers.history import HistoryUnavailable, ResourceStats
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import Reconciler, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
-from tests.conftest import ROOT, eventually, free_port
+from tests.conftest import ROOT, eventually, free_port, stop_process
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import (
     PARTIAL_STORES,
@@ -1797,6 +1797,33 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api, tmp_path):
+    """A rollout: the new replica starts as a standby, the old one is stopped and gives the Lease
+    back, and the new one passes within a few election rounds, not a reconcile interval (1h) on."""
+    def start(name: str) -> tuple[subprocess.Popen, Path]:
+        env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
+               "HOME": str(tmp_path), "OVERSALE_SQLITE_PATH": str(tmp_path / f"{name}.db"),
+               "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()), "OVERSALE_LEASE_DURATION": "6",
+               "OVERSALE_RECONCILE_INTERVAL": "1h"}
+        log = tmp_path / f"{name}.log"
+        return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
+
+    old, old_log = start("old")
+    try:
+        assert eventually(lambda: "pass done" in old_log.read_text(), timeout=30), old_log.read_text()
+        new, new_log = start("new")
+        try:
+            assert eventually(lambda: "not the leader" in new_log.read_text(), timeout=30), new_log.read_text()
+            old.terminate()
+            assert old.wait(30) == 0, old_log.read_text()
+            assert eventually(lambda: "pass done" in new_log.read_text(), timeout=20), new_log.read_text()
+        finally:
+            stop_process(new)
+    finally:
+        stop_process(old)
 
 
 def test_cli_refuses_bad_settings(tmp_path):
