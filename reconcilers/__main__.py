@@ -155,7 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(rows))
         return 0
 
+    _run(settings, api_client, sampler, elector, reconciler, metrics)
+
+
+def _run(settings: Settings, api_client: Any, sampler: Any, elector: Any, reconciler: Any, metrics: Any) -> NoReturn:
+    """``run``: serve /metrics, sample (the SQLite source), observe nodes (and remediate where
+    asked), and pass every interval while this replica holds the Lease, until SIGTERM or Ctrl-C."""
     from prometheus_client import start_http_server
+
+    from kube.metrics_api import MetricsAPI
+    from reconcilers.cluster import Cluster
+    from reconcilers.remediation import Remediator
 
     start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
     if sampler is not None:
@@ -172,13 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     atexit.register(elector.release)  # on any other way out
     try:
         # The first election round before the first pass: left to the elector's thread, it lost
-        # the race to the loop's first is_leader() on some starts, and a replica holding a free
-        # Lease made its first pass a whole interval later.
+        # the race to the loop's first is_leader() (6 starts of 6 in a test), and a replica
+        # holding a free Lease made its first pass a whole interval later.
         elector.try_acquire_or_renew()
         elector.start()
-        from kube.metrics_api import MetricsAPI
-        from reconcilers.remediation import Remediator
-
         # The remediator always observes (node utilization and hot-node metrics, which the alerts
         # read); it evicts only with OVERSALE_REMEDIATION=true.
         remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
