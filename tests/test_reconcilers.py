@@ -1695,11 +1695,17 @@ def test_an_api_server_that_never_answers_fails_the_round_instead_of_hanging_it(
         assert time.monotonic() - started < 10, "each call gives up after duration / 3 (and urllib3's retries)"
 
 
+def cli_env(api: FakeKubeAPI, tmp_path: Path, **settings: str) -> dict[str, str]:
+    """The environment of a ``python -m reconcilers`` process against ``api``: a kubeconfig for
+    it, a bare PATH and HOME, and ``settings`` (OVERSALE_* variables)."""
+    return {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path), **settings}
+
+
 def test_cli_dry_run_prints_the_table(api, prometheus, tmp_path):
     # cluster="" matches every series without a cluster label: a Prometheus of this cluster alone.
-    env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path), "OVERSALE_PROMETHEUS_URL": prometheus.url, "OVERSALE_FULL_CONFIDENCE": "1d",
-           "OVERSALE_PROMETHEUS_SELECTOR": 'cluster=""'}
+    env = cli_env(api, tmp_path, OVERSALE_PROMETHEUS_URL=prometheus.url, OVERSALE_FULL_CONFIDENCE="1d",
+                  OVERSALE_PROMETHEUS_SELECTOR='cluster=""')
     result = subprocess.run([sys.executable, "-m", "reconcilers", "once", "--dry-run"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -1759,9 +1765,8 @@ def test_a_released_lease_is_taken_at_once(api):
 
 
 def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, prometheus, tmp_path):
-    env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path), "OVERSALE_PROMETHEUS_URL": prometheus.url, "OVERSALE_FULL_CONFIDENCE": "1d",
-           "OVERSALE_LEASE_DURATION": "2", "OVERSALE_INPLACE_RESIZE": "false"}
+    env = cli_env(api, tmp_path, OVERSALE_PROMETHEUS_URL=prometheus.url, OVERSALE_FULL_CONFIDENCE="1d",
+                  OVERSALE_LEASE_DURATION="2", OVERSALE_INPLACE_RESIZE="false")
     # A replica that died holding the Lease (its renewTime means nothing to this machine's clock).
     api.put("leases", {"metadata": {"name": "oversale-reconciler", "namespace": "oversale"},
                        "spec": {"holderIdentity": "gone-1", "leaseDurationSeconds": 2,
@@ -1777,10 +1782,9 @@ def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, p
 
 
 def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_rollout(api, tmp_path):
-    env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path), "OVERSALE_SQLITE_PATH": str(tmp_path / "history.db"),
-           "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()), "OVERSALE_LEASE_DURATION": "30",
-           "OVERSALE_RECONCILE_INTERVAL": "1h"}
+    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "history.db"),
+                  OVERSALE_RECONCILER_METRICS_PORT=str(free_port()), OVERSALE_LEASE_DURATION="30",
+                  OVERSALE_RECONCILE_INTERVAL="1h")
     process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=(tmp_path / "run.log").open("wb"))
 
@@ -1803,10 +1807,9 @@ def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api
     """A rollout: the new replica starts as a standby, the old one is stopped and gives the Lease
     back, and the new one passes within a few election rounds, not a reconcile interval (1h) on."""
     def start(name: str) -> tuple[subprocess.Popen, Path]:
-        env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
-               "HOME": str(tmp_path), "OVERSALE_SQLITE_PATH": str(tmp_path / f"{name}.db"),
-               "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()), "OVERSALE_LEASE_DURATION": "6",
-               "OVERSALE_RECONCILE_INTERVAL": "1h"}
+        env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / f"{name}.db"),
+                      OVERSALE_RECONCILER_METRICS_PORT=str(free_port()), OVERSALE_LEASE_DURATION="6",
+                      OVERSALE_RECONCILE_INTERVAL="1h")
         log = tmp_path / f"{name}.log"
         return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
