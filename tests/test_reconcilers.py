@@ -1781,22 +1781,30 @@ def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, p
     assert api.count("PATCH", "deployments") > 0
 
 
-def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_rollout(api, tmp_path):
-    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "history.db"),
-                  OVERSALE_RECONCILER_METRICS_PORT=str(free_port()), OVERSALE_LEASE_DURATION="30",
+def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str) -> tuple[subprocess.Popen, Path]:
+    """``python -m reconcilers run`` as replica ``name`` against ``api``, its SQLite history and
+    stderr log named after it. The interval is an hour, so any pass a test sees within seconds is
+    one the loop did not wait an interval for."""
+    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / f"{name}.db"),
+                  OVERSALE_RECONCILER_METRICS_PORT=str(free_port()), OVERSALE_LEASE_DURATION=lease_duration,
                   OVERSALE_RECONCILE_INTERVAL="1h")
-    process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=(tmp_path / "run.log").open("wb"))
+    log = tmp_path / f"{name}.log"
+    return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
+
+
+def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_rollout(api, tmp_path):
+    process, log = start_run(api, tmp_path, "run", lease_duration="30")
 
     def holder() -> str | None:
         return ((api.get("leases", "oversale", "oversale-reconciler") or {}).get("spec") or {}).get("holderIdentity")
 
     try:
-        assert eventually(holder, timeout=30), (tmp_path / "run.log").read_text()
+        assert eventually(holder, timeout=30), log.read_text()
         # The first pass (it writes the StatefulSet with no history) comes at once, not an interval on.
-        assert eventually(lambda: api.count("PATCH", "statefulsets"), timeout=30), (tmp_path / "run.log").read_text()
+        assert eventually(lambda: api.count("PATCH", "statefulsets"), timeout=30), log.read_text()
         process.terminate()
-        assert process.wait(30) == 0, (tmp_path / "run.log").read_text()
+        assert process.wait(30) == 0, log.read_text()
         assert not holder(), "given back, not left to expire in 30 s"
     finally:
         if process.poll() is None:
@@ -1806,18 +1814,10 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
 def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api, tmp_path):
     """A rollout: the new replica starts as a standby, the old one is stopped and gives the Lease
     back, and the new one passes within a few election rounds, not a reconcile interval (1h) on."""
-    def start(name: str) -> tuple[subprocess.Popen, Path]:
-        env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / f"{name}.db"),
-                      OVERSALE_RECONCILER_METRICS_PORT=str(free_port()), OVERSALE_LEASE_DURATION="6",
-                      OVERSALE_RECONCILE_INTERVAL="1h")
-        log = tmp_path / f"{name}.log"
-        return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
-
-    old, old_log = start("old")
+    old, old_log = start_run(api, tmp_path, "old", lease_duration="6")
     try:
         assert eventually(lambda: "pass done" in old_log.read_text(), timeout=30), old_log.read_text()
-        new, new_log = start("new")
+        new, new_log = start_run(api, tmp_path, "new", lease_duration="6")
         try:
             assert eventually(lambda: "not the leader" in new_log.read_text(), timeout=30), new_log.read_text()
             old.terminate()
