@@ -52,6 +52,7 @@ class LeaseElector:
         self._renewed_at: float | None = None
         self._seen: tuple[Any, Any] | None = None
         self._seen_at = 0.0
+        self._round_at: float | None = None  # when the last round started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -60,7 +61,7 @@ class LeaseElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One election round; True when this replica holds the Lease afterwards."""
-        now = self._clock()
+        now = self._round_at = self._clock()
         try:
             lease = self._read()
             if lease is None:
@@ -124,7 +125,13 @@ class LeaseElector:
                         type(error).__name__)
 
     def start(self) -> None:
+        """Elect every third of the Lease duration on a thread of its own. The first round comes
+        at once, unless the caller ran one less than a third ago (``reconcilers run`` does, so
+        its first pass need not wait for this thread): then it comes a third after that one, so
+        a start costs one Lease write, not two."""
         def loop() -> None:
+            if self._round_at is not None:
+                self._stop.wait(max(0.0, self._round - (self._clock() - self._round_at)))
             while not self._stop.is_set():
                 try:
                     self.try_acquire_or_renew()

@@ -1681,6 +1681,25 @@ def test_an_api_server_that_refuses_connections_for_a_while_does_not_end_the_ele
         elector.stop()
 
 
+def test_a_round_just_run_is_not_run_again_when_the_election_thread_starts(api):
+    """``reconcilers run`` takes the first round itself before it starts the thread: one Lease
+    write at start, and the thread's rounds a third of the duration (2 s here) after it."""
+    elector = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "a", 6)
+
+    def writes() -> int:
+        return api.count("POST", "leases") + api.count("PUT", "leases")
+
+    assert elector.try_acquire_or_renew()
+    elector.start()
+    try:
+        time.sleep(0.5)
+        assert writes() == 1, "created once; the thread's first round is not at once"
+        assert eventually(lambda: writes() == 2, timeout=10), "renewed by the thread a round later"
+        assert elector.is_leader()
+    finally:
+        elector.stop()
+
+
 def test_an_api_server_that_never_answers_fails_the_round_instead_of_hanging_it():
     """A black-holed API server accepts the connection and says nothing: without a deadline the
     election thread would wait forever and a standby would never try again."""
