@@ -32,12 +32,20 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli, settings_or_exit
 from oversale.settings import Settings
 from simulator.cli import add_cluster_arguments, hot_time_budget, placement_count
+
+if TYPE_CHECKING:  # imported where used: `--help` and a bad setting answer before the kubernetes client loads
+    from kube.leader import LeaseElector
+    from reconcilers.history import History
+    from reconcilers.metrics import ReconcilerMetrics
+    from reconcilers.runner import Reconciler
+    from reconcilers.sqlite_history import MetricsSampler
 
 log = logging.getLogger("reconcilers")
 
@@ -158,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     _run(settings, api_client, sampler, elector, reconciler, metrics)
 
 
-def _run(settings: Settings, api_client: Any, sampler: Any, elector: Any, reconciler: Any, metrics: Any) -> NoReturn:
+def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, elector: LeaseElector,
+         reconciler: Reconciler, metrics: ReconcilerMetrics) -> NoReturn:
     """``run``: serve /metrics, sample (the SQLite source), observe nodes (and remediate where
     asked), and pass every interval while this replica holds the Lease, until SIGTERM or Ctrl-C."""
     from prometheus_client import start_http_server
@@ -267,7 +276,7 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     return 0
 
 
-def _lease_for_one_pass(elector: Any, settings: Settings) -> bool:
+def _lease_for_one_pass(elector: LeaseElector, settings: Settings) -> bool:
     """The Lease for one pass that writes: a holder that is gone shows as gone only once its
     record has gone unrenewed for a Lease duration on this machine's clock, so wait that long."""
     if elector.try_acquire_or_renew():
@@ -435,7 +444,7 @@ def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _history(settings: Settings, api_client: Any) -> tuple[Any, Any]:
+def _history(settings: Settings, api_client: Any) -> tuple[History, MetricsSampler | None]:
     if settings.prometheus_url:
         from reconcilers.prometheus import PrometheusHistory
 
@@ -467,7 +476,7 @@ def _exit_unfinalized(code: object) -> NoReturn:
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
-def _every(seconds: float, work: Any, name: str) -> None:
+def _every(seconds: float, work: Callable[[], object], name: str) -> None:
     def loop() -> None:
         while True:
             try:

@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from kube.client import one_line
+from kube.leader import LeaseElector
 from kube.metrics_api import MetricsAPI, pod_usage
 from kube.prometheus import (
     NO_OWNER,
@@ -387,7 +388,7 @@ class Leadership:
     never becomes available, so the old leader is never replaced), and a PodDisruptionBudget would
     count one healthy Pod and refuse to let a drain evict the leader."""
 
-    def __init__(self, elector: Any, watch: ClusterWatch, interval: float = 0.5,
+    def __init__(self, elector: LeaseElector, watch: ClusterWatch, interval: float = 0.5,
                  label: Callable[[bool], None] | None = None) -> None:
         self._elector = elector
         self._watch = watch
