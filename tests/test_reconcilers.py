@@ -1683,8 +1683,8 @@ def test_an_api_server_that_refuses_connections_for_a_while_does_not_end_the_ele
 
 def test_a_round_just_run_is_not_run_again_when_the_election_thread_starts(api):
     """``reconcilers run`` takes the first round itself before it starts the thread: one Lease
-    write at start, and the thread's rounds a third of the duration (2 s here) after it."""
-    elector = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "a", 6)
+    write at start, and the thread's rounds a third of the duration (3 s here) after it."""
+    elector = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "a", 9)
 
     def writes() -> int:
         return api.count("POST", "leases") + api.count("PUT", "leases")
