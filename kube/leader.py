@@ -46,7 +46,9 @@ class LeaseElector:
         self._api: Any = client.CoordinationV1Api(api_client)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration = duration
-        self._round = duration / 3  # seconds between rounds, and each API call's deadline
+        self.round_seconds = duration / 3
+        """Seconds between rounds, and each API call's deadline: a standby that polls
+        :meth:`is_leader` at this cadence notices it leads within one round."""
         self._clock = clock
         self._wall = wall
         self._renewed_at: float | None = None
@@ -100,7 +102,7 @@ class LeaseElector:
         while not self.try_acquire_or_renew():
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(min(self._round, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(self.round_seconds, max(0.0, deadline - time.monotonic())))
         return True
 
     def release(self) -> None:
@@ -119,7 +121,7 @@ class LeaseElector:
                 lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1,
                                  "renewTime": format_timestamp(self._wall(), micro=True)}
                 self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
-                                                   _request_timeout=self._round)
+                                                   _request_timeout=self.round_seconds)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             log.warning("lease %s/%s not released (%s): it expires by itself", self.namespace, self.name,
                         type(error).__name__)
@@ -131,13 +133,13 @@ class LeaseElector:
         a start costs one Lease write, not two."""
         def loop() -> None:
             if self._round_at is not None:
-                self._stop.wait(max(0.0, self._round - (self._clock() - self._round_at)))
+                self._stop.wait(max(0.0, self.round_seconds - (self._clock() - self._round_at)))
             while not self._stop.is_set():
                 try:
                     self.try_acquire_or_renew()
                 except Exception:  # e.g. a Lease another program wrote: the next round tries again
                     log.exception("lease %s/%s: election round failed", self.namespace, self.name)
-                self._stop.wait(self._round)
+                self._stop.wait(self.round_seconds)
 
         self._thread = threading.Thread(target=loop, name="lease", daemon=True)
         self._thread.start()
@@ -153,7 +155,7 @@ class LeaseElector:
     def _read(self) -> dict[str, Any] | None:
         try:
             response: Any = self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
-                                                       _request_timeout=self._round)
+                                                       _request_timeout=self.round_seconds)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -170,11 +172,11 @@ class LeaseElector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(0, None)}
         self._api.create_namespaced_lease(self.namespace, body, _preload_content=False,
-                                          _request_timeout=self._round)
+                                          _request_timeout=self.round_seconds)
 
     def _replace(self, lease: dict[str, Any], transitions: int, acquired: bool) -> None:
         spec = lease.get("spec") or {}
         lease["spec"] = self._spec(transitions, None if acquired else spec.get("acquireTime"))
         # The resourceVersion in the body makes a concurrent taker's write fail with 409.
         self._api.replace_namespaced_lease(self.name, self.namespace, lease, _preload_content=False,
-                                           _request_timeout=self._round)
+                                           _request_timeout=self.round_seconds)

@@ -216,7 +216,7 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
                 standing_by = True
                 # Checked every election round, not every interval: the replica a rollout stops
                 # gives the Lease back, and its successor should pass at once, not minutes later.
-                time.sleep(settings.lease_duration_seconds / 3)
+                time.sleep(elector.round_seconds)
                 continue
             standing_by = False
             try:
@@ -281,7 +281,7 @@ def _lease_for_one_pass(elector: LeaseElector, settings: Settings) -> bool:
     record has gone unrenewed for a Lease duration on this machine's clock, so wait that long."""
     if elector.try_acquire_or_renew():
         return True
-    wait = settings.lease_duration_seconds * 4 / 3
+    wait = elector.duration + elector.round_seconds  # unrenewed that long, then one round to see it
     log.info("lease %s/%s is held: waiting up to %.0fs for it to be renewed or let go", settings.namespace,
              settings.lease_name, wait)
     if elector.acquire(wait):
