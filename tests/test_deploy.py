@@ -22,8 +22,8 @@ from webhook.node_pods import NoClusterPods
 from webhook.owners import NoCluster
 
 OVERLAYS = ["base", "overlays/self-signed", "overlays/cert-manager", "monitoring", "network-policies"]
-# The oldest release the README supports, and the newest whose schemas kubernetes-validate ships:
-# a field added after the first or removed by the second fails one of them.
+# 1.33, the release the API double speaks and in-place resize needs, and the newest whose schemas
+# kubernetes-validate ships: a field added after the first or removed by the second fails one.
 KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
 # cert-manager's and Prometheus Operator's; no schema for them ships with kubernetes-validate
 CRD_KINDS = {"Certificate", "Issuer", "PrometheusRule", "PodMonitor"}
