@@ -735,7 +735,8 @@ class Reconciler:
     def _calibrate(self, pools: dict[str, str], stats: dict[str, ResourceStats]) -> None:
         """Calibration: each node's peak predicted at the last pass (its budget quantile) against
         the peak that came since, one batched read; then this pass's predictions are kept. At
-        one sample per pass, an honest estimator is exceeded in about calibration x budget of them."""
+        one sample per pass, where the calibration holds (a window's exceedance over-states what
+        follows by about the calibration), about the budget's share of them is exceeded."""
         now = self.clock()
         if self._predictions:
             since = max(now - min(at for at, _ in self._predictions.values()), 1.0)
