@@ -70,8 +70,9 @@ class ReconcilerMetrics:
                                    ["pool", "resource"], registry=registry)
         self.predictions_exceeded = Counter("oversale_budget_predictions_exceeded",
                                             "Samples above the peak predicted for them; over "
-                                            "oversale_budget_predictions_total it stays near the budget "
-                                            "where the calibration holds (one sample per pass).",
+                                            "oversale_budget_predictions_total: about calibration x budget for usage "
+                                            "as steady as its window, about the budget where the "
+                                            "calibration holds (one sample per pass).",
                                             ["pool", "resource"], registry=registry)
         self.node_utilization = Gauge("oversale_node_real_utilization",
                                       "Node usage over its real allocatable at the remediator's last observation.",

@@ -735,8 +735,9 @@ class Reconciler:
     def _calibrate(self, pools: dict[str, str], stats: dict[str, ResourceStats]) -> None:
         """Calibration: each node's peak predicted at the last pass (its budget quantile) against
         the peak that came since, one batched read; then this pass's predictions are kept. At
-        one sample per pass, where the calibration holds (a window's exceedance over-states what
-        follows by about the calibration), about the budget's share of them is exceeded."""
+        one sample per pass, a node whose usage follows its window exceeds about calibration x
+        budget of them, and about the budget where the calibration's premise holds (a window
+        over-states what follows by about the calibration)."""
         now = self.clock()
         if self._predictions:
             since = max(now - min(at for at, _ in self._predictions.values()), 1.0)

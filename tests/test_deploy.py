@@ -556,27 +556,6 @@ tests:
         values: '0.0005x30 0.004x90'
       - series: 'oversale_hot_time_budget_ratio{pool="general", resource="cpu", pod="r1"}'
         values: '0.001x120'
-      # Calibration, 100 predictions a minute a pool at a budget of 0.1%: "batch" exceeds none for
-      # an hour, then 1 a minute (1%); "steady" 0.15 a minute, 1.5x its budget (the edge of the
-      # goal's band); "small" 2 predictions a minute and one exceeded (0.25%, yet a single burst).
-      - series: 'oversale_hot_time_budget_ratio{pool="batch", resource="cpu", pod="r1"}'
-        values: '0.001x200'
-      - series: 'oversale_budget_predictions_total{pool="batch", resource="cpu", pod="r1"}'
-        values: '0+100x200'
-      - series: 'oversale_budget_predictions_exceeded_total{pool="batch", resource="cpu", pod="r1"}'
-        values: '0x60 0+1x140'
-      - series: 'oversale_hot_time_budget_ratio{pool="steady", resource="cpu", pod="r1"}'
-        values: '0.001x200'
-      - series: 'oversale_budget_predictions_total{pool="steady", resource="cpu", pod="r1"}'
-        values: '0+100x200'
-      - series: 'oversale_budget_predictions_exceeded_total{pool="steady", resource="cpu", pod="r1"}'
-        values: '0+0.15x200'
-      - series: 'oversale_hot_time_budget_ratio{pool="small", resource="cpu", pod="r1"}'
-        values: '0.001x200'
-      - series: 'oversale_budget_predictions_total{pool="small", resource="cpu", pod="r1"}'
-        values: '0+2x200'
-      - series: 'oversale_budget_predictions_exceeded_total{pool="small", resource="cpu", pod="r1"}'
-        values: '0x100 1x100'
       # Expires 14 days and 30 minutes after the test's start; renewed at minute 150 (300 days on).
       - series: 'oversale_tls_certificate_expiry_timestamp_seconds{pod="w1", certificate="serving"}'
         values: '1211400x149 25920000x60'
@@ -591,29 +570,6 @@ tests:
       - series: 'oversale_extender_workload_history_polls_total{pod="e2", result="error"}'
         values: '0x10 0+1x70'
     alert_rule_test:
-      # "batch" passes twice its budget at minute 76 (16 of 7,600) and fires an hour later (80 of
-      # 14,000 by minute 140, 0.56% as increase() extrapolates); "steady" and "small" never do.
-      - eval_time: 130m
-        alertname: OversaleBudgetPredictionsExceeded
-        exp_alerts: []
-      - eval_time: 140m
-        alertname: OversaleBudgetPredictionsExceeded
-        exp_alerts:
-          - exp_labels: {severity: info, pool: batch, resource: cpu}
-            exp_annotations:
-              summary: "Pool batch: 0.5643% of the predicted cpu peaks exceeded over 7 days"
-              description: &optimistic >-
-                More than twice its hot-time budget: the ratios rest on quantiles this pool's history
-                does not keep to. The account backs the pool off once its hot time overspends; to plan
-                on this history instead, run python -m reconcilers plan and re-tune
-                OVERSALE_BUDGET_CALIBRATION with the simulator.tune command its report gives.
-      - eval_time: 190m
-        alertname: OversaleBudgetPredictionsExceeded
-        exp_alerts:
-          - exp_labels: {severity: info, pool: batch, resource: cpu}
-            exp_annotations:
-              summary: "Pool batch: 0.6789% of the predicted cpu peaks exceeded over 7 days"
-              description: *optimistic
       - eval_time: 20m
         alertname: OversaleExtenderHistoryUnreadable
         exp_alerts: []
