@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), one, leader=elector, metrics=metrics)
         if args.dry_run:
             remediator.leader = None
-        elif not _lease_for_one_pass(elector, settings):
+        elif not _lease_for_one_pass(elector):
             return 1
         try:
             rows = remediator.run_pass(dry_run=args.dry_run)
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             reconciler.leader = None
             print(format_table(reconciler.run_pass(dry_run=True)))
             return 0
-        if not _lease_for_one_pass(elector, settings):
+        if not _lease_for_one_pass(elector):
             return 1
         try:
             rows = reconciler.run_pass()
@@ -276,18 +276,18 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
     return 0
 
 
-def _lease_for_one_pass(elector: LeaseElector, settings: Settings) -> bool:
+def _lease_for_one_pass(elector: LeaseElector) -> bool:
     """The Lease for one pass that writes: a holder that is gone shows as gone only once its
     record has gone unrenewed for a Lease duration on this machine's clock, so wait that long."""
     if elector.try_acquire_or_renew():
         return True
     wait = elector.duration + elector.round_seconds  # unrenewed that long, then one round to see it
-    log.info("lease %s/%s is held: waiting up to %.0fs for it to be renewed or let go", settings.namespace,
-             settings.lease_name, wait)
+    log.info("lease %s/%s is held: waiting up to %.0fs for it to be renewed or let go", elector.namespace,
+             elector.name, wait)
     if elector.acquire(wait):
         return True
-    print(f"error: another replica holds the lease {settings.namespace}/{settings.lease_name} (it renewed it "
-          f"within the last {settings.lease_duration_seconds:.0f}s)", file=sys.stderr)
+    print(f"error: another replica holds the lease {elector.namespace}/{elector.name} (it renewed it "
+          f"within the last {elector.duration:.0f}s)", file=sys.stderr)
     return False
 
 
