@@ -55,6 +55,10 @@ class LeaseElector:
         self._seen: tuple[Any, Any] | None = None
         self._seen_at = 0.0
         self._round_at: float | None = None  # when the last round started
+        self.not_leading_because = "no election round yet"
+        """Why the last round left this replica without the Lease, for a one-shot command's error:
+        a 403 (the Role lacks ``leases``) waits out the Lease duration like a live holder does,
+        and must not be reported as one."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -84,22 +88,30 @@ class LeaseElector:
             if error.status == 409:
                 self._lost("another replica won the race")
                 return False
-            log.warning("lease %s/%s: %s", self.namespace, self.name, error.reason)
-            return self.is_leader()
+            return self._failed(f"the API server answered {error.status} {error.reason}")
         except (urllib3.exceptions.HTTPError, OSError) as error:
-            log.warning("lease %s/%s: cannot reach the API server (%s)", self.namespace, self.name,
-                        type(error).__name__)
-            return self.is_leader()
+            return self._failed(f"cannot reach the API server ({type(error).__name__})")
         if self._renewed_at is None:
             log.info("became the leader (lease %s/%s)", self.namespace, self.name)
         self._renewed_at = now
+        self.not_leading_because = ""
         return True
+
+    def elect(self) -> bool:
+        """:meth:`try_acquire_or_renew` that never raises, for every caller that goes on electing:
+        a round that fails in a way not foreseen (an answer that is not a Lease) is logged and
+        the next round tries again, as for an API server that cannot be reached."""
+        try:
+            return self.try_acquire_or_renew()
+        except Exception as error:
+            log.exception("lease %s/%s: election round failed", self.namespace, self.name)
+            return self._failed(f"election round failed ({type(error).__name__}: {error})", logged=True)
 
     def acquire(self, wait: float) -> bool:
         """Rounds until this replica holds the Lease or ``wait`` seconds have passed (a one-shot
         command: a holder that is gone is known gone only after a Lease duration unrenewed)."""
         deadline = time.monotonic() + wait
-        while not self.try_acquire_or_renew():
+        while not self.elect():
             if time.monotonic() >= deadline:
                 return False
             time.sleep(min(self.round_seconds, max(0.0, deadline - time.monotonic())))
@@ -135,10 +147,7 @@ class LeaseElector:
             if self._round_at is not None:
                 self._stop.wait(max(0.0, self.round_seconds - (self._clock() - self._round_at)))
             while not self._stop.is_set():
-                try:
-                    self.try_acquire_or_renew()
-                except Exception:  # e.g. a Lease another program wrote: the next round tries again
-                    log.exception("lease %s/%s: election round failed", self.namespace, self.name)
+                self.elect()
                 self._stop.wait(self.round_seconds)
 
         self._thread = threading.Thread(target=loop, name="lease", daemon=True)
@@ -151,6 +160,16 @@ class LeaseElector:
         if self._renewed_at is not None:
             log.warning("lost the lease (%s): writes stop now", why)
         self._renewed_at = None
+        self.not_leading_because = why
+
+    def _failed(self, why: str, logged: bool = False) -> bool:
+        """A round that reached no verdict: a leader stays one until its last renewal is too old."""
+        if not logged:
+            log.warning("lease %s/%s: %s", self.namespace, self.name, why)
+        leading = self.is_leader()
+        if not leading:
+            self.not_leading_because = why
+        return leading
 
     def _read(self) -> dict[str, Any] | None:
         try:

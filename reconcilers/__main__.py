@@ -193,7 +193,7 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
         # The first election round before the first pass: left to the elector's thread, it lost
         # the race to the loop's first is_leader() (6 starts of 6 in a test), and a replica
         # holding a free Lease made its first pass a whole interval later.
-        elector.try_acquire_or_renew()
+        elector.elect()
         elector.start()
         # The remediator always observes (node utilization and hot-node metrics, which the alerts
         # read); it evicts only with OVERSALE_REMEDIATION=true.
@@ -279,15 +279,15 @@ def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.Arg
 def _lease_for_one_pass(elector: LeaseElector) -> bool:
     """The Lease for one pass that writes: a holder that is gone shows as gone only once its
     record has gone unrenewed for a Lease duration on this machine's clock, so wait that long."""
-    if elector.try_acquire_or_renew():
+    if elector.elect():
         return True
     wait = elector.duration + elector.round_seconds  # unrenewed that long, then one round to see it
     log.info("lease %s/%s is held: waiting up to %.0fs for it to be renewed or let go", elector.namespace,
              elector.name, wait)
     if elector.acquire(wait):
         return True
-    print(f"error: another replica holds the lease {elector.namespace}/{elector.name} (it renewed it "
-          f"within the last {elector.duration:.0f}s)", file=sys.stderr)
+    print(f"error: lease {elector.namespace}/{elector.name} not taken within {wait:.0f}s: "
+          f"{elector.not_leading_because}", file=sys.stderr)
     return False
 
 

@@ -125,6 +125,9 @@ class FakeKubeAPI:
         discovery): a CRD that is not installed, or ``pods/resize`` before Kubernetes 1.33."""
         self.storms: dict[str, list[int]] = {}
         """plural -> [HTTP status, how many more requests get it] (429 with Retry-After, 500...)."""
+        self.garbled: set[str] = set()
+        """Plurals answered 200 with an HTML page, as a proxy in front of the API server answers
+        with its login page: no Kubernetes answer at all."""
         self.cut_watches: set[str] = set()
         """Plurals whose next watch event is sent half-written and the connection dropped."""
         self.recreated: set[tuple[str, str]] = set()
@@ -529,9 +532,17 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             storm = api.storms.get(route[0])
             if storm and storm[1] > 0:
                 storm[1] -= 1
-                reason = {429: "TooManyRequests", 500: "InternalError"}.get(storm[0], "Error")
+                reason = {403: "Forbidden", 429: "TooManyRequests", 500: "InternalError"}.get(storm[0], "Error")
                 self._send(storm[0], _status(storm[0], reason, f"storm: {reason}"),
                            {"Retry-After": "1"} if storm[0] == 429 else None)
+                return None
+            if route[0] in api.garbled:
+                page = b"<html><body>Sign in to continue</body></html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
                 return None
             if route[0] in api.unavailable:
                 self._send(503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the "

@@ -1800,6 +1800,32 @@ def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, p
     assert api.count("PATCH", "deployments") > 0
 
 
+def test_cli_once_says_why_it_did_not_take_the_lease(api, prometheus, tmp_path):
+    """A one-shot command that cannot take the Lease says why: a live holder, or an API server
+    that refuses the Lease (a Role without ``leases``), never the one told as the other."""
+    env = cli_env(api, tmp_path, OVERSALE_PROMETHEUS_URL=prometheus.url, OVERSALE_LEASE_DURATION="2")
+
+    def once() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reconcilers", "once"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    holder = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "replica-b", 2)
+    holder.start()
+    try:
+        assert eventually(holder.is_leader, timeout=10)
+        held = once()
+    finally:
+        holder.release()
+    assert held.returncode == 1, held.stderr
+    assert "error: lease oversale/oversale-reconciler not taken within 3s: held by replica-b" in held.stderr
+    api.storms["leases"] = [403, 1000]
+    refused = once()
+    assert refused.returncode == 1, refused.stderr
+    assert "not taken within 3s: the API server answered 403 Forbidden" in refused.stderr, refused.stderr
+    assert "replica-b" not in refused.stderr.splitlines()[-1]
+    assert api.count("PATCH") == 0, "nothing written without the Lease"
+
+
 def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str) -> tuple[subprocess.Popen, Path]:
     """``python -m reconcilers run`` as replica ``name`` against ``api``, its SQLite history and
     stderr log named after it. The interval is an hour, so any pass a test sees within seconds is
@@ -1846,6 +1872,22 @@ def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api
             stop_process(new)
     finally:
         stop_process(old)
+
+
+def test_run_keeps_electing_through_answers_that_are_no_lease(api, tmp_path):
+    """A proxy in front of the API server answering its login page: no round can read the Lease,
+    ``run``'s first included, and the replica stays up and leads once the answers are Leases."""
+    api.garbled.add("leases")
+    process, log = start_run(api, tmp_path, "run", lease_duration="3")
+    try:
+        assert eventually(lambda: "election round failed" in log.read_text(), timeout=30), log.read_text()
+        time.sleep(2)  # a round more
+        assert process.poll() is None, log.read_text()
+        assert "pass done" not in log.read_text()
+        api.garbled.clear()
+        assert eventually(lambda: "pass done" in log.read_text(), timeout=30), log.read_text()
+    finally:
+        stop_process(process)
 
 
 def test_cli_refuses_bad_settings(tmp_path):
