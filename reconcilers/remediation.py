@@ -16,13 +16,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
 from kube.client import one_line
-from kube.metrics_api import MetricsAPI, pod_usage
+from kube.metrics_api import MetricsAPI, NodeMetrics, pod_usage
 from oversale.node_fit import (
     CsiVolume,
     HostPort,
@@ -42,6 +42,7 @@ from oversale.node_fit import (
 from oversale.placement import (
     NodeHeat,
     NodeUsage,
+    NodeView,
     PodDemand,
     bound_cpus_of,
     held_reservations,
@@ -54,6 +55,7 @@ from oversale.pods import controller_of, scheduled_request
 from oversale.quantity import RESOURCES, format_amount
 from oversale.remediation import (
     HOT_TAINT_EFFECT,
+    Candidate,
     Move,
     Target,
     candidate,
@@ -107,55 +109,72 @@ class Remediator:
         loop tidies even with remediation off, so switching it off leaves no taint behind."""
         now = self.clock()
         try:
-            node_metrics = {m.name: m for m in self.usage.nodes()}
-            usage_of = pod_usage(self.usage.containers())
-            nodes = self.cluster.nodes("")
-            # Every running Pod is held for the pass, packed (reconcilers.cluster.packed), with
-            # what each node's Pods hold (requests, cpusets, other resources, host ports) and each
-            # controller's Ready Pods summed as the list streams by.
-            by_node: dict[str, list[bytes]] = {}
-            held: dict[str, NodeUsage] = {}
-            others: dict[str, dict[str, int]] = {}
-            ports: dict[str, set[HostPort]] = {}
-            nominated: dict[str, list[PodDemand]] = {}
-            ready: dict[tuple[str, str, str], int] = {}
-            for pod in self.cluster.running_pods():
-                if (serving := serving_replica_of(pod)) is not None:
-                    ready[serving] = ready.get(serving, 0) + 1
-                node_name = (pod.get("spec") or {}).get("nodeName")
-                if node_name:
-                    by_node.setdefault(node_name, []).append(packed(pod))
-                    # As the extender holds it: a Pod's exclusive CPUs are charged at the node's
-                    # ratio (cpus x ratio), and a cpuset-seeking Pod needs real cores free.
-                    hold(held.setdefault(node_name, NodeUsage()), {r: scheduled_request(pod, r) for r in RESOURCES},
-                         bound_cpus_of(pod, self.keys))
-                # A Pod nominated to a node (by a preemption, or since Kubernetes 1.35 for a binding
-                # cycle that takes time) will take its room there, and kube-scheduler keeps that room
-                # for it: a replacement sent there could find it taken.
-                holder = node_name or (pod.get("status") or {}).get("nominatedNodeName")
-                if holder and isinstance(holder, str):
-                    if not node_name:
-                        nominated.setdefault(holder, []).append(pod_demand(pod, self.keys))
-                    taken = others.setdefault(holder, {})
-                    for resource, amount in other_requests(pod).items():
-                        taken[resource] = taken.get(resource, 0) + amount
-                    ports.setdefault(holder, set()).update(host_ports(pod))
+            seen = self._observe()
         except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
             # No usage, no evictions: a metrics outage must never move Pods.
             log.warning("remediation pass skipped: cannot read usage or the cluster (%s)",
                         f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__)
             self.metrics.skips.labels("remediation-no-usage").inc()
             return []
+        nodes = seen.nodes
         self._forget({n["metadata"]["name"] for n in nodes}, now)
         views = {n["metadata"]["name"]: node_view(n, self.keys, watermarks=self.settings.load.watermarks)
                  for n in nodes}
-        # Nominated Pods keep their room as the extender keeps it (``with_nominated``).
-        requested = {name: with_nominated(views[name], held.get(name, NodeUsage()), nominated[name])
-                     if name in nominated else held.get(name, NodeUsage()) for name in views}
-        fresh = {name: m for name, m in node_metrics.items()
+        fresh = {name: m for name, m in seen.node_metrics.items()
                  if name in views and now - m.at <= self.settings.metrics_max_age_seconds}
-        # The extender's windows (5-minute average, 1-hour maximum) over what this remediator has
-        # observed: a target must stay under its scheduling watermarks by both.
+        targets = self._targets(seen, views, self._heats(fresh, now))
+        if not dry_run:
+            self._drop_spent_reservations(views, seen.by_node, now)
+        if tidy is None:
+            tidy = not dry_run
+        if tidy:
+            for node in nodes:
+                if hot_taint_expired((node.get("spec") or {}).get("taints") or (), self.keys.hot_taint, now):
+                    self._set_hot_taint(node["metadata"]["name"], None)
+        state = _Pass(seen, views, targets, dry_run, now, self.config.max_per_pass)
+        try:
+            for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+                if self._in_scope(node):
+                    self._remediate_node(node, fresh.get(node["metadata"]["name"]), state)
+        except NotLeader:
+            log.warning("lease lost during the remediation pass: stopped evicting")
+        # Only nodes observed now: a node deleted, or without fresh metrics, has no utilization.
+        self.metrics.report(self.metrics.node_utilization, "remediator", state.utilization)
+        self.metrics.hot_nodes.set(state.hot_nodes)
+        return state.rows
+
+    def _observe(self) -> _Observed:
+        """Usage, nodes and every running Pod, held for the pass packed (reconcilers.cluster.packed),
+        with what each node's Pods hold (requests, cpusets, other resources, host ports) and each
+        controller's Ready Pods summed as the list streams by."""
+        seen = _Observed({m.name: m for m in self.usage.nodes()}, pod_usage(self.usage.containers()),
+                         self.cluster.nodes(""))
+        for pod in self.cluster.running_pods():
+            if (serving := serving_replica_of(pod)) is not None:
+                seen.ready[serving] = seen.ready.get(serving, 0) + 1
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            if node_name:
+                seen.by_node.setdefault(node_name, []).append(packed(pod))
+                # As the extender holds it: a Pod's exclusive CPUs are charged at the node's
+                # ratio (cpus x ratio), and a cpuset-seeking Pod needs real cores free.
+                hold(seen.held.setdefault(node_name, NodeUsage()), {r: scheduled_request(pod, r) for r in RESOURCES},
+                     bound_cpus_of(pod, self.keys))
+            # A Pod nominated to a node (by a preemption, or since Kubernetes 1.35 for a binding
+            # cycle that takes time) will take its room there, and kube-scheduler keeps that room
+            # for it: a replacement sent there could find it taken.
+            holder = node_name or (pod.get("status") or {}).get("nominatedNodeName")
+            if holder and isinstance(holder, str):
+                if not node_name:
+                    seen.nominated.setdefault(holder, []).append(pod_demand(pod, self.keys))
+                taken = seen.others.setdefault(holder, {})
+                for resource, amount in other_requests(pod).items():
+                    taken[resource] = taken.get(resource, 0) + amount
+                seen.ports.setdefault(holder, set()).update(host_ports(pod))
+        return seen
+
+    def _heats(self, fresh: dict[str, NodeMetrics], now: float) -> dict[str, NodeHeat]:
+        """The extender's windows (5-minute average, 1-hour maximum) over what this remediator has
+        observed: a target must stay under its scheduling watermarks by both."""
         load_config = self.settings.load
         for name, m in fresh.items():
             window = self.samples.setdefault(name, deque())
@@ -163,141 +182,134 @@ class Remediator:
                 window.append(Sample(m.at, m.cpu, m.memory))
             while window and window[0].at <= m.at - load_config.peak_seconds:
                 window.popleft()
-        heats = {name: NodeHeat(node_load(list(self.samples[name]), load_config), now) for name in fresh}
-        # Every node a Pod could move to, as this pass leaves it: a move takes its room before the
-        # next hot node plans, so two hot nodes never both count on the same free room.
-        # kube-scheduler will hold the replacement to the Pod's nodeSelector, node affinity,
-        # tolerations and volumes: a target its labels or taints rule out is no target.
+        return {name: NodeHeat(node_load(list(self.samples[name]), load_config), now) for name in fresh}
+
+    def _targets(self, seen: _Observed, views: dict[str, NodeView], heats: dict[str, NodeHeat]) -> dict[str, Target]:
+        """Every node a Pod could move to, as this pass leaves it: a move takes its room before the
+        next hot node plans, so two hot nodes never both count on the same free room.
+        kube-scheduler will hold the replacement to the Pod's nodeSelector, node affinity,
+        tolerations and volumes: a target its labels or taints rule out is no target."""
         targets: dict[str, Target] = {}
-        for node in filter(_schedulable, nodes):
+        for node in filter(_schedulable, seen.nodes):
             name = node["metadata"]["name"]
-            targets[name] = Target(views[name], requested[name], heats.get(name), node["metadata"].get("labels") or {},
+            held = seen.held.get(name, NodeUsage())
+            # Nominated Pods keep their room as the extender keeps it (``with_nominated``).
+            requested = with_nominated(views[name], held, seen.nominated[name]) if name in seen.nominated else held
+            targets[name] = Target(views[name], requested, heats.get(name), node["metadata"].get("labels") or {},
                                    tuple((node.get("spec") or {}).get("taints") or ()),
                                    free_resources((node.get("status") or {}).get("allocatable") or {},
-                                                  others.get(name, {})),
-                                   frozenset(ports.get(name, ())))
+                                                  seen.others.get(name, {})),
+                                   frozenset(seen.ports.get(name, ())))
+        return targets
 
-        if not dry_run:
-            self._drop_spent_reservations(views, by_node, now)
-        if tidy is None:
-            tidy = not dry_run
-        if tidy:
-            for node in nodes:
-                if hot_taint_expired((node.get("spec") or {}).get("taints") or (), self.keys.hot_taint, now):
-                    self._set_hot_taint(node["metadata"]["name"], None)
-        rows: list[Row] = []
-        budget = self.config.max_per_pass
-        per_namespace: dict[str, int] = {}
-        hot_nodes = 0
-        neighbours: Neighbours | None = None
-        volume_room: bool | None = None  # CSI volume limits: read once a pass, when a Pod needs them
-        utilization: dict[tuple[str, ...], float] = {}
-        try:
-            for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
-                name = node["metadata"]["name"]
-                if not self._in_scope(node):
+    def _remediate_node(self, node: dict[str, Any], reading: NodeMetrics | None, state: _Pass) -> None:
+        """Observe one node (its utilization, its hot streak) and, once it has been hot long
+        enough and no cooldown or eviction budget stops it, plan the moves that cool it and carry
+        them out (unless a dry run)."""
+        name, metadata = node["metadata"]["name"], node["metadata"]
+        watermarks, problems = runtime_watermarks_for(metadata.get("labels"), metadata.get("annotations"),
+                                                      self.keys, self.config.watermarks)
+        for problem in problems:
+            log.warning("Node/%s: %s", name, problem)
+        real = state.views[name].real
+        observed = {"cpu": float(reading.cpu), "memory": float(reading.memory)} if reading else {}
+        for resource, used in observed.items():
+            if real.get(resource):
+                state.utilization[(name, resource)] = used / real[resource]
+        over = excess(observed, real, watermarks) if reading else {}
+        # A node without fresh metrics is not observed: its streak starts over.
+        self.streaks[name] = next_streak(self.streaks.get(name, 0), bool(over))
+        streak = self.streaks[name]
+        if streak >= self.config.observations:
+            state.hot_nodes += 1
+        if not over:
+            return
+        why = hot_reason(observed, real, watermarks) or ""
+        object_name, now = f"Node/{name}", state.now
+        if streak < self.config.observations:
+            state.rows.append(Row(object_name, "*", "", "", "", f"hot {streak}/{self.config.observations}: {why}"))
+            return
+        if self.node_cooldown.get(name, 0) > now:
+            state.rows.append(Row(object_name, "*", "", "", "", f"hot, cooling down after an eviction "
+                                  f"({self.node_cooldown[name] - now:.0f}s left): {why}"))
+            return
+        if state.evictions_left <= 0:
+            state.rows.append(Row(object_name, "*", "", "", "", f"hot, over {self.config.max_per_pass} evictions "
+                                  "this pass: next pass"))
+            return
+        candidates = self._candidates(name, state)
+        if state.neighbours is None:
+            # Every running Pod as inter-Pod affinity reads it, once a pass, and only once a
+            # node has something to plan.
+            seen = state.seen
+            labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in seen.nodes}
+            state.neighbours = Neighbours(labels,
+                                          [placed_pod(unpacked(p)) for pods in seen.by_node.values() for p in pods],
+                                          self._namespace_labels())
+        room = {c.namespace: self.config.max_per_namespace - state.per_namespace.get(c.namespace, 0)
+                for c in candidates}
+        plan = plan_moves(over, candidates, [t for other, t in state.targets.items() if other != name],
+                          self.settings.load, min(self.config.max_per_node, state.evictions_left), state.neighbours,
+                          room)
+        for kept, reason in plan.kept:
+            state.rows.append(Row(f"Pod/{kept.name}", "*", name, "", "", f"not moved: {reason}"))
+        if not plan.moves:
+            state.rows.append(Row(object_name, "*", "", "", "", f"hot: {why}; nothing can move "
+                                  f"({len(candidates)} candidates)"))
+            return
+        for move in plan.moves:
+            done = False if state.dry_run else self._move(node, move, now)
+            state.rows.append(Row(f"Pod/{move.pod.name}", "*", name, move.target, "",
+                                  f"evict from hot {name} ({why}); {move.reason}", done))
+            if state.dry_run or done:
+                state.targets[move.target] = state.targets[move.target].taking(move.pod)
+                state.neighbours.place(replacement(move.pod.constraints, move.target))
+                state.evictions_left -= 1
+                state.per_namespace[move.pod.namespace] = state.per_namespace.get(move.pod.namespace, 0) + 1
+            if done:
+                self.node_cooldown[name] = now + self.config.node_cooldown_seconds
+                self.workload_cooldown[move.pod.workload] = now + self.config.workload_cooldown_seconds
+                self.streaks[name] = 0
+
+    def _candidates(self, name: str, state: _Pass) -> list[Candidate]:
+        """The Pods on a hot node that may move, each with its usage, volumes and workload; every
+        other Pod gets a row saying why it stays."""
+        candidates = []
+        now = state.now
+        for pod in map(unpacked, state.seen.by_node.get(name, [])):
+            pod_name = f"{pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
+            owner = controller_of(pod["metadata"])
+            replicas = state.seen.ready.get((pod["metadata"].get("namespace", ""), *owner), 0) if owner else None
+            excluded = eviction_exclusion(pod, self.keys, now, self.config.min_pod_age_seconds, replicas,
+                                          self.config.min_replicas)
+            usage = state.seen.usage_of.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
+            if excluded is None and usage is None:
+                excluded = "no PodMetrics (its usage is unknown)"
+            volumes: tuple[VolumeAffinity, ...] = ()
+            attachable: tuple[CsiVolume, ...] = ()
+            if excluded is None:
+                try:
+                    volumes, attachable = self._volumes(pod)
+                except Exception as error:  # noqa: BLE001  -- any API trouble: the Pod stays
+                    excluded = f"its volumes could not be read ({one_line(error)})"
+            if excluded is None and attachable and state.volume_room is None:
+                state.volume_room = self._volume_room(state.targets)
+            if excluded is None and attachable and state.volume_room is False:
+                excluded = "the CSI volume limits of other nodes could not be read this pass"
+            if excluded is None:
+                found = candidate(pod, pod_demand(pod, self.keys), usage or {}, volumes, attachable)
+                if self.workload_cooldown.get(found.workload, 0) > now:
+                    excluded = f"workload {found.workload} moved recently (cooling down)"
+                elif state.per_namespace.get(found.namespace, 0) >= self.config.max_per_namespace:
+                    excluded = f"over {self.config.max_per_namespace} evictions in {found.namespace} this pass"
+                else:
+                    candidates.append(found)
                     continue
-                metadata = node["metadata"]
-                watermarks, problems = runtime_watermarks_for(metadata.get("labels"), metadata.get("annotations"),
-                                                              self.keys, self.config.watermarks)
-                for problem in problems:
-                    log.warning("Node/%s: %s", name, problem)
-                reading = fresh.get(name)
-                real = views[name].real
-                observed = {"cpu": float(reading.cpu), "memory": float(reading.memory)} if reading else {}
-                for resource, used in observed.items():
-                    if real.get(resource):
-                        utilization[(name, resource)] = used / real[resource]
-                over = excess(observed, real, watermarks) if reading else {}
-                # A node without fresh metrics is not observed: its streak starts over.
-                self.streaks[name] = next_streak(self.streaks.get(name, 0), bool(over))
-                streak = self.streaks[name]
-                if streak >= self.config.observations:
-                    hot_nodes += 1
-                if not over:
-                    continue
-                why = hot_reason(observed, real, watermarks) or ""
-                object_name = f"Node/{name}"
-                if streak < self.config.observations:
-                    rows.append(Row(object_name, "*", "", "", "", f"hot {streak}/{self.config.observations}: {why}"))
-                    continue
-                if self.node_cooldown.get(name, 0) > now:
-                    rows.append(Row(object_name, "*", "", "", "", f"hot, cooling down after an eviction "
-                                    f"({self.node_cooldown[name] - now:.0f}s left): {why}"))
-                    continue
-                if budget <= 0:
-                    rows.append(Row(object_name, "*", "", "", "", f"hot, over {self.config.max_per_pass} evictions "
-                                    "this pass: next pass"))
-                    continue
-                candidates = []
-                for pod in map(unpacked, by_node.get(name, [])):
-                    pod_name = f"{pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
-                    owner = controller_of(pod["metadata"])
-                    replicas = ready.get((pod["metadata"].get("namespace", ""), *owner), 0) if owner else None
-                    excluded = eviction_exclusion(pod, self.keys, now, self.config.min_pod_age_seconds, replicas,
-                                                  self.config.min_replicas)
-                    usage = usage_of.get((pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))
-                    if excluded is None and usage is None:
-                        excluded = "no PodMetrics (its usage is unknown)"
-                    volumes: tuple[VolumeAffinity, ...] = ()
-                    attachable: tuple[CsiVolume, ...] = ()
-                    if excluded is None:
-                        try:
-                            volumes, attachable = self._volumes(pod)
-                        except Exception as error:  # noqa: BLE001  -- any API trouble: the Pod stays
-                            excluded = f"its volumes could not be read ({one_line(error)})"
-                    if excluded is None and attachable and volume_room is None:
-                        volume_room = self._volume_room(targets)
-                    if excluded is None and attachable and volume_room is False:
-                        excluded = "the CSI volume limits of other nodes could not be read this pass"
-                    if excluded is None:
-                        found = candidate(pod, pod_demand(pod, self.keys), usage or {}, volumes, attachable)
-                        if self.workload_cooldown.get(found.workload, 0) > now:
-                            excluded = f"workload {found.workload} moved recently (cooling down)"
-                        elif per_namespace.get(found.namespace, 0) >= self.config.max_per_namespace:
-                            excluded = f"over {self.config.max_per_namespace} evictions in {found.namespace} this pass"
-                        else:
-                            candidates.append(found)
-                            continue
-                    # A row too: `remediate --dry-run` is where an operator asks why a hot node's
-                    # Pods stay (the long-running loop drops the rows, and logs this at debug).
-                    log.debug("Node/%s: %s kept: %s", name, pod_name, excluded)
-                    rows.append(Row(f"Pod/{pod_name}", "*", name, "", "", f"kept: {excluded}"))
-                if neighbours is None:
-                    # Every running Pod as inter-Pod affinity reads it, once a pass, and only once a
-                    # node has something to plan.
-                    neighbours = Neighbours({n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes},
-                                            [placed_pod(unpacked(p)) for pods in by_node.values() for p in pods],
-                                            self._namespace_labels())
-                room = {c.namespace: self.config.max_per_namespace - per_namespace.get(c.namespace, 0)
-                        for c in candidates}
-                plan = plan_moves(over, candidates, [t for other, t in targets.items() if other != name],
-                                  self.settings.load, min(self.config.max_per_node, budget), neighbours, room)
-                for kept, reason in plan.kept:
-                    rows.append(Row(f"Pod/{kept.name}", "*", name, "", "", f"not moved: {reason}"))
-                if not plan.moves:
-                    rows.append(Row(object_name, "*", "", "", "", f"hot: {why}; nothing can move "
-                                    f"({len(candidates)} candidates)"))
-                    continue
-                for move in plan.moves:
-                    done = False if dry_run else self._move(node, move, now)
-                    rows.append(Row(f"Pod/{move.pod.name}", "*", name, move.target, "",
-                                    f"evict from hot {name} ({why}); {move.reason}", done))
-                    if dry_run or done:
-                        targets[move.target] = targets[move.target].taking(move.pod)
-                        neighbours.place(replacement(move.pod.constraints, move.target))
-                        budget -= 1
-                        per_namespace[move.pod.namespace] = per_namespace.get(move.pod.namespace, 0) + 1
-                    if done:
-                        self.node_cooldown[name] = now + self.config.node_cooldown_seconds
-                        self.workload_cooldown[move.pod.workload] = now + self.config.workload_cooldown_seconds
-                        self.streaks[name] = 0
-        except NotLeader:
-            log.warning("lease lost during the remediation pass: stopped evicting")
-        # Only nodes observed now: a node deleted, or without fresh metrics, has no utilization.
-        self.metrics.report(self.metrics.node_utilization, "remediator", utilization)
-        self.metrics.hot_nodes.set(hot_nodes)
-        return rows
+            # A row too: `remediate --dry-run` is where an operator asks why a hot node's
+            # Pods stay (the long-running loop drops the rows, and logs this at debug).
+            log.debug("Node/%s: %s kept: %s", name, pod_name, excluded)
+            state.rows.append(Row(f"Pod/{pod_name}", "*", name, "", "", f"kept: {excluded}"))
+        return candidates
 
     def _namespace_labels(self) -> dict[str, dict[str, str]] | None:
         """Every namespace's labels, or None when they cannot be read (a term's namespaceSelector
@@ -461,6 +473,48 @@ class Remediator:
             self.cluster.event(obj, reason, message, COMPONENT)
         except ApiException as error:
             log.warning("event %s not written: %s", reason, error.status)
+
+
+@dataclass
+class _Observed:
+    """One pass's reading of the cluster (:meth:`Remediator._observe`)."""
+
+    node_metrics: dict[str, NodeMetrics]
+    usage_of: dict[tuple[str, str], dict[str, float]]
+    """(namespace, Pod) -> its usage (:func:`~kube.metrics_api.pod_usage`)."""
+    nodes: list[dict[str, Any]]
+    by_node: dict[str, list[bytes]] = field(default_factory=dict)
+    """node -> its running Pods, packed."""
+    held: dict[str, NodeUsage] = field(default_factory=dict)
+    """node -> what its Pods request and hold (exclusive CPUs)."""
+    others: dict[str, dict[str, int]] = field(default_factory=dict)
+    """node -> the other resources its Pods, and the Pods nominated to it, request."""
+    ports: dict[str, set[HostPort]] = field(default_factory=dict)
+    nominated: dict[str, list[PodDemand]] = field(default_factory=dict)
+    """node -> the Pods nominated to it and not yet bound."""
+    ready: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    """(namespace, controller kind, name) -> its Ready Pods."""
+
+
+@dataclass
+class _Pass:
+    """What one pass has read, planned and spent so far, node after node: the moves of one hot
+    node take their room, evictions and namespaces' shares before the next one plans."""
+
+    seen: _Observed
+    views: dict[str, NodeView]
+    targets: dict[str, Target]
+    dry_run: bool
+    now: float
+    evictions_left: int
+    per_namespace: dict[str, int] = field(default_factory=dict)
+    neighbours: Neighbours | None = None
+    """Every running Pod as inter-Pod affinity reads it: built once a node has something to plan."""
+    volume_room: bool | None = None
+    """CSI volume limits read (True), unreadable (False), or not yet needed (None)."""
+    rows: list[Row] = field(default_factory=list)
+    utilization: dict[tuple[str, ...], float] = field(default_factory=dict)
+    hot_nodes: int = 0
 
 
 def _schedulable(node: dict[str, Any]) -> bool:
