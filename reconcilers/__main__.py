@@ -304,16 +304,11 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     from reconcilers.history import HistoryUnavailable
     from reconcilers.plan import (
         PlanError,
-        by_pool,
-        node_bound_share,
-        node_bound_text,
-        oversold_text,
+        export_pools,
         per_namespace,
         placement_curves,
-        pool_size,
         ratios_set,
         read_cluster_history,
-        write_export,
         write_plan,
     )
     from reconcilers.prometheus import PrometheusHistory
@@ -348,38 +343,12 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                                        rescale_hpa=settings.rescale_hpa, peaks=args.peaks)
     except (PlanError, HistoryUnavailable) as error:
         raise CliError(str(error)) from None
-    exports = {}
-    for pool, pods in sorted(by_pool(history).items()):
-        allocatable = pool_size(history, pool)
-        if allocatable is None:
-            _log(f"pool {pool}: no node size in kube_node_status_allocatable: skipped")
-            continue
-        bound = node_bound_share(history, pool)
-        size = (allocatable[0] - bound[0], allocatable[1] - bound[1])
-        if size[0] <= 0 or size[1] <= 0:
-            _log(f"pool {pool}: {node_bound_text(bound)}, all of its nodes' {allocatable[0]:g} cores or "
-                 f"{allocatable[1] / 2**30:g} GiB: skipped")
-            continue
-        folder = args.out / pool
-        folder.mkdir(parents=True, exist_ok=True)
-        export = folder / "history.csv.gz"
-        peaks_export = folder / "peaks.csv.gz" if args.peaks else None
-        rows_written = write_export(history, pods, export, peaks_export)
-        for pod in pods:
-            pod.series.clear()  # in the export now, which the replay reads: not held twice
-        oversold = sum(history.node_pools.get(node, "default") == pool for node in history.oversold)
-        restored = sum((pod.namespace, pod.pod) in history.restored for pod in pods)
-        exports[pool] = (folder, export, peaks_export, allocatable, bound, size, len(pods), oversold, restored)
-        held = f" ({node_bound_text(bound)})" if any(bound) else ""
-        _log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {allocatable[0]:g} cores{held}"
-             + (f"; {oversold_text(oversold)}" if oversold else ""))
     entries = {}
-    for pool, (folder, export, peaks_export, allocatable, bound, size, pods_in_pool, oversold,
-               restored) in exports.items():
+    for pool, pooled in export_pools(history, args.out, args.peaks, _log).items():
         try:
-            workloads = read_trace(export, "generic")
-            if peaks_export is not None:
-                _log(f"pool {pool}: " + attach_peaks(workloads, read_trace(peaks_export, "generic", peaks=True)))
+            workloads = read_trace(pooled.export, "generic")
+            if pooled.peaks_export is not None:
+                _log(f"pool {pool}: " + attach_peaks(workloads, read_trace(pooled.peaks_export, "generic", peaks=True)))
         except TraceError as error:
             raise CliError(f"pool {pool}: {error}") from None
         # Prometheus may hold fewer days than asked (its retention: 15 by default, often set lower),
@@ -396,7 +365,7 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
         replayed = min(held_days, int(args.days)) - args.warmup_days
         # The windows the live reconcilers would read; the first replayed days hold less, as a
         # cluster's first weeks under the reconcilers do.
-        config = Config(size[0], int(size[1]), args.warmup_days, _days(settings.history_window_seconds),
+        config = Config(pooled.size[0], int(pooled.size[1]), args.warmup_days, _days(settings.history_window_seconds),
                         replayed // 2, request_window_days=_days(settings.compression_window_seconds))
 
         def replayed_systems() -> list[System]:
@@ -409,18 +378,19 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
             placed = other_placements(workloads, config, replayed_systems, placements, _log)
         except TraceError as error:
             raise CliError(f"pool {pool}: {error}") from None
-        data = write_report(folder, summary(result, systems), result, export, config, placed)
+        data = write_report(pooled.folder, summary(result, systems), result, pooled.export, config, placed)
         ours = result.last_day[OURS]
         # The tuner on this pool as it was just replayed (same nodes, warm-up, window and holdout).
-        retune = ["python", "-m", "simulator.tune", "--trace", str(export), "--node-cores", f"{size[0]:g}",
-                  "--node-memory", str(int(size[1])), "--warmup-days", str(config.warmup_days),
-                  "--window-days", str(config.window_days), "--request-window-days", str(config.request_window_days),
-                  "--holdout-days", str(config.holdout_days)]
+        retune = ["python", "-m", "simulator.tune", "--trace", str(pooled.export), "--node-cores",
+                  f"{pooled.size[0]:g}", "--node-memory", str(int(pooled.size[1])),
+                  "--warmup-days", str(config.warmup_days), "--window-days", str(config.window_days),
+                  "--request-window-days", str(config.request_window_days), "--holdout-days", str(config.holdout_days)]
         if placements > 1:  # the tuner then scores each candidate on as many placements as the plan drew
             retune += ["--placements", str(placements)]
-        entries[pool] = {"pods": pods_in_pool, "node_cores": allocatable[0], "node_memory_bytes": allocatable[1],
-                         "node_bound_cores": bound[0], "node_bound_memory_bytes": bound[1],
-                         "oversold_nodes": oversold, "original_requests_pods": restored, "history_days": held_days,
+        entries[pool] = {"pods": pooled.pods, "node_cores": pooled.allocatable[0],
+                         "node_memory_bytes": pooled.allocatable[1], "node_bound_cores": pooled.bound[0],
+                         "node_bound_memory_bytes": pooled.bound[1], "oversold_nodes": pooled.oversold,
+                         "original_requests_pods": pooled.restored, "history_days": held_days,
                          "summary": data,
                          "retune": shlex.join(retune),
                          "namespaces": per_namespace(ours), "ratios": ratios_set(ours),

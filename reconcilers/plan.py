@@ -645,6 +645,60 @@ NODE_BOUND_OWNERS = ("DaemonSet/", "Node/")
 a static Pod's mirror (kube-state-metrics names its node as its owner)."""
 
 
+@dataclass
+class PoolExport:
+    """One node pool's history written as a generic trace for the replay (:func:`export_pools`)."""
+
+    folder: Path
+    export: Path
+    peaks_export: Path | None
+    allocatable: tuple[float, float]
+    """A node's cores and memory bytes."""
+    bound: tuple[float, float]
+    """What Pods bound to their node (DaemonSets, static Pods) take of it (:func:`node_bound_share`)."""
+    size: tuple[float, float]
+    """The node the replay packs: ``allocatable`` less ``bound``."""
+    pods: int
+    oversold: int
+    """Nodes of the pool oversold when the history was read (their allocatable restored)."""
+    restored: int
+    """Pods whose requests were read from the record annotation (compressed when read)."""
+
+
+def export_pools(history: ClusterHistory, out: Path, peaks: bool, log: Callable[[str], None]) -> dict[str, PoolExport]:
+    """Write each pool's Pods to ``out/POOL/history.csv.gz`` (and ``peaks.csv.gz``), each line
+    said in ``log``; a pool with no known node size, or whose nodes' Pods bound to them take it
+    all, is skipped with the reason. The Pods' series are cleared once written: the replay reads
+    the export, and a cluster's fortnight is not held twice."""
+    exports = {}
+    for pool, pods in sorted(by_pool(history).items()):
+        allocatable = pool_size(history, pool)
+        if allocatable is None:
+            log(f"pool {pool}: no node size in kube_node_status_allocatable: skipped")
+            continue
+        bound = node_bound_share(history, pool)
+        size = (allocatable[0] - bound[0], allocatable[1] - bound[1])
+        if size[0] <= 0 or size[1] <= 0:
+            log(f"pool {pool}: {node_bound_text(bound)}, all of its nodes' {allocatable[0]:g} cores or "
+                f"{allocatable[1] / 2**30:g} GiB: skipped")
+            continue
+        folder = out / pool
+        folder.mkdir(parents=True, exist_ok=True)
+        export = folder / "history.csv.gz"
+        peaks_export = folder / "peaks.csv.gz" if peaks else None
+        rows_written = write_export(history, pods, export, peaks_export)
+        for pod in pods:
+            pod.series.clear()
+        oversold = sum(history.node_pools.get(node, "default") == pool for node in history.oversold)
+        restored = sum((pod.namespace, pod.pod) in history.restored for pod in pods)
+        exports[pool] = PoolExport(folder, export, peaks_export, allocatable, bound, size, len(pods), oversold,
+                                   restored)
+        held = f" ({node_bound_text(bound)})" if any(bound) else ""
+        log(f"pool {pool}: {len(pods)} Pods, {rows_written:,} samples, nodes of {allocatable[0]:g} cores{held}"
+            + (f"; {oversold_text(oversold)}" if oversold else ""))
+    return exports
+
+
 def by_pool(history: ClusterHistory) -> dict[str, list[PodHistory]]:
     """The Pods each node pool ran, but those bound to their node (:func:`node_bound_share`)."""
     pools: dict[str, list[PodHistory]] = {}

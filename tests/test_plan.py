@@ -15,12 +15,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kube.prometheus import PrometheusAPI
+from reconcilers.plan import ClusterHistory, PodHistory, export_pools
 from tests.conftest import ROOT, free_port
 from tests.prometheus_server import (
     Family,
@@ -704,6 +706,36 @@ def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_
         "replayed on what the agents leave of each node"
     assert "DaemonSet and static Pods hold 1.8 cpu and 1.75 GiB of each node" in \
         (tmp_path / "plan" / "plan.md").read_text()
+
+
+def test_a_pool_with_no_node_size_or_no_room_beside_its_daemonsets_is_skipped_with_the_reason(tmp_path):
+    """A pool whose nodes kube-state-metrics gives no allocatable for, or whose DaemonSets hold all
+    of a node, cannot be replayed: it is left out with one line saying why, and the others are
+    exported as usual."""
+    day = array("d", [index * STEP for index in range(288)])
+
+    def pod(namespace: str, name: str, owner: str, node: str, cores: float) -> PodHistory:
+        flat = {key: (day, array("d", [value] * len(day))) for key, value in
+                (("cpu_request", cores), ("cpu_usage", cores / 2), ("memory_request", 2**30),
+                 ("memory_usage", 2**29))}
+        return PodHistory(namespace, name, owner, node, series=flat)
+
+    pods = [pod("shop", "web-1", "Deployment/web", "node-a", 1.0),
+            pod("shop", "api-1", "Deployment/api", "node-x", 1.0),
+            pod("kube-system", "agent-b", "DaemonSet/agent", "node-b", 4.0),
+            pod("shop", "db-0", "StatefulSet/db", "node-b", 1.0)]
+    history = ClusterHistory({(p.namespace, p.pod): p for p in pods},
+                             node_sizes={"node-a": (8.0, 32 * 2**30), "node-b": (4.0, 16 * 2**30)},
+                             node_pools={"node-a": "big", "node-b": "small", "node-x": "unsized"})
+    said: list[str] = []
+    exports = export_pools(history, tmp_path, peaks=False, log=said.append)
+    assert list(exports) == ["big"]
+    assert exports["big"].size == (8.0, 32 * 2**30) and exports["big"].pods == 1
+    assert exports["big"].export.is_file() and not pods[0].series, "written, then no longer held"
+    assert "pool unsized: no node size in kube_node_status_allocatable: skipped" in said
+    assert "pool small: DaemonSet and static Pods hold 4 cpu and 1 GiB of each node, all of its nodes' 4 cores " \
+        "or 16 GiB: skipped" in said
+    assert not (tmp_path / "small").exists() and not (tmp_path / "unsized").exists()
 
 
 def test_nodes_already_oversold_are_planned_at_their_real_size(tmp_path):
