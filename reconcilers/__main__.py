@@ -30,9 +30,7 @@ import signal
 import socket
 import sqlite3
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -172,6 +170,7 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
     asked), and pass every interval while this replica holds the Lease, until SIGTERM or Ctrl-C."""
     from prometheus_client import start_http_server
 
+    from kube.background import run_every
     from kube.metrics_api import MetricsAPI
     from reconcilers.cluster import Cluster
     from reconcilers.remediation import Remediator
@@ -184,7 +183,7 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
             if sampler.window is not None:
                 metrics.usage_window.set(sampler.window)
 
-        _every(settings.sample_interval_seconds / settings.sample_reads, sample, "sampler")
+        run_every(settings.sample_interval_seconds / settings.sample_reads, sample, "sampler", log)
     # A rollout's SIGTERM: leave through SystemExit, wherever the main thread is, so the Lease is
     # given back and the next replica writes at its next round, not a Lease duration later.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
@@ -198,8 +197,8 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
         # The remediator always observes (node utilization and hot-node metrics, which the alerts
         # read); it evicts only with OVERSALE_REMEDIATION=true.
         remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
-        _every(settings.remediation_interval_seconds, lambda: remediator.run_pass(
-            dry_run=not settings.remediation, tidy=True) if elector.is_leader() else None, "remediator")
+        run_every(settings.remediation_interval_seconds, lambda: remediator.run_pass(
+            dry_run=not settings.remediation, tidy=True) if elector.is_leader() else None, "remediator", log)
         log.info("observing nodes every %.0fs (%s)", settings.remediation_interval_seconds,
                  "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")
         log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
@@ -444,18 +443,6 @@ def _exit_unfinalized(code: object) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
-
-
-def _every(seconds: float, work: Callable[[], object], name: str) -> None:
-    def loop() -> None:
-        while True:
-            try:
-                work()
-            except Exception:  # sampling resumes at the next interval
-                logging.getLogger("reconcilers").exception("%s failed", name)
-            time.sleep(seconds)
-
-    threading.Thread(target=loop, name=name, daemon=True).start()
 
 
 if __name__ == "__main__":

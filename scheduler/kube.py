@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -13,6 +12,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kube.background import run_every
 from kube.client import one_line
 from kube.leader import LeaseElector
 from kube.metrics_api import MetricsAPI, pod_usage
@@ -227,7 +227,7 @@ class UsagePoller:
         return counts
 
     def start(self) -> None:
-        _poll_forever(self.poll_once, self._interval, "usage-poller")
+        run_every(self._interval, self.poll_once, "usage-poller", log)
 
 
 class _PrometheusPoller:
@@ -281,7 +281,7 @@ class _PrometheusPoller:
         return True
 
     def start(self) -> None:
-        _poll_forever(self.poll_once, self._interval, self.name)
+        run_every(self._interval, self.poll_once, self.name, log)
 
 
 class HistoryPeakPoller(_PrometheusPoller):
@@ -362,21 +362,6 @@ class WorkloadHistoryPoller(_PrometheusPoller):
                            if key in workloads), now)
 
 
-def _poll_forever(poll: Callable[[], bool], interval: float, name: str) -> None:
-    """``poll`` now and every ``interval`` seconds after, on a daemon thread. A poll reports its
-    own failures; anything it did not foresee is logged here, since a poller thread that died
-    would leave the extender on its last figures with nothing said."""
-    def loop() -> None:
-        while True:
-            try:
-                poll()
-            except Exception:
-                log.exception("%s: poll failed; trying again in %.0fs", name, interval)
-            time.sleep(interval)
-
-    threading.Thread(target=loop, name=name, daemon=True).start()
-
-
 class Leadership:
     """Active/standby over a Lease: this replica serves (binds) only while it holds the Lease, and
     only after listing Nodes and Pods again once it took it, so a CPU its predecessor handed out is
@@ -437,13 +422,4 @@ class Leadership:
 
     def start(self) -> None:
         self._elector.start()
-
-        def loop() -> None:
-            while True:
-                try:
-                    self.check()
-                except Exception:
-                    log.exception("leadership check failed")
-                time.sleep(self._interval)
-
-        threading.Thread(target=loop, name="leadership", daemon=True).start()
+        run_every(self._interval, self.check, "leadership", log)

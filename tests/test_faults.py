@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import signal
 import ssl
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kube.background import run_every
 from kube.prometheus import PrometheusAPI, PrometheusUnavailable
 from oversale.annotations import AnnotationKeys
 from oversale.settings import Settings
@@ -228,3 +230,26 @@ def test_a_worker_killed_under_load_costs_no_5xx(webhook_no_cluster):
     assert eventually(lambda: len(subprocess.run(["pgrep", "-P", str(server.process.pid)], capture_output=True,
                                                  text=True).stdout.split()) == len(workers)), "worker replaced"
     assert server.get("/healthz")[0] == 200
+
+
+def test_background_work_outlives_a_failure_it_did_not_foresee(caplog):
+    """The sampler, the remediator, the extender's pollers and its leadership check run on
+    daemon threads: one that died on an unforeseen error would leave the process on its last
+    figures with nothing said. The failure is logged by name and the next run goes ahead."""
+    runs: list[float] = []
+    parked = threading.Event()  # never set: once seen, the work waits out the rest of the suite
+
+    def work() -> None:
+        if len(runs) >= 3:
+            parked.wait()
+        runs.append(time.monotonic())
+        if len(runs) == 1:
+            raise KeyError("an answer of a shape nobody foresaw")
+
+    with caplog.at_level("ERROR", logger="tests.background"):
+        thread = run_every(0.05, work, "usage-poller", logging.getLogger("tests.background"))
+        assert eventually(lambda: len(runs) >= 3, timeout=10), "runs again after the failure"
+    assert thread.daemon and thread.name == "usage-poller" and thread.is_alive()
+    failures = [r for r in caplog.records if r.name == "tests.background"]
+    assert len(failures) == 1 and failures[0].getMessage() == "usage-poller failed; trying again in 0.05s"
+    assert failures[0].exc_info is not None, "with the traceback"
