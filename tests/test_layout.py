@@ -4,6 +4,7 @@ plumbing lives in ``kube/``)."""
 from __future__ import annotations
 
 import ast
+import re
 
 import pytest
 
@@ -38,3 +39,29 @@ def test_adapters_never_import_each_other(adapter):
     others = set(ADAPTERS) - {adapter}
     for path, names in imported(adapter).items():
         assert not names & others, f"{path} imports {sorted(names & others)}: move the shared part to kube/"
+
+
+def test_the_policy_map_names_functions_that_exist_where_they_are_called():
+    """docs/architecture.md's "Changing a policy" is where a maintainer starts: every core
+    function it names is defined in that ``oversale/`` module, every caller it names calls one of
+    its row's functions, and every test file it names exists. A rename that leaves the map
+    behind fails here."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Changing a policy", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines()
+            if line.startswith("| ") and "`" in line and not line.startswith("| decision")]
+    assert len(rows) >= 8, "the map's rows"
+    for decision, core, live, replay, tests in rows:
+        qualified = re.findall(r"`(\w+)\.(\w+)`", core)
+        assert qualified, f"{decision}: no oversale function named"
+        names = {name for _, name in qualified}
+        for module, name in qualified:
+            tree = ast.parse((ROOT / "oversale" / f"{module}.py").read_text())
+            defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+            assert name in defined, f"{decision}: oversale/{module}.py defines no {name}"
+        for caller in re.findall(r"`(\w+/\w+\.py)`", live + replay):
+            source = (ROOT / caller).read_text()
+            assert any(re.search(rf"\b{name}\b", source) for name in names), \
+                f"{decision}: {caller} uses none of {sorted(names)}"
+        for test in re.findall(r"`(test_\w+\.py)`", tests):
+            assert (ROOT / "tests" / test).is_file(), f"{decision}: no tests/{test}"
