@@ -281,8 +281,8 @@ def _lease_for_one_pass(elector: LeaseElector) -> bool:
     if elector.elect():
         return True
     wait = elector.duration + elector.round_seconds  # unrenewed that long, then one round to see it
-    log.info("lease %s/%s is held: waiting up to %.0fs for it to be renewed or let go", elector.namespace,
-             elector.name, wait)
+    log.info("lease %s/%s not taken (%s): trying again for up to %.0fs", elector.namespace, elector.name,
+             elector.not_leading_because, wait)
     if elector.acquire(wait):
         return True
     print(f"error: lease {elector.namespace}/{elector.name} not taken within {wait:.0f}s: "

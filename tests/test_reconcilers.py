@@ -1821,6 +1821,8 @@ def test_cli_once_says_why_it_did_not_take_the_lease(api, prometheus, tmp_path):
     api.storms["leases"] = [403, 1000]
     refused = once()
     assert refused.returncode == 1, refused.stderr
+    assert "lease oversale/oversale-reconciler not taken (the API server answered 403 Forbidden): trying again " \
+        "for up to 3s" in refused.stderr, "the wait says why, too"
     assert "not taken within 3s: the API server answered 403 Forbidden" in refused.stderr, refused.stderr
     assert "replica-b" not in refused.stderr.splitlines()[-1]
     assert api.count("PATCH") == 0, "nothing written without the Lease"
