@@ -173,8 +173,9 @@ class Remediator:
         return seen
 
     def _heats(self, fresh: dict[str, NodeMetrics], now: float) -> dict[str, NodeHeat]:
-        """The extender's windows (5-minute average, 1-hour maximum) over what this remediator has
-        observed: a target must stay under its scheduling watermarks by both."""
+        """Each fresh reading added to its node's samples (older than the longest window dropped),
+        then the extender's windows over them (5-minute average, 1-hour maximum): a target must
+        stay under its scheduling watermarks by both."""
         load_config = self.settings.load
         for name, m in fresh.items():
             window = self.samples.setdefault(name, deque())
