@@ -208,27 +208,51 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
         result.skipped = "no cpu or memory requests"
         return result
     exclusive = exclusive_cpus(restored, policy.keys) if CPU in policy.ratios else None
+    result.skipped = _reason_to_leave(restored, policy, exclusive, result.warnings)
+    if result.skipped:
+        return _left_as_it_came(result, pod, restored, policy.keys)
+    compressed = _apply_ratios(restored, policy, bounds, exclusive, result)
+    if compressed == restored:
+        result.skipped = "requests already at their floors"
+        return _left_as_it_came(result, pod, restored, policy.keys)
+    _record_compression(compressed, originals, policy.keys, result)
+    result.pod = compressed
+    return result
+
+
+def _reason_to_leave(restored: Pod, policy: CompressionPolicy, exclusive: str | None,
+                     warnings: list[str]) -> str | None:
+    """Why the policy leaves the (restored) Pod's requests as they are, or None; what the user
+    should hear about it goes to ``warnings``."""
     if policy.disabled:
-        result.skipped = f"disabled by {policy.keys.enable_resource_compress}"
-    elif not policy.ratios:
-        result.skipped = "no compression ratio set"
-    elif not policy.config.allow_guaranteed_downgrade and is_guaranteed(restored):
-        result.skipped = "Guaranteed Pod"
-        result.warnings.append(
+        return f"disabled by {policy.keys.enable_resource_compress}"
+    if not policy.ratios:
+        return "no compression ratio set"
+    if not policy.config.allow_guaranteed_downgrade and is_guaranteed(restored):
+        warnings.append(
             "Guaranteed Pod not compressed: lower requests would make it Burstable "
             "(set OVERSALE_ALLOW_GUARANTEED_DOWNGRADE=true to allow)"
         )
-    elif exclusive:
-        result.warnings.append(f"cpu request not compressed: {exclusive}")
+        return "Guaranteed Pod"
+    if exclusive:
+        warnings.append(f"cpu request not compressed: {exclusive}")
         if set(policy.ratios) == {CPU}:
-            result.skipped = f"cpu request kept: {exclusive}"
-    if result.skipped:
-        # Restoring matters only when something left our annotation behind; otherwise the Pod
-        # goes back exactly as it came.
-        if restored is not pod:
-            result.pod = _without_our_annotations(restored, policy.keys)
-        return result
+            return f"cpu request kept: {exclusive}"
+    return None
 
+
+def _left_as_it_came(result: CompressionResult, pod: Pod, restored: Pod, keys: AnnotationKeys) -> CompressionResult:
+    # Restoring matters only when something left our annotation behind; otherwise the Pod goes
+    # back exactly as it came.
+    if restored is not pod:
+        result.pod = _without_our_annotations(restored, keys)
+    return result
+
+
+def _apply_ratios(restored: Pod, policy: CompressionPolicy, bounds: RequestBounds, exclusive: str | None,
+                  result: CompressionResult) -> Pod:
+    """A copy of ``restored`` with each ratio of ``policy`` applied, within ``bounds`` and the
+    guards; what each resource got goes to ``result`` (applied, freed, reasons)."""
     compressed = _writable_copy(restored)
     guards: list[str] = []
     for resource, ratio in policy.ratios.items():
@@ -239,35 +263,34 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
             applied = _raise_resource(compressed, restored, resource, Fraction(ratio), before, bounds, guards)
         else:
             applied = _compress_resource(compressed, resource, Fraction(ratio), before, policy.config, bounds, guards)
-        if applied is not None:
-            result.applied[resource] = applied
-            after = effective_request(compressed, resource)
-            result.freed[resource] = before - after
-            shown = _show_ratio(applied)
-            guard = "a guard" if ratio < 1 else "Pod LimitRange"
-            capped = "" if applied == ratio else f" (asked {ratio}, capped by {guard})"
-            result.reasons.append(
-                f"{resource} ratio {shown}{capped}: "
-                f"{format_amount(resource, before)} -> {format_amount(resource, after)}"
-            )
+        if applied is None:
+            continue
+        result.applied[resource] = applied
+        after = effective_request(compressed, resource)
+        result.freed[resource] = before - after
+        guard = "a guard" if ratio < 1 else "Pod LimitRange"
+        capped = "" if applied == ratio else f" (asked {ratio}, capped by {guard})"
+        result.reasons.append(
+            f"{resource} ratio {_show_ratio(applied)}{capped}: "
+            f"{format_amount(resource, before)} -> {format_amount(resource, after)}"
+        )
     if guards:
         result.reasons.append("guards: " + ", ".join(guards))
-    if compressed == restored:
-        result.skipped = "requests already at their floors"
-        if restored is not pod:
-            result.pod = _without_our_annotations(restored, policy.keys)
-        return result
+    return compressed
+
+
+def _record_compression(compressed: Pod, originals: dict[str, dict[str, str]], keys: AnnotationKeys,
+                        result: CompressionResult) -> None:
+    """Write the annotations that let a later call restore the Pod and a user read what was done."""
     annotations = compressed.setdefault("metadata", {}).setdefault("annotations", {})
-    annotations[policy.keys.original_requests] = record_text(originals)
+    annotations[keys.original_requests] = record_text(originals)
     if any(amount < 0 for amount in result.freed.values()):
         # Only a raise leaves a request above its original, which is what a reinvocation cannot
         # tell from another webhook's raise without this record.
-        annotations[policy.keys.written_requests] = record_text(_recorded_requests(compressed))
+        annotations[keys.written_requests] = record_text(_recorded_requests(compressed))
     else:
-        annotations.pop(policy.keys.written_requests, None)
-    annotations[policy.keys.compression] = "; ".join(result.reasons)
-    result.pod = compressed
-    return result
+        annotations.pop(keys.written_requests, None)
+    annotations[keys.compression] = "; ".join(result.reasons)
 
 
 def compress_running_pod(
