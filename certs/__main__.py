@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kube.cli import CliError, Parser, add_debug_flag, run_cli, settings_or_exit
 from kube.tls import (
@@ -28,14 +30,29 @@ from kube.tls import (
     service_hosts,
 )
 
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "days", 1) < 1:
+        parser.error("--days must be at least 1")
+    # Each command checks its arguments before it reaches the cluster, so a typo is named as a typo.
+    command: Callable[[argparse.ArgumentParser, argparse.Namespace], int] = args.run
+    return command(parser, args)
+
+
+def _parser() -> Parser:
     parser = Parser(
         prog="python -m certs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="write ca.crt, tls.crt and tls.key to a directory")
+    gen.set_defaults(run=_generate)
     gen.add_argument("--dir", required=True, type=Path, help="where to write the files")
     _names(gen)
     gen.add_argument("--namespace", default="default", help="Service namespace (default: default)")
@@ -44,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="replace a CA already in --dir (clients that trust the old one stop trusting the server)")
 
     ensure = commands.add_parser("ensure", help="create or renew a TLS Secret in the cluster")
+    ensure.set_defaults(run=_ensure)
     ensure.add_argument("--secret", required=True, help="NAMESPACE/NAME of the serving Secret")
     _names(ensure)
     ensure.add_argument("--client", action="store_true",
@@ -60,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                              "reads the certificate only at start (kube-scheduler's extender tlsConfig)")
 
     inject = commands.add_parser("inject", help="set caBundle on webhook configurations")
+    inject.set_defaults(run=_inject)
     inject.add_argument("--webhook", action="append", required=True, help="Mutating/ValidatingWebhookConfiguration")
     source = inject.add_mutually_exclusive_group(required=True)
     source.add_argument("--secret", help="NAMESPACE/NAME of a Secret with ca.crt")
@@ -68,93 +87,102 @@ def main(argv: list[str] | None = None) -> int:
     follow = commands.add_parser(
         "restart-on-change", help="roll Deployments that read these Secrets only at start when the "
         "certificates in them changed (for Secrets another tool renews, e.g. cert-manager)")
+    follow.set_defaults(run=_restart_on_change)
     follow.add_argument("--secret", action="append", required=True, metavar="NAMESPACE/NAME",
                         help="a Secret the Deployment mounts (tls.crt and ca.crt count); repeatable")
     follow.add_argument("--restart", action="append", required=True, metavar="NAMESPACE/DEPLOYMENT",
                         help="the Deployment to roll when they changed; repeatable")
 
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if getattr(args, "days", 1) < 1:
-        parser.error("--days must be at least 1")
-    if args.command == "generate":
-        if args.ca_days < args.days:
-            # A chain verifies only while every certificate in it is valid: the serving
-            # certificate's extra days would be days of failed handshakes.
-            parser.error(f"--days {args.days} outlives --ca-days {args.ca_days}: the certificate would stop "
-                         "verifying when its CA expires")
-        hosts = _hosts(parser, args, args.namespace)
-        existing = CertificatePaths.in_dir(args.dir).ca
-        if existing.exists() and not args.force:
-            raise CliError(f"{existing} exists: its CA would be replaced and every client that trusts it would "
-                           "stop trusting the server; pass --force to replace it, or choose another --dir")
-        paths = generate(args.dir, hosts, days=args.days, ca_days=args.ca_days)
-        print(f"wrote {paths.ca}, {paths.cert}, {paths.key} for {', '.join(hosts)}")
-        return 0
+    return parser
 
-    # Arguments are checked before the cluster is, so a typo is named as a typo.
-    if args.command == "ensure":
-        if not 0 < args.renew_fraction < 1:
-            parser.error("--renew-fraction must be between 0 and 1")
-        namespace, name = _namespaced(parser, args.secret)
-        hosts = _hosts(parser, args, namespace)
-        restarts = [_namespaced(parser, text) for text in args.restart]
-    elif args.command == "restart-on-change":
-        secrets = [_namespaced(parser, text) for text in args.secret]
-        restarts = [_namespaced(parser, text) for text in args.restart]
-        keys = settings_or_exit(parser).keys
-    elif args.secret:
-        _namespaced(parser, args.secret)
+
+def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.ca_days < args.days:
+        # A chain verifies only while every certificate in it is valid: the serving
+        # certificate's extra days would be days of failed handshakes.
+        parser.error(f"--days {args.days} outlives --ca-days {args.ca_days}: the certificate would stop "
+                     "verifying when its CA expires")
+    hosts = _hosts(parser, args, args.namespace)
+    existing = CertificatePaths.in_dir(args.dir).ca
+    if existing.exists() and not args.force:
+        raise CliError(f"{existing} exists: its CA would be replaced and every client that trusts it would "
+                       "stop trusting the server; pass --force to replace it, or choose another --dir")
+    paths = generate(args.dir, hosts, days=args.days, ca_days=args.ca_days)
+    print(f"wrote {paths.ca}, {paths.cert}, {paths.key} for {', '.join(hosts)}")
+    return 0
+
+
+def _ensure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if not 0 < args.renew_fraction < 1:
+        parser.error("--renew-fraction must be between 0 and 1")
+    namespace, name = _namespaced(parser, args.secret)
+    hosts = _hosts(parser, args, namespace)
+    restarts = [_namespaced(parser, text) for text in args.restart]
+
+    from certs.cluster import ForeignSecret, ensure_secret, restart_deployment
+
+    api_client = _api_client()
+    try:
+        outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction, args.client)
+    except ForeignSecret as error:
+        raise CliError(str(error)) from None
+    print(f"secret {namespace}/{name}: {outcome}")
+    if outcome != "unchanged":
+        for deployment in restarts:
+            print(restart_deployment(api_client, *deployment))
+    return 0
+
+
+def _restart_on_change(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    secrets = [_namespaced(parser, text) for text in args.secret]
+    restarts = [_namespaced(parser, text) for text in args.restart]
+    keys = settings_or_exit(parser).keys
+
+    from certs.cluster import read_certificates, restart_on_change
+
+    api_client = _api_client()
+    try:
+        held = read_certificates(api_client, secrets)  # every Secret is there, before anything restarts
+    except LookupError as error:
+        raise CliError(f"{error}; nothing was restarted") from None
+    for deployment in restarts:
+        try:
+            print(restart_on_change(api_client, *deployment, held, keys.certificates))
+        except LookupError as error:
+            raise CliError(f"{error}; deployment {'/'.join(deployment)} not restarted") from None
+    return 0
+
+
+def _inject(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.secret:
+        secret = _namespaced(parser, args.secret)
     else:
         ca = args.ca_file.read_bytes()
         _usable_ca(ca, args.ca_file)
 
-    from certs.cluster import (
-        ForeignSecret,
-        ensure_secret,
-        inject_ca_bundle,
-        read_ca_from_secret,
-        read_certificates,
-        restart_deployment,
-        restart_on_change,
-    )
-    from kube.client import load_api_client
+    from certs.cluster import inject_ca_bundle, read_ca_from_secret
 
-    api_client = load_api_client("auto")
-    if api_client is None:
-        raise CliError("no in-cluster config and no kubeconfig: ensure and inject need an API server "
-                       "(set KUBECONFIG or run inside the cluster)")
-    if args.command == "ensure":
-        try:
-            outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction, args.client)
-        except ForeignSecret as error:
-            raise CliError(str(error)) from None
-        print(f"secret {namespace}/{name}: {outcome}")
-        if outcome != "unchanged":
-            for deployment in restarts:
-                print(restart_deployment(api_client, *deployment))
-        return 0
-    if args.command == "restart-on-change":
-        try:
-            held = read_certificates(api_client, secrets)  # every Secret is there, before anything restarts
-        except LookupError as error:
-            raise CliError(f"{error}; nothing was restarted") from None
-        for deployment in restarts:
-            try:
-                print(restart_on_change(api_client, *deployment, held, keys.certificates))
-            except LookupError as error:
-                raise CliError(f"{error}; deployment {'/'.join(deployment)} not restarted") from None
-        return 0
+    api_client = _api_client()
     try:
         if args.secret:
-            ca = read_ca_from_secret(api_client, *_namespaced(parser, args.secret))
+            ca = read_ca_from_secret(api_client, *secret)
             _usable_ca(ca, args.secret)
         for line in inject_ca_bundle(api_client, args.webhook, ca):
             print(line)
     except LookupError as error:
         raise CliError(str(error)) from None
     return 0
+
+
+def _api_client() -> ApiClient:
+    from kube.client import load_api_client
+
+    api_client: ApiClient | None = load_api_client("auto")
+    if api_client is None:
+        raise CliError("no in-cluster config and no kubeconfig: ensure and inject need an API server "
+                       "(set KUBECONFIG or run inside the cluster)")
+    return api_client
 
 
 def _usable_ca(ca: bytes, source: object) -> None:
