@@ -401,15 +401,32 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
     placement first), and where they judged our variants, each variant's change against the curve
     over them (``placement_variants``, in the same order)."""
     out.mkdir(parents=True, exist_ok=True)
-    tuning = [d for d in result.days if result.splits[d] == "tuning"]
-    holdout = [d for d in result.days if result.splits[d] == "holdout"]
-    clairvoyant = {split: clairvoyant_freed(result, split) for split in SPLITS}
+    data = _summary(rows, result, trace, config, placements)
+    (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
+    lines = _introduction(trace, config, data)
+    for split in SPLITS:
+        lines += _split_tables(split, rows, data, config)
+    lines += _sweep_table(data)
+    lines += peaks_table(rows, data)
+    lines += variants_table(data["variants_against_curve"], data.get("placement_variants"))
+    lines += hot_days_table(result.daily)
+    lines += ["![capacity freed against cpu violations](savings_vs_violations.png)", "",
+              "![the busiest node of the last day, per system](node_day.png)", ""]
+    (out / "report.md").write_text("\n".join(lines))
+    _plots(out, rows, result, data)
+    return data
+
+
+def _summary(rows: list[dict[str, Any]], result: Result, trace: Path, config: Config,
+             placements: list[OtherPlacement] | None) -> dict[str, Any]:
+    """What ``summary.json`` holds, from which the report's text and plots are written."""
     data: dict[str, Any] = {
         "trace": str(trace), "days_evaluated": len(result.days),
-        "tuning_days": tuning, "holdout_days": holdout,
+        "tuning_days": [d for d in result.days if result.splits[d] == "tuning"],
+        "holdout_days": [d for d in result.days if result.splits[d] == "holdout"],
         "config": config.__dict__, "policies": rows,
         "clairvoyant_capacity_freed": clairvoyant_freed(result),
-        "clairvoyant_by_split": clairvoyant,
+        "clairvoyant_by_split": {split: clairvoyant_freed(result, split) for split in SPLITS},
         "against_peers": {split: against_peers(rows, split) for split in SPLITS},
         "budgets_against_peers": {split: budgets_against_peers(rows, split) for split in SPLITS},
         "budget_sweep": budget_sweep(rows, result.daily),
@@ -423,8 +440,14 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
                                           *(p["variants_against_curve"] for p in placements)]
     data["budget_goal"] = {split: budget_goal(data["budget_sweep"], split, data.get("placements"))
                            for split in SPLITS if data[f"{split}_days"]}
-    (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
-    lines = [
+    return data
+
+
+def _introduction(trace: Path, config: Config, data: dict[str, Any]) -> list[str]:
+    """The report's title, which days are which, and what each figure means."""
+    tuning, holdout = data["tuning_days"], data["holdout_days"]
+    clairvoyant = data["clairvoyant_by_split"]
+    return [
         "# Backtest report: the whole system on one simulated cluster", "",
         f"Trace `{trace.name}`: days {tuning[0] if tuning else '-'}..{tuning[-1] if tuning else '-'} are the "
         f"**tuning** days (the ones a setting may be chosen on), days {holdout[0] if holdout else '-'}.."
@@ -450,88 +473,89 @@ def write_report(out: Path, rows: list[dict[str, Any]], result: Result, trace: P
         f"- **clairvoyant bound**: each day's real peak of summed usage, perfectly divisible: "
         f"{clairvoyant['tuning']:.1%} freed on the tuning days, {clairvoyant['holdout']:.1%} on the holdout.", "",
     ]
-    for split in SPLITS:
-        if not data[f"{split}_days"]:
-            lines += [f"## {split.capitalize()} days", "", f"None: the replay has no {split} days "
-                      f"(`--holdout-days {config.holdout_days}`), so no figure below is about them.", ""]
-            continue
-        lines += [f"## {split.capitalize()} days", "",
-                  "| system | kind | ours | nodes/day | capacity freed | cpu violation rate | memory violation rate | "
-                  "cpu above request | memory above request | evictions/node-day | source and parameters |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for row in rows:
-            f = row[split]
-            lines.append(f"| {row['policy']} | {row['kind']} | {'yes' if row['ours'] else ''} | {f['nodes_per_day']} | "
-                         f"{f['capacity_freed']:.1%} | {f['cpu_violation_rate']:.3%} | "
-                         f"{f['memory_violation_rate']:.3%} | {f['cpu_above_request']:.2%} | "
-                         f"{f['memory_above_request']:.2%} | {f['evictions_per_node_day']:.3f} | {row['source']} |")
-        lines += ["", f"### Against each peer ({split}, cpu)", "",
-                  f"What `{OURS}` frees at each peer's cpu violation rate, read off its curve (its budget sweep "
-                  "and the baseline, joined by straight lines). *Matched*: at least the peer's capacity "
-                  "at an equal or lower violation rate.", "",
-                  "| peer | peer frees | at cpu violation rate | we free there | ours / peer | matched |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for verdict in data["against_peers"][split]:
-            there = "no setting is that safe" if verdict["ours_freed"] is None else f"{verdict['ours_freed']:.1%}"
-            ratio = "" if verdict["ratio"] is None else f"{verdict['ratio']:.2f}x"
-            lines.append(f"| {verdict['peer']} | {verdict['peer_freed']:.1%} | {verdict['violation_rate']:.3%} | "
-                         f"{there} | {ratio} | {'yes' if verdict['matched'] else '**no**'} |")
+
+
+def _split_tables(split: str, rows: list[dict[str, Any]], data: dict[str, Any], config: Config) -> list[str]:
+    """One split's section: every system's figures, then ours against each peer, both ways round."""
+    if not data[f"{split}_days"]:
+        return [f"## {split.capitalize()} days", "", f"None: the replay has no {split} days "
+                f"(`--holdout-days {config.holdout_days}`), so no figure below is about them.", ""]
+    lines = [f"## {split.capitalize()} days", "",
+             "| system | kind | ours | nodes/day | capacity freed | cpu violation rate | memory violation rate | "
+             "cpu above request | memory above request | evictions/node-day | source and parameters |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        f = row[split]
+        lines.append(f"| {row['policy']} | {row['kind']} | {'yes' if row['ours'] else ''} | {f['nodes_per_day']} | "
+                     f"{f['capacity_freed']:.1%} | {f['cpu_violation_rate']:.3%} | "
+                     f"{f['memory_violation_rate']:.3%} | {f['cpu_above_request']:.2%} | "
+                     f"{f['memory_above_request']:.2%} | {f['evictions_per_node_day']:.3f} | {row['source']} |")
+    lines += ["", f"### Against each peer ({split}, cpu)", "",
+              f"What `{OURS}` frees at each peer's cpu violation rate, read off its curve (its budget sweep "
+              "and the baseline, joined by straight lines). *Matched*: at least the peer's capacity "
+              "at an equal or lower violation rate.", "",
+              "| peer | peer frees | at cpu violation rate | we free there | ours / peer | matched |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for verdict in data["against_peers"][split]:
+        there = "no setting is that safe" if verdict["ours_freed"] is None else f"{verdict['ours_freed']:.1%}"
+        ratio = "" if verdict["ratio"] is None else f"{verdict['ratio']:.2f}x"
+        lines.append(f"| {verdict['peer']} | {verdict['peer_freed']:.1%} | {verdict['violation_rate']:.3%} | "
+                     f"{there} | {ratio} | {'yes' if verdict['matched'] else '**no**'} |")
+    lines.append("")
+    at_budgets = data["budgets_against_peers"][split]
+    if at_budgets:
+        families = [p["family"] for p in at_budgets[0]["peers"]]
+        lines += [f"### At each budget, against every peer ({split}, cpu)", "",
+                  f"The same question read from our side: at each budget of the goal's range, what `{OURS}` "
+                  "frees at the hot time it realised, and what each peer family frees at that hot time "
+                  "(its settings joined by straight lines; `-`: none of its settings is that cool). "
+                  "**Bold**: the peer frees more.", "",
+                  "| budget | realised | we free | " + " | ".join(families) + " |",
+                  "| --- | --- | --- | " + " | ".join("---" for _ in families) + " |"]
+        for verdict in at_budgets:
+            cells = ["-" if p["peer_freed"] is None else
+                     (f"{p['peer_freed']:.1%}" if p["beaten"] else f"**{p['peer_freed']:.1%}**")
+                     for p in verdict["peers"]]
+            lines.append(f"| {verdict['hot_time_budget']:.2%} | {verdict['violation_rate']:.3%} | "
+                         f"{verdict['ours_freed']:.1%} | " + " | ".join(cells) + " |")
         lines.append("")
-        at_budgets = data["budgets_against_peers"][split]
-        if at_budgets:
-            families = [p["family"] for p in at_budgets[0]["peers"]]
-            lines += [f"### At each budget, against every peer ({split}, cpu)", "",
-                      f"The same question read from our side: at each budget of the goal's range, what `{OURS}` "
-                      "frees at the hot time it realised, and what each peer family frees at that hot time "
-                      "(its settings joined by straight lines; `-`: none of its settings is that cool). "
-                      "**Bold**: the peer frees more.", "",
-                      "| budget | realised | we free | " + " | ".join(families) + " |",
-                      "| --- | --- | --- | " + " | ".join("---" for _ in families) + " |"]
-            for verdict in at_budgets:
-                cells = ["-" if p["peer_freed"] is None else
-                         (f"{p['peer_freed']:.1%}" if p["beaten"] else f"**{p['peer_freed']:.1%}**")
-                         for p in verdict["peers"]]
-                lines.append(f"| {verdict['hot_time_budget']:.2%} | {verdict['violation_rate']:.3%} | "
-                             f"{verdict['ours_freed']:.1%} | " + " | ".join(cells) + " |")
-            lines.append("")
+    return lines
+
+
+def _sweep_table(data: dict[str, Any]) -> list[str]:
+    """The budget sweep: at each budget, what we freed and the hot time realised, on each split."""
     sweep = data["budget_sweep"]
-    if len(sweep) > 1:
-        placed = data.get("placements") or []
-        columns = ["freed", "realised (x budget)", "days like these",
-                   *([f"over {len(placed)} placements"] if placed else [])]
-        lines += ["## The budget sweep", "",
-                  f"`{OURS}` at each cpu hot-time budget: the realised hot time (cpu violation rate) should stay "
-                  "within 0.5x to 1.5x of the budget, on the holdout days above all.", "",
-                  days_like_these_note("the split's days")
-                  + (" " + placements_note(len(placed), "this report's placement") if placed else ""),
-                  "",
-                  "| budget | " + " | ".join(f"{split}: {column}" for split in SPLITS for column in columns) + " |",
-                  "| --- |" + " --- |" * (len(SPLITS) * len(columns))]
-        for entry in sweep:
-            cells = []
-            for split in SPLITS:
-                if not data[f"{split}_days"]:
-                    cells += ["-"] * len(columns)
-                    continue
-                realised = entry[split]["cpu_violation_rate"]
-                times = f"{realised / entry['hot_time_budget']:.2f}x" if entry["hot_time_budget"] else "-"
-                interval = entry[split].get("cpu_violation_interval")
-                cells += [f"{entry[split]['capacity_freed']:.1%}", f"{realised:.3%} ({times})",
-                          interval_text(interval)]
-                if placed:
-                    cells.append(interval_text(placement_range(placed, entry["hot_time_budget"], split)))
-            lines.append(f"| {entry['hot_time_budget']:.2%} | " + " | ".join(cells) + " |")
-        lines += [""] + [f"{said}\n" for split, goal in data["budget_goal"].items()
-                         if (said := budget_goal_text(goal, f"{split} days"))]
-        lines += ["![realised hot time against the budget](budget_kept.png)", ""]
-    lines += peaks_table(rows, data)
-    lines += variants_table(data["variants_against_curve"], data.get("placement_variants"))
-    lines += hot_days_table(result.daily)
-    lines += ["![capacity freed against cpu violations](savings_vs_violations.png)", "",
-              "![the busiest node of the last day, per system](node_day.png)", ""]
-    (out / "report.md").write_text("\n".join(lines))
-    _plots(out, rows, result, data)
-    return data
+    if len(sweep) <= 1:
+        return []
+    placed = data.get("placements") or []
+    columns = ["freed", "realised (x budget)", "days like these",
+               *([f"over {len(placed)} placements"] if placed else [])]
+    lines = ["## The budget sweep", "",
+             f"`{OURS}` at each cpu hot-time budget: the realised hot time (cpu violation rate) should stay "
+             "within 0.5x to 1.5x of the budget, on the holdout days above all.", "",
+             days_like_these_note("the split's days")
+             + (" " + placements_note(len(placed), "this report's placement") if placed else ""),
+             "",
+             "| budget | " + " | ".join(f"{split}: {column}" for split in SPLITS for column in columns) + " |",
+             "| --- |" + " --- |" * (len(SPLITS) * len(columns))]
+    for entry in sweep:
+        cells = []
+        for split in SPLITS:
+            if not data[f"{split}_days"]:
+                cells += ["-"] * len(columns)
+                continue
+            realised = entry[split]["cpu_violation_rate"]
+            times = f"{realised / entry['hot_time_budget']:.2f}x" if entry["hot_time_budget"] else "-"
+            interval = entry[split].get("cpu_violation_interval")
+            cells += [f"{entry[split]['capacity_freed']:.1%}", f"{realised:.3%} ({times})",
+                      interval_text(interval)]
+            if placed:
+                cells.append(interval_text(placement_range(placed, entry["hot_time_budget"], split)))
+        lines.append(f"| {entry['hot_time_budget']:.2%} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"{said}\n" for split, goal in data["budget_goal"].items()
+                     if (said := budget_goal_text(goal, f"{split} days"))]
+    lines += ["![realised hot time against the budget](budget_kept.png)", ""]
+    return lines
 
 
 def peaks_table(rows: list[dict[str, Any]], data: dict[str, Any]) -> list[str]:
