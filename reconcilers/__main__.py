@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # imported where used: `--help` and a bad setting answer befo
     from kube.leader import LeaseElector
     from reconcilers.history import History
     from reconcilers.metrics import ReconcilerMetrics
+    from reconcilers.plan import PoolExport
     from reconcilers.runner import Reconciler
     from reconcilers.sqlite_history import MetricsSampler
 
@@ -301,21 +302,9 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
     from kube.prometheus import PrometheusAccess
     from oversale.settings import parse_base_url, parse_duration
     from reconcilers.history import HistoryUnavailable
-    from reconcilers.plan import (
-        PlanError,
-        export_pools,
-        per_namespace,
-        placement_curves,
-        ratios_set,
-        read_cluster_history,
-        write_plan,
-    )
+    from reconcilers.plan import PlanError, export_pools, read_cluster_history, write_plan
     from reconcilers.prometheus import PrometheusHistory
     from simulator.cli import report_directory
-    from simulator.policies import OURS, System, default_systems
-    from simulator.replay import Config, run, trace_days
-    from simulator.report import budget_goal, other_placements, summary, write_report
-    from simulator.trace import TraceError, attach_peaks, read_trace
 
     try:
         step = parse_duration(args.step)
@@ -342,66 +331,77 @@ def _plan(args: argparse.Namespace, settings: Settings, parser: argparse.Argumen
                                        rescale_hpa=settings.rescale_hpa, peaks=args.peaks)
     except (PlanError, HistoryUnavailable) as error:
         raise CliError(str(error)) from None
-    entries = {}
-    for pool, pooled in export_pools(history, args.out, args.peaks, _log).items():
-        try:
-            workloads = read_trace(pooled.export, "generic")
-            if pooled.peaks_export is not None:
-                _log(f"pool {pool}: " + attach_peaks(workloads, read_trace(pooled.peaks_export, "generic", peaks=True)))
-        except TraceError as error:
-            raise CliError(f"pool {pool}: {error}") from None
-        # Prometheus may hold fewer days than asked (its retention: 15 by default, often set lower),
-        # or the pool is younger: the holdout is half of the days replayed, not of those asked.
-        held_days = trace_days(workloads)
-        if held_days <= args.warmup_days:
-            raise CliError(f"pool {pool}: Prometheus holds {held_days} days of its history, not more than the "
-                           f"{args.warmup_days}-day warm-up: " + (
-                               f"pass --warmup-days {max(1, held_days - 2)} or fewer" if held_days >= 2 else
-                               "the plan needs 2 days at least (1 of warm-up)"))
-        if held_days < int(args.days):
-            _log(f"pool {pool}: Prometheus holds {held_days} of the {args.days:g} days asked (its retention, or the "
-                 f"pool is younger): {held_days - args.warmup_days} replayed after the {args.warmup_days}-day warm-up")
-        replayed = min(held_days, int(args.days)) - args.warmup_days
-        # The windows the live reconcilers would read; the first replayed days hold less, as a
-        # cluster's first weeks under the reconcilers do.
-        config = Config(pooled.size[0], int(pooled.size[1]), args.warmup_days, _days(settings.history_window_seconds),
-                        replayed // 2, request_window_days=_days(settings.compression_window_seconds))
-
-        def replayed_systems() -> list[System]:
-            return default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
-                                   load=settings.load)
-
-        systems = replayed_systems()
-        try:
-            result = run(workloads, config, systems, _log)
-            placed = other_placements(workloads, config, replayed_systems, placements, _log)
-        except TraceError as error:
-            raise CliError(f"pool {pool}: {error}") from None
-        data = write_report(pooled.folder, summary(result, systems), result, pooled.export, config, placed)
-        ours = result.last_day[OURS]
-        # The tuner on this pool as it was just replayed (same nodes, warm-up, window and holdout).
-        retune = ["python", "-m", "simulator.tune", "--trace", str(pooled.export), "--node-cores",
-                  f"{pooled.size[0]:g}", "--node-memory", str(int(pooled.size[1])),
-                  "--warmup-days", str(config.warmup_days), "--window-days", str(config.window_days),
-                  "--request-window-days", str(config.request_window_days), "--holdout-days", str(config.holdout_days)]
-        if placements > 1:  # the tuner then scores each candidate on as many placements as the plan drew
-            retune += ["--placements", str(placements)]
-        entries[pool] = {"pods": pooled.pods, "node_cores": pooled.allocatable[0],
-                         "node_memory_bytes": pooled.allocatable[1], "node_bound_cores": pooled.bound[0],
-                         "node_bound_memory_bytes": pooled.bound[1], "oversold_nodes": pooled.oversold,
-                         "original_requests_pods": pooled.restored, "history_days": held_days,
-                         "summary": data,
-                         "retune": shlex.join(retune),
-                         "namespaces": per_namespace(ours), "ratios": ratios_set(ours),
-                         "placements": placement_curves(data.get("placements") or [data["budget_sweep"]]),
-                         # The goal's verdict over every replayed day, as the plan's table reads them.
-                         "budget_goal": budget_goal(data["budget_sweep"], None, data.get("placements"))}
+    entries = {pool: _replay_pool(pool, pooled, args, settings, budget, placements)
+               for pool, pooled in export_pools(history, args.out, args.peaks, _log).items()}
     if not entries:
         raise CliError("no pool with a known node size: kube_node_status_allocatable has no cpu and memory for the "
                        "nodes the Pods ran on")
     write_plan(args.out, entries, budget, args.days, prometheus.api, settings.keys.original_requests)
     print(f"plan: {args.out / 'plan.md'}")
     return 0
+
+
+def _replay_pool(pool: str, pooled: PoolExport, args: argparse.Namespace, settings: Settings, budget: Any,
+                 placements: int) -> dict[str, Any]:
+    """Replay one pool's exported history as ``backtest`` replays a trace; its entry of the plan."""
+    from reconcilers.plan import per_namespace, placement_curves, ratios_set
+    from simulator.policies import OURS, System, default_systems
+    from simulator.replay import Config, run, trace_days
+    from simulator.report import budget_goal, other_placements, summary, write_report
+    from simulator.trace import TraceError, attach_peaks, read_trace
+
+    try:
+        workloads = read_trace(pooled.export, "generic")
+        if pooled.peaks_export is not None:
+            _log(f"pool {pool}: " + attach_peaks(workloads, read_trace(pooled.peaks_export, "generic", peaks=True)))
+    except TraceError as error:
+        raise CliError(f"pool {pool}: {error}") from None
+    # Prometheus may hold fewer days than asked (its retention: 15 by default, often set lower),
+    # or the pool is younger: the holdout is half of the days replayed, not of those asked.
+    held_days = trace_days(workloads)
+    if held_days <= args.warmup_days:
+        raise CliError(f"pool {pool}: Prometheus holds {held_days} days of its history, not more than the "
+                       f"{args.warmup_days}-day warm-up: " + (
+                           f"pass --warmup-days {max(1, held_days - 2)} or fewer" if held_days >= 2 else
+                           "the plan needs 2 days at least (1 of warm-up)"))
+    if held_days < int(args.days):
+        _log(f"pool {pool}: Prometheus holds {held_days} of the {args.days:g} days asked (its retention, or the "
+             f"pool is younger): {held_days - args.warmup_days} replayed after the {args.warmup_days}-day warm-up")
+    replayed = min(held_days, int(args.days)) - args.warmup_days
+    # The windows the live reconcilers would read; the first replayed days hold less, as a
+    # cluster's first weeks under the reconcilers do.
+    config = Config(pooled.size[0], int(pooled.size[1]), args.warmup_days, _days(settings.history_window_seconds),
+                    replayed // 2, request_window_days=_days(settings.compression_window_seconds))
+
+    def replayed_systems() -> list[System]:
+        return default_systems(settings.compression_estimator(), settings.oversale_estimator(), budget,
+                               load=settings.load)
+
+    systems = replayed_systems()
+    try:
+        result = run(workloads, config, systems, _log)
+        placed = other_placements(workloads, config, replayed_systems, placements, _log)
+    except TraceError as error:
+        raise CliError(f"pool {pool}: {error}") from None
+    data = write_report(pooled.folder, summary(result, systems), result, pooled.export, config, placed)
+    ours = result.last_day[OURS]
+    # The tuner on this pool as it was just replayed (same nodes, warm-up, window and holdout).
+    retune = ["python", "-m", "simulator.tune", "--trace", str(pooled.export), "--node-cores",
+              f"{pooled.size[0]:g}", "--node-memory", str(int(pooled.size[1])),
+              "--warmup-days", str(config.warmup_days), "--window-days", str(config.window_days),
+              "--request-window-days", str(config.request_window_days), "--holdout-days", str(config.holdout_days)]
+    if placements > 1:  # the tuner then scores each candidate on as many placements as the plan drew
+        retune += ["--placements", str(placements)]
+    return {"pods": pooled.pods, "node_cores": pooled.allocatable[0],
+            "node_memory_bytes": pooled.allocatable[1], "node_bound_cores": pooled.bound[0],
+            "node_bound_memory_bytes": pooled.bound[1], "oversold_nodes": pooled.oversold,
+            "original_requests_pods": pooled.restored, "history_days": held_days,
+            "summary": data,
+            "retune": shlex.join(retune),
+            "namespaces": per_namespace(ours), "ratios": ratios_set(ours),
+            "placements": placement_curves(data.get("placements") or [data["budget_sweep"]]),
+            # The goal's verdict over every replayed day, as the plan's table reads them.
+            "budget_goal": budget_goal(data["budget_sweep"], None, data.get("placements"))}
 
 
 def _days(seconds: float) -> int:
