@@ -16,9 +16,8 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from kube.cli import CliError, Parser, add_debug_flag, run_cli, settings_or_exit
+from kube.cli import CliError, Parser, add_debug_flag, required_api_client, run_cli, settings_or_exit
 from kube.tls import (
     CA_DAYS,
     RENEW_FRACTION,
@@ -29,9 +28,6 @@ from kube.tls import (
     generate,
     service_hosts,
 )
-
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +118,7 @@ def _ensure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     from certs.cluster import ForeignSecret, ensure_secret, restart_deployment
 
-    api_client = _api_client()
+    api_client = required_api_client("auto", f"{args.command} needs")
     try:
         outcome = ensure_secret(api_client, namespace, name, hosts, args.days, args.renew_fraction, args.client)
     except ForeignSecret as error:
@@ -141,7 +137,7 @@ def _restart_on_change(parser: argparse.ArgumentParser, args: argparse.Namespace
 
     from certs.cluster import read_certificates, restart_on_change
 
-    api_client = _api_client()
+    api_client = required_api_client("auto", f"{args.command} needs")
     try:
         held = read_certificates(api_client, secrets)  # every Secret is there, before anything restarts
     except LookupError as error:
@@ -163,7 +159,7 @@ def _inject(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     from certs.cluster import inject_ca_bundle, read_ca_from_secret
 
-    api_client = _api_client()
+    api_client = required_api_client("auto", f"{args.command} needs")
     try:
         if args.secret:
             ca = read_ca_from_secret(api_client, *secret)
@@ -173,16 +169,6 @@ def _inject(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except LookupError as error:
         raise CliError(str(error)) from None
     return 0
-
-
-def _api_client() -> ApiClient:
-    from kube.client import load_api_client
-
-    api_client: ApiClient | None = load_api_client("auto")
-    if api_client is None:
-        raise CliError("no in-cluster config and no kubeconfig: ensure and inject need an API server "
-                       "(set KUBECONFIG or run inside the cluster)")
-    return api_client
 
 
 def _usable_ca(ca: bytes, source: object) -> None:

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kube.client import one_line
 from oversale.errors import SettingsError
@@ -114,6 +114,18 @@ def bind_address(text: str) -> str:
     if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (for example 127.0.0.1:8443 or 0.0.0.0:8443)")
     return text
+
+
+def required_api_client(mode: str, needs: str) -> Any:
+    """The API client of :func:`kube.client.load_api_client`; CliError when there is none, saying
+    what ``needs`` it (e.g. "the extender needs")."""
+    from kube.client import load_api_client
+
+    api_client = load_api_client(mode)
+    if api_client is None:
+        raise CliError(f"no in-cluster config and no kubeconfig: {needs} an API server "
+                       "(set KUBECONFIG or run inside the cluster)")
+    return api_client
 
 
 def check_api_server(api_client: object, timeout: float = 5.0) -> str:

@@ -34,7 +34,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from kube.cli import CliError, Parser, add_debug_flag, check_api_server, run_cli, settings_or_exit
+from kube.cli import (
+    CliError,
+    Parser,
+    add_debug_flag,
+    check_api_server,
+    required_api_client,
+    run_cli,
+    settings_or_exit,
+)
 from oversale.settings import Settings
 from simulator.cli import add_cluster_arguments, hot_time_budget, placement_count
 
@@ -50,6 +58,36 @@ log = logging.getLogger("reconcilers")
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    settings = settings_or_exit(parser)
+
+    if args.command == "backtest":
+        return _backtest(args, settings, parser)
+    if args.command == "plan":
+        return _plan(args, settings, parser)
+
+    from kube.leader import LeaseElector
+    from reconcilers.cluster import Cluster
+    from reconcilers.metrics import ReconcilerMetrics
+    from reconcilers.runner import Reconciler
+
+    api_client = required_api_client("auto", "the reconcilers need")
+    log.info("using the cluster at %s", check_api_server(api_client))
+    history, sampler = _history(settings, api_client)
+    metrics = ReconcilerMetrics()
+    identity = f"{socket.gethostname()}-{os.getpid()}"
+    elector = LeaseElector(api_client, settings.namespace, settings.lease_name, identity,
+                           settings.lease_duration_seconds)
+    reconciler = Reconciler(Cluster(api_client), history, settings, leader=elector, metrics=metrics)
+    if args.command == "remediate":
+        return _remediate(args.dry_run, settings, api_client, elector, metrics)
+    if args.command == "once":
+        return _once(args.dry_run, sampler, elector, reconciler)
+    _run(settings, api_client, sampler, elector, reconciler, metrics)
+
+
+def _parser() -> Parser:
     parser = Parser(prog="python -m reconcilers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -103,66 +141,49 @@ def main(argv: list[str] | None = None) -> int:
                            "--peaks): the report adds the hot time counted at the summed peaks, an upper bound of "
                            "the time a node spent above capacity at some moment (a heavier query)")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
-    settings = settings_or_exit(parser)
+    return parser
 
-    if args.command == "backtest":
-        return _backtest(args, settings, parser)
-    if args.command == "plan":
-        return _plan(args, settings, parser)
 
-    from kube.client import load_api_client
-    from kube.leader import LeaseElector
+def _remediate(dry_run: bool, settings: Settings, api_client: Any, elector: LeaseElector,
+               metrics: ReconcilerMetrics) -> int:
+    """``remediate``: one remediation pass on the usage of now (one observation makes a node hot)."""
+    from kube.metrics_api import MetricsAPI
     from reconcilers.cluster import Cluster
-    from reconcilers.metrics import ReconcilerMetrics
-    from reconcilers.runner import Reconciler, format_table
+    from reconcilers.remediation import Remediator
+    from reconcilers.runner import format_table
 
-    api_client = load_api_client("auto")
-    if api_client is None:
-        raise CliError("no in-cluster config and no kubeconfig: the reconcilers need an API server "
-                       "(set KUBECONFIG or run inside the cluster)")
-    log.info("using the cluster at %s", check_api_server(api_client))
-    history, sampler = _history(settings, api_client)
-    metrics = ReconcilerMetrics()
-    identity = f"{socket.gethostname()}-{os.getpid()}"
-    elector = LeaseElector(api_client, settings.namespace, settings.lease_name, identity,
-                           settings.lease_duration_seconds)
-    reconciler = Reconciler(Cluster(api_client), history, settings, leader=elector, metrics=metrics)
+    one = dataclasses.replace(settings, hot_observations=1)
+    remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), one, leader=elector, metrics=metrics)
+    if dry_run:
+        remediator.leader = None
+    elif not _lease_for_one_pass(elector):
+        return 1
+    try:
+        rows = remediator.run_pass(dry_run=dry_run)
+    finally:
+        elector.release()
+    print(format_table(rows) if rows else "no node above its runtime watermark")
+    return 0
 
-    if args.command == "remediate":
-        from kube.metrics_api import MetricsAPI
-        from reconcilers.remediation import Remediator
 
-        one = dataclasses.replace(settings, hot_observations=1)
-        remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), one, leader=elector, metrics=metrics)
-        if args.dry_run:
-            remediator.leader = None
-        elif not _lease_for_one_pass(elector):
-            return 1
-        try:
-            rows = remediator.run_pass(dry_run=args.dry_run)
-        finally:
-            elector.release()
-        print(format_table(rows) if rows else "no node above its runtime watermark")
+def _once(dry_run: bool, sampler: MetricsSampler | None, elector: LeaseElector, reconciler: Reconciler) -> int:
+    """``once``: one pass of the reconcilers (a dry run takes no Lease and writes nothing)."""
+    from reconcilers.runner import format_table
+
+    if sampler is not None:
+        sampler.sample()
+    if dry_run:
+        reconciler.leader = None
+        print(format_table(reconciler.run_pass(dry_run=True)))
         return 0
-
-    if args.command == "once":
-        if sampler is not None:
-            sampler.sample()
-        if args.dry_run:
-            reconciler.leader = None
-            print(format_table(reconciler.run_pass(dry_run=True)))
-            return 0
-        if not _lease_for_one_pass(elector):
-            return 1
-        try:
-            rows = reconciler.run_pass()
-        finally:
-            elector.release()
-        print(format_table(rows))
-        return 0
-
-    _run(settings, api_client, sampler, elector, reconciler, metrics)
+    if not _lease_for_one_pass(elector):
+        return 1
+    try:
+        rows = reconciler.run_pass()
+    finally:
+        elector.release()
+    print(format_table(rows))
+    return 0
 
 
 def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, elector: LeaseElector,

@@ -71,6 +71,21 @@ def test_an_unreachable_api_server_is_one_line(command, dead_kubeconfig):
     assert line.startswith("error: ")
 
 
+@pytest.mark.parametrize(("command", "who"), [
+    (["reconcilers", "once", "--dry-run"], "the reconcilers need"),
+    (["reconcilers", "remediate"], "the reconcilers need"),
+    (["certs", "ensure", "--secret", "oversale/oversale-webhook-tls", "--service", "oversale-webhook"], "ensure needs"),
+    (["certs", "inject", "--webhook", "oversale", "--secret", "oversale/oversale-webhook-tls"], "inject needs"),
+    (["certs", "restart-on-change", "--secret", "oversale/tls", "--restart", "kube-system/kube-scheduler"],
+     "restart-on-change needs"),
+    (["scheduler", "--bind", "127.0.0.1:0"], "the extender needs"),
+])
+def test_no_cluster_at_all_is_one_line_that_says_what_needs_one(command, who):
+    # KUBECONFIG names no file and no in-cluster service account is mounted here.
+    line = assert_one_clean_line(run(command), "no in-cluster config and no kubeconfig", who, "set KUBECONFIG")
+    assert line.startswith("error: ")
+
+
 def test_a_misspelt_setting_is_named_at_start_not_silently_left_at_its_default(dead_kubeconfig):
     result = run(["reconcilers", "once", "--dry-run"], dead_kubeconfig, OVERSALE_CPU_HOT_TIME_BUGDET="0.0005",
                  OVERSALE_MAX_RATIO="4")
