@@ -120,10 +120,45 @@ def plan_resize(
     ``bounds``: the namespace's LimitRange bounds and quota headroom (``hard - used``, in which
     this Pod's current requests are already counted).
     """
-    metadata = pod.get("metadata") or {}
-    annotations: Mapping[str, str] = metadata.get("annotations") or {}
+    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+    if unresizable := _unresizable(pod, workload_annotations, keys):
+        return unresizable
+    resizable = _resizable(pod, workload_annotations, keys)
+    exclusive = exclusive_cpus(pod, keys) if CPU in resizable else None
+    if exclusive:
+        if resizable == {CPU}:
+            return _skip("exclusive-cpus", f"cpu request kept: {exclusive}")
+        resizable -= {CPU}
+    policy = policy_from_annotations(effective_annotations(workload_annotations, annotations, keys), keys, config)
+    asked = ",".join(f"{r}={format_ratio(policy.ratios.get(r, Decimal(1)))}" for r in RESOURCES if r in resizable)
+    if waiting := _waiting(pod, asked, keys, now, limits):
+        return waiting
+
+    own = {r: effective_request(pod, r) for r in RESOURCES}
+    headroom = {r: left + own[r] for r, left in bounds.quota_headroom.items()}
+    result = compress_running_pod(pod, policy, RequestBounds(bounds.container, bounds.pod, headroom), resizable)
+    target = result.pod
+    if qos_class(target) != qos_class(pod):
+        return _skip("qos", f"would change the QoS class from {qos_class(pod)} to {qos_class(target)} "
+                            "(the API refuses that)")
+    plan = ResizePlan(ratios=asked)
+    _add_container_changes(plan, pod, target)
+    if not plan.patch:
+        return _skip("in-place", "requests already at the workload's ratios")
+    written = (target.get("metadata") or {}).get("annotations") or {}
+    for key in (keys.original_requests, keys.written_requests, keys.compression):
+        plan.annotations[key] = written.get(key)
+    plan.annotations[keys.resized_ratios] = asked
+    plan.annotations[keys.last_resize] = format_timestamp(now)
+    plan.annotations[keys.resize_infeasible] = None
+    plan.added = {r: grown for r in RESOURCES if (grown := effective_request(target, r) - own[r]) > 0}
+    return plan
+
+
+def _unresizable(pod: Pod, workload_annotations: Mapping[str, str], keys: AnnotationKeys) -> ResizePlan | None:
+    """Why the API, the kubelet or the user rules out resizing ``pod`` in place at all, or None."""
     status = pod.get("status") or {}
-    if metadata.get("deletionTimestamp") or status.get("phase") != "Running":
+    if (pod.get("metadata") or {}).get("deletionTimestamp") or status.get("phase") != "Running":
         return _skip("not-running", f"phase {status.get('phase')}, not running")
     if is_mirror_or_static(pod):
         return _skip("static", "static Pod (the kubelet rejects changes to it)")
@@ -138,15 +173,13 @@ def plan_resize(
     if has_pod_level_resources(pod):
         return _skip("pod-level", "pod-level resources are not resized in place; new ratios apply at the next "
                                   "rollout")
+    return None
 
-    resizable = _resizable(pod, workload_annotations, keys)
-    exclusive = exclusive_cpus(pod, keys) if CPU in resizable else None
-    if exclusive:
-        if resizable == {CPU}:
-            return _skip("exclusive-cpus", f"cpu request kept: {exclusive}")
-        resizable -= {CPU}
-    policy = policy_from_annotations(effective_annotations(workload_annotations, annotations, keys), keys, config)
-    asked = ",".join(f"{r}={format_ratio(policy.ratios.get(r, Decimal(1)))}" for r in RESOURCES if r in resizable)
+
+def _waiting(pod: Pod, asked: str, keys: AnnotationKeys, now: float, limits: ResizeLimits) -> ResizePlan | None:
+    """Why a resize to the ratios ``asked`` must wait (on the kubelet, a past Infeasible answer or
+    the minimum interval), or None."""
+    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
     pending = condition_of(pod, RESIZE_PENDING)
     if condition_of(pod, RESIZE_IN_PROGRESS):
         return _skip("in-progress", "the kubelet is applying the last resize")
@@ -166,15 +199,12 @@ def plan_resize(
     if last is not None and now - last < limits.min_interval_seconds:
         return _skip("rate-limited", f"resized {int(now - last)}s ago (minimum interval "
                                      f"{int(limits.min_interval_seconds)}s)")
+    return None
 
-    own = {r: effective_request(pod, r) for r in RESOURCES}
-    headroom = {r: left + own[r] for r, left in bounds.quota_headroom.items()}
-    result = compress_running_pod(pod, policy, RequestBounds(bounds.container, bounds.pod, headroom), resizable)
-    target = result.pod
-    if qos_class(target) != qos_class(pod):
-        return _skip("qos", f"would change the QoS class from {qos_class(pod)} to {qos_class(target)} "
-                            "(the API refuses that)")
-    plan = ResizePlan(ratios=asked)
+
+def _add_container_changes(plan: ResizePlan, pod: Pod, target: Pod) -> None:
+    """Each request that differs between ``pod`` and ``target``, in ``plan.changes`` and its
+    ``plan.patch``; regular init containers have finished (the API refuses to resize them)."""
     for kind in ("initContainers", "containers"):
         now_list = (pod.get("spec") or {}).get(kind) or []
         target_list = (target.get("spec") or {}).get(kind) or []
@@ -190,16 +220,6 @@ def plan_resize(
                                                parse_amount(resource, new)))
             if any(c.container == current.get("name") for c in plan.changes):
                 plan.patch += make_patch(before, after, f"/spec/{kind}/{index}/resources/requests")
-    if not plan.patch:
-        return _skip("in-place", "requests already at the workload's ratios")
-    written = (target.get("metadata") or {}).get("annotations") or {}
-    for key in (keys.original_requests, keys.written_requests, keys.compression):
-        plan.annotations[key] = written.get(key)
-    plan.annotations[keys.resized_ratios] = asked
-    plan.annotations[keys.last_resize] = format_timestamp(now)
-    plan.annotations[keys.resize_infeasible] = None
-    plan.added = {r: grown for r in RESOURCES if (grown := effective_request(target, r) - own[r]) > 0}
-    return plan
 
 
 def _resizable(pod: Pod, workload_annotations: Mapping[str, str], keys: AnnotationKeys) -> frozenset[str]:

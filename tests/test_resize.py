@@ -25,6 +25,7 @@ from oversale.compression import CompressionConfig
 from oversale.limitrange import NO_BOUNDS, RequestBounds
 from oversale.resize import ResizeLimits, plan_resize
 from oversale.settings import Settings
+from oversale.timestamps import format_timestamp
 from reconcilers.cluster import Cluster
 from reconcilers.runner import Reconciler
 from reconcilers.sqlite_history import SqliteHistory
@@ -450,6 +451,60 @@ def test_an_invalid_switch_or_switched_off_workload_is_left_alone():
     bad = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", KEYS.inplace_resize: "maybe"}, KEYS, CONFIG, NO_BOUNDS, 0,
                       LIMITS)
     assert bad.code == "invalid-annotation" and "'maybe'" in (bad.skipped or "")
+
+
+def test_a_resize_waits_on_the_kubelet_a_past_infeasible_answer_and_the_minimum_interval():
+    ratios = {KEYS.cpu_requests_ratio: "2"}
+    now = 1_000_000.0
+
+    def plan_for(pod: dict[str, Any], at: float = now) -> Any:
+        return plan_resize(pod, ratios, KEYS, CONFIG, NO_BOUNDS, at, LIMITS)
+
+    fresh = plan_for(running(template()))
+    assert fresh.skipped is None and [(c.before, c.after) for c in fresh.changes] == [(1000, 500)]
+    assert fresh.annotations[KEYS.resized_ratios] == fresh.ratios == "cpu=2"
+
+    def with_state(conditions: list[dict[str, str]] = (), **annotations: str) -> dict[str, Any]:
+        pod = running(template(), conditions=list(conditions))
+        pod["metadata"].setdefault("annotations", {}).update(annotations)
+        return pod
+
+    in_progress = {"type": "PodResizeInProgress", "status": "True"}
+    assert plan_for(with_state([in_progress])).code == "in-progress"
+    assert plan_for(with_state([{**in_progress, "status": "False"}])).skipped is None, "a False condition is none"
+    deferred = {"type": "PodResizePending", "status": "True", "reason": "Deferred"}
+    assert plan_for(with_state([deferred], **{KEYS.resized_ratios: "cpu=2"})).code == "deferred"
+    # Pending at other ratios than those asked now: the new ratios are sent.
+    assert plan_for(with_state([deferred], **{KEYS.resized_ratios: "cpu=1.5"})).skipped is None
+    infeasible = {"type": "PodResizePending", "status": "True", "reason": "Infeasible", "message": "Node didn't have "
+                  "enough capacity"}
+    answered = plan_for(with_state([infeasible], **{KEYS.resized_ratios: "cpu=2"}))
+    assert answered.code == "infeasible" and "enough capacity" in (answered.skipped or "")
+    assert answered.record_infeasible and answered.ratios == "cpu=2" and not answered.patch
+    recorded = plan_for(with_state([infeasible], **{KEYS.resized_ratios: "cpu=2", KEYS.resize_infeasible: "cpu=2"}))
+    assert recorded.code == "infeasible" and not recorded.record_infeasible, "recorded once"
+    # Once the condition is gone, the record alone keeps the same ratios from being retried.
+    assert plan_for(with_state(**{KEYS.resize_infeasible: "cpu=2"})).code == "infeasible"
+    assert plan_for(with_state(**{KEYS.resize_infeasible: "cpu=1.5"})).skipped is None
+    # The minimum interval, from the last resize's time.
+    last = {KEYS.last_resize: format_timestamp(now - LIMITS.min_interval_seconds + 1)}
+    limited = plan_for(with_state(**last))
+    assert limited.code == "rate-limited" and f"{int(LIMITS.min_interval_seconds) - 1}s ago" in (limited.skipped or "")
+    assert plan_for(with_state(**last), at=now + 1).skipped is None
+
+
+def test_static_deleting_and_already_resized_pods_send_no_resize():
+    mirror = running(template())
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+    assert plan_resize(mirror, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS).code == "static"
+    deleting = running(template())
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    assert plan_resize(deleting, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS).code == \
+        "not-running"
+    # Admitted at ratio 2 already: nothing left to change in place.
+    at_ratio = admitted("web-5d8f9-abcde", template(), {KEYS.cpu_requests_ratio: "2"})
+    plan = plan_resize(at_ratio, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    assert plan.code == "in-place" and not plan.patch and not plan.changes
 
 
 def test_a_refused_resize_is_a_warning_event_and_the_record_is_put_back(api, tmp_path):
