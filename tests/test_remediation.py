@@ -938,6 +938,53 @@ def test_several_evictions_from_one_node_take_one_replica_and_keep_to_the_namesp
     assert api.get("pods", "shop", "web-5d8f9-bbbbb") is not None, "one replica of web a pass"
 
 
+def a_second_hot_node(api: FakeKubeAPI, pod_name: str, owner: tuple[str, str]) -> None:
+    """node-hot-2, as hot as node-hot, with one Pod of ``owner`` in shop using 2500m."""
+    api.put("nodes", node("node-hot-2"))
+    api.put("pods", {**pod(pod_name, owner=owner), "spec": {**pod()["spec"], "nodeName": "node-hot-2"}})
+    api.put("nodemetrics", {"metadata": {"name": "node-hot-2"}, "window": "30s",
+                            "usage": {"cpu": "3920m", "memory": "4Gi"}})
+    api.put("podmetrics", {"metadata": {"name": pod_name, "namespace": "shop"}, "window": "30s",
+                           "containers": [{"name": "app", "usage": {"cpu": "2500m", "memory": "300Mi"}}]})
+
+
+def test_the_pass_and_namespace_limits_hold_across_hot_nodes(api):
+    a_second_hot_node(api, "batch-1a2b3-xyzab", ("ReplicaSet", "batch-1a2b3"))
+    one_pass = dataclasses.replace(SETTINGS, hot_observations=1)
+    rows = remediator(api, dataclasses.replace(one_pass, evictions_per_pass=1)).run_pass(dry_run=True)
+    assert [r.object for r in rows if r.proposed] == ["Pod/shop/web-5d8f9-abcde"]
+    assert {r.object: r.reason for r in rows}["Node/node-hot-2"] == "hot, over 1 evictions this pass: next pass"
+    rows = remediator(api, dataclasses.replace(one_pass, evictions_per_namespace=1)).run_pass(dry_run=True)
+    assert [r.object for r in rows if r.proposed] == ["Pod/shop/web-5d8f9-abcde"]
+    assert {r.object: r.reason for r in rows}["Pod/shop/batch-1a2b3-xyzab"] == \
+        "kept: over 1 evictions in shop this pass"
+    limited = remediator(api, dataclasses.replace(one_pass, evictions_per_namespace=1))
+    limited.run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "batch-1a2b3-xyzab") is not None
+    limited.run_pass()
+    assert evictions(api) == 2, "the limit is per pass: the next one moves the second node's Pod"
+    assert api.get("pods", "shop", "batch-1a2b3-xyzab") is None
+    assert api.get("pods", "shop", "api-6f7c8-fghij") is not None, "node-hot is in its cooldown"
+
+
+def test_a_workload_moved_once_stays_until_its_cooldown_ends(api):
+    clock = [time.time()]
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    settings = dataclasses.replace(SETTINGS, hot_observations=1, workload_cooldown_seconds=60)
+    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+    remediator_.run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    # Another replica of web runs hot elsewhere (node-hot itself is in its own cooldown now).
+    a_second_hot_node(api, "web-5d8f9-bbbbb", ("ReplicaSet", "web-5d8f9"))
+    rows = remediator_.run_pass()
+    assert evictions(api) == 1
+    assert {r.object: r.reason for r in rows}["Pod/shop/web-5d8f9-bbbbb"] == \
+        "kept: workload shop/ReplicaSet/web-5d8f9 moved recently (cooling down)"
+    clock[0] += 61
+    remediator_.run_pass()
+    assert evictions(api) == 2 and api.get("pods", "shop", "web-5d8f9-bbbbb") is None
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
