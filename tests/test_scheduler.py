@@ -1239,7 +1239,10 @@ def test_bind_refuses_what_kube_scheduler_would_never_ask_and_records_no_binding
     api.put("pods", pod("placed", "2", node_name="node-1"))
     api.put("pods", pod("mine", "2"))
     api.put("pods", pod("huge", "64"))
-    wait_for(lambda: all(api.get("pods", "default", n) for n in ("other", "placed", "mine", "huge")))
+    leaving = pod("leaving", "1")
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    api.put("pods", leaving)
+    wait_for(lambda: all(api.get("pods", "default", n) for n in ("other", "placed", "mine", "huge", "leaving")))
 
     def bind(name: str, uid: str, node_name: str = "node-0") -> str:
         return str(extender.post("bind", {"PodName": name, "PodNamespace": "default", "PodUID": uid,
@@ -1249,8 +1252,14 @@ def test_bind_refuses_what_kube_scheduler_would_never_ask_and_records_no_binding
     assert "already bound to node-1" in bind("placed", "uid-placed")
     assert "PodUID uid-forged is not the Pod's" in bind("mine", "uid-forged")
     assert "no longer fits tiny" in bind("huge", "uid-huge", "tiny")
+    assert "being deleted" in bind("leaving", "uid-leaving")
+    # Deleted, or its node gone, between kube-scheduler's choice and the bind.
+    assert "cannot read pod default/gone" in bind("gone", "uid-gone")
+    assert "node node-9 is not in the extender's cache" in bind("mine", "uid-mine", "node-9")
     assert api.count("POST", "bindings") == 0, "nothing was bound"
     assert bind("mine", "uid-mine") == ""
+    assert api.count("POST", "bindings") == 1
+    assert "already bound" in bind("mine", "uid-mine"), "a bind sent twice binds once"
     assert api.count("POST", "bindings") == 1
 
 
