@@ -286,7 +286,8 @@ class Reconciler:
             except ApiException as error:
                 if error.status != 409:
                     self.metrics.writes.labels(kind, "error").inc()
-                    log.warning("%s: could not write ratios: %s", _name(plan.key), error.reason)
+                    log.warning("%s: could not write ratios: %s %s", _name(plan.key), error.status,
+                                _status_message(error))
                     return None
                 self.metrics.writes.labels(kind, "conflict").inc()
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
@@ -590,7 +591,8 @@ class Reconciler:
                 if error.status != 409:
                     # 403 here is the node validating webhook refusing a cut; it says why.
                     self.metrics.writes.labels("Node", "error").inc()
-                    log.warning("Node/%s: could not write ratios: %s %s", plan.name, error.status, error.body)
+                    log.warning("Node/%s: could not write ratios: %s %s", plan.name, error.status,
+                                _status_message(error))
                     return False
                 self.metrics.writes.labels("Node", "conflict").inc()
                 node = self.cluster.node(plan.name)

@@ -196,6 +196,15 @@ def test_removing_the_ratio_is_checked_too(validating):
     response = server.review(node_review(removed, stored, username="admin", subresource=None), "/validate/nodes")
     assert response["allowed"] is False
     assert response["status"]["message"].startswith("removing cpu-oversale-ratio gives 3920m allocatable")
+    # The reconciler stops overselling by writing 1; a user may switch the node off: each is named
+    # as it was asked, not as a removal.
+    for change, asked in (({KEYS.cpu_oversale_ratio: "1"}, "cpu-oversale-ratio 1"),
+                          ({KEYS.mutate: "n"}, f"{KEYS.mutate.split('/')[-1]} n"),
+                          ({KEYS.mutate: "perhaps"}, f"{KEYS.mutate.split('/')[-1]} perhaps")):
+        changed = with_annotations(stored, **change)
+        response = server.review(node_review(changed, stored, username="admin", subresource=None), "/validate/nodes")
+        assert response["allowed"] is False
+        assert response["status"]["message"].startswith(f"{asked} gives 3920m allocatable"), asked
 
 
 def test_unreachable_api_allows_with_a_warning(validating):

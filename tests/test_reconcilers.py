@@ -48,6 +48,8 @@ from tests.prometheus_server import (
     step_aligning_proxy,
     write_openmetrics,
 )
+from webhook.node_admission import validate_node
+from webhook.node_pods import LiveNodePods
 
 KEYS = AnnotationKeys()
 NS = "shop"
@@ -2096,6 +2098,41 @@ def test_a_budget_annotation_that_is_not_a_share_falls_back_to_the_pool_and_is_t
                     "0 to 1 (0.001 is 0.1%; 0: no overselling); 2.000% applies"], told
     assert reconciler.metrics.hot_time_budget.labels("default", "cpu")._value.get() == 0.001  # node-1 is stricter
     assert "(budget 2.00%)" in annotations(api, "nodes", "node-2", "")[KEYS.hot_time]
+
+
+def test_a_cut_the_node_validating_webhook_refuses_is_told_and_made_again_to_fit_the_pod_bound_meanwhile(
+        api, tmp_path, caplog):
+    """The reconciler never proposes a ratio under what a node's Pods request, but a Pod can be
+    bound between its read and its write. The node validating webhook (the real one, which the API
+    double calls as the API server would) then refuses the cut with a 403, and the next pass, which
+    sees the Pod, cuts only as far as the Pod allows."""
+    node_pods = LiveNodePods(api_client_for(api), 5.0)
+
+    def bound_just_before_the_write(review: dict[str, Any]) -> dict[str, Any]:
+        if review["request"]["name"] == "node-2" and api.get("pods", NS, "late") is None:
+            # 5 cores on node-2 (real cpu 3920m): they fit its ratio of 1.5, not the cut to 1.
+            api.put("pods", running_pod("late", "node-2", "5", "1Gi"))
+        return validate_node(review["request"], SETTINGS, node_pods)["response"]
+
+    api.validating["nodes"] = bound_just_before_the_write
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        rows = reconciler.run_pass()  # the pool overspent: node-2's target is halved, its ratio cut from 1.5
+    row = next(r for r in rows if r.object == "Node/node-2" and r.resource == "cpu")
+    assert (row.current, row.proposed, row.written) == ("1.5", "1", False)
+    assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "1.5", "nothing was cut"
+    assert reconciler.metrics.writes.labels("Node", "error")._value.get() == 1
+    (refused,) = [r.getMessage() for r in caplog.records if "node-2" in r.getMessage()]
+    assert refused == ("Node/node-2: could not write ratios: 403 admission webhook denied the request: "
+                       "cpu-oversale-ratio 1 gives 3920m allocatable; the 1 pods on node-2 request 5; the lowest "
+                       "safe ratio is 1.28")
+    rows = reconciler.run_pass()
+    row = next(r for r in rows if r.object == "Node/node-2" and r.resource == "cpu")
+    # The Pod's 5 cores, using little, now carry the ratio (it may rise, by 25% a pass at most);
+    # whatever it is, the webhook lets it through only because it holds the Pod.
+    assert row.written and Decimal(row.proposed) >= Decimal("1.28")
+    assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == row.proposed
+    assert reconciler.metrics.writes.labels("Node", "error")._value.get() == 1
 
 
 def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp_path):

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import orjson
 
 from kube.client import one_line
-from oversale.annotations import AnnotationProblem
+from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
+from oversale.errors import InvalidAnnotation
 from oversale.node_oversale import (
     NodePolicy,
     NodeResult,
@@ -184,16 +185,35 @@ def validate_node(request: AdmissionRequest, settings: Settings, pods: NodePods)
         requested = sum(scheduled_request(p, resource) for p in running)
         if requested > allocatable:
             problems.append(_refusal(
-                keys.oversale_ratio(resource).split("/")[-1], after.ratios.get(resource), resource, allocatable,
+                _asked(_annotations(node), keys, resource, after.ratios.get(resource)), resource, allocatable,
                 len(running), name, requested, lowest_safe_ratio(base, requested), limits.max_for(resource)))
     if problems:
         return deny(uid, "; ".join(problems))
     return allow(uid)
 
 
-def _refusal(key: str, ratio: Decimal | None, resource: str, allocatable: int, count: int, node: str,
+def _asked(annotations: dict[str, str], keys: AnnotationKeys, resource: str, ratio: Decimal | None) -> str:
+    """What the write asks for, in the user's words: the new ratio, a value that reads as no ratio
+    (the reconciler writes ``1`` to stop overselling), removing it, or switching the node off."""
+    short = keys.oversale_ratio(resource).split("/")[-1]
+    if ratio is not None:
+        return f"{short} {ratio}"
+    switch = annotations.get(keys.mutate)
+    if switch is not None and not _switched_on(switch):
+        return f"{keys.mutate.split('/')[-1]} {switch}"
+    text = annotations.get(keys.oversale_ratio(resource))
+    return f"{short} {text}" if text is not None else f"removing {short}"
+
+
+def _switched_on(text: str) -> bool:
+    try:
+        return parse_switch(text)
+    except InvalidAnnotation:
+        return False  # an unclear switch turns overselling off (node_policy_from_annotations)
+
+
+def _refusal(asked: str, resource: str, allocatable: int, count: int, node: str,
              requested: int, safe: Decimal, maximum: Decimal) -> str:
-    asked = f"{key} {ratio}" if ratio is not None else f"removing {key}"
     message = (f"{asked} gives {format_amount(resource, allocatable)} allocatable; the {count} pods on {node} "
                f"request {format_amount(resource, requested)}; the lowest safe ratio is {safe}")
     if safe > maximum:
