@@ -676,8 +676,8 @@ _PARSERS: dict[str, Any] = {
     "annotation_prefix": _prefix,
     "max_ratio": _max_ratio,
     "min_ratio": _min_ratio,
-    "cpu_floor_millicores": parse_millicores,
-    "memory_floor_bytes": parse_bytes,
+    "cpu_floor_millicores": lambda text: _not_negative(parse_millicores(text), "such as 10m (0: no floor)"),
+    "memory_floor_bytes": lambda text: _not_negative(parse_bytes(text), "such as 16Mi (0: no floor)"),
     "allow_guaranteed_downgrade": _bool,
     "namespace": str,
     "excluded_namespaces": lambda text: frozenset(n.strip() for n in text.split(",") if n.strip()),
@@ -685,7 +685,9 @@ _PARSERS: dict[str, Any] = {
     "max_memory_oversale_ratio": _max_ratio,
     "kubelet_username": _username_template,
     "pod_lookup_timeout_seconds": _positive_float,
-    "max_body_bytes": parse_bytes,
+    # 0 would refuse every review: the webhooks would admit everything unchanged, and say so only
+    # in their logs.
+    "max_body_bytes": lambda text: _positive_size(text),
     "kubernetes": _choice("auto", "off"),
     "owner_lookup_timeout_seconds": _positive_float,
     "watch_timeout_seconds": _positive_int,
@@ -858,6 +860,12 @@ def parse_base_url(text: str) -> str:
             or any(c.isspace() for c in text):
         raise ValueError("must be an http:// or https:// URL such as http://prometheus.monitoring:9090")
     return text
+
+
+def _not_negative(amount: int, example: str) -> int:
+    if amount < 0:
+        raise ValueError(f"must be 0 or more, {example}")
+    return amount
 
 
 def _positive_size(text: str) -> int:

@@ -51,11 +51,31 @@ def test_environment_overrides_with_quantities_and_lists():
     ("OVERSALE_PROMETHEUS_URL", "http://:9090"), ("OVERSALE_PROMETHEUS_URL", "http://prometheus:ninety"),
     ("OVERSALE_CPU_SCHEDULING_WATERMARK", "0"), ("OVERSALE_CPU_RUNTIME_WATERMARK", "0"),  # every node hot
     ("OVERSALE_MEMORY_SCHEDULING_WATERMARK", "85%"),
+    ("OVERSALE_CPU_FLOOR", "-10m"), ("OVERSALE_MEMORY_FLOOR", "-1Mi"), ("OVERSALE_MAX_BODY_BYTES", "0"),
     ("OVERSALE_PROMETHEUS_SELECTOR", "cluster=prod"), ("OVERSALE_PROMETHEUS_SELECTOR", 'cluster="a" env="b"'),
 ])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
+
+
+FREE_TEXT = {
+    "OVERSALE_ANNOTATION_PREFIX", "OVERSALE_NAMESPACE", "OVERSALE_EXCLUDED_NAMESPACES", "OVERSALE_POOL_LABELS",
+    "OVERSALE_PROMETHEUS_NODE_LABEL", "OVERSALE_PROMETHEUS_NODE_CPU_QUERY", "OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY",
+    "OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE", "OVERSALE_PROMETHEUS_CA_FILE", "OVERSALE_SQLITE_PATH",
+    "OVERSALE_LEASE_NAME", "OVERSALE_EXTENDER_LEASE_NAME", "OVERSALE_SCHEDULER_NAMES", "POD_NAME",
+}
+"""Settings whose value is a name, a path, a label or a query: any text may be one."""
+
+
+@pytest.mark.parametrize("name", sorted(spec.metadata["env"] for spec in dataclasses.fields(Settings)
+                                        if spec.metadata["env"] not in FREE_TEXT))
+@pytest.mark.parametrize("value", ["nonsense", "-1"])
+def test_every_number_duration_switch_and_choice_refuses_nonsense_and_negatives(name, value):
+    # A setting that took either would run with a value nobody meant, and say nothing.
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({name: value})
+    assert str(refused.value).startswith(f"{name}={value!r}: "), str(refused.value)
 
 
 def test_the_prometheus_url_is_a_base_url_or_empty():
