@@ -1777,6 +1777,21 @@ def test_a_wall_clock_step_neither_extends_nor_steals_leadership(api):
     assert not holder.is_leader(), "it stops writing on time, whatever its wall clock says"
 
 
+def test_a_round_whose_write_meets_another_replicas_first_does_not_lead(api):
+    """The Lease is written with the resourceVersion it was read at: when another replica writes
+    in between, the API answers 409 and this round must not count as leading (two leaders)."""
+    clock = Clock()
+    elector = LeaseElector(api_client_for(api), "oversale", "raced", "a", 15, clock)
+    assert elector.try_acquire_or_renew()
+    api.concurrent_writes["leases"] = 1  # the renewal finds the Lease changed since it was read
+    clock.now += 5
+    assert not elector.try_acquire_or_renew() and not elector.is_leader()
+    assert elector.not_leading_because == "another replica won the race"
+    clock.now += 5
+    assert elector.try_acquire_or_renew(), "the next round reads the Lease again: still its own"
+    assert elector.not_leading_because == ""
+
+
 def test_a_released_lease_is_taken_at_once(api):
     first = LeaseElector(api_client_for(api), "oversale", "released", "a", 15)
     second = LeaseElector(api_client_for(api), "oversale", "released", "b", 15)
