@@ -39,6 +39,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from oversale.budget import AccountConfig, HotTimeBudget
@@ -57,14 +58,15 @@ from simulator.policies import (
     GOAL_BAND,
     GOAL_BUDGETS,
     OURS,
+    System,
     band_distance,
     budget_name,
     budget_system,
     default_systems,
     within_band,
 )
-from simulator.replay import SLOTS_PER_DAY, oversized_warning, run
-from simulator.trace import TraceError
+from simulator.replay import SLOTS_PER_DAY, Config, oversized_warning, run
+from simulator.trace import TraceError, Workload
 
 SCALES = (1.0, 2.0, 4.0)
 """Candidates of OVERSALE_BUDGET_CALIBRATION."""
@@ -165,14 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     warning = oversized_warning(workloads, config)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    cut = origin + (days - args.holdout_days) * SLOTS_PER_DAY
-    tuning = []
-    for workload in workloads:
-        keep = workload.slots < cut
-        if keep.any():
-            tuning.append(dataclasses.replace(
-                workload, slots=workload.slots[keep], request={r: v[keep] for r, v in workload.request.items()},
-                usage={r: v[keep] for r, v in workload.usage.items()}))
+    tuning = _before(workloads, origin + (days - args.holdout_days) * SLOTS_PER_DAY)
     baseline = [s for s in default_systems(settings.compression_estimator(), settings.oversale_estimator(),
                                            settings.budget, sweep=False) if s.name == "none"]
     print("scale  " + "  ".join(GRID) + "  score  kept   freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS),
@@ -183,30 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     for number, (scale, *values) in enumerate(candidates, 1):
         account = AccountConfig(**dict(zip(GRID, values, strict=True)))
-        oversale = dataclasses.replace(settings.oversale_estimator(), budget_scale=scale)
         started = time.perf_counter()
-        # Per budget, the realised cpu hot time on each placement; and capacity freed.
-        realised: list[list[float]] = [[] for _ in GOAL_BUDGETS]
-        freed: list[float] = []
-        for seed in [None, *range(1, placements)]:
-            systems = baseline + [budget_system(budget_name(b), HotTimeBudget(b, settings.memory_hot_time_budget),
-                                                settings.compression_estimator(), oversale, OURS, account)
-                                  for b in GOAL_BUDGETS]  # fresh systems: their accounts keep state
-            result = run(tuning, dataclasses.replace(config, placement_seed=seed), systems)
-            base = result.tallies["none"]["tuning"].node_days
-            for index, budget in enumerate(GOAL_BUDGETS):
-                tally = result.tallies[budget_name(budget)]["tuning"]
-                realised[index].append(tally.violations["cpu"] / max(tally.node_samples["cpu"], 1))
-                freed.append(1 - tally.node_days / base)
+
+        def replayed(seed: int | None, number: int = number) -> None:
             if placements > 1:
                 print(f"candidate {number}/{len(candidates)}: placement {1 if seed is None else seed + 1}/"
                       f"{placements} replayed", file=sys.stderr, flush=True)
-        pairs = [(r, b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True) for r in rates]
-        times = tuple((min(rates) / b, max(rates) / b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True))
-        row = Scored(scale, account, sum(band_distance(r, b) for r, b in pairs) / len(pairs),
-                     sum(within_band(r, b) for r, b in pairs), len(pairs), sum(freed) / len(freed), times)
+
+        row = _score(tuning, config, settings, baseline, scale, account, placements, replayed)
         scored.append(row)
-        cells = [f"{low:.2f}x" if placements == 1 else f"{low:.2f}-{high:.2f}x" for low, high in times]
+        cells = [f"{low:.2f}x" if placements == 1 else f"{low:.2f}-{high:.2f}x" for low, high in row.times_budget]
         print(f"{scale:>5}  " + "  ".join(f"{value:>{len(knob)}}" for knob, value in zip(GRID, values, strict=True))
               + f"  {row.score:.3f}  {f'{row.kept}/{row.cells}':<5}  {row.freed:.1%}  " + "  ".join(cells)
               + f"   ({time.perf_counter() - started:.0f}s)", flush=True)
@@ -217,19 +198,62 @@ def main(argv: list[str] | None = None) -> int:
     if choice:
         print(choice, flush=True)
     if args.json is not None:
-        best = best_settable(scored, settings.account)
-        args.json.write_text(json.dumps({
-            "trace": str(args.trace), "holdout_days": args.holdout_days, "placements": placements,
-            "budgets": list(GOAL_BUDGETS), "band": list(GOAL_BAND),
-            "candidates": [{"calibration": row.calibration, "account": dataclasses.asdict(row.account),
-                            "score": round(row.score, 6), "kept": row.kept, "cells": row.cells,
-                            "capacity_freed": round(row.freed, 6),
-                            "times_budget": [{"hot_time_budget": b, "lowest": round(low, 6), "highest": round(high, 6)}
-                                             for b, (low, high) in zip(GOAL_BUDGETS, row.times_budget, strict=True)]}
-                           for row in scored],
-            "current_calibration": settings.budget_calibration,
-            "best_calibration": best.calibration if best else None, "choice": choice}, indent=1) + "\n")
+        _write_json(args.json, args, scored, settings, placements, choice)
     return 0
+
+
+def _before(workloads: list[Workload], cut: float) -> list[Workload]:
+    """The workloads' samples before ``cut``: the tuning days, the holdout cut off."""
+    tuning = []
+    for workload in workloads:
+        keep = workload.slots < cut
+        if keep.any():
+            tuning.append(dataclasses.replace(
+                workload, slots=workload.slots[keep], request={r: v[keep] for r, v in workload.request.items()},
+                usage={r: v[keep] for r, v in workload.usage.items()}))
+    return tuning
+
+
+def _score(tuning: list[Workload], config: Config, settings: Settings, baseline: list[System], scale: float,
+           account: AccountConfig, placements: int, replayed: Callable[[int | None], None]) -> Scored:
+    """One candidate (calibration ``scale``, ``account``) replayed at every budget of the goal on
+    ``placements`` placements of the tuning days: how often each realised hot time kept its band."""
+    oversale = dataclasses.replace(settings.oversale_estimator(), budget_scale=scale)
+    # Per budget, the realised cpu hot time on each placement; and capacity freed.
+    realised: list[list[float]] = [[] for _ in GOAL_BUDGETS]
+    freed: list[float] = []
+    for seed in [None, *range(1, placements)]:
+        systems = baseline + [budget_system(budget_name(b), HotTimeBudget(b, settings.memory_hot_time_budget),
+                                            settings.compression_estimator(), oversale, OURS, account)
+                              for b in GOAL_BUDGETS]  # fresh systems: their accounts keep state
+        result = run(tuning, dataclasses.replace(config, placement_seed=seed), systems)
+        base = result.tallies["none"]["tuning"].node_days
+        for index, budget in enumerate(GOAL_BUDGETS):
+            tally = result.tallies[budget_name(budget)]["tuning"]
+            realised[index].append(tally.violations["cpu"] / max(tally.node_samples["cpu"], 1))
+            freed.append(1 - tally.node_days / base)
+        replayed(seed)
+    pairs = [(r, b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True) for r in rates]
+    times = tuple((min(rates) / b, max(rates) / b) for rates, b in zip(realised, GOAL_BUDGETS, strict=True))
+    return Scored(scale, account, sum(band_distance(r, b) for r, b in pairs) / len(pairs),
+                  sum(within_band(r, b) for r, b in pairs), len(pairs), sum(freed) / len(freed), times)
+
+
+def _write_json(path: Path, args: argparse.Namespace, scored: list[Scored], settings: Settings, placements: int,
+                choice: str | None) -> None:
+    """``--json``: every candidate's figures and the choice."""
+    best = best_settable(scored, settings.account)
+    path.write_text(json.dumps({
+        "trace": str(args.trace), "holdout_days": args.holdout_days, "placements": placements,
+        "budgets": list(GOAL_BUDGETS), "band": list(GOAL_BAND),
+        "candidates": [{"calibration": row.calibration, "account": dataclasses.asdict(row.account),
+                        "score": round(row.score, 6), "kept": row.kept, "cells": row.cells,
+                        "capacity_freed": round(row.freed, 6),
+                        "times_budget": [{"hot_time_budget": b, "lowest": round(low, 6), "highest": round(high, 6)}
+                                         for b, (low, high) in zip(GOAL_BUDGETS, row.times_budget, strict=True)]}
+                       for row in scored],
+        "current_calibration": settings.budget_calibration,
+        "best_calibration": best.calibration if best else None, "choice": choice}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
