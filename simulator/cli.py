@@ -87,9 +87,13 @@ def cluster_config(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
         parser.error(f"--node-memory: {error}")
     if not (math.isfinite(args.node_cores) and args.node_cores > 0):
         parser.error(f"--node-cores {args.node_cores:g}: a node's cores must be a positive number")
-    if (memory <= 0 or args.warmup_days < 1 or args.window_days < 1 or args.request_window_days < 1
-            or args.holdout_days < 0):
-        parser.error("node size, warm-up and windows must be positive, the holdout not negative")
+    if memory <= 0:
+        parser.error(f"--node-memory {args.node_memory}: a node's memory must be above 0")
+    for option, days, least in (("--warmup-days", args.warmup_days, 1), ("--window-days", args.window_days, 1),
+                                ("--request-window-days", args.request_window_days, 1),
+                                ("--holdout-days", args.holdout_days, 0)):
+        if days < least:
+            parser.error(f"{option} {days}: at least {least} " + ("day" if least == 1 else "days (0: no holdout)"))
     if not (math.isfinite(args.vm_cores) and args.vm_cores > 0):
         parser.error(f"--vm-cores {args.vm_cores:g}: a VM's cores must be a positive number")
     if arrival_seed < 0:

@@ -128,6 +128,9 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
     (["reconcilers", "backtest", "--trace", "x.csv", "--node-cores", "nan"], ["--node-cores nan", "positive"]),
     (["reconcilers", "backtest", "--trace", "x.csv", "--vm-cores", "inf"], ["--vm-cores inf", "positive"]),
     (["reconcilers", "backtest", "--trace", "x.csv", "--arrival-seed", "-1"], ["--arrival-seed -1"]),
+    (["reconcilers", "backtest", "--trace", "x.csv", "--node-memory=-1Gi"], ["--node-memory -1Gi", "above 0"]),
+    (["reconcilers", "backtest", "--trace", "x.csv", "--window-days", "0"], ["--window-days 0", "at least 1 day"]),
+    (["simulator.tune", "--trace", "x.csv", "--holdout-days", "-1"], ["--holdout-days -1", "at least 0 days"]),
     (["reconcilers", "backtest", "--trace", "x.csv", "--placements", "0"], ["--placements 0", "at least 1"]),
     (["simulator.tune", "--trace", "x.csv", "--placements", "-1"], ["--placements -1", "at least 1"]),
     # Told before the replay, not after minutes of it.
