@@ -196,6 +196,13 @@ class AnnotationKeys:
         return self._key("reservations")
 
     @cached_property
+    def remediation_cooldowns(self) -> str:
+        """Written on Nodes by the remediator when it evicts from them: JSON of when the node's
+        cooldown and those of the workloads it moved end (``{"node": "...", "workloads":
+        {"ns/Kind/name": "..."}}``), so a replica that takes the Lease over keeps them."""
+        return self._key("remediation-cooldowns")
+
+    @cached_property
     def hot_taint(self) -> str:
         """Taint key the remediator puts on a Node it has just evicted from (``PreferNoSchedule``,
         the value the Unix time it lasts until), so replacements placed by any scheduler avoid it."""

@@ -14,6 +14,7 @@ Everything here is plain data in, plain data out: the live remediator and the re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -41,7 +42,7 @@ from oversale.node_fit import (
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.pods import condition_of, controller_of, is_mirror_or_static, qos_class
 from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount
-from oversale.timestamps import parse_timestamp
+from oversale.timestamps import format_timestamp, parse_timestamp
 from oversale.usage import LoadConfig, read_watermarks
 
 CRITICAL_PRIORITY_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
@@ -479,6 +480,65 @@ def _covers(pod: Candidate, over: Mapping[str, float]) -> str:
     parts = [f"uses {format_amount(r, round(pod.usage.get(r, 0.0)))} {r}, "
              f"{format_amount(r, round(over[r]))} above the watermark" for r in over]
     return f"{pod.qos}, " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Cooldowns:
+    """When a node's cooldown after an eviction ends, and those of the workloads moved off it
+    (Unix seconds). Kept in the remediator's memory and, so that a replica taking the Lease over
+    (a rollout, a crash) does not judge the node or move the workloads again at once, on the node."""
+
+    node: float | None = None
+    workloads: Mapping[str, float] = field(default_factory=dict)
+
+    def merged(self, other: Cooldowns) -> Cooldowns:
+        """Each cooldown at the later of its two ends."""
+        node = max((t for t in (self.node, other.node) if t is not None), default=None)
+        workloads = dict(self.workloads)
+        for workload, until in other.workloads.items():
+            workloads[workload] = max(until, workloads.get(workload, until))
+        return Cooldowns(node, workloads)
+
+    def after(self, now: float) -> Cooldowns:
+        """Only the cooldowns still running at ``now``."""
+        return Cooldowns(self.node if self.node is not None and self.node > now else None,
+                         {w: until for w, until in self.workloads.items() if until > now})
+
+
+def read_cooldowns(annotations: Mapping[str, str] | None, keys: AnnotationKeys) -> Cooldowns:
+    """The cooldowns recorded on a node (:attr:`AnnotationKeys.remediation_cooldowns`); a record
+    that cannot be read holds none, as an unreadable reservation holds no room.
+
+    >>> keys = AnnotationKeys()
+    >>> text = '{"node": "2026-12-01T10:10:00Z", "workloads": {"shop/ReplicaSet/web-5d8f9": "2026-12-01T10:30:00Z"}}'
+    >>> read_cooldowns({keys.remediation_cooldowns: text}, keys)
+    Cooldowns(node=1796119800.0, workloads={'shop/ReplicaSet/web-5d8f9': 1796121000.0})
+    >>> read_cooldowns({keys.remediation_cooldowns: "[1]"}, keys)
+    Cooldowns(node=None, workloads={})
+    """
+    text = (annotations or {}).get(keys.remediation_cooldowns)
+    try:
+        record = json.loads(text) if text else {}
+    except ValueError:
+        return Cooldowns()
+    if not isinstance(record, dict):
+        return Cooldowns()
+    workloads = record.get("workloads")
+    return Cooldowns(parse_timestamp(record.get("node")),
+                     {w: until for w, t in workloads.items() if (until := parse_timestamp(t)) is not None}
+                     if isinstance(workloads, dict) else {})
+
+
+def cooldowns_text(cooldowns: Cooldowns) -> str | None:
+    """The annotation's value for ``cooldowns`` (None: nothing to record, the annotation removed)."""
+    if cooldowns.node is None and not cooldowns.workloads:
+        return None
+    record: dict[str, Any] = {}
+    if cooldowns.node is not None:
+        record["node"] = format_timestamp(cooldowns.node)
+    if cooldowns.workloads:
+        record["workloads"] = {w: format_timestamp(t) for w, t in sorted(cooldowns.workloads.items())}
+    return json.dumps(record, sort_keys=True)
 
 
 HOT_TAINT_EFFECT = "PreferNoSchedule"

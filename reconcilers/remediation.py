@@ -56,15 +56,18 @@ from oversale.quantity import RESOURCES, format_amount
 from oversale.remediation import (
     HOT_TAINT_EFFECT,
     Candidate,
+    Cooldowns,
     Move,
     Target,
     candidate,
+    cooldowns_text,
     eviction_exclusion,
     excess,
     hot_reason,
     hot_taint_expired,
     next_streak,
     plan_moves,
+    read_cooldowns,
     runtime_watermarks_for,
     serving_replica_of,
     with_hot_taint,
@@ -118,6 +121,7 @@ class Remediator:
             return []
         nodes = seen.nodes
         self._forget({n["metadata"]["name"] for n in nodes}, now)
+        self._recall_cooldowns(nodes, now)
         views = {n["metadata"]["name"]: node_view(n, self.keys, watermarks=self.settings.load.watermarks)
                  for n in nodes}
         fresh = {name: m for name, m in seen.node_metrics.items()
@@ -131,6 +135,11 @@ class Remediator:
             for node in nodes:
                 if hot_taint_expired((node.get("spec") or {}).get("taints") or (), self.keys.hot_taint, now):
                     self._set_hot_taint(node["metadata"]["name"], None)
+                annotations = node["metadata"].get("annotations") or {}
+                recorded = annotations.get(self.keys.remediation_cooldowns)
+                running = cooldowns_text(read_cooldowns(annotations, self.keys).after(now))
+                if recorded is not None and recorded != running:  # some have ended
+                    self._record_cooldowns(node["metadata"]["name"], Cooldowns(), now)
         state = _Pass(seen, views, targets, dry_run, now, self.config.max_per_pass)
         try:
             for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
@@ -271,6 +280,8 @@ class Remediator:
                 self.node_cooldown[name] = now + self.config.node_cooldown_seconds
                 self.workload_cooldown[move.pod.workload] = now + self.config.workload_cooldown_seconds
                 self.streaks[name] = 0
+                self._record_cooldowns(name, Cooldowns(self.node_cooldown[name], {
+                    move.pod.workload: self.workload_cooldown[move.pod.workload]}), now)
 
     def _candidates(self, name: str, state: _Pass) -> list[Candidate]:
         """The Pods on a hot node that may move, each with its usage, volumes and workload; every
@@ -353,6 +364,37 @@ class Remediator:
         for name, target in targets.items():
             targets[name] = replace(target, attached=attached.get(name, {}), volume_limits=limits.get(name, {}))
         return True
+
+    def _recall_cooldowns(self, nodes: list[dict[str, Any]], now: float) -> None:
+        """Take in the cooldowns recorded on the nodes: after a rollout or a crash, the replica
+        that takes the Lease over starts with empty memory, and would otherwise judge a node
+        minutes after an eviction from it, before its load settled, and could move another
+        replica of a workload just moved."""
+        for node in nodes:
+            name = node["metadata"]["name"]
+            recorded = read_cooldowns(node["metadata"].get("annotations"), self.keys).after(now)
+            known = Cooldowns(self.node_cooldown.get(name), {w: self.workload_cooldown[w] for w in recorded.workloads
+                                                             if w in self.workload_cooldown})
+            merged = known.merged(recorded)
+            if merged.node is not None:
+                self.node_cooldown[name] = merged.node
+            self.workload_cooldown.update(merged.workloads)
+
+    def _record_cooldowns(self, node: str, ends: Cooldowns, now: float) -> None:
+        """Merge ``ends`` into the node's record of cooldowns, those over dropped (the record
+        removed once none runs). Best effort: a record not written only costs the memory of a
+        replica taking over, and it says so."""
+        if self.leader is not None and not self.leader.is_leader():
+            return
+        try:
+            current = self.cluster.node(node)
+            recorded = read_cooldowns(current["metadata"].get("annotations"), self.keys)
+            text = cooldowns_text(recorded.merged(ends).after(now))
+            if text != (current["metadata"].get("annotations") or {}).get(self.keys.remediation_cooldowns):
+                self.cluster.annotate_node(node, {self.keys.remediation_cooldowns: text}, "")
+        except ApiException as error:
+            log.warning("Node/%s: cooldowns not recorded (%s %s): a replica taking the Lease over would not know "
+                        "them", node, error.status, error.reason)
 
     def _forget(self, present: set[str], now: float) -> None:
         """Drop what is kept of nodes no longer in the cluster and of cooldowns that ended: with

@@ -33,14 +33,17 @@ from oversale.placement import (
 )
 from oversale.remediation import (
     Candidate,
+    Cooldowns,
     RuntimeWatermarks,
     Target,
+    cooldowns_text,
     eviction_exclusion,
     eviction_order,
     excess,
     hot_taint_expired,
     next_streak,
     plan_moves,
+    read_cooldowns,
     serving_replica_of,
     with_hot_taint,
 )
@@ -634,8 +637,10 @@ def test_a_pod_is_not_evicted_toward_a_node_without_the_gpus_or_pod_slots_it_tak
     api.put("pods", web)
     web_stays_and_api_moves(api, "nvidia.com/gpu: 1 requested, 0 free on node-cool")
 
-    # node-cool with the GPU, but every Pod slot taken: no move at all.
+    # node-cool with the GPU, but every Pod slot taken: no move at all (node-hot's cooldown after
+    # the eviction above ended).
     settings = dataclasses.replace(SETTINGS, hot_observations=1)
+    end_cooldowns(api, "node-hot")
     cool = api.get("nodes", "", "node-cool")
     cool["status"]["allocatable"]["nvidia.com/gpu"] = "1"
     cool["status"]["allocatable"]["pods"] = "1"
@@ -718,6 +723,13 @@ def test_room_a_pod_nominated_to_the_target_will_take_is_not_offered_to_a_replac
     api.put("pods", waiting)
     remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
     assert evictions(api) == 1
+
+
+def end_cooldowns(api: FakeKubeAPI, node_name: str) -> None:
+    """As if the cooldowns an eviction from ``node_name`` recorded on it had ended."""
+    node_ = api.get("nodes", "", node_name)
+    del node_["metadata"]["annotations"][KEYS.remediation_cooldowns]
+    api.put("nodes", node_)
 
 
 def web_stays_and_api_moves(api: FakeKubeAPI, reason: str) -> None:
@@ -983,6 +995,77 @@ def test_a_workload_moved_once_stays_until_its_cooldown_ends(api):
     clock[0] += 61
     remediator_.run_pass()
     assert evictions(api) == 2 and api.get("pods", "shop", "web-5d8f9-bbbbb") is None
+
+
+def test_cooldowns_merge_at_the_later_end_drop_the_ended_and_read_back_as_written():
+    earlier = Cooldowns(100.0, {"shop/ReplicaSet/a": 200.0, "shop/ReplicaSet/b": 50.0})
+    later = Cooldowns(None, {"shop/ReplicaSet/a": 150.0, "shop/ReplicaSet/c": 300.0})
+    merged = earlier.merged(later)
+    assert merged == Cooldowns(100.0, {"shop/ReplicaSet/a": 200.0, "shop/ReplicaSet/b": 50.0,
+                                       "shop/ReplicaSet/c": 300.0})
+    assert merged.after(60) == Cooldowns(100.0, {"shop/ReplicaSet/a": 200.0, "shop/ReplicaSet/c": 300.0})
+    assert merged.after(100) == Cooldowns(None, {"shop/ReplicaSet/a": 200.0, "shop/ReplicaSet/c": 300.0})
+    assert cooldowns_text(merged.after(300)) is None, "nothing left: the annotation is removed"
+    text = cooldowns_text(merged)
+    assert text is not None
+    # The pass tidies a record whose text its running cooldowns no longer give: a record read back
+    # must give the same text, or it would be written again every pass.
+    assert read_cooldowns({KEYS.remediation_cooldowns: text}, KEYS) == merged
+    assert cooldowns_text(read_cooldowns({KEYS.remediation_cooldowns: text}, KEYS)) == text
+
+
+def test_a_replica_that_takes_the_lease_over_keeps_the_cooldowns_of_the_one_before(api):
+    """A rollout of the reconcilers starts a replica with empty memory: without the record on the
+    node it would judge node-hot a pass after an eviction, before its load settled, and move the
+    other replica of a workload just moved."""
+    clock = [time.time()]
+    settings = dataclasses.replace(SETTINGS, hot_observations=1)
+
+    def replica() -> Remediator:
+        api_client = client.ApiClient(client.Configuration(host=api.url))
+        return Remediator(Cluster(api_client), MetricsAPI(api_client, clock=lambda: clock[0]), settings,
+                          clock=lambda: clock[0])
+
+    def recorded() -> Cooldowns:
+        return read_cooldowns(api.get("nodes", "", "node-hot")["metadata"].get("annotations"), KEYS)
+
+    replica().run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    first = recorded()
+    assert first.node == pytest.approx(clock[0] + settings.node_cooldown_seconds, abs=1)
+    assert first.workloads == {"shop/ReplicaSet/web-5d8f9": pytest.approx(clock[0] + settings.workload_cooldown_seconds,
+                                                                          abs=1)}
+    a_second_hot_node(api, "web-5d8f9-bbbbb", ("ReplicaSet", "web-5d8f9"))
+    rows = replica().run_pass()
+    assert evictions(api) == 1
+    reasons = {r.object: r.reason for r in rows}
+    assert reasons["Node/node-hot"].startswith("hot, cooling down after an eviction (600s left)")
+    assert reasons["Pod/shop/web-5d8f9-bbbbb"] == \
+        "kept: workload shop/ReplicaSet/web-5d8f9 moved recently (cooling down)"
+
+    clock[0] += settings.node_cooldown_seconds + 1  # node-hot's cooldown ended, web's has not
+    replica().run_pass()
+    assert evictions(api) == 2 and api.get("pods", "shop", "api-6f7c8-fghij") is None, "node-hot judged again"
+    assert api.get("pods", "shop", "web-5d8f9-bbbbb") is not None
+    assert set(recorded().workloads) == {"shop/ReplicaSet/web-5d8f9", "shop/ReplicaSet/api-6f7c8"}, "merged"
+
+    # Once every cooldown has ended, the next pass of the Lease holder removes the record.
+    clock[0] += settings.workload_cooldown_seconds + 1
+    for name in ("node-hot", "node-hot-2"):
+        api.put("nodemetrics", {"metadata": {"name": name}, "window": "30s", "usage": {"cpu": "500m", "memory": "2Gi"}})
+    replica().run_pass(dry_run=True)
+    assert KEYS.remediation_cooldowns in api.get("nodes", "", "node-hot")["metadata"]["annotations"], "not on a dry run"
+    replica().run_pass()
+    assert KEYS.remediation_cooldowns not in api.get("nodes", "", "node-hot")["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("garbage", ["not json", "[1]", '{"node": 5, "workloads": ["x"]}', '{"node": "soon"}'])
+def test_an_unreadable_cooldown_record_holds_nothing(api, garbage):
+    hot = api.get("nodes", "", "node-hot")
+    hot["metadata"]["annotations"] = {KEYS.remediation_cooldowns: garbage}
+    api.put("nodes", hot)
+    remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
