@@ -373,12 +373,10 @@ class Remediator:
         for node in nodes:
             name = node["metadata"]["name"]
             recorded = read_cooldowns(node["metadata"].get("annotations"), self.keys).after(now)
-            known = Cooldowns(self.node_cooldown.get(name), {w: self.workload_cooldown[w] for w in recorded.workloads
-                                                             if w in self.workload_cooldown})
-            merged = known.merged(recorded)
-            if merged.node is not None:
-                self.node_cooldown[name] = merged.node
-            self.workload_cooldown.update(merged.workloads)
+            if recorded.node is not None:
+                self.node_cooldown[name] = max(recorded.node, self.node_cooldown.get(name, 0))
+            for workload, until in recorded.workloads.items():
+                self.workload_cooldown[workload] = max(until, self.workload_cooldown.get(workload, 0))
 
     def _record_cooldowns(self, node: str, ends: Cooldowns, now: float) -> None:
         """Merge ``ends`` into the node's record of cooldowns, those over dropped (the record

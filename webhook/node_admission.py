@@ -15,8 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from kube.client import one_line
-from oversale.annotations import AnnotationKeys, AnnotationProblem, parse_switch
-from oversale.errors import InvalidAnnotation
+from oversale.annotations import AnnotationKeys, AnnotationProblem, wants
 from oversale.node_oversale import (
     NodePolicy,
     NodeResult,
@@ -198,18 +197,10 @@ def _asked(annotations: dict[str, str], keys: AnnotationKeys, resource: str, rat
     short = keys.oversale_ratio(resource).split("/")[-1]
     if ratio is not None:
         return f"{short} {ratio}"
-    switch = annotations.get(keys.mutate)
-    if switch is not None and not _switched_on(switch):
-        return f"{keys.mutate.split('/')[-1]} {switch}"
+    if keys.mutate in annotations and not wants(annotations, keys.mutate):  # unclear reads as off, too
+        return f"{keys.mutate.split('/')[-1]} {annotations[keys.mutate]}"
     text = annotations.get(keys.oversale_ratio(resource))
     return f"{short} {text}" if text is not None else f"removing {short}"
-
-
-def _switched_on(text: str) -> bool:
-    try:
-        return parse_switch(text)
-    except InvalidAnnotation:
-        return False  # an unclear switch turns overselling off (node_policy_from_annotations)
 
 
 def _refusal(asked: str, resource: str, allocatable: int, count: int, node: str,
