@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> Parser:
     parser = Parser(prog="python -m reconcilers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="reconcile in a loop (leader-elected)")
     once = commands.add_parser("once", help="one pass")
