@@ -321,7 +321,7 @@ class Reconciler:
         except ApiException as error:
             # Retried next pass: the HPA is compared with the ratios in effect every pass.
             log.warning("HorizontalPodAutoscaler/%s/%s: could not rescale (%s %s); until it is, it scales the "
-                        "right-sized workload out", namespace, name, error.status, error.reason)
+                        "right-sized workload out", namespace, name, error.status, _status_message(error))
             return
         log.info("HorizontalPodAutoscaler/%s/%s: %s", namespace, name, said)
         self._best_effort(self.cluster.event, hpa, "UtilizationTargetRescaled", said, COMPONENT)
@@ -456,7 +456,8 @@ class Reconciler:
         except ApiException as error:
             result = "conflict" if error.status == 409 else "error"
             self.metrics.resizes.labels(result).inc()
-            log.warning("Pod/%s/%s: not resized (%s %s), next pass", namespace, name, error.status, error.reason)
+            log.warning("Pod/%s/%s: not resized (%s %s), next pass", namespace, name, error.status,
+                        _status_message(error))
             return False
         try:
             self.cluster.resize_pod(namespace, name, plan.patch)

@@ -1456,6 +1456,29 @@ def test_an_hpa_added_to_a_workload_already_right_sized_is_rescaled_to_the_ratio
                 if e["reason"] == "UtilizationTargetRescaled"]) == 1
 
 
+def test_an_hpa_whose_rescale_is_refused_is_told_and_rescaled_on_a_later_pass(api, prometheus, caplog):
+    # The ratio is written first: an HPA left at its old target scales the workload out (it costs
+    # capacity), where a target raised over unchanged requests would scale it in.
+    def gitops_policy(review: dict[str, Any]) -> dict[str, Any]:
+        return {"allowed": False, "status": {"code": 403, "message": "HPAs change through Git only"}}
+
+    api.validating["horizontalpodautoscalers"] = gitops_policy
+    settings = dataclasses.replace(SETTINGS, rescale_hpa=True, max_ratio=Decimal("1.25"))
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings)
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        reconciler.run_pass()
+    assert annotations(api, "deployments", "api")[KEYS.cpu_requests_ratio] == "1.25"
+    hpa = api.get("horizontalpodautoscalers", NS, "api")
+    assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
+    assert KEYS.original_target_utilization not in (hpa["metadata"].get("annotations") or {})
+    assert f"HorizontalPodAutoscaler/{NS}/api: could not rescale (403 admission webhook denied the request: HPAs " \
+           "change through Git only); until it is, it scales the right-sized workload out" in caplog.messages
+    del api.validating["horizontalpodautoscalers"]
+    reconciler.run_pass()
+    assert api.get("horizontalpodautoscalers", NS, "api")["spec"]["metrics"][0]["resource"]["target"][
+        "averageUtilization"] == 75
+
+
 def test_an_hpa_on_cpu_and_memory_has_each_target_rescaled_by_its_own_ratio(api, prometheus):
     # db right-sizes cpu (2 -> 2.5) and memory (1 -> 1.25): each utilization target keeps its
     # absolute threshold by its own ratio, and each original is recorded under its own key.
