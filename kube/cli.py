@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from kube.client import one_line
+from kube.client import api_message, one_line
 from oversale.errors import SettingsError
 from oversale.settings import Settings, unread_variables
 
@@ -66,7 +66,8 @@ def describe(error: BaseException) -> str:
         return (f"cannot reach the API server: {one_line(error)}; check KUBECONFIG and its current context "
                 "(kubectl cluster-info)")
     if isinstance(error, ApiException):
-        return f"the API server refused the request: {one_line(error)}{_api_message(error)}"
+        said = api_message(error)[:200]
+        return f"the API server refused the request: {one_line(error)}" + (f": {said}" if said else "")
     if isinstance(error, FileNotFoundError):
         return f"{error.filename or error}: no such file or directory"
     if isinstance(error, PermissionError):
@@ -74,16 +75,6 @@ def describe(error: BaseException) -> str:
     if isinstance(error, OSError) and error.filename:
         return f"{error.filename}: {error.strerror or one_line(error)}"
     return f"{type(error).__name__}: {one_line(error)}"
-
-
-def _api_message(error: BaseException) -> str:
-    import json
-
-    try:
-        message = json.loads(getattr(error, "body", "") or "{}").get("message", "")
-    except (ValueError, AttributeError):
-        return ""
-    return f": {str(message).splitlines()[0][:200]}" if message else ""
 
 
 def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:

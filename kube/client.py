@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -70,6 +71,23 @@ def one_line(error: BaseException) -> str:
         return unreachable
     text = str(error)
     return text.splitlines()[0][:200] if text.strip() else type(error).__name__
+
+
+def api_message(error: BaseException) -> str:
+    """The API server's own explanation of a refusal, from the Status in its body (its first
+    line: an admission webhook's or a policy engine's words, RBAC's "cannot patch resource");
+    "" when the body holds none.
+
+    >>> class Refused(Exception):
+    ...     body = '{"kind": "Status", "message": "admission webhook denied the request: no"}'
+    >>> api_message(Refused()), api_message(ValueError("no body"))
+    ('admission webhook denied the request: no', '')
+    """
+    try:
+        message = json.loads(getattr(error, "body", None) or "{}").get("message")
+    except (ValueError, TypeError, AttributeError):
+        return ""
+    return str(message).splitlines()[0] if message else ""
 
 
 def refused_by_server(error: BaseException) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import one_line
+from kube.client import api_message, one_line
 from kube.metrics_api import MetricsAPI, NodeMetrics, pod_usage
 from oversale.node_fit import (
     CsiVolume,
@@ -440,7 +440,8 @@ class Remediator:
                          " (another Pod has its name now)" if error.status == 409 else "")
             else:
                 self.metrics.evictions.labels("error").inc()
-                log.warning("Pod/%s: eviction failed: %s %s", move.pod.name, error.status, error.reason)
+                log.warning("Pod/%s: eviction failed: %s %s", move.pod.name, error.status,
+                            api_message(error) or error.reason)
             return False
         self.metrics.evictions.labels("hot-node").inc()
         message = f"evicted from hot node {source['metadata']['name']} toward {move.target}: {move.reason}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import math
 import time
@@ -18,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from kube.client import api_message
 from oversale.annotations import format_ratio, wants
 from oversale.budget import (
     NO_HOT_TIME,
@@ -808,10 +808,7 @@ def _amount(resource: str, value: float | None) -> str:
 
 def _status_message(error: ApiException) -> str:
     """The API's own explanation from a Status body, else the HTTP reason."""
-    try:
-        return str(json.loads(error.body or "").get("message") or error.reason)
-    except (TypeError, ValueError):
-        return f"{error.status} {error.reason}"
+    return api_message(error) or str(error.reason)
 
 
 def _now() -> str:

@@ -242,7 +242,31 @@ class FakeKubeAPI:
               old: dict[str, Any] | None, username: str) -> tuple[int, dict[str, Any]]:
         """Admission, then the registry's update strategy, then storage, as the API server does
         for a CREATE or UPDATE. Returns (HTTP status, stored object or Status)."""
-        _, _, kind, _ = RESOURCES[plural]
+        admitted = self.admit(plural, operation, subresource, obj, old, username)
+        if admitted[0] != 200:
+            return admitted
+        obj = admitted[1]
+        if old is not None and plural == "pods" and subresource == "resize":
+            problem = _resize_problem(old, obj)
+            if problem:
+                message = f'Pod "{old["metadata"]["name"]}" is invalid: {problem}'
+                return 422, _status(422, "Invalid", message)
+            obj = self._kubelet_resizes(old, obj)
+        if old is not None and plural == "nodes":
+            # The node registry strategies (pkg/registry/core/node/strategy.go), applied after
+            # admission: a main-resource update keeps the stored status, a status update keeps the
+            # stored spec.
+            if subresource == "status":
+                obj["spec"] = copy.deepcopy(old.get("spec"))
+            else:
+                obj["status"] = copy.deepcopy(old.get("status"))
+        return (201 if old is None else 200), self.put(plural, obj)
+
+    def admit(self, plural: str, operation: str, subresource: str, obj: dict[str, Any], old: dict[str, Any] | None,
+              username: str, kind: str | None = None) -> tuple[int, dict[str, Any]]:
+        """The mutating, then the validating webhook of ``plural``, as the API server calls them:
+        (200, the object as mutated) or (the refusal's HTTP status, its Status)."""
+        kind = kind or RESOURCES[plural][2]
         for chain, mutating in ((self.mutating, True), (self.validating, False)):
             webhook = chain.get(plural)
             if webhook is None:
@@ -269,22 +293,7 @@ class FakeKubeAPI:
                 return code, _status(code, "Forbidden", message)
             if mutating and response.get("patch"):
                 obj = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
-        if old is not None and plural == "pods" and subresource == "resize":
-            problem = _resize_problem(old, obj)
-            if problem:
-                message = f'Pod "{old["metadata"]["name"]}" is invalid: {problem}'
-                return 422, _status(422, "Invalid", message)
-            obj = self._kubelet_resizes(old, obj)
-        if old is not None and plural == "nodes":
-            # The node registry strategies (pkg/registry/core/node/strategy.go), applied after
-            # admission: a main-resource update keeps the stored status, a status update keeps the
-            # stored spec.
-            if subresource == "status":
-                obj["spec"] = copy.deepcopy(old.get("spec"))
-            else:
-                obj["status"] = copy.deepcopy(old.get("status"))
-        return (201 if old is None else 200), self.put(plural, obj)
-
+        return 200, obj
 
     def _kubelet_resizes(self, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         """The resize registry strategy keeps everything but container resources from the stored
@@ -668,6 +677,12 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 api.recreated.discard((namespace, name))
                 pod["metadata"]["uid"] = f"{pod['metadata'].get('uid', '')}-again"
                 api.put("pods", pod)
+            # An Eviction is a CREATE of pods/eviction, which admission webhooks (a policy engine)
+            # may refuse before the disruption budget is looked at.
+            code, refusal = api.admit("pods", "CREATE", "eviction", {**eviction, "metadata": {"name": name,
+                                      "namespace": namespace}}, None, self._username(), kind="Eviction")
+            if code != 200:
+                return self._send(code, refusal)
             wanted = ((eviction.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
             if wanted and wanted != pod["metadata"].get("uid"):
                 return self._send(409, _status(409, "Conflict", f"Precondition failed: UID in precondition: {wanted}, "

@@ -1068,6 +1068,25 @@ def test_an_unreadable_cooldown_record_holds_nothing(api, garbage):
     assert evictions(api) == 1
 
 
+def test_an_eviction_a_policy_refuses_is_told_in_its_words_and_the_room_held_for_it_given_back(api, caplog):
+    def policy_engine(review: dict[str, Any]) -> dict[str, Any]:
+        if review["request"].get("subResource") == "eviction":
+            return {"allowed": False, "status": {"code": 403, "message": "evictions need a maintenance window"}}
+        return {"allowed": True}
+
+    api.validating["pods"] = policy_engine
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        rows = remediator_.run_pass()
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
+    assert "Pod/shop/web-5d8f9-abcde: eviction failed: 403 admission webhook denied the request: evictions need a " \
+           "maintenance window" in caplog.messages
+    assert remediator_.metrics.evictions.labels("error")._value.get() == 1
+    assert not [r for r in rows if r.written]
+    assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {})
+    assert KEYS.remediation_cooldowns not in (api.get("nodes", "", "node-hot")["metadata"].get("annotations") or {})
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
