@@ -1061,11 +1061,16 @@ def test_a_replica_that_takes_the_lease_over_keeps_the_cooldowns_of_the_one_befo
 
 @pytest.mark.parametrize("garbage", ["not json", "[1]", '{"node": 5, "workloads": ["x"]}', '{"node": "soon"}'])
 def test_an_unreadable_cooldown_record_holds_nothing(api, garbage):
-    hot = api.get("nodes", "", "node-hot")
-    hot["metadata"]["annotations"] = {KEYS.remediation_cooldowns: garbage}
-    api.put("nodes", hot)
-    remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    one_pass_with_annotation(api, "node-hot", KEYS.remediation_cooldowns, garbage)
     assert evictions(api) == 1
+
+
+def one_pass_with_annotation(api: FakeKubeAPI, node_name: str, key: str, value: str) -> None:
+    """One remediation pass (hot after one observation) with ``key: value`` on ``node_name``."""
+    annotated = api.get("nodes", "", node_name)
+    annotated["metadata"]["annotations"] = {key: value}
+    api.put("nodes", annotated)
+    remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
 
 
 def test_an_eviction_a_policy_refuses_is_told_in_its_words_and_the_room_held_for_it_given_back(api, caplog):
@@ -1146,10 +1151,7 @@ def test_two_hot_nodes_in_one_pass_do_not_both_fill_the_one_target(api):
 
 @pytest.mark.parametrize("garbage", ["[1]", "\"held\"", "not json", "{\"shop/ReplicaSet/old\": 3}"])
 def test_an_unreadable_reservation_on_the_target_holds_nothing_and_blocks_nothing(api, garbage):
-    cool = api.get("nodes", "", "node-cool")
-    cool["metadata"]["annotations"] = {KEYS.reservations: garbage}
-    api.put("nodes", cool)
-    remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    one_pass_with_annotation(api, "node-cool", KEYS.reservations, garbage)
     assert evictions(api) == 1
     held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
     assert list(held) == ["shop/ReplicaSet/web-5d8f9"], "rewritten as one readable hold"
