@@ -15,6 +15,7 @@ Everything here is plain data in, plain data out: the live remediator and the re
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -533,11 +534,12 @@ def cooldowns_text(cooldowns: Cooldowns) -> str | None:
     """The annotation's value for ``cooldowns`` (None: nothing to record, the annotation removed)."""
     if cooldowns.node is None and not cooldowns.workloads:
         return None
+    # Whole seconds, rounded up: a cooldown read back never ends before it would have.
     record: dict[str, Any] = {}
     if cooldowns.node is not None:
-        record["node"] = format_timestamp(cooldowns.node)
+        record["node"] = format_timestamp(math.ceil(cooldowns.node))
     if cooldowns.workloads:
-        record["workloads"] = {w: format_timestamp(t) for w, t in sorted(cooldowns.workloads.items())}
+        record["workloads"] = {w: format_timestamp(math.ceil(t)) for w, t in sorted(cooldowns.workloads.items())}
     return json.dumps(record, sort_keys=True)
 
 
