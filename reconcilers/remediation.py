@@ -121,7 +121,7 @@ class Remediator:
             return []
         nodes = seen.nodes
         self._forget({n["metadata"]["name"] for n in nodes}, now)
-        self._recall_cooldowns(nodes, now)
+        outdated = self._recall_cooldowns(nodes, now)
         views = {n["metadata"]["name"]: node_view(n, self.keys, watermarks=self.settings.load.watermarks)
                  for n in nodes}
         fresh = {name: m for name, m in seen.node_metrics.items()
@@ -135,11 +135,8 @@ class Remediator:
             for node in nodes:
                 if hot_taint_expired((node.get("spec") or {}).get("taints") or (), self.keys.hot_taint, now):
                     self._set_hot_taint(node["metadata"]["name"], None)
-                annotations = node["metadata"].get("annotations") or {}
-                recorded = annotations.get(self.keys.remediation_cooldowns)
-                running = cooldowns_text(read_cooldowns(annotations, self.keys).after(now))
-                if recorded is not None and recorded != running:  # some have ended
-                    self._record_cooldowns(node["metadata"]["name"], Cooldowns(), now)
+            for name in outdated:
+                self._record_cooldowns(name, Cooldowns(), now)
         state = _Pass(seen, views, targets, dry_run, now, self.config.max_per_pass)
         try:
             for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
@@ -365,18 +362,25 @@ class Remediator:
             targets[name] = replace(target, attached=attached.get(name, {}), volume_limits=limits.get(name, {}))
         return True
 
-    def _recall_cooldowns(self, nodes: list[dict[str, Any]], now: float) -> None:
+    def _recall_cooldowns(self, nodes: list[dict[str, Any]], now: float) -> list[str]:
         """Take in the cooldowns recorded on the nodes: after a rollout or a crash, the replica
         that takes the Lease over starts with empty memory, and would otherwise judge a node
         minutes after an eviction from it, before its load settled, and could move another
-        replica of a workload just moved."""
+        replica of a workload just moved. Returns the nodes whose record holds cooldowns that
+        ended (to be tidied)."""
+        outdated = []
         for node in nodes:
             name = node["metadata"]["name"]
-            recorded = read_cooldowns(node["metadata"].get("annotations"), self.keys).after(now)
+            annotations = node["metadata"].get("annotations") or {}
+            recorded = read_cooldowns(annotations, self.keys).after(now)
             if recorded.node is not None:
                 self.node_cooldown[name] = max(recorded.node, self.node_cooldown.get(name, 0))
             for workload, until in recorded.workloads.items():
                 self.workload_cooldown[workload] = max(until, self.workload_cooldown.get(workload, 0))
+            text = annotations.get(self.keys.remediation_cooldowns)
+            if text is not None and text != cooldowns_text(recorded):
+                outdated.append(name)
+        return outdated
 
     def _record_cooldowns(self, node: str, ends: Cooldowns, now: float) -> None:
         """Merge ``ends`` into the node's record of cooldowns, those over dropped (the record
