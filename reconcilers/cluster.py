@@ -163,15 +163,14 @@ class Cluster:
                                                  _request_timeout=self._timeout)
 
     def annotate_node(self, name: str, annotations: Mapping[str, str | None], resource_version: str) -> None:
-        self._core.patch_node(name, _annotation_patch(annotations, resource_version), _content_type=MERGE_PATCH,
-                              _preload_content=False, _request_timeout=self._timeout)
+        self.patch_node(name, {"metadata": {"annotations": dict(annotations)}}, resource_version)
 
-    def set_node_taints(self, name: str, taints: list[dict[str, Any]], resource_version: str) -> None:
-        """Replace a node's taints (a merge patch replaces the list whole), only if the node is still
-        at ``resource_version``: the node lifecycle controller and others taint nodes too, and a
-        list written over theirs would drop what they added meanwhile (409 instead)."""
-        body = {"metadata": {"resourceVersion": resource_version}, "spec": {"taints": taints or None}}
-        self._core.patch_node(name, body, _content_type=MERGE_PATCH, _preload_content=False,
+    def patch_node(self, name: str, patch: dict[str, Any], resource_version: str) -> None:
+        """A merge patch of a node (a list in it, such as the taints, replaces the node's whole);
+        with a ``resource_version``, only if the node is still at it (409 otherwise)."""
+        if resource_version:
+            patch = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": resource_version}}
+        self._core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False,
                               _request_timeout=self._timeout)
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None],

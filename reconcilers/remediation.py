@@ -5,8 +5,9 @@ view the extender reads too), the nodes and the running Pods. A node hot for
 ``OVERSALE_HOT_OBSERVATIONS`` passes in a row gets a plan; each move first reserves room on the
 target node (an annotation the extender honours: only the evicted Pod's replacement may take it
 until it expires), then asks the Eviction API, so PodDisruptionBudgets hold; a 429 is "not now"
-and the reservation is released. Streaks and cooldowns live in memory: a restarted remediator
-observes K passes again before acting, which errs on the safe side.
+and the reservation is released. Streaks live in memory: a restarted remediator observes K passes
+again before acting, which errs on the safe side. Cooldowns are also recorded on the node evicted
+from, so the replica that takes the Lease over keeps them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import api_message, one_line
+from kube.client import one_line, refusal
 from kube.metrics_api import MetricsAPI, NodeMetrics, pod_usage
 from oversale.node_fit import (
     CsiVolume,
@@ -127,11 +128,12 @@ class Remediator:
         fresh = {name: m for name, m in seen.node_metrics.items()
                  if name in views and now - m.at <= self.settings.metrics_max_age_seconds}
         targets = self._targets(seen, views, self._heats(fresh, now))
-        if not dry_run:
+        leading = self.leader is None or self.leader.is_leader()
+        if not dry_run and leading:
             self._drop_spent_reservations(views, seen.by_node, now)
         if tidy is None:
             tidy = not dry_run
-        if tidy:
+        if tidy and leading:
             for node in nodes:
                 if hot_taint_expired((node.get("spec") or {}).get("taints") or (), self.keys.hot_taint, now):
                     self._set_hot_taint(node["metadata"]["name"], None)
@@ -386,17 +388,17 @@ class Remediator:
         """Merge ``ends`` into the node's record of cooldowns, those over dropped (the record
         removed once none runs). Best effort: a record not written only costs the memory of a
         replica taking over, and it says so."""
-        if self.leader is not None and not self.leader.is_leader():
-            return
+        def recorded(current: dict[str, Any]) -> dict[str, Any] | None:
+            annotations = current["metadata"].get("annotations") or {}
+            text = cooldowns_text(read_cooldowns(annotations, self.keys).merged(ends).after(now))
+            return None if text == annotations.get(self.keys.remediation_cooldowns) else \
+                _annotated(self.keys.remediation_cooldowns, text)
+
         try:
-            current = self.cluster.node(node)
-            recorded = read_cooldowns(current["metadata"].get("annotations"), self.keys)
-            text = cooldowns_text(recorded.merged(ends).after(now))
-            if text != (current["metadata"].get("annotations") or {}).get(self.keys.remediation_cooldowns):
-                self.cluster.annotate_node(node, {self.keys.remediation_cooldowns: text}, "")
+            self._rewrite_node(node, recorded)
         except ApiException as error:
-            log.warning("Node/%s: cooldowns not recorded (%s %s): a replica taking the Lease over would not know "
-                        "them", node, error.status, error.reason)
+            log.warning("Node/%s: cooldowns not recorded (%s): a replica taking the Lease over would not know them",
+                        node, refusal(error))
 
     def _forget(self, present: set[str], now: float) -> None:
         """Drop what is kept of nodes no longer in the cluster and of cooldowns that ended: with
@@ -417,7 +419,7 @@ class Remediator:
             owners = {pod_demand(unpacked(p), self.keys).owner for p in by_node.get(name, [])}
             spent = {r.owner for r in view.reservations if r.owner in owners or r.until <= now}
             if spent:
-                self._release(name, *spent)
+                self._release(name, *spent, now=now)
 
     def _in_scope(self, node: dict[str, Any]) -> bool:
         labels = node["metadata"].get("labels") or {}
@@ -434,7 +436,7 @@ class Remediator:
             # and the one there now may be young, elsewhere, and no part of this node's heat.
             self.cluster.evict(namespace, name, move.pod.demand.uid)
         except ApiException as error:
-            self._release(move.target, move.pod.workload)
+            self._release(move.target, move.pod.workload, now=now)
             if error.status == 429:
                 self.metrics.evictions.labels("refused-by-pdb").inc()
                 log.info("Pod/%s: eviction refused for now (PodDisruptionBudget); retried next pass", move.pod.name)
@@ -444,10 +446,13 @@ class Remediator:
                          " (another Pod has its name now)" if error.status == 409 else "")
             else:
                 self.metrics.evictions.labels("error").inc()
-                log.warning("Pod/%s: eviction failed: %s %s", move.pod.name, error.status,
-                            api_message(error) or error.reason)
+                log.warning("Pod/%s: eviction failed: %s", move.pod.name, refusal(error))
             return False
         self.metrics.evictions.labels("hot-node").inc()
+        # From here on, what is written records this eviction, which happened: it is written even
+        # when the Lease ran out while the eviction was admitted (a slow webhook, an API server
+        # too busy to renew it), or the replica taking over would find no cooldown and no taint,
+        # and could move the next Pod off this node before its load settled.
         message = f"evicted from hot node {source['metadata']['name']} toward {move.target}: {move.reason}"
         log.info("Pod/%s: %s", move.pod.name, message)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
@@ -461,64 +466,87 @@ class Remediator:
 
     def _set_hot_taint(self, node: str, until: float | None) -> bool:
         """Set (``until``) or remove (None) the hot-node taint (``with_hot_taint``); True when
-        written. A node changed meanwhile (409) is read again, up to 3 times; only the Lease holder
-        writes."""
-        if self.leader is not None and not self.leader.is_leader():
+        written."""
+        def tainted(current: dict[str, Any]) -> dict[str, Any] | None:
+            taints = (current.get("spec") or {}).get("taints") or []
+            wanted = with_hot_taint(taints, self.keys.hot_taint, until)
+            return None if wanted == taints else {"spec": {"taints": wanted or None}}
+
+        try:
+            written = self._rewrite_node(node, tainted)
+        except ApiException as error:
+            log.warning("Node/%s: hot-node taint not %s (%s)", node, "set" if until else "removed", refusal(error))
             return False
-        for _ in range(3):
-            try:
-                current = self.cluster.node(node)
-                taints = (current.get("spec") or {}).get("taints") or []
-                wanted = with_hot_taint(taints, self.keys.hot_taint, until)
-                if wanted == taints:
-                    return False
-                self.cluster.set_node_taints(node, wanted, current["metadata"].get("resourceVersion", ""))
-            except ApiException as error:
-                if error.status == 409:
-                    continue
-                log.warning("Node/%s: hot-node taint not %s (%s %s)", node, "set" if until else "removed",
-                            error.status, error.reason)
-                return False
+        if written:
             log.info("Node/%s: hot-node taint %s", node, f"set until {format_timestamp(until)}" if until else "removed")
-            return True
-        log.warning("Node/%s: hot-node taint not %s: the node kept changing", node, "set" if until else "removed")
-        return False
+        return written
 
     def _reserve(self, move: Move, now: float) -> bool:
         """Hold the Pod's requests on the target for its replacement (expired holds are dropped)."""
-        hold = {r: format_amount(r, move.pod.demand.requests.get(r, 0)) for r in RESOURCES}
+        room = {r: format_amount(r, move.pod.demand.requests.get(r, 0)) for r in RESOURCES}
+        room["until"] = format_timestamp(now + self.settings.reservation_seconds)
         try:
-            held = self._holds(move.target, now)
-            held[move.pod.workload] = {**hold, "until": format_timestamp(now + self.settings.reservation_seconds)}
-            self.cluster.annotate_node(move.target, {self.keys.reservations: json.dumps(held, sort_keys=True)}, "")
+            self._rewrite_node(move.target, lambda current: self._holding(current, now, {move.pod.workload: room}))
         except ApiException as error:
-            log.warning("Node/%s: could not reserve room (%s %s); the eviction goes ahead, placed by the scheduler",
-                        move.target, error.status, error.reason)
+            log.warning("Node/%s: could not reserve room (%s); the eviction goes ahead, placed by the scheduler",
+                        move.target, refusal(error))
             return False
         self.metrics.reservations.inc()
         return True
 
-    def _release(self, node: str, *owners: str) -> None:
-        """Drop these owners' holds (and expired ones) from a node, in one read and one write."""
+    def _release(self, node: str, *owners: str, now: float) -> None:
+        """Drop these owners' holds (and expired ones) from a node."""
         try:
-            held = self._holds(node, self.clock())
-            for owner in owners:
-                held.pop(owner, None)
-            self.cluster.annotate_node(node, {self.keys.reservations: json.dumps(held, sort_keys=True) if held
-                                              else None}, "")
+            self._rewrite_node(node, lambda current: self._holding(current, now, dict.fromkeys(owners)))
         except ApiException as error:
-            log.warning("Node/%s: could not release a reservation (%s); it expires by itself", node, error.status)
+            log.warning("Node/%s: could not release a reservation (%s); it expires by itself", node, refusal(error))
 
-    def _holds(self, node: str, now: float) -> dict[str, Any]:
-        annotations = self.cluster.node(node)["metadata"].get("annotations") or {}
-        return {owner: value for owner, value in held_reservations(annotations, self.keys).items()
+    def _holding(self, current: dict[str, Any], now: float, changes: dict[str, Any]) -> dict[str, Any] | None:
+        """The patch of a node's reservations: its unexpired holds with ``changes`` (owner -> its
+        hold, or None to drop it), the annotation removed once none is left; None when that is
+        what the node holds already."""
+        annotations = current["metadata"].get("annotations") or {}
+        held = {owner: value for owner, value in held_reservations(annotations, self.keys).items()
                 if (parse_timestamp(value.get("until")) or 0) > now}
+        for owner, room in changes.items():
+            if room is None:
+                held.pop(owner, None)
+            else:
+                held[owner] = room
+        text = json.dumps(held, sort_keys=True) if held else None
+        return None if text == annotations.get(self.keys.reservations) else _annotated(self.keys.reservations, text)
+
+    def _rewrite_node(self, name: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> bool:
+        """Send the merge patch ``change`` makes of the node as read now (None: nothing to change),
+        only over that version of it: the kubelet, the node lifecycle controller, the node
+        reconciler and a replica whose Lease just ran out write nodes too, and a taint list or a
+        record merged from an older read would drop what they wrote meanwhile. A node changed
+        meanwhile (409) is read again, up to 3 times. True when written; the API's refusal
+        (ApiException) otherwise."""
+        attempts = 3
+        while True:
+            current = self.cluster.node(name)
+            patch = change(current)
+            if patch is None:
+                return False
+            try:
+                self.cluster.patch_node(name, patch, current["metadata"].get("resourceVersion", ""))
+                return True
+            except ApiException as error:
+                attempts -= 1
+                if error.status != 409 or not attempts:
+                    raise
 
     def _event(self, obj: dict[str, Any], reason: str, message: str) -> None:
         try:
             self.cluster.event(obj, reason, message, COMPONENT)
         except ApiException as error:
-            log.warning("event %s not written: %s", reason, error.status)
+            log.warning("event %s not written: %s", reason, refusal(error))
+
+
+def _annotated(key: str, value: str | None) -> dict[str, Any]:
+    """The merge patch that sets one annotation (None removes it)."""
+    return {"metadata": {"annotations": {key: value}}}
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import api_message
+from kube.client import refusal
 from oversale.annotations import format_ratio, wants
 from oversale.budget import (
     NO_HOT_TIME,
@@ -286,8 +286,7 @@ class Reconciler:
             except ApiException as error:
                 if error.status != 409:
                     self.metrics.writes.labels(kind, "error").inc()
-                    log.warning("%s: could not write ratios: %s %s", _name(plan.key), error.status,
-                                _status_message(error))
+                    log.warning("%s: could not write ratios: %s", _name(plan.key), refusal(error))
                     return None
                 self.metrics.writes.labels(kind, "conflict").inc()
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
@@ -320,8 +319,8 @@ class Reconciler:
             self.cluster.patch_autoscaler(namespace, name, body)
         except ApiException as error:
             # Retried next pass: the HPA is compared with the ratios in effect every pass.
-            log.warning("HorizontalPodAutoscaler/%s/%s: could not rescale (%s %s); until it is, it scales the "
-                        "right-sized workload out", namespace, name, error.status, _status_message(error))
+            log.warning("HorizontalPodAutoscaler/%s/%s: could not rescale (%s); until it is, it scales the "
+                        "right-sized workload out", namespace, name, refusal(error))
             return
         log.info("HorizontalPodAutoscaler/%s/%s: %s", namespace, name, said)
         self._best_effort(self.cluster.event, hpa, "UtilizationTargetRescaled", said, COMPONENT)
@@ -456,14 +455,13 @@ class Reconciler:
         except ApiException as error:
             result = "conflict" if error.status == 409 else "error"
             self.metrics.resizes.labels(result).inc()
-            log.warning("Pod/%s/%s: not resized (%s %s), next pass", namespace, name, error.status,
-                        _status_message(error))
+            log.warning("Pod/%s/%s: not resized (%s), next pass", namespace, name, refusal(error))
             return False
         try:
             self.cluster.resize_pod(namespace, name, plan.patch)
         except ApiException as error:
             self.metrics.resizes.labels("error").inc()
-            message = _status_message(error)
+            message = refusal(error)
             log.warning("Pod/%s/%s: resize refused: %s", namespace, name, message)
             # Put the record back as it was (keeping last-resize, so the retry waits its interval).
             previous = metadata.get("annotations") or {}
@@ -592,8 +590,7 @@ class Reconciler:
                 if error.status != 409:
                     # 403 here is the node validating webhook refusing a cut; it says why.
                     self.metrics.writes.labels("Node", "error").inc()
-                    log.warning("Node/%s: could not write ratios: %s %s", plan.name, error.status,
-                                _status_message(error))
+                    log.warning("Node/%s: could not write ratios: %s", plan.name, refusal(error))
                     return False
                 self.metrics.writes.labels("Node", "conflict").inc()
                 node = self.cluster.node(plan.name)
@@ -781,7 +778,7 @@ class Reconciler:
         try:
             write(*args)
         except ApiException as error:
-            log.warning("side write failed: %s %s", error.status, error.reason)
+            log.warning("side write failed: %s", refusal(error))
 
 
 def format_table(rows: list[Row]) -> str:
@@ -804,11 +801,6 @@ def _name(key: WorkloadKey) -> str:
 
 def _amount(resource: str, value: float | None) -> str:
     return "" if value is None else format_amount(resource, math.ceil(value))
-
-
-def _status_message(error: ApiException) -> str:
-    """The API's own explanation from a Status body, else the HTTP reason."""
-    return api_message(error) or str(error.reason)
 
 
 def _now() -> str:

@@ -114,7 +114,11 @@ class FakeKubeAPI:
         self.validating: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         """plural -> a webhook: takes an AdmissionReview, returns its AdmissionResponse."""
         self.concurrent_writes: dict[str, int] = {}
-        """plural -> how many of the next updates find the object changed by another writer first."""
+        """plural, or ``plural/name`` for one object -> how many of the next updates find the
+        object changed by another writer first."""
+        self.written_meanwhile: dict[str, Callable[[dict[str, Any]], None]] = {}
+        """plural -> what that other writer changes in the object (in place); without it, it
+        writes the object back as it was (only its resourceVersion moves)."""
         self.down = False
         """While True every request gets 503 (an unreachable or overloaded API server)."""
         self.unavailable: set[str] = set()
@@ -629,12 +633,17 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             body = self._body()
             if current is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
-            if api.concurrent_writes.get(plural):
-                api.concurrent_writes[plural] -= 1
+            raced = next((k for k in (f"{plural}/{name}", plural) if api.concurrent_writes.get(k)), None)
+            if raced:
+                api.concurrent_writes[raced] -= 1
+                if plural in api.written_meanwhile:
+                    api.written_meanwhile[plural](current)
                 current = api.put(plural, current)  # someone else wrote just before us
             sent = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
             if sent and sent != current["metadata"]["resourceVersion"]:
-                return self._send(409, _status(409, "Conflict", "the object has been modified"))
+                return self._send(409, _status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": '
+                                              "the object has been modified; please apply your changes to the "
+                                              "latest version and try again"))
             code, result = api.write(plural, "UPDATE", sub or "", build(current, body), current, self._username())
             self._send(code, result)
 

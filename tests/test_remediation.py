@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kube.leader import LeaseElector
 from kube.metrics_api import MetricsAPI
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import Topology
@@ -1092,6 +1093,89 @@ def test_an_eviction_a_policy_refuses_is_told_in_its_words_and_the_room_held_for
     assert not [r for r in rows if r.written]
     assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {})
     assert KEYS.remediation_cooldowns not in (api.get("nodes", "", "node-hot")["metadata"].get("annotations") or {})
+
+
+def test_a_lease_lost_while_an_eviction_is_admitted_stops_the_pass_but_the_eviction_is_recorded(api, caplog):
+    """The eviction's admission (a slow webhook, or an API server too busy to renew the Lease)
+    outlasts 2/3 of the Lease: the remediator moves nothing more, but the eviction happened, so its
+    cooldowns and taint are written, and the replica taking over does not move the next Pod off
+    node-hot before its load settled."""
+    clock = [time.time()]
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    elector = LeaseElector(api_client, "oversale", "oversale-reconciler", "a", 15, lambda: clock[0])
+    assert elector.try_acquire_or_renew()
+
+    def slow_admission(review: dict[str, Any]) -> dict[str, Any]:
+        if review["request"].get("subResource") == "eviction":
+            clock[0] += 11
+        return {"allowed": True}
+
+    api.validating["pods"] = slow_admission
+    a_second_hot_node(api, "batch-1a2b3-xyzab", ("ReplicaSet", "batch-1a2b3"))
+    api.put("nodes", node("node-cool-2", "8", labelled=False))  # room for node-hot-2's Pod too
+    api.put("nodemetrics", {"metadata": {"name": "node-cool-2"}, "window": "30s",
+                            "usage": {"cpu": "500m", "memory": "2Gi"}})
+    settings = dataclasses.replace(SETTINGS, hot_observations=1)
+    assert len([r for r in remediator(api, settings).run_pass(dry_run=True) if r.proposed]) == 2
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector,
+                   clock=lambda: clock[0]).run_pass()
+    assert not elector.is_leader()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    assert api.get("pods", "shop", "batch-1a2b3-xyzab") is not None, "node-hot-2 waits for the next Lease holder"
+    assert "lease lost during the remediation pass: stopped evicting" in caplog.messages
+    hot = api.get("nodes", "", "node-hot")
+    assert read_cooldowns(hot["metadata"].get("annotations"), KEYS).node is not None
+    assert [t["key"] for t in hot["spec"].get("taints") or []] == [KEYS.hot_taint]
+    held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
+    assert list(held) == ["shop/ReplicaSet/web-5d8f9"], "room held only for the Pod evicted"
+
+    taker = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+    reasons = {r.object: r.reason for r in taker.run_pass()}
+    assert reasons["Node/node-hot"].startswith("hot, cooling down after an eviction")
+    assert evictions(api) == 2 and api.get("pods", "shop", "api-6f7c8-fghij") is not None
+    assert api.get("pods", "shop", "batch-1a2b3-xyzab") is None
+
+
+def test_a_hold_another_writer_added_meanwhile_is_kept(api):
+    """Reservations, the cooldown record and the taint list are written only over the node as
+    read, and read again after a 409: a merge from an older read would drop what the replica
+    whose Lease just ran out, or the node lifecycle controller, wrote meanwhile."""
+    theirs = {"cpu": "1", "memory": "1Gi", "until": "2099-01-01T00:00:00Z"}
+
+    def previous_holder_reserves(node_: dict[str, Any]) -> None:
+        node_["metadata"].setdefault("annotations", {})[KEYS.reservations] = json.dumps({"batch/Job/etl": theirs})
+
+    api.written_meanwhile["nodes"] = previous_holder_reserves
+    api.concurrent_writes["nodes/node-cool"] = 1
+    remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1
+    held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
+    assert set(held) == {"batch/Job/etl", "shop/ReplicaSet/web-5d8f9"}
+
+
+@pytest.mark.parametrize("busy", ["node-cool", "node-hot"])
+def test_a_node_that_keeps_changing_goes_without_its_write_and_the_eviction_stands(api, caplog, busy):
+    """Three 409s in a row on the target (no room held) or on the hot node (no taint): the
+    eviction goes ahead, and the log says what was not written, in the API's words."""
+    api.concurrent_writes[f"nodes/{busy}"] = 3
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    conflict = (f'409 Operation cannot be fulfilled on nodes "{busy}": the object has been modified; please apply '
+                "your changes to the latest version and try again")
+    cool, hot = api.get("nodes", "", "node-cool"), api.get("nodes", "", "node-hot")
+    (remediated,) = [e for e in api.list_objects("events", None, {})["items"] if e["reason"] == "HotNodeRemediated"]
+    if busy == "node-cool":
+        assert f"Node/node-cool: could not reserve room ({conflict}); the eviction goes ahead, placed by the " \
+               "scheduler" in caplog.messages
+        assert KEYS.reservations not in (cool["metadata"].get("annotations") or {})
+        assert "(room reserved)" not in remediated["message"] and "tainted" in remediated["message"]
+    else:
+        assert f"Node/node-hot: hot-node taint not set ({conflict})" in caplog.messages
+        assert not (hot.get("spec") or {}).get("taints")
+        assert "(room reserved)" in remediated["message"] and "tainted" not in remediated["message"]
+        assert read_cooldowns(hot["metadata"].get("annotations"), KEYS).node is not None, "written once it settled"
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
