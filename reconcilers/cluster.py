@@ -158,24 +158,23 @@ class Cluster:
     def annotate_workload(self, kind: str, namespace: str, name: str, annotations: dict[str, str],
                           resource_version: str) -> None:
         api, stem = self._api(kind)
-        getattr(api, f"patch_namespaced_{stem}")(name, namespace, _annotation_patch(annotations, resource_version),
-                                                 _content_type=MERGE_PATCH, _preload_content=False,
-                                                 _request_timeout=self._timeout)
+        patch = _conditional(annotations_patch(annotations), resource_version)
+        getattr(api, f"patch_namespaced_{stem}")(name, namespace, patch, _content_type=MERGE_PATCH,
+                                                 _preload_content=False, _request_timeout=self._timeout)
 
     def annotate_node(self, name: str, annotations: Mapping[str, str | None], resource_version: str) -> None:
-        self.patch_node(name, {"metadata": {"annotations": dict(annotations)}}, resource_version)
+        self.patch_node(name, annotations_patch(annotations), resource_version)
 
     def patch_node(self, name: str, patch: dict[str, Any], resource_version: str) -> None:
         """A merge patch of a node (a list in it, such as the taints, replaces the node's whole);
         with a ``resource_version``, only if the node is still at it (409 otherwise)."""
-        if resource_version:
-            patch = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": resource_version}}
-        self._core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False,
-                              _request_timeout=self._timeout)
+        self._core.patch_node(name, _conditional(patch, resource_version), _content_type=MERGE_PATCH,
+                              _preload_content=False, _request_timeout=self._timeout)
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None],
                      resource_version: str) -> None:
-        self._core.patch_namespaced_pod(name, namespace, _annotation_patch(annotations, resource_version),
+        self._core.patch_namespaced_pod(name, namespace, _conditional(annotations_patch(annotations),
+                                                                      resource_version),
                                         _content_type=MERGE_PATCH, _preload_content=False,
                                         _request_timeout=self._timeout)
 
@@ -231,9 +230,14 @@ class Cluster:
         self._core.create_namespaced_event(namespace, body, _preload_content=False, _request_timeout=self._timeout)
 
 
-def _annotation_patch(annotations: Mapping[str, str | None], resource_version: str) -> dict[str, Any]:
-    """A merge patch of annotations (None removes one); a resourceVersion makes it conditional."""
-    metadata: dict[str, Any] = {"annotations": dict(annotations)}
-    if resource_version:
-        metadata["resourceVersion"] = resource_version
-    return {"metadata": metadata}
+def annotations_patch(annotations: Mapping[str, str | None]) -> dict[str, Any]:
+    """The merge patch that sets these annotations (None removes one)."""
+    return {"metadata": {"annotations": dict(annotations)}}
+
+
+def _conditional(patch: dict[str, Any], resource_version: str) -> dict[str, Any]:
+    """``patch`` applied only if the object is still at ``resource_version`` (409 otherwise);
+    unconditional with ""."""
+    if not resource_version:
+        return patch
+    return {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": resource_version}}

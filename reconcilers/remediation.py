@@ -76,7 +76,7 @@ from oversale.remediation import (
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp, parse_timestamp
 from oversale.usage import Sample, node_load
-from reconcilers.cluster import Cluster, packed, unpacked
+from reconcilers.cluster import Cluster, annotations_patch, packed, unpacked
 from reconcilers.metrics import ReconcilerMetrics
 from reconcilers.runner import COMPONENT, Leadership, NotLeader, Row
 
@@ -391,8 +391,9 @@ class Remediator:
         def recorded(current: dict[str, Any]) -> dict[str, Any] | None:
             annotations = current["metadata"].get("annotations") or {}
             text = cooldowns_text(read_cooldowns(annotations, self.keys).merged(ends).after(now))
-            return None if text == annotations.get(self.keys.remediation_cooldowns) else \
-                _annotated(self.keys.remediation_cooldowns, text)
+            if text == annotations.get(self.keys.remediation_cooldowns):
+                return None
+            return annotations_patch({self.keys.remediation_cooldowns: text})
 
         try:
             self._rewrite_node(node, recorded)
@@ -514,7 +515,9 @@ class Remediator:
             else:
                 held[owner] = room
         text = json.dumps(held, sort_keys=True) if held else None
-        return None if text == annotations.get(self.keys.reservations) else _annotated(self.keys.reservations, text)
+        if text == annotations.get(self.keys.reservations):
+            return None
+        return annotations_patch({self.keys.reservations: text})
 
     def _rewrite_node(self, name: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> bool:
         """Send the merge patch ``change`` makes of the node as read now (None: nothing to change),
@@ -542,11 +545,6 @@ class Remediator:
             self.cluster.event(obj, reason, message, COMPONENT)
         except ApiException as error:
             log.warning("event %s not written: %s", reason, refusal(error))
-
-
-def _annotated(key: str, value: str | None) -> dict[str, Any]:
-    """The merge patch that sets one annotation (None removes it)."""
-    return {"metadata": {"annotations": {key: value}}}
 
 
 @dataclass
