@@ -180,7 +180,7 @@ def concurrencies(text: str) -> list[int]:
     return values
 
 
-def main() -> int:
+def _parser() -> Parser:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", type=int, default=10000)
     parser.add_argument("--nodes", type=int, default=5000)
@@ -205,36 +205,80 @@ def main() -> int:
     parser.add_argument("--per-query", action="store_true",
                         help="also print each query's time, slowest first (and write them with --json)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error("--rounds: at least 1")
+    return parser
 
-    work = Path(tempfile.mkdtemp(prefix="oversale-bench-"))
+
+def _serve_history(args: argparse.Namespace, work: Path) -> tuple[PrometheusServer, int, tuple[int, int]]:
+    """Write the history, backfill it with promtool and serve it once compacted: (the server, the
+    samples written, the blocks before and after compaction)."""
     end = time.time() - 300
     log(f"writing {args.hours:g} h of history for {args.workloads} workloads and {args.nodes} nodes")
     started = time.perf_counter()
     samples = write_history(work / "history.om", args.workloads, args.nodes, end - args.hours * 3600, end,
                             args.sample, args.node_cpus, args.recorded_node_cpu)
-    written = time.perf_counter() - started
-    log(f"{samples:,} samples written in {written:.0f}s; building TSDB blocks with promtool")
+    log(f"{samples:,} samples written in {time.perf_counter() - started:.0f}s; building TSDB blocks with promtool")
     started = time.perf_counter()
     prometheus = PrometheusServer(work, work / "history.om")
     (work / "history.om").unlink()
-    loaded = time.perf_counter() - started
-    log(f"prometheus ready in {loaded:.0f}s; waiting for it to compact promtool's blocks")
+    log(f"prometheus ready in {time.perf_counter() - started:.0f}s; waiting for it to compact promtool's blocks")
     started = time.perf_counter()
     blocks = prometheus.wait_for_compaction()
-    log(f"{blocks[0]} blocks compacted to {blocks[1]} in {time.perf_counter() - started:.0f}s; loading the API double")
+    log(f"{blocks[0]} blocks compacted to {blocks[1]} in {time.perf_counter() - started:.0f}s")
+    return prometheus, samples, blocks
+
+
+def _settings(args: argparse.Namespace, prometheus_url: str) -> Settings:
+    # Samples are args.sample apart: rate() needs a window holding several of them.
+    return dataclasses.replace(
+        Settings(kubernetes="off"), prometheus_url=prometheus_url, prometheus_step_seconds=args.sample,
+        prometheus_rate_window_seconds=4 * args.sample, prometheus_timeout_seconds=120, min_samples=10,
+        full_confidence_seconds=86400.0,
+        prometheus_node_cpu_query="instance:node_cpu:rate:sum" if args.recorded_node_cpu else "")
+
+
+def _timed_pass(reconciler: Reconciler, history: PrometheusHistory, prometheus_pid: int, label: str, dry_run: bool,
+                concurrency: int, kept: bool) -> dict[str, Any]:
+    """One pass, with its wall time, queries and the cpu time Prometheus and this process used."""
+    queries, waited = history.queries, history.query_seconds
+    log(f"pass ({label.replace('_', ' ')}, {concurrency} queries at once, the account's hours "
+        f"{'kept from the pass before' if kept else 'counted whole'})")
+    cpu_before = cpu_seconds(prometheus_pid), cpu_seconds(os.getpid())
+    started = time.perf_counter()
+    rows = reconciler.run_pass(dry_run=dry_run)
+    elapsed = time.perf_counter() - started
+    prometheus_cpu = cpu_seconds(prometheus_pid) - cpu_before[0]
+    bench_cpu = cpu_seconds(os.getpid()) - cpu_before[1]
+    queries, waited = history.queries - queries, history.query_seconds - waited
+    measured = {
+        "concurrency": concurrency, "account_hours_kept": kept, "seconds": round(elapsed, 1),
+        # The node quantiles' samples kept after the pass, 16 bytes each (step and value).
+        "quantile_samples_kept": history.quantile_samples_kept,
+        "queries": queries,
+        "prometheus_seconds": round(waited, 1), "rows": len(rows), "written": sum(r.written for r in rows),
+        "prometheus_cpu_seconds": round(prometheus_cpu, 1), "bench_cpu_seconds": round(bench_cpu, 1),
+        # The cores the pass kept busy on average: at the machine's count it waits on cpu,
+        # below it on something else (a query alone on one core, the API double).
+        "cores_busy": round((prometheus_cpu + bench_cpu) / elapsed, 2)}
+    log(f"{label}: {elapsed:.1f}s, {queries} PromQL queries ({waited:.1f}s waited), {len(rows)} rows, "
+        f"{measured['written']} ratios written; cpu {prometheus_cpu:.1f}s Prometheus + "
+        f"{bench_cpu:.1f}s bench = {measured['cores_busy']:.2f} of {os.cpu_count()} cores busy; "
+        f"{measured['quantile_samples_kept']:,} node quantile samples kept")
+    return measured
+
+
+def main() -> int:
+    parser = _parser()
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
+
+    prometheus, samples, blocks = _serve_history(args, Path(tempfile.mkdtemp(prefix="oversale-bench-")))
+    log("loading the API double")
     api = FakeKubeAPI().start()
     try:
         populate(api, args.workloads, args.nodes, args.pods_per_node, args.memory_sizes, args.memory_step)
         api_client = client.ApiClient(client.Configuration(host=api.url))
-        # Samples are args.sample apart: rate() needs a window holding several of them.
-        settings = dataclasses.replace(
-            Settings(kubernetes="off"), prometheus_url=prometheus.url, prometheus_step_seconds=args.sample,
-            prometheus_rate_window_seconds=4 * args.sample, prometheus_timeout_seconds=120, min_samples=10,
-            full_confidence_seconds=86400.0,
-            prometheus_node_cpu_query="instance:node_cpu:rate:sum" if args.recorded_node_cpu else "")
+        settings = _settings(args, prometheus.url)
         figures = {"workloads": args.workloads, "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
                    "memory_sizes": args.memory_sizes,
                    "memory_step_mib": args.memory_step, "node_cpus": args.node_cpus,
@@ -256,30 +300,7 @@ def main() -> int:
             history, every_query = histories[concurrency]
             timed_before = len(every_query)
             reconciler = Reconciler(Cluster(api_client, timeout=300), history, settings)
-            queries, waited = history.queries, history.query_seconds
-            log(f"pass ({label.replace('_', ' ')}, {concurrency} queries at once, the account's hours "
-                f"{'kept from the pass before' if kept else 'counted whole'})")
-            cpu_before = cpu_seconds(prometheus.process.pid), cpu_seconds(os.getpid())
-            started = time.perf_counter()
-            rows = reconciler.run_pass(dry_run=dry_run)
-            elapsed = time.perf_counter() - started
-            prometheus_cpu = cpu_seconds(prometheus.process.pid) - cpu_before[0]
-            bench_cpu = cpu_seconds(os.getpid()) - cpu_before[1]
-            queries, waited = history.queries - queries, history.query_seconds - waited
-            measured = {
-                "concurrency": concurrency, "account_hours_kept": kept, "seconds": round(elapsed, 1),
-                # The node quantiles' samples kept after the pass, 16 bytes each (step and value).
-                "quantile_samples_kept": history.quantile_samples_kept,
-                "queries": queries,
-                "prometheus_seconds": round(waited, 1), "rows": len(rows), "written": sum(r.written for r in rows),
-                "prometheus_cpu_seconds": round(prometheus_cpu, 1), "bench_cpu_seconds": round(bench_cpu, 1),
-                # The cores the pass kept busy on average: at the machine's count it waits on cpu,
-                # below it on something else (a query alone on one core, the API double).
-                "cores_busy": round((prometheus_cpu + bench_cpu) / elapsed, 2)}
-            log(f"{label}: {elapsed:.1f}s, {queries} PromQL queries ({waited:.1f}s waited), {len(rows)} rows, "
-                f"{measured['written']} ratios written; cpu {prometheus_cpu:.1f}s Prometheus + "
-                f"{bench_cpu:.1f}s bench = {measured['cores_busy']:.2f} of {os.cpu_count()} cores busy; "
-                f"{measured['quantile_samples_kept']:,} node quantile samples kept")
+            measured = _timed_pass(reconciler, history, prometheus.process.pid, label, dry_run, concurrency, kept)
             if args.per_query:
                 slowest_first = sorted(every_query[timed_before:], reverse=True)
                 measured["per_query"] = [[round(seconds, 2), query] for seconds, query in slowest_first]

@@ -147,40 +147,112 @@ def start(module: str, port: int, certs: Path, env: dict[str, str], log_path: Pa
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
 
 
-def main() -> int:
+def _parser() -> Parser:
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=8, help="seconds per load run (default 8)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating floor/webhook saturation runs")
     parser.add_argument("--workloads", type=int, default=10000, help="Deployments in the owner caches")
     parser.add_argument("--skip-others", action="store_true", help="only the webhook figures")
-    args = parser.parse_args()
+    return parser
+
+
+def _install_missing(skip_others: bool) -> bool:
+    """Install the Debian packages of the load generators (and Prometheus, for the other
+    benchmarks) that are missing; False, said on stderr, when apt-get cannot."""
     packages = {"wrk": "wrk", "hey": "hey", "prometheus": "prometheus", "promtool": "prometheus"}
     missing = sorted({package for tool, package in packages.items() if not shutil.which(tool)})
-    if args.skip_others:
+    if skip_others:
         missing = [p for p in missing if p != "prometheus"]
-    if missing:
-        log(f"installing {', '.join(missing)} (Debian packages)")
-        environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=False, env=environment)
-        installed = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-                                   check=False, env=environment)
-        if installed.returncode != 0:
-            print(f"error: could not install {', '.join(missing)}; install them and run again", file=sys.stderr)
-            return 2
-    if CLIENT_CORE:
-        os.sched_setaffinity(0, {1})  # this process (and the API double in it) stays off the servers' core
-    work = Path(tempfile.mkdtemp(prefix="oversale-load-"))
-    certs = work / "certs"
-    generate(certs, LOCAL_HOSTS)
+    if not missing:
+        return True
+    log(f"installing {', '.join(missing)} (Debian packages)")
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=False, env=environment)
+    installed = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+                               check=False, env=environment)
+    if installed.returncode != 0:
+        print(f"error: could not install {', '.join(missing)}; install them and run again", file=sys.stderr)
+        return False
+    return True
+
+
+def _api_with_workloads(workloads: int) -> FakeKubeAPI:
+    """The API double holding ``workloads`` Deployments, each with a ReplicaSet, for the owner caches."""
     api = FakeKubeAPI().start()
-    log(f"API double: {args.workloads} Deployments and ReplicaSets")
-    for w in range(args.workloads):
+    log(f"API double: {workloads} Deployments and ReplicaSets")
+    for w in range(workloads):
         namespace = f"ns{w % 50}"
         api.put("deployments", {"metadata": {"name": f"w{w}", "namespace": namespace,
                                              "annotations": {KEYS.cpu_requests_ratio: "2"}}, "spec": {}})
         api.put("replicasets", {"metadata": {"name": f"w{w}-5d8f9", "namespace": namespace, "ownerReferences": [
             {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"w{w}", "uid": "u", "controller": True}]},
             "spec": {}})
+    return api
+
+
+def _wait_until_all_serve(processes: dict[str, subprocess.Popen[bytes]], ports: dict[str, int], certs: Path) -> None:
+    """Each server answers over TLS (the webhook once its owner caches synced: /readyz)."""
+    import ssl
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    for name, port in ports.items():
+        path = "/readyz" if name == "webhook" else "/mutate/pods"
+
+        def probe(port: int = port, path: str = path) -> bool:
+            data = None if path == "/readyz" else b"{}"
+            with urllib.request.urlopen(urllib.request.Request(f"https://localhost:{port}{path}", data=data),
+                                        context=context, timeout=5) as response:
+                return bool(response.status == 200)
+
+        wait_until_serving(processes[name], probe, name, timeout=180)
+
+
+def _load(kind: str, reviews: list[dict[str, Any]], ports: dict[str, int], work: Path,
+          args: argparse.Namespace) -> dict[str, Any]:
+    """Saturation rounds of one body (floor and webhook alternating), then, for a body sent
+    again and again, latency at 500 and 1,000 requests/s: the figures named ``<kind>_...``."""
+    figures: dict[str, Any] = {}
+    body = work / (f"{kind}.json" if len(reviews) == 1 else f"{kind}.jsonl")
+    body.write_text("\n".join(json.dumps(review) for review in reviews) + "\n")
+    path = "/mutate/nodes" if kind == "node" else "/mutate/pods"
+    figures[f"{kind}_body_bytes"] = len(json.dumps(reviews[0]))
+    # The machine is shared and noisy: floor and webhook runs alternate, and the median of
+    # the paired ratios is the figure.
+    rounds = []
+    for _ in range(args.repeats):
+        rates = {name: wrk(f"https://127.0.0.1:{ports[name]}{path}", body, args.duration)
+                 for name in ("floor", "webhook", "flask-floor")}
+        rounds.append(rates)
+        log(f"{kind}: webhook {rates['webhook']:.0f} req/s, bare floor {rates['floor']:.0f}, Flask floor "
+            f"{rates['flask-floor']:.0f}; ratio to the bare floor {rates['webhook'] / rates['floor']:.2f}")
+    ratios = [r["webhook"] / r["floor"] for r in rounds]
+    for name in ("floor", "webhook", "flask-floor"):
+        figures[f"{kind}_{name}_rps"] = round(statistics.median(r[name] for r in rounds))
+    figures[f"{kind}_ratio_to_floor"] = round(statistics.median(ratios), 2)
+    figures[f"{kind}_ratio_to_floor_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
+    figures[f"{kind}_ratio_to_flask_floor"] = round(statistics.median(
+        r["webhook"] / r["flask-floor"] for r in rounds), 2)
+    for rate in ((500, 1000) if len(reviews) == 1 else ()):
+        for server in ("webhook", "floor"):
+            p50, p99, errors = hey(f"https://127.0.0.1:{ports[server]}{path}", body, rate, args.duration)
+            figures[f"{kind}_{server}_p50_ms_at_{rate}"] = round(p50, 2)
+            figures[f"{kind}_{server}_p99_ms_at_{rate}"] = round(p99, 2)
+            figures[f"{kind}_{server}_errors_at_{rate}"] = errors
+            log(f"{kind} at {rate} req/s, {server}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, {errors} non-2xx")
+    return figures
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    if not _install_missing(args.skip_others):
+        return 2
+    if CLIENT_CORE:
+        os.sched_setaffinity(0, {1})  # this process (and the API double in it) stays off the servers' core
+    work = Path(tempfile.mkdtemp(prefix="oversale-load-"))
+    certs = work / "certs"
+    generate(certs, LOCAL_HOSTS)
+    api = _api_with_workloads(args.workloads)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
     env.update({"KUBECONFIG": str(api.write_kubeconfig(work / "kubeconfig")), "PYTHONPATH": str(ROOT),
                 "OVERSALE_LOG_LEVEL": "WARNING"})
@@ -191,20 +263,7 @@ def main() -> int:
                                       ("--kind", "flask"))}
     figures: dict[str, Any] = {}
     try:
-        import ssl
-        import urllib.request
-
-        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-        for name, port in ports.items():
-            path = "/readyz" if name == "webhook" else "/mutate/pods"
-
-            def probe(port: int = port, path: str = path) -> bool:
-                data = None if path == "/readyz" else b"{}"
-                with urllib.request.urlopen(urllib.request.Request(f"https://localhost:{port}{path}", data=data),
-                                            context=context, timeout=5) as response:
-                    return bool(response.status == 200)
-
-            wait_until_serving(processes[name], probe, name, timeout=180)
+        _wait_until_all_serve(processes, ports, certs)
         log("webhook caches synced; loading")
         # "pod": one Pod again and again, as a rollout sends its replicas (the webhook remembers
         # the answer); "pod_distinct": 10,000 Pods whose app containers are all named apart, more
@@ -213,33 +272,7 @@ def main() -> int:
         bodies = {"pod": [pod_review()], "pod_distinct": [pod_review(app_name=f"app-{i}") for i in range(10000)],
                   "node": [node_review()]}
         for kind, reviews in bodies.items():
-            body = work / (f"{kind}.json" if len(reviews) == 1 else f"{kind}.jsonl")
-            body.write_text("\n".join(json.dumps(review) for review in reviews) + "\n")
-            path = "/mutate/nodes" if kind == "node" else "/mutate/pods"
-            figures[f"{kind}_body_bytes"] = len(json.dumps(reviews[0]))
-            # The machine is shared and noisy: floor and webhook runs alternate, and the median of
-            # the paired ratios is the figure.
-            rounds = []
-            for _ in range(args.repeats):
-                rates = {name: wrk(f"https://127.0.0.1:{ports[name]}{path}", body, args.duration)
-                         for name in ("floor", "webhook", "flask-floor")}
-                rounds.append(rates)
-                log(f"{kind}: webhook {rates['webhook']:.0f} req/s, bare floor {rates['floor']:.0f}, Flask floor "
-                    f"{rates['flask-floor']:.0f}; ratio to the bare floor {rates['webhook'] / rates['floor']:.2f}")
-            ratios = [r["webhook"] / r["floor"] for r in rounds]
-            for name in ("floor", "webhook", "flask-floor"):
-                figures[f"{kind}_{name}_rps"] = round(statistics.median(r[name] for r in rounds))
-            figures[f"{kind}_ratio_to_floor"] = round(statistics.median(ratios), 2)
-            figures[f"{kind}_ratio_to_floor_range"] = [round(min(ratios), 2), round(max(ratios), 2)]
-            figures[f"{kind}_ratio_to_flask_floor"] = round(statistics.median(
-                r["webhook"] / r["flask-floor"] for r in rounds), 2)
-            for rate in ((500, 1000) if len(reviews) == 1 else ()):
-                for server in ("webhook", "floor"):
-                    p50, p99, errors = hey(f"https://127.0.0.1:{ports[server]}{path}", body, rate, args.duration)
-                    figures[f"{kind}_{server}_p50_ms_at_{rate}"] = round(p50, 2)
-                    figures[f"{kind}_{server}_p99_ms_at_{rate}"] = round(p99, 2)
-                    figures[f"{kind}_{server}_errors_at_{rate}"] = errors
-                    log(f"{kind} at {rate} req/s, {server}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, {errors} non-2xx")
+            figures |= _load(kind, reviews, ports, work, args)
         rss = worker_rss_mb(processes["webhook"].pid)
         figures["worker_rss_mb"] = [round(r) for r in rss]
         log(f"webhook worker RSS with {args.workloads} workloads cached: {', '.join(f'{r:.0f}' for r in rss)} MB")
