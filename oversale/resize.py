@@ -8,6 +8,9 @@ what the API and the kubelet allow:
 - only app containers and native sidecars can be resized; a finished init container and
   pod-level ``spec.resources`` (alpha to resize) are not touched;
 - the QoS class is immutable: the API refuses such a resize, so it is never sent;
+- the ResourceQuota admission plugin checks a resize that grows a Pod's requests against the
+  namespace's ``hard - used``, as it checks a new Pod: a ratio backing off toward 1 grows them as
+  much as a raise does, so a growth the quota has no room for waits for a later pass;
 - the API refuses any resize of a static Pod's mirror or of a Windows Pod (``spec.os.name:
   windows``): theirs is never sent either, and new ratios reach them at the next rollout;
 - the cpu request of a Pod holding (or asking for) exclusive CPUs is their count, and a resize
@@ -141,6 +144,8 @@ def plan_resize(
     if qos_class(target) != qos_class(pod):
         return _skip("qos", f"would change the QoS class from {qos_class(pod)} to {qos_class(target)} "
                             "(the API refuses that)")
+    if beyond := _beyond_quota(own, target, bounds.quota_headroom):
+        return _skip("quota", beyond)
     plan = ResizePlan(ratios=asked)
     _add_container_changes(plan, pod, target)
     if not plan.patch:
@@ -199,6 +204,21 @@ def _waiting(pod: Pod, asked: str, keys: AnnotationKeys, now: float, limits: Res
     if last is not None and now - last < limits.min_interval_seconds:
         return _skip("rate-limited", f"resized {int(now - last)}s ago (minimum interval "
                                      f"{int(limits.min_interval_seconds)}s)")
+    return None
+
+
+def _beyond_quota(own: Mapping[str, int], target: Pod, headroom: Mapping[str, int]) -> str | None:
+    """Why the namespace's ResourceQuota would refuse growing the Pod's requests from ``own`` to
+    ``target``'s, or None. The raise of a ratio below 1 is capped at the headroom already
+    (:func:`~oversale.compression.compress_running_pod`); a ratio backing off toward 1 brings
+    requests back toward the original ones, which the quota's ``used`` no longer holds room for
+    once other Pods took what compression freed."""
+    for resource in RESOURCES:
+        grown = effective_request(target, resource) - own[resource]
+        left = headroom.get(resource)
+        if left is not None and grown > left:
+            return (f"{resource} would grow by {format_amount(resource, grown)}, and the namespace's ResourceQuota "
+                    f"has {format_amount(resource, left)} left; next pass")
     return None
 
 

@@ -350,12 +350,50 @@ def test_dry_run_lists_the_resizes_and_writes_nothing(api, tmp_path):
     assert not [r for r in api.requests if r.method in ("PATCH", "POST", "PUT")]
 
 
-def test_rate_limits_per_workload_and_per_pass(api, tmp_path):
+@pytest.mark.parametrize("limit", ["workload", "pass"])
+def test_rate_limits_per_workload_and_per_pass(api, tmp_path, limit):
     setup(api, {})
-    settings = dataclasses.replace(SETTINGS, resize_max_per_workload=1)
+    settings = dataclasses.replace(SETTINGS, **{f"resize_max_per_{limit}": 1})
     rows = reconciler(api, tmp_path, settings).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
     assert resize_calls(api) == 1
-    assert any("over 1 resizes of Deployment/shop/web this pass" in r.reason for r in rows)
+    waiting = [r.reason for r in rows if r.reason.startswith("not resized: over 1 resizes")]
+    assert waiting == ["not resized: over 1 resizes of Deployment/shop/web this pass; next pass" if limit == "workload"
+                       else "not resized: over 1 resizes this pass; next pass"]
+
+
+@pytest.mark.parametrize("ratio", ["1", "0.8"])
+def test_pods_growing_in_one_pass_share_the_namespaces_quota_as_read_from_the_api(api, tmp_path, ratio):
+    """The ResourceQuota admission plugin checks a resize that grows a Pod as it checks a new Pod.
+    A ratio backing off toward 1 (load rose) grows the Pods as a raise (ratio below 1) does, and
+    a growth takes from the quota what the next Pod of the namespace can no longer have."""
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"})
+    assert [requests(stored(api, name))["cpu"] for name in PODS] == ["800m", "800m"]
+    # 300m left: the first Pod grows (by 200m at ratio 1, capped at 300m at 0.8), the second
+    # Pod fits the rest only as a raise; backing off, it waits.
+    api.put("resourcequotas", {"metadata": {"name": "team", "namespace": NS},
+                               "spec": {"hard": {"requests.cpu": "2"}},
+                               "status": {"hard": {"requests.cpu": "2"}, "used": {"requests.cpu": "1700m"}}})
+    api.put("resourcequotas", {"metadata": {"name": "elsewhere", "namespace": "other"},
+                               "status": {"hard": {"requests.cpu": "1"}, "used": {"requests.cpu": "1"}}})
+    reconciler_ = reconciler(api, tmp_path)
+    rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: ratio}})
+    after = [requests(stored(api, name))["cpu"] for name in PODS]
+    if ratio == "1":
+        assert after == ["1", "800m"]
+        assert f"Pod/{NS}/{PODS[1]}" in {r.object for r in rows if r.reason == (
+            "not resized: cpu would grow by 200m, and the namespace's ResourceQuota has 100m left; next pass")}
+        assert reconciler_.metrics.skips.labels("resize-quota")._value.get() == 1
+    else:
+        assert after == ["1100m", "800m"], "the raise takes all 300m; nothing is left to raise the second"
+    assert resize_calls(api) == 1
+
+
+def test_a_raise_keeps_to_the_limit_range_as_read_from_the_api(api, tmp_path):
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"})
+    api.put("limitranges", {"metadata": {"name": "cap", "namespace": NS},
+                            "spec": {"limits": [{"type": "Container", "max": {"cpu": "1100m"}}]}})
+    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "0.5"}})
+    assert [requests(stored(api, name))["cpu"] for name in PODS] == ["1100m", "1100m"]
 
 
 def test_the_api_double_refuses_what_the_real_api_refuses(api):
