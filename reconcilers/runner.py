@@ -647,8 +647,8 @@ class Reconciler:
         each after ``keep_account``. An overspend of the node, or of its pool as a whole (many
         nodes each a little hot), backs off at once, with a Warning Event saying by how much."""
         if isinstance(read, HistoryUnavailable):
-            log.warning("hot time unavailable (%s): accounts held", read)
-            return {}
+            log.warning("hot time unavailable (%s): accounts held at their last multipliers", read)
+            return self._held_accounts(nodes, pools)
         config, (short, long) = self.settings.account, read
         now = self.clock()
         totals: dict[tuple[str, str, str, str], HotTime] = {}
@@ -713,6 +713,26 @@ class Reconciler:
         hot_time |= {key: spent.share for key, spent in totals.items()}
         self._report_accounts(hot_time, multipliers, pool_budgets, pool_multipliers)
         return kept
+
+    def _held_accounts(self, nodes: list[dict[str, Any]], pools: dict[str, str]) -> dict[str, KeptAccount]:
+        """Each node's multipliers as its own and its pool's accounts last recorded them, the
+        accounts left as they are: a pass that cannot read the hot time (its counts are a pass's
+        heaviest queries, the likeliest to time out) must not lift a back-off in force."""
+        def recorded(node: dict[str, Any], key: str) -> dict[str, NodeAccount]:
+            return read_accounts((node["metadata"].get("annotations") or {}).get(key))
+
+        members: dict[str, list[dict[str, Any]]] = {}
+        for node in nodes:
+            members.setdefault(pools[node["metadata"]["name"]], []).append(node)
+        pooled = {pool: pool_account(recorded(n, self.keys.pool_hot_time_account) for n in nodes_of_pool)
+                  for pool, nodes_of_pool in members.items()}
+        held = {}
+        for node in nodes:
+            own, pool = recorded(node, self.keys.hot_time_account), pooled[pools[node["metadata"]["name"]]]
+            held[node["metadata"]["name"]] = KeptAccount(
+                {r: min(own.get(r, NodeAccount()).multiplier, pool.get(r, NodeAccount()).multiplier)
+                 for r in RESOURCES}, {})
+        return held
 
     def _report_accounts(self, hot_time: dict[tuple[str, ...], float], multipliers: dict[tuple[str, ...], float],
                          pool_budgets: dict[tuple[str, ...], float],

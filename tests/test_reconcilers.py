@@ -31,7 +31,7 @@ from oversale.timestamps import parse_timestamp
 from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable, ResourceStats
 from reconcilers.prometheus import PrometheusHistory
-from reconcilers.runner import Reconciler, format_table
+from reconcilers.runner import Reconciler, Row, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 from tests.conftest import ROOT, eventually, free_port, stop_process
 from tests.kube_api import FakeKubeAPI
@@ -1225,6 +1225,39 @@ def test_a_pass_takes_each_nodes_sample_count_from_the_hot_time_accounts_week(ap
     finally:
         no_account.shutdown()
         proxy.shutdown()
+
+
+def test_a_hot_time_account_that_cannot_be_read_keeps_the_back_off_in_force(api, prometheus, caplog):
+    """The account's counts are a pass's heaviest queries: one that times out must not lift the
+    back-off a node or its pool earned by overspending. Its ratio keeps the multipliers recorded
+    on the node, which are left as they are."""
+    no_account = refusing_proxy(prometheus.url, r"sum_over_time")
+    try:
+        settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": no_account.url})
+
+        def node_1_cpu() -> Row:
+            rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory.from_settings(settings),
+                              settings).run_pass(dry_run=True)
+            return next(r for r in rows if (r.object, r.resource) == ("Node/node-1", "cpu"))
+
+        node_1 = api.get("nodes", "", "node-1")
+        node_1["metadata"].setdefault("annotations", {})[KEYS.cpu_oversale_ratio] = "4"
+        api.put("nodes", node_1)
+        unaccounted = node_1_cpu()
+        assert "account" not in unaccounted.reason
+        for key, multiplier in ((KEYS.hot_time_account, 0.5), (KEYS.pool_hot_time_account, 0.4)):
+            node_1 = api.get("nodes", "", "node-1")
+            node_1["metadata"]["annotations"][key] = json.dumps(
+                {"cpu": {"multiplier": multiplier, "backedOffAt": round(time.time() - 3600)}})
+            api.put("nodes", node_1)
+            with caplog.at_level(logging.WARNING, logger="reconcilers"):
+                held = node_1_cpu()
+            assert f"account: target x{multiplier:.2f}" in held.reason, held.reason
+            assert float(held.proposed) < float(unaccounted.proposed)
+        assert any(m.startswith("hot time unavailable (") and m.endswith("): accounts held at their last multipliers")
+                   for m in caplog.messages), caplog.messages
+    finally:
+        no_account.shutdown()
 
 
 @pytest.mark.parametrize("store", PARTIAL_STORES)
