@@ -188,6 +188,24 @@ def test_a_pod_resized_down_in_place_counts_what_the_kubelet_still_holds(validat
         "the lowest safe ratio is 1.68")
 
 
+def test_a_node_whose_pods_need_more_than_the_largest_ratio_says_to_move_pods_first(validating):
+    # The Pods may come to request more than the largest ratio holds (the node's real allocatable
+    # shrank with a kubelet reservation, a Pod grew in place): no ratio the reconciler may write
+    # makes a cut safe, and the refusal says what will.
+    api, server = validating
+    api.put("pods", pod_on_node("big", "15"))  # 20550m on 3920m real: 5.24x
+    try:
+        stored = oversold_node("5")
+        lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "4"})
+        response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
+    finally:
+        api.delete("pods", "default", "big")
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        f"cpu-oversale-ratio 4 gives 15680m allocatable; the 38 pods on {NAME} request 20550m; "
+        f"the lowest safe ratio is 5.25, above the maximum 5: move pods off {NAME} first")
+
+
 def test_removing_the_ratio_is_checked_too(validating):
     _, server = validating
     stored = oversold_node("2")

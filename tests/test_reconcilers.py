@@ -1457,6 +1457,24 @@ def test_conflicts_are_retried_on_a_fresh_object(api, source):
     assert reconciler.metrics.writes.labels("Deployment", "conflict")._value.get() == 1
 
 
+def test_a_workload_write_a_policy_refuses_is_told_in_its_words_and_the_pass_goes_on(api, source, caplog):
+    def policy_engine(review: dict[str, Any]) -> dict[str, Any]:
+        if review["request"]["name"] == "web":
+            return {"allowed": False, "status": {"code": 403, "message": "web is frozen until Friday"}}
+        return {"allowed": True}
+
+    api.validating["deployments"] = policy_engine
+    reconciler = Reconciler(Cluster(api_client_for(api)), source, SETTINGS)
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        rows = reconciler.run_pass()
+    assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "web")
+    assert "Deployment/shop/web: could not write ratios: 403 admission webhook denied the request: web is frozen " \
+           "until Friday" in caplog.messages
+    assert reconciler.metrics.writes.labels("Deployment", "error")._value.get() == 1
+    assert not [r for r in rows if r.object == "Deployment/shop/web" and r.written]
+    assert annotations(api, "deployments", "hot")[KEYS.cpu_requests_ratio] == "0.5", "the others are written"
+
+
 def test_hpa_target_is_rescaled_when_asked(api, prometheus):
     settings = dataclasses.replace(SETTINGS, rescale_hpa=True)
     Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
