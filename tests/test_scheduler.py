@@ -1501,6 +1501,51 @@ def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
         assert filter_nodes(args, state, KEYS)["FailedNodes"] == {"node-1": "node not in the extender's cache yet"}
 
 
+def test_a_leader_that_loses_its_lease_unlabels_itself_and_binds_nothing_until_it_leads_again(caplog):
+    """Not a graceful stop: the leader could not renew (the API server too busy, the process
+    paused) and another replica took the Lease. Its next check takes the leader label off its
+    Pod, so the Service stops sending kube-scheduler there, and it binds nothing; once it holds
+    the Lease again it lists Nodes and Pods afresh and serves."""
+    from kube.leader import LeaseElector
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder, Leadership
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    own_pod(api, "extender-a")
+    clock = [time.monotonic()]
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch)
+        ours = LeaseElector(api_client, "oversale", "oversale-extender", "extender-a", 15, lambda: clock[0])
+        theirs = LeaseElector(api_client, "oversale", "oversale-extender", "extender-b", 15, lambda: clock[0])
+        leadership = Leadership(ours, watch, label=lambda leading: binder.label(
+            "oversale", "extender-a", {KEYS.extender_leader: "true" if leading else None}))
+        assert ours.try_acquire_or_renew() and not theirs.try_acquire_or_renew()
+        leadership.check()
+        assert leadership.leading() and leads(api, "extender-a")
+
+        clock[0] += 16  # no renewal for a Lease duration: the other replica takes it over
+        assert theirs.try_acquire_or_renew() and not ours.try_acquire_or_renew()
+        with caplog.at_level("WARNING", logger="scheduler.kube"):
+            leadership.check()
+        assert "lost the lease: binding nothing until it is taken again" in caplog.messages
+        assert not leadership.leading() and not leads(api, "extender-a")
+        args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
+        assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == \
+            "not binding pod default/pinned: this extender replica stopped leading mid-bind"
+        assert api.count("POST", "bindings") == 0 and not state.usage("n").bound_cpus
+
+        theirs.release()  # the other replica stops gracefully: the Lease is ours at the next round
+        lists = api.count("GET", "pods", watch=False)
+        assert ours.try_acquire_or_renew()
+        leadership.check()
+        assert leadership.leading() and leads(api, "extender-a")
+        assert api.count("GET", "pods", watch=False) > lists, "Pods listed afresh before serving"
+        assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == ""
+
+
 def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
     """A leader paused past its Lease (a long GC, a frozen VM) resumes in the middle of a bind while
     the new leader may be handing out the same CPUs: it asks again before each write, and once it
