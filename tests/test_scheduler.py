@@ -1776,6 +1776,38 @@ def test_a_new_leaders_relist_never_takes_the_cache_back_in_time():
         wait_for(lambda: state.usage("node-0").shared["cpu"] == 4000)
 
 
+def test_watch_events_a_resync_has_listed_already_never_take_the_cache_back_in_time():
+    """The other half of a new leader's relist: the watch lags behind (its events held back) while
+    the list reads the newer objects. When the lagging events arrive they are older than the cache,
+    and applying them would show the Pod, for a moment, as it was: unbound, its node's room free."""
+    from kubernetes import client
+
+    from kube.reflector import Reflector
+
+    api = FakeKubeAPI().start()
+    api.put("pods", pod("web", "1"))
+    seen: list[str | None] = []
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    reflector = Reflector("pods", client.CoreV1Api(api_client).list_pod_for_all_namespaces, lambda obj: obj, 300,
+                          on_change=lambda namespace, name, node: seen.append(node),
+                          digest=lambda obj: obj["spec"].get("nodeName"))
+    reflector.start()
+    try:
+        wait_for(reflector.synced.is_set)
+        assert seen == [None]
+        with api.watches_paused():
+            api.put("pods", pod("web", "1", node_name="node-0"))
+            api.put("pods", pod("web", "1", node_name="node-1"))
+            reflector.resync()
+            assert seen == [None, "node-1"]
+        api.put("pods", pod("web", "1", node_name="node-2"))  # the watch is past the held events once it shows this
+        wait_for(lambda: seen[-1] == "node-2")
+        assert seen == [None, "node-1", "node-2"], "node-0 and node-1 were older than the relist"
+    finally:
+        reflector.stop()
+        api.stop()
+
+
 def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
     """A bound Pod counts as its record in the state; its whole object is not kept (on a large
     cluster, every Pod's object was most of the extender's memory: bench.extender_memory)."""
