@@ -61,6 +61,10 @@ class RequestBounds:
     quota_headroom: Mapping[str, int] = field(default_factory=dict)
     """Resource -> how much more the namespace's ResourceQuotas let Pods request (``hard - used``,
     the tightest quota); absent when no quota bounds it."""
+    unscoped_quota_headroom: Mapping[str, int] = field(default_factory=dict)
+    """The same over the quotas without scopes, which bind every Pod of the namespace: a scoped
+    quota (a PriorityClass, BestEffort, Terminating...) may not bind a given Pod, so it can make a
+    raise smaller but must not hold back a Pod's way back to its own requests."""
 
     def for_container(self, resource: str) -> Bound:
         return self.container.get(resource, UNBOUNDED)
@@ -70,7 +74,17 @@ class RequestBounds:
 
     def with_quotas(self, quotas: Iterable[Mapping[str, Any]]) -> RequestBounds:
         """These bounds plus the headroom of ResourceQuota objects (with their ``status``)."""
-        return RequestBounds(self.container, self.pod, quota_headroom(quotas))
+        quotas = list(quotas)
+        return RequestBounds(self.container, self.pod, quota_headroom(quotas),
+                             quota_headroom(q for q in quotas if not _scoped(q)))
+
+    def after_growth(self, added: Mapping[str, int]) -> RequestBounds:
+        """These bounds once a Pod of the namespace grew by ``added`` (resource -> amount): the
+        quotas have that much less left for the next one."""
+        def less(headroom: Mapping[str, int]) -> dict[str, int]:
+            return {r: max(left - added.get(r, 0), 0) for r, left in headroom.items()}
+
+        return RequestBounds(self.container, self.pod, less(self.quota_headroom), less(self.unscoped_quota_headroom))
 
 
 NO_BOUNDS = RequestBounds()
@@ -115,6 +129,11 @@ def _bound_of(item: Mapping[str, Any], resource: str) -> Bound | None:
 
 # ResourceQuota spells a requests bound two ways: ``requests.cpu`` and the older bare ``cpu``.
 _QUOTA_KEYS = {resource: (f"requests.{resource}", resource) for resource in RESOURCES}
+
+
+def _scoped(quota: Mapping[str, Any]) -> bool:
+    spec = quota.get("spec") or {}
+    return bool(spec.get("scopes") or (spec.get("scopeSelector") or {}).get("matchExpressions"))
 
 
 def quota_headroom(quotas: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -144,7 +144,7 @@ def plan_resize(
     if qos_class(target) != qos_class(pod):
         return _skip("qos", f"would change the QoS class from {qos_class(pod)} to {qos_class(target)} "
                             "(the API refuses that)")
-    if beyond := _beyond_quota(own, target, bounds.quota_headroom):
+    if beyond := _beyond_quota(own, target, bounds.unscoped_quota_headroom):
         return _skip("quota", beyond)
     plan = ResizePlan(ratios=asked)
     _add_container_changes(plan, pod, target)
@@ -209,7 +209,8 @@ def _waiting(pod: Pod, asked: str, keys: AnnotationKeys, now: float, limits: Res
 
 def _beyond_quota(own: Mapping[str, int], target: Pod, headroom: Mapping[str, int]) -> str | None:
     """Why the namespace's ResourceQuota would refuse growing the Pod's requests from ``own`` to
-    ``target``'s, or None. The raise of a ratio below 1 is capped at the headroom already
+    ``target``'s, or None (``headroom``: of the quotas without scopes, which surely bind this
+    Pod). The raise of a ratio below 1 is capped at the headroom already
     (:func:`~oversale.compression.compress_running_pod`); a ratio backing off toward 1 brings
     requests back toward the original ones, which the quota's ``used`` no longer holds room for
     once other Pods took what compression freed."""

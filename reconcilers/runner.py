@@ -406,12 +406,8 @@ class Reconciler:
                 jobs.append((pod, plan))
             if plan.resizes:
                 per_workload[key] = per_workload.get(key, 0) + 1
-                # A raise takes from the namespace quota what the next Pod can no longer have.
-                headroom = dict(namespace_bounds.quota_headroom)
-                for resource, added in plan.added.items():
-                    if resource in headroom:
-                        headroom[resource] = max(headroom[resource] - added, 0)
-                bounds[namespace] = RequestBounds(namespace_bounds.container, namespace_bounds.pod, headroom)
+                # A growth takes from the namespace quota what the next Pod can no longer have.
+                bounds[namespace] = namespace_bounds.after_growth(plan.added)
             if plan.skipped and plan.code not in ("in-place", "not-running"):
                 self.metrics.skips.labels(f"resize-{plan.code}").inc()
                 rows.append(Row(f"Pod/{namespace}/{name}", "*", "", "", "", f"not resized: {plan.skipped}"))

@@ -388,6 +388,19 @@ def test_pods_growing_in_one_pass_share_the_namespaces_quota_as_read_from_the_ap
     assert resize_calls(api) == 1
 
 
+def test_a_full_scoped_quota_makes_a_raise_smaller_but_never_holds_back_a_way_back(api, tmp_path):
+    """A quota scoped to a PriorityClass binds only the Pods of that class, and these Pods have
+    none: the API would take their growth. A raise still keeps to it (reading every quota can only
+    make a raise smaller); a ratio backing off toward 1 is not held back by it."""
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"})
+    api.put("resourcequotas", {"metadata": {"name": "batch", "namespace": NS},
+                               "spec": {"hard": {"requests.cpu": "2"}, "scopeSelector": {"matchExpressions": [
+                                   {"scopeName": "PriorityClass", "operator": "In", "values": ["batch"]}]}},
+                               "status": {"hard": {"requests.cpu": "2"}, "used": {"requests.cpu": "2"}}})
+    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "1"}})
+    assert [requests(stored(api, name))["cpu"] for name in PODS] == ["1", "1"]
+
+
 def test_a_raise_keeps_to_the_limit_range_as_read_from_the_api(api, tmp_path):
     setup(api, {KEYS.cpu_requests_ratio: "1.25"})
     api.put("limitranges", {"metadata": {"name": "cap", "namespace": NS},
