@@ -959,6 +959,34 @@ def test_a_workloads_history_is_what_its_pods_used_each_while_they_ran(workload_
     assert state.estimate_for(pod_demand(job_pod("other-29000060-eeeee", "other-29000060", "4"), KEYS))["cpu"] == 3400
 
 
+def test_a_store_without_kube_state_metrics_says_so_once_and_knows_no_workload(tmp_path, caplog):
+    """cAdvisor's series without kube-state-metrics' kube_pod_owner (not installed, or not scraped
+    by this Prometheus): no usage can be tied to a workload, so every Pod of a workload with none
+    in the metrics is estimated by its requests, and the log says why, once."""
+    end = time.time() - 60
+    cpu = Family("container_cpu_usage_seconds_total", "counter")
+    memory = Family("container_memory_working_set_bytes", "gauge")
+    container = {"namespace": "default", "pod": "web-5d8f9-aaaaa", "container": "c",
+                 "id": "/kubepods/web-5d8f9-aaaaa/c", "image": "x", "job": "kubelet"}
+    cpu.series.append((container, lambda t: 3.0, end - 3600, end))
+    memory.series.append((container, lambda t: 2.0**30, end - 3600, end))
+    write_openmetrics(tmp_path / "cadvisor.om", [cpu, memory], end - 3600, end, 60)
+    server = serving("prometheus", tmp_path, tmp_path / "cadvisor.om")
+    try:
+        state = ClusterState(KEYS)
+        results: list[str] = []
+        poller = WorkloadHistoryPoller(PrometheusAPI(server.url), state, 1, 86400, 300, 60, results.append)
+        with caplog.at_level("WARNING", logger="scheduler.kube"):
+            assert poller.poll_once() and poller.poll_once() and results == ["ok", "ok"]
+        told = [m for m in caplog.messages if "no kube_pod_owner series" in m]
+        assert told == ["Prometheus holds container usage but no kube_pod_owner series (kube-state-metrics): no "
+                        "workload is known by its history"]
+        new_replica = replica("web-7c9b4-y1", "7c9b4", "4")
+        assert state.estimate_for(pod_demand(new_replica, KEYS))["cpu"] == 3400, "by its requests (4 x 0.85)"
+    finally:
+        server.stop()
+
+
 def job_pod(name: str, job: str, cpu: str | None = None) -> dict:
     """A Pod of the Job ``job``, BestEffort where ``cpu`` is None."""
     made = replica(name, "", cpu)
