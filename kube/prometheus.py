@@ -90,6 +90,11 @@ class QueryTooLarge(PrometheusUnavailable):
     """Prometheus refused the query for the samples it would load; a smaller window may pass."""
 
 
+class QueryInvalid(PrometheusUnavailable):
+    """Prometheus cannot run the query as written (``errorType`` bad_data: a parse error, an
+    unknown function, a range where a vector is needed): asking again will not help."""
+
+
 class QueryTimedOut(PrometheusUnavailable):
     """The query ran past its timeout, in Prometheus (``errorType`` timeout, or a context
     deadline met while it expanded the series) or waiting for the answer."""
@@ -284,6 +289,8 @@ class PrometheusAPI:
             reason = payload.get("error", error.reason)
             if payload.get("errorType") == "timeout" or "deadline exceeded" in payload.get("error", ""):
                 raise QueryTimedOut(f"prometheus at {self.shown} answered {error.code}: {reason}") from None
+            if payload.get("errorType") == "bad_data":
+                raise QueryInvalid(f"prometheus at {self.shown} answered {error.code}: {reason}") from None
             if error.code in (401, 403):
                 reason = (f"{reason} (credentials: a user:password@ in the URL, OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE "
                           "or OVERSALE_PROMETHEUS_HEADERS)")
@@ -493,20 +500,30 @@ SLOW_NODE_CPU_HINT = ("node-exporter's cpu counters, one per cpu and mode, rated
                       "or raise OVERSALE_PROMETHEUS_TIMEOUT")
 
 
-def explained(error: PrometheusUnavailable, query: str) -> str:
+def explained(error: PrometheusUnavailable, query: str, own: Iterable[tuple[str, str | None]] = ()) -> str:
     """``error`` as one line; where ``query`` rated node-exporter's cpu counters and timed out, with
     what makes it slow and what to set. A node of 16 cpus publishes 128 counters (80 in the modes
     read): 26 hours of 500 such nodes took this Prometheus a minute a pass
-    (``bench.reconcile_scale --node-cpus 16``), where a recording rule took about a second.
+    (``bench.reconcile_scale --node-cpus 16``), where a recording rule took about a second. Where
+    Prometheus cannot run ``query`` as written and it wraps a query of the user's own (``own``:
+    each setting and its text), that setting is named (the error's position counts in the whole
+    query sent, not in the setting's text).
 
     >>> timed_out = QueryTimedOut("prometheus answered 503: query timed out")
     >>> explained(timed_out, "sum(rate(node_cpu_seconds_total[5m]))")[:70]
     "prometheus answered 503: query timed out (node-exporter's cpu counters"
     >>> explained(timed_out, "instance:node_cpu:rate:sum")
     'prometheus answered 503: query timed out'
+    >>> invalid = QueryInvalid("prometheus answered 400: 1:12: parse error")
+    >>> explained(invalid, "1000 * (sum(rate(x[5m]))", [("OVERSALE_NODE_QUERY", "sum(rate(x[5m])")])
+    'prometheus answered 400: 1:12: parse error (in OVERSALE_NODE_QUERY: sum(rate(x[5m]))'
     """
     if isinstance(error, QueryTimedOut) and CPU_COUNTERS["node-exporter"] in query:
         return f"{error} ({SLOW_NODE_CPU_HINT})"
+    if isinstance(error, QueryInvalid):
+        named = [f"{setting}: {text}" for setting, text in own if text and text in query]
+        if named:
+            return f"{error} (in {'; '.join(named)})"
     return str(error)
 
 

@@ -629,7 +629,9 @@ class PrometheusHistory:
             except PrometheusUnavailable as error:
                 if splittable and isinstance(error, QueryTooLarge):
                     raise
-                raise HistoryUnavailable(explained(error, query)) from None
+                raise HistoryUnavailable(explained(error, query, (
+                    ("OVERSALE_PROMETHEUS_NODE_CPU_QUERY", self.node_cpu_query),
+                    ("OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY", self.node_memory_query)))) from None
             finally:
                 with self._lock:
                     self.query_seconds += time.perf_counter() - started

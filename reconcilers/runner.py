@@ -515,6 +515,7 @@ class Reconciler:
                     totals[resource] = totals.get(resource, 0) + scheduled_request(pod, resource)
         budgets = {n["metadata"]["name"]: self._budgets(n) for n in nodes}
         default = (self.settings.cpu_hot_time_budget, self.settings.memory_hot_time_budget)
+        unavailable: HistoryUnavailable | None = None
         try:
             if isinstance(read.stats, HistoryUnavailable):
                 raise read.stats
@@ -533,7 +534,7 @@ class Reconciler:
         except HistoryUnavailable as error:
             log.warning("node history unavailable (%s): holding every node ratio", error)
             self.metrics.staleness.labels("nodes").set(-1)
-            stats = {}
+            stats, unavailable = {}, error
         if stats:
             self.history.check_node_names(stats.keys(), {n["metadata"]["name"] for n in nodes} | requested.keys())
         pools = {n["metadata"]["name"]: pool_of(n["metadata"].get("labels") or {}, self.settings.pool_labels)
@@ -561,8 +562,11 @@ class Reconciler:
             name, written = plan.name, plan.name in written_nodes
             for resource, proposal in plan.proposals.items():
                 ratios[("Node", "", name, resource)] = float(proposal.ratio if written else plan.current[resource])
+                # Said as for workloads: "not enough usage history" would send the reader to the wrong fix.
+                held = unavailable and proposal.ratio == plan.current[resource]
+                reason = f"history unavailable, holding: {unavailable}" if held else proposal.reason
                 rows.append(Row(f"Node/{name}", resource, format_ratio(plan.current[resource]),
-                                format_ratio(proposal.ratio), _amount(resource, proposal.demand), proposal.reason,
+                                format_ratio(proposal.ratio), _amount(resource, proposal.demand), reason,
                                 written and resource in plan.changes()))
         self.metrics.report(self.metrics.ratio, "oversale", ratios)
         return rows

@@ -302,12 +302,13 @@ class HistoryPeakPoller(_PrometheusPoller):
         # A node cpu query of the user's own (a recording rule) rates nothing here.
         self._rate_check = None if cpu_query else ("node-exporter",
                                                    RateWindowCheck(rate_window, rate_window_recheck))
+        self._cpu_query = cpu_query
         cpu = node_expressions(node_label, rate_window, cpu_query=cpu_query)["cpu"]
         self.query = (f"max_over_time(({cpu})[{duration(state.load_config.history_peak_seconds)}:"
                       f"{duration(step)}])")
 
     def _explained(self, error: PrometheusUnavailable) -> str:
-        return explained(error, self.query)
+        return explained(error, self.query, [("OVERSALE_PROMETHEUS_NODE_CPU_QUERY", self._cpu_query)])
 
     def _read(self, now: float) -> None:
         read = self._prometheus.instant(self.query, now, (self._label,))

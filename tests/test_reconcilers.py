@@ -1227,6 +1227,26 @@ def test_a_pass_takes_each_nodes_sample_count_from_the_hot_time_accounts_week(ap
         proxy.shutdown()
 
 
+def test_a_node_query_of_the_users_own_that_prometheus_cannot_run_is_named_and_holds_the_ratios(
+        api, prometheus, caplog):
+    """A typo in OVERSALE_PROMETHEUS_NODE_CPU_QUERY: Prometheus answers 400 bad_data with a parse
+    error whose position counts in the whole query the pass sent. The log names the setting and
+    its text, and the dry-run table says the history is unavailable (not "not enough usage
+    history", which would send the reader to wait for more)."""
+    typo = 'sum by (instance) (rate(node_cpu_seconds_total{mode!="idle"}[5m])'
+    settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": prometheus.url,
+                                  "OVERSALE_PROMETHEUS_NODE_CPU_QUERY": typo})
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory.from_settings(settings),
+                          settings).run_pass(dry_run=True)
+    named = f"(in OVERSALE_PROMETHEUS_NODE_CPU_QUERY: {typo})"
+    [told] = [m for m in caplog.messages if m.startswith("node history unavailable (")]
+    assert "answered 400: " in told and "parse error" in told and told.endswith(f"{named}): holding every node ratio")
+    node_rows = [r for r in rows if r.object.startswith("Node/")]
+    assert node_rows and all(r.reason.startswith("history unavailable, holding: prometheus at ") and named in r.reason
+                             and r.proposed == r.current for r in node_rows), node_rows
+
+
 def test_a_hot_time_account_that_cannot_be_read_keeps_the_back_off_in_force(api, prometheus, caplog):
     """The account's counts are a pass's heaviest queries: one that times out must not lift the
     back-off a node or its pool earned by overspending. Its ratio keeps the multipliers recorded
