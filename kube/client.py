@@ -90,13 +90,13 @@ def api_message(error: BaseException) -> str:
     return str(message).splitlines()[0] if message else ""
 
 
-def refusal(error: BaseException) -> str:
+def api_refusal(error: BaseException) -> str:
     """A refused API call for a log line or an Event: its HTTP status and the API server's own
     words (:func:`api_message`), else its HTTP reason.
 
     >>> class Conflict(Exception):
     ...     status, reason, body = 409, "Conflict", None
-    >>> refusal(Conflict())
+    >>> api_refusal(Conflict())
     '409 Conflict'
     """
     return f"{getattr(error, 'status', '')} {api_message(error) or getattr(error, 'reason', '')}".strip()

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import one_line, refusal
+from kube.client import api_refusal, one_line
 from kube.metrics_api import MetricsAPI, NodeMetrics, pod_usage
 from oversale.node_fit import (
     CsiVolume,
@@ -399,7 +399,7 @@ class Remediator:
             self._rewrite_node(node, recorded)
         except ApiException as error:
             log.warning("Node/%s: cooldowns not recorded (%s): a replica taking the Lease over would not know them",
-                        node, refusal(error))
+                        node, api_refusal(error))
 
     def _forget(self, present: set[str], now: float) -> None:
         """Drop what is kept of nodes no longer in the cluster and of cooldowns that ended: with
@@ -447,7 +447,7 @@ class Remediator:
                          " (another Pod has its name now)" if error.status == 409 else "")
             else:
                 self.metrics.evictions.labels("error").inc()
-                log.warning("Pod/%s: eviction failed: %s", move.pod.name, refusal(error))
+                log.warning("Pod/%s: eviction failed: %s", move.pod.name, api_refusal(error))
             return False
         self.metrics.evictions.labels("hot-node").inc()
         # From here on, what is written records this eviction, which happened: it is written even
@@ -476,7 +476,7 @@ class Remediator:
         try:
             written = self._rewrite_node(node, tainted)
         except ApiException as error:
-            log.warning("Node/%s: hot-node taint not %s (%s)", node, "set" if until else "removed", refusal(error))
+            log.warning("Node/%s: hot-node taint not %s (%s)", node, "set" if until else "removed", api_refusal(error))
             return False
         if written:
             log.info("Node/%s: hot-node taint %s", node, f"set until {format_timestamp(until)}" if until else "removed")
@@ -490,7 +490,7 @@ class Remediator:
             self._rewrite_node(move.target, lambda current: self._holding(current, now, {move.pod.workload: room}))
         except ApiException as error:
             log.warning("Node/%s: could not reserve room (%s); the eviction goes ahead, placed by the scheduler",
-                        move.target, refusal(error))
+                        move.target, api_refusal(error))
             return False
         self.metrics.reservations.inc()
         return True
@@ -500,7 +500,7 @@ class Remediator:
         try:
             self._rewrite_node(node, lambda current: self._holding(current, now, dict.fromkeys(owners)))
         except ApiException as error:
-            log.warning("Node/%s: could not release a reservation (%s); it expires by itself", node, refusal(error))
+            log.warning("Node/%s: could not release a reservation (%s); it expires by itself", node, api_refusal(error))
 
     def _holding(self, current: dict[str, Any], now: float, changes: dict[str, Any]) -> dict[str, Any] | None:
         """The patch of a node's reservations: its unexpired holds with ``changes`` (owner -> its
@@ -544,7 +544,7 @@ class Remediator:
         try:
             self.cluster.event(obj, reason, message, COMPONENT)
         except ApiException as error:
-            log.warning("event %s not written: %s", reason, refusal(error))
+            log.warning("event %s not written: %s", reason, api_refusal(error))
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import refusal
+from kube.client import api_refusal
 from oversale.annotations import format_ratio, wants
 from oversale.budget import (
     NO_HOT_TIME,
@@ -286,7 +286,7 @@ class Reconciler:
             except ApiException as error:
                 if error.status != 409:
                     self.metrics.writes.labels(kind, "error").inc()
-                    log.warning("%s: could not write ratios: %s", _name(plan.key), refusal(error))
+                    log.warning("%s: could not write ratios: %s", _name(plan.key), api_refusal(error))
                     return None
                 self.metrics.writes.labels(kind, "conflict").inc()
                 workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
@@ -320,7 +320,7 @@ class Reconciler:
         except ApiException as error:
             # Retried next pass: the HPA is compared with the ratios in effect every pass.
             log.warning("HorizontalPodAutoscaler/%s/%s: could not rescale (%s); until it is, it scales the "
-                        "right-sized workload out", namespace, name, refusal(error))
+                        "right-sized workload out", namespace, name, api_refusal(error))
             return
         log.info("HorizontalPodAutoscaler/%s/%s: %s", namespace, name, said)
         self._best_effort(self.cluster.event, hpa, "UtilizationTargetRescaled", said, COMPONENT)
@@ -451,13 +451,13 @@ class Reconciler:
         except ApiException as error:
             result = "conflict" if error.status == 409 else "error"
             self.metrics.resizes.labels(result).inc()
-            log.warning("Pod/%s/%s: not resized (%s), next pass", namespace, name, refusal(error))
+            log.warning("Pod/%s/%s: not resized (%s), next pass", namespace, name, api_refusal(error))
             return False
         try:
             self.cluster.resize_pod(namespace, name, plan.patch)
         except ApiException as error:
             self.metrics.resizes.labels("error").inc()
-            message = refusal(error)
+            message = api_refusal(error)
             log.warning("Pod/%s/%s: resize refused: %s", namespace, name, message)
             # Put the record back as it was (keeping last-resize, so the retry waits its interval).
             previous = metadata.get("annotations") or {}
@@ -590,7 +590,7 @@ class Reconciler:
                 if error.status != 409:
                     # 403 here is the node validating webhook refusing a cut; it says why.
                     self.metrics.writes.labels("Node", "error").inc()
-                    log.warning("Node/%s: could not write ratios: %s", plan.name, refusal(error))
+                    log.warning("Node/%s: could not write ratios: %s", plan.name, api_refusal(error))
                     return False
                 self.metrics.writes.labels("Node", "conflict").inc()
                 node = self.cluster.node(plan.name)
@@ -798,7 +798,7 @@ class Reconciler:
         try:
             write(*args)
         except ApiException as error:
-            log.warning("side write failed: %s", refusal(error))
+            log.warning("side write failed: %s", api_refusal(error))
 
 
 def format_table(rows: list[Row]) -> str:
