@@ -142,6 +142,24 @@ def test_malformed_bodies_get_a_clear_400(webhook_no_cluster, body, message):
     assert after == before + 1
 
 
+def test_a_chunked_body_over_the_limit_gets_the_same_clear_400(webhook_no_cluster):
+    # Without a Content-Length the size is known only once read: the webhook stops at the limit.
+    before = webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="malformed")
+    connection = webhook_no_cluster.connection()
+    connection.putrequest("POST", "/mutate/pods")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Transfer-Encoding", "chunked")
+    connection.endheaders()
+    chunk = b" " * 2**20
+    for _ in range(7):
+        connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    connection.send(b"0\r\n\r\n")
+    response = connection.getresponse()
+    assert response.status == 400 and "larger than" in json.loads(response.read())["error"]
+    connection.close()
+    assert webhook_no_cluster.metric("oversale_admissions_total", resource="pods", outcome="malformed") == before + 1
+
+
 @pytest.mark.shared
 def test_internal_error_fails_open_without_patch(webhook_no_cluster):
     # A quantity no API server would accept makes the policy raise: the answer is still allowed.
