@@ -168,20 +168,26 @@ def test_safe_changes_are_allowed(validating):
                              "/validate/nodes")["allowed"] is True
 
 
+def cut_with(validating: tuple[FakeKubeAPI, RunningWebhook], extra: dict, stored_ratio: str, asked: str) -> dict:
+    """The validating webhook's answer to an admin cutting the node's cpu ratio from
+    ``stored_ratio`` to ``asked`` while the Pod ``extra`` runs there too."""
+    api, server = validating
+    api.put("pods", extra)
+    try:
+        stored = oversold_node(stored_ratio)
+        lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: asked})
+        return server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
+    finally:
+        api.delete("pods", "default", extra["metadata"]["name"])
+
+
 def test_a_pod_resized_down_in_place_counts_what_the_kubelet_still_holds(validating):
     # Until the kubelet applies an in-place downsize, the node still holds the old request (and
     # kube-scheduler counts it): a ratio safe for the lowered spec is not safe yet.
-    api, server = validating
     shrinking = pod_on_node("shrinking", "150m")
     shrinking["status"]["containerStatuses"] = [{"name": "c", "allocatedResources": {"cpu": "1"},
                                                  "resources": {"requests": {"cpu": "1"}}}]
-    api.put("pods", shrinking)
-    try:
-        stored = oversold_node("2")
-        lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1.5"})  # 5880m; the specs sum to 5700m
-        response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
-    finally:
-        api.delete("pods", "default", "shrinking")
+    response = cut_with(validating, shrinking, "2", "1.5")  # 5880m; the specs sum to 5700m
     assert response["allowed"] is False
     assert response["status"]["message"] == (
         f"cpu-oversale-ratio 1.5 gives 5880m allocatable; the 38 pods on {NAME} request 6550m; "
@@ -192,14 +198,7 @@ def test_a_node_whose_pods_need_more_than_the_largest_ratio_says_to_move_pods_fi
     # The Pods may come to request more than the largest ratio holds (the node's real allocatable
     # shrank with a kubelet reservation, a Pod grew in place): no ratio the reconciler may write
     # makes a cut safe, and the refusal says what will.
-    api, server = validating
-    api.put("pods", pod_on_node("big", "15"))  # 20550m on 3920m real: 5.24x
-    try:
-        stored = oversold_node("5")
-        lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "4"})
-        response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
-    finally:
-        api.delete("pods", "default", "big")
+    response = cut_with(validating, pod_on_node("big", "15"), "5", "4")  # 20550m on 3920m real: 5.24x
     assert response["allowed"] is False
     assert response["status"]["message"] == (
         f"cpu-oversale-ratio 4 gives 15680m allocatable; the 38 pods on {NAME} request 20550m; "
