@@ -368,8 +368,8 @@ def test_pods_growing_in_one_pass_share_the_namespaces_quota_as_read_from_the_ap
     a growth takes from the quota what the next Pod of the namespace can no longer have."""
     setup(api, {KEYS.cpu_requests_ratio: "1.25"})
     assert [requests(stored(api, name))["cpu"] for name in PODS] == ["800m", "800m"]
-    # 300m left: the first Pod grows (by 200m at ratio 1, capped at 300m at 0.8), the second
-    # Pod fits the rest only as a raise; backing off, it waits.
+    # 300m left: the first Pod grows by 200m at ratio 1 (at 0.8 by all 300m, where its raise is
+    # capped); the second then finds too little left (100m, or none) and waits.
     api.put("resourcequotas", {"metadata": {"name": "team", "namespace": NS},
                                "spec": {"hard": {"requests.cpu": "2"}},
                                "status": {"hard": {"requests.cpu": "2"}, "used": {"requests.cpu": "1700m"}}})
@@ -388,16 +388,18 @@ def test_pods_growing_in_one_pass_share_the_namespaces_quota_as_read_from_the_ap
     assert resize_calls(api) == 1
 
 
-def test_a_full_scoped_quota_makes_a_raise_smaller_but_never_holds_back_a_way_back(api, tmp_path):
+@pytest.mark.parametrize("ratio", ["1", "0.8"])
+def test_a_full_scoped_quota_makes_a_raise_smaller_but_never_holds_back_a_way_back(api, tmp_path, ratio):
     """A quota scoped to a PriorityClass binds only the Pods of that class, and these Pods have
     none: the API would take their growth. A raise still keeps to it (reading every quota can only
-    make a raise smaller); a ratio backing off toward 1 is not held back by it."""
+    make a raise smaller: at 0.8 the Pods stop at their own 1 core, not 1250m); a ratio backing
+    off toward 1 is not held back by it."""
     setup(api, {KEYS.cpu_requests_ratio: "1.25"})
     api.put("resourcequotas", {"metadata": {"name": "batch", "namespace": NS},
                                "spec": {"hard": {"requests.cpu": "2"}, "scopeSelector": {"matchExpressions": [
                                    {"scopeName": "PriorityClass", "operator": "In", "values": ["batch"]}]}},
                                "status": {"hard": {"requests.cpu": "2"}, "used": {"requests.cpu": "2"}}})
-    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "1"}})
+    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: ratio}})
     assert [requests(stored(api, name))["cpu"] for name in PODS] == ["1", "1"]
 
 
