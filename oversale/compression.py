@@ -211,7 +211,7 @@ def compress_requests(pod: Pod, policy: CompressionPolicy, bounds: RequestBounds
     result.skipped = _reason_to_leave(restored, policy, exclusive, result.warnings)
     if result.skipped:
         return _left_as_it_came(result, pod, restored, policy.keys)
-    compressed = _apply_ratios(restored, policy, bounds, exclusive, result)
+    compressed = _apply_ratios(restored, policy, bounds.bound_to(restored), exclusive, result)
     if compressed == restored:
         result.skipped = "requests already at their floors"
         return _left_as_it_came(result, pod, restored, policy.keys)

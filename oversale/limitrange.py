@@ -3,7 +3,9 @@
 The LimitRanger and ResourceQuota admission plugins *validate* Pods after mutating webhooks have
 run, so a Pod this service compressed below a ``min`` or past a ``maxLimitRequestRatio`` (limit /
 request), or raised above a ``max`` or past the quota's remaining ``requests.cpu``/``requests.memory``,
-would be rejected. Defaults never matter: they were applied before the webhook saw the Pod.
+would be rejected. Defaults never matter: they were applied before the webhook saw the Pod. A
+quota with scopes (a PriorityClass, BestEffort, Terminating...) binds only the Pods its scopes
+match, so its headroom is matched to each Pod as the API server matches it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 from oversale.errors import QuantityError
+from oversale.pods import qos_class
 from oversale.quantity import RESOURCES, parse_amount, parse_quantity
 
 
@@ -53,18 +56,31 @@ UNBOUNDED = Bound()
 
 
 @dataclass(frozen=True)
+class QuotaRoom:
+    """What one ResourceQuota still lets the Pods it binds request, and which Pods it binds."""
+
+    headroom: Mapping[str, int]
+    """Resource -> ``hard - used`` of its requests bound (never below 0)."""
+    scopes: tuple[Mapping[str, Any], ...] = ()
+    """Its ``scopes`` (as ``Exists`` requirements) and ``scopeSelector.matchExpressions``: it
+    binds a Pod when every one holds (:func:`scope_holds`)."""
+
+    def binds(self, pod: Mapping[str, Any]) -> bool:
+        return all(scope_holds(scope, pod) for scope in self.scopes)
+
+
+@dataclass(frozen=True)
 class RequestBounds:
-    """Per resource, the Container and Pod bounds of every LimitRange in a namespace."""
+    """Per resource, the Container and Pod bounds of every LimitRange in a namespace, and the
+    namespace's ResourceQuotas."""
 
     container: Mapping[str, Bound] = field(default_factory=dict)
     pod: Mapping[str, Bound] = field(default_factory=dict)
     quota_headroom: Mapping[str, int] = field(default_factory=dict)
-    """Resource -> how much more the namespace's ResourceQuotas let Pods request (``hard - used``,
-    the tightest quota); absent when no quota bounds it."""
-    unscoped_quota_headroom: Mapping[str, int] = field(default_factory=dict)
-    """The same over the quotas without scopes, which bind every Pod of the namespace: a scoped
-    quota (a PriorityClass, BestEffort, Terminating...) may not bind a given Pod, so it can make a
-    raise smaller but must not hold back a Pod's way back to its own requests."""
+    """Resource -> how much more the Pod at hand may request: the tightest ``hard - used`` of the
+    quotas that bind it (:meth:`bound_to` fills it from ``quotas``); absent when none bounds it."""
+    quotas: tuple[QuotaRoom, ...] = ()
+    """The namespace's quotas, not yet matched to a Pod."""
 
     def for_container(self, resource: str) -> Bound:
         return self.container.get(resource, UNBOUNDED)
@@ -73,18 +89,32 @@ class RequestBounds:
         return self.pod.get(resource, UNBOUNDED)
 
     def with_quotas(self, quotas: Iterable[Mapping[str, Any]]) -> RequestBounds:
-        """These bounds plus the headroom of ResourceQuota objects (with their ``status``)."""
-        quotas = list(quotas)
-        return RequestBounds(self.container, self.pod, quota_headroom(quotas),
-                             quota_headroom(q for q in quotas if not _scoped(q)))
+        """These bounds plus ResourceQuota objects (with their ``status``)."""
+        return RequestBounds(self.container, self.pod, self.quota_headroom,
+                             (*self.quotas, *filter(None, map(quota_room, quotas))))
 
-    def after_growth(self, added: Mapping[str, int]) -> RequestBounds:
-        """These bounds once a Pod of the namespace grew by ``added`` (resource -> amount): the
-        quotas have that much less left for the next one."""
+    def bound_to(self, pod: Mapping[str, Any], held: Mapping[str, int] | None = None) -> RequestBounds:
+        """These bounds for ``pod``: ``quota_headroom`` over the quotas whose scopes bind it, as
+        the ResourceQuota admission plugin matches them; ``held``: what the Pod already counts in
+        their ``used`` (a running Pod's own requests), which it may take again."""
+        if not self.quotas and not held:
+            return self
+        held = held or {}
+        headroom: dict[str, int] = {}
+        for room in (QuotaRoom(self.quota_headroom), *(q for q in self.quotas if q.binds(pod))):
+            for resource, left in room.headroom.items():
+                left += held.get(resource, 0)
+                headroom[resource] = min(headroom.get(resource, left), left)
+        return RequestBounds(self.container, self.pod, headroom)
+
+    def after_growth(self, pod: Mapping[str, Any], added: Mapping[str, int]) -> RequestBounds:
+        """These bounds once ``pod`` grew by ``added`` (resource -> amount): the quotas that bind
+        it have that much less left for the next Pod."""
         def less(headroom: Mapping[str, int]) -> dict[str, int]:
             return {r: max(left - added.get(r, 0), 0) for r, left in headroom.items()}
 
-        return RequestBounds(self.container, self.pod, less(self.quota_headroom), less(self.unscoped_quota_headroom))
+        return RequestBounds(self.container, self.pod, less(self.quota_headroom),
+                             tuple(QuotaRoom(less(q.headroom), q.scopes) if q.binds(pod) else q for q in self.quotas))
 
 
 NO_BOUNDS = RequestBounds()
@@ -131,30 +161,63 @@ def _bound_of(item: Mapping[str, Any], resource: str) -> Bound | None:
 _QUOTA_KEYS = {resource: (f"requests.{resource}", resource) for resource in RESOURCES}
 
 
-def _scoped(quota: Mapping[str, Any]) -> bool:
-    spec = quota.get("spec") or {}
-    return bool(spec.get("scopes") or (spec.get("scopeSelector") or {}).get("matchExpressions"))
+def quota_room(quota: Mapping[str, Any]) -> QuotaRoom | None:
+    """One ResourceQuota's room for more requests, or None when it bounds no cpu or memory request.
 
-
-def quota_headroom(quotas: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Resource -> the smallest ``hard - used`` over the quotas that bound its requests.
-
-    Every quota counts, whatever its scopes: a scoped quota that does not match the Pod can only
-    make a raise smaller than it could be, never get a Pod rejected. ``used`` is the quota
-    controller's last figure; Pods created since are not in it, so the headroom is a best
-    estimate (see docs/policies.md, raising requests).
+    ``used`` is the quota controller's last figure; Pods created since are not in it, so the
+    headroom is a best estimate (see docs/policies.md, raising requests).
     """
+    status, spec = quota.get("status") or {}, quota.get("spec") or {}
+    hard, used = status.get("hard") or spec.get("hard") or {}, status.get("used") or {}
     headroom: dict[str, int] = {}
-    for quota in quotas:
-        hard = ((quota.get("status") or {}).get("hard") or (quota.get("spec") or {}).get("hard") or {})
-        used = (quota.get("status") or {}).get("used") or {}
-        for resource, keys in _QUOTA_KEYS.items():
-            for key in keys:
-                if key not in hard:
-                    continue
-                try:
-                    left = parse_amount(resource, hard[key]) - parse_amount(resource, used.get(key, "0"))
-                except QuantityError:
-                    continue
-                headroom[resource] = min(headroom.get(resource, left), max(left, 0))
-    return headroom
+    for resource, keys in _QUOTA_KEYS.items():
+        for key in keys:
+            if key not in hard:
+                continue
+            try:
+                left = parse_amount(resource, hard[key]) - parse_amount(resource, used.get(key, "0"))
+            except QuantityError:
+                continue
+            headroom[resource] = min(headroom.get(resource, left), max(left, 0))
+    if not headroom:
+        return None
+    scopes = [{"scopeName": name, "operator": "Exists"} for name in spec.get("scopes") or []]
+    scopes += (spec.get("scopeSelector") or {}).get("matchExpressions") or []
+    return QuotaRoom(headroom, tuple(scopes))
+
+
+def scope_holds(scope: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Whether one scope requirement of a ResourceQuota holds for ``pod``, by the rules of the
+    API server's Pod quota evaluator: a scope it does not know for Pods (``VolumeAttributesClass``
+    binds claims) never holds. The Priority admission plugin runs before mutating webhooks, so a
+    Pod left without a class already carries the cluster's default ``priorityClassName`` here."""
+    spec = pod.get("spec") or {}
+    name = str(scope.get("scopeName"))
+    if name in ("Terminating", "NotTerminating"):
+        deadline = spec.get("activeDeadlineSeconds")
+        terminating = isinstance(deadline, int) and deadline >= 0
+        return bool(terminating == (name == "Terminating"))
+    if name in ("BestEffort", "NotBestEffort"):
+        return (qos_class(pod) == "BestEffort") == (name == "BestEffort")
+    if name == "PriorityClass":
+        klass, values = str(spec.get("priorityClassName") or ""), scope.get("values") or []
+        # The evaluator matches a label set that always holds the key (the class name, maybe
+        # empty): Exists asks for a non-empty name, and DoesNotExist never holds.
+        held = {"Exists": bool(klass), "In": klass in values, "NotIn": klass not in values}
+        return held.get(str(scope.get("operator")), False)
+    if name == "CrossNamespacePodAffinity":
+        return _cross_namespace_affinity(spec)
+    return False
+
+
+def _cross_namespace_affinity(spec: Mapping[str, Any]) -> bool:
+    """Whether a (anti-)affinity term, required or preferred, names namespaces or selects them."""
+    affinity = spec.get("affinity") or {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        block = affinity.get(kind) or {}
+        terms = [*(block.get("requiredDuringSchedulingIgnoredDuringExecution") or []),
+                 *((weighted.get("podAffinityTerm") or {})
+                   for weighted in block.get("preferredDuringSchedulingIgnoredDuringExecution") or [])]
+        if any(term.get("namespaces") or term.get("namespaceSelector") is not None for term in terms):
+            return True
+    return False

@@ -9,8 +9,9 @@ what the API and the kubelet allow:
   pod-level ``spec.resources`` (alpha to resize) are not touched;
 - the QoS class is immutable: the API refuses such a resize, so it is never sent;
 - the ResourceQuota admission plugin checks a resize that grows a Pod's requests against the
-  namespace's ``hard - used``, as it checks a new Pod: a ratio backing off toward 1 grows them as
-  much as a raise does, so a growth the quota has no room for waits for a later pass;
+  ``hard - used`` of each quota whose scopes bind the Pod, as it checks a new Pod: a ratio
+  backing off toward 1 grows them as much as a raise does, so a growth the quota has no room for
+  waits for a later pass;
 - the API refuses any resize of a static Pod's mirror or of a Windows Pod (``spec.os.name:
   windows``): theirs is never sent either, and new ratios reach them at the next rollout;
 - the cpu request of a Pod holding (or asking for) exclusive CPUs is their count, and a resize
@@ -138,13 +139,12 @@ def plan_resize(
         return waiting
 
     own = {r: effective_request(pod, r) for r in RESOURCES}
-    headroom = {r: left + own[r] for r, left in bounds.quota_headroom.items()}
-    result = compress_running_pod(pod, policy, RequestBounds(bounds.container, bounds.pod, headroom), resizable)
+    result = compress_running_pod(pod, policy, bounds.bound_to(pod, held=own), resizable)
     target = result.pod
     if qos_class(target) != qos_class(pod):
         return _skip("qos", f"would change the QoS class from {qos_class(pod)} to {qos_class(target)} "
                             "(the API refuses that)")
-    if beyond := _beyond_quota(own, target, bounds.unscoped_quota_headroom):
+    if beyond := _beyond_quota(own, target, bounds.bound_to(pod).quota_headroom):
         return _skip("quota", beyond)
     plan = ResizePlan(ratios=asked)
     _add_container_changes(plan, pod, target)
@@ -209,8 +209,8 @@ def _waiting(pod: Pod, asked: str, keys: AnnotationKeys, now: float, limits: Res
 
 def _beyond_quota(own: Mapping[str, int], target: Pod, headroom: Mapping[str, int]) -> str | None:
     """Why the namespace's ResourceQuota would refuse growing the Pod's requests from ``own`` to
-    ``target``'s, or None (``headroom``: of the quotas without scopes, which surely bind this
-    Pod). The raise of a ratio below 1 is capped at the headroom already
+    ``target``'s, or None (``headroom``: of the quotas whose scopes bind this Pod). The raise of
+    a ratio below 1 is capped at the headroom already
     (:func:`~oversale.compression.compress_running_pod`); a ratio backing off toward 1 brings
     requests back toward the original ones, which the quota's ``used`` no longer holds room for
     once other Pods took what compression freed."""

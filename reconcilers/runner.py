@@ -407,7 +407,7 @@ class Reconciler:
             if plan.resizes:
                 per_workload[key] = per_workload.get(key, 0) + 1
                 # A growth takes from the namespace quota what the next Pod can no longer have.
-                bounds[namespace] = namespace_bounds.after_growth(plan.added)
+                bounds[namespace] = namespace_bounds.after_growth(pod, plan.added)
             if plan.skipped and plan.code not in ("in-place", "not-running"):
                 self.metrics.skips.labels(f"resize-{plan.code}").inc()
                 rows.append(Row(f"Pod/{namespace}/{name}", "*", "", "", "", f"not resized: {plan.skipped}"))

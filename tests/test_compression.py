@@ -19,7 +19,7 @@ from oversale.compression import (
     effective_annotations,
     policy_from_annotations,
 )
-from oversale.limitrange import bounds_from_limit_ranges
+from oversale.limitrange import bounds_from_limit_ranges, scope_holds
 from oversale.pods import effective_request, qos_class, requests_of
 from oversale.quantity import format_bytes, format_millicores, parse_amount
 
@@ -347,6 +347,56 @@ def test_a_ratio_below_one_raises_up_to_the_limit_and_says_why():
     assert "app/cpu limit" in result.pod["metadata"]["annotations"][KEYS.compression]
 
 
+def _priority(operator: str, *values: str) -> dict:
+    return {"scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": operator,
+                                                    "values": list(values)}]}}
+
+
+def _cross_namespace(kind: str, term: dict) -> dict:
+    return {"affinity": {kind: {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+                         if "topologyKey" in term else {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+@pytest.mark.parametrize(("quota_spec", "pod_spec", "binds"), [
+    ({}, {}, True),
+    ({"scopes": ["Terminating"]}, {"activeDeadlineSeconds": 0}, True),
+    ({"scopes": ["Terminating"]}, {}, False),
+    ({"scopes": ["NotTerminating"]}, {"activeDeadlineSeconds": 600}, False),
+    ({"scopes": ["NotTerminating"]}, {}, True),
+    ({"scopes": ["BestEffort"]}, {}, False),
+    ({"scopes": ["NotBestEffort"]}, {}, True),
+    (_priority("In", "batch"), {"priorityClassName": "batch"}, True),
+    (_priority("In", "batch"), {"priorityClassName": "web"}, False),
+    (_priority("NotIn", "batch"), {}, True),
+    (_priority("Exists"), {}, False),
+    (_priority("Exists"), {"priorityClassName": "web"}, True),
+    (_priority("DoesNotExist"), {}, False),
+    ({"scopes": ["CrossNamespacePodAffinity"]},
+     _cross_namespace("podAntiAffinity", {"weight": 1, "podAffinityTerm": {"topologyKey": "zone",
+                                                                           "namespaceSelector": {}}}), True),
+    ({"scopes": ["CrossNamespacePodAffinity"]},
+     _cross_namespace("podAffinity", {"topologyKey": "zone", "namespaces": ["db"]}), True),
+    ({"scopes": ["CrossNamespacePodAffinity"]}, _cross_namespace("podAffinity", {"topologyKey": "zone"}), False),
+    ({"scopes": ["NotTerminating", "NotBestEffort"]}, {"activeDeadlineSeconds": 600}, False),
+    ({"scopes": ["VolumeAttributesClass"]}, {}, False),
+])
+def test_a_full_quota_stops_a_raise_only_of_the_pods_its_scopes_bind(quota_spec, pod_spec, binds):
+    """The ResourceQuota admission plugin counts a Pod against a quota only when every one of the
+    quota's scopes matches it; a quota that does not bind the Pod must not hold its raise back."""
+    full = {"spec": {"hard": {"requests.cpu": "4"}, **quota_spec},
+            "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "4"}}}
+    bounds = bounds_from_limit_ranges([]).with_quotas([full])
+    raised = compress_requests(pod(container("app", "1", limits={"cpu": "4"}), **pod_spec), policy(cpu="0.5"), bounds)
+    assert requests(raised.pod, "app")["cpu"] == ("1" if binds else "2")
+
+
+def test_a_best_effort_scope_binds_only_a_pod_without_requests_or_limits():
+    best_effort, bounded = pod(container("app")), pod(container("app", limits={"memory": "1Gi"}))
+    assert scope_holds({"scopeName": "BestEffort", "operator": "Exists"}, best_effort)
+    assert not scope_holds({"scopeName": "NotBestEffort", "operator": "Exists"}, best_effort)
+    assert not scope_holds({"scopeName": "BestEffort", "operator": "Exists"}, bounded)
+
+
 def test_a_raise_never_makes_a_burstable_pod_guaranteed():
     # cpu limit 1, memory request = limit: raising cpu to its limit would make the Pod Guaranteed.
     p = pod(container("app", "500m", "1Gi", limits={"cpu": "1", "memory": "1Gi"}))
@@ -483,8 +533,9 @@ def test_raise_properties(p, cpu_ratio, memory_ratio, bounds):
                 assert new[resource] <= maximum, "never above the LimitRange max"
     for resource in ("cpu", "memory"):
         raised = effective_request(out, resource) > effective_request(p, resource)
-        if raised and resource in bounds.quota_headroom:
-            assert effective_request(out, resource) <= bounds.quota_headroom[resource], "within quota headroom"
+        headroom = bounds.bound_to(p).quota_headroom
+        if raised and resource in headroom:
+            assert effective_request(out, resource) <= headroom[resource], "within quota headroom"
         if raised and bounds.for_pod(resource).max is not None:
             assert effective_request(out, resource) <= bounds.for_pod(resource).max, "within Pod LimitRange max"
 

@@ -78,6 +78,11 @@ def cluster(tmp_path_factory) -> Iterator[tuple[FakeKubeAPI, RunningWebhook]]:
     api.put("resourcequotas", {"metadata": {"name": "team", "namespace": "quota"},
                                "spec": {"hard": {"requests.cpu": "4"}},
                                "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "2700m"}}})
+    # Full, but only for the Pods of PriorityClass batch.
+    api.put("resourcequotas", {"metadata": {"name": "batch", "namespace": "quota"},
+                               "spec": {"hard": {"requests.cpu": "2"}, "scopeSelector": {"matchExpressions": [
+                                   {"scopeName": "PriorityClass", "operator": "In", "values": ["batch"]}]}},
+                               "status": {"hard": {"requests.cpu": "2"}, "used": {"requests.cpu": "2"}}})
     tmp = tmp_path_factory.mktemp("cluster")
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
     server = RunningWebhook(tmp, env={"OVERSALE_KUBERNETES": "auto", "KUBECONFIG": str(kubeconfig)}, workers=1)
@@ -147,6 +152,13 @@ def test_a_raise_stops_at_the_namespace_quota_headroom(cluster):
     assert cpu_of(mutated) == "1300m"
     assert "ResourceQuota headroom" in mutated["metadata"]["annotations"][KEYS.compression]
     assert b'oversale_requests_added_millicores_total{namespace="quota"} 300.0' in server.get("/metrics")[1]
+
+
+def test_a_full_quota_scoped_to_the_pods_priority_class_stops_its_raise(cluster):
+    _, server = cluster
+    pod = owned_pod("ReplicaSet", "hungry-1", namespace="quota")
+    pod["spec"]["priorityClassName"] = "batch"
+    assert cpu_of(apply_response(pod, server.review(pod_review(pod, namespace="quota")))) == "1"
 
 
 def test_warm_cache_admission_makes_no_api_request(cluster):

@@ -139,3 +139,21 @@ def test_the_namespace_bounds_are_part_of_the_question(bounds):
         answers = PodAnswers(SETTINGS)
         answer(subject, answers)                                   # remembered without bounds
         assert answer(subject, answers, Namespaces(bounds)) == alone
+
+
+@pytest.mark.shared
+def test_a_pod_a_scoped_quota_binds_is_not_answered_from_its_twin_it_does_not_bind():
+    """Under a full quota scoped to PriorityClass batch, a Pod of that class keeps its request and
+    its twin of no class is raised: the scopes a quota matches Pods by are part of the question."""
+    full = {"spec": {"hard": {"requests.cpu": "64"}, "scopeSelector": {"matchExpressions": [
+                {"scopeName": "PriorityClass", "operator": "In", "values": ["batch"]}]}},
+            "status": {"hard": {"requests.cpu": "64"}, "used": {"requests.cpu": "64"}}}
+    owners = Namespaces(NO_BOUNDS.with_quotas([full]))
+    pod = annotated(load_fixture_pod(FRONTEND_POD), **{KEYS.cpu_requests_ratio: "0.5"})
+    batch = copy.deepcopy(pod)
+    batch["spec"]["priorityClassName"] = "batch"
+    alone = answer(batch, None, owners)
+    assert alone != answer(pod, None, owners), "the quota should stop the raise of batch only"
+    answers = PodAnswers(SETTINGS)
+    answer(pod, answers, owners)
+    assert answer(batch, answers, owners) == alone

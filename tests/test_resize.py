@@ -389,18 +389,27 @@ def test_pods_growing_in_one_pass_share_the_namespaces_quota_as_read_from_the_ap
 
 
 @pytest.mark.parametrize("ratio", ["1", "0.8"])
-def test_a_full_scoped_quota_makes_a_raise_smaller_but_never_holds_back_a_way_back(api, tmp_path, ratio):
-    """A quota scoped to a PriorityClass binds only the Pods of that class, and these Pods have
-    none: the API would take their growth. A raise still keeps to it (reading every quota can only
-    make a raise smaller: at 0.8 the Pods stop at their own 1 core, not 1250m); a ratio backing
-    off toward 1 is not held back by it."""
-    setup(api, {KEYS.cpu_requests_ratio: "1.25"})
+@pytest.mark.parametrize("priority_class", ["batch", "web"])
+def test_a_full_scoped_quota_holds_back_only_the_pods_its_scopes_bind(api, tmp_path, ratio, priority_class):
+    """A quota scoped to a PriorityClass binds only the Pods of that class, as the ResourceQuota
+    admission plugin matches it. Full, it holds back the growth of those Pods (a ratio backing off
+    toward 1, or a raise) and the API would refuse it; Pods of another class grow as if it were
+    not there (at 0.8 to 1250m)."""
+    pod_template = template()
+    pod_template["spec"]["priorityClassName"] = priority_class
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pod_template)
     api.put("resourcequotas", {"metadata": {"name": "batch", "namespace": NS},
                                "spec": {"hard": {"requests.cpu": "2"}, "scopeSelector": {"matchExpressions": [
                                    {"scopeName": "PriorityClass", "operator": "In", "values": ["batch"]}]}},
                                "status": {"hard": {"requests.cpu": "2"}, "used": {"requests.cpu": "2"}}})
-    reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: ratio}})
-    assert [requests(stored(api, name))["cpu"] for name in PODS] == ["1", "1"]
+    rows = reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: ratio}})
+    after = [requests(stored(api, name))["cpu"] for name in PODS]
+    if priority_class == "batch":
+        assert after == ["800m", "800m"]
+        assert [r.reason for r in rows if r.object.startswith("Pod/")] == [
+            "not resized: cpu would grow by 200m, and the namespace's ResourceQuota has 0 left; next pass"] * 2
+    else:
+        assert after == (["1", "1"] if ratio == "1" else ["1250m", "1250m"])
 
 
 def test_a_raise_keeps_to_the_limit_range_as_read_from_the_api(api, tmp_path):

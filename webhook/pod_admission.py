@@ -118,8 +118,9 @@ class PodAnswers:
     rollout asks the same question once per replica. A compression is keyed on exactly what
     :func:`compress_requests` and :func:`pod_patch` read: each container's name, restart policy and
     resources, pod-level resources, this service's record annotations and exclusive-CPU ones (and
-    whether the Pod has an annotations map), whether it is a mirror Pod, the compression annotations in effect, the
-    namespace's bounds and the resources a VerticalPodAutoscaler sets. ``size=0`` remembers nothing.
+    whether the Pod has an annotations map), whether it is a mirror Pod, the compression annotations
+    in effect, the namespace's bounds as they bind this Pod and the resources a
+    VerticalPodAutoscaler sets. ``size=0`` remembers nothing.
     """
 
     def __init__(self, settings: Settings, size: int = 4096) -> None:
@@ -141,6 +142,9 @@ class PodAnswers:
 
     def compression(self, pod: dict[str, Any], annotations: dict[str, str], policy: CompressionPolicy,
                     bounds: RequestBounds, vpa: frozenset[str] = frozenset()) -> PodAnswer:
+        # Matched to the Pod first: the key then holds the quota headroom that binds it, not the
+        # scopes (priority class, deadline, affinity...) a quota matches Pods by.
+        bounds = bounds.bound_to(pod)
         return self._compressions.get(self._key(pod, annotations, bounds, vpa) if self.size else None,
                                       lambda: PodAnswer.of(pod, compress_requests(pod, policy, bounds, vpa)))
 
