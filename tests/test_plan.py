@@ -619,7 +619,8 @@ def test_a_runtimeclass_overhead_counts_in_a_pods_request_and_use(tmp_path):
     """A Pod of a RuntimeClass with overhead (a Kata Containers VM: 0.25 cores and 160 MiB) is
     reserved its containers' requests plus the overhead by kube-scheduler, and its sandbox runs
     outside the app containers' cgroups that cAdvisor's series measure. The plan counts the
-    overhead in both, as kube-state-metrics publishes it; Pods without one are unchanged."""
+    overhead in both, as kube-state-metrics publishes it, also for a Pod whose containers request
+    nothing; Pods without one are unchanged."""
     families = {family.name: family for family in exporter_families()}
     kept = {"namespace": "kata", "pod": "vault-9a0b1-iiiii"}
     state = {**kept, "node": "node-c", "uid": "uid-vault", "container": "app"}
@@ -631,21 +632,35 @@ def test_a_runtimeclass_overhead_counts_in_a_pods_request_and_use(tmp_path):
     families["kube_pod_info"].series.append(({**kept, "node": "node-c"}, lambda t: 1))
     families["container_cpu_usage_seconds_total"].series.append(({**kept, "container": "app"}, lambda t: 0.2))
     families["container_memory_working_set_bytes"].series.append(({**kept, "container": "app"}, lambda t: 2**28))
-    overhead = [Family("kube_pod_overhead_cpu_cores", "gauge", [({**kept, "uid": "uid-vault"}, lambda t: 0.25)]),
+    # A BestEffort Pod of the same RuntimeClass: its containers request nothing, its sandbox is
+    # still reserved (kube-scheduler adds the overhead to a Pod's requests whatever they are).
+    idle = {"namespace": "kata", "pod": "batch-7c8d9-jjjjj"}
+    families["kube_pod_owner"].series.append(({**idle, "owner_kind": "ReplicaSet", "owner_name": "batch-7c8d9",
+                                               "owner_is_controller": "true"}, lambda t: 1))
+    families["kube_pod_info"].series.append(({**idle, "node": "node-c"}, lambda t: 1))
+    families["container_cpu_usage_seconds_total"].series.append(({**idle, "container": "app"}, lambda t: 0.1))
+    families["container_memory_working_set_bytes"].series.append(({**idle, "container": "app"}, lambda t: 2**27))
+    overhead = [Family("kube_pod_overhead_cpu_cores", "gauge", [({**pod, "uid": f"uid-{pod['pod']}"}, lambda t: 0.25)
+                                                                 for pod in (kept, idle)]),
                 Family("kube_pod_overhead_memory_bytes", "gauge",
-                       [({**kept, "uid": "uid-vault"}, lambda t: 160 * 2**20)])]
+                       [({**pod, "uid": f"uid-{pod['pod']}"}, lambda t: 160 * 2**20) for pod in (kept, idle)])]
     server = backfilled(tmp_path / "kata", [*families.values(), *overhead], DAYS)
     pool = planned_pool(server, tmp_path / "plan")
-    assert pool["namespaces"]["kata"]["cpu_requested_cores"] == pytest.approx(1.25)
-    assert pool["namespaces"]["kata"]["memory_requested_bytes"] == pytest.approx(2**30 + 160 * 2**20)
+    assert pool["namespaces"]["kata"]["cpu_requested_cores"] == pytest.approx(1.25 + 0.25)
+    assert pool["namespaces"]["kata"]["memory_requested_bytes"] == pytest.approx(2**30 + 2 * 160 * 2**20)
     assert pool["namespaces"]["shop"]["cpu_requested_cores"] == pytest.approx(5.0), "no overhead, none added"
     with gzip.open(tmp_path / "plan" / "general" / "history.csv.gz", "rt") as handle:
-        vault = [r for r in csv.DictReader(handle) if r["workload"] == "kata/ReplicaSet/vault-9a0b1/0"]
+        rows = list(csv.DictReader(handle))
+    vault = [r for r in rows if r["workload"] == "kata/ReplicaSet/vault-9a0b1/0"]
     assert len(vault) > DAYS * 200
     middle = vault[len(vault) // 2]
     assert float(middle["cpu_request_cores"]) == pytest.approx(1.25)
     assert float(middle["cpu_usage_cores"]) == pytest.approx(0.45, rel=0.01)
     assert float(middle["memory_usage_bytes"]) == pytest.approx(2**28 + 160 * 2**20, rel=0.001)
+    batch = [r for r in rows if r["workload"] == "kata/ReplicaSet/batch-7c8d9/0"]
+    middle = batch[len(batch) // 2]
+    assert (float(middle["cpu_request_cores"]), float(middle["memory_request_bytes"])) == (0.25, 160 * 2**20)
+    assert float(middle["cpu_usage_cores"]) == pytest.approx(0.35, rel=0.01)
 
 
 def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_workloads(tmp_path):

@@ -306,7 +306,7 @@ def test_a_prometheus_behind_tls_and_basic_auth_is_read_with_the_settings_for_it
     exposed beyond its namespace often is: the reconcilers read it with the credentials in
     OVERSALE_PROMETHEUS_URL and the CA in OVERSALE_PROMETHEUS_CA_FILE. A wrong password is a 401
     that names the settings that carry credentials, and no message shows the password; without
-    the CA the certificate is refused."""
+    the CA the certificate is refused; a CA file that is missing or holds no certificate is named."""
     import base64
     import warnings
 
@@ -344,6 +344,11 @@ def test_a_prometheus_behind_tls_and_basic_auth_is_read_with_the_settings_for_it
         with pytest.raises(HistoryUnavailable, match="CERTIFICATE_VERIFY_FAILED") as untrusted:
             reconcilers_history(f"https://oversale:s3cret%20pass@{address}").container_stats(86400, 0.99)
         assert "s3cret" not in str(untrusted.value)
+        for wrong_ca in (tmp_path / "missing.pem", certificates.key):  # no file; a file with no certificate
+            with pytest.raises(HistoryUnavailable, match=f"cannot load the CA file {wrong_ca} for prometheus at "
+                                                         f"https://{address}: "):
+                reconcilers_history(f"https://{address}", OVERSALE_PROMETHEUS_CA_FILE=str(wrong_ca)).container_stats(
+                    86400, 0.99)
     finally:
         server.stop()
 
@@ -607,6 +612,44 @@ def test_the_containers_freshest_sample_is_read_over_the_last_hour_and_the_windo
         assert quiet["deleted"].cpu.age_seconds == pytest.approx(3 * HOUR + 120, abs=600)
     finally:
         server.stop()
+
+
+def test_a_window_prometheus_refuses_whole_is_read_in_parts_and_one_refused_in_8_parts_is_unavailable(
+        tmp_path, caplog):
+    """--query.max-samples: a large cluster's window of container usage can load more samples than
+    Prometheus allows one query. It is asked again in 2, 4, then 8 parts, with the same figures
+    (the parts' counts summed, their quantiles and peaks the largest); one still refused in 8
+    parts makes the history unavailable, saying why, rather than a figure of part of the window."""
+    end = time.time() - 120
+    labels = {"namespace": NS, "pod": "web", "container": "app", "id": "/kubepods/web"}
+    cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)])
+    memory = Family("container_memory_working_set_bytes", "gauge", [(labels, lambda t: 2**28)])
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [cpu, memory], end - 26 * HOUR, end, 60)
+    found: dict[int, tuple[ResourceStats, int]] = {}
+    for max_samples in (50_000_000, 500, 100):
+        workdir = tmp_path / f"max-samples-{max_samples}"
+        workdir.mkdir()
+        server = PrometheusServer(workdir, history, max_samples=max_samples)
+        try:
+            reader = PrometheusHistory(server.url, resolution=300)
+            with caplog.at_level(logging.INFO, logger="reconcilers.prometheus"):
+                if max_samples == 100:
+                    with pytest.raises(HistoryUnavailable, match="query too large even in 8 parts: query processing "
+                                                                 "would load too many samples"):
+                        reader.container_stats(24 * HOUR, 0.99)
+                    continue
+                found[max_samples] = reader.container_stats(24 * HOUR, 0.99)[(NS, "web", "app")], reader.queries
+        finally:
+            server.stop()
+    (whole, asked_whole), (parts, asked_in_parts) = found[50_000_000], found[500]
+    assert asked_in_parts > asked_whole == 5, "refused requests are counted too"
+    for resource in ("cpu", "memory"):
+        a, b = getattr(whole, resource), getattr(parts, resource)
+        assert (a.quantile, a.peak, a.samples, a.covered_seconds) == (b.quantile, b.peak, b.samples, b.covered_seconds)
+    assert whole.cpu.samples == 288
+    assert "prometheus refused a 86400s window (query processing would load too many samples into memory in " \
+           "query execution); splitting in 2" in caplog.messages
 
 
 def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not_kept(tmp_path, caplog):
