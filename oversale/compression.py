@@ -417,7 +417,9 @@ def _raise_resource(
     if pod_max is not None:
         caps.append((pod_max, "Pod LimitRange max"))
     if resource in bounds.quota_headroom:
-        caps.append((bounds.quota_headroom[resource], "ResourceQuota headroom"))
+        name = bounds.quota_names.get(resource)
+        caps.append((bounds.quota_headroom[resource], f"ResourceQuota headroom ({name})" if name
+                     else "ResourceQuota headroom"))
     total_cap, total_guard = min(caps) if caps else (None, "")
     qos = qos_class(restored)
     noted = len(guards)

@@ -61,6 +61,7 @@ class QuotaRoom:
 
     headroom: Mapping[str, int]
     """Resource -> ``hard - used`` of its requests bound (never below 0)."""
+    name: str = ""
     scopes: tuple[Mapping[str, Any], ...] = ()
     """Its ``scopes`` (as ``Exists`` requirements) and ``scopeSelector.matchExpressions``: it
     binds a Pod when every one holds (:func:`scope_holds`)."""
@@ -79,6 +80,9 @@ class RequestBounds:
     quota_headroom: Mapping[str, int] = field(default_factory=dict)
     """Resource -> how much more the Pod at hand may request: the tightest ``hard - used`` of the
     quotas that bind it (:meth:`bound_to` fills it from ``quotas``); absent when none bounds it."""
+    quota_names: Mapping[str, str] = field(default_factory=dict)
+    """Resource -> the name of the quota ``quota_headroom`` is the headroom of (what a user
+    looks up with ``kubectl describe resourcequota``)."""
     quotas: tuple[QuotaRoom, ...] = ()
     """The namespace's quotas, not yet matched to a Pod."""
 
@@ -90,7 +94,7 @@ class RequestBounds:
 
     def with_quotas(self, quotas: Iterable[Mapping[str, Any]]) -> RequestBounds:
         """These bounds plus ResourceQuota objects (with their ``status``)."""
-        return RequestBounds(self.container, self.pod, self.quota_headroom,
+        return RequestBounds(self.container, self.pod, self.quota_headroom, self.quota_names,
                              (*self.quotas, *filter(None, map(quota_room, quotas))))
 
     def bound_to(self, pod: Mapping[str, Any], held: Mapping[str, int] | None = None) -> RequestBounds:
@@ -101,11 +105,14 @@ class RequestBounds:
             return self
         held = held or {}
         headroom: dict[str, int] = {}
-        for room in (QuotaRoom(self.quota_headroom), *(q for q in self.quotas if q.binds(pod))):
+        names: dict[str, str] = {}
+        given = [QuotaRoom({r: left}, self.quota_names.get(r, "")) for r, left in self.quota_headroom.items()]
+        for room in (*given, *(q for q in self.quotas if q.binds(pod))):
             for resource, left in room.headroom.items():
                 left += held.get(resource, 0)
-                headroom[resource] = min(headroom.get(resource, left), left)
-        return RequestBounds(self.container, self.pod, headroom)
+                if resource not in headroom or left < headroom[resource]:
+                    headroom[resource], names[resource] = left, room.name
+        return RequestBounds(self.container, self.pod, headroom, {r: n for r, n in names.items() if n})
 
     def after_growth(self, pod: Mapping[str, Any], added: Mapping[str, int]) -> RequestBounds:
         """These bounds once ``pod`` grew by ``added`` (resource -> amount): the quotas that bind
@@ -113,8 +120,9 @@ class RequestBounds:
         def less(headroom: Mapping[str, int]) -> dict[str, int]:
             return {r: max(left - added.get(r, 0), 0) for r, left in headroom.items()}
 
-        return RequestBounds(self.container, self.pod, less(self.quota_headroom),
-                             tuple(QuotaRoom(less(q.headroom), q.scopes) if q.binds(pod) else q for q in self.quotas))
+        return RequestBounds(self.container, self.pod, less(self.quota_headroom), self.quota_names,
+                             tuple(QuotaRoom(less(q.headroom), q.name, q.scopes) if q.binds(pod) else q
+                                   for q in self.quotas))
 
 
 NO_BOUNDS = RequestBounds()
@@ -183,7 +191,7 @@ def quota_room(quota: Mapping[str, Any]) -> QuotaRoom | None:
         return None
     scopes = [{"scopeName": name, "operator": "Exists"} for name in spec.get("scopes") or []]
     scopes += (spec.get("scopeSelector") or {}).get("matchExpressions") or []
-    return QuotaRoom(headroom, tuple(scopes))
+    return QuotaRoom(headroom, str((quota.get("metadata") or {}).get("name") or ""), tuple(scopes))
 
 
 def scope_holds(scope: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:

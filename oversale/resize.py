@@ -144,7 +144,7 @@ def plan_resize(
     if qos_class(target) != qos_class(pod):
         return _skip("qos", f"would change the QoS class from {qos_class(pod)} to {qos_class(target)} "
                             "(the API refuses that)")
-    if beyond := _beyond_quota(own, target, bounds.bound_to(pod).quota_headroom):
+    if beyond := _beyond_quota(own, target, bounds.bound_to(pod)):
         return _skip("quota", beyond)
     plan = ResizePlan(ratios=asked)
     _add_container_changes(plan, pod, target)
@@ -207,19 +207,19 @@ def _waiting(pod: Pod, asked: str, keys: AnnotationKeys, now: float, limits: Res
     return None
 
 
-def _beyond_quota(own: Mapping[str, int], target: Pod, headroom: Mapping[str, int]) -> str | None:
+def _beyond_quota(own: Mapping[str, int], target: Pod, bounds: RequestBounds) -> str | None:
     """Why the namespace's ResourceQuota would refuse growing the Pod's requests from ``own`` to
-    ``target``'s, or None (``headroom``: of the quotas whose scopes bind this Pod). The raise of
-    a ratio below 1 is capped at the headroom already
-    (:func:`~oversale.compression.compress_running_pod`); a ratio backing off toward 1 brings
-    requests back toward the original ones, which the quota's ``used`` no longer holds room for
-    once other Pods took what compression freed."""
+    ``target``'s, or None (``bounds``: matched to this Pod). The raise of a ratio below 1 is
+    capped at the headroom already (:func:`~oversale.compression.compress_running_pod`); a ratio
+    backing off toward 1 brings requests back toward the original ones, which the quota's
+    ``used`` no longer holds room for once other Pods took what compression freed."""
     for resource in RESOURCES:
         grown = effective_request(target, resource) - own[resource]
-        left = headroom.get(resource)
+        left = bounds.quota_headroom.get(resource)
         if left is not None and grown > left:
-            return (f"{resource} would grow by {format_amount(resource, grown)}, and the namespace's ResourceQuota "
-                    f"has {format_amount(resource, left)} left; next pass")
+            name = bounds.quota_names.get(resource)
+            return (f"{resource} would grow by {format_amount(resource, grown)}, and the namespace's ResourceQuota"
+                    f"{f' {name}' if name else ''} has {format_amount(resource, left)} left; next pass")
     return None
 
 

@@ -390,6 +390,22 @@ def test_a_full_quota_stops_a_raise_only_of_the_pods_its_scopes_bind(quota_spec,
     assert requests(raised.pod, "app")["cpu"] == ("1" if binds else "2")
 
 
+def test_a_raise_is_capped_by_the_tightest_quota_that_binds_the_pod_and_names_it():
+    def quota(name: str, left: str, **spec) -> dict:
+        return {"metadata": {"name": name}, "spec": {"hard": {"requests.cpu": "10"}, **spec},
+                "status": {"hard": {"requests.cpu": "10"}, "used": {"requests.cpu": f"{10 - float(left)}"}}}
+
+    bounds = bounds_from_limit_ranges([]).with_quotas([
+        quota("team", "1.8"), quota("batch", "0", **_priority("In", "batch")),
+        quota("jobs", "1.5", scopes=["Terminating"])])
+    job = pod(container("app", "1", limits={"cpu": "4"}), activeDeadlineSeconds=3600)
+    raised = compress_requests(job, policy(cpu="0.5"), bounds).pod
+    assert requests(raised, "app")["cpu"] == "1500m"
+    assert raised["metadata"]["annotations"][KEYS.compression].endswith("guards: cpu ResourceQuota headroom (jobs)")
+    service = compress_requests(pod(container("app", "1", limits={"cpu": "4"})), policy(cpu="0.5"), bounds).pod
+    assert requests(service, "app")["cpu"] == "1800m"
+
+
 def test_a_best_effort_scope_binds_only_a_pod_without_requests_or_limits():
     best_effort, bounded = pod(container("app")), pod(container("app", limits={"memory": "1Gi"}))
     assert scope_holds({"scopeName": "BestEffort", "operator": "Exists"}, best_effort)

@@ -150,7 +150,7 @@ def test_a_raise_stops_at_the_namespace_quota_headroom(cluster):
     # Asked to double 1 core; the quota has 4 - 2.7 = 1.3 cores left, which this Pod's 1 core uses
     # first: its request may grow to 1.3 cores (never past what quota admission would accept).
     assert cpu_of(mutated) == "1300m"
-    assert "ResourceQuota headroom" in mutated["metadata"]["annotations"][KEYS.compression]
+    assert "cpu ResourceQuota headroom (team)" in mutated["metadata"]["annotations"][KEYS.compression]
     assert b'oversale_requests_added_millicores_total{namespace="quota"} 300.0' in server.get("/metrics")[1]
 
 

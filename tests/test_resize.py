@@ -381,7 +381,7 @@ def test_pods_growing_in_one_pass_share_the_namespaces_quota_as_read_from_the_ap
     if ratio == "1":
         assert after == ["1", "800m"]
         assert f"Pod/{NS}/{PODS[1]}" in {r.object for r in rows if r.reason == (
-            "not resized: cpu would grow by 200m, and the namespace's ResourceQuota has 100m left; next pass")}
+            "not resized: cpu would grow by 200m, and the namespace's ResourceQuota team has 100m left; next pass")}
         assert reconciler_.metrics.skips.labels("resize-quota")._value.get() == 1
     else:
         assert after == ["1100m", "800m"], "the raise takes all 300m; nothing is left to raise the second"
@@ -407,7 +407,7 @@ def test_a_full_scoped_quota_holds_back_only_the_pods_its_scopes_bind(api, tmp_p
     if priority_class == "batch":
         assert after == ["800m", "800m"]
         assert [r.reason for r in rows if r.object.startswith("Pod/")] == [
-            "not resized: cpu would grow by 200m, and the namespace's ResourceQuota has 0 left; next pass"] * 2
+            "not resized: cpu would grow by 200m, and the namespace's ResourceQuota batch has 0 left; next pass"] * 2
     else:
         assert after == (["1", "1"] if ratio == "1" else ["1250m", "1250m"])
 

@@ -88,7 +88,8 @@ class OwnerCache:
             return Entry(_NO_ANNOTATIONS, extra=obj.get("spec") or {})
 
         def resource_quota(obj: dict[str, Any]) -> Entry:
-            return Entry(_NO_ANNOTATIONS, extra={"spec": obj.get("spec") or {}, "status": obj.get("status") or {}})
+            return Entry(_NO_ANNOTATIONS, extra={"metadata": {"name": (obj.get("metadata") or {}).get("name")},
+                                                 "spec": obj.get("spec") or {}, "status": obj.get("status") or {}})
 
         self._lookup_timeout = lookup_timeout
         self._on_lookup = on_lookup
