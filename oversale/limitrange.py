@@ -172,8 +172,9 @@ _QUOTA_KEYS = {resource: (f"requests.{resource}", resource) for resource in RESO
 def quota_room(quota: Mapping[str, Any]) -> QuotaRoom | None:
     """One ResourceQuota's room for more requests, or None when it bounds no cpu or memory request.
 
-    ``used`` is the quota controller's last figure; Pods created since are not in it, so the
-    headroom is a best estimate (see docs/policies.md, raising requests).
+    ``used`` is as this copy of the quota was last read: the ResourceQuota plugin adds each Pod
+    to it as it admits it, so Pods admitted since are not in it and the headroom is a best
+    estimate (see docs/policies.md, raising requests).
     """
     status, spec = quota.get("status") or {}, quota.get("spec") or {}
     hard, used = status.get("hard") or spec.get("hard") or {}, status.get("used") or {}
