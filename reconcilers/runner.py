@@ -62,6 +62,10 @@ from reconcilers.metrics import ReconcilerMetrics
 
 log = logging.getLogger(__name__)
 COMPONENT = "oversale-reconciler"
+WRITE_TRIES = 3
+"""Writes of a workload's or node's ratios carry the resourceVersion they were decided on; on a
+409 the object is read and decided again, this many times in all. A node's status, which its
+kubelet writes every few seconds to minutes, moves its resourceVersion too."""
 
 
 _Result = TypeVar("_Result")
@@ -271,7 +275,7 @@ class Reconciler:
                         usage: dict[str, dict[str, UsageStats]]) -> dict[str, str] | None:
         """Write the plan's ratios (deciding again on a conflict); return what was written."""
         kind, namespace, name = plan.key
-        for _ in range(3):
+        for _ in range(WRITE_TRIES):
             self._require_leader()
             changes = plan.changes()
             if not changes:
@@ -300,6 +304,8 @@ class Reconciler:
             log.info("%s: %s", _name(plan.key), message)
             self._best_effort(self.cluster.event, workload, "CompressionRatioChanged", message, COMPONENT)
             return ratios
+        log.warning("%s: ratios not written: it changed under each of %d tries (another writer of it is "
+                    "busy); next pass", _name(plan.key), WRITE_TRIES)
         return None
 
     def _rescale_hpa(self, hpa: dict[str, Any], targets: dict[str, tuple[int, int]]) -> None:
@@ -573,7 +579,7 @@ class Reconciler:
 
     def _write_node(self, node: dict[str, Any], plan: NodePlan, requested: dict[str, int],
                     usage: dict[str, UsageStats | None]) -> bool:
-        for _ in range(3):
+        for _ in range(WRITE_TRIES):
             self._require_leader()
             changes = plan.changes()
             if not changes and not plan.annotations:
@@ -607,6 +613,8 @@ class Reconciler:
             if self.settings.apply_node_status:
                 self._apply_at_once(plan.name)
             return True
+        log.warning("Node/%s: ratios not written: it changed under each of %d tries (its kubelet, or another "
+                    "writer of it, is busy); next pass", plan.name, WRITE_TRIES)
         return False
 
     def _apply_at_once(self, name: str) -> None:

@@ -1520,6 +1520,27 @@ def test_conflicts_are_retried_on_a_fresh_object(api, source):
     assert reconciler.metrics.writes.labels("Deployment", "conflict")._value.get() == 1
 
 
+def test_a_ratio_write_that_conflicts_on_every_try_is_told_and_left_to_the_next_pass(api, prometheus, caplog):
+    """Another writer changing a workload (a GitOps controller) or a node (its kubelet) between
+    each read and write: after three tries, each decided again on the fresh object, the ratios
+    are left to the next pass, and the log says so rather than nothing."""
+    before = {plural: annotations(api, plural, name, *ns) for plural, name, ns in
+              (("deployments", "web", ()), ("nodes", "node-1", ("",)))}
+    api.concurrent_writes.update({"deployments/web": 3, "nodes/node-1": 3})
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url, resolution=300), SETTINGS)
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        reconciler.run_pass()
+    assert annotations(api, "deployments", "web") == before["deployments"]
+    assert annotations(api, "nodes", "node-1", "") == before["nodes"]
+    conflicts = [reconciler.metrics.writes.labels(kind, "conflict")._value.get() for kind in ("Deployment", "Node")]
+    assert conflicts == [3, 3]
+    assert ("Deployment/shop/web: ratios not written: it changed under each of 3 tries (another writer of it is "
+            "busy); next pass") in caplog.messages
+    assert any(m.startswith("Node/node-1: ratios not written: it changed under each of 3 tries")
+               for m in caplog.messages)
+    assert annotations(api, "statefulsets", "db")[KEYS.cpu_requests_ratio] == "2.5", "the other objects are written"
+
+
 def test_a_workload_write_a_policy_refuses_is_told_in_its_words_and_the_pass_goes_on(api, source, caplog):
     def policy_engine(review: dict[str, Any]) -> dict[str, Any]:
         if review["request"]["name"] == "web":

@@ -999,6 +999,32 @@ def test_a_workload_moved_once_stays_until_its_cooldown_ends(api):
     assert evictions(api) == 2 and api.get("pods", "shop", "web-5d8f9-bbbbb") is None
 
 
+def test_a_target_hot_within_the_hour_is_passed_over_until_that_hour_is_over(api):
+    """A target must be under its scheduling watermarks as the extender reads them: the 5-minute
+    average (65%) and the 1-hour maximum (85%) of the samples the remediator kept from its passes.
+    node-cool ran at 94% of its 8 cores: ten minutes later, at 500m, it is still no target (a
+    replacement would land on a node whose load just peaked); once that reading is older than the
+    hour, web moves there."""
+    clock = [time.time()]
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client, clock=lambda: clock[0]),
+                             dataclasses.replace(SETTINGS, hot_observations=1), clock=lambda: clock[0])
+
+    def cool_node_at(cpu: str) -> dict[str, str]:
+        api.put("nodemetrics", {"metadata": {"name": "node-cool"}, "window": "30s",
+                                "usage": {"cpu": cpu, "memory": "2Gi"}})
+        return {r.object: r.reason for r in remediator_.run_pass()}
+
+    cool_node_at("7500m")
+    clock[0] += 600
+    kept = cool_node_at("500m")["Pod/shop/web-5d8f9-abcde"]
+    assert evictions(api) == 0
+    assert kept.startswith("not moved: no node can take it (cpu usage ") and "(1-hour maximum" in kept, kept
+    clock[0] += 3600 - 600 + 1
+    cool_node_at("500m")
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+
+
 def test_cooldowns_merge_at_the_later_end_drop_the_ended_and_read_back_as_written():
     earlier = Cooldowns(100.0, {"shop/ReplicaSet/a": 200.0, "shop/ReplicaSet/b": 50.0})
     later = Cooldowns(None, {"shop/ReplicaSet/a": 150.0, "shop/ReplicaSet/c": 300.0})

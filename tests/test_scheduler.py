@@ -1733,6 +1733,55 @@ def test_a_lost_bind_whose_room_expired_does_not_hold_a_retry_elsewhere():
         assert len(state.usage("m").bound_cpus) == 4 and state.usage("n").bound_cpus == set()
 
 
+def test_a_retried_lost_bind_that_cannot_read_the_pod_or_finds_it_replaced_sends_nothing():
+    """kube-scheduler's retry of a lost bind reads the Pod afresh before it sends the Binding again.
+    Where that read fails (the API server still failing), or the Pod is no longer the one placed
+    (deleted and created again under its name, before the watch tells), nothing is sent and
+    kube-scheduler is told why; the room stays held, since the first Binding may still land."""
+    from scheduler.extender import bind
+
+    with lost_bind() as (api, state, binder, _, _now):
+        held = state.usage("n").bound_cpus
+        with api.watches_paused():
+            api.storms["pods"] = [500, 1]
+            answer = bind(PINNED, state, binder, KEYS)["Error"]
+            assert answer.startswith("cannot read pod default/pinned: "), answer
+            assert api.count("POST", "bindings") == 1 and state.usage("n").bound_cpus == held
+
+            replaced = pod("pinned", "4", "FullPCPUs")
+            replaced["metadata"]["uid"] = "uid-again"
+            api.put("pods", replaced)
+            assert bind(PINNED, state, binder, KEYS) == {"Error": "not binding pod default/pinned: PodUID uid-pinned "
+                                                                  "is not the Pod's (uid-again): it was replaced"}
+            assert api.count("POST", "bindings") == 1 and state.usage("n").bound_cpus == held
+
+
+def test_a_retried_lost_bind_that_fails_again_keeps_its_room_for_the_next_try():
+    """The Binding sent again fails again (the API server still answering 500): either Binding
+    may yet land, so the room and the cpuset stay, and the next retry binds on the same CPUs. A
+    replica that stopped leading sends nothing on a retry either."""
+    from scheduler.extender import bind
+
+    with lost_bind() as (api, state, binder, _, _now):
+        held = state.usage("n").bound_cpus
+        cpuset = api.get("pods", "default", "pinned")["metadata"]["annotations"][KEYS.resource_status]
+        api.storms["bindings"] = [500, 1]
+        answer = bind(PINNED, state, binder, KEYS)["Error"]
+        assert answer.startswith("binding default/pinned to n failed again: "), answer
+        assert api.count("POST", "bindings") == 2
+        assert state.lost_bind("uid-pinned") is not None and state.usage("n").bound_cpus == held
+
+        assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
+        stored = api.get("pods", "default", "pinned")
+        assert stored["spec"]["nodeName"] == "n" and stored["metadata"]["annotations"][KEYS.resource_status] == cpuset
+        assert state.usage("n").bound_cpus == held
+
+    with lost_bind() as (api, state, binder, _, _now):
+        assert bind(PINNED, state, binder, KEYS, leading=lambda: False) == {
+            "Error": "not binding pod default/pinned: this extender replica stopped leading mid-bind"}
+        assert api.count("POST", "bindings") == 1 and not api.get("pods", "default", "pinned")["spec"].get("nodeName")
+
+
 def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened():
     """The API server stored the Binding but its answer came too late. kube-scheduler's retry, before
     the watch shows the Pod bound, reads the Pod afresh and is answered that the bind happened: no
