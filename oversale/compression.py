@@ -7,10 +7,11 @@ A ratio above 1 lowers requests ("compression")::
 A ratio below 1 (down to ``OVERSALE_MIN_RATIO``) raises them, for workloads that use more than
 they request: the scheduler then stops packing them onto nodes as if they were small, which is
 what overloads their neighbours. A raise is bounded by every rule the API server checks after
-mutating webhooks ran, so it can never get a Pod rejected or change how it is treated::
+mutating webhooks ran, so it cannot get a Pod rejected or change how it is treated (but for Pods
+created at once near a full quota, each seeing the headroom before the others take it)::
 
     new = max(original, min(ceil(original / ratio), limit, LimitRange max))
-    Pod total <= LimitRange Pod max, and <= the ResourceQuota headroom (hard - used)
+    Pod total <= LimitRange Pod max, and <= the headroom (hard - used) of each quota binding it
     the QoS class is unchanged (a Burstable Pod never becomes Guaranteed)
     pod-level requests still cover the containers' sum
 
