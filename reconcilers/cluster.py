@@ -27,6 +27,10 @@ WORKLOAD_APIS = {
 }
 API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1", "CronJob": "batch/v1"}
 MERGE_PATCH = "application/merge-patch+json"
+WRITE_TRIES = 3
+"""How many times a write carrying a resourceVersion is decided and sent, the object read again
+after each 409: a node's kubelet writes its status every few seconds to minutes, and other
+controllers write workloads and nodes too. Past that the write waits for the next pass."""
 JSON_PATCH = "application/json-patch+json"
 
 

@@ -76,7 +76,7 @@ from oversale.remediation import (
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp, parse_timestamp
 from oversale.usage import Sample, node_load
-from reconcilers.cluster import Cluster, annotations_patch, packed, unpacked
+from reconcilers.cluster import WRITE_TRIES, Cluster, annotations_patch, packed, unpacked
 from reconcilers.metrics import ReconcilerMetrics
 from reconcilers.runner import COMPONENT, Leadership, NotLeader, Row
 
@@ -524,9 +524,9 @@ class Remediator:
         only over that version of it: the kubelet, the node lifecycle controller, the node
         reconciler and a replica whose Lease just ran out write nodes too, and a taint list or a
         record merged from an older read would drop what they wrote meanwhile. A node changed
-        meanwhile (409) is read again, up to 3 times. True when written; the API's refusal
-        (ApiException) otherwise."""
-        attempts = 3
+        meanwhile (409) is read again, up to ``WRITE_TRIES`` times in all. True when written; the
+        API's refusal (ApiException) otherwise."""
+        attempts = WRITE_TRIES
         while True:
             current = self.cluster.node(name)
             patch = change(current)

@@ -56,16 +56,12 @@ from oversale.workloads import (
     usage_by_container,
     workload_hpa,
 )
-from reconcilers.cluster import Cluster, packed, unpacked
+from reconcilers.cluster import WRITE_TRIES, Cluster, packed, unpacked
 from reconcilers.history import History, HistoryUnavailable, ResourceStats
 from reconcilers.metrics import ReconcilerMetrics
 
 log = logging.getLogger(__name__)
 COMPONENT = "oversale-reconciler"
-WRITE_TRIES = 3
-"""Writes of a workload's or node's ratios carry the resourceVersion they were decided on; on a
-409 the object is read and decided again, this many times in all. A node's status, which its
-kubelet writes every few seconds to minutes, moves its resourceVersion too."""
 
 
 _Result = TypeVar("_Result")
