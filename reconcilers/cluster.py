@@ -90,6 +90,12 @@ class Cluster:
         node: dict[str, Any] = json.loads(response.data)
         return node
 
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        response: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                       _request_timeout=self._timeout)
+        pod: dict[str, Any] = json.loads(response.data)
+        return pod
+
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
         response: Any = self._core.read_namespaced_persistent_volume_claim(
             name, namespace, _preload_content=False, _request_timeout=self._timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import math
 import time
@@ -374,7 +375,7 @@ class Reconciler:
         index = PodIndex(ratios)
         limits = self.settings.resize_limits
         rows: list[Row] = []
-        jobs: list[tuple[dict[str, Any], ResizePlan]] = []
+        jobs: list[tuple[dict[str, Any], ResizePlan, Callable[[dict[str, Any]], ResizePlan]]] = []
         per_workload: dict[WorkloadKey, int] = {}
         noted_vpa: set[WorkloadKey] = set()
         now = self.clock()
@@ -405,7 +406,9 @@ class Reconciler:
                 plan = ResizePlan(skipped=f"over {limits.max_per_workload} resizes of {_name(key)} this pass; "
                                           "next pass", code="rate-limited")
             if plan.resizes or plan.record_infeasible:
-                jobs.append((pod, plan))
+                jobs.append((pod, plan, functools.partial(
+                    plan_resize, workload_annotations=ratios[key], keys=self.keys,
+                    config=self.settings.compression, bounds=namespace_bounds, now=now, limits=limits)))
             if plan.resizes:
                 per_workload[key] = per_workload.get(key, 0) + 1
                 # A growth takes from the namespace quota what the next Pod can no longer have.
@@ -414,7 +417,7 @@ class Reconciler:
                 self.metrics.skips.labels(f"resize-{plan.code}").inc()
                 rows.append(Row(f"Pod/{namespace}/{name}", "*", "", "", "", f"not resized: {plan.skipped}"))
         done = self._write_all(self._resize, jobs) if not dry_run else [False] * len(jobs)
-        for (pod, plan), ok in zip(jobs, done, strict=True):
+        for (pod, plan, _), ok in zip(jobs, done, strict=True):
             namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
             rows += [Row(f"Pod/{namespace}/{name}", c.resource, _amount(c.resource, c.before),
                          _amount(c.resource, c.after), "", f"in-place resize of {c.container} ({plan.ratios})",
@@ -433,10 +436,11 @@ class Reconciler:
         return {namespace: bounds_from_limit_ranges(limit_ranges.get(namespace, [])).with_quotas(
             quotas.get(namespace, [])) for namespace in {*limit_ranges, *quotas}}
 
-    def _resize(self, pod: dict[str, Any], plan: ResizePlan) -> bool:
+    def _resize(self, pod: dict[str, Any], plan: ResizePlan, replan: Callable[[dict[str, Any]], ResizePlan]) -> bool:
         """Record the new requests on the Pod, then resize it; or record that the kubelet found
         the last resize Infeasible. Annotations go first: the record of a raise is what lets the
-        next pass, and the webhook, tell our raise from another writer's."""
+        next pass, and the webhook, tell our raise from another writer's. ``replan``: the plan
+        again, for the Pod as read after a conflict."""
         self._require_leader()
         metadata = pod["metadata"]
         namespace, name = metadata.get("namespace", ""), metadata["name"]
@@ -448,12 +452,7 @@ class Reconciler:
                               f"in-place resize to ratios {plan.ratios} is Infeasible on this node; not retried "
                               "until the ratios change", COMPONENT, "Warning")
             return True
-        try:
-            self.cluster.annotate_pod(namespace, name, plan.annotations, metadata["resourceVersion"])
-        except ApiException as error:
-            result = "conflict" if error.status == 409 else "error"
-            self.metrics.resizes.labels(result).inc()
-            log.warning("Pod/%s/%s: not resized (%s), next pass", namespace, name, api_refusal(error))
+        if not self._record_resize(pod, plan, replan):
             return False
         try:
             self.cluster.resize_pod(namespace, name, plan.patch)
@@ -473,6 +472,44 @@ class Reconciler:
         self._best_effort(self.cluster.event, pod, "ResizedInPlace",
                           f"requests resized in place to ratios {plan.ratios}: {plan.describe()}", COMPONENT)
         return True
+
+    def _record_resize(self, pod: dict[str, Any], plan: ResizePlan,
+                       replan: Callable[[dict[str, Any]], ResizePlan]) -> bool:
+        """Write the resize's annotations, only on the Pod as it was planned. A 409 is mostly the
+        kubelet writing the Pod's status (a probe turning ready, a container restarting): the Pod
+        is read again and the write retried while its plan is still the same. A plan that moved
+        (a resize under way, requests another writer changed) waits for the next pass, as the
+        quota room the pass took for this Pod's growth was taken for this plan."""
+        namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
+        for tries in range(1, WRITE_TRIES + 1):
+            try:
+                self.cluster.annotate_pod(namespace, name, plan.annotations, pod["metadata"]["resourceVersion"])
+                return True
+            except ApiException as error:
+                self.metrics.resizes.labels("conflict" if error.status == 409 else "error").inc()
+                if error.status != 409:
+                    log.warning("Pod/%s/%s: not resized (%s), next pass", namespace, name, api_refusal(error))
+                    return False
+            if tries == WRITE_TRIES:
+                log.warning("Pod/%s/%s: not resized: it changed under each of %d tries; next pass", namespace, name,
+                            WRITE_TRIES)
+                return False
+            uid = pod["metadata"].get("uid")
+            try:
+                pod = self.cluster.pod(namespace, name)
+            except ApiException as error:
+                log.warning("Pod/%s/%s: not resized: reading it again after a conflict failed (%s); next pass",
+                            namespace, name, "it was deleted" if error.status == 404 else api_refusal(error))
+                return False
+            self._require_leader()
+            if pod["metadata"].get("uid") != uid:
+                log.info("Pod/%s/%s: not resized: another Pod has its name now", namespace, name)
+                return False
+            if (fresh := replan(pod)) != plan:
+                log.info("Pod/%s/%s: not resized: it changed since the pass read it (%s); next pass", namespace,
+                         name, fresh.skipped or f"now {fresh.describe() or 'no change'}")
+                return False
+        return False
 
     # -- node oversale -----------------------------------------------------------------------
     def read_nodes(self) -> NodeReads:

@@ -145,7 +145,7 @@ def test_reconciler_rbac_is_exactly_what_it_reads_and_writes(rendered):
     expected |= {("", "pods", "list"), ("", "events", "create"), ("metrics.k8s.io", "pods", "list"),
                  ("metrics.k8s.io", "nodes", "list")}
     # In-place resize.
-    expected |= {("", "pods", "patch"), ("", "pods/resize", "patch"), ("", "limitranges", "list"),
+    expected |= {("", "pods", "get"), ("", "pods", "patch"), ("", "pods/resize", "patch"), ("", "limitranges", "list"),
                  ("", "resourcequotas", "list"), ("autoscaling.k8s.io", "verticalpodautoscalers", "list")}
     # Remediation: evictions only (never delete), where the evicted Pod's volumes can be reached
     # from and attached, and the namespaces pod affinity terms select by label.
@@ -699,6 +699,7 @@ CALLS = {
         ("", "nodes", "patch"): ("reconcilers/cluster.py", "patch_node("),
         ("", "nodes/status", "patch"): ("reconcilers/cluster.py", "patch_node_status("),
         ("", "pods", "list"): ("reconcilers/cluster.py", "list_pod_for_all_namespaces"),
+        ("", "pods", "get"): ("reconcilers/cluster.py", "read_namespaced_pod("),
         ("", "pods", "patch"): ("reconcilers/cluster.py", "patch_namespaced_pod("),
         ("", "pods/resize", "patch"): ("reconcilers/cluster.py", "patch_namespaced_pod_resize("),
         ("", "pods/eviction", "create"): ("reconcilers/cluster.py", "create_namespaced_pod_eviction("),

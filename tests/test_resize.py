@@ -591,3 +591,59 @@ def test_a_refused_resize_is_a_warning_event_and_the_record_is_put_back(api, tmp
     (event,) = [e for e in api.list_objects("events", NS, {})["items"] if e["reason"] == "ResizeFailed"]
     assert event["type"] == "Warning" and "resizes need a change ticket" in event["message"]
     assert reconciler_.metrics.resizes.labels("error")._value.get() == 1
+
+
+def test_a_pod_its_kubelet_wrote_meanwhile_is_read_again_and_resized_in_the_same_pass(api, tmp_path):
+    """The pass lists the Pods, then writes each one's record with the resourceVersion it read: a
+    kubelet status write in between (a probe turning ready) is a 409. The Pod is read again and,
+    its plan unchanged, resized now rather than a pass later."""
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS[:1])
+    api.concurrent_writes[f"pods/{PODS[0]}"] = 1
+    api.written_meanwhile["pods"] = lambda pod: pod["status"].setdefault("conditions", []).append(
+        {"type": "Ready", "status": "True"})
+    reconciler_ = reconciler(api, tmp_path)
+    rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert requests(stored(api))["cpu"] == "500m"
+    assert [r.written for r in rows] == [True]
+    assert reconciler_.metrics.resizes.labels("conflict")._value.get() == 1
+    assert reconciler_.metrics.resizes.labels("ok")._value.get() == 1
+    assert resize_calls(api) == 1
+
+
+def test_a_pod_whose_plan_moved_meanwhile_waits_for_the_next_pass(api, tmp_path, caplog):
+    """Read again after a 409, the Pod's kubelet is now applying a resize: the plan is not the one
+    the pass made (and took quota room for), so nothing is written and the reason is logged."""
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS[:1])
+    before = stored(api)["metadata"]["annotations"]
+    api.concurrent_writes[f"pods/{PODS[0]}"] = 1
+    api.written_meanwhile["pods"] = lambda pod: pod["status"].setdefault("conditions", []).append(
+        {"type": "PodResizeInProgress", "status": "True"})
+    reconciler_ = reconciler(api, tmp_path)
+    with caplog.at_level(logging.INFO, logger="reconcilers.runner"):
+        rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert requests(stored(api))["cpu"] == "800m"
+    assert stored(api)["metadata"]["annotations"] == before
+    assert [r.written for r in rows] == [False]
+    assert resize_calls(api) == 0
+    assert (f"Pod/{NS}/{PODS[0]}: not resized: it changed since the pass read it (the kubelet is applying the "
+            "last resize); next pass") in caplog.messages
+
+
+def test_a_pod_replaced_under_its_name_or_changing_under_every_try_is_left_alone(api, tmp_path, caplog):
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS)
+    api.concurrent_writes.update({f"pods/{PODS[0]}": 1, f"pods/{PODS[1]}": 3})
+
+    def meanwhile(pod: dict[str, Any]) -> None:
+        if pod["metadata"]["name"] == PODS[0]:  # a StatefulSet's Pod deleted and created again
+            pod["metadata"]["uid"] = "a-new-uid"
+
+    api.written_meanwhile["pods"] = meanwhile
+    reconciler_ = reconciler(api, tmp_path)
+    with caplog.at_level(logging.INFO, logger="reconcilers.runner"):
+        rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert [requests(stored(api, name))["cpu"] for name in PODS] == ["800m", "800m"]
+    assert [r.written for r in rows] == [False, False]
+    assert resize_calls(api) == 0
+    assert reconciler_.metrics.resizes.labels("conflict")._value.get() == 4
+    assert f"Pod/{NS}/{PODS[0]}: not resized: another Pod has its name now" in caplog.messages
+    assert f"Pod/{NS}/{PODS[1]}: not resized: it changed under each of 3 tries; next pass" in caplog.messages
