@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import logging
 import math
 import time
@@ -13,6 +12,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import urllib3
@@ -290,7 +290,12 @@ class Reconciler:
                     log.warning("%s: could not write ratios: %s", _name(plan.key), api_refusal(error))
                     return None
                 self.metrics.writes.labels(kind, "conflict").inc()
-                workload = self.cluster.workload(kind, namespace, name)  # decide again on the fresh object
+                # Decide again on the fresh object.
+                fresh = self._read_again(_name(plan.key), "ratios not written",
+                                         lambda: self.cluster.workload(kind, namespace, name))
+                if fresh is None:
+                    return None
+                workload = fresh
                 controller = controller_of(workload["metadata"])
                 plan = plan_compression(workload, usage, workload_hpa(self._autoscalers(), plan.key, controller),
                                         self.keys, self.settings.compression_estimator(), self.settings.rescale_hpa,
@@ -406,7 +411,7 @@ class Reconciler:
                 plan = ResizePlan(skipped=f"over {limits.max_per_workload} resizes of {_name(key)} this pass; "
                                           "next pass", code="rate-limited")
             if plan.resizes or plan.record_infeasible:
-                jobs.append((pod, plan, functools.partial(
+                jobs.append((pod, plan, partial(
                     plan_resize, workload_annotations=ratios[key], keys=self.keys,
                     config=self.settings.compression, bounds=namespace_bounds, now=now, limits=limits)))
             if plan.resizes:
@@ -495,12 +500,11 @@ class Reconciler:
                             WRITE_TRIES)
                 return False
             uid = pod["metadata"].get("uid")
-            try:
-                pod = self.cluster.pod(namespace, name)
-            except ApiException as error:
-                log.warning("Pod/%s/%s: not resized: reading it again after a conflict failed (%s); next pass",
-                            namespace, name, "it was deleted" if error.status == 404 else api_refusal(error))
+            fresh_pod = self._read_again(f"Pod/{namespace}/{name}", "not resized",
+                                         partial(self.cluster.pod, namespace, name))
+            if fresh_pod is None:
                 return False
+            pod = fresh_pod
             self._require_leader()
             if pod["metadata"].get("uid") != uid:
                 log.info("Pod/%s/%s: not resized: another Pod has its name now", namespace, name)
@@ -632,7 +636,11 @@ class Reconciler:
                     log.warning("Node/%s: could not write ratios: %s", plan.name, api_refusal(error))
                     return False
                 self.metrics.writes.labels("Node", "conflict").inc()
-                node = self.cluster.node(plan.name)
+                fresh = self._read_again(f"Node/{plan.name}", "ratios not written",
+                                         partial(self.cluster.node, plan.name))
+                if fresh is None:
+                    return False
+                node = fresh
                 kept = plan.annotations
                 plan = plan_node(node, requested, usage, self.keys, self.settings.oversale_estimator(),
                                  self._budgets(node), plan.multipliers)
@@ -832,6 +840,18 @@ class Reconciler:
     def _staleness(self, scope: str, stats: list[UsageStats]) -> None:
         ages = [s.age_seconds for s in stats if s.age_seconds is not None]
         self.metrics.staleness.labels(scope).set(min(ages) if ages else -1)
+
+    @staticmethod
+    def _read_again(what: str, outcome: str, read: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        """The object as it is now, after a 409; None, logged, when it cannot be read (deleted
+        meanwhile, or the API server failing): that object waits for the next pass, and the pass
+        goes on with the others."""
+        try:
+            return read()
+        except ApiException as error:
+            log.warning("%s: %s: reading it again after a conflict failed (%s); next pass", what, outcome,
+                        "it was deleted" if error.status == 404 else api_refusal(error))
+            return None
 
     @staticmethod
     def _best_effort(write: Callable[..., None], *args: Any) -> None:

@@ -2321,3 +2321,28 @@ def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp
     # 0.5 x 4000m requested / 900m used = 2.22, not the 2.34 (1.87 + 25%) the whole target would give.
     assert row.written and row.proposed == "2.22" and "account: target x0.50" in row.reason
     assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "2.22"
+
+
+def test_an_object_that_cannot_be_read_again_after_a_conflict_waits_alone(api, prometheus, caplog):
+    """After a 409 the workload or node is read again; one deleted meanwhile (404) or whose read
+    fails (503) waits for the next pass, logged, and the pass goes on with the others: before,
+    the failed read stopped the whole compression or oversale step, its rows and its resizes."""
+    api.concurrent_writes.update({"deployments/web": 1, "nodes/node-1": 1})
+    # The other writer's change comes with the API server failing the next request of that kind.
+    api.written_meanwhile["deployments"] = lambda obj: api.absent.add("deployments")
+    api.written_meanwhile["nodes"] = lambda obj: api.storms.update({"nodes": [503, 1]})
+    before, node_2 = (annotations(api, "nodes", name, "") for name in ("node-1", "node-2"))
+    one_at_a_time = dataclasses.replace(SETTINGS, write_concurrency=1)  # the failing read is node-1's, not node-2's
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url, resolution=300),
+                            one_at_a_time)
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        rows = reconciler.run_pass()
+    assert ("Deployment/shop/web: ratios not written: reading it again after a conflict failed (it was deleted); "
+            "next pass") in caplog.messages
+    assert any(m.startswith("Node/node-1: ratios not written: reading it again after a conflict failed (503 ")
+               for m in caplog.messages)
+    assert annotations(api, "nodes", "node-1", "") == before
+    assert annotations(api, "statefulsets", "db")[KEYS.cpu_requests_ratio] == "2.5", "the other objects are written"
+    assert annotations(api, "nodes", "node-2", "") != node_2, "so are the other nodes"
+    assert not any("pass stopped" in m for m in caplog.messages)
+    assert {r.object for r in rows} >= {"Deployment/shop/web", "StatefulSet/shop/db", "Node/node-1"}
