@@ -163,7 +163,7 @@ class Reconciler:
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             # The API server refused or could not be reached mid-pass: nothing more is written
             # this pass; what was written stands, and the next pass decides again from scratch.
-            why = f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__
+            why = _failure(error)
             log.warning("%s pass stopped: the API server failed (%s); retried next pass", name, why)
             self.metrics.skips.labels(f"{name}-api-error").inc()
             rows = [Row("*", "*", "", "", "", f"{name}: the API server failed ({why}); retried next pass")]
@@ -359,15 +359,29 @@ class Reconciler:
         else listed here; ``controllers``: each workload's own controller, for the VPAs naming it)."""
         if not self.settings.inplace_resize or not ratios:
             return []
+        index = PodIndex(ratios)
         try:
             supported = self.cluster.supports_resize()
             vpas = vpas or self._list_vertical_autoscalers()
             if vpas.error is not None:  # resizing a Pod VPA also resizes would start a fight
                 raise vpas.error
             controlled = vpa_controlled(vpas.items)
-        except ApiException as error:
-            log.warning("in-place resize skipped this pass: discovery failed (%s %s)", error.status, error.reason)
-            return []
+            if supported:
+                bounds = self._namespace_bounds()
+                # Only the Pods of these workloads are kept, packed, as the list streams by: every
+                # running Pod of a large cluster parsed at once would take more than the
+                # reconciler's memory limit.
+                owned = sorted(((pod["metadata"].get("namespace", ""), pod["metadata"]["name"], key, packed(pod))
+                                for pod in self.cluster.running_pods()
+                                if (key := index.owner(pod["metadata"].get("namespace", ""),
+                                                       pod["metadata"]["name"]))),
+                               key=lambda found: found[:2])
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            # The ratios this pass wrote stand, and its rows are kept; the Pods follow next pass.
+            why = _failure(error)
+            log.warning("in-place resize skipped this pass: the API server failed (%s)", why)
+            self.metrics.skips.labels("resize-api-error").inc()
+            return [Row("*", "*", "", "", "", f"in-place resize: the API server failed ({why}); retried next pass")]
         self.metrics.resize_supported.set(1 if supported else 0)
         if not supported:
             if self._resize_supported is not False:
@@ -376,20 +390,12 @@ class Reconciler:
             self._resize_supported = False
             return []
         self._resize_supported = True
-        bounds = self._namespace_bounds()
-        index = PodIndex(ratios)
         limits = self.settings.resize_limits
         rows: list[Row] = []
         jobs: list[tuple[dict[str, Any], ResizePlan, Callable[[dict[str, Any]], ResizePlan]]] = []
         per_workload: dict[WorkloadKey, int] = {}
         noted_vpa: set[WorkloadKey] = set()
         now = self.clock()
-        # Only the Pods of these workloads are kept, packed, as the list streams by: every running
-        # Pod of a large cluster parsed at once would take more than the reconciler's memory limit.
-        owned = sorted(((pod["metadata"].get("namespace", ""), pod["metadata"]["name"], key, packed(pod))
-                        for pod in self.cluster.running_pods()
-                        if (key := index.owner(pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))),
-                       key=lambda found: found[:2])
         for namespace, name, key, data in owned:
             pod = unpacked(data)
             if vpa := workload_vpa(controlled, key, (controllers or {}).get(key)):
@@ -661,7 +667,12 @@ class Reconciler:
     def _apply_at_once(self, name: str) -> None:
         """Write the node status with the new ratio now: the same formula the webhook applies, from
         the webhook's record of the real values (the webhook, when installed, recomputes it)."""
-        node = self.cluster.node(name)
+        try:
+            node = self.cluster.node(name)
+        except ApiException as error:
+            log.warning("Node/%s: new ratio not applied to its status at once: reading it failed (%s); its "
+                        "kubelet's next status write applies it", name, api_refusal(error))
+            return
         annotations = node["metadata"].get("annotations") or {}
         policy = node_policy_from_annotations(annotations, self.keys, self.settings.oversale_limits)
         result = oversell_node(node, node, False, policy)
@@ -873,6 +884,11 @@ def format_table(rows: list[Row]) -> str:
                  zip(("object", "resource", "current", "proposed", "demand"), widths, strict=True)]
         lines.append("  ".join([*cells, row.reason]).rstrip())
     return "\n".join(lines)
+
+
+def _failure(error: ApiException | urllib3.exceptions.HTTPError) -> str:
+    """How the API server failed a list or a write, for a log line and a row."""
+    return f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__
 
 
 def _name(key: WorkloadKey) -> str:

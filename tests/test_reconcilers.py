@@ -1735,6 +1735,29 @@ def test_node_status_can_be_applied_at_once(api, prometheus):
     assert stored["metadata"]["annotations"][KEYS.real_allocatable] == '{"cpu":"3920m","memory":"12700100Ki"}'
 
 
+def test_a_node_status_that_cannot_be_applied_at_once_is_left_to_the_kubelet(api, prometheus, caplog):
+    """The node's ratio is written, then the node read to write its status: a failed read leaves
+    the status to the kubelet's next write (the webhook applies the ratio there), with a warning,
+    and the rest of the pass goes on (node-2, the hot-time accounts)."""
+    def fail_the_next_node_request(review: dict[str, Any]) -> dict[str, Any]:
+        if review["request"]["name"] == "node-1" and not review["request"].get("subResource"):
+            api.storms["nodes"] = [503, 1]
+        return {"allowed": True}
+
+    api.mutating["nodes"] = fail_the_next_node_request
+    before = api.get("nodes", "", "node-1")["status"]["allocatable"]
+    settings = dataclasses.replace(SETTINGS, apply_node_status=True, write_concurrency=1)
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings)
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        rows = reconciler.run_pass()
+    assert annotations(api, "nodes", "node-1", "")[KEYS.cpu_oversale_ratio] == "1.25"
+    assert api.get("nodes", "", "node-1")["status"]["allocatable"] == before
+    assert any(m.startswith("Node/node-1: new ratio not applied to its status at once: reading it failed (503 ")
+               for m in caplog.messages)
+    assert not any("pass stopped" in m for m in caplog.messages)
+    assert ("Node/node-1", "cpu", "1.25", True) in [(r.object, r.resource, r.proposed, r.written) for r in rows]
+
+
 def test_sqlite_history_is_compact_survives_restarts_and_prunes(api, tmp_path):
     path = tmp_path / "history.db"
     history = sqlite_history(api, path)

@@ -647,3 +647,26 @@ def test_a_pod_replaced_under_its_name_or_changing_under_every_try_is_left_alone
     assert reconciler_.metrics.resizes.labels("conflict")._value.get() == 4
     assert f"Pod/{NS}/{PODS[0]}: not resized: another Pod has its name now" in caplog.messages
     assert f"Pod/{NS}/{PODS[1]}: not resized: it changed under each of 3 tries; next pass" in caplog.messages
+
+
+def test_a_listing_the_api_server_fails_skips_the_resizes_and_keeps_the_pass(api, tmp_path, caplog):
+    """The ratios are written, then the Pods' bounds and the Pods are listed for in-place resize:
+    a failed list skips the resizes of this pass (the Pods follow next pass), and the pass still
+    reports the ratios it wrote, rather than one line saying it stopped."""
+    setup(api, {KEYS.enable_resource_compress: "y"})
+    api.storms["limitranges"] = [500, 1]
+    reconciler_ = reconciler(api, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        rows = reconciler_.run_pass()
+    assert api.get("deployments", NS, "web")["metadata"]["annotations"][KEYS.cpu_requests_ratio] == "1.25"
+    assert ("Deployment/shop/web", "cpu", "1.25", True) in [(r.object, r.resource, r.proposed, r.written)
+                                                            for r in rows]
+    assert ("*", "in-place resize: the API server failed (500 Internal Server Error); retried next pass") in {
+        (r.object, r.reason) for r in rows}
+    assert "in-place resize skipped this pass: the API server failed (500 Internal Server Error)" in caplog.messages
+    assert reconciler_.metrics.skips.labels("resize-api-error")._value.get() == 1
+    assert resize_calls(api) == 0 and requests(stored(api))["cpu"] == "1"
+    reconciler_.run_pass()
+    workload = api.get("deployments", NS, "web")["metadata"]["annotations"]
+    assert resize_calls(api) == len(PODS), "next pass, the Pods follow"
+    assert requests(stored(api)) == requests(admitted("web-5d8f9-new00", template(), workload))
