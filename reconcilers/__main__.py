@@ -1,7 +1,9 @@
 """Ratio reconcilers.
 
   python -m reconcilers run               loop: sample (SQLite source), reconcile every interval, serve /metrics
-  python -m reconcilers once [--dry-run]  one pass; --dry-run prints the table and writes nothing
+  python -m reconcilers once [--dry-run]  one pass; --dry-run prints the table and writes nothing;
+                                          exit 1 when the pass could not decide everything (history
+                                          unavailable, the API server failing, the Lease lost)
   python -m reconcilers plan --prometheus URL [--days 14]
                                           the whole-system replay on this cluster's own history, for
                                           a range of hot-time budgets; writes nothing to the cluster
@@ -92,7 +94,7 @@ def _parser() -> Parser:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="reconcile in a loop (leader-elected)")
-    once = commands.add_parser("once", help="one pass")
+    once = commands.add_parser("once", help="one pass (exit 1, saying why, when it could not decide everything)")
     once.add_argument("--dry-run", action="store_true", help="print the proposals, write nothing")
     remediate = commands.add_parser("remediate", help="one remediation pass on the current usage")
     remediate.add_argument("--dry-run", action="store_true",
@@ -174,15 +176,20 @@ def _once(dry_run: bool, sampler: MetricsSampler | None, elector: LeaseElector, 
         sampler.sample()
     if dry_run:
         reconciler.leader = None
-        print(format_table(reconciler.run_pass(dry_run=True)))
-        return 0
-    if not _lease_for_one_pass(elector):
-        return 1
-    try:
-        rows = reconciler.run_pass()
-    finally:
-        elector.release()
+        rows = reconciler.run_pass(dry_run=True)
+    else:
+        if not _lease_for_one_pass(elector):
+            return 1
+        try:
+            rows = reconciler.run_pass()
+        finally:
+            elector.release()
     print(format_table(rows))
+    if reconciler.incomplete:
+        # A script or CronJob running one pass learns it did not do its whole job; the table says
+        # what was decided all the same.
+        print(f"pass incomplete: {'; '.join(reconciler.incomplete)}", file=sys.stderr)
+        return 1
     return 0
 
 

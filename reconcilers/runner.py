@@ -66,6 +66,7 @@ COMPONENT = "oversale-reconciler"
 
 
 _Result = TypeVar("_Result")
+_Read = TypeVar("_Read")
 
 
 class Leadership(Protocol):
@@ -133,9 +134,13 @@ class Reconciler:
         """node -> (when, resource -> the peak predicted for the coming period): calibration."""
         self._budget_problems: dict[str, str] = {}
         """node -> what was wrong with its budget annotation or label, told once per node and value."""
+        self.incomplete: list[str] = []
+        """What kept the last pass from deciding everything it was to decide (a step the API
+        server stopped, a history it could not read, the Lease lost): ``once`` exits 1 on it."""
 
     def run_pass(self, dry_run: bool = False) -> list[Row]:
         rows: list[Row] = []
+        self.incomplete = []
         # Before the first pass that can read it (the source checks each counter once): scrape
         # intervals are configured, not something a pass changes, so these queries are not the
         # pass's. An unavailable history is checked next pass; this one says it is unavailable.
@@ -153,6 +158,7 @@ class Reconciler:
                 rows += self._timed("oversale", lambda: self.reconcile_nodes(dry_run, nodes))
             except NotLeader:
                 log.warning("lease lost during the pass: stopped writing")
+                self.incomplete.append("the Lease was lost during the pass")
         self.metrics.history_queries.set(getattr(self.history, "queries", 0) - queries_before)
         return rows
 
@@ -165,6 +171,7 @@ class Reconciler:
             # this pass; what was written stands, and the next pass decides again from scratch.
             why = _failure(error)
             log.warning("%s pass stopped: the API server failed (%s); retried next pass", name, why)
+            self.incomplete.append(f"{name}: the API server failed ({why})")
             self.metrics.skips.labels(f"{name}-api-error").inc()
             rows = [Row("*", "*", "", "", "", f"{name}: the API server failed ({why}); retried next pass")]
         self.metrics.pass_duration.labels(name).set(time.perf_counter() - started)
@@ -196,6 +203,7 @@ class Reconciler:
         except HistoryUnavailable as error:
             self.metrics.staleness.labels("containers").set(-1)
             self.metrics.skips.labels("history-unavailable").inc(len(workloads))
+            self.incomplete.append(f"container history unavailable ({error})")
             rows = [Row(_name(k), "*", "", "", "", f"history unavailable, holding: {error}") for k in workloads]
             return rows + self.reconcile_resizes(dry_run, current, controllers=controllers)
         self._staleness("containers", [s.cpu for s in stats.values()])
@@ -290,17 +298,11 @@ class Reconciler:
                     log.warning("%s: could not write ratios: %s", _name(plan.key), api_refusal(error))
                     return None
                 self.metrics.writes.labels(kind, "conflict").inc()
-                # Decide again on the fresh object.
                 fresh = self._read_again(_name(plan.key), "ratios not written",
-                                         lambda: self.cluster.workload(kind, namespace, name))
+                                         partial(self._decide_again, plan.key, usage))
                 if fresh is None:
                     return None
-                workload = fresh
-                controller = controller_of(workload["metadata"])
-                plan = plan_compression(workload, usage, workload_hpa(self._autoscalers(), plan.key, controller),
-                                        self.keys, self.settings.compression_estimator(), self.settings.rescale_hpa,
-                                        workload_vpa(self._vertical_autoscalers(self._list_vertical_autoscalers()),
-                                                     plan.key, controller))
+                workload, plan = fresh
                 continue
             self.metrics.writes.labels(kind, "ok").inc()
             log.info("%s: %s", _name(plan.key), message)
@@ -309,6 +311,16 @@ class Reconciler:
         log.warning("%s: ratios not written: it changed under each of %d tries (another writer of it is "
                     "busy); next pass", _name(plan.key), WRITE_TRIES)
         return None
+
+    def _decide_again(self, key: WorkloadKey,
+                      usage: dict[str, dict[str, UsageStats]]) -> tuple[dict[str, Any], WorkloadPlan]:
+        """The workload as it is now, and its plan made again on it (its HPA and VPA read again too)."""
+        workload = self.cluster.workload(*key)
+        controller = controller_of(workload["metadata"])
+        return workload, plan_compression(
+            workload, usage, workload_hpa(self._autoscalers(), key, controller), self.keys,
+            self.settings.compression_estimator(), self.settings.rescale_hpa,
+            workload_vpa(self._vertical_autoscalers(self._list_vertical_autoscalers()), key, controller))
 
     def _rescale_hpa(self, hpa: dict[str, Any], targets: dict[str, tuple[int, int]]) -> None:
         """Set the HPA's utilization target of each resource in ``targets`` (resource -> (original,
@@ -381,6 +393,7 @@ class Reconciler:
             why = _failure(error)
             log.warning("in-place resize skipped this pass: the API server failed (%s)", why)
             self.metrics.skips.labels("resize-api-error").inc()
+            self.incomplete.append(f"in-place resize: the API server failed ({why})")
             return [Row("*", "*", "", "", "", f"in-place resize: the API server failed ({why}); retried next pass")]
         self.metrics.resize_supported.set(1 if supported else 0)
         if not supported:
@@ -582,6 +595,7 @@ class Reconciler:
                           if (budgets.get(name, {}).get("cpu"), budgets.get(name, {}).get("memory")) == (cpu, memory)}
         except HistoryUnavailable as error:
             log.warning("node history unavailable (%s): holding every node ratio", error)
+            self.incomplete.append(f"node history unavailable ({error})")
             self.metrics.staleness.labels("nodes").set(-1)
             stats, unavailable = {}, error
         if stats:
@@ -708,6 +722,7 @@ class Reconciler:
         nodes each a little hot), backs off at once, with a Warning Event saying by how much."""
         if isinstance(read, HistoryUnavailable):
             log.warning("hot time unavailable (%s): accounts held at their last multipliers", read)
+            self.incomplete.append(f"hot time unavailable ({read})")
             return self._held_accounts(nodes, pools)
         config, (short, long) = self.settings.account, read
         now = self.clock()
@@ -853,7 +868,7 @@ class Reconciler:
         self.metrics.staleness.labels(scope).set(min(ages) if ages else -1)
 
     @staticmethod
-    def _read_again(what: str, outcome: str, read: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    def _read_again(what: str, outcome: str, read: Callable[[], _Read]) -> _Read | None:
         """The object as it is now, after a 409; None, logged, when it cannot be read (deleted
         meanwhile, or the API server failing): that object waits for the next pass, and the pass
         goes on with the others."""

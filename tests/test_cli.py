@@ -314,3 +314,33 @@ def test_a_client_ca_that_holds_no_certificate_is_refused(tmp_path):
     result = run(["scheduler", "--bind", f"127.0.0.1:{free_port()}", "--certs-dir", str(tmp_path),
                   "--client-ca", str(junk)], OVERSALE_KUBERNETES="off")
     assert_one_clean_line(result, f"--client-ca {junk}", "holds no PEM CA certificate")
+
+
+def test_once_exits_1_saying_why_when_the_pass_could_not_decide_everything(tmp_path):
+    """A script or CronJob running one pass: 0 when the pass decided everything it could (young
+    history holds ratios, that is a decision), 1 with one line naming what stopped it otherwise;
+    the table is printed either way."""
+    api = FakeKubeAPI().start()
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        api.put("deployments", {
+            "metadata": {"name": "web", "namespace": "shop",
+                         "annotations": {"stke.platform/enable-resource-compress": "y"}},
+            "spec": {"template": {"metadata": {}, "spec": {"containers": [
+                {"name": "app", "image": "nginx", "resources": {"requests": {"cpu": "1"}}}]}}}})
+        api.put("nodes", {"metadata": {"name": "node-1", "labels": {"stke.platform/oversale": "enabled"}},
+                          "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                                     "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"}}})
+        young = run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_SQLITE_PATH=str(tmp_path / "h.db"))
+        assert young.returncode == 0, young.stderr
+        assert "Node/node-1" in young.stdout and "pass incomplete" not in young.stderr
+        port = free_port()
+        dead = run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_PROMETHEUS_URL=f"http://127.0.0.1:{port}")
+        assert dead.returncode == 1, dead.stderr
+        assert "Deployment/shop/web" in dead.stdout and "history unavailable, holding" in dead.stdout
+        (line,) = [line for line in dead.stderr.splitlines() if line.startswith("pass incomplete: ")]
+        assert f"container history unavailable (prometheus at http://127.0.0.1:{port} unreachable" in line
+        assert "; node history unavailable (" in line
+        assert "Traceback" not in dead.stderr
+    finally:
+        api.stop()

@@ -2347,12 +2347,21 @@ def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp
 
 
 def test_an_object_that_cannot_be_read_again_after_a_conflict_waits_alone(api, prometheus, caplog):
-    """After a 409 the workload or node is read again; one deleted meanwhile (404) or whose read
-    fails (503) waits for the next pass, logged, and the pass goes on with the others: before,
-    the failed read stopped the whole compression or oversale step, its rows and its resizes."""
-    api.concurrent_writes.update({"deployments/web": 1, "nodes/node-1": 1})
-    # The other writer's change comes with the API server failing the next request of that kind.
-    api.written_meanwhile["deployments"] = lambda obj: api.absent.add("deployments")
+    """After a 409 the workload or node is read again (a workload with the HPAs its plan is made
+    again with); one deleted meanwhile (404) or whose read fails (500, 503) waits for the next
+    pass, logged, and the pass goes on with the others: before, the failed read stopped the whole
+    compression or oversale step, its rows and its resizes."""
+    api.concurrent_writes.update({"deployments/hot": 1, "deployments/web": 1, "nodes/node-1": 1})
+
+    # The other writer's change comes with the API server failing the next request of that kind:
+    # for hot (written first), the list of HPAs its plan is made again with.
+    def meanwhile(workload: dict[str, Any]) -> None:
+        if workload["metadata"]["name"] == "hot":
+            api.storms["horizontalpodautoscalers"] = [500, 1]
+        else:
+            api.absent.add("deployments")
+
+    api.written_meanwhile["deployments"] = meanwhile
     api.written_meanwhile["nodes"] = lambda obj: api.storms.update({"nodes": [503, 1]})
     before, node_2 = (annotations(api, "nodes", name, "") for name in ("node-1", "node-2"))
     one_at_a_time = dataclasses.replace(SETTINGS, write_concurrency=1)  # the failing read is node-1's, not node-2's
@@ -2362,6 +2371,8 @@ def test_an_object_that_cannot_be_read_again_after_a_conflict_waits_alone(api, p
         rows = reconciler.run_pass()
     assert ("Deployment/shop/web: ratios not written: reading it again after a conflict failed (it was deleted); "
             "next pass") in caplog.messages
+    assert any(m.startswith("Deployment/shop/hot: ratios not written: reading it again after a conflict failed "
+                            "(500 ") for m in caplog.messages)
     assert any(m.startswith("Node/node-1: ratios not written: reading it again after a conflict failed (503 ")
                for m in caplog.messages)
     assert annotations(api, "nodes", "node-1", "") == before
