@@ -9,7 +9,8 @@
                                           a range of hot-time budgets; writes nothing to the cluster
   python -m reconcilers remediate [--dry-run]
                                           one remediation pass judged on this one observation
-                                          (as if every hot node had been hot long enough)
+                                          (as if every hot node had been hot long enough); exit 1
+                                          when usage or the cluster cannot be read
   python -m reconcilers backtest --trace TRACE.csv.gz [--hot-time-budget 0.001]
                                           a usage trace replayed through the whole system and its
                                           peers; writes a report (docs/backtest.md)
@@ -164,8 +165,19 @@ def _remediate(dry_run: bool, settings: Settings, api_client: Any, elector: Leas
         rows = remediator.run_pass(dry_run=dry_run)
     finally:
         elector.release()
+    if remediator.incomplete:
+        if rows:
+            print(format_table(rows))
+        return _incomplete(remediator.incomplete)
     print(format_table(rows) if rows else "no node above its runtime watermark")
     return 0
+
+
+def _incomplete(problems: list[str]) -> int:
+    """A one-shot command's pass that could not do its whole job: one line saying why, exit 1 (a
+    script or CronJob running it learns so; the table before it says what was done all the same)."""
+    print(f"pass incomplete: {'; '.join(problems)}", file=sys.stderr)
+    return 1
 
 
 def _once(dry_run: bool, sampler: MetricsSampler | None, elector: LeaseElector, reconciler: Reconciler) -> int:
@@ -185,12 +197,7 @@ def _once(dry_run: bool, sampler: MetricsSampler | None, elector: LeaseElector, 
         finally:
             elector.release()
     print(format_table(rows))
-    if reconciler.incomplete:
-        # A script or CronJob running one pass learns it did not do its whole job; the table says
-        # what was decided all the same.
-        print(f"pass incomplete: {'; '.join(reconciler.incomplete)}", file=sys.stderr)
-        return 1
-    return 0
+    return _incomplete(reconciler.incomplete) if reconciler.incomplete else 0
 
 
 def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, elector: LeaseElector,

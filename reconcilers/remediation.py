@@ -105,6 +105,9 @@ class Remediator:
         self.node_cooldown: dict[str, float] = {}
         self.workload_cooldown: dict[str, float] = {}
         self.samples: dict[str, deque[Sample]] = {}
+        self.incomplete: list[str] = []
+        """What kept the last pass from judging every node (usage or the cluster unreadable, the
+        Lease lost): ``remediate`` exits 1 on it rather than report no hot node."""
 
     def run_pass(self, dry_run: bool = False, tidy: bool | None = None) -> list[Row]:
         """Observe every node once; move Pods off those hot long enough. Returns the report rows.
@@ -112,13 +115,15 @@ class Remediator:
         ``tidy`` (default: not ``dry_run``) removes hot-node taints whose time is up: the running
         loop tidies even with remediation off, so switching it off leaves no taint behind."""
         now = self.clock()
+        self.incomplete = []
         try:
             seen = self._observe()
         except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
             # No usage, no evictions: a metrics outage must never move Pods.
-            log.warning("remediation pass skipped: cannot read usage or the cluster (%s)",
-                        f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__)
+            why = f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__
+            log.warning("remediation pass skipped: cannot read usage or the cluster (%s)", why)
             self.metrics.skips.labels("remediation-no-usage").inc()
+            self.incomplete.append(f"cannot read usage or the cluster ({why})")
             return []
         nodes = seen.nodes
         self._forget({n["metadata"]["name"] for n in nodes}, now)
@@ -146,6 +151,7 @@ class Remediator:
                     self._remediate_node(node, fresh.get(node["metadata"]["name"]), state)
         except NotLeader:
             log.warning("lease lost during the remediation pass: stopped evicting")
+            self.incomplete.append("the Lease was lost during the pass")
         # Only nodes observed now: a node deleted, or without fresh metrics, has no utilization.
         self.metrics.report(self.metrics.node_utilization, "remediator", state.utilization)
         self.metrics.hot_nodes.set(state.hot_nodes)

@@ -344,3 +344,24 @@ def test_once_exits_1_saying_why_when_the_pass_could_not_decide_everything(tmp_p
         assert "Traceback" not in dead.stderr
     finally:
         api.stop()
+
+
+def test_remediate_tells_an_unreadable_usage_from_no_hot_node(tmp_path):
+    """`remediate` said "no node above its runtime watermark" when metrics-server was down: it had
+    judged no node at all. Now that is one line saying why, and exit 1."""
+    api = FakeKubeAPI().start()
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        api.put("nodes", {"metadata": {"name": "node-1", "labels": {"stke.platform/oversale": "enabled"}},
+                          "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"}}})
+        cool = run(["reconcilers", "remediate", "--dry-run"], kubeconfig)
+        assert cool.returncode == 0, cool.stderr
+        assert cool.stdout.strip() == "no node above its runtime watermark"
+        api.unavailable.add("nodemetrics")  # the aggregator's 503 while metrics-server is down
+        down = run(["reconcilers", "remediate", "--dry-run"], kubeconfig)
+        assert down.returncode == 1, down.stderr
+        assert "no node above" not in down.stdout
+        (line,) = [line for line in down.stderr.splitlines() if line.startswith("pass incomplete: ")]
+        assert line == "pass incomplete: cannot read usage or the cluster (503 Service Unavailable)"
+    finally:
+        api.stop()
