@@ -257,10 +257,13 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
             try:
                 rows = reconciler.run_pass()
                 written = sum(r.written for r in rows)
-                log.info("pass done in %.1fs: %d objects, %d ratios written", time.monotonic() - started,
-                         len({r.object for r in rows}), written)
+                log.log(logging.WARNING if reconciler.incomplete else logging.INFO,
+                        "pass done in %.1fs: %d objects, %d ratios written%s", time.monotonic() - started,
+                        len({r.object for r in rows}), written,
+                        f"; incomplete: {'; '.join(reconciler.incomplete)}" if reconciler.incomplete else "")
             except Exception:  # a failed pass is retried at the next interval
                 log.exception("pass failed")
+                metrics.last_pass.labels("failed").set_to_current_time()
             time.sleep(max(1.0, settings.reconcile_interval_seconds - (time.monotonic() - started)))
     except (SystemExit, KeyboardInterrupt) as stopped:
         elector.release()

@@ -28,6 +28,13 @@ class ReconcilerMetrics:
                                   "From the oldest to the newest sample of the SQLite usage history: up to "
                                   "OVERSALE_HISTORY_RETENTION, less while young or once OVERSALE_HISTORY_MAX_SIZE "
                                   "cut the oldest samples.", registry=registry)
+        self.last_pass = Gauge("oversale_reconcile_last_pass_timestamp_seconds",
+                               "When this replica's last pass ended (Unix seconds; 0: none yet), by result: "
+                               "complete (it decided everything), incomplete (history unavailable, a step the "
+                               "API server failed or the Lease lost: the log says which), failed (an error, "
+                               "in the log).", ["result"], registry=registry)
+        for result in ("complete", "incomplete", "failed"):
+            self.last_pass.labels(result).set(0)
         self.history_queries = Gauge("oversale_history_queries", "Queries the last pass sent to the history source.",
                                      registry=registry)
         self.usage_window = Gauge("oversale_history_usage_window_seconds",

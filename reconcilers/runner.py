@@ -160,6 +160,7 @@ class Reconciler:
                 log.warning("lease lost during the pass: stopped writing")
                 self.incomplete.append("the Lease was lost during the pass")
         self.metrics.history_queries.set(getattr(self.history, "queries", 0) - queries_before)
+        self.metrics.last_pass.labels("incomplete" if self.incomplete else "complete").set_to_current_time()
         return rows
 
     def _timed(self, name: str, work: Callable[[], list[Row]]) -> list[Row]:

@@ -569,7 +569,29 @@ tests:
         values: '0+1x10 10x70'
       - series: 'oversale_extender_workload_history_polls_total{pod="e2", result="error"}'
         values: '0x10 0+1x70'
+      # r2 leads from minute 30 (after r1's test of no leader); its passes complete every minute
+      # until minute 15, then stop completing: 1800 s after, plus 10 minutes, it fires (55m).
+      - series: 'oversale_reconciler_leader{pod="r2"}'
+        values: '_x29 1x60'
+      - series: 'oversale_reconcile_last_pass_timestamp_seconds{pod="r2", result="complete"}'
+        values: '0+60x15 900x75'
+      - series: 'oversale_reconcile_last_pass_timestamp_seconds{pod="r3", result="complete"}'
+        values: '0x90'
     alert_rule_test:
+      - eval_time: 50m
+        alertname: OversaleReconcilerPassesIncomplete
+        exp_alerts: []
+      - eval_time: 60m
+        alertname: OversaleReconcilerPassesIncomplete
+        exp_alerts:
+          - exp_labels: {severity: warning}
+            exp_annotations:
+              summary: The reconcilers have not completed a pass for over 30 minutes
+              description: >-
+                A replica leads, but its passes stop short (history unavailable, the API server failing a step,
+                the Lease lost mid-pass), fail, or hang: ratios are not kept up to date. The leader's log says
+                which: 'pass done ...; incomplete: ...' names what stopped a pass, 'pass failed' shows the
+                error, and no 'pass done' line for that long is a hang.
       - eval_time: 20m
         alertname: OversaleExtenderHistoryUnreadable
         exp_alerts: []

@@ -124,6 +124,9 @@ def test_a_500_storm_stops_the_pass_with_a_reason_and_the_next_pass_works(tmp_pa
         assert [r.reason for r in rows] == ["oversale: the API server failed (500 Internal Server Error); "
                                             "retried next pass"]
         assert reconciler.incomplete == ["oversale: the API server failed (500 Internal Server Error)"]
+        last_pass = reconciler.metrics.last_pass
+        assert last_pass.labels("incomplete")._value.get() > time.time() - 60
+        assert last_pass.labels("complete")._value.get() == 0, "what the PassesIncomplete alert reads"
         api.storms = {}
         rows = reconciler.run_pass()
         assert [r.object for r in rows] == ["Node/n1", "Node/n1"] and all("holding" in r.reason for r in rows)

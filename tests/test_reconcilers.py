@@ -1518,6 +1518,7 @@ def test_conflicts_are_retried_on_a_fresh_object(api, source):
     reconciler.run_pass()
     assert annotations(api, "deployments", "web")[KEYS.cpu_requests_ratio] == "1.25"
     assert reconciler.metrics.writes.labels("Deployment", "conflict")._value.get() == 1
+    assert reconciler.incomplete == [] and reconciler.metrics.last_pass.labels("complete")._value.get() > 0
 
 
 def test_a_ratio_write_that_conflicts_on_every_try_is_told_and_left_to_the_next_pass(api, prometheus, caplog):
