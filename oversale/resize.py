@@ -87,7 +87,8 @@ class ResizePlan:
     patch: list[dict[str, Any]] = field(default_factory=list)
     """JSON patch for ``pods/resize`` (requests only)."""
     annotations: dict[str, str | None] = field(default_factory=dict)
-    """Merge patch of the Pod's annotations, written before the resize."""
+    """Merge patch of the Pod's annotations, written before the resize (or, alone, the record of
+    an Infeasible answer)."""
     ratios: str = ""
     """The ratios this resize asks for, as recorded in ``resized-ratios``."""
     added: dict[str, int] = field(default_factory=dict)
@@ -196,6 +197,8 @@ def _waiting(pod: Pod, asked: str, keys: AnnotationKeys, now: float, limits: Res
                                        "not retried until the ratios change")
             plan.record_infeasible = annotations.get(keys.resize_infeasible) != asked
             plan.ratios = asked
+            if plan.record_infeasible:
+                plan.annotations = {keys.resize_infeasible: asked}
             return plan
         return _skip("deferred", f"the last resize is {reason or 'pending'}: left to the kubelet")
     if annotations.get(keys.resize_infeasible) == asked:

@@ -470,8 +470,9 @@ class Reconciler:
         metadata = pod["metadata"]
         namespace, name = metadata.get("namespace", ""), metadata["name"]
         if plan.record_infeasible:
-            self._best_effort(self.cluster.annotate_pod, namespace, name, {self.keys.resize_infeasible: plan.ratios},
-                              metadata["resourceVersion"])
+            # Told once, when recorded: an unrecorded answer is recorded (and told) next pass.
+            if not self._record_resize(pod, plan, replan):
+                return False
             self.metrics.resizes.labels("infeasible").inc()
             self._best_effort(self.cluster.event, pod, "ResizeInfeasible",
                               f"in-place resize to ratios {plan.ratios} is Infeasible on this node; not retried "
@@ -500,12 +501,14 @@ class Reconciler:
 
     def _record_resize(self, pod: dict[str, Any], plan: ResizePlan,
                        replan: Callable[[dict[str, Any]], ResizePlan]) -> bool:
-        """Write the resize's annotations, only on the Pod as it was planned. A 409 is mostly the
-        kubelet writing the Pod's status (a probe turning ready, a container restarting): the Pod
-        is read again and the write retried while its plan is still the same. A plan that moved
-        (a resize under way, requests another writer changed) waits for the next pass, as the
-        quota room the pass took for this Pod's growth was taken for this plan."""
+        """Write the resize's annotations (or the record of an Infeasible answer), only on the Pod
+        as it was planned. A 409 is mostly the kubelet writing the Pod's status (a probe turning
+        ready, a container restarting): the Pod is read again and the write retried while its plan
+        is still the same. A plan that moved (a resize under way, requests another writer changed)
+        waits for the next pass, as the quota room the pass took for this Pod's growth was taken
+        for this plan."""
         namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
+        outcome = "Infeasible answer not recorded" if plan.record_infeasible else "not resized"
         for tries in range(1, WRITE_TRIES + 1):
             try:
                 self.cluster.annotate_pod(namespace, name, plan.annotations, pod["metadata"]["resourceVersion"])
@@ -513,25 +516,25 @@ class Reconciler:
             except ApiException as error:
                 self.metrics.resizes.labels("conflict" if error.status == 409 else "error").inc()
                 if error.status != 409:
-                    log.warning("Pod/%s/%s: not resized (%s), next pass", namespace, name, api_refusal(error))
+                    log.warning("Pod/%s/%s: %s (%s), next pass", namespace, name, outcome, api_refusal(error))
                     return False
             if tries == WRITE_TRIES:
-                log.warning("Pod/%s/%s: not resized: it changed under each of %d tries; next pass", namespace, name,
+                log.warning("Pod/%s/%s: %s: it changed under each of %d tries; next pass", namespace, name, outcome,
                             WRITE_TRIES)
                 return False
             uid = pod["metadata"].get("uid")
-            fresh_pod = self._read_again(f"Pod/{namespace}/{name}", "not resized",
+            fresh_pod = self._read_again(f"Pod/{namespace}/{name}", outcome,
                                          partial(self.cluster.pod, namespace, name))
             if fresh_pod is None:
                 return False
             pod = fresh_pod
             self._require_leader()
             if pod["metadata"].get("uid") != uid:
-                log.info("Pod/%s/%s: not resized: another Pod has its name now", namespace, name)
+                log.info("Pod/%s/%s: %s: another Pod has its name now", namespace, name, outcome)
                 return False
             if (fresh := replan(pod)) != plan:
-                log.info("Pod/%s/%s: not resized: it changed since the pass read it (%s); next pass", namespace,
-                         name, fresh.skipped or f"now {fresh.describe() or 'no change'}")
+                log.info("Pod/%s/%s: %s: it changed since the pass read it (%s); next pass", namespace, name,
+                         outcome, fresh.skipped or f"now {fresh.describe() or 'no change'}")
                 return False
         return False
 

@@ -670,3 +670,35 @@ def test_a_listing_the_api_server_fails_skips_the_resizes_and_keeps_the_pass(api
     workload = api.get("deployments", NS, "web")["metadata"]["annotations"]
     assert resize_calls(api) == len(PODS), "next pass, the Pods follow"
     assert requests(stored(api)) == requests(admitted("web-5d8f9-new00", template(), workload))
+
+
+def test_an_infeasible_answer_is_told_once_it_is_recorded(api, tmp_path, caplog):
+    """The kubelet's Infeasible answer is recorded on the Pod, then told by a Warning Event. The
+    record meeting a 409 (the kubelet wrote the Pod meanwhile) is retried on the Pod read again;
+    one that cannot be written is neither counted nor told, so the next pass records and tells it
+    once, rather than a Warning every pass while the record never lands."""
+    setup(api, {}, pods=PODS[:1])
+    api.kubelet_answers[(NS, PODS[0])] = "Infeasible"
+    clock = Clock()
+    reconciler_ = reconciler(api, tmp_path, clock=clock)
+    raise_ratio = {KEY: {KEYS.cpu_requests_ratio: "0.5"}}
+    reconciler_.reconcile_resizes(False, raise_ratio)  # sent; the kubelet answers Infeasible
+
+    def told() -> int:
+        return sum(e["reason"] == "ResizeInfeasible" for e in api.list_objects("events", NS, {})["items"])
+
+    clock.now += SETTINGS.resize_min_interval_seconds + 1
+    api.concurrent_writes[f"pods/{PODS[0]}"] = 3  # every try of this pass meets a 409
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        reconciler_.reconcile_resizes(False, raise_ratio)
+    assert KEYS.resize_infeasible not in stored(api)["metadata"]["annotations"]
+    assert told() == 0 and reconciler_.metrics.resizes.labels("infeasible")._value.get() == 0
+    assert (f"Pod/{NS}/{PODS[0]}: Infeasible answer not recorded: it changed under each of 3 tries; next pass"
+            in caplog.messages)
+
+    api.concurrent_writes[f"pods/{PODS[0]}"] = 1  # one 409, then the Pod read again: recorded
+    reconciler_.reconcile_resizes(False, raise_ratio)
+    assert stored(api)["metadata"]["annotations"][KEYS.resize_infeasible] == "cpu=0.5"
+    assert told() == 1 and reconciler_.metrics.resizes.labels("infeasible")._value.get() == 1
+    reconciler_.reconcile_resizes(False, raise_ratio)
+    assert told() == 1 and resize_calls(api) == 1, "recorded: neither told nor sent again"
