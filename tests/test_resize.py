@@ -702,3 +702,31 @@ def test_an_infeasible_answer_is_told_once_it_is_recorded(api, tmp_path, caplog)
     assert told() == 1 and reconciler_.metrics.resizes.labels("infeasible")._value.get() == 1
     reconciler_.reconcile_resizes(False, raise_ratio)
     assert told() == 1 and resize_calls(api) == 1, "recorded: neither told nor sent again"
+
+
+def test_a_pod_record_refused_or_unreadable_after_a_conflict_waits_for_the_next_pass(api, tmp_path, caplog):
+    """Two ways a resize's record fails without a retry: a policy engine refuses the Pod's update
+    (403, said in its words), or the Pod cannot be read again after a 409 (500). Neither Pod is
+    resized, and the pass writes what it can."""
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS)
+
+    def policy_engine(review: dict[str, Any]) -> dict[str, Any]:
+        if review["request"]["name"] == PODS[0] and not review["request"].get("subResource"):
+            return {"allowed": False, "status": {"code": 403, "message": "annotations are frozen"}}
+        return {"allowed": True}
+
+    api.validating["pods"] = policy_engine
+    api.concurrent_writes[f"pods/{PODS[1]}"] = 1
+    api.written_meanwhile["pods"] = lambda pod: api.storms.update({"pods": [500, 1]})
+    one_at_a_time = dataclasses.replace(SETTINGS, write_concurrency=1)  # the failing read is PODS[1]'s own
+    reconciler_ = reconciler(api, tmp_path, one_at_a_time)
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert [requests(stored(api, name))["cpu"] for name in PODS] == ["800m", "800m"]
+    assert [r.written for r in rows] == [False, False] and resize_calls(api) == 0
+    assert (f"Pod/{NS}/{PODS[0]}: not resized (403 admission webhook denied the request: annotations are frozen), "
+            "next pass") in caplog.messages
+    assert any(m.startswith(f"Pod/{NS}/{PODS[1]}: not resized: reading it again after a conflict failed (500 ")
+               for m in caplog.messages)
+    assert reconciler_.metrics.resizes.labels("error")._value.get() == 1
+    assert reconciler_.metrics.resizes.labels("conflict")._value.get() == 1
