@@ -467,19 +467,18 @@ class Reconciler:
         next pass, and the webhook, tell our raise from another writer's. ``replan``: the plan
         again, for the Pod as read after a conflict."""
         self._require_leader()
-        metadata = pod["metadata"]
-        namespace, name = metadata.get("namespace", ""), metadata["name"]
+        namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
+        recorded_on = self._record_resize(pod, plan, replan)
+        if recorded_on is None:
+            return False
+        pod = recorded_on  # as read again after a conflict: its annotations are what a refusal puts back
         if plan.record_infeasible:
             # Told once, when recorded: an unrecorded answer is recorded (and told) next pass.
-            if not self._record_resize(pod, plan, replan):
-                return False
             self.metrics.resizes.labels("infeasible").inc()
             self._best_effort(self.cluster.event, pod, "ResizeInfeasible",
                               f"in-place resize to ratios {plan.ratios} is Infeasible on this node; not retried "
                               "until the ratios change", COMPONENT, "Warning")
             return True
-        if not self._record_resize(pod, plan, replan):
-            return False
         try:
             self.cluster.resize_pod(namespace, name, plan.patch)
         except ApiException as error:
@@ -487,7 +486,7 @@ class Reconciler:
             message = api_refusal(error)
             log.warning("Pod/%s/%s: resize refused: %s", namespace, name, message)
             # Put the record back as it was (keeping last-resize, so the retry waits its interval).
-            previous = metadata.get("annotations") or {}
+            previous = pod["metadata"].get("annotations") or {}
             self._best_effort(self.cluster.annotate_pod, namespace, name,
                               {k: previous.get(k) for k in plan.annotations if k != self.keys.last_resize}, "")
             self._best_effort(self.cluster.event, pod, "ResizeFailed", f"in-place resize refused: {message}",
@@ -500,43 +499,43 @@ class Reconciler:
         return True
 
     def _record_resize(self, pod: dict[str, Any], plan: ResizePlan,
-                       replan: Callable[[dict[str, Any]], ResizePlan]) -> bool:
+                       replan: Callable[[dict[str, Any]], ResizePlan]) -> dict[str, Any] | None:
         """Write the resize's annotations (or the record of an Infeasible answer), only on the Pod
         as it was planned. A 409 is mostly the kubelet writing the Pod's status (a probe turning
         ready, a container restarting): the Pod is read again and the write retried while its plan
         is still the same. A plan that moved (a resize under way, requests another writer changed)
         waits for the next pass, as the quota room the pass took for this Pod's growth was taken
-        for this plan."""
+        for this plan. Returns the Pod as it was when written (None: not written, logged)."""
         namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
         outcome = "Infeasible answer not recorded" if plan.record_infeasible else "not resized"
         for tries in range(1, WRITE_TRIES + 1):
             try:
                 self.cluster.annotate_pod(namespace, name, plan.annotations, pod["metadata"]["resourceVersion"])
-                return True
+                return pod
             except ApiException as error:
                 self.metrics.resizes.labels("conflict" if error.status == 409 else "error").inc()
                 if error.status != 409:
                     log.warning("Pod/%s/%s: %s (%s), next pass", namespace, name, outcome, api_refusal(error))
-                    return False
+                    return None
             if tries == WRITE_TRIES:
                 log.warning("Pod/%s/%s: %s: it changed under each of %d tries; next pass", namespace, name, outcome,
                             WRITE_TRIES)
-                return False
+                return None
             uid = pod["metadata"].get("uid")
             fresh_pod = self._read_again(f"Pod/{namespace}/{name}", outcome,
                                          partial(self.cluster.pod, namespace, name))
             if fresh_pod is None:
-                return False
+                return None
             pod = fresh_pod
             self._require_leader()
             if pod["metadata"].get("uid") != uid:
                 log.info("Pod/%s/%s: %s: another Pod has its name now", namespace, name, outcome)
-                return False
+                return None
             if (fresh := replan(pod)) != plan:
                 log.info("Pod/%s/%s: %s: it changed since the pass read it (%s); next pass", namespace, name,
                          outcome, fresh.skipped or f"now {fresh.describe() or 'no change'}")
-                return False
-        return False
+                return None
+        return None
 
     # -- node oversale -----------------------------------------------------------------------
     def read_nodes(self) -> NodeReads:

@@ -608,6 +608,8 @@ def test_a_pod_its_kubelet_wrote_meanwhile_is_read_again_and_resized_in_the_same
     assert reconciler_.metrics.resizes.labels("conflict")._value.get() == 1
     assert reconciler_.metrics.resizes.labels("ok")._value.get() == 1
     assert resize_calls(api) == 1
+    (event,) = [e for e in api.list_objects("events", NS, {})["items"] if e["reason"] == "ResizedInPlace"]
+    assert (event["involvedObject"]["kind"], event["involvedObject"]["name"]) == ("Pod", PODS[0])
 
 
 def test_a_pod_whose_plan_moved_meanwhile_waits_for_the_next_pass(api, tmp_path, caplog):
