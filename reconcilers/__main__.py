@@ -233,8 +233,18 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
         # The remediator always observes (node utilization and hot-node metrics, which the alerts
         # read); it evicts only with OVERSALE_REMEDIATION=true.
         remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
-        run_every(settings.remediation_interval_seconds, lambda: remediator.run_pass(
-            dry_run=not settings.remediation, tidy=True) if elector.is_leader() else None, "remediator", log)
+
+        def observe() -> None:
+            leading = elector.is_leader()
+            metrics.leader.set(1 if leading else 0)
+            if leading:
+                remediator.run_pass(dry_run=not settings.remediation, tidy=True)
+            else:
+                # Within a remediation interval of losing the Lease, not a reconcile interval: the
+                # loop below sleeps through its interval after a pass.
+                metrics.forget_observations()
+
+        run_every(settings.remediation_interval_seconds, observe, "remediator", log)
         log.info("observing nodes every %.0fs (%s)", settings.remediation_interval_seconds,
                  "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")
         log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,

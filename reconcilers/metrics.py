@@ -84,7 +84,7 @@ class ReconcilerMetrics:
         self.node_utilization = Gauge("oversale_node_real_utilization",
                                       "Node usage over its real allocatable at the remediator's last observation.",
                                       ["node", "resource"], registry=registry)
-        self._reported: dict[tuple[int, str], set[tuple[str, ...]]] = {}
+        self._reported: dict[tuple[Gauge, str], set[tuple[str, ...]]] = {}
 
     def report(self, gauge: Gauge, owner: str, series: Mapping[tuple[str, ...], float]) -> None:
         """Set the series of objects ``owner`` observed this pass, and remove those it reported
@@ -99,9 +99,29 @@ class ReconcilerMetrics:
         >>> metrics.registry.get_sample_value("oversale_node_real_utilization", {"node": "n2", "resource": "cpu"})
         0.5
         """
-        key = (id(gauge), owner)
+        key = (gauge, owner)
         for labels in self._reported.get(key, set()) - set(series):
             gauge.remove(*labels)
         for labels, value in series.items():
             gauge.labels(*labels).set(value)
         self._reported[key] = set(series)
+
+    def forget_observations(self) -> None:
+        """Stop reporting what only the leader observes (the per-object series of :meth:`report`,
+        the history's staleness, the hot nodes), once this replica no longer leads. Alerts take
+        the highest (or lowest) value across replicas, and a former leader's last values would
+        stand beside the new leader's for as long as the process lives: a node hot at the
+        handover reported hot forever, or a stale history hidden behind an old fresh figure.
+
+        >>> metrics = ReconcilerMetrics()
+        >>> metrics.report(metrics.node_utilization, "remediator", {("n1", "cpu"): 1.2})
+        >>> metrics.hot_nodes.set(1)
+        >>> metrics.forget_observations()
+        >>> metrics.registry.get_sample_value("oversale_node_real_utilization", {"node": "n1", "resource": "cpu"})
+        >>> metrics.registry.get_sample_value("oversale_remediation_hot_nodes")
+        0.0
+        """
+        for gauge, owner in list(self._reported):
+            self.report(gauge, owner, {})
+        self.staleness.clear()
+        self.hot_nodes.set(0)

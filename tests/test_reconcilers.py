@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -2073,6 +2074,45 @@ def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api
             stop_process(new)
     finally:
         stop_process(old)
+
+
+def test_a_replica_that_stops_leading_stops_reporting_what_only_the_leader_observes(api, tmp_path):
+    """The alerts read the highest (or lowest) value across replicas: a replica that lost the
+    Lease (an API server hiccup; another replica took over) and kept its last node utilization
+    and history staleness would hold OversaleNodeAboveRealCapacity firing, or hide a stale
+    history, for as long as it lives. Once it stands by, those series are gone from its /metrics."""
+    api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s", "usage": {"cpu": "7", "memory": "1Gi"}})
+    port = free_port()
+    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "history.db"),
+                  OVERSALE_RECONCILER_METRICS_PORT=str(port), OVERSALE_LEASE_DURATION="3",
+                  OVERSALE_RECONCILE_INTERVAL="1h", OVERSALE_REMEDIATION_INTERVAL="1s")
+    log = tmp_path / "run.log"
+    process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+
+    def scraped() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return str(response.read().decode())
+        except OSError:
+            return ""
+
+    utilization = 'oversale_node_real_utilization{node="node-1",resource="cpu"}'
+    try:
+        assert eventually(lambda: utilization in scraped() and "oversale_history_staleness_seconds{" in scraped(),
+                          timeout=30), log.read_text()
+        assert "oversale_reconciler_leader 1.0" in scraped()
+        # Another replica takes the Lease over (its record is new to this one, which waits it out).
+        api.put("leases", {"metadata": {"name": "oversale-reconciler", "namespace": "oversale"},
+                           "spec": {"holderIdentity": "replica-b", "leaseDurationSeconds": 3600,
+                                    "renewTime": "2030-01-01T00:00:00.000000Z"}})
+        assert eventually(lambda: "oversale_reconciler_leader 0.0" in scraped(), timeout=30), log.read_text()
+        assert eventually(lambda: utilization not in scraped(), timeout=10), scraped()
+        text = scraped()
+        assert "oversale_history_staleness_seconds{" not in text
+        assert "oversale_remediation_hot_nodes 0.0" in text
+    finally:
+        stop_process(process)
 
 
 def test_run_keeps_electing_through_answers_that_are_no_lease(api, tmp_path):
