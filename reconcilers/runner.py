@@ -57,7 +57,7 @@ from oversale.workloads import (
     usage_by_container,
     workload_hpa,
 )
-from reconcilers.cluster import WRITE_TRIES, Cluster, packed, unpacked
+from reconcilers.cluster import WRITE_TRIES, Cluster, failure, packed, unpacked
 from reconcilers.history import History, HistoryUnavailable, ResourceStats
 from reconcilers.metrics import ReconcilerMetrics
 
@@ -170,7 +170,7 @@ class Reconciler:
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             # The API server refused or could not be reached mid-pass: nothing more is written
             # this pass; what was written stands, and the next pass decides again from scratch.
-            why = _failure(error)
+            why = failure(error)
             log.warning("%s pass stopped: the API server failed (%s); retried next pass", name, why)
             self.incomplete.append(f"{name}: the API server failed ({why})")
             self.metrics.skips.labels(f"{name}-api-error").inc()
@@ -273,8 +273,8 @@ class Reconciler:
         (:func:`workload_vpa` reads a workload's); empty (with a warning) when they cannot be
         read: the webhook still leaves what VPA set alone."""
         if vpas.error is not None:
-            log.warning("cannot list VerticalPodAutoscalers (%s %s): workloads they manage are not told apart "
-                        "this pass", vpas.error.status, vpas.error.reason)
+            log.warning("cannot list VerticalPodAutoscalers (%s): workloads they manage are not told apart "
+                        "this pass", failure(vpas.error))
         return vpa_controlled(vpas.items)
 
     def _write_workload(self, workload: dict[str, Any], plan: WorkloadPlan,
@@ -391,7 +391,7 @@ class Reconciler:
                                key=lambda found: found[:2])
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             # The ratios this pass wrote stand, and its rows are kept; the Pods follow next pass.
-            why = _failure(error)
+            why = failure(error)
             log.warning("in-place resize skipped this pass: the API server failed (%s)", why)
             self.metrics.skips.labels("resize-api-error").inc()
             self.incomplete.append(f"in-place resize: the API server failed ({why})")
@@ -902,11 +902,6 @@ def format_table(rows: list[Row]) -> str:
                  zip(("object", "resource", "current", "proposed", "demand"), widths, strict=True)]
         lines.append("  ".join([*cells, row.reason]).rstrip())
     return "\n".join(lines)
-
-
-def _failure(error: ApiException | urllib3.exceptions.HTTPError) -> str:
-    """How the API server failed a list or a write, for a log line and a row."""
-    return f"{error.status} {error.reason}" if isinstance(error, ApiException) else type(error).__name__
 
 
 def _name(key: WorkloadKey) -> str:
