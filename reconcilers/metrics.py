@@ -47,6 +47,10 @@ class ReconcilerMetrics:
                                       "1 when the API server serves pods/resize, 0 when not (-1: not checked yet).",
                                       registry=registry)
         self.resize_supported.set(-1)
+        self.last_observation = Gauge("oversale_remediation_last_observation_timestamp_seconds",
+                                      "When this replica's remediator last read the nodes' usage and Pods (Unix "
+                                      "seconds; 0: never). The leader's observes every OVERSALE_REMEDIATION_INTERVAL.",
+                                      registry=registry)
         self.hot_nodes = Gauge("oversale_remediation_hot_nodes",
                                "Nodes hot for the required number of observations in the last pass.",
                                registry=registry)

@@ -124,7 +124,12 @@ class Remediator:
             log.warning("remediation pass skipped: cannot read usage or the cluster (%s)", why)
             self.metrics.skips.labels("remediation-no-usage").inc()
             self.incomplete.append(f"cannot read usage or the cluster ({why})")
+            # As for a node without fresh metrics: no observation, no utilization reported (the
+            # last one would hold an alert on a node nobody sees); OversaleRemediatorBlind tells.
+            self.metrics.report(self.metrics.node_utilization, "remediator", {})
+            self.metrics.hot_nodes.set(0)
             return []
+        self.metrics.last_observation.set_to_current_time()
         nodes = seen.nodes
         self._forget({n["metadata"]["name"] for n in nodes}, now)
         outdated = self._recall_cooldowns(nodes, now)

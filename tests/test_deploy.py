@@ -577,7 +577,24 @@ tests:
         values: '0+60x15 900x75'
       - series: 'oversale_reconcile_last_pass_timestamp_seconds{pod="r3", result="complete"}'
         values: '0x90'
+      # r2's remediator observes every minute until minute 40: blind 600 s later, firing 5 min on.
+      - series: 'oversale_remediation_last_observation_timestamp_seconds{pod="r2"}'
+        values: '0+60x40 2400x50'
     alert_rule_test:
+      - eval_time: 52m
+        alertname: OversaleRemediatorBlind
+        exp_alerts: []
+      - eval_time: 60m
+        alertname: OversaleRemediatorBlind
+        exp_alerts:
+          - exp_labels: {severity: warning}
+            exp_annotations:
+              summary: The remediator has not read the nodes' usage for over 10 minutes
+              description: >-
+                metrics-server (metrics.k8s.io) or the API server fails its reads: no oversold node's real
+                utilization is known, none is reported hot or relieved, and OversaleNodeAboveRealCapacity
+                cannot fire. The reconciler's log says why ('remediation pass skipped: cannot read usage or
+                the cluster (...)').
       - eval_time: 50m
         alertname: OversaleReconcilerPassesIncomplete
         exp_alerts: []

@@ -1220,11 +1220,23 @@ def test_a_pod_whose_only_target_is_full_is_not_evicted(api):
     assert any("no node can take it" in r.reason for r in rows)
 
 
-def test_without_usage_nothing_is_evicted(api):
-    api.unavailable = {"nodemetrics", "podmetrics"}
+def test_without_usage_nothing_is_evicted_and_nothing_is_reported_as_seen(api):
+    """metrics-server down: no eviction, and the utilization observed before is not reported on as
+    if seen now (it would hold OversaleNodeAboveRealCapacity firing, or quiet, on an old figure);
+    the time of the last observation stays where it was, for OversaleRemediatorBlind."""
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    remediator_.run_pass(dry_run=True)
+    registry = remediator_.metrics.registry
+    utilization = {"node": "node-hot", "resource": "cpu"}
+    assert registry.get_sample_value("oversale_node_real_utilization", utilization) > 0.95
+    observed = registry.get_sample_value("oversale_remediation_last_observation_timestamp_seconds")
+    assert observed > time.time() - 60
+    api.unavailable = {"nodemetrics", "podmetrics"}
     assert remediator_.run_pass() == []
     assert evictions(api) == 0
+    assert registry.get_sample_value("oversale_node_real_utilization", utilization) is None
+    assert registry.get_sample_value("oversale_remediation_hot_nodes") == 0
+    assert registry.get_sample_value("oversale_remediation_last_observation_timestamp_seconds") == observed
 
 
 def test_a_node_can_carry_its_own_runtime_watermark(api):
