@@ -111,12 +111,28 @@ class NodeReads:
 
 
 @dataclass(frozen=True)
+class Overspend:
+    """A back-off decided this pass, told (counted, and a Warning Event on ``node``) once an
+    account that records it is written: until then the next pass decides it again."""
+
+    scope: str
+    """``node`` (its own account) or ``pool`` (recorded by any of the pool's nodes)."""
+    pool: str
+    resource: str
+    node: dict[str, Any]
+    """Where the Event goes: the node itself, or the pool's node that spent most."""
+    message: str
+
+
+@dataclass(frozen=True)
 class KeptAccount:
     multipliers: dict[str, float]
     """Resource -> the multiplier of the node's ratio target: the lower of its own account's and
     its pool's."""
     annotations: dict[str, str]
     """The account annotations that changed."""
+    overspends: tuple[Overspend, ...] = ()
+    """The back-offs that writing ``annotations`` to this node records."""
 
 
 class Reconciler:
@@ -605,7 +621,7 @@ class Reconciler:
             self.history.check_node_names(stats.keys(), {n["metadata"]["name"] for n in nodes} | requested.keys())
         pools = {n["metadata"]["name"]: pool_of(n["metadata"].get("labels") or {}, self.settings.pool_labels)
                  for n in nodes}
-        accounts = self._keep_accounts(nodes, read.hot_time, budgets, pools, dry_run) if stats else {}
+        accounts = self._keep_accounts(nodes, read.hot_time, budgets, pools) if stats else {}
         if stats:
             self._calibrate(pools, stats)
         plans = []
@@ -622,6 +638,7 @@ class Reconciler:
         to_write = [job for job in plans if job[1].changes() or job[1].annotations] if not dry_run else []
         written_nodes = {job[1].name for job, ok in zip(to_write, self._write_all(self._write_node, to_write),
                                                         strict=True) if ok}
+        self._tell_overspends(accounts, written_nodes)
         rows = []
         ratios: dict[tuple[str, ...], float] = {}
         for _, plan, _, _ in plans:
@@ -717,12 +734,12 @@ class Reconciler:
 
     def _keep_accounts(self, nodes: list[dict[str, Any]],
                        read: list[dict[str, dict[str, HotTime]]] | HistoryUnavailable,
-                       budgets: dict[str, dict[str, float]], pools: dict[str, str],
-                       dry_run: bool) -> dict[str, KeptAccount]:
+                       budgets: dict[str, dict[str, float]], pools: dict[str, str]) -> dict[str, KeptAccount]:
         """Observed hot time per node, pool and cluster (gauges, the node's ``hot-time``
         annotation), and each node's multiplier: the lower of its own account's and its pool's,
         each after ``keep_account``. An overspend of the node, or of its pool as a whole (many
-        nodes each a little hot), backs off at once, with a Warning Event saying by how much."""
+        nodes each a little hot), backs off at once, with a Warning Event saying by how much once
+        the account is written (``_tell_overspends``)."""
         if isinstance(read, HistoryUnavailable):
             log.warning("hot time unavailable (%s): accounts held at their last multipliers", read)
             self.incomplete.append(f"hot time unavailable ({read})")
@@ -735,6 +752,8 @@ class Reconciler:
         pool_budgets: dict[tuple[str, ...], float] = {}
         pool_multipliers: dict[tuple[str, ...], float] = {}
         own: dict[str, dict[str, NodeAccount]] = {}
+        own_overspends: dict[str, list[Overspend]] = {}
+        pool_overspends: dict[str, list[Overspend]] = {}
         members: dict[str, list[dict[str, Any]]] = {}
         for node in nodes:
             metadata = node["metadata"]
@@ -756,7 +775,8 @@ class Reconciler:
                                                                budget, now, config)
                 multipliers[(name, resource)] = adjustment.multiplier
                 if adjustment.backed_off:
-                    self._overspent("node", node, pool, resource, adjustment.reason, dry_run)
+                    own_overspends.setdefault(name, []).append(
+                        self._overspent("node", node, pool, resource, adjustment.reason))
         pooled: dict[str, dict[str, NodeAccount]] = {}
         for pool, nodes_of_pool in sorted(members.items()):
             stored = pool_account(read_accounts((n["metadata"].get("annotations") or {}).get(
@@ -775,8 +795,9 @@ class Reconciler:
                     # "account: target x..." in its OversaleRatioChanged Event already.
                     hottest = max(nodes_of_pool, key=lambda n: long.get(n["metadata"]["name"], {}).get(
                         resource, NO_HOT_TIME).hot_samples)
-                    self._overspent("pool", hottest, pool, resource, f"pool {pool} (all {len(nodes_of_pool)} "
-                                    f"nodes backed off): {adjustment.reason}", dry_run)
+                    pool_overspends.setdefault(pool, []).append(self._overspent(
+                        "pool", hottest, pool, resource,
+                        f"pool {pool} (all {len(nodes_of_pool)} nodes backed off): {adjustment.reason}"))
         kept = {}
         for node in nodes:
             metadata = node["metadata"]
@@ -787,7 +808,8 @@ class Reconciler:
                       self.keys.hot_time_account: write_accounts(own[name]),
                       self.keys.pool_hot_time_account: write_accounts(pooled[pool])}
             kept[name] = KeptAccount({r: min(own[name][r].multiplier, pooled[pool][r].multiplier) for r in RESOURCES},
-                                     {k: v for k, v in wanted.items() if annotations.get(k) != v})
+                                     {k: v for k, v in wanted.items() if annotations.get(k) != v},
+                                     (*own_overspends.get(name, ()), *pool_overspends.get(pool, ())))
         hot_time |= {key: spent.share for key, spent in totals.items()}
         self._report_accounts(hot_time, multipliers, pool_budgets, pool_multipliers)
         return kept
@@ -821,14 +843,26 @@ class Reconciler:
         self.metrics.report(self.metrics.hot_time_budget, "account", pool_budgets)
         self.metrics.report(self.metrics.pool_multiplier, "account", pool_multipliers)
 
-    def _overspent(self, scope: str, node: dict[str, Any], pool: str, resource: str, reason: str,
-                   dry_run: bool) -> None:
-        message = f"{resource}: {reason}"
-        self.metrics.overspends.labels(scope, pool, resource).inc()
+    def _overspent(self, scope: str, node: dict[str, Any], pool: str, resource: str, reason: str) -> Overspend:
+        overspend = Overspend(scope, pool, resource, node, f"{resource}: {reason}")
         log.warning("Node/%s: %s overspent its hot-time budget: %s", node["metadata"]["name"],
-                    "its pool" if scope == "pool" else "it", message)
-        if not dry_run:
-            self._best_effort(self.cluster.event, node, "HotTimeOverspent", message, COMPONENT, "Warning")
+                    "its pool" if scope == "pool" else "it", overspend.message)
+        return overspend
+
+    def _tell_overspends(self, accounts: dict[str, KeptAccount], written: set[str]) -> None:
+        """Count each back-off and send its Warning Event once an account recording it is written.
+        Told before, a node whose writes keep failing (the node validating webhook refusing the
+        cut) would get the same Warning every pass, as each pass decides the back-off again."""
+        told: set[tuple[str, str, str]] = set()
+        for name in sorted(written):
+            for overspend in accounts[name].overspends if name in accounts else ():
+                key = (overspend.scope, overspend.pool if overspend.scope == "pool" else name, overspend.resource)
+                if key in told:
+                    continue  # a pool's, recorded by another of its nodes already
+                told.add(key)
+                self.metrics.overspends.labels(overspend.scope, overspend.pool, overspend.resource).inc()
+                self._best_effort(self.cluster.event, overspend.node, "HotTimeOverspent", overspend.message,
+                                  COMPONENT, "Warning")
 
     def _calibrate(self, pools: dict[str, str], stats: dict[str, ResourceStats]) -> None:
         """Calibration: each node's peak predicted at the last pass (its budget quantile) against

@@ -2372,6 +2372,40 @@ def test_a_cut_the_node_validating_webhook_refuses_is_told_and_made_again_to_fit
     assert reconciler.metrics.writes.labels("Node", "error")._value.get() == 1
 
 
+def test_an_overspend_is_told_once_the_account_recording_it_is_written(api, tmp_path):
+    """While a policy engine refuses every write to node-1, its back-off is not recorded and each
+    pass decides it again: it is told (counted, one Warning Event) once, when it is written. Its
+    pool's back-off is recorded by node-2 at once, and told once."""
+    frozen = {"node-1": True}
+
+    def policy_engine(review: dict[str, Any]) -> dict[str, Any]:
+        if frozen.get(review["request"]["name"]):
+            return {"allowed": False, "status": {"code": 403, "message": "node-1 is frozen"}}
+        return {"allowed": True}
+
+    def told() -> list[tuple[str, str]]:
+        return [(e["involvedObject"]["name"], "pool" if "pool" in e["message"] else "own")
+                for e in api.list_objects("events", None, {})["items"] if e["reason"] == "HotTimeOverspent"]
+
+    api.validating["nodes"] = policy_engine
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+    overspends = reconciler.metrics.overspends
+    for _ in range(2):
+        reconciler.run_pass()
+        assert KEYS.hot_time_account not in annotations(api, "nodes", "node-1", "")
+        assert told() == [("node-1", "pool")], "the pool's back-off, recorded on node-2, is told once"
+        assert overspends.labels("node", "default", "cpu")._value.get() == 0
+        assert overspends.labels("pool", "default", "cpu")._value.get() == 1
+    frozen["node-1"] = False
+    reconciler.run_pass()
+    assert "backedOffAt" in json.loads(annotations(api, "nodes", "node-1", "")[KEYS.hot_time_account])["cpu"]
+    assert sorted(told()) == [("node-1", "own"), ("node-1", "pool")]
+    assert overspends.labels("node", "default", "cpu")._value.get() == 1
+    reconciler.run_pass()
+    assert len(told()) == 2
+    assert overspends.labels("pool", "default", "cpu")._value.get() == 1
+
+
 def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp_path):
     for index in range(4):  # node-2 (cool, 900m) carries 4 cores of requests: room to oversell
         api.put("pods", running_pod(f"calm-{index}", "node-2", "1", "1Gi"))
