@@ -183,9 +183,15 @@ def _incomplete(problems: list[str]) -> int:
 def _once(dry_run: bool, sampler: MetricsSampler | None, elector: LeaseElector, reconciler: Reconciler) -> int:
     """``once``: one pass of the reconcilers (a dry run takes no Lease and writes nothing)."""
     from reconcilers.runner import format_table
+    from reconcilers.sqlite_history import HistoryNotWritten
 
+    not_sampled = None
     if sampler is not None:
-        sampler.sample()
+        try:
+            sampler.sample()
+        except HistoryNotWritten as error:  # the pass still reads the history already held
+            log.warning("%s", error)
+            not_sampled = str(error)
     if dry_run:
         reconciler.leader = None
         rows = reconciler.run_pass(dry_run=True)
@@ -197,7 +203,8 @@ def _once(dry_run: bool, sampler: MetricsSampler | None, elector: LeaseElector, 
         finally:
             elector.release()
     print(format_table(rows))
-    return _incomplete(reconciler.incomplete) if reconciler.incomplete else 0
+    problems = [*([not_sampled] if not_sampled else []), *reconciler.incomplete]
+    return _incomplete(problems) if problems else 0
 
 
 def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, elector: LeaseElector,
@@ -213,8 +220,15 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
 
     start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
     if sampler is not None:
+        from reconcilers.sqlite_history import HistoryNotWritten
+
         def sample() -> None:
-            sampler.read()
+            try:
+                sampler.read()
+            except HistoryNotWritten as error:
+                # One line, no traceback: the history staleness metric and its alert tell the rest.
+                log.warning("%s; this sample is lost", error)
+                return
             metrics.history_span.set(sampler.history.span_seconds)
             if sampler.window is not None:
                 metrics.usage_window.set(sampler.window)
@@ -468,16 +482,14 @@ def _history(settings: Settings, api_client: Any) -> tuple[History, MetricsSampl
         prometheus = PrometheusHistory.from_settings(settings)
         log.info("usage history from %s", prometheus.api.described)
         return prometheus, None
-    from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
+    from reconcilers.sqlite_history import MetricsSampler, SqliteHistory, unusable
 
     try:
         history = SqliteHistory(Path(settings.sqlite_path), settings.history_retention_seconds,
                                 settings.history_max_bytes)
     except (sqlite3.Error, OSError) as error:
-        # Never deleted here: it may be some other program's file the setting points at by mistake.
-        hint = "; move it away to start the history afresh" if "not a database" in str(error) else ""
         raise CliError(f"OVERSALE_SQLITE_PATH={settings.sqlite_path!r} cannot hold the usage history: "
-                       f"{error}{hint}") from None
+                       f"{unusable(settings.sqlite_path, error)}") from None
     return history, MetricsSampler(api_client, history, settings.sample_reads, settings.sample_interval_seconds)
 
 

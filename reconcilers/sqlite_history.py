@@ -13,6 +13,7 @@ again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -24,7 +25,7 @@ from typing import Any
 from kube.metrics_api import MetricsAPI
 from oversale.budget import HotTime, hot_time
 from oversale.estimator import summarize
-from reconcilers.history import ContainerKey, ResourceStats
+from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,21 @@ DROP INDEX IF EXISTS samples_by_time;  -- files written before pruning went seri
 """
 TRIM_TO = 0.9
 """Past its size, the history is cut to this share of it: room for several passes before the next cut."""
+DAMAGED = ("not a database", "malformed")
+"""What SQLite says of a file whose pages are not (or no longer) a database of its own."""
+
+
+def unusable(path: Path | str, error: sqlite3.Error | OSError) -> str:
+    """Why the history file cannot be used, with what to do where the file itself is damaged (a
+    volume lost mid-write, another file named by mistake). Never deleted here: it may be some
+    other program's file the setting points at."""
+    hint = "; move it away to start the history afresh" if any(d in str(error) for d in DAMAGED) else ""
+    return f"{error}{hint}"
+
+
+class HistoryNotWritten(Exception):
+    """A sampling pass the file refused (its disk full, the file damaged): that sample is lost,
+    the history already held stays readable."""
 
 
 class SqliteHistory:
@@ -72,6 +88,15 @@ class SqliteHistory:
         """Store one sampling pass; returns how many samples were written. Prunes old ones."""
         rows = [("container", *key, cpu, memory) for key, cpu, memory in containers]
         rows += [("node", "", name, "", cpu, memory) for name, cpu, memory in nodes]
+        try:
+            self._record(ts, rows)
+        except sqlite3.Error as error:
+            raise HistoryNotWritten(f"usage history {self.path} not written: {unusable(self.path, error)}") \
+                from error
+        return len(rows)
+
+    def _record(self, ts: float, rows: list[tuple[str, str, str, str, int, int]]) -> None:
+        # One transaction: a write the file refuses leaves the history as it was.
         with self._lock, self._db:
             for kind, namespace, pod, container, cpu, memory in rows:
                 series = self._series_id(kind, namespace, pod, container)
@@ -88,7 +113,6 @@ class SqliteHistory:
                             "more room, sample less often, or use Prometheus)", used / 2**20, self.max_bytes / 2**20,
                             kept / 86400, self.retention / 86400)
             self.span_seconds = ts - self._oldest(ts)
-        return len(rows)
 
     def _oldest(self, otherwise: float) -> float:
         """The time of the oldest sample (each series' first, one lookup of its primary key)."""
@@ -119,33 +143,47 @@ class SqliteHistory:
         return int(cursor.lastrowid or 0)
 
     # -- reading -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _readable(self) -> Iterator[None]:
+        """A read the file fails (damaged since it was opened, its disk failing) is a history
+        unavailable, as an unreachable Prometheus is: the pass holds the ratios and says why."""
+        try:
+            yield
+        except sqlite3.Error as error:
+            raise HistoryUnavailable(f"usage history {self.path} unreadable: {unusable(self.path, error)}") \
+                from error
+
     def container_stats(self, window: float, quantile: float) -> dict[ContainerKey, ResourceStats]:
-        return {(n, p, c): stats for (n, p, c), stats in self._stats("container", window, quantile).items()}
+        with self._readable():
+            return {(n, p, c): stats for (n, p, c), stats in self._stats("container", window, quantile).items()}
 
     def node_stats(self, window: float, quantile: float, memory_quantile: float | None = None,
                    counts_from: Mapping[str, ResourceStats] | None = None,
                    steps_counted: Mapping[str, Mapping[str, HotTime]] | None = None) -> dict[str, ResourceStats]:
         # Neither counts_from nor steps_counted is needed: the rows read for the quantiles are the
         # samples counted.
-        return {pod: stats for (_, pod, _), stats in self._stats("node", window, quantile, memory_quantile).items()}
+        with self._readable():
+            return {pod: stats for (_, pod, _), stats in self._stats("node", window, quantile, memory_quantile).items()}
 
     def node_hot_time(self, windows: Sequence[float],
                       real: dict[str, dict[str, float]]) -> list[dict[str, dict[str, HotTime]]]:
         # One read of the longest window; the shorter ones are its tails.
         now = time.time()
         results: list[dict[str, dict[str, HotTime]]] = [{} for _ in windows]
-        for (_, node, _), samples in self._each_series("node", max(windows) if windows else 0.0, now):
-            if node not in real or not windows:
-                continue
-            for result, window in zip(results, windows, strict=True):
-                recent = [s for s in samples if s[0] >= int(now - window)]
-                result[node] = {resource: hot_time((s[position] for s in recent), real[node][resource])
-                                for position, resource in ((1, "cpu"), (2, "memory")) if resource in real[node]}
+        with self._readable():
+            for (_, node, _), samples in self._each_series("node", max(windows) if windows else 0.0, now):
+                if node not in real or not windows:
+                    continue
+                for result, window in zip(results, windows, strict=True):
+                    recent = [s for s in samples if s[0] >= int(now - window)]
+                    result[node] = {resource: hot_time((s[position] for s in recent), real[node][resource])
+                                    for position, resource in ((1, "cpu"), (2, "memory")) if resource in real[node]}
         return results
 
     def node_peaks(self, window: float) -> dict[str, dict[str, float]]:
-        return {node: {"cpu": float(max(s[1] for s in samples)), "memory": float(max(s[2] for s in samples))}
-                for (_, node, _), samples in self._each_series("node", window, time.time())}
+        with self._readable():
+            return {node: {"cpu": float(max(s[1] for s in samples)), "memory": float(max(s[2] for s in samples))}
+                    for (_, node, _), samples in self._each_series("node", window, time.time())}
 
     def check_node_names(self, found: Collection[str], nodes: Collection[str]) -> None:
         """Nothing to check: sampled from NodeMetrics, which the metrics API names after the nodes."""

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import ssl
 import subprocess
 import sys
@@ -207,6 +208,20 @@ def stop_process(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(5)
+
+
+def damage_sqlite(path: Path) -> None:
+    """Overwrite every page of a SQLite file but its first (the header and the schema), as a
+    volume lost mid-write can: the file still opens, and reading or writing its tables fails
+    with "database disk image is malformed"."""
+    with sqlite3.connect(str(path)) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every page in the file itself
+    db.close()
+    with path.open("r+b") as file:
+        page_size = int.from_bytes(file.read(18)[16:18], "big")
+        size = file.seek(0, os.SEEK_END)
+        file.seek(page_size)
+        file.write(b"\xa5" * (size - page_size))
 
 
 def free_port() -> int:

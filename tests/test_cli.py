@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, damage_sqlite, free_port
 from tests.kube_api import FakeKubeAPI
 
 KUBECONFIG = """apiVersion: v1
@@ -316,6 +316,18 @@ def test_a_client_ca_that_holds_no_certificate_is_refused(tmp_path):
     assert_one_clean_line(result, f"--client-ca {junk}", "holds no PEM CA certificate")
 
 
+def opted_in(api: FakeKubeAPI) -> None:
+    """A workload and a node that ask the reconcilers for their ratios."""
+    api.put("deployments", {
+        "metadata": {"name": "web", "namespace": "shop",
+                     "annotations": {"stke.platform/enable-resource-compress": "y"}},
+        "spec": {"template": {"metadata": {}, "spec": {"containers": [
+            {"name": "app", "image": "nginx", "resources": {"requests": {"cpu": "1"}}}]}}}})
+    api.put("nodes", {"metadata": {"name": "node-1", "labels": {"stke.platform/oversale": "enabled"}},
+                      "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                                 "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"}}})
+
+
 def test_once_exits_1_saying_why_when_the_pass_could_not_decide_everything(tmp_path):
     """A script or CronJob running one pass: 0 when the pass decided everything it could (young
     history holds ratios, that is a decision), 1 with one line naming what stopped it otherwise;
@@ -323,14 +335,7 @@ def test_once_exits_1_saying_why_when_the_pass_could_not_decide_everything(tmp_p
     api = FakeKubeAPI().start()
     try:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        api.put("deployments", {
-            "metadata": {"name": "web", "namespace": "shop",
-                         "annotations": {"stke.platform/enable-resource-compress": "y"}},
-            "spec": {"template": {"metadata": {}, "spec": {"containers": [
-                {"name": "app", "image": "nginx", "resources": {"requests": {"cpu": "1"}}}]}}}})
-        api.put("nodes", {"metadata": {"name": "node-1", "labels": {"stke.platform/oversale": "enabled"}},
-                          "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"},
-                                     "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"}}})
+        opted_in(api)
         young = run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_SQLITE_PATH=str(tmp_path / "h.db"))
         assert young.returncode == 0, young.stderr
         assert "Node/node-1" in young.stdout and "pass incomplete" not in young.stderr
@@ -342,6 +347,29 @@ def test_once_exits_1_saying_why_when_the_pass_could_not_decide_everything(tmp_p
         assert f"container history unavailable (prometheus at http://127.0.0.1:{port} unreachable" in line
         assert "; node history unavailable (" in line
         assert "Traceback" not in dead.stderr
+    finally:
+        api.stop()
+
+
+def test_once_on_a_damaged_history_file_names_it_and_exits_1(tmp_path):
+    """The file opens (its first page is whole) but no table reads: the sample is not written, the
+    pass holds every ratio, and both are said in one line naming the file and what to do."""
+    api = FakeKubeAPI().start()
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        opted_in(api)
+        path = tmp_path / "h.db"
+        assert run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_SQLITE_PATH=str(path)).returncode == 0
+        damage_sqlite(path)
+        damaged = run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_SQLITE_PATH=str(path))
+        assert damaged.returncode == 1, damaged.stderr
+        assert "Traceback" not in damaged.stderr and "DatabaseError" not in damaged.stderr, damaged.stderr
+        assert "Deployment/shop/web" in damaged.stdout and "history unavailable, holding" in damaged.stdout
+        (line,) = [line for line in damaged.stderr.splitlines() if line.startswith("pass incomplete: ")]
+        malformed = "database disk image is malformed; move it away to start the history afresh"
+        assert line == (f"pass incomplete: usage history {path} not written: {malformed}; container history "
+                        f"unavailable (usage history {path} unreadable: {malformed}); node history unavailable "
+                        f"(usage history {path} unreadable: {malformed})")
     finally:
         api.stop()
 

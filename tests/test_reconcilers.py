@@ -34,7 +34,7 @@ from reconcilers.history import HistoryUnavailable, ResourceStats
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import Reconciler, Row, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
-from tests.conftest import ROOT, eventually, free_port, stop_process
+from tests.conftest import ROOT, damage_sqlite, eventually, free_port, stop_process
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import (
     PARTIAL_STORES,
@@ -1815,6 +1815,26 @@ def test_a_history_file_of_an_older_version_loses_its_time_index(tmp_path):
     assert "samples_by_time" not in indexes, "40% of the file, and nothing reads it"
 
 
+def test_a_sqlite_history_damaged_while_open_holds_every_ratio_and_names_the_file(api, tmp_path):
+    """A volume lost mid-write: the history file opened at start no longer reads. The pass holds
+    every ratio, as for an unreachable Prometheus, and says which file and what to do; it does
+    not fail whole with sqlite's bare "database disk image is malformed"."""
+    path = tmp_path / "history.db"
+    history = sqlite_history(api, path)
+    damage_sqlite(path)
+    reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
+    rows = reconciler.run_pass()
+    said = f"usage history {path} unreadable: database disk image is malformed; move it away to start the " \
+           "history afresh"
+    assert reconciler.incomplete == [f"container history unavailable ({said})", f"node history unavailable ({said})"]
+    web = [r for r in rows if r.object == "Deployment/shop/web"]
+    assert web and all(r.reason == f"history unavailable, holding: {said}" and not r.written for r in web)
+    node = [r for r in rows if r.object.startswith("Node/")]
+    assert node and not any(r.written for r in node)
+    assert api.count("PATCH") == 0, "nothing written on a history that cannot be read"
+    assert reconciler.metrics.last_pass.labels("incomplete")._value.get() > 0
+
+
 # ---- leader election --------------------------------------------------------------------------
 
 class Clock:
@@ -2028,13 +2048,14 @@ def test_cli_once_says_why_it_did_not_take_the_lease(api, prometheus, tmp_path):
     assert api.count("PATCH") == 0, "nothing written without the Lease"
 
 
-def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str) -> tuple[subprocess.Popen, Path]:
+def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str,
+              **settings: str) -> tuple[subprocess.Popen, Path]:
     """``python -m reconcilers run`` as replica ``name`` against ``api``, its SQLite history and
     stderr log named after it. The interval is an hour, so any pass a test sees within seconds is
     one the loop did not wait an interval for."""
     env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / f"{name}.db"),
                   OVERSALE_RECONCILER_METRICS_PORT=str(free_port()), OVERSALE_LEASE_DURATION=lease_duration,
-                  OVERSALE_RECONCILE_INTERVAL="1h")
+                  OVERSALE_RECONCILE_INTERVAL="1h", **settings)
     log = tmp_path / f"{name}.log"
     return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
@@ -2056,6 +2077,29 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, tmp_path):
+    """Each sample the file refuses is one warning naming it (no traceback every few minutes), and
+    each pass holds the ratios and says why; the process stays up (remediation does not need the
+    history)."""
+    path = tmp_path / "run.db"
+    SqliteHistory(path, retention_seconds=86400).close()
+    damage_sqlite(path)
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_SAMPLE_READS="1",
+                             OVERSALE_SAMPLE_INTERVAL="1s")
+    try:
+        assert eventually(lambda: "pass done" in log.read_text() and log.read_text().count("this sample is lost") >= 2,
+                          timeout=30), log.read_text()
+        assert process.poll() is None, log.read_text()
+        text = log.read_text()
+        assert f"usage history {path} not written: database disk image is malformed; move it away to start the " \
+               "history afresh; this sample is lost" in text
+        assert f"incomplete: container history unavailable (usage history {path} unreadable: " in text
+        assert "Traceback" not in text, text
+        assert api.count("PATCH", "deployments") == 0
+    finally:
+        stop_process(process)
 
 
 def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api, tmp_path):
