@@ -183,13 +183,13 @@ def _incomplete(problems: list[str]) -> int:
 def _once(dry_run: bool, sampler: MetricsSampler | None, elector: LeaseElector, reconciler: Reconciler) -> int:
     """``once``: one pass of the reconcilers (a dry run takes no Lease and writes nothing)."""
     from reconcilers.runner import format_table
-    from reconcilers.sqlite_history import HistoryNotWritten
+    from reconcilers.sqlite_history import SampleLost
 
     not_sampled = None
     if sampler is not None:
         try:
             sampler.sample()
-        except HistoryNotWritten as error:  # the pass still reads the history already held
+        except SampleLost as error:  # the pass still reads the history already held
             log.warning("%s", error)
             not_sampled = str(error)
     if dry_run:
@@ -220,14 +220,14 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
 
     start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
     if sampler is not None:
-        from reconcilers.sqlite_history import HistoryNotWritten
+        from reconcilers.sqlite_history import SampleLost
 
         def sample() -> None:
             try:
                 sampler.read()
-            except HistoryNotWritten as error:
+            except SampleLost as error:
                 # One line, no traceback: the history staleness metric and its alert tell the rest.
-                log.warning("%s; this sample is lost", error)
+                log.warning("%s", error)
                 return
             metrics.history_span.set(sampler.history.span_seconds)
             if sampler.window is not None:

@@ -22,9 +22,13 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
 from kube.metrics_api import MetricsAPI
 from oversale.budget import HotTime, hot_time
 from oversale.estimator import summarize
+from reconcilers.cluster import failure
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
@@ -61,9 +65,10 @@ def unusable(path: Path | str, error: sqlite3.Error | OSError) -> str:
     return f"{error}{hint}"
 
 
-class HistoryNotWritten(Exception):
-    """A sampling pass the file refused (its disk full, the file damaged): that sample is lost,
-    the history already held stays readable."""
+class SampleLost(Exception):
+    """A reading or a sample the history did not get: the metrics API failed (metrics-server
+    down, not installed), or the file refused the write (its disk full, the file damaged). The
+    history already held stays readable, so a pass can still decide on it."""
 
 
 class SqliteHistory:
@@ -91,8 +96,8 @@ class SqliteHistory:
         try:
             self._record(ts, rows)
         except sqlite3.Error as error:
-            raise HistoryNotWritten(f"usage history {self.path} not written: {unusable(self.path, error)}") \
-                from error
+            raise SampleLost(f"usage history {self.path} not written, this sample is lost: "
+                             f"{unusable(self.path, error)}") from error
         return len(rows)
 
     def _record(self, ts: float, rows: list[tuple[str, str, str, str, int, int]]) -> None:
@@ -261,8 +266,15 @@ class MetricsSampler:
         return self.history.record(now if now is not None else time.time(), containers, node_rows)
 
     def _take(self) -> None:
-        containers = self._api.containers()
-        nodes = self._api.nodes()
+        try:
+            containers = self._api.containers()
+            nodes = self._api.nodes()
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            # The readings taken before this one still make the sample.
+            hint = (" (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"
+                    if isinstance(error, ApiException) and error.status == 404 else "")
+            raise SampleLost(f"metrics API (metrics.k8s.io) not readable, this reading is skipped: "
+                             f"{failure(error)}{hint}") from error
         self._note_window([n.window for n in nodes if n.window is not None])
         for c in containers:
             _accumulate(self._containers, (c.namespace, c.pod, c.container), c.cpu, c.memory)

@@ -367,9 +367,32 @@ def test_once_on_a_damaged_history_file_names_it_and_exits_1(tmp_path):
         assert "Deployment/shop/web" in damaged.stdout and "history unavailable, holding" in damaged.stdout
         (line,) = [line for line in damaged.stderr.splitlines() if line.startswith("pass incomplete: ")]
         malformed = "database disk image is malformed; move it away to start the history afresh"
-        assert line == (f"pass incomplete: usage history {path} not written: {malformed}; container history "
-                        f"unavailable (usage history {path} unreadable: {malformed}); node history unavailable "
-                        f"(usage history {path} unreadable: {malformed})")
+        assert line == (f"pass incomplete: usage history {path} not written, this sample is lost: {malformed}; "
+                        f"container history unavailable (usage history {path} unreadable: {malformed}); node "
+                        f"history unavailable (usage history {path} unreadable: {malformed})")
+    finally:
+        api.stop()
+
+
+@pytest.mark.parametrize(("broken", "said"), [
+    ("unavailable", "503 Service Unavailable"),  # metrics-server down: the aggregator's 503
+    ("absent", "404 Not Found (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"),
+])
+def test_once_without_metrics_server_passes_on_the_history_held_and_exits_1(tmp_path, broken, said):
+    """`once` with the SQLite history takes one reading first; when the metrics API fails, the
+    pass still decides on the history already held (the ratios it wrote stand) and says what was
+    missed, rather than stopping with the API server's bare 503 before any pass."""
+    api = FakeKubeAPI().start()
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        opted_in(api)
+        getattr(api, broken).add("podmetrics")
+        result = run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_SQLITE_PATH=str(tmp_path / "h.db"))
+        assert result.returncode == 1, result.stderr
+        assert "Deployment/shop/web" in result.stdout and "Node/node-1" in result.stdout, "the pass ran"
+        assert "Traceback" not in result.stderr and "error:" not in result.stderr, result.stderr
+        (line,) = [line for line in result.stderr.splitlines() if line.startswith("pass incomplete: ")]
+        assert line == f"pass incomplete: metrics API (metrics.k8s.io) not readable, this reading is skipped: {said}"
     finally:
         api.stop()
 

@@ -2093,8 +2093,8 @@ def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, 
                           timeout=30), log.read_text()
         assert process.poll() is None, log.read_text()
         text = log.read_text()
-        assert f"usage history {path} not written: database disk image is malformed; move it away to start the " \
-               "history afresh; this sample is lost" in text
+        assert f"usage history {path} not written, this sample is lost: database disk image is malformed; move it " \
+               "away to start the history afresh" in text
         assert f"incomplete: container history unavailable (usage history {path} unreadable: " in text
         assert "Traceback" not in text, text
         assert api.count("PATCH", "deployments") == 0
