@@ -61,7 +61,8 @@ def unusable(path: Path | str, error: sqlite3.Error | OSError) -> str:
     """Why the history file cannot be used, with what to do where the file itself is damaged (a
     volume lost mid-write, another file named by mistake). Never deleted here: it may be some
     other program's file the setting points at."""
-    hint = "; move it away to start the history afresh" if any(d in str(error) for d in DAMAGED) else ""
+    hint = ("; move it away and restart the reconcilers to start the history afresh"
+            if any(d in str(error) for d in DAMAGED) else "")
     return f"{error}{hint}"
 
 
@@ -203,7 +204,8 @@ class SqliteHistory:
         whole history as Python tuples would take gigabytes (8 days of 1,000 containers at 5
         minutes are 2.3 million rows). Read on a connection of its own, which in WAL mode never
         blocks the sampler's writes (a sample written meanwhile may or may not be read)."""
-        reader = sqlite3.connect(str(self.path))
+        # Read-only: a file moved away meanwhile is "unable to open", never made again empty here.
+        reader = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True)
         try:
             series = reader.execute("SELECT id, namespace, pod, container FROM series WHERE kind = ? ORDER BY id",
                                     (kind,)).fetchall()

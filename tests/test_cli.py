@@ -366,7 +366,8 @@ def test_once_on_a_damaged_history_file_names_it_and_exits_1(tmp_path):
         assert "Traceback" not in damaged.stderr and "DatabaseError" not in damaged.stderr, damaged.stderr
         assert "Deployment/shop/web" in damaged.stdout and "history unavailable, holding" in damaged.stdout
         (line,) = [line for line in damaged.stderr.splitlines() if line.startswith("pass incomplete: ")]
-        malformed = "database disk image is malformed; move it away to start the history afresh"
+        malformed = ("database disk image is malformed; move it away and restart the reconcilers to start the "
+                     "history afresh")
         assert line == (f"pass incomplete: usage history {path} not written, this sample is lost: {malformed}; "
                         f"container history unavailable (usage history {path} unreadable: {malformed}); node "
                         f"history unavailable (usage history {path} unreadable: {malformed})")

@@ -1824,8 +1824,8 @@ def test_a_sqlite_history_damaged_while_open_holds_every_ratio_and_names_the_fil
     damage_sqlite(path)
     reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
     rows = reconciler.run_pass()
-    said = f"usage history {path} unreadable: database disk image is malformed; move it away to start the " \
-           "history afresh"
+    said = f"usage history {path} unreadable: database disk image is malformed; move it away and restart the " \
+           "reconcilers to start the history afresh"
     assert reconciler.incomplete == [f"container history unavailable ({said})", f"node history unavailable ({said})"]
     web = [r for r in rows if r.object == "Deployment/shop/web"]
     assert web and all(r.reason == f"history unavailable, holding: {said}" and not r.written for r in web)
@@ -1833,6 +1833,17 @@ def test_a_sqlite_history_damaged_while_open_holds_every_ratio_and_names_the_fil
     assert node and not any(r.written for r in node)
     assert api.count("PATCH") == 0, "nothing written on a history that cannot be read"
     assert reconciler.metrics.last_pass.labels("incomplete")._value.get() > 0
+
+
+def test_a_sqlite_history_moved_away_while_open_is_said_and_never_made_again_empty(api, tmp_path):
+    """The writer keeps the file it opened; a read of the path now finds no file, and says so,
+    rather than making an empty database there that would read as "no such table" for ever."""
+    path = tmp_path / "history.db"
+    history = sqlite_history(api, path)
+    path.rename(tmp_path / "kept.db")
+    with pytest.raises(HistoryUnavailable, match=f"usage history {path} unreadable: unable to open database file$"):
+        history.container_stats(86400, 0.99)
+    assert not path.exists()
 
 
 # ---- leader election --------------------------------------------------------------------------
@@ -2094,7 +2105,7 @@ def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, 
         assert process.poll() is None, log.read_text()
         text = log.read_text()
         assert f"usage history {path} not written, this sample is lost: database disk image is malformed; move it " \
-               "away to start the history afresh" in text
+               "away and restart the reconcilers to start the history afresh" in text
         assert f"incomplete: container history unavailable (usage history {path} unreadable: " in text
         assert "Traceback" not in text, text
         assert api.count("PATCH", "deployments") == 0
