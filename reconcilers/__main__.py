@@ -226,8 +226,10 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
             try:
                 sampler.read()
             except SampleLost as error:
-                # One line, no traceback: the history staleness metric and its alert tell the rest.
+                # One line, no traceback; counted, as a file or a metrics-server that fails now and
+                # then never makes the history stale enough for OversaleHistoryStale.
                 log.warning("%s", error)
+                metrics.skips.labels("sample-lost").inc()
                 return
             metrics.history_span.set(sampler.history.span_seconds)
             if sampler.window is not None:

@@ -2064,9 +2064,10 @@ def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str,
     """``python -m reconcilers run`` as replica ``name`` against ``api``, its SQLite history and
     stderr log named after it. The interval is an hour, so any pass a test sees within seconds is
     one the loop did not wait an interval for."""
-    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / f"{name}.db"),
-                  OVERSALE_RECONCILER_METRICS_PORT=str(free_port()), OVERSALE_LEASE_DURATION=lease_duration,
-                  OVERSALE_RECONCILE_INTERVAL="1h", **settings)
+    env = cli_env(api, tmp_path, **{"OVERSALE_SQLITE_PATH": str(tmp_path / f"{name}.db"),
+                                    "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()),
+                                    "OVERSALE_LEASE_DURATION": lease_duration, "OVERSALE_RECONCILE_INTERVAL": "1h",
+                                    **settings})
     log = tmp_path / f"{name}.log"
     return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
@@ -2097,8 +2098,16 @@ def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, 
     path = tmp_path / "run.db"
     SqliteHistory(path, retention_seconds=86400).close()
     damage_sqlite(path)
+    port = free_port()
     process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_SAMPLE_READS="1",
-                             OVERSALE_SAMPLE_INTERVAL="1s")
+                             OVERSALE_SAMPLE_INTERVAL="1s", OVERSALE_RECONCILER_METRICS_PORT=str(port))
+
+    def lost() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            found = re.search(r'^oversale_reconcile_skips_total\{reason="sample-lost"\} (\S+)$',
+                              response.read().decode(), re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
     try:
         assert eventually(lambda: "pass done" in log.read_text() and log.read_text().count("this sample is lost") >= 2,
                           timeout=30), log.read_text()
@@ -2109,6 +2118,7 @@ def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, 
         assert f"incomplete: container history unavailable (usage history {path} unreadable: " in text
         assert "Traceback" not in text, text
         assert api.count("PATCH", "deployments") == 0
+        assert lost() >= 2, "each sample lost is counted"
     finally:
         stop_process(process)
 
