@@ -2073,6 +2073,15 @@ def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str,
                             stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
 
 
+def scraped(port: int) -> str:
+    """What a ``run`` process serves on its metrics port ("" while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
 def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_rollout(api, tmp_path):
     process, log = start_run(api, tmp_path, "run", lease_duration="30")
 
@@ -2103,9 +2112,8 @@ def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, 
                              OVERSALE_SAMPLE_INTERVAL="1s", OVERSALE_RECONCILER_METRICS_PORT=str(port))
 
     def lost() -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            found = re.search(r'^oversale_reconcile_skips_total\{reason="sample-lost"\} (\S+)$',
-                              response.read().decode(), re.MULTILINE)
+        found = re.search(r'^oversale_reconcile_skips_total\{reason="sample-lost"\} (\S+)$', scraped(port),
+                          re.MULTILINE)
         return float(found.group(1)) if found else 0.0
 
     try:
@@ -2148,32 +2156,20 @@ def test_a_replica_that_stops_leading_stops_reporting_what_only_the_leader_obser
     history, for as long as it lives. Once it stands by, those series are gone from its /metrics."""
     api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s", "usage": {"cpu": "7", "memory": "1Gi"}})
     port = free_port()
-    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "history.db"),
-                  OVERSALE_RECONCILER_METRICS_PORT=str(port), OVERSALE_LEASE_DURATION="3",
-                  OVERSALE_RECONCILE_INTERVAL="1h", OVERSALE_REMEDIATION_INTERVAL="1s")
-    log = tmp_path / "run.log"
-    process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-
-    def scraped() -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-                return str(response.read().decode())
-        except OSError:
-            return ""
-
+    process, log = start_run(api, tmp_path, "run", lease_duration="3", OVERSALE_RECONCILER_METRICS_PORT=str(port),
+                             OVERSALE_REMEDIATION_INTERVAL="1s")
     utilization = 'oversale_node_real_utilization{node="node-1",resource="cpu"}'
     try:
-        assert eventually(lambda: utilization in scraped() and "oversale_history_staleness_seconds{" in scraped(),
-                          timeout=30), log.read_text()
-        assert "oversale_reconciler_leader 1.0" in scraped()
+        assert eventually(lambda: utilization in scraped(port)
+                          and "oversale_history_staleness_seconds{" in scraped(port), timeout=30), log.read_text()
+        assert "oversale_reconciler_leader 1.0" in scraped(port)
         # Another replica takes the Lease over (its record is new to this one, which waits it out).
         api.put("leases", {"metadata": {"name": "oversale-reconciler", "namespace": "oversale"},
                            "spec": {"holderIdentity": "replica-b", "leaseDurationSeconds": 3600,
                                     "renewTime": "2030-01-01T00:00:00.000000Z"}})
-        assert eventually(lambda: "oversale_reconciler_leader 0.0" in scraped(), timeout=30), log.read_text()
-        assert eventually(lambda: utilization not in scraped(), timeout=10), scraped()
-        text = scraped()
+        assert eventually(lambda: "oversale_reconciler_leader 0.0" in scraped(port), timeout=30), log.read_text()
+        assert eventually(lambda: utilization not in scraped(port), timeout=10), scraped(port)
+        text = scraped(port)
         assert "oversale_history_staleness_seconds{" not in text
         assert "oversale_remediation_hot_nodes 0.0" in text
     finally:
