@@ -181,7 +181,12 @@ class UsagePoller:
 
     A failed read changes nothing: the samples already held age, and once older than the limit
     the nodes are placed by requests alone (logged once per node and counted), so a metrics-server
-    outage never blocks scheduling.
+    outage never blocks scheduling. When NodeMetrics read and PodMetrics do not (on a large
+    cluster the Pod list is the one that times out), the node figures still count: the Pods bound
+    since the last PodMetrics read count their estimates on top until they settle, though the
+    node figures may hold them already. Counting a Pod twice for a few minutes keeps a node off
+    that could have taken a Pod; dropping the node figures would leave every node placed by
+    requests alone once the figures held grow old.
     """
 
     def __init__(self, api_client: Any, state: ClusterState, interval: float,
@@ -193,15 +198,24 @@ class UsagePoller:
         self._stale: dict[str, str] = {}
 
     def poll_once(self) -> bool:
+        """One read of NodeMetrics, then of PodMetrics; True when both were read. NodeMetrics
+        first: PodMetrics read with node figures that are not (a Pod marked as in the figures
+        while they are old) would count a Pod just bound nowhere."""
         try:
             nodes = self._api.nodes()
-            containers = self._api.containers()
         except Exception as error:  # noqa: BLE001  -- any API trouble: keep what we had
             log.warning("metrics API not readable (%s); nodes fall back to request-based placement as their "
                         "metrics age past the limit", one_line(error))
             self._on_poll("error", self._staleness())
             return False
         self._state.record_node_samples({n.name: Sample(n.at, n.cpu, n.memory) for n in nodes})
+        try:
+            containers = self._api.containers()
+        except Exception as error:  # noqa: BLE001  -- the node figures read still count
+            log.warning("PodMetrics not readable (%s); node figures still count, and Pods bound since the last "
+                        "PodMetrics read count their estimates until they settle", one_line(error))
+            self._on_poll("partial", self._staleness())
+            return False
         self._state.record_pods_in_metrics({pod: (usage[CPU], usage[MEMORY])
                                             for pod, usage in pod_usage(containers).items()},
                                            sampled_at={(c.namespace, c.pod): c.at for c in containers})

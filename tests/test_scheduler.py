@@ -786,6 +786,46 @@ def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
         api.stop()
 
 
+def test_node_figures_still_count_while_only_podmetrics_cannot_be_read(tmp_path):
+    """On a large cluster the PodMetrics list is the read that times out, while NodeMetrics
+    answer. The node figures read keep load-aware placement going (before, the whole poll was
+    dropped, and every node was placed by requests alone); a Pod bound meanwhile counts its
+    estimate on top, as the figures cannot say whether they hold it yet."""
+    api = FakeKubeAPI().start()
+    for name in ("node-0", "hot"):
+        api.put("nodes", node(name))
+    api.put("nodemetrics", node_metrics("node-0", 4.8))   # 30% of its 16 real cores
+    api.put("nodemetrics", node_metrics("hot", 11.36))    # 71%
+    api.unavailable = {"podmetrics"}
+    extender = Extender(api, tmp_path, {"OVERSALE_LOAD_AWARE": "true", "OVERSALE_METRICS_POLL_INTERVAL": "1"})
+    try:
+        wait_for(lambda: 'oversale_extender_metrics_polls_total{result="partial"}' in extender.get("/metrics"))
+        hot = "cpu usage 71% of real capacity (5-min average) is above the scheduling watermark 65%"
+        wait_for(lambda: extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-0", "hot"]})
+                 ["FailedNodes"] == {"hot": hot})
+        assert 'oversale_extender_nodes_without_fresh_metrics{reason="missing"} 0.0' in extender.get("/metrics")
+        assert "PodMetrics not readable (HTTP 503" in extender.log_path.read_text()
+        api.put("pods", pod("b1", "8", single_numa=False))
+        wait_for(lambda: api.get("pods", "default", "b1") is not None)
+        assert extender.post("bind", {"PodName": "b1", "PodNamespace": "default", "PodUID": "uid-b1",
+                                      "Node": "node-0"}) == {"Error": ""}
+        # 4.8 + 8 x 0.85 cores: 72% of node-0's real 16.
+        answer = extender.post("filter", {"Pod": pod("next", "1"), "NodeNames": ["node-0", "hot"]})
+        assert answer["FailedNodes"] == {
+            "node-0": "cpu usage 72% of real capacity (5-min average, with Pods bound but not yet in the metrics) "
+                      "is above the scheduling watermark 65%", "hot": hot}
+        # PodMetrics answer again and hold b1: node-0's own figures count alone.
+        api.put("podmetrics", {"metadata": {"name": "b1", "namespace": "default"}, "window": "20s",
+                               "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "10Mi"}}]})
+        api.unavailable = set()
+        wait_for(lambda: extender.post("filter", {"Pod": pod("next", "1"),
+                                                  "NodeNames": ["node-0", "hot"]})["FailedNodes"] == {"hot": hot})
+        assert ok_polls(extender) >= 1
+    finally:
+        extender.stop()
+        api.stop()
+
+
 @pytest.fixture(scope="module", params=STORES)
 def node_history(request, tmp_path_factory) -> Iterator[PrometheusServer | VictoriaMetricsServer]:
     """A real store (Prometheus, then VictoriaMetrics) holding node-exporter's cpu counters of the
