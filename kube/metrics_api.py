@@ -55,6 +55,11 @@ def pod_usage(containers: Iterable[ContainerMetrics]) -> dict[tuple[str, str], d
     return usage
 
 
+class MetricsGarbled(Exception):
+    """The metrics API answered 200 with something that is no list of metrics: a proxy in front
+    of the API server answering its own page, or a backend that is not metrics-server."""
+
+
 class MetricsAPI:
     """Lists the metrics API with the real ``kubernetes`` client (raises its errors). Keep one
     per reader: it remembers each node's and Pod's last reading to time it on ``clock``."""
@@ -107,7 +112,14 @@ class MetricsAPI:
     def _list(self, plural: str) -> list[dict[str, Any]]:
         response: Any = self._api.list_cluster_custom_object(GROUP, VERSION, plural, _preload_content=False,
                                                              _request_timeout=self._timeout)
-        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        try:
+            items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+            if not isinstance(items, list):
+                raise TypeError(type(items).__name__)
+        except (ValueError, AttributeError, TypeError):
+            kind = response.headers.get("Content-Type") or "no Content-Type"
+            raise MetricsGarbled(f"the answer to {GROUP}/{VERSION} {plural} is no list of metrics ({kind}, "
+                                 f"{len(response.data)} bytes)") from None
         return items
 
 

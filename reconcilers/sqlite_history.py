@@ -25,7 +25,7 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kube.metrics_api import MetricsAPI
+from kube.metrics_api import MetricsAPI, MetricsGarbled
 from oversale.budget import HotTime, hot_time
 from oversale.estimator import summarize
 from reconcilers.cluster import failure
@@ -271,7 +271,7 @@ class MetricsSampler:
         try:
             containers = self._api.containers()
             nodes = self._api.nodes()
-        except (ApiException, urllib3.exceptions.HTTPError) as error:
+        except (ApiException, urllib3.exceptions.HTTPError, MetricsGarbled) as error:
             # The readings taken before this one still make the sample.
             hint = (" (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"
                     if isinstance(error, ApiException) and error.status == 404 else "")

@@ -187,6 +187,9 @@ class UsagePoller:
     node figures may hold them already. Counting a Pod twice for a few minutes keeps a node off
     that could have taken a Pod; dropping the node figures would leave every node placed by
     requests alone once the figures held grow old.
+
+    Each failure is logged when it starts and its end when reads succeed again, not every poll:
+    an outage of an hour would otherwise be 120 lines of the same warning. The polls count it.
     """
 
     def __init__(self, api_client: Any, state: ClusterState, interval: float,
@@ -196,6 +199,8 @@ class UsagePoller:
         self._interval = interval
         self._on_poll = on_poll
         self._stale: dict[str, str] = {}
+        self._result = "ok"
+        """The last poll's result (ok, partial, error): a warning is logged when it changes."""
 
     def poll_once(self) -> bool:
         """One read of NodeMetrics, then of PodMetrics; True when both were read. NodeMetrics
@@ -204,23 +209,26 @@ class UsagePoller:
         try:
             nodes = self._api.nodes()
         except Exception as error:  # noqa: BLE001  -- any API trouble: keep what we had
-            log.warning("metrics API not readable (%s); nodes fall back to request-based placement as their "
-                        "metrics age past the limit", one_line(error))
-            self._on_poll("error", self._staleness())
-            return False
+            return self._polled("error", f"metrics API not readable ({one_line(error)}); nodes fall back to "
+                                         "request-based placement as their metrics age past the limit")
         self._state.record_node_samples({n.name: Sample(n.at, n.cpu, n.memory) for n in nodes})
         try:
             containers = self._api.containers()
         except Exception as error:  # noqa: BLE001  -- the node figures read still count
-            log.warning("PodMetrics not readable (%s); node figures still count, and Pods bound since the last "
-                        "PodMetrics read count their estimates until they settle", one_line(error))
-            self._on_poll("partial", self._staleness())
-            return False
+            return self._polled("partial", f"PodMetrics not readable ({one_line(error)}); node figures still "
+                                           "count, and Pods bound since the last PodMetrics read count their "
+                                           "estimates until they settle")
         self._state.record_pods_in_metrics({pod: (usage[CPU], usage[MEMORY])
                                             for pod, usage in pod_usage(containers).items()},
                                            sampled_at={(c.namespace, c.pod): c.at for c in containers})
-        self._on_poll("ok", self._staleness())
-        return True
+        return self._polled("ok", "metrics API readable again")
+
+    def _polled(self, result: str, said: str) -> bool:
+        if result != self._result:
+            log.log(logging.INFO if result == "ok" else logging.WARNING, "%s", said)
+        self._result = result
+        self._on_poll(result, self._staleness())
+        return result == "ok"
 
     def _staleness(self) -> dict[str, int]:
         """Count the nodes without fresh metrics by reason; log each node once when it turns stale."""

@@ -695,8 +695,9 @@ def test_a_burst_of_binds_moves_the_next_pod_elsewhere_before_metrics_catch_up(l
                                               "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
 
 
-def ok_polls(extender: Extender) -> float:
-    found = re.search(r'oversale_extender_metrics_polls_total\{result="ok"\} (\S+)', extender.get("/metrics"))
+def polls(extender: Extender, result: str = "ok") -> float:
+    """The extender's polls of the metrics API so far with this result."""
+    found = re.search(rf'oversale_extender_metrics_polls_total\{{result="{result}"\}} (\S+)', extender.get("/metrics"))
     return float(found.group(1)) if found else 0.0
 
 
@@ -707,16 +708,16 @@ def test_a_pod_made_again_under_its_old_name_is_not_taken_for_its_predecessor(lo
     old_stamp = datetime.fromtimestamp(time.time() - 30, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     api.put("podmetrics", {"metadata": {"name": "db-0", "namespace": "default"}, "timestamp": old_stamp,
                            "window": "20s", "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "10Mi"}}]})
-    polls = ok_polls(extender)
-    wait_for(lambda: ok_polls(extender) >= polls + 2)  # the old reading is known before the bind
+    done = polls(extender)
+    wait_for(lambda: polls(extender) >= done + 2)  # the old reading is known before the bind
     api.put("pods", pod("db-0", "8", single_numa=False))
     wait_for(lambda: api.get("pods", "default", "db-0") is not None)
     assert extender.post("bind", {"PodName": "db-0", "PodNamespace": "default", "PodUID": "uid-db-0",
                                   "Node": "node-0"}) == {"Error": ""}
     # That reading is not the new db-0's: it counts as any Pod just bound, 8 x 0.85 cores, and
     # node-0 (4.8 of 16 real cores) is above its watermark with it.
-    polls = ok_polls(extender)
-    wait_for(lambda: ok_polls(extender) >= polls + 2)
+    done = polls(extender)
+    wait_for(lambda: polls(extender) >= done + 2)
     answer = extender.post("filter", {"Pod": pod("next", "1"), "NodeNames": ["node-0", "node-1"]})
     assert answer["NodeNames"] == ["node-1"]
     assert "with Pods bound but not yet in the metrics" in answer["FailedNodes"]["node-0"]
@@ -765,11 +766,16 @@ def test_a_burst_of_replicas_counts_what_the_running_ones_use_not_their_requests
         if key in expected} == expected)
 
 
-def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
+@pytest.mark.parametrize(("broken", "said"), [
+    ("unavailable", "HTTP 503"),  # metrics-server down: the aggregator's 503
+    # A proxy in front of the API server answering its login page.
+    ("garbled", "the answer to metrics.k8s.io/v1beta1 nodes is no list of metrics (text/html"),
+])
+def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path, broken, said):
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
     api.put("nodemetrics", node_metrics("node-0", 15))
-    api.unavailable = {"nodemetrics", "podmetrics"}
+    getattr(api, broken).update({"nodemetrics", "podmetrics"})
     extender = Extender(api, tmp_path, {"OVERSALE_LOAD_AWARE": "true", "OVERSALE_METRICS_POLL_INTERVAL": "1"})
     try:
         # The first poll may come before the node is in the cache: wait for one that counts it.
@@ -780,7 +786,7 @@ def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path):
         assert answer["NodeNames"] == ["node-0"] and answer["Error"] == ""
         assert all(0 <= s["Score"] <= 10 for s in extender.post("prioritize", {"Pod": pod("p", "1"),
                                                                                  "NodeNames": ["node-0"]}))
-        assert "metrics API not readable (HTTP 503" in extender.log_path.read_text()
+        assert f"metrics API not readable ({said}" in extender.log_path.read_text()
     finally:
         extender.stop()
         api.stop()
@@ -814,13 +820,17 @@ def test_node_figures_still_count_while_only_podmetrics_cannot_be_read(tmp_path)
         assert answer["FailedNodes"] == {
             "node-0": "cpu usage 72% of real capacity (5-min average, with Pods bound but not yet in the metrics) "
                       "is above the scheduling watermark 65%", "hot": hot}
+        wait_for(lambda: polls(extender, "partial") >= 3)
         # PodMetrics answer again and hold b1: node-0's own figures count alone.
         api.put("podmetrics", {"metadata": {"name": "b1", "namespace": "default"}, "window": "20s",
                                "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "10Mi"}}]})
         api.unavailable = set()
         wait_for(lambda: extender.post("filter", {"Pod": pod("next", "1"),
                                                   "NodeNames": ["node-0", "hot"]})["FailedNodes"] == {"hot": hot})
-        assert ok_polls(extender) >= 1
+        assert polls(extender) >= 1
+        # Said when it started and when it ended, not at each of the polls between.
+        log = extender.log_path.read_text()
+        assert log.count("PodMetrics not readable") == 1 and log.count("metrics API readable again") == 1, log
     finally:
         extender.stop()
         api.stop()
