@@ -35,6 +35,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube.background import Trouble
 from oversale.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class LeaseElector:
         and must not be reported as one."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # A round every few seconds: an API server down for an hour would be a thousand lines.
+        self._trouble = Trouble(log, f"lease {namespace}/{name}: election rounds reach a verdict again")
 
     def is_leader(self) -> bool:
         return self._renewed_at is not None and self._clock() - self._renewed_at < self.duration * 2 / 3
@@ -91,6 +94,7 @@ class LeaseElector:
             return self._failed(f"the API server answered {error.status} {error.reason}")
         except (urllib3.exceptions.HTTPError, OSError) as error:
             return self._failed(f"cannot reach the API server ({type(error).__name__})")
+        self._trouble.succeeded()
         if self._renewed_at is None:
             log.info("became the leader (lease %s/%s)", self.namespace, self.name)
         self._renewed_at = now
@@ -103,9 +107,8 @@ class LeaseElector:
         the next round tries again, as for an API server that cannot be reached."""
         try:
             return self.try_acquire_or_renew()
-        except Exception as error:
-            log.exception("lease %s/%s: election round failed", self.namespace, self.name)
-            return self._failed(f"election round failed ({type(error).__name__}: {error})", logged=True)
+        except Exception as error:  # noqa: BLE001  -- logged with its traceback; the next round tries again
+            return self._failed(f"election round failed ({type(error).__name__}: {error})", traceback=True)
 
     def acquire(self, wait: float) -> bool:
         """Rounds until this replica holds the Lease or ``wait`` seconds have passed (a one-shot
@@ -157,15 +160,16 @@ class LeaseElector:
         self._stop.set()
 
     def _lost(self, why: str) -> None:
+        self._trouble.succeeded()
         if self._renewed_at is not None:
             log.warning("lost the lease (%s): writes stop now", why)
         self._renewed_at = None
         self.not_leading_because = why
 
-    def _failed(self, why: str, logged: bool = False) -> bool:
-        """A round that reached no verdict: a leader stays one until its last renewal is too old."""
-        if not logged:
-            log.warning("lease %s/%s: %s", self.namespace, self.name, why)
+    def _failed(self, why: str, traceback: bool = False) -> bool:
+        """A round that reached no verdict: a leader stays one until its last renewal is too old.
+        Said when the rounds start failing, or fail another way, not every round."""
+        self._trouble.failed(f"lease {self.namespace}/{self.name}: {why}", traceback=traceback)
         leading = self.is_leader()
         if not leading:
             self.not_leading_because = why

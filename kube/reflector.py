@@ -13,7 +13,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from kube.client import without_managed_fields
+from kube.background import Trouble
+from kube.client import one_line, without_managed_fields
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ class Reflector:
         self._at: int | None = None
         """The resourceVersion the cache stands at: its last list's, or the last watch event's."""
         self._stop = threading.Event()
+        # Retried with a backoff of up to 30 s: an API server down for an hour would be 120 lines
+        # a cache, each the client's whole answer (status, headers, body) over several lines.
+        self._trouble = Trouble(log, f"{name} listed again")
         self.synced = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"reflector-{name}", daemon=True)
         on_sync(name, False)
@@ -127,6 +131,7 @@ class Reflector:
             try:
                 version = self._relist()
                 backoff = 0.5
+                self._trouble.succeeded()
                 while not self._stop.is_set():
                     version = self._watch(version)
             except Gone:
@@ -136,7 +141,8 @@ class Reflector:
                     self._not_installed()
                     self._stop.wait(self._watch_timeout)
                     continue
-                log.warning("%s list/watch failed (%s); retrying in %.1fs", self.name, error, backoff)
+                self._trouble.failed(f"{self.name} list/watch failed ({one_line(error)}); retrying with a backoff "
+                                     "of up to 30s", kind="failing")
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 

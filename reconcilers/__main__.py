@@ -213,7 +213,7 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
     asked), and pass every interval while this replica holds the Lease, until SIGTERM or Ctrl-C."""
     from prometheus_client import start_http_server
 
-    from kube.background import run_every
+    from kube.background import Trouble, run_every
     from kube.metrics_api import MetricsAPI
     from reconcilers.cluster import Cluster
     from reconcilers.remediation import Remediator
@@ -222,15 +222,24 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
     if sampler is not None:
         from reconcilers.sqlite_history import SampleLost
 
+        # Readings and writes apart: a file that refuses every sample is not mended by the
+        # readings that succeed between its writes.
+        lost = {"reading": Trouble(log, "metrics API (metrics.k8s.io) readable again"),
+                "writing": Trouble(log, f"usage history {sampler.history.path} written again")}
+
         def sample() -> None:
             try:
-                sampler.read()
+                written = sampler.read()
             except SampleLost as error:
-                # One line, no traceback; counted, as a file or a metrics-server that fails now and
-                # then never makes the history stale enough for OversaleHistoryStale.
-                log.warning("%s", error)
+                # One line, no traceback, when the losses start; each counted, as a file or a
+                # metrics-server that fails now and then never makes the history stale enough
+                # for OversaleHistoryStale.
+                lost[error.step].failed(str(error))
                 metrics.skips.labels("sample-lost").inc()
                 return
+            lost["reading"].succeeded()
+            if written is not None:
+                lost["writing"].succeeded()
             metrics.history_span.set(sampler.history.span_seconds)
             if sampler.window is not None:
                 metrics.usage_window.set(sampler.window)

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
+from kube.background import Trouble
 from kube.client import api_refusal, one_line
 from kube.metrics_api import MetricsAPI, NodeMetrics, pod_usage
 from oversale.node_fit import (
@@ -108,6 +109,9 @@ class Remediator:
         self.incomplete: list[str] = []
         """What kept the last pass from judging every node (usage or the cluster unreadable, the
         Lease lost): ``remediate`` exits 1 on it rather than report no hot node."""
+        self._blind = Trouble(log, "remediation reads usage and the cluster again")
+        """Said when passes start observing nothing and when they observe again: ``run`` passes
+        every minute, and a metrics-server outage of an hour would be 60 lines of one warning."""
 
     def run_pass(self, dry_run: bool = False, tidy: bool | None = None) -> list[Row]:
         """Observe every node once; move Pods off those hot long enough. Returns the report rows.
@@ -121,7 +125,7 @@ class Remediator:
         except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
             # No usage, no evictions: a metrics outage must never move Pods.
             why = failure(error)
-            log.warning("remediation pass skipped: cannot read usage or the cluster (%s)", why)
+            self._blind.failed(f"remediation pass skipped: cannot read usage or the cluster ({why})", kind="blind")
             self.metrics.skips.labels("remediation-no-usage").inc()
             self.incomplete.append(f"cannot read usage or the cluster ({why})")
             # As for a node without fresh metrics: no observation, no utilization reported (the
@@ -129,6 +133,7 @@ class Remediator:
             self.metrics.report(self.metrics.node_utilization, "remediator", {})
             self.metrics.hot_nodes.set(0)
             return []
+        self._blind.succeeded()
         self.metrics.last_observation.set_to_current_time()
         nodes = seen.nodes
         self._forget({n["metadata"]["name"] for n in nodes}, now)

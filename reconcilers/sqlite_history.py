@@ -68,8 +68,13 @@ def unusable(path: Path | str, error: sqlite3.Error | OSError) -> str:
 
 class SampleLost(Exception):
     """A reading or a sample the history did not get: the metrics API failed (metrics-server
-    down, not installed), or the file refused the write (its disk full, the file damaged). The
-    history already held stays readable, so a pass can still decide on it."""
+    down, not installed; ``step`` "reading"), or the file refused the write (its disk full, the
+    file damaged; "writing"). The history already held stays readable, so a pass can still
+    decide on it."""
+
+    def __init__(self, message: str, step: str) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class SqliteHistory:
@@ -98,7 +103,7 @@ class SqliteHistory:
             self._record(ts, rows)
         except sqlite3.Error as error:
             raise SampleLost(f"usage history {self.path} not written, this sample is lost: "
-                             f"{unusable(self.path, error)}") from error
+                             f"{unusable(self.path, error)}", "writing") from error
         return len(rows)
 
     def _record(self, ts: float, rows: list[tuple[str, str, str, str, int, int]]) -> None:
@@ -248,11 +253,11 @@ class MetricsSampler:
         self._containers: dict[ContainerKey, list[int]] = {}
         self._nodes: dict[str, list[int]] = {}
 
-    def read(self, now: float | None = None) -> int:
+    def read(self, now: float | None = None) -> int | None:
         """Take one reading; once ``reads`` are in, record them as one sample. The rows written
-        (0 until then)."""
+        (None until then)."""
         self._take()
-        return self.record(now) if self._taken >= self.reads else 0
+        return self.record(now) if self._taken >= self.reads else None
 
     def sample(self, now: float | None = None) -> int:
         """Take one reading and record it at once, with any taken since the last sample (a
@@ -276,7 +281,7 @@ class MetricsSampler:
             hint = (" (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"
                     if isinstance(error, ApiException) and error.status == 404 else "")
             raise SampleLost(f"metrics API (metrics.k8s.io) not readable, this reading is skipped: "
-                             f"{failure(error)}{hint}") from error
+                             f"{failure(error)}{hint}", "reading") from error
         self._note_window([n.window for n in nodes if n.window is not None])
         for c in containers:
             _accumulate(self._containers, (c.namespace, c.pod, c.container), c.cpu, c.memory)

@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes import client
 
-from kube.background import run_every
+from kube.background import Trouble, run_every
 from kube.client import one_line
 from kube.leader import LeaseElector
 from kube.metrics_api import MetricsAPI, pod_usage
@@ -199,8 +199,7 @@ class UsagePoller:
         self._interval = interval
         self._on_poll = on_poll
         self._stale: dict[str, str] = {}
-        self._result = "ok"
-        """The last poll's result (ok, partial, error): a warning is logged when it changes."""
+        self._trouble = Trouble(log, "metrics API readable again")
 
     def poll_once(self) -> bool:
         """One read of NodeMetrics, then of PodMetrics; True when both were read. NodeMetrics
@@ -209,24 +208,24 @@ class UsagePoller:
         try:
             nodes = self._api.nodes()
         except Exception as error:  # noqa: BLE001  -- any API trouble: keep what we had
-            return self._polled("error", f"metrics API not readable ({one_line(error)}); nodes fall back to "
-                                         "request-based placement as their metrics age past the limit")
+            self._trouble.failed(f"metrics API not readable ({one_line(error)}); nodes fall back to request-based "
+                                 "placement as their metrics age past the limit", kind="error")
+            return self._polled("error")
         self._state.record_node_samples({n.name: Sample(n.at, n.cpu, n.memory) for n in nodes})
         try:
             containers = self._api.containers()
         except Exception as error:  # noqa: BLE001  -- the node figures read still count
-            return self._polled("partial", f"PodMetrics not readable ({one_line(error)}); node figures still "
-                                           "count, and Pods bound since the last PodMetrics read count their "
-                                           "estimates until they settle")
+            self._trouble.failed(f"PodMetrics not readable ({one_line(error)}); node figures still count, and Pods "
+                                 "bound since the last PodMetrics read count their estimates until they settle",
+                                 kind="partial")
+            return self._polled("partial")
         self._state.record_pods_in_metrics({pod: (usage[CPU], usage[MEMORY])
                                             for pod, usage in pod_usage(containers).items()},
                                            sampled_at={(c.namespace, c.pod): c.at for c in containers})
-        return self._polled("ok", "metrics API readable again")
+        self._trouble.succeeded()
+        return self._polled("ok")
 
-    def _polled(self, result: str, said: str) -> bool:
-        if result != self._result:
-            log.log(logging.INFO if result == "ok" else logging.WARNING, "%s", said)
-        self._result = result
+    def _polled(self, result: str) -> bool:
         self._on_poll(result, self._staleness())
         return result == "ok"
 
@@ -268,7 +267,7 @@ class _PrometheusPoller:
         self._state = state
         self._interval = interval
         self._on_poll = on_poll
-        self._failing = False
+        self._trouble = Trouble(log, f"{self.what} readable from Prometheus again")
         self._rate_check: tuple[str, RateWindowCheck] | None = None
         """The exporter whose cpu counters the poller rates, and the check of its rate window
         against how often they are scraped, after the first read that succeeds and then every
@@ -284,15 +283,12 @@ class _PrometheusPoller:
         try:
             self._read(time.time())
         except PrometheusUnavailable as error:
-            if not self._failing:
-                log.warning("%s not readable from Prometheus (%s); %s", self.what, self._explained(error),
-                            self.meanwhile)
-            self._failing = True
+            # Said once until a read succeeds: Prometheus's message may differ from read to read.
+            self._trouble.failed(f"{self.what} not readable from Prometheus ({self._explained(error)}); "
+                                 f"{self.meanwhile}", kind="unreadable")
             self._on_poll("error")
             return False
-        if self._failing:
-            log.info("%s readable from Prometheus again", self.what)
-        self._failing = False
+        self._trouble.succeeded()
         self._on_poll("ok")
         if self._rate_check is not None:
             exporter, check = self._rate_check
@@ -406,6 +402,8 @@ class Leadership:
         """What the Pod's label says (None: not known; a restarted container may find its old one)."""
         self.serving = False
         self._stopped = False
+        # Tried again every check (twice a second): a label refused for an hour would be 7,200 lines.
+        self._unlabelled = Trouble(log, "the leader label on this Pod is right again")
 
     def check(self) -> None:
         if self._stopped:
@@ -440,8 +438,10 @@ class Leadership:
             self._label(leading)
             self._labelled = leading
         except Exception as error:  # noqa: BLE001  -- tried again at the next round
-            log.warning("could not %s the leader label on this Pod: %s", "set" if leading else "remove",
-                        one_line(error))
+            action = "set" if leading else "remove"
+            self._unlabelled.failed(f"could not {action} the leader label on this Pod: {one_line(error)}", kind=action)
+            return
+        self._unlabelled.succeeded()
 
     def start(self) -> None:
         self._elector.start()

@@ -565,6 +565,12 @@ tests:
         values: '0+1x10 10x30 10+1x40'
       - series: 'oversale_extender_history_polls_total{pod="e1", result="error"}'
         values: '0x10 0+1x30 30x40'
+      # The extender e3 reads NodeMetrics throughout, PodMetrics only until minute 10 and again
+      # from minute 40.
+      - series: 'oversale_extender_metrics_polls_total{pod="e3", result="ok"}'
+        values: '0+2x10 20x30 20+2x40'
+      - series: 'oversale_extender_metrics_polls_total{pod="e3", result="partial"}'
+        values: '0x10 0+2x30 60x40'
       - series: 'oversale_extender_workload_history_polls_total{pod="e2", result="ok"}'
         values: '0+1x10 10x70'
       - series: 'oversale_extender_workload_history_polls_total{pod="e2", result="error"}'
@@ -609,6 +615,23 @@ tests:
                 the Lease lost mid-pass), fail, or hang: ratios are not kept up to date. The leader's log says
                 which: 'pass done ...; incomplete: ...' names what stopped a pass, 'pass failed' shows the
                 error, and no 'pass done' line for that long is a hang.
+      - eval_time: 20m
+        alertname: OversaleExtenderPodMetricsUnreadable
+        exp_alerts: []
+      - eval_time: 35m
+        alertname: OversaleExtenderPodMetricsUnreadable
+        exp_alerts:
+          - exp_labels: {severity: info, pod: e3}
+            exp_annotations:
+              summary: "The extender e3 reads NodeMetrics but not PodMetrics"
+              description: >-
+                Nodes are still placed by their load, but each Pod bound counts its estimate on top of node
+                figures that may already hold it until it settles, and new replicas are estimated from the last
+                PodMetrics read. Check metrics-server (its Pod list may time out on a large cluster) and the
+                extender's log (one line when the reads start failing).
+      - eval_time: 45m
+        alertname: OversaleExtenderPodMetricsUnreadable
+        exp_alerts: []
       - eval_time: 20m
         alertname: OversaleExtenderHistoryUnreadable
         exp_alerts: []

@@ -1916,6 +1916,28 @@ def test_a_round_just_run_is_not_run_again_when_the_election_thread_starts(api):
         elector.stop()
 
 
+@pytest.mark.parametrize(("broken", "said", "traceback"), [
+    ("unavailable", "lease oversale/oversale-reconciler: the API server answered 503 Service Unavailable", False),
+    # A proxy's login page: a failure no one foresaw, so its traceback, once.
+    ("garbled", "lease oversale/oversale-reconciler: election round failed (JSONDecodeError: Expecting value: line 1 "
+                "column 1 (char 0))", True),
+])
+def test_failing_election_rounds_are_said_when_they_start_and_when_they_end(api, caplog, broken, said, traceback):
+    """Rounds come every third of the Lease duration (5 s by default): an API server down for an
+    hour was 720 warnings, and an answer that is no Lease a traceback each round."""
+    elector = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "a", 15)
+    getattr(api, broken).add("leases")
+    with caplog.at_level(logging.INFO, logger="kube.leader"):
+        assert not any(elector.elect() for _ in range(3))
+        getattr(api, broken).clear()
+        assert elector.elect() and elector.elect()
+    said_lines = [(r.getMessage(), bool(r.exc_info)) for r in caplog.records]
+    assert said_lines == [(said, traceback),
+                          ("lease oversale/oversale-reconciler: election rounds reach a verdict again (after 3 failed "
+                           "runs)", False),
+                          ("became the leader (lease oversale/oversale-reconciler)", False)]
+
+
 def test_an_api_server_that_never_answers_fails_the_round_instead_of_hanging_it():
     """A black-holed API server accepts the connection and says nothing: without a deadline the
     election thread would wait forever and a standby would never try again."""
@@ -2100,33 +2122,55 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
             process.kill()
 
 
+def samples_lost(port: int) -> float:
+    """The readings and samples a ``run`` serving /metrics on ``port`` has lost so far."""
+    found = re.search(r'^oversale_reconcile_skips_total\{reason="sample-lost"\} (\S+)$', scraped(port), re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
 def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, tmp_path):
-    """Each sample the file refuses is one warning naming it (no traceback every few minutes), and
-    each pass holds the ratios and says why; the process stays up (remediation does not need the
-    history)."""
+    """The samples the file refuses are one warning naming it (no traceback every few minutes, nor
+    a line each sample; each is counted), and each pass holds the ratios and says why; the
+    process stays up (remediation does not need the history)."""
     path = tmp_path / "run.db"
     SqliteHistory(path, retention_seconds=86400).close()
     damage_sqlite(path)
     port = free_port()
-    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_SAMPLE_READS="1",
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_SAMPLE_READS="2",
                              OVERSALE_SAMPLE_INTERVAL="1s", OVERSALE_RECONCILER_METRICS_PORT=str(port))
-
-    def lost() -> float:
-        found = re.search(r'^oversale_reconcile_skips_total\{reason="sample-lost"\} (\S+)$', scraped(port),
-                          re.MULTILINE)
-        return float(found.group(1)) if found else 0.0
-
     try:
-        assert eventually(lambda: "pass done" in log.read_text() and log.read_text().count("this sample is lost") >= 2,
+        # Two readings a sample: the readings that succeed between the writes mend nothing.
+        assert eventually(lambda: "pass done" in log.read_text() and samples_lost(port) >= 3,
                           timeout=30), log.read_text()
         assert process.poll() is None, log.read_text()
         text = log.read_text()
+        assert text.count("this sample is lost") == 1, text
         assert f"usage history {path} not written, this sample is lost: database disk image is malformed; move it " \
                "away and restart the reconcilers to start the history afresh" in text
+        assert "written again" not in text and "readable again" not in text, text
         assert f"incomplete: container history unavailable (usage history {path} unreadable: " in text
         assert "Traceback" not in text, text
         assert api.count("PATCH", "deployments") == 0
-        assert lost() >= 2, "each sample lost is counted"
+    finally:
+        stop_process(process)
+
+
+def test_run_tells_when_metrics_server_readings_stop_and_start_again(api, tmp_path):
+    """metrics-server down for a while under a running ``run``: one warning when the readings
+    start failing and one line when they come back, each lost reading counted, not a line each."""
+    api.unavailable.add("podmetrics")
+    port = free_port()
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_SAMPLE_READS="1",
+                             OVERSALE_SAMPLE_INTERVAL="1s", OVERSALE_RECONCILER_METRICS_PORT=str(port))
+    try:
+        assert eventually(lambda: samples_lost(port) >= 3, timeout=30), log.read_text()
+        api.unavailable.clear()
+        assert eventually(lambda: "readable again" in log.read_text(), timeout=30), log.read_text()
+        text = log.read_text()
+        assert text.count("metrics API (metrics.k8s.io) not readable, this reading is skipped: 503 Service "
+                          "Unavailable") == 1, text
+        assert re.search(r"metrics API \(metrics.k8s.io\) readable again \(after [3-9]\d* failed runs\)", text), text
+        assert "Traceback" not in text, text
     finally:
         stop_process(process)
 
@@ -2234,7 +2278,7 @@ def test_a_sample_is_the_mean_cpu_of_the_intervals_readings_and_their_last_memor
     sampler = MetricsSampler(api_client_for(api), history, reads=3, interval=300)
     now = time.time()
 
-    def reading(node_cpu: str, node_memory: str, pods: dict[str, str]) -> int:
+    def reading(node_cpu: str, node_memory: str, pods: dict[str, str]) -> int | None:
         api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "15s",
                                 "usage": {"cpu": node_cpu, "memory": node_memory}})
         for pod, cpu in pods.items():
@@ -2243,8 +2287,8 @@ def test_a_sample_is_the_mean_cpu_of_the_intervals_readings_and_their_last_memor
         return sampler.read(now=now)
 
     with caplog.at_level(logging.INFO, logger="reconcilers.sqlite_history"):
-        assert reading("900m", "3Gi", {"steady": "200m"}) == 0, "nothing written before the third reading"
-        assert reading("1500m", "4Gi", {"steady": "400m", "brief": "700m"}) == 0
+        assert reading("900m", "3Gi", {"steady": "200m"}) is None, "nothing written before the third reading"
+        assert reading("1500m", "4Gi", {"steady": "400m", "brief": "700m"}) is None
         api.delete("podmetrics", NS, "brief")
         assert reading("600m", "2Gi", {"steady": "300m"}) > 0
     peaks = history.node_peaks(3600)["node-1"]

@@ -1239,6 +1239,24 @@ def test_without_usage_nothing_is_evicted_and_nothing_is_reported_as_seen(api):
     assert registry.get_sample_value("oversale_remediation_last_observation_timestamp_seconds") == observed
 
 
+def test_passes_blind_for_a_while_say_so_when_it_starts_and_when_it_ends(api, caplog):
+    """metrics-server down under a running remediator (a pass a minute): one warning when the
+    passes start observing nothing and one line when they observe again; each skip counted."""
+    remediator_ = remediator(api)
+    api.unavailable = {"nodemetrics"}
+    with caplog.at_level(logging.INFO, logger="reconcilers.remediation"):
+        for _ in range(3):
+            assert remediator_.run_pass(dry_run=True) == []
+        api.unavailable = set()
+        remediator_.run_pass(dry_run=True)
+    said = [r.getMessage() for r in caplog.records if "usage" in r.getMessage()]
+    assert said == ["remediation pass skipped: cannot read usage or the cluster (503 Service Unavailable)",
+                    "remediation reads usage and the cluster again (after 3 failed runs)"]
+    skips = remediator_.metrics.registry.get_sample_value("oversale_reconcile_skips_total",
+                                                          {"reason": "remediation-no-usage"})
+    assert skips == 3
+
+
 def test_a_node_can_carry_its_own_runtime_watermark(api):
     hot = api.get("nodes", "", "node-hot")
     hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "0.99"}

@@ -1579,6 +1579,34 @@ def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
         assert filter_nodes(args, state, KEYS)["FailedNodes"] == {"node-1": "node not in the extender's cache yet"}
 
 
+def test_a_leader_label_refused_is_said_once_though_tried_at_every_check(caplog):
+    """The leadership check runs twice a second and tries a refused label again each time: a
+    policy refusing it for an hour was 7,200 warnings. One when it starts, one when it ends."""
+    from kube.leader import LeaseElector
+    from scheduler.kube import KubeBinder, Leadership
+
+    api = FakeKubeAPI().start()
+    own_pod(api, "extender-a")
+    api.validating["pods"] = lambda review: {"allowed": False, "status": {"code": 403, "message": "labels frozen"}}
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch)
+        elector = LeaseElector(api_client, "oversale", "oversale-extender", "extender-a", 15)
+        leadership = Leadership(elector, watch, label=lambda leading: binder.label(
+            "oversale", "extender-a", {KEYS.extender_leader: "true" if leading else None}))
+        assert elector.try_acquire_or_renew()
+        with caplog.at_level("INFO", logger="scheduler.kube"):
+            for _ in range(3):
+                leadership.check()
+            assert not leads(api, "extender-a")
+            del api.validating["pods"]
+            leadership.check()
+        assert leads(api, "extender-a")
+    told = [m for m in caplog.messages if "leader label" in m]
+    assert len(told) == 2 and told[0].startswith("could not set the leader label on this Pod: HTTP 403"), told
+    assert told[1] == "the leader label on this Pod is right again (after 3 failed runs)"
+
+
 def test_a_leader_that_loses_its_lease_unlabels_itself_and_binds_nothing_until_it_leads_again(caplog):
     """Not a graceful stop: the leader could not renew (the API server too busy, the process
     paused) and another replica took the Lease. Its next check takes the leader label off its
@@ -1933,6 +1961,33 @@ def test_watch_events_a_resync_has_listed_already_never_take_the_cache_back_in_t
     finally:
         reflector.stop()
         api.stop()
+
+
+def test_a_cache_that_cannot_list_says_so_in_one_line_when_it_starts_and_when_it_ends(caplog):
+    """A list retried with a backoff of up to 30 s while the API server is down: 120 warnings an
+    hour a cache, each the client's whole answer over several lines, before. One short line now
+    when it starts, one when the cache is listed again."""
+    from kubernetes import client
+
+    from kube.reflector import Reflector
+
+    api = FakeKubeAPI().start()
+    api.put("pods", pod("web", "1"))
+    api.unavailable = {"pods"}
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    reflector = Reflector("pods", client.CoreV1Api(api_client).list_pod_for_all_namespaces, lambda obj: obj, 300)
+    with caplog.at_level("INFO", logger="kube.reflector"):
+        reflector.start()
+        try:
+            wait_for(lambda: api.count("GET", "pods", watch=False) >= 3)
+            api.unavailable = set()
+            wait_for(reflector.synced.is_set)
+        finally:
+            reflector.stop()
+            api.stop()
+    told = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" or "again" in r.getMessage()]
+    assert told[0] == "pods list/watch failed (HTTP 503 Service Unavailable); retrying with a backoff of up to 30s"
+    assert len(told) == 2 and re.fullmatch(r"pods listed again \(after [3-9] failed runs\)", told[1]), told
 
 
 def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
