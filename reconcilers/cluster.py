@@ -13,10 +13,8 @@ from typing import Any
 
 import orjson
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from kube.client import VPA, without_managed_fields
-from kube.metrics_api import MetricsGarbled
 from oversale.pods import TERMINAL_PHASES
 from oversale.timestamps import format_timestamp
 
@@ -34,19 +32,6 @@ WRITE_TRIES = 3
 after each 409: a node's kubelet writes its status every few seconds to minutes, and other
 controllers write workloads and nodes too. Past that the write waits for the next pass."""
 JSON_PATCH = "application/json-patch+json"
-
-
-def failure(error: BaseException) -> str:
-    """How a call to the API server failed, in a few words for a log line or a report row: the
-    HTTP status and reason of its answer, else the kind of error (a refused connection, a timeout),
-    or what was answered in its place (``MetricsGarbled``: a proxy's page).
-
-    >>> failure(ApiException(status=503, reason="Service Unavailable")), failure(TimeoutError())
-    ('503 Service Unavailable', 'TimeoutError')
-    """
-    if isinstance(error, ApiException):
-        return f"{error.status} {error.reason}"
-    return str(error) if isinstance(error, MetricsGarbled) else type(error).__name__
 
 
 def packed(obj: dict[str, Any]) -> bytes:

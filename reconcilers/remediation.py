@@ -77,7 +77,7 @@ from oversale.remediation import (
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp, parse_timestamp
 from oversale.usage import Sample, node_load
-from reconcilers.cluster import WRITE_TRIES, Cluster, annotations_patch, failure, packed, unpacked
+from reconcilers.cluster import WRITE_TRIES, Cluster, annotations_patch, packed, unpacked
 from reconcilers.metrics import ReconcilerMetrics
 from reconcilers.runner import COMPONENT, Leadership, NotLeader, Row
 
@@ -124,7 +124,7 @@ class Remediator:
             seen = self._observe()
         except Exception as error:  # noqa: BLE001  -- any API trouble: this pass observes nothing
             # No usage, no evictions: a metrics outage must never move Pods.
-            why = failure(error)
+            why = one_line(error)
             self._blind.failed(f"remediation pass skipped: cannot read usage or the cluster ({why})", kind="blind")
             self.metrics.skips.labels("remediation-no-usage").inc()
             self.incomplete.append(f"cannot read usage or the cluster ({why})")

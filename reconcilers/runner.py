@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import api_refusal
+from kube.client import api_refusal, one_line
 from oversale.annotations import format_ratio, wants
 from oversale.budget import (
     NO_HOT_TIME,
@@ -57,7 +57,7 @@ from oversale.workloads import (
     usage_by_container,
     workload_hpa,
 )
-from reconcilers.cluster import WRITE_TRIES, Cluster, failure, packed, unpacked
+from reconcilers.cluster import WRITE_TRIES, Cluster, packed, unpacked
 from reconcilers.history import History, HistoryUnavailable, ResourceStats
 from reconcilers.metrics import ReconcilerMetrics
 
@@ -186,7 +186,7 @@ class Reconciler:
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             # The API server refused or could not be reached mid-pass: nothing more is written
             # this pass; what was written stands, and the next pass decides again from scratch.
-            why = failure(error)
+            why = one_line(error)
             log.warning("%s pass stopped: the API server failed (%s); retried next pass", name, why)
             self.incomplete.append(f"{name}: the API server failed ({why})")
             self.metrics.skips.labels(f"{name}-api-error").inc()
@@ -290,7 +290,7 @@ class Reconciler:
         read: the webhook still leaves what VPA set alone."""
         if vpas.error is not None:
             log.warning("cannot list VerticalPodAutoscalers (%s): workloads they manage are not told apart "
-                        "this pass", failure(vpas.error))
+                        "this pass", one_line(vpas.error))
         return vpa_controlled(vpas.items)
 
     def _write_workload(self, workload: dict[str, Any], plan: WorkloadPlan,
@@ -407,7 +407,7 @@ class Reconciler:
                                key=lambda found: found[:2])
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             # The ratios this pass wrote stand, and its rows are kept; the Pods follow next pass.
-            why = failure(error)
+            why = one_line(error)
             log.warning("in-place resize skipped this pass: the API server failed (%s)", why)
             self.metrics.skips.labels("resize-api-error").inc()
             self.incomplete.append(f"in-place resize: the API server failed ({why})")

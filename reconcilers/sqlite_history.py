@@ -25,10 +25,10 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from kube.client import one_line
 from kube.metrics_api import MetricsAPI, MetricsGarbled
 from oversale.budget import HotTime, hot_time
 from oversale.estimator import summarize
-from reconcilers.cluster import failure
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
@@ -281,7 +281,7 @@ class MetricsSampler:
             hint = (" (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"
                     if isinstance(error, ApiException) and error.status == 404 else "")
             raise SampleLost(f"metrics API (metrics.k8s.io) not readable, this reading is skipped: "
-                             f"{failure(error)}{hint}", "reading") from error
+                             f"{one_line(error)}{hint}", "reading") from error
         self._note_window([n.window for n in nodes if n.window is not None])
         for c in containers:
             _accumulate(self._containers, (c.namespace, c.pod, c.container), c.cpu, c.memory)

@@ -376,8 +376,8 @@ def test_once_on_a_damaged_history_file_names_it_and_exits_1(tmp_path):
 
 
 @pytest.mark.parametrize(("broken", "said"), [
-    ("unavailable", "503 Service Unavailable"),  # metrics-server down: the aggregator's 503
-    ("absent", "404 Not Found (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"),
+    ("unavailable", "HTTP 503 Service Unavailable"),  # metrics-server down: the aggregator's 503
+    ("absent", "HTTP 404 Not Found (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"),
     # A proxy in front of the API server answering its login page.
     ("garbled", "the answer to metrics.k8s.io/v1beta1 pods is no list of metrics (text/html, 45 bytes)"),
 ])
@@ -416,7 +416,7 @@ def test_remediate_tells_an_unreadable_usage_from_no_hot_node(tmp_path):
         assert down.returncode == 1, down.stderr
         assert "no node above" not in down.stdout
         (line,) = [line for line in down.stderr.splitlines() if line.startswith("pass incomplete: ")]
-        assert line == "pass incomplete: cannot read usage or the cluster (503 Service Unavailable)"
+        assert line == "pass incomplete: cannot read usage or the cluster (HTTP 503 Service Unavailable)"
         api.unavailable.clear()
         api.garbled.add("nodemetrics")  # a proxy in front of the API server answering its login page
         garbled = run(["reconcilers", "remediate", "--dry-run"], kubeconfig)

@@ -540,6 +540,19 @@ def test_dashboard_and_alerts_use_only_exported_metrics():
     assert used <= exported, f"not exported by the code: {sorted(used - exported)}"
 
 
+def test_every_exported_metric_is_documented():
+    """An operator reads what a metric means in the docs; a metric they cannot look up is one they
+    will not alert on. A family's name, or one of its samples', is enough (a histogram's
+    ``_bucket`` is read through its ``_seconds`` name)."""
+    docs = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    named = set(re.findall(r"\boversale_[a-z_]+\*?", docs))  # `oversale_requests_freed_*` names a few
+    families = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in exported_metric_names()}
+    undocumented = {family for family in families
+                    if not any(name == family or name.startswith(family + "_")
+                               or (name.endswith("*") and family.startswith(name[:-1])) for name in named)}
+    assert not undocumented, f"exported but named in no doc: {sorted(undocumented)}"
+
+
 PROMTOOL_TEST = """
 rule_files: [rules.yaml]
 evaluation_interval: 1m

@@ -121,9 +121,9 @@ def test_a_500_storm_stops_the_pass_with_a_reason_and_the_next_pass_works(tmp_pa
                                 _NoHistory(), Settings(kubernetes="off", inplace_resize=False))
         api.storms = {"nodes": [500, 100]}
         rows = reconciler.run_pass()
-        assert [r.reason for r in rows] == ["oversale: the API server failed (500 Internal Server Error); "
+        assert [r.reason for r in rows] == ["oversale: the API server failed (HTTP 500 Internal Server Error); "
                                             "retried next pass"]
-        assert reconciler.incomplete == ["oversale: the API server failed (500 Internal Server Error)"]
+        assert reconciler.incomplete == ["oversale: the API server failed (HTTP 500 Internal Server Error)"]
         last_pass = reconciler.metrics.last_pass
         assert last_pass.labels("incomplete")._value.get() > time.time() - 60
         assert last_pass.labels("complete")._value.get() == 0, "what the PassesIncomplete alert reads"

@@ -2167,7 +2167,7 @@ def test_run_tells_when_metrics_server_readings_stop_and_start_again(api, tmp_pa
         api.unavailable.clear()
         assert eventually(lambda: "readable again" in log.read_text(), timeout=30), log.read_text()
         text = log.read_text()
-        assert text.count("metrics API (metrics.k8s.io) not readable, this reading is skipped: 503 Service "
+        assert text.count("metrics API (metrics.k8s.io) not readable, this reading is skipped: HTTP 503 Service "
                           "Unavailable") == 1, text
         assert re.search(r"metrics API \(metrics.k8s.io\) readable again \(after [3-9]\d* failed runs\)", text), text
         assert "Traceback" not in text, text

@@ -54,6 +54,7 @@ from oversale.settings import Settings
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
+from tests.conftest import free_port
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -1250,11 +1251,21 @@ def test_passes_blind_for_a_while_say_so_when_it_starts_and_when_it_ends(api, ca
         api.unavailable = set()
         remediator_.run_pass(dry_run=True)
     said = [r.getMessage() for r in caplog.records if "usage" in r.getMessage()]
-    assert said == ["remediation pass skipped: cannot read usage or the cluster (503 Service Unavailable)",
+    assert said == ["remediation pass skipped: cannot read usage or the cluster (HTTP 503 Service Unavailable)",
                     "remediation reads usage and the cluster again (after 3 failed runs)"]
     skips = remediator_.metrics.registry.get_sample_value("oversale_reconcile_skips_total",
                                                           {"reason": "remediation-no-usage"})
     assert skips == 3
+
+
+def test_a_pass_that_cannot_reach_the_api_server_says_where_and_why():
+    """Not the client's exception name (MaxRetryError) but which server and what happened."""
+    port = free_port()  # nothing listens there
+    api_client = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}"))
+    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), SETTINGS)
+    assert remediator_.run_pass(dry_run=True) == []
+    assert remediator_.incomplete == [f"cannot read usage or the cluster (127.0.0.1:{port} unreachable (connection "
+                                      "refused))"]
 
 
 def test_a_node_can_carry_its_own_runtime_watermark(api):

@@ -663,9 +663,10 @@ def test_a_listing_the_api_server_fails_skips_the_resizes_and_keeps_the_pass(api
     assert api.get("deployments", NS, "web")["metadata"]["annotations"][KEYS.cpu_requests_ratio] == "1.25"
     assert ("Deployment/shop/web", "cpu", "1.25", True) in [(r.object, r.resource, r.proposed, r.written)
                                                             for r in rows]
-    assert ("*", "in-place resize: the API server failed (500 Internal Server Error); retried next pass") in {
+    assert ("*", "in-place resize: the API server failed (HTTP 500 Internal Server Error); retried next pass") in {
         (r.object, r.reason) for r in rows}
-    assert "in-place resize skipped this pass: the API server failed (500 Internal Server Error)" in caplog.messages
+    assert ("in-place resize skipped this pass: the API server failed (HTTP 500 Internal Server Error)"
+            in caplog.messages)
     assert reconciler_.metrics.skips.labels("resize-api-error")._value.get() == 1
     assert resize_calls(api) == 0 and requests(stored(api))["cpu"] == "1"
     reconciler_.run_pass()
