@@ -36,6 +36,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kube.background import Trouble
+from kube.client import api_message, one_line
 from oversale.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,11 @@ class LeaseElector:
             if error.status == 409:
                 self._lost("another replica won the race")
                 return False
-            return self._failed(f"the API server answered {error.status} {error.reason}")
+            # RBAC's own words say which permission is missing (a Role without ``leases``).
+            said = api_message(error)[:200]
+            return self._failed(f"the API server answered {one_line(error)}" + (f": {said}" if said else ""))
         except (urllib3.exceptions.HTTPError, OSError) as error:
-            return self._failed(f"cannot reach the API server ({type(error).__name__})")
+            return self._failed(one_line(error))
         self._trouble.succeeded()
         if self._renewed_at is None:
             log.info("became the leader (lease %s/%s)", self.namespace, self.name)

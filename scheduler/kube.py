@@ -230,7 +230,9 @@ class UsagePoller:
         return result == "ok"
 
     def _staleness(self) -> dict[str, int]:
-        """Count the nodes without fresh metrics by reason; log each node once when it turns stale."""
+        """Count the nodes without fresh metrics by reason; say which turned stale or fresh since
+        the last poll, in one line a poll: a metrics-server outage turns every node at once, and
+        a line a node would be 5,000 lines twice on a large cluster."""
         names = sorted(self._state.nodes)
         counts = {"missing": 0, "old": 0}
         stale: dict[str, str] = {}
@@ -240,15 +242,27 @@ class UsagePoller:
                 continue
             stale[name] = reason
             counts["missing" if heat.load is None else "old"] += 1
-            if name not in self._stale:
-                log.info("node %s: %s; placed by requests until fresh metrics arrive", name, reason)
-        for name in set(self._stale) - set(stale):
-            log.info("node %s: fresh metrics again; load-aware placement resumes", name)
+        turned = [f"node {name}: {reason}" for name, reason in stale.items() if name not in self._stale]
+        if turned:
+            log.info("%s; placed by requests until fresh metrics arrive", _first_few(turned, "nodes"))
+        fresh = [f"node {name}" for name in sorted(set(self._stale) - set(stale))]
+        if fresh:
+            log.info("%s: fresh metrics again; load-aware placement resumes", _first_few(fresh, "nodes"))
         self._stale = stale
         return counts
 
     def start(self) -> None:
         run_every(self._interval, self.poll_once, "usage-poller", log)
+
+
+def _first_few(said: list[str], what: str, few: int = 5) -> str:
+    """The first ``few`` of ``said`` for a log line, and how many more there are.
+
+    >>> _first_few(["node a", "node b"], "nodes"), _first_few([f"node {n}" for n in "abcdefg"], "nodes", 2)
+    ('node a, node b', 'node a, node b (and 5 more nodes)')
+    """
+    more = f" (and {len(said) - few} more {what})" if len(said) > few else ""
+    return ", ".join(said[:few]) + more
 
 
 class _PrometheusPoller:

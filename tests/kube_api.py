@@ -546,8 +546,13 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             if storm and storm[1] > 0:
                 storm[1] -= 1
                 reason = {403: "Forbidden", 429: "TooManyRequests", 500: "InternalError"}.get(storm[0], "Error")
-                self._send(storm[0], _status(storm[0], reason, f"storm: {reason}"),
-                           {"Retry-After": "1"} if storm[0] == 429 else None)
+                said = f"storm: {reason}"
+                if storm[0] == 403:  # as RBAC refuses: who, which verb, which resource
+                    plural, name, verb = route[0], route[2], self.command.lower()
+                    verb = {"post": "create", "put": "update"}.get(verb, "list" if verb == "get" and not name else verb)
+                    said = (f'{plural} "{name or ""}" is forbidden: User "system:serviceaccount:oversale:oversale" '
+                            f'cannot {verb} resource "{plural}"')
+                self._send(storm[0], _status(storm[0], reason, said), {"Retry-After": "1"} if storm[0] == 429 else None)
                 return None
             if route[0] in api.garbled:
                 page = b"<html><body>Sign in to continue</body></html>"

@@ -1917,7 +1917,8 @@ def test_a_round_just_run_is_not_run_again_when_the_election_thread_starts(api):
 
 
 @pytest.mark.parametrize(("broken", "said", "traceback"), [
-    ("unavailable", "lease oversale/oversale-reconciler: the API server answered 503 Service Unavailable", False),
+    ("unavailable", "lease oversale/oversale-reconciler: the API server answered HTTP 503 Service Unavailable: the "
+                    "server is currently unable to handle the request", False),
     # A proxy's login page: a failure no one foresaw, so its traceback, once.
     ("garbled", "lease oversale/oversale-reconciler: election round failed (JSONDecodeError: Expecting value: line 1 "
                 "column 1 (char 0))", True),
@@ -2074,9 +2075,12 @@ def test_cli_once_says_why_it_did_not_take_the_lease(api, prometheus, tmp_path):
     api.storms["leases"] = [403, 1000]
     refused = once()
     assert refused.returncode == 1, refused.stderr
-    assert "lease oversale/oversale-reconciler not taken (the API server answered 403 Forbidden): trying again " \
-        "for up to 3s" in refused.stderr, "the wait says why, too"
-    assert "not taken within 3s: the API server answered 403 Forbidden" in refused.stderr, refused.stderr
+    # RBAC's words: which permission the Role lacks.
+    rbac = ('the API server answered HTTP 403 Forbidden: leases "oversale-reconciler" is forbidden: User '
+            '"system:serviceaccount:oversale:oversale" cannot get resource "leases"')
+    assert f"lease oversale/oversale-reconciler not taken ({rbac}): trying again for up to 3s" in refused.stderr, \
+        "the wait says why, too"
+    assert f"not taken within 3s: {rbac}" in refused.stderr, refused.stderr
     assert "replica-b" not in refused.stderr.splitlines()[-1]
     assert api.count("PATCH") == 0, "nothing written without the Lease"
 

@@ -1549,6 +1549,31 @@ def test_a_relist_is_applied_at_once_never_half_way():
         assert seen == {30000}
 
 
+def test_nodes_turning_stale_together_are_told_in_one_line(caplog):
+    """metrics-server restarted: every node is without metrics at once, then with them again. A
+    line each was 5,000 lines twice on a large cluster; one line a poll names the first few."""
+    from scheduler.kube import UsagePoller
+
+    api = FakeKubeAPI().start()
+    names = [f"node-{i:02}" for i in range(12)]
+    for name in names:
+        api.put("nodes", node(name))
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, _):
+        poller = UsagePoller(api_client, state, 30)
+        with caplog.at_level("INFO", logger="scheduler.kube"):
+            poller.poll_once()
+            for name in names:
+                api.put("nodemetrics", node_metrics(name, 4.0))
+            poller.poll_once()
+    assert [r.getMessage() for r in caplog.records if r.name == "scheduler.kube"] == [
+        "node node-00: no node metrics, node node-01: no node metrics, node node-02: no node metrics, node node-03: "
+        "no node metrics, node node-04: no node metrics (and 7 more nodes); placed by requests until fresh metrics "
+        "arrive",
+        "node node-00, node node-01, node node-02, node node-03, node node-04 (and 7 more nodes): fresh metrics "
+        "again; load-aware placement resumes"]
+
+
 def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
     """A node deleted while the Node watch was away sends no DELETED event: the relist that follows
     forgets it, or it would count among the nodes without fresh metrics for good (the extender's
