@@ -189,9 +189,11 @@ def _once(dry_run: bool, sampler: MetricsSampler | None, elector: LeaseElector, 
     if sampler is not None:
         try:
             sampler.sample()
+            not_sampled = sampler.partly_lost
         except SampleLost as error:  # the pass still reads the history already held
-            log.warning("%s", error)
             not_sampled = str(error)
+        if not_sampled is not None:
+            log.warning("%s", not_sampled)
     if dry_run:
         reconciler.leader = None
         rows = reconciler.run_pass(dry_run=True)
@@ -237,7 +239,11 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
                 lost[error.step].failed(str(error))
                 metrics.skips.labels("sample-lost").inc()
                 return
-            lost["reading"].succeeded()
+            if sampler.partly_lost is not None:
+                lost["reading"].failed(sampler.partly_lost)
+                metrics.skips.labels("sample-lost").inc()
+            else:
+                lost["reading"].succeeded()
             if written is not None:
                 lost["writing"].succeeded()
             metrics.history_span.set(sampler.history.span_seconds)

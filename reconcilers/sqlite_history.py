@@ -18,9 +18,9 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
@@ -32,6 +32,8 @@ from oversale.estimator import summarize
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
@@ -72,7 +74,7 @@ class SampleLost(Exception):
     file damaged; "writing"). The history already held stays readable, so a pass can still
     decide on it."""
 
-    def __init__(self, message: str, step: str) -> None:
+    def __init__(self, message: str, step: Literal["reading", "writing"]) -> None:
         super().__init__(message)
         self.step = step
 
@@ -252,6 +254,9 @@ class MetricsSampler:
         self._taken = 0
         self._containers: dict[ContainerKey, list[int]] = {}
         self._nodes: dict[str, list[int]] = {}
+        self.partly_lost: str | None = None
+        """What the last reading lost when one of its two lists failed and the other did not
+        (its Pods', or its nodes'), or None."""
 
     def read(self, now: float | None = None) -> int | None:
         """Take one reading; once ``reads`` are in, record them as one sample. The rows written
@@ -273,15 +278,24 @@ class MetricsSampler:
         return self.history.record(now if now is not None else time.time(), containers, node_rows)
 
     def _take(self) -> None:
-        try:
-            containers = self._api.containers()
-            nodes = self._api.nodes()
-        except (ApiException, urllib3.exceptions.HTTPError, MetricsGarbled) as error:
+        """One reading of PodMetrics and NodeMetrics into the sample being made. The two lists
+        are read apart: on a large cluster the Pods' can time out while the nodes' answers, and
+        the nodes' half alone keeps the node history and its hot-time account going
+        (``partly_lost`` says which half is missing). Both failing: SampleLost."""
+        self.partly_lost = None
+        containers, pods_failed = _listed(self._api.containers)
+        nodes, nodes_failed = _listed(self._api.nodes)
+        if pods_failed is not None and nodes_failed is not None:
             # The readings taken before this one still make the sample.
             hint = (" (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"
-                    if isinstance(error, ApiException) and error.status == 404 else "")
+                    if isinstance(pods_failed, ApiException) and pods_failed.status == 404 else "")
             raise SampleLost(f"metrics API (metrics.k8s.io) not readable, this reading is skipped: "
-                             f"{one_line(error)}{hint}", "reading") from error
+                             f"{one_line(pods_failed)}{hint}", "reading") from pods_failed
+        self.partly_lost = (
+            f"metrics API (metrics.k8s.io) PodMetrics not readable, this reading holds the nodes alone: "
+            f"{one_line(pods_failed)}" if pods_failed is not None else
+            f"metrics API (metrics.k8s.io) NodeMetrics not readable, this reading holds the Pods alone: "
+            f"{one_line(nodes_failed)}" if nodes_failed is not None else None)
         self._note_window([n.window for n in nodes if n.window is not None])
         for c in containers:
             _accumulate(self._containers, (c.namespace, c.pod, c.container), c.cpu, c.memory)
@@ -306,6 +320,14 @@ class MetricsSampler:
                          "that window (the backtest and a Prometheus history count 5-minute rates, a looser "
                          "reading of the same budget)", window, window)
         self.window = window
+
+
+def _listed(read: Callable[[], list[T]]) -> tuple[list[T], Exception | None]:
+    """What ``read`` lists, or nothing and why it could not."""
+    try:
+        return read(), None
+    except (ApiException, urllib3.exceptions.HTTPError, MetricsGarbled) as error:
+        return [], error
 
 
 def _accumulate(series: dict[Any, list[int]], key: Any, cpu: int, memory: int) -> None:

@@ -180,7 +180,7 @@ class UsagePoller:
     """Reads NodeMetrics and PodMetrics every ``interval`` seconds into ``state``.
 
     A failed read changes nothing: the samples already held age, and once older than the limit
-    the nodes are placed by requests alone (logged once per node and counted), so a metrics-server
+    the nodes are placed by requests alone (logged when they turn, and counted), so a metrics-server
     outage never blocks scheduling. When NodeMetrics read and PodMetrics do not (on a large
     cluster the Pod list is the one that times out), the node figures still count: the Pods bound
     since the last PodMetrics read count their estimates on top until they settle, though the
@@ -202,9 +202,9 @@ class UsagePoller:
         self._trouble = Trouble(log, "metrics API readable again")
 
     def poll_once(self) -> bool:
-        """One read of NodeMetrics, then of PodMetrics; True when both were read. NodeMetrics
-        first: PodMetrics read with node figures that are not (a Pod marked as in the figures
-        while they are old) would count a Pod just bound nowhere."""
+        """One read of NodeMetrics, then of PodMetrics; True when both were read. PodMetrics
+        only once NodeMetrics are read: a Pod just bound and marked as in the metrics while the
+        node figures are old would be counted nowhere."""
         try:
             nodes = self._api.nodes()
         except Exception as error:  # noqa: BLE001  -- any API trouble: keep what we had

@@ -2162,7 +2162,7 @@ def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, 
 def test_run_tells_when_metrics_server_readings_stop_and_start_again(api, tmp_path):
     """metrics-server down for a while under a running ``run``: one warning when the readings
     start failing and one line when they come back, each lost reading counted, not a line each."""
-    api.unavailable.add("podmetrics")
+    api.unavailable.update({"podmetrics", "nodemetrics"})
     port = free_port()
     process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_SAMPLE_READS="1",
                              OVERSALE_SAMPLE_INTERVAL="1s", OVERSALE_RECONCILER_METRICS_PORT=str(port))
@@ -2272,6 +2272,27 @@ def test_the_sampler_says_over_what_window_metrics_server_reads_cpu(api, tmp_pat
     assert said[0].startswith("metrics-server reads cpu over 15s windows: with OVERSALE_SAMPLE_READS=1 each sample of "
                               "the SQLite history is 15 seconds of usage")
     assert said[1].startswith("metrics-server reads cpu over 60s windows") and sampler.window == 60.5
+
+
+def test_a_reading_whose_pod_list_fails_keeps_the_nodes_half(api, tmp_path):
+    """On a large cluster the PodMetrics list can time out while NodeMetrics answer: the nodes'
+    half of the reading is kept (the node history and its hot-time account go on), and the
+    sampler says which half is missing; the next whole reading says nothing."""
+    history = SqliteHistory(tmp_path / "h.db", retention_seconds=86400)
+    sampler = MetricsSampler(api_client_for(api), history, reads=1, interval=60)
+    api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "15s", "usage": {"cpu": "900m", "memory": "3Gi"}})
+    api.put("podmetrics", {"metadata": {"name": "steady", "namespace": NS}, "window": "15s",
+                           "containers": [{"name": "app", "usage": {"cpu": "200m", "memory": "100Mi"}}]})
+    now = time.time()
+    api.unavailable = {"podmetrics"}
+    assert sampler.read(now=now) == 1, "the node's row"
+    assert sampler.partly_lost == ("metrics API (metrics.k8s.io) PodMetrics not readable, this reading holds the "
+                                   "nodes alone: HTTP 503 Service Unavailable")
+    assert history.node_peaks(3600)["node-1"]["cpu"] == 900.0
+    assert history.container_stats(3600, 0.5) == {}
+    api.unavailable = set()
+    assert sampler.read(now=now + 60) == 2 and sampler.partly_lost is None
+    assert (NS, "steady", "app") in history.container_stats(3600, 0.5)
 
 
 def test_a_sample_is_the_mean_cpu_of_the_intervals_readings_and_their_last_memory(api, tmp_path, caplog):
