@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -57,6 +58,15 @@ def without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
 def api_server_of(api_client: Any) -> str:
     """The API server an ApiClient talks to, for a log line that says which cluster is used."""
     return str(getattr(getattr(api_client, "configuration", None), "host", "") or "?")
+
+
+def first_few(names: Sequence[str], few: int = 5) -> str:
+    """The first ``few`` of ``names`` for a log line, and how many more there are.
+
+    >>> first_few(["node-a", "node-b"]), first_few(["a", "b", "c", "d"], 2)
+    ('node-a, node-b', 'a, b and 2 more')
+    """
+    return ", ".join(names[:few]) + (f" and {len(names) - few} more" if len(names) > few else "")
 
 
 def one_line(error: BaseException) -> str:

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from kube.client import first_few
 from kube.prometheus import (
     APP_CONTAINERS,
     CPU_COUNTERS,
@@ -650,8 +651,8 @@ def _told_late(read: str, names: Sequence[str]) -> None:
     """One line saying whose samples ``read`` found late, read again and now counted: the store's
     remote-write senders lag (or were cut off from it) that long."""
     if names:
-        shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        log.info("%s: samples of %d node(s) reached the store late and are now read (%s)", read, len(names), shown)
+        log.info("%s: samples of %d node(s) reached the store late and are now read (%s)", read, len(names),
+                 first_few(sorted(names)))
 
 
 def _last_sample_time(expression: str) -> str:

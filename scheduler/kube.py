@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 
 from kube.background import Trouble, run_every
-from kube.client import one_line
+from kube.client import first_few, one_line
 from kube.leader import LeaseElector
 from kube.metrics_api import MetricsAPI, pod_usage
 from kube.prometheus import (
@@ -244,25 +244,15 @@ class UsagePoller:
             counts["missing" if heat.load is None else "old"] += 1
         turned = [f"node {name}: {reason}" for name, reason in stale.items() if name not in self._stale]
         if turned:
-            log.info("%s; placed by requests until fresh metrics arrive", _first_few(turned, "nodes"))
+            log.info("%s; placed by requests until fresh metrics arrive", first_few(turned))
         fresh = [f"node {name}" for name in sorted(set(self._stale) - set(stale))]
         if fresh:
-            log.info("%s: fresh metrics again; load-aware placement resumes", _first_few(fresh, "nodes"))
+            log.info("%s: fresh metrics again; load-aware placement resumes", first_few(fresh))
         self._stale = stale
         return counts
 
     def start(self) -> None:
         run_every(self._interval, self.poll_once, "usage-poller", log)
-
-
-def _first_few(said: list[str], what: str, few: int = 5) -> str:
-    """The first ``few`` of ``said`` for a log line, and how many more there are.
-
-    >>> _first_few(["node a", "node b"], "nodes"), _first_few([f"node {n}" for n in "abcdefg"], "nodes", 2)
-    ('node a, node b', 'node a, node b (and 5 more nodes)')
-    """
-    more = f" (and {len(said) - few} more {what})" if len(said) > few else ""
-    return ", ".join(said[:few]) + more
 
 
 class _PrometheusPoller:

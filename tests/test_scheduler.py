@@ -1568,10 +1568,9 @@ def test_nodes_turning_stale_together_are_told_in_one_line(caplog):
             poller.poll_once()
     assert [r.getMessage() for r in caplog.records if r.name == "scheduler.kube"] == [
         "node node-00: no node metrics, node node-01: no node metrics, node node-02: no node metrics, node node-03: "
-        "no node metrics, node node-04: no node metrics (and 7 more nodes); placed by requests until fresh metrics "
-        "arrive",
-        "node node-00, node node-01, node node-02, node node-03, node node-04 (and 7 more nodes): fresh metrics "
-        "again; load-aware placement resumes"]
+        "no node metrics, node node-04: no node metrics and 7 more; placed by requests until fresh metrics arrive",
+        "node node-00, node node-01, node node-02, node node-03, node node-04 and 7 more: fresh metrics again; "
+        "load-aware placement resumes"]
 
 
 def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
