@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube.client import decoded
 from kube.tls import (
     CA_FILE,
     CA_KEY_FILE,
@@ -190,7 +190,7 @@ def restart_on_change(api_client: Any, namespace: str, name: str,
         if error.status == 404:
             return f"deployment {namespace}/{name}: not found, nothing to restart"
         raise
-    template = (json.loads(deployment.data).get("spec") or {}).get("template") or {}
+    template = (decoded(deployment).get("spec") or {}).get("template") or {}
     digest = certificates_digest(held, mounted_certificates(template, namespace, list(held)))
     started_with = ((template.get("metadata") or {}).get("annotations") or {}).get(key)
     if started_with == digest:
@@ -233,7 +233,7 @@ def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> li
                     continue
                 raise
             found = True
-            configuration = json.loads(response.data)
+            configuration = decoded(response)
             operations: list[dict[str, Any]] = []
             for index, webhook in enumerate(configuration.get("webhooks") or []):
                 if (webhook.get("clientConfig") or {}).get("caBundle") == encoded:
@@ -271,7 +271,7 @@ def _read_secret(core: Any, namespace: str, name: str) -> dict[str, Any] | None:
         if error.status == 404:
             return None
         raise
-    secret: dict[str, Any] = json.loads(response.data)
+    secret = decoded(response)
     return secret
 
 

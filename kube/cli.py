@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from kube.client import api_message, one_line
+from kube.client import GarbledAnswer, api_message, one_line
 from oversale.errors import SettingsError
 from oversale.settings import Settings, unread_variables
 
@@ -65,6 +65,8 @@ def describe(error: BaseException) -> str:
     if isinstance(error, urllib3.exceptions.HTTPError):
         return (f"cannot reach the API server: {one_line(error)}; check KUBECONFIG and its current context "
                 "(kubectl cluster-info)")
+    if isinstance(error, GarbledAnswer):
+        return str(error)
     if isinstance(error, ApiException):
         said = api_message(error)[:200]
         return f"the API server refused the request: {one_line(error)}" + (f": {said}" if said else "")

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 
 def load_api_client(mode: str) -> Any | None:
@@ -52,6 +53,37 @@ def without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     metadata = obj.get("metadata")
     if isinstance(metadata, dict):
         metadata.pop("managedFields", None)
+    return obj
+
+
+class GarbledAnswer(Exception):
+    """A call answered 2xx with a body that is no Kubernetes object: a proxy in front of the API
+    server answering its own page (a sign-in, a captive portal), or an aggregated API such as
+    ``metrics.k8s.io`` whose APIService points at a backend that is not what it names. The
+    client would stop with a bare ``JSONDecodeError`` that names neither the call nor the answer."""
+
+
+def decoded(response: Any) -> dict[str, Any]:
+    """The object a ``_preload_content=False`` call answered (its raw urllib3 response), parsed;
+    :class:`GarbledAnswer`, naming the path and what came back, when the body is no JSON object
+    or its ``items`` no list.
+
+    >>> class Page:
+    ...     data, url, headers = b"<html>Sign in</html>", "/api/v1/nodes?limit=500", {"Content-Type": "text/html"}
+    >>> decoded(Page())
+    Traceback (most recent call last):
+    ...
+    kube.client.GarbledAnswer: the answer to /api/v1/nodes is no Kubernetes object (text/html, 20 bytes)
+    """
+    try:
+        obj = json.loads(response.data)
+    except (ValueError, TypeError):
+        obj = None
+    if not isinstance(obj, dict) or not isinstance(obj.get("items", []), list):
+        path = urlsplit(getattr(response, "url", None) or "").path or "the API server"
+        kind = (getattr(response, "headers", None) or {}).get("Content-Type") or "no Content-Type"
+        raise GarbledAnswer(f"the answer to {path} is no Kubernetes object ({kind}, "
+                            f"{len(response.data or b'')} bytes)")
     return obj
 
 

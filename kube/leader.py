@@ -24,7 +24,6 @@ one, nor keep a standby from trying again.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -36,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kube.background import Trouble
-from kube.client import api_message, one_line
+from kube.client import GarbledAnswer, api_message, decoded, one_line
 from oversale.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -95,7 +94,7 @@ class LeaseElector:
             # RBAC's own words say which permission is missing (a Role without ``leases``).
             said = api_message(error)[:200]
             return self._failed(f"the API server answered {one_line(error)}" + (f": {said}" if said else ""))
-        except (urllib3.exceptions.HTTPError, OSError) as error:
+        except (urllib3.exceptions.HTTPError, OSError, GarbledAnswer) as error:
             return self._failed(one_line(error))
         self._trouble.succeeded()
         if self._renewed_at is None:
@@ -186,7 +185,7 @@ class LeaseElector:
             if error.status == 404:
                 return None
             raise
-        lease: dict[str, Any] = json.loads(response.data)
+        lease = decoded(response)
         return lease
 
     def _spec(self, transitions: int, acquired_at: str | None) -> dict[str, Any]:

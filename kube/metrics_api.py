@@ -3,12 +3,12 @@ server): NodeMetrics and PodMetrics of the whole cluster, two list calls."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from kube.client import decoded
 from oversale.errors import QuantityError
 from oversale.quantity import CPU, MEMORY, RESOURCES, parse_bytes, parse_millicores
 from oversale.timestamps import parse_go_duration, parse_timestamp
@@ -53,11 +53,6 @@ def pod_usage(containers: Iterable[ContainerMetrics]) -> dict[tuple[str, str], d
         totals[CPU] += container.cpu
         totals[MEMORY] += container.memory
     return usage
-
-
-class MetricsGarbled(Exception):
-    """The metrics API answered 200 with something that is no list of metrics: a proxy in front
-    of the API server answering its own page, or a backend that is not metrics-server."""
 
 
 class MetricsAPI:
@@ -112,14 +107,7 @@ class MetricsAPI:
     def _list(self, plural: str) -> list[dict[str, Any]]:
         response: Any = self._api.list_cluster_custom_object(GROUP, VERSION, plural, _preload_content=False,
                                                              _request_timeout=self._timeout)
-        try:
-            items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
-            if not isinstance(items, list):
-                raise TypeError(type(items).__name__)
-        except (ValueError, AttributeError, TypeError):
-            kind = response.headers.get("Content-Type") or "no Content-Type"
-            raise MetricsGarbled(f"the answer to {GROUP}/{VERSION} {plural} is no list of metrics ({kind}, "
-                                 f"{len(response.data)} bytes)") from None
+        items: list[dict[str, Any]] = decoded(response).get("items") or []
         return items
 
 

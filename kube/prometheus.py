@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kube.client import first_few
 from oversale.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -480,13 +481,9 @@ holding the node's name
     """
     if not found or not nodes or not set(found).isdisjoint(nodes):
         return None
-
-    def some(names: Collection[str]) -> str:
-        shown = sorted(names)[:3]
-        return ", ".join(shown) + (", ..." if len(names) > len(shown) else "")
-
-    return (f"node-exporter's series name {len(found)} nodes by their {label!r} label ({some(found)}), none of "
-            f"them one of the cluster's {len(nodes)} nodes ({some(nodes)}): no node's usage is read; set "
+    return (f"node-exporter's series name {len(found)} nodes by their {label!r} label "
+            f"({first_few(sorted(found), 3)}), none of them one of the cluster's {len(nodes)} nodes "
+            f"({first_few(sorted(nodes), 3)}): no node's usage is read; set "
             "OVERSALE_PROMETHEUS_NODE_LABEL to the label holding the node's name")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kube.background import Trouble
-from kube.client import one_line, without_managed_fields
+from kube.client import decoded, one_line, without_managed_fields
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Reflector:
             if error.status == 404:
                 return None
             raise
-        entry = self._extract(without_managed_fields(json.loads(response.data)))
+        entry = self._extract(without_managed_fields(decoded(response)))
         if entry is not None:
             self._items.setdefault(namespace, {})[name] = entry
         return entry
@@ -172,7 +172,7 @@ class Reflector:
         token: str | None = None
         while True:
             response = self._list(limit=500, _continue=token, _preload_content=False, _request_timeout=60)
-            page = json.loads(response.data)
+            page = decoded(response)
             for obj in map(without_managed_fields, page.get("items") or []):
                 metadata = obj.get("metadata") or {}
                 namespace, name = metadata.get("namespace", ""), metadata.get("name", "")

@@ -6,7 +6,6 @@ so a concurrent change makes them fail with 409 and the caller decides again on 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import orjson
 from kubernetes import client
 
-from kube.client import VPA, without_managed_fields
+from kube.client import VPA, decoded, without_managed_fields
 from oversale.pods import TERMINAL_PHASES
 from oversale.timestamps import format_timestamp
 
@@ -68,7 +67,7 @@ class Cluster:
         api, stem = self._api(kind)
         response: Any = getattr(api, f"read_namespaced_{stem}")(name, namespace, _preload_content=False,
                                                                _request_timeout=self._timeout)
-        item: dict[str, Any] = json.loads(response.data)
+        item = decoded(response)
         item["kind"] = kind
         return item
 
@@ -87,24 +86,24 @@ class Cluster:
 
     def node(self, name: str) -> dict[str, Any]:
         response: Any = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout)
-        node: dict[str, Any] = json.loads(response.data)
+        node = decoded(response)
         return node
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         response: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
                                                        _request_timeout=self._timeout)
-        pod: dict[str, Any] = json.loads(response.data)
+        pod = decoded(response)
         return pod
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
         response: Any = self._core.read_namespaced_persistent_volume_claim(
             name, namespace, _preload_content=False, _request_timeout=self._timeout)
-        claim: dict[str, Any] = json.loads(response.data)
+        claim = decoded(response)
         return claim
 
     def persistent_volume(self, name: str) -> dict[str, Any]:
         response: Any = self._core.read_persistent_volume(name, _preload_content=False, _request_timeout=self._timeout)
-        volume: dict[str, Any] = json.loads(response.data)
+        volume = decoded(response)
         return volume
 
     def csi_nodes(self) -> Iterator[dict[str, Any]]:
@@ -135,7 +134,7 @@ class Cluster:
     def supports_resize(self) -> bool:
         """Whether the API server serves ``pods/resize`` (discovery of the core group)."""
         response: Any = self._core.get_api_resources(_preload_content=False, _request_timeout=self._timeout)
-        return any(r.get("name") == "pods/resize" for r in json.loads(response.data).get("resources") or [])
+        return any(r.get("name") == "pods/resize" for r in decoded(response).get("resources") or [])
 
     def vertical_autoscalers(self) -> list[dict[str, Any]] | None:
         """Every VerticalPodAutoscaler, or None when its CRD is not installed."""
@@ -146,7 +145,7 @@ class Cluster:
             if error.status == 404:
                 return None
             raise
-        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        items: list[dict[str, Any]] = decoded(response).get("items") or []
         return items
 
     def _list(self, function: Any, kind: str, api_version: str = "v1", **selectors: str) -> Iterator[dict[str, Any]]:
@@ -157,7 +156,7 @@ class Cluster:
         while True:
             response: Any = function(limit=500, _continue=token, _preload_content=False,
                                      _request_timeout=self._timeout, **selectors)
-            page = json.loads(response.data)
+            page = decoded(response)
             for item in page.get("items") or []:
                 yield {"apiVersion": api_version, "kind": kind, **without_managed_fields(item)}
             token = (page.get("metadata") or {}).get("continue")
@@ -193,7 +192,7 @@ class Cluster:
         response: Any = self._core.patch_namespaced_pod_resize(name, namespace, patch, _content_type=JSON_PATCH,
                                                                _preload_content=False,
                                                                _request_timeout=self._timeout)
-        pod: dict[str, Any] = json.loads(response.data)
+        pod = decoded(response)
         return pod
 
     def evict(self, namespace: str, name: str, uid: str = "") -> None:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kube.client import first_few
 from kube.prometheus import (
     APP_CONTAINERS,
     NO_OWNER,
@@ -518,8 +519,8 @@ def _machine_sizes(prometheus: PrometheusHistory, start: float, end: float, node
                 found.setdefault(node, [None, None])[index] = values[-1]
         if series and not any(machine[index] is not None for machine in found.values()):
             names = sorted({labels.get("instance", "") for labels, _ in series})
-            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            progress(f"{metric}: no series names a node by {', '.join(MACHINE_NODE_LABELS)} (instance {shown}): "
+            progress(f"{metric}: no series names a node by {', '.join(MACHINE_NODE_LABELS)} "
+                     f"(instance {first_few(names, 3)}): "
                      "node sizes taken as kube-state-metrics reports them")
     return found
 

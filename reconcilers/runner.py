@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import api_refusal, one_line
+from kube.client import GarbledAnswer, api_refusal, one_line
 from oversale.annotations import format_ratio, wants
 from oversale.budget import (
     NO_HOT_TIME,
@@ -183,7 +183,7 @@ class Reconciler:
         started = time.perf_counter()
         try:
             rows = work()
-        except (ApiException, urllib3.exceptions.HTTPError) as error:
+        except (ApiException, urllib3.exceptions.HTTPError, GarbledAnswer) as error:
             # The API server refused or could not be reached mid-pass: nothing more is written
             # this pass; what was written stands, and the next pass decides again from scratch.
             why = one_line(error)
@@ -405,7 +405,7 @@ class Reconciler:
                                 if (key := index.owner(pod["metadata"].get("namespace", ""),
                                                        pod["metadata"]["name"]))),
                                key=lambda found: found[:2])
-        except (ApiException, urllib3.exceptions.HTTPError) as error:
+        except (ApiException, urllib3.exceptions.HTTPError, GarbledAnswer) as error:
             # The ratios this pass wrote stand, and its rows are kept; the Pods follow next pass.
             why = one_line(error)
             log.warning("in-place resize skipped this pass: the API server failed (%s)", why)

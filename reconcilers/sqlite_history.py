@@ -25,8 +25,8 @@ from typing import Any, Literal, TypeVar
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import one_line
-from kube.metrics_api import MetricsAPI, MetricsGarbled
+from kube.client import GarbledAnswer, one_line
+from kube.metrics_api import MetricsAPI
 from oversale.budget import HotTime, hot_time
 from oversale.estimator import summarize
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
@@ -326,7 +326,7 @@ def _listed(read: Callable[[], list[T]]) -> tuple[list[T], Exception | None]:
     """What ``read`` lists, or nothing and why it could not."""
     try:
         return read(), None
-    except (ApiException, urllib3.exceptions.HTTPError, MetricsGarbled) as error:
+    except (ApiException, urllib3.exceptions.HTTPError, GarbledAnswer) as error:
         return [], error
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from typing import Any
 from kubernetes import client
 
 from kube.background import Trouble, run_every
-from kube.client import first_few, one_line
+from kube.client import decoded, first_few, one_line
 from kube.leader import LeaseElector
 from kube.metrics_api import MetricsAPI, pod_usage
 from kube.prometheus import (
@@ -153,7 +152,7 @@ class KubeBinder:
             return cached
         response: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
                                                        _request_timeout=self._timeout)
-        pod: dict[str, Any] = json.loads(response.data)
+        pod = decoded(response)
         return pod
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:

@@ -385,7 +385,7 @@ SKIPPED = "metrics API (metrics.k8s.io) not readable, this reading is skipped: "
      SKIPPED + "HTTP 404 Not Found (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"),
     # A proxy in front of the API server answering its login page.
     ("garbled", ("podmetrics", "nodemetrics"),
-     SKIPPED + "the answer to metrics.k8s.io/v1beta1 pods is no list of metrics (text/html, 45 bytes)"),
+     SKIPPED + "the answer to /apis/metrics.k8s.io/v1beta1/pods is no Kubernetes object (text/html, 45 bytes)"),
     # The Pods' list alone fails (on a large cluster it can time out): the nodes' half is kept.
     ("unavailable", ("podmetrics",), "metrics API (metrics.k8s.io) PodMetrics not readable, this reading holds the "
                                      "nodes alone: HTTP 503 Service Unavailable"),
@@ -405,6 +405,49 @@ def test_once_without_metrics_server_passes_on_the_history_held_and_exits_1(tmp_
         assert "Traceback" not in result.stderr and "error:" not in result.stderr, result.stderr
         (line,) = [line for line in result.stderr.splitlines() if line.startswith("pass incomplete: ")]
         assert line == f"pass incomplete: {said}"
+    finally:
+        api.stop()
+
+
+@pytest.mark.parametrize(("garbled", "decided", "said"), [
+    ("deployments", "Node/node-1", "compression: the API server failed (the answer to /apis/apps/v1/deployments is "
+                                   "no Kubernetes object (text/html, 45 bytes))"),
+    ("nodes", "Deployment/shop/web", "oversale: the API server failed (the answer to /api/v1/nodes is no Kubernetes "
+                                     "object (text/html, 45 bytes))"),
+])
+def test_once_names_an_answer_that_is_no_kubernetes_object_and_decides_the_rest(tmp_path, garbled, decided, said):
+    """A proxy in front of the API server answering its sign-in page on some paths: the pass that
+    reads there stops, saying which path answered what, and the other still decides. It was
+    ``error: JSONDecodeError: Expecting value: line 1 column 1 (char 0)`` and no pass at all."""
+    api = FakeKubeAPI().start()
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        opted_in(api)
+        api.garbled.add(garbled)
+        result = run(["reconcilers", "once", "--dry-run"], kubeconfig, OVERSALE_SQLITE_PATH=str(tmp_path / "h.db"))
+        assert result.returncode == 1, result.stderr
+        assert decided in result.stdout, result.stdout
+        assert "Traceback" not in result.stderr and "error:" not in result.stderr, result.stderr
+        (line,) = [line for line in result.stderr.splitlines() if line.startswith("pass incomplete: ")]
+        assert line == f"pass incomplete: {said}"
+    finally:
+        api.stop()
+
+
+def test_certs_inject_names_an_answer_that_is_no_kubernetes_object(tmp_path):
+    api = FakeKubeAPI().start()
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        made = run(["certs", "generate", "--dir", str(tmp_path), "--host", "localhost"])
+        assert made.returncode == 0, made.stderr
+        api.put("mutatingwebhookconfigurations", {"metadata": {"name": "oversale"}, "webhooks": [
+            {"name": "pods.oversale.io", "clientConfig": {"service": {"namespace": "oversale", "name": "w"}}}]})
+        api.garbled.add("mutatingwebhookconfigurations")
+        result = run(["certs", "inject", "--webhook", "oversale", "--ca-file", str(tmp_path / "ca.crt")], kubeconfig)
+        line = assert_one_clean_line(result)
+        assert line == ("error: the answer to /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
+                        "oversale is no Kubernetes object (text/html, 45 bytes) (--debug shows the traceback)")
+        assert not [r for r in api.requests if r.method == "PATCH"], "nothing written"
     finally:
         api.stop()
 
@@ -431,7 +474,7 @@ def test_remediate_tells_an_unreadable_usage_from_no_hot_node(tmp_path):
         garbled = run(["reconcilers", "remediate", "--dry-run"], kubeconfig)
         assert garbled.returncode == 1, garbled.stderr
         (line,) = [line for line in garbled.stderr.splitlines() if line.startswith("pass incomplete: ")]
-        assert line == ("pass incomplete: cannot read usage or the cluster (the answer to metrics.k8s.io/v1beta1 "
-                        "nodes is no list of metrics (text/html, 45 bytes))")
+        assert line == ("pass incomplete: cannot read usage or the cluster (the answer to "
+                        "/apis/metrics.k8s.io/v1beta1/nodes is no Kubernetes object (text/html, 45 bytes))")
     finally:
         api.stop()

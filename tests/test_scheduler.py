@@ -769,7 +769,7 @@ def test_a_burst_of_replicas_counts_what_the_running_ones_use_not_their_requests
 @pytest.mark.parametrize(("broken", "said"), [
     ("unavailable", "HTTP 503"),  # metrics-server down: the aggregator's 503
     # A proxy in front of the API server answering its login page.
-    ("garbled", "the answer to metrics.k8s.io/v1beta1 nodes is no list of metrics (text/html"),
+    ("garbled", "the answer to /apis/metrics.k8s.io/v1beta1/nodes is no Kubernetes object (text/html"),
 ])
 def test_an_unreachable_metrics_api_leaves_placement_to_requests(tmp_path, broken, said):
     api = FakeKubeAPI().start()

@@ -6,8 +6,9 @@ the cluster in every webhook worker.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from kube.client import decoded
 
 
 class LiveNodePods:
@@ -21,7 +22,7 @@ class LiveNodePods:
         response: Any = self._api.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node}", _preload_content=False, _request_timeout=self._timeout
         )
-        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        items: list[dict[str, Any]] = decoded(response).get("items") or []
         return items
 
 
