@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import decoded
+from kube.client import found
 from kube.tls import (
     CA_FILE,
     CA_KEY_FILE,
@@ -183,14 +183,11 @@ def restart_on_change(api_client: Any, namespace: str, name: str,
     change: run it on a schedule. kube-scheduler reads its extender ``tlsConfig`` files only at
     start, so without a restart it would present the old client certificate until it expired.
     The record lives in the template itself, so the roll that records it is the restart."""
-    try:
-        deployment: Any = client.AppsV1Api(api_client).read_namespaced_deployment(
-            name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-    except ApiException as error:
-        if error.status == 404:
-            return f"deployment {namespace}/{name}: not found, nothing to restart"
-        raise
-    template = (decoded(deployment).get("spec") or {}).get("template") or {}
+    deployment = found(client.AppsV1Api(api_client).read_namespaced_deployment, name, namespace,
+                       _request_timeout=REQUEST_TIMEOUT)
+    if deployment is None:
+        return f"deployment {namespace}/{name}: not found, nothing to restart"
+    template = (deployment.get("spec") or {}).get("template") or {}
     digest = certificates_digest(held, mounted_certificates(template, namespace, list(held)))
     started_with = ((template.get("metadata") or {}).get("annotations") or {}).get(key)
     if started_with == digest:
@@ -223,17 +220,12 @@ def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> li
     encoded = base64.b64encode(ca_pem).decode()
     report = []
     for name in names:
-        found = False
+        exists = False
         for kind, stem in WEBHOOK_KINDS:
-            try:
-                response: Any = getattr(api, f"read_{stem}")(name, _preload_content=False,
-                                                             _request_timeout=REQUEST_TIMEOUT)
-            except ApiException as error:
-                if error.status == 404:
-                    continue
-                raise
-            found = True
-            configuration = decoded(response)
+            configuration = found(getattr(api, f"read_{stem}"), name, _request_timeout=REQUEST_TIMEOUT)
+            if configuration is None:
+                continue
+            exists = True
             operations: list[dict[str, Any]] = []
             for index, webhook in enumerate(configuration.get("webhooks") or []):
                 if (webhook.get("clientConfig") or {}).get("caBundle") == encoded:
@@ -249,7 +241,7 @@ def inject_ca_bundle(api_client: Any, names: Sequence[str], ca_pem: bytes) -> li
                 report.append(f"{kind} {name}: caBundle set on {len(operations) // 2} webhook(s)")
             else:
                 report.append(f"{kind} {name}: unchanged")
-        if not found:
+        if not exists:
             raise LookupError(f"no MutatingWebhookConfiguration or ValidatingWebhookConfiguration named {name!r}")
     return report
 
@@ -264,15 +256,7 @@ def read_ca_from_secret(api_client: Any, namespace: str, name: str) -> bytes:
 
 
 def _read_secret(core: Any, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        response = core.read_namespaced_secret(name, namespace, _preload_content=False,
-                                               _request_timeout=REQUEST_TIMEOUT)
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-    secret = decoded(response)
-    return secret
+    return found(core.read_namespaced_secret, name, namespace, _request_timeout=REQUEST_TIMEOUT)
 
 
 def _bundle_of(secret: dict[str, Any] | None, ca_secret: dict[str, Any] | None) -> Bundle:

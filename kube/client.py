@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -85,6 +85,21 @@ def decoded(response: Any) -> dict[str, Any]:
         raise GarbledAnswer(f"the answer to {path} is no Kubernetes object ({kind}, "
                             f"{len(response.data or b'')} bytes)")
     return obj
+
+
+def found(read: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+    """What a read or list of the ``kubernetes`` client answers (``read(*args, **kwargs)``, made
+    with ``_preload_content=False``), :func:`decoded`; None when the API server has none: 404, no
+    such object, or no such kind served (a CRD not installed). Other refusals raise."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        response = read(*args, _preload_content=False, **kwargs)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return decoded(response)
 
 
 def api_server_of(api_client: Any) -> str:

@@ -35,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kube.background import Trouble
-from kube.client import GarbledAnswer, api_message, decoded, one_line
+from kube.client import GarbledAnswer, api_message, found, one_line
 from oversale.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -178,15 +178,7 @@ class LeaseElector:
         return leading
 
     def _read(self) -> dict[str, Any] | None:
-        try:
-            response: Any = self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
-                                                       _request_timeout=self.round_seconds)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        lease = decoded(response)
-        return lease
+        return found(self._api.read_namespaced_lease, self.name, self.namespace, _request_timeout=self.round_seconds)
 
     def _spec(self, transitions: int, acquired_at: str | None) -> dict[str, Any]:
         stamp = format_timestamp(self._wall(), micro=True)

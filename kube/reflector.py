@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kube.background import Trouble
-from kube.client import decoded, one_line, without_managed_fields
+from kube.client import decoded, found, one_line, without_managed_fields
 
 log = logging.getLogger(__name__)
 
@@ -110,17 +110,10 @@ class Reflector:
 
     def fetch(self, namespace: str, name: str, timeout: float) -> Any:
         """One GET for a cache miss; the result is cached. None when the object does not exist."""
-        from kubernetes.client.exceptions import ApiException
-
-        if self._read is None:
+        obj = None if self._read is None else found(self._read, name, namespace, _request_timeout=timeout)
+        if obj is None:
             return None
-        try:
-            response = self._read(name, namespace, _preload_content=False, _request_timeout=timeout)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        entry = self._extract(without_managed_fields(decoded(response)))
+        entry = self._extract(without_managed_fields(obj))
         if entry is not None:
             self._items.setdefault(namespace, {})[name] = entry
         return entry

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from kubernetes import client
 
-from kube.client import VPA, decoded, without_managed_fields
+from kube.client import VPA, decoded, found, without_managed_fields
 from oversale.pods import TERMINAL_PHASES
 from oversale.timestamps import format_timestamp
 
@@ -138,14 +138,10 @@ class Cluster:
 
     def vertical_autoscalers(self) -> list[dict[str, Any]] | None:
         """Every VerticalPodAutoscaler, or None when its CRD is not installed."""
-        try:
-            response: Any = self._custom.list_cluster_custom_object(*VPA, _preload_content=False,
-                                                                    _request_timeout=self._timeout)
-        except client.exceptions.ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        items: list[dict[str, Any]] = decoded(response).get("items") or []
+        listed = found(self._custom.list_cluster_custom_object, *VPA, _request_timeout=self._timeout)
+        if listed is None:
+            return None
+        items: list[dict[str, Any]] = listed.get("items") or []
         return items
 
     def _list(self, function: Any, kind: str, api_version: str = "v1", **selectors: str) -> Iterator[dict[str, Any]]:

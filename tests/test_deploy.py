@@ -751,7 +751,7 @@ CALLS = {
     "oversale-webhook": {
         ("apps", "replicasets", "list"): ("kube/reflector.py", "list_{kind.plural}_for_all_namespaces"),
         ("apps", "replicasets", "watch"): ("kube/reflector.py", "watch=True"),
-        ("apps", "replicasets", "get"): ("kube/reflector.py", "self._read(name, namespace"),
+        ("apps", "replicasets", "get"): ("kube/reflector.py", "found(self._read, name, namespace"),
         **{(group, resource, verb): ("webhook/owners.py", "WatchedKind(") for group, resource in
            (("apps", "deployments"), ("apps", "statefulsets"), ("apps", "daemonsets"), ("batch", "jobs"),
             ("batch", "cronjobs")) for verb in ("get", "list", "watch")},
@@ -785,7 +785,8 @@ CALLS = {
         ("", "namespaces", "list"): ("reconcilers/cluster.py", "list_namespace,"),
         ("", "limitranges", "list"): ("reconcilers/cluster.py", "list_limit_range_for_all_namespaces"),
         ("", "resourcequotas", "list"): ("reconcilers/cluster.py", "list_resource_quota_for_all_namespaces"),
-        ("autoscaling.k8s.io", "verticalpodautoscalers", "list"): ("reconcilers/cluster.py", "(*VPA,"),
+        ("autoscaling.k8s.io", "verticalpodautoscalers", "list"): ("reconcilers/cluster.py",
+                                                                   "list_cluster_custom_object, *VPA"),
         ("", "events", "create"): ("reconcilers/cluster.py", "create_namespaced_event("),
         ("metrics.k8s.io", "pods", "list"): ("kube/metrics_api.py", 'self._list("pods")'),
         ("metrics.k8s.io", "nodes", "list"): ("kube/metrics_api.py", 'self._list("nodes")'),
@@ -815,7 +816,7 @@ CALLS = {
         ("", "secrets", "get"): ("certs/cluster.py", "read_namespaced_secret"),
         ("", "secrets", "update"): ("certs/cluster.py", "replace_namespaced_secret"),
         ("apps", "deployments", "patch"): ("certs/cluster.py", "patch_namespaced_deployment("),
-        ("apps", "deployments", "get"): ("certs/cluster.py", "read_namespaced_deployment("),
+        ("apps", "deployments", "get"): ("certs/cluster.py", "read_namespaced_deployment,"),
     },
     "oversale-reconciler-lease": LEASE_CALLS,
     "oversale-extender-lease": LEASE_CALLS,
