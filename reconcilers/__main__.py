@@ -215,42 +215,9 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
     asked), and pass every interval while this replica holds the Lease, until SIGTERM or Ctrl-C."""
     from prometheus_client import start_http_server
 
-    from kube.background import Trouble, run_every
-    from kube.metrics_api import MetricsAPI
-    from reconcilers.cluster import Cluster
-    from reconcilers.remediation import Remediator
-
     start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
     if sampler is not None:
-        from reconcilers.sqlite_history import SampleLost
-
-        # Readings and writes apart: a file that refuses every sample is not mended by the
-        # readings that succeed between its writes.
-        lost = {"reading": Trouble(log, "metrics API (metrics.k8s.io) readable again"),
-                "writing": Trouble(log, f"usage history {sampler.history.path} written again")}
-
-        def sample() -> None:
-            try:
-                written = sampler.read()
-            except SampleLost as error:
-                # One line, no traceback, when the losses start; each counted, as a file or a
-                # metrics-server that fails now and then never makes the history stale enough
-                # for OversaleHistoryStale.
-                lost[error.step].failed(str(error))
-                metrics.skips.labels("sample-lost").inc()
-                return
-            if sampler.partly_lost is not None:
-                lost["reading"].failed(sampler.partly_lost)
-                metrics.skips.labels("sample-lost").inc()
-            else:
-                lost["reading"].succeeded()
-            if written is not None:
-                lost["writing"].succeeded()
-            metrics.history_span.set(sampler.history.span_seconds)
-            if sampler.window is not None:
-                metrics.usage_window.set(sampler.window)
-
-        run_every(settings.sample_interval_seconds / settings.sample_reads, sample, "sampler", log)
+        _sample_in_background(settings, sampler, metrics)
     # A rollout's SIGTERM: leave through SystemExit, wherever the main thread is, so the Lease is
     # given back and the next replica writes at its next round, not a Lease duration later.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
@@ -261,54 +228,107 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
         # holding a free Lease made its first pass a whole interval later.
         elector.elect()
         elector.start()
-        # The remediator always observes (node utilization and hot-node metrics, which the alerts
-        # read); it evicts only with OVERSALE_REMEDIATION=true.
-        remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
-
-        def observe() -> None:
-            leading = elector.is_leader()
-            metrics.leader.set(1 if leading else 0)
-            if leading:
-                remediator.run_pass(dry_run=not settings.remediation, tidy=True)
-            else:
-                # Within a remediation interval of losing the Lease, not a reconcile interval: the
-                # loop below sleeps through its interval after a pass.
-                metrics.forget_observations()
-
-        run_every(settings.remediation_interval_seconds, observe, "remediator", log)
-        log.info("observing nodes every %.0fs (%s)", settings.remediation_interval_seconds,
-                 "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")
+        _observe_in_background(settings, api_client, elector, metrics)
         log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
                  settings.reconciler_metrics_port)
-        standing_by = False
-        while True:
-            started = time.monotonic()
-            leading = elector.is_leader()
-            metrics.leader.set(1 if leading else 0)
-            if not leading:
-                if not standing_by:
-                    log.info("not the leader: passing once this replica takes the Lease %s/%s", settings.namespace,
-                             settings.lease_name)
-                standing_by = True
-                # Checked every election round, not every interval: the replica a rollout stops
-                # gives the Lease back, and its successor should pass at once, not minutes later.
-                time.sleep(elector.round_seconds)
-                continue
-            standing_by = False
-            try:
-                rows = reconciler.run_pass()
-                written = sum(r.written for r in rows)
-                log.log(logging.WARNING if reconciler.incomplete else logging.INFO,
-                        "pass done in %.1fs: %d objects, %d ratios written%s", time.monotonic() - started,
-                        len({r.object for r in rows}), written,
-                        f"; incomplete: {'; '.join(reconciler.incomplete)}" if reconciler.incomplete else "")
-            except Exception:  # a failed pass is retried at the next interval
-                log.exception("pass failed")
-                metrics.last_pass.labels("failed").set_to_current_time()
-            time.sleep(max(1.0, settings.reconcile_interval_seconds - (time.monotonic() - started)))
+        _pass_while_leading(settings, elector, reconciler, metrics)
     except (SystemExit, KeyboardInterrupt) as stopped:
         elector.release()
         _exit_unfinalized(130 if isinstance(stopped, KeyboardInterrupt) else stopped.code)
+
+
+def _sample_in_background(settings: Settings, sampler: MetricsSampler, metrics: ReconcilerMetrics) -> None:
+    """Read metrics-server ``OVERSALE_SAMPLE_READS`` times a sample interval into the SQLite history,
+    on a thread of its own."""
+    from kube.background import Trouble, run_every
+    from reconcilers.sqlite_history import SampleLost
+
+    # Readings and writes apart: a file that refuses every sample is not mended by the readings
+    # that succeed between its writes.
+    lost = {"reading": Trouble(log, "metrics API (metrics.k8s.io) readable again"),
+            "writing": Trouble(log, f"usage history {sampler.history.path} written again")}
+
+    def sample() -> None:
+        try:
+            written = sampler.read()
+        except SampleLost as error:
+            # One line, no traceback, when the losses start; each counted, as a file or a
+            # metrics-server that fails now and then never makes the history stale enough for
+            # OversaleHistoryStale.
+            lost[error.step].failed(str(error))
+            metrics.skips.labels("sample-lost").inc()
+            return
+        if sampler.partly_lost is not None:
+            lost["reading"].failed(sampler.partly_lost)
+            metrics.skips.labels("sample-lost").inc()
+        else:
+            lost["reading"].succeeded()
+        if written is not None:
+            lost["writing"].succeeded()
+        metrics.history_span.set(sampler.history.span_seconds)
+        if sampler.window is not None:
+            metrics.usage_window.set(sampler.window)
+
+    run_every(settings.sample_interval_seconds / settings.sample_reads, sample, "sampler", log)
+
+
+def _observe_in_background(settings: Settings, api_client: Any, elector: LeaseElector,
+                           metrics: ReconcilerMetrics) -> None:
+    """The remediator on a thread of its own, every ``OVERSALE_REMEDIATION_INTERVAL`` while this
+    replica leads. It always observes (node utilization and hot-node metrics, which the alerts
+    read); it evicts only with ``OVERSALE_REMEDIATION=true``."""
+    from kube.background import run_every
+    from kube.metrics_api import MetricsAPI
+    from reconcilers.cluster import Cluster
+    from reconcilers.remediation import Remediator
+
+    remediator = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, metrics=metrics)
+
+    def observe() -> None:
+        leading = elector.is_leader()
+        metrics.leader.set(1 if leading else 0)
+        if leading:
+            remediator.run_pass(dry_run=not settings.remediation, tidy=True)
+        else:
+            # Within a remediation interval of losing the Lease, not a reconcile interval: the
+            # pass loop sleeps through its interval after a pass.
+            metrics.forget_observations()
+
+    run_every(settings.remediation_interval_seconds, observe, "remediator", log)
+    log.info("observing nodes every %.0fs (%s)", settings.remediation_interval_seconds,
+             "remediating hot oversold nodes" if settings.remediation else "remediation off: observing only")
+
+
+def _pass_while_leading(settings: Settings, elector: LeaseElector, reconciler: Reconciler,
+                        metrics: ReconcilerMetrics) -> NoReturn:
+    """A pass every ``OVERSALE_RECONCILE_INTERVAL`` while this replica holds the Lease; a failed
+    pass is logged and the next one comes at the next interval."""
+    standing_by = False
+    while True:
+        started = time.monotonic()
+        leading = elector.is_leader()
+        metrics.leader.set(1 if leading else 0)
+        if not leading:
+            if not standing_by:
+                log.info("not the leader: passing once this replica takes the Lease %s/%s", settings.namespace,
+                         settings.lease_name)
+            standing_by = True
+            # Checked every election round, not every interval: the replica a rollout stops gives
+            # the Lease back, and its successor should pass at once, not minutes later.
+            time.sleep(elector.round_seconds)
+            continue
+        standing_by = False
+        try:
+            rows = reconciler.run_pass()
+            written = sum(r.written for r in rows)
+            log.log(logging.WARNING if reconciler.incomplete else logging.INFO,
+                    "pass done in %.1fs: %d objects, %d ratios written%s", time.monotonic() - started,
+                    len({r.object for r in rows}), written,
+                    f"; incomplete: {'; '.join(reconciler.incomplete)}" if reconciler.incomplete else "")
+        except Exception:  # a failed pass is retried at the next interval
+            log.exception("pass failed")
+            metrics.last_pass.labels("failed").set_to_current_time()
+        time.sleep(max(1.0, settings.reconcile_interval_seconds - (time.monotonic() - started)))
 
 
 def _backtest(args: argparse.Namespace, settings: Settings, parser: argparse.ArgumentParser) -> int:
