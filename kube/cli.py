@@ -66,7 +66,7 @@ def describe(error: BaseException) -> str:
         return (f"cannot reach the API server: {one_line(error)}; check KUBECONFIG and its current context "
                 "(kubectl cluster-info)")
     if isinstance(error, GarbledAnswer):
-        return str(error)
+        return f"{error}: is the server in KUBECONFIG a Kubernetes API server? (kubectl cluster-info)"
     if isinstance(error, ApiException):
         said = api_message(error)[:200]
         return f"the API server refused the request: {one_line(error)}" + (f": {said}" if said else "")
@@ -123,10 +123,17 @@ def required_api_client(mode: str, needs: str) -> Any:
 
 def check_api_server(api_client: object, timeout: float = 5.0) -> str:
     """GET /version once, so a dead kubeconfig fails at start with one line instead of a
-    not-ready server that logs a traceback per retry; returns the server's address and version."""
+    not-ready server that logs a traceback per retry; returns the server's address and version.
+    An answer that names no Kubernetes version (a proxy's sign-in page) is a GarbledAnswer: the
+    client's own reading of it fails with a validation error that names neither."""
+    from urllib.parse import urlsplit
+
     from kubernetes import client
 
-    from kube.client import api_server_of
+    from kube.client import api_server_of, decoded
 
-    info = client.VersionApi(api_client).get_code(_request_timeout=timeout)
-    return f"{api_server_of(api_client)} (Kubernetes {info.git_version})"
+    response: Any = client.VersionApi(api_client).get_code(_preload_content=False, _request_timeout=timeout)
+    version = decoded(response).get("gitVersion")
+    if not isinstance(version, str) or not version:
+        raise GarbledAnswer(f"the answer to {urlsplit(response.url or '').path} names no Kubernetes version")
+    return f"{api_server_of(api_client)} (Kubernetes {version})"

@@ -130,8 +130,8 @@ class FakeKubeAPI:
         self.storms: dict[str, list[int]] = {}
         """plural -> [HTTP status, how many more requests get it] (429 with Retry-After, 500...)."""
         self.garbled: set[str] = set()
-        """Plurals answered 200 with an HTML page, as a proxy in front of the API server answers
-        with its login page: no Kubernetes answer at all."""
+        """Plurals (and ``version``, for ``GET /version``) answered 200 with an HTML page, as a
+        proxy in front of the API server answers with its login page: no Kubernetes answer at all."""
         self.cut_watches: set[str] = set()
         """Plurals whose next watch event is sent half-written and the connection dropped."""
         self.recreated: set[tuple[str, str]] = set()
@@ -508,6 +508,15 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return plural, namespace, name, sub, query
             return None
 
+        def _sign_in_page(self) -> None:
+            """What a proxy in front of the API server answers instead of it (``api.garbled``)."""
+            page = b"<html><body>Sign in to continue</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
         def _send(self, code: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             body = json.dumps(payload).encode()
             self.send_response(code)
@@ -555,12 +564,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 self._send(storm[0], _status(storm[0], reason, said), {"Retry-After": "1"} if storm[0] == 429 else None)
                 return None
             if route[0] in api.garbled:
-                page = b"<html><body>Sign in to continue</body></html>"
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(page)))
-                self.end_headers()
-                self.wfile.write(page)
+                self._sign_in_page()
                 return None
             if route[0] in api.unavailable:
                 self._send(503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the "
@@ -573,7 +577,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return self._discovery()
             if urlsplit(self.path).path.rstrip("/") == "/version":
                 api.requests.append(Logged("GET", "/version", {}))
-                return self._send(200, VERSION)
+                return self._sign_in_page() if "version" in api.garbled else self._send(200, VERSION)
             route = self._prologue()
             if route is None:
                 return

@@ -100,6 +100,27 @@ def test_the_webhook_names_the_dead_cluster_and_how_to_serve_without_one(dead_ku
     assert_one_clean_line(result, "unreachable", "connection refused", "OVERSALE_KUBERNETES=off")
 
 
+@pytest.mark.parametrize("command", [
+    ["reconcilers", "once", "--dry-run"],
+    ["reconcilers", "remediate", "--dry-run"],
+    ["scheduler", "--bind", "127.0.0.1:0"],
+    ["webhook", "--bind", "127.0.0.1:0"],
+])
+def test_a_kubeconfig_pointing_at_no_api_server_is_one_line(command, tmp_path):
+    """Its server answers a sign-in page (a proxy, a dashboard's URL pasted in): the start said
+    ``ValidationError: 1 validation error for VersionInfo``, naming neither the call nor the answer."""
+    api = FakeKubeAPI().start()
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        api.garbled.add("version")
+        result = run([*command, *(["--certs-dir", str(tmp_path)] if command[0] == "webhook" else [])], kubeconfig)
+        line = assert_one_clean_line(result, "the answer to /version/ is no Kubernetes object (text/html, 45 bytes)")
+        assert "ValidationError" not in result.stderr
+        assert "Kubernetes API server?" in line or "OVERSALE_KUBERNETES=off" in line, line
+    finally:
+        api.stop()
+
+
 def test_debug_shows_the_traceback(dead_kubeconfig):
     result = run(["reconcilers", "once", "--dry-run", "--debug"], dead_kubeconfig)
     assert result.returncode != 0 and "Traceback" in result.stderr
@@ -446,7 +467,8 @@ def test_certs_inject_names_an_answer_that_is_no_kubernetes_object(tmp_path):
         result = run(["certs", "inject", "--webhook", "oversale", "--ca-file", str(tmp_path / "ca.crt")], kubeconfig)
         line = assert_one_clean_line(result)
         assert line == ("error: the answer to /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
-                        "oversale is no Kubernetes object (text/html, 45 bytes) (--debug shows the traceback)")
+                        "oversale is no Kubernetes object (text/html, 45 bytes): is the server in KUBECONFIG a "
+                        "Kubernetes API server? (kubectl cluster-info) (--debug shows the traceback)")
         assert not [r for r in api.requests if r.method == "PATCH"], "nothing written"
     finally:
         api.stop()

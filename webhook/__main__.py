@@ -94,7 +94,7 @@ def _resolve_cluster(settings: Settings) -> Settings:
     try:
         log.info("using the cluster at %s for owner annotations, LimitRanges and quotas", check_api_server(api_client))
     except Exception as error:  # noqa: BLE001  -- told as one line, below
-        raise CliError(f"the cluster in the kubeconfig is unreachable ({one_line(error)}); fix KUBECONFIG, "
+        raise CliError(f"the cluster in the kubeconfig cannot be used ({one_line(error)}); fix KUBECONFIG, "
                        "or serve without a cluster: OVERSALE_KUBERNETES=off") from None
     return settings
 
