@@ -68,6 +68,11 @@ def decoded(response: Any) -> dict[str, Any]:
     :class:`GarbledAnswer`, naming the path and what came back, when the body is no JSON object
     or its ``items`` no list.
 
+    >>> class Empty:
+    ...     data, url, headers = b'{"kind": "PodMetricsList", "items": null}', "/apis/metrics.k8s.io/v1beta1/pods", {}
+    >>> decoded(Empty())["kind"]
+    'PodMetricsList'
+
     >>> class Page:
     ...     data, url, headers = b"<html>Sign in</html>", "/api/v1/nodes?limit=500", {"Content-Type": "text/html"}
     >>> decoded(Page())
@@ -79,7 +84,8 @@ def decoded(response: Any) -> dict[str, Any]:
         obj = json.loads(response.data)
     except (ValueError, TypeError):
         obj = None
-    if not isinstance(obj, dict) or not isinstance(obj.get("items", []), list):
+    # A list's ``items`` may come as null: Go encodes an empty slice left nil that way.
+    if not isinstance(obj, dict) or not isinstance(obj.get("items") or [], list):
         path = urlsplit(getattr(response, "url", None) or "").path or "the API server"
         kind = (getattr(response, "headers", None) or {}).get("Content-Type") or "no Content-Type"
         raise GarbledAnswer(f"the answer to {path} is no Kubernetes object ({kind}, "

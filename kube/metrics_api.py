@@ -56,7 +56,8 @@ def pod_usage(containers: Iterable[ContainerMetrics]) -> dict[tuple[str, str], d
 
 
 class MetricsAPI:
-    """Lists the metrics API with the real ``kubernetes`` client (raises its errors). Keep one
+    """Lists the metrics API with the real ``kubernetes`` client (raises its errors, and
+    ``kube.client.GarbledAnswer`` for an answer that is no list of metrics). Keep one
     per reader: it remembers each node's and Pod's last reading to time it on ``clock``."""
 
     def __init__(self, api_client: Any, timeout: float = 30, clock: Callable[[], float] = time.time) -> None:
