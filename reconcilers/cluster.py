@@ -86,25 +86,21 @@ class Cluster:
 
     def node(self, name: str) -> dict[str, Any]:
         response: Any = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout)
-        node = decoded(response)
-        return node
+        return decoded(response)
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         response: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
                                                        _request_timeout=self._timeout)
-        pod = decoded(response)
-        return pod
+        return decoded(response)
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
         response: Any = self._core.read_namespaced_persistent_volume_claim(
             name, namespace, _preload_content=False, _request_timeout=self._timeout)
-        claim = decoded(response)
-        return claim
+        return decoded(response)
 
     def persistent_volume(self, name: str) -> dict[str, Any]:
         response: Any = self._core.read_persistent_volume(name, _preload_content=False, _request_timeout=self._timeout)
-        volume = decoded(response)
-        return volume
+        return decoded(response)
 
     def csi_nodes(self) -> Iterator[dict[str, Any]]:
         """Every CSINode: each node's CSI drivers and how many volumes each may attach there."""
@@ -188,8 +184,7 @@ class Cluster:
         response: Any = self._core.patch_namespaced_pod_resize(name, namespace, patch, _content_type=JSON_PATCH,
                                                                _preload_content=False,
                                                                _request_timeout=self._timeout)
-        pod = decoded(response)
-        return pod
+        return decoded(response)
 
     def evict(self, namespace: str, name: str, uid: str = "") -> None:
         """Ask for a Pod's eviction (policy/v1 Eviction): the API server refuses it with 429 while a

@@ -184,8 +184,9 @@ class Reconciler:
         try:
             rows = work()
         except (ApiException, urllib3.exceptions.HTTPError, GarbledAnswer) as error:
-            # The API server refused or could not be reached mid-pass: nothing more is written
-            # this pass; what was written stands, and the next pass decides again from scratch.
+            # The API server refused, could not be reached or answered no Kubernetes object
+            # mid-pass: nothing more is written this pass; what was written stands, and the next
+            # pass decides again from scratch.
             why = one_line(error)
             log.warning("%s pass stopped: the API server failed (%s); retried next pass", name, why)
             self.incomplete.append(f"{name}: the API server failed ({why})")

@@ -152,8 +152,7 @@ class KubeBinder:
             return cached
         response: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
                                                        _request_timeout=self._timeout)
-        pod = decoded(response)
-        return pod
+        return decoded(response)
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
         self._patch_metadata(namespace, name, {"annotations": annotations})
