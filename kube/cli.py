@@ -12,8 +12,9 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
-from kube.client import GarbledAnswer, api_message, one_line
+from kube.client import GarbledAnswer, api_message, api_server_of, decoded, load_api_client, one_line
 from oversale.errors import SettingsError
 from oversale.settings import Settings, unread_variables
 
@@ -112,8 +113,6 @@ def bind_address(text: str) -> str:
 def required_api_client(mode: str, needs: str) -> Any:
     """The API client of :func:`kube.client.load_api_client`; CliError when there is none, saying
     what ``needs`` it (e.g. "the extender needs")."""
-    from kube.client import load_api_client
-
     api_client = load_api_client(mode)
     if api_client is None:
         raise CliError(f"no in-cluster config and no kubeconfig: {needs} an API server "
@@ -126,11 +125,7 @@ def check_api_server(api_client: object, timeout: float = 5.0) -> str:
     not-ready server that logs a traceback per retry; returns the server's address and version.
     An answer that names no Kubernetes version (a proxy's sign-in page) is a GarbledAnswer: the
     client's own reading of it fails with a validation error that names neither."""
-    from urllib.parse import urlsplit
-
     from kubernetes import client
-
-    from kube.client import api_server_of, decoded
 
     response: Any = client.VersionApi(api_client).get_code(_preload_content=False, _request_timeout=timeout)
     version = decoded(response).get("gitVersion")
