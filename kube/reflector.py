@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from kube.background import Trouble
-from kube.client import decoded, found, one_line, without_managed_fields
+from kube.client import GarbledAnswer, decoded, found, one_line, without_managed_fields
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,17 @@ class WatchedKind:
 
 class Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+class WatchCut(Exception):
+    """The watch's stream stopped mid-way (a load balancer's idle timeout, an API server
+    restarting, a silent connection): the events up to the cut were applied, so the cache
+    watches again from the last of them, as client-go's reflector does, rather than listing
+    again. ``at``: the resourceVersion reached; ``progressed``: whether any event arrived."""
+
+    def __init__(self, why: str, at: str, progressed: bool) -> None:
+        super().__init__(why)
+        self.at, self.progressed = at, progressed
 
 
 class Reflector:
@@ -82,6 +94,8 @@ class Reflector:
         # Retried with a backoff of up to 30 s: an API server down for an hour would be 120 lines
         # a cache, each the client's whole answer (status, headers, body) over several lines.
         self._trouble = Trouble(log, f"{name} listed again")
+        self._watch_trouble = Trouble(log, f"{name} watched again")
+        self._backoff = 0.5
         self.synced = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"reflector-{name}", daemon=True)
         on_sync(name, False)
@@ -119,25 +133,71 @@ class Reflector:
         return entry
 
     def _run(self) -> None:
-        backoff = 0.5
         while not self._stop.is_set():
             try:
                 version = self._relist()
-                backoff = 0.5
-                self._trouble.succeeded()
-                while not self._stop.is_set():
-                    version = self._watch(version)
+            except Exception as error:  # noqa: BLE001  -- any API failure: retry, never die
+                if self._not_served(error):
+                    continue
+                self._trouble.failed(f"{self.name} list failed ({one_line(error)}); retrying with a backoff of up to "
+                                     "30s", kind="failing")
+                self._back_off()
+                continue
+            self._trouble.succeeded()
+            self._watch_from(version)
+
+    def _watch_from(self, version: str) -> None:
+        """Watch, and watch again, from where the cache stands; return when it is to be listed
+        again. A cut stream (a load balancer's idle timeout, an API server restarting, which cuts
+        every watch at once) lost nothing the cache holds: it is watched again from its last
+        event, as client-go's reflector does, not listed again (a relist of every Pod of a large
+        cluster is the costliest read there is). At once when events arrived; after the backoff
+        when none did, so a proxy that cuts every stream is not asked again in a loop. A watch
+        refused or answered with no events (RBAC that lets the list through but not the watch, a
+        proxy's page) lists again after the backoff, which only a working watch resets: the cache
+        is kept as fresh as the list allows, without a list every half second."""
+        while not self._stop.is_set():
+            try:
+                version = self._watch(version)
+                self._watched()
+                continue
+            except WatchCut as cut:
+                version = cut.at
+                if cut.progressed:
+                    self._watched()
+                    log.info("%s watch cut (%s); watching again from resourceVersion %s", self.name, cut, version)
+                    continue
+                self._watch_trouble.failed(f"{self.name} watch cut before any event ({cut}); watching again from "
+                                           f"resourceVersion {version} with a backoff of up to 30s", kind="cut")
+                self._back_off()
             except Gone:
                 log.info("%s watch expired; listing again", self.name)
+                return
             except Exception as error:  # noqa: BLE001  -- any API failure: retry, never die
-                if self._optional and getattr(error, "status", None) == 404:
-                    self._not_installed()
-                    self._stop.wait(self._watch_timeout)
-                    continue
-                self._trouble.failed(f"{self.name} list/watch failed ({one_line(error)}); retrying with a backoff "
-                                     "of up to 30s", kind="failing")
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                if self._not_served(error):  # its CRD was uninstalled
+                    return
+                self._watch_trouble.failed(f"{self.name} watch failed ({one_line(error)}); listing again with a "
+                                           "backoff of up to 30s", kind="failing")
+                self._back_off()
+                return
+
+    def _back_off(self) -> None:
+        self._stop.wait(self._backoff)
+        self._backoff = min(self._backoff * 2, 30.0)
+
+    def _watched(self) -> None:
+        """A watch delivered an event, or ran to its end: the list and the watch both work."""
+        self._watch_trouble.succeeded()
+        self._backoff = 0.5
+
+    def _not_served(self, error: BaseException) -> bool:
+        """Whether ``error`` is the 404 of an optional kind; if so the cache holds none of it and
+        is listed again after ``watch_timeout_seconds``."""
+        if not (self._optional and getattr(error, "status", None) == 404):
+            return False
+        self._not_installed()
+        self._stop.wait(self._watch_timeout)
+        return True
 
     def _not_installed(self) -> None:
         """An optional kind the API server does not serve: no objects, and that is all there is."""
@@ -207,15 +267,21 @@ class Reflector:
             _preload_content=False,
             _request_timeout=(10, self._watch_timeout + 30),
         )
+        import urllib3
+
+        progressed = False
         try:
             for line in _lines(response):
-                event = json.loads(line)
+                event = _event(line, response)
                 obj = without_managed_fields(event.get("object") or {})
                 kind = event.get("type")
                 if kind == "ERROR":
                     if obj.get("code") == 410:
                         raise Gone()
                     raise RuntimeError(f"watch error: {obj.get('message')}")
+                if not progressed:
+                    progressed = True
+                    self._watched()
                 metadata = obj.get("metadata") or {}
                 version = str(metadata.get("resourceVersion", version))
                 bookmark = kind == "BOOKMARK"
@@ -239,19 +305,79 @@ class Reflector:
                         self._items.setdefault(namespace, {})[name] = entry
                     if self._on_change is not None:
                         self._on_change(namespace, name, digest)
+        except _Unfinished as cut:
+            raise WatchCut(str(cut), version, progressed) from None
+        # Nothing the API server said was wrong, only the road to it.
+        except urllib3.exceptions.ProtocolError:
+            raise WatchCut("the connection dropped", version, progressed) from None
+        except urllib3.exceptions.ReadTimeoutError:
+            # The API server ends a watch at its timeoutSeconds; silent past that and a grace, the
+            # connection is dead without either side having closed it.
+            raise WatchCut(f"silent for {self._watch_timeout + 30}s", version, progressed) from None
         finally:
             response.release_conn()
         return version
 
 
+class _Unfinished(Exception):
+    """The stream ended part of the way into an event."""
+
+
 def _lines(response: Any) -> Iterator[bytes]:
+    """The watch's events, one JSON document a line. The API server ends each with a newline, so
+    a stream that ends on a part of a line was cut in the middle of an event; one that is no JSON
+    at all (a proxy's page, with no newline to split it by) is told as such at once.
+
+    >>> class Cut:
+    ...     headers = {"Content-Type": "application/json"}
+    ...     def stream(self, amount, decode_content):
+    ...         yield b'{"type": "ADDED", "object": {}}\\n{"type": "MODI'
+    >>> lines = _lines(Cut())
+    >>> next(lines)
+    b'{"type": "ADDED", "object": {}}'
+    >>> next(lines)
+    Traceback (most recent call last):
+    ...
+    kube.reflector._Unfinished: the stream ended 14 bytes into an event
+    """
+    kind = (getattr(response, "headers", None) or {}).get("Content-Type") or ""
+    if kind and "json" not in kind:
+        raise _garbled(response, "answered no watch stream")
     buffer = b""
     for chunk in response.stream(65536, decode_content=True):
         buffer += chunk
         *complete, buffer = buffer.split(b"\n")
         yield from (line for line in complete if line.strip())
     if buffer.strip():
-        yield buffer
+        raise _Unfinished(f"the stream ended {len(buffer)} bytes into an event")
+
+
+def _event(line: bytes, response: Any) -> dict[str, Any]:
+    """One watch event; :class:`GarbledAnswer` for a whole line that is none (a proxy that lets
+    the list through but answers the stream itself), which a watch again would not mend.
+
+    >>> class Stream:
+    ...     url, headers = "/api/v1/pods?watch=true", {"Content-Type": "text/html"}
+    >>> _event(b'{"type": "ADDED", "object": {}}', Stream())["type"]
+    'ADDED'
+    >>> _event(b"<html>Sign in</html>", Stream())
+    Traceback (most recent call last):
+    ...
+    kube.client.GarbledAnswer: the watch of /api/v1/pods sent a line that is no watch event (text/html, 20 bytes)
+    """
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise _garbled(response, "sent a line that is no watch event", f", {len(line)} bytes")
+    return event
+
+
+def _garbled(response: Any, said: str, size: str = "") -> GarbledAnswer:
+    path = urlsplit(getattr(response, "url", None) or "").path or "the API server"
+    kind = (getattr(response, "headers", None) or {}).get("Content-Type") or "no Content-Type"
+    return GarbledAnswer(f"the watch of {path} {said} ({kind}{size})")
 
 
 def _number(version: str) -> int | None:

@@ -132,6 +132,9 @@ class FakeKubeAPI:
         self.garbled: set[str] = set()
         """Plurals (and ``version``, for ``GET /version``) answered 200 with an HTML page, as a
         proxy in front of the API server answers with its login page: no Kubernetes answer at all."""
+        self.garbled_watches: set[str] = set()
+        """Plurals whose watch, not list, is answered with that HTML page (a proxy that passes
+        plain requests but not long-lived streams)."""
         self.cut_watches: set[str] = set()
         """Plurals whose next watch event is sent half-written and the connection dropped."""
         self.recreated: set[tuple[str, str]] = set()
@@ -606,6 +609,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 for name in names if name not in api.absent]})
 
         def _watch(self, plural: str, namespace: str | None, query: dict[str, list[str]]) -> None:
+            if plural in api.garbled_watches:
+                return self._sign_in_page()
             since = int(query.get("resourceVersion", ["0"])[0] or 0)
             timeout = float(query.get("timeoutSeconds", ["30"])[0])
             self.send_response(200)

@@ -8,6 +8,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -75,7 +76,88 @@ def test_a_watch_cut_mid_event_is_picked_up_again(webhook_on_api):
     assert cpu_after(server) == "500m"
     api.cut_watches.add("deployments")
     deployment_and_replicaset(api, "4")  # this event arrives half-written, then the stream drops
-    assert eventually(lambda: cpu_after(server) == "250m", timeout=15), "the change arrives after the relist"
+    assert eventually(lambda: cpu_after(server) == "250m", timeout=15), "the change arrives when watched again"
+
+
+@pytest.fixture
+def pods_api(caplog) -> Iterator[FakeKubeAPI]:
+    api = FakeKubeAPI().start()
+    api.put("pods", placed("node-0"))
+    caplog.set_level("INFO", logger="kube.reflector")
+    yield api
+    api.stop()
+
+
+@pytest.fixture
+def node_cache(pods_api) -> Iterator[tuple[FakeKubeAPI, Any]]:
+    reflector = synced_node_cache(pods_api)
+    yield pods_api, reflector
+    reflector.stop()
+
+
+def synced_node_cache(api: FakeKubeAPI) -> Any:
+    """The shared list-then-watch cache over Pods (each kept as its node), started and synced."""
+    from kube.reflector import Reflector
+
+    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 300)
+    reflector.start()
+    assert reflector.synced.wait(10)
+    return reflector
+
+
+def placed(node: str) -> dict[str, Any]:
+    return {"metadata": {"name": "web", "namespace": NS}, "spec": {"nodeName": node}}
+
+
+def told(caplog, level: str = "INFO") -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "kube.reflector" and r.levelno >= logging.getLevelName(
+        level) and "synced" not in r.getMessage()]
+
+
+def test_a_cut_watch_is_watched_again_from_its_last_event_not_listed_again(node_cache, caplog):
+    """An API server restarting or a load balancer's idle timeout cuts every watch: listing
+    every Pod again for each would be the costliest read there is, and nothing was lost."""
+    api, reflector = node_cache
+    listed_at = api.get("pods", NS, "web")["metadata"]["resourceVersion"]
+    api.cut_watches.add("pods")
+    api.put("pods", placed("node-1"))  # this watch's first event: cut half-written
+    assert eventually(lambda: reflector.get(NS, "web") == "node-1"), told(caplog)
+    api.put("pods", placed("node-2"))
+    assert eventually(lambda: reflector.get(NS, "web") == "node-2")
+    delivered_at = api.get("pods", NS, "web")["metadata"]["resourceVersion"]
+    api.cut_watches.add("pods")
+    api.put("pods", placed("node-3"))  # cut after the watch had delivered node-2
+    assert eventually(lambda: reflector.get(NS, "web") == "node-3"), told(caplog)
+    assert api.count("GET", "pods", watch=False) == 1, "the cache was never listed again"
+    lines = told(caplog)
+    assert lines[0] == ("pods watch cut before any event (the connection dropped); watching again from "
+                        f"resourceVersion {listed_at} with a backoff of up to 30s"), lines
+    assert lines[1] == "pods watched again (after 1 failed run)"
+    assert lines[2] == f"pods watch cut (the connection dropped); watching again from resourceVersion {delivered_at}"
+    assert len(lines) == 3, lines
+
+
+def test_a_watch_a_proxy_answers_with_its_page_is_said_once_and_listed_again_slowly(pods_api, caplog):
+    """A proxy that passes the list but answers the long-lived watch with its own page: the cache
+    is listed again for freshness, with a growing backoff, not every half second, and the
+    operator reads what answered, not a JSON parser's complaint."""
+    api = pods_api
+    api.garbled_watches.add("pods")
+    reflector = synced_node_cache(api)
+    try:
+        time.sleep(6)  # lists again after 0.5, 1.5 and 3.5 s, the next at 7.5 s
+        assert 2 <= api.count("GET", "pods", watch=False) <= 5
+        assert told(caplog, "WARNING") == ["pods watch failed (the watch of /api/v1/pods answered no watch stream "
+                                           "(text/html)); listing again with a backoff of up to 30s"]
+        api.garbled_watches.clear()
+        api.put("pods", placed("node-1"))  # read by the next list, or by the watch after it
+        assert eventually(lambda: reflector.get(NS, "web") == "node-1", timeout=20)
+        api.put("pods", placed("node-2"))
+        assert eventually(lambda: reflector.get(NS, "web") == "node-2")
+        assert re.fullmatch(r"pods watched again \(after [2-5] failed runs\)", told(caplog)[-1]), told(caplog)
+    finally:
+        reflector.stop()
 
 
 def test_the_api_server_down_and_back_admission_fails_open_and_caches_recover(webhook_on_api):

@@ -2010,7 +2010,7 @@ def test_a_cache_that_cannot_list_says_so_in_one_line_when_it_starts_and_when_it
             reflector.stop()
             api.stop()
     told = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" or "again" in r.getMessage()]
-    assert told[0] == "pods list/watch failed (HTTP 503 Service Unavailable); retrying with a backoff of up to 30s"
+    assert told[0] == "pods list failed (HTTP 503 Service Unavailable); retrying with a backoff of up to 30s"
     assert len(told) == 2 and re.fullmatch(r"pods listed again \(after [3-9] failed runs\)", told[1]), told
 
 
