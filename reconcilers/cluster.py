@@ -11,9 +11,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import orjson
+import urllib3
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from kube.client import VPA, decoded, found, without_managed_fields
+from kube.client import VPA, GarbledAnswer, decoded, found, without_managed_fields
 from oversale.pods import TERMINAL_PHASES
 from oversale.timestamps import format_timestamp
 
@@ -31,6 +33,10 @@ WRITE_TRIES = 3
 after each 409: a node's kubelet writes its status every few seconds to minutes, and other
 controllers write workloads and nodes too. Past that the write waits for the next pass."""
 JSON_PATCH = "application/json-patch+json"
+API_FAILURES = (ApiException, urllib3.exceptions.HTTPError, GarbledAnswer)
+"""What any call of the API server may fail with: a refusal, no road to it, or an answer that is
+no Kubernetes object (a proxy's page). A step that meets one stops and says which; what it wrote
+stands."""
 
 
 def packed(obj: dict[str, Any]) -> bytes:

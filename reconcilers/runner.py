@@ -15,10 +15,9 @@ from decimal import Decimal
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import GarbledAnswer, api_refusal, one_line
+from kube.client import api_refusal, one_line
 from oversale.annotations import format_ratio, wants
 from oversale.budget import (
     NO_HOT_TIME,
@@ -57,7 +56,7 @@ from oversale.workloads import (
     usage_by_container,
     workload_hpa,
 )
-from reconcilers.cluster import WRITE_TRIES, Cluster, packed, unpacked
+from reconcilers.cluster import API_FAILURES, WRITE_TRIES, Cluster, packed, unpacked
 from reconcilers.history import History, HistoryUnavailable, ResourceStats
 from reconcilers.metrics import ReconcilerMetrics
 
@@ -97,6 +96,21 @@ class Row:
     demand: str
     reason: str
     written: bool = False
+
+
+@dataclass(frozen=True)
+class ResizeReads:
+    """What a pass read before resizing Pods in place: which workloads' resources a VPA sets,
+    each namespace's LimitRange bounds and quota room, and the running Pods of the workloads
+    with ratios, (namespace, name, workload, packed Pod), in name order."""
+
+    vpa_controlled: dict[WorkloadKey, dict[str, str]]
+    bounds: dict[str, RequestBounds]
+    owned: list[tuple[str, str, WorkloadKey, bytes]]
+
+
+_ResizeJob = tuple[dict[str, Any], ResizePlan, Callable[[dict[str, Any]], ResizePlan]]
+"""A Pod, its resize, and how to plan it again on the Pod read after a conflict."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +197,7 @@ class Reconciler:
         started = time.perf_counter()
         try:
             rows = work()
-        except (ApiException, urllib3.exceptions.HTTPError, GarbledAnswer) as error:
+        except API_FAILURES as error:
             # The API server refused, could not be reached or answered no Kubernetes object
             # mid-pass: nothing more is written this pass; what was written stands, and the next
             # pass decides again from scratch.
@@ -389,47 +403,66 @@ class Reconciler:
         else listed here; ``controllers``: each workload's own controller, for the VPAs naming it)."""
         if not self.settings.inplace_resize or not ratios:
             return []
-        index = PodIndex(ratios)
         try:
-            supported = self.cluster.supports_resize()
-            vpas = vpas or self._list_vertical_autoscalers()
-            if vpas.error is not None:  # resizing a Pod VPA also resizes would start a fight
-                raise vpas.error
-            controlled = vpa_controlled(vpas.items)
-            if supported:
-                bounds = self._namespace_bounds()
-                # Only the Pods of these workloads are kept, packed, as the list streams by: every
-                # running Pod of a large cluster parsed at once would take more than the
-                # reconciler's memory limit.
-                owned = sorted(((pod["metadata"].get("namespace", ""), pod["metadata"]["name"], key, packed(pod))
-                                for pod in self.cluster.running_pods()
-                                if (key := index.owner(pod["metadata"].get("namespace", ""),
-                                                       pod["metadata"]["name"]))),
-                               key=lambda found: found[:2])
-        except (ApiException, urllib3.exceptions.HTTPError, GarbledAnswer) as error:
+            reads = self._read_for_resize(ratios, vpas)
+        except API_FAILURES as error:
             # The ratios this pass wrote stand, and its rows are kept; the Pods follow next pass.
             why = one_line(error)
             log.warning("in-place resize skipped this pass: the API server failed (%s)", why)
             self.metrics.skips.labels("resize-api-error").inc()
             self.incomplete.append(f"in-place resize: the API server failed ({why})")
             return [Row("*", "*", "", "", "", f"in-place resize: the API server failed ({why}); retried next pass")]
-        self.metrics.resize_supported.set(1 if supported else 0)
-        if not supported:
+        self.metrics.resize_supported.set(1 if reads else 0)
+        if reads is None:
             if self._resize_supported is not False:
                 log.warning("the API server has no pods/resize (Kubernetes before 1.33, or InPlacePodVerticalScaling "
                             "off): new ratios reach running Pods at their next rollout")
             self._resize_supported = False
             return []
         self._resize_supported = True
+        rows, jobs = self._plan_resizes(reads, ratios, controllers or {})
+        done = self._write_all(self._resize, jobs) if not dry_run else [False] * len(jobs)
+        for (pod, plan, _), ok in zip(jobs, done, strict=True):
+            namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
+            rows += [Row(f"Pod/{namespace}/{name}", c.resource, _amount(c.resource, c.before),
+                         _amount(c.resource, c.after), "", f"in-place resize of {c.container} ({plan.ratios})",
+                         ok) for c in plan.changes]
+        return rows
+
+    def _read_for_resize(self, ratios: dict[WorkloadKey, dict[str, str]],
+                         vpas: VpaListing | None) -> ResizeReads | None:
+        """What resizing the Pods of these workloads needs read; None when the API server has no
+        ``pods/resize``."""
+        supported = self.cluster.supports_resize()
+        vpas = vpas or self._list_vertical_autoscalers()
+        if vpas.error is not None:  # resizing a Pod VPA also resizes would start a fight
+            raise vpas.error
+        if not supported:
+            return None
+        bounds = self._namespace_bounds()
+        index = PodIndex(ratios)
+        # Only the Pods of these workloads are kept, packed, as the list streams by: every running
+        # Pod of a large cluster parsed at once would take more than the reconciler's memory limit.
+        owned = sorted(((pod["metadata"].get("namespace", ""), pod["metadata"]["name"], key, packed(pod))
+                        for pod in self.cluster.running_pods()
+                        if (key := index.owner(pod["metadata"].get("namespace", ""), pod["metadata"]["name"]))),
+                       key=lambda found: found[:2])
+        return ResizeReads(vpa_controlled(vpas.items), bounds, owned)
+
+    def _plan_resizes(self, reads: ResizeReads, ratios: dict[WorkloadKey, dict[str, str]],
+                      controllers: Mapping[WorkloadKey, tuple[str, str] | None]) -> tuple[list[Row], list[_ResizeJob]]:
+        """Each owned Pod's resize, within the rate limits, and the rows of those not resized. A
+        growth takes from its namespace's quota what the next Pod can no longer have."""
         limits = self.settings.resize_limits
+        bounds = dict(reads.bounds)
         rows: list[Row] = []
-        jobs: list[tuple[dict[str, Any], ResizePlan, Callable[[dict[str, Any]], ResizePlan]]] = []
+        jobs: list[_ResizeJob] = []
         per_workload: dict[WorkloadKey, int] = {}
         noted_vpa: set[WorkloadKey] = set()
         now = self.clock()
-        for namespace, name, key, data in owned:
+        for namespace, name, key, data in reads.owned:
             pod = unpacked(data)
-            if vpa := workload_vpa(controlled, key, (controllers or {}).get(key)):
+            if vpa := workload_vpa(reads.vpa_controlled, key, controllers.get(key)):
                 manager = next(iter(vpa.values()))
                 if key not in noted_vpa:
                     noted_vpa.add(key)
@@ -453,18 +486,11 @@ class Reconciler:
                     config=self.settings.compression, bounds=namespace_bounds, now=now, limits=limits)))
             if plan.resizes:
                 per_workload[key] = per_workload.get(key, 0) + 1
-                # A growth takes from the namespace quota what the next Pod can no longer have.
                 bounds[namespace] = namespace_bounds.after_growth(pod, plan.added)
             if plan.skipped and plan.code not in ("in-place", "not-running"):
                 self.metrics.skips.labels(f"resize-{plan.code}").inc()
                 rows.append(Row(f"Pod/{namespace}/{name}", "*", "", "", "", f"not resized: {plan.skipped}"))
-        done = self._write_all(self._resize, jobs) if not dry_run else [False] * len(jobs)
-        for (pod, plan, _), ok in zip(jobs, done, strict=True):
-            namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
-            rows += [Row(f"Pod/{namespace}/{name}", c.resource, _amount(c.resource, c.before),
-                         _amount(c.resource, c.after), "", f"in-place resize of {c.container} ({plan.ratios})",
-                         ok) for c in plan.changes]
-        return rows
+        return rows, jobs
 
     def _namespace_bounds(self) -> dict[str, RequestBounds]:
         """Per namespace, the LimitRange bounds and ResourceQuota headroom a resize must keep, as

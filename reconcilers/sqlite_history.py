@@ -22,13 +22,13 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import GarbledAnswer, one_line
+from kube.client import one_line
 from kube.metrics_api import MetricsAPI
 from oversale.budget import HotTime, hot_time
 from oversale.estimator import summarize
+from reconcilers.cluster import API_FAILURES
 from reconcilers.history import ContainerKey, HistoryUnavailable, ResourceStats
 
 log = logging.getLogger(__name__)
@@ -326,7 +326,7 @@ def _listed(read: Callable[[], list[T]]) -> tuple[list[T], Exception | None]:
     """What ``read`` lists, or nothing and why it could not."""
     try:
         return read(), None
-    except (ApiException, urllib3.exceptions.HTTPError, GarbledAnswer) as error:
+    except API_FAILURES as error:
         return [], error
 
 
