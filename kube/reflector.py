@@ -44,6 +44,31 @@ class WatchCut(Exception):
         self.at, self.progressed = at, progressed
 
 
+class WatchError(Exception):
+    """An ERROR event: the API server ended the watch with a Status (other than 410 Gone)."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        super().__init__(f"watch error: {status.get('message')}")
+        code = status.get("code")
+        self.status = code if isinstance(code, int) else None
+
+
+def _momentary(error: BaseException) -> bool:
+    """A failure of the road to the API server, or one the API server says is momentary (429
+    Too Many Requests, 5xx): the same watch is worth asking again.
+
+    >>> _momentary(WatchError({"code": 500, "message": "etcdserver: request timed out"}))
+    True
+    >>> _momentary(WatchError({"code": 403, "message": "pods is forbidden"}))
+    False
+    """
+    import urllib3
+
+    status = getattr(error, "status", None)
+    return isinstance(error, urllib3.exceptions.HTTPError) or (
+        isinstance(status, int) and (status == 429 or status >= 500))
+
+
 class Reflector:
     """List, then watch, one kind across all namespaces into a namespace -> name -> Entry map.
 
@@ -148,14 +173,17 @@ class Reflector:
 
     def _watch_from(self, version: str) -> None:
         """Watch, and watch again, from where the cache stands; return when it is to be listed
-        again. A cut stream (a load balancer's idle timeout, an API server restarting, which cuts
-        every watch at once) lost nothing the cache holds: it is watched again from its last
-        event, as client-go's reflector does, not listed again (a relist of every Pod of a large
-        cluster is the costliest read there is). At once when events arrived; after the backoff
-        when none did, so a proxy that cuts every stream is not asked again in a loop. A watch
-        refused or answered with no events (RBAC that lets the list through but not the watch, a
-        proxy's page) lists again after the backoff, which only a working watch resets: the cache
-        is kept as fresh as the list allows, without a list every half second."""
+        again. A watch cut (a load balancer's idle timeout, an API server restarting, which cuts
+        every watch at once), or refused for a moment (the API server unreachable, overloaded:
+        429, 5xx), lost nothing the cache holds: it is watched again from its last event, as
+        client-go's reflector does, not listed again (a relist of every Pod of a large cluster is
+        the costliest read there is, and the last thing an overloaded API server needs). At
+        once when the watch delivered events; after the backoff otherwise, so a proxy that cuts
+        every stream is not asked again in a loop. Only a resourceVersion too old to watch from
+        (410 Gone) lists again at once. A watch refused for good or answered with no events
+        (RBAC that lets the list through but not the watch, a proxy's page) lists again after
+        the backoff, which only a working watch resets: the cache stays as fresh as the list
+        allows, without a list every half second."""
         while not self._stop.is_set():
             try:
                 version = self._watch(version)
@@ -167,18 +195,19 @@ class Reflector:
                     self._watched()
                     log.info("%s watch cut (%s); watching again from resourceVersion %s", self.name, cut, version)
                     continue
-                self._watch_trouble.failed(f"{self.name} watch cut before any event ({cut}); watching again from "
-                                           f"resourceVersion {version} with a backoff of up to 30s", kind="cut")
-                self._back_off()
+                said, again, kind = f"watch cut before any event ({cut})", True, "cut"
             except Gone:
                 log.info("%s watch expired; listing again", self.name)
                 return
             except Exception as error:  # noqa: BLE001  -- any API failure: retry, never die
                 if self._not_served(error):  # its CRD was uninstalled
                     return
-                self._watch_trouble.failed(f"{self.name} watch failed ({one_line(error)}); listing again with a "
-                                           "backoff of up to 30s", kind="failing")
-                self._back_off()
+                said, again = f"watch failed ({one_line(error)})", _momentary(error)
+                kind = "refused for now" if again else "refused"
+            then = f"watching again from resourceVersion {version}" if again else "listing again"
+            self._watch_trouble.failed(f"{self.name} {said}; {then} with a backoff of up to 30s", kind=kind)
+            self._back_off()
+            if not again:
                 return
 
     def _back_off(self) -> None:
@@ -278,7 +307,7 @@ class Reflector:
                 if kind == "ERROR":
                     if obj.get("code") == 410:
                         raise Gone()
-                    raise RuntimeError(f"watch error: {obj.get('message')}")
+                    raise WatchError(obj)
                 if not progressed:
                     progressed = True
                     self._watched()

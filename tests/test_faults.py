@@ -138,6 +138,30 @@ def test_a_cut_watch_is_watched_again_from_its_last_event_not_listed_again(node_
     assert len(lines) == 3, lines
 
 
+def test_a_watch_the_api_server_refuses_for_a_while_is_watched_again_not_listed_again(node_cache, caplog):
+    """An API server unavailable (503) or overloaded: listing every Pod again each time its watch
+    cannot start is the last thing it needs, and the cache lost nothing."""
+    api, reflector = node_cache
+    listed_at = api.get("pods", NS, "web")["metadata"]["resourceVersion"]
+    assert eventually(lambda: api.count("GET", "pods", watch=True) == 1)
+    time.sleep(0.2)  # past the double's check of `down` for that watch
+    api.down = True  # new requests get 503; the watch under way goes on
+    api.cut_watches.add("pods")
+    api.put("pods", placed("node-1"))
+    assert eventually(lambda: api.count("GET", "pods", watch=True) >= 3)
+    assert reflector.get(NS, "web") == "node-0"
+    api.down = False
+    assert eventually(lambda: reflector.get(NS, "web") == "node-1"), told(caplog)
+    assert api.count("GET", "pods", watch=False) == 1, "the cache was never listed again"
+    lines = told(caplog)
+    assert lines[:2] == [
+        f"pods watch cut before any event (the connection dropped); watching again from resourceVersion {listed_at} "
+        "with a backoff of up to 30s",
+        f"pods watch failed (HTTP 503 Service Unavailable); watching again from resourceVersion {listed_at} with a "
+        "backoff of up to 30s"], lines
+    assert re.fullmatch(r"pods watched again \(after [2-9] failed runs\)", lines[2]) and len(lines) == 3, lines
+
+
 def test_a_watch_a_proxy_answers_with_its_page_is_said_once_and_listed_again_slowly(pods_api, caplog):
     """A proxy that passes the list but answers the long-lived watch with its own page: the cache
     is listed again for freshness, with a growing backoff, not every half second, and the
