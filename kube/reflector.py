@@ -48,23 +48,25 @@ class WatchError(Exception):
     """An ERROR event: the API server ended the watch with a Status (other than 410 Gone)."""
 
     def __init__(self, status: dict[str, Any]) -> None:
-        super().__init__(f"watch error: {status.get('message')}")
         code = status.get("code")
-        self.status = code if isinstance(code, int) else None
+        self.code = code if isinstance(code, int) else None
+        # Not ``status``: one_line would tell it as "HTTP 500" and drop the API server's words.
+        super().__init__(f"watch error {self.code or ''}: {status.get('message')}".replace(" :", ":"))
 
 
 def _momentary(error: BaseException) -> bool:
     """A failure of the road to the API server, or one the API server says is momentary (429
     Too Many Requests, 5xx): the same watch is worth asking again.
 
-    >>> _momentary(WatchError({"code": 500, "message": "etcdserver: request timed out"}))
-    True
+    >>> timed_out = WatchError({"code": 500, "message": "etcdserver: request timed out"})
+    >>> _momentary(timed_out), one_line(timed_out)
+    (True, 'watch error 500: etcdserver: request timed out')
     >>> _momentary(WatchError({"code": 403, "message": "pods is forbidden"}))
     False
     """
     import urllib3
 
-    status = getattr(error, "status", None)
+    status = error.code if isinstance(error, WatchError) else getattr(error, "status", None)
     return isinstance(error, urllib3.exceptions.HTTPError) or (
         isinstance(status, int) and (status == 429 or status >= 500))
 

@@ -135,6 +135,9 @@ class FakeKubeAPI:
         self.garbled_watches: set[str] = set()
         """Plurals whose watch, not list, is answered with that HTML page (a proxy that passes
         plain requests but not long-lived streams)."""
+        self.failing_watches: dict[str, tuple[int, str]] = {}
+        """plural -> (code, message) the API server ends its next watch event's stream with,
+        in an ERROR event instead of that event (etcd timing out under the API server: 500)."""
         self.cut_watches: set[str] = set()
         """Plurals whose next watch event is sent half-written and the connection dropped."""
         self.recreated: set[tuple[str, str]] = set()
@@ -619,6 +622,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             try:
                 for event in api.watch_events(plural, namespace, since, timeout):
+                    if plural in api.failing_watches:
+                        code, message = api.failing_watches.pop(plural)
+                        event = {"type": "ERROR", "object": _status(code, "InternalError", message)}
                     line = json.dumps(event).encode() + b"\n"
                     if plural in api.cut_watches:
                         # The connection drops mid-event (a load balancer or API server restart).
@@ -630,6 +636,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                         return
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     self.wfile.flush()
+                    if event["type"] == "ERROR":
+                        break
                 self.wfile.write(b"0\r\n\r\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass

@@ -162,6 +162,18 @@ def test_a_watch_the_api_server_refuses_for_a_while_is_watched_again_not_listed_
     assert re.fullmatch(r"pods watched again \(after [2-9] failed runs\)", lines[2]) and len(lines) == 3, lines
 
 
+def test_a_watch_the_api_server_ends_with_a_momentary_error_is_watched_again(node_cache, caplog):
+    api, reflector = node_cache
+    listed_at = api.get("pods", NS, "web")["metadata"]["resourceVersion"]
+    api.failing_watches["pods"] = (500, "etcdserver: request timed out")
+    api.put("pods", placed("node-1"))  # the watch ends with the error instead of this event
+    assert eventually(lambda: reflector.get(NS, "web") == "node-1"), told(caplog)
+    assert api.count("GET", "pods", watch=False) == 1, "the cache was never listed again"
+    assert told(caplog)[0] == (
+        "pods watch failed (watch error 500: etcdserver: request timed out); watching again from resourceVersion "
+        f"{listed_at} with a backoff of up to 30s")
+
+
 def test_a_watch_a_proxy_answers_with_its_page_is_said_once_and_listed_again_slowly(pods_api, caplog):
     """A proxy that passes the list but answers the long-lived watch with its own page: the cache
     is listed again for freshness, with a growing backoff, not every half second, and the
