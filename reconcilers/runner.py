@@ -412,7 +412,7 @@ class Reconciler:
             self.metrics.skips.labels("resize-api-error").inc()
             self.incomplete.append(f"in-place resize: the API server failed ({why})")
             return [Row("*", "*", "", "", "", f"in-place resize: the API server failed ({why}); retried next pass")]
-        self.metrics.resize_supported.set(1 if reads else 0)
+        self.metrics.resize_supported.set(0 if reads is None else 1)
         if reads is None:
             if self._resize_supported is not False:
                 log.warning("the API server has no pods/resize (Kubernetes before 1.33, or InPlacePodVerticalScaling "
