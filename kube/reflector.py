@@ -193,8 +193,7 @@ class Reflector:
                 continue
             except WatchCut as cut:
                 version = cut.at
-                if cut.progressed:
-                    self._watched()
+                if cut.progressed:  # the stream worked: _watch reset the backoff at its first event
                     log.info("%s watch cut (%s); watching again from resourceVersion %s", self.name, cut, version)
                     continue
                 said, again, kind = f"watch cut before any event ({cut})", True, "cut"
