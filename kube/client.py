@@ -86,11 +86,16 @@ def decoded(response: Any) -> dict[str, Any]:
         obj = None
     # A list's ``items`` may come as null: Go encodes an empty slice left nil that way.
     if not isinstance(obj, dict) or not isinstance(obj.get("items") or [], list):
-        path = urlsplit(getattr(response, "url", None) or "").path or "the API server"
-        kind = (getattr(response, "headers", None) or {}).get("Content-Type") or "no Content-Type"
+        path, kind = answered(response)
         raise GarbledAnswer(f"the answer to {path} is no Kubernetes object ({kind}, "
                             f"{len(response.data or b'')} bytes)")
     return obj
+
+
+def answered(response: Any) -> tuple[str, str]:
+    """The path a raw urllib3 response answers and its Content-Type, for a message about it."""
+    path = urlsplit(getattr(response, "url", None) or "").path or "the API server"
+    return path, (getattr(response, "headers", None) or {}).get("Content-Type") or "no Content-Type"
 
 
 def found(read: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any] | None:

@@ -12,10 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from kube.background import Trouble
-from kube.client import GarbledAnswer, decoded, found, one_line, without_managed_fields
+from kube.client import GarbledAnswer, answered, decoded, found, one_line, without_managed_fields
 
 log = logging.getLogger(__name__)
 
@@ -405,8 +404,7 @@ def _event(line: bytes, response: Any) -> dict[str, Any]:
 
 
 def _garbled(response: Any, said: str, size: str = "") -> GarbledAnswer:
-    path = urlsplit(getattr(response, "url", None) or "").path or "the API server"
-    kind = (getattr(response, "headers", None) or {}).get("Content-Type") or "no Content-Type"
+    path, kind = answered(response)
     return GarbledAnswer(f"the watch of {path} {said} ({kind}{size})")
 
 
