@@ -12,9 +12,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
-from kube.client import GarbledAnswer, api_message, api_server_of, decoded, load_api_client, one_line
+from kube.client import GarbledAnswer, answered, api_message, api_server_of, decoded, load_api_client, one_line
 from oversale.errors import SettingsError
 from oversale.settings import Settings, unread_variables
 
@@ -130,5 +129,5 @@ def check_api_server(api_client: object, timeout: float = 5.0) -> str:
     response: Any = client.VersionApi(api_client).get_code(_preload_content=False, _request_timeout=timeout)
     version = decoded(response).get("gitVersion")
     if not isinstance(version, str) or not version:
-        raise GarbledAnswer(f"the answer to {urlsplit(response.url or '').path} names no Kubernetes version")
+        raise GarbledAnswer(f"the answer to {answered(response)[0]} names no Kubernetes version")
     return f"{api_server_of(api_client)} (Kubernetes {version})"

@@ -84,7 +84,12 @@ class Reflector:
     404 for it, the cache is synced and empty, and it lists again every ``watch_timeout_seconds``
     (a CRD installed later is picked up without a restart). ``batch()``: what a relist's
     ``on_reset`` and all its ``on_change`` calls run within (the caller's lock), so a reader of the
-    caller's index never sees it half rebuilt.
+    caller's index never sees it half rebuilt. ``on_restart(kind, again, cause)``: each time the
+    cache lists its kind again (``again`` "list"; ``cause`` "list failed": the list before it,
+    the first one too, "expired": its watch's resourceVersion is gone (410), "refused": its watch
+    was refused for good or answered with no events) or watches it again from where it stands
+    ("watch"; "cut": the stream ended early, "refused for now": 429, 5xx, the API server
+    unreachable), for a metric (:class:`kube.cache_metrics.CacheRestarts`).
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class Reflector:
         digest: Callable[[dict[str, Any]], Any] = lambda obj: obj,
         optional: bool = False,
         batch: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        on_restart: Callable[[str, str, str], None] = lambda kind, again, cause: None,
     ) -> None:
         self.name = name
         self._optional = optional
@@ -112,6 +118,7 @@ class Reflector:
         self._on_reset = on_reset
         self._digest = digest
         self._batch = batch
+        self._on_restart = on_restart
         self._items: dict[str, dict[str, Any]] = {}
         self._apply = threading.Lock()
         self._at: int | None = None
@@ -128,13 +135,14 @@ class Reflector:
 
     @classmethod
     def for_kind(cls, api_client: Any, kind: WatchedKind, extract: Callable[[dict[str, Any]], Any],
-                 watch_timeout_seconds: int, on_sync: Callable[[str, bool], None] = lambda k, s: None) -> Reflector:
+                 watch_timeout_seconds: int, on_sync: Callable[[str, bool], None] = lambda k, s: None,
+                 on_restart: Callable[[str, str, str], None] = lambda kind, again, cause: None) -> Reflector:
         """A reflector over a namespaced kind of the typed client (``list_<plural>_for_all_namespaces``)."""
         from kubernetes import client
 
         api = getattr(client, kind.api)(api_client)
         return cls(kind.kind, getattr(api, f"list_{kind.plural}_for_all_namespaces"), extract, watch_timeout_seconds,
-                   on_sync, read_fn=getattr(api, f"read_namespaced_{kind.plural}"))
+                   on_sync, read_fn=getattr(api, f"read_namespaced_{kind.plural}"), on_restart=on_restart)
 
     def start(self) -> None:
         self._thread.start()
@@ -167,6 +175,7 @@ class Reflector:
                     continue
                 self._trouble.failed(f"{self.name} list failed ({one_line(error)}); retrying with a backoff of up to "
                                      "30s", kind="failing")
+                self._on_restart(self.name, "list", "list failed")
                 self._back_off()
                 continue
             self._trouble.succeeded()
@@ -194,10 +203,12 @@ class Reflector:
                 version = cut.at
                 if cut.progressed:  # the stream worked: _watch reset the backoff at its first event
                     log.info("%s watch cut (%s); watching again from resourceVersion %s", self.name, cut, version)
+                    self._on_restart(self.name, "watch", "cut")
                     continue
                 said, again, kind = f"watch cut before any event ({cut})", True, "cut"
             except Gone:
                 log.info("%s watch expired; listing again", self.name)
+                self._on_restart(self.name, "list", "expired")
                 return
             except Exception as error:  # noqa: BLE001  -- any API failure: retry, never die
                 if self._not_served(error):  # its CRD was uninstalled
@@ -206,6 +217,7 @@ class Reflector:
                 kind = "refused for now" if again else "refused"
             then = f"watching again from resourceVersion {version}" if again else "listing again"
             self._watch_trouble.failed(f"{self.name} {said}; {then} with a backoff of up to 30s", kind=kind)
+            self._on_restart(self.name, "watch" if again else "list", kind)
             self._back_off()
             if not again:
                 return

@@ -103,10 +103,10 @@ def _build_extender(settings: Settings, args: argparse.Namespace, paths: Certifi
 
     api_client = load_api_client(settings.kubernetes)
     state = ClusterState(settings.keys, load_config=settings.load)
-    watch = ClusterWatch(api_client, state, settings.watch_timeout_seconds)
-    watch.start()
     served = {"serving": paths.cert, "ca": paths.ca} if paths else {}
     metrics = ExtenderMetrics({**served, **({"client-ca": args.client_ca} if args.client_ca else {})})
+    watch = ClusterWatch(api_client, state, settings.watch_timeout_seconds, on_restart=metrics.cache_restarts)
+    watch.start()
     metrics.client_auth.set(1 if args.client_ca else 0)
     if settings.load_aware:
         UsagePoller(api_client, state, settings.metrics_poll_interval_seconds, metrics.record_poll).start()

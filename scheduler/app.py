@@ -13,6 +13,7 @@ from typing import Any
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kube.cache_metrics import CacheRestarts
 from kube.certificate_expiry import CertificateExpiry, PeerCertificate
 from kube.client import one_line
 from oversale.settings import Settings
@@ -47,6 +48,7 @@ class ExtenderMetrics:
                                  ["reason"], registry=self.registry)
         for reason in ("missing", "old"):
             self.stale_nodes.labels(reason).set(0)
+        self.cache_restarts = CacheRestarts(self.registry)
         self.client_auth = Gauge("oversale_extender_client_auth",
                                  "1 when callers must present a certificate of kube-scheduler's CA (mutual TLS), "
                                  "0 when anyone who reaches the port can call bind.", registry=self.registry)

@@ -44,9 +44,10 @@ NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")
 
 class ClusterWatch:
     """Nodes, Pods, PodDisruptionBudgets and (when the CRD exists) NodeResourceTopologies, watched
-    into ``state``."""
+    into ``state``; each relist or new watch told to ``on_restart`` (see :class:`Reflector`)."""
 
-    def __init__(self, api_client: Any, state: ClusterState, watch_timeout: int = 300) -> None:
+    def __init__(self, api_client: Any, state: ClusterState, watch_timeout: int = 300,
+                 on_restart: Callable[[str, str, str], None] = lambda kind, again, cause: None) -> None:
         core, policy = client.CoreV1Api(api_client), client.PolicyV1Api(api_client)
         self._uids: dict[tuple[str, str], str] = {}
 
@@ -66,24 +67,24 @@ class ClusterWatch:
         self.reflectors = [
             Reflector("Node", core.list_node, _nothing, watch_timeout,
                       on_change=lambda _, name, node: state.set_node(name, node), on_reset=state.reset_nodes,
-                      digest=scheduling_part, batch=state.locked),
+                      digest=scheduling_part, batch=state.locked, on_restart=on_restart),
             Reflector("Pod", core.list_pod_for_all_namespaces, _unbound, watch_timeout,
                       read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset,
-                      digest=partial(pod_facts, keys=state.keys), batch=state.locked),
+                      digest=partial(pod_facts, keys=state.keys), batch=state.locked, on_restart=on_restart),
         ]
         # What a preemption's added victims are weighed by (kube-scheduler reads them for its own).
         # A preference only: the extender serves before they are in (or where it may not list
         # them, said in the log each retry), and adds victims without them meanwhile.
         self._budgets = Reflector("PodDisruptionBudget", policy.list_pod_disruption_budget_for_all_namespaces,
                                   _nothing, watch_timeout, on_change=state.set_budget, on_reset=state.reset_budgets,
-                                  digest=disruption_budget, batch=state.locked)
+                                  digest=disruption_budget, batch=state.locked, on_restart=on_restart)
         self.reflectors.append(self._budgets)
         # NFD's topology-updater publishes NUMA zones where it is installed; without its CRD,
         # topology comes from node annotations.
         self.reflectors.append(Reflector(
             "NodeResourceTopology", partial(client.CustomObjectsApi(api_client).list_cluster_custom_object, *NRT),
             _nothing, watch_timeout, on_change=lambda _, name, zones: state.set_topology(name, zones),
-            on_reset=state.reset_topologies, digest=_zones, optional=True, batch=state.locked))
+            on_reset=state.reset_topologies, digest=_zones, optional=True, batch=state.locked, on_restart=on_restart))
         self._pods = self.reflectors[1]
 
     def start(self) -> None:

@@ -77,6 +77,9 @@ def test_a_watch_cut_mid_event_is_picked_up_again(webhook_on_api):
     api.cut_watches.add("deployments")
     deployment_and_replicaset(api, "4")  # this event arrives half-written, then the stream drops
     assert eventually(lambda: cpu_after(server) == "250m", timeout=15), "the change arrives when watched again"
+    restarts = "oversale_cache_restarts_total"
+    assert server.metric(restarts, kind="Deployment", again="watch", cause="cut") == 1
+    assert server.metric(restarts, again="list") == 0, "no cache was listed again"
 
 
 @pytest.fixture
@@ -96,11 +99,15 @@ def node_cache(pods_api) -> Iterator[tuple[FakeKubeAPI, Any]]:
 
 
 def synced_node_cache(api: FakeKubeAPI) -> Any:
-    """The shared list-then-watch cache over Pods (each kept as its node), started and synced."""
+    """The shared list-then-watch cache over Pods (each kept as its node), started and synced;
+    ``reflector.restarts``: what it told its ``on_restart``, (again, cause) each time."""
     from kube.reflector import Reflector
 
     pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
-    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 300)
+    restarts: list[tuple[str, str]] = []
+    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 300,
+                          on_restart=lambda kind, again, cause: restarts.append((again, cause)))
+    reflector.restarts = restarts
     reflector.start()
     assert reflector.synced.wait(10)
     return reflector
@@ -136,6 +143,7 @@ def test_a_cut_watch_is_watched_again_from_its_last_event_not_listed_again(node_
     assert lines[1] == "pods watched again (after 1 failed run)"
     assert lines[2] == f"pods watch cut (the connection dropped); watching again from resourceVersion {delivered_at}"
     assert len(lines) == 3, lines
+    assert reflector.restarts == [("watch", "cut"), ("watch", "cut")]
 
 
 def test_a_watch_the_api_server_refuses_for_a_while_is_watched_again_not_listed_again(node_cache, caplog):
@@ -160,6 +168,8 @@ def test_a_watch_the_api_server_refuses_for_a_while_is_watched_again_not_listed_
         f"pods watch failed (HTTP 503 Service Unavailable); watching again from resourceVersion {listed_at} with a "
         "backoff of up to 30s"], lines
     assert re.fullmatch(r"pods watched again \(after [2-9] failed runs\)", lines[2]) and len(lines) == 3, lines
+    assert reflector.restarts[0] == ("watch", "cut") and len(reflector.restarts) >= 2
+    assert set(reflector.restarts[1:]) == {("watch", "refused for now")}, reflector.restarts
 
 
 def test_a_watch_the_api_server_ends_with_a_momentary_error_is_watched_again(node_cache, caplog):
@@ -172,6 +182,7 @@ def test_a_watch_the_api_server_ends_with_a_momentary_error_is_watched_again(nod
     assert told(caplog)[0] == (
         "pods watch failed (watch error 500: etcdserver: request timed out); watching again from resourceVersion "
         f"{listed_at} with a backoff of up to 30s")
+    assert reflector.restarts == [("watch", "refused for now")]
 
 
 def test_a_watch_a_proxy_answers_with_its_page_is_said_once_and_listed_again_slowly(pods_api, caplog):
@@ -183,7 +194,10 @@ def test_a_watch_a_proxy_answers_with_its_page_is_said_once_and_listed_again_slo
     reflector = synced_node_cache(api)
     try:
         time.sleep(6)  # lists again after 0.5, 1.5 and 3.5 s, the next at 7.5 s
-        assert 2 <= api.count("GET", "pods", watch=False) <= 5
+        lists, restarts = api.count("GET", "pods", watch=False), list(reflector.restarts)
+        assert 2 <= lists <= 5
+        # Each told before its backoff: the last one may be waiting for its list.
+        assert set(restarts) == {("list", "refused")} and lists - 1 <= len(restarts) <= lists, (lists, restarts)
         assert told(caplog, "WARNING") == ["pods watch failed (the watch of /api/v1/pods answered no watch stream "
                                            "(text/html)); listing again with a backoff of up to 30s"]
         api.garbled_watches.clear()

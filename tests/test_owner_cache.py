@@ -286,6 +286,8 @@ def test_readiness_waits_for_the_caches(tmp_path):
         api.down = False
         assert eventually(lambda: server.get("/readyz")[0] == 200, timeout=20)
         assert server.metric("oversale_cache_synced", kind="Deployment") == 1
+        assert server.metric("oversale_cache_restarts_total", kind="Deployment", again="list",
+                             cause="list failed") >= 1
     finally:
         server.stop()
         api.stop()

@@ -653,6 +653,27 @@ def test_stale_metrics_are_ignored_and_counted(loaded):
                      extender.log_path.read_text())
 
 
+def test_each_cache_relist_is_counted_by_kind_and_cause(tmp_path):
+    """A Pod cache listed again and again reads every Pod of the cluster each time: the operator
+    sees how often, for which kind and why, before the API server does."""
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    extender = Extender(api, tmp_path)
+    relisted = 'oversale_cache_restarts_total{again="list",cause="expired",kind="Node"} 1.0'
+    try:
+        assert "oversale_cache_restarts_total{" not in extender.get("/metrics")
+        with api.watches_paused():
+            api.put("nodes", node("node-1"))
+            api.compact("nodes")  # the Node watch's resourceVersion is gone: 410, then a relist
+        wait_for(lambda: relisted in extender.get("/metrics"))
+        assert extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-1"]})["NodeNames"] == ["node-1"]
+        assert [line for line in extender.get("/metrics").splitlines()
+                if line.startswith("oversale_cache_restarts_total{")] == [relisted]
+    finally:
+        extender.stop()
+        api.stop()
+
+
 def test_a_node_whose_clock_runs_ahead_is_judged_by_its_readings_not_by_its_clock(tmp_path):
     # NodeMetrics are stamped by the node's own clock. This one runs an hour ahead.
     api = FakeKubeAPI().start()

@@ -224,6 +224,7 @@ def _connect(settings: Settings, metrics: Metrics) -> tuple[Owners, NodePods]:
         watch_timeout_seconds=settings.watch_timeout_seconds,
         on_sync=lambda kind, synced: metrics.cache_synced.labels(kind).set(1 if synced else 0),
         on_lookup=lambda result: metrics.child(metrics.owner_lookups, result).inc(),
+        on_restart=metrics.cache_restarts,
     )
     cache.start()
     return cache, LiveNodePods(api_client, settings.pod_lookup_timeout_seconds)

@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.mmap_dict import MmapedDict
 
+from kube.cache_metrics import CacheRestarts
 from kube.certificate_expiry import CertificateExpiry
 
 
@@ -99,6 +100,7 @@ class Metrics:
             multiprocess_mode="livemin",
             registry=registry,
         )
+        self.cache_restarts = CacheRestarts(registry)
         self.owner_lookups = Counter(
             "oversale_owner_lookups",
             "Owner lookups by result: hit (cache), miss (one GET made), error (API failed).",

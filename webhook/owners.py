@@ -79,6 +79,7 @@ class OwnerCache:
         watch_timeout_seconds: int,
         on_sync: Callable[[str, bool], None] = lambda kind, synced: None,
         on_lookup: Callable[[str], None] = lambda result: None,
+        on_restart: Callable[[str, str, str], None] = lambda kind, again, cause: None,
     ) -> None:
         def workload(obj: dict[str, Any]) -> Entry:
             metadata = obj.get("metadata") or {}
@@ -94,11 +95,13 @@ class OwnerCache:
         self._lookup_timeout = lookup_timeout
         self._on_lookup = on_lookup
         self._reflectors = {
-            kind.kind: Reflector.for_kind(api_client, kind, workload, watch_timeout_seconds, on_sync)
+            kind.kind: Reflector.for_kind(api_client, kind, workload, watch_timeout_seconds, on_sync, on_restart)
             for kind in WORKLOAD_KINDS
         }
-        self._limit_ranges = Reflector.for_kind(api_client, LIMIT_RANGES, limit_range, watch_timeout_seconds, on_sync)
-        self._quotas = Reflector.for_kind(api_client, RESOURCE_QUOTAS, resource_quota, watch_timeout_seconds, on_sync)
+        self._limit_ranges = Reflector.for_kind(api_client, LIMIT_RANGES, limit_range, watch_timeout_seconds, on_sync,
+                                                on_restart)
+        self._quotas = Reflector.for_kind(api_client, RESOURCE_QUOTAS, resource_quota, watch_timeout_seconds, on_sync,
+                                          on_restart)
         # VPA's admission runs after this webhook (its configuration's name sorts after ours) and
         # scales limits by its recommendation over the request it finds: the resources it will
         # set must be known before it runs. Without the CRD there is none.
@@ -107,7 +110,7 @@ class OwnerCache:
         self._vpas = Reflector("VerticalPodAutoscaler",
                                partial(client.CustomObjectsApi(api_client).list_cluster_custom_object, *VPA),
                                lambda vpa: Entry(_NO_ANNOTATIONS, extra=vpa_controlled([vpa])),
-                               watch_timeout_seconds, on_sync, optional=True)
+                               watch_timeout_seconds, on_sync, optional=True, on_restart=on_restart)
 
     def start(self) -> None:
         for reflector in self._all():
