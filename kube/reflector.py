@@ -261,24 +261,15 @@ class Reflector:
         self._relist()
 
     def _relist(self) -> str:
-        items: dict[str, dict[str, Any]] = {}
-        listed_digests: list[tuple[str, str, Any]] = []
-        token: str | None = None
-        while True:
-            response = self._list(limit=500, _continue=token, _preload_content=False, _request_timeout=60)
-            page = decoded(response)
-            for obj in map(without_managed_fields, page.get("items") or []):
-                metadata = obj.get("metadata") or {}
-                namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
-                entry = self._extract(obj)
-                if entry is not None:
-                    items.setdefault(namespace, {})[name] = entry
-                if self._on_change is not None:
-                    listed_digests.append((namespace, name, self._digest(obj)))
-            token = (page.get("metadata") or {}).get("continue") or None
-            if token is None:
-                break
-        listed = str((page.get("metadata") or {}).get("resourceVersion", ""))
+        try:
+            items, listed_digests, listed = self._read_list(paged=True)
+        except _ContinueExpired:
+            # A page is asked for at the revision of the first, which etcd keeps until its next
+            # compaction (every 5 minutes by default): pages read slower than that would expire
+            # again if asked again from the first. One answer cannot expire; client-go's pager
+            # falls back to it too.
+            log.info("%s list's continue token expired before its last page; listing whole", self.name)
+            items, listed_digests, listed = self._read_list(paged=False)
         with self._apply, self._batch():
             number = _number(listed)
             if number is not None and self._at is not None and number < self._at:
@@ -298,6 +289,36 @@ class Reflector:
             self._on_sync(self.name, True)
             log.info("%s cache synced: %d objects", self.name, sum(map(len, items.values())))
         return listed
+
+    def _read_list(self, paged: bool) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str, Any]], str]:
+        """Every object of the kind, listed in pages of 500 or, not ``paged``, in one answer: the
+        cache's entries (namespace -> name -> entry), each object's digest for ``on_change``
+        where there is one, and the list's resourceVersion. Raises _ContinueExpired where a
+        page after the first is refused as too old (410)."""
+        items: dict[str, dict[str, Any]] = {}
+        listed_digests: list[tuple[str, str, Any]] = []
+        token: str | None = None
+        while True:
+            try:
+                # Whole, the API server reads every object before it sends the first byte.
+                response = self._list(limit=500, _continue=token, _preload_content=False, _request_timeout=60) \
+                    if paged else self._list(_preload_content=False, _request_timeout=(10, 300))
+            except Exception as error:
+                if token is not None and getattr(error, "status", None) == 410:
+                    raise _ContinueExpired() from error
+                raise
+            page = decoded(response)
+            for obj in map(without_managed_fields, page.get("items") or []):
+                metadata = obj.get("metadata") or {}
+                namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
+                entry = self._extract(obj)
+                if entry is not None:
+                    items.setdefault(namespace, {})[name] = entry
+                if self._on_change is not None:
+                    listed_digests.append((namespace, name, self._digest(obj)))
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items, listed_digests, str((page.get("metadata") or {}).get("resourceVersion", ""))
 
     def _watch(self, version: str) -> str:
         response = self._list(
@@ -358,6 +379,10 @@ class Reflector:
         finally:
             response.release_conn()
         return version
+
+
+class _ContinueExpired(Exception):
+    """A list's page after the first was refused: its continue token is older than etcd keeps."""
 
 
 class _Unfinished(Exception):

@@ -140,6 +140,9 @@ class FakeKubeAPI:
         in an ERROR event instead of that event (etcd timing out under the API server: 500)."""
         self.cut_watches: set[str] = set()
         """Plurals whose next watch event is sent half-written and the connection dropped."""
+        self.expired_continues: set[str] = set()
+        """Plurals whose list pages after the first are refused with 410 Expired, as the API server
+        refuses a continue token older than etcd keeps the list's revision (5 minutes)."""
         self.recreated: set[tuple[str, str]] = set()
         """(namespace, Pod) its controller deletes and creates again under the same name (a new UID)
         just before the next eviction of it arrives: a StatefulSet's Pod, replaced meanwhile."""
@@ -590,6 +593,10 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             plural, namespace, name, _, query = route
             if name is None and query.get("watch") == ["true"]:
                 return self._watch(plural, namespace, query)
+            if name is None and query.get("continue") and plural in api.expired_continues:
+                return self._send(410, _status(410, "Expired", "The provided continue parameter is too old to "
+                                                "display a consistent list result. You can start a new list without "
+                                                "the continue parameter."))
             if name is None:
                 listed = api.list_objects(plural, namespace, query)
                 held = api.held_lists.pop(plural, None)

@@ -210,6 +210,26 @@ def test_a_watch_a_proxy_answers_with_its_page_is_said_once_and_listed_again_slo
         reflector.stop()
 
 
+def test_a_list_whose_continue_token_expired_is_read_whole_not_from_its_first_page_again(pods_api, caplog):
+    """A page is read at the first page's revision, which etcd keeps 5 minutes: a large
+    cluster's Pods paged slower than that, asked again from the first page, expire again, and the
+    cache never syncs."""
+    api = pods_api
+    for index in range(500):  # 501 Pods with "web": two pages of 500
+        api.put("pods", {"metadata": {"name": f"web-{index}", "namespace": NS}, "spec": {"nodeName": "node-0"}})
+    api.expired_continues.add("pods")
+    reflector = synced_node_cache(api)
+    try:
+        assert len(reflector.in_namespace(NS)) == 501
+        assert api.count("GET", "pods", watch=False) == 3, "the first page, the second refused, then all in one"
+        assert told(caplog) == ["pods list's continue token expired before its last page; listing whole"]
+        api.put("pods", placed("node-1"))  # watched from the whole list's resourceVersion
+        assert eventually(lambda: reflector.get(NS, "web") == "node-1")
+        assert reflector.restarts == []
+    finally:
+        reflector.stop()
+
+
 def test_the_api_server_down_and_back_admission_fails_open_and_caches_recover(webhook_on_api):
     api, server = webhook_on_api
     api.down = True
