@@ -231,6 +231,14 @@ class Remediator:
         """Observe one node (its utilization, its hot streak) and, once it has been hot long
         enough and no cooldown or eviction budget stops it, plan the moves that cool it and carry
         them out (unless a dry run)."""
+        over, why = self._observe_node(node, reading, state)
+        if over and self._may_move_off(node["metadata"]["name"], why, state):
+            self._move_off(node, over, why, state)
+
+    def _observe_node(self, node: dict[str, Any], reading: NodeMetrics | None, state: _Pass
+                      ) -> tuple[dict[str, float], str]:
+        """A node's utilization (for the gauges), its hot streak carried on, and what is above its
+        runtime watermarks (by resource, and said in words), if anything."""
         name, metadata = node["metadata"]["name"], node["metadata"]
         watermarks, problems = runtime_watermarks_for(metadata.get("labels"), metadata.get("annotations"),
                                                       self.keys, self.config.watermarks)
@@ -244,24 +252,30 @@ class Remediator:
         over = excess(observed, real, watermarks) if reading else {}
         # A node without fresh metrics is not observed: its streak starts over.
         self.streaks[name] = next_streak(self.streaks.get(name, 0), bool(over))
-        streak = self.streaks[name]
-        if streak >= self.config.observations:
+        if self.streaks[name] >= self.config.observations:
             state.hot_nodes += 1
-        if not over:
-            return
-        why = hot_reason(observed, real, watermarks) or ""
-        object_name, now = f"Node/{name}", state.now
+        return over, (hot_reason(observed, real, watermarks) or "") if over else ""
+
+    def _may_move_off(self, name: str, why: str, state: _Pass) -> bool:
+        """Whether a hot node's Pods may be moved this pass: hot long enough, not cooling down
+        after an eviction, within the pass's evictions; a row saying why not otherwise."""
+        object_name, now, streak = f"Node/{name}", state.now, self.streaks[name]
         if streak < self.config.observations:
             state.rows.append(Row(object_name, "*", "", "", "", f"hot {streak}/{self.config.observations}: {why}"))
-            return
+            return False
         if self.node_cooldown.get(name, 0) > now:
             state.rows.append(Row(object_name, "*", "", "", "", f"hot, cooling down after an eviction "
                                   f"({self.node_cooldown[name] - now:.0f}s left): {why}"))
-            return
+            return False
         if state.evictions_left <= 0:
             state.rows.append(Row(object_name, "*", "", "", "", f"hot, over {self.config.max_per_pass} evictions "
                                   "this pass: next pass"))
-            return
+            return False
+        return True
+
+    def _move_off(self, node: dict[str, Any], over: dict[str, float], why: str, state: _Pass) -> None:
+        """Plan the moves that cool a hot node and carry them out (unless a dry run)."""
+        name, now = node["metadata"]["name"], state.now
         candidates = self._candidates(name, state)
         if state.neighbours is None:
             # Every running Pod as inter-Pod affinity reads it, once a pass, and only once a
@@ -279,7 +293,7 @@ class Remediator:
         for kept, reason in plan.kept:
             state.rows.append(Row(f"Pod/{kept.name}", "*", name, "", "", f"not moved: {reason}"))
         if not plan.moves:
-            state.rows.append(Row(object_name, "*", "", "", "", f"hot: {why}; nothing can move "
+            state.rows.append(Row(f"Node/{name}", "*", "", "", "", f"hot: {why}; nothing can move "
                                   f"({len(candidates)} candidates)"))
             return
         for move in plan.moves:

@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -136,6 +136,29 @@ class Overspend:
     node: dict[str, Any]
     """Where the Event goes: the node itself, or the pool's node that spent most."""
     message: str
+
+
+@dataclass
+class _AccountLedger:
+    """One pass's hot-time accounts as they are kept, node by node, then pool by pool
+    (:meth:`Reconciler._keep_accounts`)."""
+
+    members: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Pool -> its opted-in nodes."""
+    hot_time: dict[tuple[str, ...], float] = field(default_factory=dict)
+    """(scope, name, resource, window) -> the share of samples hot, for the gauges."""
+    totals: dict[tuple[str, ...], HotTime] = field(default_factory=dict)
+    """("pool" or "cluster", name, resource, window) -> the hot time of its nodes together."""
+    own: dict[str, dict[str, NodeAccount]] = field(default_factory=dict)
+    """Node -> resource -> its own account, kept."""
+    pooled: dict[str, dict[str, NodeAccount]] = field(default_factory=dict)
+    """Pool -> resource -> its account, kept."""
+    multipliers: dict[tuple[str, ...], float] = field(default_factory=dict)
+    pool_budgets: dict[tuple[str, ...], float] = field(default_factory=dict)
+    pool_multipliers: dict[tuple[str, ...], float] = field(default_factory=dict)
+    overspends: dict[str, list[Overspend]] = field(default_factory=dict)
+    """Node -> the back-offs of its own account this pass."""
+    pool_overspends: dict[str, list[Overspend]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -614,36 +637,9 @@ class Reconciler:
             self.metrics.report(self.metrics.ratio, "oversale", {})
             self._report_accounts({}, {}, {}, {})
             return []
-        requested: dict[str, dict[str, int]] = {}
-        for pod in self.cluster.running_pods():
-            node_name = (pod.get("spec") or {}).get("nodeName")
-            if node_name:
-                totals = requested.setdefault(node_name, {})
-                for resource in RESOURCES:
-                    totals[resource] = totals.get(resource, 0) + scheduled_request(pod, resource)
+        requested = self._requested_per_node()
         budgets = {n["metadata"]["name"]: self._budgets(n) for n in nodes}
-        default = (self.settings.cpu_hot_time_budget, self.settings.memory_hot_time_budget)
-        unavailable: HistoryUnavailable | None = None
-        try:
-            if isinstance(read.stats, HistoryUnavailable):
-                raise read.stats
-            stats = dict(read.stats)
-            # Of the opted-in nodes' history only: series naming no node of theirs (a wrong
-            # OVERSALE_PROMETHEUS_NODE_LABEL) hold every ratio as surely as no history at all.
-            self._staleness("nodes", [stats[name].cpu for name in budgets if name in stats])
-            # Nodes (pools) with their own budget need their own quantile: one more read per
-            # distinct budget, not per node.
-            for cpu, memory in sorted({(b["cpu"], b["memory"]) for b in budgets.values()} - {default}):
-                scale = self.settings.budget_calibration
-                own = self.history.node_stats(self.settings.history_window_seconds, budget_quantile(cpu, scale),
-                                              budget_quantile(memory, scale), counts_from=stats)
-                stats |= {name: s for name, s in own.items()
-                          if (budgets.get(name, {}).get("cpu"), budgets.get(name, {}).get("memory")) == (cpu, memory)}
-        except HistoryUnavailable as error:
-            log.warning("node history unavailable (%s): holding every node ratio", error)
-            self.incomplete.append(f"node history unavailable ({error})")
-            self.metrics.staleness.labels("nodes").set(-1)
-            stats, unavailable = {}, error
+        stats, unavailable = self._node_stats(read, budgets)
         if stats:
             self.history.check_node_names(stats.keys(), {n["metadata"]["name"] for n in nodes} | requested.keys())
         pools = {n["metadata"]["name"]: pool_of(n["metadata"].get("labels") or {}, self.settings.pool_labels)
@@ -680,6 +676,44 @@ class Reconciler:
                                 written and resource in plan.changes()))
         self.metrics.report(self.metrics.ratio, "oversale", ratios)
         return rows
+
+    def _requested_per_node(self) -> dict[str, dict[str, int]]:
+        """Node -> resource -> what the Pods running there request, as the scheduler counts it."""
+        requested: dict[str, dict[str, int]] = {}
+        for pod in self.cluster.running_pods():
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            if node_name:
+                totals = requested.setdefault(node_name, {})
+                for resource in RESOURCES:
+                    totals[resource] = totals.get(resource, 0) + scheduled_request(pod, resource)
+        return requested
+
+    def _node_stats(self, read: NodeReads, budgets: dict[str, dict[str, float]]
+                    ) -> tuple[dict[str, ResourceStats], HistoryUnavailable | None]:
+        """Each opted-in node's usage over the window, its quantiles at its own budget's; none,
+        with the error, where the history cannot be read (every node ratio is held)."""
+        default = (self.settings.cpu_hot_time_budget, self.settings.memory_hot_time_budget)
+        try:
+            if isinstance(read.stats, HistoryUnavailable):
+                raise read.stats
+            stats = dict(read.stats)
+            # Of the opted-in nodes' history only: series naming no node of theirs (a wrong
+            # OVERSALE_PROMETHEUS_NODE_LABEL) hold every ratio as surely as no history at all.
+            self._staleness("nodes", [stats[name].cpu for name in budgets if name in stats])
+            # Nodes (pools) with their own budget need their own quantile: one more read per
+            # distinct budget, not per node.
+            for cpu, memory in sorted({(b["cpu"], b["memory"]) for b in budgets.values()} - {default}):
+                scale = self.settings.budget_calibration
+                own = self.history.node_stats(self.settings.history_window_seconds, budget_quantile(cpu, scale),
+                                              budget_quantile(memory, scale), counts_from=stats)
+                stats |= {name: s for name, s in own.items()
+                          if (budgets.get(name, {}).get("cpu"), budgets.get(name, {}).get("memory")) == (cpu, memory)}
+        except HistoryUnavailable as error:
+            log.warning("node history unavailable (%s): holding every node ratio", error)
+            self.incomplete.append(f"node history unavailable ({error})")
+            self.metrics.staleness.labels("nodes").set(-1)
+            return {}, error
+        return stats, None
 
     def _write_node(self, node: dict[str, Any], plan: NodePlan, requested: dict[str, int],
                     usage: dict[str, UsageStats | None]) -> bool:
@@ -771,75 +805,78 @@ class Reconciler:
             log.warning("hot time unavailable (%s): accounts held at their last multipliers", read)
             self.incomplete.append(f"hot time unavailable ({read})")
             return self._held_accounts(nodes, pools)
-        config, (short, long) = self.settings.account, read
-        now = self.clock()
-        totals: dict[tuple[str, str, str, str], HotTime] = {}
-        hot_time: dict[tuple[str, ...], float] = {}
-        multipliers: dict[tuple[str, ...], float] = {}
-        pool_budgets: dict[tuple[str, ...], float] = {}
-        pool_multipliers: dict[tuple[str, ...], float] = {}
-        own: dict[str, dict[str, NodeAccount]] = {}
-        own_overspends: dict[str, list[Overspend]] = {}
-        pool_overspends: dict[str, list[Overspend]] = {}
-        members: dict[str, list[dict[str, Any]]] = {}
+        (short, long), now = read, self.clock()
+        ledger = _AccountLedger()
         for node in nodes:
-            metadata = node["metadata"]
-            name, annotations = metadata["name"], metadata.get("annotations") or {}
-            pool = pools[name]
-            members.setdefault(pool, []).append(node)
-            accounts = read_accounts(annotations.get(self.keys.hot_time_account))
-            own[name] = {}
-            for resource in RESOURCES:
-                budget = budgets[name][resource]
-                day = short.get(name, {}).get(resource, NO_HOT_TIME)
-                week = long.get(name, {}).get(resource, NO_HOT_TIME)
-                for window, spent in (("1d", day), ("7d", week)):
-                    hot_time[("node", name, resource, window)] = spent.share
-                    for aggregate in (("pool", pool), ("cluster", "")):
-                        key = (*aggregate, resource, window)
-                        totals[key] = totals.get(key, NO_HOT_TIME) + spent
-                own[name][resource], adjustment = keep_account(accounts.get(resource, NodeAccount()), day, week,
-                                                               budget, now, config)
-                multipliers[(name, resource)] = adjustment.multiplier
-                if adjustment.backed_off:
-                    own_overspends.setdefault(name, []).append(
-                        self._overspent("node", node, pool, resource, adjustment.reason))
-        pooled: dict[str, dict[str, NodeAccount]] = {}
-        for pool, nodes_of_pool in sorted(members.items()):
-            stored = pool_account(read_accounts((n["metadata"].get("annotations") or {}).get(
-                self.keys.pool_hot_time_account)) for n in nodes_of_pool)
-            pooled[pool] = {}
-            for resource in RESOURCES:
-                # Nodes of one pool share its budget label; where they differ, the strictest holds.
-                budget = min(budgets[n["metadata"]["name"]][resource] for n in nodes_of_pool)
-                pool_budgets[(pool, resource)] = budget
-                pooled[pool][resource], adjustment = keep_account(
-                    stored.get(resource, NodeAccount()), totals.get(("pool", pool, resource, "1d"), NO_HOT_TIME),
-                    totals.get(("pool", pool, resource, "7d"), NO_HOT_TIME), budget, now, config)
-                pool_multipliers[(pool, resource)] = adjustment.multiplier
-                if adjustment.backed_off:
-                    # One Event, on the node that spent most: every node's own ratio change says
-                    # "account: target x..." in its OversaleRatioChanged Event already.
-                    hottest = max(nodes_of_pool, key=lambda n: long.get(n["metadata"]["name"], {}).get(
-                        resource, NO_HOT_TIME).hot_samples)
-                    pool_overspends.setdefault(pool, []).append(self._overspent(
-                        "pool", hottest, pool, resource,
-                        f"pool {pool} (all {len(nodes_of_pool)} nodes backed off): {adjustment.reason}"))
+            self._keep_node_account(ledger, node, pools[node["metadata"]["name"]], short, long, budgets, now)
+        for pool, members in sorted(ledger.members.items()):
+            self._keep_pool_account(ledger, pool, members, long, budgets, now)
         kept = {}
         for node in nodes:
             metadata = node["metadata"]
             name, annotations = metadata["name"], metadata.get("annotations") or {}
             pool = pools[name]
+            own, pooled = ledger.own[name], ledger.pooled[pool]
             wanted = {self.keys.hot_time: describe_hot_time({r: long.get(name, {}).get(r, NO_HOT_TIME)
                                                              for r in RESOURCES}, budgets[name]) + " over 7d",
-                      self.keys.hot_time_account: write_accounts(own[name]),
-                      self.keys.pool_hot_time_account: write_accounts(pooled[pool])}
-            kept[name] = KeptAccount({r: min(own[name][r].multiplier, pooled[pool][r].multiplier) for r in RESOURCES},
+                      self.keys.hot_time_account: write_accounts(own),
+                      self.keys.pool_hot_time_account: write_accounts(pooled)}
+            kept[name] = KeptAccount({r: min(own[r].multiplier, pooled[r].multiplier) for r in RESOURCES},
                                      {k: v for k, v in wanted.items() if annotations.get(k) != v},
-                                     (*own_overspends.get(name, ()), *pool_overspends.get(pool, ())))
-        hot_time |= {key: spent.share for key, spent in totals.items()}
-        self._report_accounts(hot_time, multipliers, pool_budgets, pool_multipliers)
+                                     (*ledger.overspends.get(name, ()), *ledger.pool_overspends.get(pool, ())))
+        ledger.hot_time |= {key: spent.share for key, spent in ledger.totals.items()}
+        self._report_accounts(ledger.hot_time, ledger.multipliers, ledger.pool_budgets, ledger.pool_multipliers)
         return kept
+
+    def _keep_node_account(self, ledger: _AccountLedger, node: dict[str, Any], pool: str,
+                           short: dict[str, dict[str, HotTime]], long: dict[str, dict[str, HotTime]],
+                           budgets: dict[str, dict[str, float]], now: float) -> None:
+        """One node's own account kept against its budget, its hot time added to its pool's and
+        the cluster's."""
+        metadata = node["metadata"]
+        name = metadata["name"]
+        ledger.members.setdefault(pool, []).append(node)
+        accounts = read_accounts((metadata.get("annotations") or {}).get(self.keys.hot_time_account))
+        ledger.own[name] = {}
+        for resource in RESOURCES:
+            day = short.get(name, {}).get(resource, NO_HOT_TIME)
+            week = long.get(name, {}).get(resource, NO_HOT_TIME)
+            for window, spent in (("1d", day), ("7d", week)):
+                ledger.hot_time[("node", name, resource, window)] = spent.share
+                for aggregate in (("pool", pool), ("cluster", "")):
+                    key = (*aggregate, resource, window)
+                    ledger.totals[key] = ledger.totals.get(key, NO_HOT_TIME) + spent
+            ledger.own[name][resource], adjustment = keep_account(accounts.get(resource, NodeAccount()), day, week,
+                                                                  budgets[name][resource], now, self.settings.account)
+            ledger.multipliers[(name, resource)] = adjustment.multiplier
+            if adjustment.backed_off:
+                ledger.overspends.setdefault(name, []).append(
+                    self._overspent("node", node, pool, resource, adjustment.reason))
+
+    def _keep_pool_account(self, ledger: _AccountLedger, pool: str, members: list[dict[str, Any]],
+                           long: dict[str, dict[str, HotTime]], budgets: dict[str, dict[str, float]],
+                           now: float) -> None:
+        """A pool's account, kept on the hot time of all its nodes (many nodes each a little hot)
+        against the strictest budget among them."""
+        stored = pool_account(read_accounts((n["metadata"].get("annotations") or {}).get(
+            self.keys.pool_hot_time_account)) for n in members)
+        ledger.pooled[pool] = {}
+        for resource in RESOURCES:
+            # Nodes of one pool share its budget label; where they differ, the strictest holds.
+            budget = min(budgets[n["metadata"]["name"]][resource] for n in members)
+            ledger.pool_budgets[(pool, resource)] = budget
+            ledger.pooled[pool][resource], adjustment = keep_account(
+                stored.get(resource, NodeAccount()), ledger.totals.get(("pool", pool, resource, "1d"), NO_HOT_TIME),
+                ledger.totals.get(("pool", pool, resource, "7d"), NO_HOT_TIME), budget, now, self.settings.account)
+            ledger.pool_multipliers[(pool, resource)] = adjustment.multiplier
+            if adjustment.backed_off:
+                # One Event, on the node that spent most: every node's own ratio change says
+                # "account: target x..." in its OversaleRatioChanged Event already.
+                hottest = max(members, key=lambda n: long.get(n["metadata"]["name"], {}).get(
+                    resource, NO_HOT_TIME).hot_samples)
+                ledger.pool_overspends.setdefault(pool, []).append(self._overspent(
+                    "pool", hottest, pool, resource, f"pool {pool} (all {len(members)} nodes backed off): "
+                                                     f"{adjustment.reason}"))
 
     def _held_accounts(self, nodes: list[dict[str, Any]], pools: dict[str, str]) -> dict[str, KeptAccount]:
         """Each node's multipliers as its own and its pool's accounts last recorded them, the
