@@ -85,10 +85,10 @@ class Reflector:
     (a CRD installed later is picked up without a restart). ``batch()``: what a relist's
     ``on_reset`` and all its ``on_change`` calls run within (the caller's lock), so a reader of the
     caller's index never sees it half rebuilt. ``on_restart(kind, again, cause)``: each time the
-    cache lists its kind again (``again`` "list"; ``cause`` "list failed": the list before it,
-    the first one too, "expired": its watch's resourceVersion is gone (410), "refused": its watch
-    was refused for good or answered with no events) or watches it again from where it stands
-    ("watch"; "cut": the stream ended early, "refused for now": 429, 5xx, the API server
+    cache lists its kind again (``again`` "list"; ``cause`` "list failed": the list before it
+    failed, the first one too; "expired": its watch's resourceVersion is gone (410); "refused":
+    its watch was refused for good or answered with no events) or watches it again from where it
+    stands ("watch"; "cut": the stream ended early; "refused for now": 429, 5xx, the API server
     unreachable), for a metric (:class:`kube.cache_metrics.CacheRestarts`).
     """
 
