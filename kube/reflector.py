@@ -344,29 +344,8 @@ class Reflector:
                 if not progressed:
                     progressed = True
                     self._watched()
-                metadata = obj.get("metadata") or {}
-                version = str(metadata.get("resourceVersion", version))
-                bookmark = kind == "BOOKMARK"
-                namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
-                entry = None if kind == "DELETED" or bookmark else self._extract(obj)
-                digest = None if kind == "DELETED" or bookmark or self._on_change is None else self._digest(obj)
-                with self._apply:
-                    # resourceVersions are etcd revisions in practice; an event the cache already
-                    # stands past (a concurrent resync listed after it, or a watch started again
-                    # from a list that was dropped) must not take an object back in time.
-                    number = _number(version)
-                    if self._at is not None and number is not None and number <= self._at:
-                        continue
-                    if number is not None:
-                        self._at = number  # a bookmark too: every event up to it has arrived
-                    if bookmark:
-                        continue
-                    if entry is None:
-                        self._items.get(namespace, {}).pop(name, None)
-                    else:
-                        self._items.setdefault(namespace, {})[name] = entry
-                    if self._on_change is not None:
-                        self._on_change(namespace, name, digest)
+                version = str((obj.get("metadata") or {}).get("resourceVersion", version))
+                self._apply_event(kind, obj, version)
         except _Unfinished as cut:
             raise WatchCut(str(cut), version, progressed) from None
         # Nothing the API server said was wrong, only the road to it.
@@ -379,6 +358,32 @@ class Reflector:
         finally:
             response.release_conn()
         return version
+
+    def _apply_event(self, kind: Any, obj: dict[str, Any], version: str) -> None:
+        """One ADDED, MODIFIED, DELETED or BOOKMARK event of ``version`` applied to the cache and
+        told to ``on_change``, unless the cache stands at or past it already."""
+        metadata = obj.get("metadata") or {}
+        bookmark = kind == "BOOKMARK"
+        namespace, name = metadata.get("namespace", ""), metadata.get("name", "")
+        entry = None if kind == "DELETED" or bookmark else self._extract(obj)
+        digest = None if kind == "DELETED" or bookmark or self._on_change is None else self._digest(obj)
+        with self._apply:
+            # resourceVersions are etcd revisions in practice; an event the cache already stands
+            # past (a concurrent resync listed after it, or a watch started again from a list that
+            # was dropped) must not take an object back in time.
+            number = _number(version)
+            if self._at is not None and number is not None and number <= self._at:
+                return
+            if number is not None:
+                self._at = number  # a bookmark too: every event up to it has arrived
+            if bookmark:
+                return
+            if entry is None:
+                self._items.get(namespace, {}).pop(name, None)
+            else:
+                self._items.setdefault(namespace, {})[name] = entry
+            if self._on_change is not None:
+                self._on_change(namespace, name, digest)
 
 
 class _ContinueExpired(Exception):

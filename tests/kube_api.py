@@ -132,6 +132,8 @@ class FakeKubeAPI:
         self.garbled: set[str] = set()
         """Plurals (and ``version``, for ``GET /version``) answered 200 with an HTML page, as a
         proxy in front of the API server answers with its login page: no Kubernetes answer at all."""
+        self.version: dict[str, Any] = VERSION
+        """What ``GET /version`` answers, unless garbled."""
         self.garbled_watches: set[str] = set()
         """Plurals whose watch, not list, is answered with that HTML page (a proxy that passes
         plain requests but not long-lived streams)."""
@@ -586,7 +588,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return self._discovery()
             if urlsplit(self.path).path.rstrip("/") == "/version":
                 api.requests.append(Logged("GET", "/version", {}))
-                return self._sign_in_page() if "version" in api.garbled else self._send(200, VERSION)
+                return self._sign_in_page() if "version" in api.garbled else self._send(200, api.version)
             route = self._prologue()
             if route is None:
                 return

@@ -106,15 +106,22 @@ def test_the_webhook_names_the_dead_cluster_and_how_to_serve_without_one(dead_ku
     ["scheduler", "--bind", "127.0.0.1:0"],
     ["webhook", "--bind", "127.0.0.1:0"],
 ])
-def test_a_kubeconfig_pointing_at_no_api_server_is_one_line(command, tmp_path):
+@pytest.mark.parametrize(("answer", "said"), [
+    ("sign-in page", "the answer to /version/ is no Kubernetes object (text/html, 45 bytes)"),
+    ({"status": "ok"}, "the answer to /version/ names no Kubernetes version"),  # another JSON service
+])
+def test_a_kubeconfig_pointing_at_no_api_server_is_one_line(command, answer, said, tmp_path):
     """Its server answers a sign-in page (a proxy, a dashboard's URL pasted in): the start said
     ``ValidationError: 1 validation error for VersionInfo``, naming neither the call nor the answer."""
     api = FakeKubeAPI().start()
     try:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        api.garbled.add("version")
+        if isinstance(answer, dict):
+            api.version = answer
+        else:
+            api.garbled.add("version")
         result = run([*command, *(["--certs-dir", str(tmp_path)] if command[0] == "webhook" else [])], kubeconfig)
-        line = assert_one_clean_line(result, "the answer to /version/ is no Kubernetes object (text/html, 45 bytes)")
+        line = assert_one_clean_line(result, said)
         assert "ValidationError" not in result.stderr
         assert "Kubernetes API server?" in line or "OVERSALE_KUBERNETES=off" in line, line
     finally:
