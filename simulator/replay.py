@@ -393,13 +393,7 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
     day's window, the node ratios its last ``ratio_days`` (None: all of it)."""
     window = day.window
     ratio_slots = window.within(ratio_days)
-    request_slots = window.within(request_days)
-    histories = [window.history(i, request_slots) for i in range(len(day.present))]
-    # A workload an HPA scales on a resource's utilization keeps that request (the live reconciler
-    # leaves it alone: lower requests would read as higher utilization and scale it out).
-    requests = {r: np.array([float(day.requests[r][i]) if day.fixed and r in day.fixed[i]
-                             else system.request(r, float(day.requests[r][i]), histories[i], day.start)
-                             for i in range(len(day.requests[r]))]) for r in RESOURCES}
+    requests = _system_requests(day, system, window.within(request_days))
     items = list(zip(requests[CPU].tolist(), requests[MEMORY].tolist(), strict=True))
     topology = Topology.flat(max(1, int(real[0] // MILLI)))
     nodes: list[_Node] = []
@@ -414,7 +408,7 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
         cpu, memory = items[index]
         demand = PodDemand(uid=str(index), requests={CPU: math.ceil(cpu), MEMORY: math.ceil(memory)},
                            bind_policy=None, single_numa=False)
-        chosen, best, estimate, tied = None, -1, None, 0
+        estimate = None
         if load_aware:  # every node's load as the extender reads it at this Pod's moment
             moment = int(moments[index])
             now = day.start + SLOT * (moment - 1) if moment else float(window.times[-1])
@@ -423,17 +417,7 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
                 table.put_load(node.view.name, load_facts(node.view, heat))
             observed = observed_usage(window, day, index, moment, config) if system.estimate_from_usage else None
             estimate = pod_estimate(demand.requests, observed, config)
-        # The extender's own filter and score over the open nodes; the first of the best wins.
-        slots = np.arange(len(nodes), dtype=np.int64)  # node n is the table's row n
-        for number, (reason, score) in enumerate(zip(screen(table, slots, demand, config, now, load_aware),
-                                                     rank(table, slots, demand, config, now, load_aware, estimate),
-                                                     strict=True)):
-            if reason is None and score > best:
-                chosen, best, tied = number, score, 1
-            elif reason is None and score == best and ties is not None:
-                tied += 1
-                if ties.integers(tied) == 0:
-                    chosen = number
+        chosen = _chosen_node(table, len(nodes), demand, config, now, load_aware, estimate, ties)
         if chosen is None:  # a new node; a Pod larger than a node gets one of its own
             nodes.append(_Node(_view(len(nodes), real, [1.0, 1.0], topology, config.watermarks), NodeUsage(),
                                [1.0, 1.0], [0.0, 0.0],
@@ -441,21 +425,59 @@ def place(day: Day, system: System, real: tuple[float, float], arrival_seed: int
                                np.zeros(window.present.shape[1], dtype=bool),
                                [np.zeros(day.usage[r].shape[1]) for r in RESOURCES]))
             chosen = len(nodes) - 1
-        node = nodes[chosen]
         assignment[index] = chosen
-        node.present |= window.present[index]
-        for k, resource in enumerate(RESOURCES):
-            node.requested[k] += demand.requests[resource]
-            node.history[k] += window.usage[resource][index]
-            node.today[k] += day.usage[resource][index]
-            if system.ratio is not None:
-                recent = node.present & ratio_slots
-                node.ratio[k] = system.ratio(resource, real[k], node.requested[k], window.times[recent],
-                                             node.history[k][recent], node.ratio[k])
-        node.usage = NodeUsage(shared={CPU: int(node.requested[0]), MEMORY: int(node.requested[1])})
+        node = nodes[chosen]
+        _take(node, index, demand, day, system, real, ratio_slots)
         node.view = _view(chosen, real, node.ratio, topology, config.watermarks)
         table.put(node.view.name, node.view, node.usage, None)  # its load is read at the next Pod's moment
     return Placed(assignment, requests, [(n.ratio[0], n.ratio[1]) for n in nodes])
+
+
+def _system_requests(day: Day, system: System, request_slots: np.ndarray) -> dict[str, np.ndarray]:
+    """Each workload's requests as ``system`` sets them from the day's window (its slots
+    ``request_slots``), by resource."""
+    histories = [day.window.history(i, request_slots) for i in range(len(day.present))]
+    # A workload an HPA scales on a resource's utilization keeps that request (the live reconciler
+    # leaves it alone: lower requests would read as higher utilization and scale it out).
+    return {r: np.array([float(day.requests[r][i]) if day.fixed and r in day.fixed[i]
+                         else system.request(r, float(day.requests[r][i]), histories[i], day.start)
+                         for i in range(len(day.requests[r]))]) for r in RESOURCES}
+
+
+def _chosen_node(table: NodeTable, count: int, demand: PodDemand, config: LoadConfig, now: float, load_aware: bool,
+                 estimate: dict[str, float] | None, ties: np.random.Generator | None) -> int | None:
+    """The extender's own filter and score over the ``count`` open nodes (node n is the table's
+    row n): the first of the best, or with ``ties`` one of the best drawn uniformly; None where
+    none fits."""
+    chosen, best, tied = None, -1, 0
+    slots = np.arange(count, dtype=np.int64)
+    for number, (reason, score) in enumerate(zip(screen(table, slots, demand, config, now, load_aware),
+                                                 rank(table, slots, demand, config, now, load_aware, estimate),
+                                                 strict=True)):
+        if reason is None and score > best:
+            chosen, best, tied = number, score, 1
+        elif reason is None and score == best and ties is not None:
+            tied += 1
+            if ties.integers(tied) == 0:
+                chosen = number
+    return chosen
+
+
+def _take(node: _Node, index: int, demand: PodDemand, day: Day, system: System, real: tuple[float, float],
+          ratio_slots: np.ndarray) -> None:
+    """``node`` taking workload ``index``: its requests and usage added, and its ratio recomputed by
+    the system's node policy over the slots ``ratio_slots`` its workloads were present."""
+    window = day.window
+    node.present |= window.present[index]
+    for k, resource in enumerate(RESOURCES):
+        node.requested[k] += demand.requests[resource]
+        node.history[k] += window.usage[resource][index]
+        node.today[k] += day.usage[resource][index]
+        if system.ratio is not None:
+            recent = node.present & ratio_slots
+            node.ratio[k] = system.ratio(resource, real[k], node.requested[k], window.times[recent],
+                                         node.history[k][recent], node.ratio[k])
+    node.usage = NodeUsage(shared={CPU: int(node.requested[0]), MEMORY: int(node.requested[1])})
 
 
 def remediate(day: Day, placed: Placed, real: tuple[float, float], config: RemediationConfig,
