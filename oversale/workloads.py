@@ -230,38 +230,17 @@ def plan_compression(
     for resource in (CPU, MEMORY):
         key = keys.requests_ratio(resource)
         plan.current[resource] = current_ratio(annotations, key, minimum)
-        if vpa and resource in vpa:
-            # Its admission controller sets the Pods' requests to its own recommendation; a ratio
-            # on top would divide that (the webhook leaves it alone), and VPA would scale the
-            # limits by the compressed request.
-            plan.skipped[resource] = ("vpa", f"its {resource} requests are set by VerticalPodAutoscaler "
-                                             f"{vpa[resource]}" + ignored.get(key, ""))
-            continue
-        if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
-            plan.skipped[resource] = ("memory-not-opted-in", _not_opted_in(annotations, keys.enable_memory_compress)
-                                      + ignored.get(key, ""))
-            continue
-        exclusive = exclusive_cpus(dict(pod_template(workload)), keys) if resource == CPU else None
-        if exclusive:
-            # The webhook and resize keep such a Pod's cpu request; a ratio would only say otherwise.
-            plan.skipped[resource] = ("exclusive-cpus", f"cpu request kept: {exclusive}" + ignored.get(key, ""))
+        left = _left_to_others(resource, workload, annotations, keys, vpa)
+        if left is not None:
+            plan.skipped[resource] = (left[0], left[1] + ignored.get(key, ""))
             continue
         target = utilization_target(hpa, resource) if hpa else None
-        if target is not None and (not rescale_hpa or owner_scaled):
-            plan.skipped[resource] = ("hpa", f"scaled by HPA {plan.hpa_name} on {resource} utilization"
-                                             + (f" through {owner_scaled}, the workload's owner: its target is not "
-                                                "rescaled" if owner_scaled else ""))
-            continue
-        manager = controller_of(hpa_metadata)
-        if target is not None and manager:
-            # KEDA's ScaledObject (and the like) writes its HPA's spec back from its own on every
-            # change: a rescaled target would be put back, and the HPA would scale out.
-            plan.skipped[resource] = ("hpa-managed", f"scaled by HPA {plan.hpa_name} on {resource} utilization, "
-                                                     f"whose spec {manager[0]} {manager[1]} manages: its target "
-                                                     "cannot be rescaled")
-            continue
         original = None
         if target is not None:
+            if (not_rescaled := _hpa_not_rescaled(resource, plan.hpa_name, hpa_metadata, owner_scaled,
+                                                  rescale_hpa)) is not None:
+                plan.skipped[resource] = not_rescaled
+                continue
             record = keys.original_target_utilization_of(resource)
             recorded = (hpa_metadata.get("annotations") or {}).get(record)
             original = _original_target(recorded, target)
@@ -279,6 +258,43 @@ def plan_compression(
         if original is not None and target is not None:
             plan.hpa_targets[resource] = (original, target)
     return plan
+
+
+def _left_to_others(resource: str, workload: Mapping[str, Any], annotations: Mapping[str, str],
+                    keys: AnnotationKeys, vpa: Mapping[str, str] | None) -> tuple[str, str] | None:
+    """Why ``resource``'s requests of the workload are not right-sized whatever its usage
+    (reason code, explanation): a VerticalPodAutoscaler sets them, memory not opted in, or
+    exclusive CPUs; None where they may be."""
+    if vpa and resource in vpa:
+        # Its admission controller sets the Pods' requests to its own recommendation; a ratio
+        # on top would divide that (the webhook leaves it alone), and VPA would scale the
+        # limits by the compressed request.
+        return "vpa", f"its {resource} requests are set by VerticalPodAutoscaler {vpa[resource]}"
+    if resource == MEMORY and not wants(annotations, keys.enable_memory_compress):
+        return "memory-not-opted-in", _not_opted_in(annotations, keys.enable_memory_compress)
+    exclusive = exclusive_cpus(dict(pod_template(workload)), keys) if resource == CPU else None
+    if exclusive:
+        # The webhook and resize keep such a Pod's cpu request; a ratio would only say otherwise.
+        return "exclusive-cpus", f"cpu request kept: {exclusive}"
+    return None
+
+
+def _hpa_not_rescaled(resource: str, hpa_name: str, hpa_metadata: Mapping[str, Any], owner_scaled: str,
+                      rescale_hpa: bool) -> tuple[str, str] | None:
+    """Why ``resource``, which an HPA scales the workload on by its utilization, is not
+    right-sized (reason code, explanation): the HPA's target would have to be rescaled with it,
+    and it is not done (``rescale_hpa`` off), or cannot be (the HPA scales the workload's owner,
+    ``owner_scaled``, or another controller manages its spec); None where it is."""
+    if not rescale_hpa or owner_scaled:
+        return "hpa", (f"scaled by HPA {hpa_name} on {resource} utilization"
+                       + (f" through {owner_scaled}, the workload's owner: its target is not rescaled"
+                          if owner_scaled else ""))
+    if manager := controller_of(hpa_metadata):
+        # KEDA's ScaledObject (and the like) writes its HPA's spec back from its own on every
+        # change: a rescaled target would be put back, and the HPA would scale out.
+        return "hpa-managed", (f"scaled by HPA {hpa_name} on {resource} utilization, whose spec {manager[0]} "
+                               f"{manager[1]} manages: its target cannot be rescaled")
+    return None
 
 
 def _original_target(recorded: str | None, target: int) -> int | None:
