@@ -36,7 +36,6 @@ from oversale.estimator import (
     StabilityConfig,
     UsageStats,
     compression_proposal,
-    oversale_proposal,
     percentile_name,
     quantile,
     summarize,
@@ -180,9 +179,9 @@ def no_compression(resource: str, original: float, history: History, now: float)
 
 # ---- node policies ------------------------------------------------------------------------------
 
-def ours_ratio(estimator: OversaleEstimator, account: BudgetAccount | None = None) -> NodeRatio:
-    """The node reconciler's ratio; with an account, the budget's (``budget_proposal``), its
-    target scaled by the account's multiplier."""
+def ours_ratio(estimator: OversaleEstimator, account: BudgetAccount) -> NodeRatio:
+    """The node reconciler's ratio at the account's budget (``budget_proposal``), its target
+    scaled by the account's multiplier."""
     # The replay evaluates the steady state: the live reconciler reaches the same ratio within
     # a few passes (raises are capped per pass), so the cap is lifted here.
     steady = dataclasses.replace(estimator, stability=StabilityConfig(Decimal(0), Decimal(1000)))
@@ -190,10 +189,6 @@ def ours_ratio(estimator: OversaleEstimator, account: BudgetAccount | None = Non
     def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
               current: float) -> float:
         now = float(times[-1]) + SLOT if len(times) else 0.0
-        if account is None:
-            stats = usage_stats(times, values, steady.percentile_of(resource), now)
-            return float(oversale_proposal(resource, round(requested), round(capacity), stats,
-                                           Decimal(str(current)), steady).ratio)
         budget = account.budget.of(resource)
         stats = usage_stats(times, values, budget_quantile(budget, steady.budget_scale), now)
         return float(budget_proposal(resource, round(requested), round(capacity), stats, Decimal(str(current)),
@@ -264,15 +259,6 @@ longer window; ``estimatedScalingFactors`` cpu 85, memory 70 of the request, as 
 defaults), placed by this project's filter and scores with those watermarks."""
 
 
-def capped_at(policy: NodeRatio, cpu_max: float, memory_max: float) -> NodeRatio:
-    """A peer's ratio clamped to maxima, as this project's node webhook clamps any ratio."""
-    def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
-              current: float) -> float:
-        wanted = policy(resource, capacity, requested, times, values, current)
-        return min(wanted, cpu_max if resource == CPU else memory_max)
-    return ratio
-
-
 def static_ratio(value: float = 1.5) -> NodeRatio:
     def ratio(resource: str, capacity: float, requested: float, times: np.ndarray, values: np.ndarray,
               current: float) -> float:
@@ -340,31 +326,54 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
     with remediation), its curve along the hot-time budget (``sweep``), and the peers with their
     published defaults; with ``frontier`` also the peers' variants along their main knob, so
     every peer is a curve too."""
-    ours_source = (f"this project at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%}): "
-                   f"requests {percentile_name(compression_percentile(budget.cpu, oversale.budget_scale))} x "
-                   f"{1 + compression.margin} within "
-                   f"ratios {compression.min_ratio}..{compression.max_ratio}; node ratio {oversale.cpu_target} x "
-                   f"requested / {percentile_name(budget_quantile(budget.cpu, oversale.budget_scale))} of the node's "
-                   f"summed usage (cpu), {oversale.memory_target} x requested / "
-                   f"{percentile_name(budget_quantile(budget.memory, oversale.budget_scale))} (memory), "
-                   f"at most {oversale.cpu_max_ratio} / {oversale.memory_max_ratio}, backed off by the hot-time "
-                   "account")
-    sized = budget_sized(compression, budget, oversale)
+    source = _ours_source(compression, oversale, budget)
 
     def whole(name: str, load: LoadConfig | None = None, remediation: RemediationConfig | None = None,
               placed: str = "") -> System:
-        return budget_system(name, budget, compression, oversale, name, account, ours_source + placed, load,
+        return budget_system(name, budget, compression, oversale, name, account, source + placed, load,
                              remediation)
 
     nodes_only = BudgetAccount(budget, account or AccountConfig())
-
     systems = [
         System("none", "no right-sizing, no overselling (baseline)", no_compression, family="none"),
         whole(OURS),
-        System("oversale-pods", "this project's right-sizing alone (no node overselling)", ours_requests(sized),
-               family="oversale-pods", ours=True),
+        System("oversale-pods", "this project's right-sizing alone (no node overselling)",
+               ours_requests(budget_sized(compression, budget, oversale)), family="oversale-pods", ours=True),
         System("oversale-nodes", "this project's node overselling alone (requests as written)", no_compression,
                ours_ratio(oversale, nodes_only), "oversale-nodes", ours=True, account=nodes_only),
+        *peer_systems(),
+    ]
+    load = load or LoadConfig()
+    window = (f", the cpu maximum over the last {load.history_peak_seconds / 3600:g} h as read from Prometheus "
+              "(OVERSALE_LOAD_HISTORY=prometheus)" if load.history_peak_seconds > 3600 else "")
+    systems.append(whole(f"{OURS}+load-aware", load=load,
+                         placed=f"; load-aware placement (scheduling watermarks {load.watermarks.cpu_average}/"
+                                f"{load.watermarks.cpu_peak}{window})"))
+    systems.append(whole(f"{OURS}+remediation", remediation=remediation or RemediationConfig()))
+    if sweep:
+        systems.extend(budget_system(budget_name(cpu), HotTimeBudget(cpu, budget.memory), compression, oversale, OURS,
+                                     account) for cpu in BUDGET_SWEEP if cpu != budget.cpu)
+    if frontier:
+        systems.extend(peer_variants())
+    return systems
+
+
+def _ours_source(compression: CompressionEstimator, oversale: OversaleEstimator, budget: HotTimeBudget) -> str:
+    """What this project's whole system does at ``budget``, in the report's words."""
+    return (f"this project at a cpu hot-time budget of {budget.cpu:.3%} (memory {budget.memory:.3%}): "
+            f"requests {percentile_name(compression_percentile(budget.cpu, oversale.budget_scale))} x "
+            f"{1 + compression.margin} within "
+            f"ratios {compression.min_ratio}..{compression.max_ratio}; node ratio {oversale.cpu_target} x "
+            f"requested / {percentile_name(budget_quantile(budget.cpu, oversale.budget_scale))} of the node's "
+            f"summed usage (cpu), {oversale.memory_target} x requested / "
+            f"{percentile_name(budget_quantile(budget.memory, oversale.budget_scale))} (memory), "
+            f"at most {oversale.cpu_max_ratio} / {oversale.memory_max_ratio}, backed off by the hot-time "
+            "account")
+
+
+def peer_systems() -> list[System]:
+    """The peers a user would pick instead, each at its published defaults, and the static ratios."""
+    return [
         System("vpa-style", "Kubernetes VPA recommender: P90 of a decaying histogram, 24 h half-life, x 1.15",
                vpa_style(), family="vpa-style"),
         System("crane-style", "Crane: P99 over 7 days x 1.15", crane_style(), family="crane-style"),
@@ -385,18 +394,11 @@ def default_systems(compression: CompressionEstimator, oversale: OversaleEstimat
         System("static-oversale-1.5", "static oversale ratio 1.5", no_compression, static_ratio(1.5),
                "static-oversale"),
     ]
-    load = load or LoadConfig()
-    window = (f", the cpu maximum over the last {load.history_peak_seconds / 3600:g} h as read from Prometheus "
-              "(OVERSALE_LOAD_HISTORY=prometheus)" if load.history_peak_seconds > 3600 else "")
-    systems.append(whole(f"{OURS}+load-aware", load=load,
-                         placed=f"; load-aware placement (scheduling watermarks {load.watermarks.cpu_average}/"
-                                f"{load.watermarks.cpu_peak}{window})"))
-    systems.append(whole(f"{OURS}+remediation", remediation=remediation or RemediationConfig()))
-    if sweep:
-        systems.extend(budget_system(budget_name(cpu), HotTimeBudget(cpu, budget.memory), compression, oversale, OURS,
-                                     account) for cpu in BUDGET_SWEEP if cpu != budget.cpu)
-    if not frontier:
-        return systems
+
+
+def peer_variants() -> list[System]:
+    """The peers along their main knob (``--frontier``), so every peer is a curve, not a point."""
+    systems: list[System] = []
     for multiplier in (1.0, 1.5, 2.0):
         systems.append(System(f"vpa-style x{multiplier:g}", "VPA-style, margin varied", vpa_style(multiplier),
                               family="vpa-style"))

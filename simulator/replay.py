@@ -515,21 +515,10 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
             if streak[node] < needed or node_free_at[node] > slot or budget <= 0:
                 continue
             members = np.flatnonzero((current == node) & day.present[:, slot] & (workload_free_at <= slot))
-            candidates = [Candidate(str(w), "", str(w), "Burstable",
-                                    PodDemand(str(w), {r: math.ceil(requests[r][w]) for r in RESOURCES}, None, False,
-                                              owner=str(w)),
-                                    {r: float(day.usage[r][w, slot]) for r in RESOURCES}) for w in members]
             if targets is None:
-                requested = {r: np.bincount(current, weights=requests[r], minlength=placed.nodes) for r in RESOURCES}
-                at = float(day.slots[slot] * SLOT)
-                # The extender's windows of each target: this sample as the 5-minute average, the
-                # highest of the last hour's samples (this day's) as the 1-hour maximum.
-                targets = {n: Target(views[n], NodeUsage(shared={r: int(requested[r][n]) for r in RESOURCES}),
-                                     NodeHeat(NodeLoad(float(used[CPU][n]), float(max(peaks[n])),
-                                                       float(used[MEMORY][n]), at), at))
-                           for n in range(placed.nodes)}
-            plan = plan_moves(over, candidates, [t for n, t in targets.items() if n != node], load,
-                              min(config.max_per_node, budget))
+                targets = _targets(views, current, requests, used, peaks, float(day.slots[slot] * SLOT))
+            plan = plan_moves(over, _candidates(day, members, requests, slot),
+                              [t for n, t in targets.items() if n != node], load, min(config.max_per_node, budget))
             for move in plan.moves:
                 workload, target = int(move.pod.name), int(move.target.removeprefix("node-"))
                 # As live: the room a move takes is gone for the next hot node of this sample.
@@ -544,6 +533,26 @@ def remediate(day: Day, placed: Placed, real: tuple[float, float], config: Remed
     placed.moved = where
     placed.evictions = int(moves.sum())
     placed.moved_again = int((moves > 1).sum())
+
+
+def _candidates(day: Day, members: np.ndarray, requests: dict[str, np.ndarray], slot: int) -> list[Candidate]:
+    """The workloads on a hot node at ``slot`` as the remediator sees its Pods: their requests
+    and this sample's usage, each its own owner."""
+    return [Candidate(str(w), "", str(w), "Burstable",
+                      PodDemand(str(w), {r: math.ceil(requests[r][w]) for r in RESOURCES}, None, False, owner=str(w)),
+                      {r: float(day.usage[r][w, slot]) for r in RESOURCES}) for w in members]
+
+
+def _targets(views: list[NodeView], current: np.ndarray, requests: dict[str, np.ndarray],
+             used: dict[str, np.ndarray], peaks: list[deque[float]], at: float) -> dict[int, Target]:
+    """Every node as a place to move to at this sample: its requests as placed now and the
+    extender's windows of its usage, this sample as the 5-minute average and the highest of the
+    last hour's samples (this day's) as the 1-hour maximum."""
+    nodes = len(views)
+    requested = {r: np.bincount(current, weights=requests[r], minlength=nodes) for r in RESOURCES}
+    return {n: Target(views[n], NodeUsage(shared={r: int(requested[r][n]) for r in RESOURCES}),
+                      NodeHeat(NodeLoad(float(used[CPU][n]), float(max(peaks[n])), float(used[MEMORY][n]), at), at))
+            for n in range(nodes)}
 
 
 def clairvoyant_nodes(day: Day, real: tuple[float, float]) -> float:

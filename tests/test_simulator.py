@@ -21,6 +21,8 @@ from simulator.policies import (
     katalyst_realtime,
     koordinator_batch,
     ours_requests,
+    peer_systems,
+    peer_variants,
 )
 from simulator.replay import SLOT, Config, Day, Window, arrival_moments, heat_at, observed_usage, run
 from simulator.report import (
@@ -922,6 +924,37 @@ def test_a_slice_of_the_july_bitbrains_trace_through_the_command(tmp_path):
     assert "## Our variants against our curve" in report
     for image in ("savings_vs_violations.png", "node_day.png"):
         assert (out_dir / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.shared
+def test_with_frontier_every_peer_frees_more_or_less_as_its_knob_says(tmp_path):
+    # --frontier draws each peer as a curve along its main knob, read at our budgets. A variant
+    # whose knob were lost would sit on its default's point and shift that reading unseen. 40 July
+    # VMs on 4-core nodes, where one node more or less is a few percent of the fleet.
+    plain = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())
+    curves = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget(), frontier=True)
+    assert [s.name for s in curves[:len(plain)]] == [s.name for s in plain]
+    assert [s.name for s in curves[len(plain):]] == [s.name for s in peer_variants()]
+    assert len({s.name for s in curves}) == len(curves)
+    systems = [plain[0], *peer_systems(), *peer_variants()]
+    result = run(read_trace(july_slice(tmp_path / "slice.csv", last_vm=40)), Config(node_cpu_cores=4), systems)
+    freed = {row["policy"]: row["tuning"]["capacity_freed"] for row in summary(result, systems)}
+    knobs = {  # each family's settings, from the one that should free least to the one that should free most
+        "vpa-style": ["vpa-style x2", "vpa-style x1.5", "vpa-style", "vpa-style x1"],
+        "crane-style": ["crane-style x2", "crane-style x1.5", "crane-style", "crane-style x1"],
+        "katalyst-realtime": ["katalyst-realtime T=0.2", "katalyst-realtime T=0.4", "katalyst-realtime",
+                              "katalyst-realtime T=0.8"],
+        "crane-style+katalyst": ["crane-style+katalyst T=0.2", "crane-style+katalyst T=0.4", "crane-style+katalyst",
+                                 "crane-style+katalyst T=0.8"],
+        "koordinator-batch": ["koordinator-batch T=0.4", "koordinator-batch", "koordinator-batch T=0.8",
+                              "koordinator-batch T=1"],
+        "static": ["static-1.5", "static-2", "static-3", "static-4"],
+        "static-oversale": ["static-oversale-1.25", "static-oversale-1.5", "static-oversale-2", "static-oversale-2.5"],
+    }
+    assert {s.name for s in peer_variants()} <= {name for names in knobs.values() for name in names}
+    for family, names in knobs.items():
+        along = [freed[name] for name in names]
+        assert along == sorted(along) and along[0] < along[-1], (family, along)
 
 
 def test_the_command_names_a_missing_trace(tmp_path):
