@@ -900,13 +900,6 @@ def _watermark(text: str) -> Decimal:
     return value
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise ValueError("must be above 0 and at most 1, e.g. 0.95 (1: the peak)")
-    return value
-
-
 def _decimal_between(text: str, low: float, high: float) -> Decimal:
     try:
         value = Decimal(text)

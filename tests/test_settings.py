@@ -53,6 +53,8 @@ def test_environment_overrides_with_quantities_and_lists():
     ("OVERSALE_MEMORY_SCHEDULING_WATERMARK", "85%"),
     ("OVERSALE_CPU_FLOOR", "-10m"), ("OVERSALE_MEMORY_FLOOR", "-1Mi"), ("OVERSALE_MAX_BODY_BYTES", "0"),
     ("OVERSALE_PROMETHEUS_SELECTOR", "cluster=prod"), ("OVERSALE_PROMETHEUS_SELECTOR", 'cluster="a" env="b"'),
+    ("OVERSALE_MIN_CHANGE", "1.5"), ("OVERSALE_COMPRESSION_MARGIN", "Infinity"),  # beyond their range
+    ("OVERSALE_SCHEDULER_NAMES", " , "), ("OVERSALE_LEASE_NAME", "  "), ("OVERSALE_EXTENDER_LEASE_NAME", ""),
 ])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError, match=name):
@@ -106,6 +108,18 @@ def test_the_settings_reference_documents_every_setting():
     reference = (ROOT / "docs" / "settings.md").read_text()
     for field in dataclasses.fields(Settings):
         assert f"`{field.metadata['env']}`" in reference, field.name
+
+
+def test_every_documented_default_set_by_hand_is_the_default():
+    # A user who copies a default from the reference into their manifest must get what they had:
+    # the table says each default truly, and each setting's parser takes its own default.
+    reference = (ROOT / "docs" / "settings.md").read_text()
+    documented = dict(re.findall(r"^\| `((?:OVERSALE|POD)_[A-Z_]+)` \| `([^`]+)` \|", reference, re.MULTILINE))
+    assert len(documented) >= 90, "the reference's table is read"
+    settings = {spec.metadata["env"] for spec in dataclasses.fields(Settings)}
+    assert set(documented) <= settings, set(documented) - settings
+    assert Settings.from_env(documented) == Settings.from_env({}), \
+        [name for name, value in documented.items() if Settings.from_env({name: value}) != Settings.from_env({})]
 
 
 def test_the_readme_is_short_and_every_docs_page_is_linked_and_links_resolve():
