@@ -582,7 +582,7 @@ def _restore_originals(pod: Pod, keys: AnnotationKeys, kept: frozenset[str] = fr
         recorded = read_record_text(text)
         if not isinstance(recorded, dict):
             raise ValueError("not a JSON object")
-        written = _written_requests(annotations.get(keys.written_requests))
+        written, written_warning = _written_requests(annotations.get(keys.written_requests), keys)
         restored = _writable_copy(pod)
         # Each unit is a dict whose "resources" holds the requests: a container, or the spec
         # itself for pod-level resources.
@@ -605,19 +605,21 @@ def _restore_originals(pod: Pod, keys: AnnotationKeys, kept: frozenset[str] = fr
                     unit.setdefault("resources", {}).setdefault("requests", {})[resource] = original
     except (ValueError, TypeError, AttributeError, QuantityError) as error:
         return pod, f"annotation {keys.original_requests} ignored ({error}); current requests taken as original"
-    return restored, None
+    return restored, written_warning
 
 
-def _written_requests(text: str | None) -> dict[str, dict[str, str]]:
-    """The ``written-requests`` record (empty when absent or unreadable: then only values at or
-    below the originals are taken as ours, as before raises existed)."""
+def _written_requests(text: str | None, keys: AnnotationKeys) -> tuple[dict[str, dict[str, str]], str | None]:
+    """The ``written-requests`` record, and a warning when it is unreadable. Absent or unreadable,
+    it is empty: only values at or below the originals are taken as ours, as before raises
+    existed, so a raise of ours is kept as another webhook's and raised again."""
     try:
         written = read_record_text(text) if text else {}
-    except ValueError:
-        return {}
-    if not isinstance(written, dict):
-        return {}
-    return {str(k): v for k, v in written.items() if isinstance(v, dict)}
+        if not isinstance(written, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as error:
+        return {}, (f"annotation {keys.written_requests} ignored ({error}); a request above its recorded "
+                    "original is taken as another webhook's raise")
+    return {str(k): v for k, v in written.items() if isinstance(v, dict)}, None
 
 
 def recorded_pod_request(record: str, resource: str, init_containers: Collection[str] = (),

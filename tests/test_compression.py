@@ -218,6 +218,15 @@ def test_recorded_originals_make_repeated_calls_idempotent_even_after_a_ratio_ch
     assert KEYS.original_requests not in restored["metadata"]["annotations"]
 
 
+def test_pod_level_requests_start_again_from_their_record_on_reinvocation():
+    first = compress_requests(pod(container("app", "1"), resources={"requests": {"cpu": "2"}}), policy(cpu="2")).pod
+    assert first["spec"]["resources"]["requests"] == {"cpu": "1"}
+    assert compress_requests(first, policy(cpu="2")).pod == first
+    again = compress_requests(first, policy(cpu="4")).pod
+    assert again["spec"]["resources"]["requests"] == {"cpu": "500m"}, "2 cores / 4, not 1 core / 4"
+    assert requests(again, "app")["cpu"] == "250m"
+
+
 def test_a_request_raised_by_another_webhook_after_us_is_the_new_original():
     first = compress_requests(pod(container("app", "1")), policy(cpu="2")).pod
     raised = copy.deepcopy(first)
@@ -448,6 +457,18 @@ def test_our_own_raise_is_undone_on_reinvocation_but_another_webhooks_is_kept():
     other = copy.deepcopy(first)
     other["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3"
     assert requests(compress_requests(other, policy(cpu="0.5")).pod, "app")["cpu"] == "6"
+
+
+@pytest.mark.parametrize("record", ["{broken", "[1, 2]"])
+def test_a_broken_record_of_our_raises_is_said_and_the_raise_kept_as_anothers(record):
+    first = compress_requests(pod(container("app", "1")), policy(cpu="0.5")).pod
+    broken = copy.deepcopy(first)
+    broken["metadata"]["annotations"][KEYS.written_requests] = record
+    result = compress_requests(broken, policy(cpu="0.5"))
+    assert requests(result.pod, "app")["cpu"] == "4", "2 is no longer known as ours: a new original"
+    said = [w for w in result.warnings if KEYS.written_requests in w]
+    assert len(said) == 1 and said[0].startswith(f"annotation {KEYS.written_requests} ignored (")
+    assert said[0].endswith("a request above its recorded original is taken as another webhook's raise")
 
 
 def test_requests_a_vpa_set_are_kept_as_it_set_them_and_our_record_goes():
