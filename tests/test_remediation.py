@@ -1205,6 +1205,20 @@ def test_a_node_that_keeps_changing_goes_without_its_write_and_the_eviction_stan
         assert read_cooldowns(hot["metadata"].get("annotations"), KEYS).node is not None, "written once it settled"
 
 
+def test_events_rbac_refuses_are_logged_and_the_eviction_stands(api, caplog):
+    """A Role that lost ``events: create`` (or an API server shedding Event writes): the move is
+    what matters, so the pass goes on and the log says each Event not written, in RBAC's words."""
+    api.storms["events"] = [403, 10]
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    assert not api.list_objects("events", None, {})["items"]
+    refused = ('403 events "" is forbidden: User "system:serviceaccount:oversale:oversale" cannot create resource '
+               '"events"')
+    assert {f"event EvictedFromHotNode not written: {refused}",
+            f"event HotNodeRemediated not written: {refused}"} <= set(caplog.messages)
+
+
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
