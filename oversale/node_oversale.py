@@ -161,6 +161,31 @@ def oversell_node(
     if stored is not None and record is None and keys.real_allocatable in stored_annotations:
         result.warnings.append(f"annotation {keys.real_allocatable} on the stored Node is unreadable; "
                                "stored values taken as real")
+    real = _real_values(node, stored, record, from_kubelet, result)
+    result.real = RealValues(real["allocatable"], real["capacity"])
+    was_applied = applied_ratios(stored_annotations, keys) if stored is not None else {}
+    for resource in RESOURCES:
+        real_allocatable = real["allocatable"].get(resource)
+        if real_allocatable is not None:
+            _reshape(result, resource, real_allocatable, real["capacity"].get(resource), policy.ratios.get(resource),
+                     resource in was_applied)
+    for key in keys.node_record_keys():
+        result.annotations.pop(key, None)
+    if result.applied:
+        result.annotations[keys.real_allocatable] = record_text(real["allocatable"])
+        result.annotations[keys.real_capacity] = record_text(real["capacity"])
+        result.annotations[keys.applied_oversale_ratio] = record_text({r: str(v) for r, v in result.applied.items()})
+    return result
+
+
+def _real_values(node: Mapping[str, Any], stored: Mapping[str, Any] | None, record: RealValues | None,
+                 from_kubelet: bool, result: NodeResult) -> dict[str, dict[str, str]]:
+    """The real allocatable and capacity behind this write, field -> resource -> quantity.
+
+    On CREATE, and where this node's kubelet sends a value other than the one stored, the value
+    sent is real (listed in ``result.refreshed``). Anywhere else it is the stored value sent back,
+    or comes from another writer, which sends the oversold values it read: the record of the real
+    values counts, else the value stored. Negative values are dropped with a warning."""
     real: dict[str, dict[str, str]] = {"allocatable": {}, "capacity": {}}
     for name in FIELDS:
         incoming, current = _status(node, name), _status(stored, name) if stored is not None else {}
@@ -183,36 +208,27 @@ def oversell_node(
                 # a real kubelet, and writing it back would get the whole status write refused.
                 del real[name][resource]
                 result.warnings.append(f"{name}/{resource} {value!r} is negative; left as sent")
-    result.real = RealValues(real["allocatable"], real["capacity"])
+    return real
 
-    was_applied = applied_ratios(stored_annotations, keys) if stored is not None else {}
-    for resource in RESOURCES:
-        real_allocatable = real["allocatable"].get(resource)
-        if real_allocatable is None:
-            continue
-        ratio = policy.ratios.get(resource)
-        real_capacity = real["capacity"].get(resource)
-        if ratio is None:
-            _put(result.allocatable, resource, parse_amount(resource, real_allocatable), real_allocatable)
-            if real_capacity is not None:
-                _put(result.capacity, resource, parse_amount(resource, real_capacity), real_capacity)
-            if resource in was_applied:
-                result.restored.append(resource)
-            continue
-        base = parse_amount(resource, real_allocatable)
-        oversold = oversold_allocatable(base, ratio)
-        result.applied[resource] = ratio
-        _put(result.allocatable, resource, oversold)
+
+def _reshape(result: NodeResult, resource: str, real_allocatable: str, real_capacity: str | None,
+             ratio: Decimal | None, was_applied: bool) -> None:
+    """Write one resource's allocatable and capacity into ``result``: the real values where the
+    node is not oversold for it (``restored`` when a ratio was applied before), else allocatable
+    times the ratio and capacity raised by as much, so the system reserved stays what it was."""
+    if ratio is None:
+        _put(result.allocatable, resource, parse_amount(resource, real_allocatable), real_allocatable)
         if real_capacity is not None:
-            _put(result.capacity, resource, parse_amount(resource, real_capacity) + oversold - base)
-
-    for key in keys.node_record_keys():
-        result.annotations.pop(key, None)
-    if result.applied:
-        result.annotations[keys.real_allocatable] = record_text(real["allocatable"])
-        result.annotations[keys.real_capacity] = record_text(real["capacity"])
-        result.annotations[keys.applied_oversale_ratio] = record_text({r: str(v) for r, v in result.applied.items()})
-    return result
+            _put(result.capacity, resource, parse_amount(resource, real_capacity), real_capacity)
+        if was_applied:
+            result.restored.append(resource)
+        return
+    base = parse_amount(resource, real_allocatable)
+    oversold = oversold_allocatable(base, ratio)
+    result.applied[resource] = ratio
+    _put(result.allocatable, resource, oversold)
+    if real_capacity is not None:
+        _put(result.capacity, resource, parse_amount(resource, real_capacity) + oversold - base)
 
 
 def keep_record(node: Mapping[str, Any], stored: Mapping[str, Any], keys: AnnotationKeys) -> dict[str, str]:
