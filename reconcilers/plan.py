@@ -844,70 +844,93 @@ def write_plan(out: Path, pools: dict[str, dict[str, Any]], budget: HotTimeBudge
              "(nothing was written to the cluster). Each pool's full report (capacity freed against realised hot "
              "time for a range of budgets, the peers, plots, `summary.json`) is linked below.", ""]
     for pool, entry in pools.items():
-        data = entry["summary"]
-        ours = next((row for row in data["policies"] if row["policy"] == "oversale"), None)
-        held, bound = (entry["node_bound_cores"], entry["node_bound_memory_bytes"]), ""
-        if any(held):
-            bound = f"; {node_bound_text(held)} (not replayed: the other Pods are replayed on what they leave)"
-        lines += [f"## Pool `{pool}`: {entry['pods']} Pods on nodes of {entry['node_cores']:g} cores, "
-                  f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", ""]
-        if entry["history_days"] < int(days):
-            lines += [f"Planned on the {entry['history_days']} days of history Prometheus holds, of the {days:g} "
-                      "asked (its retention, or the pool is younger).", ""]
-        if text := requests_text(entry["oversold_nodes"], entry["original_requests_pods"], record_key):
-            lines += [text, ""]
-        at_peaks = bool(data["budget_sweep"]) and AT_PEAKS in data["budget_sweep"][0]
-        # A pool of a few nodes has its hot time in a handful of events: how far it moves with one
-        # event more or less is part of the figure (a one-minute shift of the 5-minute steps moved
-        # the worked example's 0.1% from 0.105% to 1.444%, docs/reconcilers.md).
-        ours_interval = hot_time_interval(data["daily"].get("oversale", []), None) if ours else None
-        placements = data.get("placements") or []
-        ours_range = placement_range(placements, budget.cpu)
-        lines += [f"[Full report]({pool}/report.md). " + (
-                      f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "
-                      f"node-days at a realised cpu hot time of {ours['cpu_violation_rate']:.3%}" + (
-                          f" ({ours[AT_PEAKS]:.3%} counted at the summed peaks, an upper bound)"
-                          if AT_PEAKS in ours else "")
-                      + (f"; on days like these, {interval_text(ours_interval)}" if ours_interval else "")
-                      + (f"; over {len(placements)} placements, {interval_text(ours_range)}" if ours_range else "")
-                      + "." if ours else ""),
-                  "", days_like_these_note("the replayed days") + " On a few nodes it is wide: read the "
-                      "figures as that interval, not to the last digit."]
-        if len(placements) > 1:
-            lines += ["", placements_note(len(placements), "the report's placement") + " Which workloads share a "
-                          "node can move a few nodes' hot time more than the budget does; the capacity freed "
-                          "moves too, less (`plan.json` lists each placement's)."]
-        lines += ["", "| budget | capacity freed | realised cpu hot time | days like these |"
-                  + (f" over {len(placements)} placements |" if len(placements) > 1 else "")
-                  + (" at the summed peaks |" if at_peaks else "") + " realised memory hot time |",
-                  "| --- | --- | --- | --- | --- |" + (" --- |" if len(placements) > 1 else "")
-                  + (" --- |" if at_peaks else "")]
-        for sweep in data["budget_sweep"]:
-            spread = placement_range(placements, sweep["hot_time_budget"])
-            lines.append(f"| {sweep['hot_time_budget']:.2%} | {sweep['capacity_freed']:.1%} | "
-                         f"{sweep['cpu_violation_rate']:.3%} | {interval_text(sweep.get('cpu_violation_interval'))} |"
-                         + (f" {interval_text(spread)} |" if len(placements) > 1 else "")
-                         + (f" {sweep[AT_PEAKS]:.3%} |" if at_peaks else "")
-                         + f" {sweep['memory_violation_rate']:.3%} |")
-        if said := budget_goal_text(entry["budget_goal"], "replayed days"):
-            lines += ["", said]
-        lines += ["", "| namespace | cpu requested | cpu set | memory requested | memory set |",
-                  "| --- | --- | --- | --- | --- |"]
-        for namespace, totals in sorted(entry["namespaces"].items()):
-            lines.append(f"| {namespace} | {totals['cpu_requested_cores']:.2f} | {totals['cpu_set_cores']:.2f} | "
-                         f"{totals['memory_requested_bytes'] / 2**30:.2f} GiB | "
-                         f"{totals['memory_set_bytes'] / 2**30:.2f} GiB |")
-        lines += ["", "Before changing `OVERSALE_BUDGET_CALIBRATION` for this pool, choose it on this history (the "
-                      "tuner cuts the holdout off, see docs/backtest.md):", "", f"    {entry['retune']}"]
-        node_ratios = [n["cpu"] for n in entry["ratios"]["nodes"]]
-        if node_ratios:
-            lines += ["", f"Node cpu ratios it would set: {min(node_ratios):g} to {max(node_ratios):g} "
-                          f"(mean {sum(node_ratios) / len(node_ratios):.2f}) over {len(node_ratios)} nodes; "
-                          "per workload ratios are in `plan.json`."]
-        lines.append("")
+        lines += _pool_section(pool, entry, budget, days, record_key)
     (out / "plan.md").write_text("\n".join(lines))
     (out / "plan.json").write_text(json.dumps(
         {"budget": {"cpu": budget.cpu, "memory": budget.memory}, "days": days,
          "source": {"prometheus": source.shown, "selector": source.access.selector},
          "pools": {pool: {k: v for k, v in entry.items() if k != "summary"} for pool, entry in pools.items()}},
         indent=2) + "\n")
+
+
+def _pool_section(pool: str, entry: dict[str, Any], budget: HotTimeBudget, days: float,
+                  record_key: str) -> list[str]:
+    """One pool's section of ``plan.md``: its nodes, how much history it had, the figures at the
+    chosen budget and how far they move, the budget sweep, the namespaces' requests before and
+    after, the tuner's command for it and the node ratios it would set."""
+    data = entry["summary"]
+    lines: list[str] = []
+    ours = next((row for row in data["policies"] if row["policy"] == "oversale"), None)
+    held, bound = (entry["node_bound_cores"], entry["node_bound_memory_bytes"]), ""
+    if any(held):
+        bound = f"; {node_bound_text(held)} (not replayed: the other Pods are replayed on what they leave)"
+    lines += [f"## Pool `{pool}`: {entry['pods']} Pods on nodes of {entry['node_cores']:g} cores, "
+              f"{entry['node_memory_bytes'] / 2**30:g} GiB{bound}", ""]
+    if entry["history_days"] < int(days):
+        lines += [f"Planned on the {entry['history_days']} days of history Prometheus holds, of the {days:g} "
+                  "asked (its retention, or the pool is younger).", ""]
+    if text := requests_text(entry["oversold_nodes"], entry["original_requests_pods"], record_key):
+        lines += [text, ""]
+    at_peaks = bool(data["budget_sweep"]) and AT_PEAKS in data["budget_sweep"][0]
+    # A pool of a few nodes has its hot time in a handful of events: how far it moves with one
+    # event more or less is part of the figure (a one-minute shift of the 5-minute steps moved
+    # the worked example's 0.1% from 0.105% to 1.444%, docs/reconcilers.md).
+    ours_interval = hot_time_interval(data["daily"].get("oversale", []), None) if ours else None
+    placements = data.get("placements") or []
+    ours_range = placement_range(placements, budget.cpu)
+    lines += [f"[Full report]({pool}/report.md). " + (
+                  f"At the chosen budget ({budget.cpu:.3%}) our system frees {ours['capacity_freed']:.1%} of the "
+                  f"node-days at a realised cpu hot time of {ours['cpu_violation_rate']:.3%}" + (
+                      f" ({ours[AT_PEAKS]:.3%} counted at the summed peaks, an upper bound)"
+                      if AT_PEAKS in ours else "")
+                  + (f"; on days like these, {interval_text(ours_interval)}" if ours_interval else "")
+                  + (f"; over {len(placements)} placements, {interval_text(ours_range)}" if ours_range else "")
+                  + "." if ours else ""),
+              "", days_like_these_note("the replayed days") + " On a few nodes it is wide: read the "
+                  "figures as that interval, not to the last digit."]
+    if len(placements) > 1:
+        lines += ["", placements_note(len(placements), "the report's placement") + " Which workloads share a "
+                      "node can move a few nodes' hot time more than the budget does; the capacity freed "
+                      "moves too, less (`plan.json` lists each placement's)."]
+    lines += ["", *_sweep_table(data["budget_sweep"], placements, at_peaks)]
+    if said := budget_goal_text(entry["budget_goal"], "replayed days"):
+        lines += ["", said]
+    lines += ["", *_namespaces_table(entry["namespaces"])]
+    lines += ["", "Before changing `OVERSALE_BUDGET_CALIBRATION` for this pool, choose it on this history (the "
+                  "tuner cuts the holdout off, see docs/backtest.md):", "", f"    {entry['retune']}"]
+    node_ratios = [n["cpu"] for n in entry["ratios"]["nodes"]]
+    if node_ratios:
+        lines += ["", f"Node cpu ratios it would set: {min(node_ratios):g} to {max(node_ratios):g} "
+                      f"(mean {sum(node_ratios) / len(node_ratios):.2f}) over {len(node_ratios)} nodes; "
+                      "per workload ratios are in `plan.json`."]
+    lines.append("")
+    return lines
+
+
+def _sweep_table(sweep: list[dict[str, Any]], placements: list[Any], at_peaks: bool) -> list[str]:
+    """The budget sweep as a table, with the range over the placements and the hot time at the
+    summed peaks where the plan has them."""
+    several = len(placements) > 1
+    lines = ["| budget | capacity freed | realised cpu hot time | days like these |"
+             + (f" over {len(placements)} placements |" if several else "")
+             + (" at the summed peaks |" if at_peaks else "") + " realised memory hot time |",
+             "| --- | --- | --- | --- | --- |" + (" --- |" if several else "") + (" --- |" if at_peaks else "")]
+    for entry in sweep:
+        spread = placement_range(placements, entry["hot_time_budget"])
+        lines.append(f"| {entry['hot_time_budget']:.2%} | {entry['capacity_freed']:.1%} | "
+                     f"{entry['cpu_violation_rate']:.3%} | {interval_text(entry.get('cpu_violation_interval'))} |"
+                     + (f" {interval_text(spread)} |" if several else "")
+                     + (f" {entry[AT_PEAKS]:.3%} |" if at_peaks else "")
+                     + f" {entry['memory_violation_rate']:.3%} |")
+    return lines
+
+
+def _namespaces_table(namespaces: dict[str, dict[str, float]]) -> list[str]:
+    """Each namespace's requests as written and as the plan would set them."""
+    lines = ["| namespace | cpu requested | cpu set | memory requested | memory set |",
+             "| --- | --- | --- | --- | --- |"]
+    for namespace, totals in sorted(namespaces.items()):
+        lines.append(f"| {namespace} | {totals['cpu_requested_cores']:.2f} | {totals['cpu_set_cores']:.2f} | "
+                     f"{totals['memory_requested_bytes'] / 2**30:.2f} GiB | "
+                     f"{totals['memory_set_bytes'] / 2**30:.2f} GiB |")
+    return lines
