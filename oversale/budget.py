@@ -263,23 +263,34 @@ def keep_account(account: NodeAccount, short: HotTime, long: HotTime, budget: fl
 
 def read_accounts(text: str | None) -> dict[str, NodeAccount]:
     """The node's ``hot-time-account`` annotation; anything unreadable starts afresh (at 1)."""
+    return read_accounts_said(text)[0]
+
+
+def read_accounts_said(text: str | None) -> tuple[dict[str, NodeAccount], str | None]:
+    """:func:`read_accounts`, and what of the annotation could not be read (None: all of it).
+
+    >>> read_accounts_said('{"cpu": {"multiplier": 0.5}, "memory": {"multiplier": "half"}}')
+    ({'cpu': NodeAccount(multiplier=0.5, backed_off_at=None, changed_at=None)}, "memory: {'multiplier': 'half'}")
+    """
     try:
         data = json.loads(text or "{}")
     except ValueError:
-        return {}
-    accounts = {}
-    if isinstance(data, dict):
-        for resource, entry in data.items():
-            if isinstance(entry, dict):
-                try:
-                    multiplier = float(entry.get("multiplier", 1.0))
-                    at, changed = entry.get("backedOffAt"), entry.get("changedAt")
-                    accounts[str(resource)] = NodeAccount(multiplier if math.isfinite(multiplier) else 1.0,
-                                                          float(at) if at is not None else None,
-                                                          float(changed) if changed is not None else None)
-                except (TypeError, ValueError):
-                    continue
-    return accounts
+        return {}, "not JSON"
+    if not isinstance(data, dict):
+        return {}, "not a JSON object"
+    accounts, unread = {}, []
+    for resource, entry in data.items():
+        try:
+            if not isinstance(entry, dict):
+                raise TypeError(entry)
+            multiplier = float(entry.get("multiplier", 1.0))
+            at, changed = entry.get("backedOffAt"), entry.get("changedAt")
+            accounts[str(resource)] = NodeAccount(multiplier if math.isfinite(multiplier) else 1.0,
+                                                  float(at) if at is not None else None,
+                                                  float(changed) if changed is not None else None)
+        except (TypeError, ValueError):
+            unread.append(f"{resource}: {entry!r}")
+    return accounts, "; ".join(unread) or None
 
 
 def pool_account(copies: Iterable[Mapping[str, NodeAccount]]) -> dict[str, NodeAccount]:

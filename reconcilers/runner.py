@@ -31,6 +31,7 @@ from oversale.budget import (
     pool_account,
     pool_of,
     read_accounts,
+    read_accounts_said,
     write_accounts,
 )
 from oversale.estimator import Proposal, UsageStats
@@ -836,7 +837,11 @@ class Reconciler:
         metadata = node["metadata"]
         name = metadata["name"]
         ledger.members.setdefault(pool, []).append(node)
-        accounts = read_accounts((metadata.get("annotations") or {}).get(self.keys.hot_time_account))
+        accounts, unread = read_accounts_said((metadata.get("annotations") or {}).get(self.keys.hot_time_account))
+        if unread:
+            # Said here, where the account is written back readable: once, not every pass.
+            log.warning("Node/%s: annotation %s unreadable (%s); what it held starts afresh at x1", name,
+                        self.keys.hot_time_account, unread)
         ledger.own[name] = {}
         for resource in RESOURCES:
             day = short.get(name, {}).get(resource, NO_HOT_TIME)

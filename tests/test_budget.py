@@ -24,6 +24,7 @@ from oversale.budget import (
     pool_account,
     pool_of,
     read_accounts,
+    read_accounts_said,
     write_accounts,
 )
 from oversale.estimator import OversaleEstimator, StabilityConfig, summarize
@@ -152,6 +153,10 @@ def test_accounts_round_trip_and_bad_text_starts_afresh():
     accounts = {"cpu": NodeAccount(0.7071, 1_700_000_000.0, 1_700_000_000.0), "memory": NodeAccount()}
     assert read_accounts(write_accounts(accounts)) == accounts
     assert read_accounts("not json") == {} and read_accounts('{"cpu": {"multiplier": "x"}}') == {}
+    assert read_accounts_said("not json") == ({}, "not JSON")
+    assert read_accounts_said("[1]") == ({}, "not a JSON object")
+    assert read_accounts_said('{"cpu": 3, "memory": {"multiplier": 0.5}}') == ({"memory": NodeAccount(0.5)}, "cpu: 3")
+    assert read_accounts_said(write_accounts(accounts)) == (accounts, None)
 
 
 def test_budget_and_pool_of_a_node():

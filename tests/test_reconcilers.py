@@ -2436,6 +2436,23 @@ def test_a_node_that_leaves_oversale_is_no_longer_reported(api, tmp_path):
         assert sample(family, {**labels, key: "node-2"}) is not None, family
 
 
+def test_an_unreadable_account_is_said_once_and_written_back_readable(api, tmp_path, caplog):
+    """Someone edited node-2's account by hand. What it held starts afresh: the hot time itself is
+    read from the history every pass, so a node that overspends is backed off again at once."""
+    stored = api.get("nodes", "", "node-2")
+    stored["metadata"]["annotations"][KEYS.hot_time_account] = '{"cpu": {"multiplier": "half"}}'
+    api.put("nodes", stored)
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        reconciler.run_pass()
+        reconciler.run_pass()
+    said = [m for m in caplog.messages if KEYS.hot_time_account in m]
+    assert said == [f"Node/node-2: annotation {KEYS.hot_time_account} unreadable (cpu: {{'multiplier': 'half'}}); "
+                    "what it held starts afresh at x1"], said
+    assert json.loads(annotations(api, "nodes", "node-2", "")[KEYS.hot_time_account])["cpu"] == {"multiplier": 1.0}
+    assert json.loads(annotations(api, "nodes", "node-1", "")[KEYS.hot_time_account])["cpu"]["multiplier"] < 1
+
+
 def test_a_pools_overspend_backs_off_its_own_nodes_only(api, tmp_path):
     pool_label = SETTINGS.pool_labels[0]
     for name, pool in (("node-1", "a"), ("node-2", "b")):
