@@ -72,6 +72,21 @@ def test_kubelet_heartbeats_keep_the_oversold_values_exact(server):
     assert response == {"uid": response["uid"], "allowed": True}
 
 
+def test_a_review_that_is_no_node_write_is_allowed_unchanged_and_counted_as_skipped(server):
+    # A MutatingWebhookConfiguration whose rules reach more than Nodes, or a DELETE's review
+    # (no object): answered at once, neither refused nor reshaped.
+    other = node_review(gke_node(), None, operation="CREATE")
+    other["request"]["kind"] = {"group": "", "version": "v1", "kind": "Pod"}
+    other["request"]["resource"] = {"group": "", "version": "v1", "resource": "pods"}
+    deleted = node_review(gke_node(), gke_node(), operation="DELETE")
+    deleted["request"]["object"] = None
+    before = server.metric("oversale_admissions_total", resource="nodes", outcome="skipped")
+    for review in (other, deleted):
+        response = server.review(review, "/mutate/nodes")
+        assert response == {"uid": review["request"]["uid"], "allowed": True}
+    assert server.metric("oversale_admissions_total", resource="nodes", outcome="skipped") == before + 2
+
+
 def test_gauges_show_real_and_oversold_side_by_side(server):
     stored = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "2", KEYS.memory_oversale_ratio: "1"})
     apply_response(stored, server.review(node_review(stored, stored), "/mutate/nodes"))
