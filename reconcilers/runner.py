@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
-from kube.client import api_refusal, one_line
+from kube.client import api_refusal, first_few, one_line
 from oversale.annotations import format_ratio, wants
 from oversale.budget import (
     NO_HOT_TIME,
@@ -863,8 +863,15 @@ class Reconciler:
                            now: float) -> None:
         """A pool's account, kept on the hot time of all its nodes (many nodes each a little hot)
         against the strictest budget among them."""
-        stored = pool_account(read_accounts((n["metadata"].get("annotations") or {}).get(
-            self.keys.pool_hot_time_account)) for n in members)
+        copies = [read_accounts_said((n["metadata"].get("annotations") or {}).get(self.keys.pool_hot_time_account))
+                  for n in members]
+        stored = pool_account(accounts for accounts, _ in copies)
+        unread = [f"Node/{n['metadata']['name']}: {said}" for n, (_, said) in zip(members, copies, strict=True) if said]
+        if unread and not stored:
+            # Every node carries a copy: one unreadable copy is replaced by the others, so only a
+            # pool none of whose copies can be read has lost its account (said once: written back).
+            log.warning("pool %s: annotation %s unreadable on every node that holds it (%s); the pool's account "
+                        "starts afresh at x1", pool, self.keys.pool_hot_time_account, first_few(unread))
         ledger.pooled[pool] = {}
         for resource in RESOURCES:
             # Nodes of one pool share its budget label; where they differ, the strictest holds.

@@ -2436,6 +2436,15 @@ def test_a_node_that_leaves_oversale_is_no_longer_reported(api, tmp_path):
         assert sample(family, {**labels, key: "node-2"}) is not None, family
 
 
+def warned_about(reconciler: Reconciler, caplog: Any, annotation: str, passes: int = 2) -> list[str]:
+    """The warnings naming ``annotation`` over ``passes`` passes."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        for _ in range(passes):
+            reconciler.run_pass()
+    return [m for m in caplog.messages if annotation in m]
+
+
 def test_an_unreadable_account_is_said_once_and_written_back_readable(api, tmp_path, caplog):
     """Someone edited node-2's account by hand. What it held starts afresh: the hot time itself is
     read from the history every pass, so a node that overspends is backed off again at once."""
@@ -2443,14 +2452,35 @@ def test_an_unreadable_account_is_said_once_and_written_back_readable(api, tmp_p
     stored["metadata"]["annotations"][KEYS.hot_time_account] = '{"cpu": {"multiplier": "half"}}'
     api.put("nodes", stored)
     reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
-    with caplog.at_level(logging.WARNING, logger="reconcilers"):
-        reconciler.run_pass()
-        reconciler.run_pass()
-    said = [m for m in caplog.messages if KEYS.hot_time_account in m]
+    said = warned_about(reconciler, caplog, KEYS.hot_time_account)
     assert said == [f"Node/node-2: annotation {KEYS.hot_time_account} unreadable (cpu: {{'multiplier': 'half'}}); "
                     "what it held starts afresh at x1"], said
     assert json.loads(annotations(api, "nodes", "node-2", "")[KEYS.hot_time_account])["cpu"] == {"multiplier": 1.0}
     assert json.loads(annotations(api, "nodes", "node-1", "")[KEYS.hot_time_account])["cpu"]["multiplier"] < 1
+
+
+def test_a_pool_account_unreadable_on_every_node_is_said_once_and_one_copy_alone_is_not(api, tmp_path, caplog):
+    """Both nodes of the pool carry its account. One copy edited by hand is replaced by the
+    other's; when no copy can be read, the pool's account starts afresh and the log says so."""
+    history = two_days_with_node_1_hot(api, tmp_path / "h.db")
+    reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
+    reconciler.run_pass()
+    kept = json.loads(annotations(api, "nodes", "node-2", "")[KEYS.pool_hot_time_account])
+    assert kept["cpu"]["multiplier"] < 1
+
+    def edit(*names: str) -> None:
+        for name in names:
+            stored = api.get("nodes", "", name)
+            stored["metadata"]["annotations"][KEYS.pool_hot_time_account] = "half"
+            api.put("nodes", stored)
+
+    edit("node-1")
+    assert not warned_about(reconciler, caplog, KEYS.pool_hot_time_account, passes=1)
+    assert json.loads(annotations(api, "nodes", "node-1", "")[KEYS.pool_hot_time_account]) == kept
+    edit("node-1", "node-2")
+    said = warned_about(reconciler, caplog, KEYS.pool_hot_time_account)
+    assert said == [f"pool default: annotation {KEYS.pool_hot_time_account} unreadable on every node that holds it "
+                    "(Node/node-1: not JSON, Node/node-2: not JSON); the pool's account starts afresh at x1"], said
 
 
 def test_a_pools_overspend_backs_off_its_own_nodes_only(api, tmp_path):
