@@ -56,6 +56,8 @@ if TYPE_CHECKING:  # imported where used: `--help` and a bad setting answer befo
     from reconcilers.plan import PoolExport
     from reconcilers.runner import Reconciler
     from reconcilers.sqlite_history import MetricsSampler
+    from simulator.replay import Config
+    from simulator.trace import Workload
 
 log = logging.getLogger("reconcilers")
 
@@ -447,26 +449,11 @@ def _replay_pool(pool: str, pooled: PoolExport, args: argparse.Namespace, settin
     from simulator.policies import OURS, System, default_systems
     from simulator.replay import Config, run, trace_days
     from simulator.report import budget_goal, other_placements, summary, write_report
-    from simulator.trace import TraceError, attach_peaks, read_trace
+    from simulator.trace import TraceError
 
-    try:
-        workloads = read_trace(pooled.export, "generic")
-        if pooled.peaks_export is not None:
-            _log(f"pool {pool}: " + attach_peaks(workloads, read_trace(pooled.peaks_export, "generic", peaks=True)))
-    except TraceError as error:
-        raise CliError(f"pool {pool}: {error}") from None
-    # Prometheus may hold fewer days than asked (its retention: 15 by default, often set lower),
-    # or the pool is younger: the holdout is half of the days replayed, not of those asked.
+    workloads = _pool_workloads(pool, pooled)
     held_days = trace_days(workloads)
-    if held_days <= args.warmup_days:
-        raise CliError(f"pool {pool}: Prometheus holds {held_days} days of its history, not more than the "
-                       f"{args.warmup_days}-day warm-up: " + (
-                           f"pass --warmup-days {max(1, held_days - 2)} or fewer" if held_days >= 2 else
-                           "the plan needs 2 days at least (1 of warm-up)"))
-    if held_days < int(args.days):
-        _log(f"pool {pool}: Prometheus holds {held_days} of the {args.days:g} days asked (its retention, or the "
-             f"pool is younger): {held_days - args.warmup_days} replayed after the {args.warmup_days}-day warm-up")
-    replayed = min(held_days, int(args.days)) - args.warmup_days
+    replayed = _replayed_days(pool, held_days, args)
     # The windows the live reconcilers would read; the first replayed days hold less, as a
     # cluster's first weeks under the reconcilers do.
     config = Config(pooled.size[0], int(pooled.size[1]), args.warmup_days, _days(settings.history_window_seconds),
@@ -484,23 +471,55 @@ def _replay_pool(pool: str, pooled: PoolExport, args: argparse.Namespace, settin
         raise CliError(f"pool {pool}: {error}") from None
     data = write_report(pooled.folder, summary(result, systems), result, pooled.export, config, placed)
     ours = result.last_day[OURS]
-    # The tuner on this pool as it was just replayed (same nodes, warm-up, window and holdout).
+    return {"pods": pooled.pods, "node_cores": pooled.allocatable[0],
+            "node_memory_bytes": pooled.allocatable[1], "node_bound_cores": pooled.bound[0],
+            "node_bound_memory_bytes": pooled.bound[1], "oversold_nodes": pooled.oversold,
+            "original_requests_pods": pooled.restored, "history_days": held_days,
+            "summary": data,
+            "retune": shlex.join(_retune_command(pooled, config, placements)),
+            "namespaces": per_namespace(ours), "ratios": ratios_set(ours),
+            "placements": placement_curves(data.get("placements") or [data["budget_sweep"]]),
+            # The goal's verdict over every replayed day, as the plan's table reads them.
+            "budget_goal": budget_goal(data["budget_sweep"], None, data.get("placements"))}
+
+
+def _pool_workloads(pool: str, pooled: PoolExport) -> list[Workload]:
+    """The pool's exported history read back as the replay's workloads, with their peaks where exported."""
+    from simulator.trace import TraceError, attach_peaks, read_trace
+
+    try:
+        workloads = read_trace(pooled.export, "generic")
+        if pooled.peaks_export is not None:
+            _log(f"pool {pool}: " + attach_peaks(workloads, read_trace(pooled.peaks_export, "generic", peaks=True)))
+    except TraceError as error:
+        raise CliError(f"pool {pool}: {error}") from None
+    return workloads
+
+
+def _replayed_days(pool: str, held_days: int, args: argparse.Namespace) -> int:
+    """The days replayed after the warm-up, of the ``held_days`` Prometheus holds of the pool."""
+    # Prometheus may hold fewer days than asked (its retention: 15 by default, often set lower),
+    # or the pool is younger: the holdout is half of the days replayed, not of those asked.
+    if held_days <= args.warmup_days:
+        raise CliError(f"pool {pool}: Prometheus holds {held_days} days of its history, not more than the "
+                       f"{args.warmup_days}-day warm-up: " + (
+                           f"pass --warmup-days {max(1, held_days - 2)} or fewer" if held_days >= 2 else
+                           "the plan needs 2 days at least (1 of warm-up)"))
+    if held_days < int(args.days):
+        _log(f"pool {pool}: Prometheus holds {held_days} of the {args.days:g} days asked (its retention, or the "
+             f"pool is younger): {held_days - args.warmup_days} replayed after the {args.warmup_days}-day warm-up")
+    return min(held_days, int(args.days)) - int(args.warmup_days)
+
+
+def _retune_command(pooled: PoolExport, config: Config, placements: int) -> list[str]:
+    """The tuner on the pool as it was just replayed (same nodes, warm-up, window and holdout)."""
     retune = ["python", "-m", "simulator.tune", "--trace", str(pooled.export), "--node-cores",
               f"{pooled.size[0]:g}", "--node-memory", str(int(pooled.size[1])),
               "--warmup-days", str(config.warmup_days), "--window-days", str(config.window_days),
               "--request-window-days", str(config.request_window_days), "--holdout-days", str(config.holdout_days)]
     if placements > 1:  # the tuner then scores each candidate on as many placements as the plan drew
         retune += ["--placements", str(placements)]
-    return {"pods": pooled.pods, "node_cores": pooled.allocatable[0],
-            "node_memory_bytes": pooled.allocatable[1], "node_bound_cores": pooled.bound[0],
-            "node_bound_memory_bytes": pooled.bound[1], "oversold_nodes": pooled.oversold,
-            "original_requests_pods": pooled.restored, "history_days": held_days,
-            "summary": data,
-            "retune": shlex.join(retune),
-            "namespaces": per_namespace(ours), "ratios": ratios_set(ours),
-            "placements": placement_curves(data.get("placements") or [data["budget_sweep"]]),
-            # The goal's verdict over every replayed day, as the plan's table reads them.
-            "budget_goal": budget_goal(data["budget_sweep"], None, data.get("placements"))}
+    return retune
 
 
 def _days(seconds: float) -> int:

@@ -253,8 +253,29 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
     step = prometheus.resolution
     end = (now if now is not None else time.time()) // step * step
     start = (end - days * 86400) // step * step
-    pods: dict[tuple[str, str], PodHistory] = {}
     scrape = cadvisor_scrape_interval(prometheus, end)
+    pods = _pod_series(prometheus, start, end, days, scrape, progress)
+    if peaks:
+        read_cpu_peaks(prometheus, pods, scrape, start, end, progress)
+    trim_to_whole_days(pods, prometheus.resolution)
+    annotated = pod_annotations(prometheus, start, end, pods, (keys.original_requests, VPA_UPDATES))
+    restored = restore_original_requests(prometheus, start, end, pods, annotated, keys.original_requests, progress)
+    _name_owners(prometheus, pods, start, end, days)
+    _add_overheads(prometheus, pods, start, end)
+    _mark_fixed(prometheus, pods, annotated, start, end, rescale_hpa, progress)
+    _place_on_nodes(prometheus, pods, start, end, days)
+    sizes = {node: [cores or 0.0, memory_bytes or 0.0] for node, (cores, memory_bytes) in
+             _node_status(prometheus, "kube_node_status_allocatable", start, end, days).items()}
+    oversold = real_node_sizes(sizes, _machine_sizes(prometheus, start, end, sizes, progress),
+                               _node_status(prometheus, "kube_node_status_capacity", start, end))
+    return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()},
+                          _node_pools(prometheus, pool_labels, start, end), oversold, restored)
+
+
+def _pod_series(prometheus: PrometheusHistory, start: float, end: float, days: float, scrape: float | None,
+                progress: Callable[[str], None]) -> dict[tuple[str, str], PodHistory]:
+    """Each Pod's usage and requests (:data:`QUERIES`), by namespace and name."""
+    pods: dict[tuple[str, str], PodHistory] = {}
     rate = cpu_rate_window(prometheus.resolution, scrape)
     progress(cpu_rate_text(prometheus.resolution, scrape, rate))
     for key, query in QUERIES.items():
@@ -264,26 +285,40 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
                                   PodHistory(labels.get("namespace", ""), labels.get("pod", "")))
             pod.series[key] = series
         progress(f"read {key}: {len(found)} Pods")
-    if peaks:
-        read_cpu_peaks(prometheus, pods, scrape, start, end, progress)
-    trim_to_whole_days(pods, prometheus.resolution)
-    annotated = pod_annotations(prometheus, start, end, pods, (keys.original_requests, VPA_UPDATES))
-    restored = restore_original_requests(prometheus, start, end, pods, annotated, keys.original_requests, progress)
+    return pods
+
+
+def _name_owners(prometheus: PrometheusHistory, pods: dict[tuple[str, str], PodHistory], start: float, end: float,
+                 days: float) -> None:
+    """Each Pod's workload, from kube-state-metrics' owner references, named as the extender names
+    it: ``namespace/Kind/name``, less the namespace (a ReplicaSet's Pods under its Deployment, a
+    Job's under its CronJob, where kube-state-metrics publishes those owners)."""
     owners: dict[tuple[str, str], tuple[str, str]] = {}
     for labels, _ in _range(prometheus, "max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner)", start,
                             end, "kube_pod_owner", days):
         if labels.get("owner_kind") not in NO_OWNER:
             owners[(labels.get("namespace", ""), labels.get("pod", ""))] = (labels["owner_kind"],
                                                                            labels.get("owner_name", ""))
-    # Named as the extender names a Pod's workload: ``namespace/Kind/name``, less the namespace.
     for pod_key, workload in pod_workloads(owners, _controllers(prometheus, start, end)).items():
         if (owned := pods.get(pod_key)) is not None:
             owned.owner = workload.split("/", 1)[1]
+
+
+def _add_overheads(prometheus: PrometheusHistory, pods: dict[tuple[str, str], PodHistory], start: float,
+                   end: float) -> None:
+    """Each Pod's RuntimeClass overhead (:data:`OVERHEAD_METRICS`), as last published."""
     for resource, metric in OVERHEAD_METRICS.items():
         for labels, (_, values) in _optional_series(prometheus, f"max by (namespace, pod) ({metric})", start, end):
             overheaded = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
             if overheaded is not None and len(values) and values[-1] > 0:
                 add_overhead(overheaded, resource, values[-1])
+
+
+def _mark_fixed(prometheus: PrometheusHistory, pods: dict[tuple[str, str], PodHistory],
+                annotated: dict[tuple[str, str], dict[str, str]], start: float, end: float, rescale_hpa: bool,
+                progress: Callable[[str], None]) -> None:
+    """The resources each Pod keeps as they are: those a utilization HPA scales on (unless
+    ``rescale_hpa``) and those a VerticalPodAutoscaler set."""
     scaled = {} if rescale_hpa else _utilization_autoscaled(prometheus, start, end)
     for pod in pods.values():
         pod.fixed = frozenset(scaled.get((pod.namespace, pod.owner), ()))
@@ -292,23 +327,30 @@ def read_cluster_history(prometheus: PrometheusHistory, days: float, pool_labels
             pod.fixed |= vpa_set_resources({"metadata": {"annotations": annotations}})
     if vpa_set := sum(VPA_UPDATES in annotations for annotations in annotated.values()):
         progress(f"read {VPA_UPDATES}: {vpa_set} Pods whose requests a VerticalPodAutoscaler set: kept as they are")
+
+
+def _place_on_nodes(prometheus: PrometheusHistory, pods: dict[tuple[str, str], PodHistory], start: float, end: float,
+                    days: float) -> None:
+    """The node each Pod ran on (kube_pod_info's ``node``; the last one, for a Pod that moved)."""
     for labels, _ in _range(prometheus, "max by (namespace, pod, node) (kube_pod_info)", start, end, "kube_pod_info",
                             days):
         placed = pods.get((labels.get("namespace", ""), labels.get("pod", "")))
         if placed is not None and labels.get("node"):
             placed.node = labels["node"]
-    sizes = {node: [cores or 0.0, memory_bytes or 0.0] for node, (cores, memory_bytes) in
-             _node_status(prometheus, "kube_node_status_allocatable", start, end, days).items()}
-    oversold = real_node_sizes(sizes, _machine_sizes(prometheus, start, end, sizes, progress),
-                               _node_status(prometheus, "kube_node_status_capacity", start, end))
+
+
+def _node_pools(prometheus: PrometheusHistory, pool_labels: tuple[str, ...], start: float,
+                end: float) -> dict[str, str]:
+    """node -> its pool: the value of the first of ``pool_labels`` it carries (kube_node_labels);
+    a node with none, or no kube_node_labels at all, is in the pool "default"."""
     pools = {}
-    for labels in _optional_labels(prometheus, "kube_node_labels", start, end):  # else all in "default"
+    for labels in _optional_labels(prometheus, "kube_node_labels", start, end):
         for label in pool_labels:
             value = labels.get(state_metrics_label("label", label))
             if value:
                 pools[labels.get("node", "")] = value
                 break
-    return ClusterHistory(pods, {n: (s[0], s[1]) for n, s in sizes.items()}, pools, oversold, restored)
+    return pools
 
 
 def cadvisor_scrape_interval(prometheus: PrometheusHistory, at: float) -> float | None:
