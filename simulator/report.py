@@ -222,9 +222,19 @@ def hot_time_interval(days: list[dict[str, Any]], split: str | None, resource: s
         return None
     hot = np.array([d[f"{resource}_hot_samples"] for d in chosen], dtype=np.float64)
     samples = np.array([d["node_samples"] for d in chosen], dtype=np.float64)
-    draws = np.random.default_rng(seed).integers(0, len(chosen), size=(resamples, len(chosen)))
-    shares = hot[draws].sum(axis=1) / np.maximum(samples[draws].sum(axis=1), 1)
-    low, high = np.quantile(shares, [(1 - level) / 2, (1 + level) / 2])
+    draws = _day_draws(len(chosen), resamples, seed)
+    return _interval(hot[draws].sum(axis=1) / np.maximum(samples[draws].sum(axis=1), 1), level)
+
+
+def _day_draws(days: int, resamples: int, seed: int) -> np.ndarray:
+    """``resamples`` rows of ``days`` day indices drawn with replacement (a bootstrap over days),
+    seeded so a rerun prints the same."""
+    return np.random.default_rng(seed).integers(0, days, size=(resamples, days))
+
+
+def _interval(drawn: np.ndarray, level: float) -> list[float]:
+    """The central ``level`` interval of the figures of the draws."""
+    low, high = np.quantile(drawn, [(1 - level) / 2, (1 + level) / 2])
     return [round(float(low), 6), round(float(high), 6)]
 
 
@@ -267,9 +277,8 @@ def variants_against_curve(rows: list[dict[str, Any]], daily: dict[str, list[dic
     base_nodes = per_day(BASELINE, "nodes")
     if not len(base_nodes):
         return []
-    draws = np.random.default_rng(seed).integers(0, len(base_nodes), size=(resamples, len(base_nodes)))
     # Row 0 is the split itself, as measured; the rest are the draws.
-    picks = np.vstack([np.arange(len(base_nodes)), draws])
+    picks = np.vstack([np.arange(len(base_nodes)), _day_draws(len(base_nodes), resamples, seed)])
     base = base_nodes[picks].sum(axis=1)
 
     def measured(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -297,8 +306,7 @@ def variants_against_curve(rows: list[dict[str, Any]], daily: dict[str, list[dic
             "difference_interval": None, "cooler_share": None, "hotter_share": None,
             "draws_on_the_curve": round(len(drawn) / resamples, 3)}
         if len(drawn):
-            low, high = np.quantile(drawn, [(1 - level) / 2, (1 + level) / 2])
-            verdict["difference_interval"] = [round(float(low), 6), round(float(high), 6)]
+            verdict["difference_interval"] = _interval(drawn, level)
             verdict["cooler_share"] = round(float((drawn < 0).mean()), 3)
             verdict["hotter_share"] = round(float((drawn > 0).mean()), 3)
         verdicts.append(verdict)

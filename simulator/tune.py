@@ -137,15 +137,7 @@ def _calibration(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m simulator.tune", description=__doc__, formatter_class=_Formatter)
-    add_cluster_arguments(parser)
-    parser.add_argument("--scale", type=_calibration, action="append", default=argparse.SUPPRESS,
-                        help=f"only this calibration (repeatable; default all of {', '.join(map(str, SCALES))})")
-    parser.add_argument("--placements", type=int, default=1, metavar="N",
-                        help="score each candidate over N placements: the first (ties to the first node) and "
-                             "N-1 with ties drawn at random, as kube-scheduler draws them (each a full replay)")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
-                        help="also write every candidate's figures and the choice here")
+    parser = _parser()
     args = parser.parse_args(argv)
     json_file(args.json, parser)
     placements = placement_count(args, parser)
@@ -156,23 +148,53 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     try:
         workloads = read_workloads(args, lambda message: print(message, file=sys.stderr, flush=True))
+        tuning = _tuning_days(workloads, args)
     except TraceError as error:
         return trace_failed(error)
+    warning = oversized_warning(workloads, config)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    scales = dict.fromkeys(getattr(args, "scale", SCALES))  # a calibration given twice is run once
+    scored = _score_all(tuning, config, settings, list(scales), placements)
+    choice = settable_choice(scored, settings.account, settings.budget_calibration)
+    if choice:
+        print(choice, flush=True)
+    if args.json is not None:
+        _write_json(args.json, args, scored, settings, placements, choice)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m simulator.tune", description=__doc__, formatter_class=_Formatter)
+    add_cluster_arguments(parser)
+    parser.add_argument("--scale", type=_calibration, action="append", default=argparse.SUPPRESS,
+                        help=f"only this calibration (repeatable; default all of {', '.join(map(str, SCALES))})")
+    parser.add_argument("--placements", type=int, default=1, metavar="N",
+                        help="score each candidate over N placements: the first (ties to the first node) and "
+                             "N-1 with ties drawn at random, as kube-scheduler draws them (each a full replay)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write every candidate's figures and the choice here")
+    return parser
+
+
+def _tuning_days(workloads: list[Workload], args: argparse.Namespace) -> list[Workload]:
+    """The trace less its last ``--holdout-days``: what the candidates are scored on."""
     origin = min(int(w.slots[0]) for w in workloads)
     last = max(int(w.slots[-1]) for w in workloads)
     days = (last - origin) // SLOTS_PER_DAY + 1
     if days - args.holdout_days <= args.warmup_days:
-        return trace_failed(f"{args.trace}: {days} days, of which --holdout-days {args.holdout_days} are cut off "
-                            f"and --warmup-days {args.warmup_days} only give history: no day left to tune on")
-    warning = oversized_warning(workloads, config)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-    tuning = _before(workloads, origin + (days - args.holdout_days) * SLOTS_PER_DAY)
+        raise TraceError(f"{args.trace}: {days} days, of which --holdout-days {args.holdout_days} are cut off "
+                         f"and --warmup-days {args.warmup_days} only give history: no day left to tune on")
+    return _before(workloads, origin + (days - args.holdout_days) * SLOTS_PER_DAY)
+
+
+def _score_all(tuning: list[Workload], config: Config, settings: Settings, scales: list[float],
+               placements: int) -> list[Scored]:
+    """Every candidate of ``scales`` x :data:`GRID` scored, a line printed for each as it is."""
     baseline = [s for s in default_systems(settings.compression_estimator(), settings.oversale_estimator(),
                                            settings.budget, sweep=False) if s.name == "none"]
     print("scale  " + "  ".join(GRID) + "  score  kept   freed  " + "  ".join(f"{b:.2%}" for b in GOAL_BUDGETS),
           flush=True)
-    scales = dict.fromkeys(getattr(args, "scale", SCALES))  # a calibration given twice is run once
     candidates = list(itertools.product(scales, *GRID.values()))
     scored: list[Scored] = []
     began = time.perf_counter()
@@ -194,12 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - began
         print(f"candidate {number}/{len(candidates)} scored in {time.perf_counter() - started:.0f}s; about "
               f"{elapsed / number * (len(candidates) - number):.0f}s left", file=sys.stderr, flush=True)
-    choice = settable_choice(scored, settings.account, settings.budget_calibration)
-    if choice:
-        print(choice, flush=True)
-    if args.json is not None:
-        _write_json(args.json, args, scored, settings, placements, choice)
-    return 0
+    return scored
 
 
 def _before(workloads: list[Workload], cut: float) -> list[Workload]:
