@@ -1331,6 +1331,31 @@ def test_the_api_server_down_and_back_the_extender_keeps_answering_and_catches_u
              == ["node-new"], timeout=40)
 
 
+def test_the_extender_is_ready_only_once_its_caches_have_listed_and_live_meanwhile(tmp_path):
+    """An extender that has not listed the cluster yet knows no node and no Pod, so it must not be
+    sent kube-scheduler's calls: /readyz answers 503 until its caches have listed (the Service
+    keeps it out), while /healthz answers 200 so the kubelet does not restart it for an API
+    server slow to answer. Each failed list is counted as a cache restart."""
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+    api.down = True
+    extender = Extender(api, tmp_path, probe="/healthz", leading=False)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{extender.url}/readyz", timeout=5)
+        assert refused.value.code == 503
+        assert json.load(refused.value) == {"status": "waiting for caches to sync"}
+        assert extender.status("/healthz") == 200
+        wait_for(lambda: re.search(r'oversale_cache_restarts_total\{again="list",cause="list failed",kind="Node"\} '
+                                   r"[1-9]", extender.get("/metrics")), timeout=30)
+        api.down = False
+        wait_for(lambda: extender.status("/readyz") == 200, timeout=40)
+        assert extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"]
+    finally:
+        extender.stop()
+        api.stop()
+
+
 def test_bind_refuses_what_kube_scheduler_would_never_ask_and_records_no_binding(cluster):
     api, extender = cluster
     other = pod("other", "2")
