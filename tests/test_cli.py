@@ -334,14 +334,23 @@ def test_a_certificate_pair_that_cannot_serve_tls_is_refused_before_serving(modu
     assert_one_clean_line(run(args, OVERSALE_KUBERNETES="off"), "tls.crt is not a PEM certificate")
 
 
-def test_a_client_ca_that_holds_no_certificate_is_refused(tmp_path):
+def test_a_client_ca_that_cannot_be_used_is_refused_before_serving(tmp_path):
+    """The extender's --client-ca is checked at start: it needs TLS (--certs-dir), a file, and a
+    CA certificate in it; else one line says which, instead of handshakes that fail later."""
     made = run(["certs", "generate", "--dir", str(tmp_path), "--host", "localhost"])
     assert made.returncode == 0, made.stderr
     junk = tmp_path / "client-ca.crt"
     junk.write_text("not a certificate\n")
-    result = run(["scheduler", "--bind", f"127.0.0.1:{free_port()}", "--certs-dir", str(tmp_path),
-                  "--client-ca", str(junk)], OVERSALE_KUBERNETES="off")
-    assert_one_clean_line(result, f"--client-ca {junk}", "holds no PEM CA certificate")
+
+    def extender(*args: str) -> subprocess.CompletedProcess[str]:
+        return run(["scheduler", "--bind", f"127.0.0.1:{free_port()}", *args], OVERSALE_KUBERNETES="off")
+
+    assert_one_clean_line(extender("--certs-dir", str(tmp_path), "--client-ca", str(junk)), f"--client-ca {junk}",
+                          "holds no PEM CA certificate")
+    assert_one_clean_line(extender("--client-ca", str(tmp_path / "ca.crt")), "--client-ca needs --certs-dir")
+    missing = tmp_path / "missing.crt"
+    assert_one_clean_line(extender("--certs-dir", str(tmp_path), "--client-ca", str(missing)),
+                          f"--client-ca {missing}: no such file")
 
 
 def opted_in(api: FakeKubeAPI) -> None:
@@ -462,7 +471,10 @@ def test_once_names_an_answer_that_is_no_kubernetes_object_and_decides_the_rest(
         api.stop()
 
 
-def test_certs_inject_names_an_answer_that_is_no_kubernetes_object(tmp_path):
+def test_certs_inject_says_in_one_line_what_it_could_not_read_and_writes_nothing(tmp_path):
+    """A CA file that is missing or is a folder, RBAC refusing to let it read the webhook
+    configuration, and a proxy answering its sign-in page instead: each is one line naming the
+    file, or what the API server said, exit code 2, and nothing is written."""
     api = FakeKubeAPI().start()
     try:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
@@ -470,13 +482,27 @@ def test_certs_inject_names_an_answer_that_is_no_kubernetes_object(tmp_path):
         assert made.returncode == 0, made.stderr
         api.put("mutatingwebhookconfigurations", {"metadata": {"name": "oversale"}, "webhooks": [
             {"name": "pods.oversale.io", "clientConfig": {"service": {"namespace": "oversale", "name": "w"}}}]})
+
+        def inject(ca_file: Path) -> str:
+            return assert_one_clean_line(run(["certs", "inject", "--webhook", "oversale", "--ca-file", str(ca_file)],
+                                             kubeconfig))
+
+        hint = " (--debug shows the traceback)"
+        assert inject(tmp_path / "missing.crt") == f"error: {tmp_path / 'missing.crt'}: no such file or directory{hint}"
+        assert inject(tmp_path) == f"error: {tmp_path}: Is a directory{hint}"
+        api.storms["mutatingwebhookconfigurations"] = [403, 1]
+        assert inject(tmp_path / "ca.crt") == (
+            'error: the API server refused the request: HTTP 403 Forbidden: mutatingwebhookconfigurations "oversale" '
+            'is forbidden: User "system:serviceaccount:oversale:oversale" cannot get resource '
+            f'"mutatingwebhookconfigurations"{hint}')
         api.garbled.add("mutatingwebhookconfigurations")
-        result = run(["certs", "inject", "--webhook", "oversale", "--ca-file", str(tmp_path / "ca.crt")], kubeconfig)
-        line = assert_one_clean_line(result)
-        assert line == ("error: the answer to /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
-                        "oversale is no Kubernetes object (text/html, 45 bytes): is the server in KUBECONFIG a "
-                        "Kubernetes API server? (kubectl cluster-info) (--debug shows the traceback)")
+        assert inject(tmp_path / "ca.crt") == (
+            "error: the answer to /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/oversale is no "
+            "Kubernetes object (text/html, 45 bytes): is the server in KUBECONFIG a Kubernetes API server? (kubectl "
+            f"cluster-info){hint}")
         assert not [r for r in api.requests if r.method == "PATCH"], "nothing written"
+        configuration = api.get("mutatingwebhookconfigurations", "", "oversale")
+        assert configuration is not None and "caBundle" not in configuration["webhooks"][0]["clientConfig"]
     finally:
         api.stop()
 
