@@ -900,9 +900,9 @@ def test_a_replica_spread_one_per_node_is_not_sent_beside_another(api):
                                   "shares node-cool's kubernetes.io/hostname", affinity=spread)
 
 
-def test_a_namespace_selector_is_read_with_the_namespaces_labels(api):
-    """web keeps away from ETL Pods of the retail team's namespaces only: the one on node-cool
-    runs in a data namespace, so kube-scheduler would place web's replacement there, and it moves."""
+def web_away_from_the_retail_teams_etl(api) -> None:
+    """web keeps away from ETL Pods of the retail team's namespaces only; the one on node-cool
+    runs in the data team's namespace ``jobs``."""
     label_nodes(api, "kubernetes.io/hostname", {"node-hot": "node-hot", "node-cool": "node-cool"})
     for name, team in (("shop", "retail"), ("jobs", "data")):
         api.put("namespaces", {"metadata": {"name": name, "labels": {"team": team}}})
@@ -915,6 +915,12 @@ def test_a_namespace_selector_is_read_with_the_namespaces_labels(api):
         {"labelSelector": {"matchLabels": {"app": "etl"}}, "topologyKey": "kubernetes.io/hostname",
          "namespaceSelector": {"matchLabels": {"team": "retail"}}}]}}
     api.put("pods", web)
+
+
+def test_a_namespace_selector_is_read_with_the_namespaces_labels(api):
+    """The ETL Pod on node-cool is not the retail team's, so kube-scheduler would place web's
+    replacement there, and it moves."""
+    web_away_from_the_retail_teams_etl(api)
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/web-5d8f9-abcde"]
     # Once the ETL namespace is the retail team's too, the term reaches it.
@@ -922,6 +928,20 @@ def test_a_namespace_selector_is_read_with_the_namespaces_labels(api):
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/api-6f7c8-fghij"]
 
+
+
+def test_namespaces_that_cannot_be_listed_make_a_namespace_selector_reach_every_namespace(api, caplog):
+    """A Role without ``namespaces: list``: a term's namespaceSelector is read as every namespace,
+    the reading that keeps an anti-affinity's Pods apart, so web stays off node-cool, and the log
+    says so."""
+    web_away_from_the_retail_teams_etl(api)
+    api.storms["namespaces"] = [403, 10]
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert "Pod/shop/web-5d8f9-abcde" not in [r.object for r in rows if r.proposed == "node-cool"]
+    assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/api-6f7c8-fghij"]
+    assert ("namespaces could not be listed (HTTP 403 Forbidden): a pod affinity term's namespaceSelector is taken "
+            "as every namespace this pass") in caplog.messages
 
 def test_a_replica_is_not_moved_where_it_would_break_its_topology_spread(api):
     """One replica per zone at most one apart (maxSkew 1): the hot node's replica may not join
@@ -1204,6 +1224,24 @@ def test_a_node_that_keeps_changing_goes_without_its_write_and_the_eviction_stan
         assert "(room reserved)" in remediated["message"] and "tainted" not in remediated["message"]
         assert read_cooldowns(hot["metadata"].get("annotations"), KEYS).node is not None, "written once it settled"
 
+
+
+def test_cooldowns_a_busy_node_does_not_take_are_said_and_still_kept_by_this_replica(api, caplog):
+    """Six 409s in a row on the hot node: neither the taint nor the record of its cooldown is
+    written. The eviction stands, the log says the record is missing (a replica taking the Lease
+    over would not know it), and this replica still keeps the node in its cooldown."""
+    api.concurrent_writes["nodes/node-hot"] = 6
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        remediator_.run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    conflict = ('409 Operation cannot be fulfilled on nodes "node-hot": the object has been modified; please apply '
+                "your changes to the latest version and try again")
+    assert (f"Node/node-hot: cooldowns not recorded ({conflict}): a replica taking the Lease over would not know "
+            "them") in caplog.messages
+    assert KEYS.remediation_cooldowns not in (api.get("nodes", "", "node-hot")["metadata"].get("annotations") or {})
+    remediator_.run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "api-6f7c8-fghij") is not None, "node-hot cools down"
 
 def test_events_rbac_refuses_are_logged_and_the_eviction_stands(api, caplog):
     """A Role that lost ``events: create`` (or an API server shedding Event writes): the move is
