@@ -3,9 +3,11 @@ import re
 import subprocess
 import sys
 from decimal import Decimal
+from functools import cached_property
 
 import pytest
 
+from oversale.annotations import AnnotationKeys
 from oversale.errors import SettingsError
 from oversale.settings import Settings
 from tests.conftest import ROOT
@@ -109,6 +111,19 @@ def test_the_settings_reference_documents_every_setting():
     for field in dataclasses.fields(Settings):
         assert f"`{field.metadata['env']}`" in reference, field.name
 
+
+
+def test_every_annotation_and_label_the_project_reads_or_writes_is_named_in_the_docs():
+    # A user sets these on their objects or meets them there (kubectl describe): each is named in
+    # docs/ by its full key, or (a pair told together, "`cpu-...` / `memory-...`") by its hyphenated
+    # name after the prefix in backticks.
+    docs = "".join(page.read_text() for page in (ROOT / "docs").glob("*.md"))
+    keys = AnnotationKeys()
+    named = [getattr(keys, name) for name, value in vars(AnnotationKeys).items() if isinstance(value, cached_property)]
+    assert len(named) >= 40 and all(key.startswith("stke.platform/") for key in named)
+    unnamed = [key for key in named if not re.search(re.escape(key) + r"(?![\w-])", docs)  # not hot for hot-time
+               and not ("-" in key and f"`{key.split('/', 1)[1]}`" in docs)]
+    assert not unnamed
 
 def test_every_documented_default_set_by_hand_is_the_default():
     # A user who copies a default from the reference into their manifest must get what they had:
