@@ -415,6 +415,22 @@ def test_a_raise_is_capped_by_the_tightest_quota_that_binds_the_pod_and_names_it
     assert requests(service, "app")["cpu"] == "1800m"
 
 
+
+def test_bounds_on_anything_but_cpu_and_memory_requests_hold_no_raise_back():
+    """A namespace's LimitRange on PersistentVolumeClaims (storage) and its ResourceQuota on
+    object counts (pods, count/deployments.apps) bound no cpu or memory request, even when full;
+    nor does a value that is no quantity (the API server validates them, so only a hand-made
+    object holds one): the raise goes through them whole."""
+    bounds = bounds_from_limit_ranges([{"spec": {"limits": [
+        {"type": "PersistentVolumeClaim", "min": {"storage": "1Gi"}, "max": {"storage": "10Gi"}},
+        {"type": "Container", "max": {"cpu": "lots"}}]}}]).with_quotas([
+        {"spec": {"hard": {"pods": "10", "count/deployments.apps": "5"}},
+         "status": {"hard": {"pods": "10", "count/deployments.apps": "5"}, "used": {"pods": "10"}}},
+        {"spec": {"hard": {"requests.cpu": "x"}}, "status": {"hard": {"requests.cpu": "x"}, "used": {}}}])
+    assert bounds.container == {} and bounds.pod == {} and bounds.quotas == ()
+    raised = compress_requests(pod(container("app", "1", limits={"cpu": "4"})), policy(cpu="0.5"), bounds)
+    assert requests(raised.pod, "app")["cpu"] == "2"
+
 def test_a_best_effort_scope_binds_only_a_pod_without_requests_or_limits():
     best_effort, bounded = pod(container("app")), pod(container("app", limits={"memory": "1Gi"}))
     assert scope_holds({"scopeName": "BestEffort", "operator": "Exists"}, best_effort)

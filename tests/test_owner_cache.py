@@ -111,6 +111,20 @@ def test_ratios_come_from_the_owning_workload(cluster, kind, name, cpu):
     assert cpu_of(mutated) == cpu
 
 
+
+@pytest.mark.parametrize("kind", ["ReplicationController", "CloneSet"])
+def test_a_pod_of_an_owner_kind_not_followed_goes_by_its_own_annotations(cluster, kind):
+    """ReplicationControllers and custom controllers (an OpenKruise CloneSet) are not cached or
+    read: their Pods go by their own annotations, with no API request and no warning."""
+    api, server = cluster
+    before = api.count(watch=False)
+    pod = owned_pod(kind, "legacy-rc", annotations=RATIO_2)
+    response = server.review(pod_review(pod))
+    assert cpu_of(apply_response(pod, response)) == "500m"
+    assert not response.get("warnings")
+    assert "patch" not in server.review(pod_review(owned_pod(kind, "legacy-rc")))
+    assert api.count(watch=False) == before
+
 def test_memory_follows_its_own_workload_annotation(cluster):
     _, server = cluster
     pod = owned_pod("StatefulSet", "db")

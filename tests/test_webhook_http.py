@@ -130,6 +130,15 @@ def test_invalid_ratio_warns_names_the_value_and_counts(webhook_no_cluster):
         (json.dumps({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}).encode(), "apiVersion"),
         (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}).encode(),
          "uid"),
+        (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": []}).encode(),
+         "review has no request"),
+        *[(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u1", "kind": {"kind": "Pod"}, "resource": {"resource": "pods"}, "operation": "CREATE",
+            "object": {}, **broken}}).encode(), said) for broken, said in [
+                ({"kind": None}, "request has no kind"), ({"resource": "pods"}, "request has no resource"),
+                ({"operation": None}, "request has no operation"),
+                ({"object": "a Pod"}, "request.object is not an object"),
+                ({"oldObject": []}, "request.oldObject is not an object")]],
         (b"{" + b" " * (7 * 2**20) + b"}", "larger than"),
     ],
 )
