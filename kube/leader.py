@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 
 class LeaseElector:
+    """This replica's candidacy for one Lease (the module docstring gives the timing rules): a
+    thread renews it (:meth:`start`), callers ask :meth:`is_leader` before each write."""
+
     def __init__(self, api_client: Any, namespace: str, name: str, identity: str, duration: float,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._api: Any = client.CoordinationV1Api(api_client)

@@ -142,6 +142,9 @@ ignore them."""
 
 @dataclass
 class PrometheusAPI:
+    """One Prometheus (or a server speaking its HTTP API): instant and range queries, with the
+    credentials of ``access``, and its failures as the errors callers turn into "no history"."""
+
     url: str
     """Its base URL; a ``user:password@`` in it is sent as basic auth, and never shown."""
     timeout: float = 30.0

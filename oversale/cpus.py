@@ -50,6 +50,9 @@ class CPU:
 
 @dataclass(frozen=True)
 class Topology:
+    """A node's CPUs with their core, socket and NUMA node, as the kubelet's CPU manager sees
+    them: exclusive CPUs are chosen over it (:func:`place`)."""
+
     cpus: tuple[CPU, ...]
     detailed: bool = True
     """False when only a CPU count is known (each CPU then counts as its own core)."""

@@ -108,6 +108,9 @@ class CompressionEstimator:
 
 @dataclass(frozen=True)
 class OversaleEstimator:
+    """The knobs of the node oversale ratio (the formula is the module docstring's, applied by
+    :func:`oversale_proposal`); ``Settings.oversale_estimator`` builds it from the environment."""
+
     percentile: float = 1.0
     """CPU: the quantile of the node's summed usage taken as its coming peak (from the hot-time
     budget: ``oversale.budget.budget_quantile``)."""

@@ -98,6 +98,9 @@ class NodeView:
 
 @dataclass(frozen=True)
 class PodDemand:
+    """What placing one Pod asks of a node (:func:`pod_demand`): its requests as kube-scheduler
+    counts them and the exclusive CPUs it wants."""
+
     uid: str
     requests: Mapping[str, int]
     bind_policy: str | None
@@ -190,6 +193,10 @@ def bound_cpus_of(pod: Mapping[str, Any], keys: AnnotationKeys) -> tuple[int, ..
 
 def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[int, int] | None = None,
               watermarks: Watermarks = DEFAULT_WATERMARKS) -> NodeView:
+    """What placement needs of a Node: its allocatable as reported (oversold), its real one and
+    ratio (the node webhook's record), its CPU topology (``nrt_zones``: NUMA zone -> CPU count,
+    from a NodeResourceTopology), binding policy, watermarks and reservations, from its labels and
+    annotations."""
     metadata = node.get("metadata") or {}
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
@@ -244,6 +251,7 @@ def reservations_of(annotations: Mapping[str, str], keys: AnnotationKeys) -> tup
 
 
 def pod_demand(pod: Mapping[str, Any], keys: AnnotationKeys) -> PodDemand:
+    """The Pod's :class:`PodDemand`, from its spec and annotations."""
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     controller = controller_of(metadata)

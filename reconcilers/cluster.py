@@ -52,6 +52,9 @@ def unpacked(data: bytes) -> dict[str, Any]:
 
 
 class Cluster:
+    """The reconcilers' reads and writes of the API server (the module docstring says how writes
+    stay safe), through the real client, with every request bounded by ``timeout``."""
+
     def __init__(self, api_client: Any, timeout: float = 60.0) -> None:
         self._client = api_client
         self._timeout = timeout

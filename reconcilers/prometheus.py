@@ -68,6 +68,9 @@ _T = TypeVar("_T")
 
 @dataclass
 class PrometheusHistory:
+    """The reconcilers' usage history from Prometheus (the module docstring says how it queries):
+    the containers' and nodes' stats for the ratios and the hot time for the accounts."""
+
     url: str
     timeout: float = 30.0
     resolution: float = 300.0

@@ -91,6 +91,14 @@ class UsageSource(Protocol):
 
 
 class Remediator:
+    """Remediation of one replica. Each pass (:meth:`run_pass`) observes the usage of every node it
+    judges (the opted-in ones, or all with ``OVERSALE_REMEDIATE_ALL_NODES``) and moves Pods off a
+    node hot for ``OVERSALE_HOT_OBSERVATIONS`` passes in a row: by eviction, so disruption budgets hold,
+    toward targets where their replacements fit, with room held for them there, the node tainted
+    for its cooldown (``OVERSALE_HOT_NODE_TAINT``) and Events written. Which Pods and which
+    targets is the core's (``oversale.remediation``, ``oversale.node_fit``); writes happen only
+    while ``leader`` says this replica holds the Lease."""
+
     def __init__(self, cluster: Cluster, usage: UsageSource | MetricsAPI, settings: Settings,
                  leader: Leadership | None = None, metrics: ReconcilerMetrics | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -103,8 +111,11 @@ class Remediator:
         self.metrics = metrics or ReconcilerMetrics()
         self.clock = clock
         self.streaks: dict[str, int] = {}
+        """node -> its passes in a row above its runtime watermark."""
         self.node_cooldown: dict[str, float] = {}
+        """node -> until when no Pod is moved off it again (also recorded on the node)."""
         self.workload_cooldown: dict[str, float] = {}
+        """workload -> until when none of its Pods is moved again (also recorded on the node it left)."""
         self.samples: dict[str, deque[Sample]] = {}
         self.incomplete: list[str] = []
         """What kept the last pass from judging every node (usage or the cluster unreadable, the

@@ -174,6 +174,14 @@ class KeptAccount:
 
 
 class Reconciler:
+    """The ratio reconcilers of one replica. Each pass (:meth:`run_pass`) reads the usage history
+    once and sets the ratios of every opted-in workload (compression, with its HPA's targets and
+    its running Pods' in-place resize) and every opted-in node (oversale at its hot-time budget,
+    with the node and pool accounts), writing only what changed and only while ``leader`` says
+    this replica holds the Lease. The decisions are the core's (``oversale.estimator``,
+    ``oversale.budget``, ``oversale.node_oversale``, ``oversale.workloads``): this class reads
+    their inputs, calls them and writes their answers."""
+
     def __init__(self, cluster: Cluster, history: History, settings: Settings, leader: Leadership | None = None,
                  metrics: ReconcilerMetrics | None = None, clock: Callable[[], float] = time.time) -> None:
         self.cluster = cluster
@@ -193,6 +201,9 @@ class Reconciler:
         server stopped, a history it could not read, the Lease lost): ``once`` exits 1 on it."""
 
     def run_pass(self, dry_run: bool = False) -> list[Row]:
+        """One pass over workloads, then nodes; a row per object and resource (``dry_run``: decide,
+        write nothing). An API failure stops that half of the pass, the other still runs
+        (``incomplete`` says which)."""
         rows: list[Row] = []
         self.incomplete = []
         # Before the first pass that can read it (the source checks each counter once): scrape
@@ -243,6 +254,9 @@ class Reconciler:
 
     # -- compression ---------------------------------------------------------------------------
     def reconcile_workloads(self, dry_run: bool, history: Future[dict[Any, ResourceStats]] | None = None) -> list[Row]:
+        """Compression: each workload that opted in (``enable-resource-compress``) gets the
+        requests ratios its containers' usage calls for (``history``: their stats, read by the
+        pass in parallel, else here); its HPA's targets follow, then its running Pods' resize."""
         workloads = {
             (w["kind"], w["metadata"]["namespace"], w["metadata"]["name"]): w
             for w in self.cluster.workloads()
@@ -632,6 +646,9 @@ class Reconciler:
         return NodeReads(nodes, hot_time, stats)
 
     def reconcile_nodes(self, dry_run: bool, reads: Future[NodeReads] | None = None) -> list[Row]:
+        """Node oversale: each opted-in node gets the ratios its usage quantile at its own hot-time
+        budget allows, times its account's back-off (``reads``: its history, read by the pass in
+        parallel, else here); the accounts and the calibration are kept on the way."""
         read = reads.result() if reads else self.read_nodes()
         nodes = read.nodes
         if not nodes:

@@ -80,6 +80,10 @@ class SampleLost(Exception):
 
 
 class SqliteHistory:
+    """The usage history where no Prometheus is configured: metrics-server's readings, sampled by
+    :class:`MetricsSampler` into one SQLite file, kept ``retention_seconds`` (and under
+    ``max_bytes``), and read back as the same stats :class:`~reconcilers.prometheus.PrometheusHistory` gives."""
+
     def __init__(self, path: Path, retention_seconds: float, max_bytes: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path

@@ -89,6 +89,10 @@ def _answer(args: ExtenderArgs, state: ClusterState,
 
 def filter_nodes(args: ExtenderArgs, state: ClusterState, keys: AnnotationKeys,
                  load_aware: bool = False) -> ExtenderFilterResult:
+    """kube-scheduler's ``filter`` call: the nodes of ``args`` where the Pod fits on the reshaped
+    capacity (its exclusive CPUs from real cores, NUMA as asked) and, when ``load_aware``, whose
+    real usage is below its scheduling watermarks; each other node with the reason, marked
+    unresolvable where no preemption can help."""
     demand = pod_demand(args["Pod"], keys)
 
     def decide(table: NodeTable, slots: npt.NDArray[np.int64]) -> list[tuple[str, bool] | None]:

@@ -140,6 +140,10 @@ def _zones(nrt: dict[str, Any] | None) -> dict[int, int] | None:
 
 
 class KubeBinder:
+    """The extender's reads of a Pod (:meth:`pod`) and its writes: the Binding of a Pod to its
+    node, the Pod's ``resource-status`` annotation with the CPUs it was given, and the leader label
+    on the extender's own Pod."""
+
     def __init__(self, api_client: Any, watch: ClusterWatch | None = None, timeout: float = 10.0) -> None:
         self._core: Any = client.CoreV1Api(api_client)
         self._watch = watch

@@ -116,6 +116,11 @@ class Reservation:
 
 @dataclass
 class ClusterState:
+    """Everything the extender decides from, kept by its watches and pollers and read by every
+    call: node views, the Pods on each node with their CPUs, reservations of binds not yet seen,
+    disruption budgets, and usage samples with their windows. See the module docstring for why
+    all of it changes under one lock."""
+
     keys: AnnotationKeys
     clock: Callable[[], float] = time.monotonic
     load_config: LoadConfig = field(default_factory=LoadConfig)

@@ -57,6 +57,10 @@ NodeRatio = Callable[[str, float, float, np.ndarray, np.ndarray, float], float]
 
 @dataclass(frozen=True)
 class System:
+    """One system the replay compares: how it sets requests (``request``) and node ratios
+    (``ratio``; None: nodes at their real size), and what it adds; ``source`` says what it stands
+    for (the report prints it)."""
+
     name: str
     source: str
     request: RequestPolicy

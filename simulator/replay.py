@@ -53,6 +53,9 @@ SPLITS = ("tuning", "holdout")
 
 @dataclass(frozen=True)
 class Config:
+    """The replayed cluster: its node size, and how the trace's days split into warm-up (history
+    only), tuning and holdout."""
+
     node_cpu_cores: float = 32
     node_memory_bytes: float = 256 * GIB
     warmup_days: int = 7
@@ -222,6 +225,9 @@ class Placed:
 
 @dataclass
 class Result:
+    """What :func:`run` measured: per system and split, the nodes needed and the hot time
+    (``tallies``), what a clairvoyant bound would need, and each day's figures (``daily``)."""
+
     days: list[int]
     splits: dict[int, str]
     tallies: dict[str, dict[str, Tally]]
@@ -562,6 +568,10 @@ def clairvoyant_nodes(day: Day, real: tuple[float, float]) -> float:
 
 def run(workloads: list[Workload], config: Config, systems: list[System],
         progress: Callable[[str], None] = lambda m: None) -> Result:
+    """Replay ``workloads`` day by day through every system of ``systems``, each on a cluster of
+    its own, in the order the module docstring gives: ratios from the history so far, Pods placed
+    by the extender's filter and score (a node added when none fits), the day's usage, and where
+    the system has it, remediation."""
     names = [s.name for s in systems]
     if len(set(names)) != len(names):
         raise ValueError(f"system names must be unique: {sorted(n for n in set(names) if names.count(n) > 1)}")
