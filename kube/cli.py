@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from kube.client import GarbledAnswer, answered, api_message, api_server_of, decoded, load_api_client, one_line
+from kube.client import GarbledAnswer, answered, api_server_of, decoded, load_api_client, one_line
 from oversale.errors import SettingsError
 from oversale.settings import Settings, unread_variables
 
@@ -68,8 +68,7 @@ def describe(error: BaseException) -> str:
     if isinstance(error, GarbledAnswer):
         return f"{error}: is the server in KUBECONFIG a Kubernetes API server? (kubectl cluster-info)"
     if isinstance(error, ApiException):
-        said = api_message(error)[:200]
-        return f"the API server refused the request: {one_line(error)}" + (f": {said}" if said else "")
+        return f"the API server refused the request: {one_line(error, all_words=True)}"
     if isinstance(error, FileNotFoundError):
         return f"{error.filename or error}: no such file or directory"
     if isinstance(error, PermissionError):

@@ -127,13 +127,25 @@ def first_few(names: Sequence[str], few: int = 5) -> str:
     return ", ".join(names[:few]) + (f" and {len(names) - few} more" if len(names) > few else "")
 
 
-def one_line(error: BaseException) -> str:
+def one_line(error: BaseException, all_words: bool = False) -> str:
     """An API or connection error as one short line: the client's own messages span many lines
     and name library internals (urllib3 pools, retry objects), which logs and kubectl users should
-    not have to read."""
+    not have to read. An API error is its HTTP status, then the API server's own words
+    (:func:`api_message`) where it refused the request (4xx): they say which permission, policy
+    or conflict (RBAC's "cannot list resource", an admission webhook's denial, "already assigned
+    to node"). A 5xx's words are said too with ``all_words``.
+
+    >>> class Forbidden(Exception):
+    ...     status, reason = 403, "Forbidden"
+    ...     body = '{"kind": "Status", "message": "nodes is forbidden: User x cannot list resource nodes"}'
+    >>> one_line(Forbidden())
+    'HTTP 403 Forbidden: nodes is forbidden: User x cannot list resource nodes'
+    """
     status = getattr(error, "status", None)
     if isinstance(status, int) and status:
-        return f"HTTP {status} {getattr(error, 'reason', None) or ''}".strip()
+        line = f"HTTP {status} {getattr(error, 'reason', None) or ''}".strip()
+        said = api_message(error)[:200] if all_words or 400 <= status < 500 else ""
+        return f"{line}: {said}" if said else line
     unreachable = _unreachable(error)
     if unreachable:
         return unreachable

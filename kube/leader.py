@@ -35,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kube.background import Trouble
-from kube.client import GarbledAnswer, api_message, found, one_line
+from kube.client import GarbledAnswer, found, one_line
 from oversale.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,7 @@ class LeaseElector:
                 self._lost("another replica won the race")
                 return False
             # RBAC's own words say which permission is missing (a Role without ``leases``).
-            said = api_message(error)[:200]
-            return self._failed(f"the API server answered {one_line(error)}" + (f": {said}" if said else ""))
+            return self._failed(f"the API server answered {one_line(error, all_words=True)}")
         except (urllib3.exceptions.HTTPError, OSError, GarbledAnswer) as error:
             return self._failed(one_line(error))
         self._trouble.succeeded()

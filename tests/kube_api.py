@@ -570,7 +570,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 if storm[0] == 403:  # as RBAC refuses: who, which verb, which resource
                     plural, name, verb = route[0], route[2], self.command.lower()
                     verb = {"post": "create", "put": "update"}.get(verb, "list" if verb == "get" and not name else verb)
-                    said = (f'{plural} "{name or ""}" is forbidden: User "system:serviceaccount:oversale:oversale" '
+                    named = f' "{name}"' if name else ""  # a list names no object
+                    said = (f'{plural}{named} is forbidden: User "system:serviceaccount:oversale:oversale" '
                             f'cannot {verb} resource "{plural}"')
                 self._send(storm[0], _status(storm[0], reason, said), {"Retry-After": "1"} if storm[0] == 429 else None)
                 return None

@@ -419,7 +419,8 @@ SKIPPED = "metrics API (metrics.k8s.io) not readable, this reading is skipped: "
     # metrics-server down: the aggregator's 503
     ("unavailable", ("podmetrics", "nodemetrics"), SKIPPED + "HTTP 503 Service Unavailable"),
     ("absent", ("podmetrics", "nodemetrics"),
-     SKIPPED + "HTTP 404 Not Found (is metrics-server installed? Or set OVERSALE_PROMETHEUS_URL)"),
+     SKIPPED + "HTTP 404 Not Found: the server could not find the requested resource (is metrics-server installed? "
+               "Or set OVERSALE_PROMETHEUS_URL)"),
     # A proxy in front of the API server answering its login page.
     ("garbled", ("podmetrics", "nodemetrics"),
      SKIPPED + "the answer to /apis/metrics.k8s.io/v1beta1/pods is no Kubernetes object (text/html, 45 bytes)"),

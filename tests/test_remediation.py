@@ -940,8 +940,9 @@ def test_namespaces_that_cannot_be_listed_make_a_namespace_selector_reach_every_
         rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     assert "Pod/shop/web-5d8f9-abcde" not in [r.object for r in rows if r.proposed == "node-cool"]
     assert [r.object for r in rows if r.proposed == "node-cool"] == ["Pod/shop/api-6f7c8-fghij"]
-    assert ("namespaces could not be listed (HTTP 403 Forbidden): a pod affinity term's namespaceSelector is taken "
-            "as every namespace this pass") in caplog.messages
+    assert ('namespaces could not be listed (HTTP 403 Forbidden: namespaces is forbidden: User '
+            '"system:serviceaccount:oversale:oversale" cannot list resource "namespaces"): a pod affinity term\'s '
+            "namespaceSelector is taken as every namespace this pass") in caplog.messages
 
 def test_a_replica_is_not_moved_where_it_would_break_its_topology_spread(api):
     """One replica per zone at most one apart (maxSkew 1): the hot node's replica may not join
@@ -1251,7 +1252,7 @@ def test_events_rbac_refuses_are_logged_and_the_eviction_stands(api, caplog):
         remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
     assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
     assert not api.list_objects("events", None, {})["items"]
-    refused = ('403 events "" is forbidden: User "system:serviceaccount:oversale:oversale" cannot create resource '
+    refused = ('403 events is forbidden: User "system:serviceaccount:oversale:oversale" cannot create resource '
                '"events"')
     assert {f"event EvictedFromHotNode not written: {refused}",
             f"event HotNodeRemediated not written: {refused}"} <= set(caplog.messages)

@@ -2034,17 +2034,26 @@ def test_watch_events_a_resync_has_listed_already_never_take_the_cache_back_in_t
         api.stop()
 
 
-def test_a_cache_that_cannot_list_says_so_in_one_line_when_it_starts_and_when_it_ends(caplog):
-    """A list retried with a backoff of up to 30 s while the API server is down: 120 warnings an
-    hour a cache, each the client's whole answer over several lines, before. One short line now
-    when it starts, one when the cache is listed again."""
+@pytest.mark.parametrize(("refused", "said"), [
+    ("unavailable", "HTTP 503 Service Unavailable"),
+    # A Role without the permission: RBAC's own words say which (and for whom).
+    ("rbac", 'HTTP 403 Forbidden: pods is forbidden: User "system:serviceaccount:oversale:oversale" cannot list '
+             'resource "pods"'),
+])
+def test_a_cache_that_cannot_list_says_so_in_one_line_when_it_starts_and_when_it_ends(caplog, refused, said):
+    """A list retried with a backoff of up to 30 s while the API server is down or refuses it: 120
+    warnings an hour a cache, each the client's whole answer over several lines, before. One short
+    line now when it starts, one when the cache is listed again."""
     from kubernetes import client
 
     from kube.reflector import Reflector
 
     api = FakeKubeAPI().start()
     api.put("pods", pod("web", "1"))
-    api.unavailable = {"pods"}
+    if refused == "rbac":
+        api.storms["pods"] = [403, 3]
+    else:
+        api.unavailable = {"pods"}
     api_client = client.ApiClient(client.Configuration(host=api.url))
     reflector = Reflector("pods", client.CoreV1Api(api_client).list_pod_for_all_namespaces, lambda obj: obj, 300)
     with caplog.at_level("INFO", logger="kube.reflector"):
@@ -2052,12 +2061,12 @@ def test_a_cache_that_cannot_list_says_so_in_one_line_when_it_starts_and_when_it
         try:
             wait_for(lambda: api.count("GET", "pods", watch=False) >= 3)
             api.unavailable = set()
-            wait_for(reflector.synced.is_set)
+            wait_for(reflector.synced.is_set, timeout=30)
         finally:
             reflector.stop()
             api.stop()
     told = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" or "again" in r.getMessage()]
-    assert told[0] == "pods list failed (HTTP 503 Service Unavailable); retrying with a backoff of up to 30s"
+    assert told[0] == f"pods list failed ({said}); retrying with a backoff of up to 30s"
     assert len(told) == 2 and re.fullmatch(r"pods listed again \(after [3-9] failed runs\)", told[1]), told
 
 
