@@ -136,6 +136,51 @@ def test_ensure_renews_inside_the_window_with_the_same_ca(kube_api, api_client):
         x509.load_pem_x509_certificate(first["ca.crt"]))
 
 
+
+def managed_secrets(kube_api, bundle) -> None:
+    """``bundle`` in the Secrets ``ensure`` keeps, as it writes them: webhook-tls and its -ca."""
+    def encoded(values: dict[str, bytes]) -> dict[str, str]:
+        return {key: base64.b64encode(value).decode() for key, value in values.items()}
+
+    kube_api.put("secrets", {"metadata": {"name": "webhook-tls-ca", "namespace": "oversale", "labels": MANAGED_BY},
+                             "type": "Opaque", "data": encoded({"ca.crt": bundle.ca_cert, "ca.key": bundle.ca_key})})
+    kube_api.put("secrets", {"metadata": {"name": "webhook-tls", "namespace": "oversale", "labels": MANAGED_BY},
+                             "type": "kubernetes.io/tls",
+                             "data": encoded({"tls.crt": bundle.cert, "tls.key": bundle.key,
+                                              "ca.crt": bundle.ca_cert})})
+
+
+def test_a_ca_near_its_end_is_replaced_and_the_old_one_trusted_until_it_expires(kube_api, api_client):
+    """A CA inside its own renewal window cannot sign a renewal that outlives it: ensure makes a
+    new CA, signs the serving certificate with it, and the Secret's ca.crt (the caBundle the
+    webhook configurations and kube-scheduler read) holds the new CA and the old one. Replicas
+    still serving the old certificate stay trusted until the kubelet hands them the new one."""
+    old = issue(HOSTS, days=1, ca_days=1)  # a CA whose whole life is one day
+    managed_secrets(kube_api, old)
+    # Both the one-day certificate and its one-day CA have less than this share of their life left.
+    outcome = ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365, renew_fraction=0.999999)
+    assert outcome.startswith("renewed: within the renewal window")
+    new_ca = kube_api.get("secrets", "oversale", "webhook-tls-ca")["data"]
+    new_ca_cert = x509.load_pem_x509_certificate(base64.b64decode(new_ca["ca.crt"]))
+    assert new_ca_cert != x509.load_pem_x509_certificate(old.ca_cert), "a new CA"
+    served = secret_bundle(kube_api)
+    trusted = x509.load_pem_x509_certificates(served["ca.crt"])
+    assert trusted == [new_ca_cert, x509.load_pem_x509_certificate(old.ca_cert)], "the new CA, then the old one"
+    x509.load_pem_x509_certificate(served["tls.crt"]).verify_directly_issued_by(new_ca_cert)
+    x509.load_pem_x509_certificate(old.cert).verify_directly_issued_by(trusted[1])
+    assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365) == "unchanged"
+
+
+def test_a_ca_already_expired_is_replaced_and_no_longer_trusted(kube_api, api_client):
+    expired = issue(HOSTS, days=1, ca_days=0)  # the CA, and so the certificate, end as they are made
+    managed_secrets(kube_api, expired)
+    time.sleep(1)
+    assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365) == "renewed: expired"
+    served = secret_bundle(kube_api)
+    [trusted] = x509.load_pem_x509_certificates(served["ca.crt"])
+    assert trusted != x509.load_pem_x509_certificate(expired.ca_cert)
+    x509.load_pem_x509_certificate(served["tls.crt"]).verify_directly_issued_by(trusted)
+
 def test_ensure_replaces_a_certificate_for_the_wrong_names(kube_api, api_client):
     ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)
     outcome = ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365)
