@@ -934,6 +934,21 @@ def test_a_maximum_read_from_prometheus_counts_until_it_is_too_old():
     assert (load.cpu_peak, load.peak_window) == (5000.0, "1-hour maximum")
 
 
+
+def test_a_node_reading_polled_again_before_metrics_server_scraped_again_counts_once():
+    """The extender polls NodeMetrics every 30 s and metrics-server scrapes every 60 s by default,
+    so every other poll returns the reading it already has (and one from a lagging replica of
+    metrics-server may be older): counted again, it would weigh double in the 5-minute average."""
+    now = [1000.0]
+    state = ClusterState(KEYS, wall=lambda: now[0])
+    state.set_node("n", node("n"))
+    for polled_at, reading in ((1000.0, Sample(1000.0, 1000, 8 << 30)), (1030.0, Sample(1000.0, 1000, 8 << 30)),
+                               (1060.0, Sample(1060.0, 4000, 8 << 30)), (1090.0, Sample(1030.0, 9000, 8 << 30))):
+        now[0] = polled_at
+        state.record_node_samples({"n": reading})
+    load = state.heats(["n"])[0].load
+    assert (load.cpu_average, load.cpu_peak, load.at) == (2500.0, 4000.0, 1060.0), "the two readings, once each"
+
 def test_a_workloads_estimate_is_its_pods_five_minute_average_cpu_and_latest_memory():
     now = [1000.0]
     state = ClusterState(KEYS, wall=lambda: now[0])
