@@ -137,11 +137,13 @@ def test_ensure_renews_inside_the_window_with_the_same_ca(kube_api, api_client):
 
 
 
+def encoded(values: dict[str, bytes]) -> dict[str, str]:
+    """A Secret's ``data``: each value base64-encoded, as the API server holds it."""
+    return {key: base64.b64encode(value).decode() for key, value in values.items()}
+
+
 def managed_secrets(kube_api, bundle) -> None:
     """``bundle`` in the Secrets ``ensure`` keeps, as it writes them: webhook-tls and its -ca."""
-    def encoded(values: dict[str, bytes]) -> dict[str, str]:
-        return {key: base64.b64encode(value).decode() for key, value in values.items()}
-
     kube_api.put("secrets", {"metadata": {"name": "webhook-tls-ca", "namespace": "oversale", "labels": MANAGED_BY},
                              "type": "Opaque", "data": encoded({"ca.crt": bundle.ca_cert, "ca.key": bundle.ca_key})})
     kube_api.put("secrets", {"metadata": {"name": "webhook-tls", "namespace": "oversale", "labels": MANAGED_BY},
@@ -379,9 +381,9 @@ def test_only_a_change_in_what_kube_scheduler_mounts_restarts_it(kube_api, tmp_p
         "template": {"metadata": {"labels": {"app": "s"}}, "spec": {"containers": [], "volumes": volumes}}}})
 
     def put(name: str, bundle) -> None:
-        data = {"tls.crt": bundle.cert, "tls.key": bundle.key, "ca.crt": bundle.ca_cert}
         kube_api.put("secrets", {"metadata": {"name": name, "namespace": "oversale"}, "type": "kubernetes.io/tls",
-                                 "data": {key: base64.b64encode(value).decode() for key, value in data.items()}})
+                                 "data": encoded({"tls.crt": bundle.cert, "tls.key": bundle.key,
+                                                  "ca.crt": bundle.ca_cert})})
 
     def follow() -> str:
         result = subprocess.run([sys.executable, "-m", "certs", "restart-on-change", "--secret",
