@@ -270,19 +270,7 @@ def node_constraints(pod: Mapping[str, Any], volumes: tuple[VolumeAffinity, ...]
     spread = _spread_constraints(spec, labels if isinstance(labels, Mapping) else {})
     if spread is None:
         unreadable = unreadable or "its topology spread constraints cannot be read"
-    affinity = spec.get("affinity")
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-    required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-                if isinstance(node_affinity, Mapping) else None)
-    terms: tuple[Any, ...] | None = None
-    if required is not None:
-        listed = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
-        terms = tuple(listed) if isinstance(listed, list) else ()
-    preferred = (node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
-                 if isinstance(node_affinity, Mapping) else None)
-    preferences = tuple((term["weight"], term.get("preference")) for term in preferred
-                        if isinstance(term, Mapping) and type(term.get("weight")) is int) \
-        if isinstance(preferred, list) else ()
+    terms, preferences = _node_affinity_terms(spec)
     tolerations = spec.get("tolerations")
     try:
         resources = other_requests(pod)
@@ -945,6 +933,23 @@ def _preferred_pod_terms(spec: Mapping[str, Any], namespace: str) -> tuple[tuple
             if isinstance(weight, int) and (term := _pod_term(entry.get("podAffinityTerm"), namespace)) is not None:
                 found.append((sign * weight, term))
     return tuple(found)
+
+
+def _node_affinity_terms(spec: Mapping[str, Any]) -> tuple[tuple[Any, ...] | None, tuple[tuple[int, Any], ...]]:
+    """The required ``nodeSelectorTerms`` of ``affinity.nodeAffinity`` (None where nothing is
+    required; a requirement that cannot be read has no terms, so no node matches it) and the
+    preferred terms with their weights (one without a whole weight ranks nothing)."""
+    node_affinity = _affinity_block(spec, "nodeAffinity")
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms: tuple[Any, ...] | None = None
+    if required is not None:
+        listed = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+        terms = tuple(listed) if isinstance(listed, list) else ()
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+    preferences = tuple((term["weight"], term.get("preference")) for term in preferred
+                        if isinstance(term, Mapping) and type(term.get("weight")) is int) \
+        if isinstance(preferred, list) else ()
+    return terms, preferences
 
 
 def _affinity_block(spec: Mapping[str, Any], kind: str) -> Mapping[str, Any]:

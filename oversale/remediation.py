@@ -310,19 +310,7 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
     constraints = pod.constraints
     reasons = []
     for index, target in enumerate(targets):
-        why = (constraint_problem(pod.constraints, target.view.name, target.labels, target.taints, neighbours)
-               or (resources_problem(pod.constraints.resources, target.free, target.view.name)
-                   if target.free is not None else None)
-               or (ports_problem(pod.constraints.host_ports, target.ports, target.view.name)
-                   if target.ports is not None else None)
-               or (volumes_problem(pod.constraints.csi_volumes, target.attached, target.volume_limits,
-                                   target.view.name) if target.attached is not None else None)
-               or shortfall(target.view, target.usage, pod.demand))
-        if why is None and target.heat is not None:
-            with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)
-                                                     for r in RESOURCES})
-            why = load_shortfall(target.view, with_pod, config)
-        if why is not None:
+        if (why := _cannot_take(target, pod, config, neighbours)) is not None:
             reasons.append(why)
             continue
         name = target.view.name
@@ -354,6 +342,23 @@ def target_for(pod: Candidate, targets: Sequence[Target], config: LoadConfig,
         return -soft_taints, preference, score
 
     return feasible[max(range(len(feasible)), key=rank)][0], ""
+
+
+def _cannot_take(target: Target, pod: Candidate, config: LoadConfig, neighbours: Neighbours | None) -> str | None:
+    """Why ``target`` cannot take ``pod`` (the extender's filter, with the Pod's current usage
+    added to the node's pending load), or None where it can."""
+    name = target.view.name
+    why = (constraint_problem(pod.constraints, name, target.labels, target.taints, neighbours)
+           or (resources_problem(pod.constraints.resources, target.free, name) if target.free is not None else None)
+           or (ports_problem(pod.constraints.host_ports, target.ports, name) if target.ports is not None else None)
+           or (volumes_problem(pod.constraints.csi_volumes, target.attached, target.volume_limits, name)
+               if target.attached is not None else None)
+           or shortfall(target.view, target.usage, pod.demand))
+    if why is None and target.heat is not None:
+        with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)
+                                                 for r in RESOURCES})
+        why = load_shortfall(target.view, with_pod, config)
+    return why
 
 
 def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
