@@ -21,6 +21,7 @@ from oversale.budget import (
     calibration,
     compression_percentile,
     hot_time,
+    keep_account,
     pool_account,
     pool_of,
     read_accounts,
@@ -138,6 +139,65 @@ def test_one_unlucky_day_is_noise_a_week_over_budget_is_not():
     week_over = HotTime(30, 2016)  # 1.5 budgets over the week, a quiet last day
     over = adjust_multiplier(1.0, HotTime(0, 288), week_over, 0.01, None, None, CONFIG)
     assert over.backed_off and "of the long window, 1.5x the budget" in over.reason
+
+
+def test_the_budget_is_a_limit_spending_it_exactly_is_within_it():
+    """"Within the budget" is what the knob promises: a pool hot for exactly its budget keeps its
+    ratio; one sample more backs off. Rising needs the long window *below* half the budget."""
+    day = HotTime(0, 288)
+    exactly = adjust_multiplier(0.8, day, HotTime(2, 2000), 0.001, None, None, CONFIG)
+    assert exactly.multiplier == 0.8 and not exactly.backed_off and "within the budget 0.100%" in exactly.reason
+    assert adjust_multiplier(0.8, day, HotTime(3, 2000), 0.001, None, None, CONFIG).backed_off
+    half = adjust_multiplier(0.8, day, HotTime(1, 2000), 0.001, 86400, None, CONFIG)  # 0.05%: half the budget
+    assert half.multiplier == 0.8 and "within the budget" in half.reason
+    assert adjust_multiplier(0.8, day, HotTime(1, 2001), 0.001, 86400, None, CONFIG).multiplier > 0.8
+
+
+def test_a_zero_budget_keeps_the_account_still_whatever_the_hot_time():
+    """Budget 0 oversells nothing (the ratio is 1 whatever the multiplier), so hot time there is
+    no overspend to back off from, and no division by the budget."""
+    hot = HotTime(50, 288)
+    adjustment = adjust_multiplier(0.8, hot, hot, 0.0, None, None, CONFIG)
+    assert adjustment == adjust_multiplier(0.8, HotTime(0, 288), HotTime(0, 2016), 0.0, 86400, None, CONFIG)
+    assert adjustment.multiplier == 0.8 and not adjustment.backed_off
+    assert adjustment.reason == "no budget: no overselling"
+
+
+def test_a_rise_needs_the_last_day_and_a_long_enough_window_as_counted():
+    quiet_week = HotTime(0, 2016)
+    # No sample in the last day (metrics-server gone, the node drained): old quiet figures say
+    # nothing of today, so the ratio does not rise on them.
+    assert adjust_multiplier(0.8, HotTime(0, 0), quiet_week, 0.001, 86400, None, CONFIG).multiplier == 0.8
+    # min_rise_days of samples with a tenth missing (a scrape or two lost an hour) still count.
+    assert CONFIG.min_rise_days == 3.0
+    assert adjust_multiplier(0.8, HotTime(0, 100), HotTime(0, 270), 0.001, 86400, None, CONFIG).multiplier > 0.8
+    assert adjust_multiplier(0.8, HotTime(0, 100), HotTime(0, 269), 0.001, 86400, None, CONFIG).multiplier == 0.8
+    # At the top, a quiet week says it is within the budget: there is nothing left to rise to.
+    top = adjust_multiplier(CONFIG.max_multiplier, HotTime(0, 288), quiet_week, 0.001, 3600, None, CONFIG)
+    assert top.multiplier == CONFIG.max_multiplier and "within the budget" in top.reason
+
+
+def test_the_account_remembers_when_it_backed_off_and_when_it_moved():
+    """keep_account, which the reconciler and the replay both call: a back-off is recorded, a
+    second look within the short window waits for its effect and records nothing, a look a day
+    later backs off again from where it stands, and a rise moves the change time alone."""
+    over, wide, start = HotTime(4, 1000), AccountConfig(min_multiplier=0.1), 1_700_000_000.0
+    account, first = keep_account(NodeAccount(), over, over, 0.001, start, wide)
+    assert first.backed_off and account == NodeAccount(first.multiplier, start, start)
+    assert first.reason.endswith("target x0.50")
+    waited, waiting = keep_account(account, over, over, 0.001, start + 3600, wide)
+    assert waited == account and not waiting.backed_off
+    assert waiting.reason.endswith("backed off 1.0 h ago: waiting")
+    # Exactly one short window on, the effect of the back-off is in the figures: it may act again.
+    again, second = keep_account(account, over, over, 0.001, start + wide.short_window_seconds, wide)
+    assert second.backed_off and again.multiplier == pytest.approx(0.25) and second.reason.endswith("target x0.50")
+    assert again.backed_off_at == again.changed_at == start + wide.short_window_seconds
+    quiet_day, quiet_week, later = HotTime(0, 288), HotTime(0, 2016), start + 2 * wide.short_window_seconds
+    risen, rise = keep_account(again, quiet_day, quiet_week, 0.001, later, wide)
+    assert rise.reason.endswith("rising slowly")
+    assert risen == NodeAccount(pytest.approx(0.25 * (1 + wide.rise_per_day)), again.backed_off_at, later)
+    held, holding = keep_account(risen, quiet_day, quiet_week, 0.001, later + 3600, wide)
+    assert held == risen and "rising in 23.0 h, a day after the last change" in holding.reason
 
 
 def test_calibration_counts_known_exceedances():
