@@ -108,6 +108,47 @@ def test_only_the_nodes_own_kubelet_refreshes_real_values():
 
 
 
+@pytest.mark.shared
+def test_a_node_registered_without_status_is_oversold_from_its_kubelets_first_status_write():
+    """A provisioning tool may create the Node object bare; the kubelet's first status write then
+    brings the real values, which there is nothing stored to compare with."""
+    node = gke_node()
+    bare = copy.deepcopy(node)
+    del bare["status"]
+    on = policy(**{KEYS.cpu_oversale_ratio: "2"})
+    result = oversell_node(node, bare, True, on)
+    assert result.allocatable["cpu"] == "7840m" and "allocatable/cpu" in result.refreshed
+    assert json.loads(result.annotations[KEYS.real_allocatable])["cpu"] == "3920m"
+
+
+@pytest.mark.shared
+def test_amounts_sent_again_in_another_spelling_are_left_as_sent():
+    """Another writer sends back what it read, maybe respelled ("7840m" as "7.84", Ki as bytes):
+    equal amounts are left as sent, so the write gets no patch."""
+    node = gke_node()
+    on = policy(**{KEYS.cpu_oversale_ratio: "2"})
+    created = oversell_node(node, None, True, on)
+    stored = copy.deepcopy(node)
+    stored["metadata"]["annotations"] = created.annotations
+    stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
+    respelled = copy.deepcopy(stored)
+    allocatable = respelled["status"]["allocatable"]
+    allocatable["cpu"], allocatable["memory"] = "7.84", str(parse_amount("memory", allocatable["memory"]))
+    assert allocatable["memory"] == str(12700100 * 1024)
+    result = oversell_node(respelled, stored, False, on)
+    assert result.allocatable == allocatable and result.capacity == respelled["status"]["capacity"]
+
+
+def test_a_node_whose_reservations_take_all_its_cpu_has_zero_allocatable_not_a_negative_one():
+    """The kubelet clamps allocatable at 0 when its reservations exceed the capacity: a real
+    value, kept and recorded, with no warning."""
+    node = {"metadata": {"name": "n1", "annotations": {}},
+            "status": {"allocatable": {"cpu": "0", "memory": "1Gi"}, "capacity": {"cpu": "1", "memory": "2Gi"}}}
+    result = oversell_node(node, None, True, policy(**{KEYS.cpu_oversale_ratio: "2"}))
+    assert result.allocatable == {"cpu": "0", "memory": "1Gi"} and result.capacity["cpu"] == "1"
+    assert result.warnings == [] and result.real.allocatable == {"cpu": "0", "memory": "1Gi"}
+
+
 def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
     """Through the app, which remembers status-write answers (the kubelet repeats its writes): the
     same write from the node's kubelet and from another writer still gets each writer's answer."""
