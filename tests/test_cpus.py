@@ -61,6 +61,8 @@ def test_full_pcpus_refuses_half_cores_and_explains_shortage():
     topology = koordinator()
     with pytest.raises(NoFit, match="multiple of 2"):
         place(topology, [], 3, FULL_PCPUS, single_numa=True)
+    with pytest.raises(NoFit, match="no CPUs asked for"):
+        place(topology, [], 0, SPREAD_BY_PCPUS, single_numa=False)
     # Take 3 whole cores in node 0 and 2 in node 1: 1 and 2 whole cores left.
     node0 = [c.id for core in whole_free_cores(topology, [], 0)[:3] for c in core]
     node1 = [c.id for core in whole_free_cores(topology, [], 1)[:2] for c in core]
@@ -93,16 +95,34 @@ requests = st.lists(st.tuples(st.sampled_from([1, 2, 4, 6]), st.sampled_from([FU
                     min_size=1, max_size=20)
 
 
+def room_for(topology: Topology, taken: set[int], count: int, policy: str, single_numa: bool) -> bool:
+    """Whether the free CPUs can give ``count`` under ``policy``, counted from the topology alone:
+    whole free cores (FullPCPUs, in multiples of the threads per core) or free CPUs, in one NUMA
+    node or across them."""
+    threads = topology.threads_per_core()
+    if policy == FULL_PCPUS and count % threads:
+        return False
+    zones = sorted({c.node for c in topology.cpus})
+    rooms = [len(whole_free_cores(topology, taken, zone)) * threads if policy == FULL_PCPUS else
+             sum(1 for c in topology.cpus if c.node == zone and c.id not in taken) for zone in zones]
+    return (max(rooms) if single_numa else sum(rooms)) >= count
+
+
 @settings(max_examples=200)
 @given(st.integers(1, 2), st.integers(2, 6), st.integers(1, 2), requests)
 def test_no_cpu_is_handed_out_twice_and_policies_hold(sockets, cores, threads, sequence):
+    """Every placement obeys its policy, and a refusal comes only where the free CPUs cannot
+    give what is asked (a Pod refused CPUs its node has would wait for nothing)."""
     topology = koordinator(sockets, cores, threads)
     taken: set[int] = set()
     for count, policy, single_numa, strategy in sequence:
+        room = room_for(topology, taken, count, policy, single_numa)
         try:
             placement = place(topology, taken, count, policy, single_numa, strategy)
-        except NoFit:
+        except NoFit as refusal:
+            assert not room, f"{count} {policy} CPUs refused ({refusal}) with room for them"
             continue
+        assert room
         chosen = set(placement.cpus)
         assert len(chosen) == count
         assert not chosen & taken, "a CPU handed out twice"
