@@ -142,6 +142,15 @@ def test_memory_is_capped_lower():
     assert proposal.ratio == Decimal("1.2")
 
 
+def test_memory_has_its_own_target_and_percentile():
+    """Memory is sized against memory_target at memory_percentile, not the cpu knobs: 0.6 x 40 /
+    21 = 1.14 (the cpu target 0.7 would give 1.33, capped at 1.2)."""
+    estimator = OversaleEstimator(percentile=0.99, memory_percentile=0.999, cpu_target=Decimal("0.7"))
+    proposal = oversale_proposal("memory", 40 * 2**30, 64 * 2**30, stats(21 * 2**30), Decimal(1), estimator)
+    assert proposal.ratio == Decimal("1.14")
+    assert proposal.reason == "P99.9 usage 21Gi of 40Gi requested, target 0.6"
+
+
 def test_missing_metrics_hold_and_stale_metrics_decay_to_the_floor():
     estimator = TARGET_07
     held = oversale_proposal("cpu", 10000, 32000, None, Decimal(2), estimator)

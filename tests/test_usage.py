@@ -107,6 +107,9 @@ def test_stale_or_missing_metrics_neither_filter_nor_favour():
         placement_score(view(), NodeUsage(), demand, None, config), "request-based score"
     fresh = node_load(steady(15000, age=179))
     assert load_shortfall(view(), NodeHeat(fresh, NOW), config) is not None
+    # "Older than the limit" is stale: a reading exactly as old as the limit still counts.
+    at_limit = node_load(steady(15000, age=180))
+    assert stale_reason(at_limit, NOW, config) is None and load_shortfall(view(), NodeHeat(at_limit, NOW), config)
 
 
 def test_pods_not_yet_in_the_metrics_count_by_their_estimate():
@@ -138,6 +141,11 @@ def test_watermarks_per_node_from_annotation_then_label_and_bad_values_are_repor
     marks, problems = watermarks_for(labels, annotations, KEYS, Watermarks())
     assert marks == Watermarks(Decimal("0.7"), Decimal("0.85"), Decimal("0.9"))
     assert [p.key for p in problems] == [KEYS.cpu_peak_scheduling_watermark]
+    # A watermark is a share of real capacity above 0 and at most all of it.
+    full, problems = watermarks_for({}, {KEYS.cpu_scheduling_watermark: "1", KEYS.memory_scheduling_watermark: "1.01"},
+                                    KEYS, Watermarks())
+    assert full.cpu_average == Decimal(1) and full.memory == Watermarks().memory
+    assert [p.key for p in problems] == [KEYS.memory_scheduling_watermark]
 
 
 # -- the batch filter and score (what the extender and the replay call) -----------------------------
