@@ -44,6 +44,9 @@ def test_quantile_interpolates_like_promql():
     assert quantile(values, 0.95) == pytest.approx(95.05)
     assert quantile([5, 1, 3], 0.5) == 3
     assert quantile([], 0.9) is None
+    # Between the two highest samples too: where the high quantiles of a node's week fall.
+    assert quantile(values, 0.995) == pytest.approx(99.505) and quantile([1, 2, 3, 4], 0.9) == pytest.approx(3.7)
+    assert quantile(values, 1.0) == 100
 
 
 def test_summarize_and_merge_over_pods():
