@@ -184,10 +184,10 @@ def quota_room(quota: Mapping[str, Any]) -> QuotaRoom | None:
             if key not in hard:
                 continue
             try:
-                left = parse_amount(resource, hard[key]) - parse_amount(resource, used.get(key, "0"))
+                left = max(parse_amount(resource, hard[key]) - parse_amount(resource, used.get(key, "0")), 0)
             except QuantityError:
                 continue
-            headroom[resource] = min(headroom.get(resource, left), max(left, 0))
+            headroom[resource] = min(headroom.get(resource, left), left)
     if not headroom:
         return None
     scopes = [{"scopeName": name, "operator": "Exists"} for name in spec.get("scopes") or []]

@@ -19,7 +19,7 @@ from oversale.compression import (
     effective_annotations,
     policy_from_annotations,
 )
-from oversale.limitrange import bounds_from_limit_ranges, scope_holds
+from oversale.limitrange import bounds_from_limit_ranges, quota_room, scope_holds
 from oversale.pods import effective_request, qos_class, requests_of
 from oversale.quantity import format_bytes, format_millicores, parse_amount
 
@@ -414,6 +414,24 @@ def test_a_raise_is_capped_by_the_tightest_quota_that_binds_the_pod_and_names_it
     service = compress_requests(pod(container("app", "1", limits={"cpu": "4"})), policy(cpu="0.5"), bounds).pod
     assert requests(service, "app")["cpu"] == "1800m"
 
+
+
+def test_a_quotas_room_reads_either_name_of_a_request_bound_and_the_tightest_counts():
+    """A ResourceQuota bounds cpu requests as ``requests.cpu`` or by its short name ``cpu`` (the
+    same bound); with both the tighter counts. A quota whose status the quota controller has not
+    filled yet bounds by its spec, nothing used; one used past its hard (hard lowered since) has
+    no room left, not a little."""
+    room = quota_room({"status": {"hard": {"cpu": "3", "memory": "4Gi"}, "used": {"cpu": "2500m"}}})
+    assert room is not None and room.headroom == {"cpu": 500, "memory": 4 * 2**30}
+    both = quota_room({"status": {"hard": {"requests.cpu": "10", "cpu": "3"},
+                                  "used": {"requests.cpu": "2", "cpu": "2"}}})
+    assert both is not None and both.headroom == {"cpu": 1000}
+    garbled = quota_room({"status": {"hard": {"requests.cpu": "x", "cpu": "3"}, "used": {"cpu": "2"}}})
+    assert garbled is not None and garbled.headroom == {"cpu": 1000}
+    new = quota_room({"metadata": {"name": "team"}, "spec": {"hard": {"requests.memory": "1Gi"}}})
+    assert new is not None and new.headroom == {"memory": 2**30} and new.name == "team"
+    over = quota_room({"status": {"hard": {"requests.cpu": "1"}, "used": {"requests.cpu": "1500m"}}})
+    assert over is not None and over.headroom == {"cpu": 0}
 
 
 def test_bounds_on_anything_but_cpu_and_memory_requests_hold_no_raise_back():
