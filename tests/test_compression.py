@@ -423,7 +423,7 @@ def test_a_quotas_room_reads_either_name_of_a_request_bound_and_the_tightest_cou
     no room left, not a little."""
     room = quota_room({"status": {"hard": {"cpu": "3", "memory": "4Gi"}, "used": {"cpu": "2500m"}}})
     assert room is not None and room.headroom == {"cpu": 500, "memory": 4 * 2**30}
-    both = quota_room({"status": {"hard": {"requests.cpu": "10", "cpu": "3"},
+    both = quota_room({"status": {"hard": {"requests.cpu": "3", "cpu": "10"},
                                   "used": {"requests.cpu": "2", "cpu": "2"}}})
     assert both is not None and both.headroom == {"cpu": 1000}
     garbled = quota_room({"status": {"hard": {"requests.cpu": "x", "cpu": "3"}, "used": {"cpu": "2"}}})
