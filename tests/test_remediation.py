@@ -387,6 +387,32 @@ def test_a_move_takes_a_volume_slot_on_its_target_for_the_next_move():
     assert [m.pod.name for m in plan.moves] == ["shop/a", "shop/b"]
 
 
+@pytest.mark.parametrize(("constraints", "room", "refused"), [
+    (NodeConstraints(host_ports=(("0.0.0.0", "TCP", 8080),)), {"ports": frozenset()},
+     "host port 8080/TCP is taken on node-cool"),
+    (NodeConstraints(resources={"nvidia.com/gpu": 1}), {"free": {"nvidia.com/gpu": 1, "pods": 110}},
+     "nvidia.com/gpu: 1 requested, 0 free on node-cool"),
+])
+def test_a_move_takes_its_host_port_and_extended_resources_on_its_target_for_the_next_move(
+        constraints, room, refused):
+    """Two Pods of different workloads that each bind host port 8080, or each want the one GPU
+    the only target has left: the first goes there, the second stays, as kube-scheduler would
+    leave its replacement pending."""
+    pods = [dataclasses.replace(candidate(name, "Burstable", 500, 1000), constraints=constraints) for name in "ab"]
+    plan = plan_moves({"cpu": 2000.0}, pods, [dataclasses.replace(target(), **room)], LoadConfig(), allowed=5)
+    assert [m.pod.name for m in plan.moves] == ["shop/a"]
+    assert plan.kept == [(pods[1], f"no node can take it ({refused})")]
+
+
+def test_a_moves_usage_counts_in_its_targets_load_for_the_next_move():
+    """The target runs 3 of 8 real cores; each moved Pod uses 1.2: after one, 4.2 (53%); a second
+    would take it to 5.4 (68%), above the 65% scheduling watermark, so it stays."""
+    pods = [candidate(name, "Burstable", 500, 1200) for name in "ab"]
+    plan = plan_moves({"cpu": 2400.0}, pods, [target(cpu_used=3000)], LoadConfig(), allowed=5)
+    assert [m.pod.name for m in plan.moves] == ["shop/a"]
+    assert "above the scheduling watermark 65%" in plan.kept[0][1] and plan.uncovered == {"cpu": 1200.0}
+
+
 def test_moves_never_exceed_the_limit_and_do_not_pile_onto_one_target():
     pods = [candidate(f"p{i}", "Burstable", 500, 1000) for i in range(4)]
     plan = plan_moves({"cpu": 3500.0}, pods, [target(cpu_free=1000)], LoadConfig(), allowed=3)
