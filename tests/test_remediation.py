@@ -446,14 +446,19 @@ def test_a_pod_dropped_again_holds_no_other_pod_of_its_workload_back():
     assert not any("chosen before it" in why for _, why in plan.kept)
 
 
-def test_a_replacement_chosen_earlier_in_the_plan_keeps_the_next_pod_off_its_node():
-    """The api Pod may not share a host with a web Pod: once web's replacement is headed for
-    node-a, api goes to node-b, not beside it."""
+@pytest.mark.parametrize("guarded", ["api", "web"])
+def test_a_replacement_chosen_earlier_in_the_plan_keeps_the_next_pod_off_its_node(guarded):
+    """The api Pod may not share a host with a web Pod, by api's anti-affinity or by web's: once
+    web's replacement is headed for node-a, api goes to node-b, not beside it."""
     hostname = "kubernetes.io/hostname"
-    web = pod("web-5d8f9-abcde")
-    api_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"), affinity={"podAntiAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": hostname}]}})
+
+    def apart_from(app: str) -> dict[str, Any]:
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": hostname}]}}
+
+    web = pod("web-5d8f9-abcde", **({"affinity": apart_from("api")} if guarded == "web" else {}))
+    api_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"),
+                  **({"affinity": apart_from("web")} if guarded == "api" else {}))
     moving = [candidate_of(web, pod_demand(web, KEYS), {"cpu": 1500.0, "memory": float(GI)}),
               candidate_of(api_pod, pod_demand(api_pod, KEYS), {"cpu": 1000.0, "memory": float(GI)})]
     targets = [dataclasses.replace(target(name), labels={hostname: name}) for name in ("node-a", "node-b")]
