@@ -8,7 +8,9 @@ from functools import cached_property
 import pytest
 
 from oversale.annotations import AnnotationKeys
+from oversale.budget import budget_quantile, compression_percentile
 from oversale.errors import SettingsError
+from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
 from oversale.settings import Settings
 from tests.conftest import ROOT
 
@@ -37,6 +39,32 @@ def test_environment_overrides_with_quantities_and_lists():
     assert settings.skips_namespace("platform")
     assert settings.allow_guaranteed_downgrade
     assert settings.keys.cpu_requests_ratio == "example.com/cpu-requests-ratio"
+
+
+def test_every_estimator_knob_set_in_the_environment_reaches_the_reconcilers_estimators():
+    """The reconcilers read their estimators from Settings alone: a variable that parses but is
+    not passed on would be documented, accepted and ignored."""
+    settings = Settings.from_env({
+        "OVERSALE_CPU_HOT_TIME_BUDGET": "0.01", "OVERSALE_MEMORY_HOT_TIME_BUDGET": "0.002",
+        "OVERSALE_BUDGET_CALIBRATION": "2", "OVERSALE_COMPRESSION_MARGIN": "0.2", "OVERSALE_MAX_RATIO": "3",
+        "OVERSALE_MIN_RATIO": "0.8", "OVERSALE_MIN_HISTORY": "2d", "OVERSALE_MIN_SAMPLES": "50",
+        "OVERSALE_FULL_CONFIDENCE": "14d", "OVERSALE_MIN_CHANGE": "0.2", "OVERSALE_MAX_RAISE": "0.5",
+        "OVERSALE_CPU_TARGET": "0.8", "OVERSALE_MEMORY_TARGET": "0.5", "OVERSALE_MAX_CPU_OVERSALE_RATIO": "4",
+        "OVERSALE_RECONCILE_MAX_MEMORY_RATIO": "1.1", "OVERSALE_FLOOR_MARGIN": "0.1", "OVERSALE_STALENESS": "30m",
+        "OVERSALE_STALE_DECAY": "0.25",
+    })
+    stability = StabilityConfig(Decimal("0.2"), Decimal("0.5"))
+    assert settings.compression_estimator() == CompressionEstimator(
+        percentile=compression_percentile(0.01, 2.0), margin=Decimal("0.2"), max_ratio=Decimal(3),
+        min_ratio=Decimal("0.8"), min_coverage_seconds=2 * 86400.0, min_samples=50,
+        full_confidence_seconds=14 * 86400.0, stability=stability)
+    assert settings.oversale_estimator() == OversaleEstimator(
+        percentile=budget_quantile(0.01, 2.0), memory_percentile=budget_quantile(0.002, 2.0), budget_scale=2.0,
+        cpu_target=Decimal("0.8"), memory_target=Decimal("0.5"), cpu_max_ratio=Decimal(4),
+        memory_max_ratio=Decimal("1.1"), floor_margin=Decimal("0.1"), min_coverage_seconds=2 * 86400.0,
+        min_samples=50, staleness_seconds=1800.0, decay=Decimal("0.25"), stability=stability)
+    assert settings.compression_estimator() != Settings().compression_estimator()
+    assert settings.oversale_estimator() != Settings().oversale_estimator()
 
 
 @pytest.mark.parametrize(("name", "value"), [
