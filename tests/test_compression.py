@@ -7,6 +7,7 @@ import json
 import math
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -345,6 +346,38 @@ def test_patches_of_flat_maps_escape_keys_and_apply_like_jsonpatch():
     assert {"op": "add", "path": "/metadata/annotations/new~1key~0", "value": "4"} in operations
     document = {"metadata": {"annotations": dict(before)}}
     assert jsonpatch.apply_patch(document, operations) == {"metadata": {"annotations": after}}
+
+
+_KEYS = st.sampled_from(["cpu", "a/b", "c~d", "~1", "requests", "0", ""])
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text("ab/~", max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(_KEYS, _JSON, max_size=4), st.dictionaries(_KEYS, _JSON, max_size=4),
+       st.sampled_from(["/spec", "/metadata/annotations", "/spec/containers/0/resources"]),
+       st.sampled_from(["both", "added", "removed"]))
+def test_the_one_patch_builder_turns_any_object_into_any_other_in_place(original, mutated, at, present):
+    """make_patch's operations, applied to a Pod holding ``original`` at pointer ``at``, leave
+    ``mutated`` there and the rest untouched: nested maps and lists, keys with "/" and "~", a map
+    added where there was none, or removed whole."""
+    import jsonpatch
+
+    from oversale.patch import make_patch
+
+    before = None if present == "added" else original
+    after = None if present == "removed" else mutated
+    document: dict[str, Any] = {"kind": "Pod", "metadata": {"name": "web"}, "spec": {"containers": [{"name": "app"}]}}
+    parent, name = at.rsplit("/", 1)
+    if before is not None:
+        jsonpatch.JsonPointer(parent).resolve(document)[name] = copy.deepcopy(before)
+    operations = make_patch(before, after, at)
+    patched = jsonpatch.apply_patch(document, operations)
+    held = jsonpatch.JsonPointer(parent).resolve(patched)
+    assert held.get(name) == after and (name in held) == (after is not None)
+    assert patched["kind"] == "Pod" and patched["metadata"]["name"] == "web"
+    assert (operations == []) == (before == after)
 
 
 # ---- raising (ratios below 1) --------------------------------------------------------------------
