@@ -217,12 +217,18 @@ def test_accounts_round_trip_and_bad_text_starts_afresh():
     assert read_accounts_said("[1]") == ({}, "not a JSON object")
     assert read_accounts_said('{"cpu": 3, "memory": {"multiplier": 0.5}}') == ({"memory": NodeAccount(0.5)}, "cpu: 3")
     assert read_accounts_said(write_accounts(accounts)) == (accounts, None)
+    # A copy without a multiplier, or with one no arithmetic can use, starts from the estimator's own.
+    assert read_accounts('{"cpu": {"changedAt": 5}}') == {"cpu": NodeAccount(1.0, None, 5.0)}
+    assert read_accounts('{"cpu": {"multiplier": NaN}, "memory": {"multiplier": -Infinity}}') == \
+        {"cpu": NodeAccount(), "memory": NodeAccount()}
 
 
 def test_budget_and_pool_of_a_node():
     key = "stke.platform/cpu-hot-time-budget"
     assert budget_of({key: "0.01"}, {key: "0.02"}, key, 0.001) == (0.01, None)
     assert budget_of({}, {key: "0.02"}, key, 0.001) == (0.02, None)
+    # Both ends are budgets: 0 oversells nothing, 1 lets the node run hot all the time.
+    assert budget_of({key: "0"}, {}, key, 0.001) == (0.0, None) and budget_of({key: "1"}, {}, key, 0.001) == (1.0, None)
     assert budget_of({key: "lots"}, {}, key, 0.001) == (
         0.001, f"annotation {key}='lots' ignored: a hot-time budget is a share of node-time from 0 to 1 (0.001 is "
                "0.1%; 0: no overselling)")
