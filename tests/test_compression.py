@@ -122,6 +122,9 @@ def test_pod_level_requests_follow_the_same_rule():
     assert result.pod["spec"]["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
     assert json.loads(result.pod["metadata"]["annotations"][KEYS.original_requests])["(pod)"] == {
         "cpu": "2", "memory": "1Gi"}
+    # The floor holds there too: 20m / 4 would be 5m.
+    small = compress_requests(pod(container("app", "10m"), resources={"requests": {"cpu": "20m"}}), policy(cpu="4"))
+    assert small.pod["spec"]["resources"]["requests"] == {"cpu": "10m"}
 
 
 def test_guaranteed_pods_are_left_alone_with_a_warning_unless_allowed():
@@ -207,6 +210,10 @@ def test_pod_limitrange_min_caps_the_ratio_for_the_whole_pod():
     assert effective_request(result.pod, "cpu") >= 800
     assert requests(result.pod, "a")["cpu"] == "400m"
     assert "capped by Pod LimitRange" in result.pod["metadata"]["annotations"][KEYS.compression]
+    # At the minimum already: nothing to take, and the account says what held it.
+    held = compress_requests(pod(container("a", "400m"), container("b", "400m")), policy(cpu="4"), bounds)
+    assert requests(held.pod, "a")["cpu"] == "400m" and requests(held.pod, "b")["cpu"] == "400m"
+    assert held.reasons == ["guards: cpu kept by Pod LimitRange"] and held.applied == {}
 
 
 def test_recorded_originals_make_repeated_calls_idempotent_even_after_a_ratio_change():
