@@ -16,6 +16,7 @@ from kubernetes import client
 
 from oversale.annotations import AnnotationKeys
 from oversale.node_oversale import (
+    NodePolicy,
     OversaleLimits,
     lowest_safe_ratio,
     node_policy_from_annotations,
@@ -46,6 +47,18 @@ def amounts(values: dict) -> dict:
 
 def policy(**annotations):
     return node_policy_from_annotations(annotations, KEYS, OversaleLimits())
+
+
+def stored_after_create() -> tuple[dict, NodePolicy]:
+    """The GKE Node as the API server stores it once the webhook oversold its CREATE at cpu ratio
+    2, and that policy."""
+    node = gke_node()
+    on = policy(**{KEYS.cpu_oversale_ratio: "2"})
+    created = oversell_node(node, None, True, on)
+    stored = copy.deepcopy(node)
+    stored["metadata"]["annotations"] = created.annotations
+    stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
+    return stored, on
 
 
 @pytest.mark.shared
@@ -91,12 +104,7 @@ def test_lowest_safe_ratio_is_rounded_up_to_hold_the_requests():
 
 @pytest.mark.shared
 def test_only_the_nodes_own_kubelet_refreshes_real_values():
-    node = gke_node()
-    on = policy(**{KEYS.cpu_oversale_ratio: "2"})
-    created = oversell_node(node, None, True, on)
-    stored = copy.deepcopy(node)
-    stored["metadata"]["annotations"] = created.annotations
-    stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
+    stored, on = stored_after_create()
     assert stored["status"]["allocatable"]["cpu"] == "7840m"
 
     lying = copy.deepcopy(stored)
@@ -125,12 +133,7 @@ def test_a_node_registered_without_status_is_oversold_from_its_kubelets_first_st
 def test_amounts_sent_again_in_another_spelling_are_left_as_sent():
     """Another writer sends back what it read, maybe respelled ("7840m" as "7.84", Ki as bytes):
     equal amounts are left as sent, so the write gets no patch."""
-    node = gke_node()
-    on = policy(**{KEYS.cpu_oversale_ratio: "2"})
-    created = oversell_node(node, None, True, on)
-    stored = copy.deepcopy(node)
-    stored["metadata"]["annotations"] = created.annotations
-    stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
+    stored, on = stored_after_create()
     respelled = copy.deepcopy(stored)
     allocatable = respelled["status"]["allocatable"]
     allocatable["cpu"], allocatable["memory"] = "7.84", str(parse_amount("memory", allocatable["memory"]))
