@@ -35,6 +35,12 @@ def test_every_real_pod_has_the_shape_the_policies_read():
      "spec.containers[0].resources.limits is not an object"),
     ({"spec": {"resources": "1"}}, "spec.resources is not an object"),
     ({"status": 3}, "status is not an object"),
+    ({"spec": ["app"]}, "spec is not an object"),
+    ({"metadata": {"ownerReferences": [{"kind": "ReplicaSet"}, "web"]}},
+     "metadata.ownerReferences is not a list of objects"),
+    ({"spec": {"initContainers": [None]}}, "spec.initContainers[0] is not an object"),
+    ({"metadata": {"labels": "app=web"}, "spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}},
+     "metadata.labels is not an object"),
 ])
 def test_the_first_misshapen_field_is_named(pod, problem):
     assert shape_problem(pod) == problem
