@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -471,9 +472,14 @@ def test_a_finished_init_container_keeps_its_requests_and_a_sidecar_is_resized()
     pod_template["spec"]["initContainers"] = [
         {"name": "migrate", "image": "x", "resources": {"requests": {"cpu": "2"}}},
         {"name": "proxy", "image": "x", "restartPolicy": "Always", "resources": {"requests": {"cpu": "200m"}}}]
-    plan = plan_resize(running(pod_template), {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    pod = running(pod_template)
+    plan = plan_resize(pod, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
     assert {(c.container, c.after) for c in plan.changes} == {("app", 500), ("proxy", 100)}
     assert all("/initContainers/0/" not in op["path"] for op in plan.patch)
+    # The resize subresource gets one patch for every container that changes.
+    spec = jsonpatch.apply_patch(pod, plan.patch)["spec"]
+    assert [c["resources"]["requests"]["cpu"] for c in [*spec["initContainers"], *spec["containers"]]] == \
+        ["2", "100m", "500m"]
 
 
 def test_pod_level_resources_and_stopped_pods_are_not_resized():
