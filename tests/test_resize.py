@@ -482,6 +482,23 @@ def test_a_finished_init_container_keeps_its_requests_and_a_sidecar_is_resized()
         ["2", "100m", "500m"]
 
 
+def test_a_sidecar_that_restarts_to_resize_memory_keeps_the_pods_memory_as_it_is():
+    """A native sidecar's resizePolicy counts like an app container's: memory that would restart
+    it is not resized in place (a restarting proxy cuts the app's traffic) unless the workload
+    accepts restarts; cpu still is."""
+    pod_template = template()
+    pod_template["spec"]["initContainers"] = [
+        {"name": "proxy", "image": "x", "restartPolicy": "Always", "resources": {"requests": {"memory": "256Mi"}},
+         "resizePolicy": [{"resourceName": "memory", "restartPolicy": "RestartContainer"}]}]
+    ratios = {KEYS.cpu_requests_ratio: "2", KEYS.memory_requests_ratio: "2", KEYS.enable_memory_compress: "y"}
+    plan = plan_resize(running(pod_template), ratios, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    assert [(c.container, c.resource) for c in plan.changes] == [("app", "cpu")]
+    accepted = plan_resize(running(pod_template), {**ratios, KEYS.resize_restart: "y"}, KEYS, CONFIG, NO_BOUNDS, 0,
+                           LIMITS)
+    assert {(c.container, c.resource) for c in accepted.changes} == {("app", "cpu"), ("app", "memory"),
+                                                                    ("proxy", "memory")}
+
+
 def test_pod_level_resources_and_stopped_pods_are_not_resized():
     pod = running(template())
     pod["spec"]["resources"] = {"requests": {"cpu": "1"}}
