@@ -499,6 +499,17 @@ def test_a_sidecar_that_restarts_to_resize_memory_keeps_the_pods_memory_as_it_is
                                                                     ("proxy", "memory")}
 
 
+def test_a_ratio_on_the_pod_template_overrides_the_workloads_in_place_too():
+    """As at admission, the Pod's own (template) annotation wins over its workload's: a running Pod
+    whose template asks for 4 is resized to 1 core / 4, not to the workload's 2."""
+    pod_template = template()
+    pod_template["metadata"]["annotations"] = {KEYS.cpu_requests_ratio: "4"}
+    pod = running(pod_template)
+    plan = plan_resize(pod, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    resized = jsonpatch.apply_patch(pod, plan.patch) if plan.patch else pod
+    assert requests(resized)["cpu"] == "250m"
+
+
 def test_pod_level_resources_and_stopped_pods_are_not_resized():
     pod = running(template())
     pod["spec"]["resources"] = {"requests": {"cpu": "1"}}
