@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from oversale.annotations import AnnotationKeys
 from oversale.compression import CompressionConfig
 from oversale.limitrange import NO_BOUNDS, RequestBounds
-from oversale.resize import ResizeLimits, plan_resize
+from oversale.resize import ResizeLimits, plan_resize, vpa_controlled
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp
 from reconcilers.cluster import Cluster
@@ -508,6 +508,33 @@ def test_a_ratio_on_the_pod_template_overrides_the_workloads_in_place_too():
     plan = plan_resize(pod, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
     resized = jsonpatch.apply_patch(pod, plan.patch) if plan.patch else pod
     assert requests(resized)["cpu"] == "250m"
+
+
+def vpa(name: str, update_mode: str | None = "Auto", *policies: dict[str, Any], kind: str = "Deployment") -> dict:
+    spec: dict[str, Any] = {"targetRef": {"apiVersion": "apps/v1", "kind": kind, "name": "web"}}
+    if update_mode is not None:
+        spec["updatePolicy"] = {"updateMode": update_mode}
+    if policies:
+        spec["resourcePolicy"] = {"containerPolicies": list(policies)}
+    return {"metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+@pytest.mark.parametrize(("found", "controlled"), [
+    (vpa("web-vpa", None), {"cpu": "web-vpa", "memory": "web-vpa"}),  # updateMode defaults to Auto
+    (vpa("web-vpa", "Initial"), {"cpu": "web-vpa", "memory": "web-vpa"}),  # sets requests at creation
+    (vpa("web-vpa", "Off"), None),  # recommends only
+    (vpa("web-vpa", "Auto", {"containerName": "*", "controlledResources": ["cpu"]}), {"cpu": "web-vpa"}),
+    (vpa("web-vpa", "Auto", {"containerName": "*", "mode": "Off"},
+         {"containerName": "app", "controlledResources": ["memory"]}), {"memory": "web-vpa"}),
+    (vpa("web-vpa", "Auto", {"containerName": "*", "mode": "Off"}), None),
+    # Without a "*" policy, the containers no policy names get VPA's defaults: both resources.
+    (vpa("web-vpa", "Auto", {"containerName": "proxy", "mode": "Off"}), {"cpu": "web-vpa", "memory": "web-vpa"}),
+    (vpa("web-vpa", "Auto", kind=""), None),
+])
+def test_which_requests_a_vertical_pod_autoscaler_sets(found, controlled):
+    """What VPA's updater and admission controller would set on the workload's Pods, so that
+    neither compression nor in-place resize fights them."""
+    assert vpa_controlled([found]).get(("Deployment", NS, "web")) == controlled
 
 
 def test_pod_level_resources_and_stopped_pods_are_not_resized():
