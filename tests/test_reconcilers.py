@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -2095,9 +2096,23 @@ def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str,
                                     "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()),
                                     "OVERSALE_LEASE_DURATION": lease_duration, "OVERSALE_RECONCILE_INTERVAL": "1h",
                                     **settings})
+    # Its threads' stacks go to the log if it is aborted (terminated_by_a_rollout).
+    env["PYTHONFAULTHANDLER"] = "1"
     log = tmp_path / f"{name}.log"
     return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
+
+
+def terminated_by_a_rollout(process: subprocess.Popen, log: Path) -> int:
+    """SIGTERM, as a rollout sends it, and the exit code. A ``run`` still running 30 s on fails
+    the test with its log and, aborted, the stack of each of its threads: where it hung."""
+    process.terminate()
+    try:
+        return process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        process.wait(10)
+        pytest.fail(f"still running 30 s after SIGTERM; its log, then its threads:\n{log.read_text()}")
 
 
 def scraped(port: int) -> str:
@@ -2119,8 +2134,7 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
         assert eventually(holder, timeout=30), log.read_text()
         # The first pass (it writes the StatefulSet with no history) comes at once, not an interval on.
         assert eventually(lambda: api.count("PATCH", "statefulsets"), timeout=30), log.read_text()
-        process.terminate()
-        assert process.wait(30) == 0, log.read_text()
+        assert terminated_by_a_rollout(process, log) == 0, log.read_text()
         assert not holder(), "given back, not left to expire in 30 s"
     finally:
         if process.poll() is None:
@@ -2189,8 +2203,7 @@ def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api
         new, new_log = start_run(api, tmp_path, "new", lease_duration="6")
         try:
             assert eventually(lambda: "not the leader" in new_log.read_text(), timeout=30), new_log.read_text()
-            old.terminate()
-            assert old.wait(30) == 0, old_log.read_text()
+            assert terminated_by_a_rollout(old, old_log) == 0, old_log.read_text()
             assert eventually(lambda: "pass done" in new_log.read_text(), timeout=20), new_log.read_text()
         finally:
             stop_process(new)
