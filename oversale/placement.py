@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -355,6 +355,10 @@ class NodeHeat:
     """The time the view is read at (metrics older than the limit then are stale)."""
     pending: Mapping[str, float] = field(default_factory=dict)
     """Estimated usage of Pods bound recently and not yet in the metrics."""
+
+    def adding(self, usage: Mapping[str, float]) -> NodeHeat:
+        """This view with one more Pod headed here: its ``usage`` added to the pending estimates."""
+        return replace(self, pending={r: self.pending.get(r, 0.0) + usage.get(r, 0.0) for r in RESOURCES})
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,10 +259,7 @@ class Target:
     def taking(self, moved: Candidate) -> Target:
         """This node after a Pod moved here (its requests taken, its usage pending in the load)."""
         shared = {r: self.usage.shared.get(r, 0) + moved.demand.requests.get(r, 0) for r in RESOURCES}
-        heat = self.heat
-        if heat is not None:
-            pending = {r: heat.pending.get(r, 0.0) + moved.usage.get(r, 0.0) for r in RESOURCES}
-            heat = replace(heat, pending=pending)
+        heat = self.heat.adding(moved.usage) if self.heat is not None else None
         free = self.free
         if free is not None:
             free = {**free, **{r: free.get(r, 0) - amount for r, amount in moved.constraints.resources.items()}}
@@ -355,9 +352,7 @@ def _cannot_take(target: Target, pod: Candidate, config: LoadConfig, neighbours:
                if target.attached is not None else None)
            or shortfall(target.view, target.usage, pod.demand))
     if why is None and target.heat is not None:
-        with_pod = replace(target.heat, pending={r: target.heat.pending.get(r, 0.0) + pod.usage.get(r, 0.0)
-                                                 for r in RESOURCES})
-        why = load_shortfall(target.view, with_pod, config)
+        why = load_shortfall(target.view, target.heat.adding(pod.usage), config)
     return why
 
 
