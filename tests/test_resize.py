@@ -56,6 +56,16 @@ def deployment(annotations: dict[str, str], pod_template: dict[str, Any]) -> dic
             "spec": {"template": pod_template}}
 
 
+def vpa(name: str, update_mode: str | None = "Auto", *policies: dict[str, Any], kind: str = "Deployment") -> dict:
+    """A VerticalPodAutoscaler of the Deployment web (``kind``: of another kind of that name)."""
+    spec: dict[str, Any] = {"targetRef": {"apiVersion": "apps/v1", "kind": kind, "name": "web"}}
+    if update_mode is not None:
+        spec["updatePolicy"] = {"updateMode": update_mode}
+    if policies:
+        spec["resourcePolicy"] = {"containerPolicies": list(policies)}
+    return {"metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
 class Workloads:
     """What the webhook reads a Pod's owner from: here, the one Deployment under test."""
 
@@ -262,10 +272,8 @@ def test_an_api_server_without_pods_resize_degrades_to_the_next_rollout(api, tmp
 
 def test_workloads_a_vpa_resizes_are_left_alone(api, tmp_path, caplog):
     setup(api, {})
-    vpa = {"metadata": {"name": "web-vpa", "namespace": NS},
-           "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
-                    "updatePolicy": {"updateMode": "InPlaceOrRecreate"}}}
-    api.put("verticalpodautoscalers", vpa)
+    web_vpa = vpa("web-vpa", "InPlaceOrRecreate")
+    api.put("verticalpodautoscalers", web_vpa)
     with caplog.at_level(logging.INFO):
         rows = reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
     assert resize_calls(api) == 0
@@ -273,8 +281,8 @@ def test_workloads_a_vpa_resizes_are_left_alone(api, tmp_path, caplog):
     assert all("VerticalPodAutoscaler" in r.reason for r in rows)
 
     # A VPA that only recommends does not resize anything: ours may.
-    vpa["spec"]["updatePolicy"]["updateMode"] = "Off"
-    api.put("verticalpodautoscalers", vpa)
+    web_vpa["spec"]["updatePolicy"]["updateMode"] = "Off"
+    api.put("verticalpodautoscalers", web_vpa)
     reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
     assert resize_calls(api) == 2
 
@@ -298,10 +306,8 @@ def test_pods_a_vpa_on_the_workloads_owner_resizes_are_left_alone(api, tmp_path)
 def test_a_pass_lists_the_vpas_once_for_compression_and_resize(api, tmp_path):
     # A cluster with thousands of VPAs pays for every list: compression and resize share one.
     setup(api, {KEYS.enable_resource_compress: "y"})
-    api.put("verticalpodautoscalers", {"metadata": {"name": "web-vpa", "namespace": NS}, "spec": {
-        "targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
-        "resourcePolicy": {"containerPolicies": [{"containerName": "*", "controlledResources": ["memory"]}]},
-        "updatePolicy": {"updateMode": "InPlaceOrRecreate"}}})
+    api.put("verticalpodautoscalers",
+            vpa("web-vpa", "InPlaceOrRecreate", {"containerName": "*", "controlledResources": ["memory"]}))
     rows = reconciler(api, tmp_path).run_pass()
     assert api.count("GET", "verticalpodautoscalers") == 1
     # VPA sets memory only: cpu gets a ratio, and the Pods VPA resizes are still left alone.
@@ -508,15 +514,6 @@ def test_a_ratio_on_the_pod_template_overrides_the_workloads_in_place_too():
     plan = plan_resize(pod, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
     resized = jsonpatch.apply_patch(pod, plan.patch) if plan.patch else pod
     assert requests(resized)["cpu"] == "250m"
-
-
-def vpa(name: str, update_mode: str | None = "Auto", *policies: dict[str, Any], kind: str = "Deployment") -> dict:
-    spec: dict[str, Any] = {"targetRef": {"apiVersion": "apps/v1", "kind": kind, "name": "web"}}
-    if update_mode is not None:
-        spec["updatePolicy"] = {"updateMode": update_mode}
-    if policies:
-        spec["resourcePolicy"] = {"containerPolicies": list(policies)}
-    return {"metadata": {"name": name, "namespace": NS}, "spec": spec}
 
 
 @pytest.mark.parametrize(("found", "controlled"), [
