@@ -23,6 +23,7 @@ from oversale.node_fit import (
     other_requests,
     placed_pod,
     ports_problem,
+    preferred_pod_affinity_weight,
     replacement,
     resources_problem,
     volume_affinity,
@@ -369,6 +370,43 @@ def test_topology_spread_domains_are_the_nodes_the_pod_could_use():
     lonely = [running("web-1", "a", {"app": "web"}), running("web-2", "b", {"app": "web"})]
     assert where(spreading("web-3", "", spread(ZONE), affinity=only_z1), lonely)["a"] is None
     assert where(spreading("web-3", "", spread(ZONE)), lonely)["a"] is not None
+
+
+def test_a_replacement_reaches_the_answers_asked_before_it_and_a_forks_stay_in_the_fork():
+    """Neighbours remembers its answers for the pass: a replacement placed must reach the ones asked
+    before it (required affinity, topology spread, preferred affinity weights), and one placed on a
+    fork (a trial plan) must not reach the Neighbours it was forked from."""
+    neighbours = Neighbours(NODES, [placed_pod(running("web-1", "a", {"app": "web"}))])
+    beside_api = node_constraints(running("front-1", "", {"app": "front"},
+                                          affinity=with_affinity(term(HOST, {"matchLabels": {"app": "api"}}))))
+    web_2 = node_constraints(spreading("web-2", "", spread(ZONE)))
+    def preferring(name: str, labels: dict[str, str], app: str) -> dict[str, Any]:
+        return running(name, "", labels, affinity={"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 30, "podAffinityTerm": term(HOST, {"matchLabels": {"app": app}})}]}})
+
+    api = node_constraints(running("api-1", "", {"app": "api"}))
+    cache = node_constraints(preferring("cache-1", {"app": "cache"}, "api"))
+    wants_cache = node_constraints(preferring("back-1", {"app": "back"}, "cache"))
+
+    def answers(on: Neighbours) -> tuple[str | None, str | None, int, int]:
+        return (constraint_problem(beside_api, "b", NODES["b"], [], on),
+                constraint_problem(web_2, "a", NODES["a"], [], on),
+                preferred_pod_affinity_weight(api, "b", on), preferred_pod_affinity_weight(wants_cache, "b", on))
+
+    before = answers(neighbours)
+    assert before[0] == f"required pod affinity ({HOST}): no Pod it must run beside shares b's {HOST}"
+    assert before[1] == f"topology spread ({ZONE}): 2 matching Pods in a's domain with it, 0 in the emptiest, " \
+        "max skew 1"
+    assert before[2:] == (0, 0)
+    trial = neighbours.fork()
+    for placed in (replacement(api, "b"), replacement(web_2, "c"), replacement(cache, "b")):
+        trial.place(placed)
+    # api-1 is beside front-1; web-2 in z2 evens the zones; cache-1's term selects api-1; back-1's, cache-1.
+    assert answers(trial) == (None, None, 30, 30)
+    assert answers(neighbours) == before, "what the trial placed"
+    for placed in (replacement(api, "b"), replacement(web_2, "c"), replacement(cache, "b")):
+        neighbours.place(placed)
+    assert answers(neighbours) == (None, None, 30, 30)
 
 
 def test_spread_scores_are_kube_schedulers_weighted_counts_with_the_skew_added():

@@ -292,8 +292,7 @@ def test_a_running_pods_own_affinity_terms_that_select_the_moved_pod_weigh_its_n
         return [m.target for m in plan_moves({"cpu": 500.0}, [moving], [cooler, warmer], LoadConfig(), allowed=1,
                                              neighbours=neighbours).moves]
 
-    wants = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 30, "podAffinityTerm": api_term}]}}
+    wants = preferring_hosts_of("api", 30)
     shuns = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 30, "podAffinityTerm": api_term}]}}
     needs = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [api_term]}}
@@ -301,6 +300,63 @@ def test_a_running_pods_own_affinity_terms_that_select_the_moved_pod_weigh_its_n
     assert chosen("node-a", shuns) == ["node-b"], "the Pod on the cooler node shuns api Pods"
     assert chosen("node-b", needs) == ["node-b"], "a required term counts at hardPodAffinityWeight"
     assert chosen("node-b", {}) == ["node-a"], "no term: the cooler node"
+
+
+def preferring_hosts_of(app: str, weight: int) -> dict[str, Any]:
+    """Preferred pod affinity for the hosts of ``app``'s Pods."""
+    return {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": weight, "podAffinityTerm": {
+        "labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "kubernetes.io/hostname"}}]}}
+
+
+def test_running_pods_terms_that_select_the_moved_pod_add_up_in_their_domain():
+    """InterPodAffinity adds the weight of every running Pod's term that selects the incoming Pod:
+    two cache Pods on one node wanting api Pods beside them (30 each) outweigh one web Pod's 50
+    on a node as cool."""
+    hostname = "kubernetes.io/hostname"
+    moving_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"))
+    moving = candidate_of(moving_pod, pod_demand(moving_pod, KEYS), {"cpu": 1000.0, "memory": float(GI)})
+    targets = [dataclasses.replace(target(n, cpu_used=1000.0), labels={hostname: n}) for n in ("node-a", "node-b")]
+
+    def chosen(caches_on_b: int) -> list[str]:
+        web = pod("web-5d8f9-abcde", affinity=preferring_hosts_of("api", 50))
+        web["spec"]["nodeName"] = "node-a"
+        caches = [pod(f"cache-7d9f4-{n}", owner=("ReplicaSet", "cache-7d9f4"), affinity=preferring_hosts_of("api", 30))
+                  for n in ("klmno", "pqrst")[:caches_on_b]]
+        for cache in caches:
+            cache["spec"]["nodeName"] = "node-b"
+        neighbours = Neighbours({n: {hostname: n} for n in ("node-hot", "node-a", "node-b")},
+                                [placed_pod(moving_pod), placed_pod(web), *map(placed_pod, caches)])
+        return [m.target for m in plan_moves({"cpu": 500.0}, [moving], targets, LoadConfig(), allowed=1,
+                                             neighbours=neighbours).moves]
+
+    assert chosen(2) == ["node-b"], "30 + 30 beside the two cache Pods, against 50 beside the web Pod"
+    assert chosen(1) == ["node-a"], "one cache Pod's 30 against the web Pod's 50"
+
+
+def test_a_replacement_placed_earlier_in_the_plan_draws_the_pods_its_terms_select():
+    """Each replacement is a neighbour of the moves after it, its own affinity terms included: a
+    cache Pod that wants api Pods beside it moves first (to the one node its nodeSelector allows),
+    and the api Pod moving after it follows it there rather than to the cooler node."""
+    hostname = "kubernetes.io/hostname"
+    api_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"))
+    api = candidate_of(api_pod, pod_demand(api_pod, KEYS), {"cpu": 900.0, "memory": float(GI)})
+    labels = {"node-hot": {hostname: "node-hot"}, "node-a": {hostname: "node-a"},
+              "node-b": {hostname: "node-b", "disk": "ssd"}}
+    cooler = dataclasses.replace(target("node-a", cpu_used=200.0), labels=labels["node-a"])
+    warmer = dataclasses.replace(target("node-b", cpu_used=2000.0), labels=labels["node-b"])
+
+    def plan(affinity: dict[str, Any]) -> list[tuple[str, str]]:
+        cache_pod = pod("cache-7d9f4-klmno", owner=("ReplicaSet", "cache-7d9f4"), affinity=affinity,
+                        nodeSelector={"disk": "ssd"})
+        cache = candidate_of(cache_pod, pod_demand(cache_pod, KEYS), {"cpu": 1500.0, "memory": float(GI)})
+        neighbours = Neighbours(labels, [placed_pod(api_pod), placed_pod(cache_pod)])
+        moves = plan_moves({"cpu": 2000.0}, [api, cache], [cooler, warmer], LoadConfig(), allowed=2,
+                           neighbours=neighbours).moves
+        return [(m.pod.name, m.target) for m in moves]
+
+    cache_first = ("shop/cache-7d9f4-klmno", "node-b")
+    assert plan(preferring_hosts_of("api", 30)) == [cache_first, ("shop/api-6f7c8-fghij", "node-b")]
+    assert plan({}) == [cache_first, ("shop/api-6f7c8-fghij", "node-a")], "no term: the cooler node"
 
 
 def test_a_target_where_the_pods_schedule_anyway_spread_counts_fewer_comes_first():
