@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -23,9 +24,11 @@ from oversale.node_fit import (
     other_requests,
     placed_pod,
     ports_problem,
+    preferred_affinity_weight,
     preferred_pod_affinity_weight,
     replacement,
     resources_problem,
+    spread_scores,
     volume_affinity,
     volume_limits,
     volumes_problem,
@@ -65,6 +68,7 @@ def problem(pod: dict[str, Any], labels: dict[str, str] = LABELS, taints: list[A
     (affinity(expression("cores", "Gt", "8")), True),
     (affinity(expression("cores", "Gt", "16")), False),
     (affinity(expression("cores", "Lt", "32")), True),
+    (affinity(expression("cores", "Lt", "16")), False),
     (affinity(expression("zone", "Gt", "1")), False),
     # Terms are ORed, the requirements within one ANDed.
     (affinity(expression("pool", "In", "web"), expression("zone", "In", "b")), True),
@@ -82,6 +86,16 @@ def test_node_selector_and_required_affinity_as_kube_scheduler_reads_them(pod, a
 GPU = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
+def test_preferred_node_affinity_weighs_the_terms_a_node_matches_by_label_or_name():
+    by_name = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+    terms = [{"weight": 20, "preference": by_name}, {"weight": 5, "preference": expression("pool", "In", "db")},
+             {"weight": 7, "preference": expression("gpu", "Exists")}]
+    prefers = node_constraints({"spec": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": terms}}}})
+    assert preferred_affinity_weight(prefers, NODE, LABELS) == 25
+    assert preferred_affinity_weight(prefers, "node-b", LABELS) == 5
+
+
 @pytest.mark.parametrize(("tolerations", "taint", "admitted"), [
     ([], GPU, False),
     ([], {**GPU, "effect": "NoExecute"}, False),
@@ -94,6 +108,8 @@ GPU = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     ([{"operator": "Exists"}], GPU, True),
     ([{"operator": "Exists", "effect": "NoSchedule"}], GPU, True),
     ([{"key": "dedicated", "operator": "Exists"}], GPU, False),
+    ([{"key": "dedicated"}], {"key": "dedicated", "effect": "NoSchedule"}, True),  # no value on either: equal
+    (["nvidia.com/gpu"], GPU, False),
 ])
 def test_blocking_taints_must_be_tolerated(tolerations, taint, admitted):
     assert (problem({"spec": {"tolerations": tolerations}}, taints=[taint]) is None) is admitted
@@ -156,6 +172,7 @@ def test_malformed_specs_and_taints_never_raise(spec, terms, taints):
     affinity({"matchExpressions": [{"key": ["pool"], "operator": "Exists"}]}),
     affinity({"matchExpressions": [{"key": "pool", "operator": "In", "values": "db"}]}),
     affinity("pool=db"),
+    affinity({"matchExpressions": ["pool in (db)"]}),
     {"spec": {"containers": [{"name": "gpu", "resources": {"limits": {"nvidia.com/gpu": "one"}}}]}},
     {"spec": {"containers": [{"name": "app", "resources": {"requests": ["cpu"]}}]}},
 ])
@@ -204,9 +221,9 @@ def test_network_storage_reaches_every_node_and_an_unbound_claim_none():
 
 def test_the_claims_a_pod_uses():
     pod = {"metadata": {"name": "db-0"}, "spec": {"volumes": [
-        {"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}},
+        "garbage", {"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}},
         {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
-        {"name": "config", "configMap": {"name": "db"}}, "garbage", {"name": "odd", "persistentVolumeClaim": {}}]}}
+        {"name": "config", "configMap": {"name": "db"}}, {"name": "odd", "persistentVolumeClaim": {}}]}}
     assert claim_names(pod) == ["data-db-0", "db-0-scratch"]
     assert claim_names({"spec": {"volumes": "data"}}) == [] and claim_names({}) == []
 
@@ -371,6 +388,13 @@ def test_topology_spread_domains_are_the_nodes_the_pod_could_use():
     assert where(spreading("web-3", "", spread(ZONE), affinity=only_z1), lonely)["a"] is None
     assert where(spreading("web-3", "", spread(ZONE)), lonely)["a"] is not None
 
+    def by_name(*nodes: str) -> dict[str, Any]:
+        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(nodes)}]}]}}}
+
+    assert where(spreading("web-3", "", spread(ZONE), affinity=by_name("a", "b")), lonely)["a"] is None
+    assert where(spreading("web-3", "", spread(ZONE), affinity=by_name("a", "b", "c")), lonely)["a"] is not None
+
 
 def test_a_replacement_reaches_the_answers_asked_before_it_and_a_forks_stay_in_the_fork():
     """Neighbours remembers its answers for the pass: a replacement placed must reach the ones asked
@@ -409,12 +433,81 @@ def test_a_replacement_reaches_the_answers_asked_before_it_and_a_forks_stay_in_t
     assert answers(neighbours) == (None, None, 30, 30)
 
 
+def test_each_term_counts_its_own_pods_when_a_pod_states_several_over_one_key():
+    """Neighbours remembers what each term found in a domain for the pass; two terms over the same
+    topology key select different Pods, and each keeps its own answer."""
+    pods = [running("api-0", "b", {"app": "api"}), running("db-1", "a", {"app": "db"}),
+            running("db-2", "b", {"app": "db"}), running("web-1", "c", {"app": "web"})]
+    api, db, web = ({"matchLabels": {"app": app}} for app in ("api", "db", "web"))
+    beside_both = running("front-1", "", {"app": "front"}, affinity=with_affinity(term(HOST, api), term(HOST, {
+        "matchExpressions": [{"key": "app", "operator": "In", "values": ["cache"]}]})))
+    assert where(beside_both, pods)["b"] == \
+        f"required pod affinity ({HOST}): no Pod it must run beside shares b's {HOST}"
+    prefers = node_constraints(running("front-1", "", {"app": "front"}, affinity={"podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 30, "podAffinityTerm": term(HOST, api)},
+                                                            {"weight": 10, "podAffinityTerm": term(HOST, web)}]}}))
+    assert preferred_pod_affinity_weight(prefers, "b", Neighbours(NODES, [placed_pod(p) for p in pods])) == 30
+    # Spread from the web Pods and from the db Pods, by zone: z1 holds no web Pod, but both db Pods.
+    from_both = spreading("web-3", "", spread(ZONE), {**spread(ZONE), "labelSelector": db})
+    assert where(from_both, pods)["a"] == f"topology spread ({ZONE}): 2 matching Pods in a's domain with it, " \
+        "0 in the emptiest, max skew 1"
+    assert where(spreading("web-3", "", spread(ZONE)), pods)["a"] is None
+    soft = {"whenUnsatisfiable": "ScheduleAnyway"}
+    scores = spread_scores(node_constraints(spreading("web-3", "", {**spread(ZONE), **soft},
+                                                      {**spread(ZONE), **soft, "labelSelector": db})),
+                           ["a", "c"], Neighbours(NODES, [placed_pod(p) for p in pods]))
+    assert scores == [round(2 * math.log(4)), round(math.log(4))], "a: the two db Pods; c: the web Pod"
+
+
+def test_a_pod_that_prefers_its_own_kind_counts_the_others_not_itself():
+    """A Deployment whose Pods prefer each other's hosts: the one that moves does not draw itself
+    to the node it leaves, and every other such Pod draws it to theirs."""
+    together = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 30, "podAffinityTerm": term(HOST, {"matchLabels": {"app": "api"}})}]}}
+    pods = [running(f"api-{n}", node, {"app": "api"}, affinity=together) for n, node in ((1, "b"), (2, "c"))]
+    neighbours = Neighbours(NODES, [placed_pod(p) for p in pods])
+    moving = node_constraints(pods[0])
+    # c: api-2 there (its own term, 30) and api-2's term selects it (30); b: only itself, which leaves.
+    assert [preferred_pod_affinity_weight(moving, node, neighbours) for node in ("a", "b", "c")] == [0, 0, 60]
+
+
+def test_pods_on_nodes_or_in_namespaces_not_known_count_nowhere():
+    """The node and namespace lists are read apart from the Pods: a Pod on a node just deleted, or
+    a namespace whose labels are not known yet, is in no domain and raises nothing."""
+    web_apart = running("web-1", "gone", {"app": "web"}, affinity={**WEB_APART, **{"podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 30, "podAffinityTerm": term(HOST, {"matchLabels": {"app": "web"}})}]}}})
+    neighbours = Neighbours(NODES, [placed_pod(web_apart), placed_pod(running("etl-1", "a", {"app": "web"}, "new"))],
+                            NAMESPACES)
+    selecting = {"matchLabels": {"app": "web"}}
+    web_2 = node_constraints(running("web-2", "", {"app": "web"}, affinity={"podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 30, "podAffinityTerm": term(HOST, selecting, namespaceSelector={"matchLabels": {"x": "y"}})}]}}))
+    assert [preferred_pod_affinity_weight(web_2, node, neighbours) for node in ("a", "gone")] == [0, 0]
+    assert constraint_problem(web_2, "gone", {}, [], neighbours) is None
+    web_3 = node_constraints(spreading("web-3", "", {**spread(ZONE), "whenUnsatisfiable": "ScheduleAnyway"}))
+    assert spread_scores(web_3, ["a", "gone"], neighbours) == [0, None]
+
+
+def test_a_replacement_counts_as_its_controllers_pod_for_default_spreading():
+    def sibling(name: str) -> dict[str, Any]:
+        found = running(name, "", {"app": "web"})
+        found["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "web-5d8f9", "controller": True}]
+        return found
+
+    neighbours = Neighbours(NODES, [])
+    web_9 = node_constraints(sibling("web-9"))
+    alone = spread_scores(web_9, ["a", "c"], neighbours)
+    assert alone[0] == alone[1]
+    neighbours.place(replacement(node_constraints(sibling("web-1")), "a"))
+    beside = spread_scores(web_9, ["a", "c"], neighbours)
+    assert beside[0] > beside[1], "web-1's replacement is on a"
+
+
 def test_spread_scores_are_kube_schedulers_weighted_counts_with_the_skew_added():
     """PodTopologySpread's score before normalizing: per ScheduleAnyway constraint, the Pods it
     counts in the node's domain x ln(domains among the candidate nodes + 2), plus max skew - 1,
     summed and rounded; a node lacking a key of the Pod's own constraints is ignored (None)."""
-    from oversale.node_fit import spread_scores
-
     soft = {"whenUnsatisfiable": "ScheduleAnyway"}
     pod = spreading("web-9", "", {**spread(HOST), **soft}, {**spread(ZONE, 2), **soft})
     webs = [running("web-1", "a", {"app": "web"}), running("web-2", "a", {"app": "web"}),
@@ -437,8 +530,6 @@ def test_default_spreading_scores_a_node_without_a_zone_by_its_host():
     """A ReplicaSet's Pod stating no constraint is spread by kube-scheduler's defaults (host,
     max skew 3; zone, max skew 5) from its siblings; a node without the zone label is still
     scored, by its host alone, and a Job's Pod is not spread at all."""
-    from oversale.node_fit import spread_scores
-
     def sibling(name: str, node: str, kind: str = "ReplicaSet") -> dict[str, Any]:
         found = running(name, node, {"app": "web"})
         found["metadata"]["ownerReferences"] = [{"kind": kind, "name": "web-5d8f9", "controller": True}]
@@ -502,6 +593,7 @@ def test_what_a_pod_takes_besides_cpu_and_memory_is_counted_as_node_resources_fi
     roomy = free_resources({"pods": "110", "ephemeral-storage": "100Gi", "hugepages-2Mi": "1Gi",
                             "nvidia.com/gpu": "2"}, {"pods": 3})
     assert resources_problem(requests, roomy, NODE) is None
+    assert free_resources({"example.com/odd": "lots", "pods": "110"}, {}) == {"pods": 110}, "the odd one alone is lost"
     roomy["nvidia.com/gpu"] -= 1
     assert resources_problem(requests, roomy, NODE) == f"nvidia.com/gpu: 2 requested, 1 free on {NODE}"
     assert resources_problem(requests, {**roomy, "nvidia.com/gpu": 2, "hugepages-2Mi": 0}, NODE) == \
@@ -573,5 +665,8 @@ def test_csi_volumes_count_against_each_drivers_limit_as_node_volume_limits_coun
     assert volumes_problem([CsiVolume(ebs, "pv-1"), CsiVolume(ebs, "pv-3")], there, limits, NODE) is None, \
         "a volume attached there already takes nothing more"
     assert volumes_problem([CsiVolume(efs, "pv-5")] * 2, there, limits, NODE) is None, "no limit for that driver"
+    azure = CsiVolume("disk.csi.azure.com", "pv-6")  # a driver with no limit there, read before ebs
+    assert volumes_problem([azure, CsiVolume(ebs, "pv-3"), CsiVolume(ebs, "pv-4")], there, limits, NODE) == \
+        "ebs.csi.aws.com: 3 volumes attached to node-a, its limit 4"
     assert volumes_problem([CsiVolume(ebs, "pv-3")], {}, {ebs: 0}, NODE) == \
         "ebs.csi.aws.com: 0 volumes attached to node-a, its limit 0"
