@@ -280,6 +280,14 @@ def test_required_anti_affinity_of_the_pod_and_of_the_pods_already_there():
     assert where(running("x", "", {"app": "web"}, affinity=anti(term(HOST, None))))["a"] is not None, \
         "web-1's term still selects it"
     assert where(running("x", "", {"app": "x"}, affinity=anti(term(HOST, None))))["a"] is None
+    # A term whose key the node lacks rules nothing out, and the next term still does.
+    web = {"matchLabels": {"app": "web"}}
+    assert where(running("web-2", "", {"app": "web"}, affinity=anti(term("rack", web), term(HOST, web))))["a"] == \
+        f"required pod anti-affinity ({HOST}): shop/web-1 shares a's {HOST}"
+    # The Pod that moves is among the ones whose own terms count, and the others' terms still do.
+    batch_1 = running("batch-1", "a", {"app": "batch"}, affinity=anti(term(HOST, {"matchLabels": {"app": "etl"}})))
+    assert where(batch_1, [batch_1, *CLUSTER])["c"] == \
+        f"shop/cache-0's required pod anti-affinity ({ZONE}) keeps it off c"
 
 
 NAMESPACES = {"shop": {"team": "retail"}, "jobs": {"team": "data"}, "other": {"team": "retail"}}
@@ -326,6 +334,12 @@ def test_required_affinity_needs_a_matching_pod_in_the_domain():
     assert where(running("new-1", "", {"app": "new"}, affinity=together))["c"] is None
     assert where(running("new-2", "", {"app": "new"}, affinity=together),
                  [*CLUSTER, running("new-1", "a", {"app": "new"})])["c"] is not None
+    # One of the group that moves is no company for itself where it was: new-1 may leave a for
+    # zone z2 while it is the group's only Pod, and may not leave new-2 behind for b (z1).
+    new_1 = running("new-1", "a", {"app": "new"}, affinity=together)
+    assert where(new_1, [*CLUSTER, new_1])["c"] is None
+    assert where(new_1, [*CLUSTER, new_1, running("new-2", "c", {"app": "new"}, affinity=together)])["b"] == \
+        f"required pod affinity ({ZONE}): no Pod it must run beside shares b's {ZONE}"
 
 
 def test_a_replacement_sent_this_pass_counts_for_the_next_pod():
@@ -381,6 +395,7 @@ def test_topology_spread_domains_are_the_nodes_the_pod_could_use():
     assert where(spreading("web-3", "", spread(ZONE)), webs)["b"] is None, "z1 1 + it, z2 1: skew 1"
     # Fewer domains than minDomains: the emptiest counts as 0.
     assert where(spreading("web-3", "", spread(ZONE, minDomains=3)), webs)["b"] is not None
+    assert where(spreading("web-3", "", spread(ZONE, minDomains=2)), webs)["b"] is None, "as many domains as asked"
     # Nodes its node affinity rules out are no domain: with z2 out of reach, z1 is the only one.
     only_z1 = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         expression(ZONE, "In", "z1")]}}}
@@ -485,6 +500,7 @@ def test_pods_on_nodes_or_in_namespaces_not_known_count_nowhere():
             {"weight": 30, "podAffinityTerm": term(HOST, selecting, namespaceSelector={"matchLabels": {"x": "y"}})}]}}))
     assert [preferred_pod_affinity_weight(web_2, node, neighbours) for node in ("a", "gone")] == [0, 0]
     assert constraint_problem(web_2, "gone", {}, [], neighbours) is None
+    assert constraint_problem(web_2, "a", NODES["a"], [], neighbours) is None, "web-1's anti-affinity holds nowhere"
     web_3 = node_constraints(spreading("web-3", "", {**spread(ZONE), "whenUnsatisfiable": "ScheduleAnyway"}))
     assert spread_scores(web_3, ["a", "gone"], neighbours) == [0, None]
 
