@@ -121,6 +121,9 @@ def test_the_reason_names_what_rules_the_node_out():
     assert problem(affinity(expression("pool", "In", "web"))) == \
         "required node affinity: node-a matches none of its 1 term(s)"
     assert problem({"spec": {}}, taints=[GPU]) == "taint nvidia.com/gpu=present:NoSchedule on node-a is not tolerated"
+    assert problem({"spec": {}}, taints=["odd", {**GPU, "effect": "PreferNoSchedule"}, {"key": "dedicated",
+                                                                                        "effect": "NoExecute"}]) == \
+        "taint dedicated:NoExecute on node-a is not tolerated", "the taints that block nothing are passed over"
 
 
 @pytest.mark.shared
@@ -572,6 +575,28 @@ def test_match_label_keys_count_only_the_pods_of_the_same_rollout():
     assert where(spreading("web-new-2", "", spread(ZONE)), webs)["a"] is not None, "without the key z1 holds two"
     assert where(spreading("web-new-2", "", spread(ZONE, matchLabelKeys=[hash_key])), webs)["a"] is not None, \
         "a key the Pod does not carry is left out"
+    assert where(new, [*webs[:2], running("web-new-3", "a", {"app": "web", hash_key: "new"})])["b"] is not None, \
+        "z1 holds one Pod of this rollout and z2 none: a second in z1 is a skew of 2"
+
+
+def test_match_label_keys_narrow_a_selector_of_expressions_too():
+    """The selector's own expressions stay: the front tier's version 2 Pods count, not version 2
+    of the back tier."""
+    front = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["front"]}]}
+    pods = [running("back-1", "a", {"tier": "back", "version": "2"}),
+            running("back-2", "b", {"tier": "back", "version": "2"}),
+            running("front-1", "c", {"tier": "front", "version": "2"})]
+    moving = running("front-2", "", {"tier": "front", "version": "2"})
+    moving["spec"]["topologySpreadConstraints"] = [spread(ZONE, labelSelector=front, matchLabelKeys=["version"])]
+    assert where(moving, pods)["a"] is None, "z1 holds no front Pod, z2 one"
+    assert where(moving, pods)["c"] is not None, "z2 would hold two, z1 none"
+
+
+def test_a_pod_states_both_kinds_of_spread_constraint_each_in_its_place():
+    pod = spreading("web-3", "", {**spread(HOST), "whenUnsatisfiable": "ScheduleAnyway"}, spread(ZONE))
+    constraints = node_constraints(pod)
+    assert [c.topology_key for c in constraints.spread] == [ZONE], "DoNotSchedule: a filter"
+    assert [c.topology_key for c in constraints.soft_spread] == [HOST], "ScheduleAnyway: a score"
 
 
 @pytest.mark.parametrize("constraint", [
@@ -598,6 +623,9 @@ def test_what_a_pod_takes_besides_cpu_and_memory_is_counted_as_node_resources_fi
     assert other_requests({"spec": {"containers": [{"name": "web", "resources": {"requests": {"cpu": "1"}}}]}}) == {
         "pods": 1}
     assert node_constraints(gpu_pod).resources["nvidia.com/gpu"] == 2
+    # A RuntimeClass's overhead counts even for a resource no container names.
+    assert other_requests({"spec": {"containers": [{"name": "vm"}], "overhead": {"example.com/vfio": "1"}}}) == {
+        "pods": 1, "example.com/vfio": 1}
 
     # The real GKE node: what it allocates, less what its Pods take (it has no GPU, no hugepages).
     node = json.loads((SHARED / "fixtures" / "nodes" / "gke-node.json").read_text())
@@ -624,9 +652,11 @@ def test_host_ports_clash_as_the_node_ports_filter_judges_them():
         "containers": [{"name": "dns", "ports": [
             {"containerPort": 53, "hostPort": 53, "protocol": "UDP"},
             {"containerPort": 8080, "hostPort": 8080, "hostIP": "10.0.0.5"},
-            {"containerPort": 9090}]}]}}
+            {"containerPort": 9090}, {"containerPort": 9091, "hostPort": 0}, {"containerPort": 1, "hostPort": 1}]}]}}
     wanted = host_ports(proxy)
-    assert wanted == (("0.0.0.0", "TCP", 15001), ("0.0.0.0", "UDP", 53), ("10.0.0.5", "TCP", 8080))
+    # hostPort 0 (the API's "none"), and no hostPort, bind nothing.
+    assert wanted == (("0.0.0.0", "TCP", 15001), ("0.0.0.0", "UDP", 53), ("10.0.0.5", "TCP", 8080),
+                      ("0.0.0.0", "TCP", 1))
     assert node_constraints(proxy).host_ports == wanted
     assert ports_problem(wanted, set(), NODE) is None
     # Another address, or another protocol, is no clash; every address, or the same one, is.
