@@ -94,6 +94,10 @@ def test_preferred_node_affinity_weighs_the_terms_a_node_matches_by_label_or_nam
         "preferredDuringSchedulingIgnoredDuringExecution": terms}}}})
     assert preferred_affinity_weight(prefers, NODE, LABELS) == 25
     assert preferred_affinity_weight(prefers, "node-b", LABELS) == 5
+    # The API server refuses a term without a whole weight; one read anyway ranks nothing.
+    odd = node_constraints({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        "pool=db", {"weight": "20", "preference": by_name}, {"preference": by_name}, *terms[1:]]}}}})
+    assert preferred_affinity_weight(odd, NODE, LABELS) == 5
 
 
 @pytest.mark.parametrize(("tolerations", "taint", "admitted"), [
@@ -475,6 +479,17 @@ def test_each_term_counts_its_own_pods_when_a_pod_states_several_over_one_key():
                                                       {**spread(ZONE), **soft, "labelSelector": db})),
                            ["a", "c"], Neighbours(NODES, [placed_pod(p) for p in pods]))
     assert scores == [round(2 * math.log(4)), round(math.log(4))], "a: the two db Pods; c: the web Pod"
+
+
+def test_preferred_anti_affinity_counts_its_weight_against_each_pod_it_selects():
+    shuns = node_constraints(running("web-9", "", {"app": "web"}, affinity={"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            "odd", {"weight": "30", "podAffinityTerm": term(ZONE, {"matchLabels": {"app": "db"}})},
+            {"weight": 30, "podAffinityTerm": term(ZONE, {"matchLabels": {"app": "web"}})}]}}))
+    pods = [running("web-1", "a", {"app": "web"}), running("web-2", "b", {"app": "web"})]
+    weights = [preferred_pod_affinity_weight(shuns, node, Neighbours(NODES, [placed_pod(p) for p in pods]))
+               for node in ("a", "c")]
+    assert weights == [-60, 0], "zone z1 holds two web Pods"
 
 
 def test_a_pod_that_prefers_its_own_kind_counts_the_others_not_itself():
