@@ -25,6 +25,7 @@ from oversale.placement import (
     Preemption,
     Reservation,
     crowded_out,
+    held_usage,
     load_facts,
     load_shortfall,
     node_score,
@@ -390,3 +391,47 @@ def test_workload_history_names_pods_as_the_extender_names_the_pod_being_placed(
     assert workload_history("batch/Job/nightly-manual", history) is None
     assert workload_history("batch/Job/migrate-29000060", history) is None
     assert workload_history("", history) is None
+
+
+def test_every_pod_nominated_to_a_node_holds_its_room_each_in_its_way():
+    """Several Pods nominated to one node, as after two preemptions: a shared one holds its
+    requests; one whose cores are still held by its victims holds its charge, its overhead and its
+    memory; one that gets its cpuset now holds those cores (after the cores of those before it),
+    its memory and its overhead on the shared pool."""
+    # 16 real cores oversold 1.5 (24 in all); the victims still hold cores 0-9 and 1 GiB with them.
+    node, usage = view(ratio=Fraction(3, 2)), NodeUsage(bound_cpus=set(range(10)), bound_memory=GI)
+    shared = PodDemand("shared", {"cpu": 1500, "memory": 2 * GI}, None, False, priority=100)
+    waiting = PodDemand("waiting", {"cpu": 8250, "memory": 3 * GI}, "FullPCPUs", False, cpus=8, priority=100)
+    pinned = PodDemand("pinned", {"cpu": 4250, "memory": 4 * GI}, "FullPCPUs", False, cpus=4, priority=100)
+    held = with_nominated(node, usage, [shared, waiting, pinned])
+    assert held.shared == {"cpu": 1500 + 8 * 1500 + 250 + 250, "memory": 2 * GI}
+    assert held.bound_cpus == set(range(14)), "pinned takes 4 of the 6 free cores"
+    assert held.bound_memory == GI + 3 * GI + 4 * GI
+    assert usage == NodeUsage(bound_cpus=set(range(10)), bound_memory=GI), "the node's own usage is left as it was"
+    # A Pod asking for one NUMA node holds its cores in one: zone 0 has two cores left, zone 1 all 8.
+    zoned, victims = replace(node, topology=Topology.from_zones({0: 8, 1: 8})), NodeUsage(bound_cpus=set(range(6)))
+    one_zone = replace(pinned, single_numa=True)
+    assert with_nominated(zoned, victims, [one_zone]).bound_cpus == {*range(6), *range(8, 12)}
+    assert with_nominated(zoned, victims, [replace(one_zone, single_numa=False)]).bound_cpus == set(range(10)), \
+        "any zone: the cores left in zone 0 first"
+
+
+def test_room_held_for_replacements_counts_every_other_owners_until_it_expires():
+    web, api = "shop/ReplicaSet/web-5d8f9", "shop/ReplicaSet/api-6f7c8"
+    node = view(reservations=(Reservation(web, {"cpu": 2000, "memory": GI}, NOW + 60),
+                              Reservation(web, {"cpu": 1000, "memory": 2 * GI}, NOW + 120),
+                              Reservation(api, {"cpu": 500, "memory": 4 * GI}, NOW + 60)))
+    assert node.held_for_others("shop/ReplicaSet/batch-1", NOW) == (3500, 7 * GI), "every other owner's, summed"
+    assert node.held_for_others(web, NOW) == (500, 4 * GI), "not its own"
+    assert node.held_for_others("", NOW + 60) == (1000, 2 * GI), "a reservation held until now has expired"
+    assert node.held_for_others("", None) == (3500, 7 * GI), "no time given: every one counts"
+    assert node.holds_for(web, NOW + 119) and not node.holds_for(web, NOW + 120)
+    assert not node.holds_for("shop/ReplicaSet/batch-1", NOW) and not node.holds_for("", NOW), \
+        "a Pod of no owner, or of another one, has nothing held for it"
+
+
+def test_the_pods_on_a_node_hold_their_cpusets_memory_and_overhead():
+    usage = held_usage([({"cpu": 2250, "memory": GI}, (0, 1)), ({"cpu": 4000, "memory": 2 * GI}, (2, 3, 4, 5)),
+                        ({"cpu": 500, "memory": 3 * GI}, ())])
+    assert usage.bound_cpus == set(range(6)) and usage.bound_memory == 3 * GI
+    assert usage.shared == {"cpu": 250 + 500, "memory": 3 * GI}, "the RuntimeClass overhead draws on the shared pool"
