@@ -121,6 +121,13 @@ def test_pods_not_yet_in_the_metrics_count_by_their_estimate():
     reason = load_shortfall(view(), NodeHeat(load, NOW, {"cpu": 6800.0}), LoadConfig())  # 72.5%
     assert reason == ("cpu usage 72% of real capacity (5-min average, with Pods bound but not yet in the metrics) "
                       "is above the scheduling watermark 65%")
+    # They count in the score too: the node a burst was just bound to scores below its twin.
+    demand = PodDemand("p", {"cpu": 1000, "memory": GI}, None, False)
+    quiet, burst = NodeHeat(load, NOW), NodeHeat(load, NOW, {"cpu": 3400.0, "memory": 7.0 * GI})
+    facts = load_facts(view(), burst)
+    assert facts is not None and (facts.cpu_used, facts.memory_used) == (load.cpu_average + 3400, load.memory + 7 * GI)
+    assert placement_score(view(), NodeUsage(), demand, burst, LoadConfig()) < \
+        placement_score(view(), NodeUsage(), demand, quiet, LoadConfig())
 
 
 def test_the_cooler_node_scores_higher_and_weights_combine_with_packing():
@@ -274,6 +281,11 @@ def test_a_preemption_adds_the_fewest_lower_priority_victims_the_extenders_charg
     # The bind in flight is no victim: kube-scheduler cannot find it on the node.
     assert preemption_on(node, held, ["a"], vip, None, config, NOW, False) == Preemption(added=("new",))
     assert preemption_on(node, held, ["a", "old", "new"], vip, None, config, NOW, False) == Preemption()
+    # A node above its scheduling watermark is worth no preemption where placement is load-aware.
+    hot = NodeHeat(node_load(steady(12000)), NOW)  # 75% of its 16 real cores
+    refused = preemption_on(node, held, ["a"], vip, hot, config, NOW, True).refused
+    assert refused is not None and refused.startswith("cpu usage 75% of real capacity")
+    assert preemption_on(node, held, ["a"], vip, hot, config, NOW, False) == Preemption(added=("new",))
     # A node where kube-scheduler's own plugins need no victim comes with none (kubernetes#135486):
     # the extender picks them all. "a" (bound at an unknown, earlier time) goes before "old".
     assert preemption_on(node, held, [], vip, None, config, NOW, False) == Preemption(added=("new", "a"))
@@ -435,3 +447,17 @@ def test_the_pods_on_a_node_hold_their_cpusets_memory_and_overhead():
                         ({"cpu": 500, "memory": 3 * GI}, ())])
     assert usage.bound_cpus == set(range(6)) and usage.bound_memory == 3 * GI
     assert usage.shared == {"cpu": 250 + 500, "memory": 3 * GI}, "the RuntimeClass overhead draws on the shared pool"
+
+
+def test_a_pod_fits_to_the_last_byte_and_a_bound_pods_overhead_is_charged_with_its_cpus():
+    node, usage = view(ratio=Fraction(3, 2)), NodeUsage(shared={"cpu": 18000, "memory": 60 * GI})  # 24 and 64Gi
+    exact = PodDemand("p", {"cpu": 1000, "memory": 4 * GI}, None, False)
+    assert shortfall(node, usage, exact, NOW) is None, "4 GiB asked, 4 GiB free"
+    assert shortfall(node, usage, replace(exact, requests={"cpu": 1000, "memory": 4 * GI + 1}), NOW) is not None
+    bound = PodDemand("b", {"cpu": 4000, "memory": GI}, "FullPCPUs", False, cpus=4)
+    assert shortfall(node, usage, bound, NOW) is None, "4 CPUs charged 6 at the ratio, 6 free"
+    assert shortfall(node, usage, replace(bound, requests={"cpu": 4250, "memory": GI}), NOW) == \
+        "cpu: 6250m charged for its exclusive CPUs, 6 free on n (oversold allocatable)", "and its overhead"
+    held = replace(node, reservations=(Reservation("shop/ReplicaSet/web-5d8f9", {"memory": GI}, NOW + 60),))
+    assert shortfall(held, usage, exact, NOW) == "memory: 4Gi requested, 3Gi free on n (oversold allocatable)", \
+        "room held for another owner's replacement"
