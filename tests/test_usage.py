@@ -17,6 +17,7 @@ from oversale.cpus import Topology
 from oversale.disruption import DisruptionBudget, disruption_budget
 from oversale.node_table import NodeTable, rank, screen
 from oversale.placement import (
+    Ask,
     HeldPod,
     NodeHeat,
     NodeUsage,
@@ -25,6 +26,7 @@ from oversale.placement import (
     Preemption,
     Reservation,
     crowded_out,
+    fit_on,
     held_usage,
     load_facts,
     load_shortfall,
@@ -106,6 +108,9 @@ def test_stale_or_missing_metrics_neither_filter_nor_favour():
     demand = PodDemand("p", {"cpu": 1000, "memory": GI}, None, False)
     assert placement_score(view(), NodeUsage(), demand, NodeHeat(old, NOW), config) == \
         placement_score(view(), NodeUsage(), demand, None, config), "request-based score"
+    cool_but_old = NodeHeat(node_load(steady(1000, age=181)), NOW)
+    assert placement_score(view(), NodeUsage(), demand, cool_but_old, config) == \
+        placement_score(view(), NodeUsage(), demand, None, config), "a cool node's stale metrics do not favour it"
     fresh = node_load(steady(15000, age=179))
     assert load_shortfall(view(), NodeHeat(fresh, NOW), config) is not None
     # "Older than the limit" is stale: a reading exactly as old as the limit still counts.
@@ -438,6 +443,9 @@ def test_room_held_for_replacements_counts_every_other_owners_until_it_expires()
     assert node.held_for_others("", NOW + 60) == (1000, 2 * GI), "a reservation held until now has expired"
     assert node.held_for_others("", None) == (3500, 7 * GI), "no time given: every one counts"
     assert node.holds_for(web, NOW + 119) and not node.holds_for(web, NOW + 120)
+    replacement = PodDemand("web-5d8f9-new", {"cpu": 1000, "memory": GI}, None, False, owner=web)
+    assert placement_score(node, NodeUsage(), replacement, None, LoadConfig(), now=NOW + 119) == 10, "its room"
+    assert placement_score(node, NodeUsage(), replacement, None, LoadConfig(), now=NOW + 120) < 10
     assert not node.holds_for("shop/ReplicaSet/batch-1", NOW) and not node.holds_for("", NOW), \
         "a Pod of no owner, or of another one, has nothing held for it"
 
@@ -450,7 +458,8 @@ def test_the_pods_on_a_node_hold_their_cpusets_memory_and_overhead():
 
 
 def test_a_pod_fits_to_the_last_byte_and_a_bound_pods_overhead_is_charged_with_its_cpus():
-    node, usage = view(ratio=Fraction(3, 2)), NodeUsage(shared={"cpu": 18000, "memory": 60 * GI})  # 24 and 64Gi
+    # 24 cpus and 64Gi oversold; Pods take 18 of them, and 56Gi of shared memory and 4Gi with cpusets.
+    node, usage = view(ratio=Fraction(3, 2)), NodeUsage(shared={"cpu": 18000, "memory": 56 * GI}, bound_memory=4 * GI)
     exact = PodDemand("p", {"cpu": 1000, "memory": 4 * GI}, None, False)
     assert shortfall(node, usage, exact, NOW) is None, "4 GiB asked, 4 GiB free"
     assert shortfall(node, usage, replace(exact, requests={"cpu": 1000, "memory": 4 * GI + 1}), NOW) is not None
@@ -461,3 +470,21 @@ def test_a_pod_fits_to_the_last_byte_and_a_bound_pods_overhead_is_charged_with_i
     held = replace(node, reservations=(Reservation("shop/ReplicaSet/web-5d8f9", {"memory": GI}, NOW + 60),))
     assert shortfall(held, usage, exact, NOW) == "memory: 4Gi requested, 3Gi free on n (oversold allocatable)", \
         "room held for another owner's replacement"
+
+
+def test_every_pod_shape_gets_its_own_answer_from_one_node_and_a_known_workload_its_own_estimate():
+    """A node's answers are remembered per Pod shape for its usage snapshot: the next Pod of
+    another shape is judged afresh. The load score counts the Pod's workload's estimate where it
+    is known, its requests' otherwise."""
+    node, usage, config = view(), NodeUsage(shared={"cpu": 20000, "memory": 0}), LoadConfig()
+    small = PodDemand("small", {"cpu": 1000, "memory": GI}, None, False)
+    large = replace(small, uid="large", requests={"cpu": 8000, "memory": GI})
+    assert fit_on(node, usage, Ask.of(small, config), NOW)[0] is None
+    assert fit_on(node, usage, Ask.of(large, config), NOW)[0] == "cpu: 8 requested, 4 free on n (oversold allocatable)"
+    heat = NodeHeat(node_load(steady(4000)), NOW)
+    busy, idle = {"cpu": 6000.0, "memory": float(GI)}, {"cpu": 10.0, "memory": float(GI)}
+    assert placement_score(node, NodeUsage(), small, heat, config, busy) < \
+        placement_score(node, NodeUsage(), small, heat, config, idle), "its workload's history, not its request"
+    # A BestEffort Pod fits a node that states no cpu, and packs nothing there.
+    assert node_score(replace(node, allocatable={"cpu": 0, "memory": 64 * GI}), NodeUsage(),
+                      PodDemand("be", {"cpu": 0, "memory": 0}, None, False), NOW) == 0
