@@ -80,6 +80,8 @@ def test_pods_of_other_workloads_are_not_claimed():
     assert [index.owner(NS, pod) for pod in others[:-3]] == [None] * (len(others) - 3)
     # A cut Deployment prefix is followed by the start of its template hash: anything else is not its Pod.
     assert index.owner(NS, generated(f"{name_of('cron', 50)}-web-", rng)) is None
+    # A cut DaemonSet prefix ends at the dash after its name: a Pod named on from there is another's.
+    assert index.owner(NS, generated(f"{name_of('ds', 55)}-web-", rng)) is None
 
 
 def test_a_daemonsets_pods_are_not_a_deployments_whose_name_starts_theirs():
