@@ -420,6 +420,8 @@ def _cross_namespace(kind: str, term: dict) -> dict:
     (_priority("Exists"), {}, False),
     (_priority("Exists"), {"priorityClassName": "web"}, True),
     (_priority("DoesNotExist"), {}, False),
+    ({"scopes": ["PriorityClass"]}, {"priorityClassName": "web"}, True),  # a Pod with any class
+    ({"scopes": ["PriorityClass"]}, {}, False),
     ({"scopes": ["CrossNamespacePodAffinity"]},
      _cross_namespace("podAntiAffinity", {"weight": 1, "podAffinityTerm": {"topologyKey": "zone",
                                                                            "namespaceSelector": {}}}), True),
