@@ -158,6 +158,8 @@ def test_a_node_is_hot_above_the_watermark_and_a_cool_observation_starts_over():
     for hot in (True, True, False, True):
         streak = next_streak(streak, hot)
     assert streak == 1
+    # A node whose real capacity is not known (no record from the node webhook) is never hot.
+    assert excess({"cpu": 100.0, "memory": float(GI)}, {"cpu": 0, "memory": 0}, RuntimeWatermarks()) == {}
 
 
 def candidate(name: str, qos: str, cpu_request: int, cpu_used: float, workload: str = "") -> Candidate:
@@ -186,6 +188,45 @@ def test_the_fewest_pods_that_cover_the_excess_and_each_has_a_place_to_go():
     # "small" is preferred but does not matter once "big" is taken: one eviction, not two.
     assert [m.pod.name for m in plan.moves] == ["shop/big"]
     assert plan.moves[0].target == "node-cool" and plan.uncovered == {}
+
+
+def test_a_plan_passes_over_pods_that_would_not_cool_the_node_or_could_not_go_anywhere():
+    """An idle BestEffort Pod comes first in eviction order but cools nothing; a Pod no node can
+    take stays. Neither takes the place of the Pod that can move and cools the node."""
+    idle = dataclasses.replace(candidate("idle", "BestEffort", 0, 0), usage={"cpu": 0.0, "memory": float(GI // 2)})
+    huge = candidate("huge", "Burstable", 9000, 11000)  # asks more than any node has free
+    movable = candidate("web", "Burstable", 500, 1500)
+    plan = plan_moves({"cpu": 1000.0}, [idle, huge, movable], [target()], LoadConfig(), allowed=5)
+    assert [m.pod.name for m in plan.moves] == ["shop/web"] and plan.uncovered == {}, "1.5 cores cover the 1 over"
+    assert [(pod.name, why.split(" (")[0]) for pod, why in plan.kept] == [("shop/huge", "no node can take it")]
+
+
+def test_a_pod_its_neighbours_keep_off_every_target_does_not_take_the_place_of_one_that_can_move():
+    hostname = "kubernetes.io/hostname"
+    api_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"))
+    batch_pod = pod("batch-1a2b3-xyzab", owner=("ReplicaSet", "batch-1a2b3"))
+    guard = pod("guard-9f8e7-abcde", owner=("ReplicaSet", "guard-9f8e7"), affinity={"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "api"}}, "topologyKey": hostname}]}})
+    guard["spec"]["nodeName"] = "node-cool"
+    neighbours = Neighbours({n: {hostname: n} for n in ("node-hot", "node-cool")},
+                            [placed_pod(p) for p in (api_pod, batch_pod, guard)])
+    api = candidate_of(api_pod, pod_demand(api_pod, KEYS), {"cpu": 2000.0, "memory": float(GI)})
+    batch = candidate_of(batch_pod, pod_demand(batch_pod, KEYS), {"cpu": 1200.0, "memory": float(GI)})
+    cool = dataclasses.replace(target("node-cool"), labels={hostname: "node-cool"})
+    plan = plan_moves({"cpu": 1000.0}, [api, batch], [cool], LoadConfig(), allowed=5, neighbours=neighbours)
+    assert [m.pod.name for m in plan.moves] == ["shop/batch-1a2b3-xyzab"], "the api Pod uses more, but cannot go"
+    assert "required pod anti-affinity" in dict((p.name, why) for p, why in plan.kept)["shop/api-6f7c8-fghij"]
+
+
+def test_what_the_moves_a_plan_may_make_leave_uncovered():
+    pods = [candidate("a", "Burstable", 500, 1500), candidate("b", "Burstable", 500, 1000)]
+    exact = plan_moves({"cpu": 1500.0}, pods[:1], [target()], LoadConfig(), allowed=5)
+    assert [m.pod.name for m in exact.moves] == ["shop/a"] and exact.uncovered == {}, "covered to the millicore"
+    capped = plan_moves({"cpu": 2200.0}, pods, [target()], LoadConfig(), allowed=1)
+    assert [m.pod.name for m in capped.moves] == ["shop/a"]
+    assert capped.uncovered == {"cpu": pytest.approx(700.0)}
+    assert capped.kept == [(pods[1], "over the limit of 1 evictions here this pass")]
 
 
 def test_a_pod_whose_only_target_is_full_or_would_run_hot_is_not_moved():
