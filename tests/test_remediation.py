@@ -84,6 +84,7 @@ def pod(name: str = "web-5d8f9-abcde", owner: tuple[str, str] | None = ("Replica
     (pod(owner=None), "no controller"),
     (pod(priorityClassName="system-node-critical"), "critical priority"),
     (pod(priority=2_000_001_000), "critical priority"),
+    (pod(priority=2_000_000_000), "critical priority"),  # system-cluster-critical's
     (pod(volumes=[{"name": "cache", "emptyDir": {}}]), "local storage (cache"),
     (pod(volumes=[{"name": "logs", "hostPath": {"path": "/var/log"}}]), "local storage (logs"),
     (pod(started="2027-01-15T07:55:00Z"), "minimum age"),
@@ -92,6 +93,16 @@ def pod(name: str = "web-5d8f9-abcde", owner: tuple[str, str] | None = ("Replica
 def test_every_exclusion_rule_keeps_the_pod(changed, reason):
     assert eviction_exclusion(pod(), KEYS, NOW, 600) is None
     assert reason in (eviction_exclusion(changed, KEYS, NOW, 600) or "")
+
+
+def test_only_a_running_pod_old_enough_moves():
+    leaving = pod()
+    leaving["metadata"]["deletionTimestamp"] = LONG_AGO
+    assert eviction_exclusion(leaving, KEYS, NOW, 600) == "not running", "being deleted already"
+    assert eviction_exclusion({**pod(), "status": {"phase": "Pending"}}, KEYS, NOW, 600) == "not running"
+    started = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert eviction_exclusion(pod(started=started), KEYS, NOW, 600) == "started 60s ago (minimum age 600s)"
+    assert eviction_exclusion(pod(started=started), KEYS, NOW, 60) is None, "exactly the minimum age"
 
 
 def test_annotations_opt_out_or_allow_local_storage():
@@ -104,6 +115,9 @@ def test_annotations_opt_out_or_allow_local_storage():
     batch = pod(owner=("Job", "nightly-29345"))
     batch["metadata"]["annotations"] = {KEYS.evictable: "y"}
     assert eviction_exclusion(batch, KEYS, NOW, 600) is None
+    claims = pod(resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])
+    claims["metadata"]["annotations"] = {KEYS.evictable: "y"}
+    assert eviction_exclusion(claims, KEYS, NOW, 600) is None, "its team says its claims may move"
     local["metadata"]["annotations"] = {KEYS.evictable: "perhaps"}
     assert "not y or n" in (eviction_exclusion(local, KEYS, NOW, 600) or "")
     mirror = pod()
@@ -114,6 +128,7 @@ def test_annotations_opt_out_or_allow_local_storage():
 def test_a_workload_below_the_minimum_of_ready_replicas_keeps_its_pod():
     # The default, as the descheduler's: the only replica may move (a PDB would still hold it).
     assert eviction_exclusion(pod(), KEYS, NOW, 600, ready_replicas=1) is None
+    assert eviction_exclusion(pod(), KEYS, NOW, 600, ready_replicas=0, min_replicas=1) is None, "1 asks nothing"
     assert eviction_exclusion(pod(), KEYS, NOW, 600, ready_replicas=1, min_replicas=2) == (
         f"1 Ready replica(s) of ReplicaSet/web-5d8f9, fewer than the 2 remediation needs to move one "
         f"({KEYS.evictable}: y allows it)")
