@@ -19,6 +19,16 @@ def test_anything_else_is_an_invalid_ratio(text):
         parse_ratio(text)
 
 
+def test_a_compression_ratio_below_1_raises_requests_but_0_is_no_ratio():
+    assert parse_ratio("0.5", minimum=Decimal("0.5")) == Decimal("0.5")
+    with pytest.raises(InvalidRatio, match=r"'0' is not above 0 \(a ratio of 1 means no change, 0.5 doubles"):
+        parse_ratio("0", minimum=Decimal("0.5"))
+    with pytest.raises(InvalidRatio, match=r"'0.5' is below 1 \(a ratio of 1 means no change\)"):
+        parse_ratio("0.5")
+    with pytest.raises(InvalidRatio, match=r"'1e3' is not a plain decimal number such as 1, 1.5 or 2.25"):
+        parse_ratio("1e3")
+
+
 @pytest.mark.parametrize(("text", "value"), [("y", True), ("YES", True), ("true", True), ("n", False),
                                               ("No", False), ("FALSE", False)])
 def test_switch_vocabulary(text, value):

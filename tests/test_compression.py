@@ -170,6 +170,8 @@ def test_ratio_above_maximum_is_clamped_with_a_warning():
     result = compress_requests(pod(container("app", "1")), policy(cpu="10"))
     assert requests(result.pod, "app")["cpu"] == "125m"
     assert any("above the maximum 8" in w for w in result.warnings)
+    at_most = compress_requests(pod(container("app", "1")), policy(cpu="8"))
+    assert requests(at_most.pod, "app")["cpu"] == "125m" and at_most.warnings == [], "the maximum itself is allowed"
 
 
 def test_switch_off_disables_even_with_a_ratio():

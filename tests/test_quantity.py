@@ -43,6 +43,12 @@ def test_invalid_quantities_raise_quantity_error(text):
         parse_quantity(text)
 
 
+def test_a_quantity_may_be_64_characters_long_and_no_longer():
+    assert parse_quantity("0" * 63 + "1") == 1
+    with pytest.raises(QuantityError, match=r"is longer than 64 characters"):
+        parse_quantity("0" * 64 + "1")
+
+
 @pytest.mark.shared
 def test_every_quantity_spelled_in_the_shared_pod_fixtures_parses():
     seen = 0
