@@ -426,6 +426,7 @@ def test_a_replacement_reaches_the_answers_asked_before_it_and_a_forks_stay_in_t
     beside_api = node_constraints(running("front-1", "", {"app": "front"},
                                           affinity=with_affinity(term(HOST, {"matchLabels": {"app": "api"}}))))
     web_2 = node_constraints(spreading("web-2", "", spread(ZONE)))
+
     def preferring(name: str, labels: dict[str, str], app: str) -> dict[str, Any]:
         return running(name, "", labels, affinity={"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
             {"weight": 30, "podAffinityTerm": term(HOST, {"matchLabels": {"app": app}})}]}})
@@ -507,9 +508,9 @@ def test_a_pod_that_prefers_its_own_kind_counts_the_others_not_itself():
 def test_pods_on_nodes_or_in_namespaces_not_known_count_nowhere():
     """The node and namespace lists are read apart from the Pods: a Pod on a node just deleted, or
     a namespace whose labels are not known yet, is in no domain and raises nothing."""
-    web_apart = running("web-1", "gone", {"app": "web"}, affinity={**WEB_APART, **{"podAffinity": {
+    web_apart = running("web-1", "gone", {"app": "web"}, affinity={**WEB_APART, "podAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 30, "podAffinityTerm": term(HOST, {"matchLabels": {"app": "web"}})}]}}})
+            {"weight": 30, "podAffinityTerm": term(HOST, {"matchLabels": {"app": "web"}})}]}})
     neighbours = Neighbours(NODES, [placed_pod(web_apart), placed_pod(running("etl-1", "a", {"app": "web"}, "new"))],
                             NAMESPACES)
     selecting = {"matchLabels": {"app": "web"}}

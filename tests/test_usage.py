@@ -443,11 +443,11 @@ def test_room_held_for_replacements_counts_every_other_owners_until_it_expires()
     assert node.held_for_others("", NOW + 60) == (1000, 2 * GI), "a reservation held until now has expired"
     assert node.held_for_others("", None) == (3500, 7 * GI), "no time given: every one counts"
     assert node.holds_for(web, NOW + 119) and not node.holds_for(web, NOW + 120)
+    assert not node.holds_for("shop/ReplicaSet/batch-1", NOW) and not node.holds_for("", NOW), \
+        "a Pod of no owner, or of another one, has nothing held for it"
     replacement = PodDemand("web-5d8f9-new", {"cpu": 1000, "memory": GI}, None, False, owner=web)
     assert placement_score(node, NodeUsage(), replacement, None, LoadConfig(), now=NOW + 119) == 10, "its room"
     assert placement_score(node, NodeUsage(), replacement, None, LoadConfig(), now=NOW + 120) < 10
-    assert not node.holds_for("shop/ReplicaSet/batch-1", NOW) and not node.holds_for("", NOW), \
-        "a Pod of no owner, or of another one, has nothing held for it"
 
 
 def test_the_pods_on_a_node_hold_their_cpusets_memory_and_overhead():
