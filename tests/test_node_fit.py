@@ -524,12 +524,14 @@ def test_pods_on_nodes_or_in_namespaces_not_known_count_nowhere():
     assert spread_scores(web_3, ["a", "gone"], neighbours) == [0, None]
 
 
-def test_a_replacement_counts_as_its_controllers_pod_for_default_spreading():
-    def sibling(name: str) -> dict[str, Any]:
-        found = running(name, "", {"app": "web"})
-        found["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "web-5d8f9", "controller": True}]
-        return found
+def sibling(name: str, node: str = "", kind: str = "ReplicaSet") -> dict[str, Any]:
+    """A web Pod of the ReplicaSet web-5d8f9 (or of another ``kind`` of that name)."""
+    found = running(name, node, {"app": "web"})
+    found["metadata"]["ownerReferences"] = [{"kind": kind, "name": "web-5d8f9", "controller": True}]
+    return found
 
+
+def test_a_replacement_counts_as_its_controllers_pod_for_default_spreading():
     neighbours = Neighbours(NODES, [])
     web_9 = node_constraints(sibling("web-9"))
     alone = spread_scores(web_9, ["a", "c"], neighbours)
@@ -565,11 +567,6 @@ def test_default_spreading_scores_a_node_without_a_zone_by_its_host():
     """A ReplicaSet's Pod stating no constraint is spread by kube-scheduler's defaults (host,
     max skew 3; zone, max skew 5) from its siblings; a node without the zone label is still
     scored, by its host alone, and a Job's Pod is not spread at all."""
-    def sibling(name: str, node: str, kind: str = "ReplicaSet") -> dict[str, Any]:
-        found = running(name, node, {"app": "web"})
-        found["metadata"]["ownerReferences"] = [{"kind": kind, "name": "web-5d8f9", "controller": True}]
-        return found
-
     hosts = {**NODES, "bare": {HOST: "bare"}}  # the kubelet always sets the hostname label
     neighbours = Neighbours(hosts, [placed_pod(p) for p in (sibling("web-1", "a"), sibling("web-2", "bare"))])
     # Hosts: 4 candidates, ln 6 = 1.79; zones among them: z1, z2 and "none", ln 5 = 1.61.
