@@ -190,6 +190,18 @@ def target(name: str = "node-cool", cpu_free: int = 8000, cpu_used: float = 500.
     return Target(view, usage, NodeHeat(NodeLoad(cpu_used, cpu_used, 4.0 * GI, NOW), NOW))
 
 
+def preferring_hosts_of(app: str, weight: int) -> dict[str, Any]:
+    """Preferred pod affinity for the hosts of ``app``'s Pods."""
+    return {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": weight, "podAffinityTerm": {
+        "labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "kubernetes.io/hostname"}}]}}
+
+
+def apart_from_hosts_of(app: str) -> dict[str, Any]:
+    """Required pod anti-affinity against the hosts of ``app``'s Pods (one per node, for ``app`` itself)."""
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "kubernetes.io/hostname"}]}}
+
+
 def test_best_effort_first_then_burstable_using_most_above_request():
     ordered = eviction_order([candidate("g", "Guaranteed", 1000, 3000), candidate("b1", "Burstable", 500, 900),
                               candidate("b2", "Burstable", 500, 1500), candidate("be", "BestEffort", 0, 100)])
@@ -220,9 +232,7 @@ def test_a_pod_its_neighbours_keep_off_every_target_does_not_take_the_place_of_o
     hostname = "kubernetes.io/hostname"
     api_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"))
     batch_pod = pod("batch-1a2b3-xyzab", owner=("ReplicaSet", "batch-1a2b3"))
-    guard = pod("guard-9f8e7-abcde", owner=("ReplicaSet", "guard-9f8e7"), affinity={"podAntiAffinity": {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {"app": "api"}}, "topologyKey": hostname}]}})
+    guard = pod("guard-9f8e7-abcde", owner=("ReplicaSet", "guard-9f8e7"), affinity=apart_from_hosts_of("api"))
     guard["spec"]["nodeName"] = "node-cool"
     neighbours = Neighbours({n: {hostname: n} for n in ("node-hot", "node-cool")},
                             [placed_pod(p) for p in (api_pod, batch_pod, guard)])
@@ -356,12 +366,6 @@ def test_a_running_pods_own_affinity_terms_that_select_the_moved_pod_weigh_its_n
     assert chosen("node-a", shuns) == ["node-b"], "the Pod on the cooler node shuns api Pods"
     assert chosen("node-b", needs) == ["node-b"], "a required term counts at hardPodAffinityWeight"
     assert chosen("node-b", {}) == ["node-a"], "no term: the cooler node"
-
-
-def preferring_hosts_of(app: str, weight: int) -> dict[str, Any]:
-    """Preferred pod affinity for the hosts of ``app``'s Pods."""
-    return {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": weight, "podAffinityTerm": {
-        "labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "kubernetes.io/hostname"}}]}}
 
 
 def test_running_pods_terms_that_select_the_moved_pod_add_up_in_their_domain():
@@ -563,14 +567,9 @@ def test_a_replacement_chosen_earlier_in_the_plan_keeps_the_next_pod_off_its_nod
     """The api Pod may not share a host with a web Pod, by api's anti-affinity or by web's: once
     web's replacement is headed for node-a, api goes to node-b, not beside it."""
     hostname = "kubernetes.io/hostname"
-
-    def apart_from(app: str) -> dict[str, Any]:
-        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": hostname}]}}
-
-    web = pod("web-5d8f9-abcde", **({"affinity": apart_from("api")} if guarded == "web" else {}))
+    web = pod("web-5d8f9-abcde", **({"affinity": apart_from_hosts_of("api")} if guarded == "web" else {}))
     api_pod = pod("api-6f7c8-fghij", owner=("ReplicaSet", "api-6f7c8"),
-                  **({"affinity": apart_from("web")} if guarded == "api" else {}))
+                  **({"affinity": apart_from_hosts_of("web")} if guarded == "api" else {}))
     moving = [candidate_of(web, pod_demand(web, KEYS), {"cpu": 1500.0, "memory": float(GI)}),
               candidate_of(api_pod, pod_demand(api_pod, KEYS), {"cpu": 1000.0, "memory": float(GI)})]
     targets = [dataclasses.replace(target(name), labels={hostname: name}) for name in ("node-a", "node-b")]
@@ -1037,10 +1036,8 @@ def test_a_replica_spread_one_per_node_is_not_sent_beside_another(api):
     """Required pod anti-affinity on the hostname (one replica per node): a node already running a
     replica cannot take the replacement, whatever room it has."""
     label_nodes(api, "kubernetes.io/hostname", {"node-hot": "node-hot", "node-cool": "node-cool"})
-    spread = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}
     another_replica_keeps_it(api, "required pod anti-affinity (kubernetes.io/hostname): shop/web-5d8f9-vwxyz "
-                                  "shares node-cool's kubernetes.io/hostname", affinity=spread)
+                                  "shares node-cool's kubernetes.io/hostname", affinity=apart_from_hosts_of("web"))
 
 
 def web_away_from_the_retail_teams_etl(api) -> None:
