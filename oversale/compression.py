@@ -347,7 +347,13 @@ def compressed_amount(original: int, ratio: Fraction | Decimal, floor: int) -> i
 
 def resized_amount(original: int, ratio: Fraction | Decimal, floor: int) -> int:
     """One request at ``ratio`` before the Pod's own guards: compressed (ratio above 1, not below
-    ``floor``) or raised (ratio below 1, ``ceil(original / ratio)``)."""
+    ``floor``) or raised (ratio below 1, ``ceil(original / ratio)``).
+
+    >>> resized_amount(1000, Decimal("1.5"), 10), resized_amount(1000, Decimal("0.75"), 10)
+    (667, 1334)
+    >>> resized_amount(15, Decimal(4), 10), resized_amount(5, Decimal(4), 10)
+    (10, 5)
+    """
     if ratio < 1:
         return max(original, _ceil_divide(original, ratio))
     return compressed_amount(original, ratio, floor)

@@ -103,6 +103,26 @@ def test_floors_hold_and_never_raise_a_smaller_request():
     assert "floor 10m" in result.pod["metadata"]["annotations"][KEYS.compression]
 
 
+def test_a_request_left_as_it_was_keeps_its_spelling_and_no_record_of_a_raise_is_written():
+    # cpu stays at its floor (freed 0): the user's "0.005" is not rewritten as "5m", and a
+    # compression writes no written-requests record: that one is for raises only.
+    result = compress_requests(pod(container("app", "0.005", "1Gi")), policy(cpu="2", memory="2"))
+    assert requests(result.pod, "app") == {"cpu": "0.005", "memory": "512Mi"}
+    assert result.freed == {"cpu": 0, "memory": 2**29}
+    assert KEYS.written_requests not in result.pod["metadata"]["annotations"]
+    raised = compress_requests(pod(container("app", "1")), policy(cpu="0.5")).pod
+    assert json.loads(raised["metadata"]["annotations"][KEYS.written_requests]) == {"app": {"cpu": "2"}}
+
+
+def test_a_container_with_a_limit_alone_is_compressed_from_it_and_recorded():
+    # The API server defaults a missing request to the limit: that is what the scheduler reserves.
+    limited = pod(container("app", limits={"cpu": "1"}))
+    result = compress_requests(limited, policy(cpu="2"))
+    assert requests(result.pod, "app") == {"cpu": "500m"}
+    assert json.loads(result.pod["metadata"]["annotations"][KEYS.original_requests]) == {"app": {"cpu": "1"}}
+    assert compress_requests(result.pod, policy(cpu="2")).pod == result.pod, "idempotent"
+
+
 def test_init_containers_and_native_sidecars_shrink_too():
     p = pod(
         container("app", "1", "1Gi"),
@@ -152,6 +172,9 @@ def test_a_pod_asking_for_exclusive_cpus_keeps_its_cpu_request():
     both = compress_requests(bound, policy(cpu="2", memory="2"))
     assert requests(both.pod, "app") == {"cpu": "4", "memory": "2Gi"}, "memory still follows its ratio"
     assert both.freed == {"memory": 2 * 2**30}
+    memory_only = compress_requests(bound, policy(memory="2"))
+    assert requests(memory_only.pod, "app") == {"cpu": "4", "memory": "2Gi"}
+    assert memory_only.warnings == [], "no cpu ratio asked: nothing to say of its cpus"
     # A Pod already holding a cpuset (written at bind) keeps it too; a policy name nobody serves does not count.
     holding = pod(container("app", "4", "4Gi"), annotations={KEYS.resource_status: '{"cpuset":"0-3","numaNode":0}'})
     assert compress_requests(holding, policy(cpu="2")).skipped.startswith("cpu request kept: it holds exclusive CPUs")
@@ -178,6 +201,13 @@ def test_switch_off_disables_even_with_a_ratio():
     original = pod(container("app", "1"))
     result = compress_requests(original, policy(cpu="2", **{KEYS.enable_resource_compress: "No"}))
     assert result.pod == original and "disabled" in result.skipped
+
+
+def test_a_switch_nobody_can_read_is_said_and_the_ratio_still_applies():
+    result = compress_requests(pod(container("app", "1")), policy(cpu="2", **{KEYS.enable_resource_compress: "maybe"}))
+    assert requests(result.pod, "app")["cpu"] == "500m", "a typo does not switch compression off"
+    assert result.warnings == [f"annotation {KEYS.enable_resource_compress}='maybe' ignored: 'maybe' is not one of "
+                               "y, yes, true, n, no, false"]
 
 
 def test_pod_annotations_override_the_workload_per_key():
@@ -218,6 +248,25 @@ def test_pod_limitrange_min_caps_the_ratio_for_the_whole_pod():
     assert held.reasons == ["guards: cpu kept by Pod LimitRange"] and held.applied == {}
 
 
+def test_a_resource_a_guard_keeps_whole_leaves_the_other_to_its_ratio():
+    at_minimum = bounds_from_limit_ranges([{"spec": {"limits": [{"type": "Pod", "min": {"cpu": "800m"}}]}}])
+    kept = compress_requests(pod(container("a", "400m", "1Gi"), container("b", "400m")), policy(cpu="4", memory="2"),
+                             at_minimum)
+    assert requests(kept.pod, "a") == {"cpu": "400m", "memory": "512Mi"}
+    assert kept.applied == {"memory": 2}
+    full = {"spec": {"hard": {"requests.cpu": "4"}},
+            "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "4"}}}
+    not_raised = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="0.5", memory="0.5"),
+                                   bounds_from_limit_ranges([]).with_quotas([full]))
+    assert requests(not_raised.pod, "app") == {"cpu": "1", "memory": "2Gi"}
+    assert not_raised.applied == {"memory": Fraction(1, 2)}
+
+
+def test_an_uncapped_ratio_says_only_what_it_did():
+    result = compress_requests(pod(container("app", "1")), policy(cpu="2"))
+    assert result.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 2: 1 -> 500m"
+
+
 def test_recorded_originals_make_repeated_calls_idempotent_even_after_a_ratio_change():
     first = compress_requests(pod(container("app", "1")), policy(cpu="2")).pod
     assert compress_requests(first, policy(cpu="2")).pod == first
@@ -242,6 +291,16 @@ def test_a_request_raised_by_another_webhook_after_us_is_the_new_original():
     raised = copy.deepcopy(first)
     raised["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3"
     assert requests(compress_requests(raised, policy(cpu="2")).pod, "app")["cpu"] == "1500m"
+
+
+def test_a_record_naming_a_container_the_pod_no_longer_has_still_restores_the_others():
+    # Another mutating webhook may take a container out before this one is called again.
+    first = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="2")).pod
+    first["metadata"]["annotations"][KEYS.original_requests] = json.dumps(
+        {"gone": {"cpu": "3"}, "app": {"cpu": "1", "memory": "1Gi"}})
+    again = compress_requests(first, policy(cpu="2"))
+    assert requests(again.pod, "app") == {"cpu": "500m", "memory": "1Gi"}, "1 core / 2, not 500m / 2"
+    assert again.warnings == []
 
 
 def test_a_broken_original_requests_annotation_is_reported_not_trusted():
@@ -527,6 +586,15 @@ def test_pod_level_requests_still_cover_the_containers_after_a_raise():
     assert sum(requests_of(c)["cpu"] for c in out["spec"]["containers"]) <= pod_level
 
 
+def test_pod_level_requests_no_quota_room_lets_grow_are_left_as_they_came():
+    one_core_left = {"spec": {"hard": {"requests.cpu": "4"}},
+                     "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "3"}}}
+    p = pod(container("app", "500m"), resources={"requests": {"cpu": "1"}})
+    result = compress_requests(p, policy(cpu="0.5"), bounds_from_limit_ranges([]).with_quotas([one_core_left]))
+    assert result.pod == p
+    assert result.reasons == ["guards: cpu ResourceQuota headroom, cpu not raised"]
+
+
 def test_our_own_raise_is_undone_on_reinvocation_but_another_webhooks_is_kept():
     first = compress_requests(pod(container("app", "1")), policy(cpu="0.5")).pod
     assert requests(first, "app")["cpu"] == "2"
@@ -586,6 +654,25 @@ def test_a_vpa_that_sets_memory_only_leaves_cpu_to_the_ratio():
                                "controllers would set them; remove the ratio or the VPA"]
     assert compress_requests(by_vpa, policy(cpu="4")).pod["spec"]["containers"][0]["resources"]["requests"] == \
         {"cpu": "250m", "memory": "300Mi"}, "no memory ratio: no warning needed, VPA's memory still stays"
+
+
+def test_a_vpa_that_sets_cpu_only_leaves_memory_to_start_again_from_its_record():
+    ours = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="4", memory="2")).pod
+    by_vpa = copy.deepcopy(ours)
+    by_vpa["metadata"]["annotations"]["vpaUpdates"] = "Pod resources updated by web: container 0: cpu request"
+    by_vpa["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "240m"
+    result = compress_requests(by_vpa, policy(cpu="4", memory="2"))
+    assert requests(result.pod, "app") == {"cpu": "240m", "memory": "512Mi"}, "1Gi / 2, not 512Mi / 2"
+
+
+def test_a_pod_we_raised_that_a_vpa_then_takes_over_loses_every_annotation_of_ours():
+    ours = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="0.5", memory="0.5")).pod
+    assert {KEYS.original_requests, KEYS.written_requests, KEYS.compression} <= set(ours["metadata"]["annotations"])
+    by_vpa = copy.deepcopy(ours)
+    by_vpa["metadata"]["annotations"]["vpaUpdates"] = ("Pod resources updated by web: container 0: cpu request, "
+                                                       "memory request")
+    result = compress_requests(by_vpa, policy(cpu="0.5", memory="0.5"))
+    assert set(result.pod["metadata"]["annotations"]) == {"vpaUpdates"}
 
 
 def test_resources_a_vpa_will_set_are_left_for_it_before_its_admission_runs():
