@@ -298,8 +298,8 @@ def qos_class(pod: Mapping[str, Any]) -> str:
     """The Pod's QoS class, computed as the kubelet does (sums over all containers, zero amounts
     ignored; pod-level resources decide when set)."""
     if has_pod_level_resources(pod):
-        resources = (pod.get("spec") or {}).get("resources") or {}
-        units = [resources]
+        # requests_of reads a unit's "resources": for pod-level resources that unit is the spec.
+        units = [pod.get("spec") or {}]
     else:
         units = list(all_containers(pod))
     requests: dict[str, int] = {}

@@ -156,6 +156,10 @@ def test_guaranteed_pods_are_left_alone_with_a_warning_unless_allowed():
     allowed = compress_requests(p, policy(cpu="2", config=CompressionConfig(allow_guaranteed_downgrade=True)))
     assert requests(allowed.pod, "db")["cpu"] == "1"
     assert qos_class(allowed.pod) == "Burstable"
+    # Guaranteed by its pod-level resources, whatever its containers say.
+    both = {"cpu": "2", "memory": "4Gi"}
+    pod_level = pod(container("db", "1", "2Gi"), resources={"requests": both, "limits": both})
+    assert compress_requests(pod_level, policy(cpu="2")).skipped == "Guaranteed Pod"
 
 
 def test_a_pod_asking_for_exclusive_cpus_keeps_its_cpu_request():
@@ -457,6 +461,15 @@ def test_a_ratio_below_one_raises_up_to_the_limit_and_says_why():
     assert "app/cpu limit" in result.pod["metadata"]["annotations"][KEYS.compression]
 
 
+def test_an_unguarded_raise_says_the_ratio_asked_and_passes_over_containers_without_the_request():
+    p = pod(container("sidecar", memory="64Mi"), container("app", "1"))
+    result = compress_requests(p, policy(cpu="0.6"))
+    assert requests(result.pod, "sidecar") == {"memory": "64Mi"}
+    assert requests(result.pod, "app")["cpu"] == "1667m"  # ceil(1000m / 0.6)
+    assert result.applied == {"cpu": Fraction(3, 5)}
+    assert result.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 0.6: 1 -> 1667m"
+
+
 def _priority(operator: str, *values: str) -> dict:
     return {"scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": operator,
                                                     "values": list(values)}]}}
@@ -516,6 +529,18 @@ def test_a_raise_is_capped_by_the_tightest_quota_that_binds_the_pod_and_names_it
     assert raised["metadata"]["annotations"][KEYS.compression].endswith("guards: cpu ResourceQuota headroom (jobs)")
     service = compress_requests(pod(container("app", "1", limits={"cpu": "4"})), policy(cpu="0.5"), bounds).pod
     assert requests(service, "app")["cpu"] == "1800m"
+
+
+def test_a_raise_near_the_quota_takes_the_room_left_though_rounding_overshoots_it_at_first():
+    # Aimed at 1 core, 100m / 0.3 rounds up to 334m per container: 1002m, over the room; aimed
+    # 2m lower, 333m each fits.
+    one_core_left = {"spec": {"hard": {"requests.cpu": "4"}},
+                     "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "3"}}}
+    p = pod(container("a", "100m"), container("b", "100m"), container("c", "100m"))
+    five_fold = policy(cpu="0.2", config=CompressionConfig(min_ratio=Decimal("0.1")))
+    result = compress_requests(p, five_fold, bounds_from_limit_ranges([]).with_quotas([one_core_left]))
+    assert [requests(result.pod, name)["cpu"] for name in "abc"] == ["333m", "333m", "333m"]
+    assert result.applied == {"cpu": Fraction(300, 999)}
 
 
 
@@ -584,6 +609,22 @@ def test_pod_level_requests_still_cover_the_containers_after_a_raise():
     pod_level = parse_amount("cpu", out["spec"]["resources"]["requests"]["cpu"])
     assert pod_level == 1000  # 1.4 cores asked, the pod-level limit is 1
     assert sum(requests_of(c)["cpu"] for c in out["spec"]["containers"]) <= pod_level
+
+
+def test_pod_level_requests_stop_one_unit_below_their_limit_rather_than_turn_guaranteed():
+    p = pod(container("app", "500m"),
+            resources={"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}})
+    out = compress_requests(p, policy(cpu="0.5")).pod
+    assert out["spec"]["resources"]["requests"] == {"cpu": "1999m", "memory": "1Gi"}
+    assert qos_class(p) == qos_class(out) == "Burstable"
+    assert requests(out, "app")["cpu"] == "1"
+
+
+def test_pod_level_limits_alone_add_no_pod_level_request():
+    p = pod(container("app", "1"), resources={"limits": {"cpu": "2"}})
+    out = compress_requests(p, policy(cpu="2")).pod
+    assert out["spec"]["resources"] == {"limits": {"cpu": "2"}}
+    assert requests(out, "app")["cpu"] == "500m"
 
 
 def test_pod_level_requests_no_quota_room_lets_grow_are_left_as_they_came():
