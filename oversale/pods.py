@@ -297,11 +297,8 @@ def effective_limit(pod: Mapping[str, Any], resource: str) -> int | None:
 def qos_class(pod: Mapping[str, Any]) -> str:
     """The Pod's QoS class, computed as the kubelet does (sums over all containers, zero amounts
     ignored; pod-level resources decide when set)."""
-    if has_pod_level_resources(pod):
-        # requests_of reads a unit's "resources": for pod-level resources that unit is the spec.
-        units = [pod.get("spec") or {}]
-    else:
-        units = list(all_containers(pod))
+    # requests_of reads a unit's "resources": for pod-level resources that unit is the spec.
+    units = [pod.get("spec") or {}] if has_pod_level_resources(pod) else list(all_containers(pod))
     requests: dict[str, int] = {}
     limits: dict[str, int] = {}
     guaranteed = True
