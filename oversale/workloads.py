@@ -301,8 +301,8 @@ def _original_target(recorded: str | None, target: int) -> int | None:
     """The HPA's utilization target before any rescaling: the recorded one, else the current
     one (never rescaled yet); None when the record cannot be read.
 
-    >>> _original_target(None, 60), _original_target("60", 75), _original_target("60%", 75)
-    (60, 60, None)
+    >>> _original_target(None, 60), _original_target("60", 75), _original_target("60%", 75), _original_target("0", 75)
+    (60, 60, None, None)
     """
     if recorded is None:
         return target

@@ -23,7 +23,7 @@ from oversale.estimator import (
     stabilize,
     summarize,
 )
-from oversale.workloads import plan_compression
+from oversale.workloads import plan_compression, utilization_target
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -227,3 +227,85 @@ def test_an_unreadable_ratio_or_memory_switch_is_said_in_the_reconcilers_reasons
     plan = plan_compression(workload, {"cpu": {"app": stats}}, None, keys, CompressionEstimator())
     assert "ignored" not in plan.proposals["cpu"].reason
     assert plan.skipped["memory"][1] == f"memory not opted in (set {keys.enable_memory_compress}: y)"
+
+
+# ---- a workload's plan beside its autoscalers ----------------------------------------------------
+
+KEYS = AnnotationKeys()
+
+
+def web(*, memory: bool = False) -> dict:
+    annotations = {KEYS.enable_resource_compress: "y", **({KEYS.enable_memory_compress: "y"} if memory else {})}
+    return {"kind": "Deployment", "metadata": {"name": "web", "namespace": "shop", "annotations": annotations},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}}}
+
+
+def hpa(metrics: list, *, target: tuple[str, str] = ("Deployment", "web"), annotations: dict | None = None,
+        owners: list | None = None) -> dict:
+    return {"metadata": {"name": "web", "annotations": annotations or {}, "ownerReferences": owners or []},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": target[0], "name": target[1]},
+                     "metrics": metrics}}
+
+
+def utilization(resource: str, percent: int | None, *, kind: str = "Resource", target: str = "Utilization") -> dict:
+    source = {"name": resource, "target": {"type": target,
+                                           **({"averageUtilization": percent} if percent is not None else {})}}
+    return {"type": kind, "resource" if kind == "Resource" else "containerResource": source}
+
+
+LOW_USE = {"cpu": {"app": stats(200.0, 250.0)}, "memory": {"app": stats(2.0**28, 2.0**28)}}
+
+
+@pytest.mark.parametrize(("metrics", "cpu"), [
+    ([utilization("cpu", 60)], 60),
+    ([utilization("memory", 80), utilization("cpu", 70, kind="ContainerResource")], 70),
+    ([utilization("cpu", None, target="AverageValue")], None),   # an absolute target: requests do not matter
+    ([utilization("cpu", None)], None),
+    ([{"type": "External", "external": {"metric": {"name": "queue"}}}], None),
+])
+def test_the_utilization_target_is_read_from_resource_and_container_resource_metrics(metrics, cpu):
+    assert utilization_target(hpa(metrics), "cpu") == cpu
+
+
+def test_a_resource_an_hpa_scales_on_is_skipped_unless_its_target_is_rescaled():
+    scaled = hpa([utilization("cpu", 60)])
+    plan = plan_compression(web(memory=True), LOW_USE, scaled, KEYS, CompressionEstimator())
+    assert plan.skipped == {"cpu": ("hpa", "scaled by HPA web on cpu utilization")}
+    assert plan.proposals["memory"].ratio > 1, "memory is no target of the HPA: right-sized as usual"
+    rescaled = plan_compression(web(), LOW_USE, scaled, KEYS, CompressionEstimator(), rescale_hpa=True)
+    assert rescaled.proposals["cpu"].ratio > 1 and rescaled.hpa_targets == {"cpu": (60, 60)}
+    ratio = rescaled.proposals["cpu"].ratio
+    assert rescaled.rescaled_targets({"cpu": ratio}) == {"cpu": (60, round(60 * ratio))}
+    assert rescaled.rescaled_targets({"cpu": Decimal(1)}) == {}, "the target already fits the ratio in effect"
+
+
+def test_a_rescaled_hpa_is_planned_from_its_recorded_original_target():
+    record = KEYS.original_target_utilization_of("cpu")
+    rescaled = hpa([utilization("cpu", 75)], annotations={record: "60"})
+    plan = plan_compression(web(), LOW_USE, rescaled, KEYS, CompressionEstimator(), rescale_hpa=True)
+    assert plan.hpa_targets == {"cpu": (60, 75)}
+    assert plan.rescaled_targets({"cpu": Decimal("1.25")}) == {}
+    broken = hpa([utilization("cpu", 75)], annotations={record: "60%"})
+    plan = plan_compression(web(), LOW_USE, broken, KEYS, CompressionEstimator(), rescale_hpa=True)
+    assert "cpu" not in plan.proposals
+    assert plan.skipped["cpu"] == ("invalid-annotation", f"HPA web: {record} '60%' is not a whole percentage above "
+                                   "0; not right-sized until it is set to the target before rescaling")
+
+
+def test_an_hpa_on_the_owner_or_managed_by_another_controller_is_never_rescaled():
+    through_owner = hpa([utilization("cpu", 60)], target=("KafkaConnect", "orders"))
+    plan = plan_compression(web(), LOW_USE, through_owner, KEYS, CompressionEstimator(), rescale_hpa=True)
+    assert plan.skipped["cpu"] == ("hpa", "scaled by HPA web on cpu utilization through KafkaConnect orders, the "
+                                   "workload's owner: its target is not rescaled")
+    keda = hpa([utilization("cpu", 60)], owners=[{"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+                                                 "name": "web", "controller": True}])
+    plan = plan_compression(web(), LOW_USE, keda, KEYS, CompressionEstimator(), rescale_hpa=True)
+    assert plan.skipped["cpu"] == ("hpa-managed", "scaled by HPA web on cpu utilization, whose spec ScaledObject "
+                                   "web manages: its target cannot be rescaled")
+
+
+def test_a_resource_a_vpa_sets_is_left_to_it():
+    plan = plan_compression(web(memory=True), LOW_USE, None, KEYS, CompressionEstimator(), vpa={"memory": "web-vpa"})
+    assert plan.skipped == {"memory": ("vpa", "its memory requests are set by VerticalPodAutoscaler web-vpa")}
+    assert plan.proposals["cpu"].ratio > 1
