@@ -23,7 +23,13 @@ from oversale.estimator import (
     stabilize,
     summarize,
 )
-from oversale.workloads import plan_compression, utilization_target
+from oversale.workloads import (
+    describe_change,
+    plan_compression,
+    template_requests,
+    usage_by_container,
+    utilization_target,
+)
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -278,6 +284,7 @@ def test_a_resource_an_hpa_scales_on_is_skipped_unless_its_target_is_rescaled():
     ratio = rescaled.proposals["cpu"].ratio
     assert rescaled.rescaled_targets({"cpu": ratio}) == {"cpu": (60, round(60 * ratio))}
     assert rescaled.rescaled_targets({"cpu": Decimal(1)}) == {}, "the target already fits the ratio in effect"
+    assert rescaled.rescaled_targets({}) == {}, "no ratio in effect is a ratio of 1"
 
 
 def test_a_rescaled_hpa_is_planned_from_its_recorded_original_target():
@@ -287,8 +294,8 @@ def test_a_rescaled_hpa_is_planned_from_its_recorded_original_target():
     assert plan.hpa_targets == {"cpu": (60, 75)}
     assert plan.rescaled_targets({"cpu": Decimal("1.25")}) == {}
     broken = hpa([utilization("cpu", 75)], annotations={record: "60%"})
-    plan = plan_compression(web(), LOW_USE, broken, KEYS, CompressionEstimator(), rescale_hpa=True)
-    assert "cpu" not in plan.proposals
+    plan = plan_compression(web(memory=True), LOW_USE, broken, KEYS, CompressionEstimator(), rescale_hpa=True)
+    assert "cpu" not in plan.proposals and plan.proposals["memory"].ratio > 1
     assert plan.skipped["cpu"] == ("invalid-annotation", f"HPA web: {record} '60%' is not a whole percentage above "
                                    "0; not right-sized until it is set to the target before rescaling")
 
@@ -305,7 +312,41 @@ def test_an_hpa_on_the_owner_or_managed_by_another_controller_is_never_rescaled(
                                    "web manages: its target cannot be rescaled")
 
 
-def test_a_resource_a_vpa_sets_is_left_to_it():
+def test_a_resource_a_vpa_sets_or_exclusive_cpus_keep_is_left_the_other_planned():
     plan = plan_compression(web(memory=True), LOW_USE, None, KEYS, CompressionEstimator(), vpa={"memory": "web-vpa"})
     assert plan.skipped == {"memory": ("vpa", "its memory requests are set by VerticalPodAutoscaler web-vpa")}
     assert plan.proposals["cpu"].ratio > 1
+    plan = plan_compression(web(memory=True), LOW_USE, None, KEYS, CompressionEstimator(), vpa={"cpu": "web-vpa"})
+    assert set(plan.skipped) == {"cpu"} and plan.proposals["memory"].ratio > 1
+    pinned = web(memory=True)
+    pinned["spec"]["template"]["metadata"] = {"annotations": {KEYS.cpu_bind_policy: "FullPCPUs"}}
+    plan = plan_compression(pinned, LOW_USE, None, KEYS, CompressionEstimator())
+    assert plan.skipped["cpu"][0] == "exclusive-cpus" and plan.proposals["memory"].ratio > 1
+
+
+def test_a_plan_starts_from_the_ratio_in_effect_and_says_why_a_change_is_held_back():
+    workload = web(memory=True)
+    workload["metadata"]["annotations"][KEYS.cpu_requests_ratio] = "0.8"  # a raise, read as it is
+    plan = plan_compression(workload, LOW_USE, None, KEYS, CompressionEstimator())
+    assert plan.current == {"cpu": Decimal("0.8"), "memory": Decimal(1)}
+    wanted = compression_proposal("cpu", template_requests(workload, "cpu"), LOW_USE["cpu"], CompressionEstimator())
+    cpu, memory = plan.proposals["cpu"], plan.proposals["memory"]
+    assert cpu.ratio == Decimal("1.00"), "a raise is held to 25% of the ratio in effect per cycle"
+    assert cpu.reason == f"{wanted.reason}; raise capped at 25% per cycle (wants {wanted.ratio})"
+    assert cpu.demand == wanted.demand
+    assert describe_change(plan) == f"cpu 0.8 -> 1: {cpu.reason}; memory 1 -> 1.25: {memory.reason}"
+
+
+def test_a_cronjobs_requests_are_read_from_its_job_template_init_containers_included():
+    cronjob = {"kind": "CronJob", "spec": {"jobTemplate": {"spec": {"template": {"spec": {
+        "initContainers": [{"name": "fetch", "resources": {"requests": {"cpu": "2"}}}],
+        "containers": [{"name": "report", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}}}}}}
+    assert template_requests(cronjob, "cpu") == {"fetch": 2000, "report": 500}
+    assert template_requests(cronjob, "memory") == {"report": 2**30}
+
+
+def test_usage_is_merged_per_container_over_a_workloads_pods():
+    first, second, proxy = stats(100.0, 300.0, samples=100), stats(200.0, 250.0, samples=50), stats(5.0)
+    merged = usage_by_container({"web-1": {"app": first, "proxy": proxy}, "web-2": {"app": second}})
+    assert merged == {"app": merge_pods([first, second]), "proxy": merge_pods([proxy])}
+    assert merged["app"].peak == 300.0 and merged["app"].samples == 150
