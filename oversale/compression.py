@@ -651,6 +651,8 @@ def recorded_pod_request(record: str, resource: str, init_containers: Collection
     2147483648
     >>> recorded_pod_request('{"app": {"memory": "1Gi"}}', "cpu") is None
     True
+    >>> recorded_pod_request('{"app": {"cpu": "1"}, "(pod)": {"cpu": "2"}}', "cpu")  # pod-level requests decide
+    2000
     """
     recorded = read_record_text(record)
     if not isinstance(recorded, dict) or not all(isinstance(values, dict) for values in recorded.values()):

@@ -17,10 +17,11 @@ from oversale.annotations import AnnotationKeys
 from oversale.compression import (
     CompressionConfig,
     compress_requests,
+    compress_running_pod,
     effective_annotations,
     policy_from_annotations,
 )
-from oversale.limitrange import bounds_from_limit_ranges, quota_room, scope_holds
+from oversale.limitrange import NO_BOUNDS, bounds_from_limit_ranges, quota_room, scope_holds
 from oversale.pods import effective_request, qos_class, requests_of
 from oversale.quantity import format_bytes, format_millicores, parse_amount
 
@@ -312,6 +313,31 @@ def test_a_broken_original_requests_annotation_is_reported_not_trusted():
     result = compress_requests(p, policy(cpu="2"))
     assert requests(result.pod, "app")["cpu"] == "500m"
     assert any("original-requests ignored" in w for w in result.warnings)
+
+
+def test_a_running_pod_is_right_sized_only_where_in_place_resize_reaches():
+    # In place: only the resources asked for (memory may restart a container) and only app
+    # containers and sidecars (a regular init container has finished; the API refuses it).
+    p = pod(container("app", "1", limits={"memory": "1Gi"}),
+            init=[container("migrate", "2", "1Gi"), container("proxy", "200m", "128Mi", restartPolicy="Always")])
+    result = compress_running_pod(p, policy(cpu="2", memory="2"), NO_BOUNDS, frozenset({"cpu"}))
+    assert requests(result.pod, "migrate") == {"cpu": "2", "memory": "1Gi"}
+    assert requests(result.pod, "proxy") == {"cpu": "100m", "memory": "128Mi"}
+    assert requests(result.pod, "app") == {"cpu": "500m"}, "its memory limit alone stays its memory request"
+    # The scheduler still counts the finished init container's 2 cores: nothing is freed yet.
+    assert result.freed == {"cpu": 0, "memory": 0}
+    assert KEYS.written_requests not in result.pod["metadata"]["annotations"], "nothing raised"
+
+
+def test_a_running_pod_records_a_raise_only_where_it_is_resized():
+    p = pod(container("app", "1", "1Gi"))
+    raised_memory_only = compress_running_pod(p, policy(cpu="2", memory="0.5"), NO_BOUNDS, frozenset({"cpu"}))
+    assert requests(raised_memory_only.pod, "app") == {"cpu": "500m", "memory": "1Gi"}
+    assert KEYS.written_requests not in raised_memory_only.pod["metadata"]["annotations"]
+    both = compress_running_pod(p, policy(cpu="2", memory="0.5"), NO_BOUNDS, frozenset({"cpu", "memory"}))
+    assert json.loads(both.pod["metadata"]["annotations"][KEYS.written_requests]) == {
+        "app": {"cpu": "500m", "memory": "2Gi"}}
+    assert both.freed == {"cpu": 500, "memory": -2**30}
 
 
 # ---- properties -------------------------------------------------------------------------------
