@@ -15,12 +15,16 @@ from hypothesis import strategies as st
 from kubernetes import client
 
 from oversale.annotations import AnnotationKeys
+from oversale.budget import budget_proposal
+from oversale.estimator import OversaleEstimator, UsageStats, oversale_proposal
 from oversale.node_oversale import (
     NodePolicy,
     OversaleLimits,
     lowest_safe_ratio,
     node_policy_from_annotations,
     oversell_node,
+    plan_node,
+    real_allocatable_of,
 )
 from oversale.quantity import parse_amount
 from oversale.settings import Settings
@@ -59,6 +63,34 @@ def stored_after_create() -> tuple[dict, NodePolicy]:
     stored["metadata"]["annotations"] = created.annotations
     stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
     return stored, on
+
+
+@pytest.mark.shared
+def test_a_node_is_planned_from_its_real_allocatable_and_the_ratio_it_carries():
+    # The status of an oversold node shows the oversold amounts: planned from them, each pass
+    # would oversell the oversold node again.
+    stored, _ = stored_after_create()
+    stored["metadata"]["annotations"][KEYS.cpu_oversale_ratio] = "2"
+    assert amounts(stored["status"]["allocatable"])["cpu"] == 7840
+    assert real_allocatable_of(stored, KEYS) == {"cpu": 3920, "memory": 12700100 * 1024}
+    assert real_allocatable_of(gke_node(), KEYS) == amounts(gke_node()["status"]["allocatable"])
+    usage = {"cpu": UsageStats(1500.0, 2500.0, 2016, 7 * 86400.0), "memory": None}
+    requested = {"cpu": 6000, "memory": 2**33}
+    estimator = OversaleEstimator()
+    plan = plan_node(stored, requested, usage, KEYS, estimator)
+    assert plan.name == NAME and plan.current == {"cpu": Decimal(2), "memory": Decimal(1)}
+    assert plan.real_allocatable == {"cpu": 3920, "memory": 12700100 * 1024} and plan.requested == requested
+    assert plan.proposals == {
+        "cpu": oversale_proposal("cpu", 6000, 3920, usage["cpu"], Decimal(2), estimator),
+        "memory": oversale_proposal("memory", 2**33, 12700100 * 1024, None, Decimal(1), estimator)}
+    # Under a hot-time budget the budget decides, its target scaled by the account's multiplier.
+    budgeted = plan_node(stored, requested, usage, KEYS, estimator, {"cpu": 0.001}, {"cpu": 0.8})
+    assert budgeted.proposals["cpu"] == budget_proposal("cpu", 6000, 3920, usage["cpu"], Decimal(2), estimator,
+                                                        0.001, 0.8)
+    assert budgeted.proposals["cpu"] != plan.proposals["cpu"] and budgeted.multipliers == {"cpu": 0.8}
+    assert budgeted.proposals["memory"] == plan.proposals["memory"], "no budget for memory: the estimator's ratio"
+    assert plan_node(stored, requested, usage, KEYS, estimator, {"cpu": 0.001}).proposals["cpu"] == \
+        budget_proposal("cpu", 6000, 3920, usage["cpu"], Decimal(2), estimator, 0.001), "no account yet: multiplier 1"
 
 
 @pytest.mark.shared
