@@ -48,8 +48,11 @@ from oversale.usage import (
     hot_reason,
     load_score_after,
     node_load,
+    pod_estimate,
     stale_reason,
+    watermark_exceeded,
     watermarks_for,
+    with_history_peak,
     workload_history,
 )
 
@@ -159,6 +162,42 @@ def test_watermarks_per_node_from_annotation_then_label_and_bad_values_are_repor
                                     KEYS, Watermarks())
     assert full.cpu_average == Decimal(1) and full.memory == Watermarks().memory
     assert [p.key for p in problems] == [KEYS.memory_scheduling_watermark]
+    nothing, problems = watermarks_for({}, {KEYS.cpu_peak_scheduling_watermark: "0"}, KEYS, Watermarks())
+    assert nothing == Watermarks()
+    assert [str(p) for p in problems] == [f"annotation {KEYS.cpu_peak_scheduling_watermark}='0' ignored: not a "
+                                          "number above 0 and at most 1; default kept"]
+
+
+def test_pods_bound_but_not_in_the_metrics_yet_count_against_each_watermark():
+    load = NodeLoad(cpu_average=2000.0, cpu_peak=3000.0, memory=2.0 * GI, at=NOW, peak_window="1-hour maximum")
+    real = {"cpu": 4000, "memory": 4 * GI}
+    assert watermark_exceeded(load, {}, real, Watermarks()) is None
+    assert watermark_exceeded(load, {"cpu": 500.0}, real, Watermarks()) == ("cpu", 0.875, 0.85, "1-hour maximum")
+    assert watermark_exceeded(load, {"cpu": 700.0}, real, Watermarks()) == ("cpu", 0.675, 0.65, "5-min average")
+    assert watermark_exceeded(load, {"memory": 1.5 * GI}, real, Watermarks()) == ("memory", 0.875, 0.85, "latest")
+    # A resource whose real capacity is unknown is no test at all, not a division by zero.
+    assert watermark_exceeded(load, {"cpu": 9000.0}, {"memory": 4 * GI}, Watermarks()) is None
+
+
+def test_a_resource_without_real_capacity_counts_as_full_in_the_load_score():
+    assert load_score_after(0.0, 0.0, 0, GI) == 0 and load_score_after(0.0, 0.0, 4000, 0) == 0
+    assert load_score_after(1000.0, 0.5 * GI, 4000, GI) == 5, "the hotter resource decides"
+
+
+def test_the_score_weighs_packing_and_load_and_a_node_without_fresh_metrics_by_packing_alone():
+    assert combined_score(9, 3, LoadConfig(packing_weight=2, load_weight=1)) == 7  # (18 + 3) / 3
+    assert combined_score(9, 3, LoadConfig(packing_weight=1, load_weight=2)) == 5  # (9 + 6) / 3
+    assert combined_score(9, None, LoadConfig(load_weight=2)) == 9
+    assert combined_score(9, 3, LoadConfig(load_weight=0)) == 9
+
+
+def test_a_history_maximum_names_its_window_and_a_workload_seen_nowhere_counts_by_request():
+    own = NodeLoad(cpu_average=900, cpu_peak=1200, memory=2e9, at=0)
+    ninety = with_history_peak(own, 3800.0, LoadConfig(history_peak_seconds=90 * 60))
+    assert (ninety.cpu_peak, ninety.peak_window) == (3800.0, "90-minute maximum, from Prometheus")
+    assert with_history_peak(own, 1200.0, LoadConfig()) == own, "no higher than its own samples: theirs stands"
+    assert pod_estimate({"cpu": 1000, "memory": GI}, WorkloadUsage(0.0, 0.0, 0), LoadConfig()) == \
+        {"cpu": 850.0, "memory": 0.7 * GI}
 
 
 # -- the batch filter and score (what the extender and the replay call) -----------------------------
@@ -206,14 +245,14 @@ def placements(draw):
 
 
 @settings(max_examples=500, deadline=None)
-@given(placements())
-def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case):
+@given(placements(), st.booleans(), st.sampled_from([(1, 1), (2, 1), (1, 0), (1, 3)]))
+def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case, load_aware, weights):
     """``screen`` and ``rank`` decide the common case by vector operations over the node table and
     remember answers per Pod shape; every answer must still be the one ``shortfall``,
     ``node_score`` and the load functions give node by node, on a cold call, a warm one, and
-    after a node's view changed."""
+    after a node's view changed; by requests alone where placement is not load-aware."""
     nodes, demand = case
-    config = LoadConfig()
+    config = LoadConfig(packing_weight=weights[0], load_weight=weights[1])
     estimate = estimated_usage(demand.requests, config)
 
     def expected(node, usage, heat):
@@ -223,9 +262,9 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case):
         if reason is not None:
             return reason, 0
         if node.reservations and node.holds_for(demand.owner, NOW):
-            return load_shortfall(node, heat, config), 10
+            return (load_shortfall(node, heat, config) if load_aware else None), 10
         packing = node_score(node, usage, demand, NOW)
-        if not fresh:
+        if not fresh or not load_aware:
             return None, packing
         return facts.hot, combined_score(packing, load_score_after(facts.cpu_used + estimate["cpu"],
                                                                    facts.memory_used + estimate["memory"],
@@ -237,8 +276,8 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case):
     slots, unknown = table.slots([node.name for node, _, _ in nodes] + ["gone"])
     assert unknown == ["gone"]
     for _ in range(2):  # cold, then with every answer remembered
-        assert list(zip(screen(table, slots, demand, config, NOW, load_aware=True),
-                        rank(table, slots, demand, config, NOW, load_aware=True), strict=True)) == \
+        assert list(zip(screen(table, slots, demand, config, NOW, load_aware=load_aware),
+                        rank(table, slots, demand, config, NOW, load_aware=load_aware), strict=True)) == \
             [expected(*node) for node in nodes]
     # The same usage snapshot under a changed view (the node's allocatable was oversold anew).
     grown = [(replace(view, allocatable={"cpu": view.allocatable["cpu"] * 2, "memory": 64 * GI}), usage)
