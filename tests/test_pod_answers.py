@@ -24,12 +24,14 @@ SETTINGS = Settings(kubernetes="off")
 class Namespaces:
     """Owners with the bounds and the workload annotations a test sets."""
 
-    def __init__(self, bounds: RequestBounds = NO_BOUNDS, workload: dict[str, str] | None = None) -> None:
+    def __init__(self, bounds: RequestBounds = NO_BOUNDS, workload: dict[str, str] | None = None,
+                 vpa: frozenset[str] = frozenset()) -> None:
         self.bounds = bounds
         self.workload = workload or {}
+        self.vpa = vpa
 
     def owner_annotations(self, pod: Any, namespace: str) -> OwnerAnnotations:
-        return OwnerAnnotations(self.workload)
+        return OwnerAnnotations(self.workload, vpa=self.vpa)
 
     def bounds_for(self, namespace: str) -> RequestBounds:
         return self.bounds
@@ -157,3 +159,16 @@ def test_a_pod_a_scoped_quota_binds_is_not_answered_from_its_twin_it_does_not_bi
     answers = PodAnswers(SETTINGS)
     answer(pod, answers, owners)
     assert answer(batch, answers, owners) == alone
+
+
+@pytest.mark.shared
+def test_the_resources_a_vpa_of_the_workload_sets_are_part_of_the_question():
+    """Twins of two workloads, one of which a VerticalPodAutoscaler sets the cpu of: that one keeps
+    its cpu request for VPA, the other is compressed."""
+    pod = annotated(load_fixture_pod(FRONTEND_POD), **{KEYS.cpu_requests_ratio: "2"})
+    by_vpa = Namespaces(vpa=frozenset({"cpu"}))
+    alone = answer(pod, None, by_vpa)
+    assert alone != answer(pod, None), "VPA's cpu should keep the request (the test would be vacuous)"
+    answers = PodAnswers(SETTINGS)
+    answer(pod, answers)
+    assert answer(pod, answers, by_vpa) == alone
