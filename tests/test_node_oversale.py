@@ -31,6 +31,7 @@ from oversale.settings import Settings
 from tests.conftest import SHARED
 from tests.kube_api import FakeKubeAPI
 from webhook.app import create_app
+from webhook.node_admission import StatusWrites, reshape_status_write
 from webhook.node_pods import NoClusterPods
 from webhook.owners import NoCluster
 
@@ -211,6 +212,25 @@ def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
     for _ in range(2):
         assert allocatable_cpu(f"system:node:{NAME}") == "2"       # the kubelet's 1 core is real: x2
         assert allocatable_cpu("system:admin") == "7840m"           # another writer: stored real x2
+    # The same write over a stored Node whose record alone differs: another writer's values are
+    # oversold from the record, so the record is part of what is remembered.
+    stored["metadata"]["annotations"][KEYS.real_allocatable] = json.dumps({"cpu": "3", "memory": "12700100Ki"})
+    assert allocatable_cpu("system:admin") == "6"
+
+@pytest.mark.shared
+def test_a_status_write_is_remembered_by_its_capacity_too():
+    settings = Settings(kubernetes="off")
+    node = gke_node()
+    node["metadata"].setdefault("annotations", {})[KEYS.cpu_oversale_ratio] = "2"
+    writes = StatusWrites(settings)
+    first = writes.answer(node, None, True)
+    bigger = copy.deepcopy(node)
+    bigger["status"]["capacity"]["cpu"] = "8"
+    assert writes.answer(bigger, None, True) == reshape_status_write(settings, bigger, None, True)
+    # Allocatable x 2 plus what the kubelet reserves: 3920m x 2 + (8 - 3.92) cores, not + 80m.
+    assert amounts(writes.answer(bigger, None, True)[1].capacity)["cpu"] == 11920
+    assert amounts(first[1].capacity)["cpu"] == 7920
+
 
 # ---- the property test ------------------------------------------------------------------------
 

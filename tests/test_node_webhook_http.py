@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 
 import pytest
 
@@ -154,12 +156,16 @@ def validating(tmp_path_factory) -> Iterator[tuple[FakeKubeAPI, RunningWebhook]]
 
 
 def oversold_node(ratio: str) -> dict:
+    """The GKE Node as stored once oversold at cpu ``ratio``: its status shows the oversold
+    amounts (what a check must not start from), its record the real ones."""
     node = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: ratio})
     node["metadata"]["annotations"].update({
         KEYS.real_allocatable: json.dumps({"cpu": "3920m", "memory": "12700100Ki"}),
         KEYS.real_capacity: json.dumps({"cpu": "4", "memory": "15399364Ki"}),
         KEYS.applied_oversale_ratio: json.dumps({"cpu": ratio}),
     })
+    node["status"]["allocatable"]["cpu"] = f"{math.floor(3920 * Decimal(ratio))}m"
+    node["status"]["capacity"]["cpu"] = f"{math.floor(3920 * Decimal(ratio)) + 80}m"
     return node
 
 
@@ -181,6 +187,11 @@ def test_safe_changes_are_allowed(validating):
         changed = with_annotations(stored, **{KEYS.cpu_oversale_ratio: ratio})
         assert server.review(node_review(changed, stored, username="admin", subresource=None),
                              "/validate/nodes")["allowed"] is True
+
+
+def test_pods_requesting_exactly_the_lowered_allocatable_still_fit(validating):
+    assert cut_with(validating, pod_on_node("exact", "330m"), "2", "1.5")["allowed"] is True  # 5880m of 5880m
+    assert cut_with(validating, pod_on_node("over", "331m"), "2", "1.5")["allowed"] is False
 
 
 def cut_with(validating: tuple[FakeKubeAPI, RunningWebhook], extra: dict, stored_ratio: str, asked: str) -> dict:
