@@ -410,3 +410,20 @@ def test_background_work_outlives_a_failure_it_did_not_foresee(caplog):
     failures = [r for r in caplog.records if r.name == "tests.background"]
     assert len(failures) == 1 and failures[0].getMessage() == "usage-poller failed; trying again in 0.05s"
     assert failures[0].exc_info is not None, "with the traceback"
+
+
+def test_an_answer_that_cannot_be_written_as_json_is_allowed_unchanged_and_counted():
+    """The last guard of the fail-open edge: whatever a policy hands back, the API server gets an
+    AdmissionReview that allows the object unchanged, never a 5xx."""
+    from webhook.app import admission
+    from webhook.metrics import Metrics
+
+    metrics, review = Metrics(), pod_review(web_pod())
+    uid = review["request"]["uid"]
+    status, body = admission(Settings(kubernetes="off"), metrics, "pods",
+                             lambda request: {"response": {"uid": request["uid"], "allowed": True, "odd": {1, 2}}},
+                             json.dumps(review).encode())
+    assert status == 200
+    assert json.loads(body) == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                "response": {"uid": uid, "allowed": True}}
+    assert metrics.admissions.labels("pods", "error")._value.get() == 1
