@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from decimal import Decimal
 import pytest
 
 from oversale.annotations import AnnotationKeys
+from oversale.node_oversale import oversold_allocatable
 from tests.conftest import RunningWebhook, apply_response
 from tests.kube_api import FakeKubeAPI
 from tests.test_node_oversale import NAME, gke_node
@@ -164,8 +164,9 @@ def oversold_node(ratio: str) -> dict:
         KEYS.real_capacity: json.dumps({"cpu": "4", "memory": "15399364Ki"}),
         KEYS.applied_oversale_ratio: json.dumps({"cpu": ratio}),
     })
-    node["status"]["allocatable"]["cpu"] = f"{math.floor(3920 * Decimal(ratio))}m"
-    node["status"]["capacity"]["cpu"] = f"{math.floor(3920 * Decimal(ratio)) + 80}m"
+    allocatable = oversold_allocatable(3920, Decimal(ratio))
+    node["status"]["allocatable"]["cpu"] = f"{allocatable}m"
+    node["status"]["capacity"]["cpu"] = f"{allocatable + 80}m"  # and the 80m the kubelet reserves
     return node
 
 
