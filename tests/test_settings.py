@@ -110,6 +110,34 @@ def test_every_number_duration_switch_and_choice_refuses_nonsense_and_negatives(
     assert str(refused.value).startswith(f"{name}={value!r}: "), str(refused.value)
 
 
+@pytest.mark.parametrize(("name", "text", "value"), [
+    *[("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", spelled, True) for spelled in ("1", "true", "Yes", "y", "ON")],
+    *[("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", spelled, False) for spelled in ("0", "False", "no", "N", "off", "")],
+    *[("OVERSALE_LOG_LEVEL", level.lower(), level) for level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")],
+    ("OVERSALE_MAX_RATIO", "1", Decimal(1)),           # 1: compression off
+    ("OVERSALE_MIN_RATIO", "1", Decimal(1)),           # 1: raising off
+    ("OVERSALE_CPU_FLOOR", "0", 0),                    # no floor
+    ("OVERSALE_COMPRESSION_MARGIN", "0", Decimal(0)),
+    ("OVERSALE_NODE_SERIES_TTL", "1", 1.0),
+    ("OVERSALE_PROMETHEUS_LATE_SAMPLES", "0", 0.0),    # the one duration that may be 0
+    ("OVERSALE_RECONCILER_METRICS_PORT", "0", 0),
+    ("OVERSALE_RECONCILER_METRICS_PORT", "65535", 65535),
+    ("OVERSALE_ANNOTATION_PREFIX", "a" * 253, "a" * 253),  # a DNS subdomain's longest
+])
+def test_each_setting_takes_the_values_at_its_documented_bounds(name, text, value):
+    field = next(spec.name for spec in dataclasses.fields(Settings) if spec.metadata["env"] == name)
+    assert getattr(Settings.from_env({name: text}), field) == value
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("OVERSALE_NODE_SERIES_TTL", "0"), ("OVERSALE_RECONCILER_METRICS_PORT", "65536"),
+    ("OVERSALE_ANNOTATION_PREFIX", "a" * 254), ("OVERSALE_MIN_RATIO", "0"),
+])
+def test_a_value_just_past_its_bound_is_refused(name, text):
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: text})
+
+
 def test_the_prometheus_url_is_a_base_url_or_empty():
     assert Settings.from_env({"OVERSALE_PROMETHEUS_URL": " https://mon.example:9090/prom/ "}).prometheus_url == \
         "https://mon.example:9090/prom"
