@@ -57,6 +57,12 @@ def pod(*containers, init=(), annotations=None, **spec):
     }
 
 
+def cpu_quota(hard: str, used: str, **spec) -> dict:
+    """A ResourceQuota on requests.cpu as the quota controller reports it, ``used`` of ``hard``."""
+    return {"spec": {"hard": {"requests.cpu": hard}, **spec},
+            "status": {"hard": {"requests.cpu": hard}, "used": {"requests.cpu": used}}}
+
+
 def requests(p, name):
     for c in [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]:
         if c["name"] == name:
@@ -259,8 +265,7 @@ def test_a_resource_a_guard_keeps_whole_leaves_the_other_to_its_ratio():
                              at_minimum)
     assert requests(kept.pod, "a") == {"cpu": "400m", "memory": "512Mi"}
     assert kept.applied == {"memory": 2}
-    full = {"spec": {"hard": {"requests.cpu": "4"}},
-            "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "4"}}}
+    full = cpu_quota("4", used="4")
     not_raised = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="0.5", memory="0.5"),
                                    bounds_from_limit_ranges([]).with_quotas([full]))
     assert requests(not_raised.pod, "app") == {"cpu": "1", "memory": "2Gi"}
@@ -534,8 +539,7 @@ def _cross_namespace(kind: str, term: dict) -> dict:
 def test_a_full_quota_stops_a_raise_only_of_the_pods_its_scopes_bind(quota_spec, pod_spec, binds):
     """The ResourceQuota admission plugin counts a Pod against a quota only when every one of the
     quota's scopes matches it; a quota that does not bind the Pod must not hold its raise back."""
-    full = {"spec": {"hard": {"requests.cpu": "4"}, **quota_spec},
-            "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "4"}}}
+    full = cpu_quota("4", used="4", **quota_spec)
     bounds = bounds_from_limit_ranges([]).with_quotas([full])
     raised = compress_requests(pod(container("app", "1", limits={"cpu": "4"}), **pod_spec), policy(cpu="0.5"), bounds)
     assert requests(raised.pod, "app")["cpu"] == ("1" if binds else "2")
@@ -543,8 +547,7 @@ def test_a_full_quota_stops_a_raise_only_of_the_pods_its_scopes_bind(quota_spec,
 
 def test_a_raise_is_capped_by_the_tightest_quota_that_binds_the_pod_and_names_it():
     def quota(name: str, left: str, **spec) -> dict:
-        return {"metadata": {"name": name}, "spec": {"hard": {"requests.cpu": "10"}, **spec},
-                "status": {"hard": {"requests.cpu": "10"}, "used": {"requests.cpu": f"{10 - float(left)}"}}}
+        return {"metadata": {"name": name}, **cpu_quota("10", used=f"{10 - float(left)}", **spec)}
 
     bounds = bounds_from_limit_ranges([]).with_quotas([
         quota("team", "1.8"), quota("batch", "0", **_priority("In", "batch")),
@@ -560,8 +563,7 @@ def test_a_raise_is_capped_by_the_tightest_quota_that_binds_the_pod_and_names_it
 def test_a_raise_near_the_quota_takes_the_room_left_though_rounding_overshoots_it_at_first():
     # Aimed at 1 core, 100m / 0.3 rounds up to 334m per container: 1002m, over the room; aimed
     # 2m lower, 333m each fits.
-    one_core_left = {"spec": {"hard": {"requests.cpu": "4"}},
-                     "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "3"}}}
+    one_core_left = cpu_quota("4", used="3")
     p = pod(container("a", "100m"), container("b", "100m"), container("c", "100m"))
     five_fold = policy(cpu="0.2", config=CompressionConfig(min_ratio=Decimal("0.1")))
     result = compress_requests(p, five_fold, bounds_from_limit_ranges([]).with_quotas([one_core_left]))
@@ -654,8 +656,7 @@ def test_pod_level_limits_alone_add_no_pod_level_request():
 
 
 def test_pod_level_requests_no_quota_room_lets_grow_are_left_as_they_came():
-    one_core_left = {"spec": {"hard": {"requests.cpu": "4"}},
-                     "status": {"hard": {"requests.cpu": "4"}, "used": {"requests.cpu": "3"}}}
+    one_core_left = cpu_quota("4", used="3")
     p = pod(container("app", "500m"), resources={"requests": {"cpu": "1"}})
     result = compress_requests(p, policy(cpu="0.5"), bounds_from_limit_ranges([]).with_quotas([one_core_left]))
     assert result.pod == p

@@ -217,6 +217,7 @@ def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
     stored["metadata"]["annotations"][KEYS.real_allocatable] = json.dumps({"cpu": "3", "memory": "12700100Ki"})
     assert allocatable_cpu("system:admin") == "6"
 
+
 @pytest.mark.shared
 def test_a_status_write_is_remembered_by_its_capacity_too():
     settings = Settings(kubernetes="off")
@@ -226,9 +227,10 @@ def test_a_status_write_is_remembered_by_its_capacity_too():
     first = writes.answer(node, None, True)
     bigger = copy.deepcopy(node)
     bigger["status"]["capacity"]["cpu"] = "8"
-    assert writes.answer(bigger, None, True) == reshape_status_write(settings, bigger, None, True)
+    answered = writes.answer(bigger, None, True)
+    assert answered == reshape_status_write(settings, bigger, None, True)
     # Allocatable x 2 plus what the kubelet reserves: 3920m x 2 + (8 - 3.92) cores, not + 80m.
-    assert amounts(writes.answer(bigger, None, True)[1].capacity)["cpu"] == 11920
+    assert amounts(answered[1].capacity)["cpu"] == 11920
     assert amounts(first[1].capacity)["cpu"] == 7920
 
 
