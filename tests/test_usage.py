@@ -81,6 +81,17 @@ def test_windows_are_the_5_minute_average_the_hour_peak_and_the_latest_memory():
     assert node_load([]) is None
 
 
+def test_the_windows_are_as_long_as_configured():
+    """The replay and the remediation read windows of the lengths set in Settings."""
+    samples = steady(4000)
+    samples[-2] = Sample(samples[-2].at, 10000, 8 * GI)  # 30 s before the latest
+    samples[-40] = Sample(samples[-40].at, 12000, 8 * GI)  # 19.5 minutes before it
+    short = node_load(samples, LoadConfig(average_seconds=60, peak_seconds=600))
+    assert (short.cpu_average, short.cpu_peak) == (7000, 10000)  # the latest two samples; the last 10 minutes
+    default = node_load(samples)
+    assert (default.cpu_average, default.cpu_peak) == (4600, 12000)
+
+
 @pytest.mark.parametrize(("millicores", "hot"), [(10400, False), (10399, False), (10401, True)])
 def test_the_cpu_average_watermark_at_just_below_and_just_above(millicores, hot):
     # 65% of 16 cores is 10400m: at the watermark a node still takes Pods, one millicore over it not.
@@ -166,6 +177,9 @@ def test_watermarks_per_node_from_annotation_then_label_and_bad_values_are_repor
     assert nothing == Watermarks()
     assert [str(p) for p in problems] == [f"annotation {KEYS.cpu_peak_scheduling_watermark}='0' ignored: not a "
                                           "number above 0 and at most 1; default kept"]
+    # A Node sent in full by kube-scheduler is JSON nobody checked: a number where text belongs is refused too.
+    kept, problems = watermarks_for({}, {KEYS.cpu_scheduling_watermark: 0.7}, KEYS, Watermarks())
+    assert kept == Watermarks() and [p.key for p in problems] == [KEYS.cpu_scheduling_watermark]
 
 
 def test_pods_bound_but_not_in_the_metrics_yet_count_against_each_watermark():
@@ -198,6 +212,14 @@ def test_a_history_maximum_names_its_window_and_a_workload_seen_nowhere_counts_b
     assert with_history_peak(own, 1200.0, LoadConfig()) == own, "no higher than its own samples: theirs stands"
     assert pod_estimate({"cpu": 1000, "memory": GI}, WorkloadUsage(0.0, 0.0, 0), LoadConfig()) == \
         {"cpu": 850.0, "memory": 0.7 * GI}
+
+
+def test_one_replica_in_the_metrics_tells_what_the_next_uses_and_a_request_left_out_is_estimated_as_none():
+    one = WorkloadUsage(150.0, 2.0**28, 1)
+    assert pod_estimate({"cpu": 4000, "memory": GI}, one, LoadConfig()) == {"cpu": 150.0, "memory": 2.0**28}
+    # A BestEffort container requests nothing, and a Pod may request memory only.
+    assert estimated_usage({"memory": GI}, LoadConfig()) == {"cpu": 0.0, "memory": 0.7 * GI}
+    assert estimated_usage({"cpu": 1000}, LoadConfig()) == {"cpu": 850.0, "memory": 0.0}
 
 
 # -- the batch filter and score (what the extender and the replay call) -----------------------------
