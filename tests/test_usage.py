@@ -25,6 +25,7 @@ from oversale.placement import (
     PodDemand,
     Preemption,
     Reservation,
+    bound_charge,
     crowded_out,
     fit_on,
     held_usage,
@@ -236,34 +237,44 @@ TOPOLOGIES = [
 @st.composite
 def placements(draw):
     """Nodes (some binding CPUs, some holding reservations, some without fresh metrics), the Pods on
-    them, and one Pod to place."""
-    nodes = []
-    for index in range(draw(st.integers(1, 6))):
-        cpu = draw(st.sampled_from([1000, 8000, 16000, 32000]))
-        reservations = tuple(Reservation(draw(st.sampled_from(["ns/Deployment/a", "ns/Deployment/b"])),
-                                         {"cpu": draw(st.integers(0, 8000)), "memory": draw(st.integers(0, 8 * GI))},
-                                         NOW + draw(st.sampled_from([-10, 60])))
-                             for _ in range(draw(st.integers(0, 2))))
-        ratio = draw(st.sampled_from([Fraction(1), Fraction(3, 2), Fraction(137, 100)]))
-        node = NodeView(f"n{index}", {"cpu": cpu, "memory": 32 * GI}, Decimal(ratio.numerator) / ratio.denominator,
-                        draw(st.sampled_from(TOPOLOGIES)), ratio=ratio,
-                        bind_policy=draw(st.sampled_from([None, "FullPCPUs", "SpreadByPCPUs"])),
-                        single_numa=draw(st.booleans()),
-                        strategy=draw(st.sampled_from(["MostAllocated", "LeastAllocated"])), real=REAL,
-                        reservations=reservations)
-        usage = NodeUsage(shared={"cpu": draw(st.integers(0, cpu)), "memory": draw(st.integers(0, 24 * GI))},
-                          bound_cpus=set(draw(st.lists(st.integers(0, 15), max_size=8))))
-        load = NodeLoad(draw(st.floats(0, 16000)), draw(st.floats(0, 16000)), draw(st.floats(0, 64 * GI)),
-                        NOW - draw(st.sampled_from([5, 500])))
-        heat = NodeHeat(draw(st.sampled_from([load, None])), NOW, {"cpu": draw(st.floats(0, 4000))})
-        nodes.append((node, usage, heat))
+    them, and one Pod to place; some nodes with exactly the room the Pod takes, or one millicore
+    more or less."""
     cpu = draw(st.sampled_from([500, 2000, 3000, 4000, 8000]))
     overhead = draw(st.sampled_from([0, 0, 250]))  # a RuntimeClass's, on top of the containers' request
     demand = PodDemand("p", {"cpu": cpu + overhead, "memory": draw(st.integers(0, 8 * GI))},
                        draw(st.sampled_from([None, "FullPCPUs", "SpreadByPCPUs"])), draw(st.booleans()),
                        cpus=cpu // 1000 if cpu % 1000 == 0 else 0,
                        owner=draw(st.sampled_from(["", "ns/Deployment/a"])))
-    return nodes, demand
+    nodes = []
+    for index in range(draw(st.integers(1, 6))):
+        allocatable = draw(st.sampled_from([1000, 8000, 16000, 32000]))
+        reservations = tuple(Reservation(draw(st.sampled_from(["ns/Deployment/a", "ns/Deployment/b"])),
+                                         {"cpu": draw(st.integers(0, 8000)), "memory": draw(st.integers(0, 8 * GI))},
+                                         NOW + draw(st.sampled_from([-10, 60])))
+                             for _ in range(draw(st.integers(0, 2))))
+        ratio = draw(st.sampled_from([Fraction(1), Fraction(3, 2), Fraction(137, 100)]))
+        node = NodeView(f"n{index}", {"cpu": allocatable, "memory": 32 * GI},
+                        Decimal(ratio.numerator) / ratio.denominator,
+                        draw(st.sampled_from(TOPOLOGIES)), ratio=ratio,
+                        bind_policy=draw(st.sampled_from([None, "FullPCPUs", "SpreadByPCPUs"])),
+                        single_numa=draw(st.booleans()),
+                        strategy=draw(st.sampled_from(["MostAllocated", "LeastAllocated"])), real=REAL,
+                        reservations=reservations)
+        bound = set(draw(st.lists(st.integers(0, 15), max_size=8)))
+        if draw(st.booleans()):
+            shared = draw(st.integers(0, allocatable))
+        else:  # the room left is what the Pod takes shared or bound, give or take a millicore
+            taken = draw(st.sampled_from([cpu + overhead, bound_charge(node, demand.cpus) + overhead]))
+            left = taken + draw(st.sampled_from([-1, 0, 1]))
+            shared = max(0, allocatable - bound_charge(node, len(bound)) - left)
+        usage = NodeUsage(shared={"cpu": shared, "memory": draw(st.integers(0, 24 * GI))}, bound_cpus=bound)
+        load = NodeLoad(draw(st.floats(0, 16000)), draw(st.floats(0, 16000)), draw(st.floats(0, 64 * GI)),
+                        NOW - draw(st.sampled_from([5, 180, 181, 500])))  # 180 s: the default age limit
+        heat = NodeHeat(draw(st.sampled_from([load, None])), NOW, {"cpu": draw(st.floats(0, 4000))})
+        nodes.append((node, usage, heat))
+    # What the Pod is expected to use: by its request, or what its workload's Pods use each.
+    observed = draw(st.sampled_from([None, {"cpu": 120.0, "memory": 0.5 * GI}, {"cpu": 7900.0, "memory": 30.0 * GI}]))
+    return nodes, demand, observed
 
 
 @settings(max_examples=500, deadline=None)
@@ -272,10 +283,12 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case, l
     """``screen`` and ``rank`` decide the common case by vector operations over the node table and
     remember answers per Pod shape; every answer must still be the one ``shortfall``,
     ``node_score`` and the load functions give node by node, on a cold call, a warm one, and
-    after a node's view changed; by requests alone where placement is not load-aware."""
-    nodes, demand = case
+    after a node's view changed; by requests alone where placement is not load-aware. The table
+    is built as the extender keeps it: a deleted node's row taken by another, the load facts of
+    each row replaced on their own after each metrics poll."""
+    nodes, demand, observed = case
     config = LoadConfig(packing_weight=weights[0], load_weight=weights[1])
-    estimate = estimated_usage(demand.requests, config)
+    estimate = observed if observed is not None else estimated_usage(demand.requests, config)
 
     def expected(node, usage, heat):
         reason = shortfall(node, usage, demand, NOW)
@@ -293,14 +306,20 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case, l
                                                                    facts.real_cpu, facts.real_memory), config)
 
     table = NodeTable()
-    for node, usage, heat in reversed(nodes):  # rows in another order than asked
-        table.put(node.name, node, usage, load_facts(node, heat))
+    gone, gone_usage, gone_heat = nodes[0]
+    table.put("gone", replace(gone, name="gone"), gone_usage, load_facts(gone, gone_heat))
+    table.remove("gone")
+    for node, usage, _ in reversed(nodes):  # rows in another order than asked
+        table.put(node.name, node, usage, None)
+    for node, _, heat in nodes:
+        table.put_load(node.name, load_facts(node, heat))
+    table.put_load("gone", load_facts(gone, gone_heat))  # metrics of a node with no row: no row made
     slots, unknown = table.slots([node.name for node, _, _ in nodes] + ["gone"])
-    assert unknown == ["gone"]
+    assert unknown == ["gone"] and len(table) == len(nodes)
     for _ in range(2):  # cold, then with every answer remembered
         assert list(zip(screen(table, slots, demand, config, NOW, load_aware=load_aware),
-                        rank(table, slots, demand, config, NOW, load_aware=load_aware), strict=True)) == \
-            [expected(*node) for node in nodes]
+                        rank(table, slots, demand, config, NOW, load_aware=load_aware, estimate=observed),
+                        strict=True)) == [expected(*node) for node in nodes]
     # The same usage snapshot under a changed view (the node's allocatable was oversold anew).
     grown = [(replace(view, allocatable={"cpu": view.allocatable["cpu"] * 2, "memory": 64 * GI}), usage)
              for view, usage, _ in nodes]
