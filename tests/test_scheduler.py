@@ -1486,6 +1486,65 @@ def test_room_held_by_a_bind_whose_pod_never_shows_up_is_given_back_after_the_tt
     assert filter_nodes(args, state, KEYS)["NodeNames"] == ["n"]
 
 
+def test_a_bound_pod_a_relist_shows_not_yet_bound_keeps_its_room_and_nominations_are_listed_afresh():
+    """A relist may come from an API server whose cache lags the one that took the Binding: a Pod
+    it lists not yet bound exists, so its bind will show, and its room is held however long that
+    takes. A nomination the relist does not show again (its Pod deleted or bound while the watch
+    was away) holds nothing any more."""
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0], wall=lambda: now[0])
+    state.set_node("n", node("n"))  # 24 cores oversold
+    state.set_pod("uid-waiting", pod_facts(prioritised(pod("waiting", "2"), 100, nominated="n"), KEYS))
+    assert list(state.nominations()) == ["n"]
+    state.reserve(PodRecord("uid-big", "n", pod_demand(pod("big", "20"), KEYS), (), "default", "big", now[0]))
+    state.confirm("uid-big")
+    state.reset_pods()  # the watch expired: a relist begins
+    assert state.nominations() == {}
+    state.set_pod("uid-big", pod_facts(pod("big", "20"), KEYS))  # listed, not yet bound
+    now[0] += RESERVATION_TTL + 1
+    assert filter_nodes({"Pod": pod("next", "8"), "NodeNames": ["n"]}, state, KEYS)["FailedNodes"] == {
+        "n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
+
+
+def scheduled(manifest: dict, at: float) -> dict:
+    """The Pod as the API server shows it once bound at ``at`` (its PodScheduled condition)."""
+    manifest["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime":
+                                         datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}]
+    return manifest
+
+
+def test_pods_bound_but_not_in_the_metrics_yet_count_on_their_node_while_they_settle():
+    """Whoever bound them: this extender (from its bind, before the watch shows it and after) or
+    another scheduler (from the PodScheduled time the watch shows); and only while they hold room
+    there: a bind that failed counts no more."""
+    now = [datetime(2026, 12, 2, tzinfo=UTC).timestamp()]
+    start = now[0]
+    state = ClusterState(KEYS, clock=lambda: now[0], wall=lambda: now[0])
+    state.set_node("n", node("n"))
+
+    def pending_cpu() -> float:
+        return state.heats(["n"])[0].pending.get("cpu", 0.0)
+
+    for name in ("a", "b"):
+        state.reserve(PodRecord(f"uid-{name}", "n", pod_demand(pod(name, "4"), KEYS), (), "default", name, now[0]))
+    assert pending_cpu() == 2 * 3400, "two binds the watch has not shown yet, each at 85% of its request"
+    state.release("uid-b")  # its Binding was refused
+    assert pending_cpu() == 3400
+    # kube-scheduler names a preemption's victims from its own cache, where a bind in flight is not.
+    assert [(held.name, held.evictable) for held in state.held_pods("n")] == [("a", False)]
+    now[0] += 10
+    state.set_pod("uid-a", pod_facts(pod("a", "4", node_name="n"), KEYS))  # the watch shows it bound
+    state.set_pod("uid-c", pod_facts(scheduled(pod("c", "2", node_name="n"), now[0] - 5), KEYS))  # by another
+    assert pending_cpu() == 3400 + 1700
+    # A preemption evicts the Pods bound last first: "a" keeps the time of its bind.
+    assert {held.name: (held.bound_at, held.evictable) for held in state.held_pods("n")} == \
+        {"a": (start, True), "c": (start + 5, True)}
+    now[0] = start + LoadConfig().settle_seconds
+    assert pending_cpu() == 1700, "a settled; c, bound 5 s later, not yet"
+    now[0] += 5
+    assert pending_cpu() == 0
+
+
 def test_the_extender_serves_while_it_cannot_list_disruption_budgets():
     """PodDisruptionBudgets only weigh a preemption's added victims: an extender that may not list
     them (RBAC from an older release, an API outage) still syncs and serves, and takes them in
