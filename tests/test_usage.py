@@ -118,6 +118,7 @@ def test_stale_or_missing_metrics_neither_filter_nor_favour():
     config = LoadConfig()
     old = node_load(steady(15000, age=181))
     assert stale_reason(old, NOW, config) == "node metrics 181s old (limit 180s)"
+    assert stale_reason(None, NOW, config) == "no node metrics"  # what the extender logs for the node
     assert load_shortfall(view(), NodeHeat(old, NOW), config) is None
     assert load_shortfall(view(), NodeHeat(None, NOW), config) is None
     demand = PodDemand("p", {"cpu": 1000, "memory": GI}, None, False)
