@@ -144,6 +144,28 @@ def test_the_prometheus_url_is_a_base_url_or_empty():
     assert Settings.from_env({"OVERSALE_PROMETHEUS_URL": "  "}).prometheus_url == ""
 
 
+
+@pytest.mark.parametrize("url", ["http://[::1]:9090", "http://[fd00::7]", "HTTPS://mon.example",
+                                 "http://reader:s3cret@prometheus.monitoring"])
+def test_an_ipv6_host_an_upper_case_scheme_and_credentials_are_a_base_url(url):
+    assert Settings.from_env({"OVERSALE_PROMETHEUS_URL": url}).prometheus_url == url
+
+
+@pytest.mark.parametrize("url", ["http://prom etheus:9090", "http://[]:9090", "http://prometheus:\u0669\u0660"])
+def test_a_space_inside_an_empty_ipv6_host_or_a_port_of_other_digits_is_refused(url):
+    """Arabic-Indic digits are decimal to Python, not to an HTTP client."""
+    with pytest.raises(SettingsError, match="OVERSALE_PROMETHEUS_URL"):
+        Settings.from_env({"OVERSALE_PROMETHEUS_URL": url})
+
+
+def test_a_selector_is_written_back_in_one_form_and_a_bad_matcher_is_named_alone():
+    assert Settings.from_env({"OVERSALE_PROMETHEUS_SELECTOR": ' cluster="a" ,  env!="dev",'}).prometheus_selector == \
+        'cluster="a", env!="dev"'
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"OVERSALE_PROMETHEUS_SELECTOR": 'cluster="a", env=dev , zone="b"'})
+    assert "'env=dev' is no PromQL label matcher" in str(refused.value)
+
+
 def test_a_refused_value_is_explained_in_its_own_unit():
     with pytest.raises(SettingsError) as calibration:
         Settings.from_env({"OVERSALE_BUDGET_CALIBRATION": "-1"})
