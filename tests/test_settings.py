@@ -11,7 +11,7 @@ from oversale.annotations import AnnotationKeys
 from oversale.budget import budget_quantile, compression_percentile
 from oversale.errors import SettingsError
 from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
-from oversale.settings import Settings
+from oversale.settings import REPLACED, Settings, unread_variables
 from tests.conftest import ROOT
 
 
@@ -224,3 +224,17 @@ def test_the_readme_is_short_and_every_docs_page_is_linked_and_links_resolve():
         for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", document.read_text()):
             if "://" not in target:
                 assert (document.parent / target).exists(), f"{document.name} links to {target}"
+
+
+def test_a_variable_no_setting_reads_is_named_with_the_closest_setting_only_where_one_is_close():
+    assert unread_variables({"OVERSALE_MAX_RATO": "4", "OVERSALE_COLOUR": "blue", "OVERSALE_MAX_RATIO": "4",
+                             "PATH": "/bin"}) == [
+        "OVERSALE_COLOUR is not a setting; ignored",
+        "OVERSALE_MAX_RATO is not a setting; ignored (did you mean OVERSALE_MAX_RATIO?)"]
+    # A variable of an earlier version stops the start with what replaces it: it is not called unknown too.
+    assert unread_variables(dict.fromkeys(REPLACED, "0.99")) == []
+
+
+def test_scheduler_profiles_are_a_comma_separated_list_of_names():
+    assert Settings.from_env({"OVERSALE_SCHEDULER_NAMES": " oversale, batch-scheduler ,,"}).scheduler_names == \
+        frozenset({"oversale", "batch-scheduler"})
