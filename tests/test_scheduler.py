@@ -1506,6 +1506,29 @@ def test_a_bound_pod_a_relist_shows_not_yet_bound_keeps_its_room_and_nominations
         "n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
 
 
+def test_nodes_sent_in_full_are_judged_with_the_pods_the_extender_knows_on_them():
+    """With nodeCacheCapable false kube-scheduler sends whole Node objects: their labels and
+    allocatable come from what it sends, the Pods on them from the extender's own watch."""
+    state = ClusterState(KEYS)
+    state.set_node("n", node("n"))  # 24 cores oversold
+    state.set_pod("uid-big", pod_facts(pod("big", "20", node_name="n"), KEYS))
+    answer = filter_nodes({"Pod": pod("next", "8"), "Nodes": {"metadata": {}, "items": [node("n"), node("m")]}},
+                          state, KEYS)
+    assert answer["FailedNodes"] == {"n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
+    assert [item["metadata"]["name"] for item in answer["Nodes"]["items"]] == ["m"]
+
+
+def test_a_finished_pod_still_nominated_holds_no_room():
+    """A preemptor that failed, or was evicted, before its victims left may keep its
+    nominatedNodeName: it will never run there."""
+    state = ClusterState(KEYS)
+    state.set_node("n", node("n"))
+    finished = prioritised(pod("done", "8"), 100, nominated="n")
+    finished["status"]["phase"] = "Failed"
+    state.set_pod("uid-done", pod_facts(finished, KEYS))
+    assert state.nominations() == {}
+
+
 def scheduled(manifest: dict, at: float) -> dict:
     """The Pod as the API server shows it once bound at ``at`` (its PodScheduled condition)."""
     manifest["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime":
