@@ -348,7 +348,11 @@ def parse_watermark(text: str) -> Decimal | None:
 
 
 def pending_usage(estimates: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    """The summed estimates of Pods bound but not yet in the metrics."""
+    """The summed estimates of Pods bound but not yet in the metrics.
+
+    >>> pending_usage([{"cpu": 850.0, "memory": 2.0**29}, {"cpu": 120.0}])
+    {'cpu': 970.0, 'memory': 536870912.0}
+    """
     total = dict.fromkeys(RESOURCES, 0.0)
     for estimate in estimates:
         for resource in RESOURCES:
