@@ -268,6 +268,13 @@ def test_numa_shortage_is_explained_and_unresolvable_requests_say_so(cluster):
         "needs 5 full cores in one NUMA node; NUMA node 0 has 4 free, NUMA node 1 has 4 free"
     odd = extender.post("filter", {"Pod": pod("odd", "3", "FullPCPUs"), "NodeNames": ["node-0"]})
     assert "multiple of 2" in odd["FailedAndUnresolvableNodes"]["node-0"]
+    # Every CPU of the node a Pod may have; one more it never can, whatever a preemption frees.
+    every = extender.post("filter", {"Pod": pod("wide", "16", "SpreadByPCPUs", single_numa=False),
+                                     "NodeNames": ["node-0"]})
+    assert every["NodeNames"] == ["node-0"]
+    more = extender.post("filter", {"Pod": pod("wider", "17", "SpreadByPCPUs", single_numa=False),
+                                    "NodeNames": ["node-0"]})
+    assert list(more["FailedAndUnresolvableNodes"]) == ["node-0"]
 
 
 @pytest.mark.shared
