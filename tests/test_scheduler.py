@@ -475,6 +475,9 @@ def test_prioritize_scores_every_node_sent_by_its_strategy(cluster):
     assert all(0 <= s["Score"] <= 10 for s in scores)
     # node-0 packs (MostAllocated): the half-used zone; node-1 spreads (LeastAllocated) and scores lower.
     assert scores[0]["Score"] > scores[1]["Score"]
+    # A node not in the extender's cache yet is in the answer too, at the lowest score.
+    unknown = extender.post("prioritize", {"Pod": pod("p", "2", "FullPCPUs"), "NodeNames": ["node-9", "node-0"]})
+    assert unknown == [{"Host": "node-0", "Score": scores[0]["Score"]}, {"Host": "node-9", "Score": 0}]
 
 
 def test_concurrent_binds_never_share_a_cpu(cluster):
