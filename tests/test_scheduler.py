@@ -1958,6 +1958,20 @@ def test_a_lost_bind_retried_after_its_room_expired_is_placed_afresh():
         assert len(state.usage("n").bound_cpus) == 8
 
 
+def test_a_lost_bind_retried_for_a_pod_whose_ask_changed_meanwhile_is_refused():
+    """The room held is for the Pod as it asked: sent again after its binding policy changed, the
+    same Binding with the old cpuset would bind it against what it now asks."""
+    from scheduler.extender import bind
+
+    with lost_bind() as (api, state, binder, watch, _):
+        api.put("pods", pod("pinned", "4", "SpreadByPCPUs"))
+        wait_for(lambda: ((watch.cached_pod("default", "pinned") or {}).get("metadata", {}).get("annotations", {})
+                          .get(KEYS.cpu_bind_policy)) == "SpreadByPCPUs")
+        refused = bind(PINNED, state, binder, KEYS)["Error"]
+        assert "an earlier bind of it to n got no answer and may still land" in refused
+        assert api.count("POST", "bindings") == 1
+
+
 def test_nothing_is_resent_on_a_lost_binds_room_once_it_has_expired():
     """``ClusterState.resend``, which a retry asks before it sends a lost Binding again: the room's
     clock starts again from the retry, and a room that has expired (between the retry's first look
