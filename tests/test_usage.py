@@ -331,6 +331,21 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case, l
         else node_score(view, usage, demand, NOW) for view, usage in grown]
 
 
+def test_a_node_whose_kubelet_has_not_reported_its_cpu_yet_takes_no_cpu_and_scores_lowest():
+    """A Node registers before its kubelet posts allocatable: a missing cpu is none, not an error."""
+    table = NodeTable()
+    young = NodeView("young", {"memory": 32 * GI}, Decimal(1), Topology.flat(16))
+    table.put("young", young, NodeUsage(), None)
+    slots, _ = table.slots(["young"])
+    asks_cpu = PodDemand("p", {"cpu": 1000, "memory": GI}, None, False)
+    assert screen(table, slots, asks_cpu, LoadConfig(), NOW, load_aware=False) == [
+        "cpu: 1 requested, 0 free on young (oversold allocatable)"]
+    memory_only = PodDemand("p", {"memory": GI}, None, False)
+    assert screen(table, slots, memory_only, LoadConfig(), NOW, load_aware=False) == [None]
+    assert rank(table, slots, memory_only, LoadConfig(), NOW, load_aware=False) == \
+        [node_score(young, NodeUsage(), memory_only, NOW)] == [0]
+
+
 def test_a_nominated_pod_holds_its_cpuset_or_while_its_victims_stay_what_it_will_cost():
     # 16 real cores oversold 1.5 (24 in all); the victims of a preemption still hold cores 0-9.
     node, usage = view(ratio=Fraction(3, 2)), NodeUsage(bound_cpus=set(range(10)))
