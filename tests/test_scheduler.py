@@ -1888,6 +1888,33 @@ def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
         assert state.usage("n").bound_cpus == held
 
 
+def test_a_bind_to_a_node_run_hot_since_the_filter_is_refused_and_a_refused_binding_gives_its_room_back():
+    """Load-aware, the bind asks the watermarks again: a node may run hot between kube-scheduler's
+    filter and its bind. A Binding the API server refuses (a 4xx) did not happen: its room is free
+    at once, not held as a bind whose answer was lost."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    for name in ("n", "m"):
+        api.put("nodes", node(name))  # 24 cores oversold, 16 real
+    api.put("pods", pod("big", "20"))
+    state = ClusterState(KEYS)
+    big = {"PodName": "big", "PodNamespace": "default", "PodUID": "uid-big"}
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch, timeout=5)
+        state.record_node_samples({"n": Sample(time.time(), 11000, 8 << 30)})  # 69% of real
+        assert bind({**big, "Node": "n"}, state, binder, KEYS, load_aware=True)["Error"] == (
+            "pod default/big no longer fits n: cpu usage 69% of real capacity (5-min average) is above the "
+            "scheduling watermark 65%")
+        assert api.count("POST", "bindings") == 0
+
+        api.storms["bindings"] = [403, 1]
+        assert "is forbidden" in bind({**big, "Node": "m"}, state, binder, KEYS, load_aware=True)["Error"]
+        assert api.count("POST", "bindings") == 1 and state.lost_bind("uid-big") is None
+        assert filter_nodes({"Pod": pod("next", "20"), "NodeNames": ["m"]}, state, KEYS)["NodeNames"] == ["m"]
+
+
 PINNED = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
 """kube-scheduler's bind of ``pinned`` to n, as ``lost_bind`` sends it first."""
 
