@@ -1965,6 +1965,7 @@ def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus():
         assert stored["metadata"]["annotations"][KEYS.resource_status] == \
             first["metadata"]["annotations"][KEYS.resource_status], "the same cpuset"
         assert state.usage("n").bound_cpus == held
+        assert api.count("PATCH", "pods") == 1, "the cpuset written before the lost Binding is not written again"
         wait_for(lambda: watch.cached_pod("default", "pinned") is None)  # the watch shows it bound
         assert state.usage("n").bound_cpus == held and state.is_bound("uid-pinned")
 
@@ -1983,6 +1984,19 @@ def test_a_lost_bind_retried_after_its_room_expired_is_placed_afresh():
         assert api.get("pods", "default", "pinned")["spec"]["nodeName"] == "n"
         assert not bound_cpus(api, "pinned") & bound_cpus(api, "other"), "no CPU handed out twice"
         assert len(state.usage("n").bound_cpus) == 8
+
+
+def test_a_lost_bind_retried_after_the_pod_was_made_again_and_bound_is_refused():
+    """The fresh read finds a Pod of the same name bound to the node, but it is not the one the lost
+    Binding was for (a StatefulSet's Pod made again): that is no sign the first bind happened."""
+    from scheduler.extender import bind
+
+    with lost_bind() as (api, state, binder, _, _now):
+        again = pod("pinned", "4", "FullPCPUs", node_name="n")
+        again["metadata"]["uid"] = "uid-pinned-2"
+        api.put("pods", again)
+        answer = bind(PINNED, state, binder, KEYS)["Error"]
+        assert "PodUID uid-pinned is not the Pod's (uid-pinned-2): it was replaced" in answer
 
 
 def test_a_lost_bind_retried_for_a_pod_whose_ask_changed_meanwhile_is_refused():
