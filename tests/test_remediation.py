@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import pytest
@@ -654,11 +655,13 @@ def evictions(api: FakeKubeAPI) -> int:
 
 def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api):
     remediator_ = remediator(api)
+    hot_nodes = partial(remediator_.metrics.registry.get_sample_value, "oversale_remediation_hot_nodes")
     for _ in range(2):
         rows = remediator_.run_pass()
         assert evictions(api) == 0 and any("hot" in r.reason and r.object == "Node/node-hot" for r in rows)
+        assert hot_nodes() == 0, "not hot for 3 observations yet"
     rows = remediator_.run_pass()
-    assert evictions(api) == 1
+    assert evictions(api) == 1 and hot_nodes() == 1
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None, "evicted: the Eviction API deleted it"
     assert api.get("pods", "shop", "api-6f7c8-fghij") is not None
     (moved,) = [r for r in rows if r.written]
@@ -739,6 +742,28 @@ def test_a_node_that_cools_down_before_k_observations_is_left_alone(api):
     assert evictions(api) == 0
 
 
+def test_a_node_not_opted_in_is_left_alone_unless_every_node_is_remediated(api):
+    api.put("nodes", node("node-hot", labelled=False))
+    once = dataclasses.replace(SETTINGS, hot_observations=1)
+    rows = remediator(api, once).run_pass()
+    assert evictions(api) == 0 and not [r for r in rows if r.current == "node-hot" or r.object == "Node/node-hot"]
+    remediator(api, dataclasses.replace(once, remediate_all_nodes=True)).run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+
+
+def test_a_dry_run_leaves_a_spent_hold_for_the_running_loop_to_drop(api):
+    cool = api.get("nodes", "", "node-cool")
+    ended = {"cpu": "500m", "memory": "512Mi", "until": LONG_AGO}
+    cool["metadata"]["annotations"] = {KEYS.reservations: json.dumps({"shop/ReplicaSet/gone-7f8e9": ended})}
+    api.put("nodes", cool)
+    remediator_ = remediator(api)
+    remediator_.run_pass(dry_run=True)
+    held = api.get("nodes", "", "node-cool")["metadata"]["annotations"]
+    assert KEYS.reservations in held, "`remediate --dry-run` writes nothing"
+    remediator_.run_pass()
+    assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {})
+
+
 def test_a_pdb_refusal_is_retried_later_and_the_pod_is_never_deleted_around_it(api):
     budget = {"metadata": {"name": "web", "namespace": "shop"},
               "spec": {"selector": {"matchLabels": {"app": "web"}}}, "status": {"disruptionsAllowed": 0}}
@@ -788,11 +813,12 @@ def test_a_pod_is_not_evicted_toward_a_node_without_the_gpus_or_pod_slots_it_tak
     end_cooldowns(api, "node-hot")
     cool = api.get("nodes", "", "node-cool")
     cool["status"]["allocatable"]["nvidia.com/gpu"] = "1"
-    cool["status"]["allocatable"]["pods"] = "1"
+    cool["status"]["allocatable"]["pods"] = "2"
     api.put("nodes", cool)
-    other = pod("batch-7c9d-xyzab", owner=("ReplicaSet", "batch-7c9d"))
-    other["spec"]["nodeName"] = "node-cool"
-    api.put("pods", other)
+    for name in ("batch-7c9d-xyzab", "batch-7c9d-stuvw"):  # both slots: each Pod takes one
+        other = pod(name, owner=("ReplicaSet", "batch-7c9d"))
+        other["spec"]["nodeName"] = "node-cool"
+        api.put("pods", other)
     rows = remediator(api, settings).run_pass()
     assert api.get("pods", "shop", "web-5d8f9-abcde") is not None
     assert ("Pod/shop/web-5d8f9-abcde", "not moved: no node can take it (pods: 1 requested, 0 free on node-cool)") \
@@ -1305,10 +1331,11 @@ def test_a_lease_lost_while_an_eviction_is_admitted_stops_the_pass_but_the_evict
                             "usage": {"cpu": "500m", "memory": "2Gi"}})
     settings = dataclasses.replace(SETTINGS, hot_observations=1)
     assert len([r for r in remediator(api, settings).run_pass(dry_run=True) if r.proposed]) == 2
+    lost = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector, clock=lambda: clock[0])
     with caplog.at_level(logging.WARNING, logger="reconcilers"):
-        Remediator(Cluster(api_client), MetricsAPI(api_client), settings, leader=elector,
-                   clock=lambda: clock[0]).run_pass()
+        lost.run_pass()
     assert not elector.is_leader()
+    assert lost.incomplete == ["the Lease was lost during the pass"], "`remediate` exits 1: not every node judged"
     assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
     assert api.get("pods", "shop", "batch-1a2b3-xyzab") is not None, "node-hot-2 waits for the next Lease holder"
     assert "lease lost during the remediation pass: stopped evicting" in caplog.messages
@@ -1551,3 +1578,74 @@ def test_a_hot_reading_from_a_node_whose_clock_runs_ahead_stops_counting_once_it
         now[0] += 200
     assert evictions(api) == 0
     assert remediator_.streaks.get("node-hot", 0) == 0
+
+
+def test_a_replacement_planned_for_one_hot_node_keeps_the_next_hot_nodes_pod_off_its_target(api):
+    """Inter-Pod affinity reads the replacements planned earlier in the pass too: batch must keep
+    off web's hosts, and web's replacement goes to node-cool before node-hot-2 plans."""
+    api.put("nodes", node("node-cool", "16", labelled=False))  # room and load for both
+    a_second_hot_node(api, "batch-1a2b3-xyzab", ("ReplicaSet", "batch-1a2b3"))
+    label_nodes(api, "kubernetes.io/hostname", {n: n for n in ("node-hot", "node-hot-2", "node-cool")})
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert [(r.object, r.proposed) for r in rows if r.proposed] == [
+        ("Pod/shop/web-5d8f9-abcde", "node-cool"), ("Pod/shop/batch-1a2b3-xyzab", "node-cool")], "nothing keeps apart"
+    batch = api.get("pods", "shop", "batch-1a2b3-xyzab")
+    batch["spec"]["affinity"] = apart_from_hosts_of("web")
+    api.put("pods", batch)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert [(r.object, r.proposed) for r in rows if r.proposed] == [("Pod/shop/web-5d8f9-abcde", "node-cool")]
+    assert {r.object: r.reason for r in rows}["Pod/shop/batch-1a2b3-xyzab"] == (
+        "not moved: no node can take it (required pod anti-affinity (kubernetes.io/hostname): "
+        "shop/web-5d8f9-abcde (replacement) shares node-cool's kubernetes.io/hostname ...)")
+
+
+@pytest.mark.parametrize(("limits", "reason"), [
+    ({"evictions_per_pass": 2}, "over the limit of 1 evictions here this pass"),
+    ({"evictions_per_namespace": 2}, "over the evictions left in shop this pass (1)"),
+])
+def test_a_second_hot_node_plans_with_what_the_first_left_of_the_pass_and_namespace_limits(api, limits, reason):
+    """node-hot-2 is 200m above its watermark, two of its Pods' worth; node-hot's move took one of
+    the two evictions the pass, or shop, has."""
+    api.put("nodes", node("node-cool", "16", labelled=False))
+    a_second_hot_node(api, "batch-1a2b3-xyzab", ("ReplicaSet", "batch-1a2b3"))
+    a_second_hot_node(api, "jobs-4c5d6-qwert", ("ReplicaSet", "jobs-4c5d6"))
+    for name, cpu in (("batch-1a2b3-xyzab", "150m"), ("jobs-4c5d6-qwert", "140m")):
+        api.put("podmetrics", {"metadata": {"name": name, "namespace": "shop"}, "window": "30s",
+                               "containers": [{"name": "app", "usage": {"cpu": cpu, "memory": "300Mi"}}]})
+    api.put("nodemetrics", {"metadata": {"name": "node-hot-2"}, "window": "30s",
+                            "usage": {"cpu": "4000m", "memory": "4Gi"}})
+    settings = dataclasses.replace(SETTINGS, hot_observations=1, evictions_per_node=3, evictions_per_pass=5,
+                                   evictions_per_namespace=5)
+    rows = remediator(api, settings).run_pass(dry_run=True)
+    assert len([r for r in rows if r.proposed]) == 3, "without the limit, all three move"
+    rows = remediator(api, dataclasses.replace(settings, **limits)).run_pass(dry_run=True)
+    assert [r.object for r in rows if r.proposed] == ["Pod/shop/web-5d8f9-abcde", "Pod/shop/batch-1a2b3-xyzab"]
+    assert {r.object: r.reason for r in rows}["Pod/shop/jobs-4c5d6-qwert"] == f"not moved: {reason}"
+
+
+def test_a_reading_metrics_server_has_not_renewed_counts_once_in_a_targets_average(api):
+    """metrics-server scrapes on its own clock: a pass may find node-cool's reading it found the
+    pass before. Counted again, it would weigh in the 5-minute average twice: node-cool ran at
+    4000m, then 1000m, and averages 2500m; with web's 2500m that is 62% of its 8 cores, under its
+    65%, where 3000m would make 69%."""
+    api.delete("pods", "shop", "api-6f7c8-fghij")  # it would go instead: web is the one to move
+    clock = [time.time()]
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client, clock=lambda: clock[0]),
+                             dataclasses.replace(SETTINGS, hot_observations=1), clock=lambda: clock[0])
+
+    def cool_node_at(cpu: str, scraped: float) -> dict[str, str]:
+        stamp = datetime.fromtimestamp(scraped, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        api.put("nodemetrics", {"metadata": {"name": "node-cool"}, "window": "30s", "timestamp": stamp,
+                                "usage": {"cpu": cpu, "memory": "2Gi"}})
+        return {r.object: r.reason for r in remediator_.run_pass()}
+
+    first = clock[0]
+    cool_node_at("4000m", first)
+    clock[0] += 60
+    kept = cool_node_at("4000m", first)["Pod/shop/web-5d8f9-abcde"]  # not scraped again
+    assert kept.startswith("not moved: no node can take it (cpu usage ") and "(5-min average" in kept, kept
+    assert evictions(api) == 0
+    clock[0] += 60
+    cool_node_at("1000m", clock[0])
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
