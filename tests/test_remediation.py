@@ -1649,3 +1649,20 @@ def test_a_reading_metrics_server_has_not_renewed_counts_once_in_a_targets_avera
     clock[0] += 60
     cool_node_at("1000m", clock[0])
     assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+
+
+def test_after_an_eviction_a_node_must_stay_hot_k_observations_again(api):
+    """The eviction's effect shows only once the load settles: when node-hot's cooldown ends, its
+    streak starts from the eviction, not from before it."""
+    clock = [time.time()]
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    settings = dataclasses.replace(SETTINGS, hot_observations=2, node_cooldown_seconds=60)
+    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+    remediator_.run_pass()
+    remediator_.run_pass()
+    assert evictions(api) == 1
+    clock[0] += 61  # node-hot still reads 3920m: the metrics have not caught up
+    reasons = {r.object: r.reason for r in remediator_.run_pass()}
+    assert evictions(api) == 1 and reasons["Node/node-hot"].startswith("hot 1/2: "), reasons
+    remediator_.run_pass()
+    assert evictions(api) == 2 and api.get("pods", "shop", "api-6f7c8-fghij") is None
