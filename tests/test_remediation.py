@@ -1393,7 +1393,6 @@ def test_a_node_that_keeps_changing_goes_without_its_write_and_the_eviction_stan
         assert read_cooldowns(hot["metadata"].get("annotations"), KEYS).node is not None, "written once it settled"
 
 
-
 def test_cooldowns_a_busy_node_does_not_take_are_said_and_still_kept_by_this_replica(api, caplog):
     """Six 409s in a row on the hot node: neither the taint nor the record of its cooldown is
     written. The eviction stands, the log says the record is missing (a replica taking the Lease
@@ -1411,6 +1410,7 @@ def test_cooldowns_a_busy_node_does_not_take_are_said_and_still_kept_by_this_rep
     remediator_.run_pass()
     assert evictions(api) == 1 and api.get("pods", "shop", "api-6f7c8-fghij") is not None, "node-hot cools down"
 
+
 def test_events_rbac_refuses_are_logged_and_the_eviction_stands(api, caplog):
     """A Role that lost ``events: create`` (or an API server shedding Event writes): the move is
     what matters, so the pass goes on and the log says each Event not written, in RBAC's words."""
@@ -1426,10 +1426,13 @@ def test_events_rbac_refuses_are_logged_and_the_eviction_stands(api, caplog):
 
 
 def test_dry_run_prints_the_plan_and_changes_nothing(api):
+    api.put("pods", pod("cache-8d9e0-lmnop", owner=("ReplicaSet", "cache-8d9e0")))  # started after the last scrape
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
     (planned,) = [r for r in rows if r.object == "Pod/shop/web-5d8f9-abcde"]
     assert planned.current == "node-hot" and planned.proposed == "node-cool" and not planned.written
     assert "Burstable, uses 2500m cpu, 120m above the watermark" in planned.reason
+    assert {r.object: r.reason for r in rows}["Pod/shop/cache-8d9e0-lmnop"] == \
+        "kept: no PodMetrics (its usage is unknown)"
     assert not [r for r in api.requests if r.method in ("POST", "PATCH", "PUT", "DELETE")]
 
 
