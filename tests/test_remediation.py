@@ -52,6 +52,7 @@ from oversale.remediation import (
 )
 from oversale.remediation import candidate as candidate_of
 from oversale.settings import Settings
+from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
@@ -1393,6 +1394,19 @@ def test_a_node_that_keeps_changing_goes_without_its_write_and_the_eviction_stan
         assert read_cooldowns(hot["metadata"].get("annotations"), KEYS).node is not None, "written once it settled"
 
 
+def test_a_node_write_a_policy_refuses_is_sent_once_and_the_eviction_stands(api, caplog):
+    """Only a 409 (the node changed since it was read) is worth reading the node again for: a
+    policy engine's refusal of the hold on node-cool stands however often it is asked."""
+    api.validating["nodes"] = lambda review: {"allowed": review["request"]["name"] != "node-cool",
+                                              "status": {"code": 403, "message": "nodes are not annotated here"}}
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    assert [r.method for r in api.requests if r.path.endswith("/nodes/node-cool")] == ["GET", "PATCH"]
+    assert any(m.startswith("Node/node-cool: could not reserve room (403 ") and "nodes are not annotated here" in m
+               for m in caplog.messages), caplog.messages
+
+
 def test_cooldowns_a_busy_node_does_not_take_are_said_and_still_kept_by_this_replica(api, caplog):
     """Six 409s in a row on the hot node: neither the taint nor the record of its cooldown is
     written. The eviction stands, the log says the record is missing (a replica taking the Lease
@@ -1669,3 +1683,26 @@ def test_after_an_eviction_a_node_must_stay_hot_k_observations_again(api):
     assert evictions(api) == 1 and reasons["Node/node-hot"].startswith("hot 1/2: "), reasons
     remediator_.run_pass()
     assert evictions(api) == 2 and api.get("pods", "shop", "api-6f7c8-fghij") is None
+
+
+def test_the_room_held_for_a_replacement_lasts_the_reservation_ttl_then_goes(api):
+    """OVERSALE_RESERVATION_TTL: long enough for the ReplicaSet's replacement to be scheduled; a
+    hold whose replacement never comes (the workload scaled down meanwhile) goes once it is up."""
+    clock = [float(int(time.time()))]  # whole seconds, as the hold's time is written
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    settings = dataclasses.replace(SETTINGS, hot_observations=1, reservation_seconds=120)
+    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+
+    def held() -> dict[str, Any]:
+        annotations = api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {}
+        return json.loads(annotations.get(KEYS.reservations, "{}"))
+
+    remediator_.run_pass()
+    assert evictions(api) == 1
+    assert held()["shop/ReplicaSet/web-5d8f9"]["until"] == format_timestamp(clock[0] + 120)
+    clock[0] += 119
+    remediator_.run_pass()
+    assert list(held()) == ["shop/ReplicaSet/web-5d8f9"]
+    clock[0] += 1
+    remediator_.run_pass()
+    assert held() == {} and evictions(api) == 1
