@@ -1706,3 +1706,18 @@ def test_the_room_held_for_a_replacement_lasts_the_reservation_ttl_then_goes(api
     clock[0] += 1
     remediator_.run_pass()
     assert held() == {} and evictions(api) == 1
+
+
+@pytest.mark.parametrize("ready", ["False", "Unknown"])
+def test_a_node_not_ready_is_no_target(api, ready):
+    """A NotReady node (its kubelet silent: Unknown) takes no new Pod; kube-scheduler's
+    node.kubernetes.io/not-ready taint keeps replacements off it too."""
+    cool = api.get("nodes", "", "node-cool")
+    cool["status"]["conditions"] = [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": ready}]
+    api.put("nodes", cool)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert not [r for r in rows if r.proposed]
+    cool["status"]["conditions"][1]["status"] = "True"
+    api.put("nodes", cool)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert [(r.object, r.proposed) for r in rows if r.proposed] == [("Pod/shop/web-5d8f9-abcde", "node-cool")]
