@@ -440,6 +440,19 @@ def test_room_freed_by_a_preemption_is_kept_for_the_preemptor(cluster):
     wait_for(lambda: extender.post("filter", {"Pod": low, "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"])
 
 
+def test_a_bound_pod_deleted_gives_its_room_and_cores_back(cluster):
+    """The watch's DELETED event carries no Pod the state could read a UID from: the watch
+    remembers each Pod's UID by its name for it."""
+    api, extender = cluster
+    api.put("pods", bound_pod("busy", "20", "node-0"))
+    api.put("pods", bound_pod("pinned", "8", "node-1", cpuset="0-7"))
+    asking = {"Pod": pod("p", "8", "FullPCPUs"), "NodeNames": ["node-0", "node-1"]}
+    wait_for(lambda: extender.post("filter", asking)["NodeNames"] == [])
+    api.delete("pods", "default", "busy")
+    api.delete("pods", "default", "pinned")
+    wait_for(lambda: extender.post("filter", asking)["NodeNames"] == ["node-0", "node-1"])
+
+
 def test_a_pod_nominated_for_its_binding_cycle_is_counted_once_while_the_extender_binds_it(cluster):
     api, extender = cluster
     # Since Kubernetes 1.35 (KEP-5278) kube-scheduler sets nominatedNodeName at the start of a
