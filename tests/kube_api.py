@@ -748,6 +748,13 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             pod = api.get("pods", namespace, name)
             if pod is None:
                 return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))
+            # The Binding's metadata.uid is a storage precondition (BindingREST.setPodNodeAndMetadata):
+            # a Pod made again under the name is not bound in place of the one scheduled.
+            uid = (binding.get("metadata") or {}).get("uid")
+            if uid and uid != pod["metadata"].get("uid"):
+                return self._send(409, _status(409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": '
+                                               f'Precondition failed: UID in precondition: {uid}, UID in object meta: '
+                                               f'{pod["metadata"].get("uid", "")}'))
             if (pod.get("spec") or {}).get("nodeName"):
                 return self._send(409, _status(409, "Conflict", f"pod {name} is already assigned to a node"))
             pod.setdefault("spec", {})["nodeName"] = binding["target"]["name"]

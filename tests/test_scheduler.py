@@ -453,6 +453,28 @@ def test_a_bound_pod_deleted_gives_its_room_and_cores_back(cluster):
     wait_for(lambda: extender.post("filter", asking)["NodeNames"] == ["node-0", "node-1"])
 
 
+def test_a_binding_names_the_pod_scheduled_by_its_uid():
+    """Made again under its name between the extender's read and its write (a StatefulSet's Pod),
+    the new Pod is not bound to the node chosen for the old one: the API server checks the UID."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    try:
+        api.put("pods", {**pod("web-0", "1"), "metadata": {**pod("web-0", "1")["metadata"], "uid": "uid-new"}})
+        binder = KubeBinder(client.ApiClient(client.Configuration(host=api.url)))
+        with pytest.raises(ApiException) as refused:
+            binder.bind("default", "web-0", "uid-web-0", "node-0")
+        assert refused.value.status == 409 and "Precondition failed: UID in precondition" in str(refused.value.body)
+        assert not api.get("pods", "default", "web-0")["spec"].get("nodeName")
+        binder.bind("default", "web-0", "uid-new", "node-0")
+        assert api.get("pods", "default", "web-0")["spec"]["nodeName"] == "node-0"
+    finally:
+        api.stop()
+
+
 def test_a_pod_nominated_for_its_binding_cycle_is_counted_once_while_the_extender_binds_it(cluster):
     api, extender = cluster
     # Since Kubernetes 1.35 (KEP-5278) kube-scheduler sets nominatedNodeName at the start of a
@@ -1620,8 +1642,10 @@ def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_instal
         assert state.nrt == {}
         api.absent = set()
         api.put("noderesourcetopologies", {"metadata": {"name": "node-0"}, "zones": [
-            {"name": "node-0", "type": "Node", "resources": [{"name": "cpu", "capacity": "8", "allocatable": "7"}]},
-            {"name": "node-1", "type": "Node", "resources": [{"name": "cpu", "capacity": "8", "allocatable": "8"}]}]})
+            {"name": "node-0", "type": "Node", "resources": [{"name": "cpu", "capacity": "8", "allocatable": "7"},
+                                                             {"name": "memory", "allocatable": "16106127360"}]},
+            {"name": "node-1", "type": "Node", "resources": [{"name": "cpu", "capacity": "8", "allocatable": "8"},
+                                                             {"name": "hugepages-1Gi", "allocatable": "4"}]}]})
         wait_for(lambda: state.nrt.get("node-0") == {0: 7, 1: 8})
         api.delete("noderesourcetopologies", "", "node-0")
         wait_for(lambda: state.nrt == {})
