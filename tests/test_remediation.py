@@ -11,7 +11,6 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -102,7 +101,7 @@ def test_only_a_running_pod_old_enough_moves():
     leaving["metadata"]["deletionTimestamp"] = LONG_AGO
     assert eviction_exclusion(leaving, KEYS, NOW, 600) == "not running", "being deleted already"
     assert eviction_exclusion({**pod(), "status": {"phase": "Pending"}}, KEYS, NOW, 600) == "not running"
-    started = datetime.fromtimestamp(NOW - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    started = format_timestamp(NOW - 60)
     assert eviction_exclusion(pod(started=started), KEYS, NOW, 600) == "started 60s ago (minimum age 600s)"
     assert eviction_exclusion(pod(started=started), KEYS, NOW, 60) is None, "exactly the minimum age"
 
@@ -1584,7 +1583,7 @@ def test_a_hot_reading_from_a_node_whose_clock_runs_ahead_stops_counting_once_it
     # NodeMetrics are stamped by the node's own clock; node-hot's runs an hour ahead, and
     # metrics-server keeps serving its one hot reading. Three passes 200 s apart (the reading is
     # older than the 180 s limit from the second on) observe it hot once, not three times.
-    ahead = datetime.fromtimestamp(time.time() + 3600, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ahead = format_timestamp(time.time() + 3600)
     api.put("nodemetrics", {**api.get("nodemetrics", "", "node-hot"), "timestamp": ahead})
     now = [time.time()]
     api_client = client.ApiClient(client.Configuration(host=api.url))
@@ -1652,7 +1651,7 @@ def test_a_reading_metrics_server_has_not_renewed_counts_once_in_a_targets_avera
                              dataclasses.replace(SETTINGS, hot_observations=1), clock=lambda: clock[0])
 
     def cool_node_at(cpu: str, scraped: float) -> dict[str, str]:
-        stamp = datetime.fromtimestamp(scraped, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = format_timestamp(scraped)
         api.put("nodemetrics", {"metadata": {"name": "node-cool"}, "window": "30s", "timestamp": stamp,
                                 "usage": {"cpu": cpu, "memory": "2Gi"}})
         return {r.object: r.reason for r in remediator_.run_pass()}

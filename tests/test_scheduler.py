@@ -25,6 +25,7 @@ from kube.prometheus import PrometheusAPI
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from oversale.placement import pod_demand
+from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, Sample, WorkloadUsage
 from scheduler.extender import filter_nodes
 from scheduler.kube import HistoryPeakPoller, WorkloadHistoryPoller
@@ -620,7 +621,7 @@ def test_bad_payloads_get_a_400_naming_the_field(cluster, verb, payload, said):
 # ---- load-aware placement (metrics.k8s.io through the API double) ---------------------------------
 
 def node_metrics(name: str, cores: float, age: float = 0.0, memory: str = "8Gi") -> dict:
-    stamp = datetime.fromtimestamp(time.time() - age, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_timestamp(time.time() - age)
     return {"metadata": {"name": name}, "timestamp": stamp, "window": "20s",
             "usage": {"cpu": f"{round(cores * 1000)}m", "memory": memory}}
 
@@ -772,7 +773,7 @@ def test_a_pod_made_again_under_its_old_name_is_not_taken_for_its_predecessor(lo
     # metrics-server pairs readings with Pods by namespace and name: a StatefulSet's db-0, evicted
     # and made again, is served the old db-0's last reading until metrics-server scrapes again.
     api, extender = loaded
-    old_stamp = datetime.fromtimestamp(time.time() - 30, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    old_stamp = format_timestamp(time.time() - 30)
     api.put("podmetrics", {"metadata": {"name": "db-0", "namespace": "default"}, "timestamp": old_stamp,
                            "window": "20s", "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "10Mi"}}]})
     done = polls(extender)
@@ -789,7 +790,7 @@ def test_a_pod_made_again_under_its_old_name_is_not_taken_for_its_predecessor(lo
     assert answer["NodeNames"] == ["node-1"]
     assert "with Pods bound but not yet in the metrics" in answer["FailedNodes"]["node-0"]
     # metrics-server scrapes the new db-0: its reading counts in the node's own figures (30%).
-    new_stamp = datetime.fromtimestamp(time.time(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    new_stamp = format_timestamp(time.time())
     api.put("podmetrics", {"metadata": {"name": "db-0", "namespace": "default"}, "timestamp": new_stamp,
                            "window": "20s", "containers": [{"name": "c", "usage": {"cpu": "10m", "memory": "10Mi"}}]})
     wait_for(lambda: extender.post("filter", {"Pod": pod("next", "1"),
@@ -1576,8 +1577,8 @@ def test_a_finished_pod_still_nominated_holds_no_room():
 
 def scheduled(manifest: dict, at: float) -> dict:
     """The Pod as the API server shows it once bound at ``at`` (its PodScheduled condition)."""
-    manifest["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime":
-                                         datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}]
+    manifest["status"]["conditions"] = [{"type": "PodScheduled", "status": "True",
+                                         "lastTransitionTime": format_timestamp(at)}]
     return manifest
 
 
