@@ -10,7 +10,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -644,9 +644,10 @@ def api() -> Iterator[FakeKubeAPI]:
     fake.stop()
 
 
-def remediator(api: FakeKubeAPI, settings: Settings = SETTINGS) -> Remediator:
+def remediator(api: FakeKubeAPI, settings: Settings = SETTINGS, clock: Callable[[], float] = time.time) -> Remediator:
+    """A remediator over ``api``; ``clock`` is its time and the one the metrics' ages are read by."""
     api_client = client.ApiClient(client.Configuration(host=api.url))
-    return Remediator(Cluster(api_client), MetricsAPI(api_client), settings)
+    return Remediator(Cluster(api_client), MetricsAPI(api_client, clock=clock), settings, clock=clock)
 
 
 def evictions(api: FakeKubeAPI) -> int:
@@ -1194,9 +1195,7 @@ def test_a_target_hot_within_the_hour_is_passed_over_until_that_hour_is_over(api
     replacement would land on a node whose load just peaked); once that reading is older than the
     hour, web moves there."""
     clock = [time.time()]
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client, clock=lambda: clock[0]),
-                             dataclasses.replace(SETTINGS, hot_observations=1), clock=lambda: clock[0])
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1), lambda: clock[0])
 
     def cool_node_at(cpu: str) -> dict[str, str]:
         api.put("nodemetrics", {"metadata": {"name": "node-cool"}, "window": "30s",
@@ -1238,9 +1237,7 @@ def test_a_replica_that_takes_the_lease_over_keeps_the_cooldowns_of_the_one_befo
     settings = dataclasses.replace(SETTINGS, hot_observations=1)
 
     def replica() -> Remediator:
-        api_client = client.ApiClient(client.Configuration(host=api.url))
-        return Remediator(Cluster(api_client), MetricsAPI(api_client, clock=lambda: clock[0]), settings,
-                          clock=lambda: clock[0])
+        return remediator(api, settings, lambda: clock[0])
 
     def recorded() -> Cooldowns:
         return read_cooldowns(api.get("nodes", "", "node-hot")["metadata"].get("annotations"), KEYS)
@@ -1586,9 +1583,7 @@ def test_a_hot_reading_from_a_node_whose_clock_runs_ahead_stops_counting_once_it
     ahead = format_timestamp(time.time() + 3600)
     api.put("nodemetrics", {**api.get("nodemetrics", "", "node-hot"), "timestamp": ahead})
     now = [time.time()]
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client, clock=lambda: now[0]), SETTINGS,
-                             clock=lambda: now[0])
+    remediator_ = remediator(api, SETTINGS, lambda: now[0])
     for _ in range(3):
         remediator_.run_pass()
         now[0] += 200
@@ -1646,9 +1641,7 @@ def test_a_reading_metrics_server_has_not_renewed_counts_once_in_a_targets_avera
     65%, where 3000m would make 69%."""
     api.delete("pods", "shop", "api-6f7c8-fghij")  # it would go instead: web is the one to move
     clock = [time.time()]
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client, clock=lambda: clock[0]),
-                             dataclasses.replace(SETTINGS, hot_observations=1), clock=lambda: clock[0])
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1), lambda: clock[0])
 
     def cool_node_at(cpu: str, scraped: float) -> dict[str, str]:
         stamp = format_timestamp(scraped)
@@ -1671,9 +1664,8 @@ def test_after_an_eviction_a_node_must_stay_hot_k_observations_again(api):
     """The eviction's effect shows only once the load settles: when node-hot's cooldown ends, its
     streak starts from the eviction, not from before it."""
     clock = [time.time()]
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    settings = dataclasses.replace(SETTINGS, hot_observations=2, node_cooldown_seconds=60)
-    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=2, node_cooldown_seconds=60),
+                             lambda: clock[0])
     remediator_.run_pass()
     remediator_.run_pass()
     assert evictions(api) == 1
@@ -1688,9 +1680,8 @@ def test_the_room_held_for_a_replacement_lasts_the_reservation_ttl_then_goes(api
     """OVERSALE_RESERVATION_TTL: long enough for the ReplicaSet's replacement to be scheduled; a
     hold whose replacement never comes (the workload scaled down meanwhile) goes once it is up."""
     clock = [float(int(time.time()))]  # whole seconds, as the hold's time is written
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    settings = dataclasses.replace(SETTINGS, hot_observations=1, reservation_seconds=120)
-    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1, reservation_seconds=120),
+                             lambda: clock[0])
 
     def held() -> dict[str, Any]:
         annotations = api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {}

@@ -464,7 +464,9 @@ def test_a_binding_names_the_pod_scheduled_by_its_uid():
 
     api = FakeKubeAPI().start()
     try:
-        api.put("pods", {**pod("web-0", "1"), "metadata": {**pod("web-0", "1")["metadata"], "uid": "uid-new"}})
+        again = pod("web-0", "1")
+        again["metadata"]["uid"] = "uid-new"
+        api.put("pods", again)
         binder = KubeBinder(client.ApiClient(client.Configuration(host=api.url)))
         with pytest.raises(ApiException) as refused:
             binder.bind("default", "web-0", "uid-web-0", "node-0")
