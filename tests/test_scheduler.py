@@ -1331,6 +1331,22 @@ def leads(api: FakeKubeAPI, name: str) -> bool:
     return (api.get("pods", "oversale", name)["metadata"].get("labels") or {}).get(KEYS.extender_leader) == "true"
 
 
+def extender_lease(api_client: Any, identity: str, clock: Any = time.monotonic, kind: Any = None) -> Any:
+    """The extender's Lease elector for replica ``identity`` (15 s Lease), ``kind`` a LeaseElector subclass."""
+    from kube.leader import LeaseElector
+
+    return (kind or LeaseElector)(api_client, "oversale", "oversale-extender", identity, 15, clock)
+
+
+def leadership_of(elector: Any, api_client: Any, watch: Any) -> Any:
+    """The extender's leadership over ``elector``, labelling its own Pod oversale/extender-a."""
+    from scheduler.kube import KubeBinder, Leadership
+
+    binder = KubeBinder(api_client, watch)
+    return Leadership(elector, watch, label=lambda leading: binder.label(
+        "oversale", "extender-a", {KEYS.extender_leader: "true" if leading else None}))
+
+
 def test_two_replicas_one_serves_and_the_standby_takes_over_without_handing_a_cpu_twice(tmp_path):
     api = FakeKubeAPI().start()
     api.put("nodes", node("node-0"))
@@ -1757,6 +1773,7 @@ def test_nodes_turning_stale_together_are_told_in_one_line(caplog):
         poller = UsagePoller(api_client, state, 30)
         with caplog.at_level("INFO", logger="scheduler.kube"):
             poller.poll_once()
+            poller.poll_once()  # still without metrics: nothing turned, nothing said
             for name in names:
                 api.put("nodemetrics", node_metrics(name, 4.0))
             poller.poll_once()
@@ -1765,6 +1782,26 @@ def test_nodes_turning_stale_together_are_told_in_one_line(caplog):
         "no node metrics, node node-04: no node metrics and 7 more; placed by requests until fresh metrics arrive",
         "node node-00, node node-01, node node-02, node node-03, node node-04 and 7 more: fresh metrics again; "
         "load-aware placement resumes"]
+
+
+def test_a_poll_that_reads_nodemetrics_but_not_podmetrics_is_partial_and_keeps_the_node_figures():
+    """What the poll counter's ``result`` label says: ``partial`` when NodeMetrics were read and
+    PodMetrics were not (the node figures count; see the HTTP test for placement), ``ok`` once
+    both are read again."""
+    from scheduler.kube import UsagePoller
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("nodemetrics", node_metrics("n", 4.0))
+    api.unavailable = {"podmetrics"}
+    state = ClusterState(KEYS)
+    results: list[str] = []
+    with watched(api, state) as (api_client, _):
+        poller = UsagePoller(api_client, state, 30, lambda result, stale: results.append(result))
+        assert poller.poll_once() is False and results == ["partial"]
+        assert state.heats(["n"])[0].load is not None
+        api.unavailable = set()
+        assert poller.poll_once() is True and results == ["partial", "ok"]
 
 
 def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
@@ -1800,18 +1837,14 @@ def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
 def test_a_leader_label_refused_is_said_once_though_tried_at_every_check(caplog):
     """The leadership check runs twice a second and tries a refused label again each time: a
     policy refusing it for an hour was 7,200 warnings. One when it starts, one when it ends."""
-    from kube.leader import LeaseElector
-    from scheduler.kube import KubeBinder, Leadership
 
     api = FakeKubeAPI().start()
     own_pod(api, "extender-a")
     api.validating["pods"] = lambda review: {"allowed": False, "status": {"code": 403, "message": "labels frozen"}}
     state = ClusterState(KEYS)
     with watched(api, state) as (api_client, watch):
-        binder = KubeBinder(api_client, watch)
-        elector = LeaseElector(api_client, "oversale", "oversale-extender", "extender-a", 15)
-        leadership = Leadership(elector, watch, label=lambda leading: binder.label(
-            "oversale", "extender-a", {KEYS.extender_leader: "true" if leading else None}))
+        elector = extender_lease(api_client, "extender-a")
+        leadership = leadership_of(elector, api_client, watch)
         assert elector.try_acquire_or_renew()
         with caplog.at_level("INFO", logger="scheduler.kube"):
             for _ in range(3):
@@ -1830,9 +1863,8 @@ def test_a_leader_that_loses_its_lease_unlabels_itself_and_binds_nothing_until_i
     paused) and another replica took the Lease. Its next check takes the leader label off its
     Pod, so the Service stops sending kube-scheduler there, and it binds nothing; once it holds
     the Lease again it lists Nodes and Pods afresh and serves."""
-    from kube.leader import LeaseElector
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder, Leadership
+    from scheduler.kube import KubeBinder
 
     api = FakeKubeAPI().start()
     api.put("nodes", node("n"))
@@ -1842,10 +1874,9 @@ def test_a_leader_that_loses_its_lease_unlabels_itself_and_binds_nothing_until_i
     state = ClusterState(KEYS)
     with watched(api, state) as (api_client, watch):
         binder = KubeBinder(api_client, watch)
-        ours = LeaseElector(api_client, "oversale", "oversale-extender", "extender-a", 15, lambda: clock[0])
-        theirs = LeaseElector(api_client, "oversale", "oversale-extender", "extender-b", 15, lambda: clock[0])
-        leadership = Leadership(ours, watch, label=lambda leading: binder.label(
-            "oversale", "extender-a", {KEYS.extender_leader: "true" if leading else None}))
+        ours = extender_lease(api_client, "extender-a", lambda: clock[0])
+        theirs = extender_lease(api_client, "extender-b", lambda: clock[0])
+        leadership = leadership_of(ours, api_client, watch)
         assert ours.try_acquire_or_renew() and not theirs.try_acquire_or_renew()
         leadership.check()
         assert leadership.leading() and leads(api, "extender-a")
@@ -1868,6 +1899,103 @@ def test_a_leader_that_loses_its_lease_unlabels_itself_and_binds_nothing_until_i
         assert leadership.leading() and leads(api, "extender-a")
         assert api.count("GET", "pods", watch=False) > lists, "Pods listed afresh before serving"
         assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == ""
+
+
+def test_a_leader_writes_its_label_once_though_it_checks_twice_a_second():
+    """The leadership check runs twice a second: a label written at each check was a Pod PATCH
+    twice a second, for good, on every extender, and an event to every Pod watcher each time.
+    The label is written when leading starts and removed when it ends, once each."""
+
+    api = FakeKubeAPI().start()
+    own_pod(api, "extender-a")
+    clock = [time.monotonic()]
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch):
+        ours = extender_lease(api_client, "extender-a", lambda: clock[0])
+        theirs = extender_lease(api_client, "extender-b", lambda: clock[0])
+        leadership = leadership_of(ours, api_client, watch)
+        assert ours.try_acquire_or_renew() and not theirs.try_acquire_or_renew()
+        for _ in range(10):
+            leadership.check()
+        assert leads(api, "extender-a") and api.count("PATCH", "pods") == 1
+
+        clock[0] += 16
+        assert theirs.try_acquire_or_renew()
+        for _ in range(10):
+            leadership.check()
+        assert not leads(api, "extender-a") and api.count("PATCH", "pods") == 2
+
+
+def test_a_replica_holding_the_lease_serves_only_once_its_nodes_and_pods_are_listed():
+    """A replica takes the Lease while its first Pod list is still loading (on a large cluster it
+    takes seconds; here the API server fails it). Serving then would hand out CPUs the Pods not yet
+    listed hold: it neither binds nor takes the leader label until Nodes and Pods are listed."""
+    from kubernetes import client
+
+    from scheduler.extender import bind
+    from scheduler.kube import ClusterWatch, KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    own_pod(api, "extender-a")
+    api.unavailable = {"pods"}
+    state = ClusterState(KEYS)
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    watch = ClusterWatch(api_client, state)
+    try:
+        watch.start()
+        wait_for(lambda: api.count("GET", "pods", watch=False) >= 1)
+        binder = KubeBinder(api_client, watch)
+        elector = extender_lease(api_client, "extender-a")
+        leadership = leadership_of(elector, api_client, watch)
+        assert elector.try_acquire_or_renew()
+        leadership.check()
+        assert not watch.synced and not leadership.leading()
+        api.unavailable = set()
+        assert not leads(api, "extender-a")
+        args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
+        assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == \
+            "not binding pod default/pinned: this extender replica stopped leading mid-bind"
+        assert api.count("POST", "bindings") == 0
+
+        wait_for(lambda: watch.synced, timeout=60)
+        leadership.check()
+        assert leadership.leading() and leads(api, "extender-a")
+        assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == ""
+    finally:
+        for reflector in watch.reflectors:
+            reflector.stop()
+        api.stop()
+
+
+def test_a_check_that_lands_while_the_lease_is_given_back_takes_nothing_up_again():
+    """A graceful stop takes the label off, then gives the Lease back, which waits for a Lease
+    round in flight. The leadership check keeps running meanwhile and still finds the Lease held:
+    it must not serve or put the label back, or kube-scheduler is sent to a replica on its way out."""
+    from kube.leader import LeaseElector
+    from scheduler.kube import Leadership
+
+    api = FakeKubeAPI().start()
+    own_pod(api, "extender-a")
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch):
+        leadership: Leadership
+
+        class CheckedWhileReleasing(LeaseElector):
+            def release(self) -> None:
+                leadership.check()  # the leadership loop's next round, during release's wait
+                super().release()
+
+        elector = extender_lease(api_client, "extender-a", kind=CheckedWhileReleasing)
+        leadership = leadership_of(elector, api_client, watch)
+        assert elector.try_acquire_or_renew()
+        leadership.check()
+        assert leads(api, "extender-a")
+        leadership.stop()
+        assert not leadership.serving and not leads(api, "extender-a")
+        assert api.count("PATCH", "pods") == 2
+        assert not api.get("leases", "oversale", "oversale-extender")["spec"].get("holderIdentity")
 
 
 def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
