@@ -1079,11 +1079,13 @@ def workload_history(request, tmp_path_factory) -> Iterator[PrometheusServer | V
     server.stop()
 
 
-def test_a_workloads_history_is_what_its_pods_used_each_while_they_ran(workload_history):
+def test_a_workloads_history_is_what_its_pods_used_each_while_they_ran(workload_history, caplog):
     state = ClusterState(KEYS)
     results: list[str] = []
     poller = WorkloadHistoryPoller(PrometheusAPI(workload_history.url), state, 1, 86400, 300, 60, results.append)
-    assert poller.poll_once() and results == ["ok"]
+    with caplog.at_level("WARNING"):
+        assert poller.poll_once() and results == ["ok"]
+    assert not caplog.messages, "kube_pod_owner series held, and 5 scrapes in the rate window: nothing to warn of"
     # 3 cores and 1 GiB, not counted twice for a second scrape job nor halved by a restart. A
     # little less cpu: rate() over the first and last minutes of a cgroup's life extrapolates
     # from fewer samples than its window holds (more of them in the half-hour cgroups).
@@ -1094,10 +1096,9 @@ def test_a_workloads_history_is_what_its_pods_used_each_while_they_ran(workload_
     assert state.estimate_for(pod_demand(job_pod("other-29000060-eeeee", "other-29000060", "4"), KEYS))["cpu"] == 3400
 
 
-def test_a_store_without_kube_state_metrics_says_so_once_and_knows_no_workload(tmp_path, caplog):
-    """cAdvisor's series without kube-state-metrics' kube_pod_owner (not installed, or not scraped
-    by this Prometheus): no usage can be tied to a workload, so every Pod of a workload with none
-    in the metrics is estimated by its requests, and the log says why, once."""
+def cadvisor_only_store(directory: Path) -> PrometheusServer:
+    """A Prometheus holding an hour of cAdvisor's series for one Pod (3 cores, 1 GiB, scraped
+    every minute until a minute ago) and no kube-state-metrics series."""
     end = time.time() - 60
     cpu = Family("container_cpu_usage_seconds_total", "counter")
     memory = Family("container_memory_working_set_bytes", "gauge")
@@ -1105,19 +1106,42 @@ def test_a_store_without_kube_state_metrics_says_so_once_and_knows_no_workload(t
                  "id": "/kubepods/web-5d8f9-aaaaa/c", "image": "x", "job": "kubelet"}
     cpu.series.append((container, lambda t: 3.0, end - 3600, end))
     memory.series.append((container, lambda t: 2.0**30, end - 3600, end))
-    write_openmetrics(tmp_path / "cadvisor.om", [cpu, memory], end - 3600, end, 60)
-    server = serving("prometheus", tmp_path, tmp_path / "cadvisor.om")
+    write_openmetrics(directory / "cadvisor.om", [cpu, memory], end - 3600, end, 60)
+    return serving("prometheus", directory, directory / "cadvisor.om")
+
+
+def test_a_store_without_kube_state_metrics_says_so_once_and_knows_no_workload(tmp_path, caplog):
+    """cAdvisor's series without kube-state-metrics' kube_pod_owner (not installed, or not scraped
+    by this Prometheus): no usage can be tied to a workload, so every Pod of a workload with none
+    in the metrics is estimated by its requests, and the log says why, once."""
+    server = cadvisor_only_store(tmp_path)
     try:
         state = ClusterState(KEYS)
         results: list[str] = []
         poller = WorkloadHistoryPoller(PrometheusAPI(server.url), state, 1, 86400, 300, 60, results.append)
         with caplog.at_level("WARNING", logger="scheduler.kube"):
-            assert poller.poll_once() and poller.poll_once() and results == ["ok", "ok"]
+            assert poller.poll_once() and poller.poll_once() and poller.poll_once() and results == ["ok"] * 3
         told = [m for m in caplog.messages if "no kube_pod_owner series" in m]
         assert told == ["Prometheus holds container usage but no kube_pod_owner series (kube-state-metrics): no "
                         "workload is known by its history"]
         new_replica = replica("web-7c9b4-y1", "7c9b4", "4")
         assert state.estimate_for(pod_demand(new_replica, KEYS))["cpu"] == 3400, "by its requests (4 x 0.85)"
+    finally:
+        server.stop()
+
+
+def test_the_workload_history_poller_tells_a_rate_window_of_fewer_than_4_cadvisor_scrapes_once(tmp_path, caplog):
+    """The workload history rates cAdvisor's cpu counters over OVERSALE_PROMETHEUS_RATE_WINDOW: its
+    poller checks that window against how often they are scraped (here every minute), as the node
+    history's does for node-exporter's, and warns once where it holds fewer than 4 samples."""
+    server = cadvisor_only_store(tmp_path)
+    try:
+        poller = WorkloadHistoryPoller(PrometheusAPI(server.url), ClusterState(KEYS), 1, 86400, 120, 60)
+        with caplog.at_level("WARNING", logger="kube.prometheus"):
+            assert poller.poll_once() and poller.poll_once()
+        assert [r.getMessage() for r in caplog.records if r.name == "kube.prometheus"] == [
+            "cAdvisor's cpu counters are scraped every 60s, and OVERSALE_PROMETHEUS_RATE_WINDOW (120s) holds 2 of "
+            "their samples: one missed scrape leaves a gap in the history; set it to 4 scrape intervals at least (4m)"]
     finally:
         server.stop()
 
@@ -1309,11 +1333,14 @@ def test_an_unreachable_prometheus_leaves_the_peak_to_the_extenders_own_samples(
                  in extender.get("/metrics"))
         answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["burst", "calm"]})
         assert answer["NodeNames"] == ["burst", "calm"] and answer["Error"] == ""
-        assert "node history not readable from Prometheus (prometheus at http://127.0.0.1:" in \
-            extender.log_path.read_text()
         assert 'oversale_extender_workload_history_polls_total{result="error"}' in extender.get("/metrics")
-        assert "workload history not readable from Prometheus (prometheus at http://127.0.0.1:" in \
-            extender.log_path.read_text()
+        log = extender.log_path.read_text()
+        assert "node history not readable from Prometheus (prometheus at http://127.0.0.1:" in log
+        assert "workload history not readable from Prometheus (prometheus at http://127.0.0.1:" in log
+        # What counts meanwhile, said with each warning.
+        assert "; the peak watermark reads the extender's own samples once the last read is too old" in log
+        assert ("; Pods of workloads with none in the metrics are estimated by their requests once the last read "
+                "is too old") in log
     finally:
         extender.stop()
         api.stop()
