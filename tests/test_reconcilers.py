@@ -2031,6 +2031,73 @@ def test_a_round_whose_write_meets_another_replicas_first_does_not_lead(api):
     assert elector.not_leading_because == ""
 
 
+def test_a_leader_whose_renewals_fail_leads_until_two_thirds_of_its_lease_and_each_turn_is_said_once(api, caplog):
+    """An API server that cannot be reached fails election rounds without a verdict: the leader
+    keeps writing until 2/3 of its Lease have passed since its last renewal (before any standby
+    may take over, at the full Lease), then stops. Each turn is logged once, not every round."""
+    ours, theirs = Clock(), Clock()
+    leader = LeaseElector(api_client_for(api), "oversale", "flaky", "a", 15, ours)
+    standby = LeaseElector(api_client_for(api), "oversale", "flaky", "b", 15, theirs)
+    with caplog.at_level("INFO", logger="kube.leader"):
+        assert leader.try_acquire_or_renew() and not standby.try_acquire_or_renew()
+        api.unavailable = {"leases"}
+        for _ in range(3):
+            ours.now += 3.3  # 9.9 s after the last renewal: still the leader
+            assert leader.try_acquire_or_renew() and leader.is_leader()
+        ours.now += 0.2
+        assert not leader.try_acquire_or_renew() and not leader.is_leader()
+        assert leader.not_leading_because.startswith("the API server answered HTTP 503")
+
+        api.unavailable = set()
+        assert leader.try_acquire_or_renew(), "its own Lease, renewed again"
+        assert not standby.try_acquire_or_renew()
+        theirs.now += 16  # the leader is paused: the standby saw the same record for a Lease
+        assert standby.try_acquire_or_renew()
+        ours.now += 5  # the leader resumes within 2/3 of its Lease: it still counts itself leader
+        assert leader.is_leader() and not leader.try_acquire_or_renew() and not leader.is_leader()
+        for _ in range(3):
+            ours.now += 5
+            assert not leader.try_acquire_or_renew()
+    assert [r.getMessage() for r in caplog.records if r.name == "kube.leader"] == [
+        "became the leader (lease oversale/flaky)",
+        "lease oversale/flaky: the API server answered HTTP 503 Service Unavailable: the server is currently unable to "
+        "handle the request",
+        "lease oversale/flaky: election rounds reach a verdict again (after 4 failed runs)",
+        "became the leader (lease oversale/flaky)",  # the standby's
+        "lost the lease (held by b): writes stop now"]
+
+
+def test_a_lease_expires_by_the_duration_its_holder_wrote_and_counts_each_transition(api):
+    """A holder writes its own leaseDurationSeconds (another release, or another setting): a taker
+    waits that long, not its own duration, as client-go does; where the field is absent it waits
+    its own. Each change of holder adds one to leaseTransitions."""
+    clock = Clock()
+    api.put("leases", {"metadata": {"name": "short", "namespace": "oversale"},
+                       "spec": {"holderIdentity": "gone-1", "leaseDurationSeconds": 2, "leaseTransitions": 4,
+                                "renewTime": "2030-01-01T00:00:00.000000Z"}})
+    taker = LeaseElector(api_client_for(api), "oversale", "short", "a", 15, clock)
+    assert not taker.try_acquire_or_renew()
+    clock.now += 2.5
+    assert taker.try_acquire_or_renew(), "unrenewed for longer than the 2 s its holder wrote"
+    spec = api.get("leases", "oversale", "short")["spec"]
+    assert (spec["holderIdentity"], spec["leaseDurationSeconds"], spec["leaseTransitions"]) == ("a", 15, 5)
+    assert spec["acquireTime"] == spec["renewTime"], "acquired now"
+    clock.now += 5
+    time.sleep(0.01)  # the stamps are the wall clock's, to the microsecond
+    assert taker.try_acquire_or_renew()
+    renewed = api.get("leases", "oversale", "short")["spec"]
+    assert renewed["leaseTransitions"] == 5 and renewed["acquireTime"] == spec["acquireTime"] != renewed["renewTime"]
+
+    api.put("leases", {"metadata": {"name": "unsaid", "namespace": "oversale"},
+                       "spec": {"holderIdentity": "gone-2", "renewTime": "2030-01-01T00:00:00.000000Z"}})
+    taker = LeaseElector(api_client_for(api), "oversale", "unsaid", "a", 15, clock)
+    assert not taker.try_acquire_or_renew()
+    clock.now += 2.5
+    assert not taker.try_acquire_or_renew(), "no duration written: its own 15 s"
+    clock.now += 13
+    assert taker.try_acquire_or_renew()
+
+
 def test_a_released_lease_is_taken_at_once(api):
     first = LeaseElector(api_client_for(api), "oversale", "released", "a", 15)
     second = LeaseElector(api_client_for(api), "oversale", "released", "b", 15)
