@@ -180,9 +180,11 @@ def wait_for(check, timeout=10.0):
 
 
 @contextmanager
-def watched(api: FakeKubeAPI, state: ClusterState, watch_timeout: int = 300) -> Iterator[tuple[Any, Any]]:
+def watched(api: FakeKubeAPI, state: ClusterState, watch_timeout: int = 300,
+            synced: bool = True) -> Iterator[tuple[Any, Any]]:
     """The extender's watches (``ClusterWatch``, the real client) over ``api`` into ``state``,
-    synced; stopped afterwards, and ``api`` with them. Yields (API client, watch)."""
+    synced (``synced=False``: started only); stopped afterwards, and ``api`` with them. Yields
+    (API client, watch)."""
     from kubernetes import client
 
     from scheduler.kube import ClusterWatch
@@ -191,7 +193,8 @@ def watched(api: FakeKubeAPI, state: ClusterState, watch_timeout: int = 300) -> 
     watch = ClusterWatch(api_client, state, watch_timeout)
     try:
         watch.start()
-        wait_for(lambda: watch.synced, timeout=60)
+        if synced:
+            wait_for(lambda: watch.synced, timeout=60)
         yield api_client, watch
     finally:
         for reflector in watch.reflectors:
@@ -1957,10 +1960,8 @@ def test_a_replica_holding_the_lease_serves_only_once_its_nodes_and_pods_are_lis
     """A replica takes the Lease while its first Pod list is still loading (on a large cluster it
     takes seconds; here the API server fails it). Serving then would hand out CPUs the Pods not yet
     listed hold: it neither binds nor takes the leader label until Nodes and Pods are listed."""
-    from kubernetes import client
-
     from scheduler.extender import bind
-    from scheduler.kube import ClusterWatch, KubeBinder
+    from scheduler.kube import KubeBinder
 
     api = FakeKubeAPI().start()
     api.put("nodes", node("n"))
@@ -1968,10 +1969,7 @@ def test_a_replica_holding_the_lease_serves_only_once_its_nodes_and_pods_are_lis
     own_pod(api, "extender-a")
     api.unavailable = {"pods"}
     state = ClusterState(KEYS)
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    watch = ClusterWatch(api_client, state)
-    try:
-        watch.start()
+    with watched(api, state, synced=False) as (api_client, watch):
         wait_for(lambda: api.count("GET", "pods", watch=False) >= 1)
         binder = KubeBinder(api_client, watch)
         elector = extender_lease(api_client, "extender-a")
@@ -1990,10 +1988,6 @@ def test_a_replica_holding_the_lease_serves_only_once_its_nodes_and_pods_are_lis
         leadership.check()
         assert leadership.leading() and leads(api, "extender-a")
         assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == ""
-    finally:
-        for reflector in watch.reflectors:
-            reflector.stop()
-        api.stop()
 
 
 def test_a_check_that_lands_while_the_lease_is_given_back_takes_nothing_up_again():
