@@ -143,7 +143,7 @@ class LeaseElector:
                                                    _request_timeout=self.round_seconds)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             log.warning("lease %s/%s not released (%s): it expires by itself", self.namespace, self.name,
-                        type(error).__name__)
+                        one_line(error))
 
     def start(self) -> None:
         """Elect every third of the Lease duration on a thread of its own. The first round comes

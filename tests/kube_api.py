@@ -153,6 +153,11 @@ class FakeKubeAPI:
         it answers (a large cluster's list, paged over seconds while writes and their watch events
         go on); ``lists_held`` names the plurals whose held list has taken its snapshot."""
         self.lists_held: set[str] = set()
+        self.held_reads: dict[str, threading.Event] = {}
+        """plural -> Event: the next read of one object of it waits for the Event, then reads it
+        (a request that reaches an overloaded API server late); ``reads_held`` names the plurals
+        whose held read is waiting or has waited."""
+        self.reads_held: set[str] = set()
         self.slow_bindings = 0.0
         """Seconds the API server takes to answer a Binding it has already stored (overloaded): a
         client that times out first cannot tell whether the bind happened."""
@@ -607,6 +612,10 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     api.lists_held.add(plural)
                     held.wait(30)
                 return self._send(200, listed)
+            held = api.held_reads.pop(plural, None)
+            if held is not None:
+                api.reads_held.add(plural)
+                held.wait(30)
             obj = api.get(plural, namespace or "", name)
             if obj is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))

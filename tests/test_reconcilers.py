@@ -13,6 +13,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -1916,6 +1917,30 @@ def test_a_round_just_run_is_not_run_again_when_the_election_thread_starts(api):
     finally:
         elector.stop()
 
+    # A first pass that took 2.5 s of the 3 s between the first round and start: the thread's
+    # first round comes 0.5 s after start, a round after the first, not a round after start.
+    clock = Clock()
+    late = LeaseElector(api_client_for(api), "oversale", "late-start", "a", 9, clock)
+    assert late.try_acquire_or_renew()
+    clock.now += 2.5
+    late.start()
+    try:
+        assert eventually(lambda: api.count("PUT", "leases/late-start") == 1, timeout=2)
+    finally:
+        late.stop()
+
+
+def test_a_one_shot_gives_up_when_its_wait_is_over_not_a_round_later(api):
+    """``reconcilers once`` waits as long as it is told for a live holder, rounds a third of the
+    Lease apart (5 s here): a wait shorter than a round ends when it says."""
+    holder = LeaseElector(api_client_for(api), "oversale", "held", "b", 15)
+    assert holder.try_acquire_or_renew()
+    one_shot = LeaseElector(api_client_for(api), "oversale", "held", "a", 15)
+    started = time.monotonic()
+    assert not one_shot.acquire(1.0)
+    assert 1.0 <= time.monotonic() - started < 3, "gave up after the 1 s asked, not the 5 s round"
+    assert one_shot.not_leading_because == "held by b"
+
 
 @pytest.mark.parametrize(("broken", "said", "traceback"), [
     ("unavailable", "lease oversale/oversale-reconciler: the API server answered HTTP 503 Service Unavailable: the "
@@ -2104,6 +2129,67 @@ def test_a_released_lease_is_taken_at_once(api):
     assert first.try_acquire_or_renew() and not second.try_acquire_or_renew()
     first.release()
     assert not first.is_leader() and second.try_acquire_or_renew()
+
+
+def test_release_gives_back_only_a_lease_this_replica_holds(api, caplog):
+    """A standby that never led sends nothing when it stops (in an API outage it warns of
+    nothing), and a leader paused past its Lease, taken over meanwhile, leaves its taker's Lease
+    as it is: giving it back would hand a live leader's Lease to a third replica."""
+    ours, theirs = Clock(), Clock()
+    leader = LeaseElector(api_client_for(api), "oversale", "paused", "a", 15, ours)
+    taker = LeaseElector(api_client_for(api), "oversale", "paused", "b", 15, theirs)
+    standby = LeaseElector(api_client_for(api), "oversale", "paused", "c", 15)
+    assert leader.try_acquire_or_renew() and not taker.try_acquire_or_renew() and not standby.try_acquire_or_renew()
+    api.down = True
+    sent = api.count()
+    with caplog.at_level("INFO", logger="kube.leader"):
+        standby.release()
+    assert api.count() == sent and not [r for r in caplog.records if r.name == "kube.leader"]
+    api.down = False
+
+    theirs.now += 16  # the leader is paused for longer than its Lease: the taker saw the same record
+    assert taker.try_acquire_or_renew()
+    leader.release()  # the leader resumes and stops before its next round
+    assert api.get("leases", "oversale", "paused")["spec"]["holderIdentity"] == "b"
+    assert not leader.is_leader()
+
+
+def test_a_leader_that_cannot_give_its_lease_back_says_why_and_it_expires_by_itself(api, caplog):
+    """A release the API server refuses or never answers is a warning with its reason, not an
+    error at shutdown; a Lease deleted meanwhile (``kubectl delete lease``) is not made again."""
+    leader = LeaseElector(api_client_for(api), "oversale", "outage", "a", 15)
+    assert leader.try_acquire_or_renew()
+    api.down = True
+    with caplog.at_level("INFO", logger="kube.leader"):
+        leader.release()
+    assert [r.getMessage() for r in caplog.records if r.name == "kube.leader"] == [
+        "lease oversale/outage not released (HTTP 503 Service Unavailable): it expires by itself"]
+    assert not leader.is_leader()
+    api.down = False
+    assert api.get("leases", "oversale", "outage")["spec"]["holderIdentity"] == "a", "held until it expires"
+
+    deleted = LeaseElector(api_client_for(api), "oversale", "deleted", "a", 15)
+    assert deleted.try_acquire_or_renew()
+    api.delete("leases", "oversale", "deleted")
+    deleted.release()
+    assert api.get("leases", "oversale", "deleted") is None
+
+
+def test_a_lease_given_back_is_not_taken_again_by_a_round_in_flight(api):
+    """Release waits for the round its thread has in flight: a round that read the Lease only
+    after it was given back would find it free and take it again, for a process on its way out,
+    and every other replica would wait a Lease duration for nothing."""
+    elector = LeaseElector(api_client_for(api), "oversale", "in-flight", "a", 3)  # a round a second
+    elector.start()
+    assert eventually(elector.is_leader, timeout=5)
+    api.held_reads["leases"] = answered = threading.Event()
+    assert eventually(lambda: "leases" in api.reads_held, timeout=5)  # the next round's read waits
+    threading.Timer(0.3, answered.set).start()
+    elector.release()
+    answered.set()
+    time.sleep(0.5)  # a round still in flight now would have read the Lease given back, and taken it
+    spec = api.get("leases", "oversale", "in-flight")["spec"]
+    assert not spec.get("holderIdentity") and spec["leaseDurationSeconds"] == 1, "given back as client-go gives it"
 
 
 def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, prometheus, tmp_path):
