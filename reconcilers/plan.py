@@ -534,6 +534,8 @@ def real_node_sizes(sizes: dict[str, list[float]], machines: dict[str, list[floa
     {'a'}
     >>> sizes
     {'a': [7.5, 32.0], 'b': [7.5, 32.0]}
+    >>> real_node_sizes({"c": [11.25, 32.0]}, {"c": [8.0, 34.0]}, {})  # no capacity series: as reported
+    set()
     """
     oversold = set()
     for node, size in sizes.items():

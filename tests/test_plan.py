@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from kube.prometheus import PrometheusAPI
-from reconcilers.plan import ClusterHistory, PodHistory, export_pools
+from reconcilers.plan import ClusterHistory, PodHistory, export_pools, node_bound_share
 from tests.conftest import ROOT, free_port
 from tests.prometheus_server import (
     Family,
@@ -751,6 +751,27 @@ def test_a_pool_with_no_node_size_or_no_room_beside_its_daemonsets_is_skipped_wi
     assert "pool small: DaemonSet and static Pods hold 4 cpu and 1 GiB of each node, all of its nodes' 4 cores " \
         "or 16 GiB: skipped" in said
     assert not (tmp_path / "small").exists() and not (tmp_path / "unsized").exists()
+
+
+def test_a_daemonsets_pod_rolled_out_holds_its_new_request_whichever_order_the_history_lists_it():
+    """A rollout replaces a DaemonSet's Pod on each node by one of another name, here requesting
+    1 core where the old requested 2: each node holds the newer Pod's request, whether the history
+    lists it before the old Pod or after (Prometheus orders series by their labels, not by time).
+    A Pod whose samples were all trimmed off the days replayed holds nothing."""
+    first_half = array("d", [index * STEP for index in range(144)])
+    second_half = array("d", [(144 + index) * STEP for index in range(144)])
+
+    def agent(name: str, node: str, times: array[float], cores: float) -> PodHistory:
+        return PodHistory("kube-system", name, "DaemonSet/agent", node, series={
+            "cpu_request": (times, array("d", [cores] * len(times))),
+            "memory_request": (times, array("d", [cores * 2**30] * len(times)))})
+
+    pods = [agent("agent-a0", "node-a", first_half, 2.0), agent("agent-a1", "node-a", second_half, 1.0),
+            agent("agent-b1", "node-b", second_half, 1.0), agent("agent-b0", "node-b", first_half, 2.0),
+            agent("agent-trimmed", "node-b", array("d"), 4.0)]
+    history = ClusterHistory({(p.namespace, p.pod): p for p in pods},
+                             node_sizes={"node-a": (8.0, 32 * 2**30), "node-b": (8.0, 32 * 2**30)}, node_pools={})
+    assert node_bound_share(history, "default") == (1.0, 2**30)
 
 
 def test_nodes_already_oversold_are_planned_at_their_real_size(tmp_path):
