@@ -501,7 +501,8 @@ def _replayed_days(pool: str, held_days: int, args: argparse.Namespace) -> int:
     # Prometheus may hold fewer days than asked (its retention: 15 by default, often set lower),
     # or the pool is younger: the holdout is half of the days replayed, not of those asked.
     if held_days <= args.warmup_days:
-        raise CliError(f"pool {pool}: Prometheus holds {held_days} days of its history, not more than the "
+        raise CliError(f"pool {pool}: Prometheus holds {held_days} day{'' if held_days == 1 else 's'} of its history, "
+                       "not more than the "
                        f"{args.warmup_days}-day warm-up: " + (
                            f"pass --warmup-days {max(1, held_days - 2)} or fewer" if held_days >= 2 else
                            "the plan needs 2 days at least (1 of warm-up)"))

@@ -307,6 +307,22 @@ def test_fewer_days_than_asked_are_planned_on_what_prometheus_holds(cluster_prom
             "--warmup-days 7 or fewer") in short.stderr
 
 
+@pytest.mark.parametrize("days", [0.5, 1.5])
+def test_a_cluster_younger_than_two_days_is_told_how_many_days_the_plan_needs(tmp_path, days):
+    """A Prometheus installed this morning holds half a day: the plan keeps it as one day (less
+    than a whole day is not trimmed away, or nothing would be left) and says it needs two, one of
+    warm-up, not a traceback or an empty export. One installed yesterday morning holds one whole
+    day and the half before it, which is trimmed: still one day."""
+    server = backfilled(tmp_path / "young", exporter_families(), days)
+    try:
+        result = plan(server.url, tmp_path / "plan")
+    finally:
+        server.stop()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("error: pool general: Prometheus holds 1 day of its history, not more than the 7-day warm-up: the plan "
+            "needs 2 days at least (1 of warm-up)") in result.stderr, result.stderr
+
+
 def test_the_days_replayed_are_whole_days_ending_with_the_last_sample(cluster_prometheus, tmp_path):
     """Read over [now - 8 days, now] from a Prometheus holding more (8.01 days asked, as
     ``bench.plan_example`` asks a little more than whole days), the history has a sample at both
@@ -751,6 +767,22 @@ def test_a_pool_with_no_node_size_or_no_room_beside_its_daemonsets_is_skipped_wi
     assert "pool small: DaemonSet and static Pods hold 4 cpu and 1 GiB of each node, all of its nodes' 4 cores " \
         "or 16 GiB: skipped" in said
     assert not (tmp_path / "small").exists() and not (tmp_path / "unsized").exists()
+
+
+def test_a_pool_is_sized_by_its_nodes_reported_whole_not_by_those_missing_a_resource(tmp_path):
+    """A pool is replayed on its most common node size. A node kube-state-metrics gave no cpu or
+    no memory allocatable for (its series dropped by a denylist, or not yet scraped) has no size:
+    however many such nodes there are, they do not make the pool's nodes 0 cores and skip it."""
+    day = array("d", [index * STEP for index in range(288)])
+    web = PodHistory("shop", "web-1", "Deployment/web", "node-a", series={
+        key: (day, array("d", [value] * len(day))) for key, value in
+        (("cpu_request", 1.0), ("cpu_usage", 0.5), ("memory_request", 2**30), ("memory_usage", 2**29))})
+    history = ClusterHistory({("shop", "web-1"): web},
+                             node_sizes={"node-a": (8.0, 32 * 2**30), "node-b": (0.0, 32 * 2**30),
+                                         "node-c": (0.0, 32 * 2**30), "node-d": (8.0, 0.0), "node-e": (8.0, 0.0)},
+                             node_pools={})
+    exports = export_pools(history, tmp_path, peaks=False, log=lambda line: None)
+    assert exports["default"].size == (8.0, 32 * 2**30)
 
 
 def test_a_daemonsets_pod_rolled_out_holds_its_new_request_whichever_order_the_history_lists_it():
