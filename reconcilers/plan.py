@@ -207,6 +207,10 @@ def replica_lanes(pods: list[PodHistory]) -> list[tuple[str, list[PodHistory]]]:
     shop/Deployment/web/0 ['web-a', 'web-d']
     shop/Deployment/web/1 ['web-b']
     shop/Deployment/web/2 ['web-c']
+
+    Pods seen at the same moment ran at once, even for one sample (a rollout's surge):
+    >>> [lane for lane, _ in replica_lanes([pod("web-a", 0, 99), pod("web-b", 99, 199)])]
+    ['shop/Deployment/web/0', 'shop/Deployment/web/1']
     """
     by_workload: dict[str, list[tuple[tuple[float, float], PodHistory]]] = {}
     for pod in pods:

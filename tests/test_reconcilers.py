@@ -2680,6 +2680,15 @@ def test_a_budget_annotation_that_is_not_a_share_falls_back_to_the_pool_and_is_t
     assert reconciler.metrics.hot_time_budget.labels("default", "cpu")._value.get() == 0.001  # node-1 is stricter
     assert "(budget 2.00%)" in annotations(api, "nodes", "node-2", "")[KEYS.hot_time]
 
+    # Mended, then set wrong again: the second mistake is told too.
+    for value in ("0.005", "0.5%"):
+        stored = api.get("nodes", "", "node-2")
+        stored["metadata"]["annotations"][key] = value
+        api.put("nodes", stored)
+        with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+            reconciler.run_pass()
+    assert len([r for r in caplog.records if "ignored" in r.getMessage()]) == 2
+
 
 def test_a_cut_the_node_validating_webhook_refuses_is_told_and_made_again_to_fit_the_pod_bound_meanwhile(
         api, tmp_path, caplog):
