@@ -212,11 +212,11 @@ def problems_with(
         problems.append("tls.crt is not signed by ca.crt")
     try:
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        present = {str(n) for n in names.get_values_for_type(x509.DNSName)}
-        present |= {str(n) for n in names.get_values_for_type(x509.IPAddress)}
+        present = {_san_key(str(n)) for n in [*names.get_values_for_type(x509.DNSName),
+                                               *names.get_values_for_type(x509.IPAddress)]}
     except x509.ExtensionNotFound:
         present = set()
-    missing = [h for h in hosts if h not in present]
+    missing = [h for h in hosts if _san_key(h) not in present]
     if missing:
         problems.append(f"names missing: {', '.join(missing)}")
     lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
@@ -307,6 +307,16 @@ def _san(host: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
         return x509.DNSName(host)
+
+
+def _san_key(host: str) -> str:
+    """A name as a client matches it against a SAN: an IP address however it is written (``::1``,
+    ``0:0:0:0:0:0:0:1``), a DNS name in any case (RFC 6125). A name compared as written would be
+    missing from a certificate that carries it, and the certificate replaced at every check."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower()
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:

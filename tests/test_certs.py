@@ -61,6 +61,7 @@ def test_generate_cli_rejects_missing_names(tmp_path):
 
 @pytest.mark.parametrize(("names", "said"), [
     (["--host", ""], "empty"), (["--host", "bad host"], "neither an IP address nor a DNS name"),
+    (["--host", "web.svc "], "with spaces around it"),
     (["--service", "web hook"], "Service name 'web hook' is not one Kubernetes accepts"),
     (["--service", "Web"], "Service name 'Web'"), (["--service", "web", "--namespace", "Prod"], "namespace 'Prod'"),
     (["--host", "under_score.svc"], "neither"),
@@ -76,6 +77,12 @@ def test_generate_cli_refuses_names_no_client_could_match_and_writes_nothing(tmp
 
 def test_serving_names_may_be_ips_and_wildcards_and_a_client_name_any_identity():
     bundle = issue(["*.oversale.svc", "10.0.0.1", "::1", "a" * 63])
+    longest = x509.load_pem_x509_certificate(issue(["a" * 60 + ".svc"]).cert)  # X.509's longest common name
+    assert longest.subject.rfc4514_string() == "CN=" + "a" * 60 + ".svc"
+    longest_dns = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])  # DNS's longest name: 253 characters
+    issue(["web.svc", longest_dns])
+    with pytest.raises(ValueError, match="neither an IP address nor a DNS name"):
+        issue(["web.svc", longest_dns + "d"])
     names = x509.load_pem_x509_certificate(bundle.cert).extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == ["*.oversale.svc", "a" * 63]
@@ -90,6 +97,10 @@ def test_problems_name_what_is_wrong():
     good = issue(HOSTS)
     assert problems_with(good, HOSTS) == []
     assert problems_with(good, [*HOSTS, "other"]) == ["names missing: other"]
+    # An IP written another way, a DNS name in other letters: the same names a client matches.
+    addressed = issue([*HOSTS, "::1", "10.0.0.1"])
+    assert problems_with(addressed, ["0:0:0:0:0:0:0:1", "10.0.0.1", "OVERSALE-WEBHOOK.oversale.svc"]) == []
+    assert problems_with(addressed, ["10.0.0.2", "::2"]) == ["names missing: 10.0.0.2, ::2"]
     late = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=300)
     assert problems_with(good, HOSTS, now=late)[0].startswith("within the renewal window")
     foreign = issue(HOSTS)
