@@ -43,6 +43,16 @@ class Trouble:
     >>> trouble.succeeded()
     metrics API readable again (after 3 failed runs)
     >>> trouble.succeeded()
+
+    Without a ``kind``, each other message is another kind of failure; each outage counts its own:
+    >>> trouble.failed("metrics API not readable (HTTP 503)"); trouble.failed("metrics API not readable (HTTP 500)")
+    metrics API not readable (HTTP 503)
+    metrics API not readable (HTTP 500)
+    >>> trouble.succeeded()
+    metrics API readable again (after 2 failed runs)
+    >>> trouble.failed("metrics API not readable (timed out)"); trouble.succeeded()
+    metrics API not readable (timed out)
+    metrics API readable again (after 1 failed run)
     """
 
     def __init__(self, log: logging.Logger, recovered: str) -> None:

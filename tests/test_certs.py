@@ -4,6 +4,7 @@ hot reload of rotated files under a running server."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import ipaddress
 import json
@@ -16,10 +17,20 @@ import time
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from certs.cluster import MANAGED_BY, ForeignSecret, ensure_secret, inject_ca_bundle
-from kube.tls import CertificatePaths, generate, issue, problems_with, service_hosts
+from kube.tls import (
+    CertificatePaths,
+    ca_usable,
+    generate,
+    issue,
+    problems_with,
+    service_hosts,
+    serving_pair_problem,
+    unexpired_certificates,
+)
 from tests.conftest import ROOT, RunningWebhook, expiry_samples
 
 HOSTS = service_hosts("oversale-webhook", "oversale")
@@ -193,6 +204,41 @@ def test_a_ca_already_expired_is_replaced_and_no_longer_trusted(kube_api, api_cl
     [trusted] = x509.load_pem_x509_certificates(served["ca.crt"])
     assert trusted != x509.load_pem_x509_certificate(expired.ca_cert)
     x509.load_pem_x509_certificate(served["tls.crt"]).verify_directly_issued_by(trusted)
+
+def test_a_ca_signs_renewals_only_while_readable_its_own_key_and_well_inside_its_life():
+    """A CA that cannot sign a renewal others trust is replaced, not used: its certificate or key
+    unreadable, a key that is not the CA's (a certificate it signed would verify with no client),
+    or too little of its life left."""
+    good, other = issue(HOSTS), issue(HOSTS)
+    assert ca_usable(good)
+    assert not ca_usable(dataclasses.replace(good, ca_key=other.ca_key))
+    assert not ca_usable(dataclasses.replace(good, ca_cert=b"junk"))
+    assert not ca_usable(dataclasses.replace(good, ca_key=b""))
+    assert not ca_usable(issue(HOSTS, days=1, ca_days=0)), "it ends as it is made"
+
+
+def test_the_cas_trusted_while_one_is_replaced_are_those_not_expired():
+    expired, current = issue(HOSTS, days=1, ca_days=0), issue(HOSTS)
+    time.sleep(1)  # the expired CA ends as it is made
+    assert unexpired_certificates(expired.ca_cert + current.ca_cert) == current.ca_cert
+    assert unexpired_certificates(b"junk") == b""
+
+
+def test_a_pair_openssl_refuses_to_serve_is_refused_in_openssls_words(tmp_path):
+    """A 1024-bit RSA key loads as PEM and matches its certificate, but OpenSSL's default security
+    level refuses to serve with it: every handshake would fail, so it is said before serving."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=30)).sign(key, hashes.SHA256()))
+    paths = CertificatePaths.in_dir(tmp_path)
+    paths.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.NoEncryption()))
+    assert "key too small" in (serving_pair_problem(paths) or "")
+
 
 def test_ensure_replaces_a_certificate_for_the_wrong_names(kube_api, api_client):
     ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)

@@ -407,6 +407,7 @@ def test_background_work_outlives_a_failure_it_did_not_foresee(caplog):
         thread = run_every(0.05, work, "usage-poller", logging.getLogger("tests.background"))
         assert eventually(lambda: len(runs) >= 3, timeout=10), "runs again after the failure"
     assert thread.daemon and thread.name == "usage-poller" and thread.is_alive()
+    assert runs[1] - runs[0] >= 0.05 and runs[2] - runs[1] >= 0.05, "each run waits the interval after the last"
     failures = [r for r in caplog.records if r.name == "tests.background"]
     assert len(failures) == 1 and failures[0].getMessage() == "usage-poller failed; trying again in 0.05s"
     assert failures[0].exc_info is not None, "with the traceback"
