@@ -118,6 +118,9 @@ def test_problems_name_what_is_wrong():
     mixed = type(good)(ca_cert=foreign.ca_cert, ca_key=b"", cert=good.cert, key=foreign.key)
     assert set(problems_with(mixed, HOSTS)) == {"tls.key does not match tls.crt", "tls.crt is not signed by ca.crt"}
     assert problems_with(type(good)(b"x", b"", b"x", b"x"), HOSTS)[0].startswith("unreadable")
+    # A common name alone (no SAN): clients match SANs only, so every name is missing.
+    cert, key = common_name_only(ec.generate_private_key(ec.SECP256R1()))
+    assert problems_with(type(good)(cert, b"", cert, key), ["localhost"]) == ["names missing: localhost"]
 
 
 @pytest.fixture
@@ -224,19 +227,25 @@ def test_the_cas_trusted_while_one_is_replaced_are_those_not_expired():
     assert unexpired_certificates(b"junk") == b""
 
 
-def test_a_pair_openssl_refuses_to_serve_is_refused_in_openssls_words(tmp_path):
-    """A 1024-bit RSA key loads as PEM and matches its certificate, but OpenSSL's default security
-    level refuses to serve with it: every handshake would fail, so it is said before serving."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+def common_name_only(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> tuple[bytes, bytes]:
+    """A self-signed certificate for ``localhost`` by its common name alone, no SAN (as older
+    tools issue them), and its key, both PEM."""
     name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now)
             .not_valid_after(now + datetime.timedelta(days=30)).sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def test_a_pair_openssl_refuses_to_serve_is_refused_in_openssls_words(tmp_path):
+    """A 1024-bit RSA key loads as PEM and matches its certificate, but OpenSSL's default security
+    level refuses to serve with it: every handshake would fail, so it is said before serving."""
+    cert, key = common_name_only(rsa.generate_private_key(public_exponent=65537, key_size=1024))
     paths = CertificatePaths.in_dir(tmp_path)
-    paths.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()))
+    paths.cert.write_bytes(cert)
+    paths.key.write_bytes(key)
     assert "key too small" in (serving_pair_problem(paths) or "")
 
 
