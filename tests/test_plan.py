@@ -739,22 +739,22 @@ def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_
         (tmp_path / "plan" / "plan.md").read_text()
 
 
+def flat_pod(namespace: str, name: str, owner: str, node: str, cores: float) -> PodHistory:
+    """A day of a Pod on ``node`` requesting ``cores`` and 1 GiB, using half of each, every step."""
+    day = array("d", [index * STEP for index in range(288)])
+    return PodHistory(namespace, name, owner, node, series={
+        key: (day, array("d", [value] * len(day))) for key, value in
+        (("cpu_request", cores), ("cpu_usage", cores / 2), ("memory_request", 2**30), ("memory_usage", 2**29))})
+
+
 def test_a_pool_with_no_node_size_or_no_room_beside_its_daemonsets_is_skipped_with_the_reason(tmp_path):
     """A pool whose nodes kube-state-metrics gives no allocatable for, or whose DaemonSets hold all
     of a node, cannot be replayed: it is left out with one line saying why, and the others are
     exported as usual."""
-    day = array("d", [index * STEP for index in range(288)])
-
-    def pod(namespace: str, name: str, owner: str, node: str, cores: float) -> PodHistory:
-        flat = {key: (day, array("d", [value] * len(day))) for key, value in
-                (("cpu_request", cores), ("cpu_usage", cores / 2), ("memory_request", 2**30),
-                 ("memory_usage", 2**29))}
-        return PodHistory(namespace, name, owner, node, series=flat)
-
-    pods = [pod("shop", "web-1", "Deployment/web", "node-a", 1.0),
-            pod("shop", "api-1", "Deployment/api", "node-x", 1.0),
-            pod("kube-system", "agent-b", "DaemonSet/agent", "node-b", 4.0),
-            pod("shop", "db-0", "StatefulSet/db", "node-b", 1.0)]
+    pods = [flat_pod("shop", "web-1", "Deployment/web", "node-a", 1.0),
+            flat_pod("shop", "api-1", "Deployment/api", "node-x", 1.0),
+            flat_pod("kube-system", "agent-b", "DaemonSet/agent", "node-b", 4.0),
+            flat_pod("shop", "db-0", "StatefulSet/db", "node-b", 1.0)]
     history = ClusterHistory({(p.namespace, p.pod): p for p in pods},
                              node_sizes={"node-a": (8.0, 32 * 2**30), "node-b": (4.0, 16 * 2**30)},
                              node_pools={"node-a": "big", "node-b": "small", "node-x": "unsized"})
@@ -773,10 +773,7 @@ def test_a_pool_is_sized_by_its_nodes_reported_whole_not_by_those_missing_a_reso
     """A pool is replayed on its most common node size. A node kube-state-metrics gave no cpu or
     no memory allocatable for (its series dropped by a denylist, or not yet scraped) has no size:
     however many such nodes there are, they do not make the pool's nodes 0 cores and skip it."""
-    day = array("d", [index * STEP for index in range(288)])
-    web = PodHistory("shop", "web-1", "Deployment/web", "node-a", series={
-        key: (day, array("d", [value] * len(day))) for key, value in
-        (("cpu_request", 1.0), ("cpu_usage", 0.5), ("memory_request", 2**30), ("memory_usage", 2**29))})
+    web = flat_pod("shop", "web-1", "Deployment/web", "node-a", 1.0)
     history = ClusterHistory({("shop", "web-1"): web},
                              node_sizes={"node-a": (8.0, 32 * 2**30), "node-b": (0.0, 32 * 2**30),
                                          "node-c": (0.0, 32 * 2**30), "node-d": (8.0, 0.0), "node-e": (8.0, 0.0)},
