@@ -166,7 +166,10 @@ class FakeKubeAPI:
         ``Deferred`` or ``Infeasible``."""
         self.server = _QuietServer(("127.0.0.1", port), _handler(self))
         self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # serve_forever notices shutdown() only between polls (0.5 s by default), and every test
+        # that starts this server waits for that on its way out.
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property

@@ -227,7 +227,8 @@ class AnsweringServer(ThreadingHTTPServer):
 def _serve(handler: type[AnsweringHandler], seen: list[dict[str, str]]) -> AnsweringServer:
     server = AnsweringServer(("127.0.0.1", 0), handler)
     server.headers_seen = seen
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for serve_forever's next poll: 0.5 s apart by default, a wait per test.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     return server
 
 
