@@ -116,3 +116,18 @@ def parse_amount(resource: str, text: str) -> int:
 def format_amount(resource: str, amount: int) -> str:
     """The inverse of :func:`parse_amount`, in canonical spelling."""
     return format_millicores(amount) if resource == CPU else format_bytes(amount)
+
+
+def format_measured(resource: str, amount: float) -> str:
+    """A measured amount for a person to read: cpu to the millicore, memory to the nearest Mi.
+    Usage and its excess over a watermark (a share of capacity) are seldom whole in any unit,
+    and :func:`format_amount` spells such memory in bytes.
+
+    >>> format_measured("memory", 0.6 * 2**30), format_measured("memory", 15 * 2**30 + 10)
+    ('614Mi', '15Gi')
+    >>> format_measured("memory", 300_000.0), format_measured("cpu", 120.4)
+    ('300k', '120m')
+    """
+    if resource == MEMORY and amount >= _BINARY["Mi"]:
+        return format_bytes(round(amount / _BINARY["Mi"]) * _BINARY["Mi"])
+    return format_amount(resource, round(amount))

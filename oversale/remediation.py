@@ -42,7 +42,7 @@ from oversale.node_fit import (
 )
 from oversale.placement import NodeHeat, NodeUsage, NodeView, PodDemand, load_shortfall, placement_score, shortfall
 from oversale.pods import condition_of, controller_of, is_mirror_or_static, qos_class
-from oversale.quantity import CPU, MEMORY, RESOURCES, format_amount
+from oversale.quantity import CPU, MEMORY, RESOURCES, format_measured
 from oversale.timestamps import format_timestamp, parse_timestamp
 from oversale.usage import LoadConfig, read_watermarks
 
@@ -478,8 +478,8 @@ def _take(pod: Candidate, targets: list[Target], config: LoadConfig,
 
 
 def _covers(pod: Candidate, over: Mapping[str, float]) -> str:
-    parts = [f"uses {format_amount(r, round(pod.usage.get(r, 0.0)))} {r}, "
-             f"{format_amount(r, round(over[r]))} above the watermark" for r in over]
+    parts = [f"uses {format_measured(r, pod.usage.get(r, 0.0))} {r}, "
+             f"{format_measured(r, over[r])} above the watermark" for r in over]
     return f"{pod.qos}, " + "; ".join(parts)
 
 

@@ -683,6 +683,40 @@ def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api):
     assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {})
 
 
+def test_a_node_hot_on_memory_loses_the_pod_whose_containers_together_use_most_of_it(api):
+    # metrics-server lists a Pod's containers apart: web's two together use 1000Mi, the most on
+    # node-hot, whose 15Gi used is 614.4Mi above the 90% memory watermark of its real 16Gi.
+    api.put("nodemetrics", {"metadata": {"name": "node-hot"}, "window": "30s", "usage": {"cpu": "1", "memory": "15Gi"}})
+    api.put("podmetrics", {"metadata": {"name": "web-5d8f9-abcde", "namespace": "shop"}, "window": "30s",
+                           "containers": [{"name": "app", "usage": {"cpu": "100m", "memory": "600Mi"}},
+                                          {"name": "proxy", "usage": {"cpu": "10m", "memory": "400Mi"}}]})
+    api.put("podmetrics", {"metadata": {"name": "api-6f7c8-fghij", "namespace": "shop"}, "window": "30s",
+                           "containers": [{"name": "app", "usage": {"cpu": "100m", "memory": "700Mi"}}]})
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    (moved,) = [r for r in rows if r.written]
+    assert moved.object == "Pod/shop/web-5d8f9-abcde" and moved.proposed == "node-cool"
+    assert moved.reason.endswith("(memory usage 94% of real capacity is above the runtime watermark 90%); "
+                                 "Burstable, uses 1000Mi memory, 614Mi above the watermark")
+    assert evictions(api) == 1
+
+
+def test_a_malformed_reading_is_skipped_and_the_others_are_read_exactly(api):
+    """One item metrics-server (or a proxy before it) garbles says nothing of the others; nor may
+    it borrow their figures."""
+    api.put("nodemetrics", {"metadata": {"name": "node-garbled"}, "usage": {"cpu": "lots", "memory": "1Gi"}})
+    api.put("nodemetrics", {"metadata": {"name": "a-node-without-usage"}})
+    api.put("podmetrics", {"metadata": {"name": "web-5d8f9-abcde", "namespace": "shop"},
+                           "containers": [{"name": "app", "usage": {"cpu": "250m", "memory": "300Mi"}},
+                                          {"name": "proxy", "usage": {"memory": "20Mi"}},
+                                          {"name": "log", "usage": {"cpu": "5m", "memory": "a lot"}},
+                                          {"name": "probe", "usage": {"cpu": "1m", "memory": "1Mi"}}]})
+    reader = MetricsAPI(client.ApiClient(client.Configuration(host=api.url)))
+    assert {m.name: (m.cpu, m.memory) for m in reader.nodes()} == {"node-hot": (3920, 4 * GI),
+                                                                    "node-cool": (500, 2 * GI)}
+    web = [(c.container, c.cpu, c.memory) for c in reader.containers() if c.pod == "web-5d8f9-abcde"]
+    assert web == [("app", 250, 300 * 2**20), ("probe", 1, 2**20)]
+
+
 def test_the_hot_node_taint_keeps_other_taints_and_says_until_when():
     dedicated = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
     tainted = with_hot_taint([dedicated], KEYS.hot_taint, NOW + 600)
