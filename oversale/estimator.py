@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from fractions import Fraction
 
-from oversale.quantity import CPU, format_amount
+from oversale.quantity import CPU, format_amount, format_measured
 
 HUNDREDTH = Decimal("0.01")
 ONE = Decimal(1)
@@ -236,7 +236,7 @@ def compression_proposal(
         Fraction(1), Fraction(coverage) / Fraction(estimator.full_confidence_seconds))
     adjusted = 1 + (clamped - 1) * confidence
     proposed = _decimal(adjusted, ROUND_FLOOR)
-    shown = format_amount(resource, math.ceil(demand))
+    shown = format_measured(resource, demand)
     reason = (f"container {container}: request {format_amount(resource, requests[container])}, "
               f"demand {shown} ({percentile_name(estimator.percentile)} x {1 + estimator.margin}"
               f"{', at least the peak' if resource != CPU else ''})")
@@ -267,7 +267,7 @@ def oversale_proposal(
     raw = Fraction(estimator.target(resource)) * Fraction(requested) / Fraction(peak)
     computed = _decimal(min(max(raw, Fraction(1)), Fraction(maximum)), ROUND_FLOOR)
     reason = (f"{percentile_name(estimator.percentile_of(resource))} usage "
-              f"{format_amount(resource, math.ceil(peak))} of {format_amount(resource, requested)} requested, "
+              f"{format_measured(resource, peak)} of {format_amount(resource, requested)} requested, "
               f"target {estimator.target(resource)}")
     cover = safe_floor(requested, real_allocatable, Decimal(0))
     if cover > maximum:

@@ -119,15 +119,15 @@ def format_amount(resource: str, amount: int) -> str:
 
 
 def format_measured(resource: str, amount: float) -> str:
-    """A measured amount for a person to read: cpu to the millicore, memory to the nearest Mi.
-    Usage and its excess over a watermark (a share of capacity) are seldom whole in any unit,
-    and :func:`format_amount` spells such memory in bytes.
+    """A measured amount (usage, a demand worked out from it) for a person to read: cpu rounded
+    up to the millicore, memory from 1Mi on rounded up to the Mi. Such figures are seldom whole in
+    any unit, and :func:`format_amount` spells such memory in bytes (``644245094``).
 
-    >>> format_measured("memory", 0.6 * 2**30), format_measured("memory", 15 * 2**30 + 10)
-    ('614Mi', '15Gi')
+    >>> format_measured("memory", 0.6 * 2**30), format_measured("memory", 15 * 2**30)
+    ('615Mi', '15Gi')
     >>> format_measured("memory", 300_000.0), format_measured("cpu", 120.4)
-    ('300k', '120m')
+    ('300k', '121m')
     """
     if resource == MEMORY and amount >= _BINARY["Mi"]:
-        return format_bytes(round(amount / _BINARY["Mi"]) * _BINARY["Mi"])
-    return format_amount(resource, round(amount))
+        return format_bytes(math.ceil(amount / _BINARY["Mi"]) * _BINARY["Mi"])
+    return format_amount(resource, math.ceil(amount))

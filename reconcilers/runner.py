@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,7 +43,7 @@ from oversale.node_oversale import (
     real_allocatable_of,
 )
 from oversale.pods import controller_of, scheduled_request
-from oversale.quantity import RESOURCES, format_amount
+from oversale.quantity import RESOURCES, format_amount, format_measured
 from oversale.resize import ResizePlan, plan_resize, vpa_controlled, workload_vpa
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp
@@ -428,7 +427,7 @@ class Reconciler:
             proposal = plan.proposals[resource]
             ratios[(*plan.key, resource)] = float(proposal.ratio if written else plan.current.get(resource, 1))
             rows.append(Row(_name(plan.key), resource, current, format_ratio(proposal.ratio),
-                            _amount(resource, proposal.demand), proposal.reason,
+                            _demand(resource, proposal.demand), proposal.reason,
                             written and resource in plan.changes()))
         return rows
 
@@ -462,8 +461,8 @@ class Reconciler:
         done = self._write_all(self._resize, jobs) if not dry_run else [False] * len(jobs)
         for (pod, plan, _), ok in zip(jobs, done, strict=True):
             namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
-            rows += [Row(f"Pod/{namespace}/{name}", c.resource, _amount(c.resource, c.before),
-                         _amount(c.resource, c.after), "", f"in-place resize of {c.container} ({plan.ratios})",
+            rows += [Row(f"Pod/{namespace}/{name}", c.resource, format_amount(c.resource, c.before),
+                         format_amount(c.resource, c.after), "", f"in-place resize of {c.container} ({plan.ratios})",
                          ok) for c in plan.changes]
         return rows
 
@@ -690,7 +689,7 @@ class Reconciler:
                 held = unavailable and proposal.ratio == plan.current[resource]
                 reason = f"history unavailable, holding: {unavailable}" if held else proposal.reason
                 rows.append(Row(f"Node/{name}", resource, format_ratio(plan.current[resource]),
-                                format_ratio(proposal.ratio), _amount(resource, proposal.demand), reason,
+                                format_ratio(proposal.ratio), _demand(resource, proposal.demand), reason,
                                 written and resource in plan.changes()))
         self.metrics.report(self.metrics.ratio, "oversale", ratios)
         return rows
@@ -1036,8 +1035,8 @@ def _name(key: WorkloadKey) -> str:
     return f"{kind}/{namespace}/{name}"
 
 
-def _amount(resource: str, value: float | None) -> str:
-    return "" if value is None else format_amount(resource, math.ceil(value))
+def _demand(resource: str, value: float | None) -> str:
+    return "" if value is None else format_measured(resource, value)
 
 
 def _now() -> str:

@@ -84,6 +84,15 @@ def test_memory_demand_is_never_below_the_peak():
     assert proposal.ratio == 2  # 2048 / max(575, 1024)
 
 
+def test_a_memory_demand_is_told_rounded_up_to_the_mi_not_in_bytes():
+    mi = 2**20
+    proposal = compression_proposal("memory", {"app": 1024 * mi}, {"app": stats(300 * mi + 1)}, P95)
+    assert proposal.reason == "container app: request 1Gi, demand 346Mi (P95 x 1.15, at least the peak)"
+    assert proposal.demand == pytest.approx(345 * mi + 1.15), "only the telling is rounded"
+    node = oversale_proposal("memory", 40 * 2**30, 64 * 2**30, stats(21 * 2**30 - 1), Decimal(1), TARGET_07)
+    assert node.reason == "P100 usage 21Gi of 40Gi requested, target 0.6", "21Gi less a byte"
+
+
 def test_no_ratio_above_one_without_enough_history():
     thin = stats(100, samples=50, covered=6 * 3600)
     proposal = compression_proposal("cpu", {"app": 1000}, {"app": thin}, P95)

@@ -696,7 +696,7 @@ def test_a_node_hot_on_memory_loses_the_pod_whose_containers_together_use_most_o
     (moved,) = [r for r in rows if r.written]
     assert moved.object == "Pod/shop/web-5d8f9-abcde" and moved.proposed == "node-cool"
     assert moved.reason.endswith("(memory usage 94% of real capacity is above the runtime watermark 90%); "
-                                 "Burstable, uses 1000Mi memory, 614Mi above the watermark")
+                                 "Burstable, uses 1000Mi memory, 615Mi above the watermark")
     assert evictions(api) == 1
 
 
@@ -715,6 +715,29 @@ def test_a_malformed_reading_is_skipped_and_the_others_are_read_exactly(api):
                                                                     "node-cool": (500, 2 * GI)}
     web = [(c.container, c.cpu, c.memory) for c in reader.containers() if c.pod == "web-5d8f9-abcde"]
     assert web == [("app", 250, 300 * 2**20), ("probe", 1, 2**20)]
+
+
+def test_readings_are_timed_from_when_the_reader_first_saw_their_stamp(api):
+    """A reading's age counts on the reader's clock from its first sight (``first_seen``): a node
+    whose clock runs ahead does not keep an unrenewed reading fresh, for Pods as for nodes."""
+    clock = [NOW]
+    ahead = format_timestamp(NOW + 3600)
+    api.put("nodemetrics", {**api.get("nodemetrics", "", "node-hot"), "timestamp": ahead})
+    api.put("podmetrics", {**api.get("podmetrics", "shop", "web-5d8f9-abcde"), "timestamp": ahead})
+    reader = MetricsAPI(client.ApiClient(client.Configuration(host=api.url)), clock=lambda: clock[0])
+
+    def times() -> tuple[float | None, ...]:
+        node = {m.name: m.at for m in reader.nodes()}
+        pods = {c.pod: c.at for c in reader.containers()}
+        return node["node-hot"], node["node-cool"], pods["web-5d8f9-abcde"], pods["api-6f7c8-fghij"]
+
+    assert times() == (NOW, NOW, NOW, None), "no stamp: a node's reading is as of now, a Pod's of no time"
+    clock[0] += 300
+    assert times() == (NOW, NOW + 300, NOW, None), "not scraped again: 300 s old, whatever its stamp says"
+    renewed = format_timestamp(NOW + 290)
+    api.put("podmetrics", {**api.get("podmetrics", "shop", "web-5d8f9-abcde"), "timestamp": renewed})
+    clock[0] += 10
+    assert times()[2] == NOW + 310, "a new stamp: a new reading"
 
 
 def test_the_hot_node_taint_keeps_other_taints_and_says_until_when():
