@@ -887,6 +887,66 @@ def test_a_pod_is_not_evicted_toward_a_node_without_the_gpus_or_pod_slots_it_tak
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None, "room for it now: it moves"
 
 
+@pytest.mark.parametrize(("gpus", "taken", "moves"), [("3", ("1", "1"), True), ("2", ("1", "1"), False)])
+def test_the_gpus_a_targets_pods_hold_are_summed_to_the_last_one(api, gpus, taken, moves):
+    """node-cool's Pods hold 2 GPUs between them: with 3 it has one left for web's, with 2 none."""
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    api.put("pods", web)
+    api.delete("pods", "shop", "api-6f7c8-fghij")
+    cool = api.get("nodes", "", "node-cool")
+    cool["status"]["allocatable"]["nvidia.com/gpu"] = gpus
+    api.put("nodes", cool)
+    for name, count in zip(("train-7c9d-xyzab", "train-7c9d-stuvw"), taken, strict=True):
+        other = pod(name, owner=("ReplicaSet", "train-7c9d"))
+        other["spec"]["nodeName"] = "node-cool"
+        other["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": count}
+        api.put("pods", other)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert (api.get("pods", "shop", "web-5d8f9-abcde") is None) is moves
+    if not moves:
+        assert ("Pod/shop/web-5d8f9-abcde", "not moved: no node can take it (nvidia.com/gpu: 1 requested, 0 free "
+                "on node-cool)") in {(r.object, r.reason) for r in rows}
+
+
+@pytest.mark.parametrize(("age", "judged"), [(180, True), (181, False)])
+def test_a_reading_counts_up_to_the_metrics_age_limit_and_not_a_second_longer(api, age, judged):
+    api.put("nodemetrics", {**api.get("nodemetrics", "", "node-hot"), "timestamp": format_timestamp(NOW - age)})
+    settings = dataclasses.replace(SETTINGS, hot_observations=1)
+    assert settings.metrics_max_age_seconds == 180
+    remediator_ = remediator(api, settings, clock=lambda: NOW)
+    remediator_.run_pass()
+    assert evictions(api) == (1 if judged else 0)
+    assert (remediator_.metrics.hot_nodes._value.get() == 1) is judged
+
+
+def test_a_target_hot_within_the_hour_is_passed_over_until_that_hour_is_over(api):
+    """A target must be under its scheduling watermarks as the extender reads them: the 5-minute
+    average (65%) and the 1-hour maximum (85%) of the samples the remediator kept from its passes.
+    node-cool ran 7.5 of its 8 cores: 59 min 59 s later, at 500m, it is still no target (a
+    replacement would land on a node whose load just peaked); once that reading is an hour old,
+    web moves there."""
+    clock = [NOW]
+    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1), lambda: clock[0])
+
+    def cool_node_at(cpu: str) -> dict[str, str]:
+        api.put("nodemetrics", {"metadata": {"name": "node-cool"}, "window": "30s",
+                                "timestamp": format_timestamp(clock[0]), "usage": {"cpu": cpu, "memory": "2Gi"}})
+        api.put("nodemetrics", {"metadata": {"name": "node-hot"}, "window": "30s",
+                                "timestamp": format_timestamp(clock[0]), "usage": {"cpu": "3920m", "memory": "4Gi"}})
+        return {r.object: r.reason for r in remediator_.run_pass()}
+
+    assert cool_node_at("7500m")["Pod/shop/web-5d8f9-abcde"].startswith("not moved: no node can take it (cpu usage ")
+    clock[0] += 3599
+    assert "(1-hour maximum" in cool_node_at("500m")["Pod/shop/web-5d8f9-abcde"], "7.5 cores 59 min 59 s ago"
+    assert evictions(api) == 0
+    clock[0] += 1
+    cool_node_at("500m")
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    # Nor is it kept: a remediator passing every minute for months would hold every reading.
+    assert [sample.at for sample in remediator_.samples["node-cool"]] == [NOW + 3599, NOW + 3600]
+
+
 def test_a_pod_is_not_evicted_toward_a_node_where_its_host_port_is_taken(api):
     web = api.get("pods", "shop", "web-5d8f9-abcde")
     web["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 8080}]
@@ -1245,30 +1305,6 @@ def test_a_workload_moved_once_stays_until_its_cooldown_ends(api):
     assert evictions(api) == 2 and api.get("pods", "shop", "web-5d8f9-bbbbb") is None
 
 
-def test_a_target_hot_within_the_hour_is_passed_over_until_that_hour_is_over(api):
-    """A target must be under its scheduling watermarks as the extender reads them: the 5-minute
-    average (65%) and the 1-hour maximum (85%) of the samples the remediator kept from its passes.
-    node-cool ran at 94% of its 8 cores: ten minutes later, at 500m, it is still no target (a
-    replacement would land on a node whose load just peaked); once that reading is older than the
-    hour, web moves there."""
-    clock = [time.time()]
-    remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1), lambda: clock[0])
-
-    def cool_node_at(cpu: str) -> dict[str, str]:
-        api.put("nodemetrics", {"metadata": {"name": "node-cool"}, "window": "30s",
-                                "usage": {"cpu": cpu, "memory": "2Gi"}})
-        return {r.object: r.reason for r in remediator_.run_pass()}
-
-    cool_node_at("7500m")
-    clock[0] += 600
-    kept = cool_node_at("500m")["Pod/shop/web-5d8f9-abcde"]
-    assert evictions(api) == 0
-    assert kept.startswith("not moved: no node can take it (cpu usage ") and "(1-hour maximum" in kept, kept
-    clock[0] += 3600 - 600 + 1
-    cool_node_at("500m")
-    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
-
-
 def test_cooldowns_merge_at_the_later_end_drop_the_ended_and_read_back_as_written():
     earlier = Cooldowns(100.0, {"shop/ReplicaSet/a": 200.0, "shop/ReplicaSet/b": 50.0})
     later = Cooldowns(None, {"shop/ReplicaSet/a": 150.0, "shop/ReplicaSet/c": 300.0})
@@ -1538,8 +1574,10 @@ def test_passes_blind_for_a_while_say_so_when_it_starts_and_when_it_ends(api, ca
     with caplog.at_level(logging.INFO, logger="reconcilers.remediation"):
         for _ in range(3):
             assert remediator_.run_pass(dry_run=True) == []
+            assert remediator_.incomplete == ["cannot read usage or the cluster (HTTP 503 Service Unavailable)"]
         api.unavailable = set()
         remediator_.run_pass(dry_run=True)
+        assert remediator_.incomplete == [], "a pass that observed everything is complete again"
     said = [r.getMessage() for r in caplog.records if "usage" in r.getMessage()]
     assert said == ["remediation pass skipped: cannot read usage or the cluster (HTTP 503 Service Unavailable)",
                     "remediation reads usage and the cluster again (after 3 failed runs)"]
