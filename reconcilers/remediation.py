@@ -484,8 +484,8 @@ class Remediator:
                 log.info("Pod/%s: eviction refused for now (PodDisruptionBudget); retried next pass", move.pod.name)
             elif error.status in (404, 409):
                 self.metrics.evictions.labels("gone").inc()
-                log.info("Pod/%s: gone since this pass read it%s; not evicted", move.pod.name,
-                         " (another Pod has its name now)" if error.status == 409 else "")
+                log.info("Pod/%s: gone since this pass read it (%s); not evicted", move.pod.name,
+                         "another Pod has its name now" if error.status == 409 else "deleted meanwhile")
             else:
                 self.metrics.evictions.labels("error").inc()
                 log.warning("Pod/%s: eviction failed: %s", move.pod.name, api_refusal(error))

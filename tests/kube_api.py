@@ -148,6 +148,8 @@ class FakeKubeAPI:
         self.recreated: set[tuple[str, str]] = set()
         """(namespace, Pod) its controller deletes and creates again under the same name (a new UID)
         just before the next eviction of it arrives: a StatefulSet's Pod, replaced meanwhile."""
+        self.vanishing: set[tuple[str, str]] = set()
+        """(namespace, Pod) deleted (a rollout, a drain) just before the next eviction of it arrives."""
         self.held_lists: dict[str, threading.Event] = {}
         """plural -> Event: the next list of it takes its snapshot, then waits for the Event before
         it answers (a large cluster's list, paged over seconds while writes and their watch events
@@ -723,6 +725,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             """POST pods/NAME/eviction: the disruption controller's budget decides, as the API server's
             eviction registry does (429 while no disruption is allowed; the Pod is deleted otherwise),
             and a UID precondition that names another Pod is a 409 Conflict."""
+            if (namespace, name) in api.vanishing:
+                api.vanishing.discard((namespace, name))
+                api.delete("pods", namespace, name)
             pod = api.get("pods", namespace, name)
             if pod is None:
                 return self._send(404, _status(404, "NotFound", f'pods "{name}" not found'))

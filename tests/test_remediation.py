@@ -654,14 +654,15 @@ def evictions(api: FakeKubeAPI) -> int:
     return sum(1 for r in api.requests if r.method == "POST" and r.path.endswith("/eviction"))
 
 
-def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api):
+def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api, caplog):
     remediator_ = remediator(api)
     hot_nodes = partial(remediator_.metrics.registry.get_sample_value, "oversale_remediation_hot_nodes")
     for _ in range(2):
         rows = remediator_.run_pass()
         assert evictions(api) == 0 and any("hot" in r.reason and r.object == "Node/node-hot" for r in rows)
         assert hot_nodes() == 0, "not hot for 3 observations yet"
-    rows = remediator_.run_pass()
+    with caplog.at_level(logging.INFO, logger="reconcilers.remediation"):
+        rows = remediator_.run_pass()
     assert evictions(api) == 1 and hot_nodes() == 1
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None, "evicted: the Eviction API deleted it"
     assert api.get("pods", "shop", "api-6f7c8-fghij") is not None
@@ -673,6 +674,11 @@ def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api):
               for e in api.list_objects("events", None, {})["items"]}
     assert {("Pod", "EvictedFromHotNode", "Normal"), ("Node", "HotNodeRemediated", "Normal")} <= events
     assert remediator_.metrics.evictions.labels("hot-node")._value.get() == 1
+    assert remediator_.metrics.registry.get_sample_value("oversale_remediation_reservations_total") == 1
+    assert not [r.path for r in api.requests if "csinodes" in r.path or "volumeattachments" in r.path], \
+        "no Pod has a CSI volume: no node's volume limits are read"
+    assert ("Pod/shop/web-5d8f9-abcde: evicted from hot node node-hot toward node-cool: Burstable, uses 2500m cpu, "
+            "120m above the watermark") in [r.getMessage() for r in caplog.records]
     # The node cools down for a while: no second eviction even if it stays hot.
     for _ in range(3):
         remediator_.run_pass()
@@ -822,13 +828,16 @@ def test_a_dry_run_leaves_a_spent_hold_for_the_running_loop_to_drop(api):
     assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {})
 
 
-def test_a_pdb_refusal_is_retried_later_and_the_pod_is_never_deleted_around_it(api):
+def test_a_pdb_refusal_is_retried_later_and_the_pod_is_never_deleted_around_it(api, caplog):
     budget = {"metadata": {"name": "web", "namespace": "shop"},
               "spec": {"selector": {"matchLabels": {"app": "web"}}}, "status": {"disruptionsAllowed": 0}}
     api.put("poddisruptionbudgets", budget)
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
-    for _ in range(3):
-        remediator_.run_pass()
+    with caplog.at_level(logging.INFO, logger="reconcilers.remediation"):
+        for _ in range(3):
+            remediator_.run_pass()
+    assert [r.getMessage() for r in caplog.records if "eviction" in r.getMessage()] == 3 * [
+        "Pod/shop/web-5d8f9-abcde: eviction refused for now (PodDisruptionBudget); retried next pass"]
     assert api.get("pods", "shop", "web-5d8f9-abcde") is not None, "protected by its budget"
     assert evictions(api) == 3 and not any(r.method == "DELETE" for r in api.requests)
     assert remediator_.metrics.evictions.labels("refused-by-pdb")._value.get() == 3
@@ -1079,6 +1088,17 @@ def test_a_pod_is_not_evicted_toward_a_node_its_replacement_could_not_run_on(api
     assert api.get("pods", "shop", "api-6f7c8-fghij") is None and evictions(api) == 1
 
 
+def test_a_pod_moves_to_a_node_whose_labels_its_node_selector_asks_for(api):
+    """The target's own labels are what kube-scheduler matches the nodeSelector against: a node
+    that carries the label takes the Pod (the labels are not dropped on the way to the plan)."""
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["nodeSelector"] = {"pool": "general"}
+    api.put("pods", web)
+    label_nodes(api, "pool", {"node-hot": "general", "node-cool": "general"})
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass(dry_run=True)
+    assert [(r.object, r.proposed) for r in rows if r.proposed] == [("Pod/shop/web-5d8f9-abcde", "node-cool")]
+
+
 def pass_while_unavailable(api: FakeKubeAPI, caplog: Any, plural: str) -> tuple[Remediator, list[Any]]:
     """A remediator's first pass (hot at once) while ``plural`` answers HTTP 503: nothing moves."""
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
@@ -1130,6 +1150,7 @@ def test_a_pod_is_not_evicted_toward_a_node_whose_csi_driver_attaches_no_more_vo
     kube-scheduler's NodeVolumeLimits filter would keep the replacement Pending on a node at its
     limit, counting the volumes VolumeAttachments show there. An in-tree EBS volume is attached by
     the EBS CSI driver (CSI migration) and counts the same."""
+    api.delete("pods", "shop", "agent-xyz12")  # the limits are read for the Pods with CSI volumes themselves
     with_claimed_volumes(api, ("data-web", "pv-web", {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-1"}}),
                          ("cache-api", "pv-api", {"awsElasticBlockStore": {"volumeID": "vol-2"}}))
     api.put("csinodes", {"metadata": {"name": "node-cool"}, "spec": {"drivers": [
@@ -1288,10 +1309,9 @@ def test_the_pass_and_namespace_limits_hold_across_hot_nodes(api):
 
 
 def test_a_workload_moved_once_stays_until_its_cooldown_ends(api):
-    clock = [time.time()]
-    api_client = client.ApiClient(client.Configuration(host=api.url))
+    clock = [float(int(time.time()))]  # whole seconds: the cooldown's record ends exactly 60 s on
     settings = dataclasses.replace(SETTINGS, hot_observations=1, workload_cooldown_seconds=60)
-    remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+    remediator_ = remediator(api, settings, lambda: clock[0])
     remediator_.run_pass()
     assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
     # Another replica of web runs hot elsewhere (node-hot itself is in its own cooldown now).
@@ -1300,9 +1320,56 @@ def test_a_workload_moved_once_stays_until_its_cooldown_ends(api):
     assert evictions(api) == 1
     assert {r.object: r.reason for r in rows}["Pod/shop/web-5d8f9-bbbbb"] == \
         "kept: workload shop/ReplicaSet/web-5d8f9 moved recently (cooling down)"
-    clock[0] += 61
+    clock[0] += 59
     remediator_.run_pass()
-    assert evictions(api) == 2 and api.get("pods", "shop", "web-5d8f9-bbbbb") is None
+    assert evictions(api) == 1, "a second of its cooldown left"
+    clock[0] += 1
+    remediator_.run_pass()
+    assert evictions(api) == 2 and api.get("pods", "shop", "web-5d8f9-bbbbb") is None, "it ends at 60 s"
+
+
+def test_a_node_is_judged_again_the_second_its_cooldown_ends(api):
+    clock = [float(int(time.time()))]
+    settings = dataclasses.replace(SETTINGS, hot_observations=1, node_cooldown_seconds=60)
+    remediator_ = remediator(api, settings, lambda: clock[0])
+    remediator_.run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    clock[0] += 59
+    rows = remediator_.run_pass()
+    assert evictions(api) == 1
+    assert {r.object: r.reason for r in rows}["Node/node-hot"] == (
+        "hot, cooling down after an eviction (1s left): cpu usage 98% of real capacity is above the runtime "
+        "watermark 95%")
+    clock[0] += 1
+    remediator_.run_pass()
+    assert evictions(api) == 2 and api.get("pods", "shop", "api-6f7c8-fghij") is None, "still hot: the next Pod"
+
+
+def test_the_hold_of_a_pod_without_a_memory_request_holds_no_memory(api):
+    web = api.get("pods", "shop", "web-5d8f9-abcde")
+    web["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "500m"}}
+    api.put("pods", web)
+    remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
+    assert {k: v for k, v in held["shop/ReplicaSet/web-5d8f9"].items() if k != "until"} == {"cpu": "500m",
+                                                                                           "memory": "0"}
+
+
+def test_a_hold_that_expires_this_second_is_dropped(api):
+    """A hold lasts until its ``until``, not through it: the extender stops counting it then too."""
+    clock = [float(int(time.time()))]
+    cool = api.get("nodes", "", "node-cool")
+    ending = {"cpu": "500m", "memory": "512Mi", "until": format_timestamp(clock[0] + 1)}
+    cool["metadata"]["annotations"] = {KEYS.reservations: json.dumps({"batch/Job/etl": ending})}
+    api.put("nodes", cool)
+    usage(api, "1", HOT)  # nothing hot: the pass only tidies
+    remediator_ = remediator(api, SETTINGS, lambda: clock[0])
+    remediator_.run_pass()
+    assert KEYS.reservations in api.get("nodes", "", "node-cool")["metadata"]["annotations"], "a second left"
+    clock[0] += 1
+    remediator_.run_pass()
+    assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {})
 
 
 def test_cooldowns_merge_at_the_later_end_drop_the_ended_and_read_back_as_written():
@@ -1544,7 +1611,11 @@ def test_a_pod_whose_only_target_is_full_is_not_evicted(api):
         {"name": "app", "image": "x", "resources": {"requests": {"cpu": "7800m", "memory": "1Gi"}}}]}})
     rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
     assert evictions(api) == 0
-    assert any("no node can take it" in r.reason for r in rows)
+    assert {r.object for r in rows if "no node can take it" in r.reason} == {"Pod/shop/web-5d8f9-abcde",
+                                                                             "Pod/shop/api-6f7c8-fghij"}
+    assert {r.object: r.reason for r in rows}["Node/node-hot"] == ("hot: cpu usage 98% of real capacity is above "
+                                                                   "the runtime watermark 95%; nothing can move "
+                                                                   "(2 candidates)"), "the DaemonSet Pod is none"
 
 
 def test_without_usage_nothing_is_evicted_and_nothing_is_reported_as_seen(api):
@@ -1555,7 +1626,8 @@ def test_without_usage_nothing_is_evicted_and_nothing_is_reported_as_seen(api):
     remediator_.run_pass(dry_run=True)
     registry = remediator_.metrics.registry
     utilization = {"node": "node-hot", "resource": "cpu"}
-    assert registry.get_sample_value("oversale_node_real_utilization", utilization) > 0.95
+    assert registry.get_sample_value("oversale_node_real_utilization", utilization) == pytest.approx(3.92 / 4), \
+        "3920m used of node-hot's 4 real cores"
     observed = registry.get_sample_value("oversale_remediation_last_observation_timestamp_seconds")
     assert observed > time.time() - 60
     api.unavailable = {"nodemetrics", "podmetrics"}
@@ -1596,7 +1668,7 @@ def test_a_pass_that_cannot_reach_the_api_server_says_where_and_why():
                                       "refused))"]
 
 
-def test_a_node_can_carry_its_own_runtime_watermark(api):
+def test_a_node_can_carry_its_own_runtime_watermark(api, caplog):
     hot = api.get("nodes", "", "node-hot")
     hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "0.99"}
     api.put("nodes", hot)
@@ -1604,8 +1676,11 @@ def test_a_node_can_carry_its_own_runtime_watermark(api):
     assert rows == [] and evictions(api) == 0, "98% is under this node's 99%"
     hot["metadata"]["annotations"] = {KEYS.cpu_runtime_watermark: "99%"}
     api.put("nodes", hot)
-    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    with caplog.at_level(logging.WARNING, logger="reconcilers.remediation"):
+        rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
     assert evictions(api) == 1, "an unreadable value keeps the default 95%"
+    assert f"Node/node-hot: annotation {KEYS.cpu_runtime_watermark}='99%' ignored: not a number above 0 and at " \
+           "most 1; default kept" in [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
 def test_two_hot_nodes_in_one_pass_do_not_both_fill_the_one_target(api):
@@ -1638,19 +1713,24 @@ def test_an_unreadable_reservation_on_the_target_holds_nothing_and_blocks_nothin
     assert list(held) == ["shop/ReplicaSet/web-5d8f9"], "rewritten as one readable hold"
 
 
-def test_a_pod_recreated_under_its_name_since_the_pass_read_it_is_not_evicted(api, caplog):
+@pytest.mark.parametrize("recreated", [True, False])
+def test_a_pod_gone_or_recreated_under_its_name_since_the_pass_read_it_is_not_evicted(api, caplog, recreated):
     """The eviction names the Pod the pass read by its UID: a StatefulSet recreates its Pods under
-    the same name, and the new one is no part of this node's heat."""
-    api.recreated = {("shop", "web-5d8f9-abcde")}
+    the same name, and the new one is no part of this node's heat (409); a Pod deleted meanwhile
+    is not found (404). Neither is an error."""
+    (api.recreated if recreated else api.vanishing).add(("shop", "web-5d8f9-abcde"))
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1))
     with caplog.at_level(logging.INFO, logger="reconcilers.remediation"):
         rows = remediator_.run_pass()
     assert evictions(api) == 1, "asked for once"
     survivor = api.get("pods", "shop", "web-5d8f9-abcde")
-    assert survivor is not None and survivor["metadata"]["uid"].endswith("-again"), "the new Pod stays"
+    if recreated:
+        assert survivor is not None and survivor["metadata"]["uid"].endswith("-again"), "the new Pod stays"
     assert [r for r in rows if r.written] == []
     assert remediator_.metrics.evictions.labels("gone")._value.get() == 1
-    assert "Pod/shop/web-5d8f9-abcde: gone since this pass read it (another Pod has its name now)" in caplog.text
+    assert remediator_.metrics.evictions.labels("error")._value.get() == 0
+    said = "another Pod has its name now" if recreated else "deleted meanwhile"
+    assert f"Pod/shop/web-5d8f9-abcde: gone since this pass read it ({said}); not evicted" in caplog.text
     assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {}), \
         "the room held for its replacement is released"
 
