@@ -2519,13 +2519,17 @@ def two_days_with_node_1_hot(api: FakeKubeAPI, path: Path) -> SqliteHistory:
     return history
 
 
-def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accounted(api, tmp_path):
+def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accounted(api, tmp_path, caplog):
     """node-1's real cpu is 3920m; in the last day its usage passed it in 6 of 144 samples
     (4.2% of the day, 42x the default 0.1% budget)."""
     history = two_days_with_node_1_hot(api, tmp_path / "history.db")
     sampler = MetricsSampler(api_client_for(api), history)
     reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
-    rows = reconciler.run_pass()
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        rows = reconciler.run_pass()
+    overspent = [m for m in caplog.messages if "overspent its hot-time budget" in m]
+    assert [m.split(": cpu: ")[0] for m in overspent] == [
+        "Node/node-1: it overspent its hot-time budget", "Node/node-1: its pool overspent its hot-time budget"]
 
     notes = annotations(api, "nodes", "node-1", "")
     account = json.loads(notes[KEYS.hot_time_account])
@@ -2554,6 +2558,10 @@ def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accou
     assert reconciler.metrics.overspends.labels("node", "default", "cpu")._value.get() == 1
     assert reconciler.metrics.overspends.labels("pool", "default", "cpu")._value.get() == 1
     assert reconciler.metrics.pool_multiplier.labels("default", "cpu")._value.get() < 1
+    multiplier = reconciler.metrics.registry.get_sample_value
+    assert multiplier("oversale_hot_time_account_multiplier", {"node": "node-1", "resource": "cpu"}) == \
+        AccountConfig().min_multiplier
+    assert multiplier("oversale_hot_time_account_multiplier", {"node": "node-2", "resource": "cpu"}) == 1
     assert "account: target x" in next(r for r in rows if r.object == "Node/node-1" and r.resource == "cpu").reason
     # node-2 was never hot: its own account is untouched, but it is in the pool that overspent, and
     # its ratio's target is backed off with the pool's (the replay's account is the pool's).
@@ -2661,8 +2669,11 @@ def test_a_pools_overspend_backs_off_its_own_nodes_only(api, tmp_path):
         api.put("nodes", stored)
     reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
     reconciler.run_pass()
-    assert reconciler.metrics.pool_multiplier.labels("a", "cpu")._value.get() < 1
+    backed_off = reconciler.metrics.pool_multiplier.labels("a", "cpu")._value.get()
+    assert backed_off < 1
     assert reconciler.metrics.pool_multiplier.labels("b", "cpu")._value.get() == 1
+    hot = annotations(api, "nodes", "node-1", "")
+    assert json.loads(hot[KEYS.pool_hot_time_account])["cpu"]["multiplier"] == backed_off, "pool a's, not b's"
     cool = annotations(api, "nodes", "node-2", "")
     assert json.loads(cool[KEYS.pool_hot_time_account])["cpu"] == {"multiplier": 1.0}
     assert reconciler.metrics.overspends.labels("pool", "b", "cpu")._value.get() == 0
