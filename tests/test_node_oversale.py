@@ -219,6 +219,27 @@ def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
 
 
 @pytest.mark.shared
+@pytest.mark.parametrize("record", ["3920m", '["3920m"]', '{"cpu": "lots"}', '{"cpu": ["3920m"]}'])
+def test_a_record_of_real_values_edited_unreadable_is_warned_of_and_written_anew_from_the_stored_values(record):
+    """A record edited by hand (not JSON, not an object, not quantities) cannot say what is real:
+    another writer's status write is reshaped from the values stored instead, with a warning, and
+    the record is written back readable, so the next write neither warns nor moves."""
+    stored, on = stored_after_create()
+    stored["metadata"]["annotations"][KEYS.real_allocatable] = record
+    result = oversell_node(copy.deepcopy(stored), stored, False, on)
+    assert result.warnings == [f"annotation {KEYS.real_allocatable} on the stored Node is unreadable; "
+                               "stored values taken as real"]
+    assert result.real.allocatable["cpu"] == stored["status"]["allocatable"]["cpu"] == "7840m"
+    assert json.loads(result.annotations[KEYS.real_allocatable])["cpu"] == "7840m"
+    assert amounts(result.allocatable)["cpu"] == 2 * 7840, "the stored (oversold) value taken as real, x2"
+    after = copy.deepcopy(stored)
+    after["metadata"]["annotations"] = result.annotations
+    after["status"]["allocatable"], after["status"]["capacity"] = result.allocatable, result.capacity
+    again = oversell_node(copy.deepcopy(after), after, False, on)
+    assert again.warnings == [] and again.allocatable == result.allocatable
+
+
+@pytest.mark.shared
 def test_a_status_write_is_remembered_by_its_capacity_too():
     settings = Settings(kubernetes="off")
     node = gke_node()

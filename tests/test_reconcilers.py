@@ -2612,6 +2612,17 @@ def test_a_node_that_leaves_oversale_is_no_longer_reported(api, tmp_path):
     for family, labels, key in series:
         assert sample(family, {**labels, key: "node-1"}) is None, family
         assert sample(family, {**labels, key: "node-2"}) is not None, family
+    # The last node leaving takes the pool's and the cluster's series with it.
+    pooled = [("oversale_hot_time_ratio", {"scope": "cluster", "name": "", "resource": "cpu", "window": "7d"}),
+              ("oversale_hot_time_pool_multiplier", {"pool": "default", "resource": "cpu"})]
+    assert None not in [sample(family, labels) for family, labels in pooled]
+    node = api.get("nodes", "", "node-2")
+    del node["metadata"]["labels"][KEYS.oversale_label]
+    api.put("nodes", node)
+    assert not [row for row in reconciler.run_pass() if row.object.startswith("Node/")]
+    for family, labels, key in series:
+        assert sample(family, {**labels, key: "node-2"}) is None, family
+    assert [sample(family, labels) for family, labels in pooled] == [None, None]
 
 
 def warned_about(reconciler: Reconciler, caplog: Any, annotation: str, passes: int = 2) -> list[str]:
