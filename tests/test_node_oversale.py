@@ -240,6 +240,17 @@ def test_a_record_of_real_values_edited_unreadable_is_warned_of_and_written_anew
 
 
 @pytest.mark.shared
+def test_a_record_of_applied_ratios_edited_unreadable_is_written_anew():
+    """The applied-ratio record only says which resources a removed ratio must restore: an
+    unreadable one is taken as none applied, and the write is still reshaped from the real values."""
+    stored, on = stored_after_create()
+    stored["metadata"]["annotations"][KEYS.applied_oversale_ratio] = "cpu=2"
+    result = oversell_node(copy.deepcopy(stored), stored, False, on)
+    assert amounts(result.allocatable)["cpu"] == 2 * 3920 and result.warnings == []
+    assert json.loads(result.annotations[KEYS.applied_oversale_ratio]) == {"cpu": "2"}
+
+
+@pytest.mark.shared
 def test_a_status_write_is_remembered_by_its_capacity_too():
     settings = Settings(kubernetes="off")
     node = gke_node()
