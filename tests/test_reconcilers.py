@@ -2625,6 +2625,24 @@ def test_a_node_that_leaves_oversale_is_no_longer_reported(api, tmp_path):
     assert [sample(family, labels) for family, labels in pooled] == [None, None]
 
 
+def test_a_nodes_ratio_gauge_shows_the_ratio_it_carries_after_the_pass(api, tmp_path):
+    """A dry run proposes and writes nothing: the gauge keeps the ratio the node carries; a pass
+    that writes the proposal shows it."""
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+    ratio = reconciler.metrics.ratio.labels
+
+    def node_2_cpu(rows: list[Row]) -> Row:
+        return next(r for r in rows if (r.object, r.resource) == ("Node/node-2", "cpu"))
+
+    proposed = node_2_cpu(reconciler.run_pass(dry_run=True))
+    assert proposed.proposed != proposed.current and not proposed.written
+    assert ratio("Node", "", "node-2", "cpu")._value.get() == float(proposed.current)
+    written = node_2_cpu(reconciler.run_pass())
+    assert written.written and written.proposed == proposed.proposed
+    carried = annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio]
+    assert ratio("Node", "", "node-2", "cpu")._value.get() == float(carried) == float(written.proposed)
+
+
 def warned_about(reconciler: Reconciler, caplog: Any, annotation: str, passes: int = 2) -> list[str]:
     """The warnings naming ``annotation`` over ``passes`` passes."""
     caplog.clear()
