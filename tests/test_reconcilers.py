@@ -2625,6 +2625,25 @@ def test_a_node_that_leaves_oversale_is_no_longer_reported(api, tmp_path):
     assert [sample(family, labels) for family, labels in pooled] == [None, None]
 
 
+def test_a_node_with_a_budget_of_its_own_is_judged_at_its_own_quantile(api, tmp_path):
+    """node-1 ran hot in 6 of its 288 samples: the default 0.1% budget's quantile sees them, a 5%
+    budget's does not. Only the node that carries the budget is judged at it."""
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+
+    def cpu_rows() -> dict[str, Row]:
+        return {r.object: r for r in reconciler.run_pass(dry_run=True) if r.resource == "cpu"}
+
+    default = cpu_rows()
+    assert default["Node/node-1"].demand == "4500m" and default["Node/node-1"].reason.startswith("budget 0.100%: ")
+    stored = api.get("nodes", "", "node-1")
+    stored["metadata"]["annotations"][KEYS.hot_time_budget("cpu")] = "0.05"
+    api.put("nodes", stored)
+    own = cpu_rows()
+    assert own["Node/node-1"].demand == "900m" and own["Node/node-1"].reason.startswith("budget 5.000%: P80 usage")
+    assert float(own["Node/node-1"].proposed) > float(default["Node/node-1"].proposed)
+    assert own["Node/node-2"] == default["Node/node-2"]
+
+
 def test_a_nodes_ratio_gauge_shows_the_ratio_it_carries_after_the_pass(api, tmp_path):
     """A dry run proposes and writes nothing: the gauge keeps the ratio the node carries; a pass
     that writes the proposal shows it."""
