@@ -283,6 +283,7 @@ def test_a_500_storm_stops_the_pass_with_a_reason_and_the_next_pass_works(tmp_pa
         rows = reconciler.run_pass()
         assert [r.object for r in rows] == ["Node/n1", "Node/n1"] and all("holding" in r.reason for r in rows)
         assert reconciler.incomplete == ["node history unavailable (down)"], "each pass says its own"
+        assert reconciler.metrics.staleness.labels("nodes")._value.get() == -1, "-1: source unavailable"
     finally:
         api.stop()
 

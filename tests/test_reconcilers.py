@@ -34,7 +34,7 @@ from oversale.timestamps import parse_timestamp
 from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable, ResourceStats
 from reconcilers.prometheus import PrometheusHistory
-from reconcilers.runner import Reconciler, Row, format_table
+from reconcilers.runner import NotLeader, Reconciler, Row, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
 from tests.conftest import ROOT, damage_sqlite, eventually, free_port, stop_process
 from tests.kube_api import FakeKubeAPI
@@ -2644,7 +2644,7 @@ def test_a_node_with_a_budget_of_its_own_is_judged_at_its_own_quantile(api, tmp_
     assert own["Node/node-2"] == default["Node/node-2"]
 
 
-def test_a_nodes_ratio_gauge_shows_the_ratio_it_carries_after_the_pass(api, tmp_path):
+def test_a_nodes_ratio_gauge_shows_the_ratio_it_carries_after_the_pass(api, tmp_path, caplog):
     """A dry run proposes and writes nothing: the gauge keeps the ratio the node carries; a pass
     that writes the proposal shows it."""
     reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
@@ -2656,10 +2656,30 @@ def test_a_nodes_ratio_gauge_shows_the_ratio_it_carries_after_the_pass(api, tmp_
     proposed = node_2_cpu(reconciler.run_pass(dry_run=True))
     assert proposed.proposed != proposed.current and not proposed.written
     assert ratio("Node", "", "node-2", "cpu")._value.get() == float(proposed.current)
-    written = node_2_cpu(reconciler.run_pass())
+    with caplog.at_level(logging.INFO, logger="reconcilers"):
+        written = node_2_cpu(reconciler.run_pass())
     assert written.written and written.proposed == proposed.proposed
-    carried = annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio]
-    assert ratio("Node", "", "node-2", "cpu")._value.get() == float(carried) == float(written.proposed)
+    carried = annotations(api, "nodes", "node-2", "")
+    assert ratio("Node", "", "node-2", "cpu")._value.get() == float(carried[KEYS.cpu_oversale_ratio]) == \
+        float(written.proposed)
+    change = f"cpu {written.current} -> {written.proposed}: {written.reason}"
+    assert carried[KEYS.ratio_last_change].endswith(" " + change), carried[KEYS.ratio_last_change]
+    assert any(m.startswith(f"Node/node-2: {change}") for m in caplog.messages), caplog.messages
+    assert reconciler.metrics.writes.labels("Node", "ok")._value.get() == 2, "both nodes' ratios or accounts"
+
+
+def test_a_replica_that_lost_the_lease_writes_no_node(api, tmp_path):
+    """The Lease is checked before each write: a replica that lost it between the workloads and
+    the nodes of its pass writes no node."""
+    clock = Clock()
+    holder = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "a", 15, clock)
+    other = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "b", 15, clock)
+    assert holder.try_acquire_or_renew() and not other.try_acquire_or_renew()
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS,
+                            leader=other)
+    with pytest.raises(NotLeader):
+        reconciler.reconcile_nodes(dry_run=False)
+    assert api.count("PATCH") == 0
 
 
 def warned_about(reconciler: Reconciler, caplog: Any, annotation: str, passes: int = 2) -> list[str]:
