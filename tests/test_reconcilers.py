@@ -1537,9 +1537,13 @@ def test_a_ratio_write_that_conflicts_on_every_try_is_told_and_left_to_the_next_
     api.concurrent_writes.update({"deployments/web": 3, "nodes/node-1": 3})
     reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url, resolution=300), SETTINGS)
     with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
-        reconciler.run_pass()
+        rows = reconciler.run_pass()
     assert annotations(api, "deployments", "web") == before["deployments"]
     assert annotations(api, "nodes", "node-1", "") == before["nodes"]
+    node_1 = [r for r in rows if r.object == "Node/node-1"]
+    assert any(r.proposed != r.current for r in node_1) and not any(r.written for r in node_1), node_1
+    cpu = next(r for r in node_1 if r.resource == "cpu")
+    assert reconciler.metrics.ratio.labels("Node", "", "node-1", "cpu")._value.get() == float(cpu.current)
     conflicts = [reconciler.metrics.writes.labels(kind, "conflict")._value.get() for kind in ("Deployment", "Node")]
     assert conflicts == [3, 3]
     assert ("Deployment/shop/web: ratios not written: it changed under each of 3 tries (another writer of it is "
