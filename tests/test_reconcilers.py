@@ -2861,6 +2861,33 @@ def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp
     assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "2.22"
 
 
+def test_a_node_ratio_another_writer_changed_meanwhile_is_decided_again_from_its_value(api, tmp_path):
+    """The conflict's other writer set node-2's ratio (an operator's kubectl annotate): the write
+    that follows is decided again from that ratio, its rise capped at 25% of it, not of the
+    ratio the pass read, and keeps the accounts the pass kept."""
+    for index in range(4):  # node-2 (cool, 900m) carries 4 cores of requests: room to oversell
+        api.put("pods", running_pod(f"calm-{index}", "node-2", "1", "1Gi"))
+    reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
+    api.concurrent_writes["nodes/node-2"] = 1  # a kubelet heartbeat: only the resourceVersion moved
+    reconciler.run_pass()
+    first = annotations(api, "nodes", "node-2", "")
+    assert first[KEYS.cpu_oversale_ratio] == "1.87"
+    assert {KEYS.hot_time, KEYS.hot_time_account, KEYS.pool_hot_time_account} <= first.keys(), \
+        "the accounts kept by the pass are written with the ratio decided again"
+
+    def operator_sets_ratio(node: dict[str, Any]) -> None:
+        if node["metadata"]["name"] == "node-2":
+            node["metadata"]["annotations"][KEYS.cpu_oversale_ratio] = "1.6"
+
+    api.concurrent_writes["nodes/node-2"] = 1
+    api.written_meanwhile["nodes"] = operator_sets_ratio
+    reconciler.run_pass()
+    written = annotations(api, "nodes", "node-2", "")
+    assert written[KEYS.cpu_oversale_ratio] == "2", "1.6 + 25%, under the account's 2.22"
+    assert " cpu 1.6 -> 2: " in written[KEYS.ratio_last_change], written[KEYS.ratio_last_change]
+    assert json.loads(written[KEYS.pool_hot_time_account])["cpu"]["multiplier"] == 0.5
+
+
 def test_an_object_that_cannot_be_read_again_after_a_conflict_waits_alone(api, prometheus, caplog):
     """After a 409 the workload or node is read again (a workload with the HPAs its plan is made
     again with); one deleted meanwhile (404) or whose read fails (500, 503) waits for the next
