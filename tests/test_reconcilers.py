@@ -2922,3 +2922,4 @@ def test_an_object_that_cannot_be_read_again_after_a_conflict_waits_alone(api, p
     assert annotations(api, "nodes", "node-2", "") != node_2, "so are the other nodes"
     assert not any("pass stopped" in m for m in caplog.messages)
     assert {r.object for r in rows} >= {"Deployment/shop/web", "StatefulSet/shop/db", "Node/node-1"}
+    assert not any(r.written for r in rows if r.object in ("Deployment/shop/web", "Node/node-1"))
