@@ -83,9 +83,9 @@ def pod(name: str = "web-5d8f9-abcde", owner: tuple[str, str] | None = ("Replica
     (pod(owner=("DaemonSet", "agent")), "DaemonSet"),
     (pod(owner=("Job", "nightly-29345")), "Job Pod (its replacement starts the work over"),
     (pod(owner=None), "no controller"),
-    (pod(priorityClassName="system-node-critical"), "critical priority"),
-    (pod(priority=2_000_001_000), "critical priority"),
-    (pod(priority=2_000_000_000), "critical priority"),  # system-cluster-critical's
+    (pod(priorityClassName="system-node-critical", priority=2_000_001_000), "critical priority (system-node-critical)"),
+    (pod(priority=2_000_001_000), "critical priority (2000001000)"),
+    (pod(priority=2_000_000_000), "critical priority (2000000000)"),  # system-cluster-critical's
     (pod(volumes=[{"name": "cache", "emptyDir": {}}]), "local storage (cache"),
     (pod(volumes=[{"name": "logs", "hostPath": {"path": "/var/log"}}]), "local storage (logs"),
     (pod(started="2027-01-15T07:55:00Z"), "minimum age"),
@@ -205,8 +205,10 @@ def apart_from_hosts_of(app: str) -> dict[str, Any]:
 
 def test_best_effort_first_then_burstable_using_most_above_request():
     ordered = eviction_order([candidate("g", "Guaranteed", 1000, 3000), candidate("b1", "Burstable", 500, 900),
-                              candidate("b2", "Burstable", 500, 1500), candidate("be", "BestEffort", 0, 100)])
-    assert [c.name for c in ordered] == ["shop/be", "shop/b2", "shop/b1", "shop/g"]
+                              candidate("b2", "Burstable", 500, 1500), candidate("be", "BestEffort", 0, 100),
+                              candidate("b3", "Burstable", 2000, 2500)])
+    # b3 uses the most of the Burstable Pods, but only 500m above its request: b2's 1000m comes first.
+    assert [c.name for c in ordered] == ["shop/be", "shop/b2", "shop/b3", "shop/b1", "shop/g"]
 
 
 def test_the_fewest_pods_that_cover_the_excess_and_each_has_a_place_to_go():
@@ -499,6 +501,7 @@ def test_a_move_takes_a_volume_slot_on_its_target_for_the_next_move():
                       allowed=5)
     assert [m.pod.name for m in plan.moves] == ["shop/a"]
     assert plan.kept[0][1] == "no node can take it (ebs.csi.aws.com: 2 volumes attached to node-cool, its limit 2)"
+    assert room.attached == {ebs: frozenset({"pv-0"})}, "the plan's own copy took the slot, not the target given"
     plan = plan_moves({"cpu": 2000.0}, [with_volume("a", "pv-a"), with_volume("b", "pv-0")], [room], LoadConfig(),
                       allowed=5)
     assert [m.pod.name for m in plan.moves] == ["shop/a", "shop/b"]
