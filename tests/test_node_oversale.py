@@ -19,6 +19,7 @@ from oversale.budget import budget_proposal
 from oversale.estimator import OversaleEstimator, UsageStats, oversale_proposal
 from oversale.node_oversale import (
     NodePolicy,
+    NodeResult,
     OversaleLimits,
     lowest_safe_ratio,
     node_policy_from_annotations,
@@ -54,16 +55,20 @@ def policy(**annotations):
     return node_policy_from_annotations(annotations, KEYS, OversaleLimits())
 
 
+def stored_as(node: dict, result: NodeResult) -> dict:
+    """``node`` as the API server stores it once the webhook reshaped a write of it into ``result``."""
+    stored = copy.deepcopy(node)
+    stored["metadata"]["annotations"] = result.annotations
+    stored["status"]["allocatable"], stored["status"]["capacity"] = result.allocatable, result.capacity
+    return stored
+
+
 def stored_after_create() -> tuple[dict, NodePolicy]:
     """The GKE Node as the API server stores it once the webhook oversold its CREATE at cpu ratio
     2, and that policy."""
     node = gke_node()
     on = policy(**{KEYS.cpu_oversale_ratio: "2"})
-    created = oversell_node(node, None, True, on)
-    stored = copy.deepcopy(node)
-    stored["metadata"]["annotations"] = created.annotations
-    stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
-    return stored, on
+    return stored_as(node, oversell_node(node, None, True, on)), on
 
 
 @pytest.mark.shared
@@ -193,10 +198,7 @@ def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
     app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods()).test_client()
     node = gke_node()
     node["metadata"].setdefault("annotations", {})[KEYS.cpu_oversale_ratio] = "2"
-    created = oversell_node(node, None, True, policy(**{KEYS.cpu_oversale_ratio: "2"}))
-    stored = copy.deepcopy(node)
-    stored["metadata"]["annotations"] = created.annotations
-    stored["status"]["allocatable"], stored["status"]["capacity"] = created.allocatable, created.capacity
+    stored = stored_as(node, oversell_node(node, None, True, policy(**{KEYS.cpu_oversale_ratio: "2"})))
     sent = copy.deepcopy(stored)
     sent["status"]["allocatable"]["cpu"] = "1"
 
@@ -232,9 +234,7 @@ def test_a_record_of_real_values_edited_unreadable_is_warned_of_and_written_anew
     assert result.real.allocatable["cpu"] == stored["status"]["allocatable"]["cpu"] == "7840m"
     assert json.loads(result.annotations[KEYS.real_allocatable])["cpu"] == "7840m"
     assert amounts(result.allocatable)["cpu"] == 2 * 7840, "the stored (oversold) value taken as real, x2"
-    after = copy.deepcopy(stored)
-    after["metadata"]["annotations"] = result.annotations
-    after["status"]["allocatable"], after["status"]["capacity"] = result.allocatable, result.capacity
+    after = stored_as(stored, result)
     again = oversell_node(copy.deepcopy(after), after, False, on)
     assert again.warnings == [] and again.allocatable == result.allocatable
 

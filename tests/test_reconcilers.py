@@ -2846,9 +2846,14 @@ def test_an_overspend_is_told_once_the_account_recording_it_is_written(api, tmp_
     assert overspends.labels("pool", "default", "cpu")._value.get() == 1
 
 
-def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp_path):
-    for index in range(4):  # node-2 (cool, 900m) carries 4 cores of requests: room to oversell
+def four_cores_requested_on_node_2(api: FakeKubeAPI) -> None:
+    """Pods requesting 4 cores on node-2 (cool, 900m used): room to oversell it."""
+    for index in range(4):
         api.put("pods", running_pod(f"calm-{index}", "node-2", "1", "1Gi"))
+
+
+def test_a_ratio_rewritten_after_a_conflict_keeps_the_accounts_back_off(api, tmp_path):
+    four_cores_requested_on_node_2(api)
     reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
     reconciler.run_pass()  # the pool backs off; node-2's ratio rises from 1.5, by at most 25% a pass
     assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "1.87"
@@ -2865,8 +2870,7 @@ def test_a_node_ratio_another_writer_changed_meanwhile_is_decided_again_from_its
     """The conflict's other writer set node-2's ratio (an operator's kubectl annotate): the write
     that follows is decided again from that ratio, its rise capped at 25% of it, not of the
     ratio the pass read, and keeps the accounts the pass kept."""
-    for index in range(4):  # node-2 (cool, 900m) carries 4 cores of requests: room to oversell
-        api.put("pods", running_pod(f"calm-{index}", "node-2", "1", "1Gi"))
+    four_cores_requested_on_node_2(api)
     reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
     api.concurrent_writes["nodes/node-2"] = 1  # a kubelet heartbeat: only the resourceVersion moved
     reconciler.run_pass()
