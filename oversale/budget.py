@@ -150,7 +150,7 @@ def budget_quantile(budget: float, scale: float = 1.0) -> float:
 
 def budget_proposal(resource: str, requested: int, real_allocatable: int, usage: UsageStats | None,
                     current: Decimal, estimator: OversaleEstimator, budget: float,
-                    multiplier: float = 1.0) -> Proposal:
+                    multiplier: float) -> Proposal:
     """The node ratio for one resource under a hot-time budget: the largest whose predicted
     exceedance is within it, i.e. ``target x multiplier x requested / Q(1 - budget)`` of the
     node's summed usage (``usage`` must summarise that quantile), with the estimator's caps,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from decimal import Decimal
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from oversale.budget import (
     AccountConfig,
+    Adjustment,
     HotTime,
     NodeAccount,
     adjust_multiplier,
@@ -20,6 +22,7 @@ from oversale.budget import (
     budget_quantile,
     calibration,
     compression_percentile,
+    describe_hot_time,
     hot_time,
     keep_account,
     pool_account,
@@ -58,7 +61,31 @@ def test_monotone_and_never_above_the_caps(low, high, requested, multiplier):
 
 
 def test_a_zero_budget_still_covers_what_already_runs():
-    assert ratio_at(0, requested=40_000) == Decimal("1.25")
+    stats = summarize(WEEK, 1.0, now=WEEK[-1][0] + 300)
+    covering = budget_proposal("cpu", 40_000, REAL, stats, Decimal(1), STEADY, 0.0, 1.0)
+    assert covering.ratio == Decimal("1.25")
+    assert covering.reason == "hot-time budget 0: no overselling beyond the running requests (1.25)"
+    fitting = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), STEADY, 0.0, 1.0)
+    assert (fitting.ratio, fitting.reason) == (1, "hot-time budget 0: no overselling")
+
+
+def test_memory_is_budgeted_by_the_same_rule_at_its_own_target():
+    """Memory's target (0.6 by default) leaves room that cpu's (1) does not: a node out of memory
+    kills, one out of cpu only slows down."""
+    stats = summarize(WEEK, budget_quantile(0.001), now=WEEK[-1][0] + 300)
+    uncapped = dataclasses.replace(STEADY, memory_max_ratio=STEADY.cpu_max_ratio)  # memory's cap is 1.2
+    memory = budget_proposal("memory", 30_000, REAL, stats, Decimal(1), uncapped, 0.001, 1.0)
+    cpu = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), uncapped, 0.001, 1.0)
+    assert 1 < memory.ratio < cpu.ratio and "P99.9 usage" in memory.reason and "target 0.600" in memory.reason
+    assert float(memory.ratio / cpu.ratio) == pytest.approx(float(STEADY.memory_target), rel=0.01)
+
+
+def test_the_reason_names_the_budget_and_the_accounts_multiplier():
+    stats = summarize(WEEK, budget_quantile(0.001), now=WEEK[-1][0] + 300)
+    plain = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), STEADY, 0.001, 1.0).reason
+    backed = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), STEADY, 0.001, 0.75).reason
+    assert plain.startswith("budget 0.100%: ") and "account" not in plain
+    assert backed.startswith("budget 0.100%: ") and backed.endswith(" (account: target x0.75)")
 
 
 def test_the_chosen_ratio_keeps_the_predicted_exceedance_within_the_budget():
@@ -96,8 +123,9 @@ def test_overspend_backs_off_at_once_in_proportion_and_says_by_how_much():
     assert adjustment.backed_off and adjustment.multiplier == pytest.approx(4 ** -wide.backoff_exponent)
     assert "4.0x the budget" in adjustment.reason
     # Within the short window after a back-off the account waits for its effect.
-    again = adjust_multiplier(adjustment.multiplier, day, day, 0.001, 3600, 3600, wide)
+    again = adjust_multiplier(adjustment.multiplier, day, day, 0.001, 3600, 5400, wide)
     assert not again.backed_off and again.multiplier == adjustment.multiplier
+    assert again.reason.endswith("4.0x the budget 0.100%; backed off 1.5 h ago: waiting")
     # Never below the floor, however large the overspend.
     assert adjust_multiplier(1.0, HotTime(900, 1000), HotTime(900, 1000), 0.001, None, None, CONFIG).multiplier \
         == CONFIG.min_multiplier
@@ -106,13 +134,14 @@ def test_overspend_backs_off_at_once_in_proportion_and_says_by_how_much():
 def test_underspending_rises_slowly_and_the_dead_band_holds():
     quiet = HotTime(0, 2016)
     multiplier, days = CONFIG.min_multiplier, 0
-    while multiplier < 1.0:
+    while multiplier < 1.0 and days < 365:
         multiplier = adjust_multiplier(multiplier, HotTime(0, 288), quiet, 0.001, 86400, None, CONFIG).multiplier
         days += 1
+    assert multiplier >= 1.0, "a day after the last change, a quiet week rises"
     assert days >= 3, "a rise is slow: at most rise_per_day a day"
     # Within a day of the last change it waits (the account's annotation changes at most daily).
     waiting = adjust_multiplier(0.8, HotTime(0, 288), quiet, 0.001, 3600, None, CONFIG)
-    assert waiting.multiplier == 0.8 and "after the last change" in waiting.reason
+    assert waiting.multiplier == 0.8 and waiting.reason.endswith("rising in 23.0 h, a day after the last change")
     # Between rise_below x budget and the budget nothing moves (hysteresis).
     band = HotTime(15, 20_000)  # 0.075% against 0.1%
     held = adjust_multiplier(0.8, HotTime(0, 288), band, 0.001, 86400, None, CONFIG)
@@ -168,10 +197,15 @@ def test_a_rise_needs_the_last_day_and_a_long_enough_window_as_counted():
     # No sample in the last day (metrics-server gone, the node drained): old quiet figures say
     # nothing of today, so the ratio does not rise on them.
     assert adjust_multiplier(0.8, HotTime(0, 0), quiet_week, 0.001, 86400, None, CONFIG).multiplier == 0.8
+    # A node never seen (no samples at all) has spent nothing, and says so.
+    unseen = adjust_multiplier(0.8, HotTime(0, 0), HotTime(0, 0), 0.001, None, None, CONFIG)
+    assert unseen == Adjustment(0.8, "hot 0.000% of the long window, within the budget 0.100%")
     # min_rise_days of samples with a tenth missing (a scrape or two lost an hour) still count.
     assert CONFIG.min_rise_days == 3.0
     assert adjust_multiplier(0.8, HotTime(0, 100), HotTime(0, 270), 0.001, 86400, None, CONFIG).multiplier > 0.8
     assert adjust_multiplier(0.8, HotTime(0, 100), HotTime(0, 269), 0.001, 86400, None, CONFIG).multiplier == 0.8
+    # One sample is enough for the last day to have been seen.
+    assert adjust_multiplier(0.8, HotTime(0, 1), HotTime(0, 3), 0.001, 86400, None, CONFIG).multiplier > 0.8
     # At the top, a quiet week says it is within the budget: there is nothing left to rise to.
     top = adjust_multiplier(CONFIG.max_multiplier, HotTime(0, 288), quiet_week, 0.001, 3600, None, CONFIG)
     assert top.multiplier == CONFIG.max_multiplier and "within the budget" in top.reason
@@ -209,9 +243,19 @@ def test_calibration_counts_known_exceedances():
     assert calibration([(5.0, 6.0), (5.0, 5.0), (5.0, 4.0)]) == (1, 3)
 
 
+def test_the_hot_time_a_person_reads_on_the_node():
+    spent = {"cpu": HotTime(1, 2016), "memory": HotTime(0, 2016), "ephemeral-storage": HotTime(5, 10)}
+    assert describe_hot_time(spent, {"cpu": 0.001, "memory": 0.0001}) == \
+        "cpu 0.05% (budget 0.10%), memory 0.00% (budget 0.01%)"
+
+
 def test_accounts_round_trip_and_bad_text_starts_afresh():
     accounts = {"cpu": NodeAccount(0.7071, 1_700_000_000.0, 1_700_000_000.0), "memory": NodeAccount()}
     assert read_accounts(write_accounts(accounts)) == accounts
+    # The annotation is written only when its text changes, so the text is canonical: sorted keys,
+    # whole seconds, the multiplier to 4 places.
+    assert write_accounts({"cpu": NodeAccount(0.707106, 1_700_000_000.4, 1_700_000_100.6)}) == \
+        '{"cpu":{"backedOffAt":1700000000,"changedAt":1700000101,"multiplier":0.7071}}'
     assert read_accounts("not json") == {} and read_accounts('{"cpu": {"multiplier": "x"}}') == {}
     assert read_accounts_said("not json") == ({}, "not JSON")
     assert read_accounts_said("[1]") == ({}, "not a JSON object")
