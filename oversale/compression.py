@@ -269,15 +269,18 @@ def _apply_ratios(restored: Pod, policy: CompressionPolicy, bounds: RequestBound
         result.applied[resource] = applied
         after = effective_request(compressed, resource)
         result.freed[resource] = before - after
-        guard = "a guard" if ratio < 1 else "Pod LimitRange"
-        capped = "" if applied == ratio else f" (asked {ratio}, capped by {guard})"
-        result.reasons.append(
-            f"{resource} ratio {_show_ratio(applied)}{capped}: "
-            f"{format_amount(resource, before)} -> {format_amount(resource, after)}"
-        )
+        result.reasons.append(_ratio_line(resource, ratio, applied, before, after))
     if guards:
         result.reasons.append("guards: " + ", ".join(guards))
     return compressed
+
+
+def _ratio_line(resource: str, asked: Decimal, applied: Fraction, before: int, after: int) -> str:
+    """One resource's line of the audit annotation: ``cpu ratio 2: 1 -> 500m``."""
+    guard = "a guard" if asked < 1 else "Pod LimitRange"
+    capped = "" if applied == asked else f" (asked {asked}, capped by {guard})"
+    return (f"{resource} ratio {_show_ratio(applied)}{capped}: "
+            f"{format_amount(resource, before)} -> {format_amount(resource, after)}")
 
 
 def _record_compression(compressed: Pod, originals: dict[str, dict[str, str]], keys: AnnotationKeys,
@@ -310,6 +313,7 @@ def compress_running_pod(
     if result.pod is pod:
         return result
     final = result.pod
+    admitted = {resource: effective_request(final, resource) for resource in result.applied}
     for container, current in zip(all_containers(final), all_containers(pod), strict=True):
         kept = RESOURCES if _is_finished_init(pod, current) else tuple(r for r in RESOURCES if r not in resizable)
         now = (current.get("resources") or {}).get("requests") or {}
@@ -329,10 +333,35 @@ def compress_running_pod(
             annotations[policy.keys.written_requests] = record_text(_recorded_requests(final))
         else:
             annotations.pop(policy.keys.written_requests, None)
+    _audit_in_place(result, pod, final, admitted, policy)
     for resource in list(result.freed):
         result.freed[resource] = effective_request(pod, resource) - effective_request(final, resource)
     result.pod = final
     return result
+
+
+def _audit_in_place(result: CompressionResult, pod: Pod, final: Pod, admitted: dict[str, int],
+                    policy: CompressionPolicy) -> None:
+    """Make the audit annotation say what the resize leaves, not what admission would give.
+
+    Where kept requests hold a resource above or below what a new Pod would be admitted with (a
+    resource not resized in place, or a finished init container whose request still counts in
+    the Pod's effective one), its line reads ``memory ratio 0.5: 1Gi -> 1Gi in place (2Gi at the
+    next rollout)``. ``admitted``: each applied resource's effective request before they were kept.
+    """
+    changed = False
+    # _apply_ratios writes one line per applied resource, in order, before the guards' line.
+    for line, (resource, applied) in enumerate(result.applied.items()):
+        now = effective_request(final, resource)
+        if now == admitted[resource]:
+            continue
+        before = admitted[resource] + result.freed[resource]
+        result.reasons[line] = (_ratio_line(resource, policy.ratios[resource], applied, before, now)
+                                + f" in place ({format_amount(resource, admitted[resource])} at the next rollout)")
+        changed = True
+    annotations = (final.get("metadata") or {}).get("annotations")
+    if changed and annotations is not None and policy.keys.compression in annotations:
+        annotations[policy.keys.compression] = "; ".join(result.reasons)
 
 
 def _is_finished_init(pod: Pod, container: dict[str, Any]) -> bool:
@@ -503,8 +532,8 @@ def _apply_raise(
     return effective_request(pod, resource)
 
 
-def _restore_resource(pod: Pod, restored: Pod, resource: str, containers_only: bool = False) -> int:
-    """Put one resource's requests back as they came; return the effective request."""
+def _restore_resource(pod: Pod, restored: Pod, resource: str, containers_only: bool = False) -> None:
+    """Put one resource's requests back as they came."""
     for container, original_container in zip(all_containers(pod), all_containers(restored), strict=True):
         requests = (original_container.get("resources") or {}).get("requests") or {}
         current = (container.get("resources") or {}).get("requests")
@@ -515,7 +544,6 @@ def _restore_resource(pod: Pod, restored: Pod, resource: str, containers_only: b
     spec_requests = ((restored.get("spec") or {}).get("resources") or {}).get("requests") or {}
     if resource in spec_requests and not containers_only:
         (pod.get("spec") or {})["resources"]["requests"][resource] = spec_requests[resource]
-    return effective_request(pod, resource)
 
 
 def _writable_copy(pod: Pod) -> Pod:

@@ -99,7 +99,7 @@ def test_decimal_ratio_is_exact_and_rounds_up():
 def test_ratio_one_means_no_compression():
     original = pod(container("app", "1"))
     result = compress_requests(original, policy(cpu="1"))
-    assert result.pod == original and result.skipped
+    assert result.pod == original and result.skipped == "no compression ratio set"
 
 
 def test_floors_hold_and_never_raise_a_smaller_request():
@@ -108,6 +108,12 @@ def test_floors_hold_and_never_raise_a_smaller_request():
     assert requests(result.pod, "a") == {"cpu": "10m", "memory": "16Mi"}
     assert requests(result.pod, "b") == {"cpu": "5m", "memory": "8Mi"}
     assert "floor 10m" in result.pod["metadata"]["annotations"][KEYS.compression]
+    # A Pod whose every request is at its floor already is left as it came, and says why.
+    floored = pod(container("b", "5m", "8Mi"))
+    left = compress_requests(floored, policy(cpu="4", memory="4"))
+    assert left.pod == floored and left.skipped == "requests already at their floors"
+    exact = compress_requests(pod(container("a", "40m")), policy(cpu="4"))
+    assert exact.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 4: 40m -> 10m", "at the floor, not held"
 
 
 def test_a_request_left_as_it_was_keeps_its_spelling_and_no_record_of_a_raise_is_written():
@@ -244,6 +250,10 @@ def test_container_limitrange_min_and_limit_request_ratio_cap_the_compression():
     result = compress_requests(p, policy(cpu="4", memory="4"), bounds)
     assert requests(result.pod, "app") == {"cpu": "100m", "memory": "1536Mi"}
     assert "LimitRange" in result.pod["metadata"]["annotations"][KEYS.compression]
+    # Landing exactly on the minimum is no cap: the audit names no guard.
+    exact = compress_requests(pod(container("app", "400m")), policy(cpu="4"), bounds)
+    assert requests(exact.pod, "app") == {"cpu": "100m"}
+    assert exact.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 4: 400m -> 100m"
 
 
 def test_pod_limitrange_min_caps_the_ratio_for_the_whole_pod():
@@ -332,6 +342,20 @@ def test_a_running_pod_is_right_sized_only_where_in_place_resize_reaches():
     # The scheduler still counts the finished init container's 2 cores: nothing is freed yet.
     assert result.freed == {"cpu": 0, "memory": 0}
     assert KEYS.written_requests not in result.pod["metadata"]["annotations"], "nothing raised"
+    # The audit says what the Pod holds after the resize, and what a new Pod would get.
+    assert result.pod["metadata"]["annotations"][KEYS.compression] == (
+        "cpu ratio 2: 2 -> 2 in place (1 at the next rollout); "
+        "memory ratio 2: 1152Mi -> 1152Mi in place (576Mi at the next rollout)")
+    # Without the finished init container, cpu is resized as a new Pod would be admitted.
+    plain = compress_running_pod(pod(container("app", "1", "1Gi")), policy(cpu="2"), NO_BOUNDS, frozenset({"cpu"}))
+    assert plain.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 2: 1 -> 500m"
+
+
+def test_a_running_pod_left_as_it_is_is_not_touched():
+    bare = pod(container("app"), container("sidecar", "10m"))  # at the cpu floor
+    before = copy.deepcopy(bare)
+    result = compress_running_pod(bare, policy(cpu="4"), NO_BOUNDS, frozenset({"cpu"}))
+    assert result.pod is bare and bare == before and result.skipped == "requests already at their floors"
 
 
 def test_a_running_pod_records_a_raise_only_where_it_is_resized():
@@ -339,6 +363,12 @@ def test_a_running_pod_records_a_raise_only_where_it_is_resized():
     raised_memory_only = compress_running_pod(p, policy(cpu="2", memory="0.5"), NO_BOUNDS, frozenset({"cpu"}))
     assert requests(raised_memory_only.pod, "app") == {"cpu": "500m", "memory": "1Gi"}
     assert KEYS.written_requests not in raised_memory_only.pod["metadata"]["annotations"]
+    # Both raised, memory not in place: the record holds what this service wrote, 1Gi as it was.
+    raised_both = compress_running_pod(p, policy(cpu="0.5", memory="0.5"), NO_BOUNDS, frozenset({"cpu"}))
+    assert json.loads(raised_both.pod["metadata"]["annotations"][KEYS.written_requests]) == {
+        "app": {"cpu": "2", "memory": "1Gi"}}
+    assert raised_both.pod["metadata"]["annotations"][KEYS.compression] == \
+        "cpu ratio 0.5: 1 -> 2; memory ratio 0.5: 1Gi -> 1Gi in place (2Gi at the next rollout)"
     both = compress_running_pod(p, policy(cpu="2", memory="0.5"), NO_BOUNDS, frozenset({"cpu", "memory"}))
     assert json.loads(both.pod["metadata"]["annotations"][KEYS.written_requests]) == {
         "app": {"cpu": "500m", "memory": "2Gi"}}
@@ -612,6 +642,14 @@ def test_a_best_effort_scope_binds_only_a_pod_without_requests_or_limits():
     assert not scope_holds({"scopeName": "BestEffort", "operator": "Exists"}, bounded)
 
 
+def test_a_raise_stops_at_the_limit_and_reaching_it_exactly_is_no_cap():
+    exact = compress_requests(pod(container("app", "1", limits={"cpu": "2"})), policy(cpu="0.5"))
+    assert exact.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 0.5: 1 -> 2"
+    capped = compress_requests(pod(container("app", "1", limits={"cpu": "1500m"})), policy(cpu="0.5"))
+    assert capped.pod["metadata"]["annotations"][KEYS.compression] == \
+        "cpu ratio ~0.667 (asked 0.5, capped by a guard): 1 -> 1500m; guards: app/cpu limit"
+
+
 def test_a_raise_never_makes_a_burstable_pod_guaranteed():
     # cpu limit 1, memory request = limit: raising cpu to its limit would make the Pod Guaranteed.
     p = pod(container("app", "500m", "1Gi", limits={"cpu": "1", "memory": "1Gi"}))
@@ -619,6 +657,7 @@ def test_a_raise_never_makes_a_burstable_pod_guaranteed():
     result = compress_requests(p, policy(cpu="0.5"))
     assert requests(result.pod, "app")["cpu"] == "999m"
     assert qos_class(result.pod) == "Burstable"
+    assert result.pod["metadata"]["annotations"][KEYS.compression].endswith("guards: app/cpu limit, cpu kept Burstable")
 
 
 def test_a_ratio_below_the_minimum_is_clamped_with_a_warning():
