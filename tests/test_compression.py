@@ -20,6 +20,7 @@ from oversale.compression import (
     compress_running_pod,
     effective_annotations,
     policy_from_annotations,
+    recorded_pod_request,
 )
 from oversale.limitrange import NO_BOUNDS, bounds_from_limit_ranges, quota_room, scope_holds
 from oversale.pods import effective_request, qos_class, requests_of
@@ -328,6 +329,9 @@ def test_a_broken_original_requests_annotation_is_reported_not_trusted():
     result = compress_requests(p, policy(cpu="2"))
     assert requests(result.pod, "app")["cpu"] == "500m"
     assert any("original-requests ignored" in w for w in result.warnings)
+    listed = compress_requests(pod(container("app", "1"), annotations={KEYS.original_requests: "[1]"}), policy(cpu="2"))
+    assert f"annotation {KEYS.original_requests} ignored (not a JSON object); current requests taken as original" \
+        in listed.warnings
 
 
 def test_a_running_pod_is_right_sized_only_where_in_place_resize_reaches():
@@ -349,6 +353,13 @@ def test_a_running_pod_is_right_sized_only_where_in_place_resize_reaches():
     # Without the finished init container, cpu is resized as a new Pod would be admitted.
     plain = compress_running_pod(pod(container("app", "1", "1Gi")), policy(cpu="2"), NO_BOUNDS, frozenset({"cpu"}))
     assert plain.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 2: 1 -> 500m"
+
+
+def test_an_unreadable_record_is_refused_as_a_value_error():
+    """``reconcilers plan`` counts such records and plans their Pods at their running requests."""
+    for bad in ('{"app": 3}', '["app"]', '{"app": {"cpu": "1"}, "(pod)": "2"}', "{not json"):
+        with pytest.raises(ValueError):
+            recorded_pod_request(bad, "cpu")
 
 
 def test_a_running_pod_left_as_it_is_is_not_touched():
@@ -676,6 +687,13 @@ def test_pod_level_requests_still_cover_the_containers_after_a_raise():
     pod_level = parse_amount("cpu", out["spec"]["resources"]["requests"]["cpu"])
     assert pod_level == 1000  # 1.4 cores asked, the pod-level limit is 1
     assert sum(requests_of(c)["cpu"] for c in out["spec"]["containers"]) <= pod_level
+    assert out["metadata"]["annotations"][KEYS.compression].endswith(
+        "guards: cpu containers kept within pod-level requests")
+    # Containers that sum to exactly the pod-level request fit: they are raised too.
+    fitting = compress_requests(pod(container("a", "250m"), container("b", "250m"),
+                                    resources={"requests": {"cpu": "700m"}, "limits": {"cpu": "1"}}), policy(cpu="0.5"))
+    assert requests(fitting.pod, "a") == requests(fitting.pod, "b") == {"cpu": "500m"}
+    assert "containers kept" not in fitting.pod["metadata"]["annotations"][KEYS.compression]
 
 
 def test_pod_level_requests_stop_one_unit_below_their_limit_rather_than_turn_guaranteed():

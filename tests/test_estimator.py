@@ -13,6 +13,7 @@ from oversale.annotations import AnnotationKeys
 from oversale.estimator import (
     CompressionEstimator,
     OversaleEstimator,
+    Proposal,
     StabilityConfig,
     UsageStats,
     compression_proposal,
@@ -56,11 +57,15 @@ def test_quantile_interpolates_like_promql():
 
 
 def test_summarize_and_merge_over_pods():
-    one = summarize([(0, 100), (300, 200), (600, 300)], 0.5, now=660)
+    one = summarize([(1000, 100), (1600, 300), (1300, 200)], 0.5, now=1660)
     assert (one.quantile, one.peak, one.samples, one.covered_seconds, one.age_seconds) == (200, 300, 3, 600, 60)
     other = summarize([(0, 500)], 0.5, now=1000)
     merged = merge_pods([one, other])
     assert (merged.quantile, merged.peak, merged.samples, merged.age_seconds) == (500, 500, 4, 60)
+    # No samples (a Pod metrics-server never saw): no figures, and nothing to merge.
+    empty = UsageStats(None, None, 0, 0.0, None)
+    assert summarize([], 0.5, now=1000) == empty and merge_pods([]) == empty and merge_pods([empty, empty]) == empty
+    assert merge_pods([empty, one]) == one
 
 
 def test_compression_ratio_is_request_over_p95_with_margin():
@@ -77,6 +82,9 @@ def test_the_most_conservative_container_decides():
                                     {"app": stats(200), "sidecar": stats(80)}, P95)
     assert proposal.ratio == Decimal("1.08")  # 100 / 92, not 1000 / 230
     assert "container sidecar" in proposal.reason
+    # Whichever container comes first by name.
+    first = compression_proposal("cpu", {"app": 100, "worker": 1000}, {"app": stats(80), "worker": stats(200)}, P95)
+    assert first.ratio == Decimal("1.08") and first.reason.startswith("container app: request 100m, demand 92m")
 
 
 def test_memory_demand_is_never_below_the_peak():
@@ -96,8 +104,14 @@ def test_a_memory_demand_is_told_rounded_up_to_the_mi_not_in_bytes():
 def test_no_ratio_above_one_without_enough_history():
     thin = stats(100, samples=50, covered=6 * 3600)
     proposal = compression_proposal("cpu", {"app": 1000}, {"app": thin}, P95)
-    assert proposal.ratio == 1 and "not enough history" in proposal.reason
+    assert proposal.ratio == 1 and proposal.reason == "not enough history for container app (6.0 h, 50 samples)"
     assert compression_proposal("cpu", {"app": 1000}, {}, P95).ratio == 1
+    # Each minimum alone holds the ratio at 1; at both minima a ratio is proposed.
+    day, enough = P95.min_coverage_seconds, P95.min_samples
+    for covered, samples, held in ((day - 1, enough, True), (day, enough - 1, True), (day, enough, False)):
+        history = {"app": stats(100, samples=samples, covered=covered)}
+        assert (compression_proposal("cpu", {"app": 1000}, history, P95).ratio == 1) == held, (covered, samples)
+    assert compression_proposal("cpu", {}, {}, P95) == Proposal(Decimal(1), "no cpu requests")
 
 
 def test_thin_history_pulls_the_ratio_toward_one():
@@ -105,18 +119,42 @@ def test_thin_history_pulls_the_ratio_toward_one():
     proposal = compression_proposal("cpu", {"app": 1000}, {"app": two_days}, P95)
     # full ratio 1000 / 287.5 = 3.478; confidence 2/7 -> 1 + 2.478 x 2/7 = 1.708
     assert proposal.ratio == Decimal("1.70")
-    assert "29% confidence" in proposal.reason
+    assert proposal.reason.endswith("; 29% confidence (2.0 days of history)")
+    # A small lowering is pulled toward 1 alike: 1000 / 805 = 1.242 -> 1 + 0.242 x 2/7 = 1.069.
+    small = compression_proposal("cpu", {"app": 1000}, {"app": stats(700, samples=576, covered=2 * DAY)}, P95)
+    assert small.ratio == Decimal("1.06")
+    # A month of history is no more than full confidence: the ratio the usage gives, and no more.
+    month = compression_proposal("cpu", {"app": 1000}, {"app": stats(250, samples=8640, covered=30 * DAY)}, P95)
+    assert month.ratio == Decimal("3.47") and "confidence" not in month.reason
+    # A raise applies in full whatever the history.
+    raised = compression_proposal("cpu", {"app": 100}, {"app": stats(250, samples=576, covered=2 * DAY)}, P95)
+    assert raised.ratio == Decimal("0.5") and "confidence" not in raised.reason
 
 
-@pytest.mark.parametrize(("current", "proposed", "result"), [
-    ("2", "2.1", "2"),          # +5%: ignored
-    ("2", "1.95", "2"),         # -2.5%: ignored
-    ("1", "3", "1.25"),         # raise capped at 25%
-    ("2", "2.3", "2.3"),        # +15%: taken
-    ("3", "1.2", "1.2"),        # lowering at once
+def test_an_idle_container_is_compressed_to_the_maximum_not_divided_by_zero():
+    idle = compression_proposal("cpu", {"app": 1000}, {"app": stats(0.0)}, P95)
+    assert idle.ratio == P95.max_ratio and idle.demand == 1.0
+
+
+def test_cpu_demand_is_the_percentile_not_the_peak():
+    """A cpu spike only slows the container down (throttling), so cpu is sized at the percentile."""
+    spiky = compression_proposal("cpu", {"app": 1000}, {"app": stats(200, peak=900)}, P95)
+    assert spiky.demand == pytest.approx(230) and "at least the peak" not in spiky.reason
+
+
+@pytest.mark.parametrize(("current", "proposed", "result", "why"), [
+    ("2", "2.1", "2", "change under 10% ignored"),                  # +5%
+    ("2", "1.95", "2", "change under 10% ignored"),                 # -2.5%
+    ("2", "2", "2", ""),                                            # no change, nothing to say
+    ("2", "2.2", "2.2", ""),                                        # +10%: the minimum change is one
+    ("1", "3", "1.25", "raise capped at 25% per cycle (wants 3)"),
+    ("1", "1.25", "1.25", ""),                                      # +25%: at the cap is within it
+    ("2", "2.3", "2.3", ""),                                        # +15%: taken
+    ("3", "1.2", "1.2", ""),                                        # lowering at once
+    ("0", "3", "1.25", "raise capped at 25% per cycle (wants 3)"),  # no ratio yet: from 1
 ])
-def test_stability_rules(current, proposed, result):
-    assert stabilize(Decimal(current), Decimal(proposed), StabilityConfig())[0] == Decimal(result)
+def test_stability_rules(current, proposed, result, why):
+    assert stabilize(Decimal(current), Decimal(proposed), StabilityConfig()) == (Decimal(result), why)
 
 
 @given(st.decimals(min_value=1, max_value=4, places=2), st.decimals(min_value=1, max_value=4, places=2))
@@ -133,13 +171,50 @@ def test_oversale_worked_example():
     proposal = oversale_proposal("cpu", 28000, 32000, stats(8000), Decimal(2), estimator)
     assert proposal.ratio == Decimal("2.45")
     # From 1 the first pass raises only 25%.
-    assert oversale_proposal("cpu", 28000, 32000, stats(8000), Decimal(1), estimator).ratio == Decimal("1.25")
+    first = oversale_proposal("cpu", 28000, 32000, stats(8000), Decimal(1), estimator)
+    assert first.ratio == Decimal("1.25")
+    assert first.reason == "P99 usage 8 of 28 requested, target 0.7; raise capped at 25% per cycle (wants 2.45)"
+
+
+def test_a_capped_raise_still_covers_what_the_node_runs():
+    # 41 of 32 cores requested (cover 1.29) on a calm node: the 25% cap would leave it underwater.
+    proposal = oversale_proposal("cpu", 41000, 32000, stats(8000), Decimal(1), TARGET_07)
+    assert proposal.ratio == Decimal("1.29")
+    assert proposal.reason.endswith("; raised to cover the running requests (1.29)")
+    # 40 of 32 cores: the capped 1.25 covers them exactly, and no more is said.
+    exact = oversale_proposal("cpu", 40000, 32000, stats(8000), Decimal(1), TARGET_07)
+    assert exact.ratio == Decimal("1.25") and "cover" not in exact.reason
+
+
+def test_requests_beyond_the_maximum_hold_and_at_it_are_covered():
+    beyond = oversale_proposal("cpu", 100_000, 32000, stats(8000), Decimal(2), TARGET_07)
+    assert beyond.ratio == 3 and beyond.reason.endswith("; requests need 3.13, above the maximum 3: holding")
+    at = oversale_proposal("cpu", 96_000, 32000, stats(8000), Decimal(2), TARGET_07)
+    assert at.ratio == 3 and at.reason.endswith("; raised only to cover the running requests (3.00), no room for more")
+
+
+def test_a_ratio_at_the_safe_floor_is_no_hot_node():
+    # 0.7 x 32 / 21.2 = 1.0566 -> 1.05, exactly the floor 32 / 32 x 1.05: a ratio, not a hold.
+    proposal = oversale_proposal("cpu", 32000, 32000, stats(21200), Decimal("1.05"), TARGET_07)
+    assert proposal.ratio == Decimal("1.05") and "floor" not in proposal.reason
+
+
+def test_a_window_at_the_minimum_history_is_enough():
+    day, enough = TARGET_07.min_coverage_seconds, TARGET_07.min_samples
+    for covered, samples, held in ((day - 1, enough, True), (day, enough - 1, True), (day, enough, False)):
+        proposal = oversale_proposal("cpu", 28000, 32000, stats(8000, samples=samples, covered=covered), Decimal(2),
+                                     TARGET_07)
+        assert (proposal.reason == "not enough usage history: holding the current ratio") == held, (covered, samples)
+    idle = oversale_proposal("cpu", 28000, 32000, stats(0.0), Decimal(3), TARGET_07)
+    assert idle.ratio == 3 and idle.reason.startswith("P99 usage 1m of 28 requested")
 
 
 def test_oversale_never_below_the_safe_floor():
     # Usage rose: 0.7 x 40 / 30 = 0.93 -> 1, but the node already holds 40 cores of requests on 32 real.
     proposal = oversale_proposal("cpu", 40000, 32000, stats(30000), Decimal(2), TARGET_07)
     assert proposal.ratio == safe_floor(40000, 32000, Decimal("0.05")) == Decimal("1.32")
+    # A node reporting no allocatable of a resource (a kubelet still starting) has no floor but 1.
+    assert safe_floor(40000, 0, Decimal("0.05")) == 1
     assert "safe floor" in proposal.reason
     assert math.floor(32000 * 1.32) >= 40000
 
@@ -151,6 +226,10 @@ def test_a_hot_node_below_the_floor_is_held_not_raised_into_the_margin():
     # Underwater (ratio 1 holds only 32): lifted just enough to cover the 33 cores that run.
     lifted = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal(1), TARGET_07)
     assert lifted.ratio == Decimal("1.04") and math.floor(32000 * lifted.ratio) >= 33000
+    # Covering exactly what runs already: held where it is.
+    covering = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal("1.04"), TARGET_07)
+    assert covering.ratio == Decimal("1.04") and covering.reason.endswith("; usage above target: holding, no room "
+                                                                          "added (floor 1.09)")
 
 
 def test_memory_is_capped_lower():
@@ -174,7 +253,11 @@ def test_missing_metrics_hold_and_stale_metrics_decay_to_the_floor():
     held = oversale_proposal("cpu", 10000, 32000, None, Decimal(2), estimator)
     assert held.ratio == 2 and "holding" in held.reason
     stale = stats(4000, age=3 * 3600)
-    assert oversale_proposal("cpu", 10000, 32000, stale, Decimal(2), estimator).ratio == Decimal("1.5")
+    decayed = oversale_proposal("cpu", 10000, 32000, stale, Decimal(2), estimator)
+    assert decayed.ratio == Decimal("1.5")
+    assert decayed.reason == "metrics stale for 180 min: decaying toward 1, not below the floor 1"
+    # An hour old is not stale yet.
+    assert "stale" not in oversale_proposal("cpu", 10000, 32000, stats(4000, age=3600), Decimal(2), estimator).reason
     near_floor = oversale_proposal("cpu", 40000, 32000, stale, Decimal("1.4"), estimator)
     assert near_floor.ratio == Decimal("1.32")  # decays to 1.2, but not below the floor
 
