@@ -306,7 +306,7 @@ def compress_running_pod(
     as do the resources left out.
 
     ``bounds`` must already count this Pod's own requests as quota headroom (it holds them now).
-    The record annotations describe the Pod as it will be, so the next pass, like a webhook
+    The record and audit annotations describe the Pod as it will be, so the next pass, like a webhook
     reinvocation, restores the same originals.
     """
     result = compress_requests(pod, policy, bounds)
@@ -333,14 +333,13 @@ def compress_running_pod(
             annotations[policy.keys.written_requests] = record_text(_recorded_requests(final))
         else:
             annotations.pop(policy.keys.written_requests, None)
-    _audit_in_place(result, pod, final, admitted, policy)
+    _audit_in_place(result, final, admitted, policy)
     for resource in list(result.freed):
         result.freed[resource] = effective_request(pod, resource) - effective_request(final, resource)
-    result.pod = final
     return result
 
 
-def _audit_in_place(result: CompressionResult, pod: Pod, final: Pod, admitted: dict[str, int],
+def _audit_in_place(result: CompressionResult, final: Pod, admitted: dict[str, int],
                     policy: CompressionPolicy) -> None:
     """Make the audit annotation say what the resize leaves, not what admission would give.
 
@@ -349,18 +348,15 @@ def _audit_in_place(result: CompressionResult, pod: Pod, final: Pod, admitted: d
     the Pod's effective one), its line reads ``memory ratio 0.5: 1Gi -> 1Gi in place (2Gi at the
     next rollout)``. ``admitted``: each applied resource's effective request before they were kept.
     """
-    changed = False
     # _apply_ratios writes one line per applied resource, in order, before the guards' line.
     for line, (resource, applied) in enumerate(result.applied.items()):
         now = effective_request(final, resource)
-        if now == admitted[resource]:
-            continue
-        before = admitted[resource] + result.freed[resource]
-        result.reasons[line] = (_ratio_line(resource, policy.ratios[resource], applied, before, now)
-                                + f" in place ({format_amount(resource, admitted[resource])} at the next rollout)")
-        changed = True
+        if now != admitted[resource]:
+            before = admitted[resource] + result.freed[resource]
+            result.reasons[line] = (_ratio_line(resource, policy.ratios[resource], applied, before, now)
+                                    + f" in place ({format_amount(resource, admitted[resource])} at the next rollout)")
     annotations = (final.get("metadata") or {}).get("annotations")
-    if changed and annotations is not None and policy.keys.compression in annotations:
+    if annotations is not None and policy.keys.compression in annotations:
         annotations[policy.keys.compression] = "; ".join(result.reasons)
 
 
