@@ -220,6 +220,20 @@ def test_the_fewest_pods_that_cover_the_excess_and_each_has_a_place_to_go():
     assert plan.moves[0].target == "node-cool" and plan.uncovered == {}
 
 
+def test_a_pod_chosen_early_is_dropped_again_only_where_the_others_cover_the_excess_without_it():
+    """Greedy in eviction order, then back from the last chosen: a Pod goes back only if the
+    excess stays covered without it, counted afresh after each one dropped."""
+    first, second = candidate("first", "BestEffort", 0, 500), candidate("second", "BestEffort", 0, 300)
+    late = candidate("late", "Burstable", 500, 900)
+    plan = plan_moves({"cpu": 1000.0}, [first, second, late], [target()], LoadConfig(), allowed=5)
+    # late alone leaves 100m; late and second still do; late and first (1.4 cores) cover the 1.
+    assert [m.pod.name for m in plan.moves] == ["shop/first", "shop/late"] and plan.uncovered == {}
+    # Covering the excess exactly is covering it: the small Pod first chosen is not needed.
+    exact = plan_moves({"cpu": 1000.0}, [first, candidate("whole", "Burstable", 500, 1000)], [target()], LoadConfig(),
+                       allowed=5)
+    assert [m.pod.name for m in exact.moves] == ["shop/whole"] and exact.uncovered == {}
+
+
 def test_a_plan_passes_over_pods_that_would_not_cool_the_node_or_could_not_go_anywhere():
     """An idle BestEffort Pod comes first in eviction order but cools nothing; a Pod no node can
     take stays. Neither takes the place of the Pod that can move and cools the node."""
@@ -229,6 +243,9 @@ def test_a_plan_passes_over_pods_that_would_not_cool_the_node_or_could_not_go_an
     plan = plan_moves({"cpu": 1000.0}, [idle, huge, movable], [target()], LoadConfig(), allowed=5)
     assert [m.pod.name for m in plan.moves] == ["shop/web"] and plan.uncovered == {}, "1.5 cores cover the 1 over"
     assert [(pod.name, why.split(" (")[0]) for pod, why in plan.kept] == [("shop/huge", "no node can take it")]
+    # Nor is an idle Pod moved when the others cannot cover the excess: it would cool nothing.
+    short = plan_moves({"cpu": 2000.0}, [idle, movable], [target()], LoadConfig(), allowed=5)
+    assert [m.pod.name for m in short.moves] == ["shop/web"] and short.uncovered == {"cpu": 500.0}
 
 
 def test_a_pod_its_neighbours_keep_off_every_target_does_not_take_the_place_of_one_that_can_move():
