@@ -31,7 +31,7 @@ from oversale.budget import (
     read_accounts_said,
     write_accounts,
 )
-from oversale.estimator import OversaleEstimator, StabilityConfig, summarize
+from oversale.estimator import OversaleEstimator, StabilityConfig, UsageStats, summarize
 
 STEADY = OversaleEstimator(stability=StabilityConfig(Decimal(0), Decimal(1000)))
 REAL = 32_000  # millicores
@@ -39,10 +39,14 @@ WEEK = [(i * 300.0, v) for i, v in enumerate(
     8_000 + 4_000 * math.sin(i / 20) + random.Random(7).random() * 3_000 for i in range(2016))]
 
 
+def week_at(budget: float) -> UsageStats:
+    """WEEK summarised at the quantile ``budget`` allows, as the reconciler reads it."""
+    return summarize(WEEK, budget_quantile(budget), now=WEEK[-1][0] + 300)
+
+
 def ratio_at(budget: float, requested: int = 30_000, multiplier: float = 1.0,
              estimator: OversaleEstimator = STEADY) -> Decimal:
-    stats = summarize(WEEK, budget_quantile(budget) if budget else 1.0, now=WEEK[-1][0] + 300)
-    return budget_proposal("cpu", requested, REAL, stats, Decimal(1), estimator, budget, multiplier).ratio
+    return budget_proposal("cpu", requested, REAL, week_at(budget), Decimal(1), estimator, budget, multiplier).ratio
 
 
 def test_the_ratio_grows_with_the_budget_and_a_zero_budget_oversells_nothing():
@@ -61,7 +65,7 @@ def test_monotone_and_never_above_the_caps(low, high, requested, multiplier):
 
 
 def test_a_zero_budget_still_covers_what_already_runs():
-    stats = summarize(WEEK, 1.0, now=WEEK[-1][0] + 300)
+    stats = week_at(0)
     covering = budget_proposal("cpu", 40_000, REAL, stats, Decimal(1), STEADY, 0.0, 1.0)
     assert covering.ratio == Decimal("1.25")
     assert covering.reason == "hot-time budget 0: no overselling beyond the running requests (1.25)"
@@ -72,7 +76,7 @@ def test_a_zero_budget_still_covers_what_already_runs():
 def test_memory_is_budgeted_by_the_same_rule_at_its_own_target():
     """Memory's target (0.6 by default) leaves room that cpu's (1) does not: a node out of memory
     kills, one out of cpu only slows down."""
-    stats = summarize(WEEK, budget_quantile(0.001), now=WEEK[-1][0] + 300)
+    stats = week_at(0.001)
     uncapped = dataclasses.replace(STEADY, memory_max_ratio=STEADY.cpu_max_ratio)  # memory's cap is 1.2
     memory = budget_proposal("memory", 30_000, REAL, stats, Decimal(1), uncapped, 0.001, 1.0)
     cpu = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), uncapped, 0.001, 1.0)
@@ -81,7 +85,7 @@ def test_memory_is_budgeted_by_the_same_rule_at_its_own_target():
 
 
 def test_the_reason_names_the_budget_and_the_accounts_multiplier():
-    stats = summarize(WEEK, budget_quantile(0.001), now=WEEK[-1][0] + 300)
+    stats = week_at(0.001)
     plain = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), STEADY, 0.001, 1.0).reason
     backed = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), STEADY, 0.001, 0.75).reason
     assert plain.startswith("budget 0.100%: ") and "account" not in plain

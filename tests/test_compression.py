@@ -64,6 +64,11 @@ def cpu_quota(hard: str, used: str, **spec) -> dict:
             "status": {"hard": {"requests.cpu": hard}, "used": {"requests.cpu": used}}}
 
 
+def audit(p) -> str:
+    """The audit annotation a user reads on the Pod."""
+    return p["metadata"]["annotations"][KEYS.compression]
+
+
 def requests(p, name):
     for c in [*p["spec"].get("initContainers", []), *p["spec"]["containers"]]:
         if c["name"] == name:
@@ -80,7 +85,7 @@ def test_ratio_two_halves_cpu_and_leaves_memory_and_limits_alone():
     assert original["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "500m", "input not modified"
     recorded = json.loads(result.pod["metadata"]["annotations"][KEYS.original_requests])
     assert recorded == {"app": {"cpu": "500m", "memory": "256Mi"}}
-    assert "cpu ratio 2" in result.pod["metadata"]["annotations"][KEYS.compression]
+    assert "cpu ratio 2" in audit(result.pod)
 
 
 def test_memory_is_compressed_only_with_its_own_annotation():
@@ -108,13 +113,13 @@ def test_floors_hold_and_never_raise_a_smaller_request():
                                policy(cpu="4", memory="4"))
     assert requests(result.pod, "a") == {"cpu": "10m", "memory": "16Mi"}
     assert requests(result.pod, "b") == {"cpu": "5m", "memory": "8Mi"}
-    assert "floor 10m" in result.pod["metadata"]["annotations"][KEYS.compression]
+    assert "floor 10m" in audit(result.pod)
     # A Pod whose every request is at its floor already is left as it came, and says why.
     floored = pod(container("b", "5m", "8Mi"))
     left = compress_requests(floored, policy(cpu="4", memory="4"))
     assert left.pod == floored and left.skipped == "requests already at their floors"
     exact = compress_requests(pod(container("a", "40m")), policy(cpu="4"))
-    assert exact.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 4: 40m -> 10m", "at the floor, not held"
+    assert audit(exact.pod) == "cpu ratio 4: 40m -> 10m", "at the floor, not held"
 
 
 def test_a_request_left_as_it_was_keeps_its_spelling_and_no_record_of_a_raise_is_written():
@@ -250,11 +255,11 @@ def test_container_limitrange_min_and_limit_request_ratio_cap_the_compression():
     p = pod(container("app", "300m", "2Gi", limits={"memory": "3Gi"}))
     result = compress_requests(p, policy(cpu="4", memory="4"), bounds)
     assert requests(result.pod, "app") == {"cpu": "100m", "memory": "1536Mi"}
-    assert "LimitRange" in result.pod["metadata"]["annotations"][KEYS.compression]
+    assert "LimitRange" in audit(result.pod)
     # Landing exactly on the minimum is no cap: the audit names no guard.
     exact = compress_requests(pod(container("app", "400m")), policy(cpu="4"), bounds)
     assert requests(exact.pod, "app") == {"cpu": "100m"}
-    assert exact.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 4: 400m -> 100m"
+    assert audit(exact.pod) == "cpu ratio 4: 400m -> 100m"
 
 
 def test_pod_limitrange_min_caps_the_ratio_for_the_whole_pod():
@@ -263,7 +268,7 @@ def test_pod_limitrange_min_caps_the_ratio_for_the_whole_pod():
     result = compress_requests(p, policy(cpu="4"), bounds)
     assert effective_request(result.pod, "cpu") >= 800
     assert requests(result.pod, "a")["cpu"] == "400m"
-    assert "capped by Pod LimitRange" in result.pod["metadata"]["annotations"][KEYS.compression]
+    assert "capped by Pod LimitRange" in audit(result.pod)
     # At the minimum already: nothing to take, and the account says what held it.
     held = compress_requests(pod(container("a", "400m"), container("b", "400m")), policy(cpu="4"), bounds)
     assert requests(held.pod, "a")["cpu"] == "400m" and requests(held.pod, "b")["cpu"] == "400m"
@@ -285,7 +290,7 @@ def test_a_resource_a_guard_keeps_whole_leaves_the_other_to_its_ratio():
 
 def test_an_uncapped_ratio_says_only_what_it_did():
     result = compress_requests(pod(container("app", "1")), policy(cpu="2"))
-    assert result.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 2: 1 -> 500m"
+    assert audit(result.pod) == "cpu ratio 2: 1 -> 500m"
 
 
 def test_recorded_originals_make_repeated_calls_idempotent_even_after_a_ratio_change():
@@ -347,12 +352,12 @@ def test_a_running_pod_is_right_sized_only_where_in_place_resize_reaches():
     assert result.freed == {"cpu": 0, "memory": 0}
     assert KEYS.written_requests not in result.pod["metadata"]["annotations"], "nothing raised"
     # The audit says what the Pod holds after the resize, and what a new Pod would get.
-    assert result.pod["metadata"]["annotations"][KEYS.compression] == (
+    assert audit(result.pod) == (
         "cpu ratio 2: 2 -> 2 in place (1 at the next rollout); "
         "memory ratio 2: 1152Mi -> 1152Mi in place (576Mi at the next rollout)")
     # Without the finished init container, cpu is resized as a new Pod would be admitted.
     plain = compress_running_pod(pod(container("app", "1", "1Gi")), policy(cpu="2"), NO_BOUNDS, frozenset({"cpu"}))
-    assert plain.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 2: 1 -> 500m"
+    assert audit(plain.pod) == "cpu ratio 2: 1 -> 500m"
 
 
 def test_an_unreadable_record_is_refused_as_a_value_error():
@@ -378,7 +383,7 @@ def test_a_running_pod_records_a_raise_only_where_it_is_resized():
     raised_both = compress_running_pod(p, policy(cpu="0.5", memory="0.5"), NO_BOUNDS, frozenset({"cpu"}))
     assert json.loads(raised_both.pod["metadata"]["annotations"][KEYS.written_requests]) == {
         "app": {"cpu": "2", "memory": "1Gi"}}
-    assert raised_both.pod["metadata"]["annotations"][KEYS.compression] == \
+    assert audit(raised_both.pod) == \
         "cpu ratio 0.5: 1 -> 2; memory ratio 0.5: 1Gi -> 1Gi in place (2Gi at the next rollout)"
     both = compress_running_pod(p, policy(cpu="2", memory="0.5"), NO_BOUNDS, frozenset({"cpu", "memory"}))
     assert json.loads(both.pod["metadata"]["annotations"][KEYS.written_requests]) == {
@@ -530,7 +535,7 @@ def test_a_ratio_below_one_raises_up_to_the_limit_and_says_why():
     result = compress_requests(pod(container("app", "500m", "1Gi", limits={"cpu": "800m"})), policy(cpu="0.5"))
     assert requests(result.pod, "app")["cpu"] == "800m"  # 1 core asked, the limit is 800m
     assert result.freed["cpu"] == -300
-    assert "app/cpu limit" in result.pod["metadata"]["annotations"][KEYS.compression]
+    assert "app/cpu limit" in audit(result.pod)
 
 
 def test_an_unguarded_raise_says_the_ratio_asked_and_passes_over_containers_without_the_request():
@@ -539,7 +544,7 @@ def test_an_unguarded_raise_says_the_ratio_asked_and_passes_over_containers_with
     assert requests(result.pod, "sidecar") == {"memory": "64Mi"}
     assert requests(result.pod, "app")["cpu"] == "1667m"  # ceil(1000m / 0.6)
     assert result.applied == {"cpu": Fraction(3, 5)}
-    assert result.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 0.6: 1 -> 1667m"
+    assert audit(result.pod) == "cpu ratio 0.6: 1 -> 1667m"
 
 
 def _priority(operator: str, *values: str) -> dict:
@@ -596,7 +601,7 @@ def test_a_raise_is_capped_by_the_tightest_quota_that_binds_the_pod_and_names_it
     job = pod(container("app", "1", limits={"cpu": "4"}), activeDeadlineSeconds=3600)
     raised = compress_requests(job, policy(cpu="0.5"), bounds).pod
     assert requests(raised, "app")["cpu"] == "1500m"
-    assert raised["metadata"]["annotations"][KEYS.compression].endswith("guards: cpu ResourceQuota headroom (jobs)")
+    assert audit(raised).endswith("guards: cpu ResourceQuota headroom (jobs)")
     service = compress_requests(pod(container("app", "1", limits={"cpu": "4"})), policy(cpu="0.5"), bounds).pod
     assert requests(service, "app")["cpu"] == "1800m"
 
@@ -655,9 +660,9 @@ def test_a_best_effort_scope_binds_only_a_pod_without_requests_or_limits():
 
 def test_a_raise_stops_at_the_limit_and_reaching_it_exactly_is_no_cap():
     exact = compress_requests(pod(container("app", "1", limits={"cpu": "2"})), policy(cpu="0.5"))
-    assert exact.pod["metadata"]["annotations"][KEYS.compression] == "cpu ratio 0.5: 1 -> 2"
+    assert audit(exact.pod) == "cpu ratio 0.5: 1 -> 2"
     capped = compress_requests(pod(container("app", "1", limits={"cpu": "1500m"})), policy(cpu="0.5"))
-    assert capped.pod["metadata"]["annotations"][KEYS.compression] == \
+    assert audit(capped.pod) == \
         "cpu ratio ~0.667 (asked 0.5, capped by a guard): 1 -> 1500m; guards: app/cpu limit"
 
 
@@ -668,7 +673,7 @@ def test_a_raise_never_makes_a_burstable_pod_guaranteed():
     result = compress_requests(p, policy(cpu="0.5"))
     assert requests(result.pod, "app")["cpu"] == "999m"
     assert qos_class(result.pod) == "Burstable"
-    assert result.pod["metadata"]["annotations"][KEYS.compression].endswith("guards: app/cpu limit, cpu kept Burstable")
+    assert audit(result.pod).endswith("guards: app/cpu limit, cpu kept Burstable")
 
 
 def test_a_ratio_below_the_minimum_is_clamped_with_a_warning():
@@ -687,13 +692,13 @@ def test_pod_level_requests_still_cover_the_containers_after_a_raise():
     pod_level = parse_amount("cpu", out["spec"]["resources"]["requests"]["cpu"])
     assert pod_level == 1000  # 1.4 cores asked, the pod-level limit is 1
     assert sum(requests_of(c)["cpu"] for c in out["spec"]["containers"]) <= pod_level
-    assert out["metadata"]["annotations"][KEYS.compression].endswith(
+    assert audit(out).endswith(
         "guards: cpu containers kept within pod-level requests")
     # Containers that sum to exactly the pod-level request fit: they are raised too.
     fitting = compress_requests(pod(container("a", "250m"), container("b", "250m"),
                                     resources={"requests": {"cpu": "700m"}, "limits": {"cpu": "1"}}), policy(cpu="0.5"))
     assert requests(fitting.pod, "a") == requests(fitting.pod, "b") == {"cpu": "500m"}
-    assert "containers kept" not in fitting.pod["metadata"]["annotations"][KEYS.compression]
+    assert "containers kept" not in audit(fitting.pod)
 
 
 def test_pod_level_requests_stop_one_unit_below_their_limit_rather_than_turn_guaranteed():
