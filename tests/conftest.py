@@ -289,6 +289,25 @@ class RunningWebhook:
                     total += sample.value
         return total
 
+    def counted_review(self, review: dict[str, Any], path: str,
+                       resource: str) -> tuple[dict[str, Any], dict[str, float]]:
+        """The response to ``review``, and by how much each ``oversale_admissions_total{resource}``
+        outcome grew while it was answered."""
+        def counts() -> dict[str, float]:
+            from prometheus_client.parser import text_string_to_metric_families
+
+            status, body = self.get("/metrics")
+            assert status == 200
+            return {sample.labels["outcome"]: sample.value
+                    for family in text_string_to_metric_families(body.decode()) for sample in family.samples
+                    if sample.name == "oversale_admissions_total" and sample.labels.get("resource") == resource}
+
+        before = counts()
+        response = self.review(review, path)
+        after = counts()
+        return response, {outcome: after[outcome] - before.get(outcome, 0.0) for outcome in after
+                          if after[outcome] != before.get(outcome, 0.0)}
+
     def stop(self) -> None:
         stop_process(self.process)
         self._log_handle.close()

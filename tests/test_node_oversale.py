@@ -264,6 +264,7 @@ def test_a_status_write_is_remembered_by_its_capacity_too():
     # Allocatable x 2 plus what the kubelet reserves: 3920m x 2 + (8 - 3.92) cores, not + 80m.
     assert amounts(answered[1].capacity)["cpu"] == 11920
     assert amounts(first[1].capacity)["cpu"] == 7920
+    assert writes.answer(copy.deepcopy(node), None, True) is first, "a heartbeat is answered from memory"
 
 
 # ---- the property test ------------------------------------------------------------------------

@@ -132,6 +132,26 @@ def test_main_resource_update_restores_a_stale_record(server):
         stored["metadata"]["annotations"][KEYS.real_allocatable]
 
 
+def test_each_node_review_is_counted_by_what_came_of_it(server):
+    """``oversale_admissions_total{resource="nodes"}``: mutated when the write was reshaped or its
+    record mended, unchanged when it was already as the webhook leaves it, skipped when it is no
+    status write or main-resource update the webhook answers (a status write without the stored
+    Node, which it would have to oversell blind)."""
+    stored = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "2"})
+    reshaped = node_review(stored, stored)
+    stored = apply_response(stored, server.review(node_review(stored, stored), "/mutate/nodes"))
+    stale = with_annotations(stored, **{KEYS.real_allocatable: json.dumps({"cpu": "7840m"})})
+    reviews = {"mutated": [reshaped, node_review(stale, stored, username="admin", subresource=None)],
+               "unchanged": [node_review(stored, stored, username="admin"),
+                             node_review(stored, stored, username="admin", subresource=None)],
+               "skipped": [node_review(stored, None)]}
+
+    for outcome, sent in reviews.items():
+        for review in sent:
+            response, counted = server.counted_review(review, "/mutate/nodes", "nodes")
+            assert ("patch" in response) == (outcome == "mutated") and counted == {outcome: 1}, outcome
+
+
 # ---- the validating webhook -------------------------------------------------------------------
 
 def pod_on_node(name: str, cpu: str, memory: str = "1Gi", phase: str = "Running") -> dict:
@@ -176,18 +196,20 @@ def test_lowering_below_the_requests_is_refused_with_an_actionable_message(valid
     lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1.2"})
     response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
     assert response["allowed"] is False
-    assert response["status"]["message"] == (
+    assert response["status"] == {"code": 403, "message": (
         f"cpu-oversale-ratio 1.2 gives 4704m allocatable; the 37 pods on {NAME} request 5550m; "
-        "the lowest safe ratio is 1.42")
+        "the lowest safe ratio is 1.42")}
 
 
 def test_safe_changes_are_allowed(validating):
     _, server = validating
     stored = oversold_node("2")
+    errors = server.metric("oversale_admissions_total", resource="nodes-validate", outcome="error")
     for ratio in ("1.42", "2.5"):
         changed = with_annotations(stored, **{KEYS.cpu_oversale_ratio: ratio})
-        assert server.review(node_review(changed, stored, username="admin", subresource=None),
-                             "/validate/nodes")["allowed"] is True
+        review = node_review(changed, stored, username="admin", subresource=None)
+        assert server.review(review, "/validate/nodes") == {"uid": review["request"]["uid"], "allowed": True}
+    assert server.metric("oversale_admissions_total", resource="nodes-validate", outcome="error") == errors
 
 
 def test_pods_requesting_exactly_the_lowered_allocatable_still_fit(validating):
@@ -232,6 +254,38 @@ def test_a_node_whose_pods_need_more_than_the_largest_ratio_says_to_move_pods_fi
         f"the lowest safe ratio is 5.25, above the maximum 5: move pods off {NAME} first")
 
 
+def test_a_cut_the_pods_need_exactly_the_largest_ratio_for_names_that_ratio(validating):
+    # 37 x 150m + 14050m = 19600m = 5 x 3920m: the largest ratio still holds them, so no move is asked for.
+    response = cut_with(validating, pod_on_node("big", "14050m"), "5", "4")
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        f"cpu-oversale-ratio 4 gives 15680m allocatable; the 38 pods on {NAME} request 19600m; "
+        "the lowest safe ratio is 5")
+
+
+def test_writes_that_lower_no_ratio_are_allowed_without_listing_the_pods(validating):
+    """Only a cut needs the node's Pods: raises, status writes, creations and other objects are
+    allowed at once, without a request to the API server."""
+    api, server = validating
+    stored = oversold_node("2")
+    raised = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "3"})
+    lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1"})
+    other = node_review(lowered, stored, username="admin", subresource=None)
+    other["request"]["kind"] = {"group": "", "version": "v1", "kind": "Pod"}
+    other["request"]["resource"] = {"group": "", "version": "v1", "resource": "pods"}
+    reviews = [node_review(raised, stored, username="admin", subresource=None),
+               node_review(stored, stored, username="admin", subresource=None),
+               node_review(lowered, stored, username="admin"),                 # through nodes/status
+               node_review(lowered, None, username="admin", subresource=None, operation="CREATE"),
+               other]
+    listed = api.count("GET", "pods")
+    errors = server.metric("oversale_admissions_total", resource="nodes-validate", outcome="error")
+    for review in reviews:
+        assert server.review(review, "/validate/nodes") == {"uid": review["request"]["uid"], "allowed": True}
+    assert api.count("GET", "pods") == listed
+    assert server.metric("oversale_admissions_total", resource="nodes-validate", outcome="error") == errors
+
+
 def test_removing_the_ratio_is_checked_too(validating):
     _, server = validating
     stored = oversold_node("2")
@@ -262,6 +316,7 @@ def test_unreachable_api_allows_with_a_warning(validating):
         api.down = False
     assert response["allowed"] is True
     assert any("could not check the Pods" in w for w in response["warnings"])
+    assert f"node {NAME}: could not list its Pods" in server.log.read_text()
 
 
 def test_a_node_no_longer_reviewed_leaves_the_metrics(tmp_path):

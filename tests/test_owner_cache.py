@@ -112,17 +112,25 @@ def test_ratios_come_from_the_owning_workload(cluster, kind, name, cpu):
 
 
 
-@pytest.mark.parametrize("kind", ["ReplicationController", "CloneSet"])
+@pytest.mark.parametrize("kind", ["ReplicationController", "CloneSet", None])
 def test_a_pod_of_an_owner_kind_not_followed_goes_by_its_own_annotations(cluster, kind):
     """ReplicationControllers and custom controllers (an OpenKruise CloneSet) are not cached or
-    read: their Pods go by their own annotations, with no API request and no warning."""
+    read, and a naked Pod (``kind`` None) has no owner: such Pods go by their own annotations,
+    with no API request and no warning."""
     api, server = cluster
+
+    def pod_of(annotations: dict | None = None) -> dict:
+        pod = owned_pod(kind or "", "legacy-rc", annotations=annotations)
+        if kind is None:
+            del pod["metadata"]["ownerReferences"]
+        return pod
+
     before = api.count(watch=False)
-    pod = owned_pod(kind, "legacy-rc", annotations=RATIO_2)
+    pod = pod_of(RATIO_2)
     response = server.review(pod_review(pod))
     assert cpu_of(apply_response(pod, response)) == "500m"
     assert not response.get("warnings")
-    assert "patch" not in server.review(pod_review(owned_pod(kind, "legacy-rc")))
+    assert "patch" not in server.review(pod_review(pod_of()))
     assert api.count(watch=False) == before
 
 def test_memory_follows_its_own_workload_annotation(cluster):
@@ -180,9 +188,11 @@ def test_warm_cache_admission_makes_no_api_request(cluster):
     pod = owned_pod("ReplicaSet", "web-5d8f")
     server.review(pod_review(pod))
     before = api.count(watch=False)
+    hits = server.metric("oversale_owner_lookups_total", result="hit")
     for _ in range(10):
         assert cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "500m"
     assert api.count(watch=False) == before
+    assert server.metric("oversale_owner_lookups_total", result="hit") == hits + 20  # the ReplicaSet, its Deployment
 
 
 def test_cache_miss_costs_one_get_then_is_cached(cluster):
@@ -192,8 +202,10 @@ def test_cache_miss_costs_one_get_then_is_cached(cluster):
         api.put(*workload("replicasets", "fresh-1", {}, owner=("Deployment", "fresh")))
         pod = owned_pod("ReplicaSet", "fresh-1")
         gets_before = api.count("GET", watch=False)
+        misses = server.metric("oversale_owner_lookups_total", result="miss")
         assert cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "250m"
         assert api.count("GET", watch=False) == gets_before + 2  # the ReplicaSet, then its Deployment
+        assert server.metric("oversale_owner_lookups_total", result="miss") == misses + 2
         assert cpu_of(apply_response(pod, server.review(pod_review(pod)))) == "250m"
         assert api.count("GET", watch=False) == gets_before + 2
 

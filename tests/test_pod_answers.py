@@ -94,6 +94,8 @@ def _change(pod: dict[str, Any], how: str) -> dict[str, Any]:
         pod["metadata"]["annotations"][KEYS.original_requests] = json.dumps({container["name"]: {"cpu": "400m"}})
     elif how == "mirror":
         pod["metadata"]["annotations"]["kubernetes.io/config.mirror"] = "abc"
+    elif how == "bare":
+        pod["metadata"].pop("ownerReferences")
     elif how == "node-owned":
         pod["metadata"]["ownerReferences"] = [{"kind": "Node", "name": "n1", "apiVersion": "v1", "uid": "u"}]
     elif how == "pod-level":
@@ -111,7 +113,7 @@ def _change(pod: dict[str, Any], how: str) -> dict[str, Any]:
 
 # (what the first Pod has, what its twin has instead)
 CHANGES = [("", "limits"), ("", "name"), ("init", "sidecar"), ("", "init"), ("", "recorded originals"), ("", "mirror"),
-           ("", "node-owned"), ("", "pod-level"), ("", "ratio"), ("", "exclusive CPUs asked"),
+           ("", "node-owned"), ("bare", "node-owned"), ("", "pod-level"), ("", "ratio"), ("", "exclusive CPUs asked"),
            ("", "exclusive CPUs held"), ("", "requests set by VPA"),
            ("ratio from the workload", "ratio from the workload, no annotations map")]
 
@@ -172,3 +174,16 @@ def test_the_resources_a_vpa_of_the_workload_sets_are_part_of_the_question():
     answers = PodAnswers(SETTINGS)
     answer(pod, answers)
     assert answer(pod, answers, by_vpa) == alone
+
+
+@pytest.mark.shared
+def test_a_rollouts_replicas_are_answered_from_one_remembered_compression():
+    """What the memo is for: the second replica of a workload costs a lookup, not a compression."""
+    answers = PodAnswers(SETTINGS)
+    replica = _frontend()
+    annotations = replica["metadata"]["annotations"]
+    first = answers.compression(replica, annotations, answers.policy(annotations), NO_BOUNDS)
+    second = copy.deepcopy(replica)
+    assert answers.policy(dict(annotations)) is answers.policy(annotations)
+    assert answers.compression(second, dict(annotations), answers.policy(annotations), NO_BOUNDS) is first
+    assert first.patch, "the replicas are compressed (the test would be vacuous)"

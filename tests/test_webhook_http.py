@@ -110,6 +110,79 @@ def test_non_create_subresources_and_excluded_namespaces_are_left_alone(webhook_
 
 
 @pytest.mark.shared
+def test_each_pod_review_is_counted_by_what_came_of_it(webhook_no_cluster):
+    """``oversale_admissions_total{resource="pods"}``: mutated when requests changed, skipped when
+    they were left as they came (no ratio, switched off, not a CREATE), unchanged when compressed
+    and already as compression leaves them (a Pod created again from a compressed one's spec)."""
+    frontend = load_fixture_pod(FRONTEND_POD)
+    compressed = apply_response(with_ratios(frontend), webhook_no_cluster.review(pod_review(with_ratios(frontend))))
+    switched_off = with_ratios(frontend)
+    switched_off["metadata"]["annotations"][KEYS.enable_resource_compress] = "n"
+    reviews = {"mutated": [pod_review(with_ratios(frontend))],
+               "skipped": [pod_review(frontend), pod_review(switched_off), pod_review(frontend, "UPDATE")],
+               "unchanged": [pod_review(compressed)]}
+
+    for outcome, sent in reviews.items():
+        for review in sent:
+            response, counted = webhook_no_cluster.counted_review(review, "/mutate/pods", "pods")
+            assert ("patch" in response) == (outcome == "mutated") and counted == {outcome: 1}, outcome
+
+
+@pytest.mark.shared
+def test_the_debug_log_says_why_each_pod_was_left_alone_or_what_was_done(caplog):
+    """With OVERSALE_LOG_LEVEL=DEBUG, one line per Pod review; warnings name the Pod and its owner."""
+    from oversale.settings import Settings
+    from webhook.owners import OwnerAnnotations
+    from webhook.pod_admission import admit_pod
+
+    class Owner:
+        def __init__(self, owner: OwnerAnnotations) -> None:
+            self.owner = owner
+
+        def owner_annotations(self, pod, namespace):
+            return self.owner
+
+        def bounds_for(self, namespace):
+            from oversale.limitrange import NO_BOUNDS
+            return NO_BOUNDS
+
+    settings = Settings(kubernetes="off")
+    frontend = load_fixture_pod(FRONTEND_POD)
+    no_namespace = pod_review(copy.deepcopy(frontend))
+    del no_namespace["request"]["namespace"]  # the Pod's own namespace is taken
+    no_namespace["request"]["object"]["metadata"]["namespace"] = "kube-system"
+    no_object = pod_review(frontend)
+    no_object["request"]["object"] = None
+    cases = [
+        (pod_review(with_ratios(frontend)), ["cpu ratio 2: 100m -> 50m"]),
+        (pod_review(frontend), ["no compression ratio set"]),
+        (no_namespace, ["namespace kube-system is excluded"]),
+        (no_object, ["review has no object"]),
+        (pod_review(frontend, kind={"group": "", "version": "v1", "kind": "Node"}), ["not a Pod (Node)"]),
+    ]
+    for review, reasons in cases:
+        assert admit_pod(review["request"], settings, Owner(OwnerAnnotations({}))).reasons == reasons
+
+    name = f"{frontend['metadata']['generateName']}*"  # named after admission
+    caplog.set_level("DEBUG", logger="webhook.pod_admission")
+    unowned = Owner(OwnerAnnotations({}, problem="could not read the owner (timed out)"))
+    review = admit_pod(pod_review(with_ratios(frontend, cpu="x"))["request"], settings, unowned).review
+    assert review["response"]["warnings"][0] == \
+        "could not read the owner (timed out); only the Pod's own annotations were used"
+    owned = Owner(OwnerAnnotations({KEYS.cpu_requests_ratio: "0"}, workload="Deployment/default/frontend"))
+    admit_pod(pod_review(frontend)["request"], settings, owned)
+    assert [record.getMessage() for record in caplog.records] == [
+        f"pod default/{name}: could not read the owner (timed out)",
+        f"pod default/{name} (owner none): annotation {KEYS.cpu_requests_ratio}='x' ignored: 'x' is not a plain "
+        "decimal number such as 1, 1.5 or 2.25; cpu not compressed",
+        f"pod default/{name}: skipped ['no compression ratio set']",
+        f"pod default/{name} (owner Deployment/default/frontend): annotation {KEYS.cpu_requests_ratio}='0' "
+        "ignored: '0' is not above 0 (a ratio of 1 means no change, 0.5 doubles the request); cpu not compressed",
+        f"pod default/{name}: skipped ['no compression ratio set']",
+    ]
+
+
+@pytest.mark.shared
 def test_invalid_ratio_warns_names_the_value_and_counts(webhook_no_cluster):
     before = webhook_no_cluster.metric("oversale_invalid_annotations_total", annotation=KEYS.cpu_requests_ratio)
     pod = with_ratios(load_fixture_pod(FRONTEND_POD), cpu="1e3", memory="2")
@@ -120,6 +193,24 @@ def test_invalid_ratio_warns_names_the_value_and_counts(webhook_no_cluster):
     assert any(KEYS.cpu_requests_ratio in w and "'1e3'" in w for w in response["warnings"])
     after = webhook_no_cluster.metric("oversale_invalid_annotations_total", annotation=KEYS.cpu_requests_ratio)
     assert after == before + 1
+
+
+@pytest.mark.shared
+def test_a_warning_longer_than_the_api_server_keeps_is_cut_where_the_user_sees_it_cut(webhook_no_cluster):
+    # The API server may truncate a warning over 256 characters; we cut it first and say so.
+    value = "9" * 300
+    response = webhook_no_cluster.review(pod_review(with_ratios(load_fixture_pod(FRONTEND_POD), cpu=value)))
+    [warning] = response["warnings"]
+    assert len(warning) == 256
+    assert warning.startswith(f"annotation {KEYS.cpu_requests_ratio}='999") and warning.endswith("99...")
+
+
+def test_warnings_are_kept_whole_up_to_256_characters_and_10_in_number():
+    from webhook.reviews import allow
+
+    sent = ["a" * 256, "b" * 257, *(f"warning {n}" for n in range(3, 13))]
+    kept = allow("uid", warnings=sent)["response"]["warnings"]
+    assert kept == ["a" * 256, "b" * 253 + "...", *(f"warning {n}" for n in range(3, 11))]
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -50,7 +50,6 @@ class NodeDecision:
     result: NodeResult | None = None
     problems: tuple[AnnotationProblem, ...] = ()
     dry_run: bool = False
-    reasons: list[str] = field(default_factory=list)
 
 
 def admit_node(request: AdmissionRequest, settings: Settings, writes: StatusWrites | None = None) -> NodeDecision:
@@ -58,9 +57,8 @@ def admit_node(request: AdmissionRequest, settings: Settings, writes: StatusWrit
     the same ``settings``)."""
     uid = request["uid"]
     node = request.get("object")
-    skip = _not_a_node(request) or (None if node else "review has no object")
-    if skip or node is None:
-        return NodeDecision(allow(uid), "skipped", reasons=[skip or ""])
+    if not _is_node_review(request) or node is None:
+        return NodeDecision(allow(uid), "skipped")
     name = str((node.get("metadata") or {}).get("name", ""))
     stored = request.get("oldObject")
     operation, subresource = request["operation"], request.get("subResource", "")
@@ -74,7 +72,7 @@ def admit_node(request: AdmissionRequest, settings: Settings, writes: StatusWrit
         patch = make_patch(original_annotations, _or_none(annotations, original_annotations), "/metadata/annotations")
         return NodeDecision(allow(uid, patch), "mutated" if patch else "unchanged", name)
     if not (operation == "CREATE" or (operation == "UPDATE" and subresource == "status" and stored is not None)):
-        return NodeDecision(allow(uid), "skipped", name, reasons=[f"{operation} {subresource}".strip()])
+        return NodeDecision(allow(uid), "skipped", name)
 
     username = (request.get("userInfo") or {}).get("username", "")
     before = stored if operation == "UPDATE" else None
@@ -156,7 +154,7 @@ def validate_node(request: AdmissionRequest, settings: Settings, pods: NodePods)
     """Refuse a ratio change on a Node whose Pods would no longer fit the lower allocatable."""
     uid = request["uid"]
     node, stored = request.get("object"), request.get("oldObject")
-    if _not_a_node(request) or request["operation"] != "UPDATE" or request.get("subResource") \
+    if not _is_node_review(request) or request["operation"] != "UPDATE" or request.get("subResource") \
             or node is None or stored is None:
         return allow(uid)
     keys, limits = settings.keys, settings.oversale_limits
@@ -212,10 +210,8 @@ def _refusal(asked: str, resource: str, allocatable: int, count: int, node: str,
     return message
 
 
-def _not_a_node(request: AdmissionRequest) -> str | None:
-    if request["kind"].get("kind") != "Node" or request["resource"].get("resource") != "nodes":
-        return f"not a Node ({request['kind'].get('kind')})"
-    return None
+def _is_node_review(request: AdmissionRequest) -> bool:
+    return request["kind"].get("kind") == "Node" and request["resource"].get("resource") == "nodes"
 
 
 def _annotations(obj: dict[str, Any]) -> dict[str, str]:

@@ -127,9 +127,6 @@ class OwnerCache:
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self._all())
 
-    def wait_synced(self, timeout: float) -> bool:
-        return all(r.synced.wait(timeout) for r in self._all())
-
     def bounds_for(self, namespace: str) -> RequestBounds:
         entries = self._limit_ranges.in_namespace(namespace)
         bounds = bounds_from_limit_ranges(e.extra for e in entries) if entries else NO_BOUNDS
@@ -201,9 +198,6 @@ class NoCluster:
 
     def stop(self) -> None:
         pass
-
-    def wait_synced(self, timeout: float) -> bool:
-        return True
 
     def bounds_for(self, namespace: str) -> RequestBounds:
         return NO_BOUNDS

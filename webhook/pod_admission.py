@@ -81,17 +81,11 @@ def admit_pod(request: AdmissionRequest, settings: Settings, owners: Owners,
     answer = answers.compression(pod, annotations, policy, owners.bounds_for(namespace), owner.vpa)
     review = allow(uid, warnings=[*warnings, *answer.warnings], encoded_patch=answer.patch)
     outcome = "mutated" if answer.patch else ("skipped" if answer.skipped else "unchanged")
+    reasons = [answer.skipped] if answer.skipped else list(answer.reasons)
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("pod %s/%s: %s %s", namespace, _pod_name(pod), outcome, answer.skipped or answer.reasons)
-    return PodDecision(
-        review,
-        outcome,
-        namespace,
-        dict(answer.freed),
-        policy.problems,
-        dry_run=bool(request.get("dryRun")),
-        reasons=[answer.skipped] if answer.skipped else list(answer.reasons),
-    )
+        log.debug("pod %s/%s: %s %s", namespace, _pod_name(pod), outcome, reasons)
+    return PodDecision(review, outcome, namespace, dict(answer.freed), policy.problems,
+                       dry_run=bool(request.get("dryRun")), reasons=reasons)
 
 
 class PodAnswer(NamedTuple):
