@@ -276,31 +276,26 @@ class RunningWebhook:
         assert answer["response"]["uid"] == review["request"]["uid"]
         return dict(answer["response"])
 
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of a metric's samples matching ``labels`` in the /metrics exposition."""
+    def samples(self, name: str, **labels: str) -> list[Any]:
+        """A metric's samples matching ``labels`` in the /metrics exposition."""
         from prometheus_client.parser import text_string_to_metric_families
 
         status, body = self.get("/metrics")
         assert status == 200
-        total = 0.0
-        for family in text_string_to_metric_families(body.decode()):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    total += sample.value
-        return total
+        return [sample for family in text_string_to_metric_families(body.decode()) for sample in family.samples
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())]
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a metric's samples matching ``labels`` in the /metrics exposition."""
+        return sum((sample.value for sample in self.samples(name, **labels)), 0.0)
 
     def counted_review(self, review: dict[str, Any], path: str,
                        resource: str) -> tuple[dict[str, Any], dict[str, float]]:
         """The response to ``review``, and by how much each ``oversale_admissions_total{resource}``
         outcome grew while it was answered."""
         def counts() -> dict[str, float]:
-            from prometheus_client.parser import text_string_to_metric_families
-
-            status, body = self.get("/metrics")
-            assert status == 200
             return {sample.labels["outcome"]: sample.value
-                    for family in text_string_to_metric_families(body.decode()) for sample in family.samples
-                    if sample.name == "oversale_admissions_total" and sample.labels.get("resource") == resource}
+                    for sample in self.samples("oversale_admissions_total", resource=resource)}
 
         before = counts()
         response = self.review(review, path)
