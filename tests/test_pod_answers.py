@@ -22,16 +22,16 @@ SETTINGS = Settings(kubernetes="off")
 
 
 class Namespaces:
-    """Owners with the bounds and the workload annotations a test sets."""
+    """Owners with the bounds, the workload (its annotations and name), the VPA resources and the
+    problem reading the owner that a test sets."""
 
     def __init__(self, bounds: RequestBounds = NO_BOUNDS, workload: dict[str, str] | None = None,
-                 vpa: frozenset[str] = frozenset()) -> None:
+                 vpa: frozenset[str] = frozenset(), name: str | None = None, problem: str | None = None) -> None:
         self.bounds = bounds
-        self.workload = workload or {}
-        self.vpa = vpa
+        self.owner = OwnerAnnotations(workload or {}, name, problem, vpa)
 
     def owner_annotations(self, pod: Any, namespace: str) -> OwnerAnnotations:
-        return OwnerAnnotations(self.workload, vpa=self.vpa)
+        return self.owner
 
     def bounds_for(self, namespace: str) -> RequestBounds:
         return self.bounds

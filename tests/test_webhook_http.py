@@ -130,21 +130,11 @@ def test_each_pod_review_is_counted_by_what_came_of_it(webhook_no_cluster):
 
 @pytest.mark.shared
 def test_the_debug_log_says_why_each_pod_was_left_alone_or_what_was_done(caplog):
-    """With OVERSALE_LOG_LEVEL=DEBUG, one line per Pod review; warnings name the Pod and its owner."""
+    """A decision's reasons, and with OVERSALE_LOG_LEVEL=DEBUG one line per Pod that reached the
+    compression policy; warnings name the Pod and its owner."""
     from oversale.settings import Settings
-    from webhook.owners import OwnerAnnotations
+    from tests.test_pod_answers import Namespaces
     from webhook.pod_admission import admit_pod
-
-    class Owner:
-        def __init__(self, owner: OwnerAnnotations) -> None:
-            self.owner = owner
-
-        def owner_annotations(self, pod, namespace):
-            return self.owner
-
-        def bounds_for(self, namespace):
-            from oversale.limitrange import NO_BOUNDS
-            return NO_BOUNDS
 
     settings = Settings(kubernetes="off")
     frontend = load_fixture_pod(FRONTEND_POD)
@@ -161,15 +151,15 @@ def test_the_debug_log_says_why_each_pod_was_left_alone_or_what_was_done(caplog)
         (pod_review(frontend, kind={"group": "", "version": "v1", "kind": "Node"}), ["not a Pod (Node)"]),
     ]
     for review, reasons in cases:
-        assert admit_pod(review["request"], settings, Owner(OwnerAnnotations({}))).reasons == reasons
+        assert admit_pod(review["request"], settings, Namespaces()).reasons == reasons
 
     name = f"{frontend['metadata']['generateName']}*"  # named after admission
     caplog.set_level("DEBUG", logger="webhook.pod_admission")
-    unowned = Owner(OwnerAnnotations({}, problem="could not read the owner (timed out)"))
+    unowned = Namespaces(problem="could not read the owner (timed out)")
     review = admit_pod(pod_review(with_ratios(frontend, cpu="x"))["request"], settings, unowned).review
     assert review["response"]["warnings"][0] == \
         "could not read the owner (timed out); only the Pod's own annotations were used"
-    owned = Owner(OwnerAnnotations({KEYS.cpu_requests_ratio: "0"}, workload="Deployment/default/frontend"))
+    owned = Namespaces(workload={KEYS.cpu_requests_ratio: "0"}, name="Deployment/default/frontend")
     admit_pod(pod_review(frontend)["request"], settings, owned)
     assert [record.getMessage() for record in caplog.records] == [
         f"pod default/{name}: could not read the owner (timed out)",
