@@ -23,7 +23,7 @@ class Memo(Generic[Answer]):
     (1, 1, 3)
     """
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int) -> None:
         self.size = size
         self._answers: dict[Hashable, Answer] = {}
 
