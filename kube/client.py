@@ -32,7 +32,9 @@ def load_api_client(mode: str) -> Any | None:
         return None
     configuration = client.Configuration()
     try:
-        config.load_kube_config(client_configuration=configuration)
+        # The paths just checked, not the client library's default: that one is read from
+        # KUBECONFIG once, when the library is imported.
+        config.load_kube_config(config_file=os.pathsep.join(paths), client_configuration=configuration)
     except config.ConfigException as error:
         raise config.ConfigException(f"kubeconfig {os.pathsep.join(paths)}: {one_line(error)}") from None
     except (OSError, TypeError, ValueError, AttributeError) as error:

@@ -5,6 +5,7 @@ load. Through the real processes and client, the API-server double and real HTTP
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
 import os
@@ -414,18 +415,98 @@ def test_background_work_outlives_a_failure_it_did_not_foresee(caplog):
     assert failures[0].exc_info is not None, "with the traceback"
 
 
-def test_an_answer_that_cannot_be_written_as_json_is_allowed_unchanged_and_counted():
+def test_an_answer_that_cannot_be_written_as_json_is_allowed_unchanged_counted_and_logged(caplog):
     """The last guard of the fail-open edge: whatever a policy hands back, the API server gets an
-    AdmissionReview that allows the object unchanged, never a 5xx."""
+    AdmissionReview that allows the object unchanged, never a 5xx. Its time is observed too."""
     from webhook.app import admission
     from webhook.metrics import Metrics
 
     metrics, review = Metrics(), pod_review(web_pod())
     uid = review["request"]["uid"]
-    status, body = admission(Settings(kubernetes="off"), metrics, "pods",
-                             lambda request: {"response": {"uid": request["uid"], "allowed": True, "odd": {1, 2}}},
-                             json.dumps(review).encode())
+    started = time.perf_counter()
+    with caplog.at_level("ERROR", logger="webhook.app"):
+        status, body = admission(Settings(kubernetes="off"), metrics, "pods",
+                                 lambda request: {"response": {"uid": request["uid"], "allowed": True,
+                                                               "odd": {1, 2}}},
+                                 json.dumps(review).encode())
+    took = time.perf_counter() - started
     assert status == 200
     assert json.loads(body) == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                 "response": {"uid": uid, "allowed": True}}
     assert metrics.admissions.labels("pods", "error")._value.get() == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "webhook.app"] == [
+        f"review {uid} could not be serialised; allowing unchanged"]
+    assert 0 < metrics.latency.labels("pods")._sum.get() <= took
+
+
+def test_an_answer_that_raises_is_allowed_unchanged_counted_and_logged_with_its_traceback(caplog):
+    from webhook.app import admission
+    from webhook.metrics import Metrics
+
+    metrics, review = Metrics(), pod_review(web_pod())
+    uid = review["request"]["uid"]
+
+    def broken_policy(request: Any) -> Any:
+        raise KeyError("an answer of a shape nobody foresaw")
+
+    with caplog.at_level("ERROR", logger="webhook.app"):
+        status, body = admission(Settings(kubernetes="off"), metrics, "pods", broken_policy,
+                                 json.dumps(review).encode())
+    assert status == 200 and json.loads(body)["response"] == {"uid": uid, "allowed": True}
+    assert metrics.admissions.labels("pods", "error")._value.get() == 1
+    [logged] = [r for r in caplog.records if r.name == "webhook.app"]
+    assert logged.getMessage() == f"admission of pods review {uid} failed; allowing unchanged"
+    assert logged.exc_info is not None and "nobody foresaw" in str(logged.exc_info[1])
+
+
+def no_cluster_app(**settings: Any) -> Any:
+    from webhook.app import create_app
+    from webhook.node_pods import NoClusterPods
+    from webhook.owners import NoCluster
+
+    return create_app(Settings(kubernetes="off", **settings), owners=NoCluster(), node_pods=NoClusterPods())
+
+
+def wsgi_post(app: Any, stream: io.BytesIO, content_length: str | None) -> tuple[str, bytes]:
+    """POST ``stream`` to /mutate/pods as a WSGI server hands a body over (a chunked one comes with
+    no CONTENT_LENGTH): the status line and the body answered."""
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/mutate/pods", "wsgi.input": stream,
+               **({} if content_length is None else {"CONTENT_LENGTH": content_length})}
+    started: list[str] = []
+    answer = b"".join(app.wsgi_app(environ, lambda status, headers: started.append(status)))
+    return started[0], answer
+
+
+def test_a_review_exactly_at_the_body_limit_is_answered_and_one_byte_more_is_not():
+    """OVERSALE_MAX_BODY_BYTES is the largest body answered, whether its length is declared or
+    only known once read (a chunked body)."""
+    body = json.dumps(pod_review(web_pod())).encode()
+    app = no_cluster_app(max_body_bytes=len(body))
+    for chunked in (False, True):
+        for sent in (body, body + b" "):
+            status, answer = wsgi_post(app, io.BytesIO(sent), None if chunked else str(len(sent)))
+            if sent == body:
+                assert status == "200 OK" and json.loads(answer)["response"]["allowed"] is True, chunked
+            else:
+                assert status == "400 Bad Request", chunked
+                assert f"larger than {len(body)} bytes" in json.loads(answer)["error"], chunked
+
+
+def test_a_body_over_the_limit_is_read_to_its_end_up_to_a_bound():
+    """A client still sending when the connection closes sees a reset instead of the 400 that
+    explains it: an oversized body is read and dropped, up to about 4x the limit in all."""
+    limit = 1000
+    app = no_cluster_app(max_body_bytes=limit)
+    for size, declared in ((3 * limit, True), (3 * limit, False), (10 * limit, True), (10 * limit, False)):
+        stream = io.BytesIO(b" " * size)
+        assert wsgi_post(app, stream, str(size) if declared else None)[0] == "400 Bad Request"
+        if size <= 4 * limit:
+            assert stream.tell() == size, declared
+        else:
+            assert 4 * limit <= stream.tell() <= 4 * limit + 1, declared
+
+
+def test_a_content_length_that_is_not_a_number_is_read_as_no_length():
+    body = json.dumps(pod_review(web_pod())).encode()
+    status, answer = wsgi_post(no_cluster_app(), io.BytesIO(body), "lots")
+    assert status == "200 OK" and json.loads(answer)["response"]["uid"] == json.loads(body)["request"]["uid"]

@@ -3,6 +3,7 @@ webhook, with the API server's admission and node-strategy semantics (tests/kube
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import math
@@ -190,11 +191,46 @@ def test_a_node_whose_reservations_take_all_its_cpu_has_zero_allocatable_not_a_n
     assert result.warnings == [] and result.real.allocatable == {"cpu": "0", "memory": "1Gi"}
 
 
+def test_the_node_gauges_show_each_resource_a_node_reports_in_cores_and_bytes():
+    """Through the app: the gauges show real and oversold allocatable per resource, cpu in cores and
+    memory in bytes. Some nodes (a virtual-kubelet, say) report no memory: their cpu is oversold
+    and shown alone, with no error counted."""
+    app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods()).test_client()
+
+    def status_write(name: str, allocatable: dict[str, str], ratios: dict[str, str],
+                     dry_run: bool = False) -> list[dict]:
+        node = {"metadata": {"name": name, "annotations": ratios},
+                "status": {"allocatable": allocatable, "capacity": allocatable}}
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": name, "kind": {"group": "", "version": "v1", "kind": "Node"},
+            "resource": {"group": "", "version": "v1", "resource": "nodes"}, "subResource": "status",
+            "operation": "UPDATE", "userInfo": {"username": f"system:node:{name}"}, "object": node,
+            "oldObject": node, "dryRun": dry_run}}
+        response = app.post("/mutate/nodes", json=review).get_json()["response"]
+        return json.loads(base64.b64decode(response["patch"]))
+
+    patch = status_write("virtual-1", {"cpu": "4", "pods": "110"}, {KEYS.cpu_oversale_ratio: "2"})
+    assert {"op": "replace", "path": "/status/allocatable/cpu", "value": "8"} in patch
+    patch = status_write("plain-1", {"cpu": "4", "memory": "4Gi", "pods": "110"}, {KEYS.memory_oversale_ratio: "1.5"})
+    assert {"op": "replace", "path": "/status/allocatable/memory", "value": "6Gi"} in patch
+    # A dry run gets the same answer, but nothing is stored: no gauge shows it.
+    assert status_write("dry-1", {"cpu": "4", "pods": "110"}, {KEYS.cpu_oversale_ratio: "2"}, dry_run=True) == \
+        status_write("virtual-1", {"cpu": "4", "pods": "110"}, {KEYS.cpu_oversale_ratio: "2"})
+    exposition = app.get("/metrics").get_data(as_text=True)
+    assert 'node="dry-1"' not in exposition
+    for shown in ('{node="virtual-1",resource="cpu",value="oversold"} 8.0',
+                  '{node="virtual-1",resource="cpu",value="real"} 4.0',
+                  '{node="plain-1",resource="cpu",value="oversold"} 4.0',
+                  '{node="plain-1",resource="memory",value="real"} 4.294967296e+09',
+                  '{node="plain-1",resource="memory",value="oversold"} 6.442450944e+09'):
+        assert f"oversale_node_allocatable{shown}" in exposition, shown
+    assert 'node="virtual-1",resource="memory"' not in exposition
+    assert 'oversale_admissions_total{outcome="mutated",resource="nodes"} 4.0' in exposition
+
+
 def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
     """Through the app, which remembers status-write answers (the kubelet repeats its writes): the
     same write from the node's kubelet and from another writer still gets each writer's answer."""
-    import base64
-
     app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods()).test_client()
     node = gke_node()
     node["metadata"].setdefault("annotations", {})[KEYS.cpu_oversale_ratio] = "2"

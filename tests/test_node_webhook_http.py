@@ -13,9 +13,13 @@ import pytest
 
 from oversale.annotations import AnnotationKeys
 from oversale.node_oversale import oversold_allocatable
+from oversale.settings import Settings
 from tests.conftest import RunningWebhook, apply_response
 from tests.kube_api import FakeKubeAPI
 from tests.test_node_oversale import NAME, gke_node
+from webhook.app import create_app
+from webhook.node_pods import NoClusterPods
+from webhook.owners import NoCluster
 
 pytestmark = pytest.mark.shared  # every test here starts from the real GKE Node in ../shared/fixtures
 
@@ -194,8 +198,9 @@ def test_lowering_below_the_requests_is_refused_with_an_actionable_message(valid
     _, server = validating
     stored = oversold_node("2")
     lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1.2"})
-    response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
-    assert response["allowed"] is False
+    response, counted = server.counted_review(node_review(lowered, stored, username="admin", subresource=None),
+                                              "/validate/nodes", "nodes-validate")
+    assert response["allowed"] is False and counted == {"denied": 1}
     assert response["status"] == {"code": 403, "message": (
         f"cpu-oversale-ratio 1.2 gives 4704m allocatable; the 37 pods on {NAME} request 5550m; "
         "the lowest safe ratio is 1.42")}
@@ -204,17 +209,43 @@ def test_lowering_below_the_requests_is_refused_with_an_actionable_message(valid
 def test_safe_changes_are_allowed(validating):
     _, server = validating
     stored = oversold_node("2")
-    errors = server.metric("oversale_admissions_total", resource="nodes-validate", outcome="error")
     for ratio in ("1.42", "2.5"):
         changed = with_annotations(stored, **{KEYS.cpu_oversale_ratio: ratio})
         review = node_review(changed, stored, username="admin", subresource=None)
-        assert server.review(review, "/validate/nodes") == {"uid": review["request"]["uid"], "allowed": True}
-    assert server.metric("oversale_admissions_total", resource="nodes-validate", outcome="error") == errors
+        response, counted = server.counted_review(review, "/validate/nodes", "nodes-validate")
+        assert response == {"uid": review["request"]["uid"], "allowed": True} and counted == {"allowed": 1}
 
 
 def test_pods_requesting_exactly_the_lowered_allocatable_still_fit(validating):
     assert cut_with(validating, pod_on_node("exact", "330m"), "2", "1.5")["allowed"] is True  # 5880m of 5880m
     assert cut_with(validating, pod_on_node("over", "331m"), "2", "1.5")["allowed"] is False
+
+
+def test_the_app_asks_the_cluster_only_for_what_it_is_not_given(tmp_path, monkeypatch):
+    """create_app connects to the configured cluster for the owners or node Pods it is not handed
+    (in-process here, through Flask's test client): handed both, it asks the API server for
+    nothing; handed the owners only, the validating webhook lists the node's Pods there."""
+    api = FakeKubeAPI().start()
+    try:
+        for index in range(37):
+            api.put("pods", pod_on_node(f"p{index}", "150m"))      # 37 x 150m = 5550m
+        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        settings = Settings(kubernetes="auto")
+        stored = oversold_node("2")
+        review = node_review(with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1.2"}), stored,
+                             username="admin", subresource=None)
+
+        handed_both = create_app(settings, owners=NoCluster(), node_pods=NoClusterPods()).test_client()
+        assert handed_both.post("/validate/nodes", json=review).status_code == 200
+        time.sleep(0.5)  # an owner cache started by mistake would have listed its kinds by now
+        assert api.requests == []
+
+        handed_owners = create_app(settings, owners=NoCluster()).test_client()
+        response = handed_owners.post("/validate/nodes", json=review).get_json()["response"]
+        assert response["allowed"] is False and "the 37 pods" in response["status"]["message"]
+        assert api.count("GET", "pods") == 1
+    finally:
+        api.stop()
 
 
 def cut_with(validating: tuple[FakeKubeAPI, RunningWebhook], extra: dict, stored_ratio: str, asked: str) -> dict:

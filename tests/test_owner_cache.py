@@ -174,6 +174,10 @@ def test_a_raise_stops_at_the_namespace_quota_headroom(cluster):
     assert cpu_of(mutated) == "1300m"
     assert "cpu ResourceQuota headroom (team)" in mutated["metadata"]["annotations"][KEYS.compression]
     assert b'oversale_requests_added_millicores_total{namespace="quota"} 300.0' in server.get("/metrics")[1]
+    # Nothing was lowered, and memory was not touched: no series says otherwise, not even at 0.
+    for name in ("oversale_requests_freed_millicores_total", "oversale_requests_freed_bytes_total",
+                 "oversale_requests_added_bytes_total"):
+        assert server.samples(name, namespace="quota") == [], name
 
 
 def test_a_full_quota_scoped_to_the_pods_priority_class_stops_its_raise(cluster):

@@ -291,6 +291,22 @@ def test_metrics_aggregate_over_workers(webhook_no_cluster):
     assert webhook_no_cluster.metric("oversale_admission_duration_seconds_count", resource="pods") >= 12
 
 
+@pytest.mark.shared
+def test_a_dry_run_is_answered_like_the_write_itself_but_frees_nothing(webhook_no_cluster):
+    """``kubectl apply --dry-run=server`` asks the webhook too: it gets the same answer, but no Pod
+    is created, so the freed-requests counter does not move for it."""
+    pod = with_ratios(load_fixture_pod(FRONTEND_POD))
+
+    def freed() -> float:
+        return webhook_no_cluster.metric("oversale_requests_freed_millicores_total", namespace="default")
+
+    before = freed()
+    dry_run = webhook_no_cluster.review(pod_review(pod, dryRun=True))
+    assert freed() == before
+    assert webhook_no_cluster.review(pod_review(pod))["patch"] == dry_run["patch"]
+    assert freed() == before + 50
+
+
 def test_a_fresh_webhook_lists_every_metric_family_before_any_review(tmp_path):
     from webhook.metrics import Metrics
 
@@ -342,8 +358,11 @@ def test_the_lean_admission_path_keeps_the_wire_contract(webhook_no_cluster):
     assert response.status == 200 and response.getheader("Content-Type") == "application/json"
     assert answer["response"]["uid"] == review["request"]["uid"] and answer["response"]["patch"]
     connection.close()
-    assert webhook_no_cluster.request("GET", "/mutate/pods")[0] == 405
-    assert webhook_no_cluster.request("POST", "/mutate/other", b"{}")[0] == 404
+    # Every refusal is JSON, whether the admission routes or Flask's routing answer it.
+    for method, path, status in (("GET", "/mutate/pods", 405), ("POST", "/healthz", 405),
+                                 ("POST", "/mutate/other", 404), ("GET", "/nowhere", 404)):
+        answered, body = webhook_no_cluster.request(method, path, b"{}" if method == "POST" else None)
+        assert answered == status and json.loads(body)["error"].startswith(str(status)), (method, path, body)
 
 
 def test_the_demo_shows_compression_and_overselling_without_a_cluster():

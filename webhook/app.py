@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,7 @@ class AdmissionRoutes:
         resource, answer = route
         status, body = admission(self.settings, self.metrics, resource, answer, _wsgi_body(environ,
                                                                                           self.settings.max_body_bytes))
-        start_response("200 OK" if status == 200 else "400 Bad Request",
+        start_response(f"{status} {HTTPStatus(status).phrase}",
                        [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
         return [body]
 
