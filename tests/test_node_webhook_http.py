@@ -248,6 +248,15 @@ def test_the_app_asks_the_cluster_only_for_what_it_is_not_given(tmp_path, monkey
         api.stop()
 
 
+def test_an_app_with_no_cluster_to_reach_says_it_serves_with_pod_annotations_only(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    with caplog.at_level("INFO", logger="webhook.app"):
+        create_app(Settings(kubernetes="auto"))
+        create_app(Settings(kubernetes="off"))  # asked for no cluster: nothing to say
+    assert [r.getMessage() for r in caplog.records if r.name == "webhook.app"] == [
+        "no in-cluster config and no kubeconfig: serving with Pod annotations only"]
+
+
 def cut_with(validating: tuple[FakeKubeAPI, RunningWebhook], extra: dict, stored_ratio: str, asked: str) -> dict:
     """The validating webhook's answer to an admin cutting the node's cpu ratio from
     ``stored_ratio`` to ``asked`` while the Pod ``extra`` runs there too."""

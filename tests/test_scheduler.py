@@ -266,7 +266,7 @@ def test_a_runtime_class_overhead_neither_breaks_the_binding_nor_goes_uncharged(
 
 
 def test_numa_shortage_is_explained_and_unresolvable_requests_say_so(cluster):
-    _, extender = cluster
+    api, extender = cluster
     answer = extender.post("filter", {"Pod": pod("big", "10", "FullPCPUs"), "NodeNames": ["node-0"]})
     assert answer["FailedNodes"]["node-0"] == \
         "needs 5 full cores in one NUMA node; NUMA node 0 has 4 free, NUMA node 1 has 4 free"
@@ -279,6 +279,14 @@ def test_numa_shortage_is_explained_and_unresolvable_requests_say_so(cluster):
     more = extender.post("filter", {"Pod": pod("wider", "17", "SpreadByPCPUs", single_numa=False),
                                     "NodeNames": ["node-0"]})
     assert list(more["FailedAndUnresolvableNodes"]) == ["node-0"]
+    # With another Pod on the node, every CPU is refused for now: evicting that Pod would help.
+    api.put("pods", pod("neighbour", "2", node_name="node-0"))
+    wait_for(lambda: "node-0" in extender.post("filter", {"Pod": pod("wide", "16", "SpreadByPCPUs",
+                                                                       single_numa=False),
+                                                          "NodeNames": ["node-0"]})["FailedNodes"])
+    # A shared Pod asking more cores than the node has really fits its oversold 24 once it is alone.
+    broad = extender.post("filter", {"Pod": pod("broad", "23"), "NodeNames": ["node-0"]})
+    assert list(broad["FailedNodes"]) == ["node-0"] and broad["FailedAndUnresolvableNodes"] == {}
 
 
 @pytest.mark.shared
@@ -2047,6 +2055,25 @@ def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
         stored = api.get("pods", "default", "pinned")
         assert not stored["spec"].get("nodeName") and api.count("POST", "bindings") == 0
         assert KEYS.resource_status in stored["metadata"]["annotations"] and api.count("PATCH", "pods") == 1
+        assert state.usage("n").bound_cpus == set() and not state.is_bound("uid-pinned")
+
+
+def test_a_replica_that_no_longer_leads_when_a_bind_arrives_writes_nothing():
+    """Asked to bind after its Lease has passed (the request was already in flight), the replica
+    writes neither the cpuset nor the Binding: the new leader may be handing out those CPUs."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch):
+        answer = bind({"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"},
+                      state, KubeBinder(api_client, watch), KEYS, leading=lambda: False)
+        assert answer == {"Error": "not binding pod default/pinned: this extender replica stopped leading mid-bind"}
+        assert api.count("PATCH", "pods") == 0 and api.count("POST", "bindings") == 0
+        assert KEYS.resource_status not in api.get("pods", "default", "pinned")["metadata"]["annotations"]
         assert state.usage("n").bound_cpus == set() and not state.is_bound("uid-pinned")
 
 
