@@ -164,6 +164,17 @@ def pod_review(pod: dict[str, Any], operation: str = "CREATE", namespace: str | 
         },
     }
 
+def no_cluster_app(**overrides: Any) -> Any:
+    """The webhook's Flask app in this process with no cluster: Pods go by their own annotations,
+    and no node's Pods can be listed. ``overrides``: Settings fields."""
+    from oversale.settings import Settings
+    from webhook.app import create_app
+    from webhook.node_pods import NoClusterPods
+    from webhook.owners import NoCluster
+
+    return create_app(Settings(kubernetes="off", **overrides), owners=NoCluster(), node_pods=NoClusterPods())
+
+
 
 def apply_response(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     """The Pod after the API server applies the response's JSON patch (itself when none)."""

@@ -16,10 +16,7 @@ import yaml
 
 from kube.server import gunicorn_options
 from oversale.settings import Settings
-from tests.conftest import ROOT
-from webhook.app import create_app
-from webhook.node_pods import NoClusterPods
-from webhook.owners import NoCluster
+from tests.conftest import ROOT, no_cluster_app
 
 OVERLAYS = ["base", "overlays/self-signed", "overlays/cert-manager", "monitoring", "network-policies"]
 # 1.33, the release the API double speaks and in-place resize needs, and the newest whose schemas
@@ -108,7 +105,7 @@ def test_node_match_condition_lets_through_exactly_what_the_webhook_needs():
 
 
 def test_webhook_paths_are_served_by_the_app(rendered):
-    app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods())
+    app = no_cluster_app()
     routes = set(app.wsgi_app.routes)  # answered by the lean admission path, ahead of Flask
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         for configuration in by_kind(rendered, kind):

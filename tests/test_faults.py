@@ -29,7 +29,7 @@ from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import Reconciler
-from tests.conftest import RunningWebhook, apply_response, eventually, pod_review
+from tests.conftest import RunningWebhook, apply_response, eventually, no_cluster_app, pod_review
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import GARBAGE_ANSWERS, garbage_prometheus
 
@@ -457,14 +457,6 @@ def test_an_answer_that_raises_is_allowed_unchanged_counted_and_logged_with_its_
     [logged] = [r for r in caplog.records if r.name == "webhook.app"]
     assert logged.getMessage() == f"admission of pods review {uid} failed; allowing unchanged"
     assert logged.exc_info is not None and "nobody foresaw" in str(logged.exc_info[1])
-
-
-def no_cluster_app(**settings: Any) -> Any:
-    from webhook.app import create_app
-    from webhook.node_pods import NoClusterPods
-    from webhook.owners import NoCluster
-
-    return create_app(Settings(kubernetes="off", **settings), owners=NoCluster(), node_pods=NoClusterPods())
 
 
 def wsgi_post(app: Any, stream: io.BytesIO, content_length: str | None) -> tuple[str, bytes]:

@@ -30,12 +30,9 @@ from oversale.node_oversale import (
 )
 from oversale.quantity import parse_amount
 from oversale.settings import Settings
-from tests.conftest import SHARED
+from tests.conftest import SHARED, no_cluster_app
 from tests.kube_api import FakeKubeAPI
-from webhook.app import create_app
 from webhook.node_admission import StatusWrites, reshape_status_write
-from webhook.node_pods import NoClusterPods
-from webhook.owners import NoCluster
 
 KEYS = AnnotationKeys()
 GKE_NODE = SHARED / "fixtures" / "nodes" / "gke-node.json"
@@ -195,7 +192,7 @@ def test_the_node_gauges_show_each_resource_a_node_reports_in_cores_and_bytes():
     """Through the app: the gauges show real and oversold allocatable per resource, cpu in cores and
     memory in bytes. Some nodes (a virtual-kubelet, say) report no memory: their cpu is oversold
     and shown alone, with no error counted."""
-    app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods()).test_client()
+    app = no_cluster_app().test_client()
 
     def status_write(name: str, allocatable: dict[str, str], ratios: dict[str, str],
                      dry_run: bool = False) -> list[dict]:
@@ -231,7 +228,7 @@ def test_the_node_gauges_show_each_resource_a_node_reports_in_cores_and_bytes():
 def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
     """Through the app, which remembers status-write answers (the kubelet repeats its writes): the
     same write from the node's kubelet and from another writer still gets each writer's answer."""
-    app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods()).test_client()
+    app = no_cluster_app().test_client()
     node = gke_node()
     node["metadata"].setdefault("annotations", {})[KEYS.cpu_oversale_ratio] = "2"
     stored = stored_as(node, oversell_node(node, None, True, policy(**{KEYS.cpu_oversale_ratio: "2"})))
@@ -365,7 +362,7 @@ class Cluster:
 
     def restart(self) -> None:
         """A new webhook process: no memory of anything before."""
-        self.app = create_app(Settings(kubernetes="off"), owners=NoCluster(), node_pods=NoClusterPods()).test_client()
+        self.app = no_cluster_app().test_client()
 
     def _client(self, token: str) -> client.ApiClient:
         configuration = client.Configuration(host=self.api.url)
