@@ -847,6 +847,24 @@ def test_a_burst_of_replicas_counts_what_the_running_ones_use_not_their_requests
         if key in expected} == expected)
 
 
+def test_a_replica_of_a_workload_that_uses_little_scores_a_node_cooler_than_a_stranger_asking_the_same(loaded):
+    # web's running replica (on node-1) uses 100m of its 8 cores. A new replica is expected to
+    # use as much on node-0 (30% of 16 real cores stays 31%); a Pod of no known workload asking
+    # for 8 cores counts 8 x 0.85 of them (73%), so node-0 stays cooler for the replica.
+    api, extender = loaded
+    api.put("pods", replica("web-5d8f9-x1", "5d8f9", "8", node_name="node-1"))
+    api.put("podmetrics", {"metadata": {"name": "web-5d8f9-x1", "namespace": "default"}, "window": "20s",
+                           "containers": [{"name": "c", "usage": {"cpu": "100m", "memory": "10Mi"}}]})
+
+    def score(asking: dict) -> int:
+        [answer] = extender.post("prioritize", {"Pod": asking, "NodeNames": ["node-0"]})
+        return answer["Score"]
+
+    stranger = pod("stranger", "8", single_numa=False)
+    wait_for(lambda: score(replica("web-5d8f9-x2", "5d8f9", "8")) > score(stranger))
+    assert score(stranger) == score(pod("another", "8", single_numa=False))
+
+
 @pytest.mark.parametrize(("broken", "said"), [
     ("unavailable", "HTTP 503"),  # metrics-server down: the aggregator's 503
     # A proxy in front of the API server answering its login page.
