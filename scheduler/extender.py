@@ -335,7 +335,9 @@ def _bind_again(args: ExtenderBindingArgs, uid: str, earlier: Reservation, deman
         _before_binding(binder, keys, namespace, name, earlier.status, written != earlier.status, leading)
         binder.bind(namespace, name, uid, node)
     except LostLease:
-        state.release(uid)
+        # Unlike a first bind's, this room is not given back: the first Binding may still land on
+        # it, and this replica may lead again before the watch tells.
+        state.lose_answer(uid, earlier.status)
         return {"Error": f"not binding pod {namespace}/{name}: {_LOST_LEASE}"}
     except Exception as error:  # noqa: BLE001  -- reported to kube-scheduler, which retries
         # Either Binding may have been taken (a 409 here is the first one landing): the room stays

@@ -4,6 +4,7 @@ against the API double (filter, prioritize, bind, restart, concurrent binds)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import ssl
@@ -343,6 +344,7 @@ def test_preemption_keeps_only_nodes_where_the_victims_make_room_by_the_extender
     assert ("node-0: still refused after evicting 1 Pod(s): cpu: 12 charged for its exclusive CPUs, 10 free on "
             "node-0") in log
     assert "tiny: still refused after evicting 1 Pod(s): needs 4 full cores in one NUMA node" in log
+    assert "ghost: node not in the extender's cache" in log and "node-1: node not in" not in log
     # The same with whole Pods (nodeCacheCapable false); the answer is always by UID.
     whole = {"Pod": vip, "NodeNameToVictims": {"node-0": {"Pods": [bound_pod("a-node-0", "6", "node-0"),
                                                                    bound_pod("b-node-0", "8", "node-0")],
@@ -2176,7 +2178,7 @@ def lost_bind(*others: str) -> Iterator[tuple[FakeKubeAPI, ClusterState, Any, An
         yield api, state, binder, watch, now
 
 
-def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus():
+def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus(caplog):
     """The API server failed a Binding with a 5xx, and had not stored it: the room stays held, as
     the bind may have happened. kube-scheduler retries to the same node: the extender reads the Pod
     afresh, finds it unbound, and sends the same Binding again on the same CPUs (before, every retry
@@ -2184,16 +2186,22 @@ def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus():
     refused, since the first Binding might still land."""
     from scheduler.extender import bind
 
-    with lost_bind() as (api, state, binder, watch, _):
+    with lost_bind() as (api, state, binder, watch, now):
         held = state.usage("n").bound_cpus
         first = api.get("pods", "default", "pinned")
         assert len(held) == 4 and not first["spec"].get("nodeName")
+        assert "bind of default/pinned to n may or may not have happened" in caplog.text
 
         elsewhere = bind({**PINNED, "Node": "m"}, state, binder, KEYS)["Error"]
         assert "an earlier bind of it to n got no answer and may still land" in elsewhere
         assert api.count("POST", "bindings") == 1 and state.usage("m").bound_cpus == set()
 
-        assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
+        with api.watches_paused(), caplog.at_level(logging.INFO, logger="scheduler.extender"):
+            assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
+            assert "bound default/pinned to n at the retry of a bind whose answer was lost" in caplog.text
+            # Taken by the API server: held past the TTL, however late the watch shows it.
+            now[0] += RESERVATION_TTL + 1
+            assert state.usage("n").bound_cpus == held
         stored = api.get("pods", "default", "pinned")
         assert stored["spec"]["nodeName"] == "n"
         assert stored["metadata"]["annotations"][KEYS.resource_status] == \
@@ -2327,7 +2335,111 @@ def test_a_retried_lost_bind_that_fails_again_keeps_its_room_for_the_next_try():
         assert api.count("POST", "bindings") == 1 and not api.get("pods", "default", "pinned")["spec"].get("nodeName")
 
 
-def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened():
+def test_a_second_bind_of_a_pod_bound_before_the_watch_shows_it_is_refused_and_changes_nothing():
+    """kube-scheduler may ask again for a Pod whose bind succeeded (its own request timed out) before
+    the extender's watch shows the Pod bound: the Pod is refused as bound, no second cpuset is
+    written over the first, and its room stays held once."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch), api.watches_paused():
+        binder = KubeBinder(api_client, watch)
+        assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
+        first = bound_cpus(api, "pinned")
+        assert bind(PINNED, state, binder, KEYS) == {"Error": "pod default/pinned is already bound"}
+        assert api.count("POST", "bindings") == 1 and api.count("PATCH", "pods") == 1
+        assert bound_cpus(api, "pinned") == first == state.usage("n").bound_cpus
+
+
+def test_a_retried_lost_bind_on_a_replica_that_stops_leading_keeps_the_room_for_the_first_binding():
+    """The first Binding got no answer and may still land on its CPUs: a retry that finds this
+    replica no longer leading sends nothing and keeps that room held (a first bind gives it back,
+    as nothing of it was sent). Leading again, the next retry sends the same Binding."""
+    from scheduler.extender import bind
+
+    with lost_bind() as (api, state, binder, _, _now):
+        held = state.usage("n").bound_cpus
+        answer = bind(PINNED, state, binder, KEYS, leading=lambda: False)
+        assert answer == {"Error": "not binding pod default/pinned: this extender replica stopped leading mid-bind"}
+        assert api.count("POST", "bindings") == 1 and state.usage("n").bound_cpus == held
+        assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
+        assert api.get("pods", "default", "pinned")["spec"]["nodeName"] == "n" and bound_cpus(api, "pinned") == held
+
+
+def test_a_lost_binds_room_that_expires_while_the_retry_reads_the_pod_sends_nothing(caplog):
+    """The retry's fresh read of the Pod takes longer than the room is still held (an overloaded API
+    server): those CPUs may be handed out by then, so the Binding is not sent on them."""
+    from scheduler.extender import bind
+
+    with lost_bind() as (api, state, binder, _, now):
+
+        class SlowFreshRead:
+            """The binder, its fresh read of a Pod answered after the room has expired."""
+
+            def pod(self, namespace: str, name: str, fresh: bool = False) -> dict:
+                if fresh:
+                    now[0] += RESERVATION_TTL + 1
+                return binder.pod(namespace, name, fresh=fresh)
+
+            def __getattr__(self, attribute: str) -> Any:
+                return getattr(binder, attribute)
+
+        answer = bind(PINNED, state, SlowFreshRead(), KEYS)["Error"]
+        assert answer == ("not binding pod default/pinned: the room held for its earlier bind has just expired; "
+                          "kube-scheduler's next try places it afresh")
+        assert api.count("POST", "bindings") == 1 and api.count("PATCH", "pods") == 1
+        assert state.usage("n").bound_cpus == set()
+        with caplog.at_level(logging.INFO, logger="scheduler.extender"):
+            assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
+        assert "bound default/pinned to n with cpuset 0-1,8-9" in caplog.text
+
+
+def test_a_bind_whose_cpuset_cannot_be_written_sends_no_binding_and_gives_its_room_back():
+    """The cpuset goes on the Pod before its Binding. Where that write fails, no Binding was sent,
+    so nothing may land: the room is given back at once, and the retry is placed afresh."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch)
+        api.storms["pods"] = [500, 1]
+        answer = bind(PINNED, state, binder, KEYS)["Error"]
+        assert answer.startswith("binding default/pinned to n failed: "), answer
+        assert api.count("POST", "bindings") == 0 and state.usage("n").bound_cpus == set()
+        assert state.lost_bind("uid-pinned") is None
+        assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
+        assert api.get("pods", "default", "pinned")["spec"]["nodeName"] == "n"
+
+
+def test_a_bind_without_a_pod_uid_takes_the_pods_own():
+    """``PodUID`` may be left out of ExtenderBindingArgs (the protocol reads it as empty): each Pod
+    is then held and bound under the UID its own object carries."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    for name in ("a", "b"):
+        api.put("pods", pod(name, "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch)
+        for name in ("a", "b"):
+            assert bind({"PodName": name, "PodNamespace": "default", "PodUID": "", "Node": "n"},
+                        state, binder, KEYS) == {"Error": ""}
+            assert state.is_bound(f"uid-{name}")
+        assert not bound_cpus(api, "a") & bound_cpus(api, "b") and len(state.usage("n").bound_cpus) == 8
+
+
+def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened(caplog):
     """The API server stored the Binding but its answer came too late. kube-scheduler's retry, before
     the watch shows the Pod bound, reads the Pod afresh and is answered that the bind happened: no
     second Binding is sent, and the room is held until the watch shows the Pod."""
@@ -2337,15 +2449,19 @@ def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened():
     api = FakeKubeAPI().start()
     api.put("nodes", node("n"))
     api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    state = ClusterState(KEYS)
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
     args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
     with watched(api, state) as (api_client, watch), api.watches_paused():
         api.slow_bindings = 2.0
         assert bind(args, state, KubeBinder(api_client, watch, timeout=0.5), KEYS)["Error"]
         api.slow_bindings = 0.0
         held = state.usage("n").bound_cpus
-        assert bind(args, state, KubeBinder(api_client, watch, timeout=5), KEYS) == {"Error": ""}
+        with caplog.at_level(logging.INFO, logger="scheduler.extender"):
+            assert bind(args, state, KubeBinder(api_client, watch, timeout=5), KEYS) == {"Error": ""}
         assert api.count("POST", "bindings") == 1
+        assert "bind of default/pinned to n had happened: its answer was lost" in caplog.text
+        now[0] += RESERVATION_TTL + 1
         assert state.usage("n").bound_cpus == held and len(held) == 4
 
 
