@@ -3,6 +3,7 @@ filter at and around each watermark, estimates of Pods not yet in the metrics, t
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from decimal import Decimal
@@ -329,6 +330,87 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case, l
     assert rank(table, slots, demand, config, NOW, load_aware=True) == [
         0 if shortfall(view, usage, demand, NOW) else 10 if view.reservations and view.holds_for(demand.owner, NOW)
         else node_score(view, usage, demand, NOW) for view, usage in grown]
+
+
+def test_a_nodes_row_holds_its_free_room_and_cores_and_a_removed_nodes_row_goes_to_the_next_node():
+    """The columns the vectors read are the node's own figures: the oversold room its Pods leave,
+    and per NUMA zone its free CPUs and whole free cores. (A column left at 0 would not change an
+    answer, only send every node down the node-by-node path, as slow as before the table.) Nodes
+    come and go all day under an autoscaler: a removed node's row goes to the next one, so the
+    table does not grow with the churn."""
+    view = NodeView("n", {"cpu": 24000, "memory": 64 * GI}, Decimal("1.5"), TOPOLOGIES[2], ratio=Fraction(3, 2),
+                    real=REAL)  # 2 zones x 4 cores x 2 threads
+    # CPUs 0, 8 (one whole core) and 1 taken in zone 0, 5 in zone 1: each bound CPU costs 1.5.
+    usage = NodeUsage(shared={"cpu": 3000, "memory": 8 * GI}, bound_cpus={0, 1, 5, 8})
+    table = NodeTable()
+    table.put("n", view, usage, None)
+    [slot], _ = table.slots(["n"])
+    assert (table.free_cpu[slot], table.free_memory[slot], table.allocatable_cpu[slot]) == (15000, 56 * GI, 24000)
+    assert (table.cpus[slot], table.threads[slot], table.zones[slot]) == (16, 2, 2)
+    assert (table.free_max[slot], table.free_sum[slot]) == (7, 12)
+    assert (table.whole_max[slot], table.whole_sum[slot]) == (3, 5)
+    removed = []
+    for wave in range(3):
+        names = [f"wave{wave}-{index}" for index in range(10)]
+        for name in names:
+            table.put(name, replace(view, name=name), usage, None)
+        removed += table.slots(names)[0].tolist()
+        for name in names:
+            table.remove(name)
+    assert len(table) == 1 and len(table.rows) == 11
+    with pytest.raises(KeyError, match="vacant"):
+        table.row(removed[-1])
+
+
+def test_a_table_grown_past_its_first_rows_keeps_every_nodes_figures():
+    """The columns start with room for 64 nodes and double as nodes join: the nodes already in
+    them keep their figures (a hot node stays filtered, a busy one scores low) on a cluster of
+    hundreds of nodes."""
+    config = LoadConfig()
+    pod = PodDemand("p", {"cpu": 1000, "memory": GI}, None, False)
+    table = NodeTable()
+    names = [f"n{index}" for index in range(200)]
+    for index, name in enumerate(names):
+        view = NodeView(name, {"cpu": 32000, "memory": 64 * GI}, Decimal(1), Topology.flat(16), real=REAL)
+        busy = 12000.0 if index % 50 == 0 else 1600.0  # 75% of the real 16 cores, or 10%
+        load = NodeLoad(busy, busy, 8 * GI, NOW - 5)
+        table.put(name, view, NodeUsage(), load_facts(view, NodeHeat(load, NOW)))
+    slots, _ = table.slots(names)
+    hot = "cpu usage 75% of real capacity (5-min average) is above the scheduling watermark 65%"
+    assert screen(table, slots, pod, config, NOW, load_aware=True) == [
+        hot if index % 50 == 0 else None for index in range(200)]
+    scores = rank(table, slots, pod, config, NOW, load_aware=True)
+    assert max(scores[index] for index in range(0, 200, 50)) < min(
+        score for index, score in enumerate(scores) if index % 50)
+
+
+@pytest.mark.parametrize("pod_policy", [None, "FullPCPUs", "SpreadByPCPUs"])
+def test_the_batch_filter_and_score_answer_as_node_by_node_at_every_edge_of_the_room(pod_policy):
+    """The edges the test above draws at random, every one of them: the room a node has left is
+    exactly what the Pod takes (shared, or its whole CPUs at the node's ratio plus its RuntimeClass
+    overhead), or a millicore less or more; on each topology, with none, some or most of its
+    CPUs bound, under each binding policy and strategy of the node."""
+    for cpus, overhead, single_numa in itertools.product([1, 2, 4], [0, 250], [False, True]):
+        demand = PodDemand("p", {"cpu": cpus * 1000 + overhead, "memory": GI}, pod_policy, single_numa, cpus=cpus)
+        nodes = []
+        for index, (topology, node_policy, strategy, ratio, bound, left) in enumerate(itertools.product(
+                TOPOLOGIES, [None, "FullPCPUs", "SpreadByPCPUs"], ["MostAllocated", "LeastAllocated"],
+                [Fraction(1), Fraction(3, 2)], [set(), {0, 1, 8}, set(range(12))], [-1, 0, 1])):
+            view = NodeView(f"n{index}", {"cpu": 32000, "memory": 32 * GI},
+                            Decimal(ratio.numerator) / ratio.denominator, topology, bind_policy=node_policy,
+                            strategy=strategy, ratio=ratio, real=REAL)
+            taken = bound_charge(view, cpus) + overhead if demand.binding_on(view) else cpus * 1000 + overhead
+            shared = 32000 - bound_charge(view, len(bound)) - taken - left
+            nodes.append((view, NodeUsage(shared={"cpu": shared, "memory": 0}, bound_cpus=set(bound))))
+        table = NodeTable()
+        for view, usage in nodes:
+            table.put(view.name, view, usage, None)
+        slots, _ = table.slots([view.name for view, _ in nodes])
+        reasons = [shortfall(view, usage, demand, NOW) for view, usage in nodes]
+        assert screen(table, slots, demand, LoadConfig(), NOW, load_aware=False) == reasons
+        assert rank(table, slots, demand, LoadConfig(), NOW, load_aware=False) == [
+            0 if reason else node_score(view, usage, demand, NOW)
+            for (view, usage), reason in zip(nodes, reasons, strict=True)]
 
 
 def test_a_node_whose_kubelet_has_not_reported_its_cpu_yet_takes_no_cpu_and_scores_lowest():
