@@ -181,6 +181,9 @@ def bound_cpus_of(pod: Mapping[str, Any], keys: AnnotationKeys) -> tuple[int, ..
     >>> bound_cpus_of({"metadata": {"annotations": {"stke.platform/resource-status": '{"cpuset": "0-1,8"}'}}},
     ...               AnnotationKeys())
     (0, 1, 8)
+    >>> bound_cpus_of({"metadata": {"annotations": {"stke.platform/resource-status": '{"cpuset": "x"}'}}},
+    ...               AnnotationKeys())
+    ()
     """
     text = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.resource_status)
     if not text:

@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,7 @@ def test_the_part_of_a_node_the_state_keeps_gives_the_same_view_as_the_whole_nod
 
     whole = json.loads((SHARED / "fixtures" / "nodes" / "gke-node.json").read_text())
     ours = node("unused", ratio="2", labels={KEYS.cpu_bind_policy: "FullPCPUs", KEYS.numa_allocate_strategy:
-                                             "LeastAllocated", KEYS.numa_topology_policy: "SingleNUMANode"})
+                                             "LeastAllocated", KEYS.numa_topology_policy: "single-numa-node"})
     whole["metadata"]["labels"].update(ours["metadata"]["labels"])
     whole["metadata"]["annotations"].update(ours["metadata"]["annotations"])
     whole["metadata"]["annotations"][KEYS.cpu_scheduling_watermark] = "0.5"
@@ -155,7 +156,15 @@ def test_the_part_of_a_node_the_state_keeps_gives_the_same_view_as_the_whole_nod
     kept = scheduling_part(whole)
     assert len(json.dumps(kept)) < len(json.dumps(whole)) / 2
     view = node_view(whole, KEYS)
-    assert view.reservations and view.topology and view.bind_policy == "FullPCPUs"
+    # Allocatable as the kubelet reports it (oversold by the webhook), the real one and the ratio
+    # from the webhook's record, 16 real CPUs in 2 NUMA zones, and the node's own labels.
+    assert (view.name, view.allocatable) == ("node-default-pool-something", {"cpu": 32000, "memory": 12700100 * 1024})
+    assert (view.real, view.cpu_ratio, view.ratio) == ({"cpu": 16000, "memory": 64 * 2**30}, 2, 2)
+    assert (len(view.topology.cpus), view.topology.zones()) == (16, [0, 1])
+    assert (view.bind_policy, view.single_numa, view.strategy) == ("FullPCPUs", True, "LeastAllocated")
+    assert (view.watermarks.cpu_average, view.watermarks.cpu_peak) == (Decimal("0.5"), Decimal("0.85"))
+    assert [(held.owner, held.requests) for held in view.reservations] == [
+        ("shop/ReplicaSet/web", {"cpu": 500, "memory": 2**30})]
     assert node_view(kept, KEYS) == view
 
 
