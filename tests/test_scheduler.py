@@ -1925,6 +1925,42 @@ def test_a_leader_label_refused_is_said_once_though_tried_at_every_check(caplog)
     assert told[1] == "the leader label on this Pod is right again (after 3 failed runs)"
 
 
+PINNED = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
+"""kube-scheduler's bind of ``pinned`` to n."""
+
+
+@contextmanager
+def bind_setup(nodes: tuple[str, ...] = ("n",), pods: tuple[str, ...] = ("pinned",),
+               timeout: float = 10.0) -> Iterator[tuple[FakeKubeAPI, ClusterState, Any, Any, list[float]]]:
+    """Nodes (24 cores oversold, 16 real) and Pods asking for 4 exclusive CPUs each; the
+    extender's watches over them, synced; and its binder, whose requests time out after
+    ``timeout`` seconds. Yields (api, state, binder, watch, the state's clock as a one-item list
+    to move)."""
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    for name in nodes:
+        api.put("nodes", node(name))
+    for name in pods:
+        api.put("pods", pod(name, "4", "FullPCPUs"))
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
+    with watched(api, state) as (api_client, watch):
+        yield api, state, KubeBinder(api_client, watch, timeout=timeout), watch, now
+
+
+@contextmanager
+def lost_bind(*others: str) -> Iterator[tuple[FakeKubeAPI, ClusterState, Any, Any, list[float]]]:
+    """``bind_setup`` with nodes n and m and Pods ``pinned`` and ``others``; ``pinned``'s bind to n
+    failed with a 500 the API server did not store: its answer lost, its room held."""
+    from scheduler.extender import bind
+
+    with bind_setup(("n", "m"), ("pinned", *others), timeout=5) as (api, state, binder, watch, now):
+        api.storms["bindings"] = [500, 1]
+        assert bind(PINNED, state, binder, KEYS)["Error"].startswith("binding default/pinned to n failed")
+        yield api, state, binder, watch, now
+
+
 def test_a_leader_that_loses_its_lease_unlabels_itself_and_binds_nothing_until_it_leads_again(caplog):
     """Not a graceful stop: the leader could not renew (the API server too busy, the process
     paused) and another replica took the Lease. Its next check takes the leader label off its
@@ -1954,8 +1990,7 @@ def test_a_leader_that_loses_its_lease_unlabels_itself_and_binds_nothing_until_i
             leadership.check()
         assert "lost the lease: binding nothing until it is taken again" in caplog.messages
         assert not leadership.leading() and not leads(api, "extender-a")
-        args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
-        assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == \
+        assert bind(PINNED, state, binder, KEYS, leading=leadership.leading)["Error"] == \
             "not binding pod default/pinned: this extender replica stopped leading mid-bind"
         assert api.count("POST", "bindings") == 0 and not state.usage("n").bound_cpus
 
@@ -1965,7 +2000,7 @@ def test_a_leader_that_loses_its_lease_unlabels_itself_and_binds_nothing_until_i
         leadership.check()
         assert leadership.leading() and leads(api, "extender-a")
         assert api.count("GET", "pods", watch=False) > lists, "Pods listed afresh before serving"
-        assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == ""
+        assert bind(PINNED, state, binder, KEYS, leading=leadership.leading)["Error"] == ""
 
 
 def test_a_leader_writes_its_label_once_though_it_checks_twice_a_second():
@@ -2016,15 +2051,14 @@ def test_a_replica_holding_the_lease_serves_only_once_its_nodes_and_pods_are_lis
         assert not watch.synced and not leadership.leading()
         api.unavailable = set()
         assert not leads(api, "extender-a")
-        args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
-        assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == \
+        assert bind(PINNED, state, binder, KEYS, leading=leadership.leading)["Error"] == \
             "not binding pod default/pinned: this extender replica stopped leading mid-bind"
         assert api.count("POST", "bindings") == 0
 
         wait_for(lambda: watch.synced, timeout=60)
         leadership.check()
         assert leadership.leading() and leads(api, "extender-a")
-        assert bind(args, state, binder, KEYS, leading=leadership.leading)["Error"] == ""
+        assert bind(PINNED, state, binder, KEYS, leading=leadership.leading)["Error"] == ""
 
 
 def test_a_check_that_lands_while_the_lease_is_given_back_takes_nothing_up_again():
@@ -2062,24 +2096,19 @@ def test_a_replica_that_stops_leading_mid_bind_writes_nothing_more():
     no longer leads it neither binds nor keeps the CPUs. The cpuset it wrote stays on the Pod,
     which is not bound and so counts for no one; removing it could remove the new leader's."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder, Leadership
+    from scheduler.kube import Leadership
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    state = ClusterState(KEYS)
+    with bind_setup() as (api, state, binder, watch, _now):
 
-    class PausedElector:
-        """Leads until the cpuset is written; the process is then paused past its Lease."""
+        class PausedElector:
+            """Leads until the cpuset is written; the process is then paused past its Lease."""
 
-        def is_leader(self) -> bool:
-            return api.count("PATCH", "pods") == 0
+            def is_leader(self) -> bool:
+                return api.count("PATCH", "pods") == 0
 
-    with watched(api, state) as (api_client, watch):
         leadership = Leadership(PausedElector(), watch)
         leadership.serving = True  # the last check, before the pause
-        answer = bind({"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"},
-                      state, KubeBinder(api_client, watch), KEYS, leading=leadership.leading)
+        answer = bind(PINNED, state, binder, KEYS, leading=leadership.leading)
         assert answer == {"Error": "not binding pod default/pinned: this extender replica stopped leading mid-bind"}
         stored = api.get("pods", "default", "pinned")
         assert not stored["spec"].get("nodeName") and api.count("POST", "bindings") == 0
@@ -2091,15 +2120,9 @@ def test_a_replica_that_no_longer_leads_when_a_bind_arrives_writes_nothing():
     """Asked to bind after its Lease has passed (the request was already in flight), the replica
     writes neither the cpuset nor the Binding: the new leader may be handing out those CPUs."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    state = ClusterState(KEYS)
-    with watched(api, state) as (api_client, watch):
-        answer = bind({"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"},
-                      state, KubeBinder(api_client, watch), KEYS, leading=lambda: False)
+    with bind_setup() as (api, state, binder, _watch, _now):
+        answer = bind(PINNED, state, binder, KEYS, leading=lambda: False)
         assert answer == {"Error": "not binding pod default/pinned: this extender replica stopped leading mid-bind"}
         assert api.count("PATCH", "pods") == 0 and api.count("POST", "bindings") == 0
         assert KEYS.resource_status not in api.get("pods", "default", "pinned")["metadata"]["annotations"]
@@ -2113,17 +2136,11 @@ def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
     left it bound and unpinned, its CPUs free to hand out). kube-scheduler hears of the error and
     retries; the watch then shows the Pod bound."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    state = ClusterState(KEYS)
-    with watched(api, state) as (api_client, watch):
+    with bind_setup(timeout=0.5) as (api, state, binder, watch, _now):
         api.slow_bindings = 2.0
         with api.watches_paused():
-            answer = bind({"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"},
-                          state, KubeBinder(api_client, watch, timeout=0.5), KEYS)
+            answer = bind(PINNED, state, binder, KEYS)
             assert answer["Error"].startswith("binding default/pinned to n failed")
             held = state.usage("n").bound_cpus
             assert len(held) == 4, "held while it is not known whether the bind happened"
@@ -2158,33 +2175,6 @@ def test_a_bind_to_a_node_run_hot_since_the_filter_is_refused_and_a_refused_bind
         assert "is forbidden" in bind({**big, "Node": "m"}, state, binder, KEYS, load_aware=True)["Error"]
         assert api.count("POST", "bindings") == 1 and state.lost_bind("uid-big") is None
         assert filter_nodes({"Pod": pod("next", "20"), "NodeNames": ["m"]}, state, KEYS)["NodeNames"] == ["m"]
-
-
-PINNED = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
-"""kube-scheduler's bind of ``pinned`` to n, as ``lost_bind`` sends it first."""
-
-
-@contextmanager
-def lost_bind(*others: str) -> Iterator[tuple[FakeKubeAPI, ClusterState, Any, Any, list[float]]]:
-    """Nodes n and m; Pods ``pinned`` and ``others`` asking for 4 exclusive CPUs each; the
-    extender's watches over them; and ``pinned``'s bind to n failed with a 500 the API server did
-    not store: its answer lost, its room held. Yields (api, state, binder, watch, the state's clock
-    as a one-item list to move)."""
-    from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
-
-    api = FakeKubeAPI().start()
-    for name in ("n", "m"):
-        api.put("nodes", node(name))
-    for name in ("pinned", *others):
-        api.put("pods", pod(name, "4", "FullPCPUs"))
-    now = [1000.0]
-    state = ClusterState(KEYS, clock=lambda: now[0])
-    with watched(api, state) as (api_client, watch):
-        binder = KubeBinder(api_client, watch, timeout=5)
-        api.storms["bindings"] = [500, 1]
-        assert bind(PINNED, state, binder, KEYS)["Error"].startswith("binding default/pinned to n failed")
-        yield api, state, binder, watch, now
 
 
 def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus(caplog):
@@ -2349,14 +2339,8 @@ def test_a_second_bind_of_a_pod_bound_before_the_watch_shows_it_is_refused_and_c
     the extender's watch shows the Pod bound: the Pod is refused as bound, no second cpuset is
     written over the first, and its room stays held once."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    state = ClusterState(KEYS)
-    with watched(api, state) as (api_client, watch), api.watches_paused():
-        binder = KubeBinder(api_client, watch)
+    with bind_setup() as (api, state, binder, _watch, _now), api.watches_paused():
         assert bind(PINNED, state, binder, KEYS) == {"Error": ""}
         first = bound_cpus(api, "pinned")
         assert bind(PINNED, state, binder, KEYS) == {"Error": "pod default/pinned is already bound"}
@@ -2411,14 +2395,8 @@ def test_a_bind_whose_cpuset_cannot_be_written_sends_no_binding_and_gives_its_ro
     """The cpuset goes on the Pod before its Binding. Where that write fails, no Binding was sent,
     so nothing may land: the room is given back at once, and the retry is placed afresh."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    api.put("pods", pod("pinned", "4", "FullPCPUs"))
-    state = ClusterState(KEYS)
-    with watched(api, state) as (api_client, watch):
-        binder = KubeBinder(api_client, watch)
+    with bind_setup() as (api, state, binder, _watch, _now):
         api.storms["pods"] = [500, 1]
         answer = bind(PINNED, state, binder, KEYS)["Error"]
         assert answer.startswith("binding default/pinned to n failed: "), answer
@@ -2432,15 +2410,8 @@ def test_a_bind_without_a_pod_uid_takes_the_pods_own():
     """``PodUID`` may be left out of ExtenderBindingArgs (the protocol reads it as empty): each Pod
     is then held and bound under the UID its own object carries."""
     from scheduler.extender import bind
-    from scheduler.kube import KubeBinder
 
-    api = FakeKubeAPI().start()
-    api.put("nodes", node("n"))
-    for name in ("a", "b"):
-        api.put("pods", pod(name, "4", "FullPCPUs"))
-    state = ClusterState(KEYS)
-    with watched(api, state) as (api_client, watch):
-        binder = KubeBinder(api_client, watch)
+    with bind_setup(pods=("a", "b")) as (api, state, binder, _watch, _now):
         for name in ("a", "b"):
             assert bind({"PodName": name, "PodNamespace": "default", "PodUID": "", "Node": "n"},
                         state, binder, KEYS) == {"Error": ""}
@@ -2460,14 +2431,13 @@ def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened(caplog):
     api.put("pods", pod("pinned", "4", "FullPCPUs"))
     now = [1000.0]
     state = ClusterState(KEYS, clock=lambda: now[0])
-    args = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
     with watched(api, state) as (api_client, watch), api.watches_paused():
         api.slow_bindings = 2.0
-        assert bind(args, state, KubeBinder(api_client, watch, timeout=0.5), KEYS)["Error"]
+        assert bind(PINNED, state, KubeBinder(api_client, watch, timeout=0.5), KEYS)["Error"]
         api.slow_bindings = 0.0
         held = state.usage("n").bound_cpus
         with caplog.at_level(logging.INFO, logger="scheduler.extender"):
-            assert bind(args, state, KubeBinder(api_client, watch, timeout=5), KEYS) == {"Error": ""}
+            assert bind(PINNED, state, KubeBinder(api_client, watch, timeout=5), KEYS) == {"Error": ""}
         assert api.count("POST", "bindings") == 1
         assert "bind of default/pinned to n had happened: its answer was lost" in caplog.text
         now[0] += RESERVATION_TTL + 1
