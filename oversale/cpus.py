@@ -323,12 +323,27 @@ def format_cpuset(cpus: Iterable[int]) -> str:
 
 
 def parse_cpuset(text: str) -> list[int]:
+    """The CPUs of a cpuset in the kernel's list format (``cpuset.cpus``, ``format_cpuset``'s
+    output); ValueError for anything else, as the kernel refuses it: an open or reversed range
+    would otherwise read as some CPUs or none.
+
+    >>> parse_cpuset("0-2,8, 10-11")
+    [0, 1, 2, 8, 10, 11]
+    >>> parse_cpuset("")
+    []
+    >>> parse_cpuset("3-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: not a cpuset: '3-1' (want e.g. 0-3,8)
+    """
     cpus: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        low, _, high = part.partition("-")
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise ValueError(f"not a cpuset: {text!r} (want e.g. 0-3,8)")
         cpus += list(range(int(low), int(high or low) + 1))
     return cpus
 

@@ -42,6 +42,14 @@ def test_cpuset_text_round_trip():
     assert parse_cpuset("0-2,8,10-11") == [0, 1, 2, 8, 10, 11]
 
 
+@pytest.mark.parametrize("text", ["0-", "1-0", "-1", "x", "0-3x", "0--3", "1.5"])
+def test_a_cpuset_the_kernel_would_refuse_is_refused_not_read_as_some_cpus(text):
+    """The kernel refuses these; an open range was read as its first CPU and a reversed one as
+    none, so a cpuset annotation edited by hand into either counted CPUs the kernel would not give."""
+    with pytest.raises(ValueError, match="not a cpuset"):
+        parse_cpuset(text)
+
+
 def test_full_pcpus_takes_whole_cores_in_one_numa_node():
     topology = koordinator()
     placement = place(topology, [], 4, FULL_PCPUS, single_numa=True)
