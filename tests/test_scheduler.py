@@ -2419,6 +2419,40 @@ def test_a_bind_without_a_pod_uid_takes_the_pods_own():
         assert not bound_cpus(api, "a") & bound_cpus(api, "b") and len(state.usage("n").bound_cpus) == 8
 
 
+def test_a_pod_asking_a_fractional_cpu_with_a_bind_policy_is_bound_shared_without_a_cpuset():
+    """Exclusive CPUs are whole ones: a Pod asking 2500m under FullPCPUs (say, compressed on a node
+    whose label requires binding) runs in the shared pool and is counted there by its request."""
+    from scheduler.extender import bind
+
+    with bind_setup(pods=()) as (api, state, binder, watch, _now):
+        api.put("pods", pod("half", "2500m", "FullPCPUs"))
+        wait_for(lambda: watch.cached_pod("default", "half") is not None)
+        assert bind({**PINNED, "PodName": "half", "PodUID": "uid-half"}, state, binder, KEYS) == {"Error": ""}
+        stored = api.get("pods", "default", "half")
+        assert stored["spec"]["nodeName"] == "n" and KEYS.resource_status not in stored["metadata"]["annotations"]
+        assert state.usage("n").bound_cpus == set() and state.usage("n").shared["cpu"] == 2500
+
+
+def test_a_node_labelled_single_numa_node_keeps_each_cpuset_bound_there_in_one_numa_node():
+    """The node label ``numa-topology-policy: single-numa-node`` asks one NUMA node of every Pod bound
+    there, though the Pod does not ask it. With 6 CPUs left in one zone and 8 in the other, 8 CPUs
+    come from the other zone there; on a node without the label they fill the fuller zone first."""
+    from scheduler.extender import bind
+
+    with bind_setup(nodes=("m",), pods=()) as (api, state, binder, watch, _now):
+        api.put("nodes", node("n", labels={KEYS.numa_topology_policy: "single-numa-node"}))
+        for name, cpus in (("a-n", "2"), ("b-n", "8"), ("a-m", "2"), ("b-m", "8")):
+            api.put("pods", pod(name, cpus, "FullPCPUs", single_numa=False))
+        wait_for(lambda: "n" in state.nodes and watch.cached_pod("default", "b-m") is not None)
+        for name in ("a-n", "b-n", "a-m", "b-m"):
+            assert bind({**PINNED, "PodName": name, "PodUID": f"uid-{name}", "Node": name[-1]},
+                        state, binder, KEYS) == {"Error": ""}
+        zone_0 = {0, 1, 2, 3, 8, 9, 10, 11}  # topology_json: socket 0's cores, both threads
+        assert len({cpu in zone_0 for cpu in bound_cpus(api, "b-n")}) == 1, "one NUMA node"
+        assert len({cpu in zone_0 for cpu in bound_cpus(api, "b-m")}) == 2, "without the label: both"
+        assert not bound_cpus(api, "a-n") & bound_cpus(api, "b-n")
+
+
 def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened(caplog):
     """The API server stored the Binding but its answer came too late. kube-scheduler's retry, before
     the watch shows the Pod bound, reads the Pod afresh and is answered that the bind happened: no

@@ -35,6 +35,7 @@ from oversale.placement import (
     node_score,
     placement_score,
     preemption_on,
+    score_on,
     shortfall,
     with_nominated,
 )
@@ -160,6 +161,9 @@ def test_the_cooler_node_scores_higher_and_weights_combine_with_packing():
     assert placement_score(view(), NodeUsage(), demand, cool, config) > \
         placement_score(view(), NodeUsage(), demand, warm, config)
     assert load_score_after(0.0, 0.0, 4000, GI) == 10 and load_score_after(4800.0, 0.1 * GI, 4000, GI) == 0
+    light, heavy = {"cpu": 1000.0, "memory": float(GI)}, {"cpu": 1000.0, "memory": 48.0 * GI}
+    assert placement_score(view(), NodeUsage(), demand, cool, config, heavy) < \
+        placement_score(view(), NodeUsage(), demand, cool, config, light), "8 + 48 of 64 GiB: memory decides"
     packing_only = LoadConfig(load_weight=0)
     assert placement_score(view(), NodeUsage(), demand, cool, packing_only) == \
         placement_score(view(), NodeUsage(), demand, warm, packing_only)
@@ -648,6 +652,31 @@ def test_a_pod_fits_to_the_last_byte_and_a_bound_pods_overhead_is_charged_with_i
     held = replace(node, reservations=(Reservation("shop/ReplicaSet/web-5d8f9", {"memory": GI}, NOW + 60),))
     assert shortfall(held, usage, exact, NOW) == "memory: 4Gi requested, 3Gi free on n (oversold allocatable)", \
         "room held for another owner's replacement"
+
+
+def test_a_nodes_remembered_answers_hold_for_its_view_alone_and_never_across_owners():
+    """``fit_on`` remembers a node's answers per Pod shape, for one view of the node and one usage
+    snapshot. A new view of the node on the same snapshot (kube-scheduler sent the Node in full, its
+    labels newer than the extender's cache) is judged afresh. On a node holding room for one
+    owner's replacement, Pods of one shape but other owners are judged each in turn, at the time
+    given; and a Pod that does not fit scores 0 there, though the room was made for it."""
+    usage, config = NodeUsage(shared={"cpu": 16000, "memory": 0}), LoadConfig()
+    api = PodDemand("p", {"cpu": 6000, "memory": GI}, None, False, cpus=6, owner="shop/ReplicaSet/api-6f7c8")
+    ask = Ask.of(api, config)
+    assert fit_on(view(), usage, ask, NOW)[0] is None, "shared: 6 of the 24 - 16 = 8 free"
+    binding = view(ratio=Fraction(3, 2), bind_policy="FullPCPUs")  # its label asks a cpuset of every Pod
+    assert fit_on(binding, usage, ask, NOW)[0] == "cpu: 9 charged for its exclusive CPUs, 8 free on n (oversold " \
+                                                  "allocatable)"
+    assert fit_on(view(), usage, ask, NOW)[0] is None
+
+    web = "shop/ReplicaSet/web-5d8f9"
+    held = view(reservations=(Reservation(web, {"cpu": 4000}, NOW + 60),))
+    replacement = Ask.of(replace(api, owner=web), config)
+    assert fit_on(held, usage, ask, NOW)[0] == "cpu: 6 requested, 4 free on n (oversold allocatable)"
+    assert fit_on(held, usage, replacement, NOW)[0] is None
+    assert fit_on(held, usage, ask, NOW + 60)[0] is None, "the room held has expired"
+    too_big = Ask.of(replace(api, owner=web, requests={"cpu": 9000, "memory": GI}), config)
+    assert score_on(held, usage, None, too_big, NOW, NOW) == 0
 
 
 def test_every_pod_shape_gets_its_own_answer_from_one_node_and_a_known_workload_its_own_estimate():
