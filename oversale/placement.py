@@ -135,16 +135,21 @@ class NodeUsage:
     shared: dict[str, int] = field(default_factory=dict)
     bound_cpus: set[int] = field(default_factory=set)
     bound_memory: int = 0
+    # The caches below are per usage snapshot and per view of the node: with nodeCacheCapable
+    # false, kube-scheduler sends its own Node objects, which may be newer than the extender's
+    # cache (a ratio lowered a moment ago), and are judged on the cached usage snapshot.
     _summary: FreeSummary | None = None
+    _summary_for: Topology | None = None
     _free: tuple[int, int] | None = None
+    _free_for: NodeView | None = None
     _answers: dict[tuple[int, str | None, bool, int, int], tuple[str | None, int]] = field(default_factory=dict)
     """(``shortfall``, packing score) per Pod shape, for the node in ``_answers_for`` (see ``fit_on``)."""
     _answers_for: NodeView | None = None
 
     def summary(self, topology: Topology) -> FreeSummary:
-        """Free CPUs and whole cores per zone (computed once per usage snapshot)."""
-        if self._summary is None:
-            self._summary = FreeSummary.of(topology, self.bound_cpus)
+        """Free CPUs and whole cores per zone (computed once per usage snapshot and topology)."""
+        if self._summary is None or (self._summary_for is not topology and self._summary_for != topology):
+            self._summary, self._summary_for = FreeSummary.of(topology, self.bound_cpus), topology
         return self._summary
 
 
@@ -281,12 +286,14 @@ def bound_charge(node: NodeView, cpus: int) -> int:
 
 
 def free(node: NodeView, usage: NodeUsage) -> tuple[int, int]:
-    """(cpu millicores, memory bytes) of the oversold allocatable not yet taken (cached per snapshot)."""
-    if usage._free is None:
+    """(cpu millicores, memory bytes) of the oversold allocatable not yet taken (cached per
+    snapshot and view of the node)."""
+    if usage._free is None or usage._free_for is not node:
         usage._free = (
             node.allocatable.get(CPU, 0) - usage.shared.get(CPU, 0) - bound_charge(node, len(usage.bound_cpus)),
             node.allocatable.get(MEMORY, 0) - usage.shared.get(MEMORY, 0) - usage.bound_memory,
         )
+        usage._free_for = node
     return usage._free
 
 

@@ -1647,6 +1647,12 @@ def test_nodes_sent_in_full_are_judged_with_the_pods_the_extender_knows_on_them(
                           state, KEYS)
     assert answer["FailedNodes"] == {"n": "cpu: 8 requested, 4 free on n (oversold allocatable)"}
     assert [item["metadata"]["name"] for item in answer["Nodes"]["items"]] == ["m"]
+    # A Node sent newer than the cache (its ratio lowered to 1 a moment ago: 16 cores) is judged
+    # by what is sent, though the cache's view of it was counted first (it had 4 cores free).
+    assert filter_nodes({"Pod": pod("small", "2"), "NodeNames": ["n"]}, state, KEYS)["NodeNames"] == ["n"]
+    lowered = {"Pod": pod("small", "2"), "Nodes": {"metadata": {}, "items": [node("n", ratio="1")]}}
+    assert filter_nodes(lowered, state, KEYS)["FailedNodes"] == {
+        "n": "cpu: 2 requested, 0 free on n (oversold allocatable)"}
 
 
 def test_a_finished_pod_still_nominated_holds_no_room():

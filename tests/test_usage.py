@@ -668,6 +668,8 @@ def test_a_nodes_remembered_answers_hold_for_its_view_alone_and_never_across_own
     assert fit_on(binding, usage, ask, NOW)[0] == "cpu: 9 charged for its exclusive CPUs, 8 free on n (oversold " \
                                                   "allocatable)"
     assert fit_on(view(), usage, ask, NOW)[0] is None
+    assert usage.summary(Topology.flat(16)).free == {0: 16}
+    assert usage.summary(Topology.from_zones({0: 8, 1: 8})).free == {0: 8, 1: 8}, "per topology too"
 
     web = "shop/ReplicaSet/web-5d8f9"
     held = view(reservations=(Reservation(web, {"cpu": 4000}, NOW + 60),))
