@@ -137,20 +137,20 @@ class NodeUsage:
     bound_memory: int = 0
     # The caches below are per usage snapshot and per view of the node: with nodeCacheCapable
     # false, kube-scheduler sends its own Node objects, which may be newer than the extender's
-    # cache (a ratio lowered a moment ago), and are judged on the cached usage snapshot.
-    _summary: FreeSummary | None = None
-    _summary_for: Topology | None = None
-    _free: tuple[int, int] | None = None
-    _free_for: NodeView | None = None
-    _answers: dict[tuple[int, str | None, bool, int, int], tuple[str | None, int]] = field(default_factory=dict)
-    """(``shortfall``, packing score) per Pod shape, for the node in ``_answers_for`` (see ``fit_on``)."""
-    _answers_for: NodeView | None = None
+    # cache (a ratio lowered a moment ago), and are judged on the cached usage snapshot, outside
+    # its lock. Each holds (what it was counted for, the figures) in one attribute, so a thread
+    # never reads one view's figures under another view's key.
+    _summary: tuple[Topology, FreeSummary] | None = None
+    _free: tuple[NodeView, tuple[int, int]] | None = None
+    _answers: tuple[NodeView, dict[tuple[int, str | None, bool, int, int], tuple[str | None, int]]] | None = None
+    """(the node, (``shortfall``, packing score) per Pod shape) (see ``fit_on``)."""
 
     def summary(self, topology: Topology) -> FreeSummary:
         """Free CPUs and whole cores per zone (computed once per usage snapshot and topology)."""
-        if self._summary is None or (self._summary_for is not topology and self._summary_for != topology):
-            self._summary, self._summary_for = FreeSummary.of(topology, self.bound_cpus), topology
-        return self._summary
+        cached = self._summary
+        if cached is None or (cached[0] is not topology and cached[0] != topology):
+            cached = self._summary = (topology, FreeSummary.of(topology, self.bound_cpus))
+        return cached[1]
 
 
 def held_usage(held: Iterable[tuple[Mapping[str, int], Sequence[int]]]) -> NodeUsage:
@@ -288,13 +288,13 @@ def bound_charge(node: NodeView, cpus: int) -> int:
 def free(node: NodeView, usage: NodeUsage) -> tuple[int, int]:
     """(cpu millicores, memory bytes) of the oversold allocatable not yet taken (cached per
     snapshot and view of the node)."""
-    if usage._free is None or usage._free_for is not node:
-        usage._free = (
+    cached = usage._free
+    if cached is None or cached[0] is not node:
+        cached = usage._free = (node, (
             node.allocatable.get(CPU, 0) - usage.shared.get(CPU, 0) - bound_charge(node, len(usage.bound_cpus)),
             node.allocatable.get(MEMORY, 0) - usage.shared.get(MEMORY, 0) - usage.bound_memory,
-        )
-        usage._free_for = node
-    return usage._free
+        ))
+    return cached[1]
 
 
 def shortfall(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | None = None) -> str | None:
@@ -606,12 +606,13 @@ def fit_on(node: NodeView, usage: NodeUsage, ask: Ask, now: float | None) -> tup
     if node.reservations:
         reason = shortfall(node, usage, ask.demand, now)
         return reason, 0 if reason is not None else _packing(node, usage, ask.demand)
-    if usage._answers_for is not node or len(usage._answers) > 64:
-        usage._answers, usage._answers_for = {}, node
-    answer = usage._answers.get(ask.shape)
+    cached = usage._answers
+    if cached is None or cached[0] is not node or len(cached[1]) > 64:
+        cached = usage._answers = (node, {})
+    answer = cached[1].get(ask.shape)
     if answer is None:
         reason = shortfall(node, usage, ask.demand, now)
-        answer = usage._answers[ask.shape] = (reason, 0 if reason is not None else _packing(node, usage, ask.demand))
+        answer = cached[1][ask.shape] = (reason, 0 if reason is not None else _packing(node, usage, ask.demand))
     return answer
 
 
