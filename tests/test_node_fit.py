@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from oversale.node_fit import (
     CsiVolume,
     Neighbours,
+    NodeConstraints,
     VolumeAffinity,
     attached_volumes,
     claim_names,
@@ -28,6 +29,7 @@ from oversale.node_fit import (
     preferred_pod_affinity_weight,
     replacement,
     resources_problem,
+    selector_matches,
     spread_scores,
     volume_affinity,
     volume_limits,
@@ -170,6 +172,12 @@ def test_malformed_specs_and_taints_never_raise(spec, terms, taints):
             for told in (ports_problem(constraints.host_ports, {("0.0.0.0", "TCP", 80)}, NODE),
                          resources_problem(constraints.resources, {"pods": 110}, NODE)):
                 assert told is None or isinstance(told, str)
+
+
+@pytest.mark.parametrize("pod", [{"metadata": {"name": "x"}}, {"spec": None}, {"spec": ["containers"]}])
+def test_a_pod_without_a_readable_spec_states_no_constraint(pod):
+    assert node_constraints(pod) == NodeConstraints()
+    assert constraint_problem(node_constraints(pod), NODE, LABELS, [], None) is None
 
 
 @pytest.mark.parametrize("pod", [
@@ -363,10 +371,25 @@ def test_a_replacement_sent_this_pass_counts_for_the_next_pod():
     {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "spread"}},
     anti({"labelSelector": {"matchLabels": {"app": "web"}}}),
     with_affinity("web"),
+    {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": 3}},
+    anti(term(HOST, {"matchLabels": {"app": "web"}}, namespaces="shop")),
+    anti(term(HOST, {"matchLabels": {"app": "web"}}, namespaceSelector=["shop"])),
 ])
 def test_unreadable_pod_affinity_admits_no_node(affinity):
     assert set(where(running("w", "", {"app": "w"}, affinity=affinity)).values()) == \
         {"its required pod affinity cannot be read"}
+
+
+@pytest.mark.parametrize("selector", [{"matchLabels": ["app=web"]}, {"matchLabels": {"app": "web"},
+                                                                      "matchExpressions": {"key": "app"}}])
+def test_a_malformed_label_selector_selects_no_pod(selector):
+    """A selector the API server would have refused keeps nothing away: a web Pod repelling it
+    may still run beside web-1."""
+    assert not selector_matches(selector, {"app": "web"})
+    assert selector_matches({"matchLabels": {"app": "web"}}, {"app": "web"}), "the same selector, well formed"
+    web_1 = [running("web-1", "a", {"app": "web"})]
+    assert where(running("web-2", "", {"app": "web"}, affinity=anti(term(HOST, selector))), web_1)["a"] is None
+    assert where(running("web-2", "", {"app": "web"}, affinity=WEB_APART), web_1)["a"] is not None
 
 
 def spread(key: str, max_skew: int = 1, **extra: Any) -> dict[str, Any]:
@@ -590,6 +613,14 @@ def test_match_label_keys_count_only_the_pods_of_the_same_rollout():
         "a key the Pod does not carry is left out"
     assert where(new, [*webs[:2], running("web-new-3", "a", {"app": "web", hash_key: "new"})])["b"] is not None, \
         "z1 holds one Pod of this rollout and z2 none: a second in z1 is a skew of 2"
+    # The API server refuses matchLabelKeys without a labelSelector; such a constraint counts no Pod.
+    unselected = spreading("web-new-2", "", spread(ZONE, labelSelector=None, matchLabelKeys=[hash_key]))
+    unselected["metadata"]["labels"][hash_key] = "new"
+    assert where(unselected, [*webs, running("web-new-3", "a", {"app": "web", hash_key: "new"})])["a"] is None
+    # ScheduleAnyway narrows its count the same way: z1 scores as empty (0), z2 one Pod x ln(2 zones + 2).
+    soft = spreading("web-new-2", "", spread(ZONE, matchLabelKeys=[hash_key], whenUnsatisfiable="ScheduleAnyway"))
+    soft["metadata"]["labels"][hash_key] = "new"
+    assert spread_scores(node_constraints(soft), ["a", "c"], Neighbours(NODES, [placed_pod(p) for p in webs])) == [0, 1]
 
 
 def test_match_label_keys_narrow_a_selector_of_expressions_too():

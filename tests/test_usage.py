@@ -652,6 +652,9 @@ def test_a_pod_fits_to_the_last_byte_and_a_bound_pods_overhead_is_charged_with_i
     held = replace(node, reservations=(Reservation("shop/ReplicaSet/web-5d8f9", {"memory": GI}, NOW + 60),))
     assert shortfall(held, usage, exact, NOW) == "memory: 4Gi requested, 3Gi free on n (oversold allocatable)", \
         "room held for another owner's replacement"
+    # A ratio lowered under Pods already placed leaves less than nothing: the message says none is free.
+    overcommitted = NodeUsage(shared={"cpu": 1000, "memory": 62 * GI}, bound_memory=4 * GI)
+    assert shortfall(node, overcommitted, exact, NOW) == "memory: 4Gi requested, 0 free on n (oversold allocatable)"
 
 
 def test_a_nodes_remembered_answers_hold_for_its_view_alone_and_never_across_owners():
