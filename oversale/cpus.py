@@ -116,11 +116,6 @@ class NoFit(Exception):
     """The CPUs cannot be placed; the message says why, for FailedNodes."""
 
 
-def free_cpus(topology: Topology, taken: Iterable[int]) -> list[CPU]:
-    used = set(taken)
-    return [c for c in topology.cpus if c.id not in used]
-
-
 def whole_free_cores(topology: Topology, taken: Iterable[int], zone: int | None = None) -> list[list[CPU]]:
     """Physical cores whose every thread is free (optionally in one zone), each as its CPUs."""
     used = set(taken)
@@ -230,7 +225,7 @@ class FreeSummary:
     total: int
     detailed: bool
     _shortages: dict[tuple[int, str, bool], str | None] = field(default_factory=dict, compare=False, repr=False)
-    _scores: dict[tuple[int, str, bool, str, bool], int] = field(default_factory=dict, compare=False, repr=False)
+    _scores: dict[tuple[int, str, bool, str], int] = field(default_factory=dict, compare=False, repr=False)
     """``shortage`` and ``score`` answered per Pod shape: replicas of one workload ask the same question of
     every node, and a summary lives only as long as its node's Pods do not change."""
 
@@ -273,19 +268,21 @@ class FreeSummary:
         unit = "full cores" if policy == FULL_PCPUS and self.detailed else "CPUs"
         per = self.threads if unit == "full cores" else 1
         where = " in one NUMA node" if single_numa else ""
-        zone_text = ", ".join(f"NUMA node {z} has {self.available(z, policy) // per} free" for z in zones)
+        zone_text = ", ".join(f"NUMA node {z} has {self.available(z, policy) // per} free" for z in zones) \
+            or "the node has no CPU"
         return f"needs {count // per} {unit}{where}; {zone_text}"
 
-    def score(self, count: int, policy: str, single_numa: bool, strategy: str, fits: bool = False) -> int:
-        """0..10 by the strategy (pack or spread the zones), fragmentation breaking ties: placements
-        that leave more whole free cores score higher. ``fits``: the caller already checked."""
-        key = (count, policy, single_numa, strategy, fits)
+    def score(self, count: int, policy: str, single_numa: bool, strategy: str) -> int:
+        """0..10 for a Pod known to fit (:meth:`shortage` said None), by the strategy (pack or
+        spread the zones), fragmentation breaking ties: placements that leave more whole free
+        cores score higher."""
+        key = (count, policy, single_numa, strategy)
         if key not in self._scores:
-            self._scores[key] = self._score(count, policy, single_numa, strategy, fits)
+            self._scores[key] = self._score(count, policy, single_numa, strategy)
         return self._scores[key]
 
-    def _score(self, count: int, policy: str, single_numa: bool, strategy: str, fits: bool) -> int:
-        if not self.total or (not fits and self.shortage(count, policy, single_numa) is not None):
+    def _score(self, count: int, policy: str, single_numa: bool, strategy: str) -> int:
+        if not self.total:
             return 0
         zones = [z for z in self.free if self.available(z, policy) >= count] if single_numa else list(self.free)
         pick = min(zones, key=lambda z: (self.free[z], z)) if strategy == MOST_ALLOCATED \
@@ -296,12 +293,6 @@ class FreeSummary:
         cores_used = count // self.threads if policy == FULL_PCPUS else min(count, self.whole_cores[pick])
         whole_left = (sum(self.whole_cores.values()) - cores_used) * self.threads / self.total
         return max(1, min(10, round(1 + 8 * primary + whole_left)))
-
-
-def score(topology: Topology, taken: Iterable[int], count: int, policy: str, single_numa: bool,
-          strategy: str) -> int:
-    """0..10 for a node: how well a bound Pod fits by the node's strategy (0 when it does not fit)."""
-    return FreeSummary.of(topology, taken).score(count, policy, single_numa, strategy)
 
 
 def format_cpuset(cpus: Iterable[int]) -> str:

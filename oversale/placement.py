@@ -338,7 +338,7 @@ def allocate(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | N
 
 def node_score(node: NodeView, usage: NodeUsage, demand: PodDemand, now: float | None = None) -> int:
     """0..10: the node's strategy (pack or spread) for this Pod; bound Pods by NUMA zone, with the
-    fragmentation tie-break of ``oversale.cpus.score``."""
+    fragmentation tie-break of ``FreeSummary.score``."""
     return 0 if shortfall(node, usage, demand, now) is not None else _packing(node, usage, demand)
 
 
@@ -347,7 +347,7 @@ def _packing(node: NodeView, usage: NodeUsage, demand: PodDemand) -> int:
     policy = demand.binding_on(node)
     if policy:
         return usage.summary(node.topology).score(demand.cpus, policy, demand.single_numa or node.single_numa,
-                                                  node.strategy, fits=True)
+                                                  node.strategy)
     allocatable = node.allocatable.get(CPU, 0)
     if allocatable <= 0:
         return 0

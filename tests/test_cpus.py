@@ -13,12 +13,12 @@ from oversale.cpus import (
     LEAST_ALLOCATED,
     MOST_ALLOCATED,
     SPREAD_BY_PCPUS,
+    FreeSummary,
     NoFit,
     Topology,
     format_cpuset,
     parse_cpuset,
     place,
-    score,
     topology_from_node,
     whole_free_cores,
 )
@@ -40,6 +40,7 @@ def test_cpuset_text_round_trip():
     assert format_cpuset([4, 5, 6, 7]) == "4-7"
     assert format_cpuset([0, 1, 2, 8, 10, 11]) == "0-2,8,10-11"
     assert parse_cpuset("0-2,8,10-11") == [0, 1, 2, 8, 10, 11]
+    assert parse_cpuset("5-5") == [5], "a range of one CPU"
 
 
 @pytest.mark.parametrize("text", ["0-", "1-0", "-1", "x", "0-3x", "0--3", "1.5"])
@@ -84,8 +85,43 @@ def test_most_allocated_packs_and_least_allocated_spreads():
     taken = [c.id for core in whole_free_cores(topology, [], 1)[:1] for c in core]  # node 1 slightly used
     assert place(topology, taken, 2, FULL_PCPUS, True, MOST_ALLOCATED).numa_nodes == (1,)
     assert place(topology, taken, 2, FULL_PCPUS, True, LEAST_ALLOCATED).numa_nodes == (0,)
-    assert score(topology, taken, 2, FULL_PCPUS, True, MOST_ALLOCATED) > score(topology, [], 2, FULL_PCPUS, True,
-                                                                              MOST_ALLOCATED)
+    assert FreeSummary.of(topology, taken).score(2, FULL_PCPUS, True, MOST_ALLOCATED) > \
+        FreeSummary.of(topology, []).score(2, FULL_PCPUS, True, MOST_ALLOCATED)
+
+
+def test_of_two_numa_nodes_as_free_the_one_already_used_is_taken_and_the_empty_one_kept():
+    """Zone 0 has 8 CPUs, all free; zone 1 has 12, 4 of them taken: 8 free each. The Pod goes
+    where it leaves a whole NUMA node empty for a later Pod that asks one."""
+    topology = Topology.from_zones({0: 8, 1: 12})
+    for strategy in (MOST_ALLOCATED, LEAST_ALLOCATED):
+        assert place(topology, range(8, 12), 2, SPREAD_BY_PCPUS, True, strategy).numa_nodes == (1,)
+
+
+def test_a_spread_pod_scores_higher_where_it_takes_the_free_threads_of_broken_cores():
+    """SpreadByPCPUs packing (MostAllocated) fills the fullest NUMA node first. Where that node's
+    free CPUs are the spare threads of cores already in use, the Pod leaves every whole core for
+    a FullPCPUs Pod; where they are whole cores, it breaks them. Equally full, the first node
+    scores higher, and the Pod lands on those spare threads."""
+    topology = koordinator()  # CPU id = thread x 8 + NUMA node x 4 + core
+    spare_threads, whole_cores = [4, 5, 6, 7], [0, 1, 4, 5]  # 4 CPUs taken on each
+    takes_spares, breaks_cores = (FreeSummary.of(topology, taken).score(4, SPREAD_BY_PCPUS, False, MOST_ALLOCATED)
+                                  for taken in (spare_threads, whole_cores))
+    assert takes_spares > breaks_cores
+    assert place(topology, spare_threads, 4, SPREAD_BY_PCPUS, False).cpus == (12, 13, 14, 15)
+    assert place(topology, [], 12, SPREAD_BY_PCPUS, False).numa_nodes == (0, 1), "more than one NUMA node holds"
+
+
+def test_a_shortage_is_counted_in_full_cores_only_where_cores_are_known():
+    spread_over_threads = koordinator()  # 2 NUMA nodes of 4 cores x 2 threads
+    with pytest.raises(NoFit) as failure:
+        place(spread_over_threads, [], 10, SPREAD_BY_PCPUS, single_numa=True)
+    assert str(failure.value) == "needs 10 CPUs in one NUMA node; NUMA node 0 has 8 free, NUMA node 1 has 8 free"
+    zones_only = Topology.from_zones({0: 4, 1: 4})  # NodeResourceTopology: a CPU count per zone
+    with pytest.raises(NoFit) as failure:
+        place(zones_only, [0], 5, FULL_PCPUS, single_numa=True)
+    assert str(failure.value) == "needs 5 CPUs in one NUMA node; NUMA node 0 has 3 free, NUMA node 1 has 4 free"
+    assert FreeSummary.of(Topology.flat(0), []).shortage(1, SPREAD_BY_PCPUS, True) == \
+        "needs 1 CPUs in one NUMA node; the node has no CPU"
 
 
 def test_topology_sources_in_order():
@@ -96,6 +132,14 @@ def test_topology_sources_in_order():
     assert topology_from_node(node, keys, 4, nrt_zones={0: 2, 1: 2}).zones() == [0, 1]
     flat = topology_from_node({"metadata": {}}, keys, 8)
     assert flat.zones() == [0] and len(flat.cpus) == 8 and not flat.detailed
+    # A topology that lists no CPU, or one CPU twice, describes no machine: the next source counts.
+    twice = [{"id": 0, "core": 0, "socket": 0, "node": 0}, {"id": 0, "core": 1, "socket": 0, "node": 1}]
+    for detail in ([], twice):
+        unusable = {"metadata": {"annotations": {**node["metadata"]["annotations"],
+                                                 keys[0]: json.dumps({"detail": detail})}}}
+        assert topology_from_node(unusable, keys, 4).threads_per_core() == 2, "Koordinator's, after ours"
+        with pytest.raises(ValueError, match="no CPUs or the same CPU twice"):
+            Topology.from_koordinator(json.dumps({"detail": detail}))
 
 
 requests = st.lists(st.tuples(st.sampled_from([1, 2, 4, 6]), st.sampled_from([FULL_PCPUS, SPREAD_BY_PCPUS]),

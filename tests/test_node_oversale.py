@@ -95,6 +95,14 @@ def test_a_node_is_planned_from_its_real_allocatable_and_the_ratio_it_carries():
     assert budgeted.proposals["memory"] == plan.proposals["memory"], "no budget for memory: the estimator's ratio"
     no_account_yet = plan_node(stored, requested, usage, KEYS, estimator, {"cpu": 0.001}).proposals["cpu"]
     assert no_account_yet == budget_proposal("cpu", 6000, 3920, usage["cpu"], Decimal(2), estimator, 0.001, 1.0)
+    # A resource no Pod there requests is planned at 0 requested; one the node does not report, not at all.
+    assert plan_node(stored, {}, usage, KEYS, estimator).proposals["cpu"] == \
+        oversale_proposal("cpu", 0, 3920, usage["cpu"], Decimal(2), estimator)
+    assert plan_node(stored, {}, usage, KEYS, estimator, {"cpu": 0.001}).proposals["cpu"] == \
+        budget_proposal("cpu", 0, 3920, usage["cpu"], Decimal(2), estimator, 0.001, 1.0)
+    no_memory = gke_node()
+    del no_memory["status"]["allocatable"]["memory"]
+    assert set(plan_node(no_memory, requested, usage, KEYS, estimator).proposals) == {"cpu"}
 
 
 @pytest.mark.shared
