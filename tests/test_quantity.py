@@ -43,6 +43,14 @@ def test_invalid_quantities_raise_quantity_error(text):
         parse_quantity(text)
 
 
+def test_an_exponent_may_reach_30_and_a_value_must_be_text():
+    assert parse_quantity("1e30") == 10**30 and parse_quantity("1e-30") == Fraction(1, 10**30)
+    with pytest.raises(QuantityError, match="exponent out of range"):
+        parse_quantity("1e31")
+    with pytest.raises(QuantityError, match="quantity must be a string, got int"):
+        parse_quantity(5)  # type: ignore[arg-type]  # JSON gives numbers where text belongs
+
+
 def test_a_quantity_may_be_64_characters_long_and_no_longer():
     assert parse_quantity("0" * 63 + "1") == 1
     with pytest.raises(QuantityError, match=r"is longer than 64 characters"):
@@ -70,6 +78,7 @@ def test_formatting_picks_exact_canonical_spellings():
     assert format_bytes(64 * 2**20) == "64Mi"
     assert format_bytes(5 * 10**8) == "500M"
     assert format_bytes(1000001) == "1000001"
+    assert format_bytes(0) == "0" and format_millicores(0) == "0", "no unit on nothing"
 
 
 @given(st.integers(min_value=0, max_value=10**12))
