@@ -189,6 +189,9 @@ def workload_hpa(autoscalers: Mapping[WorkloadKey, Mapping[str, Any]], key: Work
     >>> workload_hpa({("KafkaConnect", "prod", "orders"): hpa}, ("Deployment", "prod", "orders-connect"),
     ...              ("KafkaConnect", "orders")) is hpa
     True
+    >>> web = {"metadata": {"name": "web"}, "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"}}}
+    >>> workload_hpa({("Deployment", "prod", "web"): web}, ("Deployment", "prod", "web"), None) is web
+    True
     """
     if key in autoscalers:
         return autoscalers[key]
@@ -303,6 +306,8 @@ def _original_target(recorded: str | None, target: int) -> int | None:
 
     >>> _original_target(None, 60), _original_target("60", 75), _original_target("60%", 75), _original_target("0", 75)
     (60, 60, None, None)
+    >>> _original_target("1", 75)
+    1
     """
     if recorded is None:
         return target

@@ -606,6 +606,18 @@ def test_a_raise_is_capped_by_the_tightest_quota_that_binds_the_pod_and_names_it
     assert requests(service, "app")["cpu"] == "1800m"
 
 
+def test_a_pod_that_grew_leaves_less_room_only_in_the_quotas_that_bind_it():
+    """Pods resized in one pass share their namespace's quotas: each raise takes its share of the
+    room of every quota that binds the Pod, down to none (never below), and no other."""
+    team = {"spec": {"hard": {"requests.cpu": "4", "requests.memory": "8Gi"}},
+            "status": {"hard": {"requests.cpu": "4", "requests.memory": "8Gi"},
+                       "used": {"requests.cpu": "3", "requests.memory": "4Gi"}}}
+    jobs = cpu_quota("4", used="2", scopes=["Terminating"])
+    bounds = bounds_from_limit_ranges([]).with_quotas([team, jobs])
+    grown = bounds.after_growth(pod(container("app", "1")), {"cpu": 1500})
+    assert [q.headroom for q in grown.quotas] == [{"cpu": 0, "memory": 4 * 2**30}, {"cpu": 2000}]
+
+
 def test_a_raise_near_the_quota_takes_the_room_left_though_rounding_overshoots_it_at_first():
     # Aimed at 1 core, 100m / 0.3 rounds up to 334m per container: 1002m, over the room; aimed
     # 2m lower, 333m each fits.

@@ -370,6 +370,7 @@ def test_a_resource_an_hpa_scales_on_is_skipped_unless_its_target_is_rescaled():
     scaled = hpa([utilization("cpu", 60)])
     plan = plan_compression(web(memory=True), LOW_USE, scaled, KEYS, CompressionEstimator())
     assert plan.skipped == {"cpu": ("hpa", "scaled by HPA web on cpu utilization")}
+    assert "cpu" not in plan.proposals and not plan.hpa_targets, "no ratio, and no target to rescale"
     assert plan.proposals["memory"].ratio > 1, "memory is no target of the HPA: right-sized as usual"
     rescaled = plan_compression(web(), LOW_USE, scaled, KEYS, CompressionEstimator(), rescale_hpa=True)
     assert rescaled.proposals["cpu"].ratio > 1 and rescaled.hpa_targets == {"cpu": (60, 60)}
