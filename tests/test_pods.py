@@ -41,6 +41,8 @@ def test_every_real_pod_has_the_shape_the_policies_read():
     ({"spec": {"containers": [{"resources": {"limits": ["cpu"]}}]}},
      "spec.containers[0].resources.limits is not an object"),
     ({"spec": {"resources": "1"}}, "spec.resources is not an object"),
+    ({"spec": {"initContainers": [{"name": "init", "resources": ["cpu"]}]}},
+     "spec.initContainers[0].resources is not an object"),
     ({"status": 3}, "status is not an object"),
     ({"spec": ["app"]}, "spec is not an object"),
     ({"metadata": {"ownerReferences": [{"kind": "ReplicaSet"}, "web"]}},
