@@ -306,6 +306,8 @@ def vpa_targets(owners: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     [('Deployment', 'web')]
     >>> vpa_targets([("ReplicaSet", "web-1"), ("Rollout", "web")])
     [('ReplicaSet', 'web-1'), ('Rollout', 'web')]
+    >>> vpa_targets([("CloneSet", "web")])  # an OpenKruise CloneSet owns its Pods itself
+    [('CloneSet', 'web')]
     """
     known = [index for index, (kind, _) in enumerate(owners) if kind in VPA_WELL_KNOWN_KINDS]
     return list(owners[known[-1] if known else 0:])

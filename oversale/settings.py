@@ -646,7 +646,11 @@ def _min_ratio(text: str) -> Decimal:
 def _username_template(text: str) -> str:
     if "{node}" not in text:
         raise ValueError("must contain {node}, e.g. system:node:{node}")
-    text.format(node="x")
+    try:
+        text.format(node="x")
+    except (ValueError, KeyError, IndexError, AttributeError):
+        # str.format raises KeyError for another {field}, IndexError for {0}, AttributeError for {node.x}.
+        raise ValueError("must contain {node} and no other {...}, e.g. system:node:{node}") from None
     return text
 
 

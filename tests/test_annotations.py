@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from oversale.annotations import AnnotationKeys, parse_ratio, parse_switch
+from oversale.annotations import AnnotationKeys, current_ratio, parse_ratio, parse_switch, read_ratios
 from oversale.errors import InvalidAnnotation, InvalidRatio
 
 
@@ -50,3 +50,34 @@ def test_keys_follow_the_configured_prefix():
     assert keys.ours({"example.com/cpu-requests-ratio": "2", "other/x": "1"}) == {
         "example.com/cpu-requests-ratio": "2"
     }
+
+
+def test_the_ratio_an_object_carries_reads_as_the_webhooks_read_it():
+    key = AnnotationKeys().cpu_oversale_ratio
+    assert current_ratio({key: "1.5"}, key) == Decimal("1.5")
+    assert current_ratio({}, key) == current_ratio({key: "lots"}, key) == current_ratio({key: "0.5"}, key) == 1
+    # A compression ratio below the minimum reads as the minimum, as the webhook clamps it.
+    assert current_ratio({key: "0.25"}, key, minimum=Decimal("0.5")) == Decimal("0.5")
+    assert current_ratio({key: "0.75"}, key, minimum=Decimal("0.5")) == Decimal("0.75")
+
+
+def test_ratios_outside_the_bounds_are_clamped_with_a_warning_and_those_at_them_are_not():
+    keys = AnnotationKeys()
+
+    def read(cpu: str, memory: str):
+        annotations = {keys.cpu_requests_ratio: cpu, keys.memory_requests_ratio: memory}
+        return read_ratios(annotations, keys.requests_ratio, lambda resource: Decimal(4), "not compressed",
+                           minimum=Decimal("0.5"))
+
+    at_bounds = read("4", "0.5")
+    assert at_bounds.ratios == {"cpu": 4, "memory": Decimal("0.5")} and at_bounds.warnings == []
+    beyond = read("5", "0.25")
+    assert beyond.ratios == {"cpu": 4, "memory": Decimal("0.5")}
+    assert beyond.warnings == [
+        "stke.platform/cpu-requests-ratio=5 is above the maximum 4; using 4",
+        "stke.platform/memory-requests-ratio=0.25 is below the minimum 0.5; using 0.5"]
+    unchanged = read("1", "x")
+    assert unchanged.ratios == {} and unchanged.warnings == []
+    assert [str(problem) for problem in unchanged.problems] == [
+        "annotation stke.platform/memory-requests-ratio='x' ignored: 'x' is not a plain decimal number such as "
+        "1, 1.5 or 2.25; memory not compressed"]

@@ -171,9 +171,10 @@ def test_a_new_ratio_resizes_running_pods_like_the_webhook_would_admit_them(api,
     assert [(r.object, r.resource, r.current, r.proposed) for r in resized] == [
         (f"Pod/{NS}/{name}", "cpu", "1", "800m") for name in PODS]
     # Each Event names its Pod by kind too, or `kubectl describe pod` does not show it.
-    events = {(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"])
+    events = {(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"], e["message"])
               for e in api.list_objects("events", NS, {})["items"]}
-    assert {("Pod", name, "ResizedInPlace") for name in PODS} <= events
+    told = "requests resized in place to ratios cpu=1.25: app/cpu 1 -> 800m"
+    assert {("Pod", name, "ResizedInPlace", told) for name in PODS} <= events
     assert reconciler_.metrics.resizes.labels("ok")._value.get() == 2
     assert reconciler_.metrics.resize_supported._value.get() == 1
 
@@ -552,6 +553,15 @@ def test_a_pod_holding_exclusive_cpus_keeps_its_cpu_request_in_place():
     both = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", KEYS.memory_requests_ratio: "2",
                              KEYS.enable_memory_compress: "y"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
     assert [(c.resource, c.before, c.after) for c in both.changes] == [("memory", 2**30, 2**29)]
+
+
+def test_the_recorded_ratios_name_a_resource_opted_in_without_a_ratio_at_1():
+    """Memory opted in but given no ratio: the Pod's ``resized-ratios`` says memory is at 1 (left
+    as admitted), so a ratio set later differs from the record and reaches the Pod."""
+    opted = {KEYS.cpu_requests_ratio: "2", KEYS.enable_memory_compress: "y"}
+    plan = plan_resize(running(template()), opted, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    assert plan.ratios == plan.annotations[KEYS.resized_ratios] == "cpu=2,memory=1"
+    assert [(c.resource, c.before, c.after) for c in plan.changes] == [("cpu", 1000, 500)]
 
 
 def test_a_raise_counts_the_pods_own_requests_as_quota_headroom():

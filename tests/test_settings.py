@@ -85,6 +85,8 @@ def test_every_estimator_knob_set_in_the_environment_reaches_the_reconcilers_est
     ("OVERSALE_PROMETHEUS_SELECTOR", "cluster=prod"), ("OVERSALE_PROMETHEUS_SELECTOR", 'cluster="a" env="b"'),
     ("OVERSALE_MIN_CHANGE", "1.5"), ("OVERSALE_COMPRESSION_MARGIN", "Infinity"),  # beyond their range
     ("OVERSALE_SCHEDULER_NAMES", " , "), ("OVERSALE_LEASE_NAME", "  "), ("OVERSALE_EXTENDER_LEASE_NAME", ""),
+    *[("OVERSALE_KUBELET_USERNAME", template) for template in (  # a field other than {node}, or a stray brace
+        "system:node:{node}{pool}", "system:node:{node}{0}", "{node}.{node.name}", "system:node:{node}{")],
 ])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError, match=name):
@@ -123,6 +125,9 @@ def test_every_number_duration_switch_and_choice_refuses_nonsense_and_negatives(
     ("OVERSALE_RECONCILER_METRICS_PORT", "0", 0),
     ("OVERSALE_RECONCILER_METRICS_PORT", "65535", 65535),
     ("OVERSALE_ANNOTATION_PREFIX", "a" * 253, "a" * 253),  # a DNS subdomain's longest
+    ("OVERSALE_MIN_SAMPLES", "0", 0),
+    ("OVERSALE_MAX_BODY_BYTES", "1", 1),
+    ("OVERSALE_RESIZE_MIN_INTERVAL", " 5m ", 300.0),     # spaces around a duration, as YAML may leave them
 ])
 def test_each_setting_takes_the_values_at_its_documented_bounds(name, text, value):
     field = next(spec.name for spec in dataclasses.fields(Settings) if spec.metadata["env"] == name)
@@ -136,6 +141,13 @@ def test_each_setting_takes_the_values_at_its_documented_bounds(name, text, valu
 def test_a_value_just_past_its_bound_is_refused(name, text):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: text})
+
+
+def test_a_duration_that_may_be_0_says_so_when_refused():
+    with pytest.raises(SettingsError, match="must be 0 or a positive duration"):
+        Settings.from_env({"OVERSALE_PROMETHEUS_LATE_SAMPLES": "-1s"})
+    with pytest.raises(SettingsError, match="OVERSALE_NODE_SERIES_TTL='0': must be a positive duration"):
+        Settings.from_env({"OVERSALE_NODE_SERIES_TTL": "0"})
 
 
 def test_the_prometheus_url_is_a_base_url_or_empty():
