@@ -187,6 +187,8 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
      ["--placements 0", "at least 1"]),
     (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--days", "nan"], ["--days nan: a number of days"]),
     (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--days", "inf"], ["--days inf: a number of days"]),
+    (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--step", "0"], ["--step '0'", "positive duration"]),
+    (["reconcilers", "plan", "--prometheus", "http://127.0.0.1:9", "--step", "5 minutes"], ["--step '5 minutes'"]),
 ])
 def test_bad_arguments_are_named(command, names):
     result = run(command)

@@ -178,6 +178,21 @@ def test_a_selector_is_written_back_in_one_form_and_a_bad_matcher_is_named_alone
     assert "'env=dev' is no PromQL label matcher" in str(refused.value)
 
 
+def test_a_load_history_read_is_used_for_three_read_intervals():
+    """As docs/settings.md says of OVERSALE_LOAD_HISTORY_INTERVAL: a read older than three
+    intervals is no longer used (one missed read is no outage)."""
+    assert Settings.from_env({}).load.history_max_age_seconds == 900
+    assert Settings.from_env({"OVERSALE_LOAD_HISTORY_INTERVAL": "10m"}).load.history_max_age_seconds == 1800
+
+
+@pytest.mark.parametrize("selector", ['{cluster="a"', 'cluster="a"}'])
+def test_a_selector_with_one_brace_is_refused_whole(selector):
+    """Only a pair of braces is taken off; one alone is part of what is named as no matcher."""
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"OVERSALE_PROMETHEUS_SELECTOR": selector})
+    assert f"{selector!r} is no PromQL label matcher" in str(refused.value)
+
+
 def test_a_refused_value_is_explained_in_its_own_unit():
     with pytest.raises(SettingsError) as calibration:
         Settings.from_env({"OVERSALE_BUDGET_CALIBRATION": "-1"})
