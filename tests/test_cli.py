@@ -297,10 +297,14 @@ def test_ci_fails_a_test_of_the_corpus_that_skips_itself(tmp_path, workers):
     (tmp_path / "test_corpus_file.py").write_text(
         "import pytest\n\n\n@pytest.mark.shared\ndef test_reads_a_file():\n    pytest.skip('no such trace')\n")
     tests = ("-p", "tests.conftest", str(tmp_path / "test_corpus_file.py"))
-    required = _pytest({"OVERSALE_REQUIRE_SHARED": "1"}, workers, tests)
+    # A corpus of one Pod stands for the real one, so that this holds wherever the suite runs.
+    corpus = tmp_path / "shared"
+    (corpus / "fixtures" / "pods").mkdir(parents=True)
+    (corpus / "fixtures" / "pods" / "pod.json").write_text("{}")
+    required = _pytest({"OVERSALE_SHARED_DIR": str(corpus), "OVERSALE_REQUIRE_SHARED": "1"}, workers, tests)
     assert required.returncode == 1 and "1 failed" in required.stdout, required.stdout
     assert "OVERSALE_REQUIRE_SHARED=1 and a test that reads ../shared/ was skipped" in required.stdout
-    assert "1 skipped" in _pytest({}, workers, tests).stdout
+    assert "1 skipped" in _pytest({"OVERSALE_SHARED_DIR": str(corpus)}, workers, tests).stdout
 
 
 def test_a_history_file_that_is_not_sqlite_is_named_and_left_alone(tmp_path):

@@ -652,15 +652,18 @@ def test_unreadable_topology_spread_admits_no_node(constraint):
     assert set(where(spreading("w", "", constraint)).values()) == {"its topology spread constraints cannot be read"}
 
 
+GPU_POD = {"spec": {
+    "initContainers": [
+        {"name": "fetch", "resources": {"requests": {"ephemeral-storage": "10Gi"}}},
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"ephemeral-storage": "1Gi"}}}],
+    "containers": [
+        {"name": "train", "resources": {"requests": {"cpu": "4", "ephemeral-storage": "2Gi"},
+                                        "limits": {"nvidia.com/gpu": "2", "hugepages-2Mi": "512Mi"}}}],
+    "overhead": {"cpu": "250m", "ephemeral-storage": "1Mi"}}}
+
+
 def test_what_a_pod_takes_besides_cpu_and_memory_is_counted_as_node_resources_fit_counts_it():
-    gpu_pod = {"spec": {
-        "initContainers": [
-            {"name": "fetch", "resources": {"requests": {"ephemeral-storage": "10Gi"}}},
-            {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"ephemeral-storage": "1Gi"}}}],
-        "containers": [
-            {"name": "train", "resources": {"requests": {"cpu": "4", "ephemeral-storage": "2Gi"},
-                                            "limits": {"nvidia.com/gpu": "2", "hugepages-2Mi": "512Mi"}}}],
-        "overhead": {"cpu": "250m", "ephemeral-storage": "1Mi"}}}
+    gpu_pod = GPU_POD
     # The init container runs alone (10Gi); the app beside its sidecar takes 3Gi; the overhead adds.
     assert other_requests(gpu_pod) == {"pods": 1, "ephemeral-storage": 10 * 2**30 + 2**20,
                                        "hugepages-2Mi": 512 * 2**20, "nvidia.com/gpu": 2}
@@ -671,13 +674,7 @@ def test_what_a_pod_takes_besides_cpu_and_memory_is_counted_as_node_resources_fi
     assert other_requests({"spec": {"containers": [{"name": "vm"}], "overhead": {"example.com/vfio": "1"}}}) == {
         "pods": 1, "example.com/vfio": 1}
 
-    # The real GKE node: what it allocates, less what its Pods take (it has no GPU, no hugepages).
-    node = json.loads((SHARED / "fixtures" / "nodes" / "gke-node.json").read_text())
-    free = free_resources(node["status"]["allocatable"], {"pods": 12, "ephemeral-storage": 2**30})
-    assert free == {"ephemeral-storage": 104638878617 - 2**30, "hugepages-2Mi": 0, "pods": 98}
     requests = other_requests(gpu_pod)
-    assert resources_problem(requests, free, NODE) == f"hugepages-2Mi: 512Mi requested, 0 free on {NODE}"
-    assert resources_problem({"pods": 1}, {**free, "pods": 0}, NODE) == f"pods: 1 requested, 0 free on {NODE}"
     roomy = free_resources({"pods": "110", "ephemeral-storage": "100Gi", "hugepages-2Mi": "1Gi",
                             "nvidia.com/gpu": "2"}, {"pods": 3})
     assert resources_problem(requests, roomy, NODE) is None
@@ -686,6 +683,17 @@ def test_what_a_pod_takes_besides_cpu_and_memory_is_counted_as_node_resources_fi
     assert resources_problem(requests, roomy, NODE) == f"nvidia.com/gpu: 2 requested, 1 free on {NODE}"
     assert resources_problem(requests, {**roomy, "nvidia.com/gpu": 2, "hugepages-2Mi": 0}, NODE) == \
         f"hugepages-2Mi: 512Mi requested, 0 free on {NODE}"
+
+
+@pytest.mark.shared
+def test_the_real_gke_node_has_no_room_for_what_it_does_not_have():
+    # What it allocates, less what its Pods take (it has no GPU, no hugepages).
+    node = json.loads((SHARED / "fixtures" / "nodes" / "gke-node.json").read_text())
+    free = free_resources(node["status"]["allocatable"], {"pods": 12, "ephemeral-storage": 2**30})
+    assert free == {"ephemeral-storage": 104638878617 - 2**30, "hugepages-2Mi": 0, "pods": 98}
+    requests = other_requests(GPU_POD)
+    assert resources_problem(requests, free, NODE) == f"hugepages-2Mi: 512Mi requested, 0 free on {NODE}"
+    assert resources_problem({"pods": 1}, {**free, "pods": 0}, NODE) == f"pods: 1 requested, 0 free on {NODE}"
 
 
 def test_host_ports_clash_as_the_node_ports_filter_judges_them():

@@ -233,6 +233,7 @@ def test_the_node_gauges_show_each_resource_a_node_reports_in_cores_and_bytes():
     assert 'oversale_admissions_total{outcome="mutated",resource="nodes"} 4.0' in exposition
 
 
+@pytest.mark.shared
 def test_the_webhook_answers_a_repeated_status_write_by_its_writer():
     """Through the app, which remembers status-write answers (the kubelet repeats its writes): the
     same write from the node's kubelet and from another writer still gets each writer's answer."""
