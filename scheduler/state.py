@@ -664,7 +664,12 @@ def _scheduled_at(pod: Mapping[str, Any]) -> float | None:
 
 
 def resource_status(cpuset: str, numa_nodes: tuple[int, ...]) -> str:
-    """The annotation written on a bound Pod."""
+    """The annotation written on a bound Pod: its CPUs, and its NUMA node, or nodes when they span
+    several.
+
+    >>> resource_status("0-3", (0,)), resource_status("0-1,8-9", (0, 1))
+    ('{"cpuset":"0-3","numaNode":0}', '{"cpuset":"0-1,8-9","numaNode":[0,1]}')
+    """
     status: dict[str, Any] = {"cpuset": cpuset}
     status["numaNode"] = numa_nodes[0] if len(numa_nodes) == 1 else list(numa_nodes)
     return json.dumps(status, separators=(",", ":"))

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -26,13 +27,14 @@ import pytest
 from kube.prometheus import PrometheusAPI
 from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
+from oversale.disruption import DisruptionBudget
 from oversale.placement import pod_demand
 from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, Sample, WorkloadUsage
 from scheduler.extender import filter_nodes
 from scheduler.kube import HistoryPeakPoller, WorkloadHistoryPoller
 from scheduler.protocol import BadRequest, parse_args, parse_binding, parse_preemption
-from scheduler.state import RESERVATION_TTL, ClusterState, PodRecord, pod_facts
+from scheduler.state import RESERVATION_TTL, ClusterState, PodFacts, PodRecord, measured, pod_facts, scheduling_part
 from tests.conftest import ROOT, SHARED, eventually, expiry_samples, free_port, stop_process, wait_until_serving
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import (
@@ -1016,7 +1018,10 @@ def test_a_maximum_read_from_prometheus_counts_until_it_is_too_old():
     state.record_history_peaks({"n": 15200.0}, now[0])
     load = state.heats(["n"])[0].load
     assert (load.cpu_peak, load.peak_window) == (15200.0, "6-hour maximum, from Prometheus")
-    now[0] += 901  # no read since: Prometheus has been unreachable for three intervals
+    now[0] += 900
+    state.record_node_samples({"n": Sample(now[0], 4900, 8 << 30)})
+    assert state.heats(["n"])[0].load.cpu_peak == 15200.0, "as old as the limit: it still counts"
+    now[0] += 1  # no read since: Prometheus has been unreachable for three intervals
     state.record_node_samples({"n": Sample(now[0], 5000, 8 << 30)})
     load = state.heats(["n"])[0].load
     assert (load.cpu_peak, load.peak_window) == (5000.0, "1-hour maximum")
@@ -1072,7 +1077,9 @@ def test_a_workload_with_no_pod_in_the_metrics_is_known_by_its_history_until_tha
     assert state.estimate_for(new_replica) == {"cpu": 900.0, "memory": 2.0**29}
     state.record_pods_in_metrics({})
     assert state.estimate_for(new_replica) == {"cpu": 250.0, "memory": 2.0**28}
-    now[0] += 901  # no read since: Prometheus has been unreachable for three intervals
+    now[0] += 900
+    assert state.estimate_for(new_replica) == {"cpu": 250.0, "memory": 2.0**28}, "as old as the limit: it counts"
+    now[0] += 1  # no read since: Prometheus has been unreachable for three intervals
     assert state.estimate_for(new_replica) == by_requests
 
 
@@ -2626,3 +2633,187 @@ def test_the_pod_cache_keeps_only_pods_bind_may_be_asked_for():
         api.put("pods", pod("pending", "1", node_name="node-0"))
         wait_for(lambda: state.usage("node-0").shared["cpu"] == 3000)
         assert watch.cached_pod("default", "pending") is None
+
+
+# -- the state's bookkeeping, driven as its watches and binder drive it ------------------------
+def bound_facts(name: str, node_name: str, cpu: str = "1"):
+    return pod_facts(pod(name, cpu, node_name=node_name), KEYS)
+
+
+def held_on(state: ClusterState, node_name: str) -> set[str]:
+    return {held.uid for held in state.held_pods(node_name)}
+
+
+def test_a_bind_that_never_answered_holds_its_room_for_the_reservation_ttl_and_no_longer():
+    now = [0.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
+    state.reserve(bound_facts("p", "n").record)
+    assert state.lost_bind("uid-p") is None and not state.resend("uid-p"), "its answer is not lost: nothing to resend"
+    now[0] = RESERVATION_TTL
+    assert held_on(state, "n") == {"uid-p"}
+    now[0] = RESERVATION_TTL + 0.001
+    assert held_on(state, "n") == set() and not state.is_bound("uid-p")
+
+
+def test_a_lost_bind_sent_again_is_in_flight_once_more_timed_from_the_resend():
+    now = [0.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
+    state.reserve(bound_facts("p", "n").record)
+    state.lose_answer("uid-p", '{"cpuset":"0-1"}')
+    lost = state.lost_bind("uid-p")
+    assert lost is not None and lost.status == '{"cpuset":"0-1"}'
+    now[0] = 100.0
+    assert state.resend("uid-p")
+    assert state.lost_bind("uid-p") is None and not state.resend("uid-p"), "in flight again, not lost"
+    now[0] = 100.0 + RESERVATION_TTL
+    assert held_on(state, "n") == {"uid-p"}
+    now[0] += 1
+    assert held_on(state, "n") == set()
+
+
+def test_a_nodes_topology_object_reshapes_its_view_and_a_deleted_node_stays_deleted():
+    state = ClusterState(KEYS)
+    plain = node("n")
+    del plain["metadata"]["annotations"][KEYS.cpu_topology]  # only a NodeResourceTopology tells its zones
+    state.set_node("n", plain)
+    assert {cpu.node for cpu in state.nodes["n"].topology.cpus} == {0}
+    state.set_topology("n", {0: 8, 1: 8})
+    assert {cpu.node for cpu in state.nodes["n"].topology.cpus} == {0, 1}
+    # A node sent in full (nodeCacheCapable false) is read with the zones known for its name.
+    assert {cpu.node for cpu in state.view_of(plain).topology.cpus} == {0, 1}
+    assert state.view_of({"status": plain["status"]}).name == ""
+    state.set_topology("n", None)
+    assert state.nrt == {} and {cpu.node for cpu in state.nodes["n"].topology.cpus} == {0}
+    state.set_topology("n", {0: 8, 1: 8})
+    state.reset_topologies()
+    assert state.nrt == {} and {cpu.node for cpu in state.nodes["n"].topology.cpus} == {0}
+    state.set_node("n", None)
+    state.set_topology("n", {0: 8, 1: 8})  # its topology object outlives the Node for a moment
+    assert state.node_names() == []
+    state.set_node("m", plain)
+    state.reset_nodes()
+    assert state.node_names() == []
+
+
+def test_a_pod_moved_deleted_or_rejected_gives_its_room_back():
+    state = ClusterState(KEYS)
+    state.set_pod("uid-p", bound_facts("p", "a"))
+    state.set_pod("uid-p", bound_facts("p", "b"))
+    assert (held_on(state, "a"), held_on(state, "b")) == (set(), {"uid-p"})
+    for name in ("q", "r", "s"):
+        state.reserve(bound_facts(name, "a").record)
+    state.set_pod("uid-q", None)  # deleted before the watch ever showed it bound
+    rejected = pod("r", "1")
+    rejected["status"]["phase"] = "Failed"
+    state.set_pod("uid-r", pod_facts(rejected, KEYS))
+    state.set_pod("uid-s", pod_facts(pod("s", "1"), KEYS))  # its bind has not shown in the watch yet
+    assert held_on(state, "a") == {"uid-s"}
+
+
+def test_nominated_pods_are_counted_on_the_node_they_wait_for_and_once():
+    state = ClusterState(KEYS)
+
+    def nominated(name: str, node_name: str) -> dict:
+        waiting = pod(name, "1")
+        waiting["status"]["nominatedNodeName"] = node_name
+        return waiting
+
+    for name in ("n1", "n2"):
+        state.set_pod(f"uid-{name}", pod_facts(nominated(name, "a"), KEYS))
+    assert {node_name: [d.uid for d in demands] for node_name, demands in state.nominations().items()} == {
+        "a": ["uid-n1", "uid-n2"]}
+    state.set_pod("uid-n1", pod_facts(nominated("n1", "b"), KEYS))
+    assert {node_name: [d.uid for d in demands] for node_name, demands in state.nominations().items()} == {
+        "a": ["uid-n2"], "b": ["uid-n1"]}
+    state.reserve(bound_facts("n2", "a").record)  # this extender binds it: its reservation counts it
+    assert list(state.nominations()) == ["b"] and state.nominated_on("a") == []
+    state.set_pod("uid-n1", None)
+    state.set_pod("uid-n2", None)
+    assert state.nominations() == {}
+
+
+def test_a_relist_forgets_the_pods_it_does_not_show_and_expires_their_binds():
+    now = [0.0]
+    state = ClusterState(KEYS, clock=lambda: now[0])
+    state.set_node("a", node("a"))
+    state.set_pod("uid-p", bound_facts("p", "a", "2"))
+    state.reserve(bound_facts("q", "a").record)  # a bind that has not answered
+    state.reserve(bound_facts("r", "a").record)
+    state.confirm("uid-r")  # the API server took it; the watch has not shown it
+    assert state.usage("a").shared["cpu"] == 4000
+    now[0] = 10.0
+    state.reset_pods()
+    assert held_on(state, "a") == {"uid-q", "uid-r"} and state.usage("a").shared["cpu"] == 2000
+    now[0] = RESERVATION_TTL + 5  # q's bind began at 0; r went unlisted at 10
+    assert held_on(state, "a") == {"uid-r"}
+    now[0] = 10.0 + RESERVATION_TTL + 0.001
+    assert held_on(state, "a") == set()
+
+
+def test_a_deleted_disruption_budget_is_forgotten():
+    state = ClusterState(KEYS)
+    budget = DisruptionBudget("default", {"matchLabels": {"app": "web"}}, 1)
+    state.set_budget("default", "web", budget)
+    state.set_budget("default", "db", DisruptionBudget("default", {"matchLabels": {"app": "db"}}, 0))
+    state.set_budget("default", "db", None)
+    assert state.budgets() == [budget]
+    state.reset_budgets()
+    assert state.budgets() == []
+
+
+def test_a_pods_reading_counts_as_measured_only_if_first_seen_since_its_bind():
+    record = replace(bound_facts("p", "n").record, bound_at=100.0)
+    assert measured(record, {}) is False
+    assert measured(record, {("default", "p"): None}) is True, "unstamped: taken as this Pod's"
+    assert measured(record, {("default", "p"): 100.0}) is True
+    assert measured(record, {("default", "p"): 99.0}) is False, "its predecessor's under the same name"
+    assert measured(replace(record, bound_at=None), {("default", "p"): 99.0}) is True, "bound long ago"
+
+
+def test_what_the_state_keeps_of_a_pod_or_node_missing_its_parts():
+    assert scheduling_part({"metadata": None, "status": None}) == {"metadata": {}, "status": {}}
+    assert pod_facts({"metadata": None, "spec": None, "status": None}, KEYS) == PodFacts("", False, None)
+    finished = pod("p", "1", node_name="a")
+    finished["status"]["phase"] = "Succeeded"
+    assert pod_facts(finished, KEYS) == PodFacts("uid-p", True, None), "a finished Pod holds nothing"
+    for nominated in ("", 5):
+        odd = pod("p", "1")
+        odd["status"]["nominatedNodeName"] = nominated
+        assert pod_facts(odd, KEYS) == PodFacts("uid-p", False, None)
+    waiting = pod("p", "1")
+    waiting["status"]["nominatedNodeName"] = "a"
+    facts = pod_facts(waiting, KEYS)
+    assert (facts.terminal, facts.record, facts.nominated.node if facts.nominated else None) == (False, None, "a")
+
+
+def test_a_bound_pods_record_keeps_its_labels_and_its_scheduling_time():
+    bound = pod("p", "1", node_name="a")
+    bound["metadata"]["labels"] = {"app": "web"}
+    bound["status"]["conditions"] = [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:05:00Z"},
+        {"type": "PodScheduled", "status": "False", "lastTransitionTime": "2026-12-01T09:59:00Z"},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-01T10:00:00Z"}]
+    facts = pod_facts(bound, KEYS)
+    assert facts.terminal is False and facts.record is not None
+    assert (dict(facts.record.labels), facts.record.bound_at) == (
+        {"app": "web"}, datetime(2026, 12, 1, 10, tzinfo=UTC).timestamp())
+    bound["metadata"]["labels"] = "app=web"  # not a map: no labels, so no budget covers it
+    bound["status"] = None
+    record = pod_facts(bound, KEYS).record
+    assert record is not None and (dict(record.labels), record.bound_at) == ({}, None)
+
+
+def test_a_poll_keeps_every_new_reading_and_forgets_nodes_gone_from_the_cluster():
+    now = [1000.0]
+    state = ClusterState(KEYS, wall=lambda: now[0])
+    state.set_node("a", node("a"))
+    state.record_node_samples({"a": Sample(1000.0, 1000, 8 << 30), "gone": Sample(1000.0, 1000, 8 << 30),
+                               "late": Sample(1000.0, 1000, 8 << 30)})
+    now[0] = 1030.0  # a's reading is the one it had; b's is new
+    state.record_node_samples({"a": Sample(1000.0, 1000, 8 << 30), "b": Sample(1030.0, 2000, 8 << 30)})
+    assert state.heats(["b"])[0].load is not None, "a repeated reading before it does not stop the poll"
+    now[0] = 1000.0 + state.load_config.peak_seconds + 1
+    state.record_node_samples({"late": Sample(now[0], 3000, 8 << 30)})
+    assert state.heats(["gone"])[0].load is None, "not in the cluster, not polled, its last reading out of the window"
+    assert state.heats(["a"])[0].load is not None, "a node still in the cluster keeps its windows"
+    assert state.heats(["late"])[0].load is not None
