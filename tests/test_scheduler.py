@@ -2652,6 +2652,7 @@ def test_a_bind_that_never_answered_holds_its_room_for_the_reservation_ttl_and_n
     now[0] = RESERVATION_TTL
     assert held_on(state, "n") == {"uid-p"}
     now[0] = RESERVATION_TTL + 0.001
+    assert state.usage("n").shared == {}, "what the node's Pods take counts it no more"
     assert held_on(state, "n") == set() and not state.is_bound("uid-p")
 
 
@@ -2744,6 +2745,7 @@ def test_a_relist_forgets_the_pods_it_does_not_show_and_expires_their_binds():
     now[0] = 10.0
     state.reset_pods()
     assert held_on(state, "a") == {"uid-q", "uid-r"} and state.usage("a").shared["cpu"] == 2000
+    assert not state.is_bound("uid-p"), "deleted while the watch was away"
     now[0] = RESERVATION_TTL + 5  # q's bind began at 0; r went unlisted at 10
     assert held_on(state, "a") == {"uid-r"}
     now[0] = 10.0 + RESERVATION_TTL + 0.001
