@@ -2819,3 +2819,102 @@ def test_a_poll_keeps_every_new_reading_and_forgets_nodes_gone_from_the_cluster(
     assert state.heats(["gone"])[0].load is None, "not in the cluster, not polled, its last reading out of the window"
     assert state.heats(["a"])[0].load is not None, "a node still in the cluster keeps its windows"
     assert state.heats(["late"])[0].load is not None
+
+
+def rows_of(table, slots) -> list:
+    """What filter and prioritize read of each row: its (view, usage, load facts), and its
+    columns (a row without load facts keeps stale load columns nobody reads)."""
+    loaded = ("cpu_used", "memory_used", "real_cpu", "real_memory")
+    return [(table.row(slot), {column: getattr(table, column)[slot].item() for column in table_columns(table)
+                               if table.row(slot)[2] is not None or column not in loaded}) for slot in slots]
+
+
+def table_columns(table) -> list[str]:
+    return [name for name, value in vars(table).items() if hasattr(value, "dtype")]
+
+
+def test_the_cached_node_table_agrees_with_one_built_afresh_after_every_change():
+    """The table filter and prioritize read is kept up to date row by row (a poll or a bind must
+    not rebuild 5,000 rows): after each kind of event, its rows are those the state's own facts
+    give when built from nothing, as they are for nodes sent in full."""
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0], wall=lambda: now[0])
+    names = ["a", "b", "c"]
+
+    def settling(name: str, node_name: str, cpu: str = "2") -> PodFacts:
+        facts = bound_facts(name, node_name, cpu)
+        assert facts.record is not None
+        return replace(facts, record=replace(facts.record, bound_at=now[0]))
+
+    def check(step: str) -> None:
+        known = [name for name in names if name in state.nodes]
+        cached, slots, unknown = state.table(names)
+        fresh, fresh_slots = state.table_of([(name, state.nodes[name]) for name in known])
+        assert unknown == [name for name in names if name not in known], step
+        assert rows_of(cached, slots) == rows_of(fresh, fresh_slots), step
+
+    plain = node("a")
+    del plain["metadata"]["annotations"][KEYS.cpu_topology]  # only a NodeResourceTopology tells its zones
+    state.set_node("a", plain)
+    state.set_node("b", node("b"))
+    state.set_node("c", node("c"))
+    check("nodes listed")
+    state.set_topology("a", {0: 8, 1: 8})
+    check("a's NodeResourceTopology arrived")
+    state.set_pod("uid-p", settling("p", "b"))
+    state.set_pod("uid-q", bound_facts("q", "c", "3"))
+    check("Pods bound, p still settling")
+    state.reserve(bound_facts("r", "a", "4").record)
+    check("a bind in flight")
+    state.record_node_samples({name: Sample(now[0], 4000, 8 << 30) for name in names})
+    check("a metrics poll")
+    state.record_history_peaks({"a": 15000.0}, now[0])
+    check("a history read raised a's maximum")
+    state.record_pods_in_metrics({("default", "p"): (500.0, 2.0**28)})
+    check("p is in the metrics: no longer pending")
+    state.reset_pods()
+    state.set_pod("uid-q", bound_facts("q", "c", "3"))
+    check("a relist that no longer shows p")
+    now[0] += RESERVATION_TTL + 1
+    check("r's bind never answered: its reservation expired")
+    state.set_node("b", None)
+    check("b deleted")
+
+
+def test_a_node_deleted_and_made_again_within_the_window_keeps_its_readings_and_maximum():
+    """A node can be deleted and registered again under its name (some clouds do on a reboot, a
+    kubelet with a wiped registration does): its last hour did not go away with the object."""
+    now = [1000.0]
+    config = LoadConfig(history_max_age_seconds=900)
+    state = ClusterState(KEYS, load_config=config, wall=lambda: now[0])
+    state.set_node("a", node("a"))
+    state.record_node_samples({"a": Sample(now[0], 9000, 8 << 30)})
+    state.record_history_peaks({"a": 15000.0}, now[0])
+    state.set_node("a", None)
+    now[0] = 1030.0
+    state.record_node_samples({"other": Sample(now[0], 1000, 8 << 30)})  # a is polled no more
+    state.record_history_peaks({"other": 2000.0}, now[0])
+    state.set_node("a", node("a"))
+    now[0] = 1060.0
+    state.record_node_samples({"a": Sample(now[0], 1000, 8 << 30)})
+    load = state.heats(["a"])[0].load
+    assert load is not None and load.cpu_average == 5000.0, "its reading from before the deletion still counts"
+    assert load.cpu_peak == 15000.0, "and so does its maximum from the history, not yet too old"
+
+
+def test_a_workloads_window_starts_over_when_the_wall_clock_steps_back():
+    """Readings are timed by the extender's wall clock, which NTP may step back: a window whose
+    newest time is ahead of now would be bisected out of order, so it starts over."""
+    now = [1000.0]
+    state = ClusterState(KEYS, wall=lambda: now[0])
+    state.set_pod("uid-web-5d8f9-x1", pod_facts(replica("web-5d8f9-x1", "5d8f9", "4", node_name="node-1"), KEYS))
+    new_replica = pod_demand(replica("web-7c9b4-y1", "7c9b4", "4"), KEYS)
+    for at, cpu in ((1000.0, 1000.0), (1060.0, 3000.0)):
+        now[0] = at
+        state.record_pods_in_metrics({("default", "web-5d8f9-x1"): (cpu, 2.0**28)})
+    assert state.estimate_for(new_replica)["cpu"] == 2000.0
+    now[0] = 1030.0
+    state.record_pods_in_metrics({("default", "web-5d8f9-x1"): (500.0, 2.0**28)})
+    assert state.estimate_for(new_replica)["cpu"] == 500.0, "stepped back: only the reading since"
+    state.record_pods_in_metrics({("default", "web-5d8f9-x1"): (700.0, 2.0**28)})
+    assert state.estimate_for(new_replica)["cpu"] == 700.0, "a second reading at the same instant replaces it"
