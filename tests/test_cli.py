@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -305,6 +306,37 @@ def test_ci_fails_a_test_of_the_corpus_that_skips_itself(tmp_path, workers):
     assert required.returncode == 1 and "1 failed" in required.stdout, required.stdout
     assert "OVERSALE_REQUIRE_SHARED=1 and a test that reads ../shared/ was skipped" in required.stdout
     assert "1 skipped" in _pytest({"OVERSALE_SHARED_DIR": str(corpus)}, workers, tests).stdout
+
+
+@AS_RUN
+def test_a_test_that_reads_the_corpus_unmarked_fails_where_the_corpus_is(tmp_path, workers):
+    # Without the mark it would fail where the corpus is absent, instead of being left out.
+    corpus = tmp_path / "shared"
+    (corpus / "fixtures" / "pods").mkdir(parents=True)
+    (corpus / "fixtures" / "pods" / "pod.json").write_text("{}")
+    (tmp_path / "test_corpus_read.py").write_text(textwrap.dedent("""\
+        import pytest
+        from tests.conftest import SHARED
+
+
+        def test_unmarked():
+            assert (SHARED / "fixtures" / "pods" / "pod.json").read_text() == "{}"
+
+
+        @pytest.mark.shared
+        def test_marked():
+            assert (SHARED / "fixtures" / "pods" / "pod.json").read_text() == "{}"
+
+
+        def test_elsewhere(tmp_path):
+            (tmp_path / "x").write_text("y")
+            assert (tmp_path / "x").read_text() == "y"
+        """))
+    result = _pytest({"OVERSALE_SHARED_DIR": str(corpus)}, workers,
+                     ("-p", "tests.conftest", str(tmp_path / "test_corpus_read.py")))
+    assert result.returncode == 1 and "1 failed, 2 passed" in result.stdout, result.stdout
+    assert f"this test read {corpus / 'fixtures' / 'pods' / 'pod.json'} (and 0 more) but is not marked 'shared'" \
+        in result.stdout
 
 
 def test_a_history_file_that_is_not_sqlite_is_named_and_left_alone(tmp_path):

@@ -2449,20 +2449,22 @@ def test_a_pod_asking_a_fractional_cpu_with_a_bind_policy_is_bound_shared_withou
 def test_a_node_labelled_single_numa_node_keeps_each_cpuset_bound_there_in_one_numa_node():
     """The node label ``numa-topology-policy: single-numa-node`` asks one NUMA node of every Pod bound
     there, though the Pod does not ask it. With 6 CPUs left in one zone and 8 in the other, 8 CPUs
-    come from the other zone there; on a node without the label they fill the fuller zone first."""
+    come from the other zone there; on a node without the label they fill the fuller zone first,
+    unless the Pod asks one NUMA node itself."""
     from scheduler.extender import bind
 
-    with bind_setup(nodes=("m",), pods=()) as (api, state, binder, watch, _now):
+    with bind_setup(nodes=("m", "o"), pods=()) as (api, state, binder, watch, _now):
         api.put("nodes", node("n", labels={KEYS.numa_topology_policy: "single-numa-node"}))
-        for name, cpus in (("a-n", "2"), ("b-n", "8"), ("a-m", "2"), ("b-m", "8")):
-            api.put("pods", pod(name, cpus, "FullPCPUs", single_numa=False))
-        wait_for(lambda: "n" in state.nodes and watch.cached_pod("default", "b-m") is not None)
-        for name in ("a-n", "b-n", "a-m", "b-m"):
+        for name, cpus in (("a-n", "2"), ("b-n", "8"), ("a-m", "2"), ("b-m", "8"), ("a-o", "2"), ("b-o", "8")):
+            api.put("pods", pod(name, cpus, "FullPCPUs", single_numa=name == "b-o"))
+        wait_for(lambda: "n" in state.nodes and watch.cached_pod("default", "b-o") is not None)
+        for name in ("a-n", "b-n", "a-m", "b-m", "a-o", "b-o"):
             assert bind({**PINNED, "PodName": name, "PodUID": f"uid-{name}", "Node": name[-1]},
                         state, binder, KEYS) == {"Error": ""}
         zone_0 = {0, 1, 2, 3, 8, 9, 10, 11}  # topology_json: socket 0's cores, both threads
         assert len({cpu in zone_0 for cpu in bound_cpus(api, "b-n")}) == 1, "one NUMA node"
         assert len({cpu in zone_0 for cpu in bound_cpus(api, "b-m")}) == 2, "without the label: both"
+        assert len({cpu in zone_0 for cpu in bound_cpus(api, "b-o")}) == 1, "the Pod's own annotation: one"
         assert not bound_cpus(api, "a-n") & bound_cpus(api, "b-n")
 
 
