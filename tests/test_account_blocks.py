@@ -15,7 +15,9 @@ DAY = 86400.0
 
 
 @pytest.mark.parametrize("step", [300, 60, 15, 2, 9])
-@pytest.mark.parametrize("at", [1_800_000_000.0, 1_800_000_149.9, 1_800_000_150.0, 1_800_001_234.5, 1_799_999_999.0])
+# 1_800_000_450: an hour settles one step from now (at 300 s steps).
+@pytest.mark.parametrize("at", [1_800_000_000.0, 1_800_000_149.9, 1_800_000_150.0, 1_800_000_450.0, 1_800_001_234.5,
+                                1_799_999_999.0])
 def test_each_window_is_its_hours_and_stretches_exactly_each_edge_between_two_steps(step, at):
     windows = [DAY, 7 * DAY]
     plan = plan_blocks(windows, at, step)
@@ -33,7 +35,10 @@ def test_each_window_is_its_hours_and_stretches_exactly_each_edge_between_two_st
         assert all(a[1] == b[0] for a, b in pairwise(pieces))
         assert all(edge % step == step // 2 for piece in pieces for edge in piece)
         assert all(end - start < plan.block + SETTLE_SECONDS + step for start, end in pieces)
+        # Counted on every pass: no more than the part of an hour at the window's start.
+        assert all(end - start < plan.block for start, end in (plan.stretches[i] for i in stretches) if end != plan.now)
     assert plan.first == min(first for first, _ in plan.windows)
+    assert len(set(plan.stretches)) == len(plan.stretches) and all(end > start for start, end in plan.stretches)
 
 
 def test_windows_that_cannot_be_cut_between_steps_are_counted_whole():
@@ -45,6 +50,10 @@ def test_windows_that_cannot_be_cut_between_steps_are_counted_whole():
     short = plan_blocks([1800, DAY], 1_800_000_000.0, 300)
     assert short is not None and short.windows[0] == (short.last, (0,))
     assert short.stretches[0] == (short.now - 1800, short.now)
+    # Half an hour that spans an hour's edge but holds no settled hour is one stretch still.
+    spanning = plan_blocks([1800, DAY], 1_800_000_900.0, 300)
+    assert spanning is not None and spanning.windows[0] == (spanning.last, (0,))
+    assert spanning.stretches[0] == (spanning.now - 1800, spanning.now)
 
 
 def test_kept_hours_serve_while_they_are_counted_against_the_same_real_allocatable():
@@ -55,12 +64,20 @@ def test_kept_hours_serve_while_they_are_counted_against_the_same_real_allocatab
     assert kept.missing_from(4e9, plan) == plan.last - 1
     assert kept.missing_from(8e9, plan) == plan.first, "another real allocatable: counted whole"
     assert Kept(4e9, plan.first + 1, array("d", [1.0])).missing_from(4e9, plan) == plan.first, "starts too late"
+    assert Kept(4e9, plan.first, array("d", [1.0])).missing_from(4e9, plan) == plan.first + 1, "starts in time"
     newer = kept.extended(plan, plan.last - 1, [1000.0])
     # The two hours no window reaches any more are dropped; the rest followed by the new one.
     assert newer.first == plan.first and len(newer.counts) == plan.last - plan.first
     assert newer.counts[0] == 2.0 and newer.counts[-1] == 1000.0
     assert newer.total(plan.last - 1, plan.last) == 1000.0
     assert newer.total(plan.first, plan.last) == sum(range(2, plan.last - plan.first + 1)) + 1000.0
+    assert newer.total(plan.first, plan.first + 2) == 5.0
+    # Read again from the first block a window reaches, or from the first kept: all replaced.
+    assert list(kept.extended(plan, plan.first, [7.0]).counts) == [7.0]
+    assert list(newer.extended(plan, plan.first, [7.0, 8.0]).counts) == [7.0, 8.0]
+    with pytest.raises(ValueError, match=f"counts from block {plan.first - 1} do not follow those kept from "
+                                         f"{plan.first - 2}"):
+        kept.extended(plan, plan.first - 1, [1.0])  # a block no window reaches any more
 
 
 def test_a_recent_block_short_of_steps_with_a_sample_after_it_is_read_again_and_its_count_replaced():
@@ -100,6 +117,13 @@ def test_a_recent_block_short_of_steps_with_a_sample_after_it_is_read_again_and_
     assert first_short(joined, sampled_since=True) is None
     joined.counts[-1] = 3.0
     assert first_short(joined, sampled_since=True) == plan.last - 1
+    # One step is a sample: after a gap, and before one.
+    gap_then_one = kept(**{f"late_{i}": 0 for i in range(1, plan.last - plan.late - 1)}, **{
+        f"late_{plan.last - plan.late - 1}": 1})
+    assert first_short(gap_then_one) == plan.late + 1
+    one_then_gap = Kept(4e9, plan.first, array("d", [0.0] * (plan.late - plan.first - 1) + [1.0]
+                                                + [0.0] * (plan.last - plan.late - 1) + [full]))
+    assert first_short(one_then_gap) == plan.late
     blocks = kept(late_1=0, late_2=7)
     again = blocks.extended(plan, plan.late + 1, [full, 30.0])
     assert again.counts[:plan.late + 1 - plan.first] == blocks.counts[:plan.late + 1 - plan.first]
