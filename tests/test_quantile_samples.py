@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from array import array
 
 import pytest
 
@@ -104,14 +105,47 @@ def test_samples_out_of_order_and_too_few_kept_are_refused():
     keeper.feed_newest_first([5, 6], [1.0, 1.0])
     with pytest.raises(ValueError, match="not older"):
         keeper.feed_newest_first([6], [1.0])
+    with pytest.raises(ValueError, match=r"^step 5 is not older than the samples already fed$"):
+        keeper.feed_newest_first([5], [1.0])  # the oldest fed: not older either
     older = SampleKeeper(3)
     older.feed_newest_first([7], [1.0])
     with pytest.raises(ValueError, match="not newer"):
         keeper.then(older.kept())
-    with pytest.raises(ValueError, match="reads the highest 3, not 2"):
+    ending_at_5 = SampleKeeper(3)
+    ending_at_5.feed_newest_first([4, 5], [1.0, 1.0])
+    with pytest.raises(ValueError, match=r"^samples from step 5 are not newer than those kept \(to 5\)$"):
+        keeper.then(ending_at_5.kept())
+    with pytest.raises(ValueError, match=r"^the 0.5 quantile of 4 samples reads the highest 3, not 2$"):
         prometheus_quantile(0.5, [4.0, 3.0], 4)
-    with pytest.raises(ValueError, match="between 0 and 1"):
+    with pytest.raises(ValueError, match=r"^a quantile is between 0 and 1, not 1.5$"):
         top_needed(1.5, 10)
+    assert top_needed(0.0, 10) == 10, "the minimum reads every sample"
+
+
+def test_the_first_missing_step_is_the_first_with_no_sample_from_where_it_is_asked():
+    runs = KeptSamples(runs=array("q", [1, 2, 4, 5, 7, 8]))
+    assert runs.first_missing(1, 8) == 3
+    assert runs.first_missing(4, 8) == 6, "asked from a run's first step: after that run"
+    assert runs.first_missing(6, 6) == 6, "the last step asked"
+    assert runs.first_missing(7, 8) is None
+
+
+def test_nothing_kept_yet_reads_the_fresh_samples_alone():
+    nothing = KeptSamples()
+    assert nothing.from_step(5) is nothing and nothing.first_missing(5, 9) == 5
+    # Fresh samples before the window are not in it; those in it are all there is.
+    assert nothing.quantile(0.5, 10, 20, fresh=[(9, 100.0), (10, 1.0), (12, 3.0), (21, 50.0)]) == 2.0
+
+
+def test_late_samples_join_the_runs_and_are_kept_as_the_keeper_keeps_them():
+    """Steps 3 and 4 had no sample when settled; theirs arrive. A late sample is kept while fewer
+    than ``needed`` later samples are at least as high, as ``SampleKeeper`` keeps them."""
+    kept = KeptSamples(array("q", [1, 2, 5, 6]), array("d", [1.0, 1.0, 10.0, 5.0]), array("q", [1, 2, 5, 6]))
+    late = kept.with_late([3, 4], [8.0, 5.0], needed=2)
+    assert list(late.runs) == [1, 6] and late.count(1, 6) == 6, "the gap filled joins the runs either side"
+    # Step 4's 5.0 has 10.0 and an equal 5.0 after it: never read. Step 3's 8.0 has only 10.0.
+    assert dict(zip(late.steps, late.values, strict=True)) == {1: 1.0, 2: 1.0, 3: 8.0, 5: 10.0, 6: 5.0}
+    assert kept.with_late([5, 6], [99.0, 99.0], needed=2) is kept, "a sample already held is not taken twice"
 
 
 @pytest.mark.parametrize("percent", [99, 90, 50])
