@@ -129,3 +129,41 @@ def test_a_sample_the_machine_did_not_report_is_skipped_and_the_last_duplicate_k
     nodes = read_nodes(trace)
     assert [(n.name, n.times.tolist(), n.utilisation.tolist()) for n in nodes] == [
         ("m_1", [0.0], [0.55]), ("m_2", [20.0], [0.4])]
+
+
+def test_each_unreadable_trace_is_refused_with_its_whole_reason_and_odd_rows_are_read(tmp_path):
+    def refusal(name: str, text: str | None, fmt: str | None = None) -> str:
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(TraceError) as refused:
+            read_nodes(path, fmt)
+        return str(refused.value).removeprefix(f"{path}: ")
+
+    header = "node,timestamp_s,cpu_utilisation\n"
+    (tmp_path / "folder").mkdir()
+    assert refusal("folder", None) == "a directory, not a trace file"
+    assert refusal("empty.csv", "") == "empty"
+    assert refusal("header-only.csv", header) == "no samples"
+    assert refusal("w.csv", "workload,timestamp_s,cpu_request_cores\nvm1,0,4\n") == (
+        "line 1: 'workload,timestamp_s,cpu_request_cores' is not machine_id,time_stamp,cpu_util_percent,... "
+        "(is --format right?)")
+    assert refusal("w.csv", None, "node-generic") == (
+        "a node-generic trace starts with the header node,timestamp_s,cpu_utilisation")
+    assert refusal("two.csv", header + "n1,5\n") == (
+        "line 2: 'n1,5' is not node,timestamp_s,cpu_utilisation (is --format right?)")
+    long = "n1," + "9" * 100 + ",x"
+    assert refusal("long.csv", header + long + "\n") == (
+        f"line 2: {long[:80]!r} is not node,timestamp_s,cpu_utilisation (is --format right?)")
+    assert refusal("neg.csv", header + "n1,0,-0.5\n") == "line 2: utilisation -0.5 at 0.0 is not a non-negative number"
+    assert refusal("nan.csv", header + "n1,nan,0.5\n") == "line 2: utilisation 0.5 at nan is not a non-negative number"
+    assert refusal("inf.csv", header + "n1,0,inf\n") == "line 2: utilisation inf at 0.0 is not a non-negative number"
+    unreadable = refusal("not.csv.gz", "not gzip\n")
+    assert unreadable.startswith("cannot read it (") and unreadable.endswith(")") and "gzip" in unreadable
+    # A column more after the three, a blank line and a sample not reported are read as they are.
+    odd = tmp_path / "odd.csv"
+    odd.write_text("node,timestamp_s,cpu_utilisation,pool\nn1,0,0.5,a\n\nn1,30,,a\nn1,60,0.25,a\n")
+    assert [(n.name, n.times.tolist(), n.utilisation.tolist()) for n in read_nodes(odd)] == [
+        ("n1", [0.0, 60.0], [0.5, 0.25])]
+    odd.write_text(header + "n1,0,0.5\nn1,30,\nn1,60,0\n")
+    assert [n.utilisation.tolist() for n in read_nodes(odd)] == [[0.5, 0.0]], "an idle node is a sample"
