@@ -86,32 +86,31 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _SHARED_PATHS = tuple({os.path.abspath(SHARED) + os.sep, os.path.realpath(SHARED) + os.sep})
-_UNMARKED: list[str] = []
-"""The test running now, when it is not marked 'shared' (empty otherwise)."""
-_UNMARKED_READS: list[str] = []
-"""What of ../shared/ that test opened or listed."""
+_unmarked_reads: list[str] | None = None
+"""What of ../shared/ the test running now opened or listed; None while no test runs, or one
+marked 'shared' does."""
 
 
 def _note_unmarked_shared_read(event: str, args: tuple[Any, ...]) -> None:
     """An audit hook (called on every audited event, so it returns at once on most). A test that
     reads the corpus without the 'shared' mark fails where the corpus is absent instead of being
     left out, which nobody sees on a machine that has it: it fails here, where the corpus is."""
-    if not _UNMARKED or event not in ("open", "os.scandir", "os.listdir") or not isinstance(args[0], (str, Path)):
+    reads = _unmarked_reads
+    if reads is None or event not in ("open", "os.scandir", "os.listdir") or not isinstance(args[0], (str, Path)):
         return
     path = os.path.abspath(args[0])
     if path.startswith(_SHARED_PATHS):
-        _UNMARKED_READS.append(path)
+        reads.append(path)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    if item.get_closest_marker("shared") is None:
-        _UNMARKED.append(item.nodeid)
+    global _unmarked_reads
+    _unmarked_reads = [] if item.get_closest_marker("shared") is None else None
     try:
         return (yield)
     finally:
-        _UNMARKED.clear()
-        _UNMARKED_READS.clear()
+        _unmarked_reads = None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -152,9 +151,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and REQUIRE_SHARED and item.get_closest_marker("shared"):
         report.outcome = "failed"
         report.longrepr = f"OVERSALE_REQUIRE_SHARED=1 and a test that reads ../shared/ was skipped: {report.longrepr}"
-    if report.when == "call" and report.passed and _UNMARKED_READS:
+    if report.when == "call" and report.passed and _unmarked_reads:
         report.outcome = "failed"
-        report.longrepr = (f"this test read {_UNMARKED_READS[0]} (and {len(_UNMARKED_READS) - 1} more) but is not "
+        report.longrepr = (f"this test read {_unmarked_reads[0]} (and {len(_unmarked_reads) - 1} more) but is not "
                            f"marked 'shared': without ../shared/ it would fail instead of being left out")
     return report
 

@@ -273,6 +273,14 @@ def _pytest(env: dict[str, str], workers: tuple[str, ...] = (),
                           cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
 
 
+def one_pod_corpus(tmp_path: Path) -> Path:
+    """A corpus of one Pod, standing for the real one so that a test holds wherever the suite runs."""
+    corpus = tmp_path / "shared"
+    (corpus / "fixtures" / "pods").mkdir(parents=True)
+    (corpus / "fixtures" / "pods" / "pod.json").write_text("{}")
+    return corpus
+
+
 # In this process, and as `make test` runs the suite: a test file to each of two pytest-xdist workers.
 AS_RUN = pytest.mark.parametrize("workers", [(), ("--numprocesses=2", "--dist=loadfile")], ids=["alone", "workers"])
 
@@ -298,10 +306,7 @@ def test_ci_fails_a_test_of_the_corpus_that_skips_itself(tmp_path, workers):
     (tmp_path / "test_corpus_file.py").write_text(
         "import pytest\n\n\n@pytest.mark.shared\ndef test_reads_a_file():\n    pytest.skip('no such trace')\n")
     tests = ("-p", "tests.conftest", str(tmp_path / "test_corpus_file.py"))
-    # A corpus of one Pod stands for the real one, so that this holds wherever the suite runs.
-    corpus = tmp_path / "shared"
-    (corpus / "fixtures" / "pods").mkdir(parents=True)
-    (corpus / "fixtures" / "pods" / "pod.json").write_text("{}")
+    corpus = one_pod_corpus(tmp_path)
     required = _pytest({"OVERSALE_SHARED_DIR": str(corpus), "OVERSALE_REQUIRE_SHARED": "1"}, workers, tests)
     assert required.returncode == 1 and "1 failed" in required.stdout, required.stdout
     assert "OVERSALE_REQUIRE_SHARED=1 and a test that reads ../shared/ was skipped" in required.stdout
@@ -311,9 +316,7 @@ def test_ci_fails_a_test_of_the_corpus_that_skips_itself(tmp_path, workers):
 @AS_RUN
 def test_a_test_that_reads_the_corpus_unmarked_fails_where_the_corpus_is(tmp_path, workers):
     # Without the mark it would fail where the corpus is absent, instead of being left out.
-    corpus = tmp_path / "shared"
-    (corpus / "fixtures" / "pods").mkdir(parents=True)
-    (corpus / "fixtures" / "pods" / "pod.json").write_text("{}")
+    corpus = one_pod_corpus(tmp_path)
     (tmp_path / "test_corpus_read.py").write_text(textwrap.dedent("""\
         import pytest
         from tests.conftest import SHARED

@@ -2826,13 +2826,14 @@ def test_a_poll_keeps_every_new_reading_and_forgets_nodes_gone_from_the_cluster(
 def rows_of(table, slots) -> list:
     """What filter and prioritize read of each row: its (view, usage, load facts), and its
     columns (a row without load facts keeps stale load columns nobody reads)."""
-    loaded = ("cpu_used", "memory_used", "real_cpu", "real_memory")
-    return [(table.row(slot), {column: getattr(table, column)[slot].item() for column in table_columns(table)
-                               if table.row(slot)[2] is not None or column not in loaded}) for slot in slots]
-
-
-def table_columns(table) -> list[str]:
-    return [name for name, value in vars(table).items() if hasattr(value, "dtype")]
+    columns = [name for name, value in vars(table).items() if hasattr(value, "dtype")]
+    loaded = {"cpu_used", "memory_used", "real_cpu", "real_memory"}
+    rows = []
+    for slot in slots.tolist():
+        row = table.row(slot)
+        read = columns if row[2] is not None else [column for column in columns if column not in loaded]
+        rows.append((row, {column: getattr(table, column)[slot].item() for column in read}))
+    return rows
 
 
 def test_the_cached_node_table_agrees_with_one_built_afresh_after_every_change():
