@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from oversale.settings import Settings
-from simulator.budget_check import NodeSeries, averaged, check_budget, read_nodes
+from simulator.budget_check import NodeSeries, averaged, check_budget, format_table, read_nodes
 from simulator.trace import TraceError
 from tests.conftest import ROOT, SHARED
 
@@ -21,19 +22,20 @@ DAY = 86400
 STEP = 300
 
 
-def spiky_node(path):
-    """Five-minute samples over four days at utilisation 0.5, except ten samples of 0.6 on day 2."""
+def spiky_node(path, start=0):
+    """Five-minute samples over four days from ``start`` at utilisation 0.5, except ten samples of
+    0.6 on day 2."""
     with path.open("w") as out:
         out.write("node,timestamp_s,cpu_utilisation\n")
         for step in range(4 * DAY // STEP):
             spike = step * STEP // DAY == 2 and step % 20 == 0 and step % (DAY // STEP) < 200
-            out.write(f"n1,{step * STEP},{0.6 if spike else 0.5}\n")
+            out.write(f"n1,{start + step * STEP},{0.6 if spike else 0.5}\n")
     return path
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "simulator.budget_check", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=None if env is None else {**os.environ, **env})
 
 
 def test_a_node_over_its_quantile_is_hot_for_exactly_those_samples_and_the_account_backs_it_off(tmp_path):
@@ -57,6 +59,70 @@ def test_a_node_over_its_quantile_is_hot_for_exactly_those_samples_and_the_accou
     # A budget that allows it (5%: the node's P80) keeps the ratio at 2 on day 3 too.
     loose = check_budget(nodes, 0.05, settings, window_days=7)
     assert loose.oversold_node_days == 2 and loose.mean_ratio == pytest.approx(2.0)
+
+
+
+def test_the_command_checks_the_budgets_asked_and_says_what_it_read(tmp_path):
+    # The hand-computed node above, stamped in Unix seconds as a real trace is: days count from
+    # its first sample, not from 0.
+    trace = spiky_node(tmp_path / "n.csv", start=1_700_000_000)
+    out = tmp_path / "check.json"
+    result = run("--trace", str(trace), "--budget", "0.001", "--budget", "0.05", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [f"{trace}: 1 nodes, 1152 samples over 4.0 days; calibration 4, window 7 days",
+                                          "budget 0.10%: done", "budget 5.00%: done"]
+    # Both counted days hold 288 samples, 10 of them hot: 1.736% of 576. A bootstrap over those two
+    # days draws from none hot (0%) to day 2 twice (10 of 288 = 3.472%).
+    assert [line for line in result.stdout.splitlines() if line.startswith("|")][2:] == [
+        "| 0.10% | 1 of 2 | 1.50 | 1.736% (17.36x) | 0.000%..3.472% | 1.736% (17.36x) | 0.000%..3.472% |",
+        "| 5.00% | 2 of 2 | 2.00 | 1.736% (0.35x) | 0.000%..3.472% | 1.736% (0.35x) | 0.000%..3.472% |"]
+    # The goal counts the budgets of 0.05% to 1% only: 5% is not one.
+    assert "of the 1 budget from 0.05% to 1%, 0 kept within 0.5x..1.5x" in result.stdout
+    data = json.loads(out.read_text())
+    assert {key: data[key] for key in ("trace", "nodes", "samples", "days", "budget_calibration", "window_days",
+                                       "average_seconds")} == {
+        "trace": str(trace), "nodes": 1, "samples": 1152, "days": 4.0, "budget_calibration": 4, "window_days": 7,
+        "average_seconds": 0}
+    assert [(b["hot_time_budget"], b["oversold_node_days"], b["node_days"], b["hot_samples"], b["samples"],
+             b["cpu_violation_rate"], b["mean_ratio"], b["interval"]) for b in data["budgets"]] == [
+        (0.001, 1, 2, 10, 576, 0.017361, 1.5, [0.0, 0.034722]), (0.05, 2, 2, 10, 576, 0.017361, 2.0, [0.0, 0.034722])]
+    # Alone, day 3's ratio is 1 / 0.6 to two decimals down: 1.66 beside day 2's 2.
+    assert data["budgets"][0]["estimator_alone"]["mean_ratio"] == 1.83
+    # Without --json the figures are printed only; averaged samples and the window are said.
+    averaged_run = run("--trace", str(trace), "--budget", "0.05", "--window-days", "1", "--average-seconds", "600")
+    assert averaged_run.returncode == 0, averaged_run.stderr
+    assert averaged_run.stderr.splitlines()[0] == (f"{trace}: 1 nodes, 576 samples over 4.0 days; calibration 4, "
+                                                   "window 1 days, samples averaged over 600 s")
+    assert [line[:9] for line in averaged_run.stdout.splitlines() if line.startswith("|")][2:] == ["| 5.00% |"]
+
+
+def test_a_trace_too_short_for_any_ratio_says_so_in_its_row(tmp_path):
+    one_day = tmp_path / "day.csv"
+    one_day.write_text("node,timestamp_s,cpu_utilisation\n" + "".join(f"n1,{t},0.5\n" for t in range(0, DAY, STEP)))
+    nodes = read_nodes(one_day)
+    settings = Settings.from_env({})
+    result = check_budget(nodes, 0.001, settings, window_days=7)
+    assert (result.node_days, result.hot.samples, result.mean_ratio, result.days) == (0, 0, 1.0, [])
+    row = format_table([(result, check_budget(nodes, 0.001, settings, window_days=7, with_account=False))])
+    assert row.splitlines()[2] == ("| 0.10% | 0 of 0 | 1.00 | no node-day with a day of history | - "
+                                   "| no node-day with a day of history | - |")
+
+
+def test_a_node_day_counts_only_with_history_behind_it_and_samples_in_it(tmp_path):
+    # "a" arrives on day 2 (one day of history at most by day 3: not enough); "b" is the
+    # hand-computed node; "c" reports on days 0 and 1 only, so days 2 and 3 have history but no
+    # samples of it. Only b's days 2 and 3 count, exactly as b alone.
+    trace = spiky_node(tmp_path / "b.csv")
+    with trace.open("a") as out:
+        out.writelines(f"a,{t},0.9\n" for t in range(2 * DAY, 4 * DAY, STEP))
+        out.writelines(f"c,{t},0.1\n" for t in range(0, 2 * DAY, STEP))
+    trace.write_text(trace.read_text().replace("n1,", "b,"))
+    settings = Settings.from_env({})
+    both = check_budget(read_nodes(trace), 0.001, settings, window_days=7, with_account=False)
+    alone = check_budget(read_nodes(spiky_node(tmp_path / "alone.csv")), 0.001, settings, window_days=7,
+                         with_account=False)
+    assert (both.node_days, both.hot.hot_samples, both.hot.samples) == (2, 10, 576)
+    assert (both.mean_ratio, both.days) == (alone.mean_ratio, alone.days)
 
 
 def test_averaging_buckets_the_samples():
@@ -100,6 +166,8 @@ def test_the_alibaba_machine_trace_through_the_command(tmp_path):
 
 
 def test_bad_input_is_named(tmp_path):
+    no_trace = run()
+    assert no_trace.returncode == 2 and "the following arguments are required: --trace" in no_trace.stderr
     missing = run("--trace", str(tmp_path / "none.csv"))
     assert missing.returncode == 2 and "none.csv: no such file" in missing.stderr
     assert "Traceback" not in missing.stderr
@@ -114,10 +182,15 @@ def test_bad_input_is_named(tmp_path):
     assert "line 2" in run("--trace", str(negative)).stderr
     for args, said in ((["--budget", "0.5%"], "--budget: '0.5%'"), (["--budget", "0"], "nothing to check"),
                        (["--window-days", "0"], "--window-days"), (["--average-seconds", "nan"], "--average-seconds"),
-                       (["--json", str(tmp_path)], "--json")):
+                       (["--average-seconds", "-1"], "--average-seconds -1"),
+                       (["--average-seconds", "inf"], "--average-seconds inf"), (["--json", str(tmp_path)], "--json")):
         bad = run("--trace", str(negative), *args)
         assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
         assert len(bad.stderr.strip().splitlines()) == 1, "one line, no usage block before it"
+        assert bad.stderr.startswith("python -m simulator.budget_check: error: "), bad.stderr
+    setting = run("--trace", str(negative), env={"OVERSALE_BUDGET_CALIBRATION": "-2"})
+    assert setting.returncode == 2 and "OVERSALE_BUDGET_CALIBRATION" in setting.stderr, setting.stderr
+    assert len(setting.stderr.strip().splitlines()) == 1 and "Traceback" not in setting.stderr
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(TraceError, match="empty"):
         read_nodes(tmp_path / "empty.csv")

@@ -2131,6 +2131,23 @@ def test_a_lease_expires_by_the_duration_its_holder_wrote_and_counts_each_transi
     assert taker.try_acquire_or_renew()
 
 
+
+def test_a_lease_without_a_spec_is_free_and_a_leader_stops_at_two_thirds_of_its_lease_exactly(api):
+    """Every field of a Lease's spec is optional (``kubectl create`` of a bare Lease makes one with
+    none): nobody holds it, so the first round takes it."""
+    clock = Clock()
+    api.put("leases", {"metadata": {"name": "bare", "namespace": "oversale"}})
+    elector = LeaseElector(api_client_for(api), "oversale", "bare", "a", 15, clock)
+    assert not elector.is_leader() and elector.not_leading_because == "no election round yet"
+    renewed = clock.now
+    assert elector.try_acquire_or_renew() and elector.not_leading_because == ""
+    spec = api.get("leases", "oversale", "bare")["spec"]
+    assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("a", 1)
+    clock.now = renewed + 9.99
+    assert elector.is_leader()
+    clock.now = renewed + 10  # 2/3 of 15 s: a standby may take over 5 s from now, and writes stop now
+    assert not elector.is_leader()
+
 def test_a_released_lease_is_taken_at_once(api):
     first = LeaseElector(api_client_for(api), "oversale", "released", "a", 15)
     second = LeaseElector(api_client_for(api), "oversale", "released", "b", 15)
