@@ -15,6 +15,7 @@ import bisect
 import contextlib
 import copy
 import json
+import re
 import sys
 import threading
 import time
@@ -81,6 +82,10 @@ API_VERSIONS = {
     "/apis/policy/v1": "policy/v1",
     "/apis/storage.k8s.io/v1": "storage.k8s.io/v1",
 }
+# metav1.MicroTime reads only RFC3339Micro ("2006-01-02T15:04:05.000000Z07:00"): Go's time.Parse wants
+# exactly the six digits that layout has, so a stamp to the second is refused with 400.
+MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
+MICRO_TIME_FIELDS = {"leases": ("acquireTime", "renewTime")}
 # What GET /api/v1 lists besides each core plural (the subresources the code looks for).
 CORE_SUBRESOURCES = ("pods/status", "pods/resize", "pods/eviction", "nodes/status")
 
@@ -493,6 +498,28 @@ def _nonzero(amounts: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in parsed.items() if v}
 
 
+def undecodable(plural: str, body: Any) -> str | None:
+    """Why the API server would refuse to decode a body sent to create or replace an object of
+    ``plural`` (400 BadRequest), or None: its apiVersion or kind is not the endpoint's, or a
+    MicroTime field is not to the microsecond."""
+    if not isinstance(body, dict):
+        return "the body is not a JSON object"
+    prefix, _, kind, _ = RESOURCES[plural]
+    version = API_VERSIONS[prefix]
+    if body.get("apiVersion") not in (None, version):
+        return (f"the API version in the data ({body['apiVersion']}) does not match the expected API version "
+                f"({version})")
+    if body.get("kind") not in (None, kind):
+        return f'no kind "{body["kind"]}" is registered for version "{version}"'
+    spec = body.get("spec") or {}
+    for field in MICRO_TIME_FIELDS.get(plural, ()):
+        stamp = spec.get(field)
+        if stamp is not None and not (isinstance(stamp, str) and MICRO_TIME.fullmatch(stamp)):
+            return (f'{kind} in version "{version.rpartition("/")[2]}" cannot be handled as a {kind}: parsing time '
+                    f'"{stamp}" as "2006-01-02T15:04:05.000000Z07:00"')
+    return None
+
+
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
@@ -670,13 +697,15 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
             return api.users.get(token, "system:anonymous")
 
-        def _update(self, build: Callable[[dict[str, Any], Any], dict[str, Any]]) -> None:
+        def _update(self, build: Callable[[dict[str, Any], Any], dict[str, Any]], replaces: bool = False) -> None:
             route = self._prologue()
             if route is None:
                 return
             plural, namespace, name, sub, _ = route
             current = api.get(plural, namespace or "", name or "")
             body = self._body()
+            if replaces and (why := undecodable(plural, body)):
+                return self._send(400, _status(400, "BadRequest", why))
             if current is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
             raced = next((k for k in (f"{plural}/{name}", plural) if api.concurrent_writes.get(k)), None)
@@ -702,7 +731,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 self._send(422, _status(422, "Invalid", f"the patch does not apply: {error}"))
 
         def do_PUT(self) -> None:
-            self._update(lambda current, body: body)
+            self._update(lambda current, body: body, replaces=True)
 
         def do_POST(self) -> None:
             route = self._prologue()
@@ -714,6 +743,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return self._bind(namespace or "", body)
             if plural == "pods" and sub == "eviction":
                 return self._evict(namespace or "", name or "", body)
+            if why := undecodable(plural, body):
+                return self._send(400, _status(400, "BadRequest", why))
             if RESOURCES[plural][3]:
                 body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
             if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:

@@ -1974,6 +1974,24 @@ def test_failing_election_rounds_are_said_when_they_start_and_when_they_end(api,
                           ("became the leader (lease oversale/oversale-reconciler)", False)]
 
 
+
+def test_a_round_that_fails_in_a_way_not_foreseen_is_said_with_its_traceback_and_the_next_round_decides(api, caplog):
+    """An answer the code did not foresee (here a Lease whose leaseTransitions is no number, as a
+    proxy or a broken API server could send) fails the round with its traceback, once; the next
+    round that reaches a verdict, losing to another holder too, says the rounds decide again."""
+    api.put("leases", {"metadata": {"name": "odd", "namespace": "oversale"}, "spec": {"leaseTransitions": "many"}})
+    elector = LeaseElector(api_client_for(api), "oversale", "odd", "a", 15)
+    why = "election round failed (ValueError: invalid literal for int() with base 10: 'many')"
+    with caplog.at_level(logging.INFO, logger="kube.leader"):
+        assert elector.elect() is False and elector.elect() is False and not elector.is_leader()
+        assert elector.not_leading_because == why
+        api.put("leases", {"metadata": {"name": "odd", "namespace": "oversale"},
+                           "spec": {"holderIdentity": "b", "renewTime": "2030-01-01T00:00:00.000000Z"}})
+        assert elector.elect() is False and elector.not_leading_because == "held by b"
+    assert [(r.getMessage(), bool(r.exc_info)) for r in caplog.records] == [
+        (f"lease oversale/odd: {why}", True),
+        ("lease oversale/odd: election rounds reach a verdict again (after 2 failed runs)", False)]
+
 def test_an_api_server_that_never_answers_fails_the_round_instead_of_hanging_it():
     """A black-holed API server accepts the connection and says nothing: without a deadline the
     election thread would wait forever and a standby would never try again."""
@@ -2075,8 +2093,8 @@ def test_a_leader_whose_renewals_fail_leads_until_two_thirds_of_its_lease_and_ea
         assert leader.try_acquire_or_renew() and not standby.try_acquire_or_renew()
         api.unavailable = {"leases"}
         for _ in range(3):
-            ours.now += 3.3  # 9.9 s after the last renewal: still the leader
-            assert leader.try_acquire_or_renew() and leader.is_leader()
+            ours.now += 3.3  # 9.9 s after the last renewal: still the leader, with no reason not to be
+            assert leader.try_acquire_or_renew() and leader.is_leader() and leader.not_leading_because == ""
         ours.now += 0.2
         assert not leader.try_acquire_or_renew() and not leader.is_leader()
         assert leader.not_leading_because.startswith("the API server answered HTTP 503")
