@@ -27,7 +27,7 @@ from kubernetes import client
 from kube.leader import LeaseElector
 from kube.prometheus import PrometheusAPI, node_expressions, node_name
 from oversale.annotations import AnnotationKeys
-from oversale.budget import AccountConfig
+from oversale.budget import AccountConfig, HotTime
 from oversale.estimator import UsageStats
 from oversale.settings import Settings, SettingsError
 from oversale.timestamps import parse_timestamp
@@ -1793,15 +1793,61 @@ def test_sqlite_history_keeps_under_its_size_by_dropping_the_oldest_samples(tmp_
     history = SqliteHistory(path, retention_seconds=8 * 86400, max_bytes=512 * 2**10)
     containers = [((NS, f"web-5d8f9-{index:05d}", "app"), 100 + index, 2**28 + index) for index in range(300)]
     start = time.time() - 2 * 86400
+    cuts = []
     for step in range(400):  # 120,000 samples: about 2.7 MB if nothing were cut
+        said, span = len(caplog.records), history.span_seconds + 300
         history.record(start + step * 300, containers, [("node-1", 900, 2**30)])
         assert path.stat().st_size <= 1.1 * 512 * 2**10, f"the file outgrew its size at pass {step}"
-    assert "the oldest samples deleted" in caplog.text and "OVERSALE_HISTORY_MAX_SIZE" in caplog.text
-    assert 3600 < history.span_seconds < 400 * 300, "the oldest samples went, recent ones stayed"
+        if len(caplog.records) > said:
+            cuts.append((span, history.span_seconds, caplog.records[-1].getMessage()))
+    assert cuts and 3600 < history.span_seconds < 400 * 300, "the oldest samples went, recent ones stayed"
+    for span, kept, message in cuts:
+        # Cut to 90% of its size, just past it: about the oldest tenth of the span goes, no more.
+        assert 0.8 * span <= kept < span
+        said = re.fullmatch(r"usage history at ([\d.]+) MiB, over its 0\.5 MiB \(OVERSALE_HISTORY_MAX_SIZE\): "
+                            r"the oldest samples deleted, ([\d.]+) days kept of the 8\.0 days of "
+                            r"OVERSALE_HISTORY_RETENTION \(give it more room, sample less often, or use Prometheus\)",
+                            message)
+        assert said and 0.5 <= float(said[1]) < 0.6, message
+        assert float(said[2]) == pytest.approx(kept / 86400, abs=0.051), message
     stats = history.container_stats(8 * 86400, 0.99)
     assert len(stats) == 300 and all(s.cpu.samples >= 12 for s in stats.values())
     assert stats[(NS, "web-5d8f9-00007", "app")].cpu.quantile == 107
 
+
+
+def test_a_sqlite_history_under_its_size_keeps_every_sample_and_makes_its_folder(tmp_path, caplog):
+    """The setting may name a file in a folder not made yet (a subPath of a fresh volume). Only
+    the retention deletes, and a Pod gone for longer than it leaves nothing in the file."""
+    path = tmp_path / "volume" / "oversale" / "history.db"
+    history = SqliteHistory(path, retention_seconds=86400, max_bytes=8 * 2**20)
+    assert history.span_seconds == 0, "no sample yet"
+    start = int(time.time()) - 3600  # whole seconds, as the file keeps them
+    history.record(start - 2 * 86400, [((NS, "gone-5d8f9-abcde", "app"), 100, 2**28)], [])
+    for step in range(10):
+        history.record(start + step * 300, [((NS, "web-5d8f9-abcde", "app"), 100, 2**28)], [("node-1", 900, 2**30)])
+    assert history.span_seconds == 9 * 300 and "deleted" not in caplog.text
+    assert history.container_stats(86400, 0.99)[(NS, "web-5d8f9-abcde", "app")].cpu.samples == 10
+    assert history.node_stats(86400, 0.99)["node-1"].cpu.samples == 10
+    history.close()
+    reader = sqlite3.connect(str(path))
+    assert [row[0] for row in reader.execute("SELECT pod FROM series ORDER BY pod")] == ["node-1", "web-5d8f9-abcde"]
+    reader.close()
+
+
+def test_a_sqlite_historys_node_hot_time_counts_cpu_and_memory_over_each_window_for_the_nodes_asked(tmp_path):
+    """The node account's reading of SQLite: per window, how many of each node's samples were
+    above its real capacity. A node not asked (not oversold) is passed over, not the nodes after it."""
+    history = SqliteHistory(tmp_path / "h.db", retention_seconds=86400)
+    now = int(time.time())
+    for k in range(12):  # an hour of samples, the last at now - 150 s: no window edge within a sample
+        history.record(now - 150 - (11 - k) * 300, [], [
+            ("node-0", 5000, 2**31), ("node-1", 1200 if k >= 9 else 800, 3 * 2**30 if k == 11 else 2**30)])
+    hour, quarter = history.node_hot_time([3600, 900], {"node-1": {"cpu": 1000.0, "memory": 2.0 * 2**30}})
+    assert hour == {"node-1": {"cpu": HotTime(3, 12), "memory": HotTime(1, 12)}}
+    assert quarter == {"node-1": {"cpu": HotTime(3, 3), "memory": HotTime(1, 3)}}
+    cpu_only = history.node_hot_time([3600], {"node-1": {"cpu": 1000.0}})
+    assert cpu_only == [{"node-1": {"cpu": HotTime(3, 12)}}]
 
 def test_a_history_file_of_an_older_version_loses_its_time_index(tmp_path):
     path = tmp_path / "history.db"
