@@ -2583,6 +2583,9 @@ def test_a_sample_is_the_mean_cpu_of_the_intervals_readings_and_their_last_memor
     api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "15s", "usage": {"cpu": "4", "memory": "2Gi"}})
     assert sampler.sample(now=now + 300) > 0
     assert history.node_peaks(3600)["node-1"]["cpu"] == 4000.0
+    # Each sample starts the count again: the next waits for three readings of its own.
+    again = [reading("900m", "2Gi", {}) for _ in range(3)]
+    assert again[:2] == [None, None] and again[2] == 2, "node-1's row and steady's"
 
 
 def two_days_with_node_1_hot(api: FakeKubeAPI, path: Path) -> SqliteHistory:
