@@ -125,6 +125,19 @@ def test_a_node_day_counts_only_with_history_behind_it_and_samples_in_it(tmp_pat
     assert (both.mean_ratio, both.days) == (alone.mean_ratio, alone.days)
 
 
+def test_the_days_run_to_the_last_sample_and_each_window_holds_its_first_second(tmp_path):
+    # A sample at the very start of day 4 makes day 4 a node-day of one sample. The window is
+    # [start - window, start): with one day of window and 23 h 55 min of history asked, day 1 sees
+    # day 0's first sample (at 0 s) and so 23 h 55 min; a window open at its start sees 23 h 50 min.
+    trace = spiky_node(tmp_path / "n.csv")
+    with trace.open("a") as out:
+        out.write(f"n1,{4 * DAY},0.5\n")
+    settings = Settings.from_env({"OVERSALE_MIN_HISTORY": f"{DAY - STEP}s"})
+    result = check_budget(read_nodes(trace), 0.001, settings, window_days=1, with_account=False)
+    assert [(d["day"], d["node_samples"]) for d in result.days] == [(1, 288), (2, 288), (3, 288), (4, 1)]
+    assert (result.node_days, result.hot.samples) == (4, 3 * 288 + 1)
+
+
 def test_averaging_buckets_the_samples():
     node = NodeSeries("n", np.array([0.0, 100.0, 200.0, 300.0, 650.0]), np.array([0.2, 0.4, 0.6, 1.0, 0.5]))
     five = averaged(node, 300)

@@ -2528,6 +2528,17 @@ def test_the_sampler_says_over_what_window_metrics_server_reads_cpu(api, tmp_pat
     assert said[0].startswith("metrics-server reads cpu over 15s windows: with OVERSALE_SAMPLE_READS=1 each sample of "
                               "the SQLite history is 15 seconds of usage")
     assert said[1].startswith("metrics-server reads cpu over 60s windows") and sampler.window == 60.5
+    # Two readings a sample already average: 2 x 15 s seen, but no more than the 20 s interval.
+    two = MetricsSampler(api_client_for(api), SqliteHistory(tmp_path / "two.db", retention_seconds=86400),
+                         reads=2, interval=20)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="reconcilers.sqlite_history"):
+        for name in ("node-1", "node-2"):
+            api.put("nodemetrics", {"metadata": {"name": name}, "window": "15s",
+                                    "usage": {"cpu": "1", "memory": "1Gi"}})
+        assert two.read(now=now) is None
+    assert ("metrics-server reads cpu over 15s windows: each sample of the SQLite history averages 2 of them, one "
+            "every 10s, so it sees 20 of each 20s interval") in caplog.text, caplog.text
 
 
 def test_a_reading_whose_pod_list_fails_keeps_the_nodes_half(api, tmp_path):
@@ -2549,6 +2560,27 @@ def test_a_reading_whose_pod_list_fails_keeps_the_nodes_half(api, tmp_path):
     api.unavailable = set()
     assert sampler.read(now=now + 60) == 2 and sampler.partly_lost is None
     assert (NS, "steady", "app") in history.container_stats(3600, 0.5)
+
+
+def test_a_reading_whose_node_list_fails_keeps_the_pods_half(api, tmp_path):
+    """The mirror case: NodeMetrics fail while PodMetrics answer. The Pods' half of the reading is
+    kept (their quantiles go on), no node row is made up, and the sampler says which half is
+    missing; the next whole reading says nothing."""
+    history = SqliteHistory(tmp_path / "h.db", retention_seconds=86400)
+    sampler = MetricsSampler(api_client_for(api), history, reads=1, interval=60)
+    api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "15s", "usage": {"cpu": "900m", "memory": "3Gi"}})
+    api.put("podmetrics", {"metadata": {"name": "steady", "namespace": NS}, "window": "15s",
+                           "containers": [{"name": "app", "usage": {"cpu": "200m", "memory": "100Mi"}}]})
+    now = time.time()
+    api.unavailable = {"nodemetrics"}
+    assert sampler.read(now=now) == 1, "the container's row"
+    assert sampler.partly_lost == ("metrics API (metrics.k8s.io) NodeMetrics not readable, this reading holds the "
+                                   "Pods alone: HTTP 503 Service Unavailable")
+    assert history.node_peaks(3600) == {}
+    assert history.container_stats(3600, 0.5)[(NS, "steady", "app")].cpu.quantile == 200
+    api.unavailable = set()
+    assert sampler.read(now=now + 60) == 2 and sampler.partly_lost is None
+    assert history.node_peaks(3600)["node-1"]["cpu"] == 900.0
 
 
 def test_a_sample_is_the_mean_cpu_of_the_intervals_readings_and_their_last_memory(api, tmp_path, caplog):
