@@ -19,9 +19,11 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from kubernetes.client.exceptions import ApiException
 
 from certs.cluster import MANAGED_BY, ForeignSecret, ensure_secret, inject_ca_bundle
 from kube.tls import (
+    Bundle,
     CertificatePaths,
     ca_usable,
     generate,
@@ -142,6 +144,8 @@ def test_ensure_creates_then_leaves_a_valid_secret_alone(kube_api, api_client):
     assert secret["type"] == "kubernetes.io/tls"
     assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
     assert "ca.key" not in secret["data"], "the CA key stays out of the Secret the webhook mounts"
+    ca_secret = kube_api.get("secrets", "oversale", "webhook-tls-ca")
+    assert (ca_secret["type"], set(ca_secret["data"])) == ("Opaque", {"ca.crt", "ca.key"})
     writes = kube_api.count("POST") + kube_api.count("PUT")
     for _ in range(3):
         assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365) == "unchanged"
@@ -151,9 +155,12 @@ def test_ensure_creates_then_leaves_a_valid_secret_alone(kube_api, api_client):
 def test_ensure_renews_inside_the_window_with_the_same_ca(kube_api, api_client):
     ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365)
     first = secret_bundle(kube_api)
+    ca_version = kube_api.get("secrets", "oversale", "webhook-tls-ca")["metadata"]["resourceVersion"]
     # A fresh certificate is inside a renewal window of (nearly) its whole lifetime.
     outcome = ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365, renew_fraction=0.999999)
     assert outcome.startswith("renewed: within the renewal window")
+    assert kube_api.get("secrets", "oversale", "webhook-tls-ca")["metadata"]["resourceVersion"] == ca_version, \
+        "the CA kept is not written again"
     second = secret_bundle(kube_api)
     assert second["tls.crt"] != first["tls.crt"]
     assert second["ca.crt"] == first["ca.crt"], "caBundle in webhook configurations stays valid"
@@ -254,6 +261,60 @@ def test_ensure_replaces_a_certificate_for_the_wrong_names(kube_api, api_client)
     outcome = ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365)
     assert outcome.startswith("renewed: names missing")
     assert sans(x509.load_pem_x509_certificate(secret_bundle(kube_api)["tls.crt"]))[0] == set(HOSTS)
+
+
+def secret_writes(kube_api) -> list[str]:
+    """The method and path of each create or replace of a Secret, refused or not, in order."""
+    return [f"{r.method} {r.path.split('/namespaces/oversale/')[-1]}" for r in list(kube_api.requests)
+            if r.method in ("POST", "PUT") and "/secrets" in r.path]
+
+
+def test_a_write_conflict_with_another_replica_is_read_again_and_its_renewal_kept(kube_api, api_client):
+    """Each replica's init container runs ensure: two renewing at once both read the old Secret,
+    and the later replace is a 409 (its resourceVersion is stale). The loser reads again, finds
+    the winner's certificate good and leaves it: no third certificate, no restart."""
+    ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)
+    held = secret_bundle(kube_api, "webhook-tls-ca")
+    winner = issue(HOSTS, days=365, ca=Bundle(held["ca.crt"], held["ca.key"], b"", b""))
+    kube_api.concurrent_writes["secrets/webhook-tls"] = 1
+    kube_api.written_meanwhile["secrets"] = lambda secret: secret["data"].update(
+        encoded({"tls.crt": winner.cert, "tls.key": winner.key}))
+    before = len(secret_writes(kube_api))
+    assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365) == "unchanged"
+    assert secret_writes(kube_api)[before:] == ["PUT secrets/webhook-tls"], "the one refused"
+    assert secret_bundle(kube_api)["tls.crt"] == winner.cert
+
+
+def test_a_write_conflict_with_a_write_that_mends_nothing_is_renewed_on_the_next_read(kube_api, api_client):
+    ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)
+    kube_api.concurrent_writes["secrets/webhook-tls"] = 1  # another writer, same content
+    before = len(secret_writes(kube_api))
+    assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365).startswith("renewed: names missing")
+    assert secret_writes(kube_api)[before:] == ["PUT secrets/webhook-tls"] * 2
+    assert sans(x509.load_pem_x509_certificate(secret_bundle(kube_api)["tls.crt"]))[0] == set(HOSTS)
+
+
+def test_ensure_gives_up_after_three_conflicts_and_any_other_refusal_at_once(kube_api, api_client):
+    """Three writes in a row lost to others: the third conflict is the error (exit 1, the certs
+    Job retried); a refusal that is no conflict (a policy webhook) is not tried again. Either way
+    the Secret keeps what the others wrote."""
+    ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)
+    held = secret_bundle(kube_api)
+    kube_api.concurrent_writes["secrets/webhook-tls"] = 3
+    before = len(secret_writes(kube_api))
+    with pytest.raises(ApiException) as conflict:
+        ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365)
+    assert conflict.value.status == 409 and "the object has been modified" in conflict.value.body
+    assert secret_writes(kube_api)[before:] == ["PUT secrets/webhook-tls"] * 3
+    assert secret_bundle(kube_api) == held
+    kube_api.validating["secrets"] = lambda review: {"uid": review["request"]["uid"], "allowed": False,
+                                                     "status": {"code": 403, "message": "secrets are frozen"}}
+    before = len(secret_writes(kube_api))
+    with pytest.raises(ApiException) as refused:
+        ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365)
+    assert refused.value.status == 403 and "secrets are frozen" in refused.value.body
+    assert secret_writes(kube_api)[before:] == ["PUT secrets/webhook-tls"]
+    assert secret_bundle(kube_api) == held
 
 
 def test_ensure_replaces_garbage(kube_api, api_client):
