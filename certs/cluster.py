@@ -83,15 +83,6 @@ def ensure_secret(
             return "unchanged"
         ca = bundle if ca_secret is not None and ca_usable(bundle, renew_fraction) else None
         renewed = issue(hosts, days=days, ca=ca, client=client_certificate)
-        if ca is None:
-            _write_secret(
-                core,
-                namespace,
-                f"{name}-ca",
-                ca_secret,
-                {CA_FILE: renewed.ca_cert, CA_KEY_FILE: renewed.ca_key},
-                "Opaque",
-            )
         trusted = renewed.ca_cert
         if ca is None and bundle.ca_cert:
             # A new CA: keep trusting the old one until it expires, so replicas still serving the
@@ -99,10 +90,16 @@ def ensure_secret(
             trusted += unexpired_certificates(bundle.ca_cert)
         data = {CERT_FILE: renewed.cert, KEY_FILE: renewed.key, CA_FILE: trusted}
         try:
+            if ca is None:
+                _write_secret(core, namespace, f"{name}-ca", ca_secret,
+                              {CA_FILE: renewed.ca_cert, CA_KEY_FILE: renewed.ca_key}, "Opaque")
             _write_secret(core, namespace, name, current, data, "kubernetes.io/tls")
         except ApiException as error:
+            # Every replica's init container runs this: on a first install they all find nothing
+            # and create, and all but one meet 409 AlreadyExists (on either Secret) or, renewing,
+            # 409 Conflict. Read again: what the winner wrote is usually good as it is.
             if error.status == 409 and attempt < 2:
-                continue  # another replica wrote first: look again
+                continue
             raise
         return "created" if current is None else f"renewed: {'; '.join(problems)}"
     raise RuntimeError("gave up after repeated write conflicts")

@@ -120,10 +120,12 @@ class FakeKubeAPI:
         """plural -> a webhook: takes an AdmissionReview, returns its AdmissionResponse."""
         self.concurrent_writes: dict[str, int] = {}
         """plural, or ``plural/name`` for one object -> how many of the next updates find the
-        object changed by another writer first."""
+        object changed by another writer first; ``plural/name`` also races a create of it: the
+        other writer created it just before (409 AlreadyExists)."""
         self.written_meanwhile: dict[str, Callable[[dict[str, Any]], None]] = {}
         """plural -> what that other writer changes in the object (in place); without it, it
-        writes the object back as it was (only its resourceVersion moves)."""
+        writes the object back as it was (only its resourceVersion moves), or creates it as the
+        create raced would have."""
         self.down = False
         """While True every request gets 503 (an unreachable or overloaded API server)."""
         self.unavailable: set[str] = set()
@@ -747,6 +749,13 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return self._send(400, _status(400, "BadRequest", why))
             if RESOURCES[plural][3]:
                 body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
+            raced = f"{plural}/{body['metadata'].get('name', '')}"
+            if api.concurrent_writes.get(raced) and api.get(plural, namespace or "", raced.split("/", 1)[1]) is None:
+                api.concurrent_writes[raced] -= 1
+                theirs = copy.deepcopy(body)
+                if plural in api.written_meanwhile:
+                    api.written_meanwhile[plural](theirs)
+                api.put(plural, theirs)  # someone else created it just before us
             if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:
                 return self._send(409, _status(409, "AlreadyExists", "already exists"))
             code, result = api.write(plural, "CREATE", "", body, None, self._username())

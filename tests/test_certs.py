@@ -285,6 +285,24 @@ def test_a_write_conflict_with_another_replica_is_read_again_and_its_renewal_kep
     assert secret_bundle(kube_api)["tls.crt"] == winner.cert
 
 
+def test_replicas_installing_at_once_all_use_the_ca_the_first_one_created(kube_api, api_client):
+    """A first install: every replica's init container finds no Secret and creates the CA's. One
+    created it just before this one (409 AlreadyExists): this one reads again and signs its
+    certificate with that CA, so the caBundle injected from either Secret verifies every replica."""
+    theirs = issue(HOSTS)
+    kube_api.concurrent_writes["secrets/webhook-tls-ca"] = 1
+    kube_api.written_meanwhile["secrets"] = lambda secret: secret["data"].update(
+        encoded({"ca.crt": theirs.ca_cert, "ca.key": theirs.ca_key}))
+    assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365) == "created"
+    assert secret_writes(kube_api) == ["POST secrets", "POST secrets"], "the CA's refused, then the serving one"
+    assert secret_bundle(kube_api, "webhook-tls-ca") == {"ca.crt": theirs.ca_cert, "ca.key": theirs.ca_key}
+    served = secret_bundle(kube_api)
+    assert served["ca.crt"] == theirs.ca_cert
+    x509.load_pem_x509_certificate(served["tls.crt"]).verify_directly_issued_by(
+        x509.load_pem_x509_certificate(theirs.ca_cert))
+    assert ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365) == "unchanged"
+
+
 def test_a_write_conflict_with_a_write_that_mends_nothing_is_renewed_on_the_next_read(kube_api, api_client):
     ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)
     kube_api.concurrent_writes["secrets/webhook-tls"] = 1  # another writer, same content
