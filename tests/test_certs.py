@@ -21,7 +21,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from kubernetes.client.exceptions import ApiException
 
-from certs.cluster import MANAGED_BY, ForeignSecret, ensure_secret, inject_ca_bundle
+from certs.cluster import (
+    MANAGED_BY,
+    ForeignSecret,
+    ensure_secret,
+    inject_ca_bundle,
+    read_certificates,
+    restart_on_change,
+)
 from kube.tls import (
     Bundle,
     CertificatePaths,
@@ -549,6 +556,28 @@ def test_only_a_change_in_what_kube_scheduler_mounts_restarts_it(kube_api, tmp_p
     put("scheduler-client", issue(["kube-scheduler"], client=True))  # a new client certificate
     assert "restarted" in follow()
     assert follow().startswith("deployment oversale/oversale-scheduler: unchanged"), "recorded: once per change"
+
+
+def test_a_secret_not_issued_yet_or_without_the_file_mounted_restarts_nothing(kube_api, api_client):
+    """cert-manager makes a Secret before it has issued into it: one holding its key alone, or a
+    Secret mounted for its ca.crt that holds none yet, is named and nothing rolls until it has."""
+    kube_api.put("secrets", {"metadata": {"name": "scheduler-client", "namespace": "oversale"},
+                             "type": "kubernetes.io/tls", "data": encoded({"tls.key": issue(HOSTS).key})})
+    with pytest.raises(LookupError) as unissued:
+        read_certificates(api_client, [("oversale", "scheduler-client")])
+    assert str(unissued.value) == "secret oversale/scheduler-client is missing or holds no tls.crt or ca.crt"
+    extender = issue(["oversale-extender"])
+    kube_api.put("secrets", {"metadata": {"name": "extender-tls", "namespace": "oversale"}, "type": "kubernetes.io/tls",
+                             "data": encoded({"tls.crt": extender.cert, "tls.key": extender.key})})
+    volumes = [{"name": "extender-ca", "secret": {"secretName": "extender-tls", "items": [
+        {"key": "ca.crt", "path": "ca.crt"}]}}]
+    kube_api.put("deployments", {"metadata": {"name": "oversale-scheduler", "namespace": "oversale"}, "spec": {
+        "template": {"metadata": {"labels": {"app": "s"}}, "spec": {"containers": [], "volumes": volumes}}}})
+    held = read_certificates(api_client, [("oversale", "extender-tls")])  # a tls.crt: issued, to this reading
+    with pytest.raises(LookupError) as unmounted:
+        restart_on_change(api_client, "oversale", "oversale-scheduler", held, "example.com/certificates")
+    assert str(unmounted.value) == "secret oversale/extender-tls is missing or holds no ca.crt"
+    assert kube_api.count("PATCH", "deployments") == 0
 
 
 def served_certificate(server: RunningWebhook, ca_file) -> x509.Certificate:
