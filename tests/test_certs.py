@@ -578,6 +578,17 @@ def test_a_secret_not_issued_yet_or_without_the_file_mounted_restarts_nothing(ku
         restart_on_change(api_client, "oversale", "oversale-scheduler", held, "example.com/certificates")
     assert str(unmounted.value) == "secret oversale/extender-tls is missing or holds no ca.crt"
     assert kube_api.count("PATCH", "deployments") == 0
+    # Issued: the ca.crt it is mounted for, and no tls.crt (a trust bundle holds none), which is
+    # read whole too by a Deployment that does not mount it.
+    kube_api.put("secrets", {"metadata": {"name": "extender-tls", "namespace": "oversale"},
+                             "data": encoded({"ca.crt": extender.ca_cert})})
+    held = read_certificates(api_client, [("oversale", "extender-tls")])
+    said = restart_on_change(api_client, "oversale", "oversale-scheduler", held, "example.com/certificates")
+    assert said.startswith("deployment oversale/oversale-scheduler: restarted (certificates not recorded -> ")
+    kube_api.put("deployments", {"metadata": {"name": "trust-reader", "namespace": "oversale"}, "spec": {
+        "template": {"metadata": {"labels": {"app": "t"}}, "spec": {"containers": []}}}})
+    assert re.fullmatch(r"deployment oversale/trust-reader: restarted \(certificates not recorded -> [0-9a-f]{16}\)",
+                        restart_on_change(api_client, "oversale", "trust-reader", held, "example.com/certificates"))
 
 
 def served_certificate(server: RunningWebhook, ca_file) -> x509.Certificate:
