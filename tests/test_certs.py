@@ -462,6 +462,16 @@ def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_
     gone = ensure("--renew-fraction", "0.999999")
     assert gone.returncode == 0 and gone.stdout.splitlines()[-1] == \
         "deployment oversale/oversale-scheduler: not found, nothing to restart"
+    kube_api.put("deployments", scheduler)
+    kube_api.storms["deployments"] = [403, 1]  # a Role without patch on it: an error, not "not found"
+    refused = ensure("--renew-fraction", "0.999999")
+    assert refused.returncode == 2 and refused.stdout.splitlines()[-1].startswith(
+        "secret oversale/scheduler-client: renewed"), refused.stdout
+    assert refused.stderr.strip().splitlines()[-1] == (
+        'error: the API server refused the request: HTTP 403 Forbidden: deployments "oversale-scheduler" is '
+        'forbidden: User "system:serviceaccount:oversale:oversale" cannot patch resource "deployments" '
+        '(--debug shows the traceback)')
+    assert restarted_at() is None
     bad = subprocess.run([sys.executable, "-m", "certs", "ensure", "--secret", "oversale/x", "--host", "h",
                           "--restart", "oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
@@ -578,15 +588,16 @@ def test_a_secret_not_issued_yet_or_without_the_file_mounted_restarts_nothing(ku
         restart_on_change(api_client, "oversale", "oversale-scheduler", held, "example.com/certificates")
     assert str(unmounted.value) == "secret oversale/extender-tls is missing or holds no ca.crt"
     assert kube_api.count("PATCH", "deployments") == 0
-    # Issued: the ca.crt it is mounted for, and no tls.crt (a trust bundle holds none), which is
-    # read whole too by a Deployment that does not mount it.
+    # Issued: the ca.crt it is mounted for, and no tls.crt (a trust bundle holds none), which a
+    # Deployment mounting it whole (no items) reads whole.
     kube_api.put("secrets", {"metadata": {"name": "extender-tls", "namespace": "oversale"},
                              "data": encoded({"ca.crt": extender.ca_cert})})
     held = read_certificates(api_client, [("oversale", "extender-tls")])
     said = restart_on_change(api_client, "oversale", "oversale-scheduler", held, "example.com/certificates")
     assert said.startswith("deployment oversale/oversale-scheduler: restarted (certificates not recorded -> ")
     kube_api.put("deployments", {"metadata": {"name": "trust-reader", "namespace": "oversale"}, "spec": {
-        "template": {"metadata": {"labels": {"app": "t"}}, "spec": {"containers": []}}}})
+        "template": {"metadata": {"labels": {"app": "t"}}, "spec": {"containers": [], "volumes": [
+            {"name": "trust", "secret": {"secretName": "extender-tls"}}]}}}})
     assert re.fullmatch(r"deployment oversale/trust-reader: restarted \(certificates not recorded -> [0-9a-f]{16}\)",
                         restart_on_change(api_client, "oversale", "trust-reader", held, "example.com/certificates"))
 
