@@ -26,6 +26,7 @@ from certs.cluster import (
     ForeignSecret,
     ensure_secret,
     inject_ca_bundle,
+    read_ca_from_secret,
     read_certificates,
     restart_on_change,
 )
@@ -265,8 +266,9 @@ def test_a_pair_openssl_refuses_to_serve_is_refused_in_openssls_words(tmp_path):
 
 def test_ensure_replaces_a_certificate_for_the_wrong_names(kube_api, api_client):
     ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)
-    outcome = ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365)
-    assert outcome.startswith("renewed: names missing")
+    outcome = ensure_secret(api_client, "oversale", "webhook-tls", HOSTS, 365, renew_fraction=0.999999)
+    assert outcome == (f"renewed: names missing: {', '.join(HOSTS)}; within the renewal window (364 days left)"), \
+        "every reason, in one line"
     assert sans(x509.load_pem_x509_certificate(secret_bundle(kube_api)["tls.crt"]))[0] == set(HOSTS)
 
 
@@ -388,6 +390,28 @@ def test_inject_sets_every_ca_bundle_once(kube_api, api_client):
     assert inject_ca_bundle(api_client, ["oversale"], ca) == [
         "MutatingWebhookConfiguration oversale: unchanged", "ValidatingWebhookConfiguration oversale: unchanged"]
     assert kube_api.count("PATCH") == patches
+
+
+def test_inject_sets_only_the_webhooks_without_it_of_whichever_kind_exists(kube_api, api_client):
+    """A name that is a ValidatingWebhookConfiguration alone is found; an entry already holding
+    the CA is passed over, not the entries after it; a configuration with no webhooks is unchanged."""
+    ca = issue(HOSTS).ca_cert
+    partly = webhook_configuration("policy", ["pods", "nodes"])
+    partly["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(ca).decode()
+    kube_api.put("validatingwebhookconfigurations", partly)
+    kube_api.put("mutatingwebhookconfigurations", {"metadata": {"name": "empty"}})
+    assert inject_ca_bundle(api_client, ["policy", "empty"], ca) == [
+        "ValidatingWebhookConfiguration policy: caBundle set on 1 webhook(s)",
+        "MutatingWebhookConfiguration empty: unchanged"]
+    for webhook in kube_api.get("validatingwebhookconfigurations", "", "policy")["webhooks"]:
+        assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == ca
+
+
+def test_inject_names_a_secret_without_a_ca(kube_api, api_client):
+    kube_api.put("secrets", {"metadata": {"name": "shop-tls", "namespace": "oversale"}, "type": "Opaque"})
+    with pytest.raises(LookupError) as unset:
+        read_ca_from_secret(api_client, "oversale", "shop-tls")
+    assert str(unset.value) == "secret oversale/shop-tls has no ca.crt"
 
 
 def test_inject_names_a_missing_configuration(kube_api, api_client):
