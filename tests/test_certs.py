@@ -96,6 +96,30 @@ def test_generate_cli_refuses_names_no_client_could_match_and_writes_nothing(tmp
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    ([], "python -m certs: error: the following arguments are required: command"),
+    (["generate", "--host", "h"], "python -m certs generate: error: the following arguments are required: --dir"),
+    (["generate", "--dir", "{tmp}", "--host", "h", "--days", "0"], "--days must be at least 1"),
+    (["ensure", "--service", "x"], "python -m certs ensure: error: the following arguments are required: --secret"),
+    (["ensure", "--secret", "a/b", "--service", "x", "--renew-fraction", "1"], "--renew-fraction must be"),
+    (["ensure", "--secret", "a/b", "--service", "x", "--renew-fraction", "0"], "--renew-fraction must be"),
+    (["restart-on-change", "--secret", "a/b"], "the following arguments are required: --restart"),
+])
+def test_each_certs_command_names_a_bad_argument_before_it_reaches_a_cluster(tmp_path, args, said):
+    env = {"KUBECONFIG": str(tmp_path / "no-kubeconfig"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "certs", *(a.format(tmp=tmp_path) for a in args)], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_generate_names_a_service_in_the_default_namespace_unless_told(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "certs", "generate", "--dir", str(tmp_path), "--service", "web"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert sans(load(tmp_path / "tls.crt")) == (set(service_hosts("web", "default")), set())
+
+
 def test_serving_names_may_be_ips_and_wildcards_and_a_client_name_any_identity():
     bundle = issue(["*.oversale.svc", "10.0.0.1", "::1", "a" * 63])
     longest = x509.load_pem_x509_certificate(issue(["a" * 60 + ".svc"]).cert)  # X.509's longest common name
