@@ -122,6 +122,8 @@ def test_generate_names_a_service_in_the_default_namespace_unless_told(tmp_path)
                              "--days", "30", "--ca-days", "30"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert sans(load(tmp_path / "tls.crt")) == (set(service_hosts("web", "default")), set())
+    assert result.stdout == (f"wrote {tmp_path}/ca.crt, {tmp_path}/tls.crt, {tmp_path}/tls.key for web, web.default, "
+                             "web.default.svc, web.default.svc.cluster.local\n")
 
 
 def test_serving_names_may_be_ips_and_wildcards_and_a_client_name_any_identity():
