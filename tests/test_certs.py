@@ -107,6 +107,13 @@ def test_generate_cli_refuses_names_no_client_could_match_and_writes_nothing(tmp
     (["restart-on-change", "--restart", "a/b"], "the following arguments are required: --secret"),
     (["inject", "--secret", "a/b"], "the following arguments are required: --webhook"),
     (["inject", "--webhook", "x"], "one of the arguments --secret --ca-file is required"),
+    (["ensure", "--secret", "/b", "--service", "x"], "expected NAMESPACE/NAME, got '/b'"),
+    (["ensure", "--secret", "a/b/c", "--service", "x"], "expected NAMESPACE/NAME, got 'a/b/c'"),
+    (["ensure", "--secret", "a/b"], "give --service and/or --host"),
+    (["ensure", "--secret", "a/b", "--host", "bad host"], "host 'bad host' is neither an IP address nor a DNS name"),
+    # A client certificate's name is an identity, any text: past the names, on to the cluster.
+    (["ensure", "--secret", "a/b", "--client", "--host", "system:kube-scheduler"],
+     "error: no in-cluster config and no kubeconfig: ensure needs an API server"),
 ])
 def test_each_certs_command_names_a_bad_argument_before_it_reaches_a_cluster(tmp_path, args, said):
     env = {"KUBECONFIG": str(tmp_path / "no-kubeconfig"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -469,6 +476,13 @@ def test_ensure_and_inject_through_the_cli(kube_api, tmp_path):
     refused = subprocess.run([*run, "inject", "--webhook", "oversale", "--ca-file", str(junk)],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and f"{junk}: holds no PEM CA certificate; no caBundle was changed" in refused.stderr
+    # So would a Secret whose ca.crt is no certificate.
+    kube_api.put("secrets", {"metadata": {"name": "junk-ca", "namespace": "oversale"}, "type": "Opaque",
+                             "data": encoded({"ca.crt": junk.read_bytes()})})
+    from_secret = subprocess.run([*run, "inject", "--webhook", "oversale", "--secret", "oversale/junk-ca"],
+                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert from_secret.returncode == 2 and \
+        "oversale/junk-ca: holds no PEM CA certificate; no caBundle was changed" in from_secret.stderr
     after = kube_api.get("mutatingwebhookconfigurations", "", "oversale")["webhooks"][0]["clientConfig"]
     assert after["caBundle"] == injected_bundle["caBundle"]
     kube_api.put("secrets", {"metadata": {"name": "shop-tls", "namespace": "oversale"}, "type": "kubernetes.io/tls"})
