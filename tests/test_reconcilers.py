@@ -2541,46 +2541,32 @@ def test_the_sampler_says_over_what_window_metrics_server_reads_cpu(api, tmp_pat
             "every 10s, so it sees 20 of each 20s interval") in caplog.text, caplog.text
 
 
-def test_a_reading_whose_pod_list_fails_keeps_the_nodes_half(api, tmp_path):
-    """On a large cluster the PodMetrics list can time out while NodeMetrics answer: the nodes'
-    half of the reading is kept (the node history and its hot-time account go on), and the
-    sampler says which half is missing; the next whole reading says nothing."""
+@pytest.mark.parametrize(("failing", "kept"), [("podmetrics", "nodes"), ("nodemetrics", "Pods")])
+def test_a_reading_whose_list_of_one_kind_fails_keeps_the_other_half(api, tmp_path, failing, kept):
+    """On a large cluster the PodMetrics list can time out while NodeMetrics answer (or the other
+    way round): the half that answered is kept (the node history and its hot-time account, or the
+    Pods' quantiles, go on), nothing of the other half is made up, and the sampler says which half
+    is missing; the next whole reading says nothing."""
     history = SqliteHistory(tmp_path / "h.db", retention_seconds=86400)
     sampler = MetricsSampler(api_client_for(api), history, reads=1, interval=60)
     api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "15s", "usage": {"cpu": "900m", "memory": "3Gi"}})
     api.put("podmetrics", {"metadata": {"name": "steady", "namespace": NS}, "window": "15s",
                            "containers": [{"name": "app", "usage": {"cpu": "200m", "memory": "100Mi"}}]})
+
+    def nodes_and_pods() -> tuple[dict[str, float], dict[tuple[str, str, str], float]]:
+        return ({node: peaks["cpu"] for node, peaks in history.node_peaks(3600).items()},
+                {key: stats.cpu.quantile for key, stats in history.container_stats(3600, 0.5).items()})
+
     now = time.time()
-    api.unavailable = {"podmetrics"}
-    assert sampler.read(now=now) == 1, "the node's row"
-    assert sampler.partly_lost == ("metrics API (metrics.k8s.io) PodMetrics not readable, this reading holds the "
-                                   "nodes alone: HTTP 503 Service Unavailable")
-    assert history.node_peaks(3600)["node-1"]["cpu"] == 900.0
-    assert history.container_stats(3600, 0.5) == {}
+    api.unavailable = {failing}
+    assert sampler.read(now=now) == 1, "one row: the node's, or the container's"
+    missing = {"podmetrics": "PodMetrics", "nodemetrics": "NodeMetrics"}[failing]
+    assert sampler.partly_lost == (f"metrics API (metrics.k8s.io) {missing} not readable, this reading holds the "
+                                   f"{kept} alone: HTTP 503 Service Unavailable")
+    assert nodes_and_pods() == (({"node-1": 900.0}, {}) if kept == "nodes" else ({}, {(NS, "steady", "app"): 200}))
     api.unavailable = set()
     assert sampler.read(now=now + 60) == 2 and sampler.partly_lost is None
-    assert (NS, "steady", "app") in history.container_stats(3600, 0.5)
-
-
-def test_a_reading_whose_node_list_fails_keeps_the_pods_half(api, tmp_path):
-    """The mirror case: NodeMetrics fail while PodMetrics answer. The Pods' half of the reading is
-    kept (their quantiles go on), no node row is made up, and the sampler says which half is
-    missing; the next whole reading says nothing."""
-    history = SqliteHistory(tmp_path / "h.db", retention_seconds=86400)
-    sampler = MetricsSampler(api_client_for(api), history, reads=1, interval=60)
-    api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "15s", "usage": {"cpu": "900m", "memory": "3Gi"}})
-    api.put("podmetrics", {"metadata": {"name": "steady", "namespace": NS}, "window": "15s",
-                           "containers": [{"name": "app", "usage": {"cpu": "200m", "memory": "100Mi"}}]})
-    now = time.time()
-    api.unavailable = {"nodemetrics"}
-    assert sampler.read(now=now) == 1, "the container's row"
-    assert sampler.partly_lost == ("metrics API (metrics.k8s.io) NodeMetrics not readable, this reading holds the "
-                                   "Pods alone: HTTP 503 Service Unavailable")
-    assert history.node_peaks(3600) == {}
-    assert history.container_stats(3600, 0.5)[(NS, "steady", "app")].cpu.quantile == 200
-    api.unavailable = set()
-    assert sampler.read(now=now + 60) == 2 and sampler.partly_lost is None
-    assert history.node_peaks(3600)["node-1"]["cpu"] == 900.0
+    assert nodes_and_pods() == ({"node-1": 900.0}, {(NS, "steady", "app"): 200})
 
 
 def test_a_sample_is_the_mean_cpu_of_the_intervals_readings_and_their_last_memory(api, tmp_path, caplog):
