@@ -95,9 +95,10 @@ def ensure_secret(
                               {CA_FILE: renewed.ca_cert, CA_KEY_FILE: renewed.ca_key}, "Opaque")
             _write_secret(core, namespace, name, current, data, "kubernetes.io/tls")
         except ApiException as error:
-            # Every replica's init container runs this: on a first install they all find nothing
-            # and create, and all but one meet 409 AlreadyExists (on either Secret) or, renewing,
-            # 409 Conflict. Read again: what the winner wrote is usually good as it is.
+            # Copies can run at once (the install Job and a CronJob run, a second apply, a run by
+            # hand): on a first install they all find nothing and create, and all but one meet 409
+            # AlreadyExists (on either Secret) or, renewing, 409 Conflict. Read again: what the
+            # winner wrote is usually good as it is.
             if error.status == 409 and attempt < 2:
                 continue
             raise

@@ -228,6 +228,13 @@ class FakeKubeAPI:
             self._changed.notify_all()
         return obj
 
+    def written_by_another(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """``obj`` as the other writer of ``concurrent_writes`` stores it, just before the request
+        raced: changed by ``written_meanwhile`` (in place), if set for ``plural``."""
+        if plural in self.written_meanwhile:
+            self.written_meanwhile[plural](obj)
+        return self.put(plural, obj)
+
     def delete(self, plural: str, namespace: str, name: str) -> None:
         with self._changed:
             obj = self._objects[plural].pop((namespace, name))
@@ -713,9 +720,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             raced = next((k for k in (f"{plural}/{name}", plural) if api.concurrent_writes.get(k)), None)
             if raced:
                 api.concurrent_writes[raced] -= 1
-                if plural in api.written_meanwhile:
-                    api.written_meanwhile[plural](current)
-                current = api.put(plural, current)  # someone else wrote just before us
+                current = api.written_by_another(plural, current)
             sent = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
             if sent and sent != current["metadata"]["resourceVersion"]:
                 return self._send(409, _status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": '
@@ -749,14 +754,11 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return self._send(400, _status(400, "BadRequest", why))
             if RESOURCES[plural][3]:
                 body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
-            raced = f"{plural}/{body['metadata'].get('name', '')}"
-            if api.concurrent_writes.get(raced) and api.get(plural, namespace or "", raced.split("/", 1)[1]) is None:
-                api.concurrent_writes[raced] -= 1
-                theirs = copy.deepcopy(body)
-                if plural in api.written_meanwhile:
-                    api.written_meanwhile[plural](theirs)
-                api.put(plural, theirs)  # someone else created it just before us
-            if api.get(plural, namespace or "", body["metadata"].get("name", "")) is not None:
+            name = body["metadata"].get("name", "")
+            if api.concurrent_writes.get(f"{plural}/{name}") and api.get(plural, namespace or "", name) is None:
+                api.concurrent_writes[f"{plural}/{name}"] -= 1
+                api.written_by_another(plural, copy.deepcopy(body))
+            if api.get(plural, namespace or "", name) is not None:
                 return self._send(409, _status(409, "AlreadyExists", "already exists"))
             code, result = api.write(plural, "CREATE", "", body, None, self._username())
             self._send(code, result)

@@ -315,8 +315,8 @@ def secret_writes(kube_api) -> list[str]:
             if r.method in ("POST", "PUT") and "/secrets" in r.path]
 
 
-def test_a_write_conflict_with_another_replica_is_read_again_and_its_renewal_kept(kube_api, api_client):
-    """Each replica's init container runs ensure: two renewing at once both read the old Secret,
+def test_a_write_conflict_with_another_copy_is_read_again_and_its_renewal_kept(kube_api, api_client):
+    """Copies of ensure can run at once (the Job and a CronJob run): two renewing both read the old Secret,
     and the later replace is a 409 (its resourceVersion is stale). The loser reads again, finds
     the winner's certificate good and leaves it: no third certificate, no restart."""
     ensure_secret(api_client, "oversale", "webhook-tls", ["elsewhere"], 365)
@@ -331,10 +331,10 @@ def test_a_write_conflict_with_another_replica_is_read_again_and_its_renewal_kep
     assert secret_bundle(kube_api)["tls.crt"] == winner.cert
 
 
-def test_replicas_installing_at_once_all_use_the_ca_the_first_one_created(kube_api, api_client):
-    """A first install: every replica's init container finds no Secret and creates the CA's. One
+def test_copies_installing_at_once_all_use_the_ca_the_first_one_created(kube_api, api_client):
+    """A first install: each copy of ensure running at once finds no Secret and creates the CA's. One
     created it just before this one (409 AlreadyExists): this one reads again and signs its
-    certificate with that CA, so the caBundle injected from either Secret verifies every replica."""
+    certificate with that CA, so the caBundle injected from either Secret verifies every copy's certificate."""
     theirs = issue(HOSTS)
     kube_api.concurrent_writes["secrets/webhook-tls-ca"] = 1
     kube_api.written_meanwhile["secrets"] = lambda secret: secret["data"].update(
