@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kube.cli import CliError, Parser, add_debug_flag, required_api_client, run_cli, settings_or_exit
 from kube.tls import (
@@ -70,8 +71,9 @@ def _parser() -> Parser:
         help="renew when less than this fraction of the lifetime is left (default 1/3)",
     )
     ensure.add_argument("--restart", action="append", default=[], metavar="NAMESPACE/DEPLOYMENT",
-                        help="roll this Deployment's Pods whenever the Secret is written: for a consumer that "
-                             "reads the certificate only at start (kube-scheduler's extender tlsConfig)")
+                        help="roll this Deployment's Pods when the certificates it mounts from the Secret differ from "
+                             "those its Pod template records (then record them): for a consumer that reads "
+                             "the certificate only at start (kube-scheduler's extender tlsConfig); repeatable")
 
     inject = commands.add_parser("inject", help="set caBundle on webhook configurations")
     inject.set_defaults(run=_inject)
@@ -115,8 +117,9 @@ def _ensure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     namespace, name = _namespaced(parser, args.secret)
     hosts = _hosts(parser, args, namespace)
     restarts = [_namespaced(parser, text) for text in args.restart]
+    keys = settings_or_exit(parser).keys if restarts else None
 
-    from certs.cluster import ForeignSecret, ensure_secret, restart_deployment
+    from certs.cluster import ForeignSecret, ensure_secret
 
     api_client = required_api_client("auto", f"{args.command} needs")
     try:
@@ -124,9 +127,11 @@ def _ensure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ForeignSecret as error:
         raise CliError(str(error)) from None
     print(f"secret {namespace}/{name}: {outcome}")
-    if outcome != "unchanged":
-        for deployment in restarts:
-            print(restart_deployment(api_client, *deployment))
+    if keys is not None:
+        # Compared with what each Deployment records, not with whether this run wrote the Secret:
+        # a restart that failed (an API error, a run stopped between the write and the roll) is
+        # done by the next run, which finds the Secret unchanged.
+        _restart_changed(api_client, restarts, [(namespace, name)], keys.certificates_from(namespace, name))
     return 0
 
 
@@ -135,19 +140,26 @@ def _restart_on_change(parser: argparse.ArgumentParser, args: argparse.Namespace
     restarts = [_namespaced(parser, text) for text in args.restart]
     keys = settings_or_exit(parser).keys
 
+    api_client = required_api_client("auto", f"{args.command} needs")
+    _restart_changed(api_client, restarts, secrets, keys.certificates)
+    return 0
+
+
+def _restart_changed(api_client: Any, restarts: list[tuple[str, str]], secrets: list[tuple[str, str]],
+                     key: str) -> None:
+    """Roll each Deployment whose record under ``key`` differs from the certificates it mounts
+    from ``secrets``, read once and all there before anything restarts."""
     from certs.cluster import read_certificates, restart_on_change
 
-    api_client = required_api_client("auto", f"{args.command} needs")
     try:
-        held = read_certificates(api_client, secrets)  # every Secret is there, before anything restarts
+        held = read_certificates(api_client, secrets)
     except LookupError as error:
         raise CliError(f"{error}; nothing was restarted") from None
     for deployment in restarts:
         try:
-            print(restart_on_change(api_client, *deployment, held, keys.certificates))
+            print(restart_on_change(api_client, *deployment, held, key))
         except LookupError as error:
             raise CliError(f"{error}; deployment {'/'.join(deployment)} not restarted") from None
-    return 0
 
 
 def _inject(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -110,15 +110,6 @@ RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 """The Pod template annotation ``kubectl rollout restart`` sets: a new value rolls the Pods."""
 
 
-def restart_deployment(api_client: Any, namespace: str, name: str) -> str:
-    """Roll a Deployment's Pods, as ``kubectl rollout restart`` does; one line saying what was done.
-
-    For the consumers that read a certificate only when they start: kube-scheduler loads its
-    extender ``tlsConfig`` files once (client-go's ``TLSConfigFor``, no reloading), so after a
-    renewal it would keep presenting the old client certificate until that one expires."""
-    return _roll(api_client, namespace, name, {}) or f"deployment {namespace}/{name}: restarted"
-
-
 def read_certificates(api_client: Any, secrets: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
     """The ``data`` of each Secret, read once per run. LookupError names a Secret that is missing
     or holds neither ``tls.crt`` nor ``ca.crt`` (cert-manager has not issued it yet), before
@@ -177,10 +168,11 @@ def restart_on_change(api_client: Any, namespace: str, name: str,
     mounts from the Secrets ``held`` (``read_certificates``) under ``key`` (and record it); one
     line saying what was done.
 
-    For certificates another tool renews (cert-manager), where no ``ensure`` knows when they
-    change: run it on a schedule. kube-scheduler reads its extender ``tlsConfig`` files only at
-    start, so without a restart it would present the old client certificate until it expired.
-    The record lives in the template itself, so the roll that records it is the restart."""
+    For ``certs ensure --restart`` (one Secret, its own ``key``) and for certificates another tool
+    renews (cert-manager; ``restart-on-change`` on a schedule). kube-scheduler loads its extender
+    ``tlsConfig`` files once (client-go's ``TLSConfigFor``, no reloading), so without a restart it
+    would present the old client certificate until it expired. The record lives in the template
+    itself, so the roll that records it is the restart."""
     deployment = found(client.AppsV1Api(api_client).read_namespaced_deployment, name, namespace,
                        _request_timeout=REQUEST_TIMEOUT)
     if deployment is None:

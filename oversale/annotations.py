@@ -7,6 +7,7 @@ This module is the one annotation reader: webhooks and reconcilers parse values 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -239,6 +240,16 @@ class AnnotationKeys:
         """Written on a Deployment's Pod template by ``certs restart-on-change``: a digest of the
         certificates its Pods were started with (a new one rolls them)."""
         return self._key("certificates")
+
+    def certificates_from(self, namespace: str, name: str) -> str:
+        """Written on a Deployment's Pod template by ``certs ensure --restart``: a digest of the
+        certificates its Pods were started with from that one Secret. One key per Secret: the
+        ensure runs of two Secrets that restart the same Deployment would otherwise overwrite each
+        other's record and restart it on every run."""
+        name_part = f"certificates.{namespace}.{name}"
+        if len(name_part) > 63:  # the name part of an annotation key is at most 63 characters
+            name_part = f"certificates.{hashlib.sha256(f'{namespace}/{name}'.encode()).hexdigest()[:16]}"
+        return self._key(name_part)
 
     @cached_property
     def resource_status(self) -> str:

@@ -1,3 +1,4 @@
+import re
 from decimal import Decimal
 
 import pytest
@@ -47,6 +48,8 @@ def test_keys_follow_the_configured_prefix():
     assert keys.enable_resource_compress == "example.com/enable-resource-compress"
     assert keys.original_requests == "example.com/original-requests"
     assert AnnotationKeys().cpu_requests_ratio == "stke.platform/cpu-requests-ratio"
+    assert keys.certificates_from("oversale", "oversale-scheduler-client") == \
+        "example.com/certificates.oversale.oversale-scheduler-client"
     assert keys.ours({"example.com/cpu-requests-ratio": "2", "other/x": "1"}) == {
         "example.com/cpu-requests-ratio": "2"
     }
@@ -81,3 +84,17 @@ def test_ratios_outside_the_bounds_are_clamped_with_a_warning_and_those_at_them_
     assert [str(problem) for problem in unchanged.problems] == [
         "annotation stke.platform/memory-requests-ratio='x' ignored: 'x' is not a plain decimal number such as "
         "1, 1.5 or 2.25; memory not compressed"]
+
+
+def test_a_per_secret_key_stays_a_valid_annotation_key_for_the_longest_names():
+    """The API server refuses a Deployment whose annotation key's name part exceeds 63 characters
+    or does not start and end with an alphanumeric; a long Secret name must not make ensure fail."""
+    keys = AnnotationKeys()
+    long_names = [("oversale", "s" * 50), ("n" * 63, "s" * 253), ("n" * 63, "t" * 253)]
+    made = [keys.certificates_from(namespace, name) for namespace, name in long_names]
+    for key in made:
+        name_part = key.removeprefix("stke.platform/")
+        assert len(name_part) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?", name_part), key
+    assert len(set(made)) == len(made), "different Secrets never share a record"
+    fitting = keys.certificates_from("oversale", "s" * 41)
+    assert fitting == f"stke.platform/certificates.oversale.{'s' * 41}"

@@ -498,48 +498,93 @@ def test_ensure_and_inject_through_the_cli(kube_api, tmp_path):
 
 def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_at_start(kube_api, tmp_path):
     """kube-scheduler loads its extender tlsConfig files once: after a renewal it would present
-    the old certificate until that expired, and every call of the oversale profile would fail."""
+    the old certificate until that expired, and every call of the oversale profile would fail.
+    Two ensure runs restart it (its client Secret, the extender's serving Secret), as the
+    self-signed overlay has them."""
     kubeconfig = kube_api.write_kubeconfig(tmp_path / "kubeconfig")
     env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    volumes = [  # what deploy/base/scheduler.yaml mounts: its client pair, the extender's CA only
+        {"name": "client", "secret": {"secretName": "scheduler-client",
+                                      "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key",
+                                                                                       "path": "tls.key"}]}},
+        {"name": "extender-ca", "secret": {"secretName": "extender-tls", "items": [{"key": "ca.crt",
+                                                                                    "path": "ca.crt"}]}}]
     scheduler = {"metadata": {"name": "oversale-scheduler", "namespace": "oversale"},
-                 "spec": {"template": {"metadata": {"labels": {"app": "s"}}, "spec": {"containers": []}}}}
+                 "spec": {"template": {"metadata": {"labels": {"app": "s"}},
+                                       "spec": {"containers": [], "volumes": volumes}}}}
     kube_api.put("deployments", scheduler)
 
-    def ensure(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "certs", "ensure", "--secret", "oversale/scheduler-client",
-                               "--host", "kube-scheduler", "--client", "--restart", "oversale/oversale-scheduler",
-                               *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    def ensure(secret: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        names = ["--host", "kube-scheduler", "--client"] if secret == "scheduler-client" else ["--service", secret]
+        return subprocess.run([sys.executable, "-m", "certs", "ensure", "--secret", f"oversale/{secret}", *names,
+                               "--restart", "oversale/oversale-scheduler", *extra], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
 
-    def restarted_at() -> str | None:
+    def annotations() -> dict:
         template = kube_api.get("deployments", "oversale", "oversale-scheduler")["spec"]["template"]
-        return (template["metadata"].get("annotations") or {}).get("kubectl.kubernetes.io/restartedAt")
+        return template["metadata"].get("annotations") or {}
 
-    created = ensure()
+    client_key, extender_key = "stke.platform/certificates.oversale.scheduler-client", \
+        "stke.platform/certificates.oversale.extender-tls"
+    created = ensure("scheduler-client")
     assert created.returncode == 0, created.stderr
-    assert created.stdout.splitlines() == ["secret oversale/scheduler-client: created",
-                                           "deployment oversale/oversale-scheduler: restarted"]
-    first = restarted_at()
-    assert first is not None and first.endswith("Z")
-    unchanged = ensure()
-    assert unchanged.stdout.splitlines() == ["secret oversale/scheduler-client: unchanged"]
+    assert created.stdout.splitlines()[0] == "secret oversale/scheduler-client: created"
+    client_digest = annotations()[client_key]
+    assert created.stdout.splitlines()[1:] == [
+        f"deployment oversale/oversale-scheduler: restarted (certificates not recorded -> {client_digest})"]
+    assert annotations()["kubectl.kubernetes.io/restartedAt"].endswith("Z")
     time.sleep(1.1)  # the annotation has whole seconds: a new rollout needs a new value
-    renewed = ensure("--renew-fraction", "0.999999")
-    assert renewed.stdout.splitlines()[-1] == "deployment oversale/oversale-scheduler: restarted"
-    assert restarted_at() not in (None, first)
+    assert ensure("extender-tls").stdout.splitlines()[0] == "secret oversale/extender-tls: created"
+    extender_digest = annotations()[extender_key]
+    assert annotations()[client_key] == client_digest, "each Secret keeps its own record"
+    recorded = annotations()
+    for secret, digest in (("scheduler-client", client_digest), ("extender-tls", extender_digest)):
+        again = ensure(secret)
+        assert again.stdout.splitlines() == [
+            f"secret oversale/{secret}: unchanged",
+            f"deployment oversale/oversale-scheduler: unchanged (certificates {digest})"]
+    assert annotations() == recorded, "the two runs do not restart it in turn"
+    # The extender's serving certificate renewed by the same CA: kube-scheduler mounts only that CA.
+    renewed = ensure("extender-tls", "--renew-fraction", "0.999999")
+    assert renewed.stdout.splitlines()[0].startswith("secret oversale/extender-tls: renewed")
+    assert renewed.stdout.splitlines()[1:] == [
+        f"deployment oversale/oversale-scheduler: unchanged (certificates {extender_digest})"]
+    assert annotations() == recorded
+
+    # The client certificate renewed, but the roll refused (a policy webhook, an API server
+    # failing): the next run, which finds the Secret good, still restarts kube-scheduler.
+    kube_api.validating["deployments"] = lambda review: {
+        "allowed": False, "status": {"code": 500, "message": "policy engine unavailable"}}
+    refused = ensure("scheduler-client", "--renew-fraction", "0.999999")
+    assert refused.returncode == 2 and refused.stdout.splitlines()[0].startswith(
+        "secret oversale/scheduler-client: renewed"), refused.stdout
+    assert "policy engine unavailable" in refused.stderr.strip().splitlines()[-1]
+    assert annotations() == recorded
+    del kube_api.validating["deployments"]
+    time.sleep(1.1)
+    retried = ensure("scheduler-client")
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.splitlines()[0] == "secret oversale/scheduler-client: unchanged"
+    assert retried.stdout.splitlines()[1].startswith(
+        f"deployment oversale/oversale-scheduler: restarted (certificates {client_digest} -> ")
+    assert annotations()[client_key] not in (None, client_digest)
+    assert annotations()[extender_key] == extender_digest
+    assert annotations()["kubectl.kubernetes.io/restartedAt"] != recorded["kubectl.kubernetes.io/restartedAt"]
+
     kube_api.delete("deployments", "oversale", "oversale-scheduler")
-    gone = ensure("--renew-fraction", "0.999999")
+    gone = ensure("scheduler-client", "--renew-fraction", "0.999999")
     assert gone.returncode == 0 and gone.stdout.splitlines()[-1] == \
         "deployment oversale/oversale-scheduler: not found, nothing to restart"
     kube_api.put("deployments", scheduler)
-    kube_api.storms["deployments"] = [403, 1]  # a Role without patch on it: an error, not "not found"
-    refused = ensure("--renew-fraction", "0.999999")
+    kube_api.storms["deployments"] = [403, 1]  # a Role without get on it: an error, not "not found"
+    refused = ensure("scheduler-client", "--renew-fraction", "0.999999")
     assert refused.returncode == 2 and refused.stdout.splitlines()[-1].startswith(
         "secret oversale/scheduler-client: renewed"), refused.stdout
     assert refused.stderr.strip().splitlines()[-1] == (
         'error: the API server refused the request: HTTP 403 Forbidden: deployments "oversale-scheduler" is '
-        'forbidden: User "system:serviceaccount:oversale:oversale" cannot patch resource "deployments" '
+        'forbidden: User "system:serviceaccount:oversale:oversale" cannot get resource "deployments" '
         '(--debug shows the traceback)')
-    assert restarted_at() is None
+    assert annotations() == {}
     bad = subprocess.run([sys.executable, "-m", "certs", "ensure", "--secret", "oversale/x", "--host", "h",
                           "--restart", "oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
