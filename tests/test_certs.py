@@ -660,13 +660,13 @@ def test_only_a_change_in_what_kube_scheduler_mounts_restarts_it(kube_api, tmp_p
                                  "data": encoded({"tls.crt": bundle.cert, "tls.key": bundle.key,
                                                   "ca.crt": bundle.ca_cert})})
 
-    def follow() -> str:
+    def follow(exit_code: int = 0) -> str:
         result = subprocess.run([sys.executable, "-m", "certs", "restart-on-change", "--secret",
                                  "oversale/scheduler-client", "--secret", "oversale/extender-tls", "--restart",
                                  "oversale/oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
                                 timeout=60)
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip()
+        assert result.returncode == exit_code, result.stderr
+        return result.stdout.strip() if exit_code == 0 else result.stderr.strip()
 
     extender = issue(["oversale-extender"])
     put("extender-tls", extender)
@@ -679,6 +679,13 @@ def test_only_a_change_in_what_kube_scheduler_mounts_restarts_it(kube_api, tmp_p
     put("scheduler-client", issue(["kube-scheduler"], client=True))  # a new client certificate
     assert "restarted" in follow()
     assert follow().startswith("deployment oversale/oversale-scheduler: unchanged"), "recorded: once per change"
+    recorded = kube_api.get("deployments", "oversale", "oversale-scheduler")
+    kube_api.put("secrets", {"metadata": {"name": "extender-tls", "namespace": "oversale"},
+                             "type": "kubernetes.io/tls", "data": encoded({"tls.crt": extender.cert,
+                                                                           "tls.key": extender.key})})
+    assert follow(exit_code=2) == ("error: secret oversale/extender-tls is missing or holds no ca.crt; "
+                                   "deployment oversale/oversale-scheduler not restarted")
+    assert kube_api.get("deployments", "oversale", "oversale-scheduler") == recorded
 
 
 def test_a_secret_not_issued_yet_or_without_the_file_mounted_restarts_nothing(kube_api, api_client):
