@@ -62,6 +62,12 @@ def _momentary(error: BaseException) -> bool:
     (True, 'watch error 500: etcdserver: request timed out')
     >>> _momentary(WatchError({"code": 403, "message": "pods is forbidden"}))
     False
+    >>> no_code = WatchError({"message": "unknown"})
+    >>> _momentary(no_code), one_line(no_code)
+    (False, 'watch error: unknown')
+    >>> import urllib3
+    >>> _momentary(urllib3.exceptions.MaxRetryError(None, "/api/v1/pods", "connection refused"))  # unreachable
+    True
     """
     import urllib3
 

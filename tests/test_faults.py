@@ -173,17 +173,55 @@ def test_a_watch_the_api_server_refuses_for_a_while_is_watched_again_not_listed_
     assert set(reflector.restarts[1:]) == {("watch", "refused for now")}, reflector.restarts
 
 
-def test_a_watch_the_api_server_ends_with_a_momentary_error_is_watched_again(node_cache, caplog):
+@pytest.mark.parametrize("code, message", [(500, "etcdserver: request timed out"),
+                                           (429, "too many requests, please try again later")])
+def test_a_watch_the_api_server_ends_with_a_momentary_error_is_watched_again(node_cache, caplog, code, message):
     api, reflector = node_cache
     listed_at = api.get("pods", NS, "web")["metadata"]["resourceVersion"]
-    api.failing_watches["pods"] = (500, "etcdserver: request timed out")
+    api.failing_watches["pods"] = (code, message)
     api.put("pods", placed("node-1"))  # the watch ends with the error instead of this event
     assert eventually(lambda: reflector.get(NS, "web") == "node-1"), told(caplog)
     assert api.count("GET", "pods", watch=False) == 1, "the cache was never listed again"
     assert told(caplog)[0] == (
-        "pods watch failed (watch error 500: etcdserver: request timed out); watching again from resourceVersion "
+        f"pods watch failed (watch error {code}: {message}); watching again from resourceVersion "
         f"{listed_at} with a backoff of up to 30s")
     assert reflector.restarts == [("watch", "refused for now")]
+
+
+def test_a_watch_the_api_server_ends_for_good_is_listed_again(node_cache, caplog):
+    """A Status no second watch from there mends (403: RBAC changed under the cache): listed
+    again after the backoff, which sees what the refused watch would have shown."""
+    api, reflector = node_cache
+    api.failing_watches["pods"] = (403, 'pods is forbidden: User "oversale" cannot watch resource "pods"')
+    api.put("pods", placed("node-1"))
+    assert eventually(lambda: reflector.get(NS, "web") == "node-1"), told(caplog)
+    assert api.count("GET", "pods", watch=False) == 2
+    assert told(caplog)[0] == ('pods watch failed (watch error 403: pods is forbidden: User "oversale" cannot watch '
+                               'resource "pods"); listing again with a backoff of up to 30s')
+    assert reflector.restarts == [("list", "refused")]
+
+
+def test_a_kind_the_api_server_does_not_serve_is_an_error_unless_it_is_optional(pods_api, caplog):
+    """Only a custom resource whose CRD may be missing reads a 404 as "none of them": Pods not
+    found is an API server or proxy in the way, and a cache synced empty would say no Pod runs."""
+    from kube.reflector import Reflector
+
+    pods_api.absent.add("pods")
+    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=pods_api.url)))
+    restarts: list[tuple[str, str]] = []
+    required = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj, 300,
+                         on_restart=lambda kind, again, cause: restarts.append((again, cause)))
+    optional = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj, 300, optional=True)
+    for reflector in (required, optional):
+        reflector.start()
+    try:
+        assert optional.synced.wait(10) and optional.in_namespace(NS) == []
+        assert eventually(lambda: restarts), told(caplog)
+        assert not required.synced.is_set() and restarts[0] == ("list", "list failed")
+        assert "pods list failed (HTTP 404 Not Found" in told(caplog, "WARNING")[0]
+    finally:
+        required.stop()
+        optional.stop()
 
 
 def test_a_watch_a_proxy_answers_with_its_page_is_said_once_and_listed_again_slowly(pods_api, caplog):
