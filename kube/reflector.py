@@ -163,13 +163,20 @@ class Reflector:
         return list(self._items.get(namespace, {}).values())
 
     def fetch(self, namespace: str, name: str, timeout: float) -> Any:
-        """One GET for a cache miss; the result is cached. None when the object does not exist."""
+        """One GET for a cache miss; the result is cached unless the watch has brought the cache
+        past it meanwhile. None when the object does not exist."""
         obj = None if self._read is None else found(self._read, name, namespace, _request_timeout=timeout)
         if obj is None:
             return None
         entry = self._extract(without_managed_fields(obj))
         if entry is not None:
-            self._items.setdefault(namespace, {})[name] = entry
+            number = _number(str((obj.get("metadata") or {}).get("resourceVersion", "")))
+            with self._apply:
+                # The watch may have applied a newer version of the object, or its deletion, while
+                # the answer was on its way: cached, this one would stand until the object next
+                # changes. An object the synced cache misses at or below its version is just that.
+                if self._at is None or number is None or number > self._at:
+                    self._items.setdefault(namespace, {})[name] = entry
         return entry
 
     def _run(self) -> None:

@@ -167,6 +167,11 @@ class FakeKubeAPI:
         (a request that reaches an overloaded API server late); ``reads_held`` names the plurals
         whose held read is waiting or has waited."""
         self.reads_held: set[str] = set()
+        self.held_answers: dict[str, threading.Event] = {}
+        """plural -> Event: the next read of one object of it reads it at once, then waits for the
+        Event before it answers (an answer slow on its way back while the object changes);
+        ``answers_held`` names the plurals whose held answer has been read."""
+        self.answers_held: set[str] = set()
         self.slow_bindings = 0.0
         """Seconds the API server takes to answer a Binding it has already stored (overloaded): a
         client that times out first cannot tell whether the bind happened."""
@@ -658,6 +663,10 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 api.reads_held.add(plural)
                 held.wait(30)
             obj = api.get(plural, namespace or "", name)
+            answer = api.held_answers.pop(plural, None)
+            if answer is not None:
+                api.answers_held.add(plural)
+                answer.wait(30)
             if obj is None:
                 return self._send(404, _status(404, "NotFound", f'{plural} "{name}" not found'))
             self._send(200, obj)

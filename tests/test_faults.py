@@ -201,6 +201,41 @@ def test_a_watch_the_api_server_ends_for_good_is_listed_again(node_cache, caplog
     assert reflector.restarts == [("list", "refused")]
 
 
+def test_a_cache_miss_answered_late_never_takes_the_cache_back_in_time(pods_api, caplog):
+    """A cache miss reads the object with a GET; when that answer comes back after the watch has
+    applied a newer version, caching it would make the cache say the old one until the object
+    next changes (the webhook would apply an owner's old ratio to every new Pod)."""
+    from kube.reflector import Reflector
+
+    api = pods_api
+    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 300,
+                          read_fn=pods.read_namespaced_pod)
+    reflector.start()
+    try:
+        assert reflector.synced.wait(10)
+        fetched: list[Any] = []
+        with api.watches_paused():
+            api.put("pods", {"metadata": {"name": "late", "namespace": NS}, "spec": {"nodeName": "node-1"}})
+            assert reflector.get(NS, "late") is None  # a miss: the watch has not shown it yet
+            api.held_answers["pods"] = answered = threading.Event()
+            reader = threading.Thread(target=lambda: fetched.append(reflector.fetch(NS, "late", 10)))
+            reader.start()
+            assert eventually(lambda: "pods" in api.answers_held)  # read as on node-1, not yet answered
+            api.put("pods", {"metadata": {"name": "late", "namespace": NS}, "spec": {"nodeName": "node-2"}})
+        assert eventually(lambda: reflector.get(NS, "late") == "node-2"), told(caplog)
+        answered.set()
+        reader.join(10)
+        assert fetched == ["node-1"], "the miss is answered with what the API server said"
+        assert reflector.get(NS, "late") == "node-2"
+        with api.watches_paused():
+            api.put("pods", {"metadata": {"name": "newer", "namespace": NS}, "spec": {"nodeName": "node-5"}})
+            assert reflector.fetch(NS, "newer", 10) == "node-5"
+            assert reflector.get(NS, "newer") == "node-5", "a miss ahead of the watch is cached"
+    finally:
+        reflector.stop()
+
+
 def test_a_kind_the_api_server_does_not_serve_is_an_error_unless_it_is_optional(pods_api, caplog):
     """Only a custom resource whose CRD may be missing reads a 404 as "none of them": Pods not
     found is an API server or proxy in the way, and a cache synced empty would say no Pod runs."""
