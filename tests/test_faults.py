@@ -232,6 +232,50 @@ def test_a_cache_miss_answered_late_never_takes_the_cache_back_in_time(pods_api,
             api.put("pods", {"metadata": {"name": "newer", "namespace": NS}, "spec": {"nodeName": "node-5"}})
             assert reflector.fetch(NS, "newer", 10) == "node-5"
             assert reflector.get(NS, "newer") == "node-5", "a miss ahead of the watch is cached"
+            api.put("pods", {"metadata": {"name": "pending", "namespace": NS}, "spec": {}})
+            assert reflector.fetch(NS, "pending", 10) is None  # nothing the cache keeps: no node yet
+            assert reflector.fetch(NS, "absent", 10) is None
+            assert sorted(reflector.in_namespace(NS)) == ["node-0", "node-2", "node-5"]
+    finally:
+        reflector.stop()
+
+
+def test_a_watch_whose_version_etcd_compacted_away_is_listed_again(node_cache, caplog):
+    api, reflector = node_cache
+    # Compaction forgets only versions older than the newest: a write elsewhere first.
+    api.put("secrets", {"metadata": {"name": "elsewhere", "namespace": NS}, "data": {}})
+    api.compact("pods")
+    api.put("pods", placed("node-1"))
+    assert eventually(lambda: reflector.get(NS, "web") == "node-1"), told(caplog)
+    assert api.count("GET", "pods", watch=False) == 2
+    assert told(caplog) == ["pods watch expired; listing again"]
+    assert reflector.restarts == [("list", "expired")]
+
+
+def test_a_watch_that_ends_quietly_at_its_timeout_is_watched_again_not_listed_again(pods_api, caplog):
+    """The API server ends every watch at its timeoutSeconds (5 to 10 minutes here), most with no
+    event in a quiet cluster: each is watched again from where the cache stands, never listed
+    again, and one that ends quietly after refused watches says they work again."""
+    from kube.reflector import Reflector
+
+    api = pods_api
+    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+    restarts: list[tuple[str, str]] = []
+    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 1,
+                          on_restart=lambda kind, again, cause: restarts.append((again, cause)))
+    reflector.start()
+    try:
+        assert reflector.synced.wait(10)
+        api.down = True  # the next watch is refused (503)
+        assert eventually(lambda: restarts, timeout=10), told(caplog)
+        api.down = False
+        assert eventually(lambda: any(re.fullmatch(r"pods watched again \(after \d+ failed runs?\)", line)
+                                      for line in told(caplog)), timeout=10), told(caplog)
+        watches = api.count("GET", "pods", watch=True)
+        assert eventually(lambda: api.count("GET", "pods", watch=True) >= watches + 2, timeout=10)
+        assert api.count("GET", "pods", watch=False) == 1, "never listed again"
+        assert set(restarts) == {("watch", "refused for now")}, restarts
+        assert reflector.get(NS, "web") == "node-0"
     finally:
         reflector.stop()
 
