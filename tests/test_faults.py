@@ -303,6 +303,29 @@ def test_a_kind_the_api_server_does_not_serve_is_an_error_unless_it_is_optional(
         optional.stop()
 
 
+def test_an_optional_kind_uninstalled_while_watched_is_emptied_quietly_and_seen_again_when_back(pods_api, caplog):
+    """A CRD removed under a running cache (NodeResourceTopology's, when its exporter is
+    uninstalled): its objects are gone with it, which is no failure to warn about or count; once
+    installed again, it is listed again without a restart."""
+    from kube.reflector import Reflector
+
+    api = pods_api
+    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+    restarts: list[tuple[str, str]] = []
+    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 1,
+                          optional=True, on_restart=lambda kind, again, cause: restarts.append((again, cause)))
+    reflector.start()
+    try:
+        assert reflector.synced.wait(10) and reflector.get(NS, "web") == "node-0"
+        api.absent.add("pods")  # the next watch, at the latest in a second, is answered 404
+        assert eventually(lambda: reflector.in_namespace(NS) == [], timeout=10)
+        api.absent.discard("pods")
+        assert eventually(lambda: reflector.get(NS, "web") == "node-0", timeout=10)
+        assert told(caplog, "WARNING") == [] and restarts == []
+    finally:
+        reflector.stop()
+
+
 def test_a_watch_a_proxy_answers_with_its_page_is_said_once_and_listed_again_slowly(pods_api, caplog):
     """A proxy that passes the list but answers the long-lived watch with its own page: the cache
     is listed again for freshness, with a growing backoff, not every half second, and the
