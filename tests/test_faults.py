@@ -291,16 +291,22 @@ def test_a_kind_the_api_server_does_not_serve_is_an_error_unless_it_is_optional(
     required = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj, 300,
                          on_restart=lambda kind, again, cause: restarts.append((again, cause)))
     optional = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj, 300, optional=True)
-    for reflector in (required, optional):
+    # An optional kind's other failures are failures: a 500 is no uninstalled CRD.
+    pods_api.storms["nodes"] = [500, 2]
+    failing: list[tuple[str, str]] = []
+    flaky = Reflector("nodes", pods.list_node, lambda obj: obj, 300, optional=True,
+                      on_restart=lambda kind, again, cause: failing.append((again, cause)))
+    for reflector in (required, optional, flaky):
         reflector.start()
     try:
         assert optional.synced.wait(10) and optional.in_namespace(NS) == []
         assert eventually(lambda: restarts), told(caplog)
         assert not required.synced.is_set() and restarts[0] == ("list", "list failed")
         assert "pods list failed (HTTP 404 Not Found" in told(caplog, "WARNING")[0]
+        assert flaky.synced.wait(10) and failing == [("list", "list failed")] * 2
     finally:
-        required.stop()
-        optional.stop()
+        for reflector in (required, optional, flaky):
+            reflector.stop()
 
 
 def test_an_optional_kind_uninstalled_while_watched_is_emptied_quietly_and_seen_again_when_back(pods_api, caplog):
@@ -314,9 +320,14 @@ def test_an_optional_kind_uninstalled_while_watched_is_emptied_quietly_and_seen_
     restarts: list[tuple[str, str]] = []
     reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 1,
                           optional=True, on_restart=lambda kind, again, cause: restarts.append((again, cause)))
+    api.absent.add("pods")  # not installed yet: listed again every watch timeout, said once
     reflector.start()
     try:
-        assert reflector.synced.wait(10) and reflector.get(NS, "web") == "node-0"
+        assert reflector.synced.wait(10) and reflector.in_namespace(NS) == []
+        assert eventually(lambda: api.count("GET", "pods", watch=False) >= 3, timeout=10)
+        assert told(caplog) == ["pods is not served by the API server (its CRD is not installed): none"]
+        api.absent.discard("pods")
+        assert eventually(lambda: reflector.get(NS, "web") == "node-0", timeout=10)
         api.absent.add("pods")  # the next watch, at the latest in a second, is answered 404
         assert eventually(lambda: reflector.in_namespace(NS) == [], timeout=10)
         api.absent.discard("pods")
