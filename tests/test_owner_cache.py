@@ -321,6 +321,8 @@ def test_readiness_waits_for_the_caches(tmp_path):
         api.down = False
         assert eventually(lambda: server.get("/readyz")[0] == 200, timeout=20)
         assert server.metric("oversale_cache_synced", kind="Deployment") == 1
+        # Not installed is synced too: none of them, and that is all there is.
+        assert [sample.value for sample in server.samples("oversale_cache_synced", kind="VerticalPodAutoscaler")] == [1]
         assert server.metric("oversale_cache_restarts_total", kind="Deployment", again="list",
                              cause="list failed") >= 1
     finally:
