@@ -208,6 +208,7 @@ def test_a_cache_miss_answered_late_never_takes_the_cache_back_in_time(pods_api,
     from kube.reflector import Reflector
 
     api = pods_api
+    api.put("pods", {"metadata": {"name": "idle", "namespace": NS}, "spec": {}})  # listed, nothing kept of it
     pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
     reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 300,
                           read_fn=pods.read_namespaced_pod)
