@@ -241,6 +241,16 @@ def test_a_cache_miss_answered_late_never_takes_the_cache_back_in_time(pods_api,
         reflector.stop()
 
 
+def test_a_deletion_the_watch_shows_leaves_the_cache(node_cache, caplog):
+    api, reflector = node_cache
+    api.put("pods", {"metadata": {"name": "other", "namespace": NS}, "spec": {"nodeName": "node-1"}})
+    assert eventually(lambda: reflector.get(NS, "other") == "node-1"), told(caplog)
+    api.delete("pods", NS, "web")
+    assert eventually(lambda: reflector.get(NS, "web") is None), told(caplog)
+    assert reflector.in_namespace(NS) == ["node-1"]
+    assert api.count("GET", "pods", watch=False) == 1, "seen by the watch, not by a list"
+
+
 def test_a_watch_whose_version_etcd_compacted_away_is_listed_again(node_cache, caplog):
     api, reflector = node_cache
     # Compaction forgets only versions older than the newest: a write elsewhere first.
