@@ -156,6 +156,12 @@ class Reflector:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def resource_version(self) -> int | None:
+        """The resourceVersion the cache stands at (its last list's, or the last watch event's,
+        a bookmark's too); None before the first list."""
+        return self._at
+
     def get(self, namespace: str, name: str) -> Any:
         return self._items.get(namespace, {}).get(name)
 

@@ -233,6 +233,18 @@ class FakeKubeAPI:
             self._changed.notify_all()
         return obj
 
+    def bookmark(self, plural: str) -> str:
+        """A BOOKMARK event at the newest version, as the API server sends watches that ask for
+        them (``allowWatchBookmarks``) about once a minute: an object of the kind with only its
+        ``metadata.resourceVersion``. Returns that version."""
+        prefix, _, kind, _ = RESOURCES[plural]
+        with self._changed:
+            version = self._version
+            marker = {"kind": kind, "apiVersion": API_VERSIONS[prefix], "metadata": {"resourceVersion": str(version)}}
+            self._events[plural].append((version, "BOOKMARK", marker))
+            self._changed.notify_all()
+        return str(version)
+
     def written_by_another(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
         """``obj`` as the other writer of ``concurrent_writes`` stores it, just before the request
         raced: changed by ``written_meanwhile`` (in place), if set for ``plural``."""
@@ -397,7 +409,7 @@ class FakeKubeAPI:
         }
 
     def watch_events(
-        self, plural: str, namespace: str | None, since: int, timeout: float
+        self, plural: str, namespace: str | None, since: int, timeout: float, bookmarks: bool = False
     ) -> Iterator[dict[str, Any]]:
         deadline = time.monotonic() + timeout
         with self._changed:
@@ -418,7 +430,8 @@ class FakeKubeAPI:
                     # test, the bottleneck of the load benchmark).
                     events = self._events[plural]
                     tail = [] if self._watches_paused else events[bisect.bisect_right(events, sent, key=_version):]
-                    pending = [e for e in tail if namespace in (None, e[2]["metadata"].get("namespace", ""))]
+                    pending = [e for e in tail if namespace in (None, e[2]["metadata"].get("namespace", ""))
+                               and (bookmarks or e[1] != "BOOKMARK")]
                     remaining = deadline - time.monotonic()
                     if pending or remaining <= 0:
                         break
@@ -690,7 +703,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             try:
-                for event in api.watch_events(plural, namespace, since, timeout):
+                bookmarks = query.get("allowWatchBookmarks") == ["true"]
+                for event in api.watch_events(plural, namespace, since, timeout, bookmarks):
                     if plural in api.failing_watches:
                         code, message = api.failing_watches.pop(plural)
                         event = {"type": "ERROR", "object": _status(code, "InternalError", message)}

@@ -251,6 +251,23 @@ def test_a_deletion_the_watch_shows_leaves_the_cache(node_cache, caplog):
     assert api.count("GET", "pods", watch=False) == 1, "seen by the watch, not by a list"
 
 
+def test_a_watch_bookmark_changes_nothing_but_where_the_watch_starts_again(node_cache, caplog):
+    """A BOOKMARK carries only a resourceVersion: no object of the kind changes, but the cache
+    stands there, so a watch cut after it starts again from it (etcd keeps recent versions only:
+    from an older one it would be refused, and everything listed again)."""
+    api, reflector = node_cache
+    api.put("secrets", {"metadata": {"name": "elsewhere", "namespace": NS}, "data": {}})  # versions move on
+    marked = api.bookmark("pods")
+    assert eventually(lambda: reflector.resource_version == int(marked))
+    assert reflector.in_namespace(NS) == ["node-0"]
+    api.cut_watches.add("pods")
+    api.put("pods", placed("node-1"))  # cut half-written, after the bookmark
+    assert eventually(lambda: reflector.get(NS, "web") == "node-1"), told(caplog)
+    assert told(caplog)[0] == f"pods watch cut (the connection dropped); watching again from resourceVersion {marked}"
+    assert reflector.in_namespace(NS) == ["node-1"]
+    assert api.count("GET", "pods", watch=False) == 1
+
+
 def test_a_watch_whose_version_etcd_compacted_away_is_listed_again(node_cache, caplog):
     api, reflector = node_cache
     # Compaction forgets only versions older than the newest: a write elsewhere first.
