@@ -454,6 +454,10 @@ def _event(line: bytes, response: Any) -> dict[str, Any]:
     Traceback (most recent call last):
     ...
     kube.client.GarbledAnswer: the watch of /api/v1/pods sent a line that is no watch event (text/html, 20 bytes)
+    >>> _event(b'{"object": {}}', Stream())
+    Traceback (most recent call last):
+    ...
+    kube.client.GarbledAnswer: the watch of /api/v1/pods sent a line that is no watch event (text/html, 14 bytes)
     """
     try:
         event = json.loads(line)

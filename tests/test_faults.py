@@ -349,10 +349,12 @@ def test_an_optional_kind_uninstalled_while_watched_is_emptied_quietly_and_seen_
     reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 1,
                           optional=True, on_restart=lambda kind, again, cause: restarts.append((again, cause)))
     api.absent.add("pods")  # not installed yet: listed again every watch timeout, said once
+    started = time.monotonic()
     reflector.start()
     try:
         assert reflector.synced.wait(10) and reflector.in_namespace(NS) == []
         assert eventually(lambda: api.count("GET", "pods", watch=False) >= 3, timeout=10)
+        assert time.monotonic() - started >= 2, "a list a watch timeout apart, not in a loop"
         assert told(caplog) == ["pods is not served by the API server (its CRD is not installed): none"]
         api.absent.discard("pods")
         assert eventually(lambda: reflector.get(NS, "web") == "node-0", timeout=10)
