@@ -99,16 +99,23 @@ def node_cache(pods_api) -> Iterator[tuple[FakeKubeAPI, Any]]:
     reflector.stop()
 
 
-def synced_node_cache(api: FakeKubeAPI) -> Any:
-    """The shared list-then-watch cache over Pods (each kept as its node), started and synced;
-    ``reflector.restarts``: what it told its ``on_restart``, (again, cause) each time."""
+def node_reflector(api: FakeKubeAPI, watch_timeout: int = 300, **options: Any) -> Any:
+    """The shared list-then-watch cache over Pods (each kept as its node; a miss read with a GET),
+    not started; ``reflector.restarts``: what it told its ``on_restart``, (again, cause) each time."""
     from kube.reflector import Reflector
 
     pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
     restarts: list[tuple[str, str]] = []
-    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 300,
-                          on_restart=lambda kind, again, cause: restarts.append((again, cause)))
+    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"),
+                          watch_timeout, read_fn=pods.read_namespaced_pod,
+                          on_restart=lambda kind, again, cause: restarts.append((again, cause)), **options)
     reflector.restarts = restarts
+    return reflector
+
+
+def synced_node_cache(api: FakeKubeAPI) -> Any:
+    """:func:`node_reflector`, started and synced."""
+    reflector = node_reflector(api)
     reflector.start()
     assert reflector.synced.wait(10)
     return reflector
@@ -205,16 +212,10 @@ def test_a_cache_miss_answered_late_never_takes_the_cache_back_in_time(pods_api,
     """A cache miss reads the object with a GET; when that answer comes back after the watch has
     applied a newer version, caching it would make the cache say the old one until the object
     next changes (the webhook would apply an owner's old ratio to every new Pod)."""
-    from kube.reflector import Reflector
-
     api = pods_api
     api.put("pods", {"metadata": {"name": "idle", "namespace": NS}, "spec": {}})  # listed, nothing kept of it
-    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
-    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 300,
-                          read_fn=pods.read_namespaced_pod)
-    reflector.start()
+    reflector = synced_node_cache(api)
     try:
-        assert reflector.synced.wait(10)
         fetched: list[Any] = []
         with api.watches_paused():
             api.put("pods", {"metadata": {"name": "late", "namespace": NS}, "spec": {"nodeName": "node-1"}})
@@ -284,13 +285,9 @@ def test_a_watch_that_ends_quietly_at_its_timeout_is_watched_again_not_listed_ag
     """The API server ends every watch at its timeoutSeconds (5 to 10 minutes here), most with no
     event in a quiet cluster: each is watched again from where the cache stands, never listed
     again, and one that ends quietly after refused watches says they work again."""
-    from kube.reflector import Reflector
-
     api = pods_api
-    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
-    restarts: list[tuple[str, str]] = []
-    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 1,
-                          on_restart=lambda kind, again, cause: restarts.append((again, cause)))
+    reflector = node_reflector(api, watch_timeout=1)
+    restarts = reflector.restarts
     reflector.start()
     try:
         assert reflector.synced.wait(10)
@@ -314,15 +311,13 @@ def test_a_kind_the_api_server_does_not_serve_is_an_error_unless_it_is_optional(
     from kube.reflector import Reflector
 
     pods_api.absent.add("pods")
-    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=pods_api.url)))
-    restarts: list[tuple[str, str]] = []
-    required = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj, 300,
-                         on_restart=lambda kind, again, cause: restarts.append((again, cause)))
-    optional = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj, 300, optional=True)
+    required, optional = node_reflector(pods_api), node_reflector(pods_api, optional=True)
+    restarts = required.restarts
     # An optional kind's other failures are failures: a 500 is no uninstalled CRD.
     pods_api.storms["nodes"] = [500, 2]
     failing: list[tuple[str, str]] = []
-    flaky = Reflector("nodes", pods.list_node, lambda obj: obj, 300, optional=True,
+    nodes = client.CoreV1Api(client.ApiClient(client.Configuration(host=pods_api.url)))
+    flaky = Reflector("nodes", nodes.list_node, lambda obj: obj, 300, optional=True,
                       on_restart=lambda kind, again, cause: failing.append((again, cause)))
     for reflector in (required, optional, flaky):
         reflector.start()
@@ -341,13 +336,9 @@ def test_an_optional_kind_uninstalled_while_watched_is_emptied_quietly_and_seen_
     """A CRD removed under a running cache (NodeResourceTopology's, when its exporter is
     uninstalled): its objects are gone with it, which is no failure to warn about or count; once
     installed again, it is listed again without a restart."""
-    from kube.reflector import Reflector
-
     api = pods_api
-    pods = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
-    restarts: list[tuple[str, str]] = []
-    reflector = Reflector("pods", pods.list_pod_for_all_namespaces, lambda obj: obj["spec"].get("nodeName"), 1,
-                          optional=True, on_restart=lambda kind, again, cause: restarts.append((again, cause)))
+    reflector = node_reflector(api, watch_timeout=1, optional=True)
+    restarts = reflector.restarts
     api.absent.add("pods")  # not installed yet: listed again every watch timeout, said once
     started = time.monotonic()
     reflector.start()
