@@ -496,6 +496,13 @@ def test_ensure_and_inject_through_the_cli(kube_api, tmp_path):
     assert missing.returncode == 2 and "no secret oversale/absent" in missing.stderr
 
 
+def scheduler_annotations(kube_api) -> dict:
+    """The annotations of the oversale-scheduler Deployment's Pod template: where restarts are
+    recorded."""
+    template = kube_api.get("deployments", "oversale", "oversale-scheduler")["spec"]["template"]
+    return template["metadata"].get("annotations") or {}
+
+
 def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_at_start(kube_api, tmp_path):
     """kube-scheduler loads its extender tlsConfig files once: after a renewal it would present
     the old certificate until that expired, and every call of the oversale profile would fail.
@@ -520,36 +527,32 @@ def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_
                                "--restart", "oversale/oversale-scheduler", *extra], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)
 
-    def annotations() -> dict:
-        template = kube_api.get("deployments", "oversale", "oversale-scheduler")["spec"]["template"]
-        return template["metadata"].get("annotations") or {}
-
     client_key, extender_key = "stke.platform/certificates.oversale.scheduler-client", \
         "stke.platform/certificates.oversale.extender-tls"
     created = ensure("scheduler-client")
     assert created.returncode == 0, created.stderr
     assert created.stdout.splitlines()[0] == "secret oversale/scheduler-client: created"
-    client_digest = annotations()[client_key]
+    client_digest = scheduler_annotations(kube_api)[client_key]
     assert created.stdout.splitlines()[1:] == [
         f"deployment oversale/oversale-scheduler: restarted (certificates not recorded -> {client_digest})"]
-    assert annotations()["kubectl.kubernetes.io/restartedAt"].endswith("Z")
+    assert scheduler_annotations(kube_api)["kubectl.kubernetes.io/restartedAt"].endswith("Z")
     time.sleep(1.1)  # the annotation has whole seconds: a new rollout needs a new value
     assert ensure("extender-tls").stdout.splitlines()[0] == "secret oversale/extender-tls: created"
-    extender_digest = annotations()[extender_key]
-    assert annotations()[client_key] == client_digest, "each Secret keeps its own record"
-    recorded = annotations()
+    extender_digest = scheduler_annotations(kube_api)[extender_key]
+    assert scheduler_annotations(kube_api)[client_key] == client_digest, "each Secret keeps its own record"
+    recorded = scheduler_annotations(kube_api)
     for secret, digest in (("scheduler-client", client_digest), ("extender-tls", extender_digest)):
         again = ensure(secret)
         assert again.stdout.splitlines() == [
             f"secret oversale/{secret}: unchanged",
             f"deployment oversale/oversale-scheduler: unchanged (certificates {digest})"]
-    assert annotations() == recorded, "the two runs do not restart it in turn"
+    assert scheduler_annotations(kube_api) == recorded, "the two runs do not restart it in turn"
     # The extender's serving certificate renewed by the same CA: kube-scheduler mounts only that CA.
     renewed = ensure("extender-tls", "--renew-fraction", "0.999999")
     assert renewed.stdout.splitlines()[0].startswith("secret oversale/extender-tls: renewed")
     assert renewed.stdout.splitlines()[1:] == [
         f"deployment oversale/oversale-scheduler: unchanged (certificates {extender_digest})"]
-    assert annotations() == recorded
+    assert scheduler_annotations(kube_api) == recorded
 
     # The client certificate renewed, but the roll refused (a policy webhook, an API server
     # failing): the next run, which finds the Secret good, still restarts kube-scheduler.
@@ -559,7 +562,7 @@ def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_
     assert refused.returncode == 2 and refused.stdout.splitlines()[0].startswith(
         "secret oversale/scheduler-client: renewed"), refused.stdout
     assert "policy engine unavailable" in refused.stderr.strip().splitlines()[-1]
-    assert annotations() == recorded
+    assert scheduler_annotations(kube_api) == recorded
     del kube_api.validating["deployments"]
     time.sleep(1.1)
     retried = ensure("scheduler-client")
@@ -567,9 +570,10 @@ def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_
     assert retried.stdout.splitlines()[0] == "secret oversale/scheduler-client: unchanged"
     assert retried.stdout.splitlines()[1].startswith(
         f"deployment oversale/oversale-scheduler: restarted (certificates {client_digest} -> ")
-    assert annotations()[client_key] not in (None, client_digest)
-    assert annotations()[extender_key] == extender_digest
-    assert annotations()["kubectl.kubernetes.io/restartedAt"] != recorded["kubectl.kubernetes.io/restartedAt"]
+    assert scheduler_annotations(kube_api)[client_key] not in (None, client_digest)
+    assert scheduler_annotations(kube_api)[extender_key] == extender_digest
+    assert scheduler_annotations(kube_api)["kubectl.kubernetes.io/restartedAt"] != \
+        recorded["kubectl.kubernetes.io/restartedAt"]
 
     kube_api.delete("deployments", "oversale", "oversale-scheduler")
     gone = ensure("scheduler-client", "--renew-fraction", "0.999999")
@@ -584,7 +588,7 @@ def test_a_renewed_client_certificate_restarts_the_scheduler_that_reads_it_only_
         'error: the API server refused the request: HTTP 403 Forbidden: deployments "oversale-scheduler" is '
         'forbidden: User "system:serviceaccount:oversale:oversale" cannot get resource "deployments" '
         '(--debug shows the traceback)')
-    assert annotations() == {}
+    assert scheduler_annotations(kube_api) == {}
     bad = subprocess.run([sys.executable, "-m", "certs", "ensure", "--secret", "oversale/x", "--host", "h",
                           "--restart", "oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
@@ -612,33 +616,29 @@ def test_certificates_another_tool_renews_restart_the_scheduler_once_per_change(
                                "oversale/oversale-scheduler"], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=60)
 
-    def template_annotations() -> dict:
-        template = kube_api.get("deployments", "oversale", "oversale-scheduler")["spec"]["template"]
-        return template["metadata"].get("annotations") or {}
-
     issued("extender-tls", 30)
     missing = follow()
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
         "error: secret oversale/scheduler-client is missing or holds no tls.crt or ca.crt; nothing was restarted"]
-    assert template_annotations() == {}
+    assert scheduler_annotations(kube_api) == {}
     issued("scheduler-client", 30)
     first = follow()
     assert first.returncode == 0, first.stderr
     (line,) = first.stdout.splitlines()
     assert re.fullmatch(r"deployment oversale/oversale-scheduler: restarted \(certificates not recorded -> "
                         r"[0-9a-f]{16}\)", line)
-    recorded = template_annotations()
+    recorded = scheduler_annotations(kube_api)
     digest = recorded["stke.platform/certificates"]
     assert recorded["kubectl.kubernetes.io/restartedAt"].endswith("Z")
     kube_api.requests.clear()
     again = follow()
     assert kube_api.count("GET", "secrets") == 2, "each Secret read once per run"
     assert again.stdout.splitlines() == [f"deployment oversale/oversale-scheduler: unchanged (certificates {digest})"]
-    assert template_annotations() == recorded, "no second rollout for the same certificates"
+    assert scheduler_annotations(kube_api) == recorded, "no second rollout for the same certificates"
     issued("scheduler-client", 31)  # renewed
     renewed = follow()
     assert renewed.stdout.startswith(f"deployment oversale/oversale-scheduler: restarted (certificates {digest} -> ")
-    assert template_annotations()["stke.platform/certificates"] != digest
+    assert scheduler_annotations(kube_api)["stke.platform/certificates"] != digest
     kube_api.delete("deployments", "oversale", "oversale-scheduler")
     assert follow().stdout.splitlines() == ["deployment oversale/oversale-scheduler: not found, nothing to restart"]
 
