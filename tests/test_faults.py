@@ -436,7 +436,7 @@ def test_429_and_500_storms_on_lists_are_retried_until_the_caches_sync(tmp_path)
         api.stop()
 
 
-def test_a_500_storm_stops_the_pass_with_a_reason_and_the_next_pass_works(tmp_path):
+def test_a_500_storm_stops_the_pass_with_a_reason_and_the_next_pass_works(tmp_path, caplog):
     api = FakeKubeAPI().start()
     try:
         api.put("nodes", {"metadata": {"name": "n1", "labels": {KEYS.oversale_label: "enabled"},
@@ -445,16 +445,23 @@ def test_a_500_storm_stops_the_pass_with_a_reason_and_the_next_pass_works(tmp_pa
         reconciler = Reconciler(Cluster(client.ApiClient(client.Configuration(host=api.url))),
                                 _NoHistory(), Settings(kubernetes="off", inplace_resize=False))
         api.storms = {"nodes": [500, 100]}
-        rows = reconciler.run_pass()
-        assert [r.reason for r in rows] == ["oversale: the API server failed (HTTP 500 Internal Server Error); "
-                                            "retried next pass"]
+        with caplog.at_level(logging.WARNING, logger="reconcilers"):
+            rows = reconciler.run_pass()
+        assert [(r.object, r.resource, r.reason) for r in rows] == [
+            ("*", "*", "oversale: the API server failed (HTTP 500 Internal Server Error); retried next pass")]
         assert reconciler.incomplete == ["oversale: the API server failed (HTTP 500 Internal Server Error)"]
+        assert "oversale pass stopped: the API server failed (HTTP 500 Internal Server Error); retried next pass" \
+            in caplog.messages
+        assert reconciler.metrics.skips.labels("oversale-api-error")._value.get() == 1
         last_pass = reconciler.metrics.last_pass
         assert last_pass.labels("incomplete")._value.get() > time.time() - 60
         assert last_pass.labels("complete")._value.get() == 0, "what the PassesIncomplete alert reads"
         api.storms = {}
         rows = reconciler.run_pass()
         assert [r.object for r in rows] == ["Node/n1", "Node/n1"] and all("holding" in r.reason for r in rows)
+        assert reconciler.metrics.evaluated.labels("oversale")._value.get() == 1, "one node, two rows"
+        assert reconciler.metrics.evaluated.labels("compression")._value.get() == 0
+        assert 0 < reconciler.metrics.pass_duration.labels("oversale")._value.get() < 30
         assert reconciler.incomplete == ["node history unavailable (down)"], "each pass says its own"
         assert reconciler.metrics.staleness.labels("nodes")._value.get() == -1, "-1: source unavailable"
     finally:

@@ -81,7 +81,9 @@ def workload(kind: str, name: str, containers: dict, annotations: dict | None = 
         {"name": c, "image": "x", "resources": {"requests": {"cpu": cpu, "memory": memory}}}
         for c, (cpu, memory) in containers.items()]}}
     spec = {"jobTemplate": {"spec": {"template": template}}} if kind == "CronJob" else {"template": template}
-    return {"metadata": {"name": name, "namespace": NS, "annotations": annotations or {}}, "spec": spec}
+    # The API server leaves an empty map out (omitempty): a workload nobody annotated has none.
+    metadata = {"name": name, "namespace": NS, **({"annotations": annotations} if annotations else {})}
+    return {"metadata": metadata, "spec": spec}
 
 
 def node(name: str, labelled: bool = True, annotations: dict | None = None) -> dict:
@@ -1153,6 +1155,22 @@ def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source):
     assert annotations(api, "deployments", "web")[KEYS.cpu_requests_ratio] == "1.56"
 
 
+def test_events_the_api_server_refuses_cost_a_warning_each_and_no_ratio(api, source, caplog):
+    # A Role without create on events (an RBAC edit gone wrong): the ratios are what matter and
+    # are written; each Event lost is said, and the pass still counts as complete.
+    api.storms["events"] = [403, 1000]
+    reconciler = Reconciler(Cluster(api_client_for(api)), source, SETTINGS)
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        reconciler.run_pass()
+    assert annotations(api, "deployments", "web")[KEYS.cpu_requests_ratio] == "1.25"
+    assert annotations(api, "nodes", "node-1", "")[KEYS.cpu_oversale_ratio] == "1.25"
+    assert api.list_objects("events", None, {})["items"] == []
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("side write failed")]
+    assert len(refused) == 4, refused
+    assert all("403" in line and "events" in line for line in refused), refused
+    assert reconciler.incomplete == []
+
+
 def _number(text: str) -> float | str:
     try:
         return float(text)
@@ -1363,6 +1381,12 @@ def test_a_store_answering_part_of_its_data_holds_the_ratios_unless_partial_answ
                 assert told, "each partial answer is logged"
     finally:
         store_front.shutdown()
+
+
+def test_a_pass_on_the_sqlite_history_sends_no_query(api, tmp_path):
+    reconciler = Reconciler(Cluster(api_client_for(api)), sqlite_history(api, tmp_path / "history.db"), SETTINGS)
+    reconciler.run_pass(dry_run=True)
+    assert reconciler.metrics.history_queries._value.get() == 0, "a file read in process, no query sent"
 
 
 def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
@@ -2786,6 +2810,35 @@ def test_a_replica_that_lost_the_lease_writes_no_node(api, tmp_path):
     with pytest.raises(NotLeader):
         reconciler.reconcile_nodes(dry_run=False)
     assert api.count("PATCH") == 0
+
+
+def test_a_lease_lost_during_a_pass_keeps_what_was_written_writes_nothing_more_and_says_so(api, tmp_path, caplog):
+    """The first ratio write's admission (a slow webhook, or an API server too busy to renew the
+    Lease) outlasts 2/3 of the Lease: that write stands, no other workload or node is written, and
+    the pass is incomplete (``once`` exits 1 on it)."""
+    clock = Clock()
+    elector = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "a", 15, clock)
+    assert elector.try_acquire_or_renew()
+
+    def slow_admission(review: dict[str, Any]) -> dict[str, Any]:
+        clock.now += 11
+        return {"allowed": True}
+
+    api.validating["deployments"] = slow_admission
+    history = two_days_with_node_1_hot(api, tmp_path / "h.db")
+    reconciler = Reconciler(Cluster(api_client_for(api)), history, dataclasses.replace(SETTINGS, write_concurrency=1),
+                            leader=elector)
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        reconciler.run_pass()
+    assert not elector.is_leader()
+    assert reconciler.incomplete == ["the Lease was lost during the pass"]
+    assert "lease lost during the pass: stopped writing" in caplog.messages
+    assert [r.path for r in api.requests if r.method == "PATCH"] == [f"/apis/apps/v1/namespaces/{NS}/deployments/hot"]
+    assert annotations(api, "deployments", "hot")[KEYS.cpu_requests_ratio] == "0.5", "the write admitted stands"
+    assert KEYS.cpu_requests_ratio not in annotations(api, "deployments", "web")
+    assert KEYS.cpu_oversale_ratio not in annotations(api, "nodes", "node-1", "")
+    assert reconciler.metrics.last_pass.labels("incomplete")._value.get() > 0
+    assert reconciler.metrics.last_pass.labels("complete")._value.get() == 0
 
 
 def warned_about(reconciler: Reconciler, caplog: Any, annotation: str, passes: int = 2) -> list[str]:
