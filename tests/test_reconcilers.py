@@ -1389,6 +1389,33 @@ def test_a_pass_on_the_sqlite_history_sends_no_query(api, tmp_path):
     assert reconciler.metrics.history_queries._value.get() == 0, "a file read in process, no query sent"
 
 
+def test_a_workload_that_opts_out_is_no_longer_reported(api, tmp_path):
+    reconciler = Reconciler(Cluster(api_client_for(api)), sqlite_history(api, tmp_path / "history.db"), SETTINGS)
+
+    def reported(name: str, kind: str = "Deployment") -> float | None:
+        return reconciler.metrics.registry.get_sample_value(
+            "oversale_reconcile_ratio", {"kind": kind, "namespace": NS, "name": name, "resource": "cpu"})
+
+    def opt_out(plural: str, name: str) -> None:
+        stored = api.get(plural, NS, name)
+        stored["metadata"]["annotations"][KEYS.enable_resource_compress] = "n"
+        api.put(plural, stored)
+
+    reconciler.run_pass()
+    assert reported("web") == 1.25 and reported("db", "StatefulSet") == 2.5
+    # The freshest sample's age: the history's last 10-minute step, the seconds since.
+    assert 0 < reconciler.metrics.staleness.labels("containers")._value.get() < 600 + 60
+    opt_out("deployments", "web")
+    reconciler.run_pass()
+    assert reported("web") is None, "its last ratio would stay on dashboards for as long as the process lives"
+    assert reported("db", "StatefulSet") == float(annotations(api, "statefulsets", "db")[KEYS.cpu_requests_ratio])
+    for plural, name in (("statefulsets", "db"), ("deployments", "api"), ("deployments", "young"),
+                         ("deployments", "hot")):
+        opt_out(plural, name)
+    reconciler.run_pass()
+    assert reported("db", "StatefulSet") is None and reported("hot") is None
+
+
 def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     now = time.time()
     # The passes within one hour: the account counts an hour more where one has settled between.
@@ -1597,7 +1624,11 @@ def test_a_workload_write_a_policy_refuses_is_told_in_its_words_and_the_pass_goe
 
 def test_hpa_target_is_rescaled_when_asked(api, prometheus):
     settings = dataclasses.replace(SETTINGS, rescale_hpa=True)
-    Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings)
+    rows = reconciler.run_pass(dry_run=True)
+    assert [r.proposed for r in rows if (r.object, r.resource) == ("Deployment/shop/api", "cpu")] == ["1.25"]
+    assert api.count("PATCH") == 0, "a dry run rescales no HPA"
+    reconciler.run_pass()
     assert annotations(api, "deployments", "api")[KEYS.cpu_requests_ratio] == "1.25"
     hpa = api.get("horizontalpodautoscalers", NS, "api")
     assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 75  # 60 x 1.25
@@ -1908,7 +1939,9 @@ def test_a_sqlite_history_damaged_while_open_holds_every_ratio_and_names_the_fil
            "reconcilers to start the history afresh"
     assert reconciler.incomplete == [f"container history unavailable ({said})", f"node history unavailable ({said})"]
     web = [r for r in rows if r.object == "Deployment/shop/web"]
-    assert web and all(r.reason == f"history unavailable, holding: {said}" and not r.written for r in web)
+    assert [(r.resource, r.reason, r.written) for r in web] == [("*", f"history unavailable, holding: {said}", False)]
+    assert reconciler.metrics.skips.labels("history-unavailable")._value.get() == 5, "each workload opted in"
+    assert reconciler.metrics.staleness.labels("containers")._value.get() == -1, "-1: source unavailable"
     node = [r for r in rows if r.object.startswith("Node/")]
     assert node and not any(r.written for r in node)
     assert api.count("PATCH") == 0, "nothing written on a history that cannot be read"

@@ -30,7 +30,7 @@ from oversale.timestamps import format_timestamp
 from reconcilers.cluster import Cluster
 from reconcilers.runner import Reconciler
 from reconcilers.sqlite_history import SqliteHistory
-from tests.conftest import apply_response, pod_review
+from tests.conftest import apply_response, damage_sqlite, pod_review
 from tests.kube_api import FakeKubeAPI
 from webhook.owners import OwnerAnnotations
 from webhook.pod_admission import admit_pod
@@ -191,6 +191,23 @@ def test_a_new_ratio_resizes_running_pods_like_the_webhook_would_admit_them(api,
     # Restored from the original, not compounded on 800m.
     assert json.loads(stored(api)["metadata"]["annotations"][KEYS.original_requests]) == {
         "app": {"cpu": "1", "memory": "1Gi"}}
+
+
+def test_pods_follow_the_ratio_carried_while_the_history_cannot_be_read(api, tmp_path):
+    """A ratio written by an earlier pass whose resize was held back (the rate limits, a replica
+    stopped): a pass that cannot read the history holds the ratio, and still brings the running
+    Pods to it."""
+    setup(api, {KEYS.enable_resource_compress: "y"})  # Pods admitted before any ratio: 1000m each
+    written = api.get("deployments", NS, "web")
+    written["metadata"]["annotations"][KEYS.cpu_requests_ratio] = "2"
+    api.put("deployments", written)
+    reconciler_ = reconciler(api, tmp_path)
+    damage_sqlite(tmp_path / "history.db")
+    rows = reconciler_.run_pass()
+    assert any(r.object == "Deployment/shop/web" and r.reason.startswith("history unavailable, holding")
+               for r in rows)
+    assert api.get("deployments", NS, "web")["metadata"]["annotations"][KEYS.cpu_requests_ratio] == "2"
+    assert [requests(stored(api, name))["cpu"] for name in PODS] == ["500m", "500m"]
 
 
 def test_a_raise_keeps_the_qos_class_and_goes_through_the_real_rules(api, tmp_path):
