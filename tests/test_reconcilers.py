@@ -1107,16 +1107,21 @@ def annotations(api: FakeKubeAPI, plural: str, name: str, namespace: str = NS) -
     return api.get(plural, namespace, name)["metadata"].get("annotations") or {}
 
 
-def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source):
+def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source, caplog):
     reconciler = Reconciler(Cluster(api_client_for(api)), source, SETTINGS)
-    rows = reconciler.run_pass()
+    with caplog.at_level(logging.INFO, logger="reconcilers.runner"):
+        rows = reconciler.run_pass()
     by_key = {(r.object, r.resource): r for r in rows}
 
     # web: 1000m requested, peak ~ 240m -> 1000 / 252 = 3.97; from 1 the first pass raises 25%.
     web = annotations(api, "deployments", "web")
     assert web[KEYS.cpu_requests_ratio] == "1.25"
     assert KEYS.memory_requests_ratio not in web, "memory only for workloads that opt in"
-    assert "cpu 1 -> 1.25" in web[KEYS.ratio_last_change]
+    stamp, said = web[KEYS.ratio_last_change].split(" ", 1)
+    assert abs(parse_timestamp(stamp) - time.time()) < 120 and said.startswith("cpu 1 -> 1.25: ")
+    assert f"Deployment/{NS}/web: {said}" in caplog.messages
+    assert reconciler.metrics.writes.labels("Deployment", "ok")._value.get() == 2, "web and hot"
+    assert reconciler.metrics.writes.labels("StatefulSet", "ok")._value.get() == 1
     assert "raise capped at 25%" in by_key[("Deployment/shop/web", "cpu")].reason
     # db: cpu wants 2000 / 336 = 5.95, from 2 capped at 2.5; memory demand is at least the peak 580Mi.
     db = annotations(api, "statefulsets", "db")
@@ -1579,6 +1584,22 @@ def test_conflicts_are_retried_on_a_fresh_object(api, source):
     assert reconciler.incomplete == [] and reconciler.metrics.last_pass.labels("complete")._value.get() > 0
 
 
+def test_a_conflict_with_a_writer_that_set_the_same_ratio_writes_nothing_more(api, tmp_path):
+    """Another replica, still believing it leads, wrote hot's ratio just before: decided again on
+    what it wrote, the ratio is where this pass wanted it, so neither it nor its Event is repeated."""
+    theirs = {KEYS.cpu_requests_ratio: "0.5", KEYS.ratio_last_change: "2026-12-05T09:00:00Z cpu 1 -> 0.5: theirs"}
+    api.concurrent_writes["deployments/hot"] = 1
+    api.written_meanwhile["deployments"] = lambda stored: stored["metadata"]["annotations"].update(theirs)
+    reconciler = Reconciler(Cluster(api_client_for(api)), sqlite_history(api, tmp_path / "history.db"), SETTINGS)
+    rows = reconciler.run_pass()
+    assert {k: annotations(api, "deployments", "hot")[k] for k in theirs} == theirs
+    assert not [e for e in api.list_objects("events", None, {})["items"] if e["involvedObject"]["name"] == "hot"]
+    assert [(r.current, r.proposed, r.written) for r in rows if (r.object, r.resource) == (
+        f"Deployment/{NS}/hot", "cpu")] == [("1", "0.5", False)], "the row is as the pass decided it"
+    assert reconciler.metrics.writes.labels("Deployment", "conflict")._value.get() == 1
+    assert reconciler.metrics.writes.labels("Deployment", "ok")._value.get() == 1, "web alone"
+
+
 def test_a_ratio_write_that_conflicts_on_every_try_is_told_and_left_to_the_next_pass(api, prometheus, caplog):
     """Another writer changing a workload (a GitOps controller) or a node (its kubelet) between
     each read and write: after three tries, each decided again on the fresh object, the ratios
@@ -1633,6 +1654,43 @@ def test_hpa_target_is_rescaled_when_asked(api, prometheus):
     hpa = api.get("horizontalpodautoscalers", NS, "api")
     assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 75  # 60 x 1.25
     assert hpa["metadata"]["annotations"][KEYS.original_target_utilization] == "60"
+
+
+def test_an_hpas_utilization_targets_of_each_resource_are_rescaled_and_its_other_metrics_kept(api, prometheus,
+                                                                                                  caplog):
+    stored = api.get("deployments", NS, "api")
+    stored["metadata"]["annotations"][KEYS.enable_memory_compress] = "y"
+    api.put("deployments", stored)
+    hpa = utilization_hpa("api", ("apps/v1", "Deployment", "api"), {})
+    kept = [{"type": "Resource", "resource": {"name": "memory", "target": {"type": "AverageValue",
+                                                                           "averageValue": "200Mi"}}},
+            {"type": "Pods", "pods": {"metric": {"name": "requests_per_second"},
+                                      "target": {"type": "AverageValue", "averageValue": "100"}}}]
+    hpa["spec"]["metrics"] = [
+        {"type": "ContainerResource", "containerResource": {"name": "cpu", "container": "api", "target": {
+            "type": "Utilization", "averageUtilization": 60}}},
+        {"type": "Resource", "resource": {"name": "memory", "target": {"type": "Utilization",
+                                                                       "averageUtilization": 80}}},
+        *kept]
+    api.put("horizontalpodautoscalers", hpa)
+    reconciler = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url),
+                            dataclasses.replace(SETTINGS, rescale_hpa=True))
+    with caplog.at_level(logging.INFO, logger="reconcilers.runner"):
+        reconciler.run_pass()
+    ratios = annotations(api, "deployments", "api")
+    assert (ratios[KEYS.cpu_requests_ratio], ratios[KEYS.memory_requests_ratio]) == ("1.25", "1.25")
+    after = api.get("horizontalpodautoscalers", NS, "api")
+    metrics = after["spec"]["metrics"]
+    assert metrics[0]["containerResource"]["target"] == {"type": "Utilization", "averageUtilization": 75}
+    assert metrics[1]["resource"]["target"] == {"type": "Utilization", "averageUtilization": 100}
+    assert metrics[2:] == kept, "a target in absolute amounts or another metric is not the requests' share"
+    assert after["metadata"]["annotations"] == {KEYS.original_target_utilization: "60",
+                                                KEYS.original_target_utilization_of("memory"): "80"}
+    said = "cpu target 75% (the original 60% x the requests ratio); memory target 100% (the original 80% x the " \
+           "requests ratio)"
+    assert f"HorizontalPodAutoscaler/{NS}/api: {said}" in caplog.messages
+    assert [e["message"] for e in api.list_objects("events", None, {})["items"]
+            if e["reason"] == "UtilizationTargetRescaled"] == [said]
 
 
 def test_an_hpa_added_to_a_workload_already_right_sized_is_rescaled_to_the_ratio_in_effect(api, prometheus):

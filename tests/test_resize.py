@@ -321,7 +321,7 @@ def test_pods_a_vpa_on_the_workloads_owner_resizes_are_left_alone(api, tmp_path)
     assert any(r.object.startswith("Pod/") and "VerticalPodAutoscaler shopfront-vpa" in r.reason for r in rows)
 
 
-def test_a_pass_lists_the_vpas_once_for_compression_and_resize(api, tmp_path):
+def test_a_pass_lists_the_vpas_once_for_compression_and_resize(api, tmp_path, caplog):
     # A cluster with thousands of VPAs pays for every list: compression and resize share one.
     setup(api, {KEYS.enable_resource_compress: "y"})
     api.put("verticalpodautoscalers",
@@ -336,9 +336,13 @@ def test_a_pass_lists_the_vpas_once_for_compression_and_resize(api, tmp_path):
     # A VPA list the API refuses: no resize at all this pass, and still a single list.
     api.requests.clear()
     api.unavailable.add("verticalpodautoscalers")
-    rows = reconciler(api, tmp_path).run_pass()
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        rows = reconciler(api, tmp_path).run_pass()
     assert api.count("GET", "verticalpodautoscalers") == 1
     assert resize_calls(api) == 0 and not any(r.object.startswith("Pod/") for r in rows)
+    assert caplog.messages == [
+        "cannot list VerticalPodAutoscalers (HTTP 503 Service Unavailable): workloads they manage are not told apart "
+        "this pass", "in-place resize skipped this pass: the API server failed (HTTP 503 Service Unavailable)"]
 
 
 def test_clusters_without_the_vpa_crd_resize(api, tmp_path):
