@@ -210,6 +210,14 @@ def test_pods_follow_the_ratio_carried_while_the_history_cannot_be_read(api, tmp
     assert [requests(stored(api, name))["cpu"] for name in PODS] == ["500m", "500m"]
 
 
+def test_in_place_resize_switched_off_leaves_running_pods_to_their_next_rollout(api, tmp_path):
+    setup(api, {KEYS.enable_resource_compress: "y"})
+    rows = reconciler(api, tmp_path, dataclasses.replace(SETTINGS, inplace_resize=False)).run_pass()
+    assert api.get("deployments", NS, "web")["metadata"]["annotations"][KEYS.cpu_requests_ratio] == "1.25"
+    assert resize_calls(api) == 0 and [requests(stored(api, name))["cpu"] for name in PODS] == ["1", "1"]
+    assert not [r for r in rows if r.object.startswith("Pod/")]
+
+
 def test_a_raise_keeps_the_qos_class_and_goes_through_the_real_rules(api, tmp_path):
     annotations = {KEYS.cpu_requests_ratio: "1"}
     burstable = template("500m", "1Gi", limits={"cpu": "1", "memory": "1Gi"})
