@@ -168,8 +168,8 @@ def test_a_new_ratio_resizes_running_pods_like_the_webhook_would_admit_them(api,
             assert pod["metadata"]["annotations"][key] == fresh["metadata"]["annotations"][key]
         assert pod["metadata"]["annotations"][KEYS.resized_ratios] == "cpu=1.25"
     resized = [r for r in rows if r.object.startswith("Pod/") and r.written]
-    assert [(r.object, r.resource, r.current, r.proposed) for r in resized] == [
-        (f"Pod/{NS}/{name}", "cpu", "1", "800m") for name in PODS]
+    assert [(r.object, r.resource, r.current, r.proposed, r.reason) for r in resized] == [
+        (f"Pod/{NS}/{name}", "cpu", "1", "800m", "in-place resize of app (cpu=1.25)") for name in PODS]
     # Each Event names its Pod by kind too, or `kubectl describe pod` does not show it.
     events = {(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"], e["message"])
               for e in api.list_objects("events", NS, {})["items"]}
@@ -285,15 +285,29 @@ def test_a_deferred_resize_is_left_to_the_kubelet(api, tmp_path):
 def test_an_api_server_without_pods_resize_degrades_to_the_next_rollout(api, tmp_path, caplog):
     api.absent.add("pods/resize")
     setup(api, {KEYS.enable_resource_compress: "y"})
-    reconciler_ = reconciler(api, tmp_path)
+    clock = Clock()
+    reconciler_ = reconciler(api, tmp_path, clock=clock)
+    said = ("the API server has no pods/resize (Kubernetes before 1.33, or InPlacePodVerticalScaling off): new "
+            "ratios reach running Pods at their next rollout")
     with caplog.at_level(logging.WARNING):
         reconciler_.run_pass()
+        assert caplog.messages == [said], "said at the first pass"
         reconciler_.run_pass()
     assert api.get("deployments", NS, "web")["metadata"]["annotations"][KEYS.cpu_requests_ratio] == "1.56"
     assert requests(stored(api))["cpu"] == "1", "running Pods keep their requests"
     assert resize_calls(api) == 0
-    assert sum("has no pods/resize" in m for m in caplog.messages) == 1, "said once"
+    assert caplog.messages == [said], "said once"
     assert reconciler_.metrics.resize_supported._value.get() == 0
+
+    # The feature gate turned on, then off again (a control plane rolled back): said again.
+    api.absent.discard("pods/resize")
+    reconciler_.run_pass()
+    assert resize_calls(api) == len(PODS) and reconciler_.metrics.resize_supported._value.get() == 1
+    api.absent.add("pods/resize")
+    clock.now += SETTINGS.resize_min_interval_seconds + 1
+    with caplog.at_level(logging.WARNING):
+        reconciler_.run_pass()
+    assert caplog.messages == [said, said]
 
 
 def test_workloads_a_vpa_resizes_are_left_alone(api, tmp_path, caplog):
@@ -760,8 +774,9 @@ def test_a_listing_the_api_server_fails_skips_the_resizes_and_keeps_the_pass(api
     assert api.get("deployments", NS, "web")["metadata"]["annotations"][KEYS.cpu_requests_ratio] == "1.25"
     assert ("Deployment/shop/web", "cpu", "1.25", True) in [(r.object, r.resource, r.proposed, r.written)
                                                             for r in rows]
-    assert ("*", "in-place resize: the API server failed (HTTP 500 Internal Server Error); retried next pass") in {
-        (r.object, r.reason) for r in rows}
+    assert ("*", "*", "in-place resize: the API server failed (HTTP 500 Internal Server Error); retried next pass") in {
+        (r.object, r.resource, r.reason) for r in rows}
+    assert reconciler_.incomplete == ["in-place resize: the API server failed (HTTP 500 Internal Server Error)"]
     assert ("in-place resize skipped this pass: the API server failed (HTTP 500 Internal Server Error)"
             in caplog.messages)
     assert reconciler_.metrics.skips.labels("resize-api-error")._value.get() == 1
