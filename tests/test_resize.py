@@ -147,12 +147,15 @@ def resize_calls(api: FakeKubeAPI) -> int:
 
 # ---- end to end -----------------------------------------------------------------------------
 
-def test_a_new_ratio_resizes_running_pods_like_the_webhook_would_admit_them(api, tmp_path):
+def test_a_new_ratio_resizes_running_pods_like_the_webhook_would_admit_them(api, tmp_path, caplog):
     on = {KEYS.enable_resource_compress: "y"}
     setup(api, on)
     clock = Clock()
     reconciler_ = reconciler(api, tmp_path, clock=clock)
-    rows = reconciler_.run_pass()
+    with caplog.at_level(logging.INFO, logger="reconcilers.runner"):
+        rows = reconciler_.run_pass()
+    assert [m for m in caplog.messages if "resized in place" in m] == [
+        f"Pod/{NS}/{name}: resized in place: app/cpu 1 -> 800m" for name in PODS]
 
     # 1000m requested, ~210m used: the first step is capped at +25%, ratio 1.25 -> 800m.
     workload = api.get("deployments", NS, "web")["metadata"]["annotations"]
@@ -314,11 +317,20 @@ def test_workloads_a_vpa_resizes_are_left_alone(api, tmp_path, caplog):
     setup(api, {})
     web_vpa = vpa("web-vpa", "InPlaceOrRecreate")
     api.put("verticalpodautoscalers", web_vpa)
+    api.put("pods", admitted("worker-7c6d5-abcde", template(), {}))  # a workload no VPA manages, listed after web's
+    ratios = {KEY: {KEYS.cpu_requests_ratio: "2"}, ("Deployment", NS, "worker"): {KEYS.cpu_requests_ratio: "2"}}
+    reconciler_ = reconciler(api, tmp_path)
     with caplog.at_level(logging.INFO):
-        rows = reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
-    assert resize_calls(api) == 0
-    assert any("managed by VerticalPodAutoscaler web-vpa" in m for m in caplog.messages)
-    assert all("VerticalPodAutoscaler" in r.reason for r in rows)
+        rows = reconciler_.reconcile_resizes(False, ratios)
+    assert [m for m in caplog.messages if "VerticalPodAutoscaler" in m] == [
+        "Deployment/shop/web: managed by VerticalPodAutoscaler web-vpa, its Pods are not resized in place (two "
+        "controllers resizing one Pod fight)"], "said once for the workload"
+    assert [(r.object, r.resource, r.reason) for r in rows if not r.written] == [
+        (f"Pod/{NS}/{name}", "*", "skipped: managed by VerticalPodAutoscaler web-vpa") for name in PODS]
+    assert reconciler_.metrics.skips.labels("resize-vpa")._value.get() == len(PODS)
+    assert resize_calls(api) == 1 and requests(stored(api, "worker-7c6d5-abcde"))["cpu"] == "500m"
+    api.delete("pods", NS, "worker-7c6d5-abcde")
+    api.requests.clear()
 
     # A VPA that only recommends does not resize anything: ours may.
     web_vpa["spec"]["updatePolicy"]["updateMode"] = "Off"
@@ -410,6 +422,25 @@ def test_rate_limits_per_workload_and_per_pass(api, tmp_path, limit):
     waiting = [r.reason for r in rows if r.reason.startswith("not resized: over 1 resizes")]
     assert waiting == ["not resized: over 1 resizes of Deployment/shop/web this pass; next pass" if limit == "workload"
                        else "not resized: over 1 resizes this pass; next pass"]
+
+
+@pytest.mark.parametrize("limit", ["workload", "pass"])
+def test_rate_limits_count_the_resizes_sent_not_the_pods_already_at_their_ratio(api, tmp_path, limit):
+    at_ratio = ("web-5d8f9-aaaaa", "web-5d8f9-eeeee")
+    to_resize = ("web-5d8f9-bbbbb", "web-5d8f9-ccccc", "web-5d8f9-ddddd")
+    ratio = {KEYS.cpu_requests_ratio: "2"}
+    setup(api, {}, pods=to_resize)
+    for name in at_ratio:
+        api.put("pods", admitted(name, template(), ratio))
+    settings = dataclasses.replace(SETTINGS, **{f"resize_max_per_{limit}": 2})
+    reconciler_ = reconciler(api, tmp_path, settings)
+    rows = reconciler_.reconcile_resizes(False, {KEY: ratio})
+    assert [requests(stored(api, name))["cpu"] for name in (*at_ratio, *to_resize)] == ["500m"] * 4 + ["1"]
+    assert resize_calls(api) == 2
+    assert [(r.object, r.reason.split(" this pass")[0]) for r in rows if not r.written] == [
+        (f"Pod/{NS}/web-5d8f9-ddddd", "not resized: over 2 resizes" + (" of Deployment/shop/web" if limit == "workload"
+                                                                       else ""))]
+    assert reconciler_.metrics.skips.labels("resize-rate-limited")._value.get() == 1
 
 
 @pytest.mark.parametrize("ratio", ["1", "0.8"])
@@ -680,7 +711,7 @@ def test_static_deleting_and_already_resized_pods_send_no_resize():
     assert plan.code == "in-place" and not plan.patch and not plan.changes
 
 
-def test_a_refused_resize_is_a_warning_event_and_the_record_is_put_back(api, tmp_path):
+def test_a_refused_resize_is_a_warning_event_and_the_record_is_put_back(api, tmp_path, caplog):
     setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS[:1])
     before = stored(api)["metadata"]["annotations"]
     assert requests(stored(api))["cpu"] == "800m"
@@ -693,14 +724,17 @@ def test_a_refused_resize_is_a_warning_event_and_the_record_is_put_back(api, tmp
 
     api.validating["pods"] = policy_engine
     reconciler_ = reconciler(api, tmp_path)
-    rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        rows = reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    refusal = "403 admission webhook denied the request: resizes need a change ticket"
+    assert caplog.messages == [f"Pod/{NS}/{PODS[0]}: resize refused: {refusal}"]
     pod = stored(api)
     assert requests(pod)["cpu"] == "800m"
     assert [r.written for r in rows] == [False]
     after = pod["metadata"]["annotations"]
     assert {k: after.get(k) for k in before} == before, "the record describes the Pod as it still is"
     (event,) = [e for e in api.list_objects("events", NS, {})["items"] if e["reason"] == "ResizeFailed"]
-    assert event["type"] == "Warning" and "resizes need a change ticket" in event["message"]
+    assert (event["type"], event["message"]) == ("Warning", f"in-place resize refused: {refusal}")
     assert reconciler_.metrics.resizes.labels("error")._value.get() == 1
 
 
@@ -815,6 +849,9 @@ def test_an_infeasible_answer_is_told_once_it_is_recorded(api, tmp_path, caplog)
     reconciler_.reconcile_resizes(False, raise_ratio)
     assert stored(api)["metadata"]["annotations"][KEYS.resize_infeasible] == "cpu=0.5"
     assert told() == 1 and reconciler_.metrics.resizes.labels("infeasible")._value.get() == 1
+    (event,) = [e for e in api.list_objects("events", NS, {})["items"] if e["reason"] == "ResizeInfeasible"]
+    assert (event["type"], event["message"]) == (
+        "Warning", "in-place resize to ratios cpu=0.5 is Infeasible on this node; not retried until the ratios change")
     reconciler_.reconcile_resizes(False, raise_ratio)
     assert told() == 1 and resize_calls(api) == 1, "recorded: neither told nor sent again"
 
