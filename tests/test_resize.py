@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kube.leader import LeaseElector
 from oversale.annotations import AnnotationKeys
 from oversale.compression import CompressionConfig
 from oversale.limitrange import NO_BOUNDS, RequestBounds
@@ -28,7 +29,7 @@ from oversale.resize import ResizeLimits, plan_resize, vpa_controlled
 from oversale.settings import Settings
 from oversale.timestamps import format_timestamp
 from reconcilers.cluster import Cluster
-from reconcilers.runner import Reconciler
+from reconcilers.runner import NotLeader, Reconciler
 from reconcilers.sqlite_history import SqliteHistory
 from tests.conftest import apply_response, damage_sqlite, pod_review
 from tests.kube_api import FakeKubeAPI
@@ -755,6 +756,30 @@ def test_a_pod_its_kubelet_wrote_meanwhile_is_read_again_and_resized_in_the_same
     assert resize_calls(api) == 1
     (event,) = [e for e in api.list_objects("events", NS, {})["items"] if e["reason"] == "ResizedInPlace"]
     assert (event["involvedObject"]["kind"], event["involvedObject"]["name"]) == ("Pod", PODS[0])
+
+
+def test_a_lease_lost_while_a_pods_conflict_is_read_again_resizes_nothing(api, tmp_path):
+    """The kubelet's write that made the record a 409 comes while this replica's Lease runs out
+    (the API server too slow for its renewals): read again, the Pod is left to the next leader."""
+    setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS[:1])
+    clock = Clock()
+    elector = LeaseElector(client.ApiClient(client.Configuration(host=api.url)), "oversale", "oversale-reconciler",
+                           "a", 15, clock)
+    assert elector.try_acquire_or_renew()
+
+    def kubelet_writes_while_the_lease_runs_out(pod: dict[str, Any]) -> None:
+        clock.now += 11
+        pod["status"].setdefault("conditions", []).append({"type": "Ready", "status": "True"})
+
+    api.concurrent_writes[f"pods/{PODS[0]}"] = 1
+    api.written_meanwhile["pods"] = kubelet_writes_while_the_lease_runs_out
+    before = stored(api)["metadata"]["annotations"]
+    reconciler_ = Reconciler(Cluster(client.ApiClient(client.Configuration(host=api.url))),
+                             history(tmp_path / "history.db"), SETTINGS, leader=elector, clock=clock)
+    with pytest.raises(NotLeader):
+        reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+    assert resize_calls(api) == 0 and requests(stored(api))["cpu"] == "800m"
+    assert stored(api)["metadata"]["annotations"] == before, "no record of a resize that was not sent"
 
 
 def test_a_pod_whose_plan_moved_meanwhile_waits_for_the_next_pass(api, tmp_path, caplog):
