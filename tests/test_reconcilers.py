@@ -1421,6 +1421,22 @@ def test_a_workload_that_opts_out_is_no_longer_reported(api, tmp_path):
     assert reported("db", "StatefulSet") is None and reported("hot") is None
 
 
+def test_a_node_whose_ratio_holds_gets_its_account_and_no_ratio_change_record(api, tmp_path):
+    """node-1 is at the most its usage allows already: the pass writes its hot-time account,
+    and leaves the record of its last ratio change, and the Events, to ratio changes."""
+    stored = api.get("nodes", "", "node-1")
+    stored["metadata"]["annotations"][KEYS.cpu_oversale_ratio] = "5"
+    api.put("nodes", stored)
+    reconciler = Reconciler(Cluster(api_client_for(api)), sqlite_history(api, tmp_path / "history.db"), SETTINGS)
+    rows = reconciler.run_pass()
+    assert [(r.current, r.proposed, r.written) for r in rows if r.object == "Node/node-1"] == [
+        ("5", "5", False), ("1", "1", False)]
+    written = annotations(api, "nodes", "node-1", "")
+    assert KEYS.hot_time_account in written and KEYS.ratio_last_change not in written
+    assert not [e for e in api.list_objects("events", None, {})["items"] if e["involvedObject"]["kind"] == "Node"]
+    assert reconciler.metrics.writes.labels("Node", "ok")._value.get() == 2, "both nodes' accounts"
+
+
 def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     now = time.time()
     # The passes within one hour: the account counts an hour more where one has settled between.
