@@ -1721,6 +1721,8 @@ def test_an_hpa_added_to_a_workload_already_right_sized_is_rescaled_to_the_ratio
     reconciler.run_pass()
     assert annotations(api, "deployments", "api")[KEYS.cpu_requests_ratio] == "1.25"
     api.put("horizontalpodautoscalers", hpa)                     # target 60, as its author wrote it
+    reconciler.run_pass(dry_run=True)
+    assert api.get("horizontalpodautoscalers", NS, "api")["spec"] == hpa["spec"], "a dry run rescales no HPA"
     reconciler.run_pass()
     assert annotations(api, "deployments", "api")[KEYS.cpu_requests_ratio] == "1.25", "the ratio did not change"
     after = api.get("horizontalpodautoscalers", NS, "api")
