@@ -1108,6 +1108,13 @@ def annotations(api: FakeKubeAPI, plural: str, name: str, namespace: str = NS) -
     return api.get(plural, namespace, name)["metadata"].get("annotations") or {}
 
 
+def annotate(api: FakeKubeAPI, plural: str, name: str, values: dict[str, str], namespace: str = NS) -> None:
+    """Set these annotations on the stored object, as a user's ``kubectl annotate`` would."""
+    stored = api.get(plural, namespace, name)
+    stored["metadata"].setdefault("annotations", {}).update(values)
+    api.put(plural, stored)
+
+
 def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source, caplog):
     reconciler = Reconciler(Cluster(api_client_for(api)), source, SETTINGS)
     with caplog.at_level(logging.INFO, logger="reconcilers.runner"):
@@ -1404,9 +1411,7 @@ def test_a_workload_that_opts_out_is_no_longer_reported(api, tmp_path):
             "oversale_reconcile_ratio", {"kind": kind, "namespace": NS, "name": name, "resource": "cpu"})
 
     def opt_out(plural: str, name: str) -> None:
-        stored = api.get(plural, NS, name)
-        stored["metadata"]["annotations"][KEYS.enable_resource_compress] = "n"
-        api.put(plural, stored)
+        annotate(api, plural, name, {KEYS.enable_resource_compress: "n"})
 
     reconciler.run_pass()
     assert reported("web") == 1.25 and reported("db", "StatefulSet") == 2.5
@@ -1426,9 +1431,7 @@ def test_a_workload_that_opts_out_is_no_longer_reported(api, tmp_path):
 def test_a_node_whose_ratio_holds_gets_its_account_and_no_ratio_change_record(api, tmp_path):
     """node-1 is at the most its usage allows already: the pass writes its hot-time account,
     and leaves the record of its last ratio change, and the Events, to ratio changes."""
-    stored = api.get("nodes", "", "node-1")
-    stored["metadata"].setdefault("annotations", {})[KEYS.cpu_oversale_ratio] = "5"
-    api.put("nodes", stored)
+    annotate(api, "nodes", "node-1", {KEYS.cpu_oversale_ratio: "5"}, "")
     reconciler = Reconciler(Cluster(api_client_for(api)), sqlite_history(api, tmp_path / "history.db"), SETTINGS)
     rows = reconciler.run_pass()
     assert [(r.current, r.proposed, r.written) for r in rows if r.object == "Node/node-1"] == [
@@ -1462,9 +1465,7 @@ def test_prometheus_pass_uses_a_fixed_number_of_queries(api, prometheus):
     # its samples again: those of the pass's read count for it, and it has the history it had.
     # Its cpu quantile keeps samples of its own, read whole on this first pass (2 requests); its
     # memory quantile is the pass's, whose newest steps it reads (1).
-    node = api.get("nodes", "", "node-1")
-    node["metadata"].setdefault("annotations", {})[KEYS.hot_time_budget("cpu")] = "0.0002"
-    api.put("nodes", node)
+    annotate(api, "nodes", "node-1", {KEYS.hot_time_budget("cpu"): "0.0002"}, "")
     rows = reconciler.run_pass(dry_run=True)
     assert history.queries - 28 == 12 + 3
     cpu = next(row for row in rows if row.object == "Node/node-1" and row.resource == "cpu")
@@ -1676,9 +1677,7 @@ def test_hpa_target_is_rescaled_when_asked(api, prometheus):
 
 def test_an_hpas_utilization_targets_of_each_resource_are_rescaled_and_its_other_metrics_kept(api, prometheus,
                                                                                                   caplog):
-    stored = api.get("deployments", NS, "api")
-    stored["metadata"]["annotations"][KEYS.enable_memory_compress] = "y"
-    api.put("deployments", stored)
+    annotate(api, "deployments", "api", {KEYS.enable_memory_compress: "y"})
     hpa = utilization_hpa("api", ("apps/v1", "Deployment", "api"), {})
     kept = [{"type": "Resource", "resource": {"name": "memory", "target": {"type": "AverageValue",
                                                                            "averageValue": "200Mi"}}},
@@ -2876,9 +2875,7 @@ def test_a_node_with_a_budget_of_its_own_is_judged_at_its_own_quantile(api, tmp_
 
     default = cpu_rows()
     assert default["Node/node-1"].demand == "4500m" and default["Node/node-1"].reason.startswith("budget 0.100%: ")
-    stored = api.get("nodes", "", "node-1")
-    stored["metadata"].setdefault("annotations", {})[KEYS.hot_time_budget("cpu")] = "0.05"
-    api.put("nodes", stored)
+    annotate(api, "nodes", "node-1", {KEYS.hot_time_budget("cpu"): "0.05"}, "")
     own = cpu_rows()
     assert own["Node/node-1"].demand == "900m" and own["Node/node-1"].reason.startswith("budget 5.000%: P80 usage")
     assert float(own["Node/node-1"].proposed) > float(default["Node/node-1"].proposed)

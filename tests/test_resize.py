@@ -123,9 +123,9 @@ def history(path: Path, cpu_millicores: int = 200) -> SqliteHistory:
 
 
 def reconciler(api: FakeKubeAPI, tmp_path: Path, settings: Settings = SETTINGS,
-               clock: Clock | None = None) -> Reconciler:
+               clock: Clock | None = None, leader: LeaseElector | None = None) -> Reconciler:
     cluster = Cluster(client.ApiClient(client.Configuration(host=api.url)))
-    return Reconciler(cluster, history(tmp_path / "history.db"), settings, clock=clock or Clock())
+    return Reconciler(cluster, history(tmp_path / "history.db"), settings, leader, clock=clock or Clock())
 
 
 def setup(api: FakeKubeAPI, annotations: dict[str, str], pod_template: dict[str, Any] | None = None,
@@ -774,10 +774,9 @@ def test_a_lease_lost_while_a_pods_conflict_is_read_again_resizes_nothing(api, t
     api.concurrent_writes[f"pods/{PODS[0]}"] = 1
     api.written_meanwhile["pods"] = kubelet_writes_while_the_lease_runs_out
     before = stored(api)["metadata"]["annotations"]
-    reconciler_ = Reconciler(Cluster(client.ApiClient(client.Configuration(host=api.url))),
-                             history(tmp_path / "history.db"), SETTINGS, leader=elector, clock=clock)
     with pytest.raises(NotLeader):
-        reconciler_.reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
+        reconciler(api, tmp_path, clock=clock, leader=elector).reconcile_resizes(
+            False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
     assert resize_calls(api) == 0 and requests(stored(api))["cpu"] == "800m"
     assert stored(api)["metadata"]["annotations"] == before, "no record of a resize that was not sent"
 
