@@ -1338,16 +1338,12 @@ def test_a_hot_time_account_that_cannot_be_read_keeps_the_back_off_in_force(api,
             rows = reconciler.run_pass(dry_run=True)
             return next(r for r in rows if (r.object, r.resource) == ("Node/node-1", "cpu"))
 
-        node_1 = api.get("nodes", "", "node-1")
-        node_1["metadata"].setdefault("annotations", {})[KEYS.cpu_oversale_ratio] = "4"
-        api.put("nodes", node_1)
+        annotate(api, "nodes", "node-1", {KEYS.cpu_oversale_ratio: "4"}, "")
         unaccounted = node_1_cpu()
         assert "account" not in unaccounted.reason
         for key, multiplier in ((KEYS.hot_time_account, 0.5), (KEYS.pool_hot_time_account, 0.4)):
-            node_1 = api.get("nodes", "", "node-1")
-            node_1["metadata"]["annotations"][key] = json.dumps(
-                {"cpu": {"multiplier": multiplier, "backedOffAt": round(time.time() - 3600)}})
-            api.put("nodes", node_1)
+            annotate(api, "nodes", "node-1", {key: json.dumps(
+                {"cpu": {"multiplier": multiplier, "backedOffAt": round(time.time() - 3600)}})}, "")
             with caplog.at_level(logging.WARNING, logger="reconcilers"):
                 held = node_1_cpu()
             assert f"account: target x{multiplier:.2f}" in held.reason, held.reason
@@ -1857,9 +1853,7 @@ def test_an_hpa_on_the_operator_resource_that_owns_a_workload_holds_its_ratio(ap
 
 
 def test_an_unreadable_original_target_on_one_hpa_holds_that_workload_only(api, prometheus):
-    hpa = api.get("horizontalpodautoscalers", NS, "api")
-    hpa["metadata"].setdefault("annotations", {})[KEYS.original_target_utilization] = "60%"
-    api.put("horizontalpodautoscalers", hpa)
+    annotate(api, "horizontalpodautoscalers", "api", {KEYS.original_target_utilization: "60%"})
     settings = dataclasses.replace(SETTINGS, rescale_hpa=True)
     rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
     assert annotations(api, "deployments", "web")[KEYS.cpu_requests_ratio] == "1.25"  # the others go on
@@ -2961,9 +2955,7 @@ def warned_about(reconciler: Reconciler, caplog: Any, annotation: str, passes: i
 def test_an_unreadable_account_is_said_once_and_written_back_readable(api, tmp_path, caplog):
     """Someone edited node-2's account by hand. What it held starts afresh: the hot time itself is
     read from the history every pass, so a node that overspends is backed off again at once."""
-    stored = api.get("nodes", "", "node-2")
-    stored["metadata"]["annotations"][KEYS.hot_time_account] = '{"cpu": {"multiplier": "half"}}'
-    api.put("nodes", stored)
+    annotate(api, "nodes", "node-2", {KEYS.hot_time_account: '{"cpu": {"multiplier": "half"}}'}, "")
     reconciler = Reconciler(Cluster(api_client_for(api)), two_days_with_node_1_hot(api, tmp_path / "h.db"), SETTINGS)
     said = warned_about(reconciler, caplog, KEYS.hot_time_account)
     assert said == [f"Node/node-2: annotation {KEYS.hot_time_account} unreadable (cpu: {{'multiplier': 'half'}}); "
@@ -2983,9 +2975,7 @@ def test_a_pool_account_unreadable_on_every_node_is_said_once_and_one_copy_alone
 
     def edit(*names: str) -> None:
         for name in names:
-            stored = api.get("nodes", "", name)
-            stored["metadata"]["annotations"][KEYS.pool_hot_time_account] = "half"
-            api.put("nodes", stored)
+            annotate(api, "nodes", name, {KEYS.pool_hot_time_account: "half"}, "")
 
     edit("node-1")
     assert not warned_about(reconciler, caplog, KEYS.pool_hot_time_account, passes=1)
@@ -3032,9 +3022,7 @@ def test_a_budget_annotation_that_is_not_a_share_falls_back_to_the_pool_and_is_t
 
     # Mended, then set wrong again: the second mistake is told too.
     for value in ("0.005", "0.5%"):
-        stored = api.get("nodes", "", "node-2")
-        stored["metadata"]["annotations"][key] = value
-        api.put("nodes", stored)
+        annotate(api, "nodes", "node-2", {key: value}, "")
         with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
             reconciler.run_pass()
     assert len([r for r in caplog.records if "ignored" in r.getMessage()]) == 2
