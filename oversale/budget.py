@@ -143,7 +143,7 @@ def budget_quantile(budget: float, scale: float = 1.0) -> float:
     """The usage quantile whose exceedance the budget allows: ``1 - scale x budget`` (1: the
     peak). ``scale`` calibrates the estimator: a window's exceedance over-states (scale > 1) or
     under-states the exceedance that follows, and the replay's tuning days measure by how much."""
-    if not 0 <= budget <= 1 or math.isnan(budget):
+    if not 0 <= budget <= 1:  # NaN fails too
         raise ValueError(f"{budget!r}: {BUDGET_RULE}")
     return max(0.0, 1.0 - scale * budget)
 

@@ -12,9 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oversale.budget import (
+    BUDGET_RULE,
     AccountConfig,
     Adjustment,
     HotTime,
+    HotTimeBudget,
     NodeAccount,
     adjust_multiplier,
     budget_of,
@@ -32,6 +34,7 @@ from oversale.budget import (
     write_accounts,
 )
 from oversale.estimator import OversaleEstimator, StabilityConfig, UsageStats, summarize
+from oversale.settings import Settings
 
 STEADY = OversaleEstimator(stability=StabilityConfig(Decimal(0), Decimal(1000)))
 REAL = 32_000  # millicores
@@ -296,3 +299,69 @@ def test_a_pools_account_is_the_copy_its_nodes_changed_last():
         {"cpu": new, "memory": NodeAccount()}
     assert pool_account([{"cpu": new}, {"cpu": old}])["cpu"] == new
     assert pool_account([]) == {}
+
+
+def test_the_cores_defaults_are_the_settings_and_the_windows_the_metrics_name():
+    """The replay builds ``HotTimeBudget()`` and ``AccountConfig()`` where the live reconciler reads
+    Settings: both must run the product's defaults (cpu 0.1%, memory 0.01%). The account's windows
+    are the ones its gauges and the node annotation are labelled with, 1d and 7d."""
+    assert HotTimeBudget() == Settings.from_env({}).budget
+    assert HotTimeBudget(0.002, 0.0003).of("cpu") == 0.002 and HotTimeBudget(0.002, 0.0003).of("memory") == 0.0003
+    assert (CONFIG.short_window_seconds, CONFIG.long_window_seconds) == (86400, 7 * 86400)
+
+
+def test_hot_time_adds_up_over_nodes_and_windows():
+    """A pool's hot time is the sum of its nodes': hot samples over samples, not a mean of shares."""
+    pooled = HotTime(1, 288) + HotTime(3, 2016)
+    assert pooled == HotTime(4, 2304) and pooled.share == pytest.approx(4 / 2304)
+
+
+def test_a_budget_that_is_no_number_names_itself():
+    with pytest.raises(ValueError) as raised:
+        budget_quantile(float("nan"))
+    assert str(raised.value) == f"nan: {BUDGET_RULE}"
+
+
+def test_the_accounts_multiplier_scales_the_ratios_target_and_the_budget_sets_cpus_quantile():
+    """The account backs a node off by scaling the target the ratio is computed for: half the
+    target, half the oversold ratio (here nowhere near a cap or the floor). The cpu ratio reads
+    the budget's quantile of the node's usage, and says so."""
+    full, halved = ratio_at(0.01), ratio_at(0.01, multiplier=0.5)
+    assert 2 < full < STEADY.cpu_max_ratio
+    assert float(halved) == pytest.approx(float(full) / 2, abs=0.01)  # each floored to 0.01
+    assert "P99 usage" in budget_proposal("cpu", 30_000, REAL, week_at(0.01), Decimal(1), STEADY, 0.01, 1.0).reason
+
+
+def test_the_account_says_which_window_it_acted_on_and_when_it_will_act_again():
+    """The reasons land in Events and logs word for word, so they are checked whole; the hours to
+    one decimal (83,350 s is 23.15 h: 23.2)."""
+    day, week, quiet_day, quiet_week = HotTime(6, 1000), HotTime(6, 7000), HotTime(0, 288), HotTime(0, 2016)
+    # The last day 6x over, the week under: the last day alone, being over 4 budgets, backs off
+    # (to the floor: 6 ** -0.5 is below it).
+    assert adjust_multiplier(1.0, day, week, 0.001, None, None, CONFIG) == Adjustment(
+        0.5, "hot 0.600% of the last day, 6.0x the budget 0.100%: target x0.50", backed_off=True)
+    assert adjust_multiplier(1.0, day, week, 0.001, None, 83_350, CONFIG).reason == \
+        "hot 0.600% of the last day, 6.0x the budget 0.100%; backed off 23.2 h ago: waiting"
+    assert adjust_multiplier(0.8, quiet_day, quiet_week, 0.001, 86_400 - 83_350, None, CONFIG).reason == \
+        "hot 0.000% of the long window, under 0.5x the budget 0.100%: rising in 23.2 h, a day after the last change"
+    # An account that never moved (a node's first quiet week) rises without waiting for a change.
+    assert adjust_multiplier(0.8, quiet_day, quiet_week, 0.001, None, None, CONFIG) == Adjustment(
+        pytest.approx(0.84), "hot 0.000% of the long window, under 0.5x the budget 0.100%: rising slowly")
+
+
+def test_every_problem_is_said_and_a_clean_read_says_none():
+    assert read_accounts_said('{"cpu": 3, "memory": "x"}') == ({}, "cpu: 3; memory: 'x'")
+    key = "stke.platform/cpu-hot-time-budget"
+    assert budget_of({}, {}, key, 0.001) == (0.001, None)
+    assert budget_of({key: "2"}, {key: "-1"}, key, 0.001)[1] == (
+        f"annotation {key}='2' ignored: {BUDGET_RULE}; label {key}='-1' ignored: {BUDGET_RULE}")
+
+
+def test_a_pools_account_keeps_the_first_of_equally_recent_copies_and_never_an_unchanged_one():
+    """Nodes that carry the same change carry equal copies; the first is kept (the pool's figure
+    does not hop between them from pass to pass). A copy never changed (a node that joined with
+    the account at 1) does not replace one that moved."""
+    moved, same_time = NodeAccount(0.5, 200.0, 200.0), NodeAccount(0.6, 150.0, 200.0)
+    assert pool_account([{"cpu": moved}, {"cpu": same_time}])["cpu"] == moved
+    assert pool_account([{"cpu": moved}, {"cpu": NodeAccount()}])["cpu"] == moved
+    assert pool_account([{"cpu": NodeAccount()}, {"cpu": moved}])["cpu"] == moved
