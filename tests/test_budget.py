@@ -351,6 +351,7 @@ def test_the_account_says_which_window_it_acted_on_and_when_it_will_act_again():
 
 def test_every_problem_is_said_and_a_clean_read_says_none():
     assert read_accounts_said('{"cpu": 3, "memory": "x"}') == ({}, "cpu: 3; memory: 'x'")
+    assert read_accounts_said(None) == read_accounts_said("") == ({}, None)  # a node never accounted
     key = "stke.platform/cpu-hot-time-budget"
     assert budget_of({}, {}, key, 0.001) == (0.001, None)
     assert budget_of({key: "2"}, {key: "-1"}, key, 0.001)[1] == (
@@ -363,5 +364,6 @@ def test_a_pools_account_keeps_the_first_of_equally_recent_copies_and_never_an_u
     the account at 1) does not replace one that moved."""
     moved, same_time = NodeAccount(0.5, 200.0, 200.0), NodeAccount(0.6, 150.0, 200.0)
     assert pool_account([{"cpu": moved}, {"cpu": same_time}])["cpu"] == moved
+    assert pool_account([{"cpu": NodeAccount(0.9)}, {"cpu": NodeAccount()}])["cpu"] == NodeAccount(0.9)
     assert pool_account([{"cpu": moved}, {"cpu": NodeAccount()}])["cpu"] == moved
     assert pool_account([{"cpu": NodeAccount()}, {"cpu": moved}])["cpu"] == moved

@@ -1208,3 +1208,55 @@ def test_each_day_says_the_accounts_multiplier_and_the_ratios_so_a_back_off_afte
     # The report's table shows the multiplier beside our hot samples and nodes.
     row = next(line for line in hot_days_table(result.daily) if line.startswith(f"| {after['day']} | "))
     assert f"{after['cpu_hot_samples']} / {after['nodes']} x{after['cpu_account_multiplier']:.2f}" in row
+
+
+def test_a_node_at_its_capacity_is_not_hot_and_a_workload_at_its_request_not_above_it():
+    """Hot time and above-request count usage strictly above the line, as the live account does
+    (``oversale.budget.hot_time``): a node running exactly its real capacity is full, not over."""
+    from simulator.replay import Placed, Tally
+
+    slots = 4
+    cpu = np.array([[10_000.0, 10_000.0, 10_000.0, 10_001.0], [6_000.0, 6_000.0, 6_001.0, 6_000.0]])
+    usage = {"cpu": cpu, "memory": np.full((2, slots), float(GIB))}
+    empty = Window(np.zeros(0), {"cpu": np.zeros((2, 0)), "memory": np.zeros((2, 0))}, np.zeros((2, 0), dtype=bool))
+    day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((2, slots), dtype=bool), empty, "tuning")
+    placed = Placed(np.array([0, 0]), {"cpu": np.array([10_000.0, 6_000.0]), "memory": np.full(2, float(GIB))},
+                    [(1.0, 1.0)])
+    tally = Tally()
+    tally.count(day, placed, (16_000.0, 64.0 * GIB))
+    assert tally.violations == {"cpu": 2, "memory": 0} and tally.node_samples == {"cpu": 4, "memory": 4}
+    assert tally.above_request == {"cpu": 2, "memory": 0} and tally.workload_samples == {"cpu": 8, "memory": 8}
+    assert tally.evictions == 0 and tally.moved_again == 0, "nothing was moved: a placement without remediation"
+
+
+def test_a_splits_tally_is_the_sum_of_its_days_every_figure_of_them():
+    from simulator.replay import Tally
+
+    first = Tally(1.0, 12.0, {"cpu": 3456, "memory": 3456}, {"cpu": 5, "memory": 1}, {"cpu": 9, "memory": 9},
+                  {"cpu": 2, "memory": 0}, evictions=4, moved_again=1, peak_samples=3456, violations_at_peaks=7)
+    second = Tally(0.5, 5.0, {"cpu": 1440, "memory": 1440}, {"cpu": 0, "memory": 2}, {"cpu": 4, "memory": 4},
+                   {"cpu": 1, "memory": 1}, evictions=2, moved_again=2, peak_samples=1440, violations_at_peaks=3)
+    assert first.add(second) == Tally(1.5, 17.0, {"cpu": 4896, "memory": 4896}, {"cpu": 5, "memory": 3},
+                                      {"cpu": 13, "memory": 13}, {"cpu": 3, "memory": 1}, evictions=6, moved_again=3,
+                                      peak_samples=4896, violations_at_peaks=10)
+
+
+def test_the_command_warns_of_workloads_larger_than_a_node_and_of_nothing_else():
+    """A request above the node's size (not one equal to it) at any moment of the trace, cpu or
+    memory, is told with the count and one name, and how to fit them."""
+    from simulator.replay import oversized_warning
+    from simulator.trace import Workload
+
+    def workload(name, cpu_cores, memory_gib, slots=3):
+        return Workload(name, np.arange(slots), {"cpu": np.full(slots, cpu_cores * 1000.0),
+                                                 "memory": np.full(slots, memory_gib * GIB)},
+                        {"cpu": np.zeros(slots), "memory": np.zeros(slots)})
+
+    config = Config(node_cpu_cores=32, node_memory_bytes=256 * GIB)
+    fitting = [workload("a", 32, 256), workload("b", 4, 16)]
+    assert oversized_warning(fitting, config) is None
+    assert oversized_warning([*fitting, workload("big-cpu", 33, 16)], config) == (
+        "warning: 1 of 3 workloads request more than a node holds (32 cores, 256 GiB; e.g. big-cpu): each such Pod "
+        "gets a node of its own, above its capacity by requests; a larger --node-cores or --node-memory fits them")
+    assert oversized_warning([workload("big-memory", 4, 511), workload("big-cpu", 40, 1)], config).startswith(
+        "warning: 2 of 2 workloads request more than a node holds (32 cores, 256 GiB; e.g. big-memory): ")
