@@ -1219,14 +1219,23 @@ def test_a_node_at_its_capacity_is_not_hot_and_a_workload_at_its_request_not_abo
     cpu = np.array([[10_000.0, 10_000.0, 10_000.0, 10_001.0], [6_000.0, 6_000.0, 6_001.0, 6_000.0]])
     usage = {"cpu": cpu, "memory": np.full((2, slots), float(GIB))}
     empty = Window(np.zeros(0), {"cpu": np.zeros((2, 0)), "memory": np.zeros((2, 0))}, np.zeros((2, 0), dtype=bool))
-    day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((2, slots), dtype=bool), empty, "tuning")
+    # The peaks: as the averages but for a half core more in the first slot (over, where the
+    # average was full) and the second at exactly 16 cores (full).
+    peaks = cpu + np.array([[500.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((2, slots), dtype=bool), empty, "tuning", peak_cpu=peaks)
     placed = Placed(np.array([0, 0]), {"cpu": np.array([10_000.0, 6_000.0]), "memory": np.full(2, float(GIB))},
                     [(1.0, 1.0)])
     tally = Tally()
     tally.count(day, placed, (16_000.0, 64.0 * GIB))
     assert tally.violations == {"cpu": 2, "memory": 0} and tally.node_samples == {"cpu": 4, "memory": 4}
     assert tally.above_request == {"cpu": 2, "memory": 0} and tally.workload_samples == {"cpu": 8, "memory": 8}
+    assert (tally.violations_at_peaks, tally.peak_samples) == (3, 4)
     assert tally.evictions == 0 and tally.moved_again == 0, "nothing was moved: a placement without remediation"
+    # A remediated day's moves add up day by day.
+    placed.evictions, placed.moved_again = 2, 1
+    tally.count(day, placed, (16_000.0, 64.0 * GIB))
+    tally.count(day, placed, (16_000.0, 64.0 * GIB))
+    assert (tally.evictions, tally.moved_again, tally.days) == (4, 2, 3.0)
 
 
 def test_a_splits_tally_is_the_sum_of_its_days_every_figure_of_them():
@@ -1253,10 +1262,54 @@ def test_the_command_warns_of_workloads_larger_than_a_node_and_of_nothing_else()
                         {"cpu": np.zeros(slots), "memory": np.zeros(slots)})
 
     config = Config(node_cpu_cores=32, node_memory_bytes=256 * GIB)
-    fitting = [workload("a", 32, 256), workload("b", 4, 16)]
+    # A workload left with no sample (every row of it powered off) requests nothing.
+    fitting = [workload("a", 32, 256), workload("b", 4, 16), workload("off", 0, 0, slots=0)]
     assert oversized_warning(fitting, config) is None
     assert oversized_warning([*fitting, workload("big-cpu", 33, 16)], config) == (
-        "warning: 1 of 3 workloads request more than a node holds (32 cores, 256 GiB; e.g. big-cpu): each such Pod "
+        "warning: 1 of 4 workloads request more than a node holds (32 cores, 256 GiB; e.g. big-cpu): each such Pod "
         "gets a node of its own, above its capacity by requests; a larger --node-cores or --node-memory fits them")
     assert oversized_warning([workload("big-memory", 4, 511), workload("big-cpu", 40, 1)], config).startswith(
         "warning: 2 of 2 workloads request more than a node holds (32 cores, 256 GiB; e.g. big-memory): ")
+
+
+def test_a_day_holds_the_samples_of_its_first_and_last_slot_and_its_window_the_history_before_it():
+    """Day 0 starts at the trace's first sample; a workload seen only in the first or only in the
+    last 5 minutes of a day runs that day; the window before it begins exactly ``history_days``
+    before the day, and a workload's history within the last days keeps only its own samples."""
+    from simulator.replay import build_day, day_grid, trace_days
+    from simulator.trace import Workload
+
+    per_day = DAY // SLOT
+    origin = 1000
+
+    def workload(name, slots):
+        slots = np.asarray(slots)
+        ones = np.ones(len(slots))
+        return Workload(name, slots, {"cpu": ones * 1000, "memory": ones * GIB},
+                        {"cpu": ones * 500, "memory": ones * GIB})
+
+    day8 = origin + 8 * per_day
+    steady = workload("steady", np.arange(origin + 2, origin + 10 * per_day))
+    first = workload("first-slot", [origin, day8])  # day 0's first slot and day 8's
+    last = workload("last-slot", [day8 + per_day - 1])
+    window_start = day8 - 7 * per_day
+    edge = workload("window-edge", [window_start - 1, window_start, day8 + 5])
+    workloads = [steady, first, last, edge]
+    config = Config(warmup_days=8, holdout_days=1, window_days=7, request_window_days=7)
+    assert trace_days(workloads) == 10 and day_grid(workloads, config) == (origin, [8, 9])
+    day = build_day(workloads, origin, 8, config, "tuning")
+    assert day.names == ["steady", "first-slot", "last-slot", "window-edge"]
+    assert day.present[1].tolist() == [True] + [False] * (per_day - 1)
+    assert day.present[2].tolist() == [False] * (per_day - 1) + [True]
+    # The window: 7 days of slots ending just before the day; the sample one slot earlier is not in it.
+    assert len(day.window.times) == 7 * per_day and day.window.times[0] == window_start * SLOT
+    assert day.window.present[3].tolist() == [True] + [False] * (7 * per_day - 1)
+    # The last day of the window: only the steady workload's own samples, none of the edge's.
+    last_day = day.window.within(1)
+    assert int(last_day.sum()) == per_day
+    assert len(day.window.history(0, last_day)["cpu"][0]) == per_day
+    assert len(day.window.history(3, last_day)["cpu"][0]) == 0
+    assert len(day.window.history(3)["cpu"][0]) == 1
+    # A window with no slots at all (no history kept) has no last days either.
+    empty = Window(np.zeros(0), {"cpu": np.zeros((1, 0)), "memory": np.zeros((1, 0))}, np.zeros((1, 0), dtype=bool))
+    assert empty.within(7).tolist() == []
