@@ -1096,6 +1096,9 @@ def test_a_pods_estimate_in_the_replay_is_its_workloads_usage_just_before_its_mo
     # Slot 100: the 5 minutes before are slot 99 alone (990m), and its memory.
     assert observed_usage(window, day, 0, 100, config) == WorkloadUsage(990.0, 2.0 * GIB, 1)
     assert observed_usage(window, day, 1, 100, config) is None
+    # Only the slot just before the moment tells whether it ran: at slot 50 it had (slot 49), at 51 not.
+    assert observed_usage(window, day, 1, 50, config) == WorkloadUsage(490.0, 2.0 * GIB, 1)
+    assert observed_usage(window, day, 1, 51, config) is None
     assert pod_estimate({"cpu": 4000, "memory": GIB}, observed_usage(window, day, 1, 100, config), config) == {
         "cpu": 3400.0, "memory": 0.7 * GIB}
 
@@ -1297,6 +1300,9 @@ def test_a_day_holds_the_samples_of_its_first_and_last_slot_and_its_window_the_h
     workloads = [steady, first, last, edge]
     config = Config(warmup_days=8, holdout_days=1, window_days=7, request_window_days=7)
     assert trace_days(workloads) == 10 and day_grid(workloads, config) == (origin, [8, 9])
+    with pytest.raises(TraceError) as short:
+        day_grid(workloads, Config(warmup_days=10))
+    assert str(short.value) == "the trace spans 10 days, not more than the 10-day warm-up"
     day = build_day(workloads, origin, 8, config, "tuning")
     assert day.names == ["steady", "first-slot", "last-slot", "window-edge"]
     assert day.present[1].tolist() == [True] + [False] * (per_day - 1)
