@@ -17,12 +17,14 @@ from oversale.estimator import CompressionEstimator, OversaleEstimator
 from oversale.usage import LoadConfig, WorkloadUsage, pod_estimate
 from simulator.policies import (
     band_distance,
+    crane_style,
     default_systems,
     katalyst_realtime,
     koordinator_batch,
     ours_requests,
     peer_systems,
     peer_variants,
+    vpa_style,
 )
 from simulator.replay import SLOT, Config, Day, Window, arrival_moments, heat_at, observed_usage, run
 from simulator.report import (
@@ -335,6 +337,40 @@ def test_our_requests_raise_an_over_user_at_most_to_the_minimum_ratio():
     idle = {"cpu": (week, np.full(len(week), 100.0))}
     assert request("cpu", 8000, idle, float(week[-1]) + 300) == 1000, "at most 8x lower (OVERSALE_MAX_RATIO 8)"
     assert request("cpu", 8000, {"cpu": (times, np.full(400, 100.0))}, now) > 1000, "33 h: pulled toward 1"
+
+
+def test_vpa_style_is_the_p90_of_a_histogram_halving_each_day_times_its_margin():
+    """The VPA recommender's decaying histogram: ten samples of 1,000m a week ago weigh 2 ** -7
+    each, under 1% of one sample of 100m now, so the P90 is the new sample's (x 1.15); with the
+    week's samples an hour old instead, they are 90% of the weight and the P90 lands on them."""
+    now = 30 * DAY
+    week_ago = np.concatenate([np.full(10, now - 7 * DAY), [now - SLOT]])
+    hour_ago = np.concatenate([np.full(10, now - 3600.0), [now - SLOT]])
+    values = np.concatenate([np.full(10, 1000.0), [100.0]])
+    vpa = vpa_style()
+    assert vpa("cpu", 4000, {"cpu": (week_ago, values)}, now) == pytest.approx(115.0)
+    assert vpa("cpu", 4000, {"cpu": (hour_ago, values)}, now) == pytest.approx(1150.0)
+    assert vpa_style(2.0)("cpu", 4000, {"cpu": (week_ago, values)}, now) == pytest.approx(200.0)
+    assert vpa("cpu", 4000, {"cpu": (np.zeros(0), np.zeros(0))}, now) == 4000, "no history: the request stands"
+
+
+def test_crane_style_is_the_p99_of_its_own_seven_days_times_its_margin():
+    """P99 with PromQL's interpolation over the last 7 days, whatever the replay keeps: 0..100m
+    over the week give 99m (x 1.15); a burst 7 days and 5 minutes ago is not in it, one exactly
+    7 days ago is."""
+    now = 30 * DAY
+    times = now - np.linspace(SLOT, 7 * DAY - SLOT, 101)
+    values = np.arange(101, dtype=np.float64)
+    crane = crane_style()
+    burst = np.full(2, 50_000.0)
+    older = {"cpu": (np.append(times, np.full(2, now - 7 * DAY - SLOT)), np.append(values, burst))}
+    assert crane("cpu", 4000, older, now) == pytest.approx(99 * 1.15)
+    # 103 samples: rank 0.99 x 102 = 100.98, between 100m and the first burst.
+    edge = {"cpu": (np.append(times, np.full(2, now - 7 * DAY)), np.append(values, burst))}
+    assert crane("cpu", 4000, edge, now) == pytest.approx((100 * 0.02 + 50_000 * 0.98) * 1.15)
+    assert crane_style(1.0)("cpu", 4000, older, now) == pytest.approx(99.0)
+    only_old = {"cpu": (np.array([now - 8 * DAY]), np.array([50_000.0]))}
+    assert crane("cpu", 4000, only_old, now) == 4000, "nothing in its week: the request stands"
 
 
 def test_katalyst_formula_matches_its_definition():
@@ -1319,3 +1355,39 @@ def test_a_day_holds_the_samples_of_its_first_and_last_slot_and_its_window_the_h
     # A window with no slots at all (no history kept) has no last days either.
     empty = Window(np.zeros(0), {"cpu": np.zeros((1, 0)), "memory": np.zeros((1, 0))}, np.zeros((1, 0), dtype=bool))
     assert empty.within(7).tolist() == []
+
+
+def test_pods_are_placed_largest_first_by_their_larger_share_of_a_node():
+    """A Pod's size is the larger of its cpu and memory shares of a node, so a memory-heavy Pod
+    with little cpu goes before a cpu-heavy one that takes less of the node."""
+    from simulator.replay import largest_first
+
+    node = (16_000.0, 64.0 * GIB)
+    pods = [(8_000.0, 1.0 * GIB), (1_000.0, 60.0 * GIB), (500.0, 0.5 * GIB), (12_000.0, 2.0 * GIB)]
+    assert largest_first(pods, node) == [1, 3, 0, 2]
+
+
+def test_the_replays_account_backs_off_after_a_hot_day_and_rises_once_its_week_is_quiet():
+    """The replay's account sees each day once, the next morning, over the last 7 days it saw: a
+    day 2.17 budgets hot backs cpu off at once (memory, unspent, stays), the week still over the
+    budget the day after backs it off again, a week under the budget but above half of it holds,
+    and under half it rises."""
+    from oversale.budget import HotTime
+    from simulator.policies import BudgetAccount
+
+    account = BudgetAccount(HotTimeBudget(0.001, 0.0001))
+    quiet, day_samples = HotTime(0, 4608), 4608  # 16 nodes x 288
+    account.observe(8, {"cpu": HotTime(10, day_samples), "memory": quiet})
+    first = account.multiplier("cpu")
+    assert first == pytest.approx((10 / day_samples / 0.001) ** -0.5) and account.multiplier("memory") == 1.0
+    multipliers = []
+    for day in range(9, 17):
+        account.observe(day, {"cpu": quiet, "memory": quiet})
+        multipliers.append(account.multiplier("cpu"))
+    # Day 9: 10 hot of 9,216 is over the budget still; days 10 and 11: between half of it and it;
+    # from day 12 (10 of 23,040) under half: a rise a day.
+    assert multipliers[0] < first and multipliers[1] == multipliers[2] == multipliers[0]
+    assert multipliers[3] == pytest.approx(multipliers[0] * 1.05) and multipliers[3:] == sorted(multipliers[3:])
+    assert len(account.days) == 7
+    account.reset()
+    assert account.multiplier("cpu") == 1.0 and account.days == []
