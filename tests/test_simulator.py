@@ -1076,15 +1076,21 @@ def test_a_pod_meets_the_load_its_node_has_at_the_pods_moment_of_the_day():
     assert (at_midnight.load.cpu_average, at_midnight.load.at) == (1000.0, times[-1])
     midday = heat_at(history, today, times, start, 130, LoadConfig())
     assert (midday.load.cpu_average, midday.load.memory, midday.load.at) == (20000.0, 8.0 * GIB, start + 129 * SLOT)
+    assert midday.now == start + 129 * SLOT, "read as fresh as the poller reads: at the last sample"
     just_before = heat_at(history, today, times, start, 100, LoadConfig())
     assert just_before.load.cpu_peak == 1000.0  # the busy hours have not begun
     # Reading Prometheus over 6 hours, the extender remembers the morning's peak in the evening.
     evening = heat_at(history, today, times, start, 200, LoadConfig(history_peak_seconds=6 * 3600))
     assert (evening.load.cpu_peak, evening.load.peak_window) == (20000.0, "6-hour maximum, from Prometheus")
-    assert heat_at(history, today, times, start, 200, LoadConfig()).load.cpu_peak == 1000.0
+    own_hour = heat_at(history, today, times, start, 200, LoadConfig()).load
+    assert (own_hour.cpu_peak, own_hour.peak_window) == (1000.0, "1-hour maximum")  # metrics API, not Prometheus
     moments = arrival_moments(Day(3, start, np.arange(slots), {}, {"cpu": np.zeros((50, slots))}, np.ones((50, slots)),
                                   None, "tuning"))  # type: ignore[arg-type]
     assert len(moments) == 50 and moments.min() >= 0 and moments.max() < slots and len(set(moments)) > 25
+    # Over many Pods every slot of the day is someone's moment, midnight's and the last included.
+    many = arrival_moments(Day(3, start, np.arange(slots), {}, {"cpu": np.zeros((5000, slots))},
+                               np.ones((5000, slots)), None, "tuning"))  # type: ignore[arg-type]
+    assert set(many.tolist()) == set(range(slots))
 
 
 def test_the_replays_load_aware_placement_keeps_the_watermarks_it_is_given():
@@ -1132,6 +1138,9 @@ def test_a_pods_estimate_in_the_replay_is_its_workloads_usage_just_before_its_mo
     # Slot 100: the 5 minutes before are slot 99 alone (990m), and its memory.
     assert observed_usage(window, day, 0, 100, config) == WorkloadUsage(990.0, 2.0 * GIB, 1)
     assert observed_usage(window, day, 1, 100, config) is None
+    # At midnight, what tells is the window's last slot.
+    gone = Window(times, window.usage, np.concatenate([window.present[:, :-1], [[True], [False]]], axis=1))
+    assert observed_usage(gone, day, 0, 0, config) is not None and observed_usage(gone, day, 1, 0, config) is None
     # Only the slot just before the moment tells whether it ran: at slot 50 it had (slot 49), at 51 not.
     assert observed_usage(window, day, 1, 50, config) == WorkloadUsage(490.0, 2.0 * GIB, 1)
     assert observed_usage(window, day, 1, 51, config) is None
