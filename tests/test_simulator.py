@@ -198,6 +198,30 @@ def test_ties_between_equally_scored_nodes_go_to_the_first_or_to_a_seeded_draw(t
     assert all(hot_time(seed) == drawn[seed] for seed in (1, 2, 3))
 
 
+def test_a_seeded_placement_draws_uniformly_among_the_best_scoring_nodes_only():
+    """kube-scheduler's selectHost: each of the nodes tied at the best score equally likely, never
+    one scoring less. Pods of 16, 12, 12, 12 and 10 requested cores open a 16-core node each; a
+    1-core Pod then fits four of them, and the three at 12 cores tie at the best score (the
+    requests-only score packs), the one at 10 scores less. Over 600 placement seeds each of the
+    three takes it about a third of the time."""
+    from simulator.policies import System, no_compression
+    from simulator.replay import place
+
+    slots = DAY // SLOT
+    start = 30 * DAY
+    cores = [16, 12, 12, 12, 10, 1]
+    usage = {"cpu": np.full((len(cores), slots), 100.0), "memory": np.full((len(cores), slots), float(GIB))}
+    present = np.ones((len(cores), slots), dtype=bool)
+    window = Window(start - SLOT * np.arange(slots, 0, -1), usage, present)
+    day = Day(30, start, np.arange(slots), {"cpu": np.array(cores) * 1000.0, "memory": np.full(len(cores), float(GIB))},
+              usage, present, window, "tuning")
+    system, real = System("requests as written", "", no_compression), (16_000.0, 64.0 * GIB)
+    assert place(day, system, real).assignment.tolist() == [0, 1, 2, 3, 4, 1], "unseeded: the first of the best"
+    drawn = [int(place(day, system, real, placement_seed=seed).assignment[-1]) for seed in range(600)]
+    shares = {node: drawn.count(node) / len(drawn) for node in set(drawn)}
+    assert set(shares) == {1, 2, 3} and all(0.2 < share < 0.47 for share in shares.values()), shares
+
+
 def test_the_last_days_are_the_holdout_and_reported_apart(tmp_path):
     # Ten days; on the last one both workloads go from 2 to 5 cores.
     rows = []
@@ -1256,6 +1280,21 @@ def test_each_day_says_the_accounts_multiplier_and_the_ratios_so_a_back_off_afte
     # The report's table shows the multiplier beside our hot samples and nodes.
     row = next(line for line in hot_days_table(result.daily) if line.startswith(f"| {after['day']} | "))
     assert f"{after['cpu_hot_samples']} / {after['nodes']} x{after['cpu_account_multiplier']:.2f}" in row
+    # The clairvoyant bound: each day's peak of summed usage over a node, 18 cores on days 7 and 9
+    # and 23 on the burst day, of 16.
+    assert result.clairvoyant_nodes == {"tuning": pytest.approx((18 + 23 + 18) / 16), "holdout": 0.0}
+    # What the last day set, as `plan` prints it: one ratio pair per node of that day.
+    last_ratios = [cpu for cpu, _ in result.last_day["oversale"]["node_ratios"]]
+    assert len(last_ratios) == ours[-1]["nodes"] and round(max(last_ratios), 3) == ours[-1]["cpu_ratio_max"]
+    # The same systems run again (another placement, the tuner's next candidate) start their
+    # accounts afresh: the same days, the same figures.
+    systems = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget(), sweep=False)
+    config, said = Config(node_cpu_cores=16, node_memory_bytes=256 * GIB, holdout_days=0), []
+    first = run(read_trace(tmp_path / "trace.csv"), config, systems, said.append)
+    assert run(read_trace(tmp_path / "trace.csv"), config, systems).daily == first.daily
+    assert [line.split(" in ")[0] for line in said] == [
+        f"day {n}/3 (tuning, 6 workloads, {len(systems)} systems)" for n in (1, 2, 3)]
+    assert said[-1].endswith("; about 0s left")
 
 
 def test_a_node_at_its_capacity_is_not_hot_and_a_workload_at_its_request_not_above_it():
@@ -1400,3 +1439,57 @@ def test_the_replays_account_backs_off_after_a_hot_day_and_rises_once_its_week_i
     assert len(account.days) == 7
     account.reset()
     assert account.multiplier("cpu") == 1.0 and account.days == []
+
+
+def remediated(cores_per_node: list[list[float]], config) -> np.ndarray:
+    """Replay the remediator over a day of constant usage on 16-core nodes (node n runs the
+    workloads of ``cores_per_node[n]``, each requesting what it uses); the number of workloads on
+    each node in each sample."""
+    from simulator.replay import Day, Placed, Window, remediate
+
+    cores = [c for node in cores_per_node for c in node]
+    owners = np.array([n for n, node in enumerate(cores_per_node) for _ in node])
+    slots, count = 12, len(cores)
+    usage = {"cpu": np.tile(np.array(cores)[:, None] * 1000.0, (1, slots)),
+             "memory": np.full((count, slots), float(GIB))}
+    empty = Window(np.zeros(0), {"cpu": np.zeros((count, 0)), "memory": np.zeros((count, 0))},
+                   np.zeros((count, 0), dtype=bool))
+    day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((count, slots), dtype=bool), empty, "tuning")
+    placed = Placed(owners, {"cpu": np.array(cores) * 1000.0, "memory": np.full(count, float(GIB))},
+                    [(1.0, 1.0)] * len(cores_per_node))
+    remediate(day, placed, (16_000.0, 64.0 * GIB), config, LoadConfig())
+    assert placed.moved is not None
+    return np.array([[int((placed.moved[:, slot] == node).sum()) for slot in range(slots)]
+                     for node in range(len(cores_per_node))])
+
+
+def test_the_replayed_remediator_keeps_its_per_pass_limit_and_leaves_a_node_alone_for_its_cooldown():
+    """As live, at 60 s a look: ten hot looks are two samples, a node's cooldown of 600 s two more.
+    Three nodes run 16.5 of 16 cores (over the 95% runtime watermark) from the first sample; with
+    at most two evictions a pass, two move one workload each in the second sample (cool from the
+    third on) and the third waits a sample. A node of five 4-core workloads (20 cores) is still hot
+    after its first move, and moves again only when its cooldown is over."""
+    from oversale.remediation import RemediationConfig
+
+    hot, cool = [5.5, 5.5, 5.5], [1.0]
+    counts = remediated([hot, hot, hot, cool, cool, cool], RemediationConfig(max_per_pass=2))
+    assert counts[:3, :4].tolist() == [[3, 3, 2, 2], [3, 3, 2, 2], [3, 3, 3, 2]]
+    assert counts[3:, -1].tolist() == [2, 2, 2], "each cool node took one"
+    counts = remediated([[4.0] * 5, cool, cool, cool], RemediationConfig())
+    assert counts[0].tolist() == [5, 5, 4, 4, 3] + [3] * 7
+
+
+def test_a_run_says_first_what_will_not_fit_and_refuses_two_systems_of_one_name(tmp_path):
+    from simulator.policies import System, no_compression
+
+    rows = [(name, t, cores, 1.0, GIB, GIB // 2) for t in range(10 * DAY, 18 * DAY, 300)
+            for name, cores in (("big", 12), ("small", 2))]
+    trace = tmp_path / "trace.csv"
+    write_generic(trace, rows)
+    plain = System("none", "", no_compression)
+    said: list[str] = []
+    run(read_trace(trace), Config(node_cpu_cores=8, holdout_days=0), [plain], said.append)
+    assert said[0].startswith("warning: 1 of 2 workloads request more than a node holds (8 cores, 256 GiB; e.g. big)")
+    assert said[1].startswith("day 1/1 (tuning, 2 workloads, 1 systems) in ")
+    with pytest.raises(ValueError, match=r"^system names must be unique: \['none'\]$"):
+        run(read_trace(trace), Config(holdout_days=0), [plain, System("other", "", no_compression), plain])
