@@ -1493,3 +1493,22 @@ def test_a_run_says_first_what_will_not_fit_and_refuses_two_systems_of_one_name(
     assert said[1].startswith("day 1/1 (tuning, 2 workloads, 1 systems) in ")
     with pytest.raises(ValueError, match=r"^system names must be unique: \['none'\]$"):
         run(read_trace(trace), Config(holdout_days=0), [plain, System("other", "", no_compression), plain])
+
+
+def test_each_system_says_its_kind_and_what_it_adds_as_summary_json_reports_them():
+    """``kind``: requests only (compression), node ratios only (node-oversale) or both (system);
+    ``adds``: the steps beyond placing by requests, which make one of ours a variant."""
+    systems = {s.name: s for s in default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget(),
+                                                   sweep=False)}
+    kinds = {name: system.kind for name, system in systems.items()}
+    assert {name: kinds[name] for name in ("none", "oversale-pods", "oversale-nodes", "oversale", "vpa-style",
+                                           "katalyst-realtime", "crane-style+katalyst", "static-2")} == {
+        "none": "compression", "oversale-pods": "compression", "oversale-nodes": "node-oversale",
+        "oversale": "system", "vpa-style": "compression", "katalyst-realtime": "node-oversale",
+        "crane-style+katalyst": "system", "static-2": "compression"}
+    adds = {name: system.adds for name, system in systems.items() if system.adds}
+    assert adds == {"oversale+load-aware": ["load-aware"], "oversale+remediation": ["remediation"],
+                    "crane-style+load-aware": ["load-aware"], "koordinator-batch+load-aware": ["load-aware"]}
+    # Our extender estimates a Pod by its workload's usage; Crane's and Koordinator's by its request.
+    assert [name for name, system in systems.items() if system.load and system.estimate_from_usage] == \
+        ["oversale+load-aware"]
