@@ -400,6 +400,21 @@ def test_crane_style_is_the_p99_of_its_own_seven_days_times_its_margin():
 def test_katalyst_formula_matches_its_definition():
     # A=32, T=0.6, U=8, R=28: ((19.2 - 8) / max(min(8/28, 1), 0.4) + 28) / 32 = (11.2 / 0.4 + 28) / 32 = 1.75
     assert katalyst_realtime()("cpu", 32, 28, np.array([0.0]), np.array([8.0]), 1.0) == pytest.approx(1.75)
+    # No reading yet, or nothing requested on the node: no overselling.
+    assert katalyst_realtime()("cpu", 32, 28, np.array([]), np.array([]), 1.0) == 1.0
+    assert katalyst_realtime()("cpu", 32, 0, np.array([0.0]), np.array([8.0]), 1.0) == 1.0
+    assert katalyst_realtime()("cpu", 32, 0.5, np.array([0.0]), np.array([0.1]), 1.0) > 1
+
+
+def test_a_budget_system_says_its_budget_unless_told_what_it_stands_for():
+    from simulator.policies import budget_system
+
+    def source(**given):
+        return budget_system("b", HotTimeBudget(0.002, 0.0001), CompressionEstimator(), OversaleEstimator(), "f",
+                             **given).source
+
+    assert source() == "this project at a cpu hot-time budget of 0.200% (memory 0.010%)"
+    assert source(source="the default, as shipped") == "the default, as shipped"
 
 
 def test_koordinator_formula_matches_its_definition():
