@@ -1527,3 +1527,16 @@ def test_each_system_says_its_kind_and_what_it_adds_as_summary_json_reports_them
     # Our extender estimates a Pod by its workload's usage; Crane's and Koordinator's by its request.
     assert [name for name, system in systems.items() if system.load and system.estimate_from_usage] == \
         ["oversale+load-aware"]
+
+
+def test_the_commands_defaults_are_the_replays():
+    """``backtest`` and ``simulator.tune`` with no cluster option replay what ``Config()`` says
+    (32-core, 256 GiB nodes, a 7-day warm-up, a 14-day holdout, the settings' two windows), so a
+    test or a script building ``Config()`` runs the cluster the docs describe."""
+    import argparse
+
+    from simulator.cli import add_cluster_arguments, cluster_config
+
+    parser = argparse.ArgumentParser()
+    add_cluster_arguments(parser)
+    assert cluster_config(parser.parse_args(["--trace", "t.csv"]), parser) == Config()
