@@ -1527,6 +1527,22 @@ def test_each_system_says_its_kind_and_what_it_adds_as_summary_json_reports_them
     # Our extender estimates a Pod by its workload's usage; Crane's and Koordinator's by its request.
     assert [name for name, system in systems.items() if system.load and system.estimate_from_usage] == \
         ["oversale+load-aware"]
+    # By default the budget sweep runs too, each budget of our curve but the one the system runs at.
+    from simulator.policies import BUDGET_SWEEP, GOAL_RANGE_TEXT, budget_name
+
+    swept = [s.name for s in default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())]
+    assert [name for name in swept if name.startswith("oversale budget")] == [
+        budget_name(b) for b in BUDGET_SWEEP if b != 0.001] == [
+        "oversale budget 0.01%", "oversale budget 0.05%", "oversale budget 0.20%", "oversale budget 0.50%",
+        "oversale budget 1.00%", "oversale budget 5.00%"]
+    assert GOAL_RANGE_TEXT == "0.05% to 1%"
+    # An account's knobs given (the tuner's grid) reach every account of ours, nodes alone included.
+    from oversale.budget import AccountConfig
+
+    knobs = AccountConfig(min_multiplier=0.8)
+    tuned = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget(), account=knobs)
+    assert {s.name: s.account.config for s in tuned if s.account} == dict.fromkeys(
+        [s.name for s in tuned if s.ours and s.name != "oversale-pods"], knobs)
 
 
 def test_the_commands_defaults_are_the_replays():
