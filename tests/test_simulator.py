@@ -265,8 +265,11 @@ def test_a_holdout_that_takes_every_replayed_day_is_refused_and_an_empty_split_i
     # Ten days: seven of warm-up leave three to replay. The default 14-day holdout would take all
     # three and leave the tuning tables as rows of 0%, which read like "nothing freed".
     rows = [(name, t, 8, 2.0, GIB, GIB // 2) for t in range(0, 10 * DAY, 300) for name in ("a", "b")]
-    with pytest.raises(TraceError, match="takes them all, leaving no tuning day; pass --holdout-days 1"):
+    with pytest.raises(TraceError) as refused:
         replay(tmp_path, rows, node_cpu_cores=8, holdout_days=14)
+    assert str(refused.value) == ("the trace spans 10 days: after the 7-day warm-up 3 are replayed, and a 14-day "
+                                  "holdout takes them all, leaving no tuning day; pass --holdout-days 1 (half of "
+                                  "them) or fewer, or a longer trace")
     with pytest.raises(TraceError, match="no tuning day"):
         replay(tmp_path, rows, node_cpu_cores=8, holdout_days=3)
 
@@ -1483,7 +1486,8 @@ def test_the_replayed_remediator_keeps_its_per_pass_limit_and_leaves_a_node_alon
     Three nodes run 16.5 of 16 cores (over the 95% runtime watermark) from the first sample; with
     at most two evictions a pass, two move one workload each in the second sample (cool from the
     third on) and the third waits a sample. A node of five 4-core workloads (20 cores) is still hot
-    after its first move, and moves again only when its cooldown is over."""
+    after its first move, and moves again only when it has been hot long enough again and its
+    cooldown is over."""
     from oversale.remediation import RemediationConfig
 
     hot, cool = [5.5, 5.5, 5.5], [1.0]
@@ -1492,6 +1496,10 @@ def test_the_replayed_remediator_keeps_its_per_pass_limit_and_leaves_a_node_alon
     assert counts[3:, -1].tolist() == [2, 2, 2], "each cool node took one"
     counts = remediated([[4.0] * 5, cool, cool, cool], RemediationConfig())
     assert counts[0].tolist() == [5, 5, 4, 4, 3] + [3] * 7
+    # Five hot looks are one sample: the node acts at once, then waits out its cooldown (two
+    # samples) though hot again after one.
+    counts = remediated([[4.0] * 5, cool, cool, cool], RemediationConfig(observations=5))
+    assert counts[0].tolist() == [5, 4, 4, 3] + [3] * 8
 
 
 def test_a_run_says_first_what_will_not_fit_and_refuses_two_systems_of_one_name(tmp_path):
