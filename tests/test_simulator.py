@@ -1340,7 +1340,7 @@ def test_a_node_at_its_capacity_is_not_hot_and_a_workload_at_its_request_not_abo
     placed.evictions, placed.moved_again = 2, 1
     tally.count(day, placed, (16_000.0, 64.0 * GIB))
     tally.count(day, placed, (16_000.0, 64.0 * GIB))
-    assert (tally.evictions, tally.moved_again, tally.days) == (4, 2, 3.0)
+    assert (tally.evictions, tally.moved_again, tally.days, tally.node_days) == (4, 2, 3.0, 3.0)
 
 
 def test_a_splits_tally_is_the_sum_of_its_days_every_figure_of_them():
