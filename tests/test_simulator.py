@@ -1521,6 +1521,13 @@ def test_a_run_says_first_what_will_not_fit_and_refuses_two_systems_of_one_name(
 def test_each_system_says_its_kind_and_what_it_adds_as_summary_json_reports_them():
     """``kind``: requests only (compression), node ratios only (node-oversale) or both (system);
     ``adds``: the steps beyond placing by requests, which make one of ours a variant."""
+    from decimal import Decimal
+
+    from oversale.budget import AccountConfig
+    from oversale.remediation import RemediationConfig
+    from oversale.usage import Watermarks
+    from simulator.policies import BUDGET_SWEEP, GOAL_RANGE_TEXT, budget_name
+
     systems = {s.name: s for s in default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget(),
                                                    sweep=False)}
     kinds = {name: system.kind for name, system in systems.items()}
@@ -1536,17 +1543,26 @@ def test_each_system_says_its_kind_and_what_it_adds_as_summary_json_reports_them
     assert [name for name, system in systems.items() if system.load and system.estimate_from_usage] == \
         ["oversale+load-aware"]
     # By default the budget sweep runs too, each budget of our curve but the one the system runs at.
-    from simulator.policies import BUDGET_SWEEP, GOAL_RANGE_TEXT, budget_name
-
     swept = [s.name for s in default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())]
     assert [name for name in swept if name.startswith("oversale budget")] == [
         budget_name(b) for b in BUDGET_SWEEP if b != 0.001] == [
         "oversale budget 0.01%", "oversale budget 0.05%", "oversale budget 0.20%", "oversale budget 0.50%",
         "oversale budget 1.00%", "oversale budget 5.00%"]
     assert GOAL_RANGE_TEXT == "0.05% to 1%"
+    # The load-aware and remediation knobs given reach the variants, and their sources say so.
+    load = LoadConfig(watermarks=Watermarks(cpu_average=Decimal("0.5"), cpu_peak=Decimal("0.7")),
+                      history_peak_seconds=6 * 3600)
+    remediation = RemediationConfig(max_per_pass=2)
+    given = {s.name: s for s in default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget(),
+                                                 load=load, remediation=remediation, sweep=False)}
+    assert given["oversale+load-aware"].load is load and given["oversale+remediation"].remediation is remediation
+    assert given["oversale+load-aware"].source.endswith(
+        "; load-aware placement (scheduling watermarks 0.5/0.7, the cpu maximum over the last 6 h as read from "
+        "Prometheus (OVERSALE_LOAD_HISTORY=prometheus))")
+    watermarks = LoadConfig().watermarks
+    assert systems["oversale+load-aware"].source.endswith(
+        f"; load-aware placement (scheduling watermarks {watermarks.cpu_average}/{watermarks.cpu_peak})")
     # An account's knobs given (the tuner's grid) reach every account of ours, nodes alone included.
-    from oversale.budget import AccountConfig
-
     knobs = AccountConfig(min_multiplier=0.8)
     tuned = default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget(), account=knobs)
     assert {s.name: s.account.config for s in tuned if s.account} == dict.fromkeys(
