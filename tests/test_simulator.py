@@ -1542,6 +1542,15 @@ def test_each_system_says_its_kind_and_what_it_adds_as_summary_json_reports_them
     # Our extender estimates a Pod by its workload's usage; Crane's and Koordinator's by its request.
     assert [name for name, system in systems.items() if system.load and system.estimate_from_usage] == \
         ["oversale+load-aware"]
+    # What the report prints beside our system: the defaults docs/backtest.md gives.
+    assert systems["oversale"].source == (
+        "this project at a cpu hot-time budget of 0.100% (memory 0.010%): requests P99.9 x 1.05 within ratios "
+        "0.5..8; node ratio 1 x requested / P99.9 of the node's summed usage (cpu), 0.6 x requested / P99.99 "
+        "(memory), at most 5 / 1.2, backed off by the hot-time account")
+    # The peers' variants along their knobs only with --frontier.
+    assert not [name for name in systems if name.startswith("vpa-style x")]
+    assert "vpa-style x1.5" in [s.name for s in default_systems(CompressionEstimator(), OversaleEstimator(),
+                                                                HotTimeBudget(), frontier=True, sweep=False)]
     # By default the budget sweep runs too, each budget of our curve but the one the system runs at.
     swept = [s.name for s in default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())]
     assert [name for name in swept if name.startswith("oversale budget")] == [
