@@ -1547,6 +1547,11 @@ def test_each_system_says_its_kind_and_what_it_adds_as_summary_json_reports_them
         "this project at a cpu hot-time budget of 0.100% (memory 0.010%): requests P99.9 x 1.05 within ratios "
         "0.5..8; node ratio 1 x requested / P99.9 of the node's summed usage (cpu), 0.6 x requested / P99.99 "
         "(memory), at most 5 / 1.2, backed off by the hot-time account")
+    # A family is a curve on the plot and a peer read at our hot time: a peer placed load-aware
+    # belongs to its own family, a static ratio to the static family; anything else is its own.
+    assert {name: s.family for name, s in systems.items() if s.family != name} == {
+        "crane-style+load-aware": "crane-style", "koordinator-batch+load-aware": "koordinator-batch",
+        "static-2": "static", "static-oversale-1.5": "static-oversale"}
     # The peers' variants along their knobs only with --frontier.
     assert not [name for name in systems if name.startswith("vpa-style x")]
     assert "vpa-style x1.5" in [s.name for s in default_systems(CompressionEstimator(), OversaleEstimator(),
@@ -1557,6 +1562,8 @@ def test_each_system_says_its_kind_and_what_it_adds_as_summary_json_reports_them
         budget_name(b) for b in BUDGET_SWEEP if b != 0.001] == [
         "oversale budget 0.01%", "oversale budget 0.05%", "oversale budget 0.20%", "oversale budget 0.50%",
         "oversale budget 1.00%", "oversale budget 5.00%"]
+    assert {s.family for s in default_systems(CompressionEstimator(), OversaleEstimator(), HotTimeBudget())
+            if s.name.startswith("oversale budget")} == {"oversale"}, "one curve with the default budget's point"
     assert GOAL_RANGE_TEXT == "0.05% to 1%"
     # The load-aware and remediation knobs given reach the variants, and their sources say so.
     load = LoadConfig(watermarks=Watermarks(cpu_average=Decimal("0.5"), cpu_peak=Decimal("0.7")),
