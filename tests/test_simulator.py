@@ -62,6 +62,12 @@ def replay(tmp_path, rows, **config):
     return result, {row["policy"]: row for row in summary(result, systems)}
 
 
+def no_history(workloads: int) -> Window:
+    """A history window with no slots: a day replayed with nothing before it."""
+    return Window(np.zeros(0), {"cpu": np.zeros((workloads, 0)), "memory": np.zeros((workloads, 0))},
+                  np.zeros((workloads, 0), dtype=bool))
+
+
 def test_an_over_user_is_raised_and_no_longer_overloads_its_neighbours(tmp_path):
     # Eight days, a sample every 5 minutes. Four workloads each request 8 cores and 32 GiB:
     # three use a steady 1 core and 1 GiB; "hot" uses 9 cores all along, more than it asked for.
@@ -1046,7 +1052,7 @@ def test_remediation_moves_the_surging_workload_off_the_hot_node():
     """Hand-computed: two 16-core nodes. Node 0 runs w0 (10 cores) and w1, which surges from 1 to 7
     cores at sample 10 (17 cores: over real capacity); node 1 runs w2 (2 cores)."""
     from oversale.remediation import RemediationConfig
-    from simulator.replay import Day, Placed, Tally, Window, remediate
+    from simulator.replay import Day, Placed, Tally, remediate
 
     slots = 288
     cpu = np.zeros((3, slots))
@@ -1054,7 +1060,7 @@ def test_remediation_moves_the_surging_workload_off_the_hot_node():
     cpu[1, :10], cpu[1, 10:] = 1_000, 7_000
     cpu[2, :] = 2_000
     usage = {"cpu": cpu, "memory": np.full((3, slots), float(GIB))}
-    empty = Window(np.zeros(0), {"cpu": np.zeros((3, 0)), "memory": np.zeros((3, 0))}, np.zeros((3, 0), dtype=bool))
+    empty = no_history(3)
     day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((3, slots), dtype=bool), empty, "tuning")
     real = (16_000.0, 64.0 * GIB)
 
@@ -1083,7 +1089,7 @@ def test_two_hot_nodes_in_one_sample_do_not_both_move_onto_the_one_cool_node():
     to 7 cores at sample 10; node 2 runs 3 cores. Node 2 can take one surging workload (10 of 16
     cores, 62%, under the 65% scheduling watermark), not both (17 cores: over real capacity)."""
     from oversale.remediation import RemediationConfig
-    from simulator.replay import Day, Placed, Tally, Window, remediate
+    from simulator.replay import Day, Placed, Tally, remediate
 
     slots = 288
     cpu = np.zeros((5, slots))
@@ -1091,7 +1097,7 @@ def test_two_hot_nodes_in_one_sample_do_not_both_move_onto_the_one_cool_node():
     cpu[[1, 3], :10], cpu[[1, 3], 10:] = 1_000, 7_000
     cpu[4, :] = 3_000
     usage = {"cpu": cpu, "memory": np.full((5, slots), float(GIB))}
-    empty = Window(np.zeros(0), {"cpu": np.zeros((5, 0)), "memory": np.zeros((5, 0))}, np.zeros((5, 0), dtype=bool))
+    empty = no_history(5)
     day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((5, slots), dtype=bool), empty, "tuning")
     real = (16_000.0, 64.0 * GIB)
     placed = Placed(np.array([0, 0, 1, 1, 2]), {"cpu": np.array([8_000.0, 2_000.0, 8_000.0, 2_000.0, 4_000.0]),
@@ -1323,7 +1329,7 @@ def test_a_node_at_its_capacity_is_not_hot_and_a_workload_at_its_request_not_abo
     slots = 4
     cpu = np.array([[10_000.0, 10_000.0, 10_000.0, 10_001.0], [6_000.0, 6_000.0, 6_001.0, 6_000.0]])
     usage = {"cpu": cpu, "memory": np.full((2, slots), float(GIB))}
-    empty = Window(np.zeros(0), {"cpu": np.zeros((2, 0)), "memory": np.zeros((2, 0))}, np.zeros((2, 0), dtype=bool))
+    empty = no_history(2)
     # The peaks: as the averages but for a half core more in the first slot (over, where the
     # average was full) and the second at exactly 16 cores (full).
     peaks = cpu + np.array([[500.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
@@ -1419,8 +1425,7 @@ def test_a_day_holds_the_samples_of_its_first_and_last_slot_and_its_window_the_h
     assert len(day.window.history(3, last_day)["cpu"][0]) == 0
     assert len(day.window.history(3)["cpu"][0]) == 1
     # A window with no slots at all (no history kept) has no last days either.
-    empty = Window(np.zeros(0), {"cpu": np.zeros((1, 0)), "memory": np.zeros((1, 0))}, np.zeros((1, 0), dtype=bool))
-    assert empty.within(7).tolist() == []
+    assert no_history(1).within(7).tolist() == []
 
 
 def test_pods_are_placed_largest_first_by_their_larger_share_of_a_node():
@@ -1463,15 +1468,14 @@ def remediated(cores_per_node: list[list[float]], config) -> np.ndarray:
     """Replay the remediator over a day of constant usage on 16-core nodes (node n runs the
     workloads of ``cores_per_node[n]``, each requesting what it uses); the number of workloads on
     each node in each sample."""
-    from simulator.replay import Day, Placed, Window, remediate
+    from simulator.replay import Day, Placed, remediate
 
     cores = [c for node in cores_per_node for c in node]
     owners = np.array([n for n, node in enumerate(cores_per_node) for _ in node])
     slots, count = 12, len(cores)
     usage = {"cpu": np.tile(np.array(cores)[:, None] * 1000.0, (1, slots)),
              "memory": np.full((count, slots), float(GIB))}
-    empty = Window(np.zeros(0), {"cpu": np.zeros((count, 0)), "memory": np.zeros((count, 0))},
-                   np.zeros((count, 0), dtype=bool))
+    empty = no_history(count)
     day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((count, slots), dtype=bool), empty, "tuning")
     placed = Placed(owners, {"cpu": np.array(cores) * 1000.0, "memory": np.full(count, float(GIB))},
                     [(1.0, 1.0)] * len(cores_per_node))
