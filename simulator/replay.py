@@ -623,7 +623,8 @@ def run(workloads: list[Workload], config: Config, systems: list[System],
                                  for i, name in enumerate(day.names)},
                     "node_ratios": placed.ratios}
         elapsed = time.perf_counter() - began_all
-        progress(f"day {count}/{len(days)} ({day.split}, {len(day.present)} workloads, {len(systems)} systems) "
+        systems_said = f"{len(systems)} system{'s' if len(systems) != 1 else ''}"
+        progress(f"day {count}/{len(days)} ({day.split}, {len(day.present)} workloads, {systems_said}) "
                  f"in {time.perf_counter() - began:.1f}s; about {elapsed / count * (len(days) - count):.0f}s left")
     return Result(days, splits, tallies, clairvoyant, node_day, last_day, daily)
 

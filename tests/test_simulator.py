@@ -1464,24 +1464,31 @@ def test_the_replays_account_backs_off_after_a_hot_day_and_rises_once_its_week_i
     assert account.multiplier("cpu") == 1.0 and account.days == []
 
 
-def remediated(cores_per_node: list[list[float]], config) -> np.ndarray:
-    """Replay the remediator over a day of constant usage on 16-core nodes (node n runs the
-    workloads of ``cores_per_node[n]``, each requesting what it uses); the number of workloads on
-    each node in each sample."""
+def replay_remediation(cores_per_node: list[list[float | list[float]]], config, slots: int = 12):
+    """Replay the remediator over a day on 16-core nodes (node n runs the workloads of
+    ``cores_per_node[n]``, each using the cores given, the same in every sample or one figure a
+    sample, and requesting its first); the placement it leaves."""
     from simulator.replay import Day, Placed, remediate
 
     cores = [c for node in cores_per_node for c in node]
     owners = np.array([n for n, node in enumerate(cores_per_node) for _ in node])
-    slots, count = 12, len(cores)
-    usage = {"cpu": np.tile(np.array(cores)[:, None] * 1000.0, (1, slots)),
-             "memory": np.full((count, slots), float(GIB))}
+    count = len(cores)
+    used = np.array([c if isinstance(c, list) else [c] * slots for c in cores], dtype=float) * 1000.0
+    usage = {"cpu": used, "memory": np.full((count, slots), float(GIB))}
     empty = no_history(count)
     day = Day(7, 0.0, np.arange(slots), {}, usage, np.ones((count, slots), dtype=bool), empty, "tuning")
-    placed = Placed(owners, {"cpu": np.array(cores) * 1000.0, "memory": np.full(count, float(GIB))},
+    placed = Placed(owners, {"cpu": used[:, 0].copy(), "memory": np.full(count, float(GIB))},
                     [(1.0, 1.0)] * len(cores_per_node))
     remediate(day, placed, (16_000.0, 64.0 * GIB), config, LoadConfig())
     assert placed.moved is not None
-    return np.array([[int((placed.moved[:, slot] == node).sum()) for slot in range(slots)]
+    return placed
+
+
+def remediated(cores_per_node: list[list[float]], config) -> np.ndarray:
+    """The number of workloads on each node in each sample after :func:`replay_remediation` over
+    a day of constant usage."""
+    moved = replay_remediation(cores_per_node, config).moved
+    return np.array([[int((moved[:, slot] == node).sum()) for slot in range(moved.shape[1])]
                      for node in range(len(cores_per_node))])
 
 
@@ -1504,6 +1511,31 @@ def test_the_replayed_remediator_keeps_its_per_pass_limit_and_leaves_a_node_alon
     # samples) though hot again after one.
     counts = remediated([[4.0] * 5, cool, cool, cool], RemediationConfig(observations=5))
     assert counts[0].tolist() == [5, 4, 4, 3] + [3] * 8
+    # With no cooldown, a node that acted still waits to be hot long enough again (two samples).
+    counts = remediated([[4.0] * 5, cool, cool, cool], RemediationConfig(node_cooldown_seconds=0))
+    assert counts[0].tolist() == [5, 5, 4, 4, 3] + [3] * 7
+
+
+def test_a_workload_moved_off_one_hot_node_is_moved_again_only_after_its_own_cooldown():
+    """A workload of 4 cores beside one of 13 makes node 0 hot (17 of 16 cores, over the 95%
+    runtime watermark): two samples on (ten looks at 60 s), it moves to the coolest node, node 1.
+    Node 1's other workload rises from 1 core to 13 in the sixth sample, and node 1 has been hot
+    long enough in the seventh; but the 4-core workload is in its 30-minute cooldown (six samples,
+    to the eighth) and the 13-core one fits nowhere below the scheduling watermark, so nothing
+    moves until the cooldown ends. Then the 4-core workload moves again, to node 2: two
+    evictions, one workload moved more than once."""
+    from oversale.remediation import RemediationConfig
+
+    rising = [1.0] * 5 + [13.0] * 9
+    placed = replay_remediation([[4.0, 13.0], [rising], [2.0]], RemediationConfig(), slots=14)
+    assert placed.moved[0].tolist() == [0, 0] + [1] * 6 + [2] * 6
+    assert placed.moved[1:].tolist() == [[0] * 14, [1] * 14, [2] * 14], "the others stay"
+    assert (placed.evictions, placed.moved_again) == (2, 1)
+    # Without a workload cooldown it moves as soon as node 1 has been hot long enough.
+    placed = replay_remediation([[4.0, 13.0], [rising], [2.0]], RemediationConfig(workload_cooldown_seconds=0),
+                                slots=14)
+    assert placed.moved[0].tolist() == [0, 0] + [1] * 5 + [2] * 7
+    assert (placed.evictions, placed.moved_again) == (2, 1)
 
 
 def test_a_run_says_first_what_will_not_fit_and_refuses_two_systems_of_one_name(tmp_path):
@@ -1517,7 +1549,7 @@ def test_a_run_says_first_what_will_not_fit_and_refuses_two_systems_of_one_name(
     said: list[str] = []
     run(read_trace(trace), Config(node_cpu_cores=8, holdout_days=0), [plain], said.append)
     assert said[0].startswith("warning: 1 of 2 workloads request more than a node holds (8 cores, 256 GiB; e.g. big)")
-    assert said[1].startswith("day 1/1 (tuning, 2 workloads, 1 systems) in ")
+    assert said[1].startswith("day 1/1 (tuning, 2 workloads, 1 system) in ")
     with pytest.raises(ValueError, match=r"^system names must be unique: \['none'\]$"):
         run(read_trace(trace), Config(holdout_days=0), [plain, System("other", "", no_compression), plain])
 
