@@ -108,6 +108,8 @@ class FakeKubeAPI:
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
         self._events: dict[str, list[tuple[int, str, dict[str, Any]]]] = {p: [] for p in RESOURCES}
         self._oldest: dict[str, int] = {p: 0 for p in RESOURCES}
+        self._forgotten: dict[str, list[tuple[int, str]]] = {p: [] for p in RESOURCES}
+        """The version and namespace of each event compaction forgot."""
         self._version = 100
         self._changed = threading.Condition()
         self._watches_paused = False
@@ -266,8 +268,12 @@ class FakeKubeAPI:
         return copy.deepcopy(obj) if obj is not None else None
 
     def compact(self, plural: str) -> None:
-        """Forget the event history, as etcd compaction does: older watches get 410 Gone."""
+        """Forget the event history, as etcd compaction does: a watch from an older version gets
+        410 Gone, and so does a running watch that had not sent all it forgot (one lagging behind);
+        a running watch that had sent everything goes on."""
         with self._changed:
+            self._forgotten[plural] += [(version, obj["metadata"].get("namespace", ""))
+                                        for version, kind, obj in self._events[plural] if kind != "BOOKMARK"]
             self._events[plural].clear()
             self._oldest[plural] = self._version
             self._changed.notify_all()
@@ -422,7 +428,9 @@ class FakeKubeAPI:
                 while True:
                     if self._stopping:
                         return
-                    if since < self._oldest[plural]:
+                    if sent < self._oldest[plural] and any(
+                            version > sent and namespace in (None, forgotten)
+                            for version, forgotten in self._forgotten[plural]):
                         yield {"type": "ERROR", "object": _status(410, "Expired", "too old resource version")}
                         return
                     # Events are kept in version order: only the tail after ``sent`` is looked at (a
