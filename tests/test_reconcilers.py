@@ -1081,7 +1081,7 @@ def test_node_exporter_series_naming_no_node_of_the_cluster_are_told_and_the_rig
         told = [r.getMessage() for r in caplog.records if r.name == "kube.prometheus"]
         assert len(told) == 1, "once, not every pass"
         assert told[0].startswith("node-exporter's series name 2 nodes by their 'instance' label (10.0.3.7, "
-                                  "10.0.3.9), none of them one of the cluster's ") and \
+                                  "10.0.3.9), none of them one of the cluster's 2 nodes (node-1, node-2)") and \
             "set OVERSALE_PROMETHEUS_NODE_LABEL to the label holding the node's name; every node ratio is held" in \
             told[0]
         caplog.clear()
@@ -1865,6 +1865,13 @@ def test_an_unreadable_original_target_on_one_hpa_holds_that_workload_only(api, 
 
 
 def test_node_status_can_be_applied_at_once(api, prometheus):
+    """By default a new ratio reaches the status at the kubelet's next write (through the node
+    webhook); with OVERSALE_APPLY_NODE_STATUS the reconciler writes the status at once."""
+    before = api.get("nodes", "", "node-1")["status"]
+    Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), SETTINGS).run_pass()
+    assert annotations(api, "nodes", "node-1", "")[KEYS.cpu_oversale_ratio] == "1.25"
+    assert api.get("nodes", "", "node-1")["status"] == before
+    annotate(api, "nodes", "node-1", {KEYS.cpu_oversale_ratio: None}, "")
     settings = dataclasses.replace(SETTINGS, apply_node_status=True)
     Reconciler(Cluster(api_client_for(api)), PrometheusHistory(prometheus.url), settings).run_pass()
     stored = api.get("nodes", "", "node-1")
@@ -3026,6 +3033,16 @@ def test_a_budget_annotation_that_is_not_a_share_falls_back_to_the_pool_and_is_t
         with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
             reconciler.run_pass()
     assert len([r for r in caplog.records if "ignored" in r.getMessage()]) == 2
+    # The memory budget set wrong too: both told, in one line.
+    memory = KEYS.hot_time_budget("memory")
+    annotate(api, "nodes", "node-2", {memory: "1%"}, "")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="reconcilers.runner"):
+        reconciler.run_pass()
+    share = "a hot-time budget is a share of node-time from 0 to 1 (0.001 is 0.1%; 0: no overselling)"
+    assert [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()] == [
+        f"Node/node-2: annotation {key}='0.5%' ignored: {share}; 2.000% applies; "
+        f"annotation {memory}='1%' ignored: {share}; 0.010% applies"]
 
 
 def test_a_cut_the_node_validating_webhook_refuses_is_told_and_made_again_to_fit_the_pod_bound_meanwhile(

@@ -800,21 +800,25 @@ def test_a_pod_whose_plan_moved_meanwhile_waits_for_the_next_pass(api, tmp_path,
             "last resize); next pass") in caplog.messages
 
 
-def test_a_pod_another_writer_resized_meanwhile_waits_and_the_log_says_what_the_resize_is_now(api, tmp_path,
-                                                                                                 caplog):
+@pytest.mark.parametrize(("theirs", "now"), [("900m", "now app/cpu 900m -> 500m"),
+                                             ("500m", "requests already at the workload's ratios")])
+def test_a_pod_another_writer_resized_meanwhile_waits_and_the_log_says_what_the_resize_is_now(
+        api, tmp_path, caplog, theirs, now):
+    """The other writer's requests are this pass's next plan: still a resize, or (resized to just
+    the ratio's requests) none."""
     setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS[:1])
 
     def resized_by_another(pod: dict[str, Any]) -> None:
-        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "900m"
-        pod["status"]["containerStatuses"][0]["resources"]["requests"]["cpu"] = "900m"
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = theirs
+        pod["status"]["containerStatuses"][0]["resources"]["requests"]["cpu"] = theirs
 
     api.concurrent_writes[f"pods/{PODS[0]}"] = 1
     api.written_meanwhile["pods"] = resized_by_another
     with caplog.at_level(logging.INFO, logger="reconcilers.runner"):
         reconciler(api, tmp_path).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
-    assert requests(stored(api))["cpu"] == "900m" and resize_calls(api) == 0
-    assert caplog.messages == [f"Pod/{NS}/{PODS[0]}: not resized: it changed since the pass read it (now app/cpu "
-                               "900m -> 500m); next pass"]
+    assert requests(stored(api))["cpu"] == theirs and resize_calls(api) == 0
+    assert caplog.messages == [f"Pod/{NS}/{PODS[0]}: not resized: it changed since the pass read it ({now}); "
+                               "next pass"]
 
 
 def test_a_pod_replaced_under_its_name_or_changing_under_every_try_is_left_alone(api, tmp_path, caplog):
