@@ -1327,8 +1327,10 @@ def test_a_node_query_of_the_users_own_that_prometheus_cannot_run_is_named_and_h
 def test_a_hot_time_account_that_cannot_be_read_keeps_the_back_off_in_force(api, prometheus, caplog):
     """The account's counts are a pass's heaviest queries: one that times out must not lift the
     back-off a node or its pool earned by overspending. Its ratio keeps the multipliers recorded
-    on the node, which are left as they are."""
+    on the node, which are left as they are; a node that never had an account (nor any
+    annotation) is planned too."""
     no_account = refusing_proxy(prometheus.url, r"sum_over_time")
+    api.put("nodes", node("node-4"))
     try:
         settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": no_account.url})
 
@@ -1336,6 +1338,8 @@ def test_a_hot_time_account_that_cannot_be_read_keeps_the_back_off_in_force(api,
 
         def node_1_cpu() -> Row:
             rows = reconciler.run_pass(dry_run=True)
+            fresh = [r for r in rows if r.object == "Node/node-4"]
+            assert [r.resource for r in fresh] == ["cpu", "memory"]
             return next(r for r in rows if (r.object, r.resource) == ("Node/node-1", "cpu"))
 
         annotate(api, "nodes", "node-1", {KEYS.cpu_oversale_ratio: "4"}, "")
@@ -2744,11 +2748,18 @@ def test_a_sample_is_the_mean_cpu_of_the_intervals_readings_and_their_last_memor
 def two_days_with_node_1_hot(api: FakeKubeAPI, path: Path) -> SqliteHistory:
     """Two days of metrics-server samples, every 10 minutes, through the real sampler: node-1 (real
     cpu 3920m) at 4500m in 6 samples of the last day, 900m otherwise; node-2 at 900m throughout."""
+    return sampled_days(api, path, 2, hot_samples=6)
+
+
+def sampled_days(api: FakeKubeAPI, path: Path, days: int, hot_samples: int) -> SqliteHistory:
+    """``days`` of metrics-server samples, every 10 minutes, through the real sampler: node-1 (real
+    cpu 3920m) at 4500m in ``hot_samples`` samples of the last day, 900m otherwise; node-2 at 900m
+    throughout."""
     history = SqliteHistory(path, retention_seconds=8 * 86400)
     sampler = MetricsSampler(api_client_for(api), history)
     now = time.time()
-    hot = set(range(int(now - 86400) + 6000, int(now - 86400) + 6000 + 6 * 600, 600))
-    for t in range(int(now - 2 * 86400) + 600, int(now), 600):
+    hot = set(range(int(now - 86400) + 6000, int(now - 86400) + 6000 + hot_samples * 600, 600))
+    for t in range(int(now - days * 86400) + 600, int(now), 600):
         for (pod, container), (cpu_at, memory_at) in CONTAINERS.items():
             api.put("podmetrics", {"metadata": {"name": pod, "namespace": NS}, "window": "30s", "containers": [
                 {"name": container, "usage": {"cpu": f"{round(cpu_at(t))}m", "memory": f"{round(memory_at(t))}"}}]})
@@ -2834,6 +2845,33 @@ def test_a_node_that_overspends_its_budget_is_backed_off_with_an_event_and_accou
     assert reconciler.metrics.predictions_exceeded.labels("default", "memory")._value.get() == 0
 
 
+def test_a_node_and_a_pool_backed_off_that_then_underspend_for_long_rise_again_slowly_once_a_day(api, tmp_path):
+    """Backed off to half three days ago, node-1 and node-2 (the default pool) have run cool for
+    four days (no hot sample: under half the 0.1% budget, with over 3 days of samples). Their own
+    accounts and the pool's rise by 5% of the multiplier, and only once a day: a pass straight
+    after changes nothing. Memory, never backed off, stays at 1."""
+    history = sampled_days(api, tmp_path / "h.db", 4, hot_samples=0)
+    then = time.time() - 3 * 86400
+    halved = json.dumps({"cpu": {"multiplier": 0.5, "backedOffAt": then, "changedAt": then}})
+    for name in ("node-1", "node-2"):
+        annotate(api, "nodes", name, {KEYS.hot_time_account: halved, KEYS.pool_hot_time_account: halved}, "")
+    reconciler = Reconciler(Cluster(api_client_for(api)), history, SETTINGS)
+    reconciler.run_pass()
+    for name in ("node-1", "node-2"):
+        notes = annotations(api, "nodes", name, "")
+        for key in (KEYS.hot_time_account, KEYS.pool_hot_time_account):
+            account = json.loads(notes[key])
+            assert account["cpu"]["multiplier"] == pytest.approx(0.525), (name, key)
+            assert account["cpu"]["backedOffAt"] == pytest.approx(then, abs=1)
+            assert account["cpu"]["changedAt"] > then + 3 * 86400 - 60
+            assert account["memory"] == {"multiplier": 1.0}
+    assert reconciler.metrics.pool_multiplier.labels("default", "cpu")._value.get() == pytest.approx(0.525)
+    reconciler.run_pass()
+    assert reconciler.metrics.pool_multiplier.labels("default", "cpu")._value.get() == pytest.approx(0.525)
+    assert json.loads(annotations(api, "nodes", "node-1", "")[KEYS.hot_time_account])["cpu"]["multiplier"] == \
+        pytest.approx(0.525)
+
+
 def test_a_node_that_leaves_oversale_is_no_longer_reported(api, tmp_path):
     """Per-node series follow the nodes opted in now: a node deleted or opted out would otherwise
     keep its last hot time, multiplier and ratio on dashboards and alerts."""
@@ -2849,10 +2887,13 @@ def test_a_node_that_leaves_oversale_is_no_longer_reported(api, tmp_path):
     node = api.get("nodes", "", "node-1")
     del node["metadata"]["labels"][KEYS.oversale_label]
     api.put("nodes", node)
+    MetricsSampler(api_client_for(api), history).sample(now=time.time())  # a peak of each node since
     reconciler.run_pass()
     for family, labels, key in series:
         assert sample(family, {**labels, key: "node-1"}) is None, family
         assert sample(family, {**labels, key: "node-2"}) is not None, family
+    # Of the last pass's predictions, only those of the nodes still opted in are checked.
+    assert reconciler.metrics.predictions.labels("default", "cpu")._value.get() == 1
     # The last node leaving takes the pool's and the cluster's series with it.
     pooled = [("oversale_hot_time_ratio", {"scope": "cluster", "name": "", "resource": "cpu", "window": "7d"}),
               ("oversale_hot_time_pool_multiplier", {"pool": "default", "resource": "cpu"})]
