@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from decimal import Decimal
 
@@ -24,6 +25,7 @@ from oversale.estimator import (
     stabilize,
     summarize,
 )
+from oversale.settings import Settings
 from oversale.workloads import (
     describe_change,
     plan_compression,
@@ -44,6 +46,16 @@ TARGET_07 = OversaleEstimator(percentile=0.99, cpu_target=Decimal("0.7"), cpu_ma
 
 def stats(q, peak=None, samples=2016, covered=WEEK, age=60.0):
     return UsageStats(q, peak if peak is not None else q, samples, covered, age)
+
+
+def test_the_estimators_defaults_are_the_products_but_for_the_quantiles_the_budget_sets():
+    """Tests and tools that build ``CompressionEstimator()`` or ``OversaleEstimator()`` run the
+    knobs the product ships, but for what Settings derives from the hot-time budget (the
+    quantiles, and the budget's calibration): those default to the peak, uncalibrated."""
+    settings = Settings.from_env({})
+    assert CompressionEstimator() == dataclasses.replace(settings.compression_estimator(), percentile=1.0)
+    assert OversaleEstimator() == dataclasses.replace(settings.oversale_estimator(), percentile=1.0,
+                                                      memory_percentile=1.0, budget_scale=1.0)
 
 
 def test_quantile_interpolates_like_promql():
@@ -114,12 +126,35 @@ def test_no_ratio_above_one_without_enough_history():
     assert compression_proposal("cpu", {}, {}, P95) == Proposal(Decimal(1), "no cpu requests")
 
 
+def test_a_container_without_usage_or_with_too_little_is_named_and_its_history_told():
+    nothing = UsageStats(None, None, 0, 0.0, None)
+    for usage in ({}, {"app": nothing}):
+        assert compression_proposal("cpu", {"app": 1000}, usage, P95) == Proposal(
+            Decimal(1), "no usage history for container app")
+    # 72,184 s is 20.05 h: told to the tenth of an hour.
+    thin = stats(100, samples=150, covered=72184)
+    assert compression_proposal("cpu", {"app": 1000}, {"app": thin}, P95).reason == \
+        "not enough history for container app (20.1 h, 150 samples)"
+
+
+def test_equally_tight_containers_are_told_by_the_first_name_and_a_memory_peak_unknown_is_not_a_floor():
+    twins = compression_proposal("cpu", {"app": 1000, "worker": 1000}, {"app": stats(400), "worker": stats(400)}, P95)
+    assert twins.reason.startswith("container app: request 1, demand 460m")
+    # No peak read (a source with quantiles only): the demand is the quantile with its margin.
+    unpeaked = UsageStats(500.0, None, 2016, WEEK, 60.0)
+    proposal = compression_proposal("memory", {"app": 2048}, {"app": unpeaked}, P95)
+    assert proposal.ratio == Decimal("3.56") and proposal.demand == pytest.approx(575)  # 2048 / 575
+
+
 def test_thin_history_pulls_the_ratio_toward_one():
     two_days = stats(250, samples=576, covered=2 * DAY)
     proposal = compression_proposal("cpu", {"app": 1000}, {"app": two_days}, P95)
     # full ratio 1000 / 287.5 = 3.478; confidence 2/7 -> 1 + 2.478 x 2/7 = 1.708
     assert proposal.ratio == Decimal("1.70")
     assert proposal.reason.endswith("; 29% confidence (2.0 days of history)")
+    # Told to the tenth of a day: 177,121 s is just over 2.05 days.
+    just_over = compression_proposal("cpu", {"app": 1000}, {"app": stats(250, samples=576, covered=177121)}, P95)
+    assert just_over.reason.endswith("; 29% confidence (2.1 days of history)")
     # A small lowering is pulled toward 1 alike: 1000 / 805 = 1.242 -> 1 + 0.242 x 2/7 = 1.069.
     small = compression_proposal("cpu", {"app": 1000}, {"app": stats(700, samples=576, covered=2 * DAY)}, P95)
     assert small.ratio == Decimal("1.06")
@@ -214,8 +249,8 @@ def test_oversale_never_below_the_safe_floor():
     proposal = oversale_proposal("cpu", 40000, 32000, stats(30000), Decimal(2), TARGET_07)
     assert proposal.ratio == safe_floor(40000, 32000, Decimal("0.05")) == Decimal("1.32")
     # A node reporting no allocatable of a resource (a kubelet still starting) has no floor but 1.
-    assert safe_floor(40000, 0, Decimal("0.05")) == 1
-    assert "safe floor" in proposal.reason
+    assert safe_floor(40000, 0, Decimal("0.05")) == 1 and safe_floor(3, 1, Decimal(0)) == 3
+    assert proposal.reason.endswith("; held at the safe floor 1.32 (requests / real allocatable + margin)")
     assert math.floor(32000 * 1.32) >= 40000
 
 
@@ -256,8 +291,14 @@ def test_missing_metrics_hold_and_stale_metrics_decay_to_the_floor():
     decayed = oversale_proposal("cpu", 10000, 32000, stale, Decimal(2), estimator)
     assert decayed.ratio == Decimal("1.5")
     assert decayed.reason == "metrics stale for 180 min: decaying toward 1, not below the floor 1"
-    # An hour old is not stale yet.
+    # An hour old is not stale yet, nor is a window whose age is unknown.
     assert "stale" not in oversale_proposal("cpu", 10000, 32000, stats(4000, age=3600), Decimal(2), estimator).reason
+    unaged = UsageStats(4000.0, 4000.0, 2016, WEEK, None)
+    assert oversale_proposal("cpu", 10000, 32000, unaged, Decimal(2), estimator).reason.startswith("P99 usage 4 of 10")
+    # Samples enough but no quantile (a source that answered none): held like no history.
+    unread = UsageStats(None, None, 2016, WEEK, 60.0)
+    assert oversale_proposal("cpu", 10000, 32000, unread, Decimal(2), estimator) == Proposal(
+        Decimal(2), "not enough usage history: holding the current ratio")
     near_floor = oversale_proposal("cpu", 40000, 32000, stale, Decimal("1.4"), estimator)
     assert near_floor.ratio == Decimal("1.32")  # decays to 1.2, but not below the floor
 
