@@ -113,7 +113,8 @@ def test_floors_hold_and_never_raise_a_smaller_request():
                                policy(cpu="4", memory="4"))
     assert requests(result.pod, "a") == {"cpu": "10m", "memory": "16Mi"}
     assert requests(result.pod, "b") == {"cpu": "5m", "memory": "8Mi"}
-    assert "floor 10m" in audit(result.pod)
+    assert audit(result.pod) == ("cpu ratio 4: 20m -> 15m; memory ratio 4: 28Mi -> 24Mi; guards: a/cpu floor 10m, "
+                                 "b/cpu floor 10m, a/memory floor 16Mi, b/memory floor 16Mi")
     # A Pod whose every request is at its floor already is left as it came, and says why.
     floored = pod(container("b", "5m", "8Mi"))
     left = compress_requests(floored, policy(cpu="4", memory="4"))
@@ -253,6 +254,11 @@ def test_pod_annotations_override_the_workload_per_key():
     assert merged == {KEYS.cpu_requests_ratio: "3", KEYS.memory_requests_ratio: "2"}
 
 
+def test_a_container_without_the_request_is_passed_over_not_the_end_of_the_pod():
+    result = compress_requests(pod(container("logger"), container("app", "1")), policy(cpu="2"))
+    assert requests(result.pod, "app") == {"cpu": "500m"} and requests(result.pod, "logger") == {}
+
+
 def test_mirror_pods_and_pods_without_requests_are_skipped():
     mirror = pod(container("etcd", "1"), annotations={"kubernetes.io/config.mirror": "abc"})
     assert compress_requests(mirror, policy(cpu="2")).skipped.startswith("mirror")
@@ -266,7 +272,8 @@ def test_container_limitrange_min_and_limit_request_ratio_cap_the_compression():
     p = pod(container("app", "300m", "2Gi", limits={"memory": "3Gi"}))
     result = compress_requests(p, policy(cpu="4", memory="4"), bounds)
     assert requests(result.pod, "app") == {"cpu": "100m", "memory": "1536Mi"}
-    assert "LimitRange" in audit(result.pod)
+    assert audit(result.pod) == ("cpu ratio 4: 300m -> 100m; memory ratio 4: 2Gi -> 1536Mi; "
+                                 "guards: app/cpu LimitRange, app/memory LimitRange")
     # Landing exactly on the minimum is no cap: the audit names no guard.
     exact = compress_requests(pod(container("app", "400m")), policy(cpu="4"), bounds)
     assert requests(exact.pod, "app") == {"cpu": "100m"}
@@ -380,9 +387,11 @@ def test_a_running_pod_is_right_sized_only_where_in_place_resize_reaches():
 
 def test_an_unreadable_record_is_refused_as_a_value_error():
     """``reconcilers plan`` counts such records and plans their Pods at their running requests."""
-    for bad in ('{"app": 3}', '["app"]', '{"app": {"cpu": "1"}, "(pod)": "2"}', "{not json"):
-        with pytest.raises(ValueError):
+    for bad in ('{"app": 3}', '["app"]', '{"app": {"cpu": "1"}, "(pod)": "2"}'):
+        with pytest.raises(ValueError, match=r"^not a JSON object of each container's requests$"):
             recorded_pod_request(bad, "cpu")
+    with pytest.raises(ValueError):
+        recorded_pod_request("{not json", "cpu")
 
 
 def test_a_running_pod_left_as_it_is_is_not_touched():
@@ -686,6 +695,17 @@ def test_a_best_effort_scope_binds_only_a_pod_without_requests_or_limits():
     assert scope_holds({"scopeName": "BestEffort", "operator": "Exists"}, best_effort)
     assert not scope_holds({"scopeName": "NotBestEffort", "operator": "Exists"}, best_effort)
     assert not scope_holds({"scopeName": "BestEffort", "operator": "Exists"}, bounded)
+
+
+def test_a_raise_capped_by_limits_and_the_pod_limitrange_max_names_each_guard_once():
+    """Raised to their limits (2.7 cores), the containers exceed the Pod LimitRange max of 2.5:
+    the raise is aimed lower and applied again, which meets b's limit again, told once."""
+    bounds = bounds_from_limit_ranges([{"spec": {"limits": [{"type": "Pod", "max": {"cpu": "2500m"}}]}}])
+    p = pod(container("a", "1", limits={"cpu": "1500m"}), container("b", "1", limits={"cpu": "1200m"}))
+    result = compress_requests(p, policy(cpu="0.5"), bounds)
+    assert [requests(result.pod, name) for name in ("a", "b")] == [{"cpu": "1250m"}, {"cpu": "1200m"}]
+    assert audit(result.pod) == ("cpu ratio ~0.816 (asked 0.5, capped by a guard): 2 -> 2450m; "
+                                 "guards: a/cpu limit, b/cpu limit, cpu Pod LimitRange max")
 
 
 def test_a_raise_stops_at_the_limit_and_reaching_it_exactly_is_no_cap():
