@@ -749,6 +749,15 @@ def test_pod_level_requests_still_cover_the_containers_after_a_raise():
                                     resources={"requests": {"cpu": "700m"}, "limits": {"cpu": "1"}}), policy(cpu="0.5"))
     assert requests(fitting.pod, "a") == requests(fitting.pod, "b") == {"cpu": "500m"}
     assert "containers kept" not in audit(fitting.pod)
+    # A container asking nothing counts as nothing in that sum.
+    quiet = compress_requests(pod(container("app", "1"), container("logger"),
+                                  resources={"requests": {"cpu": "1500m"}, "limits": {"cpu": "4"}}), policy(cpu="0.5"))
+    assert quiet.pod["spec"]["resources"]["requests"] == {"cpu": "3"} and requests(quiet.pod, "app") == {"cpu": "2"}
+    # Pod-level limits alone: the containers are raised, and no pod-level request is made up.
+    limits_only = compress_requests(pod(container("app", "1", limits={"cpu": "3"}), resources={"limits": {"cpu": "4"}}),
+                                    policy(cpu="0.5"))
+    assert limits_only.pod["spec"]["resources"] == {"limits": {"cpu": "4"}}
+    assert audit(limits_only.pod) == "cpu ratio 0.5: 1 -> 2"
 
 
 def test_pod_level_requests_stop_one_unit_below_their_limit_rather_than_turn_guaranteed():
