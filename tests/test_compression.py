@@ -340,6 +340,14 @@ def test_a_request_raised_by_another_webhook_after_us_is_the_new_original():
     assert requests(compress_requests(raised, policy(cpu="2")).pod, "app")["cpu"] == "1500m"
 
 
+def test_a_record_entry_that_is_no_container_or_no_resource_of_ours_is_passed_over():
+    record = '{"app": {"cpu": "1", "nvidia.com/gpu": "1"}, "sidecar": "2", "gone": {"cpu": "2"}}'
+    result = compress_requests(pod(container("app", "500m"), container("sidecar", "100m"),
+                                   annotations={KEYS.original_requests: record}), policy(cpu="2"))
+    assert requests(result.pod, "app") == {"cpu": "500m"} and requests(result.pod, "sidecar") == {"cpu": "50m"}
+    assert result.warnings == [] and audit(result.pod) == "cpu ratio 2: 1100m -> 550m"
+
+
 def test_a_record_naming_a_container_the_pod_no_longer_has_still_restores_the_others():
     # Another mutating webhook may take a container out before this one is called again.
     first = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="2")).pod
@@ -708,6 +716,13 @@ def test_a_raise_capped_by_limits_and_the_pod_limitrange_max_names_each_guard_on
                                  "guards: a/cpu limit, b/cpu limit, cpu Pod LimitRange max")
 
 
+def test_a_raise_capped_by_the_container_limitrange_max_names_it():
+    bounds = bounds_from_limit_ranges([{"spec": {"limits": [{"type": "Container", "max": {"cpu": "1500m"}}]}}])
+    result = compress_requests(pod(container("app", "1")), policy(cpu="0.5"), bounds)
+    assert audit(result.pod) == "cpu ratio ~0.667 (asked 0.5, capped by a guard): 1 -> 1500m; guards: app/cpu " \
+                                "LimitRange max"
+
+
 def test_a_raise_stops_at_the_limit_and_reaching_it_exactly_is_no_cap():
     exact = compress_requests(pod(container("app", "1", limits={"cpu": "2"})), policy(cpu="0.5"))
     assert audit(exact.pod) == "cpu ratio 0.5: 1 -> 2"
@@ -788,7 +803,11 @@ def test_our_own_raise_is_undone_on_reinvocation_but_another_webhooks_is_kept():
     first = compress_requests(pod(container("app", "1")), policy(cpu="0.5")).pod
     assert requests(first, "app")["cpu"] == "2"
     assert compress_requests(first, policy(cpu="0.5")).pod == first
-    assert requests(compress_requests(first, policy(cpu="2")).pod, "app")["cpu"] == "500m"
+    lowered = compress_requests(first, policy(cpu="2")).pod
+    assert requests(lowered, "app")["cpu"] == "500m"
+    # Nothing raised now: the record of our raise goes, the originals stay.
+    assert lowered["metadata"]["annotations"] == {KEYS.original_requests: '{"app":{"cpu":"1"}}',
+                                                  KEYS.compression: "cpu ratio 2: 1 -> 500m"}
     other = copy.deepcopy(first)
     other["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3"
     assert requests(compress_requests(other, policy(cpu="0.5")).pod, "app")["cpu"] == "6"
