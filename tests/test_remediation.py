@@ -687,7 +687,9 @@ def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api, caplog):
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None, "evicted: the Eviction API deleted it"
     assert api.get("pods", "shop", "api-6f7c8-fghij") is not None
     (moved,) = [r for r in rows if r.written]
-    assert moved.object == "Pod/shop/web-5d8f9-abcde" and moved.proposed == "node-cool"
+    assert (moved.object, moved.resource, moved.current, moved.proposed) == (
+        "Pod/shop/web-5d8f9-abcde", "*", "node-hot", "node-cool")
+    assert moved.reason.startswith("evict from hot node-hot (cpu usage 98% of real capacity is above the runtime ")
     held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
     assert held["shop/ReplicaSet/web-5d8f9"]["cpu"] == "500m"
     events = {(e["involvedObject"]["kind"], e["reason"], e["type"])
@@ -811,6 +813,22 @@ def test_a_taint_left_behind_goes_even_with_remediation_off_but_not_on_a_dry_run
     assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated, left]
     remediator_.run_pass(dry_run=True, tidy=True)  # the running loop with OVERSALE_REMEDIATION off
     assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated]
+    assert evictions(api) == 0
+
+
+def test_only_the_replica_holding_the_lease_tidies_a_taint_left_behind(api):
+    """Every replica runs the loop; only the one holding the Lease writes to the nodes."""
+    dedicated = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
+    left = {"key": KEYS.hot_taint, "value": str(int(time.time()) - 60), "effect": "PreferNoSchedule"}
+    api.put("nodes", {**node("node-hot"), "spec": {"taints": [dedicated, left]}})
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    holder = LeaseElector(api_client, "oversale", "oversale-reconciler", "a", 15)
+    follower = LeaseElector(api_client, "oversale", "oversale-reconciler", "b", 15)
+    assert holder.try_acquire_or_renew() and not follower.try_acquire_or_renew()
+    for elector, taints in ((follower, [dedicated, left]), (holder, [dedicated])):
+        replica = Remediator(Cluster(api_client), MetricsAPI(api_client), SETTINGS, leader=elector)
+        replica.run_pass(dry_run=True, tidy=True)
+        assert api.get("nodes", "", "node-hot")["spec"]["taints"] == taints, elector.identity
     assert evictions(api) == 0
 
 
@@ -1701,6 +1719,14 @@ def test_a_node_can_carry_its_own_runtime_watermark(api, caplog):
     assert evictions(api) == 1, "an unreadable value keeps the default 95%"
     assert f"Node/node-hot: annotation {KEYS.cpu_runtime_watermark}='99%' ignored: not a number above 0 and at " \
            "most 1; default kept" in [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_node_pool_can_carry_its_own_runtime_watermark_as_a_label(api):
+    hot = api.get("nodes", "", "node-hot")
+    hot["metadata"]["labels"][KEYS.cpu_runtime_watermark] = "0.99"
+    api.put("nodes", hot)
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1)).run_pass()
+    assert rows == [] and evictions(api) == 0, "98% is under this node's 99%"
 
 
 def test_two_hot_nodes_in_one_pass_do_not_both_fill_the_one_target(api):
