@@ -804,10 +804,16 @@ def test_a_node_evicted_from_is_tainted_prefer_no_schedule_for_its_cooldown(api,
     assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], "its time is up: only ours goes"
 
 
-def test_a_taint_left_behind_goes_even_with_remediation_off_but_not_on_a_dry_run(api):
+def taint_left_behind(api: FakeKubeAPI) -> tuple[dict[str, str], dict[str, str]]:
+    """node-hot with a taint of its own and our hot-node taint whose time was up a minute ago."""
     dedicated = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
     left = {"key": KEYS.hot_taint, "value": str(int(time.time()) - 60), "effect": "PreferNoSchedule"}
     api.put("nodes", {**node("node-hot"), "spec": {"taints": [dedicated, left]}})
+    return dedicated, left
+
+
+def test_a_taint_left_behind_goes_even_with_remediation_off_but_not_on_a_dry_run(api):
+    dedicated, left = taint_left_behind(api)
     remediator_ = remediator(api)
     remediator_.run_pass(dry_run=True)  # `remediate --dry-run` changes nothing
     assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated, left]
@@ -818,9 +824,7 @@ def test_a_taint_left_behind_goes_even_with_remediation_off_but_not_on_a_dry_run
 
 def test_only_the_replica_holding_the_lease_tidies_a_taint_left_behind(api):
     """Every replica runs the loop; only the one holding the Lease writes to the nodes."""
-    dedicated = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
-    left = {"key": KEYS.hot_taint, "value": str(int(time.time()) - 60), "effect": "PreferNoSchedule"}
-    api.put("nodes", {**node("node-hot"), "spec": {"taints": [dedicated, left]}})
+    dedicated, left = taint_left_behind(api)
     api_client = client.ApiClient(client.Configuration(host=api.url))
     holder = LeaseElector(api_client, "oversale", "oversale-reconciler", "a", 15)
     follower = LeaseElector(api_client, "oversale", "oversale-reconciler", "b", 15)
