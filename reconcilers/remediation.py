@@ -497,7 +497,9 @@ class Remediator:
         # and could move the next Pod off this node before its load settled.
         message = f"evicted from hot node {source['metadata']['name']} toward {move.target}: {move.reason}"
         log.info("Pod/%s: %s", move.pod.name, message)
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
+        # `kubectl describe pod` asks for a Pod's Events by its UID as well as its name.
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": namespace, "uid": move.pod.demand.uid}}
         self._event(pod, "EvictedFromHotNode", message)
         tainted = self.config.taint_hot_nodes and self._set_hot_taint(source["metadata"]["name"],
                                                                       now + self.config.node_cooldown_seconds)

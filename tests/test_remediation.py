@@ -632,7 +632,8 @@ SETTINGS = Settings(kubernetes="off", remediation=True, hot_observations=3)
 
 
 def node(name: str, cpu: str = "4", labelled: bool = True) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": {KEYS.oversale_label: "enabled"} if labelled else {}},
+    """An opted-in node, or one without labels (the API server omits an empty map)."""
+    return {"metadata": {"name": name, **({"labels": {KEYS.oversale_label: "enabled"}} if labelled else {})},
             "status": {"allocatable": {"cpu": cpu, "memory": "16Gi", "pods": "110"},
                        "capacity": {"cpu": cpu, "memory": "16Gi", "pods": "110"},
                        "conditions": [{"type": "Ready", "status": "True"}]}}
@@ -674,7 +675,18 @@ def evictions(api: FakeKubeAPI) -> int:
     return sum(1 for r in api.requests if r.method == "POST" and r.path.endswith("/eviction"))
 
 
+def described(api: FakeKubeAPI, obj: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the Events ``kubectl describe`` shows for ``obj``: it asks the API
+    server for those whose involvedObject has the object's kind, namespace, name and UID."""
+    metadata = obj["metadata"]
+    selector = (f"involvedObject.name={metadata['name']},involvedObject.namespace={metadata.get('namespace', '')},"
+                f"involvedObject.kind={obj['kind']},involvedObject.uid={metadata['uid']}")
+    return [(e["type"], e["reason"], e["message"])
+            for e in api.list_objects("events", None, {"fieldSelector": [selector]})["items"]]
+
+
 def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api, caplog):
+    web = {"kind": "Pod", **api.get("pods", "shop", "web-5d8f9-abcde")}
     remediator_ = remediator(api)
     hot_nodes = partial(remediator_.metrics.registry.get_sample_value, "oversale_remediation_hot_nodes")
     for _ in range(2):
@@ -692,9 +704,11 @@ def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api, caplog):
     assert moved.reason.startswith("evict from hot node-hot (cpu usage 98% of real capacity is above the runtime ")
     held = json.loads(api.get("nodes", "", "node-cool")["metadata"]["annotations"][KEYS.reservations])
     assert held["shop/ReplicaSet/web-5d8f9"]["cpu"] == "500m"
-    events = {(e["involvedObject"]["kind"], e["reason"], e["type"])
-              for e in api.list_objects("events", None, {})["items"]}
-    assert {("Pod", "EvictedFromHotNode", "Normal"), ("Node", "HotNodeRemediated", "Normal")} <= events
+    assert described(api, web) == [("Normal", "EvictedFromHotNode", "evicted from hot node node-hot toward node-cool: "
+                                    "Burstable, uses 2500m cpu, 120m above the watermark")]
+    assert described(api, {"kind": "Node", **api.get("nodes", "", "node-hot")}) == [
+        ("Normal", "HotNodeRemediated", "evicted shop/web-5d8f9-abcde toward node-cool (room reserved); "
+                                        f"tainted {KEYS.hot_taint}:PreferNoSchedule for its cooldown")]
     assert remediator_.metrics.evictions.labels("hot-node")._value.get() == 1
     assert remediator_.metrics.registry.get_sample_value("oversale_remediation_reservations_total") == 1
     assert not [r.path for r in api.requests if "csinodes" in r.path or "volumeattachments" in r.path], \
@@ -822,18 +836,36 @@ def test_a_taint_left_behind_goes_even_with_remediation_off_but_not_on_a_dry_run
     assert evictions(api) == 0
 
 
-def test_only_the_replica_holding_the_lease_tidies_a_taint_left_behind(api):
-    """Every replica runs the loop; only the one holding the Lease writes to the nodes."""
-    dedicated, left = taint_left_behind(api)
+def follower_then_holder(api: FakeKubeAPI) -> list[Remediator]:
+    """Two replicas over ``api``: the first does not hold the Lease, the second does."""
     api_client = client.ApiClient(client.Configuration(host=api.url))
     holder = LeaseElector(api_client, "oversale", "oversale-reconciler", "a", 15)
     follower = LeaseElector(api_client, "oversale", "oversale-reconciler", "b", 15)
     assert holder.try_acquire_or_renew() and not follower.try_acquire_or_renew()
-    for elector, taints in ((follower, [dedicated, left]), (holder, [dedicated])):
-        replica = Remediator(Cluster(api_client), MetricsAPI(api_client), SETTINGS, leader=elector)
+    return [Remediator(Cluster(api_client), MetricsAPI(api_client), SETTINGS, leader=elector)
+            for elector in (follower, holder)]
+
+
+def test_only_the_replica_holding_the_lease_tidies_a_taint_left_behind(api):
+    """Every replica runs the loop; only the one holding the Lease writes to the nodes."""
+    dedicated, left = taint_left_behind(api)
+    for replica, taints in zip(follower_then_holder(api), ([dedicated, left], [dedicated]), strict=True):
         replica.run_pass(dry_run=True, tidy=True)
-        assert api.get("nodes", "", "node-hot")["spec"]["taints"] == taints, elector.identity
+        assert api.get("nodes", "", "node-hot")["spec"]["taints"] == taints
     assert evictions(api) == 0
+
+
+def test_only_the_replica_holding_the_lease_drops_a_spent_hold(api):
+    # On node-hot, listed after node-cool, which holds nothing: each node's holds are looked at.
+    hot = api.get("nodes", "", "node-hot")
+    ended = {"cpu": "500m", "memory": "512Mi", "until": LONG_AGO}
+    hot["metadata"]["annotations"] = {KEYS.reservations: json.dumps({"shop/ReplicaSet/gone-7f8e9": ended})}
+    api.put("nodes", hot)
+    for replica, kept in zip(follower_then_holder(api), (True, False), strict=True):
+        replica.run_pass()
+        annotations = api.get("nodes", "", "node-hot")["metadata"].get("annotations") or {}
+        assert (KEYS.reservations in annotations) is kept
+    assert evictions(api) == 0, "node-hot has been hot for one pass of each replica"
 
 
 def test_a_node_that_cools_down_before_k_observations_is_left_alone(api):
@@ -889,6 +921,19 @@ def test_a_pdb_refusal_is_retried_later_and_the_pod_is_never_deleted_around_it(a
     api.put("poddisruptionbudgets", budget)
     remediator_.run_pass()
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None
+
+
+def test_an_eviction_its_budget_refuses_leaves_the_pass_and_namespace_limits_to_the_next_hot_node(api):
+    api.put("poddisruptionbudgets", {"metadata": {"name": "web", "namespace": "shop"},
+                                     "spec": {"selector": {"matchLabels": {"app": "web"}}},
+                                     "status": {"disruptionsAllowed": 0}})
+    a_second_hot_node(api, "batch-1a2b3-xyzab", ("ReplicaSet", "batch-1a2b3"))
+    rows = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1, evictions_per_pass=1,
+                                               evictions_per_namespace=1)).run_pass()
+    assert [(r.object, r.written) for r in rows if r.proposed] == [
+        ("Pod/shop/web-5d8f9-abcde", False), ("Pod/shop/batch-1a2b3-xyzab", True)]
+    assert api.get("pods", "shop", "web-5d8f9-abcde") is not None, "protected by its budget"
+    assert api.get("pods", "shop", "batch-1a2b3-xyzab") is None
 
 
 def test_a_pod_marked_safe_to_evict_false_stays_and_the_next_candidate_moves(api):
@@ -1217,7 +1262,7 @@ def test_a_pod_is_not_evicted_toward_a_node_whose_csi_driver_attaches_no_more_vo
 def label_nodes(api: FakeKubeAPI, key: str, values: dict[str, str]) -> None:
     for name, value in values.items():
         node_ = api.get("nodes", "", name)
-        node_["metadata"]["labels"][key] = value
+        node_["metadata"].setdefault("labels", {})[key] = value
         api.put("nodes", node_)
 
 
@@ -1786,16 +1831,20 @@ def test_a_pod_gone_or_recreated_under_its_name_since_the_pass_read_it_is_not_ev
 
 
 def test_nodes_gone_from_the_cluster_and_ended_cooldowns_are_forgotten(api):
+    clock = [float(int(time.time()))]
     remediator_ = remediator(api, dataclasses.replace(SETTINGS, hot_observations=1, node_cooldown_seconds=60,
-                                                      workload_cooldown_seconds=60))
+                                                      workload_cooldown_seconds=60), lambda: clock[0])
     remediator_.run_pass()
     assert evictions(api) == 1 and set(remediator_.node_cooldown) == {"node-hot"}
     assert {"node-hot", "node-cool"} <= set(remediator_.samples) and "node-hot" in remediator_.streaks
     api.delete("nodes", "", "node-hot")
-    remediator_.clock = lambda: time.time() + 61
     remediator_.run_pass()
     assert "node-hot" not in remediator_.samples and "node-hot" not in remediator_.streaks
-    assert remediator_.node_cooldown == {} and remediator_.workload_cooldown == {}
+    assert remediator_.node_cooldown == {}, "forgotten with its node, before it ends"
+    assert set(remediator_.workload_cooldown) == {"shop/ReplicaSet/web-5d8f9"}, "its Pods may be elsewhere"
+    clock[0] += 60
+    remediator_.run_pass()
+    assert remediator_.workload_cooldown == {}, "forgotten the second it ends"
     utilization = remediator_.metrics.registry.get_sample_value
     assert utilization("oversale_node_real_utilization", {"node": "node-hot", "resource": "cpu"}) is None, \
         "a node deleted while hot is no longer reported hot (its alert would fire for good)"
