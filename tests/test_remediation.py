@@ -794,7 +794,7 @@ def test_the_hot_node_taint_keeps_other_taints_and_says_until_when():
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_a_node_evicted_from_is_tainted_prefer_no_schedule_for_its_cooldown(api, enabled):
+def test_a_node_evicted_from_is_tainted_prefer_no_schedule_for_its_cooldown(api, caplog, enabled):
     """The room held on the target steers only what the oversale profile places; a replacement
     default-scheduler places would otherwise often go straight back to the hot node."""
     dedicated = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
@@ -803,7 +803,10 @@ def test_a_node_evicted_from_is_tainted_prefer_no_schedule_for_its_cooldown(api,
     api_client = client.ApiClient(client.Configuration(host=api.url))
     settings = dataclasses.replace(SETTINGS, hot_observations=1, hot_node_taint=enabled)
     remediator_ = Remediator(Cluster(api_client), MetricsAPI(api_client), settings, clock=lambda: clock[0])
+    caplog.set_level(logging.INFO, logger="reconcilers.remediation")
+    tainting = partial(re.findall, r"Node/node-hot: hot-node taint .*")
     remediator_.run_pass()
+    set_until = format_timestamp(clock[0] + settings.node_cooldown_seconds)
     assert evictions(api) == 1
     until = str(int(clock[0] + settings.node_cooldown_seconds))
     ours = {"key": KEYS.hot_taint, "value": until, "effect": "PreferNoSchedule"}
@@ -816,6 +819,8 @@ def test_a_node_evicted_from_is_tainted_prefer_no_schedule_for_its_cooldown(api,
     clock[0] += 5
     remediator_.run_pass()
     assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], "its time is up: only ours goes"
+    assert tainting(caplog.text) == ([f"Node/node-hot: hot-node taint set until {set_until}",
+                                      "Node/node-hot: hot-node taint removed"] if enabled else [])
 
 
 def taint_left_behind(api: FakeKubeAPI) -> tuple[dict[str, str], dict[str, str]]:
@@ -844,6 +849,18 @@ def follower_then_holder(api: FakeKubeAPI) -> list[Remediator]:
     assert holder.try_acquire_or_renew() and not follower.try_acquire_or_renew()
     return [Remediator(Cluster(api_client), MetricsAPI(api_client), SETTINGS, leader=elector)
             for elector in (follower, holder)]
+
+
+def test_a_taint_left_behind_that_a_policy_keeps_is_said_and_stays(api, caplog):
+    dedicated, left = taint_left_behind(api)
+    api.validating["nodes"] = lambda review: {"allowed": False,
+                                              "status": {"code": 403, "message": "nodes are not tainted here"}}
+    with caplog.at_level(logging.WARNING, logger="reconcilers"):
+        remediator(api).run_pass()
+    assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated, left]
+    assert [m for m in caplog.messages if "taint" in m] == [
+        "Node/node-hot: hot-node taint not removed (403 admission webhook denied the request: nodes are not tainted "
+        "here)"]
 
 
 def test_only_the_replica_holding_the_lease_tidies_a_taint_left_behind(api):
@@ -1349,7 +1366,7 @@ def test_a_replica_is_not_moved_where_it_would_break_its_topology_spread(api):
                                   "domain with it, 0 in the emptiest, max skew 1", topologySpreadConstraints=spread)
 
 
-def test_several_evictions_from_one_node_take_one_replica_and_keep_to_the_namespace_limit(api):
+def test_several_evictions_from_one_node_take_one_replica_and_keep_to_the_namespace_limit(api, caplog):
     """With three evictions a node allowed, two replicas of one workload still do not leave
     together (the workload's cooldown), and a namespace's limit holds within the one plan."""
     api.put("pods", pod("web-5d8f9-bbbbb"))
@@ -1360,9 +1377,12 @@ def test_several_evictions_from_one_node_take_one_replica_and_keep_to_the_namesp
     assert [r.object for r in rows if r.proposed] == ["Pod/shop/web-5d8f9-abcde"]
     reasons = {r.object: r.reason for r in rows}
     assert reasons["Pod/shop/api-6f7c8-fghij"] == "not moved: over the evictions left in shop this pass (1)"
-    remediator(api, settings).run_pass()
+    with caplog.at_level(logging.INFO, logger="reconcilers.remediation"):
+        remediator(api, settings).run_pass()
     assert evictions(api) == 2
     assert api.get("pods", "shop", "web-5d8f9-abcde") is None and api.get("pods", "shop", "api-6f7c8-fghij") is None
+    assert len([m for m in caplog.messages if m.startswith("Node/node-hot: hot-node taint set")]) == 1, \
+        "tainted by the first eviction; the second finds the taint there"
     assert api.get("pods", "shop", "web-5d8f9-bbbbb") is not None, "one replica of web a pass"
 
 
@@ -1825,7 +1845,7 @@ def test_a_pod_gone_or_recreated_under_its_name_since_the_pass_read_it_is_not_ev
     assert remediator_.metrics.evictions.labels("gone")._value.get() == 1
     assert remediator_.metrics.evictions.labels("error")._value.get() == 0
     said = "another Pod has its name now" if recreated else "deleted meanwhile"
-    assert f"Pod/shop/web-5d8f9-abcde: gone since this pass read it ({said}); not evicted" in caplog.text
+    assert f"Pod/shop/web-5d8f9-abcde: gone since this pass read it ({said}); not evicted" in caplog.messages
     assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {}), \
         "the room held for its replacement is released"
 
