@@ -236,6 +236,19 @@ def test_the_fewest_pods_that_cover_the_excess_and_each_has_a_place_to_go():
     assert plan.moves[0].target == "node-cool" and plan.uncovered == {}
 
 
+def test_the_excess_is_covered_to_the_millicore():
+    pods = [candidate("most", "Burstable", 500, 999), candidate("rest", "Burstable", 500, 10)]
+    plan = plan_moves({"cpu": 1000.0}, pods, [target()], LoadConfig(), allowed=5)
+    assert [m.pod.name for m in plan.moves] == ["shop/most", "shop/rest"], "1m left by the first is still hot"
+
+
+def test_a_move_says_what_it_takes_off_each_hot_resource():
+    hungry = dataclasses.replace(candidate("big", "Burstable", 500, 1500), usage={"cpu": 1500.0, "memory": 2.0 * GI})
+    (move,) = plan_moves({"cpu": 1000.0, "memory": float(GI)}, [hungry], [target()], LoadConfig(), allowed=5).moves
+    assert move.reason == ("Burstable, uses 1500m cpu, 1 above the watermark; "
+                           "uses 2Gi memory, 1Gi above the watermark")
+
+
 def test_a_pod_chosen_early_is_dropped_again_only_where_the_others_cover_the_excess_without_it():
     """Greedy in eviction order, then back from the last chosen: a Pod goes back only if the
     excess stays covered without it, counted afresh after each one dropped."""
@@ -1539,6 +1552,7 @@ def test_cooldowns_merge_at_the_later_end_drop_the_ended_and_read_back_as_writte
     # must give the same text, or it would be written again every pass.
     assert read_cooldowns({KEYS.remediation_cooldowns: text}, KEYS) == merged
     assert cooldowns_text(read_cooldowns({KEYS.remediation_cooldowns: text}, KEYS)) == text
+    assert read_cooldowns(None, KEYS) == Cooldowns(), "a node without annotations records none"
 
 
 def test_a_replica_that_takes_the_lease_over_keeps_the_cooldowns_of_the_one_before(api):
