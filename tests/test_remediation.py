@@ -1553,6 +1553,9 @@ def test_cooldowns_merge_at_the_later_end_drop_the_ended_and_read_back_as_writte
     assert read_cooldowns({KEYS.remediation_cooldowns: text}, KEYS) == merged
     assert cooldowns_text(read_cooldowns({KEYS.remediation_cooldowns: text}, KEYS)) == text
     assert read_cooldowns(None, KEYS) == Cooldowns(), "a node without annotations records none"
+    # A node's cooldown set longer than its workloads' outlasts theirs on the record.
+    assert cooldowns_text(merged.after(250)) == '{"workloads": {"shop/ReplicaSet/c": "1970-01-01T00:05:00Z"}}'
+    assert cooldowns_text(Cooldowns(100.0)) == '{"node": "1970-01-01T00:01:40Z"}'
 
 
 def test_a_replica_that_takes_the_lease_over_keeps_the_cooldowns_of_the_one_before(api):

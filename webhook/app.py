@@ -34,8 +34,7 @@ def create_app(
     ``certificates``: the files served (name -> path), whose expiry ``/metrics`` shows."""
     metrics = metrics or Metrics(settings.node_series_ttl_seconds, certificates)
     if owners is None or node_pods is None:
-        connected_owners, connected_pods = _connect(settings, metrics)
-        owners = owners if owners is not None else connected_owners
+        owners, connected_pods = _connect(settings, metrics, owners)
         node_pods = node_pods if node_pods is not None else connected_pods
     app = Flask("oversale-webhook")
 
@@ -212,12 +211,16 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status=status, mimetype="application/json")
 
 
-def _connect(settings: Settings, metrics: Metrics) -> tuple[Owners, NodePods]:
+def _connect(settings: Settings, metrics: Metrics, owners: Any) -> tuple[Owners, NodePods]:
+    """``owners`` (the owner caches, started here unless handed: each watches a kind cluster-wide)
+    and the live Pod lookups of the configured cluster."""
     api_client = load_api_client(settings.kubernetes)
     if api_client is None:
         if settings.kubernetes != "off":
             log.info("no in-cluster config and no kubeconfig: serving with Pod annotations only")
-        return NoCluster(), NoClusterPods()
+        return owners if owners is not None else NoCluster(), NoClusterPods()
+    if owners is not None:
+        return owners, LiveNodePods(api_client, settings.pod_lookup_timeout_seconds)
     cache = OwnerCache(
         api_client,
         settings.keys,
