@@ -103,6 +103,9 @@ def test_a_node_is_planned_from_its_real_allocatable_and_the_ratio_it_carries():
     no_memory = gke_node()
     del no_memory["status"]["allocatable"]["memory"]
     assert set(plan_node(no_memory, requested, usage, KEYS, estimator).proposals) == {"cpu"}
+    no_cpu = gke_node()
+    del no_cpu["status"]["allocatable"]["cpu"]
+    assert set(plan_node(no_cpu, requested, usage, KEYS, estimator).proposals) == {"memory"}
 
 
 @pytest.mark.shared
@@ -493,7 +496,39 @@ def test_a_negative_stored_value_is_never_written_back():
     result = oversell_node(sent, stored, True, node_policy_from_annotations({}, settings.keys,
                                                                             settings.oversale_limits))
     assert result.allocatable == {"memory": "8Gi"}
-    assert any("negative" in w for w in result.warnings)
+    assert result.warnings == ["allocatable/cpu '-1' is negative; left as sent"]
+
+
+def test_a_write_missing_some_values_is_oversold_where_it_has_them():
+    """A Node created bare (by a provisioning tool), or reporting a resource's allocatable without
+    its capacity, is oversold where it reports values and left alone elsewhere."""
+    on = policy(**{KEYS.cpu_oversale_ratio: "2"})
+    result = oversell_node({"metadata": {"name": "n1"}}, None, True, on)
+    assert (result.allocatable, result.capacity, result.applied, result.refreshed) == ({}, {}, {}, [])
+    partial = {"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "4"}, "capacity": {"memory": "8Gi"}}}
+    result = oversell_node(partial, None, True, on)
+    assert (result.allocatable, result.capacity) == ({"cpu": "8"}, {"memory": "8Gi"})
+
+
+def test_a_node_created_by_another_writer_is_oversold_from_the_values_it_sends():
+    """On CREATE there is nothing stored: what is sent is all there is, whoever sends it."""
+    node = {"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "4"}, "capacity": {"cpu": "4"}}}
+    result = oversell_node(node, None, False, policy(**{KEYS.cpu_oversale_ratio: "2"}))
+    assert (result.allocatable, result.capacity) == ({"cpu": "8"}, {"cpu": "8"})
+    assert result.refreshed == ["allocatable/cpu", "capacity/cpu"]
+
+
+def test_only_a_node_oversold_before_is_restored():
+    """A status write of a node with no ratio, and no record of one (its stored object has no
+    annotations at all), is left as sent and restores nothing; one oversold before is restored."""
+    plain = {"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "4"}, "capacity": {"cpu": "4"}}}
+    result = oversell_node(plain, plain, True, policy())
+    assert (result.allocatable, result.restored, result.annotations) == ({"cpu": "4"}, [], {})
+    oversold = oversell_node(plain, None, True, policy(**{KEYS.cpu_oversale_ratio: "2"}))
+    stored = {"metadata": {"name": "n1", "annotations": oversold.annotations},
+              "status": {"allocatable": oversold.allocatable, "capacity": oversold.capacity}}
+    result = oversell_node(stored, stored, False, policy())
+    assert (result.allocatable, result.restored, result.annotations) == ({"cpu": "4"}, ["cpu"], {})
 
 
 def test_a_node_whose_status_is_not_an_object_gets_no_patch():
