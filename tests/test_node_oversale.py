@@ -136,6 +136,8 @@ def test_ratios_above_the_bounds_are_clamped_inclusively():
     chosen = policy(**{KEYS.cpu_oversale_ratio: "3", KEYS.memory_oversale_ratio: "2.5"})
     assert dict(chosen.ratios) == {"cpu": Decimal(3), "memory": Decimal(2)}
     assert len(chosen.warnings) == 1 and "memory-oversale-ratio=2.5" in chosen.warnings[0]
+    assert OversaleLimits() == Settings(kubernetes="off").oversale_limits, "the core's defaults are the product's"
+    assert dict(policy(**{KEYS.cpu_oversale_ratio: "5.5"}).ratios) == {"cpu": Decimal(5)}
 
 
 def test_mutate_false_turns_overselling_off():
