@@ -242,7 +242,10 @@ def test_a_resize_that_would_change_the_qos_class_is_never_sent(api, tmp_path):
     rows = reconciler(api, tmp_path, settings).reconcile_resizes(False, {KEY: {KEYS.cpu_requests_ratio: "2"}})
     assert resize_calls(api) == 0
     assert requests(stored(api))["cpu"] == "1"
-    assert any("QoS class from Guaranteed to Burstable" in r.reason for r in rows)
+    assert any("would change the QoS class from Guaranteed to Burstable (the API refuses that)" in r.reason
+               for r in rows)
+    assert plan_resize(running(guaranteed), {KEYS.cpu_requests_ratio: "2"}, KEYS,
+                       dataclasses.replace(CONFIG, allow_guaranteed_downgrade=True), NO_BOUNDS, 0, LIMITS).code == "qos"
 
 
 def test_an_infeasible_resize_is_recorded_and_not_retried_until_the_ratio_changes(api, tmp_path):
@@ -624,6 +627,8 @@ def test_a_pod_holding_exclusive_cpus_keeps_its_cpu_request_in_place():
     pod["metadata"].setdefault("annotations", {})[KEYS.resource_status] = '{"cpuset":"0","numaNode":0}'
     plan = plan_resize(pod, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
     assert plan.code == "exclusive-cpus" and not plan.patch
+    assert plan.skipped == (f"cpu request kept: it holds exclusive CPUs ({KEYS.resource_status}), as many as its "
+                            "cpu request")
     # With memory opted in, memory is still resized; cpu is not.
     both = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", KEYS.memory_requests_ratio: "2",
                              KEYS.enable_memory_compress: "y"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
@@ -637,6 +642,9 @@ def test_the_recorded_ratios_name_a_resource_opted_in_without_a_ratio_at_1():
     plan = plan_resize(running(template()), opted, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
     assert plan.ratios == plan.annotations[KEYS.resized_ratios] == "cpu=2,memory=1"
     assert [(c.resource, c.before, c.after) for c in plan.changes] == [("cpu", 1000, 500)]
+    both = plan_resize(running(template()), {**opted, KEYS.memory_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0,
+                       LIMITS)
+    assert both.describe() == "app/cpu 1 -> 500m; app/memory 1Gi -> 512Mi", "as the Event and the log say it"
 
 
 def test_a_raise_counts_the_pods_own_requests_as_quota_headroom():
@@ -646,6 +654,12 @@ def test_a_raise_counts_the_pods_own_requests_as_quota_headroom():
     plan = plan_resize(running(template()), {KEYS.cpu_requests_ratio: "0.5"}, KEYS, CONFIG, bounds, 0, LIMITS)
     assert [(c.before, c.after) for c in plan.changes] == [(1000, 1300)]
     assert plan.added == {"cpu": 300}
+    barely = plan_resize(running(template("999m")), {KEYS.cpu_requests_ratio: "0.999"}, KEYS, CONFIG, NO_BOUNDS, 0,
+                         LIMITS)
+    assert barely.added == {"cpu": 1}, "a millicore more is quota taken"
+    lowered = plan_resize(running(template()), {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, bounds, 0, LIMITS)
+    assert lowered.added == {} and not lowered.record_infeasible
+    assert ResizeLimits() == Settings(kubernetes="off").resize_limits, "the core's defaults are the product's"
 
 
 def test_an_invalid_switch_or_switched_off_workload_is_left_alone():
