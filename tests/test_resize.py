@@ -613,6 +613,31 @@ def test_which_requests_a_vertical_pod_autoscaler_sets(found, controlled):
     assert vpa_controlled([found]).get(("Deployment", NS, "web")) == controlled
 
 
+def with_pod(part: str, **values: Any) -> dict[str, Any]:
+    """A running Pod of the template with ``values`` set in its ``part`` (metadata, spec)."""
+    pod = running(template())
+    pod[part].update(values)
+    return pod
+
+
+@pytest.mark.parametrize(("pod", "workload", "code", "reason"), [
+    (running(template(), phase="Pending"), {}, "not-running", "phase Pending, not running"),
+    (with_pod("metadata", annotations={"kubernetes.io/config.mirror": "abc"}), {}, "static",
+     "static Pod (the kubelet rejects changes to it)"),
+    (with_pod("spec", os={"name": "windows"}), {}, "windows",
+     "Windows Pod (the API refuses to resize one); new ratios apply at the next rollout"),
+    (running(template()), {KEYS.inplace_resize: "n"}, "disabled",
+     f"in-place resize switched off by {KEYS.inplace_resize}"),
+    (running(template()), {KEYS.inplace_resize: "maybe"}, "invalid-annotation",
+     f"annotation {KEYS.inplace_resize} ignored: 'maybe' is not one of y, yes, true, n, no, false; not resized"),
+    (with_pod("spec", resources={"requests": {"cpu": "1"}}), {}, "pod-level",
+     "pod-level resources are not resized in place; new ratios apply at the next rollout"),
+])
+def test_each_reason_a_pod_is_not_resized_is_told_word_for_word(pod, workload, code, reason):
+    plan = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", **workload}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS)
+    assert (plan.code, plan.skipped, plan.patch) == (code, reason, [])
+
+
 def test_pod_level_resources_and_stopped_pods_are_not_resized():
     pod = running(template())
     pod["spec"]["resources"] = {"requests": {"cpu": "1"}}
