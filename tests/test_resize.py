@@ -603,6 +603,7 @@ def test_a_ratio_on_the_pod_template_overrides_the_workloads_in_place_too():
     (vpa("web-vpa", "Auto", {"containerName": "*", "mode": "Off"},
          {"containerName": "app", "controlledResources": ["memory"]}), {"memory": "web-vpa"}),
     (vpa("web-vpa", "Auto", {"containerName": "*", "mode": "Off"}), None),
+    (vpa("web-vpa", "Auto", {"containerName": "*"}), {"cpu": "web-vpa", "memory": "web-vpa"}),  # both by default
     # Without a "*" policy, the containers no policy names get VPA's defaults: both resources.
     (vpa("web-vpa", "Auto", {"containerName": "proxy", "mode": "Off"}), {"cpu": "web-vpa", "memory": "web-vpa"}),
     (vpa("web-vpa", "Auto", kind=""), None),
