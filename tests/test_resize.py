@@ -611,7 +611,9 @@ def test_a_ratio_on_the_pod_template_overrides_the_workloads_in_place_too():
 def test_which_requests_a_vertical_pod_autoscaler_sets(found, controlled):
     """What VPA's updater and admission controller would set on the workload's Pods, so that
     neither compression nor in-place resize fights them."""
-    assert vpa_controlled([found]).get(("Deployment", NS, "web")) == controlled
+    expected = {("Deployment", NS, "web"): controlled} if controlled else {}
+    assert vpa_controlled([found]) == expected
+    assert vpa_controlled([vpa("old-vpa", "Off"), found]) == expected, "a VPA that only recommends is passed over"
 
 
 def with_pod(part: str, **values: Any) -> dict[str, Any]:
@@ -718,16 +720,21 @@ def test_a_resize_waits_on_the_kubelet_a_past_infeasible_answer_and_the_minimum_
     assert plan_for(with_state([in_progress])).code == "in-progress"
     assert plan_for(with_state([{**in_progress, "status": "False"}])).skipped is None, "a False condition is none"
     deferred = {"type": "PodResizePending", "status": "True", "reason": "Deferred"}
-    assert plan_for(with_state([deferred], **{KEYS.resized_ratios: "cpu=2"})).code == "deferred"
+    waiting = plan_for(with_state([deferred], **{KEYS.resized_ratios: "cpu=2"}))
+    assert (waiting.code, waiting.skipped) == ("deferred", "the last resize is Deferred: left to the kubelet")
     # Pending at other ratios than those asked now: the new ratios are sent.
     assert plan_for(with_state([deferred], **{KEYS.resized_ratios: "cpu=1.5"})).skipped is None
     infeasible = {"type": "PodResizePending", "status": "True", "reason": "Infeasible", "message": "Node didn't have "
                   "enough capacity"}
     answered = plan_for(with_state([infeasible], **{KEYS.resized_ratios: "cpu=2"}))
-    assert answered.code == "infeasible" and "enough capacity" in (answered.skipped or "")
+    assert answered.code == "infeasible" and answered.skipped == (
+        "the last resize is Infeasible on this node (Node didn't have enough capacity); not retried until the ratios "
+        "change")
     assert answered.record_infeasible and answered.ratios == "cpu=2" and not answered.patch
+    assert answered.annotations == {KEYS.resize_infeasible: "cpu=2"}
     recorded = plan_for(with_state([infeasible], **{KEYS.resized_ratios: "cpu=2", KEYS.resize_infeasible: "cpu=2"}))
     assert recorded.code == "infeasible" and not recorded.record_infeasible, "recorded once"
+    assert recorded.annotations == {}
     # Once the condition is gone, the record alone keeps the same ratios from being retried.
     assert plan_for(with_state(**{KEYS.resize_infeasible: "cpu=2"})).code == "infeasible"
     assert plan_for(with_state(**{KEYS.resize_infeasible: "cpu=1.5"})).skipped is None
