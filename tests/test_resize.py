@@ -735,13 +735,17 @@ def test_a_resize_waits_on_the_kubelet_a_past_infeasible_answer_and_the_minimum_
     recorded = plan_for(with_state([infeasible], **{KEYS.resized_ratios: "cpu=2", KEYS.resize_infeasible: "cpu=2"}))
     assert recorded.code == "infeasible" and not recorded.record_infeasible, "recorded once"
     assert recorded.annotations == {}
+    no_reason = plan_for(with_state([{"type": "PodResizePending", "status": "True"}], **{KEYS.resized_ratios: "cpu=2"}))
+    assert no_reason.skipped == "the last resize is pending: left to the kubelet"
     # Once the condition is gone, the record alone keeps the same ratios from being retried.
-    assert plan_for(with_state(**{KEYS.resize_infeasible: "cpu=2"})).code == "infeasible"
+    remembered = plan_for(with_state(**{KEYS.resize_infeasible: "cpu=2"}))
+    assert (remembered.code, remembered.skipped) == (
+        "infeasible", "the resize was Infeasible at these ratios; not retried until they change")
     assert plan_for(with_state(**{KEYS.resize_infeasible: "cpu=1.5"})).skipped is None
     # The minimum interval, from the last resize's time.
     last = {KEYS.last_resize: format_timestamp(now - LIMITS.min_interval_seconds + 1)}
     limited = plan_for(with_state(**last))
-    assert limited.code == "rate-limited" and f"{int(LIMITS.min_interval_seconds) - 1}s ago" in (limited.skipped or "")
+    assert limited.code == "rate-limited" and limited.skipped == "resized 599s ago (minimum interval 600s)"
     assert plan_for(with_state(**last), at=now + 1).skipped is None
 
 
