@@ -526,9 +526,7 @@ def test_only_a_node_oversold_before_is_restored():
     plain = {"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "4"}, "capacity": {"cpu": "4"}}}
     result = oversell_node(plain, plain, True, policy())
     assert (result.allocatable, result.restored, result.annotations) == ({"cpu": "4"}, [], {})
-    oversold = oversell_node(plain, None, True, policy(**{KEYS.cpu_oversale_ratio: "2"}))
-    stored = {"metadata": {"name": "n1", "annotations": oversold.annotations},
-              "status": {"allocatable": oversold.allocatable, "capacity": oversold.capacity}}
+    stored = stored_as(plain, oversell_node(plain, None, True, policy(**{KEYS.cpu_oversale_ratio: "2"})))
     result = oversell_node(stored, stored, False, policy())
     assert (result.allocatable, result.restored, result.annotations) == ({"cpu": "4"}, ["cpu"], {})
 

@@ -930,12 +930,16 @@ def test_only_the_replica_holding_the_lease_tidies_a_taint_left_behind(api):
     assert evictions(api) == 0
 
 
-def test_only_the_replica_holding_the_lease_drops_a_spent_hold(api):
-    # On node-hot, listed after node-cool, which holds nothing: each node's holds are looked at.
-    hot = api.get("nodes", "", "node-hot")
+def spend_a_hold_on(api: FakeKubeAPI, node_name: str) -> None:
+    """Give ``node_name`` a hold for a replacement whose time was up long ago."""
+    held = api.get("nodes", "", node_name)
     ended = {"cpu": "500m", "memory": "512Mi", "until": LONG_AGO}
-    hot["metadata"]["annotations"] = {KEYS.reservations: json.dumps({"shop/ReplicaSet/gone-7f8e9": ended})}
-    api.put("nodes", hot)
+    held["metadata"]["annotations"] = {KEYS.reservations: json.dumps({"shop/ReplicaSet/gone-7f8e9": ended})}
+    api.put("nodes", held)
+
+
+def test_only_the_replica_holding_the_lease_drops_a_spent_hold(api):
+    spend_a_hold_on(api, "node-hot")  # listed after node-cool, which holds nothing: each node's holds are read
     for replica, kept in zip(follower_then_holder(api), (True, False), strict=True):
         replica.run_pass()
         annotations = api.get("nodes", "", "node-hot")["metadata"].get("annotations") or {}
@@ -965,10 +969,7 @@ def test_a_node_not_opted_in_is_left_alone_unless_every_node_is_remediated(api):
 
 
 def test_a_dry_run_leaves_a_spent_hold_for_the_running_loop_to_drop(api):
-    cool = api.get("nodes", "", "node-cool")
-    ended = {"cpu": "500m", "memory": "512Mi", "until": LONG_AGO}
-    cool["metadata"]["annotations"] = {KEYS.reservations: json.dumps({"shop/ReplicaSet/gone-7f8e9": ended})}
-    api.put("nodes", cool)
+    spend_a_hold_on(api, "node-cool")
     remediator_ = remediator(api)
     remediator_.run_pass(dry_run=True)
     held = api.get("nodes", "", "node-cool")["metadata"]["annotations"]

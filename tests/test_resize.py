@@ -641,15 +641,6 @@ def test_each_reason_a_pod_is_not_resized_is_told_word_for_word(pod, workload, c
     assert (plan.code, plan.skipped, plan.patch) == (code, reason, [])
 
 
-def test_pod_level_resources_and_stopped_pods_are_not_resized():
-    pod = running(template())
-    pod["spec"]["resources"] = {"requests": {"cpu": "1"}}
-    assert plan_resize(pod, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS).code == "pod-level"
-    pending = running(template(), phase="Pending")
-    assert plan_resize(pending, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS).code == \
-        "not-running"
-
-
 def test_a_pod_holding_exclusive_cpus_keeps_its_cpu_request_in_place():
     pod = running(template(limits={"cpu": "4", "memory": "2Gi"}))
     pod["metadata"].setdefault("annotations", {})[KEYS.resource_status] = '{"cpuset":"0","numaNode":0}'
@@ -688,16 +679,6 @@ def test_a_raise_counts_the_pods_own_requests_as_quota_headroom():
     lowered = plan_resize(running(template()), {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, bounds, 0, LIMITS)
     assert lowered.added == {} and not lowered.record_infeasible
     assert ResizeLimits() == Settings(kubernetes="off").resize_limits, "the core's defaults are the product's"
-
-
-def test_an_invalid_switch_or_switched_off_workload_is_left_alone():
-    pod = running(template())
-    off = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", KEYS.inplace_resize: "n"}, KEYS, CONFIG, NO_BOUNDS, 0,
-                      LIMITS)
-    assert off.code == "disabled" and not off.patch
-    bad = plan_resize(pod, {KEYS.cpu_requests_ratio: "2", KEYS.inplace_resize: "maybe"}, KEYS, CONFIG, NO_BOUNDS, 0,
-                      LIMITS)
-    assert bad.code == "invalid-annotation" and "'maybe'" in (bad.skipped or "")
 
 
 def test_a_resize_waits_on_the_kubelet_a_past_infeasible_answer_and_the_minimum_interval():
@@ -749,10 +730,7 @@ def test_a_resize_waits_on_the_kubelet_a_past_infeasible_answer_and_the_minimum_
     assert plan_for(with_state(**last), at=now + 1).skipped is None
 
 
-def test_static_deleting_and_already_resized_pods_send_no_resize():
-    mirror = running(template())
-    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
-    assert plan_resize(mirror, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS).code == "static"
+def test_deleting_and_already_resized_pods_send_no_resize():
     deleting = running(template())
     deleting["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
     assert plan_resize(deleting, {KEYS.cpu_requests_ratio: "2"}, KEYS, CONFIG, NO_BOUNDS, 0, LIMITS).code == \
