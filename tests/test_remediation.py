@@ -36,6 +36,7 @@ from oversale.placement import (
 from oversale.remediation import (
     Candidate,
     Cooldowns,
+    RemediationConfig,
     RuntimeWatermarks,
     Target,
     cooldowns_text,
@@ -179,6 +180,10 @@ def test_a_pod_its_team_marked_not_to_disrupt_for_the_node_autoscalers_is_kept(k
     assert eviction_exclusion(marked, KEYS, NOW, 600) is None
     marked["metadata"]["annotations"] = {key: not_kept, KEYS.evictable: "n"}
     assert "opted out" in (eviction_exclusion(marked, KEYS, NOW, 600) or "")
+
+
+def test_the_cores_remediation_defaults_are_the_products():
+    assert RemediationConfig() == Settings(kubernetes="off").remediation_config
 
 
 def test_a_node_is_hot_above_the_watermark_and_a_cool_observation_starts_over():
