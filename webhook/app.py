@@ -219,16 +219,15 @@ def _connect(settings: Settings, metrics: Metrics, owners: Any) -> tuple[Owners,
         if settings.kubernetes != "off":
             log.info("no in-cluster config and no kubeconfig: serving with Pod annotations only")
         return owners if owners is not None else NoCluster(), NoClusterPods()
-    if owners is not None:
-        return owners, LiveNodePods(api_client, settings.pod_lookup_timeout_seconds)
-    cache = OwnerCache(
-        api_client,
-        settings.keys,
-        lookup_timeout=settings.owner_lookup_timeout_seconds,
-        watch_timeout_seconds=settings.watch_timeout_seconds,
-        on_sync=lambda kind, synced: metrics.cache_synced.labels(kind).set(1 if synced else 0),
-        on_lookup=lambda result: metrics.child(metrics.owner_lookups, result).inc(),
-        on_restart=metrics.cache_restarts,
-    )
-    cache.start()
-    return cache, LiveNodePods(api_client, settings.pod_lookup_timeout_seconds)
+    if owners is None:
+        owners = OwnerCache(
+            api_client,
+            settings.keys,
+            lookup_timeout=settings.owner_lookup_timeout_seconds,
+            watch_timeout_seconds=settings.watch_timeout_seconds,
+            on_sync=lambda kind, synced: metrics.cache_synced.labels(kind).set(1 if synced else 0),
+            on_lookup=lambda result: metrics.child(metrics.owner_lookups, result).inc(),
+            on_restart=metrics.cache_restarts,
+        )
+        owners.start()
+    return owners, LiveNodePods(api_client, settings.pod_lookup_timeout_seconds)
