@@ -1,12 +1,17 @@
 """Work repeated on a daemon thread for the life of the process: the reconcilers' sampler and
-remediator, the extender's pollers and its leadership check."""
+remediator, the extender's pollers and its leadership check; and the way out of a process that
+runs such threads."""
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 
 def run_every(interval: float, work: Callable[[], object], name: str, log: logging.Logger) -> threading.Thread:
@@ -76,3 +81,22 @@ class Trouble:
             self._log.info("%s (after %d failed run%s)", self._recovered, self._failed, "s" * (self._failed != 1),
                            stacklevel=2)
         self._kind, self._failed = None, 0
+
+
+def exit_without_finalizing(code: object) -> NoReturn:
+    """Leave the process with ``code`` (a SystemExit's: None is 0, a message 1), once its exit
+    functions have run (a Lease given back) and its output is flushed, without finalizing the
+    interpreter around its daemon threads (caches' watches, pollers, the Lease's elector).
+
+    Finalizing stops a daemon thread wherever it next wakes, and one woken inside a call of the
+    ``kubernetes`` client is inside pydantic's ``validate_call`` (every typed API method is
+    wrapped in it), compiled code that cannot be unwound: the process aborts (SIGABRT, exit
+    134). A call is in flight whenever an answer is on its way, and an API server answering
+    errors fast (overloaded, restarting) keeps each thread in one most of the time. Nothing
+    left needs finalizing: each SQLite write is a transaction, and the metrics of a gunicorn
+    worker that has gone are the master's to mark dead."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import ssl
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+
+from kube.background import exit_without_finalizing
 
 
 def _child_exit(server: Any, worker: Any) -> None:
@@ -21,6 +24,15 @@ def _child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def _worker_exit(server: Any, worker: Any) -> None:
+    # gunicorn calls this in the worker as it leaves, with the worker's SystemExit (its exit code)
+    # being raised: the worker's daemon threads (owner caches, the extender's watches, pollers
+    # and Lease) must not be there when the interpreter finalizes.
+    leaving = sys.exc_info()[1]
+    if isinstance(leaving, SystemExit):
+        exit_without_finalizing(leaving.code)
 
 
 class GunicornServer(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type hints
@@ -34,6 +46,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]  # gunicorn ships n
     def load_config(self) -> None:
         for key, value in self._options.items():
             self.cfg.set(key, value)
+        self.cfg.set("worker_exit", _worker_exit)
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             self.cfg.set("child_exit", _child_exit)
 

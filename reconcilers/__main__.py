@@ -217,13 +217,15 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
     asked), and pass every interval while this replica holds the Lease, until SIGTERM or Ctrl-C."""
     from prometheus_client import start_http_server
 
+    from kube.background import exit_without_finalizing
+
     start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
     if sampler is not None:
         _sample_in_background(settings, sampler, metrics)
     # A rollout's SIGTERM: leave through SystemExit, wherever the main thread is, so the Lease is
     # given back and the next replica writes at its next round, not a Lease duration later.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(0))
-    atexit.register(elector.release)  # on any other way out
+    atexit.register(elector.release)  # on every way out: exit_without_finalizing runs it too
     try:
         # The first election round before the first pass: left to the elector's thread, it lost
         # the race to the loop's first is_leader() (6 starts of 6 in a test), and a replica
@@ -235,8 +237,7 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
                  settings.reconciler_metrics_port)
         _pass_while_leading(settings, elector, reconciler, metrics)
     except (SystemExit, KeyboardInterrupt) as stopped:
-        elector.release()
-        _exit_unfinalized(130 if isinstance(stopped, KeyboardInterrupt) else stopped.code)
+        exit_without_finalizing(130 if isinstance(stopped, KeyboardInterrupt) else stopped.code)
 
 
 def _sample_in_background(settings: Settings, sampler: MetricsSampler, metrics: ReconcilerMetrics) -> None:
@@ -548,18 +549,6 @@ def _history(settings: Settings, api_client: Any) -> tuple[History, MetricsSampl
         raise CliError(f"OVERSALE_SQLITE_PATH={settings.sqlite_path!r} cannot hold the usage history: "
                        f"{unusable(settings.sqlite_path, error)}") from None
     return history, MetricsSampler(api_client, history, settings.sample_reads, settings.sample_interval_seconds)
-
-
-def _exit_unfinalized(code: object) -> NoReturn:
-    """Leave with ``code`` (a SystemExit's), its output flushed, without finalizing the
-    interpreter around the daemon threads (sampler, remediator, metrics server) that may be
-    inside a call as the main thread leaves. One of about 330 runs stopped by SIGTERM in a loop
-    here died with SIGABRT, with nothing logged, after it had given the Lease back: while the
-    interpreter finalized. Nothing left to do needs that: each SQLite write is a transaction."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 if __name__ == "__main__":

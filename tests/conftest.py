@@ -254,6 +254,12 @@ def stop_process(process: subprocess.Popen) -> None:
         process.wait(5)
 
 
+def worker_deaths(log: str) -> list[str]:
+    """What gunicorn's master said of workers that did not leave cleanly (killed by a signal, an
+    exit code other than 0), in a server's log."""
+    return re.findall(r"Worker \(pid:\d+\) (?:was sent \w+!|exited with code \d+)", log)
+
+
 def damage_sqlite(path: Path) -> None:
     """Overwrite every page of a SQLite file but its first (the header and the schema), as a
     volume lost mid-write can: the file still opens, and reading or writing its tables fails

@@ -164,6 +164,10 @@ class FakeKubeAPI:
         it answers (a large cluster's list, paged over seconds while writes and their watch events
         go on); ``lists_held`` names the plurals whose held list has taken its snapshot."""
         self.lists_held: set[str] = set()
+        self.trickled_lists: set[str] = set()
+        """Plurals whose lists are answered a byte every 50 ms, the status line and headers too: an
+        answer seconds on its way (a large cluster's list, an API server under load), the client
+        waiting inside its call of the ``kubernetes`` client all the while."""
         self.held_reads: dict[str, threading.Event] = {}
         """plural -> Event: the next read of one object of it waits for the Event, then reads it
         (a request that reaches an overloaded API server late); ``reads_held`` names the plurals
@@ -610,6 +614,17 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _trickle(self, payload: dict[str, Any]) -> None:
+            body = json.dumps(payload).encode()
+            answer = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                      "Connection: close\r\n\r\n").encode() + body
+            self.close_connection = True
+            with contextlib.suppress(OSError):  # the client gone meanwhile
+                for start in range(len(answer)):
+                    self.wfile.write(answer[start:start + 1])
+                    self.wfile.flush()
+                    time.sleep(0.05)
+
         def _body(self) -> Any:
             length = int(self.headers.get("Content-Length") or 0)
             return json.loads(self.rfile.read(length) or b"null")
@@ -678,6 +693,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 if held is not None:
                     api.lists_held.add(plural)
                     held.wait(30)
+                if plural in api.trickled_lists:
+                    return self._trickle(listed)
                 return self._send(200, listed)
             held = api.held_reads.pop(plural, None)
             if held is not None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from oversale.annotations import AnnotationKeys
-from tests.conftest import RunningWebhook, apply_response, eventually, pod_review
+from tests.conftest import RunningWebhook, apply_response, eventually, pod_review, worker_deaths
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -332,3 +332,20 @@ def test_readiness_waits_for_the_caches(tmp_path):
     finally:
         server.stop()
         api.stop()
+
+
+def test_a_stop_while_the_api_server_is_answering_leaves_cleanly(tmp_path):
+    """A rollout's SIGTERM can come while the owner caches are waiting for the API server's
+    answers to their lists (a large cluster's, an API server under load): each worker still
+    leaves cleanly. They aborted (SIGABRT) when their interpreter finalized around those threads."""
+    api = FakeKubeAPI().start()
+    api.trickled_lists |= {"replicasets", "deployments", "statefulsets", "jobs"}
+    server = RunningWebhook(tmp_path, env={"OVERSALE_KUBERNETES": "auto",
+                                           "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kc"))})
+    try:
+        assert server.get("/readyz")[0] == 503, "stopped while its lists are still on their way"
+    finally:
+        server.stop()
+        api.stop()
+    log = server.log.read_text()
+    assert server.process.returncode == 0 and worker_deaths(log) == [], log

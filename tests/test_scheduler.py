@@ -35,7 +35,16 @@ from scheduler.extender import filter_nodes
 from scheduler.kube import HistoryPeakPoller, WorkloadHistoryPoller
 from scheduler.protocol import BadRequest, parse_args, parse_binding, parse_preemption
 from scheduler.state import RESERVATION_TTL, ClusterState, PodFacts, PodRecord, measured, pod_facts, scheduling_part
-from tests.conftest import ROOT, SHARED, eventually, expiry_samples, free_port, stop_process, wait_until_serving
+from tests.conftest import (
+    ROOT,
+    SHARED,
+    eventually,
+    expiry_samples,
+    free_port,
+    stop_process,
+    wait_until_serving,
+    worker_deaths,
+)
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import (
     GARBAGE_ANSWERS,
@@ -1465,6 +1474,27 @@ def test_a_graceful_stop_gives_the_lease_back(tmp_path):
         assert api.get("leases", "oversale", "oversale-extender")["spec"]["holderIdentity"]
         leader.stop()
         assert leader.process.returncode == 0, leader.log_path.read_text()
+        assert not api.get("leases", "oversale", "oversale-extender")["spec"].get("holderIdentity")
+    finally:
+        api.stop()
+
+
+def test_a_stop_while_the_api_server_is_answering_leaves_cleanly_and_gives_the_lease_back(tmp_path):
+    """A rollout's SIGTERM can come while the caches are waiting for the API server's answer to
+    their list (a large cluster's, an API server under load). The worker still leaves cleanly,
+    having given the Lease back; it aborted (SIGABRT) when its interpreter finalized around
+    those threads."""
+    api = FakeKubeAPI().start()
+    try:
+        api.put("nodes", node("node-0"))
+        api.trickled_lists |= {"nodes", "pods"}
+        extender = Extender(api, tmp_path, probe="/healthz", leading=False)
+        wait_for(lambda: ((api.get("leases", "oversale", "oversale-extender") or {}).get("spec") or {})
+                 .get("holderIdentity"))
+        extender.stop()
+        log = extender.log_path.read_text()
+        assert "Node cache synced" not in log, "stopped while its list was still on its way"
+        assert extender.process.returncode == 0 and worker_deaths(log) == [], log
         assert not api.get("leases", "oversale", "oversale-extender")["spec"].get("holderIdentity")
     finally:
         api.stop()
