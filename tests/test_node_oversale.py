@@ -311,7 +311,11 @@ def test_a_status_write_is_remembered_by_its_capacity_too():
     # Allocatable x 2 plus what the kubelet reserves: 3920m x 2 + (8 - 3.92) cores, not + 80m.
     assert amounts(answered[1].capacity)["cpu"] == 11920
     assert amounts(first[1].capacity)["cpu"] == 7920
-    assert writes.answer(copy.deepcopy(node), None, True) is first, "a heartbeat is answered from memory"
+    heartbeat = copy.deepcopy(node)  # the same values, with the conditions' times the kubelet renews
+    for condition in heartbeat["status"]["conditions"]:
+        condition["lastHeartbeatTime"] = "2026-12-06T07:00:00Z"
+    assert heartbeat["status"] != node["status"]
+    assert writes.answer(heartbeat, None, True) is first, "a heartbeat is answered from memory"
 
 
 # ---- the property test ------------------------------------------------------------------------

@@ -176,14 +176,31 @@ def test_the_resources_a_vpa_of_the_workload_sets_are_part_of_the_question():
     assert answer(pod, answers, by_vpa) == alone
 
 
+# A LimitRange and a scoped quota, as multi-tenant namespaces have (a limit/request ratio is a
+# fraction in the bounds, which the memo's key must still hold).
+LIMIT_RANGE = bounds_from_limit_ranges([{"limits": [
+    {"type": "Container", "min": {"cpu": "80m"}, "maxLimitRequestRatio": {"cpu": "4"}}]}])
+SCOPED_QUOTA = {"spec": {"hard": {"requests.cpu": "64"}, "scopeSelector": {"matchExpressions": [
+                    {"scopeName": "PriorityClass", "operator": "In", "values": ["batch"]}]}},
+                "status": {"hard": {"requests.cpu": "64"}, "used": {"requests.cpu": "8"}}}
+
+
 @pytest.mark.shared
-def test_a_rollouts_replicas_are_answered_from_one_remembered_compression():
-    """What the memo is for: the second replica of a workload costs a lookup, not a compression."""
+@pytest.mark.parametrize("bounds", [
+    NO_BOUNDS,
+    LIMIT_RANGE,
+    LIMIT_RANGE.with_quotas(
+        [SCOPED_QUOTA, {"spec": {"hard": {"requests.memory": "64Gi"}},
+                        "status": {"hard": {"requests.memory": "64Gi"}, "used": {"requests.memory": "1Gi"}}}]),
+], ids=["no bounds", "limit range", "limit range and quotas"])
+def test_a_rollouts_replicas_are_answered_from_one_remembered_compression(bounds):
+    """What the memo is for: the second replica of a workload costs a lookup, not a compression,
+    in a namespace with LimitRanges and quotas too."""
     answers = PodAnswers(SETTINGS)
     replica = _frontend()
     annotations = replica["metadata"]["annotations"]
-    first = answers.compression(replica, annotations, answers.policy(annotations), NO_BOUNDS)
+    first = answers.compression(replica, annotations, answers.policy(annotations), bounds)
     second = copy.deepcopy(replica)
     assert answers.policy(dict(annotations)) is answers.policy(annotations)
-    assert answers.compression(second, dict(annotations), answers.policy(annotations), NO_BOUNDS) is first
+    assert answers.compression(second, dict(annotations), answers.policy(annotations), bounds) is first
     assert first.patch, "the replicas are compressed (the test would be vacuous)"
