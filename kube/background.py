@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 
@@ -81,6 +81,50 @@ class Trouble:
             self._log.info("%s (after %d failed run%s)", self._recovered, self._failed, "s" * (self._failed != 1),
                            stacklevel=2)
         self._kind, self._failed = None, 0
+
+
+class Told:
+    """Problems with what an object carries (a node's unreadable annotations), each said once per
+    object: the object is read again at every update or pass (a Node at each kubelet status
+    update), and a bad annotation left for a day would otherwise be thousands of one warning. A
+    problem mended and then back is said again.
+
+    >>> import sys
+    >>> log = logging.getLogger("told-example")
+    >>> log.addHandler(logging.StreamHandler(sys.stdout)); log.propagate = False
+    >>> told = Told(log)
+    >>> for _ in range(3):
+    ...     told.tell("Node/a", ["annotation x='?' ignored"])
+    Node/a: annotation x='?' ignored
+    >>> told.tell("Node/a", ["annotation x='?' ignored", "annotation y='!' ignored"])
+    Node/a: annotation y='!' ignored
+    >>> told.tell("Node/a", []); told.tell("Node/a", ["annotation x='?' ignored"])
+    Node/a: annotation x='?' ignored
+    """
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._told: dict[str, tuple[object, ...]] = {}
+
+    def tell(self, subject: str, problems: Sequence[object]) -> None:
+        """Warn of each of ``subject``'s ``problems`` not said at its last reading."""
+        told = self._told.get(subject, ())
+        for problem in problems:
+            if problem not in told:
+                self._log.warning("%s: %s", subject, problem, stacklevel=2)
+        if problems:
+            self._told[subject] = tuple(problems)
+        else:
+            self._told.pop(subject, None)
+
+    def forget(self, subject: str) -> None:
+        """Drop what was said of ``subject`` (a node gone from the cluster)."""
+        self._told.pop(subject, None)
+
+    def retain(self, subjects: set[str]) -> None:
+        """Drop what was said of everything but ``subjects`` (the nodes still in the cluster)."""
+        for subject in set(self._told) - subjects:
+            del self._told[subject]
 
 
 def exit_without_finalizing(code: object) -> NoReturn:

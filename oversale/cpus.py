@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from oversale.annotations import AnnotationProblem
+
 FULL_PCPUS = "FullPCPUs"
 SPREAD_BY_PCPUS = "SpreadByPCPUs"
 BIND_POLICIES = (FULL_PCPUS, SPREAD_BY_PCPUS)
@@ -340,16 +342,28 @@ def parse_cpuset(text: str) -> list[int]:
 
 
 def topology_from_node(node: Mapping[str, Any], annotation_keys: Iterable[str], real_cpus: int,
-                       nrt_zones: Mapping[int, int] | None = None) -> Topology:
+                       nrt_zones: Mapping[int, int] | None = None) -> tuple[Topology, list[AnnotationProblem]]:
     """NodeResourceTopology zones when present; else the CPU-topology annotation (ours, then
-    Koordinator's); else one zone of the node's real CPU count."""
+    Koordinator's); else one zone of the node's real CPU count. With it, each annotation that was
+    there but could not be read: an annotation written by hand or by a broken agent would
+    otherwise leave the node's exclusive CPUs chosen without its cores and NUMA nodes, unsaid.
+
+    >>> topology, problems = topology_from_node({"metadata": {"annotations": {"t": "{}"}}}, ["t"], 4)
+    >>> len(topology.cpus), [str(p) for p in problems]
+    (4, ["annotation t='{}' ignored: not a CPU topology (no 'detail'); the next source of the topology counts"])
+    """
     if nrt_zones:
-        return Topology.from_zones(nrt_zones)
+        return Topology.from_zones(nrt_zones), []
     annotations = (node.get("metadata") or {}).get("annotations") or {}
+    problems: list[AnnotationProblem] = []
     for key in annotation_keys:
         if key in annotations:
             try:
-                return Topology.from_koordinator(annotations[key])
-            except (ValueError, KeyError, TypeError):
-                continue
-    return Topology.flat(real_cpus)
+                return Topology.from_koordinator(annotations[key]), problems
+            except (ValueError, KeyError, TypeError) as error:
+                why = f"no {error.args[0]!r}" if isinstance(error, KeyError) else str(error)
+                text = str(annotations[key])
+                problems.append(AnnotationProblem(key, text if len(text) <= 60 else text[:57] + "...",
+                                                  f"not a CPU topology ({why}); the next source of the topology "
+                                                  "counts"))
+    return Topology.flat(real_cpus), problems

@@ -16,7 +16,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from oversale.annotations import AnnotationKeys, current_ratio
+from oversale.annotations import AnnotationKeys, AnnotationProblem, current_ratio
 from oversale.cpus import (
     LEAST_ALLOCATED,
     MOST_ALLOCATED,
@@ -82,6 +82,8 @@ class NodeView:
     """Real allocatable (the kubelet's values, from the node webhook's record)."""
     watermarks: Watermarks = DEFAULT_WATERMARKS
     reservations: tuple[Reservation, ...] = ()
+    problems: tuple[AnnotationProblem, ...] = ()
+    """Annotations and labels of the node that were there but ignored (unreadable)."""
 
     def held_for_others(self, owner: str, now: float | None) -> tuple[int, int]:
         """(cpu, memory) reserved for other owners and not expired at ``now`` (None: all count)."""
@@ -212,19 +214,22 @@ def node_view(node: Mapping[str, Any], keys: AnnotationKeys, nrt_zones: Mapping[
     real = real_allocatable_of(node, keys)
     applied = applied_ratios(annotations, keys)
     ratio = current_ratio({keys.cpu_oversale_ratio: applied[CPU]} if CPU in applied else {}, keys.cpu_oversale_ratio)
+    topology, topology_problems = topology_from_node(node, (keys.cpu_topology, KOORDINATOR_TOPOLOGY),
+                                                     real.get(CPU, 0) // 1000, nrt_zones)
+    node_watermarks, watermark_problems = watermarks_for(labels, annotations, keys, watermarks)
     return NodeView(
         name=str(metadata.get("name", "")),
         allocatable={r: parse_amount(r, allocatable[r]) for r in RESOURCES if r in allocatable},
         cpu_ratio=ratio,
         ratio=Fraction(ratio),
-        topology=topology_from_node(node, (keys.cpu_topology, KOORDINATOR_TOPOLOGY), real.get(CPU, 0) // 1000,
-                                    nrt_zones),
+        topology=topology,
         bind_policy=bind_policy(labels.get(keys.cpu_bind_policy)),
         single_numa=labels.get(keys.numa_topology_policy) == SINGLE_NUMA_NODE,
         strategy=LEAST_ALLOCATED if labels.get(keys.numa_allocate_strategy) == LEAST_ALLOCATED else MOST_ALLOCATED,
         real=real,
-        watermarks=watermarks_for(labels, annotations, keys, watermarks)[0],
+        watermarks=node_watermarks,
         reservations=reservations_of(annotations, keys),
+        problems=(*topology_problems, *watermark_problems),
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from kube.background import Trouble
+from kube.background import Told, Trouble
 from kube.client import api_refusal, one_line
 from kube.metrics_api import MetricsAPI, NodeMetrics, pod_usage
 from oversale.node_fit import (
@@ -120,6 +120,8 @@ class Remediator:
         self.incomplete: list[str] = []
         """What kept the last pass from judging every node (usage or the cluster unreadable, the
         Lease lost): ``remediate`` exits 1 on it rather than report no hot node."""
+        self._told = Told(log)
+        """What was said of each node's unreadable runtime watermarks (passes run every minute)."""
         self._blind = Trouble(log, "remediation reads usage and the cluster again")
         """Said when passes start observing nothing and when they observe again: ``run`` passes
         every minute, and a metrics-server outage of an hour would be 60 lines of one warning."""
@@ -253,8 +255,7 @@ class Remediator:
         name, metadata = node["metadata"]["name"], node["metadata"]
         watermarks, problems = runtime_watermarks_for(metadata.get("labels"), metadata.get("annotations"),
                                                       self.keys, self.config.watermarks)
-        for problem in problems:
-            log.warning("Node/%s: %s", name, problem)
+        self._told.tell(f"Node/{name}", problems)
         real = state.views[name].real
         observed = {"cpu": float(reading.cpu), "memory": float(reading.memory)} if reading else {}
         for resource, used in observed.items():
@@ -448,6 +449,7 @@ class Remediator:
         for table in (self.samples, self.streaks):
             for name in set(table) - present:
                 del table[name]
+        self._told.retain({f"Node/{name}" for name in present})
         self.node_cooldown = {n: until for n, until in self.node_cooldown.items() if n in present and until > now}
         self.workload_cooldown = {w: until for w, until in self.workload_cooldown.items() if until > now}
 

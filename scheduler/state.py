@@ -10,6 +10,7 @@ two binds on the same node cannot get the same CPU.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kube.background import Told
 from oversale.annotations import AnnotationKeys
 from oversale.disruption import DisruptionBudget
 from oversale.node_table import NodeTable
@@ -53,6 +55,8 @@ from oversale.usage import (
     workload_history,
     workload_usage,
 )
+
+log = logging.getLogger(__name__)
 
 RESERVATION_TTL = 120.0
 """A bind that has not answered after this long gives its room back (its API call times out well
@@ -174,6 +178,8 @@ class ClusterState:
     """The pending estimates the table's rows were built with."""
     _budgets: dict[tuple[str, str], DisruptionBudget] = field(default_factory=dict)
     """PodDisruptionBudgets by (namespace, name), for the victims a preemption adds."""
+    _told: Told = field(default_factory=lambda: Told(log))
+    """What was said of each node's ignored annotations."""
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -187,9 +193,10 @@ class ClusterState:
             if node is None:
                 self.nodes.pop(name, None)
                 self._raw_nodes.pop(name, None)
+                self._told.forget(f"Node/{name}")
                 return
             self._raw_nodes[name] = node
-            self.nodes[name] = node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
+            self.nodes[name] = self._view(name, node)
 
     def node_names(self) -> list[str]:
         with self._lock:
@@ -210,8 +217,7 @@ class ClusterState:
             else:
                 self.nrt.pop(name, None)
             if name in self._raw_nodes:
-                self.nodes[name] = node_view(self._raw_nodes[name], self.keys, self.nrt.get(name),
-                                             self.load_config.watermarks)
+                self.nodes[name] = self._view(name, self._raw_nodes[name])
             self._changed(name)
 
     def reset_topologies(self) -> None:
@@ -222,8 +228,15 @@ class ClusterState:
 
     def view_of(self, node: dict[str, Any]) -> NodeView:
         """A node sent in full (nodeCacheCapable false)."""
-        name = str((node.get("metadata") or {}).get("name", ""))
-        return node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
+        return self._view(str((node.get("metadata") or {}).get("name", "")), node)
+
+    def _view(self, name: str, node: dict[str, Any]) -> NodeView:
+        """The node's view; each annotation it ignores is said once, not on every update of the
+        node (the kubelet's status every 10 s or so) or every call that sends it whole, and again
+        only once mended and broken anew."""
+        view = node_view(node, self.keys, self.nrt.get(name), self.load_config.watermarks)
+        self._told.tell(f"Node/{name}", view.problems)
+        return view
 
     # -- pods --------------------------------------------------------------------------------
     def set_pod(self, uid: str, pod: PodFacts | None) -> None:

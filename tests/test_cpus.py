@@ -87,6 +87,17 @@ def test_most_allocated_packs_and_least_allocated_spreads():
     assert place(topology, taken, 2, FULL_PCPUS, True, LEAST_ALLOCATED).numa_nodes == (0,)
     assert FreeSummary.of(topology, taken).score(2, FULL_PCPUS, True, MOST_ALLOCATED) > \
         FreeSummary.of(topology, []).score(2, FULL_PCPUS, True, MOST_ALLOCATED)
+    # Across nodes too: packing prefers the used node, spreading the empty one.
+    assert FreeSummary.of(topology, []).score(2, FULL_PCPUS, True, LEAST_ALLOCATED) > \
+        FreeSummary.of(topology, taken).score(2, FULL_PCPUS, True, LEAST_ALLOCATED)
+
+
+def test_full_pcpus_asked_for_part_of_a_core_is_refused_with_the_reason():
+    """The kubelet's static CPU manager gives FullPCPUs Pods whole cores only (it refuses the Pod
+    with SMTAlignmentError otherwise): 3 CPUs on a node of 2 threads per core fit nowhere."""
+    with pytest.raises(NoFit) as failure:
+        place(koordinator(), [], 3, FULL_PCPUS, single_numa=False)
+    assert str(failure.value) == "FullPCPUs needs a multiple of 2 CPUs (threads per core); 3 asked"
 
 
 def test_of_two_numa_nodes_as_free_the_one_already_used_is_taken_and_the_empty_one_kept():
@@ -128,18 +139,33 @@ def test_topology_sources_in_order():
     node = {"metadata": {"annotations": {"node.koordinator.sh/cpu-topology": json.dumps(
         {"detail": [{"id": i, "core": i % 2, "socket": 0, "node": 0} for i in range(4)]})}}}
     keys = ("stke.platform/cpu-topology", "node.koordinator.sh/cpu-topology")
-    assert topology_from_node(node, keys, 4).threads_per_core() == 2
-    assert topology_from_node(node, keys, 4, nrt_zones={0: 2, 1: 2}).zones() == [0, 1]
-    flat = topology_from_node({"metadata": {}}, keys, 8)
-    assert flat.zones() == [0] and len(flat.cpus) == 8 and not flat.detailed
-    # A topology that lists no CPU, or one CPU twice, describes no machine: the next source counts.
+    assert topology_from_node(node, keys, 4)[0].threads_per_core() == 2
+    assert topology_from_node(node, keys, 4, nrt_zones={0: 2, 1: 2})[0].zones() == [0, 1]
+    flat, problems = topology_from_node({"metadata": {}}, keys, 8)
+    assert flat.zones() == [0] and len(flat.cpus) == 8 and not flat.detailed and problems == []
+    # A topology that lists no CPU, or one CPU twice, describes no machine: the next source
+    # counts, and the one ignored is said.
     twice = [{"id": 0, "core": 0, "socket": 0, "node": 0}, {"id": 0, "core": 1, "socket": 0, "node": 1}]
     for detail in ([], twice):
         unusable = {"metadata": {"annotations": {**node["metadata"]["annotations"],
                                                  keys[0]: json.dumps({"detail": detail})}}}
-        assert topology_from_node(unusable, keys, 4).threads_per_core() == 2, "Koordinator's, after ours"
+        topology, problems = topology_from_node(unusable, keys, 4)
+        assert topology.threads_per_core() == 2, "Koordinator's, after ours"
+        assert [(p.key, p.reason) for p in problems] == [(keys[0], "not a CPU topology (cpu topology lists no CPUs "
+                                                          "or the same CPU twice); the next source of the topology "
+                                                          "counts")]
         with pytest.raises(ValueError, match="no CPUs or the same CPU twice"):
             Topology.from_koordinator(json.dumps({"detail": detail}))
+    # Neither readable: the node's real CPUs, one NUMA node; both said, a long value shortened.
+    long = json.dumps({"cpus": list(range(40))})
+    both = {"metadata": {"annotations": {keys[0]: "0-3", keys[1]: long}}}
+    topology, problems = topology_from_node(both, keys, 4)
+    assert len(topology.cpus) == 4 and not topology.detailed
+    assert [str(p) for p in problems] == [
+        f"annotation {keys[0]}='0-3' ignored: not a CPU topology (Extra data: line 1 column 2 (char 1)); the next "
+        "source of the topology counts",
+        f"annotation {keys[1]}={long[:57] + '...'!r} ignored: not a CPU topology (no 'detail'); the next source of "
+        "the topology counts"]
 
 
 requests = st.lists(st.tuples(st.sampled_from([1, 2, 4, 6]), st.sampled_from([FULL_PCPUS, SPREAD_BY_PCPUS]),

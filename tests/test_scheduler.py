@@ -3,6 +3,7 @@ against the API double (filter, prioritize, bind, restart, concurrent binds)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -1150,6 +1151,41 @@ def test_a_workloads_history_is_what_its_pods_used_each_while_they_ran(workload_
         assert 2700 <= estimate["cpu"] <= 3000 and estimate["memory"] == 2.0**30, (made["metadata"]["name"], estimate)
     # A Pod of no workload the history knows is estimated from its requests.
     assert state.estimate_for(pod_demand(job_pod("other-29000060-eeeee", "other-29000060", "4"), KEYS))["cpu"] == 3400
+
+
+def test_a_node_annotation_the_extender_ignores_is_said_once(caplog):
+    """A node's unreadable CPU topology or scheduling watermark is ignored (its cores and NUMA
+    nodes unknown, the default watermark kept) and said in the log: once, not at every status
+    update the kubelet sends nor every call that sends the node whole; a new bad value is said
+    too, a mended one is not, and one broken again after it was mended is said again."""
+    state = ClusterState(KEYS)
+    broken = node("node-0")
+    annotations = broken["metadata"]["annotations"]
+    annotations.update({KEYS.cpu_topology: "0-15", KEYS.cpu_scheduling_watermark: "65%"})
+    topology_ignored = (f"Node/node-0: annotation {KEYS.cpu_topology}='0-15' ignored: not a CPU topology (Extra "
+                        "data: line 1 column 2 (char 1)); the next source of the topology counts")
+    with caplog.at_level("WARNING", logger="scheduler.state"):
+        for _ in range(3):  # the kubelet's status updates
+            state.set_node("node-0", copy.deepcopy(broken))
+        assert not state.view_of(copy.deepcopy(broken)).topology.detailed
+        assert caplog.messages == [
+            topology_ignored,
+            f"Node/node-0: annotation {KEYS.cpu_scheduling_watermark}='65%' ignored: not a number above 0 and at "
+            "most 1; default kept"]
+        caplog.clear()
+        annotations[KEYS.cpu_scheduling_watermark] = "0.65"  # mended
+        state.set_node("node-0", copy.deepcopy(broken))
+        annotations[KEYS.cpu_scheduling_watermark] = "1.5"  # a new bad value
+        state.set_node("node-0", copy.deepcopy(broken))
+        annotations[KEYS.cpu_topology] = topology_json()  # mended
+        state.set_node("node-0", copy.deepcopy(broken))
+        assert state.nodes["node-0"].topology.detailed
+        annotations[KEYS.cpu_topology] = "0-15"  # broken again
+        state.set_node("node-0", copy.deepcopy(broken))
+    assert caplog.messages == [
+        f"Node/node-0: annotation {KEYS.cpu_scheduling_watermark}='1.5' ignored: not a number above 0 and at most "
+        "1; default kept",
+        topology_ignored]
 
 
 def cadvisor_only_store(directory: Path) -> PrometheusServer:
