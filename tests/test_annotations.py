@@ -3,7 +3,7 @@ from decimal import Decimal
 
 import pytest
 
-from oversale.annotations import AnnotationKeys, current_ratio, parse_ratio, parse_switch, read_ratios
+from oversale.annotations import AnnotationKeys, current_ratio, parse_ratio, parse_switch, read_ratios, wants
 from oversale.errors import InvalidAnnotation, InvalidRatio
 
 
@@ -90,7 +90,8 @@ def test_a_per_secret_key_stays_a_valid_annotation_key_for_the_longest_names():
     """The API server refuses a Deployment whose annotation key's name part exceeds 63 characters
     or does not start and end with an alphanumeric; a long Secret name must not make ensure fail."""
     keys = AnnotationKeys()
-    long_names = [("oversale", "s" * 50), ("n" * 63, "s" * 253), ("n" * 63, "t" * 253)]
+    # The first is one character too long (64): the name part is a hash of it.
+    long_names = [("oversale", "s" * 42), ("oversale", "s" * 50), ("n" * 63, "s" * 253), ("n" * 63, "t" * 253)]
     made = [keys.certificates_from(namespace, name) for namespace, name in long_names]
     for key in made:
         name_part = key.removeprefix("stke.platform/")
@@ -98,3 +99,44 @@ def test_a_per_secret_key_stays_a_valid_annotation_key_for_the_longest_names():
     assert len(set(made)) == len(made), "different Secrets never share a record"
     fitting = keys.certificates_from("oversale", "s" * 41)
     assert fitting == f"stke.platform/certificates.oversale.{'s' * 41}"
+
+
+def test_the_docs_name_every_annotation_key_and_only_keys_that_exist():
+    """Users write these keys by hand from the docs: each key the code reads or writes is named
+    there (in full, or by its name part where a sentence gives the pair, e.g. ``cpu-runtime-
+    watermark`` / ``memory-runtime-watermark``), and every full key the docs name is one of them."""
+    from functools import cached_property
+
+    from tests.conftest import ROOT
+
+    keys = AnnotationKeys()
+    ours = {getattr(keys, name) for name, value in vars(AnnotationKeys).items() if isinstance(value, cached_property)}
+    ours = {key for key in ours if isinstance(key, str)}
+    for per_resource in (keys.hot_time_budget, keys.oversale_ratio, keys.requests_ratio,
+                         keys.original_target_utilization_of):
+        ours |= {per_resource("cpu"), per_resource("memory")}
+    assert len(ours) >= 40 and all(key.startswith("stke.platform/") for key in ours)
+    docs = "\n".join(path.read_text() for path in [*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"])
+    undocumented = {key for key in ours if key not in docs and f"`{key.split('/')[1]}`" not in docs}
+    assert undocumented == set()
+    named = set(re.findall(r"stke\.platform/[A-Za-z0-9.<>-]*[A-Za-z0-9>]", docs))
+    per_secret = {key for key in named if key.startswith(f"{keys.certificates}.")}  # certificates_from's
+    assert named - per_secret - ours == set()
+
+
+def test_a_ratio_is_at_least_1_unless_the_caller_allows_less():
+    """Node ratios (the default minimum): 1 means no change and is allowed; below 1 would shrink
+    a node below its real capacity and is refused."""
+    assert parse_ratio("1") == 1
+    with pytest.raises(InvalidRatio) as refused:
+        parse_ratio("0.9")
+    assert str(refused.value) == "'0.9' is below 1 (a ratio of 1 means no change)"
+    assert parse_ratio("0.9", minimum=Decimal("0.5")) == Decimal("0.9")
+
+
+@pytest.mark.parametrize(("annotations", "wanted"), [
+    ({}, False), ({"stke.platform/inplace-resize": "yes"}, True), ({"stke.platform/inplace-resize": "Y"}, True),
+    ({"stke.platform/inplace-resize": "n"}, False), ({"stke.platform/inplace-resize": "maybe"}, False),
+])
+def test_a_yes_no_annotation_is_wanted_only_when_it_says_yes(annotations, wanted):
+    assert wants(annotations, AnnotationKeys().inplace_resize) is wanted

@@ -40,6 +40,8 @@ def test_every_real_pod_has_the_shape_the_policies_read():
     ({"spec": {"containers": [{"name": "app"}, "sidecar"]}}, "spec.containers[1] is not an object"),
     ({"spec": {"containers": [{"resources": {"limits": ["cpu"]}}]}},
      "spec.containers[0].resources.limits is not an object"),
+    ({"spec": {"containers": [{"resources": {"requests": "500m"}}]}},
+     "spec.containers[0].resources.requests is not an object"),
     ({"spec": {"resources": "1"}}, "spec.resources is not an object"),
     ({"spec": {"initContainers": [{"name": "init", "resources": ["cpu"]}]}},
      "spec.initContainers[0].resources is not an object"),
