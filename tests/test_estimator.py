@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from decimal import Decimal
@@ -353,14 +354,20 @@ def test_an_unreadable_ratio_or_memory_switch_is_said_in_the_reconcilers_reasons
         "spec": {"template": {"spec": {"containers": [
             {"name": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}}}
     plan = plan_compression(workload, {"cpu": {"app": stats}}, None, keys, CompressionEstimator())
-    # The typo reads as 1, as the webhook reads it, and the table says so next to the new ratio.
+    assert plan.key == ("Deployment", "shop", "web")
+    # The typo reads as 1, as the webhook reads it, and the table says so next to the new ratio:
+    # the reason of a workload with no ratio at all, and what was ignored.
     assert plan.current["cpu"] == 1
     assert plan.proposals["cpu"].ratio > 1
-    assert plan.proposals["cpu"].reason.endswith(
-        f"; annotation {keys.cpu_requests_ratio}='2x' ignored: '2x' is not a plain decimal number such as 1, 1.5 "
-        "or 2.25; cpu read as 1")
-    assert plan.skipped["memory"][1] == (f"memory not opted in: {keys.enable_memory_compress} 'yes please' is not "
-                                         "one of y, yes, true, n, no, false")
+    unset = copy.deepcopy(workload)
+    del unset["metadata"]["annotations"][keys.cpu_requests_ratio]
+    unset_reason = plan_compression(unset, {"cpu": {"app": stats}}, None, keys, CompressionEstimator()) \
+        .proposals["cpu"].reason
+    assert plan.proposals["cpu"].reason == (
+        f"{unset_reason}; annotation {keys.cpu_requests_ratio}='2x' ignored: '2x' is not a plain decimal number "
+        "such as 1, 1.5 or 2.25; cpu read as 1")
+    assert plan.skipped["memory"] == ("memory-not-opted-in", (
+        f"memory not opted in: {keys.enable_memory_compress} 'yes please' is not one of y, yes, true, n, no, false"))
     # Valid annotations add nothing; an absent switch says how to opt in.
     workload["metadata"]["annotations"] = {keys.enable_resource_compress: "y", keys.cpu_requests_ratio: "2"}
     plan = plan_compression(workload, {"cpu": {"app": stats}}, None, keys, CompressionEstimator())
