@@ -211,7 +211,7 @@ def _json(payload: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status=status, mimetype="application/json")
 
 
-def _connect(settings: Settings, metrics: Metrics, owners: Any) -> tuple[Owners, NodePods]:
+def _connect(settings: Settings, metrics: Metrics, owners: Owners | None) -> tuple[Owners, NodePods]:
     """``owners`` (the owner caches, started here unless handed: each watches a kind cluster-wide)
     and the live Pod lookups of the configured cluster."""
     api_client = load_api_client(settings.kubernetes)
@@ -220,7 +220,7 @@ def _connect(settings: Settings, metrics: Metrics, owners: Any) -> tuple[Owners,
             log.info("no in-cluster config and no kubeconfig: serving with Pod annotations only")
         return owners if owners is not None else NoCluster(), NoClusterPods()
     if owners is None:
-        owners = OwnerCache(
+        cache = OwnerCache(
             api_client,
             settings.keys,
             lookup_timeout=settings.owner_lookup_timeout_seconds,
@@ -229,5 +229,6 @@ def _connect(settings: Settings, metrics: Metrics, owners: Any) -> tuple[Owners,
             on_lookup=lambda result: metrics.child(metrics.owner_lookups, result).inc(),
             on_restart=metrics.cache_restarts,
         )
-        owners.start()
+        cache.start()
+        owners = cache
     return owners, LiveNodePods(api_client, settings.pod_lookup_timeout_seconds)
