@@ -189,14 +189,18 @@ class ClusterState:
     # -- nodes -------------------------------------------------------------------------------
     def set_node(self, name: str, node: dict[str, Any] | None) -> None:
         with self._lock:
-            self._changed(name)
             if node is None:
-                self.nodes.pop(name, None)
-                self._raw_nodes.pop(name, None)
+                self._drop_node(name)
                 self._told.forget(f"Node/{name}")
                 return
+            self._changed(name)
             self._raw_nodes[name] = node
             self.nodes[name] = self._view(name, node)
+
+    def _drop_node(self, name: str) -> None:
+        self._changed(name)
+        self.nodes.pop(name, None)
+        self._raw_nodes.pop(name, None)
 
     def node_names(self) -> list[str]:
         with self._lock:
@@ -204,10 +208,15 @@ class ClusterState:
 
     def reset_nodes(self) -> None:
         """Before a relist of Nodes: a node deleted while the watch was away has no DELETED event,
-        and the list fills in the others again (under the same lock, so none is missed between)."""
+        and the list fills in the others again (under the same lock, so none is missed between).
+
+        What was said of each node's annotations is kept, as the list brings the same ones back:
+        a relist follows every 410 Gone, and would otherwise say each ignored annotation again.
+        Of a node deleted while away it is dropped at the next relist, once the node is known gone."""
         with self._lock:
+            self._told.retain({f"Node/{name}" for name in self.nodes})
             for name in list(self.nodes):
-                self.set_node(name, None)
+                self._drop_node(name)
 
     def set_topology(self, name: str, zones: dict[int, int] | None) -> None:
         """NodeResourceTopology zones (id -> CPUs) of a node, or None when its object is gone."""

@@ -1182,10 +1182,27 @@ def test_a_node_annotation_the_extender_ignores_is_said_once(caplog):
         assert state.nodes["node-0"].topology.detailed
         annotations[KEYS.cpu_topology] = "0-15"  # broken again
         state.set_node("node-0", copy.deepcopy(broken))
+        # A relist of the Nodes (after a 410 Gone) brings the same annotations back: nothing new.
+        state.reset_nodes()
+        assert state.nodes == {}
+        state.set_node("node-0", copy.deepcopy(broken))
     assert caplog.messages == [
         f"Node/node-0: annotation {KEYS.cpu_scheduling_watermark}='1.5' ignored: not a number above 0 and at most "
         "1; default kept",
         topology_ignored]
+    # A node deleted and made again under its name is a new node: said again.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="scheduler.state"):
+        state.set_node("node-0", None)
+        state.set_node("node-0", copy.deepcopy(broken))
+        # So is one deleted while the watch was away: a relist that does not list it, then another.
+        state.reset_nodes()
+        state.reset_nodes()
+        state.set_node("node-0", copy.deepcopy(broken))
+    said = [topology_ignored,
+            f"Node/node-0: annotation {KEYS.cpu_scheduling_watermark}='1.5' ignored: not a number above 0 and at "
+            "most 1; default kept"]
+    assert caplog.messages == said * 2
 
 
 def cadvisor_only_store(directory: Path) -> PrometheusServer:
