@@ -11,9 +11,6 @@ from typing import Any, NotRequired, TypedDict
 
 from oversale.pods import shape_problem
 
-MIN_PRIORITY = 0
-MAX_PRIORITY = 10
-
 
 class NodeList(TypedDict):
     metadata: dict[str, Any]
