@@ -207,8 +207,12 @@ def _unreachable(error: BaseException) -> str | None:
     text = str(root)
     for known, said in (("Connection refused", "connection refused"), ("timed out", "timed out"),
                         ("Name or service not known", "unknown host"), ("nodename nor servname", "unknown host"),
+                        ("Temporary failure in name resolution", "name lookup failed"),
                         ("CERTIFICATE_VERIFY_FAILED", "its certificate is not trusted"),
-                        ("No route to host", "no route to host")):
+                        ("No route to host", "no route to host"),
+                        # A connection the server (or a proxy) closed or reset before it answered.
+                        ("Connection aborted", "connection dropped"),
+                        ("Connection reset by peer", "connection dropped")):
         if known in text:
             return f"{where} unreachable ({said})"
     detail = text.split(": ", 1)[-1].splitlines()[0][:120] if text else type(root).__name__

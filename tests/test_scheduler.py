@@ -327,6 +327,66 @@ def test_preemption_payloads_in_kube_schedulers_own_shapes_parse():
             parse_preemption(json.dumps(bad).encode())
 
 
+_VICTIMS = "ExtenderPreemptionArgs.NodeNameToMetaVictims['n']"
+
+
+@pytest.mark.parametrize(("parse", "payload", "said"), [
+    (parse_args, [{"Pod": {}}], "body is not a JSON object"),
+    (parse_args, {"NodeNames": ["n"]}, "ExtenderArgs has no Pod"),
+    (parse_args, {"Pod": {"metadata": 5}}, "ExtenderArgs.Pod: metadata is not an object"),
+    (parse_args, {"Pod": {}, "Nodes": ["n"]}, "ExtenderArgs.Nodes has no items list of Node objects"),
+    (parse_args, {"Pod": {}, "Nodes": {"items": {"n": {}}}}, "ExtenderArgs.Nodes has no items list of Node objects"),
+    (parse_args, {"Pod": {}, "NodeNames": ["n", 5]}, "ExtenderArgs.NodeNames is not a list of node names"),
+    (parse_preemption, {"NodeNameToMetaVictims": {}}, "ExtenderPreemptionArgs has no Pod"),
+    (parse_preemption, {"Pod": {}, "NodeNameToMetaVictims": ["n"]},
+     "ExtenderPreemptionArgs.NodeNameToMetaVictims is not an object of node names"),
+    (parse_preemption, {"Pod": {}, "NodeNameToMetaVictims": {"n": 5}}, f"{_VICTIMS} has no Pods list"),
+    (parse_preemption, {"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": "v"}}}, f"{_VICTIMS} has no Pods list"),
+    (parse_preemption, {"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": ["v"]}}},
+     f"{_VICTIMS}.Pods[0] is not an object"),
+    (parse_preemption, {"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": "a"}, {"UID": ""}]}}},
+     f"{_VICTIMS}.Pods[1] has no UID"),
+    (parse_preemption, {"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": 7}]}}},
+     f"{_VICTIMS}.Pods[0] has no UID"),
+    (parse_preemption, {"Pod": {}, "NodeNameToVictims": {"n": {"Pods": [{"metadata": {"name": "v"}}]}}},
+     "ExtenderPreemptionArgs.NodeNameToVictims['n'].Pods[0] has no UID"),
+    (parse_preemption, {"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": [], "NumPDBViolations": True}}},
+     f"{_VICTIMS}.NumPDBViolations is not an integer"),
+    (parse_preemption, {"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": [], "NumPDBViolations": "1"}}},
+     f"{_VICTIMS}.NumPDBViolations is not an integer"),
+    (parse_binding, {"PodName": "p", "PodNamespace": "ns"}, "ExtenderBindingArgs has no Node"),
+    (parse_binding, {"PodName": "", "PodNamespace": "ns", "Node": "n"}, "ExtenderBindingArgs has no PodName"),
+    (parse_binding, {"PodName": "p", "PodNamespace": 5, "Node": "n"}, "ExtenderBindingArgs has no PodNamespace"),
+])
+def test_a_payload_outside_the_protocol_is_refused_naming_its_field(parse, payload, said):
+    """What a hand-made call is told (the 400's Error), word for word: the field, and where in it."""
+    with pytest.raises(BadRequest) as refused:
+        parse(json.dumps(payload).encode())
+    assert str(refused.value) == said
+
+
+def test_protocol_payloads_read_whatever_the_case_of_their_keys():
+    """Go's decoder matches field names case-insensitively, so kube-scheduler's peers may send any
+    case. A binding without PodUID (an older caller) reads as one with none; a node named in both
+    victim forms keeps the UIDs kube-scheduler named itself."""
+    assert parse_binding(b'{"podname": "p", "PODNAMESPACE": "ns", "node": "n"}') == {
+        "PodName": "p", "PodNamespace": "ns", "Node": "n", "PodUID": ""}
+    assert parse_binding(b'{"podName": "p", "podNamespace": "ns", "node": "n", "podUid": "u1"}')["PodUID"] == "u1"
+    assert parse_args(b'{"pod": {}, "nodenames": ["a", "b"], "Unknown": 1}') == {"Pod": {}, "NodeNames": ["a", "b"]}
+    # nodeCacheCapable false: whole Nodes, and no names.
+    assert parse_args(b'{"Pod": {}, "nodes": {"items": [{"metadata": {"name": "a"}}]}}') == {
+        "Pod": {}, "Nodes": {"items": [{"metadata": {"name": "a"}}]}}
+    both = {"Pod": {}, "NodeNameToVictims": {"n": {"Pods": [{"metadata": {"uid": "whole"}}]},
+                                             "m": {"Pods": [{"metadata": {"uid": "only"}}], "NumPDBViolations": 2}},
+            "NodeNameToMetaVictims": {"n": {"Pods": [{"uid": "meta"}]}}}
+    assert parse_preemption(json.dumps(both).encode()) == {"Pod": {}, "NodeNameToMetaVictims": {
+        "n": {"Pods": [{"UID": "meta"}], "NumPDBViolations": 0},
+        "m": {"Pods": [{"UID": "only"}], "NumPDBViolations": 2}}}
+    with pytest.raises(BadRequest) as refused:
+        parse_binding(b"PodName=p")
+    assert str(refused.value) == "body is not JSON: Expecting value: line 1 column 1 (char 0)"
+
+
 def bound_pod(name: str, cpu: str, node_name: str, cpuset: str | None = None) -> dict:
     notes = {KEYS.resource_status: json.dumps({"cpuset": cpuset, "numaNode": 0})} if cpuset else {}
     return pod(name, cpu, "FullPCPUs" if cpuset else None, node_name=node_name, annotations=notes)
