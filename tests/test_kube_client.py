@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,6 +113,11 @@ def test_a_host_no_name_server_knows_is_said_unknown():
     pool = urllib3.HTTPConnectionPool("api.cluster.local", 6443)
     assert one_line(urllib3.exceptions.MaxRetryError(pool, "/api", lookup)) == \
         "api.cluster.local:6443 unreachable (name lookup failed)"
+    # macOS's resolver words it otherwise.
+    unknown = urllib3.exceptions.NameResolutionError(
+        "api.cluster.local", connection, socket.gaierror(8, "nodename nor servname provided, or not known"))
+    assert one_line(urllib3.exceptions.MaxRetryError(pool, "/api", unknown)) == \
+        "api.cluster.local:6443 unreachable (unknown host)"
 
 
 def test_other_connection_failures_keep_their_root_cause_in_one_line():
@@ -148,6 +154,34 @@ def closing_server() -> Iterator[int]:
 
         threading.Thread(target=serve, daemon=True).start()
         yield int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def resetting_server() -> Iterator[int]:
+    """A server that starts its answer and resets the connection halfway through it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+
+        def serve() -> None:
+            while True:
+                try:
+                    connection, _ = sock.accept()
+                except OSError:
+                    return
+                connection.recv(65536)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                   b"Content-Length: 1000\r\n\r\n{\"items\": [")
+                # Linger 0: close() sends a reset, not an orderly end.
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                connection.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        yield int(sock.getsockname()[1])
+
+
+def test_a_connection_reset_halfway_through_the_answer_is_said_dropped(resetting_server):
+    assert one_line(failure_of(f"http://127.0.0.1:{resetting_server}")) == "the server unreachable (connection dropped)"
 
 
 def test_a_connection_closed_before_the_answer_is_said_dropped(closing_server):
