@@ -29,11 +29,14 @@ from oversale.placement import (
     bound_charge,
     crowded_out,
     fit_on,
+    free,
     held_usage,
     load_facts,
     load_shortfall,
     node_score,
+    node_view,
     placement_score,
+    pod_demand,
     preemption_on,
     score_on,
     shortfall,
@@ -41,6 +44,7 @@ from oversale.placement import (
 )
 from oversale.pods import pod_workloads
 from oversale.usage import (
+    DEFAULT_WATERMARKS,
     LoadConfig,
     NodeLoad,
     Sample,
@@ -349,6 +353,59 @@ def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case, l
     assert rank(table, slots, demand, config, NOW, load_aware=True) == [
         0 if shortfall(view, usage, demand, NOW) else 10 if view.reservations and view.holds_for(demand.owner, NOW)
         else node_score(view, usage, demand, NOW) for view, usage in grown]
+
+
+def test_a_node_view_reads_each_of_the_nodes_labels_and_annotations():
+    node = {"metadata": {"name": "n", "labels": {KEYS.cpu_bind_policy: "FullPCPUs",
+                                                  KEYS.numa_topology_policy: "single-numa-node",
+                                                  KEYS.numa_allocate_strategy: "LeastAllocated",
+                                                  KEYS.cpu_scheduling_watermark: "0.5"},
+                         "annotations": {KEYS.memory_scheduling_watermark: "0.75",
+                                         KEYS.cpu_topology: "0-15",
+                                         KEYS.reservations: json.dumps({"ns/Deployment/a": {
+                                             "cpu": "2", "until": "2026-12-06T12:00:00Z"}})}},
+            "status": {"allocatable": {"cpu": "24", "memory": "64Gi", "pods": "110"}}}
+    view = node_view(node, KEYS)
+    assert (view.name, view.allocatable, view.bind_policy, view.single_numa, view.strategy) == \
+        ("n", {"cpu": 24000, "memory": 64 * GI}, "FullPCPUs", True, "LeastAllocated")
+    assert (view.watermarks.cpu_average, view.watermarks.memory) == (Decimal("0.5"), Decimal("0.75"))
+    assert [(held.owner, held.requests) for held in view.reservations] == [("ns/Deployment/a", {"cpu": 2000})]
+    assert len(view.problems) == 1 and f"annotation {KEYS.cpu_topology}='0-15' ignored" in str(view.problems[0])
+    plain = node_view({"metadata": {"name": "m"}, "status": {"allocatable": {"cpu": "8"}}}, KEYS)
+    assert (plain.bind_policy, plain.single_numa, plain.strategy, plain.watermarks, plain.reservations,
+            plain.problems) == (None, False, "MostAllocated", DEFAULT_WATERMARKS, (), ())
+    # No topology anywhere: one zone of the node's real CPUs, without core detail.
+    assert (len(plain.topology.cpus), plain.topology.detailed) == (8, False)
+
+
+def test_a_pods_demand_reads_its_annotations_owner_and_priority():
+    pod = {"metadata": {"name": "web-1", "namespace": "shop", "uid": "u1",
+                        "annotations": {KEYS.cpu_bind_policy: "SpreadByPCPUs",
+                                        KEYS.numa_topology_policy: "single-numa-node"},
+                        "ownerReferences": [{"kind": "ReplicaSet", "name": "web-5d8f", "controller": True}]},
+           "spec": {"priority": 1000, "containers": [{"name": "c", "resources": {"requests": {
+               "cpu": "4", "memory": "1Gi"}}}]}}
+    demand = pod_demand(pod, KEYS)
+    assert (demand.uid, demand.requests, demand.bind_policy, demand.single_numa, demand.cpus, demand.owner,
+            demand.priority) == ("u1", {"cpu": 4000, "memory": GI}, "SpreadByPCPUs", True, 4,
+                                 "shop/ReplicaSet/web-5d8f", 1000)
+    assert demand.workload
+    naked = pod_demand({"metadata": {"name": "p"}, "spec": {"priority": "high", "containers": [
+        {"name": "c", "resources": {"requests": {"cpu": "1500m"}}}]}}, KEYS)
+    assert (naked.bind_policy, naked.single_numa, naked.cpus, naked.owner, naked.priority) == \
+        (None, False, 0, "", 0)
+
+
+def test_the_free_room_follows_the_view_of_the_node_it_is_asked_for():
+    """One usage snapshot is read under each new view of its node (the node webhook oversold its
+    allocatable anew): the room it leaves is remembered per view, never carried over to another."""
+    usage = NodeUsage(shared={"cpu": 1000, "memory": GI}, bound_cpus={0, 1})
+    small = NodeView("n", {"cpu": 8000, "memory": 8 * GI}, Decimal("1.5"), TOPOLOGIES[0], ratio=Fraction(3, 2),
+                     real=REAL)
+    assert free(small, usage) == (8000 - 1000 - 3000, 7 * GI)
+    grown = replace(small, allocatable={"cpu": 16000, "memory": 16 * GI})
+    assert free(grown, usage) == (16000 - 1000 - 3000, 15 * GI)
+    assert free(small, usage) == (4000, 7 * GI)
 
 
 def test_a_nodes_row_holds_its_free_room_and_cores_and_a_removed_nodes_row_goes_to_the_next_node():
