@@ -396,6 +396,27 @@ def test_a_pods_demand_reads_its_annotations_owner_and_priority():
         (None, False, 0, "", 0)
 
 
+def test_metrics_exactly_as_old_as_the_limit_count_node_by_node_as_in_the_table():
+    """The replay scores node by node (``score_on``), the extender over its table (``rank``): at the
+    age limit itself (180 s by default) both still count the metrics, and a second later neither."""
+    config = LoadConfig(packing_weight=1, load_weight=1)
+    node = NodeView("n", {"cpu": 16000, "memory": 32 * GI}, Decimal(1), TOPOLOGIES[0], ratio=Fraction(1), real=REAL)
+    usage = NodeUsage(shared={"cpu": 0, "memory": 0})
+    demand = PodDemand("p", {"cpu": 1000, "memory": GI}, None, False)
+    scores = {}
+    for age in (config.max_age_seconds, config.max_age_seconds + 1):
+        facts = load_facts(node, NodeHeat(NodeLoad(12000.0, 12000.0, 8.0 * GI, NOW - age), NOW))
+        table = NodeTable()
+        table.put("n", node, usage, facts)
+        slots, _ = table.slots(["n"])
+        scores[age] = score_on(node, usage, facts, Ask.of(demand, config), NOW, NOW)
+        assert [scores[age]] == rank(table, slots, demand, config, NOW, load_aware=True), age
+    assert scores == {config.max_age_seconds: combined_score(node_score(node, usage, demand, NOW), load_score_after(
+        12000.0 + 850, 8.0 * GI + 0.7 * GI, 16000, 64 * GI), config),
+        config.max_age_seconds + 1: node_score(node, usage, demand, NOW)}
+    assert scores[config.max_age_seconds] != scores[config.max_age_seconds + 1]
+
+
 def test_the_free_room_follows_the_view_of_the_node_it_is_asked_for():
     """One usage snapshot is read under each new view of its node (the node webhook oversold its
     allocatable anew): the room it leaves is remembered per view, never carried over to another."""
@@ -553,7 +574,8 @@ def test_a_preemption_adds_the_fewest_lower_priority_victims_the_extenders_charg
         refused="cpu: 12 charged for its exclusive CPUs, 10 free on n (oversold allocatable)")
     bigger = replace(vip, requests={"cpu": 12000, "memory": GI}, cpus=12)
     refused = preemption_on(node, held, ["a"], bigger, None, config, NOW, False).refused
-    assert refused is not None and refused.endswith("even with its 3 other Pod(s) of lower priority evicted too")
+    assert refused == "cpu: 18 charged for its exclusive CPUs, 16 free on n (oversold allocatable), even with its 3 " \
+        "other Pod(s) of lower priority evicted too"
     # A Pod nominated there ahead of vip keeps its room: more victims make it, where they can.
     ahead = PodDemand("ahead", {"cpu": 2000, "memory": GI}, None, False, priority=200)
     assert preemption_on(node, held, ["a"], vip, None, config, NOW, False, [ahead]) == Preemption(
