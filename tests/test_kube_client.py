@@ -9,7 +9,8 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,33 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """A server that accepts connections and never answers."""
+@contextmanager
+def loopback(answer: Callable[[socket.socket], None] | None = None) -> Iterator[int]:
+    """The port of a server on loopback that hands each connection, once accepted, to ``answer``
+    and then closes it (None: connections are queued and never answered); it stops with the block."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
+
+        def serve(answer: Callable[[socket.socket], None]) -> None:
+            while True:
+                try:
+                    connection, _ = sock.accept()
+                except OSError:
+                    return  # the block ended
+                with connection, suppress(OSError):  # OSError: the client gave up (on the certificate, say)
+                    answer(connection)
+
+        if answer is not None:
+            threading.Thread(target=serve, args=(answer,), daemon=True).start()
         yield int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A server that accepts connections and never answers."""
+    with loopback() as port:
+        yield port
 
 
 @pytest.fixture
@@ -67,23 +88,8 @@ def untrusted_tls_server(tmp_path: Path) -> Iterator[int]:
     paths = generate(tmp_path, ["127.0.0.1"])
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(paths.cert, paths.key)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
-
-        def serve() -> None:
-            try:
-                connection, _ = sock.accept()
-            except OSError:
-                return
-            try:
-                with context.wrap_socket(connection, server_side=True):
-                    pass
-            except (ssl.SSLError, OSError):
-                pass  # the client gave up on the certificate
-
-        threading.Thread(target=serve, daemon=True).start()
-        yield int(sock.getsockname()[1])
+    with loopback(lambda connection: context.wrap_socket(connection, server_side=True).close()) as port:
+        yield port
 
 
 def test_a_refused_connection_names_the_host_and_why(closed_port):
@@ -139,45 +145,23 @@ def test_other_connection_failures_keep_their_root_cause_in_one_line():
 @pytest.fixture
 def closing_server() -> Iterator[int]:
     """A server (or a proxy before it) that closes each connection before answering."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
+    with loopback(lambda connection: connection.recv(65536)) as port:
+        yield port
 
-        def serve() -> None:
-            while True:
-                try:
-                    connection, _ = sock.accept()
-                except OSError:
-                    return
-                connection.recv(65536)
-                connection.close()
 
-        threading.Thread(target=serve, daemon=True).start()
-        yield int(sock.getsockname()[1])
+def _reset_halfway(connection: socket.socket) -> None:
+    connection.recv(65536)
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                       b'{"items": [')
+    # Linger 0: closing sends a reset, not an orderly end.
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 @pytest.fixture
 def resetting_server() -> Iterator[int]:
     """A server that starts its answer and resets the connection halfway through it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
-
-        def serve() -> None:
-            while True:
-                try:
-                    connection, _ = sock.accept()
-                except OSError:
-                    return
-                connection.recv(65536)
-                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                   b"Content-Length: 1000\r\n\r\n{\"items\": [")
-                # Linger 0: close() sends a reset, not an orderly end.
-                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                connection.close()
-
-        threading.Thread(target=serve, daemon=True).start()
-        yield int(sock.getsockname()[1])
+    with loopback(_reset_halfway) as port:
+        yield port
 
 
 def test_a_connection_reset_halfway_through_the_answer_is_said_dropped(resetting_server):
