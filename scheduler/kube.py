@@ -69,7 +69,7 @@ class ClusterWatch:
                       on_change=lambda _, name, node: state.set_node(name, node), on_reset=state.reset_nodes,
                       digest=scheduling_part, batch=state.locked, on_restart=on_restart),
             Reflector("Pod", core.list_pod_for_all_namespaces, _unbound, watch_timeout,
-                      read_fn=core.read_namespaced_pod, on_change=on_pod, on_reset=on_pods_reset,
+                      on_change=on_pod, on_reset=on_pods_reset,
                       digest=partial(pod_facts, keys=state.keys), batch=state.locked, on_restart=on_restart),
         ]
         # What a preemption's added victims are weighed by (kube-scheduler reads them for its own).

@@ -794,12 +794,12 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return
             plural, namespace, name, sub, _ = route
             body = self._body()
-            if plural == "bindings":
-                return self._bind(namespace or "", body)
             if plural == "pods" and sub == "eviction":
                 return self._evict(namespace or "", name or "", body)
             if why := undecodable(plural, body):
                 return self._send(400, _status(400, "BadRequest", why))
+            if plural == "bindings":
+                return self._bind(namespace or "", body)
             if RESOURCES[plural][3]:
                 body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
             name = body["metadata"].get("name", "")

@@ -180,19 +180,24 @@ def test_a_pod_without_a_readable_spec_states_no_constraint(pod):
     assert constraint_problem(node_constraints(pod), NODE, LABELS, [], None) is None
 
 
-@pytest.mark.parametrize("pod", [
-    {"spec": {"nodeSelector": ["pool=db"]}},
-    affinity({"matchExpressions": [{"key": "pool", "operator": "Equals", "values": ["db"]}]}),
-    affinity({"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["1", "2"]}]}),
-    affinity({"matchExpressions": [{"key": ["pool"], "operator": "Exists"}]}),
-    affinity({"matchExpressions": [{"key": "pool", "operator": "In", "values": "db"}]}),
-    affinity("pool=db"),
-    affinity({"matchExpressions": ["pool in (db)"]}),
-    {"spec": {"containers": [{"name": "gpu", "resources": {"limits": {"nvidia.com/gpu": "one"}}}]}},
-    {"spec": {"containers": [{"name": "app", "resources": {"requests": ["cpu"]}}]}},
+NO_TERM_MATCHES = f"required node affinity: {NODE} matches none of its 1 term(s)"
+
+
+@pytest.mark.parametrize(("pod", "reason"), [
+    ({"spec": {"nodeSelector": ["pool=db"]}}, "its nodeSelector is not a map"),
+    (affinity({"matchExpressions": [{"key": "pool", "operator": "Equals", "values": ["db"]}]}), NO_TERM_MATCHES),
+    (affinity({"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["1", "2"]}]}), NO_TERM_MATCHES),
+    (affinity({"matchExpressions": [{"key": ["pool"], "operator": "Exists"}]}), NO_TERM_MATCHES),
+    (affinity({"matchExpressions": [{"key": "pool", "operator": "In", "values": "db"}]}), NO_TERM_MATCHES),
+    (affinity("pool=db"), NO_TERM_MATCHES),
+    (affinity({"matchExpressions": ["pool in (db)"]}), NO_TERM_MATCHES),
+    ({"spec": {"containers": [{"name": "gpu", "resources": {"limits": {"nvidia.com/gpu": "one"}}}]}},
+     "its resources cannot be read"),
+    ({"spec": {"containers": [{"name": "app", "resources": {"requests": ["cpu"]}}]}}, "its resources cannot be read"),
 ])
-def test_a_malformed_constraint_admits_no_node(pod):
-    assert problem(pod) is not None
+def test_a_malformed_constraint_admits_no_node_and_says_what_is_malformed(pod, reason):
+    """What the remediator's log gives as the reason a Pod is not moved."""
+    assert problem(pod) == reason
 
 
 def persistent_volume(name: str, *terms: dict[str, Any]) -> dict[str, Any]:
@@ -596,6 +601,12 @@ def test_default_spreading_scores_a_node_without_a_zone_by_its_host():
     # a: 1.79 + 2 + (1.61 + 4) = 9.40; b: 2 + 5.61; c: 2 + 4; bare: 1.79 + 2, no zone term.
     assert spread_scores(node_constraints(sibling("web-9", "")), ["a", "b", "c", "bare"], neighbours) == [9, 8, 6, 4]
     assert spread_scores(node_constraints(sibling("web-9", "", "Job")), ["a", "bare"], neighbours) == [0, 0]
+    # The other controllers whose selector kube-scheduler's default spreading counts siblings by.
+    for kind in ("StatefulSet", "ReplicationController"):
+        pods = (sibling("web-1", "a", kind), sibling("web-2", "bare", kind))
+        neighbours = Neighbours(hosts, [placed_pod(p) for p in pods])
+        assert spread_scores(node_constraints(sibling("web-9", "", kind)), ["a", "b", "c", "bare"],
+                             neighbours) == [9, 8, 6, 4], kind
 
 
 def test_match_label_keys_count_only_the_pods_of_the_same_rollout():
@@ -723,9 +734,12 @@ def test_csi_volumes_count_against_each_drivers_limit_as_node_volume_limits_coun
     ebs, efs = "ebs.csi.aws.com", "efs.csi.aws.com"
     ebs_volume = {"metadata": {"name": "pv-1"}, "spec": {"csi": {"driver": ebs, "volumeHandle": "vol-1"}}}
     assert csi_volume(ebs_volume) == CsiVolume(ebs, "pv-1")
-    # In-tree volumes are attached by the driver CSI migration hands them to.
+    # In-tree volumes are attached by the driver CSI migration hands them to (the names of
+    # k8s.io/csi-translation-lib's plugins).
     for plugin, driver in (("awsElasticBlockStore", ebs), ("azureDisk", "disk.csi.azure.com"),
-                           ("gcePersistentDisk", "pd.csi.storage.gke.io")):
+                           ("gcePersistentDisk", "pd.csi.storage.gke.io"), ("azureFile", "file.csi.azure.com"),
+                           ("cinder", "cinder.csi.openstack.org"), ("vsphereVolume", "csi.vsphere.vmware.com"),
+                           ("portworxVolume", "pxd.portworx.com")):
         assert csi_volume({"metadata": {"name": "pv-old"}, "spec": {plugin: {}}}) == CsiVolume(driver, "pv-old")
     for other in ({"metadata": {"name": "pv-nfs"}, "spec": {"nfs": {"server": "nfs", "path": "/"}}},
                   {"metadata": {"name": "pv-local"}, "spec": {"local": {"path": "/mnt"}}},

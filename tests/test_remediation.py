@@ -409,11 +409,14 @@ def test_a_running_pods_own_affinity_terms_that_select_the_moved_pod_weigh_its_n
     cooler = dataclasses.replace(target("node-a", cpu_used=200.0), labels={hostname: "node-a"})
     warmer = dataclasses.replace(target("node-b", cpu_used=2000.0), labels={hostname: "node-b"})
 
-    def chosen(node: str, affinity: dict[str, Any]) -> list[str]:
-        other = pod("cache-7d9f4-klmno", owner=("ReplicaSet", "cache-7d9f4"), affinity=affinity)
-        other["spec"]["nodeName"] = node
+    def chosen(node: str, affinity: dict[str, Any], *more: tuple[str, dict[str, Any]]) -> list[str]:
+        others = []
+        for number, (on, terms) in enumerate(((node, affinity), *more)):
+            other = pod(f"cache-7d9f4-klmn{number}", owner=("ReplicaSet", "cache-7d9f4"), affinity=terms)
+            other["spec"]["nodeName"] = on
+            others.append(placed_pod(other))
         neighbours = Neighbours({n: {hostname: n} for n in ("node-hot", "node-a", "node-b")},
-                                [placed_pod(moving_pod), placed_pod(other)])
+                                [placed_pod(moving_pod), *others])
         return [m.target for m in plan_moves({"cpu": 500.0}, [moving], [cooler, warmer], LoadConfig(), allowed=1,
                                              neighbours=neighbours).moves]
 
@@ -424,6 +427,12 @@ def test_a_running_pods_own_affinity_terms_that_select_the_moved_pod_weigh_its_n
     assert chosen("node-b", wants) == ["node-b"], "the cache Pod prefers api Pods beside it"
     assert chosen("node-a", shuns) == ["node-b"], "the Pod on the cooler node shuns api Pods"
     assert chosen("node-b", needs) == ["node-b"], "a required term counts at hardPodAffinityWeight"
+    # At 1 exactly: the same as a preferred term of weight 1 beside the cooler node, which the
+    # resources then break; weight 2 there outweighs it.
+    assert chosen("node-b", needs, ("node-a", preferring_hosts_of("api", 1))) == ["node-a"]
+    assert chosen("node-a", preferring_hosts_of("api", 2), ("node-b", needs)) == ["node-a"]
+    assert chosen("node-a", preferring_hosts_of("api", 1), ("node-b", needs),
+                  ("node-b", preferring_hosts_of("api", 1))) == ["node-b"]
     assert chosen("node-b", {}) == ["node-a"], "no term: the cooler node"
 
 

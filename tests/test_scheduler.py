@@ -205,8 +205,8 @@ def wait_for(check, timeout=10.0):
 def watched(api: FakeKubeAPI, state: ClusterState, watch_timeout: int = 300,
             synced: bool = True) -> Iterator[tuple[Any, Any]]:
     """The extender's watches (``ClusterWatch``, the real client) over ``api`` into ``state``,
-    synced (``synced=False``: started only); stopped afterwards, and ``api`` with them. Yields
-    (API client, watch)."""
+    synced and the Node and Pod watches open (``synced=False``: started only); stopped
+    afterwards, and ``api`` with them. Yields (API client, watch)."""
     from kubernetes import client
 
     from scheduler.kube import ClusterWatch
@@ -217,6 +217,10 @@ def watched(api: FakeKubeAPI, state: ClusterState, watch_timeout: int = 300,
         watch.start()
         if synced:
             wait_for(lambda: watch.synced, timeout=60)
+            # Synced means listed; each watch request follows its list. A test that then makes
+            # the API server fail a plural's next requests must not have the watch take the failure.
+            wait_for(lambda: api.count("GET", "nodes", watch=True) and api.count("GET", "pods", watch=True),
+                     timeout=60)
         yield api_client, watch
     finally:
         for reflector in watch.reflectors:
@@ -1872,6 +1876,29 @@ def test_the_extender_serves_while_it_cannot_list_disruption_budgets():
         wait_for(lambda: [budget.allowed for budget in state.budgets()] == [1])
 
 
+def test_a_disruption_budget_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
+    """A PodDisruptionBudget deleted while its watch was away sends no DELETED event: the relist
+    that follows forgets it, or a preemption's added victims would be weighed by it for good."""
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("node-0"))
+
+    def budget(name: str, allowed: int) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "default"},
+                "spec": {"selector": {"matchLabels": {"app": name}}}, "status": {"disruptionsAllowed": allowed}}
+
+    api.put("poddisruptionbudgets", budget("web", 1))
+    api.put("poddisruptionbudgets", budget("db", 0))
+    state = ClusterState(KEYS)
+    with watched(api, state):
+        wait_for(lambda: sorted(b.allowed for b in state.budgets()) == [0, 1])
+        with api.watches_paused():
+            api.delete("poddisruptionbudgets", "default", "db")
+            api.put("poddisruptionbudgets", budget("cache", 5))  # shows when the relist is in
+            api.compact("poddisruptionbudgets")  # the watch is too old now: 410, then a relist
+            wait_for(lambda: 5 in [b.allowed for b in state.budgets()])
+        assert sorted(b.allowed for b in state.budgets()) == [1, 5]
+
+
 def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_installed():
     """NFD's topology-updater publishes each node's NUMA zones as a NodeResourceTopology. Without
     its CRD the extender syncs all the same (topology from node annotations), and takes the zones
@@ -1887,8 +1914,11 @@ def test_numa_zones_come_from_node_resource_topologies_where_their_crd_is_instal
             {"name": "node-0", "type": "Node", "resources": [{"name": "cpu", "capacity": "8", "allocatable": "7"},
                                                              {"name": "memory", "allocatable": "16106127360"}]},
             {"name": "node-1", "type": "Node", "resources": [{"name": "cpu", "capacity": "8", "allocatable": "8"},
-                                                             {"name": "hugepages-1Gi", "allocatable": "4"}]}]})
-        wait_for(lambda: state.nrt.get("node-0") == {0: 7, 1: 8})
+                                                             {"name": "hugepages-1Gi", "allocatable": "4"}]},
+            # A zone stating only its capacity gives that; a zone of another type is no NUMA node.
+            {"name": "node-2", "type": "Node", "resources": [{"name": "cpu", "capacity": "4"}]},
+            {"name": "node-3", "type": "Socket", "resources": [{"name": "cpu", "allocatable": "16"}]}]})
+        wait_for(lambda: state.nrt.get("node-0") == {0: 7, 1: 8, 2: 4})
         api.delete("noderesourcetopologies", "", "node-0")
         wait_for(lambda: state.nrt == {})
         # Its CRD uninstalled: the zones known from it go.
@@ -2007,24 +2037,56 @@ def test_nodes_turning_stale_together_are_told_in_one_line(caplog):
         "load-aware placement resumes"]
 
 
-def test_a_poll_that_reads_nodemetrics_but_not_podmetrics_is_partial_and_keeps_the_node_figures():
+def test_each_poll_counts_the_nodes_placed_by_requests_by_why():
+    """What the extender's gauge of nodes without fresh metrics reads, by reason: a node
+    metrics-server has no figures for (``missing``: just joined, or not scraped) apart from one
+    whose figures are older than the limit (``old``: its kubelet stopped answering)."""
+    from scheduler.kube import UsagePoller
+
+    api = FakeKubeAPI().start()
+    for name in ("fresh", "stale", "new", "newer"):
+        api.put("nodes", node(name))
+    api.put("nodemetrics", node_metrics("fresh", 4.0))
+    api.put("nodemetrics", node_metrics("stale", 4.0, age=600))
+    state = ClusterState(KEYS)
+    polls: list[dict[str, int]] = []
+    with watched(api, state) as (api_client, _):
+        poller = UsagePoller(api_client, state, 30, lambda result, stale: polls.append(stale))
+        assert poller.poll_once() and polls == [{"missing": 2, "old": 1}]
+        for name in ("stale", "new", "newer"):
+            api.put("nodemetrics", node_metrics(name, 4.0))
+        assert poller.poll_once() and polls[-1] == {"missing": 0, "old": 0}
+
+
+def test_a_poll_that_reads_nodemetrics_but_not_podmetrics_is_partial_and_keeps_the_node_figures(caplog):
     """What the poll counter's ``result`` label says: ``partial`` when NodeMetrics were read and
     PodMetrics were not (the node figures count; see the HTTP test for placement), ``ok`` once
-    both are read again."""
+    both are read again. The log says each kind of failure once, when it starts, and the end."""
     from scheduler.kube import UsagePoller
 
     api = FakeKubeAPI().start()
     api.put("nodes", node("n"))
     api.put("nodemetrics", node_metrics("n", 4.0))
-    api.unavailable = {"podmetrics"}
+    api.unavailable = {"nodemetrics", "podmetrics"}
     state = ClusterState(KEYS)
     results: list[str] = []
-    with watched(api, state) as (api_client, _):
+    with watched(api, state) as (api_client, _), caplog.at_level("INFO", logger="scheduler.kube"):
         poller = UsagePoller(api_client, state, 30, lambda result, stale: results.append(result))
-        assert poller.poll_once() is False and results == ["partial"]
+        assert poller.poll_once() is False and results == ["error"]
+        api.unavailable = {"podmetrics"}
+        assert poller.poll_once() is False and poller.poll_once() is False
+        assert results == ["error", "partial", "partial"]
         assert state.heats(["n"])[0].load is not None
         api.unavailable = set()
-        assert poller.poll_once() is True and results == ["partial", "ok"]
+        assert poller.poll_once() is True and results == ["error", "partial", "partial", "ok"]
+    assert [r.getMessage() for r in caplog.records if r.name == "scheduler.kube"] == [
+        "metrics API not readable (HTTP 503 Service Unavailable); nodes fall back to request-based placement as "
+        "their metrics age past the limit",
+        "node n: no node metrics; placed by requests until fresh metrics arrive",
+        "PodMetrics not readable (HTTP 503 Service Unavailable); node figures still count, and Pods bound since "
+        "the last PodMetrics read count their estimates until they settle",
+        "node n: fresh metrics again; load-aware placement resumes",
+        "metrics API readable again (after 3 failed runs)"]
 
 
 def test_a_node_deleted_while_the_watch_was_away_is_forgotten_at_the_relist():
@@ -2075,10 +2137,16 @@ def test_a_leader_label_refused_is_said_once_though_tried_at_every_check(caplog)
             assert not leads(api, "extender-a")
             del api.validating["pods"]
             leadership.check()
+            assert leads(api, "extender-a")
+            # Stopping, the label cannot come off: said as what failed, and the label stays.
+            api.validating["pods"] = lambda review: {"allowed": False, "status": {"code": 403,
+                                                                                 "message": "labels frozen"}}
+            leadership.stop()
         assert leads(api, "extender-a")
     told = [m for m in caplog.messages if "leader label" in m]
-    assert len(told) == 2 and told[0].startswith("could not set the leader label on this Pod: HTTP 403"), told
+    assert len(told) == 3 and told[0].startswith("could not set the leader label on this Pod: HTTP 403"), told
     assert told[1] == "the leader label on this Pod is right again (after 3 failed runs)"
+    assert told[2].startswith("could not remove the leader label on this Pod: HTTP 403"), told
 
 
 PINNED = {"PodName": "pinned", "PodNamespace": "default", "PodUID": "uid-pinned", "Node": "n"}
