@@ -21,7 +21,7 @@ def load_api_client(mode: str) -> Any | None:
     from kubernetes import client, config
 
     try:
-        configuration = client.Configuration()
+        configuration = _configuration()
         config.load_incluster_config(client_configuration=configuration)
         return client.ApiClient(configuration)
     except config.ConfigException:
@@ -30,7 +30,7 @@ def load_api_client(mode: str) -> Any | None:
         [os.path.expanduser(config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION)]
     if not any(os.path.exists(p) for p in paths):
         return None
-    configuration = client.Configuration()
+    configuration = _configuration()
     try:
         # The paths just checked, not the client library's default: that one is read from
         # KUBECONFIG once, when the library is imported.
@@ -41,6 +41,30 @@ def load_api_client(mode: str) -> Any | None:
         raise config.ConfigException(f"kubeconfig {os.pathsep.join(paths)} is not a valid kubeconfig "
                                      f"({type(error).__name__})") from None
     return client.ApiClient(configuration)
+
+
+def _configuration() -> Any:
+    """A client configuration whose requests give up once their ``_request_timeout`` has passed.
+
+    urllib3's default retries send a GET (or PUT, DELETE) again up to 3 times after its answer
+    timed out, so a read given 1 s took 4 s against an API server that stopped answering: longer
+    than the 5 s an admission webhook is given for a list of 3 s, or kube-scheduler for a bind.
+    A connection dropped or refused is still tried again (a keep-alive connection the API server
+    closed while idle); an answer that did not come in time is not."""
+    from kubernetes import client
+    from urllib3.exceptions import ReadTimeoutError
+    from urllib3.util.retry import Retry
+
+    class NoRetryAfterTimeout(Retry):
+        def increment(self, method: str | None = None, url: str | None = None, response: Any = None,
+                      error: Exception | None = None, _pool: Any = None, _stacktrace: Any = None) -> Any:
+            if isinstance(error, ReadTimeoutError):
+                raise error
+            return super().increment(method, url, response, error, _pool, _stacktrace)
+
+    configuration = client.Configuration()
+    configuration.retries = NoRetryAfterTimeout(3)
+    return configuration
 
 
 VPA = ("autoscaling.k8s.io", "v1", "verticalpodautoscalers")

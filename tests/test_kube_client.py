@@ -4,6 +4,7 @@ real failures on loopback, as a log line or an Event shows them."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import ssl
@@ -305,3 +306,46 @@ def test_found_reads_an_object_and_none_for_what_the_api_server_has_not(tmp_path
         assert down.value.status == 503
     finally:
         api.stop()
+
+
+def kubeconfig_at(path: Path, port: int) -> Path:
+    """A kubeconfig whose cluster is a server on loopback at ``port``."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "here",
+        "clusters": [{"name": "here", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "here", "user": {"token": "t"}}],
+        "contexts": [{"name": "here", "context": {"cluster": "here", "user": "here"}}]}))
+    return path
+
+
+def test_a_read_gives_up_once_its_timeout_passed_and_a_dropped_one_is_tried_again(tmp_path, monkeypatch):
+    """urllib3 on its own sends a GET again 3 times after its answer timed out: a lookup given
+    1 s took 4 s against an API server that stopped answering, past the 5 s an admission webhook
+    is given where the lookup was given 3 s. The clients every adapter loads send it once. A
+    connection the server closed before answering is still tried again (a keep-alive connection
+    closed while idle)."""
+    from kubernetes import client
+
+    with socket.socket() as sock:  # accepts nothing: each connection the client makes waits in its queue
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        port = int(sock.getsockname()[1])
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig_at(tmp_path / "silent", port)))
+        with pytest.raises(urllib3.exceptions.HTTPError) as raised:
+            client.CoreV1Api(load_api_client("auto")).read_namespaced_pod("web", "default", _request_timeout=0.3)
+        assert one_line(raised.value) == f"127.0.0.1:{port} unreachable (timed out)"
+        sock.setblocking(False)
+        made = 0
+        with suppress(BlockingIOError):
+            while True:
+                sock.accept()[0].close()
+                made += 1
+        assert made == 1, f"the read was sent {made} times"
+
+    answered: list[int] = []
+    with loopback(lambda connection: answered.append(len(connection.recv(65536)))) as port:
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig_at(tmp_path / "closing", port)))
+        with pytest.raises(urllib3.exceptions.HTTPError) as raised:
+            client.CoreV1Api(load_api_client("auto")).read_namespaced_pod("web", "default", _request_timeout=2)
+        assert one_line(raised.value) == f"127.0.0.1:{port} unreachable (connection dropped)"
+        assert len(answered) == 4, "sent once and tried 3 times again"
