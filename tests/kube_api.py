@@ -208,15 +208,7 @@ class FakeKubeAPI:
         self.server.server_close()
 
     def write_kubeconfig(self, path: Path) -> Path:
-        path.write_text(json.dumps({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-            "current-context": "fake",
-        }))
-        return path
+        return write_kubeconfig(path, self.url)
 
     # -- what tests do -----------------------------------------------------------------------
     def put(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -535,6 +527,19 @@ def _qos(pod: dict[str, Any]) -> str:
 def _nonzero(amounts: dict[str, Any] | None) -> dict[str, Any]:
     parsed = {k: parse_quantity(v) for k, v in (amounts or {}).items() if k in ("cpu", "memory")}
     return {k: v for k, v in parsed.items() if v}
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig at ``path`` whose one cluster is ``server`` (a token user, as in-cluster)."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        "current-context": "fake",
+    }))
+    return path
 
 
 def undecodable(plural: str, body: Any) -> str | None:

@@ -4,7 +4,6 @@ real failures on loopback, as a log line or an Event shows them."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import ssl
@@ -32,7 +31,7 @@ from kube.client import (
     without_managed_fields,
 )
 from kube.tls import generate
-from tests.kube_api import FakeKubeAPI
+from tests.kube_api import FakeKubeAPI, write_kubeconfig
 
 
 def failure_of(url: str, timeout: float = 2.0) -> BaseException:
@@ -308,16 +307,6 @@ def test_found_reads_an_object_and_none_for_what_the_api_server_has_not(tmp_path
         api.stop()
 
 
-def kubeconfig_at(path: Path, port: int) -> Path:
-    """A kubeconfig whose cluster is a server on loopback at ``port``."""
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "here",
-        "clusters": [{"name": "here", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "here", "user": {"token": "t"}}],
-        "contexts": [{"name": "here", "context": {"cluster": "here", "user": "here"}}]}))
-    return path
-
-
 def test_a_read_gives_up_once_its_timeout_passed_and_a_dropped_one_is_tried_again(tmp_path, monkeypatch):
     """urllib3 on its own sends a GET again 3 times after its answer timed out: a lookup given
     1 s took 4 s against an API server that stopped answering, past the 5 s an admission webhook
@@ -330,7 +319,7 @@ def test_a_read_gives_up_once_its_timeout_passed_and_a_dropped_one_is_tried_agai
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
         port = int(sock.getsockname()[1])
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig_at(tmp_path / "silent", port)))
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "silent", f"http://127.0.0.1:{port}")))
         with pytest.raises(urllib3.exceptions.HTTPError) as raised:
             client.CoreV1Api(load_api_client("auto")).read_namespaced_pod("web", "default", _request_timeout=0.3)
         assert one_line(raised.value) == f"127.0.0.1:{port} unreachable (timed out)"
@@ -344,7 +333,7 @@ def test_a_read_gives_up_once_its_timeout_passed_and_a_dropped_one_is_tried_agai
 
     answered: list[int] = []
     with loopback(lambda connection: answered.append(len(connection.recv(65536)))) as port:
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig_at(tmp_path / "closing", port)))
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "closing", f"http://127.0.0.1:{port}")))
         with pytest.raises(urllib3.exceptions.HTTPError) as raised:
             client.CoreV1Api(load_api_client("auto")).read_namespaced_pod("web", "default", _request_timeout=2)
         assert one_line(raised.value) == f"127.0.0.1:{port} unreachable (connection dropped)"
