@@ -372,6 +372,12 @@ class Settings:
                                                    metadata=_env("OVERSALE_EXTENDER_LEASE_DURATION"))
     """A standby extender takes over this long after the leader's last renewal (plus a third of it)."""
 
+    extender_bind_timeout_seconds: float = field(default=4.0, metadata=_env("OVERSALE_EXTENDER_BIND_TIMEOUT"))
+    """The extender answers a bind within this long: the API requests of one bind (the Pod's read,
+    its cpuset, the Binding) share it. Keep it under kube-scheduler's ``httpTimeout`` for the
+    extender (5 s in ``deploy/``): kube-scheduler stops waiting then, and a thread still waiting on
+    the API server serves no one while filter calls queue for it."""
+
     pod_name: str = field(default="", metadata=_env("POD_NAME"))
     """This replica's own Pod (the downward API sets it): the extender leader labels it so that its
     Service routes kube-scheduler there alone; empty outside a Pod (no label)."""
@@ -768,6 +774,7 @@ _PARSERS: dict[str, Any] = {
     "extender_lease_name": lambda text: _nonempty(text),
     "pod_name": lambda text: text.strip(),
     "extender_lease_duration_seconds": lambda text: _duration(text),
+    "extender_bind_timeout_seconds": lambda text: _duration(text),
     "load_aware": _bool,
     "metrics_poll_interval_seconds": lambda text: _duration(text),
     "metrics_max_age_seconds": lambda text: _duration(text),

@@ -101,7 +101,10 @@ def create_app(settings: Settings, state: ClusterState, binder: Binder, ready: C
         if not serving():
             # Only the leader hands out CPUs: a standby's view may miss its predecessor's last binds.
             return answer("bind", lambda body: {"Error": "this extender replica is on standby (not the leader)"})
-        return answer("bind", lambda body: bind(parse_binding(body), state, binder, keys, settings.scheduler_names,
+        # One deadline for the bind's API requests: past kube-scheduler's httpTimeout, no one reads
+        # the answer (kube-scheduler retries the bind meanwhile).
+        one_bind = binder.within(settings.extender_bind_timeout_seconds)
+        return answer("bind", lambda body: bind(parse_binding(body), state, one_bind, keys, settings.scheduler_names,
                                                 settings.load_aware, serving))
 
     @app.get("/healthz")

@@ -43,8 +43,18 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class NotSent(Exception):
+    """A :class:`Binder` did not send its request, so none of it happened: the bind's time was up
+    before it."""
+
+
 class Binder(Protocol):
     """The API-server side of a bind."""
+
+    def within(self, seconds: float) -> Binder:
+        """This binder with its requests sharing one deadline ``seconds`` from now: each waits at
+        most what is left of it, and one with nothing left raises :class:`NotSent` unsent."""
+        ...
 
     def pod(self, namespace: str, name: str, fresh: bool = False) -> dict[str, Any]:
         """The Pod; ``fresh``: as the API server holds it now, not as a cache last saw it."""
@@ -283,7 +293,7 @@ def bind(args: ExtenderBindingArgs, state: ClusterState, binder: Binder, keys: A
         state.release(uid)
         return {"Error": f"not binding pod {namespace}/{name}: {_LOST_LEASE}"}
     except Exception as error:  # noqa: BLE001  -- reported to kube-scheduler, which retries
-        if bind_sent and not refused_by_server(error):
+        if bind_sent and not refused_by_server(error) and not isinstance(error, NotSent):
             # A timeout or a 5xx may hide a bind that happened: the room stays held until the
             # watch shows the Pod bound (then its record counts) or RESERVATION_TTL passes, and
             # the cpuset stays with it (an unbound Pod's counts for no one).

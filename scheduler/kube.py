@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from oversale.disruption import disruption_budget
 from oversale.pods import pod_workloads
 from oversale.quantity import CPU, MEMORY
 from oversale.usage import Sample, stale_reason, workload_usage
+from scheduler.extender import NotSent
 from scheduler.state import ClusterState, PodFacts, pod_facts, scheduling_part
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,25 @@ class KubeBinder:
         self._core: Any = client.CoreV1Api(api_client)
         self._watch = watch
         self._timeout = timeout
+        self._deadline: tuple[float, float] | None = None
+        """(monotonic deadline, the seconds it was set for) of :meth:`within`."""
+
+    def within(self, seconds: float) -> KubeBinder:
+        """A binder for one bind: its requests share ``seconds`` (kube-scheduler waits for the
+        extender's answer only its ``httpTimeout``). Each waits at most what is left, and one with
+        nothing left is not sent (:class:`NotSent`)."""
+        bounded = copy.copy(self)
+        bounded._deadline = (time.monotonic() + seconds, seconds)
+        return bounded
+
+    def _request_timeout(self) -> float:
+        if self._deadline is None:
+            return self._timeout
+        deadline, seconds = self._deadline
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NotSent(f"not sent: the bind's {seconds:g} s were up")
+        return min(self._timeout, left)
 
     def pod(self, namespace: str, name: str, fresh: bool = False) -> dict[str, Any]:
         """The Pod from the watch cache (kept for Pods not bound yet), else, or when ``fresh``,
@@ -156,7 +177,7 @@ class KubeBinder:
         if cached is not None:
             return cached
         response: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False,
-                                                       _request_timeout=self._timeout)
+                                                       _request_timeout=self._request_timeout())
         return decoded(response)
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
@@ -170,13 +191,14 @@ class KubeBinder:
     def _patch_metadata(self, namespace: str, name: str, metadata: dict[str, Any]) -> None:
         self._core.patch_namespaced_pod(name, namespace, {"metadata": metadata},
                                         _content_type="application/merge-patch+json", _preload_content=False,
-                                        _request_timeout=self._timeout)
+                                        _request_timeout=self._request_timeout())
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        self._core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=self._timeout)
+        self._core.create_namespaced_binding(namespace, body, _preload_content=False,
+                                             _request_timeout=self._request_timeout())
 
 
 class UsagePoller:

@@ -181,6 +181,8 @@ class FakeKubeAPI:
         self.slow_bindings = 0.0
         """Seconds the API server takes to answer a Binding it has already stored (overloaded): a
         client that times out first cannot tell whether the bind happened."""
+        self.slow_patches = 0.0
+        """Seconds the API server takes to answer a PATCH it has already applied."""
         self.kubelet_answers: dict[tuple[str, str], str] = {}
         """(namespace, Pod) -> how its kubelet answers a resize: ``applied`` (the default),
         ``Deferred`` or ``Infeasible``."""
@@ -780,6 +782,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                                               "the object has been modified; please apply your changes to the "
                                               "latest version and try again"))
             code, result = api.write(plural, "UPDATE", sub or "", build(current, body), current, self._username())
+            if not replaces:
+                time.sleep(api.slow_patches)
             self._send(code, result)
 
         def do_PATCH(self) -> None:

@@ -191,6 +191,8 @@ def test_scheduler_profile_calls_the_extender_it_deploys(rendered):
     assert verbs == ("filter", "prioritize", "preempt", "bind")
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
     assert extender["httpTimeout"] == "5s"
+    env = {variable["name"]: variable["value"] for variable in container.get("env", []) if "value" in variable}
+    assert Settings.from_env(env).extender_bind_timeout_seconds < 5, "a bind answered before kube-scheduler gives up"
     from scheduler.app import create_app as create_extender
     from scheduler.state import ClusterState
 

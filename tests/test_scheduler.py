@@ -30,6 +30,7 @@ from oversale.annotations import AnnotationKeys
 from oversale.cpus import parse_cpuset
 from oversale.disruption import DisruptionBudget
 from oversale.placement import pod_demand
+from oversale.settings import Settings
 from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, Sample, WorkloadUsage
 from scheduler.extender import filter_nodes
@@ -2702,6 +2703,70 @@ def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened(caplog):
         assert "bind of default/pinned to n had happened: its answer was lost" in caplog.text
         now[0] += RESERVATION_TTL + 1
         assert state.usage("n").bound_cpus == held and len(held) == 4
+
+
+def test_a_bind_answers_within_its_deadline_however_slow_the_api_server():
+    """kube-scheduler waits for a bind's answer only its httpTimeout. The Pod's cpuset and its
+    Binding share one deadline: each answered late, the bind still answers when its time is up,
+    not after the two requests' timeouts added up. The Binding sent holds its room (it may land)."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("pinned", "4", "FullPCPUs"))
+    state = ClusterState(KEYS)
+    with watched(api, state) as (api_client, watch), api.watches_paused():
+        api.slow_patches, api.slow_bindings = 2.0, 3.0
+        started = time.monotonic()
+        answer = bind(PINNED, state, KubeBinder(api_client, watch).within(3.0), KEYS)
+        took = time.monotonic() - started
+        assert answer["Error"].startswith("binding default/pinned to n failed: ")
+        assert 2.9 < took < 4.0, f"{took:.1f} s: answered at the deadline, not after 2 + 3 s"
+        assert api.count("POST", "bindings") == 1
+        assert len(state.usage("n").bound_cpus) == 4, "the Binding sent may land: its room stays held"
+
+
+def test_a_bind_whose_time_is_up_sends_no_binding_and_holds_no_room():
+    """With nothing left of the bind's time, the Binding is not sent, and the bind says so. Not
+    sent, it cannot land: kube-scheduler's retry may take the Pod to another node at once."""
+    from scheduler.extender import bind
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("nodes", node("m"))
+    api.put("pods", pod("web", "2"))
+    state = ClusterState(KEYS)
+    web = {"PodName": "web", "PodNamespace": "default", "PodUID": "uid-web"}
+    with watched(api, state) as (api_client, watch):
+        binder = KubeBinder(api_client, watch)
+        assert bind({**web, "Node": "n"}, state, binder.within(0.0), KEYS) == {
+            "Error": "binding default/web to n failed: not sent: the bind's 0 s were up"}
+        assert api.count("POST", "bindings") == 0
+        assert bind({**web, "Node": "m"}, state, binder.within(5.0), KEYS) == {"Error": ""}
+        assert api.get("pods", "default", "web")["spec"]["nodeName"] == "m"
+
+
+def test_the_bind_route_answers_within_the_bind_timeout_setting():
+    """``OVERSALE_EXTENDER_BIND_TIMEOUT`` is the time the route gives one bind."""
+    from scheduler.app import create_app
+    from scheduler.kube import KubeBinder
+
+    api = FakeKubeAPI().start()
+    api.put("nodes", node("n"))
+    api.put("pods", pod("web", "2"))
+    state = ClusterState(KEYS)
+    settings = Settings.from_env({"OVERSALE_EXTENDER_BIND_TIMEOUT": "1"})
+    with watched(api, state) as (api_client, watch):
+        app = create_app(settings, state, KubeBinder(api_client, watch)).test_client()
+        api.slow_bindings = 3.0
+        started = time.monotonic()
+        answer = app.post("/bind", json={"PodName": "web", "PodNamespace": "default", "PodUID": "uid-web",
+                                         "Node": "n"}).get_json()
+        took = time.monotonic() - started
+        assert answer["Error"].startswith("binding default/web to n failed: ")
+        assert took < 2.5, f"{took:.1f} s: the Binding's answer came after 3 s"
 
 
 def test_a_cpuset_left_by_an_earlier_bind_that_failed_is_cleared_at_a_shared_bind():
