@@ -2135,6 +2135,21 @@ def test_a_one_shot_gives_up_when_its_wait_is_over_not_a_round_later(api):
     assert one_shot.not_leading_because == "held by b"
 
 
+def test_a_one_shot_takes_the_lease_of_a_holder_gone_once_it_has_gone_unrenewed(api):
+    """A holder that stopped without giving the Lease back (killed): ``reconcilers once`` takes
+    it when its record has gone unrenewed for the Lease's duration (2 s here) on this machine's
+    clock, asking once a round (a third of it), not in a busy loop meanwhile."""
+    gone = LeaseElector(api_client_for(api), "oversale", "left", "b", 1.5)
+    assert gone.try_acquire_or_renew()
+    one_shot = LeaseElector(api_client_for(api), "oversale", "left", "a", 1.5)
+    reads = api.count("GET", "leases/left")
+    started = time.monotonic()
+    assert one_shot.acquire(10.0)
+    assert 2.0 <= time.monotonic() - started < 5, "taken once 2 s unrenewed, not at once nor at the wait's end"
+    assert api.count("GET", "leases/left") - reads <= 10, "a round each 0.5 s"
+    assert api.get("leases", "oversale", "left")["spec"]["holderIdentity"] == "a"
+
+
 @pytest.mark.parametrize(("broken", "said", "traceback"), [
     ("unavailable", "lease oversale/oversale-reconciler: the API server answered HTTP 503 Service Unavailable: the "
                     "server is currently unable to handle the request", False),
