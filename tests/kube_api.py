@@ -178,11 +178,10 @@ class FakeKubeAPI:
         Event before it answers (an answer slow on its way back while the object changes);
         ``answers_held`` names the plurals whose held answer has been read."""
         self.answers_held: set[str] = set()
-        self.slow_bindings = 0.0
-        """Seconds the API server takes to answer a Binding it has already stored (overloaded): a
-        client that times out first cannot tell whether the bind happened."""
-        self.slow_patches = 0.0
-        """Seconds the API server takes to answer a PATCH it has already applied."""
+        self.slow_writes: dict[str, float] = {}
+        """plural -> seconds the API server takes to answer a write of it (a create, an update, a
+        patch, a Binding) it has already stored (overloaded): a client that times out first cannot
+        tell whether its write happened."""
         self.kubelet_answers: dict[tuple[str, str], str] = {}
         """(namespace, Pod) -> how its kubelet answers a resize: ``applied`` (the default),
         ``Deferred`` or ``Infeasible``."""
@@ -782,8 +781,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                                               "the object has been modified; please apply your changes to the "
                                               "latest version and try again"))
             code, result = api.write(plural, "UPDATE", sub or "", build(current, body), current, self._username())
-            if not replaces:
-                time.sleep(api.slow_patches)
+            time.sleep(api.slow_writes.get(plural, 0.0))
             self._send(code, result)
 
         def do_PATCH(self) -> None:
@@ -818,6 +816,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             if api.get(plural, namespace or "", name) is not None:
                 return self._send(409, _status(409, "AlreadyExists", "already exists"))
             code, result = api.write(plural, "CREATE", "", body, None, self._username())
+            time.sleep(api.slow_writes.get(plural, 0.0))
             self._send(code, result)
 
         def _evict(self, namespace: str, name: str, eviction: dict[str, Any]) -> None:
@@ -875,7 +874,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 return self._send(409, _status(409, "Conflict", f"pod {name} is already assigned to a node"))
             pod.setdefault("spec", {})["nodeName"] = binding["target"]["name"]
             api.put("pods", pod)
-            time.sleep(api.slow_bindings)
+            time.sleep(api.slow_writes.get("bindings", 0.0))
             self._send(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
 
     return Handler

@@ -2150,6 +2150,34 @@ def test_a_one_shot_takes_the_lease_of_a_holder_gone_once_it_has_gone_unrenewed(
     assert api.get("leases", "oversale", "left")["spec"]["holderIdentity"] == "a"
 
 
+def test_a_lease_write_whose_answer_hangs_takes_at_most_a_round(api, caplog, tmp_path, monkeypatch):
+    """Each Lease call is bounded by a round, a third of the Lease (0.5 s here): a create, a
+    renewal or a release whose answer hangs ends then, so the next round comes on time and a
+    command giving the Lease back is not held up. The client is the one the commands load: it
+    sends a write whose answer timed out once (urllib3 alone would PUT the renewal again, and
+    read the 409 of its own first PUT as the Lease lost)."""
+    from kube.client import load_api_client
+
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    elector = LeaseElector(load_api_client("auto"), "oversale", "slow", "a", 1.5)
+    api.slow_writes["leases"] = 5.0
+    started = time.monotonic()
+    assert not elector.try_acquire_or_renew(), "the create's answer never came"
+    assert time.monotonic() - started < 1.2
+    assert "timed out" in elector.not_leading_because
+    api.slow_writes.clear()
+    assert elector.try_acquire_or_renew(), "the create had happened: the Lease is this replica's"
+    api.slow_writes["leases"] = 5.0
+    started = time.monotonic()
+    assert elector.try_acquire_or_renew(), "still leading: renewed a moment ago"
+    assert time.monotonic() - started < 1.2, "a renewal"
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="kube.leader"):
+        elector.release()
+    assert time.monotonic() - started < 1.2, "a release"
+    assert any(message.startswith("lease oversale/slow not released (") for message in caplog.messages)
+
+
 @pytest.mark.parametrize(("broken", "said", "traceback"), [
     ("unavailable", "lease oversale/oversale-reconciler: the API server answered HTTP 503 Service Unavailable: the "
                     "server is currently unable to handle the request", False),

@@ -2363,7 +2363,7 @@ def test_a_bind_whose_answer_is_lost_keeps_its_cpus_and_cpuset():
     from scheduler.extender import bind
 
     with bind_setup(timeout=0.5) as (api, state, binder, watch, _now):
-        api.slow_bindings = 2.0
+        api.slow_writes["bindings"] = 2.0
         with api.watches_paused():
             answer = bind(PINNED, state, binder, KEYS)
             assert answer["Error"].startswith("binding default/pinned to n failed")
@@ -2693,9 +2693,9 @@ def test_a_retried_bind_finds_the_bind_whose_answer_was_lost_happened(caplog):
     now = [1000.0]
     state = ClusterState(KEYS, clock=lambda: now[0])
     with watched(api, state) as (api_client, watch), api.watches_paused():
-        api.slow_bindings = 2.0
+        api.slow_writes["bindings"] = 2.0
         assert bind(PINNED, state, KubeBinder(api_client, watch, timeout=0.5), KEYS)["Error"]
-        api.slow_bindings = 0.0
+        api.slow_writes.clear()
         held = state.usage("n").bound_cpus
         with caplog.at_level(logging.INFO, logger="scheduler.extender"):
             assert bind(PINNED, state, KubeBinder(api_client, watch, timeout=5), KEYS) == {"Error": ""}
@@ -2717,7 +2717,7 @@ def test_a_bind_answers_within_its_deadline_however_slow_the_api_server():
     api.put("pods", pod("pinned", "4", "FullPCPUs"))
     state = ClusterState(KEYS)
     with watched(api, state) as (api_client, watch), api.watches_paused():
-        api.slow_patches, api.slow_bindings = 2.0, 3.0
+        api.slow_writes.update(pods=2.0, bindings=3.0)
         started = time.monotonic()
         answer = bind(PINNED, state, KubeBinder(api_client, watch).within(3.0), KEYS)
         took = time.monotonic() - started
@@ -2760,7 +2760,7 @@ def test_the_bind_route_answers_within_the_bind_timeout_setting():
     settings = Settings.from_env({"OVERSALE_EXTENDER_BIND_TIMEOUT": "1"})
     with watched(api, state) as (api_client, watch):
         app = create_app(settings, state, KubeBinder(api_client, watch)).test_client()
-        api.slow_bindings = 3.0
+        api.slow_writes["bindings"] = 3.0
         started = time.monotonic()
         answer = app.post("/bind", json={"PodName": "web", "PodNamespace": "default", "PodUID": "uid-web",
                                          "Node": "n"}).get_json()
