@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,8 @@ class Logged:
     method: str
     path: str
     query: dict[str, list[str]]
+    at: float = field(default_factory=time.monotonic, compare=False)
+    """When the request arrived (``time.monotonic``): how long a client waited between tries."""
 
     @property
     def is_watch(self) -> bool:
@@ -557,8 +559,8 @@ def undecodable(plural: str, body: Any) -> str | None:
     if body.get("kind") not in (None, kind):
         return f'no kind "{body["kind"]}" is registered for version "{version}"'
     spec = body.get("spec") or {}
-    for field in MICRO_TIME_FIELDS.get(plural, ()):
-        stamp = spec.get(field)
+    for stamped in MICRO_TIME_FIELDS.get(plural, ()):
+        stamp = spec.get(stamped)
         if stamp is not None and not (isinstance(stamp, str) and MICRO_TIME.fullmatch(stamp)):
             return (f'{kind} in version "{version.rpartition("/")[2]}" cannot be handled as a {kind}: parsing time '
                     f'"{stamp}" as "2006-01-02T15:04:05.000000Z07:00"')

@@ -208,6 +208,86 @@ def test_a_watch_the_api_server_ends_for_good_is_listed_again(node_cache, caplog
     assert reflector.restarts == [("list", "refused")]
 
 
+def watches_of(api: FakeKubeAPI, plural: str) -> list[Any]:
+    """The watch requests of ``plural`` the API server has had, oldest first."""
+    return [r for r in list(api.requests) if r.is_watch and f"/{plural}" in r.path]
+
+
+def test_a_watch_refused_again_and_again_is_asked_less_often_until_one_works(node_cache, caplog):
+    """A watch the API server refuses for a moment (500, 503: overloaded) is asked again after
+    0.5 s, then 1 s, then 2 s, so an overloaded API server is not asked in a loop; one warning
+    for the whole outage, however its answers change. A watch that works starts the count over:
+    the next momentary refusal costs half a second, not the longest wait so far."""
+    api, reflector = node_cache
+    listed_at = reflector.resource_version
+    assert eventually(lambda: len(watches_of(api, "pods")) == 1)
+    api.storms["pods"] = [500, 1]
+    api.cut_watches.add("pods")
+    cut_at = time.monotonic()
+    api.put("pods", placed("node-1"))  # the running watch is cut before its first event
+    assert eventually(lambda: len(watches_of(api, "pods")) == 2), told(caplog)  # refused: 500
+    api.storms["pods"] = [503, 1]
+    assert eventually(lambda: reflector.get(NS, "web") == "node-1"), told(caplog)
+    _first, refused, refused_again, working = watches_of(api, "pods")
+    waits = [refused.at - cut_at, refused_again.at - refused.at, working.at - refused_again.at]
+    assert all(wait <= seconds < wait + 0.4 for wait, seconds in zip([0.5, 1, 2], waits, strict=True)), waits
+    # The working watch is cut after an event (at once again), then refused once more.
+    api.storms["pods"] = [500, 1]
+    api.cut_watches.add("pods")
+    api.put("pods", placed("node-2"))
+    assert eventually(lambda: reflector.get(NS, "web") == "node-2"), told(caplog)
+    *_, refused, working = watches_of(api, "pods")
+    assert 0.5 <= working.at - refused.at < 0.9, "the working watch started the backoff over"
+    assert api.count("GET", "pods", watch=False) == 1, "never listed again"
+    lines = told(caplog)
+    assert lines[0].startswith(f"pods watch cut before any event (the connection dropped); watching again from "
+                               f"resourceVersion {listed_at}"), lines
+    assert lines[1].startswith("pods watch failed (HTTP 500"), lines
+    assert lines[2] == "pods watched again (after 3 failed runs)", lines
+    assert lines[3].startswith("pods watch cut (the connection dropped)"), lines
+    assert lines[4].startswith("pods watch failed (HTTP 500") and len(lines) == 6, lines
+
+
+def test_a_list_refused_in_different_ways_is_one_warning_until_it_works(pods_api, caplog):
+    api = pods_api
+    api.storms["pods"] = [500, 1]
+    reflector = node_reflector(api)
+    reflector.start()
+    try:
+        assert eventually(lambda: reflector.restarts), told(caplog)
+        api.storms["pods"] = [503, 1]  # asked again after half a second: refused as unavailable
+        assert reflector.synced.wait(10), told(caplog)
+        assert reflector.restarts == [("list", "list failed")] * 2
+        warnings = told(caplog, "WARNING")
+        assert len(warnings) == 1 and warnings[0].startswith("pods list failed (HTTP 500"), warnings
+        assert eventually(lambda: "pods listed again (after 2 failed runs)" in told(caplog)), told(caplog)
+    finally:
+        reflector.stop()
+
+
+def test_a_callers_index_follows_the_watch_object_by_object(pods_api, caplog):
+    """The scheduler's views keep their own index through ``on_change``: each change the watch
+    shows reaches it as the object's digest (None once deleted), and a bookmark none, without a
+    list again."""
+    api = pods_api
+    changes: list[Any] = []
+    reflector = node_reflector(api, on_change=lambda namespace, name, digest: changes.append((name, digest)),
+                               on_reset=lambda: changes.append("reset"), digest=lambda obj: obj["spec"]["nodeName"])
+    reflector.start()
+    try:
+        assert reflector.synced.wait(10)
+        assert changes == ["reset", ("web", "node-0")]
+        marked = api.bookmark("pods")
+        api.put("pods", placed("node-1"))
+        api.delete("pods", NS, "web")
+        assert eventually(lambda: len(changes) == 4), (changes, told(caplog))
+        assert changes[2:] == [("web", "node-1"), ("web", None)]
+        assert reflector.resource_version > int(marked)
+        assert api.count("GET", "pods", watch=False) == 1, "never listed again"
+    finally:
+        reflector.stop()
+
+
 def test_a_cache_miss_answered_late_never_takes_the_cache_back_in_time(pods_api, caplog):
     """A cache miss reads the object with a GET; when that answer comes back after the watch has
     applied a newer version, caching it would make the cache say the old one until the object
@@ -308,6 +388,8 @@ def test_a_watch_that_ends_quietly_at_its_timeout_is_watched_again_not_listed_ag
         watches = api.count("GET", "pods", watch=True)
         assert eventually(lambda: api.count("GET", "pods", watch=True) >= watches + 2, timeout=10)
         assert api.count("GET", "pods", watch=False) == 1, "never listed again"
+        assert {tuple(r.query.get("resourceVersion", [])) for r in watches_of(api, "pods")} == {
+            (str(reflector.resource_version),)}, "each watched from where the cache stands"
         assert set(restarts) == {("watch", "refused for now")}, restarts
         assert reflector.get(NS, "web") == "node-0"
     finally:
