@@ -322,6 +322,28 @@ def test_a_cache_miss_answered_late_never_takes_the_cache_back_in_time(pods_api,
         reflector.stop()
 
 
+def test_a_cache_miss_whose_answer_hangs_gives_up_at_its_timeout(pods_api, tmp_path, monkeypatch):
+    """Admission reads an owner its cache misses within the owner lookup timeout: an API server
+    that holds the read must not hold the Pod's admission past the webhook's own timeout (the
+    API server's failurePolicy would decide then, not oversale). The client the webhook loads."""
+    from kube.client import load_api_client
+    from kube.reflector import Reflector, WatchedKind
+
+    api = pods_api
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    pods = WatchedKind("Pod", "CoreV1Api", "pod")
+    reflector = Reflector.for_kind(load_api_client("auto"), pods, lambda obj: obj["spec"].get("nodeName"), 300)
+    api.held_reads["pods"] = held = threading.Event()
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception, match="timed out"):
+            reflector.fetch(NS, "web", 0.5)
+        assert time.monotonic() - started < 2
+        assert reflector.fetch(NS, "web", 0.5) == "node-0", "the next miss is read again"
+    finally:
+        held.set()
+
+
 def test_a_deletion_the_watch_shows_leaves_the_cache(node_cache, caplog):
     api, reflector = node_cache
     api.put("pods", {"metadata": {"name": "other", "namespace": NS}, "spec": {"nodeName": "node-1"}})
