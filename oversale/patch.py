@@ -21,6 +21,12 @@ def make_patch(original: Any, mutated: Any, at: str = "") -> list[dict[str, Any]
     [{'op': 'replace', 'path': '/metadata/annotations/a~1b', 'value': '2'}]
     >>> make_patch(None, {"x": "1"}, at="/metadata/annotations")
     [{'op': 'add', 'path': '/metadata/annotations', 'value': {'x': '1'}}]
+
+    Maps within maps are diffed down to the value that changed, not replaced whole:
+
+    >>> make_patch({"requests": {"cpu": "1"}, "limits": {"cpu": "2"}},
+    ...            {"requests": {"cpu": "500m"}, "limits": {"cpu": "2"}}, at="/spec/containers/0/resources")
+    [{'op': 'replace', 'path': '/spec/containers/0/resources/requests/cpu', 'value': '500m'}]
     """
     if original == mutated:
         return []
