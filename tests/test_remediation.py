@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -852,6 +853,37 @@ def test_readings_are_timed_from_when_the_reader_first_saw_their_stamp(api):
     api.put("podmetrics", {**api.get("podmetrics", "shop", "web-5d8f9-abcde"), "timestamp": renewed})
     clock[0] += 10
     assert times()[2] == NOW + 310, "a new stamp: a new reading"
+    # A Pod of the same name in another namespace, and another in the same one, each scraped
+    # every poll: each Pod's reading keeps its own first sight.
+    others = [("staging", "web-5d8f9-abcde"), ("shop", "worker-8c9d0-klmno")]
+    for stamp in (NOW + 305, NOW + 315):
+        for namespace, name in others:
+            api.put("podmetrics", {"metadata": {"name": name, "namespace": namespace},
+                                   "timestamp": format_timestamp(stamp),
+                                   "containers": [{"name": "app", "usage": {"cpu": "1m", "memory": "1Mi"}}]})
+        seen = {(c.namespace, c.pod): c.at for c in reader.containers()}
+        clock[0] += 10
+    assert seen[("shop", "web-5d8f9-abcde")] == NOW + 310, "its stamp has not changed: as old as it was"
+    assert [seen[pod] for pod in others] == [NOW + 320] * 2, "scraped again: as of this poll"
+
+
+def test_a_metrics_list_the_api_server_holds_gives_up_at_the_readers_timeout(api, tmp_path, monkeypatch):
+    """metrics-server overloaded behind the aggregator: a poll gives up at its timeout rather than
+    hold the remediator's or the extender's poller until the API server's own 60 s. The client
+    the commands load (it does not send a timed-out GET again)."""
+    from kube.client import load_api_client
+
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    reader = MetricsAPI(load_api_client("auto"), timeout=0.5)
+    api.held_lists["nodemetrics"] = held = threading.Event()
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception, match="timed out"):
+            reader.nodes()
+        assert time.monotonic() - started < 2
+        assert {m.name for m in reader.nodes()} == {"node-hot", "node-cool"}, "the next poll reads again"
+    finally:
+        held.set()
 
 
 def test_the_hot_node_taint_keeps_other_taints_and_says_until_when():
