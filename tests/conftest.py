@@ -393,6 +393,16 @@ def kube_api() -> Iterator[FakeKubeAPI]:
     api.stop()
 
 
+def loaded_client(api: FakeKubeAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The ``kubernetes`` client the commands load (``kube.client.load_api_client``: a request
+    whose answer timed out is not sent again), pointed at ``api`` through a kubeconfig. A plain
+    ``ApiClient`` lets urllib3 send a timed-out GET or PUT again, which hides a timeout."""
+    from kube.client import load_api_client
+
+    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    return load_api_client("auto")
+
+
 def expiry_samples(exposition: str) -> dict[str, float]:
     """certificate -> expiry of the ``oversale_tls_certificate_expiry_timestamp_seconds`` samples of
     a /metrics answer (large values come in Go's exponent form, 1.8e+09)."""

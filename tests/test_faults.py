@@ -29,7 +29,7 @@ from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import Reconciler
-from tests.conftest import RunningWebhook, apply_response, eventually, no_cluster_app, pod_review
+from tests.conftest import RunningWebhook, apply_response, eventually, loaded_client, no_cluster_app, pod_review
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import GARBAGE_ANSWERS, garbage_prometheus
 
@@ -326,13 +326,12 @@ def test_a_cache_miss_whose_answer_hangs_gives_up_at_its_timeout(pods_api, tmp_p
     """Admission reads an owner its cache misses within the owner lookup timeout: an API server
     that holds the read must not hold the Pod's admission past the webhook's own timeout (the
     API server's failurePolicy would decide then, not oversale). The client the webhook loads."""
-    from kube.client import load_api_client
     from kube.reflector import Reflector, WatchedKind
 
     api = pods_api
-    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     pods = WatchedKind("Pod", "CoreV1Api", "pod")
-    reflector = Reflector.for_kind(load_api_client("auto"), pods, lambda obj: obj["spec"].get("nodeName"), 300)
+    reflector = Reflector.for_kind(loaded_client(api, tmp_path, monkeypatch), pods,
+                                   lambda obj: obj["spec"].get("nodeName"), 300)
     api.held_reads["pods"] = held = threading.Event()
     started = time.monotonic()
     try:

@@ -36,7 +36,7 @@ from reconcilers.history import HistoryUnavailable, ResourceStats
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import NotLeader, Reconciler, Row, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
-from tests.conftest import ROOT, damage_sqlite, eventually, free_port, stop_process
+from tests.conftest import ROOT, damage_sqlite, eventually, free_port, loaded_client, stop_process
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import (
     PARTIAL_STORES,
@@ -2156,10 +2156,7 @@ def test_a_lease_write_whose_answer_hangs_takes_at_most_a_round(api, caplog, tmp
     command giving the Lease back is not held up. The client is the one the commands load: it
     sends a write whose answer timed out once (urllib3 alone would PUT the renewal again, and
     read the 409 of its own first PUT as the Lease lost)."""
-    from kube.client import load_api_client
-
-    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    elector = LeaseElector(load_api_client("auto"), "oversale", "slow", "a", 1.5)
+    elector = LeaseElector(loaded_client(api, tmp_path, monkeypatch), "oversale", "slow", "a", 1.5)
     api.slow_writes["leases"] = 5.0
     started = time.monotonic()
     assert not elector.try_acquire_or_renew(), "the create's answer never came"

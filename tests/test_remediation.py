@@ -58,7 +58,7 @@ from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
-from tests.conftest import free_port
+from tests.conftest import free_port, loaded_client
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -871,10 +871,7 @@ def test_a_metrics_list_the_api_server_holds_gives_up_at_the_readers_timeout(api
     """metrics-server overloaded behind the aggregator: a poll gives up at its timeout rather than
     hold the remediator's or the extender's poller until the API server's own 60 s. The client
     the commands load (it does not send a timed-out GET again)."""
-    from kube.client import load_api_client
-
-    monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    reader = MetricsAPI(load_api_client("auto"), timeout=0.5)
+    reader = MetricsAPI(loaded_client(api, tmp_path, monkeypatch), timeout=0.5)
     api.held_lists["nodemetrics"] = held = threading.Event()
     started = time.monotonic()
     try:
