@@ -73,8 +73,11 @@ def controller_query(metric: str, label: str, window: float | None = None) -> st
     naming the object); with ``window``, every controller seen over it (for an instant query)."""
     series = f"last_over_time({metric}[{duration(window)}])" if window else metric
     return f"max by (namespace, {label}, owner_kind, owner_name) ({series})"
-SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum")
-"""What Prometheus says when a query's window holds too many samples (split it and ask again)."""
+SPLIT_ERRORS = ("too many samples", "maximum resolution", "exceeded maximum", "-search.maxSamplesPerQuery",
+                "-search.maxSamplesPerSeries", "-search.maxPointsPerTimeseries")
+"""What Prometheus (``--query.max-samples``, 11,000 points a series) and VictoriaMetrics (its
+``-search.max*`` limits on the samples a query reads or the points it answers) say when a query's
+window holds too many: split it and ask again."""
 RANGE_STEPS = 10_000
 """Steps asked per range query: under Prometheus's limit of 11,000 points per series."""
 Series = tuple["array[float]", "array[float]"]
@@ -417,6 +420,12 @@ def scoped(query: str, selector: str) -> str:
     'sum by (pod) (rate(cpu_total{container!="", cluster="eu"}[5m])) / on (pod) mem{cluster="eu"}'
     >>> scoped('max_over_time(up[1h:5m] offset 1d) > bool 0', 'cluster="eu"')
     'max_over_time(up{cluster="eu"}[1h:5m] offset 1d) > bool 0'
+
+    A query cut short (a setting's own query missing its last bracket) is scoped as far as it
+    goes and sent, for Prometheus to name the parse error (:func:`explained` names the setting):
+
+    >>> scoped('sum by (pod) (rate(x[5m', 'cluster="eu"')
+    'sum by (pod) (rate(x{cluster="eu"}[5m'
     """
     tokens = [(match.lastgroup or "", match.group()) for match in _PROMQL_TOKEN.finditer(query)]
     out: list[str] = []

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
@@ -383,7 +383,8 @@ class VictoriaMetricsServer(_LoopbackStore):
     flushed so every sample is searchable. It answers the Prometheus HTTP API with MetricsQL,
     which reads PromQL with differences of its own (``rate`` without extrapolation, among others)."""
 
-    def __init__(self, workdir: Path, openmetrics: Path) -> None:
+    def __init__(self, workdir: Path, openmetrics: Path, flags: Sequence[str] = ()) -> None:
+        """``flags``: more of its command-line flags, such as its query limits."""
         assert shutil.which("victoria-metrics"), "victoria-metrics is needed (Debian package; .ci/run installs it)"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -392,7 +393,7 @@ class VictoriaMetricsServer(_LoopbackStore):
         self.process = subprocess.Popen(
             ["victoria-metrics", f"-storageDataPath={workdir / 'victoria-data'}",
              f"-httpListenAddr=127.0.0.1:{self.port}", "-retentionPeriod=100y", "-search.latencyOffset=0s",
-             "-search.disableCache"], stdout=self.log, stderr=subprocess.STDOUT)
+             "-search.disableCache", *flags], stdout=self.log, stderr=subprocess.STDOUT)
 
         def ready() -> bool:
             with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import threading
@@ -22,7 +23,7 @@ import pytest
 from kubernetes import client
 
 from kube.background import run_every
-from kube.prometheus import PrometheusAPI, PrometheusUnavailable
+from kube.prometheus import PrometheusAPI, PrometheusUnavailable, QueryTooLarge
 from oversale.annotations import AnnotationKeys
 from oversale.settings import Settings
 from reconcilers.cluster import Cluster
@@ -643,6 +644,47 @@ def test_a_range_answer_is_read_series_by_series_and_a_malformed_one_said_so(val
                 api.query_range("up", 1, 2, 1)
     finally:
         server.shutdown()
+
+
+def test_an_error_answered_with_200_is_a_failed_query_and_too_many_samples_is_asked_again_in_halves():
+    """A proxy or store may answer an error with status 200: its ``error`` is what the message
+    says, and one that says the query would load too many samples is asked again in halves, as a
+    422 saying so is (4 steps, then 2, then 1, then refused)."""
+    failed = garbage_prometheus(b'{"status": "error", "errorType": "execution", "error": "store gateway gone"}')
+    too_many = garbage_prometheus(b'{"status": "error", "errorType": "execution", '
+                                  b'"error": "query processing would load too many samples into memory"}')
+    try:
+        with pytest.raises(PrometheusUnavailable) as raised:
+            PrometheusAPI(failed.url).instant("up", 1, ())
+        assert str(raised.value) == "prometheus query failed: store gateway gone"
+        with pytest.raises(QueryTooLarge, match="too many samples"):
+            PrometheusAPI(too_many.url).query_range("up", 0, 3, 1)
+        assert len(too_many.headers_seen) == 3
+    finally:
+        failed.shutdown()
+        too_many.shutdown()
+
+
+def test_a_prometheus_that_never_answers_is_given_up_on_and_a_node_read_says_what_to_set():
+    """A Prometheus that takes a query and never answers (its process stopped, a proxy holding
+    the connection) is given up on 5 s after the query's own timeout (Prometheus's own timeout
+    answers first where it runs), and a node read it held says what makes node reads slow and
+    what to set, as one Prometheus timed out does; a connection refused says no such thing."""
+    with socket.socket() as never_answers:
+        never_answers.bind(("127.0.0.1", 0))
+        never_answers.listen(8)  # connections wait in the backlog, their queries read by no one
+        url = f"http://127.0.0.1:{never_answers.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(HistoryUnavailable) as raised:
+            PrometheusHistory(url, timeout=0.5, resolution=60).node_stats(86400, 0.99)
+        assert 5.5 <= time.monotonic() - started < 15
+    assert f"prometheus at {url} did not answer within 5.5s" in str(raised.value)
+    assert "OVERSALE_PROMETHEUS_NODE_CPU_QUERY" in str(raised.value)
+    # Its port closed now: a refused connection is no slow query, and says nothing of one.
+    with pytest.raises(HistoryUnavailable) as refused:
+        PrometheusHistory(url, timeout=0.5, resolution=60).node_stats(86400, 0.99)
+    assert f"prometheus at {url} unreachable" in str(refused.value)
+    assert "OVERSALE_PROMETHEUS_NODE_CPU_QUERY" not in str(refused.value)
 
 
 def test_a_worker_killed_under_load_costs_no_5xx(webhook_no_cluster):

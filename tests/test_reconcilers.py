@@ -15,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -656,6 +658,53 @@ def test_a_window_prometheus_refuses_whole_is_read_in_parts_and_one_refused_in_8
     assert whole.cpu.samples == 288
     assert "prometheus refused a 86400s window (query processing would load too many samples into memory in " \
            "query execution); splitting in 2" in caplog.messages
+
+
+@pytest.mark.parametrize("limit", ["-search.maxSamplesPerSeries=1000", "-search.maxPointsPerTimeseries=1000",
+                                   "-search.maxSamplesPerQuery=1000"])
+def test_a_window_victoria_metrics_refuses_under_its_limits_is_read_in_parts_with_the_same_figures(tmp_path, limit):
+    """VictoriaMetrics refuses a query past its own limits, in words of its own: the raw samples a
+    series or a query reads, the points a range query answers (a Grafana-minded setting of
+    1,000). Each refused window is asked again in parts, as Prometheus's ``--query.max-samples``
+    refusals are, with the figures of a VictoriaMetrics without the limit. The samples a query
+    reads are counted by whole blocks before VictoriaMetrics 1.102 (Debian's is older): a part no
+    smaller in blocks is refused too, and the history is then unavailable in its words."""
+    end = time.time() - 120
+    labels = {"namespace": NS, "pod": "web", "container": "app", "id": "/kubepods/web"}
+    cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)])
+    memory = Family("container_memory_working_set_bytes", "gauge", [(labels, lambda t: 2**28)])
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [cpu, memory], end - 26 * HOUR, end, 60)
+    range_query = "container_memory_working_set_bytes"
+    figures = []
+    for flags in ([], [limit]):
+        workdir = tmp_path / ("limited" if flags else "unlimited")
+        workdir.mkdir()
+        store = VictoriaMetricsServer(workdir, history, flags)
+        try:
+            reader = PrometheusHistory(store.url, resolution=300)
+            if flags:
+                form = urllib.parse.urlencode({"query": range_query, "start": end - 26 * HOUR, "end": end,
+                                               "step": 60}).encode()
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(f"{store.url}/api/v1/query_range", data=form, timeout=30)
+                assert limit.partition("=")[0] in json.load(refused.value)["error"], "the limit bites"
+                if "PerQuery" in limit:
+                    with pytest.raises(HistoryUnavailable, match=r"query too large even in 8 parts: .* cannot select "
+                                                                 r"more than -search.maxSamplesPerQuery=1000 samples"):
+                        reader.container_stats(24 * HOUR, 0.99)
+                    assert reader.queries >= 1 + 2 + 4 + 8, "asked whole, then in 2, 4 and 8 parts"
+                    return
+            stats = reader.container_stats(24 * HOUR, 0.99)[(NS, "web", "app")]
+            [(_, (times, values))] = PrometheusAPI(store.url).query_range(range_query, end - 26 * HOUR, end, 60)
+            # The figures, not their age: that moves on between the two reads.
+            figures.append(([(usage.quantile, usage.peak, usage.samples, usage.covered_seconds)
+                             for usage in (stats.cpu, stats.memory)], list(times), list(values)))
+        finally:
+            store.stop()
+    unlimited, limited = figures
+    assert limited == unlimited
+    assert unlimited[0][0][2] == 288 and len(unlimited[1]) >= 26 * 60 - 2
 
 
 def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not_kept(tmp_path, caplog):
