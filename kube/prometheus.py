@@ -2,8 +2,8 @@
 expressions of node-exporter, and the errors a caller turns into "no history" (the reconcilers'
 usage history, the extender's long load windows).
 
-    >>> node_name("node-1:9100"), node_name("node-1"), duration(299.6)
-    ('node-1', 'node-1', '300s')
+    >>> node_name("node-1:9100"), node_name("node-1"), duration(299.6), duration(0.2)
+    ('node-1', 'node-1', '300s', '1s')
 """
 
 from __future__ import annotations

@@ -646,6 +646,21 @@ def test_a_range_answer_is_read_series_by_series_and_a_malformed_one_said_so(val
         server.shutdown()
 
 
+def test_parts_sized_by_points_hold_one_step_at_least_when_the_series_outnumber_the_points():
+    """Parts after the first are sized to about ``part_points`` points from the series the last
+    part had; with more series than that, each part is still one step, not none (which asked no
+    step, forever)."""
+    two_series = (b'{"status": "success", "data": {"resultType": "matrix", "result": ['
+                  b'{"metric": {"node": "a"}, "values": [[1, "1"]]}, '
+                  b'{"metric": {"node": "b"}, "values": [[1, "2"]]}]}}')
+    server = garbage_prometheus(two_series)
+    try:
+        parts = list(PrometheusAPI(server.url).range_parts("up", 0, 3, 1, part_steps=1, part_points=1))
+        assert len(parts) == 4 and len(server.headers_seen) == 4
+    finally:
+        server.shutdown()
+
+
 def test_an_error_answered_with_200_is_a_failed_query_and_too_many_samples_is_asked_again_in_halves():
     """A proxy or store may answer an error with status 200: its ``error`` is what the message
     says, and one that says the query would load too many samples is asked again in halves, as a
