@@ -648,8 +648,8 @@ def test_a_range_answer_is_read_series_by_series_and_a_malformed_one_said_so(val
 
 def test_parts_sized_by_points_hold_one_step_at_least_when_the_series_outnumber_the_points():
     """Parts after the first are sized to about ``part_points`` points from the series the last
-    part had; with more series than that, each part is still one step, not none (which asked no
-    step, forever)."""
+    part had (steps = points / series); with more series than that, each part is still one step,
+    not none (which asked no step, forever)."""
     two_series = (b'{"status": "success", "data": {"resultType": "matrix", "result": ['
                   b'{"metric": {"node": "a"}, "values": [[1, "1"]]}, '
                   b'{"metric": {"node": "b"}, "values": [[1, "2"]]}]}}')
@@ -657,6 +657,9 @@ def test_parts_sized_by_points_hold_one_step_at_least_when_the_series_outnumber_
     try:
         parts = list(PrometheusAPI(server.url).range_parts("up", 0, 3, 1, part_steps=1, part_points=1))
         assert len(parts) == 4 and len(server.headers_seen) == 4
+        # 4 points a part of 2 series: 2 steps a part after the first (steps 0, 1-2, 3).
+        parts = list(PrometheusAPI(server.url).range_parts("up", 0, 3, 1, part_steps=1, part_points=4))
+        assert len(parts) == 3 and len(server.headers_seen) == 4 + 3
     finally:
         server.shutdown()
 
