@@ -401,6 +401,17 @@ def test_a_rotated_bearer_token_and_a_tenant_header_go_with_every_query(tmp_path
      'topk(3, {__name__=~"node_.+",c="1"}) unless ignoring(cpu) y{c="1"}  # a comment: z'),
     ("count without (mode) (a{}) > bool 1e3 and SUM BY (x) (b[1h:5m] @ end()) or vector(NaN)",
      'count without (mode) (a{c="1"}) > bool 1e3 and SUM BY (x) (b{c="1"}[1h:5m] @ end()) or vector(NaN)'),
+    # Every aggregation with its labels first, the operators spelt as words, infinities.
+    ("avg by (node) (a) atan2 group by (node) (b) * on (node) group_right (pod) stddev by (node) (c) > bool inf",
+     'avg by (node) (a{c="1"}) atan2 group by (node) (b{c="1"}) * on (node) group_right (pod) '
+     'stddev by (node) (c{c="1"}) > bool inf'),
+    ("topk by (ns) (2, d) or bottomk without (pod) (1, e) < -Inf",
+     'topk by (ns) (2, d{c="1"}) or bottomk without (pod) (1, e{c="1"}) < -Inf'),
+    ('stdvar by (a) (f) + count_values by (a) ("v", g) + quantile by (a) (0.9, h) + limitk by (a) (1, i) + '
+     "limit_ratio by (a) (0.5, j) + min by (a) (k) + max by (a) (l) + sum by (a) (m) + count by (a) (n)",
+     'stdvar by (a) (f{c="1"}) + count_values by (a) ("v", g{c="1"}) + quantile by (a) (0.9, h{c="1"}) + '
+     'limitk by (a) (1, i{c="1"}) + limit_ratio by (a) (0.5, j{c="1"}) + min by (a) (k{c="1"}) + '
+     'max by (a) (l{c="1"}) + sum by (a) (m{c="1"}) + count by (a) (n{c="1"})'),
 ])
 def test_the_selector_is_added_to_every_series_selector_and_nothing_else(query, expected):
     from kube.prometheus import scoped
