@@ -677,9 +677,9 @@ def test_a_window_victoria_metrics_refuses_under_its_limits_is_read_in_parts_wit
     """VictoriaMetrics refuses a query past its own limits, in words of its own: the raw samples a
     series or a query reads, the points a range query answers (a Grafana-minded setting of
     1,000). Each refused window is asked again in parts, as Prometheus's ``--query.max-samples``
-    refusals are, with the figures of a VictoriaMetrics without the limit. The samples a query
-    reads are counted by whole blocks before VictoriaMetrics 1.102 (Debian's is older): a part no
-    smaller in blocks is refused too, and the history is then unavailable in its words."""
+    refusals are, with the figures of a VictoriaMetrics without the limit. Debian's VictoriaMetrics
+    (1.79; upstream changed it in mid-2024) counts the samples a query reads by whole blocks: a
+    part no smaller in blocks is refused too, and the history is then unavailable in its words."""
     end = time.time() - 120
     labels = {"namespace": NS, "pod": "web", "container": "app", "id": "/kubepods/web"}
     cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)])
