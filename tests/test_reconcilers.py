@@ -633,18 +633,25 @@ def test_the_containers_freshest_sample_is_read_over_the_last_hour_and_the_windo
         server.stop()
 
 
-def test_a_window_prometheus_refuses_whole_is_read_in_parts_and_one_refused_in_8_parts_is_unavailable(
-        tmp_path, caplog):
-    """--query.max-samples: a large cluster's window of container usage can load more samples than
-    Prometheus allows one query. It is asked again in 2, 4, then 8 parts, with the same figures
-    (the parts' counts summed, their quantiles and peaks the largest); one still refused in 8
-    parts makes the history unavailable, saying why, rather than a figure of part of the window."""
+def steady_container_history(tmp_path: Path) -> tuple[Path, float]:
+    """26 hours, at 1-minute scrapes, of one container (NS/web/app) using 0.25 cores and 256 MiB,
+    written as OpenMetrics; and the time of its last sample."""
     end = time.time() - 120
     labels = {"namespace": NS, "pod": "web", "container": "app", "id": "/kubepods/web"}
     cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)])
     memory = Family("container_memory_working_set_bytes", "gauge", [(labels, lambda t: 2**28)])
     history = tmp_path / "history.om"
     write_openmetrics(history, [cpu, memory], end - 26 * HOUR, end, 60)
+    return history, end
+
+
+def test_a_window_prometheus_refuses_whole_is_read_in_parts_and_one_refused_in_8_parts_is_unavailable(
+        tmp_path, caplog):
+    """--query.max-samples: a large cluster's window of container usage can load more samples than
+    Prometheus allows one query. It is asked again in 2, 4, then 8 parts, with the same figures
+    (the parts' counts summed, their quantiles and peaks the largest); one still refused in 8
+    parts makes the history unavailable, saying why, rather than a figure of part of the window."""
+    history, _ = steady_container_history(tmp_path)
     found: dict[int, tuple[ResourceStats, int]] = {}
     for max_samples in (50_000_000, 500, 100):
         workdir = tmp_path / f"max-samples-{max_samples}"
@@ -680,12 +687,7 @@ def test_a_window_victoria_metrics_refuses_under_its_limits_is_read_in_parts_wit
     refusals are, with the figures of a VictoriaMetrics without the limit. Debian's VictoriaMetrics
     (1.79; upstream changed it in mid-2024) counts the samples a query reads by whole blocks: a
     part no smaller in blocks is refused too, and the history is then unavailable in its words."""
-    end = time.time() - 120
-    labels = {"namespace": NS, "pod": "web", "container": "app", "id": "/kubepods/web"}
-    cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)])
-    memory = Family("container_memory_working_set_bytes", "gauge", [(labels, lambda t: 2**28)])
-    history = tmp_path / "history.om"
-    write_openmetrics(history, [cpu, memory], end - 26 * HOUR, end, 60)
+    history, end = steady_container_history(tmp_path)
     range_query = "container_memory_working_set_bytes"
     figures = []
     for flags in ([], [limit]):
