@@ -924,3 +924,37 @@ def test_a_workload_an_hpa_scales_on_cpu_utilization_keeps_its_cpu_request_as_li
     rescaled = planned_pool(rolled_deployment(tmp_path / "rescaled", "cpu"), tmp_path / "rescaled" / "plan",
                             {"OVERSALE_RESCALE_HPA": "true"})
     assert rescaled["namespaces"]["ci"]["cpu_set_cores"] < 1
+
+
+def test_bare_pods_kube_state_metrics_owns_by_none_are_each_a_workload_of_their_own(tmp_path):
+    """A Pod made by hand (a debug shell, a one-off load test) has no owner references, and
+    kube-state-metrics still publishes its ``kube_pod_owner``, owned by ``<none>``: each such Pod
+    is a workload of its own, named ``Pod/<name>`` as the extender names it, not one workload
+    ``<none>/<none>`` per namespace sized by all of them together."""
+    families = {family.name: family for family in exporter_families()}
+    end = time.time() - 120
+    start = end - DAYS * 86400
+    for name, node, used in (("debug-shell", "node-a", 0.1), ("load-test", "node-b", 1.5)):
+        kept = {"namespace": "shop", "pod": name}
+        families["kube_pod_container_resource_requests"].series += [
+            ({**kept, "container": "main", "node": node, "resource": "cpu", "unit": "core"}, lambda t: 2.0),
+            ({**kept, "container": "main", "node": node, "resource": "memory", "unit": "byte"}, lambda t: 2**30)]
+        families["kube_pod_owner"].series.append(
+            ({**kept, "owner_kind": "<none>", "owner_name": "<none>", "owner_is_controller": "<none>"}, lambda t: 1))
+        families["kube_pod_info"].series.append(
+            ({**kept, "node": node, "created_by_kind": "<none>", "created_by_name": "<none>"}, lambda t: 1))
+        families["container_cpu_usage_seconds_total"].series.append(
+            ({**kept, "container": "main"}, lambda t, v=used: v))
+        families["container_memory_working_set_bytes"].series.append(
+            ({**kept, "container": "main"}, lambda t: 2**28))
+    directory = tmp_path / "bare"
+    directory.mkdir()
+    history = directory / "history.om"
+    write_openmetrics(history, families.values(), start, end, STEP)
+    pool = planned_pool(PrometheusServer(directory, history), tmp_path / "plan")
+    assert pool["pods"] == len(PODS) + 2
+    workloads = pool["ratios"]["workloads"]
+    assert {"shop/Pod/debug-shell", "shop/Pod/load-test"} <= set(workloads)
+    assert not [name for name in workloads if "<none>" in name]
+    # Each right-sized by its own use: the shell idles at 0.1 of 2 cores, the load test runs 1.5.
+    assert workloads["shop/Pod/debug-shell"] > workloads["shop/Pod/load-test"] > 1
