@@ -725,9 +725,17 @@ def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not
     (``instance:node_cpu:rate:sum``, cores by instance) and not node-exporter's per-cpu counters:
     without OVERSALE_PROMETHEUS_NODE_CPU_QUERY no node has cpu history; with it the node
     statistics, the hot-time account and the peaks read the rule's series, and the rate window is
-    checked against cAdvisor's counters alone (the rule rated node-exporter's with its own)."""
+    checked against cAdvisor's counters alone (the rule rated node-exporter's with its own). The
+    rule was added 12 hours ago, its series as young: each node's samples are counted on it, not
+    on the memory gauges beside it, so a node's history is as long as its cpu history is.
+
+    A store whose rule is labelled by ``node`` alone is read with a query that joins the node
+    label on (``label_replace``), so the series inside it cannot be selected by node name: read
+    over every series, it gives the figures the rule by instance gives, for nodes hot against
+    different real sizes and for a node silent for hours."""
     end = time.time() - 120
     recorded = Family("instance:node_cpu:rate:sum", "gauge")
+    by_node = Family("node:node_cpu_cores:sum", "gauge")
     node_total = Family("node_memory_MemTotal_bytes", "gauge")
     node_available = Family("node_memory_MemAvailable_bytes", "gauge")
     container_cpu = Family("container_cpu_usage_seconds_total", "counter")
@@ -740,11 +748,16 @@ def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not
     for name, cores in (("hot", lambda t: 6.0 if end - 3 * HOUR < t <= end - HOUR else 2.0),
                         ("calm", lambda t: 1.0)):
         instance = {"instance": f"{name}:9100", "job": "node-exporter"}
-        recorded.series.append((instance, cores))
+        recorded.series.append((instance, cores, end - 12 * HOUR, end))
+        by_node.series.append(({"node": name}, cores, end - 12 * HOUR, end))
         node_total.series.append((instance, lambda t: 32e9))
         node_available.series.append((instance, lambda t: 24e9))
+    # "gone" was removed 3 hours ago: silent longer than the last hour its last sample is looked for in first.
+    recorded.series.append(({"instance": "gone:9100", "job": "node-exporter"}, lambda t: 1.0, end - 12 * HOUR,
+                            end - 3 * HOUR))
+    by_node.series.append(({"node": "gone"}, lambda t: 1.0, end - 12 * HOUR, end - 3 * HOUR))
     history = tmp_path / "history.om"
-    write_openmetrics(history, [recorded, node_total, node_available, container_cpu], end - 86400, end, 60)
+    write_openmetrics(history, [recorded, by_node, node_total, node_available, container_cpu], end - 86400, end, 60)
     server = PrometheusServer(tmp_path, history)
     try:
         def reader(**extra: str) -> PrometheusHistory:
@@ -759,13 +772,26 @@ def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not
         stats = history.node_stats(86400, 0.5)
         assert stats["hot"].cpu.quantile == pytest.approx(2000) and stats["calm"].cpu.quantile == pytest.approx(1000)
         assert stats["hot"].memory.quantile == pytest.approx(8e9)
+        # 12 hours of the rule at 1-minute steps, for both resources (24 hours of memory), and the
+        # steps Prometheus's lookback answers after the history's last sample, 2 minutes ago.
+        assert [stats["hot"].cpu.samples, stats["hot"].memory.samples] == [pytest.approx(722, abs=1)] * 2
         assert history.node_peaks(86400)["hot"]["cpu"] == pytest.approx(6000)
-        real = {name: {"cpu": 4000.0, "memory": 30e9} for name in ("hot", "calm")}
+        # Its last sample's age, less the 5 minutes Prometheus's lookback answers it after.
+        assert stats["gone"].cpu.age_seconds == pytest.approx(3 * HOUR, abs=300)
+        real = {"hot": {"cpu": 4000.0, "memory": 30e9}, "calm": {"cpu": 8000.0, "memory": 30e9}}
         day = history.node_hot_time([86400], real)[0]
-        # 2 hours of the day's 24 at 1-minute steps above the real 4 cores: 120 samples, give or take one.
+        # 2 hours of the rule's 12 at 1-minute steps above the real 4 cores: 120 samples, give or take one.
         assert day["hot"]["cpu"].hot_samples == pytest.approx(120, abs=1)
-        assert day["hot"]["cpu"].samples == pytest.approx(1440, abs=2)
+        assert day["hot"]["cpu"].samples == pytest.approx(722, abs=2)
         assert day["calm"]["cpu"].hot_samples == 0 and day["hot"]["memory"].hot_samples == 0
+        # The instance label as node-exporter's series carry it, for the memory read beside it.
+        joined = reader(OVERSALE_PROMETHEUS_NODE_CPU_QUERY='label_replace(node:node_cpu_cores:sum, '
+                                                         '"instance", "$1:9100", "node", "(.+)")')
+        by_instance = {name: (s.cpu.quantile, s.cpu.samples, s.memory.quantile) for name, s in stats.items()}
+        stats = joined.node_stats(86400, 0.5)
+        assert {name: (s.cpu.quantile, s.cpu.samples, s.memory.quantile) for name, s in stats.items()} == by_instance
+        assert stats["gone"].cpu.age_seconds == pytest.approx(3 * HOUR, abs=300)
+        assert joined.node_hot_time([86400], real)[0] == day
     finally:
         server.stop()
 
@@ -818,9 +844,9 @@ def test_node_quantiles_from_samples_kept_between_passes_equal_quantile_over_tim
     expressions = node_expressions("instance", 300)
     whole = PrometheusAPI(server.url)
 
-    def quantile_over_time(at: float, resource: str, quantile: float) -> dict[str, float]:
+    def quantile_over_time(at: float, resource: str, quantile: float, window: str = "1d") -> dict[str, float]:
         return {node_name(key[0]): value for key, value in whole.instant(
-            f"quantile_over_time({quantile}, ({expressions[resource]})[1d:5m])", at, ("instance",)).items()}
+            f"quantile_over_time({quantile}, ({expressions[resource]})[{window}:5m])", at, ("instance",)).items()}
 
     try:
         kept = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url}))
@@ -847,6 +873,21 @@ def test_node_quantiles_from_samples_kept_between_passes_equal_quantile_over_tim
                 assert 0 < kept.quantile_samples_kept < 288 * 2 * 2 / 3, kept.quantile_samples_kept
             else:
                 assert read == 2 + 3, (at - first, "each resource's steps since the last settled one, in one request")
+        # A standby replica that held the Lease 4 hours ago, when its memory quantile was 0.99,
+        # and holds it again (a 2-hour window here): its samples kept are older than the window,
+        # so it reads the window afresh, as a replica that never held it does, and keeps what
+        # that one keeps (nothing of the quantile no longer read).
+        back, fresh = (PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url}))
+                       for _ in range(2))
+        back.clock = lambda: first
+        back.node_stats(2 * HOUR, 0.95, memory_quantile=0.99)
+        back.clock = fresh.clock = lambda: end // 300 * 300 - 150
+        again = back.node_stats(2 * HOUR, 0.95, memory_quantile=0.9)
+        assert again == fresh.node_stats(2 * HOUR, 0.95, memory_quantile=0.9)
+        for resource, quantile in (("cpu", 0.95), ("memory", 0.9)):
+            assert {name: s.of(resource).quantile for name, s in again.items()} == pytest.approx(
+                quantile_over_time(back.clock(), resource, quantile, "2h"), rel=1e-12), resource
+        assert back.quantile_samples_kept == fresh.quantile_samples_kept > 0
         # A frontend aligning ranges to their step answers at the times asked (multiples of the
         # step), so the samples are still kept; the hot-time account's hours, on another grid, are
         # not, and the quantiles are then asked whole too, with the same figures.
@@ -862,7 +903,8 @@ def test_node_quantiles_from_samples_kept_between_passes_equal_quantile_over_tim
             assert behind.queries - asked == 2 + 3, "each quantile whole, the count and last samples"
             assert {name: s.cpu.quantile for name, s in found.items()} == pytest.approx(
                 quantile_over_time(first, "cpu", 0.95), rel=1e-12)
-            assert any("node quantile is asked of Prometheus whole" in r.getMessage() for r in caplog.records)
+            assert ("a node quantile is asked of Prometheus whole this pass: a range query cannot be answered at its "
+                    "steps") in caplog.messages
         finally:
             frontend.shutdown()
         odd = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url,
@@ -976,13 +1018,15 @@ def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_o
         try:
             behind = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": frontend.url}))
             behind.clock = lambda: at
-            with caplog.at_level(logging.WARNING, logger="reconcilers.prometheus"):
+            with caplog.at_level(logging.INFO, logger="reconcilers.prometheus"):
                 for queries in (2 * (1 + 2), 2 * 2):
                     asked = behind.queries
                     assert [figures(found) for found in behind.node_hot_time(windows, real)] == [day, week]
                     assert behind.queries - asked == queries
-            told = [r.getMessage() for r in caplog.records if "other times than asked" in r.getMessage()]
-            assert len(told) == 1 and "align-range-with-step" in told[0], told
+            told = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert len(told) == 1 and "other times than asked" in told[0] and "align-range-with-step" in told[0], told
+            assert {f"the hot-time account's {resource} is counted whole this pass: its range was answered at other "
+                    "times than asked" for resource in ("cpu", "memory")} <= set(caplog.messages)
         finally:
             frontend.shutdown()
     finally:
