@@ -247,6 +247,10 @@ def test_prometheus_history_counts_a_series_scraped_twice_once(prometheus):
     web = history.container_stats(3 * 86400, 0.99)[(NS, "web-5d8f9-abcde", "app")]
     assert 230 < web.cpu.quantile < 241, "millicores of a 200 +- 40 wave, not twice that"
     assert web.memory.peak == pytest.approx(300 * 2**20, rel=1e-3)
+    # A container's memory peak is its highest sample, whatever the quantile asked.
+    db = history.container_stats(3 * 86400, 0.5)[(NS, "db-0", "db")]
+    assert db.memory.quantile == pytest.approx(500 * 2**20, rel=0.01) and db.memory.peak == pytest.approx(
+        580 * 2**20, rel=1e-3), "of a 500 +- 80 MiB wave"
     node = history.node_stats(3 * 86400, 0.99)["node-1"]
     assert 480 < node.cpu.quantile < 501, "millicores of a 400 +- 100 wave"
     assert 3.1e9 < node.memory.quantile <= 3.2e9
