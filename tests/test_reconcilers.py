@@ -637,13 +637,15 @@ def test_the_containers_freshest_sample_is_read_over_the_last_hour_and_the_windo
         server.stop()
 
 
-def steady_container_history(tmp_path: Path) -> tuple[Path, float]:
+def container_history_with_a_burst(tmp_path: Path) -> tuple[Path, float]:
     """26 hours, at 1-minute scrapes, of one container (NS/web/app) using 0.25 cores and 256 MiB,
-    written as OpenMetrics; and the time of its last sample."""
+    but 512 MiB for the hour 20 hours before its last sample (a window read in parts holds it in
+    one part), written as OpenMetrics; and the time of its last sample."""
     end = time.time() - 120
     labels = {"namespace": NS, "pod": "web", "container": "app", "id": "/kubepods/web"}
     cpu = Family("container_cpu_usage_seconds_total", "counter", [(labels, lambda t: 0.25)])
-    memory = Family("container_memory_working_set_bytes", "gauge", [(labels, lambda t: 2**28)])
+    memory = Family("container_memory_working_set_bytes", "gauge",
+                    [(labels, lambda t: 2**29 if end - 21 * HOUR <= t < end - 20 * HOUR else 2**28)])
     history = tmp_path / "history.om"
     write_openmetrics(history, [cpu, memory], end - 26 * HOUR, end, 60)
     return history, end
@@ -655,7 +657,7 @@ def test_a_window_prometheus_refuses_whole_is_read_in_parts_and_one_refused_in_8
     Prometheus allows one query. It is asked again in 2, 4, then 8 parts, with the same figures
     (the parts' counts summed, their quantiles and peaks the largest); one still refused in 8
     parts makes the history unavailable, saying why, rather than a figure of part of the window."""
-    history, _ = steady_container_history(tmp_path)
+    history, _ = container_history_with_a_burst(tmp_path)
     found: dict[int, tuple[ResourceStats, int]] = {}
     for max_samples in (50_000_000, 500, 100):
         workdir = tmp_path / f"max-samples-{max_samples}"
@@ -677,7 +679,8 @@ def test_a_window_prometheus_refuses_whole_is_read_in_parts_and_one_refused_in_8
     for resource in ("cpu", "memory"):
         a, b = getattr(whole, resource), getattr(parts, resource)
         assert (a.quantile, a.peak, a.samples, a.covered_seconds) == (b.quantile, b.peak, b.samples, b.covered_seconds)
-    assert whole.cpu.samples == 288
+    assert whole.cpu.samples == 288 and whole.cpu.covered_seconds == 287 * 300, "a day of 5-minute steps"
+    assert whole.memory.peak == whole.memory.quantile == 2**29, "the burst, in one part"
     assert "prometheus refused a 86400s window (query processing would load too many samples into memory in " \
            "query execution); splitting in 2" in caplog.messages
 
@@ -691,7 +694,7 @@ def test_a_window_victoria_metrics_refuses_under_its_limits_is_read_in_parts_wit
     refusals are, with the figures of a VictoriaMetrics without the limit. Debian's VictoriaMetrics
     (1.79; upstream changed it in mid-2024) counts the samples a query reads by whole blocks: a
     part no smaller in blocks is refused too, and the history is then unavailable in its words."""
-    history, end = steady_container_history(tmp_path)
+    history, end = container_history_with_a_burst(tmp_path)
     range_query = "container_memory_working_set_bytes"
     figures = []
     for flags in ([], [limit]):
