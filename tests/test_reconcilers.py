@@ -1417,19 +1417,20 @@ def test_a_pass_takes_each_nodes_sample_count_from_the_hot_time_accounts_week(ap
         proxy.shutdown()
 
 
+@pytest.mark.parametrize("setting, typo", [
+    ("OVERSALE_PROMETHEUS_NODE_CPU_QUERY", 'sum by (instance) (rate(node_cpu_seconds_total{mode!="idle"}[5m])'),
+    ("OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY", "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes)")])
 def test_a_node_query_of_the_users_own_that_prometheus_cannot_run_is_named_and_holds_the_ratios(
-        api, prometheus, caplog):
-    """A typo in OVERSALE_PROMETHEUS_NODE_CPU_QUERY: Prometheus answers 400 bad_data with a parse
-    error whose position counts in the whole query the pass sent. The log names the setting and
-    its text, and the dry-run table says the history is unavailable (not "not enough usage
-    history", which would send the reader to wait for more)."""
-    typo = 'sum by (instance) (rate(node_cpu_seconds_total{mode!="idle"}[5m])'
-    settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": prometheus.url,
-                                  "OVERSALE_PROMETHEUS_NODE_CPU_QUERY": typo})
+        api, prometheus, caplog, setting, typo):
+    """A typo in OVERSALE_PROMETHEUS_NODE_CPU_QUERY (or _MEMORY_QUERY): Prometheus answers 400
+    bad_data with a parse error whose position counts in the whole query the pass sent. The log
+    names the setting and its text, and the dry-run table says the history is unavailable (not
+    "not enough usage history", which would send the reader to wait for more)."""
+    settings = Settings.from_env({"OVERSALE_PROMETHEUS_URL": prometheus.url, setting: typo})
     with caplog.at_level(logging.WARNING, logger="reconcilers"):
         rows = Reconciler(Cluster(api_client_for(api)), PrometheusHistory.from_settings(settings),
                           settings).run_pass(dry_run=True)
-    named = f"(in OVERSALE_PROMETHEUS_NODE_CPU_QUERY: {typo})"
+    named = f"(in {setting}: {typo})"
     [told] = [m for m in caplog.messages if m.startswith("node history unavailable (")]
     assert "answered 400: " in told and "parse error" in told and told.endswith(f"{named}): holding every node ratio")
     node_rows = [r for r in rows if r.object.startswith("Node/")]
