@@ -932,8 +932,6 @@ def test_bare_pods_kube_state_metrics_owns_by_none_are_each_a_workload_of_their_
     is a workload of its own, named ``Pod/<name>`` as the extender names it, not one workload
     ``<none>/<none>`` per namespace sized by all of them together."""
     families = {family.name: family for family in exporter_families()}
-    end = time.time() - 120
-    start = end - DAYS * 86400
     for name, node, used in (("debug-shell", "node-a", 0.1), ("load-test", "node-b", 1.5)):
         kept = {"namespace": "shop", "pod": name}
         families["kube_pod_container_resource_requests"].series += [
@@ -947,11 +945,7 @@ def test_bare_pods_kube_state_metrics_owns_by_none_are_each_a_workload_of_their_
             ({**kept, "container": "main"}, lambda t, v=used: v))
         families["container_memory_working_set_bytes"].series.append(
             ({**kept, "container": "main"}, lambda t: 2**28))
-    directory = tmp_path / "bare"
-    directory.mkdir()
-    history = directory / "history.om"
-    write_openmetrics(history, families.values(), start, end, STEP)
-    pool = planned_pool(PrometheusServer(directory, history), tmp_path / "plan")
+    pool = planned_pool(backfilled(tmp_path / "bare", list(families.values()), DAYS), tmp_path / "plan")
     assert pool["pods"] == len(PODS) + 2
     workloads = pool["ratios"]["workloads"]
     assert {"shop/Pod/debug-shell", "shop/Pod/load-test"} <= set(workloads)

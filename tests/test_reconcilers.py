@@ -752,17 +752,14 @@ def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not
     # "calm" 1 core throughout. The burst stays clear of the history's end because Prometheus
     # answers a step after the last sample with that sample for 5 minutes (its lookback): a burst
     # lasting to the end would gain a step for each minute the test took to query.
-    for name, cores in (("hot", lambda t: 6.0 if end - 3 * HOUR < t <= end - HOUR else 2.0),
-                        ("calm", lambda t: 1.0)):
-        instance = {"instance": f"{name}:9100", "job": "node-exporter"}
-        recorded.series.append((instance, cores, end - 12 * HOUR, end))
-        by_node.series.append(({"node": name}, cores, end - 12 * HOUR, end))
-        node_total.series.append((instance, lambda t: 32e9))
-        node_available.series.append((instance, lambda t: 24e9))
     # "gone" was removed 3 hours ago: silent longer than the last hour its last sample is looked for in first.
-    recorded.series.append(({"instance": "gone:9100", "job": "node-exporter"}, lambda t: 1.0, end - 12 * HOUR,
-                            end - 3 * HOUR))
-    by_node.series.append(({"node": "gone"}, lambda t: 1.0, end - 12 * HOUR, end - 3 * HOUR))
+    for name, cores, last in (("hot", lambda t: 6.0 if end - 3 * HOUR < t <= end - HOUR else 2.0, end),
+                              ("calm", lambda t: 1.0, end), ("gone", lambda t: 1.0, end - 3 * HOUR)):
+        instance = {"instance": f"{name}:9100", "job": "node-exporter"}
+        recorded.series.append((instance, cores, end - 12 * HOUR, last))
+        by_node.series.append(({"node": name}, cores, end - 12 * HOUR, last))
+        node_total.series.append((instance, lambda t: 32e9, end - 86400, last))
+        node_available.series.append((instance, lambda t: 24e9, end - 86400, last))
     history = tmp_path / "history.om"
     write_openmetrics(history, [recorded, by_node, node_total, node_available, container_cpu], end - 86400, end, 60)
     server = PrometheusServer(tmp_path, history)
@@ -794,10 +791,10 @@ def test_a_node_cpu_recording_rule_is_read_where_node_exporters_counters_are_not
         # The instance label as node-exporter's series carry it, for the memory read beside it.
         joined = reader(OVERSALE_PROMETHEUS_NODE_CPU_QUERY='label_replace(node:node_cpu_cores:sum, '
                                                          '"instance", "$1:9100", "node", "(.+)")')
-        by_instance = {name: (s.cpu.quantile, s.cpu.samples, s.memory.quantile) for name, s in stats.items()}
-        stats = joined.node_stats(86400, 0.5)
-        assert {name: (s.cpu.quantile, s.cpu.samples, s.memory.quantile) for name, s in stats.items()} == by_instance
-        assert stats["gone"].cpu.age_seconds == pytest.approx(3 * HOUR, abs=300)
+        joined_stats = joined.node_stats(86400, 0.5)
+        assert {name: (s.cpu.quantile, s.cpu.samples, s.memory.quantile) for name, s in joined_stats.items()} == \
+            {name: (s.cpu.quantile, s.cpu.samples, s.memory.quantile) for name, s in stats.items()}
+        assert joined_stats["gone"].cpu.age_seconds == pytest.approx(3 * HOUR, abs=300)
         assert joined.node_hot_time([86400], real)[0] == day
     finally:
         server.stop()
