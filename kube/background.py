@@ -100,6 +100,15 @@ class Told:
     Node/a: annotation y='!' ignored
     >>> told.tell("Node/a", []); told.tell("Node/a", ["annotation x='?' ignored"])
     Node/a: annotation x='?' ignored
+
+    A node deleted and made again under its name is another object; what it carries is said again:
+    >>> told.tell("Node/b", ["annotation z='' ignored"])
+    Node/b: annotation z='' ignored
+    >>> told.forget("Node/a"); told.tell("Node/a", ["annotation x='?' ignored"])
+    Node/a: annotation x='?' ignored
+    >>> told.retain({"Node/a"}); told.tell("Node/a", ["annotation x='?' ignored"])
+    >>> told.tell("Node/b", ["annotation z='' ignored"])
+    Node/b: annotation z='' ignored
     """
 
     def __init__(self, log: logging.Logger) -> None:

@@ -23,6 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
 
 from kube.prometheus import PrometheusAPI
@@ -1737,8 +1738,19 @@ def test_with_a_client_ca_only_kube_schedulers_certificate_gets_in(tmp_path):
 
         wait_for(ready)
         with urllib.request.urlopen(f"{plain}/metrics", timeout=5) as response:
-            exposition = response.read().decode()
+            raw = response.read()
+            # Prometheus picks its parser by the Content-Type: the text format's, as on the main port.
+            assert response.headers["Content-Type"] == prometheus_client.CONTENT_TYPE_LATEST
+            assert response.headers["Content-Length"] == str(len(raw))
+        exposition = raw.decode()
         assert "oversale_extender_client_auth 1.0" in exposition
+        # A probe's query string (kubectl get --raw '/readyz?verbose') does not change the path it asks.
+        with urllib.request.urlopen(f"{plain}/healthz?verbose", timeout=5) as response:
+            assert response.headers["Content-Type"] == "application/json" and json.load(response)["status"] == "ok"
+        with pytest.raises(urllib.error.HTTPError) as unknown:
+            urllib.request.urlopen(f"{plain}/filter", timeout=5)
+        assert unknown.value.code == 404 and json.load(unknown.value) == {"error": "not found"}
+        assert unknown.value.headers["Content-Type"] == "application/json"
         # When what it serves and whom it trusts expire, for the alert to watch.
         from cryptography import x509
 
