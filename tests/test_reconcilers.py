@@ -1056,8 +1056,9 @@ def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_o
             strict.stop()
 
 
+@pytest.mark.parametrize("own_queries", [False, True], ids=["node-exporter", "own-queries-by-node"])
 def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_quantiles_once_they_arrive(
-        tmp_path, caplog):
+        tmp_path, caplog, own_queries):
     """A remote-write sender cut off from its store (Prometheus in agent mode) sends what it
     buffered once it reaches the store again, hours late. The account's hours settled meanwhile
     are kept short of the lagging node's steps, and its quantiles' samples with a gap; while they
@@ -1065,7 +1066,11 @@ def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_
     for each, of the lagging node alone), so once the samples are in, its figures are those read
     afresh: hot through the outage, counted hot, and its quantiles as high as the steady node's.
     A gap older than that is kept as it is. VictoriaMetrics stores samples of any time, as a
-    remote-write store does."""
+    remote-write store does.
+
+    With queries of the user's own over series labelled by node alone (the instance label joined
+    on), the series inside cannot be selected by node name: the gaps are read again over every
+    series, with the same figures."""
     end = time.time() - 120
     at = (end - HOUR) // 300 * 300 - 150  # on a half step, where the account ends its windows
     start, cut_off = end - 10 * HOUR, at - 2.5 * HOUR
@@ -1077,15 +1082,25 @@ def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_
         node_cpu = Family("node_cpu_seconds_total", "gauge")
         node_total = Family("node_memory_MemTotal_bytes", "gauge")
         node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+        # The same usage as a store labelled by node alone keeps it, for the user's own queries.
+        cpu_by_node = Family("node_cpu_by_node_seconds_total", "gauge")
+        used_by_node = Family("node_memory_used_by_node_bytes", "gauge")
+
+        def cpu(t: float) -> float:
+            return 0.5 * (t - start) + max(0.0, min(t, hot[1]) - hot[0])
+
+        def used(t: float) -> float:
+            return 5e9 if hot[0] <= t < hot[1] else 1e9
+
         for name, pieces in bounds.items():
             instance = {"instance": f"{name}:9100"}
             for first, last in pieces:
-                node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, lambda t: 0.5 * (t - start) + max(
-                    0.0, min(t, hot[1]) - hot[0]), first, last))
+                node_cpu.series.append(({**instance, "cpu": "0", "mode": "user"}, cpu, first, last))
                 node_total.series.append((instance, lambda t: 16e9, first, last))
-                node_available.series.append(
-                    (instance, lambda t: 16e9 - (5e9 if hot[0] <= t < hot[1] else 1e9), first, last))
-        return [node_cpu, node_total, node_available]
+                node_available.series.append((instance, lambda t: 16e9 - used(t), first, last))
+                cpu_by_node.series.append(({"node": name}, cpu, first, last))
+                used_by_node.series.append(({"node": name}, used, first, last))
+        return [node_cpu, node_total, node_available, cpu_by_node, used_by_node]
 
     on_time, late = tmp_path / "on-time.om", tmp_path / "late.om"
     both = [(start, old_gap[0] - 1), (old_gap[1], end)]
@@ -1098,8 +1113,14 @@ def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_
     real = {name: {"cpu": 1000.0, "memory": 4e9} for name in ("steady", "lagging")}
     windows = [2 * HOUR, 8 * HOUR]
 
+    joined = 'label_replace({}, "instance", "$1:9100", "node", "(.+)")'
+    queries = {"OVERSALE_PROMETHEUS_NODE_CPU_QUERY": joined.format(
+                   "sum by (node) (rate(node_cpu_by_node_seconds_total[5m]))"),
+               "OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY": joined.format("node_memory_used_by_node_bytes")}
+
     def reader(**env: str) -> PrometheusHistory:
-        history = PrometheusHistory.from_settings(Settings.from_env({"OVERSALE_PROMETHEUS_URL": server.url, **env}))
+        history = PrometheusHistory.from_settings(Settings.from_env(
+            {"OVERSALE_PROMETHEUS_URL": server.url, **(queries if own_queries else {}), **env}))
         history.clock = lambda: at
         return history
 
