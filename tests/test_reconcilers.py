@@ -1056,6 +1056,50 @@ def test_the_accounts_settled_hours_are_counted_once_and_kept_with_the_figures_o
             strict.stop()
 
 
+def test_a_node_exporter_scraped_by_two_jobs_counts_once_in_a_users_own_query(tmp_path):
+    """A node-exporter scraped by two jobs (kube-prometheus-stack's and one of the team's own)
+    is two series of each gauge, one node name. The default memory query takes the most of them;
+    a query of the user's own may not aggregate at all, and its two series of one node are read
+    as one: the same quantile and sample count as the default query's, on the first pass and on
+    a later one that reads the steps since from the store and keeps the rest."""
+    end = time.time() - 120
+    node_cpu = Family("node_cpu_seconds_total", "counter")
+    node_total = Family("node_memory_MemTotal_bytes", "gauge")
+    node_available = Family("node_memory_MemAvailable_bytes", "gauge")
+    for job in ("node-exporter", "team-node-exporter"):
+        for name, used in (("busy", lambda t: 12e9 if int(t // 3600) % 3 == 0 else 6e9), ("idle", lambda t: 2e9)):
+            labels = {"instance": f"{name}:9100", "job": job}
+            node_cpu.series.append(({**labels, "cpu": "0", "mode": "user"}, lambda t: 0.5))
+            node_total.series.append((labels, lambda t: 16e9))
+            node_available.series.append((labels, lambda t, used=used: 16e9 - used(t)))
+    history = tmp_path / "history.om"
+    write_openmetrics(history, [node_cpu, node_total, node_available], end - 12 * HOUR, end, 60)
+    server = PrometheusServer(tmp_path, history)
+    try:
+        def reader(**extra: str) -> PrometheusHistory:
+            history = PrometheusHistory.from_settings(Settings.from_env(
+                {"OVERSALE_PROMETHEUS_URL": server.url, "OVERSALE_PROMETHEUS_STEP": "1m", **extra}))
+            history.clock = lambda: end - HOUR
+            return history
+
+        def memory(history: PrometheusHistory) -> dict[str, tuple[float, int]]:
+            return {name: (stats.memory.quantile, stats.memory.samples)
+                    for name, stats in history.node_stats(8 * HOUR, 0.5).items()}
+
+        default, own = reader(), reader(
+            OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY="node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes")
+        first = memory(default)
+        # 8 hours at 1-minute steps; "busy" used 12 GB a third of the hours, 6 GB the rest.
+        assert first["busy"] == (pytest.approx(6e9), pytest.approx(8 * 60, abs=1))
+        assert memory(own) == first
+        for history in (default, own):
+            history.clock = lambda: end - HOUR + 600
+        later = memory(default)
+        assert later["busy"][1] == first["busy"][1] and memory(own) == later
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("own_queries", [False, True], ids=["node-exporter", "own-queries-by-node"])
 def test_samples_that_reach_the_store_late_are_read_by_the_account_and_the_node_quantiles_once_they_arrive(
         tmp_path, caplog, own_queries):
