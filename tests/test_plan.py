@@ -46,7 +46,7 @@ PODS = [
 NODES = ("node-a", "node-b", "node-c")
 
 
-def exporter_families(with_state_metrics: bool = True) -> list[Family]:
+def exporter_families() -> list[Family]:
     requests = Family("kube_pod_container_resource_requests", "gauge")
     owner = Family("kube_pod_owner", "gauge")
     info = Family("kube_pod_info", "gauge")
@@ -74,8 +74,6 @@ def exporter_families(with_state_metrics: bool = True) -> list[Family]:
             memory.series.append((cadvisor, lambda t, f=usage: f(t) * 2**30))
         cpu.series.append(({**kept, "container": "", "id": f"/kubepods/{pod}"}, usage))
         memory.series.append(({**kept, "container": "POD", "id": f"/kubepods/{pod}/pause"}, lambda t: 2**20))
-    if not with_state_metrics:
-        return [cpu, memory]
     allocatable = Family("kube_node_status_allocatable", "gauge")
     labels = Family("kube_node_labels", "gauge")
     for node in NODES:
@@ -416,14 +414,22 @@ def test_plan_peaks_count_hot_time_at_each_steps_highest_rate_between_scrapes(tm
     assert "at the summed peaks |" in (tmp_path / "plan" / "plan.md").read_text()
 
 
-def test_a_missing_exporter_is_named_not_a_traceback(tmp_path):
-    server = backfilled(tmp_path / "cadvisor-only", exporter_families(with_state_metrics=False), 1)
+@pytest.mark.parametrize("missing, exporter", [
+    ("kube_pod_container_resource_requests", "kube-state-metrics"), ("kube_pod_owner", "kube-state-metrics"),
+    ("kube_pod_info", "kube-state-metrics"), ("kube_node_status_allocatable", "kube-state-metrics"),
+    ("container_cpu_usage_seconds_total", "cAdvisor (the kubelet's /metrics/cadvisor)"),
+    ("container_memory_working_set_bytes", "cAdvisor (the kubelet's /metrics/cadvisor)")], ids=lambda v: v.split()[0])
+def test_a_missing_exporter_is_named_not_a_traceback(tmp_path, missing, exporter):
+    """Each series the plan cannot go without, missing (its exporter not scraped, or the one
+    metric left out by kube-state-metrics' --metric-denylist), is named with what publishes it."""
+    server = backfilled(tmp_path / "history", [family for family in exporter_families() if family.name != missing], 1)
     try:
         result = plan(server.url, tmp_path / "plan")
     finally:
         server.stop()
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "kube_pod_container_resource_requests" in result.stderr and "kube-state-metrics" in result.stderr
+    said = result.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"error: no {missing} series in the last") and f"is {exporter} scraped" in said, said
     assert not (tmp_path / "plan").exists()
 
 
