@@ -142,6 +142,10 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     assert len(sweep) >= 5 and {"capacity_freed", "cpu_violation_rate", "memory_violation_rate"} <= set(sweep[0])
     assert {"savings_vs_violations.png", "node_day.png", "report.md", "history.csv.gz"} <= \
         {p.name for p in report.iterdir()}
+    # The progress line counts the samples the export holds: one row each, under its header.
+    with gzip.open(report / "history.csv.gz", "rt") as export:
+        samples = sum(1 for _ in export) - 1
+    assert f"pool general: 5 Pods, {samples:,} samples, nodes of 8 cores" in result.stderr
     text = (tmp_path / "plan" / "plan.md").read_text()
     assert "Pool `general`" in text and "| shop |" in text and "(general/report.md)" in text
     # Each budget's hot time with how far one hot event more or less moves it (over every replayed
