@@ -148,6 +148,7 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     assert f"pool general: 5 Pods, {samples:,} samples, nodes of 8 cores" in result.stderr
     text = (tmp_path / "plan" / "plan.md").read_text()
     assert "Pool `general`" in text and "| shop |" in text and "(general/report.md)" in text
+    assert pool["history_days"] == DAYS and "days of history Prometheus holds" not in text, "all the days asked"
     # Each budget's hot time with how far one hot event more or less moves it (over every replayed
     # day, as the figure itself), and the chosen budget's in the headline.
     for entry in sweep:
