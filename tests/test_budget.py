@@ -92,7 +92,9 @@ def test_the_reason_names_the_budget_and_the_accounts_multiplier():
     plain = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), STEADY, 0.001, 1.0).reason
     backed = budget_proposal("cpu", 30_000, REAL, stats, Decimal(1), STEADY, 0.001, 0.75).reason
     assert plain.startswith("budget 0.100%: ") and "account" not in plain
-    assert backed.startswith("budget 0.100%: ") and backed.endswith(" (account: target x0.75)")
+    # The account's multiplier scales the target, and is named after the estimator's words.
+    assert plain.endswith(", target 1.000")
+    assert backed == plain.replace(", target 1.000", ", target 0.750 (account: target x0.75)")
 
 
 def test_the_chosen_ratio_keeps_the_predicted_exceedance_within_the_budget():
