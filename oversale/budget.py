@@ -322,6 +322,10 @@ def budget_of(annotations: Mapping[str, str], labels: Mapping[str, str], key: st
     (0.005, None)
     >>> budget_of({"b": "0.5%"}, {}, "b", 0.001)[1].startswith("annotation b='0.5%' ignored: " + BUDGET_RULE[:20])
     True
+
+    Neither usable: the cluster-wide setting, and what was wrong with each, in one line:
+    >>> budget_of({"b": "lots"}, {"b": "2"}, "b", 0.001)
+    (0.001, "annotation b='lots' ignored: ... no overselling); label b='2' ignored: ... no overselling)")
     """
     problems: list[str] = []
     for kind, source in (("annotation", annotations), ("label", labels)):

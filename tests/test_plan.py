@@ -160,6 +160,7 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     # budget's row gives the range of its hot time over them, which holds the report's figure.
     placements = pool["placements"]
     assert [p["placement"] for p in placements] == [1, 2, 3, 4, 5]
+    assert [p["ties"] for p in placements] == ["to the first node", *(f"drawn, seed {n}" for n in range(1, 5))]
     retune = shlex.split(pool["retune"])
     assert retune[retune.index("--placements") + 1] == "5", "the tuner scores on as many placements as the plan"
     assert "placement 5/5 (ties drawn, seed 4) replayed in" in result.stderr
