@@ -152,7 +152,7 @@ def test_thin_history_pulls_the_ratio_toward_one():
     proposal = compression_proposal("cpu", {"app": 1000}, {"app": two_days}, P95)
     # full ratio 1000 / 287.5 = 3.478; confidence 2/7 -> 1 + 2.478 x 2/7 = 1.708
     assert proposal.ratio == Decimal("1.70")
-    assert proposal.reason.endswith("; 29% confidence (2.0 days of history)")
+    assert proposal.reason == "container app: request 1, demand 288m (P95 x 1.15); 29% confidence (2.0 days of history)"
     # Told to the tenth of a day: 177,121 s is just over 2.05 days.
     just_over = compression_proposal("cpu", {"app": 1000}, {"app": stats(250, samples=576, covered=177121)}, P95)
     assert just_over.reason.endswith("; 29% confidence (2.1 days of history)")
@@ -216,7 +216,8 @@ def test_a_capped_raise_still_covers_what_the_node_runs():
     # 41 of 32 cores requested (cover 1.29) on a calm node: the 25% cap would leave it underwater.
     proposal = oversale_proposal("cpu", 41000, 32000, stats(8000), Decimal(1), TARGET_07)
     assert proposal.ratio == Decimal("1.29")
-    assert proposal.reason.endswith("; raised to cover the running requests (1.29)")
+    assert proposal.reason == ("P99 usage 8 of 41 requested, target 0.7; raise capped at 25% per cycle (wants 3.00); "
+                               "raised to cover the running requests (1.29)")
     # 40 of 32 cores: the capped 1.25 covers them exactly, and no more is said.
     exact = oversale_proposal("cpu", 40000, 32000, stats(8000), Decimal(1), TARGET_07)
     assert exact.ratio == Decimal("1.25") and "cover" not in exact.reason
@@ -224,7 +225,8 @@ def test_a_capped_raise_still_covers_what_the_node_runs():
 
 def test_requests_beyond_the_maximum_hold_and_at_it_are_covered():
     beyond = oversale_proposal("cpu", 100_000, 32000, stats(8000), Decimal(2), TARGET_07)
-    assert beyond.ratio == 3 and beyond.reason.endswith("; requests need 3.13, above the maximum 3: holding")
+    assert beyond.ratio == 3
+    assert beyond.reason == "P99 usage 8 of 100 requested, target 0.7; requests need 3.13, above the maximum 3: holding"
     at = oversale_proposal("cpu", 96_000, 32000, stats(8000), Decimal(2), TARGET_07)
     assert at.ratio == 3 and at.reason.endswith("; raised only to cover the running requests (3.00), no room for more")
 
