@@ -228,7 +228,8 @@ def test_requests_beyond_the_maximum_hold_and_at_it_are_covered():
     assert beyond.ratio == 3
     assert beyond.reason == "P99 usage 8 of 100 requested, target 0.7; requests need 3.13, above the maximum 3: holding"
     at = oversale_proposal("cpu", 96_000, 32000, stats(8000), Decimal(2), TARGET_07)
-    assert at.ratio == 3 and at.reason.endswith("; raised only to cover the running requests (3.00), no room for more")
+    assert at.ratio == 3 and at.reason == ("P99 usage 8 of 96 requested, target 0.7; raised only to cover the running "
+                                           "requests (3.00), no room for more")
 
 
 def test_a_ratio_at_the_safe_floor_is_no_hot_node():
@@ -253,7 +254,8 @@ def test_oversale_never_below_the_safe_floor():
     assert proposal.ratio == safe_floor(40000, 32000, Decimal("0.05")) == Decimal("1.32")
     # A node reporting no allocatable of a resource (a kubelet still starting) has no floor but 1.
     assert safe_floor(40000, 0, Decimal("0.05")) == 1 and safe_floor(3, 1, Decimal(0)) == 3
-    assert proposal.reason.endswith("; held at the safe floor 1.32 (requests / real allocatable + margin)")
+    assert proposal.reason == ("P99 usage 30 of 40 requested, target 0.7; held at the safe floor 1.32 "
+                               "(requests / real allocatable + margin)")
     assert math.floor(32000 * 1.32) >= 40000
 
 
@@ -266,8 +268,8 @@ def test_a_hot_node_below_the_floor_is_held_not_raised_into_the_margin():
     assert lifted.ratio == Decimal("1.04") and math.floor(32000 * lifted.ratio) >= 33000
     # Covering exactly what runs already: held where it is.
     covering = oversale_proposal("cpu", 33000, 32000, stats(30000), Decimal("1.04"), TARGET_07)
-    assert covering.ratio == Decimal("1.04") and covering.reason.endswith("; usage above target: holding, no room "
-                                                                          "added (floor 1.09)")
+    assert covering.ratio == Decimal("1.04") and covering.reason == (
+        "P99 usage 30 of 33 requested, target 0.7; usage above target: holding, no room added (floor 1.09)")
 
 
 def test_memory_is_capped_lower():
