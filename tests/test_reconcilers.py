@@ -1092,8 +1092,8 @@ def test_a_node_exporter_scraped_by_two_jobs_counts_once_in_a_users_own_query(tm
         # 8 hours at 1-minute steps; "busy" used 12 GB a third of the hours, 6 GB the rest.
         assert first["busy"] == (pytest.approx(6e9), pytest.approx(8 * 60, abs=1))
         assert memory(own) == first
-        for history in (default, own):
-            history.clock = lambda: end - HOUR + 600
+        for replica in (default, own):
+            replica.clock = lambda: end - HOUR + 600  # a pass 10 minutes on
         later = memory(default)
         assert later["busy"][1] == first["busy"][1] and memory(own) == later
     finally:
