@@ -1744,7 +1744,7 @@ def test_with_a_client_ca_only_kube_schedulers_certificate_gets_in(tmp_path):
             assert response.headers["Content-Length"] == str(len(raw))
         exposition = raw.decode()
         assert "oversale_extender_client_auth 1.0" in exposition
-        # A probe's query string (kubectl get --raw '/readyz?verbose') does not change the path it asks.
+        # A query string on a probe's path (an httpGet probe may carry one) does not change the path asked.
         with urllib.request.urlopen(f"{plain}/healthz?verbose", timeout=5) as response:
             assert response.headers["Content-Type"] == "application/json" and json.load(response)["status"] == "ok"
         with pytest.raises(urllib.error.HTTPError) as unknown:
