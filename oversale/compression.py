@@ -522,13 +522,13 @@ def _apply_raise(
         # Pod-level requests must still cover the containers' sum, or the API server refuses the Pod.
         containers = sum(request_of(c, resource) or 0 for c in spec.get("containers") or [])
         if containers > new:
-            _restore_resource(pod, restored, resource, containers_only=True)
+            _restore_resource(pod, restored, resource)
             _note(guards, f"{resource} containers kept within pod-level requests")
         _set_request(spec["resources"], resource, max(new, original), original)
     return effective_request(pod, resource)
 
 
-def _restore_resource(pod: Pod, restored: Pod, resource: str, containers_only: bool = False) -> None:
+def _restore_resource(pod: Pod, restored: Pod, resource: str) -> None:
     """Put one resource's requests back as they came."""
     for container, original_container in zip(all_containers(pod), all_containers(restored), strict=True):
         requests = (original_container.get("resources") or {}).get("requests") or {}
@@ -538,7 +538,7 @@ def _restore_resource(pod: Pod, restored: Pod, resource: str, containers_only: b
         elif current:
             current.pop(resource, None)
     spec_requests = ((restored.get("spec") or {}).get("resources") or {}).get("requests") or {}
-    if resource in spec_requests and not containers_only:
+    if resource in spec_requests:
         (pod.get("spec") or {})["resources"]["requests"][resource] = spec_requests[resource]
 
 

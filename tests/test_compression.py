@@ -193,7 +193,8 @@ def test_a_pod_asking_for_exclusive_cpus_keeps_its_cpu_request():
         assert result.pod == bound
         assert result.skipped == ("cpu request kept: it asks for exclusive CPUs (stke.platform/cpu-bind-policy: "
                                   "FullPCPUs), as many as its cpu request")
-        assert "cpu request not compressed: it asks for exclusive CPUs" in " ".join(result.warnings)
+        assert result.warnings == ["cpu request not compressed: it asks for exclusive CPUs "
+                                   "(stke.platform/cpu-bind-policy: FullPCPUs), as many as its cpu request"]
     both = compress_requests(bound, policy(cpu="2", memory="2"))
     assert requests(both.pod, "app") == {"cpu": "4", "memory": "2Gi"}, "memory still follows its ratio"
     assert both.freed == {"memory": 2 * 2**30}
@@ -391,6 +392,17 @@ def test_a_running_pod_is_right_sized_only_where_in_place_resize_reaches():
     quiet = pod(container("app", "1"), container("logger"), {"name": "shell", "image": "busybox"})
     resized = compress_running_pod(quiet, policy(cpu="2", memory="2"), NO_BOUNDS, frozenset({"cpu"}))
     assert [requests(resized.pod, name) for name in ("app", "logger", "shell")] == [{"cpu": "500m"}, {}, {}]
+
+
+def test_a_running_pod_whose_ratio_is_taken_away_gets_back_what_resize_reaches_and_loses_our_record():
+    admitted = compress_requests(pod(container("app", "1", "1Gi")), policy(cpu="2", memory="2")).pod
+    assert requests(admitted, "app") == {"cpu": "500m", "memory": "512Mi"}
+    result = compress_running_pod(admitted, policy(), NO_BOUNDS, frozenset({"cpu"}))
+    assert result.skipped == "no compression ratio set"
+    # Memory is not resized in place: it keeps what the Pod runs with until the next rollout.
+    assert requests(result.pod, "app") == {"cpu": "1", "memory": "512Mi"}
+    assert result.pod["metadata"]["annotations"] == {}, "no record, raise or audit of ours is left"
+    assert result.applied == {} and result.freed == {}
 
 
 def test_an_unreadable_record_is_refused_as_a_value_error():
@@ -764,10 +776,12 @@ def test_pod_level_requests_still_cover_the_containers_after_a_raise():
                                     resources={"requests": {"cpu": "700m"}, "limits": {"cpu": "1"}}), policy(cpu="0.5"))
     assert requests(fitting.pod, "a") == requests(fitting.pod, "b") == {"cpu": "500m"}
     assert "containers kept" not in audit(fitting.pod)
-    # A container asking nothing counts as nothing in that sum.
+    # A container asking nothing counts as nothing in that sum, even where the raised app
+    # container alone reaches the raised pod-level request.
     quiet = compress_requests(pod(container("app", "1"), container("logger"),
-                                  resources={"requests": {"cpu": "1500m"}, "limits": {"cpu": "4"}}), policy(cpu="0.5"))
-    assert quiet.pod["spec"]["resources"]["requests"] == {"cpu": "3"} and requests(quiet.pod, "app") == {"cpu": "2"}
+                                  resources={"requests": {"cpu": "1"}, "limits": {"cpu": "4"}}), policy(cpu="0.5"))
+    assert quiet.pod["spec"]["resources"]["requests"] == {"cpu": "2"} and requests(quiet.pod, "app") == {"cpu": "2"}
+    assert "containers kept" not in audit(quiet.pod)
     # Pod-level limits alone: the containers are raised, and no pod-level request is made up.
     limits_only = compress_requests(pod(container("app", "1", limits={"cpu": "3"}), resources={"limits": {"cpu": "4"}}),
                                     policy(cpu="0.5"))
@@ -813,16 +827,18 @@ def test_our_own_raise_is_undone_on_reinvocation_but_another_webhooks_is_kept():
     assert requests(compress_requests(other, policy(cpu="0.5")).pod, "app")["cpu"] == "6"
 
 
-@pytest.mark.parametrize("record", ["{broken", "[1, 2]"])
-def test_a_broken_record_of_our_raises_is_said_and_the_raise_kept_as_anothers(record):
+@pytest.mark.parametrize(("record", "why"), [
+    ("{broken", "unexpected character, expected a string key: line 1 column 2 (char 1)"),
+    ("[1, 2]", "not a JSON object"),
+])
+def test_a_broken_record_of_our_raises_is_said_and_the_raise_kept_as_anothers(record, why):
     first = compress_requests(pod(container("app", "1")), policy(cpu="0.5")).pod
     broken = copy.deepcopy(first)
     broken["metadata"]["annotations"][KEYS.written_requests] = record
     result = compress_requests(broken, policy(cpu="0.5"))
     assert requests(result.pod, "app")["cpu"] == "4", "2 is no longer known as ours: a new original"
-    said = [w for w in result.warnings if KEYS.written_requests in w]
-    assert len(said) == 1 and said[0].startswith(f"annotation {KEYS.written_requests} ignored (")
-    assert said[0].endswith("a request above its recorded original is taken as another webhook's raise")
+    assert result.warnings == [f"annotation {KEYS.written_requests} ignored ({why}); a request above its "
+                               "recorded original is taken as another webhook's raise"]
 
 
 def test_requests_a_vpa_set_are_kept_as_it_set_them_and_our_record_goes():
