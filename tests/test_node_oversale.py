@@ -22,6 +22,7 @@ from oversale.node_oversale import (
     NodePolicy,
     NodeResult,
     OversaleLimits,
+    keep_record,
     lowest_safe_ratio,
     node_policy_from_annotations,
     oversell_node,
@@ -130,6 +131,7 @@ def test_invalid_ratios_mean_not_oversold(value):
     chosen = policy(**{KEYS.cpu_oversale_ratio: value, KEYS.memory_oversale_ratio: "2"})
     assert dict(chosen.ratios) == {"memory": Decimal(2)}
     assert [p.key for p in chosen.problems] == [KEYS.cpu_oversale_ratio]
+    assert str(chosen.problems[0]).endswith("; cpu not oversold")
 
 
 def test_ratios_above_the_bounds_are_clamped_inclusively():
@@ -143,6 +145,28 @@ def test_ratios_above_the_bounds_are_clamped_inclusively():
 def test_mutate_false_turns_overselling_off():
     assert not policy(**{KEYS.cpu_oversale_ratio: "2", KEYS.mutate: "false"}).ratios
     assert policy(**{KEYS.cpu_oversale_ratio: "2", KEYS.mutate: "true"}).ratios
+
+
+def test_an_unclear_mutate_switch_turns_overselling_off_and_says_so():
+    unclear = policy(**{KEYS.cpu_oversale_ratio: "2", KEYS.mutate: "maybe"})
+    assert not unclear.ratios
+    assert [str(p) for p in unclear.problems] == [
+        f"annotation {KEYS.mutate}='maybe' ignored: 'maybe' is not one of y, yes, true, n, no, false; "
+        "node not oversold"]
+
+
+def test_a_main_resource_update_keeps_the_record_exactly_as_stored():
+    """The node strategy puts the stored status back after admission on such an update, so the
+    record must describe that status: a writer's stale copy of it is replaced, a record the
+    stored Node lacks is dropped, and the writer's other annotations stay as it sent them."""
+    stored = {"metadata": {"annotations": {KEYS.real_allocatable: '{"cpu":"3920m"}',
+                                           KEYS.applied_oversale_ratio: '{"cpu":"2"}', "team": "old"}}}
+    sent = {"metadata": {"annotations": {KEYS.real_allocatable: '{"cpu":"7840m"}',
+                                         KEYS.real_capacity: '{"cpu":"4"}', "team": "web"}}}
+    assert keep_record(sent, stored, KEYS) == {KEYS.real_allocatable: '{"cpu":"3920m"}',
+                                               KEYS.applied_oversale_ratio: '{"cpu":"2"}', "team": "web"}
+    assert sent["metadata"]["annotations"][KEYS.real_allocatable] == '{"cpu":"7840m"}', "the write is not changed"
+    assert keep_record({"metadata": {}}, {"metadata": {}}, KEYS) == {}
 
 
 def test_lowest_safe_ratio_is_rounded_up_to_hold_the_requests():
