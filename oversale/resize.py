@@ -304,6 +304,8 @@ def vpa_targets(owners: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 
     >>> vpa_targets([("ReplicaSet", "web-1"), ("Deployment", "web")])
     [('Deployment', 'web')]
+    >>> vpa_targets([("Job", "backup-29012345"), ("CronJob", "backup")])
+    [('CronJob', 'backup')]
     >>> vpa_targets([("ReplicaSet", "web-1"), ("Rollout", "web")])
     [('ReplicaSet', 'web-1'), ('Rollout', 'web')]
     >>> vpa_targets([("CloneSet", "web")])  # an OpenKruise CloneSet owns its Pods itself

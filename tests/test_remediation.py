@@ -90,6 +90,7 @@ def pod(name: str = "web-5d8f9-abcde", owner: tuple[str, str] | None = ("Replica
     (pod(priorityClassName="system-node-critical", priority=2_000_001_000), "critical priority (system-node-critical)"),
     # The class alone, as on a Pod read before the Priority admission plugin filled its priority in.
     (pod(priorityClassName="system-cluster-critical"), "critical priority (system-cluster-critical)"),
+    (pod(priorityClassName="system-node-critical"), "critical priority (system-node-critical)"),
     (pod(priority=2_000_001_000), "critical priority (2000001000)"),
     (pod(priority=2_000_000_000), "critical priority (2000000000)"),  # system-cluster-critical's
     (pod(volumes=[{"name": "cache", "emptyDir": {}}]), f"local storage (cache; {KEYS.evictable}: y allows it)"),

@@ -244,8 +244,10 @@ def test_a_resize_that_would_change_the_qos_class_is_never_sent(api, tmp_path):
     assert requests(stored(api))["cpu"] == "1"
     assert any("would change the QoS class from Guaranteed to Burstable (the API refuses that)" in r.reason
                for r in rows)
-    assert plan_resize(running(guaranteed), {KEYS.cpu_requests_ratio: "2"}, KEYS,
-                       dataclasses.replace(CONFIG, allow_guaranteed_downgrade=True), NO_BOUNDS, 0, LIMITS).code == "qos"
+    plan = plan_resize(running(guaranteed), {KEYS.cpu_requests_ratio: "2"}, KEYS,
+                       dataclasses.replace(CONFIG, allow_guaranteed_downgrade=True), NO_BOUNDS, 0, LIMITS)
+    assert (plan.code, plan.skipped) == ("qos", "would change the QoS class from Guaranteed to Burstable "
+                                                "(the API refuses that)")
 
 
 def test_an_infeasible_resize_is_recorded_and_not_retried_until_the_ratio_changes(api, tmp_path):
