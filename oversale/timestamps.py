@@ -22,7 +22,7 @@ def parse_timestamp(text: Any) -> float | None:
     if not text:
         return None
     try:
-        return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+        return datetime.datetime.fromisoformat(str(text)).timestamp()
     except ValueError:
         return None
 
@@ -43,6 +43,8 @@ def parse_go_duration(text: Any) -> float | None:
 
     >>> parse_go_duration("15s"), parse_go_duration("1m0s"), parse_go_duration("10.5s"), parse_go_duration("500ms")
     (15.0, 60.0, 10.5, 0.5)
+    >>> parse_go_duration("1h30m"), parse_go_duration("2µs"), parse_go_duration("4us"), parse_go_duration("5ns")
+    (5400.0, 2e-06, 4e-06, 5e-09)
     >>> parse_go_duration("15") is None, parse_go_duration("") is None
     (True, True)
     """

@@ -99,6 +99,15 @@ def test_the_windows_are_as_long_as_configured():
     assert (default.cpu_average, default.cpu_peak) == (4600, 12000)
 
 
+def test_a_spike_exactly_an_hour_before_the_latest_sample_is_out_of_the_hour_peak():
+    """As the 5-minute average leaves out the sample exactly 5 minutes old, so the hour leaves out
+    the one exactly an hour old: each window is as long as it says, never a sample more."""
+    samples = steady(4000)
+    latest = samples[-1].at
+    assert node_load([Sample(latest - 3600, 12000, 8 * GI), *samples]).cpu_peak == 4000
+    assert node_load([Sample(latest - 3599, 12000, 8 * GI), *samples]).cpu_peak == 12000
+
+
 @pytest.mark.parametrize(("millicores", "hot"), [(10400, False), (10399, False), (10401, True)])
 def test_the_cpu_average_watermark_at_just_below_and_just_above(millicores, hot):
     # 65% of 16 cores is 10400m: at the watermark a node still takes Pods, one millicore over it not.
@@ -116,8 +125,11 @@ def test_the_peak_and_memory_watermarks_and_the_exact_reason():
     assert hot_reason(hot, {}, REAL, Watermarks()) == \
         "cpu usage 71% of real capacity (5-min average) is above the scheduling watermark 65%"
     full = node_load(steady(1000, memory=int(0.86 * 64 * GI)))
-    assert hot_reason(full, {}, REAL, Watermarks()).startswith("memory usage 86% of real capacity (latest)")
+    assert hot_reason(full, {}, REAL, Watermarks()) == \
+        "memory usage 86% of real capacity (latest) is above the scheduling watermark 85%"
     assert hot_reason(node_load(steady(1000, memory=int(0.85 * 64 * GI))), {}, REAL, Watermarks()) is None
+    samples[0] = Sample(samples[0].at, 13600, 8 * GI)
+    assert hot_reason(node_load(samples), {}, REAL, Watermarks()) is None  # at the peak watermark
 
 
 def test_stale_or_missing_metrics_neither_filter_nor_favour():
