@@ -226,6 +226,7 @@ def test_the_score_weighs_packing_and_load_and_a_node_without_fresh_metrics_by_p
     assert combined_score(9, 3, LoadConfig(packing_weight=1, load_weight=2)) == 5  # (9 + 6) / 3
     assert combined_score(9, None, LoadConfig(load_weight=2)) == 9
     assert combined_score(9, 3, LoadConfig(load_weight=0)) == 9
+    assert combined_score(9, 3, LoadConfig(packing_weight=0, load_weight=0)) == 9  # both 0, as Settings allows
 
 
 def test_a_history_maximum_names_its_window_and_a_workload_seen_nowhere_counts_by_request():
@@ -315,7 +316,7 @@ def placement_of(demand: PodDemand, topology: Topology, cpu_used: float, memory_
 @example(placement_of(PodDemand("p", {"cpu": 6000, "memory": 0}, "SpreadByPCPUs", False, cpus=6),
                       TOPOLOGIES[2], 0.0, 0.0, None), False, (1, 1))
 @settings(max_examples=500, deadline=None)
-@given(placements(), st.booleans(), st.sampled_from([(1, 1), (2, 1), (1, 0), (1, 3)]))
+@given(placements(), st.booleans(), st.sampled_from([(1, 1), (2, 1), (1, 0), (1, 3), (0, 1), (0, 0)]))
 def test_the_batch_filter_and_score_answer_as_the_node_by_node_functions(case, load_aware, weights):
     """``screen`` and ``rank`` decide the common case by vector operations over the node table and
     remember answers per Pod shape; every answer must still be the one ``shortfall``,
