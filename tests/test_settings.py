@@ -9,9 +9,14 @@ import pytest
 
 from oversale.annotations import AnnotationKeys
 from oversale.budget import budget_quantile, compression_percentile
+from oversale.compression import CompressionConfig
 from oversale.errors import SettingsError
 from oversale.estimator import CompressionEstimator, OversaleEstimator, StabilityConfig
+from oversale.node_oversale import OversaleLimits
+from oversale.remediation import RemediationConfig, RuntimeWatermarks
+from oversale.resize import ResizeLimits
 from oversale.settings import REPLACED, Settings, unread_variables
+from oversale.usage import LoadConfig, Watermarks
 from tests.conftest import ROOT
 
 
@@ -67,10 +72,62 @@ def test_every_estimator_knob_set_in_the_environment_reaches_the_reconcilers_est
     assert settings.oversale_estimator() != Settings().oversale_estimator()
 
 
+def test_names_paths_and_queries_are_read_without_the_spaces_around_them():
+    """A value from a YAML block scalar ends in a newline, a templated one may be only spaces:
+    a query of spaces alone would be sent to Prometheus (a parse error) instead of the default."""
+    settings = Settings.from_env({
+        "OVERSALE_PROMETHEUS_NODE_CPU_QUERY": " instance:node_cpu:rate:sum\n",
+        "OVERSALE_PROMETHEUS_NODE_MEMORY_QUERY": "  ",
+        "OVERSALE_PROMETHEUS_BEARER_TOKEN_FILE": " /var/run/token\n", "OVERSALE_PROMETHEUS_CA_FILE": "\n",
+        "OVERSALE_NAMESPACE": "platform\n", "POD_NAME": " extender-0 ",
+    })
+    assert settings.prometheus_node_cpu_query == "instance:node_cpu:rate:sum"
+    assert settings.prometheus_node_memory_query == "" and settings.prometheus_ca_file == ""
+    assert (settings.prometheus_bearer_token_file, settings.namespace, settings.pod_name) == \
+        ("/var/run/token", "platform", "extender-0")
+
+
+def test_every_webhook_placement_remediation_and_resize_knob_set_in_the_environment_reaches_its_policy():
+    """As for the estimators: each policy reads its knobs from Settings alone, so a variable that
+    parses but is not passed on would be documented, accepted and ignored."""
+    settings = Settings.from_env({
+        "OVERSALE_MAX_RATIO": "3", "OVERSALE_MIN_RATIO": "0.8", "OVERSALE_CPU_FLOOR": "20m",
+        "OVERSALE_MEMORY_FLOOR": "8Mi", "OVERSALE_ALLOW_GUARANTEED_DOWNGRADE": "true",
+        "OVERSALE_CPU_SCHEDULING_WATERMARK": "0.6", "OVERSALE_CPU_PEAK_SCHEDULING_WATERMARK": "0.8",
+        "OVERSALE_MEMORY_SCHEDULING_WATERMARK": "0.75", "OVERSALE_METRICS_MAX_AGE": "2m",
+        "OVERSALE_LOAD_HISTORY_WINDOW": "12h", "OVERSALE_LOAD_HISTORY_INTERVAL": "10m",
+        "OVERSALE_BOUND_POD_SETTLE": "0",
+        "OVERSALE_CPU_USAGE_ESTIMATE": "0.5", "OVERSALE_MEMORY_USAGE_ESTIMATE": "0.6",
+        "OVERSALE_LOAD_SCORE_WEIGHT": "3", "OVERSALE_PACKING_SCORE_WEIGHT": "2",
+        "OVERSALE_CPU_RUNTIME_WATERMARK": "0.9", "OVERSALE_MEMORY_RUNTIME_WATERMARK": "0.8",
+        "OVERSALE_HOT_OBSERVATIONS": "4", "OVERSALE_EVICTION_MIN_POD_AGE": "0", "OVERSALE_EVICTION_MIN_REPLICAS": "3",
+        "OVERSALE_EVICTIONS_PER_NODE": "2", "OVERSALE_EVICTIONS_PER_NAMESPACE": "4", "OVERSALE_EVICTIONS_PER_PASS": "9",
+        "OVERSALE_NODE_COOLDOWN": "5m", "OVERSALE_WORKLOAD_COOLDOWN": "1h", "OVERSALE_REMEDIATION_INTERVAL": "30s",
+        "OVERSALE_HOT_NODE_TAINT": "false",
+        "OVERSALE_RESIZE_MAX_PER_PASS": "7", "OVERSALE_RESIZE_MAX_PER_WORKLOAD": "2",
+        "OVERSALE_RESIZE_MIN_INTERVAL": "0",
+        "OVERSALE_MAX_CPU_OVERSALE_RATIO": "3", "OVERSALE_MAX_MEMORY_OVERSALE_RATIO": "1.5",
+    })
+    assert settings.compression == CompressionConfig(Decimal(3), Decimal("0.8"), 20, 8 * 2**20, True)
+    assert settings.load == LoadConfig(
+        watermarks=Watermarks(Decimal("0.6"), Decimal("0.8"), Decimal("0.75")), max_age_seconds=120.0,
+        history_peak_seconds=12 * 3600.0, history_max_age_seconds=1800.0, settle_seconds=0.0,
+        cpu_estimate=Decimal("0.5"), memory_estimate=Decimal("0.6"), load_weight=3, packing_weight=2)
+    assert settings.remediation_config == RemediationConfig(
+        watermarks=RuntimeWatermarks(Decimal("0.9"), Decimal("0.8")), observations=4, min_pod_age_seconds=0.0,
+        min_replicas=3, max_per_node=2, max_per_namespace=4, max_per_pass=9, node_cooldown_seconds=300.0,
+        workload_cooldown_seconds=3600.0, interval_seconds=30.0, taint_hot_nodes=False)
+    assert settings.resize_limits == ResizeLimits(7, 2, 0.0)
+    assert settings.oversale_limits == OversaleLimits(Decimal(3), Decimal("1.5"))
+    defaults = Settings()
+    for policy in ("compression", "load", "remediation_config", "resize_limits", "oversale_limits"):
+        assert getattr(settings, policy) != getattr(defaults, policy), policy
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("OVERSALE_MAX_RATIO", "abc"), ("OVERSALE_MAX_RATIO", "0.5"), ("OVERSALE_CPU_FLOOR", "lots"),
     ("OVERSALE_MIN_RATIO", "0"), ("OVERSALE_MIN_RATIO", "1.5"), ("OVERSALE_MIN_RATIO", "NaN"),
-    ("OVERSALE_NODE_PERCENTILE", "0.99"), ("OVERSALE_CPU_HOT_TIME_BUDGET", "1.01"),
+    ("OVERSALE_CPU_HOT_TIME_BUDGET", "1.01"),
     ("OVERSALE_MEMORY_HOT_TIME_BUDGET", "-0.1"), ("OVERSALE_CPU_HOT_TIME_BUDGET", "NaN"),
     ("OVERSALE_WORKERS", "0"), ("OVERSALE_KUBERNETES", "maybe"), ("OVERSALE_ANNOTATION_PREFIX", "a/b"),
     ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"), ("OVERSALE_LOG_LEVEL", "LOUD"),
@@ -85,6 +142,7 @@ def test_every_estimator_knob_set_in_the_environment_reaches_the_reconcilers_est
     ("OVERSALE_PROMETHEUS_SELECTOR", "cluster=prod"), ("OVERSALE_PROMETHEUS_SELECTOR", 'cluster="a" env="b"'),
     ("OVERSALE_MIN_CHANGE", "1.5"), ("OVERSALE_COMPRESSION_MARGIN", "Infinity"),  # beyond their range
     ("OVERSALE_SCHEDULER_NAMES", " , "), ("OVERSALE_LEASE_NAME", "  "), ("OVERSALE_EXTENDER_LEASE_NAME", ""),
+    ("OVERSALE_NAMESPACE", " "),  # the Leases' namespace: an empty one is no path the API serves
     *[("OVERSALE_KUBELET_USERNAME", template) for template in (  # a field other than {node}, or a stray brace
         "system:node:{node}{pool}", "system:node:{node}{0}", "{node}.{node.name}", "system:node:{node}{")],
 ])
@@ -128,6 +186,11 @@ def test_every_number_duration_switch_and_choice_refuses_nonsense_and_negatives(
     ("OVERSALE_MIN_SAMPLES", "0", 0),
     ("OVERSALE_MAX_BODY_BYTES", "1", 1),
     ("OVERSALE_RESIZE_MIN_INTERVAL", " 5m ", 300.0),     # spaces around a duration, as YAML may leave them
+    *[(name, "1", Decimal(1)) for name in ("OVERSALE_MIN_CHANGE", "OVERSALE_CPU_TARGET", "OVERSALE_MEMORY_TARGET",
+                                           "OVERSALE_STALE_DECAY")],  # shares: at most all of it
+    *[(name, "10", Decimal(10)) for name in ("OVERSALE_MAX_RAISE", "OVERSALE_FLOOR_MARGIN",
+                                             "OVERSALE_CPU_USAGE_ESTIMATE", "OVERSALE_MEMORY_USAGE_ESTIMATE")],
+    ("OVERSALE_KUBERNETES", "off", "off"),
 ])
 def test_each_setting_takes_the_values_at_its_documented_bounds(name, text, value):
     field = next(spec.name for spec in dataclasses.fields(Settings) if spec.metadata["env"] == name)
@@ -137,10 +200,39 @@ def test_each_setting_takes_the_values_at_its_documented_bounds(name, text, valu
 @pytest.mark.parametrize(("name", "text"), [
     ("OVERSALE_NODE_SERIES_TTL", "0"), ("OVERSALE_RECONCILER_METRICS_PORT", "65536"),
     ("OVERSALE_ANNOTATION_PREFIX", "a" * 254), ("OVERSALE_MIN_RATIO", "0"),
+    *[(name, "1.01") for name in ("OVERSALE_MIN_CHANGE", "OVERSALE_CPU_TARGET", "OVERSALE_MEMORY_TARGET",
+                                  "OVERSALE_STALE_DECAY")],
+    *[(name, "10.01") for name in ("OVERSALE_MAX_RAISE", "OVERSALE_FLOOR_MARGIN", "OVERSALE_CPU_USAGE_ESTIMATE",
+                                   "OVERSALE_MEMORY_USAGE_ESTIMATE")],
 ])
 def test_a_value_just_past_its_bound_is_refused(name, text):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: text})
+
+
+@pytest.mark.parametrize(("name", "value", "wanted"), [
+    ("OVERSALE_KUBERNETES", "maybe", "must be one of auto, off"),
+    ("OVERSALE_LOAD_HISTORY", "thanos", "must be one of metrics-api, prometheus"),
+    ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps", "must be true or false"),
+    ("OVERSALE_MAX_RATIO", "abc", "must be a number >= 1"), ("OVERSALE_MAX_RATIO", "0.5", "must be a number >= 1"),
+    ("OVERSALE_MIN_RATIO", "abc", "must be a number above 0 and at most 1"),
+    ("OVERSALE_MIN_RATIO", "1.5", "must be a number above 0 and at most 1"),
+    ("OVERSALE_MIN_CHANGE", "1.01", "must be a number from 0 to 1"),
+    ("OVERSALE_ANNOTATION_PREFIX", "a/b", "must be a DNS subdomain such as stke.platform (no slash)"),
+    ("OVERSALE_LOG_LEVEL", "LOUD", "must be DEBUG, INFO, WARNING, ERROR or CRITICAL"),
+    ("OVERSALE_PROMETHEUS_URL", "prometheus:9090",
+     "must be an http:// or https:// URL such as http://prometheus.monitoring:9090"),
+    ("OVERSALE_CPU_SCHEDULING_WATERMARK", "0",
+     "must be a number above 0 and at most 1 (a share of real capacity; 1: never exceeded)"),
+    ("OVERSALE_MIN_SAMPLES", "-1", "must be 0 or more"),
+    ("OVERSALE_SCHEDULER_NAMES", " , ", "must name at least one scheduler profile, e.g. oversale"),
+    ("OVERSALE_RECONCILER_METRICS_PORT", "65536", "must be a port number"),
+    ("OVERSALE_LEASE_NAME", "  ", "must not be empty"),
+])
+def test_a_refused_value_says_what_would_be_taken(name, value, wanted):
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({name: value})
+    assert str(refused.value) == f"{name}={value!r}: {wanted}"
 
 
 def test_a_duration_that_may_be_0_says_so_when_refused():
@@ -196,9 +288,22 @@ def test_a_selector_with_one_brace_is_refused_whole(selector):
 def test_a_refused_value_is_explained_in_its_own_unit():
     with pytest.raises(SettingsError) as calibration:
         Settings.from_env({"OVERSALE_BUDGET_CALIBRATION": "-1"})
-    assert "positive factor" in str(calibration.value) and "seconds" not in str(calibration.value)
-    with pytest.raises(SettingsError, match="positive number of seconds"):
+    assert str(calibration.value) == \
+        "OVERSALE_BUDGET_CALIBRATION='-1': must be a positive factor (quantile 1 - calibration x budget)"
+    with pytest.raises(SettingsError) as timeout:
         Settings.from_env({"OVERSALE_OWNER_LOOKUP_TIMEOUT": "-1"})
+    assert str(timeout.value) == "OVERSALE_OWNER_LOOKUP_TIMEOUT='-1': must be a positive number of seconds"
+
+
+@pytest.mark.parametrize(("name", "percentile"), [
+    ("OVERSALE_NODE_PERCENTILE", "percentile = 1 - budget"),
+    ("OVERSALE_COMPRESSION_PERCENTILE", "percentile = 1 - budget, at least 0.9"),
+])
+def test_a_variable_of_an_earlier_version_stops_the_start_with_what_replaces_it(name, percentile):
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({name: "0.99", "OVERSALE_MAX_RATIO": "4"})
+    assert str(refused.value) == \
+        f"{name}='0.99': no longer read; the hot-time budget sets it: OVERSALE_CPU_HOT_TIME_BUDGET ({percentile})"
 
 
 def test_a_bad_setting_stops_the_server_with_the_message(tmp_path):
