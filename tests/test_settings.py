@@ -132,7 +132,6 @@ def test_every_webhook_placement_remediation_and_resize_knob_set_in_the_environm
     ("OVERSALE_WORKERS", "0"), ("OVERSALE_KUBERNETES", "maybe"), ("OVERSALE_ANNOTATION_PREFIX", "a/b"),
     ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"), ("OVERSALE_LOG_LEVEL", "LOUD"),
     ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"), ("OVERSALE_LOAD_HISTORY", "thanos"),
-    ("OVERSALE_LOAD_HISTORY", "prometheus"),  # without OVERSALE_PROMETHEUS_URL
     ("OVERSALE_LOAD_HISTORY_WINDOW", "a day"), ("OVERSALE_BUDGET_CALIBRATION", "0"),
     ("OVERSALE_PROMETHEUS_URL", "prometheus:9090"), ("OVERSALE_PROMETHEUS_URL", "http:///api"),
     ("OVERSALE_PROMETHEUS_URL", "http://:9090"), ("OVERSALE_PROMETHEUS_URL", "http://prometheus:ninety"),
@@ -188,9 +187,12 @@ def test_every_number_duration_switch_and_choice_refuses_nonsense_and_negatives(
     ("OVERSALE_RESIZE_MIN_INTERVAL", " 5m ", 300.0),     # spaces around a duration, as YAML may leave them
     *[(name, "1", Decimal(1)) for name in ("OVERSALE_MIN_CHANGE", "OVERSALE_CPU_TARGET", "OVERSALE_MEMORY_TARGET",
                                            "OVERSALE_STALE_DECAY")],  # shares: at most all of it
-    *[(name, "10", Decimal(10)) for name in ("OVERSALE_MAX_RAISE", "OVERSALE_FLOOR_MARGIN",
-                                             "OVERSALE_CPU_USAGE_ESTIMATE", "OVERSALE_MEMORY_USAGE_ESTIMATE")],
+    *[(name, "10", Decimal(10)) for name in ("OVERSALE_COMPRESSION_MARGIN", "OVERSALE_MAX_RAISE",
+                                             "OVERSALE_FLOOR_MARGIN", "OVERSALE_CPU_USAGE_ESTIMATE",
+                                             "OVERSALE_MEMORY_USAGE_ESTIMATE")],
     ("OVERSALE_KUBERNETES", "off", "off"),
+    *[(name, "0", 0.0) for name in ("OVERSALE_MIN_HISTORY", "OVERSALE_NODE_COOLDOWN", "OVERSALE_WORKLOAD_COOLDOWN")],
+    ("OVERSALE_PROMETHEUS_HEADERS", "X-Scope-OrgID=XYZ-prod", (("X-Scope-OrgID", "XYZ-prod"),)),
 ])
 def test_each_setting_takes_the_values_at_its_documented_bounds(name, text, value):
     field = next(spec.name for spec in dataclasses.fields(Settings) if spec.metadata["env"] == name)
@@ -202,8 +204,8 @@ def test_each_setting_takes_the_values_at_its_documented_bounds(name, text, valu
     ("OVERSALE_ANNOTATION_PREFIX", "a" * 254), ("OVERSALE_MIN_RATIO", "0"),
     *[(name, "1.01") for name in ("OVERSALE_MIN_CHANGE", "OVERSALE_CPU_TARGET", "OVERSALE_MEMORY_TARGET",
                                   "OVERSALE_STALE_DECAY")],
-    *[(name, "10.01") for name in ("OVERSALE_MAX_RAISE", "OVERSALE_FLOOR_MARGIN", "OVERSALE_CPU_USAGE_ESTIMATE",
-                                   "OVERSALE_MEMORY_USAGE_ESTIMATE")],
+    *[(name, "10.01") for name in ("OVERSALE_COMPRESSION_MARGIN", "OVERSALE_MAX_RAISE", "OVERSALE_FLOOR_MARGIN",
+                                   "OVERSALE_CPU_USAGE_ESTIMATE", "OVERSALE_MEMORY_USAGE_ESTIMATE")],
 ])
 def test_a_value_just_past_its_bound_is_refused(name, text):
     with pytest.raises(SettingsError, match=name):
@@ -228,6 +230,18 @@ def test_a_value_just_past_its_bound_is_refused(name, text):
     ("OVERSALE_SCHEDULER_NAMES", " , ", "must name at least one scheduler profile, e.g. oversale"),
     ("OVERSALE_RECONCILER_METRICS_PORT", "65536", "must be a port number"),
     ("OVERSALE_LEASE_NAME", "  ", "must not be empty"),
+    ("OVERSALE_CPU_FLOOR", "-10m", "must be 0 or more, such as 10m (0: no floor)"),
+    ("OVERSALE_RECONCILE_INTERVAL", "often", "must be a duration such as 300, 5m, 24h or 7d"),
+    ("OVERSALE_MEMORY_FLOOR", "-1Mi", "must be 0 or more, such as 16Mi (0: no floor)"),
+    ("OVERSALE_WORKERS", "0", "must be at least 1"),
+    ("OVERSALE_MAX_BODY_BYTES", "0", "must be a size above 0, such as 768Mi or 2Gi"),
+    ("OVERSALE_MIN_CHANGE", "lots", "must be a number from 0 to 1"),
+    ("OVERSALE_KUBELET_USERNAME", "system:node", "must contain {node}, e.g. system:node:{node}"),
+    ("OVERSALE_KUBELET_USERNAME", "system:node:{node}{pool}",
+     "must contain {node} and no other {...}, e.g. system:node:{node}"),
+    # A line break in a value would end the header there and start another (header injection).
+    ("OVERSALE_PROMETHEUS_HEADERS", "X-Scope-OrgID=prod\nX-Forwarded-For=10.0.0.1",
+     "'X-Scope-OrgID=prod\\nX-Forwarded-For=10.0.0.1' is no Name=value header (several: separated by commas)"),
 ])
 def test_a_refused_value_says_what_would_be_taken(name, value, wanted):
     with pytest.raises(SettingsError) as refused:
@@ -235,11 +249,22 @@ def test_a_refused_value_says_what_would_be_taken(name, value, wanted):
     assert str(refused.value) == f"{name}={value!r}: {wanted}"
 
 
+def test_the_load_history_from_prometheus_needs_its_url():
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"OVERSALE_LOAD_HISTORY": "prometheus"})
+    assert str(refused.value) == \
+        "OVERSALE_LOAD_HISTORY='prometheus' needs OVERSALE_PROMETHEUS_URL (where node-exporter's series are)"
+    assert Settings.from_env({"OVERSALE_LOAD_HISTORY": "prometheus",
+                              "OVERSALE_PROMETHEUS_URL": "http://prometheus:9090"}).load_history == "prometheus"
+
+
 def test_a_duration_that_may_be_0_says_so_when_refused():
-    with pytest.raises(SettingsError, match="must be 0 or a positive duration"):
+    with pytest.raises(SettingsError) as late:
         Settings.from_env({"OVERSALE_PROMETHEUS_LATE_SAMPLES": "-1s"})
-    with pytest.raises(SettingsError, match="OVERSALE_NODE_SERIES_TTL='0': must be a positive duration"):
+    assert str(late.value) == "OVERSALE_PROMETHEUS_LATE_SAMPLES='-1s': must be 0 or a positive duration"
+    with pytest.raises(SettingsError) as ttl:
         Settings.from_env({"OVERSALE_NODE_SERIES_TTL": "0"})
+    assert str(ttl.value) == "OVERSALE_NODE_SERIES_TTL='0': must be a positive duration"
 
 
 def test_the_prometheus_url_is_a_base_url_or_empty():
