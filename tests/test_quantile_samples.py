@@ -32,6 +32,7 @@ def shapes(steps: int, seed: int) -> dict[str, list[float | None]]:
         "falling": [1000.0 - i for i in range(steps)],
         "rising": [float(i) for i in range(steps)],
         "ties": [float(draw.choice((1, 2, 3))) for _ in range(steps)],
+        "flat": [0.25] * steps,  # an idle node's usage, or one a recording rule rounds
         "gaps": [None if 300 <= i % 700 < 400 or draw.random() < 0.05 else value for i, value in enumerate(daily)],
     }
 
@@ -76,6 +77,8 @@ def test_usage_that_moves_keeps_a_few_times_the_top_and_falling_usage_keeps_ever
     assert needed == 22
     assert sizes["rising"] == needed, "each sample has the higher ones after it"
     assert sizes["falling"] == window, "each sample may be a later window's highest"
+    # A later sample as high as an older one counts against it: alike samples keep the top alone.
+    assert sizes["flat"] == needed and sizes["ties"] < 3 * needed, sizes
     assert needed < sizes["noisy daily"] < 10 * needed, sizes
 
 
