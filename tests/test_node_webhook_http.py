@@ -78,6 +78,21 @@ def test_kubelet_heartbeats_keep_the_oversold_values_exact(server):
     assert response == {"uid": response["uid"], "allowed": True}
 
 
+def test_only_the_nodes_own_kubelet_changes_its_real_values(server):
+    """The kubelet re-sends real values on every status sync, and only its own writes may change
+    what is recorded as real (OVERSALE_KUBELET_USERNAME, system:node:{node} by default): anyone
+    else's status write of other values is oversold from the record as before."""
+    stored = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "1.5"})
+    stored = apply_response(stored, server.review(node_review(stored, stored), "/mutate/nodes"))
+    reserved = copy.deepcopy(stored)
+    reserved["status"]["allocatable"]["cpu"] = "3800m"  # the kubelet restarted with more reserved for the system
+    by_admin = apply_response(reserved, server.review(node_review(reserved, stored, username="admin"),
+                                                      "/mutate/nodes"))
+    assert by_admin["status"]["allocatable"]["cpu"] == "5880m"  # 3920m recorded x 1.5
+    by_kubelet = apply_response(reserved, server.review(node_review(reserved, stored), "/mutate/nodes"))
+    assert by_kubelet["status"]["allocatable"]["cpu"] == "5700m"
+
+
 def test_a_review_that_is_no_node_write_is_allowed_unchanged_and_counted_as_skipped(server):
     # A MutatingWebhookConfiguration whose rules reach more than Nodes, or a DELETE's review
     # (no object): answered at once, neither refused nor reshaped.

@@ -149,6 +149,9 @@ def test_late_samples_join_the_runs_and_are_kept_as_the_keeper_keeps_them():
     # Step 4's 5.0 has 10.0 and an equal 5.0 after it: never read. Step 3's 8.0 has only 10.0.
     assert dict(zip(late.steps, late.values, strict=True)) == {1: 1.0, 2: 1.0, 3: 8.0, 5: 10.0, 6: 5.0}
     assert kept.with_late([5, 6], [99.0, 99.0], needed=2) is kept, "a sample already held is not taken twice"
+    # Only step 3's arrives: step 4 is still a gap between two runs, and counts as none.
+    part = kept.with_late([3], [8.0], needed=2)
+    assert list(part.runs) == [1, 3, 5, 6] and part.count(1, 6) == 5 and part.first_missing(1, 6) == 4
 
 
 @pytest.mark.parametrize("percent", [99, 90, 50])
