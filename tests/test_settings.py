@@ -124,26 +124,23 @@ def test_every_webhook_placement_remediation_and_resize_knob_set_in_the_environm
         assert getattr(settings, policy) != getattr(defaults, policy), policy
 
 
+# Those whose whole message is checked (test_a_refused_value_says_what_would_be_taken) are not repeated here.
 @pytest.mark.parametrize(("name", "value"), [
-    ("OVERSALE_MAX_RATIO", "abc"), ("OVERSALE_MAX_RATIO", "0.5"), ("OVERSALE_CPU_FLOOR", "lots"),
-    ("OVERSALE_MIN_RATIO", "0"), ("OVERSALE_MIN_RATIO", "1.5"), ("OVERSALE_MIN_RATIO", "NaN"),
+    ("OVERSALE_CPU_FLOOR", "lots"), ("OVERSALE_MIN_RATIO", "0"), ("OVERSALE_MIN_RATIO", "NaN"),
     ("OVERSALE_CPU_HOT_TIME_BUDGET", "1.01"),
     ("OVERSALE_MEMORY_HOT_TIME_BUDGET", "-0.1"), ("OVERSALE_CPU_HOT_TIME_BUDGET", "NaN"),
-    ("OVERSALE_WORKERS", "0"), ("OVERSALE_KUBERNETES", "maybe"), ("OVERSALE_ANNOTATION_PREFIX", "a/b"),
-    ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"), ("OVERSALE_LOG_LEVEL", "LOUD"),
-    ("OVERSALE_ALLOW_GUARANTEED_DOWNGRADE", "perhaps"), ("OVERSALE_LOAD_HISTORY", "thanos"),
+    ("OVERSALE_OWNER_LOOKUP_TIMEOUT", "-1"),
     ("OVERSALE_LOAD_HISTORY_WINDOW", "a day"), ("OVERSALE_BUDGET_CALIBRATION", "0"),
-    ("OVERSALE_PROMETHEUS_URL", "prometheus:9090"), ("OVERSALE_PROMETHEUS_URL", "http:///api"),
+    ("OVERSALE_PROMETHEUS_URL", "http:///api"),
     ("OVERSALE_PROMETHEUS_URL", "http://:9090"), ("OVERSALE_PROMETHEUS_URL", "http://prometheus:ninety"),
-    ("OVERSALE_CPU_SCHEDULING_WATERMARK", "0"), ("OVERSALE_CPU_RUNTIME_WATERMARK", "0"),  # every node hot
+    ("OVERSALE_CPU_RUNTIME_WATERMARK", "0"),  # every node hot
     ("OVERSALE_MEMORY_SCHEDULING_WATERMARK", "85%"),
-    ("OVERSALE_CPU_FLOOR", "-10m"), ("OVERSALE_MEMORY_FLOOR", "-1Mi"), ("OVERSALE_MAX_BODY_BYTES", "0"),
     ("OVERSALE_PROMETHEUS_SELECTOR", "cluster=prod"), ("OVERSALE_PROMETHEUS_SELECTOR", 'cluster="a" env="b"'),
     ("OVERSALE_MIN_CHANGE", "1.5"), ("OVERSALE_COMPRESSION_MARGIN", "Infinity"),  # beyond their range
-    ("OVERSALE_SCHEDULER_NAMES", " , "), ("OVERSALE_LEASE_NAME", "  "), ("OVERSALE_EXTENDER_LEASE_NAME", ""),
+    ("OVERSALE_EXTENDER_LEASE_NAME", ""),
     ("OVERSALE_NAMESPACE", " "),  # the Leases' namespace: an empty one is no path the API serves
     *[("OVERSALE_KUBELET_USERNAME", template) for template in (  # a field other than {node}, or a stray brace
-        "system:node:{node}{pool}", "system:node:{node}{0}", "{node}.{node.name}", "system:node:{node}{")],
+        "system:node:{node}{0}", "{node}.{node.name}", "system:node:{node}{")],
 ])
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError, match=name):
