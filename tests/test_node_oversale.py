@@ -571,3 +571,27 @@ def test_a_node_whose_status_is_not_an_object_gets_no_patch():
                "userInfo": {"username": "system:node:n1"}}
     decision = admit_node(request, Settings(kubernetes="off"))  # type: ignore[arg-type]
     assert decision.review["response"] == {"uid": "u", "allowed": True}
+
+
+def _opted_in(node: dict, **status_maps: dict | None) -> None:
+    """Opt ``node`` in at cpu ratio 2 and set (or, for None, drop) the status maps named."""
+    node["metadata"]["annotations"] = {KEYS.cpu_oversale_ratio: "2"}
+    for name, value in status_maps.items():
+        if value is None:
+            del node["status"][name]
+        else:
+            node["status"][name] = value
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("edit", [
+    pytest.param(lambda node: node["metadata"].pop("annotations", None), id="no annotations map: none is added"),
+    pytest.param(lambda node: node["metadata"].update(annotations={}), id="an empty annotations map is not removed"),
+    pytest.param(lambda node: _opted_in(node, allocatable={}, capacity={}), id="opted in, empty status maps"),
+    pytest.param(lambda node: _opted_in(node, allocatable=None, capacity=None), id="opted in, no status maps"),
+])
+def test_maps_a_status_write_leaves_empty_stay_as_they_were(edit):
+    node = gke_node()
+    edit(node)
+    _, _, patch = reshape_status_write(Settings(kubernetes="off"), node, None, True)
+    assert patch == []

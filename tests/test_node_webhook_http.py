@@ -105,11 +105,18 @@ def test_a_review_that_is_no_node_write_is_allowed_unchanged_and_counted_as_skip
     other["request"]["resource"] = {"group": "", "version": "v1", "resource": "pods"}
     deleted = node_review(gke_node(), gke_node(), operation="DELETE")
     deleted["request"]["object"] = None
+    # A review is a Node write only when both its kind and its resource say so: metrics.k8s.io
+    # serves NodeMetrics as "nodes" too. Each carries an opted-in node, which a Node write would oversell.
+    opted_in = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "2"})
+    node_metrics = node_review(opted_in, None, operation="CREATE")
+    node_metrics["request"]["kind"] = {"group": "metrics.k8s.io", "version": "v1beta1", "kind": "NodeMetrics"}
+    node_kind_only = node_review(opted_in, None, operation="CREATE")
+    node_kind_only["request"]["resource"] = {"group": "", "version": "v1", "resource": "pods"}
     before = server.metric("oversale_admissions_total", resource="nodes", outcome="skipped")
-    for review in (other, deleted):
+    for review in (other, deleted, node_metrics, node_kind_only):
         response = server.review(review, "/mutate/nodes")
         assert response == {"uid": review["request"]["uid"], "allowed": True}
-    assert server.metric("oversale_admissions_total", resource="nodes", outcome="skipped") == before + 2
+    assert server.metric("oversale_admissions_total", resource="nodes", outcome="skipped") == before + 4
 
 
 def test_gauges_show_real_and_oversold_side_by_side(server):
@@ -237,6 +244,20 @@ def test_lowering_below_the_requests_is_refused_with_an_actionable_message(valid
     assert response["status"] == {"code": 403, "message": (
         f"cpu-oversale-ratio 1.2 gives 4704m allocatable; the 37 pods on {NAME} request 5550m; "
         "the lowest safe ratio is 1.42")}
+
+
+def test_a_node_oversold_while_the_webhook_was_away_is_checked_from_its_status(validating):
+    # With no record (the webhook failed open on every status write since the ratio was set), the
+    # stored status still holds the kubelet's real values: a cut is checked against those.
+    _, server = validating
+    stored = with_annotations(gke_node(), **{KEYS.cpu_oversale_ratio: "2"})
+    assert stored["status"]["allocatable"]["cpu"] == "3920m"
+    lowered = with_annotations(stored, **{KEYS.cpu_oversale_ratio: "1.2"})
+    response = server.review(node_review(lowered, stored, username="admin", subresource=None), "/validate/nodes")
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        f"cpu-oversale-ratio 1.2 gives 4704m allocatable; the 37 pods on {NAME} request 5550m; "
+        "the lowest safe ratio is 1.42")
 
 
 def test_safe_changes_are_allowed(validating):

@@ -149,6 +149,8 @@ def test_the_debug_log_says_why_each_pod_was_left_alone_or_what_was_done(caplog)
         (no_namespace, ["namespace kube-system is excluded"]),
         (no_object, ["review has no object"]),
         (pod_review(frontend, kind={"group": "", "version": "v1", "kind": "Node"}), ["not a Pod (Node)"]),
+        (pod_review(frontend, subResource="status"), ["subresource status"]),
+        (pod_review(frontend, operation="UPDATE"), ["operation UPDATE"]),
     ]
     for review, reasons in cases:
         assert admit_pod(review["request"], settings, Namespaces()).reasons == reasons
@@ -161,6 +163,9 @@ def test_the_debug_log_says_why_each_pod_was_left_alone_or_what_was_done(caplog)
         "could not read the owner (timed out); only the Pod's own annotations were used"
     owned = Namespaces(workload={KEYS.cpu_requests_ratio: "0"}, name="Deployment/default/frontend")
     admit_pod(pod_review(frontend)["request"], settings, owned)
+    named = with_ratios(frontend, cpu="x")
+    named["metadata"]["name"] = "frontend-static"  # a Pod named in its manifest is logged by that name
+    admit_pod(pod_review(named)["request"], settings, Namespaces())
     assert [record.getMessage() for record in caplog.records] == [
         f"pod default/{name}: could not read the owner (timed out)",
         f"pod default/{name} (owner none): annotation {KEYS.cpu_requests_ratio}='x' ignored: 'x' is not a plain "
@@ -169,6 +174,9 @@ def test_the_debug_log_says_why_each_pod_was_left_alone_or_what_was_done(caplog)
         f"pod default/{name} (owner Deployment/default/frontend): annotation {KEYS.cpu_requests_ratio}='0' "
         "ignored: '0' is not above 0 (a ratio of 1 means no change, 0.5 doubles the request); cpu not compressed",
         f"pod default/{name}: skipped ['no compression ratio set']",
+        f"pod default/frontend-static (owner none): annotation {KEYS.cpu_requests_ratio}='x' ignored: 'x' is not a "
+        "plain decimal number such as 1, 1.5 or 2.25; cpu not compressed",
+        "pod default/frontend-static: skipped ['no compression ratio set']",
     ]
 
 
