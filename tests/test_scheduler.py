@@ -249,10 +249,11 @@ def test_filter_with_node_names_returns_only_nodes_sent_with_exact_reasons(clust
 
 def test_filter_with_full_nodes_answers_with_full_nodes(cluster):
     _, extender = cluster
-    answer = extender.post("filter", {"Pod": pod("p", "4", "FullPCPUs"), "Nodes": {"metadata": {}, "items": [
-        node("node-0"), node("outsider")]}})
-    assert [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == ["node-0", "outsider"]
-    assert answer["NodeNames"] is None
+    sent = {"metadata": {}, "items": [node("node-0"), node("outsider")]}
+    answer = extender.post("filter", {"Pod": pod("p", "4", "FullPCPUs"), "Nodes": sent})
+    # Each Node object goes back whole, as kube-scheduler's NodeList.
+    assert answer == {"Nodes": sent, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
+                      "Error": ""}
 
 
 def test_bound_pods_get_whole_cores_from_real_cpus_and_are_charged_at_the_ratio(cluster):
@@ -1663,26 +1664,36 @@ def test_bind_refuses_what_kube_scheduler_would_never_ask_and_records_no_binding
     other = pod("other", "2")
     other["spec"]["schedulerName"] = "default-scheduler"
     api.put("pods", other)
+    unnamed = pod("unnamed", "2")  # no schedulerName: the API server's default-scheduler
+    del unnamed["spec"]["schedulerName"]
+    api.put("pods", unnamed)
+    gpu = pod("gpu", "2")
+    gpu["spec"]["schedulerName"] = "gpu-scheduler"
+    api.put("pods", gpu)
     api.put("pods", pod("placed", "2", node_name="node-1"))
     api.put("pods", pod("mine", "2"))
     api.put("pods", pod("huge", "64"))
     leaving = pod("leaving", "1")
     leaving["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
     api.put("pods", leaving)
-    wait_for(lambda: all(api.get("pods", "default", n) for n in ("other", "placed", "mine", "huge", "leaving")))
+    wait_for(lambda: all(api.get("pods", "default", n) for n in ("other", "unnamed", "gpu", "placed", "mine", "huge",
+                                                                  "leaving")))
 
     def bind(name: str, uid: str, node_name: str = "node-0") -> str:
         return str(extender.post("bind", {"PodName": name, "PodNamespace": "default", "PodUID": uid,
                                           "Node": node_name})["Error"])
 
-    assert "schedulerName 'default-scheduler' is not served" in bind("other", "uid-other")
-    assert "already bound to node-1" in bind("placed", "uid-placed")
-    assert "PodUID uid-forged is not the Pod's" in bind("mine", "uid-forged")
-    assert "no longer fits tiny" in bind("huge", "uid-huge", "tiny")
-    assert "being deleted" in bind("leaving", "uid-leaving")
+    for name, scheduler in (("other", "default-scheduler"), ("unnamed", "default-scheduler"), ("gpu", "gpu-scheduler")):
+        assert bind(name, f"uid-{name}") == (f"not binding pod default/{name}: schedulerName {scheduler!r} is not "
+                                             "served by this extender")
+    assert bind("placed", "uid-placed") == "not binding pod default/placed: already bound to node-1"
+    assert bind("mine", "uid-forged") == ("not binding pod default/mine: PodUID uid-forged is not the Pod's "
+                                          "(uid-mine): it was replaced")
+    assert bind("huge", "uid-huge", "tiny").startswith("pod default/huge no longer fits tiny: ")
+    assert bind("leaving", "uid-leaving") == "not binding pod default/leaving: being deleted"
     # Deleted, or its node gone, between kube-scheduler's choice and the bind.
-    assert "cannot read pod default/gone" in bind("gone", "uid-gone")
-    assert "node node-9 is not in the extender's cache" in bind("mine", "uid-mine", "node-9")
+    assert bind("gone", "uid-gone").startswith("cannot read pod default/gone: ")
+    assert bind("mine", "uid-mine", "node-9") == "node node-9 is not in the extender's cache"
     assert api.count("POST", "bindings") == 0, "nothing was bound"
     assert bind("mine", "uid-mine") == ""
     assert api.count("POST", "bindings") == 1
@@ -2429,7 +2440,9 @@ def test_a_retried_bind_whose_answer_was_lost_binds_on_the_same_cpus(caplog):
         assert "bind of default/pinned to n may or may not have happened" in caplog.text
 
         elsewhere = bind({**PINNED, "Node": "m"}, state, binder, KEYS)["Error"]
-        assert "an earlier bind of it to n got no answer and may still land" in elsewhere
+        assert elsewhere == ("not binding pod default/pinned to m: an earlier bind of it to n got no answer and may "
+                             "still land; its room there is held until the watch tells "
+                             f"(at most {RESERVATION_TTL:.0f} s)")
         assert api.count("POST", "bindings") == 1 and state.usage("m").bound_cpus == set()
 
         with api.watches_paused(), caplog.at_level(logging.INFO, logger="scheduler.extender"):
