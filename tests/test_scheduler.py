@@ -1160,6 +1160,60 @@ def test_a_workload_with_no_pod_in_the_metrics_is_known_by_its_history_until_tha
     assert state.estimate_for(new_replica) == by_requests
 
 
+def test_a_node_deleted_and_registered_again_within_the_hour_keeps_its_windows():
+    """A Node deleted and made again under its name (a kubelet registering anew) within the hour
+    finds its samples still there: a deleted node's go only once its newest has left the window."""
+    now = [1000.0]
+    state = ClusterState(KEYS, wall=lambda: now[0])
+    state.set_node("n", node("n"))
+    state.record_node_samples({"n": Sample(now[0], 9000, 8 << 30)})
+    now[0] += 3000
+    state.record_node_samples({"n": Sample(now[0], 1000, 8 << 30)})
+    state.set_node("n", None)
+    now[0] += 601  # its first sample is more than an hour old, its last is not
+    state.record_node_samples({"other": Sample(now[0], 1000, 8 << 30)})
+    state.set_node("n", node("n"))
+    load = state.heats(["n"])[0].load
+    assert load is not None and load.cpu_peak == 9000, "its 1-hour maximum as of its last sample"
+
+
+def test_a_history_read_counts_at_once_for_the_pods_still_settling():
+    """A replica bound a moment ago counts on its node by its workload's estimate: once Prometheus
+    says what the workload's Pods used, that figure counts for it from then on, not its request."""
+    now = [1000.0]
+    state = ClusterState(KEYS, clock=lambda: now[0], wall=lambda: now[0])
+    state.set_node("n", node("n"))
+    state.reserve(PodRecord("uid-web-7c9b4-y1", "n", pod_demand(replica("web-7c9b4-y1", "7c9b4", "4"), KEYS), (),
+                            "default", "web-7c9b4-y1", now[0]))
+    assert state.heats(["n"])[0].pending == {"cpu": 3400.0, "memory": 0.7 * 2**30}, "by its request"
+    now[0] += 10
+    state.record_workload_history({"default/Deployment/web": WorkloadUsage(250.0, 2.0**28, 2)}, now[0])
+    assert state.heats(["n"])[0].pending == {"cpu": 250.0, "memory": 2.0**28}
+
+
+def test_a_long_running_extender_holds_only_the_windows_it_reads():
+    """Polled every 30 s for two hours, a node keeps the last hour of its samples (its 1-hour
+    maximum) and a workload the last 5 minutes of its polls (its average): what the extender holds
+    stays the same however long it runs."""
+    now = [1000.0]
+    config = LoadConfig()
+    state = ClusterState(KEYS, load_config=config, wall=lambda: now[0])
+    state.set_node("n", node("n"))
+    state.set_pod("uid-web-5d8f9-x1", pod_facts(replica("web-5d8f9-x1", "5d8f9", "4", node_name="n"), KEYS))
+    for poll in range(240):
+        state.record_node_samples({"n": Sample(now[0], 1000 + poll, 8 << 30)})
+        state.record_pods_in_metrics({("default", "web-5d8f9-x1"): (500.0 + poll, 2.0**28)})
+        now[0] += 30
+    node_times, node_cpus = state._samples["n"]
+    assert len(node_times) == len(node_cpus) == config.peak_seconds / 30 + 1
+    assert node_times[-1] - node_times[0] == config.peak_seconds
+    workload_times, _ = state._workload_cpu["default/Deployment/web"]
+    assert len(workload_times) == config.average_seconds / 30 + 1
+    load = state.heats(["n"])[0].load
+    assert load is not None and load.cpu_peak == 1239.0
+    assert load.cpu_average == sum(range(1230, 1240)) / 10, "the polls of the last 5 minutes"
+
+
 @pytest.fixture(scope="module", params=STORES)
 def workload_history(request, tmp_path_factory) -> Iterator[PrometheusServer | VictoriaMetricsServer]:
     """A real store (Prometheus, then VictoriaMetrics) holding what cAdvisor and kube-state-metrics
@@ -1863,6 +1917,7 @@ def test_pods_bound_but_not_in_the_metrics_yet_count_on_their_node_while_they_se
     def pending_cpu() -> float:
         return state.heats(["n"])[0].pending.get("cpu", 0.0)
 
+    assert pending_cpu() == 0, "nothing bound yet (and read once, so a bind must make it count again)"
     for name in ("a", "b"):
         state.reserve(PodRecord(f"uid-{name}", "n", pod_demand(pod(name, "4"), KEYS), (), "default", name, now[0]))
     assert pending_cpu() == 2 * 3400, "two binds the watch has not shown yet, each at 85% of its request"
