@@ -35,6 +35,7 @@ from oversale.settings import Settings, SettingsError
 from oversale.timestamps import parse_timestamp
 from reconcilers.cluster import Cluster
 from reconcilers.history import HistoryUnavailable, ResourceStats
+from reconcilers.metrics import ReconcilerMetrics
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import NotLeader, Reconciler, Row, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
@@ -2771,6 +2772,20 @@ def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, 
         stop_process(process)
 
 
+def test_a_replica_that_has_not_passed_yet_exports_never_and_not_checked():
+    """Before its first pass, each result's last pass is 0 (never): a leader that never completes
+    one trips OversaleReconcilerPassesIncomplete (time() - 0), where no series would leave the
+    alert's max() empty and silent. Whether pods/resize is served is -1 until checked."""
+    registry = ReconcilerMetrics().registry
+    names = ("oversale_reconcile_last_pass_timestamp_seconds", "oversale_inplace_resize_supported")
+    exported = {(sample.name, tuple(sample.labels.values())): sample.value for family in registry.collect()
+                for sample in family.samples if sample.name in names}
+    assert exported == {("oversale_reconcile_last_pass_timestamp_seconds", ("complete",)): 0.0,
+                        ("oversale_reconcile_last_pass_timestamp_seconds", ("incomplete",)): 0.0,
+                        ("oversale_reconcile_last_pass_timestamp_seconds", ("failed",)): 0.0,
+                        ("oversale_inplace_resize_supported", ()): -1.0}
+
+
 def test_run_tells_when_metrics_server_readings_stop_and_start_again(api, tmp_path):
     """metrics-server down for a while under a running ``run``: one warning when the readings
     start failing and one line when they come back, each lost reading counted, not a line each."""
@@ -2787,6 +2802,12 @@ def test_run_tells_when_metrics_server_readings_stop_and_start_again(api, tmp_pa
                           "Unavailable") == 1, text
         assert re.search(r"metrics API \(metrics.k8s.io\) readable again \(after [3-9]\d* failed runs\)", text), text
         assert "Traceback" not in text, text
+        # The nodes' readings say metrics-server's window: each sample's cpu is a rate over it.
+        assert re.search(r"^oversale_history_usage_window_seconds 0\.0$", scraped(port), re.MULTILINE), "none yet"
+        api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s",
+                                "usage": {"cpu": "1500m", "memory": "4Gi"}})
+        window = re.compile(r"^oversale_history_usage_window_seconds 30\.0$", re.MULTILINE)
+        assert eventually(lambda: window.search(scraped(port)), timeout=30), scraped(port)
     finally:
         stop_process(process)
 
