@@ -449,6 +449,13 @@ def test_a_node_no_longer_reviewed_leaves_the_metrics(tmp_path):
         status, body = running.get("/metrics")
         assert status == 200 and b'node="deleted-node"' not in body
         assert b"# TYPE oversale_node_oversale_ratio gauge" in body
+        # The text format allows one TYPE line a family: those with samples in the files are not
+        # listed again among the families no worker has written yet.
+        types = [line for line in body.splitlines() if line.startswith(b"# TYPE ")]
+        assert len(types) == len(set(types)) and b"# TYPE oversale_admissions_total counter" in types
+        # The workers' sweeps drop the deleted node's series without the client's warning that
+        # multiprocess files keep removed samples (the exposition filters those by age).
+        assert "UserWarning" not in running.log.read_text(), running.log.read_text()
         assert running.metric("oversale_node_oversale_ratio", node=NAME, resource="cpu") == 1.5
         assert running.metric("oversale_node_allocatable", node=NAME, resource="cpu", value="real") == 3.92
         # The node comes back (same name, new object): its series return at once.

@@ -354,6 +354,30 @@ def test_in_process_metrics_forget_a_node_no_longer_reviewed(monkeypatch):
     assert 'oversale_node_oversale_ratio{node="gone",resource="cpu"} 2.0' in metrics.exposition()[0].decode()
 
 
+def test_in_process_metrics_write_a_changed_value_at_once_and_forget_nodes_no_review_mentions(monkeypatch):
+    """Only a repeated value skips its write: a ratio changed a moment after the last review shows
+    at once. A webhook that reviews nothing for the time to live (its last nodes deleted) shows
+    none of their series at the next scrape. And a worker lets go of what it held for a node
+    gone at the next review after the time to live, scraped or not: in an autoscaled cluster,
+    nodes come and go all day."""
+    import time
+
+    from webhook.metrics import Metrics
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics = Metrics(node_series_ttl=0.4)
+    metrics.set_gauge(metrics.node_ratio, ("n", "cpu"), 1.5)
+    metrics.set_gauge(metrics.node_ratio, ("n", "cpu"), 2.0)
+    assert 'oversale_node_oversale_ratio{node="n",resource="cpu"} 2.0' in metrics.exposition()[0].decode()
+    time.sleep(0.5)
+    assert 'node="n"' not in metrics.exposition()[0].decode()
+    metrics.set_gauge(metrics.node_ratio, ("gone", "cpu"), 2.0)
+    time.sleep(0.5)
+    metrics.set_gauge(metrics.node_ratio, ("live", "cpu"), 1.5)
+    assert [labels for _, labels in metrics._last_set] == [labels for _, labels in metrics._children] == \
+        [("live", "cpu")]
+
+
 @pytest.mark.shared
 def test_the_lean_admission_path_keeps_the_wire_contract(webhook_no_cluster):
     # Chunked bodies (no Content-Length) are read too; other methods and paths still reach Flask.
