@@ -539,6 +539,54 @@ def test_dashboard_and_alerts_use_only_exported_metrics():
     assert used <= exported, f"not exported by the code: {sorted(used - exported)}"
 
 
+TARGET_LABELS = {"pod", "namespace", "instance", "job", "container", "endpoint", "service"}
+"""What Prometheus adds to every sample of a PodMonitor's targets."""
+
+
+def exported_label_names() -> dict[str, set[str]]:
+    """Each family's label names, from the three components' own metrics (those of a collector
+    that holds no sample yet, as the certificate expiry with no file, stay unknown)."""
+    from reconcilers.metrics import ReconcilerMetrics
+    from scheduler.app import ExtenderMetrics
+    from webhook.metrics import Metrics
+
+    labels: dict[str, set[str]] = {}
+    for registry in (Metrics().registry, ReconcilerMetrics().registry, ExtenderMetrics().registry):
+        for collector in list(registry._collector_to_names):
+            for family in collector.collect():
+                names = getattr(collector, "_labelnames", None)
+                known = set(names) if names is not None else {key for s in family.samples for key in s.labels}
+                if names is not None or family.samples:
+                    labels[family.name] = known | ({"le"} if family.type == "histogram" else set())
+    return labels
+
+
+def family_of(sample_name: str) -> str:
+    return re.sub(r"_(total|bucket|sum|count)$", "", sample_name)
+
+
+def test_dashboard_and_alerts_select_and_group_by_labels_the_metrics_have():
+    """A label renamed in the code (``result`` on the reconcilers' last pass, ``pool`` on the
+    budget) leaves an alert's selector matching nothing: silent, not failing."""
+    labels = exported_label_names()
+    checked = 0
+    for query in monitoring_queries():
+        families = {family_of(name) for name in re.findall(r"\boversale_[a-z_]+", query)}
+        known = [labels[family] for family in families if family in labels]
+        if len(known) < len(families):
+            continue  # a family whose labels are unknown here (no sample yet)
+        for selector in re.finditer(r"\b(oversale_[a-z_]+)\{([^}]*)\}", query):
+            family = family_of(selector.group(1))
+            used = set(re.findall(r"([a-z_]+)\s*(?:=~|!~|!=|=)", selector.group(2)))
+            assert used <= labels[family] | TARGET_LABELS, f"{selector.group(0)}: {family} has {sorted(labels[family])}"
+            checked += 1
+        for clause in re.finditer(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)", query):
+            grouped = {name.strip() for name in clause.group(1).split(",") if name.strip()}
+            assert grouped <= set().union(*known) | TARGET_LABELS, f"{clause.group(0)} in {query}"
+            checked += 1
+    assert checked > 30, "the queries' selectors and groupings were found"
+
+
 def test_every_exported_metric_is_documented():
     """An operator reads what a metric means in the docs; a metric they cannot look up is one they
     will not alert on. A family's name, or one of its samples', is enough (a histogram's

@@ -330,7 +330,7 @@ def test_a_fresh_webhook_lists_every_metric_family_before_any_review(tmp_path):
         for collector in vars(Metrics()).values():
             for family in getattr(collector, "describe", lambda: [])():
                 name = family.name + ("_total" if family.type == "counter" else "")
-                assert f"# TYPE {name} {family.type}" in text, name
+                assert f"# HELP {name} {family.documentation}\n# TYPE {name} {family.type}\n" in text, name
     finally:
         server.stop()
 
