@@ -754,6 +754,17 @@ def test_rotated_files_are_served_on_new_connections_without_restart(tmp_path):
         server.stop()
 
 
+def test_in_process_metrics_show_the_certificate_expiry_too(tmp_path, monkeypatch):
+    """Served by Flask alone (no PROMETHEUS_MULTIPROC_DIR), the webhook's one registry holds the
+    expiry as well."""
+    from webhook.metrics import Metrics
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    paths = generate(tmp_path, ["localhost"], days=20)
+    exposition = Metrics(certificates={"serving": paths.cert}).exposition()[0].decode()
+    assert expiry_samples(exposition) == {"serving": load(paths.cert).not_valid_after_utc.timestamp()}
+
+
 def test_metrics_show_when_the_served_certificates_expire_and_follow_a_renewal(tmp_path):
     """A renewal that never happens is silent until the API server can no longer call the
     webhook; the expiry on /metrics is what an alert can watch (OversaleCertificateExpiringSoon)."""
