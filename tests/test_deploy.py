@@ -539,7 +539,7 @@ def test_dashboard_and_alerts_use_only_exported_metrics():
     assert used <= exported, f"not exported by the code: {sorted(used - exported)}"
 
 
-TARGET_LABELS = {"pod", "namespace", "instance", "job", "container", "endpoint", "service"}
+TARGET_LABELS = {"pod", "namespace", "instance", "job", "container", "endpoint"}
 """What Prometheus adds to every sample of a PodMonitor's targets."""
 
 
