@@ -11,6 +11,7 @@ import subprocess
 
 import celpy
 import kubernetes_validate
+import prometheus_client
 import pytest
 import yaml
 
@@ -496,14 +497,19 @@ def test_dockerfile_builds_a_slim_non_root_image_without_compilers():
 
 # ---- monitoring: the dashboard and alerts read only what the code exports ------------------------
 
-def exported_metric_names() -> set[str]:
-    """Every sample name the three components can expose, from their own registries."""
+def component_registries() -> list[prometheus_client.CollectorRegistry]:
+    """The registries of the three components' metrics (the webhook's, the reconcilers', the extender's)."""
     from reconcilers.metrics import ReconcilerMetrics
     from scheduler.app import ExtenderMetrics
     from webhook.metrics import Metrics
 
+    return [Metrics().registry, ReconcilerMetrics().registry, ExtenderMetrics().registry]
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the three components can expose, from their own registries."""
     names = set()
-    for registry in (Metrics().registry, ReconcilerMetrics().registry, ExtenderMetrics().registry):
+    for registry in component_registries():
         for family in registry.collect():
             suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
                         "gauge": ("",)}.get(family.type, ("",))
@@ -546,12 +552,8 @@ TARGET_LABELS = {"pod", "namespace", "instance", "job", "container", "endpoint"}
 def exported_label_names() -> dict[str, set[str]]:
     """Each family's label names, from the three components' own metrics (those of a collector
     that holds no sample yet, as the certificate expiry with no file, stay unknown)."""
-    from reconcilers.metrics import ReconcilerMetrics
-    from scheduler.app import ExtenderMetrics
-    from webhook.metrics import Metrics
-
     labels: dict[str, set[str]] = {}
-    for registry in (Metrics().registry, ReconcilerMetrics().registry, ExtenderMetrics().registry):
+    for registry in component_registries():
         for collector in list(registry._collector_to_names):
             for family in collector.collect():
                 names = getattr(collector, "_labelnames", None)
