@@ -555,8 +555,8 @@ def exported_label_names() -> dict[str, set[str]]:
     labels: dict[str, set[str]] = {}
     for registry in component_registries():
         for collector in list(registry._collector_to_names):
+            names = getattr(collector, "_labelnames", None)
             for family in collector.collect():
-                names = getattr(collector, "_labelnames", None)
                 known = set(names) if names is not None else {key for s in family.samples for key in s.labels}
                 if names is not None or family.samples:
                     labels[family.name] = known | ({"le"} if family.type == "histogram" else set())
@@ -564,6 +564,7 @@ def exported_label_names() -> dict[str, set[str]]:
 
 
 def family_of(sample_name: str) -> str:
+    """The family a sample name belongs to (``oversale_admissions_total``: ``oversale_admissions``)."""
     return re.sub(r"_(total|bucket|sum|count)$", "", sample_name)
 
 
@@ -595,7 +596,7 @@ def test_every_exported_metric_is_documented():
     ``_bucket`` is read through its ``_seconds`` name)."""
     docs = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     named = set(re.findall(r"\boversale_[a-z_]+\*?", docs))  # `oversale_requests_freed_*` names a few
-    families = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in exported_metric_names()}
+    families = {family_of(name) for name in exported_metric_names()}
     undocumented = {family for family in families
                     if not any(name == family or name.startswith(family + "_")
                                or (name.endswith("*") and family.startswith(name[:-1])) for name in named)}
