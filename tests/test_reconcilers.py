@@ -1326,7 +1326,11 @@ def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source, caplog
 
     # node-1: 3000m requested by running Pods (the finished one holds nothing), peak ~ 500m:
     # 1 x 3000 / 500 = 6 -> max 5 -> from 1 the first pass raises 25%.
-    assert annotations(api, "nodes", "node-1", "")[KEYS.cpu_oversale_ratio] == "1.25"
+    node_1 = annotations(api, "nodes", "node-1", "")
+    assert node_1[KEYS.cpu_oversale_ratio] == "1.25"
+    stamp, said = node_1[KEYS.ratio_last_change].split(" ", 1)
+    assert abs(parse_timestamp(stamp) - time.time()) < 120 and said.startswith("cpu 1 -> 1.25: ")
+    assert f"Node/node-1: {said}" in caplog.messages
     assert "3 requested" in by_key[("Node/node-1", "cpu")].reason
     assert annotations(api, "nodes", "node-2", "")[KEYS.cpu_oversale_ratio] == "1.5", "no history: held"
     assert "holding" in by_key[("Node/node-2", "cpu")].reason
@@ -1338,6 +1342,11 @@ def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source, caplog
                        ("Deployment", "hot", "CompressionRatioChanged"),
                        ("StatefulSet", "db", "CompressionRatioChanged"),
                        ("Node", "node-1", "OversaleRatioChanged")}
+    # kubectl describe shows them "From oversale-reconciler".
+    assert {(e["source"]["component"], e["reportingComponent"]) for e in events} == {("oversale-reconciler",) * 2}
+    # The apiVersion a list leaves out of its items is put back: an Event names its object by both.
+    assert {(e["involvedObject"]["kind"], e["involvedObject"]["apiVersion"]) for e in events} == {
+        ("Deployment", "apps/v1"), ("StatefulSet", "apps/v1"), ("Node", "v1")}
 
     # The next pass raises again by at most 25%: 1.25 -> 1.56.
     reconciler.run_pass()
