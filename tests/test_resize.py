@@ -142,6 +142,14 @@ def stored(api: FakeKubeAPI, name: str = PODS[0]) -> dict[str, Any]:
     return pod
 
 
+def leading(api: FakeKubeAPI, clock: Clock) -> LeaseElector:
+    """A replica holding the reconcilers' Lease for 15 s of ``clock``."""
+    elector = LeaseElector(client.ApiClient(client.Configuration(host=api.url)), "oversale", "oversale-reconciler",
+                           "a", 15, clock)
+    assert elector.try_acquire_or_renew()
+    return elector
+
+
 def resize_calls(api: FakeKubeAPI) -> int:
     return sum(1 for r in api.requests if r.method == "PATCH" and r.path.endswith("/resize"))
 
@@ -807,9 +815,7 @@ def test_a_lease_lost_while_a_pods_conflict_is_read_again_resizes_nothing(api, t
     (the API server too slow for its renewals): read again, the Pod is left to the next leader."""
     setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS[:1])
     clock = Clock()
-    elector = LeaseElector(client.ApiClient(client.Configuration(host=api.url)), "oversale", "oversale-reconciler",
-                           "a", 15, clock)
-    assert elector.try_acquire_or_renew()
+    elector = leading(api, clock)
 
     def kubelet_writes_while_the_lease_runs_out(pod: dict[str, Any]) -> None:
         clock.now += 11
@@ -830,9 +836,7 @@ def test_a_replica_whose_lease_ran_out_before_the_resizes_resizes_nothing(api, t
     resize finds it gone, and nothing is written, not even the record of a resize."""
     setup(api, {KEYS.cpu_requests_ratio: "1.25"}, pods=PODS[:1])
     clock = Clock()
-    elector = LeaseElector(client.ApiClient(client.Configuration(host=api.url)), "oversale", "oversale-reconciler",
-                           "a", 15, clock)
-    assert elector.try_acquire_or_renew()
+    elector = leading(api, clock)
     clock.now += 16
     before = stored(api)["metadata"]["annotations"]
     with pytest.raises(NotLeader):
