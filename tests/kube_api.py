@@ -545,14 +545,16 @@ def write_kubeconfig(path: Path, server: str) -> Path:
     return path
 
 
-def undecodable(plural: str, body: Any) -> str | None:
+def undecodable(plural: str, body: Any, endpoint: tuple[str, str] | None = None) -> str | None:
     """Why the API server would refuse to decode a body sent to create or replace an object of
-    ``plural`` (400 BadRequest), or None: its apiVersion or kind is not the endpoint's, or a
-    MicroTime field is not to the microsecond."""
+    ``plural`` (400 BadRequest), or None: its apiVersion or kind is not the endpoint's (``plural``'s,
+    else a subresource's (apiVersion, kind)), or a MicroTime field is not to the microsecond."""
     if not isinstance(body, dict):
         return "the body is not a JSON object"
     prefix, _, kind, _ = RESOURCES[plural]
     version = API_VERSIONS[prefix]
+    if endpoint is not None:
+        version, kind = endpoint
     if body.get("apiVersion") not in (None, version):
         return (f"the API version in the data ({body['apiVersion']}) does not match the expected API version "
                 f"({version})")
@@ -824,7 +826,10 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
         def _evict(self, namespace: str, name: str, eviction: dict[str, Any]) -> None:
             """POST pods/NAME/eviction: the disruption controller's budget decides, as the API server's
             eviction registry does (429 while no disruption is allowed; the Pod is deleted otherwise),
-            and a UID precondition that names another Pod is a 409 Conflict."""
+            and a UID precondition that names another Pod is a 409 Conflict. A body that is no
+            policy/v1 Eviction is a 400, as the subresource cannot decode it."""
+            if why := undecodable("pods", eviction, ("policy/v1", "Eviction")):
+                return self._send(400, _status(400, "BadRequest", why))
             if (namespace, name) in api.vanishing:
                 api.vanishing.discard((namespace, name))
                 api.delete("pods", namespace, name)

@@ -39,7 +39,7 @@ from reconcilers.metrics import ReconcilerMetrics
 from reconcilers.prometheus import PrometheusHistory
 from reconcilers.runner import NotLeader, Reconciler, Row, format_table
 from reconcilers.sqlite_history import MetricsSampler, SqliteHistory
-from tests.conftest import ROOT, damage_sqlite, eventually, free_port, loaded_client, stop_process
+from tests.conftest import ROOT, SHARED, damage_sqlite, eventually, free_port, loaded_client, stop_process
 from tests.kube_api import FakeKubeAPI
 from tests.prometheus_server import (
     PARTIAL_STORES,
@@ -1892,8 +1892,9 @@ def test_an_hpas_utilization_targets_of_each_resource_are_rescaled_and_its_other
     said = "cpu target 75% (the original 60% x the requests ratio); memory target 100% (the original 80% x the " \
            "requests ratio)"
     assert f"HorizontalPodAutoscaler/{NS}/api: {said}" in caplog.messages
-    assert [e["message"] for e in api.list_objects("events", None, {})["items"]
-            if e["reason"] == "UtilizationTargetRescaled"] == [said]
+    assert [(e["message"], e["involvedObject"]["apiVersion"], e["involvedObject"]["kind"], e["involvedObject"]["name"])
+            for e in api.list_objects("events", None, {})["items"] if e["reason"] == "UtilizationTargetRescaled"] == [
+        (said, "autoscaling/v2", "HorizontalPodAutoscaler", "api")]
 
 
 def test_an_hpa_added_to_a_workload_already_right_sized_is_rescaled_to_the_ratio_in_effect(api, prometheus):
@@ -2052,6 +2053,21 @@ def test_an_unreadable_original_target_on_one_hpa_holds_that_workload_only(api, 
         "averageUtilization"] == 60
     row = next(r for r in rows if r.object == f"Deployment/{NS}/api" and r.resource == "cpu")
     assert "'60%' is not a whole percentage" in row.reason
+
+
+@pytest.mark.shared
+def test_the_opted_in_nodes_are_read_without_their_image_lists(api):
+    """A real Node's status lists the images on it (up to 50, each with every name and its size),
+    most of the object at 5,000 nodes; nothing reads them, so they are not kept. The rest is."""
+    real = json.loads((SHARED / "fixtures" / "nodes" / "gke-node.json").read_text())
+    assert real["status"]["images"]
+    real["metadata"]["labels"][KEYS.oversale_label] = "enabled"
+    api.put("nodes", real)
+    (read,) = [n for n in Cluster(api_client_for(api)).nodes(f"{KEYS.oversale_label}=enabled")
+               if n["metadata"]["name"] == real["metadata"]["name"]]
+    assert "images" not in read["status"]
+    assert read["status"] == {k: v for k, v in real["status"].items() if k != "images"}
+    assert read["metadata"]["labels"] == real["metadata"]["labels"]
 
 
 def test_node_status_can_be_applied_at_once(api, prometheus):
