@@ -2055,6 +2055,16 @@ def test_an_unreadable_original_target_on_one_hpa_holds_that_workload_only(api, 
     assert "'60%' is not a whole percentage" in row.reason
 
 
+def test_a_list_longer_than_a_page_is_read_page_by_page(api):
+    """The reconcilers list 500 objects a page: a cluster's Pods beyond the first page count too."""
+    before = len(list(Cluster(api_client_for(api)).running_pods()))
+    for index in range(600):
+        api.put("pods", running_pod(f"many-{index:03d}", "node-1", "10m", "10Mi"))
+    pods = [p["metadata"]["name"] for p in Cluster(api_client_for(api)).running_pods()]
+    assert len(pods) == len(set(pods)) == before + 600
+    assert sum(1 for r in api.requests if r.method == "GET" and r.path.endswith("/pods")) == 1 + 2
+
+
 @pytest.mark.shared
 def test_the_opted_in_nodes_are_read_without_their_image_lists(api):
     """A real Node's status lists the images on it (up to 50, each with every name and its size),
