@@ -1342,11 +1342,16 @@ def test_a_pass_writes_ratios_events_and_respects_every_rule(api, source, caplog
                        ("Deployment", "hot", "CompressionRatioChanged"),
                        ("StatefulSet", "db", "CompressionRatioChanged"),
                        ("Node", "node-1", "OversaleRatioChanged")}
-    # kubectl describe shows them "From oversale-reconciler".
-    assert {(e["source"]["component"], e["reportingComponent"]) for e in events} == {("oversale-reconciler",) * 2}
+    # kubectl describe shows them "From oversale-reconciler", each seen once (no "x2 over").
+    assert {(e["source"]["component"], e["reportingComponent"], e["count"]) for e in events} == {
+        ("oversale-reconciler", "oversale-reconciler", 1)}
     # The apiVersion a list leaves out of its items is put back: an Event names its object by both.
     assert {(e["involvedObject"]["kind"], e["involvedObject"]["apiVersion"]) for e in events} == {
         ("Deployment", "apps/v1"), ("StatefulSet", "apps/v1"), ("Node", "v1")}
+    # A workload's Events live in its namespace; a Node's, which has none, in "default", where the
+    # kubelet puts its own.
+    assert {(e["involvedObject"]["kind"], e["metadata"]["namespace"]) for e in events} == {
+        ("Deployment", "shop"), ("StatefulSet", "shop"), ("Node", "default")}
 
     # The next pass raises again by at most 25%: 1.25 -> 1.56.
     reconciler.run_pass()

@@ -9,6 +9,8 @@ import dataclasses
 import json
 import logging
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,7 +60,7 @@ from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
-from tests.conftest import free_port, loaded_client
+from tests.conftest import ROOT, free_port, loaded_client
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -797,6 +799,29 @@ def test_a_node_hot_for_k_observations_loses_the_pod_that_cools_it(api, caplog):
     api.put("pods", {**pod("web-5d8f9-zzzzz"), "spec": {**pod()["spec"], "nodeName": "node-cool"}})
     remediator_.run_pass()
     assert KEYS.reservations not in (api.get("nodes", "", "node-cool")["metadata"].get("annotations") or {})
+
+
+def test_remediate_evicts_under_the_lease_and_gives_it_back_and_its_dry_run_takes_none(api, tmp_path):
+    """``python -m reconcilers remediate``: one observation makes node-hot hot. A dry run prints
+    the move, evicts nothing and takes no Lease (another replica may be leading); the real pass
+    evicts under the Lease and gives it back for the running replicas."""
+    env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+
+    def remediate(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reconcilers", "remediate", *flags], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    planned = remediate("--dry-run")
+    assert planned.returncode == 0, planned.stderr
+    (move,) = [line for line in planned.stdout.splitlines() if "Pod/shop/web-5d8f9-abcde" in line]
+    assert "node-hot" in move and "node-cool" in move
+    assert evictions(api) == 0 and api.get("leases", "oversale", "oversale-reconciler") is None
+    done = remediate()
+    assert done.returncode == 0, done.stderr
+    assert evictions(api) == 1 and api.get("pods", "shop", "web-5d8f9-abcde") is None
+    lease = api.get("leases", "oversale", "oversale-reconciler")
+    assert lease is not None and not lease["spec"].get("holderIdentity"), "taken, then given back"
 
 
 def test_a_node_hot_on_memory_loses_the_pod_whose_containers_together_use_most_of_it(api):
