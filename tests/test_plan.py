@@ -121,6 +121,7 @@ def plan(url: str, out: Path, *extra: str, settings: dict[str, str] | None = Non
 def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_prometheus, tmp_path):
     result = plan(cluster_prometheus.url, tmp_path / "plan", "--hot-time-budget", "0.01")
     assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == f"plan: {tmp_path / 'plan' / 'plan.md'}", "where to read it"
     summary = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert summary["budget"]["cpu"] == 0.01
     pool = summary["pools"]["general"]  # from kube_node_labels' GKE node-pool label

@@ -2771,6 +2771,8 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
         assert eventually(holder, timeout=30), log.read_text()
         # The first pass (it writes the StatefulSet with no history) comes at once, not an interval on.
         assert eventually(lambda: api.count("PATCH", "statefulsets"), timeout=30), log.read_text()
+        # Remediation is off unless asked for: the log says the nodes are watched, never emptied.
+        assert "observing nodes every 60s (remediation off: observing only)" in log.read_text()
         assert terminated_by_a_rollout(process, log) == 0, log.read_text()
         assert not holder(), "given back, not left to expire in 30 s"
     finally:
