@@ -2762,7 +2762,8 @@ def scraped(port: int) -> str:
 
 
 def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_rollout(api, tmp_path):
-    process, log = start_run(api, tmp_path, "run", lease_duration="30")
+    port = free_port()
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_RECONCILER_METRICS_PORT=str(port))
 
     def holder() -> str | None:
         return ((api.get("leases", "oversale", "oversale-reconciler") or {}).get("spec") or {}).get("holderIdentity")
@@ -2771,8 +2772,12 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
         assert eventually(holder, timeout=30), log.read_text()
         # The first pass (it writes the StatefulSet with no history) comes at once, not an interval on.
         assert eventually(lambda: api.count("PATCH", "statefulsets"), timeout=30), log.read_text()
+        text = log.read_text()
+        # It took the free Lease before its first pass, rather than standing by for an election round.
+        assert "not the leader" not in text, text
+        assert f"reconciling every 3600s (metrics on :{port})" in text
         # Remediation is off unless asked for: the log says the nodes are watched, never emptied.
-        assert "observing nodes every 60s (remediation off: observing only)" in log.read_text()
+        assert "observing nodes every 60s (remediation off: observing only)" in text
         assert terminated_by_a_rollout(process, log) == 0, log.read_text()
         assert not holder(), "given back, not left to expire in 30 s"
     finally:
