@@ -2780,6 +2780,7 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
         assert "observing nodes every 60s (remediation off: observing only)" in text
         assert terminated_by_a_rollout(process, log) == 0, log.read_text()
         assert not holder(), "given back, not left to expire in 30 s"
+        assert log.read_text().count("pass done") == 1, "the next pass waits its interval (1h)"
     finally:
         if process.poll() is None:
             process.kill()
@@ -2854,6 +2855,9 @@ def test_run_tells_when_metrics_server_readings_stop_and_start_again(api, tmp_pa
                                 "usage": {"cpu": "1500m", "memory": "4Gi"}})
         window = re.compile(r"^oversale_history_usage_window_seconds 30\.0$", re.MULTILINE)
         assert eventually(lambda: window.search(scraped(port)), timeout=30), scraped(port)
+        # The history held grows sample by sample (what OVERSALE_MIN_HISTORY waits for).
+        span = re.compile(r"^oversale_history_span_seconds [1-9]", re.MULTILINE)
+        assert eventually(lambda: span.search(scraped(port)), timeout=30), scraped(port)
     finally:
         stop_process(process)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -610,6 +611,8 @@ def test_the_command_reports_the_hot_time_at_the_peaks_and_refuses_peaks_of_othe
     assert "peaks of 2 of 2 workloads" in result.stderr
     assert "at peaks 4.167%" in result.stdout
     assert result.stdout.splitlines()[-1] == f"report: {out / 'report.md'}", "where to read it"
+    assert re.search(r"^tuning days \(clairvoyant bound frees \d+\.\d%\):$", result.stdout, re.MULTILINE)
+    assert "holdout days: none (--holdout-days 0)" in result.stdout.splitlines()
     data = json.loads((out / "summary.json").read_text())
     policies = {row["policy"]: row for row in data["policies"]}
     assert policies["none"]["tuning"]["cpu_violation_rate_at_peaks"] == round(12 / 288, 6)
