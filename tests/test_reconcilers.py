@@ -2862,6 +2862,27 @@ def test_run_tells_when_metrics_server_readings_stop_and_start_again(api, tmp_pa
         stop_process(process)
 
 
+def test_run_tells_once_when_only_the_pods_readings_fail_and_counts_each(api, tmp_path):
+    """A large cluster whose PodMetrics list times out while NodeMetrics answers: the samples keep
+    the nodes' half, and the loss is one warning naming PodMetrics, each reading counted."""
+    api.unavailable.add("podmetrics")
+    api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s",
+                            "usage": {"cpu": "1500m", "memory": "4Gi"}})
+    port = free_port()
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_SAMPLE_READS="1",
+                             OVERSALE_SAMPLE_INTERVAL="1s", OVERSALE_RECONCILER_METRICS_PORT=str(port))
+    try:
+        assert eventually(lambda: samples_lost(port) >= 3, timeout=30), log.read_text()
+        text = log.read_text()
+        assert text.count("metrics API (metrics.k8s.io) PodMetrics not readable, this reading holds the nodes alone: "
+                          "HTTP 503 Service Unavailable") == 1, text
+        # The nodes' half is read all the same: their readings give metrics-server's window.
+        window = re.compile(r"^oversale_history_usage_window_seconds 30\.0$", re.MULTILINE)
+        assert eventually(lambda: window.search(scraped(port)), timeout=30), scraped(port)
+    finally:
+        stop_process(process)
+
+
 def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api, tmp_path):
     """A rollout: the new replica starts as a standby, the old one is stopped and gives the Lease
     back, and the new one passes within a few election rounds, not a reconcile interval (1h) on."""
