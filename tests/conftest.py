@@ -244,6 +244,13 @@ def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
         time.sleep(0.05)
 
 
+def cli_env(api: FakeKubeAPI, tmp_path: Path, **settings: str) -> dict[str, str]:
+    """The environment of a ``python -m reconcilers`` process against ``api``: a kubeconfig for
+    it, a bare PATH and HOME, and ``settings`` (OVERSALE_* variables)."""
+    return {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path), **settings}
+
+
 def stop_process(process: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL after 20 s."""
     process.terminate()

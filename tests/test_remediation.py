@@ -60,7 +60,7 @@ from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
-from tests.conftest import ROOT, free_port, loaded_client
+from tests.conftest import ROOT, cli_env, free_port, loaded_client
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -805,8 +805,7 @@ def test_remediate_evicts_under_the_lease_and_gives_it_back_and_its_dry_run_take
     """``python -m reconcilers remediate``: one observation makes node-hot hot. A dry run prints
     the move, evicts nothing and takes no Lease (another replica may be leading); the real pass
     evicts under the Lease and gives it back for the running replicas."""
-    env = {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path)}
+    env = cli_env(api, tmp_path)
 
     def remediate(*flags: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "reconcilers", "remediate", *flags], cwd=ROOT, env=env,
