@@ -2695,26 +2695,27 @@ def test_cli_once_writes_gives_the_lease_back_and_waits_out_a_gone_holder(api, p
     assert api.count("PATCH", "deployments") > 0
 
 
-def test_cli_once_says_why_it_did_not_take_the_lease(api, prometheus, tmp_path):
-    """A one-shot command that cannot take the Lease says why: a live holder, or an API server
-    that refuses the Lease (a Role without ``leases``), never the one told as the other."""
+@pytest.mark.parametrize("command", ["once", "remediate"])
+def test_a_one_shot_command_says_why_it_did_not_take_the_lease(api, prometheus, tmp_path, command):
+    """A one-shot command that cannot take the Lease says why, and exits 1: a live holder, or an
+    API server that refuses the Lease (a Role without ``leases``), never the one told as the other."""
     env = cli_env(api, tmp_path, OVERSALE_PROMETHEUS_URL=prometheus.url, OVERSALE_LEASE_DURATION="2")
 
-    def once() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "reconcilers", "once"], cwd=ROOT, env=env,
+    def one_shot() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reconcilers", command], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
 
     holder = LeaseElector(api_client_for(api), "oversale", "oversale-reconciler", "replica-b", 2)
     holder.start()
     try:
         assert eventually(holder.is_leader, timeout=10)
-        held = once()
+        held = one_shot()
     finally:
         holder.release()
     assert held.returncode == 1, held.stderr
     assert "error: lease oversale/oversale-reconciler not taken within 3s: held by replica-b" in held.stderr
     api.storms["leases"] = [403, 1000]
-    refused = once()
+    refused = one_shot()
     assert refused.returncode == 1, refused.stderr
     # RBAC's words: which permission the Role lacks.
     rbac = ('the API server answered HTTP 403 Forbidden: leases "oversale-reconciler" is forbidden: User '
