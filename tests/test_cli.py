@@ -7,7 +7,10 @@ missing file or a malformed argument.
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -132,6 +135,64 @@ def test_a_kubeconfig_pointing_at_no_api_server_is_one_line(command, answer, sai
 def test_debug_shows_the_traceback(dead_kubeconfig):
     result = run(["reconcilers", "once", "--dry-run", "--debug"], dead_kubeconfig)
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+@pytest.mark.shared
+def test_ctrl_c_on_a_backtest_exits_130_quietly_and_writes_no_report(tmp_path):
+    """A month's replay takes minutes; Ctrl-C while it reads the trace is the user's own choice:
+    exit code 130 as a shell gives it, no traceback and no error line, and no half-written report."""
+    from tests.conftest import SHARED
+
+    trace = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")}
+    backtest = subprocess.Popen([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(trace), "--out",
+                                 str(tmp_path / "report")], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                # As in a terminal: a shell script's background job (CI under nohup
+                                # &) hands its children SIGINT ignored, and Python then never raises
+                                # KeyboardInterrupt.
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert "read 500,000 rows" in backtest.stderr.readline(), "the replay is under way, reading the trace"
+        backtest.send_signal(signal.SIGINT)
+        stdout, stderr = backtest.communicate(timeout=60)
+    finally:
+        backtest.kill()
+    assert backtest.returncode == 130, stderr
+    assert "Traceback" not in stderr and "error" not in stderr.lower(), stderr
+    assert stdout == "" and not (tmp_path / "report").exists(), "no report, and none named"
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:8443", "0.0.0.0:65535", "[::1]:8443", "localhost:0"])
+def test_bind_takes_any_host_and_a_port_up_to_65535(address):
+    from kube.cli import bind_address
+
+    assert bind_address(address) == address
+
+
+@pytest.mark.parametrize("address", [":8443", "127.0.0.1:", "127.0.0.1:https", "127.0.0.1:65536", "127.0.0.1:-1"])
+def test_bind_without_a_host_or_a_port_it_can_take_is_named(address):
+    from kube.cli import bind_address
+
+    with pytest.raises(argparse.ArgumentTypeError, match=rf"^{re.escape(repr(address))} is not HOST:PORT"):
+        bind_address(address)
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    (PermissionError(13, "Permission denied", "/var/lib/oversale/history.db"),
+     "/var/lib/oversale/history.db: permission denied"),
+    (IsADirectoryError(21, "Is a directory", "/var/lib/oversale"), "/var/lib/oversale: Is a directory"),
+    (FileNotFoundError(2, "No such file or directory", "trace.csv"), "trace.csv: no such file or directory"),
+    (ValueError("could not convert string to float: 'x'"), "ValueError: could not convert string to float: 'x'"),
+])
+def test_an_unexpected_error_is_one_line_naming_its_file_or_its_kind(error, said, capsys):
+    from kube.cli import run_cli
+
+    def main(arguments: list[str]) -> int:
+        raise error
+
+    assert run_cli(main, []) == 2
+    assert capsys.readouterr().err == f"error: {said} (--debug shows the traceback)\n"
 
 
 def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):

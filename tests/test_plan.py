@@ -234,12 +234,25 @@ def test_the_export_is_re_tuned_on_the_pools_own_nodes(cluster_prometheus, tmp_p
     python, *arguments = shlex.split(command)
     assert python == "python" and arguments[:2] == ["-m", "simulator.tune"]
     assert arguments[arguments.index("--node-cores") + 1] == "8"
+    # The reconcilers' own windows, as they run by default: 7 days of a node's history, 14 of a workload's.
+    assert (arguments[arguments.index("--window-days") + 1],
+            arguments[arguments.index("--request-window-days") + 1]) == ("7", "14")
     tuned = subprocess.run([sys.executable, *arguments, "--scale", "4"], cwd=ROOT, capture_output=True, text=True,
                            timeout=300)
     assert tuned.returncode == 0, tuned.stderr
     header, *lines = tuned.stdout.splitlines()
     rows = [line.split() for line in lines if line.startswith("  4.0")]
     assert len(rows) == 4 and {row[header.split().index("freed")] for row in rows} == {"50.0%"}
+
+
+def test_the_plan_replays_with_the_windows_the_reconcilers_are_set_to(cluster_prometheus, tmp_path):
+    """OVERSALE_HISTORY_WINDOW and OVERSALE_COMPRESSION_WINDOW, as the reconcilers' Deployment sets
+    them, are the windows the plan replays with, in whole days: a window under a day is one day."""
+    result = plan(cluster_prometheus.url, tmp_path / "plan", "--placements", "1",
+                  settings={"OVERSALE_HISTORY_WINDOW": "2d", "OVERSALE_COMPRESSION_WINDOW": "6h"})
+    assert result.returncode == 0, result.stderr
+    retune = shlex.split(json.loads((tmp_path / "plan" / "plan.json").read_text())["pools"]["general"]["retune"])
+    assert (retune[retune.index("--window-days") + 1], retune[retune.index("--request-window-days") + 1]) == ("2", "1")
 
 
 def test_cadvisor_pause_pod_cgroup_and_twice_scraped_series_count_once(cluster_prometheus, tmp_path):

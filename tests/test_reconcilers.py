@@ -2897,8 +2897,12 @@ def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api
         new, new_log = start_run(api, tmp_path, "new", lease_duration="6")
         try:
             assert eventually(lambda: "not the leader" in new_log.read_text(), timeout=30), new_log.read_text()
+            time.sleep(5)  # two election rounds more standing by (a round is a third of the 6 s Lease)
             assert terminated_by_a_rollout(old, old_log) == 0, old_log.read_text()
             assert eventually(lambda: "pass done" in new_log.read_text(), timeout=20), new_log.read_text()
+            # Said once for its standby spell of several election rounds, not once a round.
+            assert new_log.read_text().count("not the leader: passing once this replica takes the Lease "
+                                             "oversale/oversale-reconciler") == 1, new_log.read_text()
         finally:
             stop_process(new)
     finally:
