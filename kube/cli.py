@@ -100,8 +100,8 @@ def run_cli(main: Callable[[list[str]], int], argv: Sequence[str] | None = None)
 
 
 def bind_address(text: str) -> str:
-    """argparse type of ``--bind``: HOST:PORT with a port in 1..65535 (gunicorn would otherwise
-    take "8443" as a host and retry it five times)."""
+    """argparse type of ``--bind``: HOST:PORT with a port in 0..65535, 0 for any free one (gunicorn
+    would otherwise take "8443" as a host and retry it five times)."""
     host, colon, port = text.rpartition(":")
     if not colon or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (for example 127.0.0.1:8443 or 0.0.0.0:8443)")
