@@ -294,8 +294,12 @@ class RunningWebhook:
         self.port = free_port()
         self.certs = tmp / "certs"
         self.log = tmp / "webhook.log"
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
-        environ.update({"OVERSALE_KUBERNETES": "off", "PYTHONPATH": str(ROOT), **(env or {})})
+        # A HOME of its own, as the image's (read-only there): whatever is written under it shows.
+        self.home = tmp / "home"
+        self.home.mkdir(exist_ok=True)
+        environ = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("OVERSALE_", "KUBECONFIG", "XDG_RUNTIME_DIR"))}
+        environ.update({"OVERSALE_KUBERNETES": "off", "PYTHONPATH": str(ROOT), "HOME": str(self.home), **(env or {})})
         self._log_handle = self.log.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "webhook", "--bind", f"127.0.0.1:{self.port}",

@@ -52,6 +52,13 @@ def test_health_and_readiness_without_a_cluster(webhook_no_cluster):
     assert log.count("serving with Pod annotations only") == 1
 
 
+def test_serving_writes_nothing_under_home(webhook_no_cluster):
+    """The deployed image's HOME is read-only: gunicorn's runtime control socket, which it makes
+    under $HOME/.gunicorn by default, would stop the server from starting there."""
+    assert webhook_no_cluster.get("/healthz")[0] == 200
+    assert list(webhook_no_cluster.home.iterdir()) == []
+
+
 @pytest.mark.shared
 @pytest.mark.parametrize("path", POD_FIXTURES, ids=lambda p: p.stem)
 def test_every_fixture_pod_gets_a_valid_patch(webhook_no_cluster, path):
