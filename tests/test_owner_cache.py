@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -356,6 +359,32 @@ def test_readiness_waits_for_the_caches(tmp_path):
         assert [sample.value for sample in server.samples("oversale_cache_synced", kind="VerticalPodAutoscaler")] == [1]
         assert server.metric("oversale_cache_restarts_total", kind="Deployment", again="list",
                              cause="list failed") >= 1
+    finally:
+        server.stop()
+        api.stop()
+
+
+def test_a_worker_that_dies_before_its_caches_sync_does_not_hold_them_unsynced(tmp_path):
+    """``oversale_cache_synced`` is the lowest over the live workers: a worker killed while the API
+    server was down (out of memory, say) must leave it, or its 0 would hold the alert on the
+    synced caches firing for as long as the webhook runs."""
+    api = FakeKubeAPI().start()
+    api.down = True
+    server = RunningWebhook(tmp_path, env={"OVERSALE_KUBERNETES": "auto",
+                                           "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kc"))}, workers=1)
+
+    def workers() -> list[str]:
+        return subprocess.run(["pgrep", "-P", str(server.process.pid)], capture_output=True, text=True).stdout.split()
+
+    try:
+        assert server.metric("oversale_cache_synced", kind="Deployment") == 0
+        (dying,) = workers()
+        os.kill(int(dying), signal.SIGKILL)
+        assert eventually(lambda: len(workers()) == 1 and dying not in workers(), timeout=20), "a new worker"
+        api.down = False
+        assert eventually(lambda: server.get("/readyz")[0] == 200, timeout=20)
+        assert eventually(lambda: server.metric("oversale_cache_synced", kind="Deployment") == 1, timeout=10), \
+            server.samples("oversale_cache_synced", kind="Deployment")
     finally:
         server.stop()
         api.stop()

@@ -721,6 +721,37 @@ def test_bad_payloads_get_a_400_naming_the_field(cluster, verb, payload, said):
     assert said in json.load(failure.value)["Error"]
 
 
+def test_each_call_is_counted_by_verb_and_what_came_of_it(cluster):
+    """What the OversaleExtenderErrors alert and the dashboard read: oversale_extender_calls_total
+    by verb and result (ok, malformed: a 400, error: an answer whose Error is set), and each call's
+    time in oversale_extender_duration_seconds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, extender = cluster
+
+    def exposed() -> dict[tuple[str, str, str], float]:
+        return {(sample.name, sample.labels.get("verb", ""), sample.labels.get("result", "")): sample.value
+                for family in text_string_to_metric_families(extender.get("/metrics")) for sample in family.samples
+                if sample.name in ("oversale_extender_calls_total", "oversale_extender_duration_seconds_count")}
+
+    before = exposed()
+    assert extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"]
+    malformed = urllib.request.Request(f"{extender.url}/filter", data=b"{}",
+                                       headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as failure:
+        urllib.request.urlopen(malformed, timeout=5)
+    assert failure.value.code == 400
+    gone = extender.post("bind", {"PodName": "gone", "PodNamespace": "default", "PodUID": "uid-gone", "Node": "node-0"})
+    assert gone["Error"] == 'cannot read pod default/gone: HTTP 404 Not Found: pods "gone" not found'
+    after = exposed()
+    grown = {key: after[key] - before.get(key, 0.0) for key in after if after[key] != before.get(key, 0.0)}
+    assert grown == {("oversale_extender_calls_total", "filter", "ok"): 1,
+                     ("oversale_extender_calls_total", "filter", "malformed"): 1,
+                     ("oversale_extender_calls_total", "bind", "error"): 1,
+                     ("oversale_extender_duration_seconds_count", "filter", ""): 2,
+                     ("oversale_extender_duration_seconds_count", "bind", ""): 1}
+
+
 # ---- load-aware placement (metrics.k8s.io through the API double) ---------------------------------
 
 def node_metrics(name: str, cores: float, age: float = 0.0, memory: str = "8Gi") -> dict:
