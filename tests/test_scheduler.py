@@ -135,6 +135,9 @@ class Extender:
         request = urllib.request.Request(f"{self.url}/{verb}", data=json.dumps(payload).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
+            # kube-scheduler reads only a 200's body; any other status fails the call (its
+            # error, too, travels in a 200's Error field).
+            assert response.status == 200, response.status
             return json.load(response)
 
     def get(self, path: str) -> str:
