@@ -2463,6 +2463,7 @@ def test_cli_dry_run_prints_the_table(api, prometheus, tmp_path):
     result = subprocess.run([sys.executable, "-m", "reconcilers", "once", "--dry-run"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    assert f"using the cluster at {api.url} (Kubernetes v1.33.0)" in result.stderr, "which cluster, at start"
     assert f'usage history from Prometheus at {prometheus.url}, series matching {{cluster=""}}' in result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("OBJECT")
