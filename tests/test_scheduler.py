@@ -724,6 +724,15 @@ def test_bad_payloads_get_a_400_naming_the_field(cluster, verb, payload, said):
     assert said in json.load(failure.value)["Error"]
 
 
+def test_without_a_client_ca_it_serves_warning_that_anyone_may_bind(cluster):
+    """docs/scheduler.md: without --client-ca it still serves (development), warns at start and
+    shows oversale_extender_client_auth 0."""
+    _, extender = cluster
+    assert "oversale_extender_client_auth 0.0" in extender.get("/metrics").splitlines()
+    assert (f"WARNING scheduler: no --client-ca: any client that reaches 127.0.0.1:{extender.port} can call bind "
+            "(development only; deploy/ uses mutual TLS)") in extender.log_path.read_text()
+
+
 def test_each_call_is_counted_by_verb_and_what_came_of_it(cluster):
     """What the OversaleExtenderErrors alert and the dashboard read: oversale_extender_calls_total
     by verb and result (ok, malformed: a 400, error: an answer whose Error is set), and each call's
