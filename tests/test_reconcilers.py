@@ -2785,6 +2785,9 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
         assert f"reconciling every 3600s (metrics on :{port})" in text
         # Remediation is off unless asked for: the log says the nodes are watched, never emptied.
         assert "observing nodes every 60s (remediation off: observing only)" in text
+        # The pass line says how long the pass took (seconds here), and what it wrote.
+        took = re.search(r"pass done in (\d+\.\d)s: (\d+) objects, (\d+) ratios written$", text, re.MULTILINE)
+        assert took and float(took.group(1)) < 30 and int(took.group(3)) >= 1, text
         assert terminated_by_a_rollout(process, log) == 0, log.read_text()
         assert not holder(), "given back, not left to expire in 30 s"
     finally:
