@@ -2795,6 +2795,29 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
             process.kill()
 
 
+def test_ctrl_c_stops_run_with_exit_code_130_giving_the_lease_back(api, tmp_path):
+    """Run by hand in a terminal (kubectl port-forward, a laptop): Ctrl-C leaves as a shell
+    expects, with 130, and the Lease is given back rather than left to expire."""
+    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "run.db"), OVERSALE_LEASE_DURATION="30",
+                  OVERSALE_RECONCILE_INTERVAL="1h", OVERSALE_RECONCILER_METRICS_PORT=str(free_port()))
+    log = tmp_path / "run.log"
+    # A terminal's SIGINT is the default action; a script's background job (CI) ignores it, and
+    # Python would then never raise KeyboardInterrupt.
+    process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert eventually(lambda: "pass done" in log.read_text(), timeout=30), log.read_text()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 130, log.read_text()
+        assert "Traceback" not in log.read_text(), log.read_text()
+        lease = api.get("leases", "oversale", "oversale-reconciler")
+        assert not (lease.get("spec") or {}).get("holderIdentity"), "given back"
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
 def samples_lost(port: int) -> float:
     """The readings and samples a ``run`` serving /metrics on ``port`` has lost so far."""
     found = re.search(r'^oversale_reconcile_skips_total\{reason="sample-lost"\} (\S+)$', scraped(port), re.MULTILINE)
