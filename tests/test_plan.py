@@ -325,20 +325,26 @@ def test_fewer_days_than_asked_are_planned_on_what_prometheus_holds(cluster_prom
             "--warmup-days 7 or fewer") in short.stderr
 
 
-@pytest.mark.parametrize("days", [0.5, 1.5])
-def test_a_cluster_younger_than_two_days_is_told_how_many_days_the_plan_needs(tmp_path, days):
+@pytest.mark.parametrize(("days", "said"), [
+    (0.5, "Prometheus holds 1 day of its history, not more than the 7-day warm-up: the plan needs 2 days at least "
+          "(1 of warm-up)"),
+    (1.5, "Prometheus holds 1 day of its history, not more than the 7-day warm-up: the plan needs 2 days at least "
+          "(1 of warm-up)"),
+    (2.5, "Prometheus holds 2 days of its history, not more than the 7-day warm-up: pass --warmup-days 1 or fewer"),
+])
+def test_a_cluster_younger_than_the_warm_up_is_told_what_the_plan_needs(tmp_path, days, said):
     """A Prometheus installed this morning holds half a day: the plan keeps it as one day (less
     than a whole day is not trimmed away, or nothing would be left) and says it needs two, one of
     warm-up, not a traceback or an empty export. One installed yesterday morning holds one whole
-    day and the half before it, which is trimmed: still one day."""
+    day and the half before it, which is trimmed: still one day. Two whole days are enough for a
+    1-day warm-up, which the line names."""
     server = backfilled(tmp_path / "young", exporter_families(), days)
     try:
         result = plan(server.url, tmp_path / "plan")
     finally:
         server.stop()
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert ("error: pool general: Prometheus holds 1 day of its history, not more than the 7-day warm-up: the plan "
-            "needs 2 days at least (1 of warm-up)") in result.stderr, result.stderr
+    assert f"error: pool general: {said}" in result.stderr, result.stderr
 
 
 def test_the_days_replayed_are_whole_days_ending_with_the_last_sample(cluster_prometheus, tmp_path):
