@@ -60,7 +60,7 @@ from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
-from tests.conftest import ROOT, cli_env, free_port, loaded_client
+from tests.conftest import ROOT, cli_env, eventually, free_port, loaded_client, stop_process
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -965,6 +965,23 @@ def test_a_taint_left_behind_goes_even_with_remediation_off_but_not_on_a_dry_run
     remediator_.run_pass(dry_run=True, tidy=True)  # the running loop with OVERSALE_REMEDIATION off
     assert api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated]
     assert evictions(api) == 0
+
+
+def test_run_with_remediation_off_takes_a_taint_left_behind_away(api, tmp_path):
+    """Remediation switched off after it tainted a node: ``python -m reconcilers run`` (off by
+    default) observes, evicts nothing, and takes away our taint whose time is up."""
+    dedicated, _ = taint_left_behind(api)
+    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "run.db"), OVERSALE_RECONCILE_INTERVAL="1h",
+                  OVERSALE_RECONCILER_METRICS_PORT=str(free_port()))
+    log = tmp_path / "run.log"
+    process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    try:
+        assert eventually(lambda: api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], timeout=30), \
+            log.read_text()
+        assert "remediation off: observing only" in log.read_text() and evictions(api) == 0
+    finally:
+        stop_process(process)
 
 
 def follower_then_holder(api: FakeKubeAPI) -> list[Remediator]:
