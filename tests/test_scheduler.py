@@ -1114,6 +1114,8 @@ def test_a_burst_hours_ago_in_prometheus_keeps_new_pods_off_the_node(node_histor
         assert 'oversale_extender_history_polls_total{result="ok"}' in extender.get("/metrics")
         assert f"load and workload history also from Prometheus at {node_history.url}" in \
             extender.log_path.read_text()
+        # The workloads' history is read from there too (this Prometheus holds none: read, empty).
+        wait_for(lambda: 'oversale_extender_workload_history_polls_total{result="ok"}' in extender.get("/metrics"))
     finally:
         extender.stop()
     # A window of an hour does not reach back to the burst.
