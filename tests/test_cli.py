@@ -2,7 +2,8 @@
 
 Each case runs the real command in a subprocess, as a user would, against a kubeconfig whose
 API server is a closed port on 127.0.0.1 (connection refused), a kubeconfig that is not YAML, a
-missing file or a malformed argument.
+missing file or a malformed argument; the few rules of kube/cli.py that no command reaches here
+(a port past 65535, a file it may not read) are checked on the functions themselves.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, damage_sqlite, free_port
+from kube.cli import bind_address, run_cli
+from tests.conftest import ROOT, SHARED, damage_sqlite, free_port
 from tests.kube_api import FakeKubeAPI
 
 KUBECONFIG = """apiVersion: v1
@@ -141,8 +143,6 @@ def test_debug_shows_the_traceback(dead_kubeconfig):
 def test_ctrl_c_on_a_backtest_exits_130_quietly_and_writes_no_report(tmp_path):
     """A month's replay takes minutes; Ctrl-C while it reads the trace is the user's own choice:
     exit code 130 as a shell gives it, no traceback and no error line, and no half-written report."""
-    from tests.conftest import SHARED
-
     trace = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")}
     backtest = subprocess.Popen([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(trace), "--out",
@@ -165,15 +165,11 @@ def test_ctrl_c_on_a_backtest_exits_130_quietly_and_writes_no_report(tmp_path):
 
 @pytest.mark.parametrize("address", ["127.0.0.1:8443", "0.0.0.0:65535", "[::1]:8443", "localhost:0"])
 def test_bind_takes_any_host_and_a_port_up_to_65535(address):
-    from kube.cli import bind_address
-
     assert bind_address(address) == address
 
 
 @pytest.mark.parametrize("address", [":8443", "127.0.0.1:", "127.0.0.1:https", "127.0.0.1:65536", "127.0.0.1:-1"])
 def test_bind_without_a_host_or_a_port_it_can_take_is_named(address):
-    from kube.cli import bind_address
-
     with pytest.raises(argparse.ArgumentTypeError, match=rf"^{re.escape(repr(address))} is not HOST:PORT"):
         bind_address(address)
 
@@ -186,8 +182,6 @@ def test_bind_without_a_host_or_a_port_it_can_take_is_named(address):
     (ValueError("could not convert string to float: 'x'"), "ValueError: could not convert string to float: 'x'"),
 ])
 def test_an_unexpected_error_is_one_line_naming_its_file_or_its_kind(error, said, capsys):
-    from kube.cli import run_cli
-
     def main(arguments: list[str]) -> int:
         raise error
 
