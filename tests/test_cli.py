@@ -198,7 +198,8 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
 @pytest.mark.parametrize(("command", "names"), [
     (["webhook", "--bind", "8443", "--certs-dir", "/tmp"], ["--bind", "'8443' is not HOST:PORT"]),
     (["scheduler", "--bind", "localhost"], ["--bind", "not HOST:PORT"]),
-    (["scheduler", "--bind", "127.0.0.1:1", "--certs-dir", "/nonexistent"], ["--certs-dir", "tls.crt"]),
+    (["scheduler", "--bind", "127.0.0.1:1", "--certs-dir", "/nonexistent"],
+     ["--certs-dir /nonexistent: no tls.crt and tls.key (python -m certs generate writes them)"]),
     (["certs", "ensure", "--secret", "oversale-webhook-tls", "--service", "x"], ["NAMESPACE/NAME"]),
     (["certs", "inject", "--webhook", "x", "--ca-file", "/nonexistent/ca.crt"], ["/nonexistent/ca.crt",
                                                                                  "no such file"]),
