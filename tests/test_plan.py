@@ -767,6 +767,7 @@ def test_daemonset_and_static_pods_are_taken_off_every_nodes_size_not_packed_as_
     retune = shlex.split(pool["retune"])
     assert float(retune[retune.index("--node-cores") + 1]) == pytest.approx(6.2), \
         "replayed on what the agents leave of each node"
+    assert int(retune[retune.index("--node-memory") + 1]) == pool["node_memory_bytes"] - 1.75 * 2**30, "memory too"
     assert "DaemonSet and static Pods hold 1.8 cpu and 1.75 GiB of each node" in \
         (tmp_path / "plan" / "plan.md").read_text()
 
