@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import partial
@@ -967,18 +968,31 @@ def test_a_taint_left_behind_goes_even_with_remediation_off_but_not_on_a_dry_run
     assert evictions(api) == 0
 
 
-def test_run_with_remediation_off_takes_a_taint_left_behind_away(api, tmp_path):
+def test_run_with_remediation_off_evicts_nothing_and_takes_a_taint_left_behind_away(api, tmp_path):
     """Remediation switched off after it tainted a node: ``python -m reconcilers run`` (off by
-    default) observes, evicts nothing, and takes away our taint whose time is up."""
+    default) sees node-hot hot, pass after pass, evicts nothing, and takes away our taint whose
+    time is up."""
     dedicated, _ = taint_left_behind(api)
+    port = free_port()
     env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "run.db"), OVERSALE_RECONCILE_INTERVAL="1h",
-                  OVERSALE_RECONCILER_METRICS_PORT=str(free_port()))
+                  OVERSALE_RECONCILER_METRICS_PORT=str(port), OVERSALE_REMEDIATION_INTERVAL="1s",
+                  OVERSALE_HOT_OBSERVATIONS="1")
     log = tmp_path / "run.log"
     process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+
+    def hot_nodes() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return re.search(r"^oversale_remediation_hot_nodes (\S+)$", response.read().decode(), re.MULTILINE)[1]
+        except (OSError, TypeError):
+            return ""
+
     try:
         assert eventually(lambda: api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], timeout=30), \
             log.read_text()
+        assert eventually(lambda: hot_nodes() == "1.0", timeout=30), log.read_text()
+        time.sleep(3)  # three passes more, each of which would move a Pod if it remediated
         assert "remediation off: observing only" in log.read_text() and evictions(api) == 0
     finally:
         stop_process(process)
