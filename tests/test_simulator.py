@@ -671,7 +671,9 @@ def test_the_command_sizes_azure_vms_by_vm_cores(tmp_path):
                                  "--holdout-days", "1", "--hot-time-budget", "0.001", "--out", str(out_dir)],
                                 cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
-        policies = {p["policy"]: p for p in json.loads((out_dir / "summary.json").read_text())["policies"]}
+        summary = json.loads((out_dir / "summary.json").read_text())
+        assert [point["hot_time_budget"] for point in summary["budget_sweep"]] == [0.001], "that budget, no sweep"
+        policies = {p["policy"]: p for p in summary["policies"]}
         nodes[cores] = policies["none"]["nodes_per_day"]
         assert policies["oversale"]["cpu_violation_rate"] == 0
         warned = "warning: 2 of 2 workloads request more than a node holds (8 cores, 64 GiB" in result.stderr
