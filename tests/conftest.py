@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -249,6 +250,15 @@ def cli_env(api: FakeKubeAPI, tmp_path: Path, **settings: str) -> dict[str, str]
     it, a bare PATH and HOME, and ``settings`` (OVERSALE_* variables)."""
     return {"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PATH": "/usr/bin:/bin",
             "HOME": str(tmp_path), **settings}
+
+
+def scraped(port: int) -> str:
+    """What a ``run`` process serves on its metrics port ("" while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
 
 
 def stop_process(process: subprocess.Popen) -> None:

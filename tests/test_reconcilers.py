@@ -47,6 +47,7 @@ from tests.conftest import (
     eventually,
     free_port,
     loaded_client,
+    scraped,
     stop_process,
 )
 from tests.kube_api import FakeKubeAPI
@@ -2754,15 +2755,6 @@ def terminated_by_a_rollout(process: subprocess.Popen, log: Path) -> int:
         process.send_signal(signal.SIGABRT)
         process.wait(10)
         pytest.fail(f"still running 30 s after SIGTERM; its log, then its threads:\n{log.read_text()}")
-
-
-def scraped(port: int) -> str:
-    """What a ``run`` process serves on its metrics port ("" while it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            return str(response.read().decode())
-    except OSError:
-        return ""
 
 
 def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_rollout(api, tmp_path):

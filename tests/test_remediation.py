@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import partial
@@ -61,7 +60,7 @@ from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
-from tests.conftest import ROOT, cli_env, eventually, free_port, loaded_client, stop_process
+from tests.conftest import ROOT, cli_env, eventually, free_port, loaded_client, scraped, stop_process
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -981,17 +980,11 @@ def test_run_with_remediation_off_evicts_nothing_and_takes_a_taint_left_behind_a
     process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=log.open("wb"))
 
-    def hot_nodes() -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-                return re.search(r"^oversale_remediation_hot_nodes (\S+)$", response.read().decode(), re.MULTILINE)[1]
-        except (OSError, TypeError):
-            return ""
-
     try:
         assert eventually(lambda: api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], timeout=30), \
             log.read_text()
-        assert eventually(lambda: hot_nodes() == "1.0", timeout=30), log.read_text()
+        assert eventually(lambda: re.search(r"^oversale_remediation_hot_nodes 1\.0$", scraped(port), re.MULTILINE),
+                          timeout=30), log.read_text()
         time.sleep(3)  # three passes more, each of which would move a Pod if it remediated
         assert "remediation off: observing only" in log.read_text() and evictions(api) == 0
     finally:
