@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import sqlite3
 import ssl
@@ -259,6 +260,30 @@ def scraped(port: int) -> str:
             return str(response.read().decode())
     except OSError:
         return ""
+
+
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` of a command a test sends Ctrl-C (SIGINT) to: its default action, as in a
+    terminal. A background job of a shell script (CI under ``nohup ... &``) hands its children
+    SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str,
+              **settings: str) -> tuple[subprocess.Popen, Path]:
+    """``python -m reconcilers run`` as replica ``name`` against ``api``, its SQLite history and
+    stderr log named after it. The interval is an hour, so any pass a test sees within seconds is
+    one the loop did not wait an interval for."""
+    env = cli_env(api, tmp_path, **{"OVERSALE_SQLITE_PATH": str(tmp_path / f"{name}.db"),
+                                    "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()),
+                                    "OVERSALE_LEASE_DURATION": lease_duration, "OVERSALE_RECONCILE_INTERVAL": "1h",
+                                    **settings})
+    # Its threads' stacks go to the log if it is aborted (terminated_by_a_rollout).
+    env["PYTHONFAULTHANDLER"] = "1"
+    log = tmp_path / f"{name}.log"
+    return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+                            preexec_fn=sigint_as_in_a_terminal), log
 
 
 def stop_process(process: subprocess.Popen) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kube.cli import bind_address, run_cli
-from tests.conftest import ROOT, SHARED, damage_sqlite, free_port
+from tests.conftest import ROOT, SHARED, damage_sqlite, free_port, sigint_as_in_a_terminal
 from tests.kube_api import FakeKubeAPI
 
 KUBECONFIG = """apiVersion: v1
@@ -147,11 +147,7 @@ def test_ctrl_c_on_a_backtest_exits_130_quietly_and_writes_no_report(tmp_path):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")}
     backtest = subprocess.Popen([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(trace), "--out",
                                  str(tmp_path / "report")], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True,
-                                # As in a terminal: a shell script's background job (CI under nohup
-                                # &) hands its children SIGINT ignored, and Python then never raises
-                                # KeyboardInterrupt.
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)
     try:
         assert "read 500,000 rows" in backtest.stderr.readline(), "the replay is under way, reading the trace"
         backtest.send_signal(signal.SIGINT)

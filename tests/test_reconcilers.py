@@ -48,6 +48,7 @@ from tests.conftest import (
     free_port,
     loaded_client,
     scraped,
+    start_run,
     stop_process,
 )
 from tests.kube_api import FakeKubeAPI
@@ -2729,22 +2730,6 @@ def test_a_one_shot_command_says_why_it_did_not_take_the_lease(api, prometheus, 
     assert api.count("PATCH") == 0, "nothing written without the Lease"
 
 
-def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str,
-              **settings: str) -> tuple[subprocess.Popen, Path]:
-    """``python -m reconcilers run`` as replica ``name`` against ``api``, its SQLite history and
-    stderr log named after it. The interval is an hour, so any pass a test sees within seconds is
-    one the loop did not wait an interval for."""
-    env = cli_env(api, tmp_path, **{"OVERSALE_SQLITE_PATH": str(tmp_path / f"{name}.db"),
-                                    "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()),
-                                    "OVERSALE_LEASE_DURATION": lease_duration, "OVERSALE_RECONCILE_INTERVAL": "1h",
-                                    **settings})
-    # Its threads' stacks go to the log if it is aborted (terminated_by_a_rollout).
-    env["PYTHONFAULTHANDLER"] = "1"
-    log = tmp_path / f"{name}.log"
-    return subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=log.open("wb")), log
-
-
 def terminated_by_a_rollout(process: subprocess.Popen, log: Path) -> int:
     """SIGTERM, as a rollout sends it, and the exit code. A ``run`` still running 30 s on fails
     the test with its log and, aborted, the stack of each of its threads: where it hung."""
@@ -2790,14 +2775,7 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
 def test_ctrl_c_stops_run_with_exit_code_130_giving_the_lease_back(api, tmp_path):
     """Run by hand in a terminal (kubectl port-forward, a laptop): Ctrl-C leaves as a shell
     expects, with 130, and the Lease is given back rather than left to expire."""
-    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "run.db"), OVERSALE_LEASE_DURATION="30",
-                  OVERSALE_RECONCILE_INTERVAL="1h", OVERSALE_RECONCILER_METRICS_PORT=str(free_port()))
-    log = tmp_path / "run.log"
-    # A terminal's SIGINT is the default action; a script's background job (CI) ignores it, and
-    # Python would then never raise KeyboardInterrupt.
-    process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process, log = start_run(api, tmp_path, "run", lease_duration="30")
     try:
         assert eventually(lambda: "pass done" in log.read_text(), timeout=30), log.read_text()
         process.send_signal(signal.SIGINT)

@@ -60,7 +60,7 @@ from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
-from tests.conftest import ROOT, cli_env, eventually, free_port, loaded_client, scraped, stop_process
+from tests.conftest import ROOT, cli_env, eventually, free_port, loaded_client, scraped, start_run, stop_process
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -973,12 +973,8 @@ def test_run_with_remediation_off_evicts_nothing_and_takes_a_taint_left_behind_a
     time is up."""
     dedicated, _ = taint_left_behind(api)
     port = free_port()
-    env = cli_env(api, tmp_path, OVERSALE_SQLITE_PATH=str(tmp_path / "run.db"), OVERSALE_RECONCILE_INTERVAL="1h",
-                  OVERSALE_RECONCILER_METRICS_PORT=str(port), OVERSALE_REMEDIATION_INTERVAL="1s",
-                  OVERSALE_HOT_OBSERVATIONS="1")
-    log = tmp_path / "run.log"
-    process = subprocess.Popen([sys.executable, "-m", "reconcilers", "run"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_RECONCILER_METRICS_PORT=str(port),
+                             OVERSALE_REMEDIATION_INTERVAL="1s", OVERSALE_HOT_OBSERVATIONS="1")
 
     try:
         assert eventually(lambda: api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], timeout=30), \
