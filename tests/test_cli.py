@@ -45,12 +45,18 @@ def dead_kubeconfig(tmp_path: Path) -> Path:
     return path
 
 
-def run(args: list[str], kubeconfig: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+def command_env(kubeconfig: Path | None = None, **env: str) -> dict[str, str]:
+    """The environment of a command under test: none of our settings but ``env``, and ``kubeconfig``
+    (by default one that does not exist)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "OVERSALE_"))}
     environment.update(env)
     environment["KUBECONFIG"] = str(kubeconfig) if kubeconfig else "/nonexistent/kubeconfig"
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=environment, capture_output=True, text=True,
-                          timeout=90)
+    return environment
+
+
+def run(args: list[str], kubeconfig: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=command_env(kubeconfig, **env),
+                          capture_output=True, text=True, timeout=90)
 
 
 def assert_one_clean_line(result: subprocess.CompletedProcess[str], *names: str) -> str:
@@ -144,9 +150,8 @@ def test_ctrl_c_on_a_backtest_exits_130_quietly_and_writes_no_report(tmp_path):
     """A month's replay takes minutes; Ctrl-C while it reads the trace is the user's own choice:
     exit code 130 as a shell gives it, no traceback and no error line, and no half-written report."""
     trace = SHARED / "traces" / "bitbrains-rnd-2013-07" / "rnd_2013-07_cpu_mem.csv.gz"
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")}
     backtest = subprocess.Popen([sys.executable, "-m", "reconcilers", "backtest", "--trace", str(trace), "--out",
-                                 str(tmp_path / "report")], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                                 str(tmp_path / "report")], cwd=ROOT, env=command_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)
     try:
         assert "read 500,000 rows" in backtest.stderr.readline(), "the replay is under way, reading the trace"

@@ -975,7 +975,6 @@ def test_run_with_remediation_off_evicts_nothing_and_takes_a_taint_left_behind_a
     port = free_port()
     process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_RECONCILER_METRICS_PORT=str(port),
                              OVERSALE_REMEDIATION_INTERVAL="1s", OVERSALE_HOT_OBSERVATIONS="1")
-
     try:
         assert eventually(lambda: api.get("nodes", "", "node-hot")["spec"]["taints"] == [dedicated], timeout=30), \
             log.read_text()
