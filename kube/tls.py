@@ -56,6 +56,17 @@ class CertificatePaths:
     def exist(self) -> bool:
         return self.cert.is_file() and self.key.is_file()
 
+    def partial(self) -> str | None:
+        """What a directory holding only part of ``ca.crt``, ``tls.crt`` and ``tls.key`` lacks, or
+        None when it holds all or none of them. Writing a fresh set over part of one would replace
+        files someone put there (their certificate, or the CA their clients trust)."""
+        files = (self.ca, self.cert, self.key)
+        present = [path.name for path in files if path.exists()]
+        missing = [path.name for path in files if not path.exists()]
+        if not present or not missing:
+            return None
+        return f"holds {' and '.join(present)} but no {' or '.join(missing)}"
+
 
 def serving_pair_problem(paths: CertificatePaths) -> str | None:
     """Why ``tls.crt`` and ``tls.key`` cannot serve TLS; None when they can. Asked once before

@@ -166,15 +166,17 @@ def _pick(topology: Topology, used: set[int], count: int, policy: str, zone: int
     free = [c for c in topology.cpus if c.id not in used and (zone is None or c.node == zone)]
     if len(free) < count:
         return None
-    # One thread per core first (cores with the most free threads first, so whole cores break
-    # least), then siblings.
+    # One thread per core first, then siblings. Cores with the most free threads come first: a
+    # thread whose sibling is idle gets its core's whole throughput, one beside another Pod's
+    # exclusive thread shares it (FreeSummary.score counts whole cores taken first, as here).
     by_core: dict[int, list[CPU]] = {}
     for cpu in free:
         by_core.setdefault(cpu.core, []).append(cpu)
+    cores = sorted(by_core.values(), key=len, reverse=True)  # stable: lowest ids first among equals
     rounds: list[int] = []
     depth = 0
     while len(rounds) < count:
-        layer = [cpus[depth].id for cpus in by_core.values() if len(cpus) > depth]
+        layer = [cpus[depth].id for cpus in cores if len(cpus) > depth]
         if not layer:
             break
         rounds += layer

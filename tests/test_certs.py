@@ -68,9 +68,22 @@ def test_generate_cli_writes_an_ecdsa_pair_with_service_sans(tmp_path):
     assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
     assert cert.public_key().curve.name == "secp256r1"
     cert.verify_directly_issued_by(ca)
-    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days in (365, 366)
-    assert (ca.not_valid_after_utc - ca.not_valid_before_utc).days in (3650, 3651)
+    # Valid from 5 minutes back, for clocks a little behind ours.
+    assert cert.not_valid_after_utc - cert.not_valid_before_utc == datetime.timedelta(days=365, minutes=5)
+    assert ca.not_valid_after_utc - ca.not_valid_before_utc == datetime.timedelta(days=3650, minutes=5)
     assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_key_is_written_readable_by_its_owner_only_over_a_temporary_file_left_behind(tmp_path):
+    """Files are written to a temporary name and renamed; a temporary key a crash left behind,
+    readable by all, must not hand its mode to the new key."""
+    left_behind = tmp_path / ".tls.key.tmp"
+    left_behind.write_bytes(b"half a key")
+    left_behind.chmod(0o644)
+    paths = generate(tmp_path, ["localhost"])
+    assert paths.key.stat().st_mode & 0o777 == 0o600
+    assert paths.cert.stat().st_mode & 0o777 == paths.ca.stat().st_mode & 0o777 == 0o644
+    assert not left_behind.exists()
 
 
 def test_generate_cli_rejects_missing_names(tmp_path):
@@ -161,6 +174,12 @@ def test_problems_name_what_is_wrong():
     assert problems_with(addressed, ["10.0.0.2", "::2"]) == ["names missing: 10.0.0.2, ::2"]
     late = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=300)
     assert problems_with(good, HOSTS, now=late)[0].startswith("within the renewal window")
+    # By default a certificate is renewed once less than a third of its life is left: of 365
+    # days, about 121.7.
+    issued = x509.load_pem_x509_certificate(good.cert).not_valid_before_utc
+    assert problems_with(good, HOSTS, now=issued + datetime.timedelta(days=242)) == []
+    assert problems_with(good, HOSTS, now=issued + datetime.timedelta(days=245)) == [
+        "within the renewal window (120 days left)"]
     foreign = issue(HOSTS)
     mixed = type(good)(ca_cert=foreign.ca_cert, ca_key=b"", cert=good.cert, key=foreign.key)
     assert set(problems_with(mixed, HOSTS)) == {"tls.key does not match tls.crt", "tls.crt is not signed by ca.crt"}

@@ -433,6 +433,24 @@ def test_a_certificate_pair_that_cannot_serve_tls_is_refused_before_serving(modu
     assert_one_clean_line(run(args, OVERSALE_KUBERNETES="off"), "tls.crt is not a PEM certificate")
 
 
+def test_the_webhook_makes_certificates_only_in_a_directory_without_any_and_writes_over_none(tmp_path):
+    """A --certs-dir holding part of a set (a certificate whose key was not copied, a CA alone)
+    is refused in one line, and its files stay as they were; a set is made only where none is."""
+    made = run(["certs", "generate", "--dir", str(tmp_path / "own"), "--host", "localhost"])
+    assert made.returncode == 0, made.stderr
+    for keep in (["tls.crt"], ["ca.crt"], ["ca.crt", "tls.key"]):
+        certs = tmp_path / "-".join(keep)
+        certs.mkdir()
+        for name in keep:
+            (certs / name).write_bytes((tmp_path / "own" / name).read_bytes())
+        refused = run(["webhook", "--bind", f"127.0.0.1:{free_port()}", "--certs-dir", str(certs)],
+                      OVERSALE_KUBERNETES="off")
+        missing = [name for name in ("ca.crt", "tls.crt", "tls.key") if name not in keep]
+        assert_one_clean_line(refused, f"--certs-dir {certs}: holds {' and '.join(keep)} but no {' or '.join(missing)}")
+        assert sorted(path.name for path in certs.iterdir()) == sorted(keep)
+        assert all((certs / name).read_bytes() == (tmp_path / "own" / name).read_bytes() for name in keep)
+
+
 def test_a_client_ca_that_cannot_be_used_is_refused_before_serving(tmp_path):
     """The extender's --client-ca is checked at start: it needs TLS (--certs-dir), a file, and a
     CA certificate in it; else one line says which, instead of handshakes that fail later."""

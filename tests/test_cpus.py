@@ -66,6 +66,37 @@ def test_spread_takes_one_thread_per_core_first():
     assert len({c.core for c in topology.cpus if c.id in placement.cpus}) == 4
 
 
+def test_spread_takes_threads_of_idle_cores_before_the_sibling_of_a_busy_one():
+    """A thread beside another Pod's exclusive thread shares that core's throughput: while idle
+    cores are left, a SpreadByPCPUs Pod gets its threads from them."""
+    topology = koordinator()  # CPU id = thread x 8 + NUMA node x 4 + core
+    busy_sibling = [8]  # another Pod holds the second thread of core 0 of NUMA node 0
+    assert place(topology, busy_sibling, 1, SPREAD_BY_PCPUS, True).cpus == (1,)
+    assert place(topology, busy_sibling, 3, SPREAD_BY_PCPUS, True).cpus == (1, 2, 3)
+    # Every idle core gives one, then the busy core's free thread, then the idle cores' siblings.
+    assert place(topology, busy_sibling, 4, SPREAD_BY_PCPUS, True).cpus == (0, 1, 2, 3)
+    assert place(topology, busy_sibling, 6, SPREAD_BY_PCPUS, True).cpus == (0, 1, 2, 3, 9, 10)
+
+
+def test_whole_cores_are_taken_lowest_first_on_every_socket():
+    """Linux numbers cores per socket, so socket 1 has a core 0 too; its cores are still taken in
+    order, as on socket 0."""
+    topology = koordinator()  # NUMA node = socket; CPU id = thread x 8 + socket x 4 + core
+    socket_1_core_0 = [4, 12]
+    assert place(topology, socket_1_core_0, 2, FULL_PCPUS, True).cpus == (5, 13)
+    assert place(topology, [0, 8], 2, FULL_PCPUS, True).cpus == (1, 9)
+
+
+def test_spanning_numa_nodes_fills_the_fullest_first_or_the_emptiest_by_strategy():
+    topology = koordinator()
+    taken = [0]  # NUMA node 0: 7 free, NUMA node 1: 8
+    packed = place(topology, taken, 10, SPREAD_BY_PCPUS, False, MOST_ALLOCATED)
+    assert packed.cpus == (1, 2, 3, 4, 5, 6, 8, 9, 10, 11), "all of node 0, then 3 of node 1"
+    spread = place(topology, taken, 10, SPREAD_BY_PCPUS, False, LEAST_ALLOCATED)
+    assert spread.cpus == (1, 2, 4, 5, 6, 7, 12, 13, 14, 15), "all of node 1, then 2 of node 0"
+    assert packed.numa_nodes == spread.numa_nodes == (0, 1)
+
+
 def test_full_pcpus_refuses_half_cores_and_explains_shortage():
     topology = koordinator()
     with pytest.raises(NoFit, match="multiple of 2"):
@@ -166,6 +197,13 @@ def test_topology_sources_in_order():
         "source of the topology counts",
         f"annotation {keys[1]}={long[:57] + '...'!r} ignored: not a CPU topology (no 'detail'); the next source of "
         "the topology counts"]
+
+
+def test_an_unreadable_topology_is_quoted_whole_up_to_60_characters():
+    key = "stke.platform/cpu-topology"
+    for text, quoted in (("x" * 60, "x" * 60), ("x" * 61, "x" * 57 + "...")):
+        _, [problem] = topology_from_node({"metadata": {"annotations": {key: text}}}, [key], 4)
+        assert problem.value == quoted
 
 
 requests = st.lists(st.tuples(st.sampled_from([1, 2, 4, 6]), st.sampled_from([FULL_PCPUS, SPREAD_BY_PCPUS]),

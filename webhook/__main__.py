@@ -1,8 +1,9 @@
 """``python -m webhook --bind HOST:PORT --certs-dir DIR``: serve the admission webhooks over HTTPS.
 
-Settings come from the environment (see docs/settings.md). When DIR holds no certificate, a CA
-and a serving certificate for localhost/127.0.0.1 are created there, so the webhook runs on a
-laptop with no cluster; clients verify against DIR/ca.crt.
+Settings come from the environment (see docs/settings.md). When DIR holds none of ca.crt, tls.crt
+and tls.key, a CA and a serving certificate for localhost/127.0.0.1 are created there, so the
+webhook runs on a laptop with no cluster; clients verify against DIR/ca.crt. Part of a set is
+refused, not written over.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 
     paths = CertificatePaths.in_dir(args.certs_dir)
     if not paths.exist():
+        if partial := paths.partial():
+            parser.error(f"--certs-dir {args.certs_dir}: {partial}; give it tls.crt and tls.key (python -m certs "
+                         "generate writes a set), or a directory with none of the three, where a set is made")
         generate(args.certs_dir, LOCAL_HOSTS)
         log.info("no certificate in %s: created a CA and a certificate for %s (verify with %s)",
                  args.certs_dir, ", ".join(LOCAL_HOSTS), paths.ca)
