@@ -139,6 +139,14 @@ def test_of_two_numa_nodes_as_free_the_one_already_used_is_taken_and_the_empty_o
         assert place(topology, range(8, 12), 2, SPREAD_BY_PCPUS, True, strategy).numa_nodes == (1,)
 
 
+def test_of_two_numa_nodes_as_full_the_one_left_with_more_whole_cores_is_taken():
+    """Both NUMA nodes have 5 free CPUs. A 2-CPU spread Pod breaks the only whole core of node 0,
+    or 2 of node 1's: it goes to node 0, and 2 whole cores are left for a FullPCPUs Pod, not 1."""
+    topology = koordinator()  # CPU id = thread x 8 + NUMA node x 4 + core
+    taken = [0, 1, 2, 4, 12, 5]  # node 0: only core 3 whole; node 1: cores 2 and 3 whole
+    assert place(topology, taken, 2, SPREAD_BY_PCPUS, True).cpus == (3, 8)
+
+
 def test_a_spread_pod_scores_higher_where_it_takes_the_free_threads_of_broken_cores():
     """SpreadByPCPUs packing (MostAllocated) fills the fullest NUMA node first. Where that node's
     free CPUs are the spare threads of cores already in use, the Pod leaves every whole core for
