@@ -6,8 +6,9 @@ capacity. Policies, as Koordinator names them:
 
 - ``FullPCPUs``: only whole physical cores (every hyperthread of each core), so no other workload
   shares a core's caches; the CPU count must be a multiple of the threads per core.
-- ``SpreadByPCPUs``: one logical CPU per physical core first, for the most cores' worth of
-  throughput; a core's siblings are used only when every core already gives one.
+- ``SpreadByPCPUs``: one logical CPU per physical core first, idle cores before those another Pod
+  holds a thread of, for the most cores' worth of throughput; a core's siblings are used only
+  when every core already gives one.
 
 NUMA zones are chosen by strategy (``MostAllocated`` packs onto the fullest zone that fits,
 ``LeastAllocated`` spreads onto the emptiest); ties go to the placement that leaves the most whole
