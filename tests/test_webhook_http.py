@@ -423,3 +423,32 @@ def test_the_demo_shows_compression_and_overselling_without_a_cluster():
     assert out.stderr == "", "no log noise around the output"
     sample = json.loads((ROOT / "docs" / "examples" / "pod-review.json").read_text())
     assert sample["kind"] == "AdmissionReview" and sample["request"]["object"]["kind"] == "Pod"
+
+
+def test_a_restarted_webhook_counts_from_zero_though_its_metrics_dir_outlived_it(tmp_path):
+    """The Deployment's --metrics-dir is an emptyDir, which outlives a container restart: the files
+    the last run's workers left there would be added to the new run's counts."""
+    first = RunningWebhook(tmp_path)
+    try:
+        assert first.request("POST", "/mutate/pods", b"{", {"Content-Type": "application/json"})[0] == 400
+        assert first.metric("oversale_admissions_total", resource="pods", outcome="malformed") == 1
+    finally:
+        first.stop()
+    assert list((tmp_path / "metrics").glob("*.db")), "the first run's samples are there"
+    second = RunningWebhook(tmp_path)
+    try:
+        assert second.metric("oversale_admissions_total", resource="pods", outcome="malformed") == 0
+    finally:
+        second.stop()
+
+
+def test_a_webhook_told_to_find_a_cluster_and_finding_none_serves_without_one(tmp_path):
+    """OVERSALE_KUBERNETES=auto with no in-cluster config and no kubeconfig (as on a laptop): it
+    says so once and serves with Pod annotations alone."""
+    server = RunningWebhook(tmp_path, env={"OVERSALE_KUBERNETES": "auto"})
+    try:
+        assert server.get("/readyz")[0] == 200
+    finally:
+        server.stop()
+    said = server.log.read_text()
+    assert said.count("no cluster (no in-cluster config and no kubeconfig): serving with Pod annotations only") == 1
