@@ -198,6 +198,8 @@ def test_a_kubeconfig_that_is_not_one_is_named(tmp_path):
 
 @pytest.mark.parametrize(("command", "names"), [
     (["webhook", "--bind", "8443", "--certs-dir", "/tmp"], ["--bind", "'8443' is not HOST:PORT"]),
+    (["webhook", "--workers", "0", "--certs-dir", "/proc/none"], ["--workers must be at least 1"]),
+    (["webhook", "--threads", "0", "--certs-dir", "/proc/none"], ["--threads must be at least 1"]),
     (["scheduler", "--bind", "localhost"], ["--bind", "not HOST:PORT"]),
     (["scheduler", "--bind", "127.0.0.1:1", "--certs-dir", "/nonexistent"],
      ["--certs-dir /nonexistent: no tls.crt and tls.key (python -m certs generate writes them)"]),

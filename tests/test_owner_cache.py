@@ -90,6 +90,7 @@ def cluster(tmp_path_factory) -> Iterator[tuple[FakeKubeAPI, RunningWebhook]]:
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
     server = RunningWebhook(tmp, env={"OVERSALE_KUBERNETES": "auto", "KUBECONFIG": str(kubeconfig)}, workers=1)
     assert eventually(lambda: server.get("/readyz")[0] == 200), server.log.read_text()
+    assert f"using the cluster at {api.url} (Kubernetes v" in server.log.read_text(), "which cluster, at start"
     yield api, server
     server.stop()
     api.stop()
