@@ -164,6 +164,37 @@ def test_serving_names_may_be_ips_and_wildcards_and_a_client_name_any_identity()
         issue(["system:kube-scheduler"])  # as a serving name no client could dial it
 
 
+def test_each_certificate_may_be_used_only_for_what_it_is_for():
+    """Clients check a certificate's extensions: the CA signs certificates and revocation lists,
+    with none below it (path length 0); a serving or client certificate signs TLS handshakes, on
+    its side only, and is no CA."""
+
+    def key_usage(certificate):
+        extension = certificate.extensions.get_extension_for_class(x509.KeyUsage)
+        uses = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
+                "key_cert_sign", "crl_sign")
+        return extension.critical, {use for use in uses if getattr(extension.value, use)}
+
+    def constraints(certificate):
+        extension = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
+        return extension.critical, extension.value.ca, extension.value.path_length
+
+    def extended_key_usage(certificate):
+        extension = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+        return extension.critical, list(extension.value)
+
+    serving, client = issue(HOSTS), issue(["kube-scheduler"], client=True)
+    ca = x509.load_pem_x509_certificate(serving.ca_cert)
+    assert key_usage(ca) == (True, {"digital_signature", "key_cert_sign", "crl_sign"})
+    assert constraints(ca) == (True, True, 0)
+    for bundle, side in ((serving, x509.oid.ExtendedKeyUsageOID.SERVER_AUTH),
+                         (client, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH)):
+        certificate = x509.load_pem_x509_certificate(bundle.cert)
+        assert key_usage(certificate) == (True, {"digital_signature"})
+        assert constraints(certificate) == (True, False, None)
+        assert extended_key_usage(certificate) == (False, [side])
+
+
 def test_problems_name_what_is_wrong():
     good = issue(HOSTS)
     assert problems_with(good, HOSTS) == []
