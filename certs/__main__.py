@@ -55,7 +55,8 @@ def _parser() -> Parser:
     gen.add_argument("--namespace", default="default", help="Service namespace (default: default)")
     gen.add_argument("--ca-days", type=int, default=CA_DAYS, help=f"CA lifetime in days (default {CA_DAYS})")
     gen.add_argument("--force", action="store_true",
-                     help="replace a CA already in --dir (clients that trust the old one stop trusting the server)")
+                     help="replace a CA, certificate or key already in --dir (clients that trust the old CA stop "
+                          "trusting the server)")
 
     ensure = commands.add_parser("ensure", help="create or renew a TLS Secret in the cluster")
     ensure.set_defaults(run=_ensure)
@@ -102,10 +103,12 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--days {args.days} outlives --ca-days {args.ca_days}: the certificate would stop "
                      "verifying when its CA expires")
     hosts = _hosts(parser, args, args.namespace)
-    existing = CertificatePaths.in_dir(args.dir).ca
-    if existing.exists() and not args.force:
-        raise CliError(f"{existing} exists: its CA would be replaced and every client that trusts it would "
-                       "stop trusting the server; pass --force to replace it, or choose another --dir")
+    paths = CertificatePaths.in_dir(args.dir)
+    existing = [path for path in (paths.ca, paths.cert, paths.key) if path.exists()]
+    if existing and not args.force:
+        lost = ("its CA would be replaced and every client that trusts it would stop trusting the server"
+                if existing[0] == paths.ca else "a certificate or key put there would be replaced")
+        raise CliError(f"{existing[0]} exists: {lost}; pass --force to replace it, or choose another --dir")
     paths = generate(args.dir, hosts, days=args.days, ca_days=args.ca_days)
     print(f"wrote {paths.ca}, {paths.cert}, {paths.key} for {', '.join(hosts)}")
     return 0

@@ -256,7 +256,7 @@ def test_bad_arguments_are_named(command, names):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # no usage block before it
 
 
-def test_certs_generate_keeps_an_existing_ca_unless_forced(tmp_path):
+def test_certs_generate_keeps_an_existing_ca_certificate_or_key_unless_forced(tmp_path):
     first = run(["certs", "generate", "--dir", str(tmp_path), "--host", "localhost"])
     assert first.returncode == 0, first.stderr
     ca = (tmp_path / "ca.crt").read_bytes()
@@ -266,6 +266,16 @@ def test_certs_generate_keeps_an_existing_ca_unless_forced(tmp_path):
     forced = run(["certs", "generate", "--dir", str(tmp_path), "--host", "localhost", "--force"])
     assert forced.returncode == 0, forced.stderr
     assert (tmp_path / "ca.crt").read_bytes() != ca
+    # A certificate or key alone (its CA kept elsewhere) is kept too.
+    for name in ("tls.crt", "tls.key"):
+        alone = tmp_path / name.replace(".", "-")
+        alone.mkdir()
+        (alone / name).write_bytes((tmp_path / name).read_bytes())
+        refused = run(["certs", "generate", "--dir", str(alone), "--host", "localhost"])
+        assert_one_clean_line(refused, f"{alone / name} exists: a certificate or key put there would be replaced",
+                              "--force")
+        assert [path.name for path in alone.iterdir()] == [name]
+        assert (alone / name).read_bytes() == (tmp_path / name).read_bytes()
 
 
 @pytest.mark.parametrize("module", ["webhook", "scheduler", "reconcilers", "certs"])
