@@ -408,19 +408,42 @@ def test_the_lean_admission_path_keeps_the_wire_contract(webhook_no_cluster):
         assert answered == status and json.loads(body)["error"].startswith(str(status)), (method, path, body)
 
 
-def test_the_demo_shows_compression_and_overselling_without_a_cluster():
+def test_the_demo_shows_compression_and_overselling_without_a_cluster(tmp_path):
+    """``make demo`` on a machine whose kubeconfig names a cluster: four cases, each what went in,
+    what came out and why, and not one request to that cluster."""
+    import os
     import subprocess
     import sys
 
     from tests.conftest import ROOT
+    from tests.kube_api import FakeKubeAPI
 
-    out = subprocess.run([sys.executable, "-m", "webhook.demo"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    api = FakeKubeAPI().start()
+    try:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")},
+               "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig"))}
+        out = subprocess.run([sys.executable, "-m", "webhook.demo"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert api.requests == [], "the demo reads no cluster, whatever the kubeconfig names"
+    finally:
+        api.stop()
     assert out.returncode == 0, out.stderr
-    assert 'after:    app {"cpu": "500m", "memory": "1Gi"}' in out.stdout
-    assert "warning:  Guaranteed Pod not compressed" in out.stdout
-    assert "'fast' is not a plain decimal number" in out.stdout
-    assert 'replace /status/allocatable/cpu "23835m"' in out.stdout
     assert out.stderr == "", "no log noise around the output"
+    *cases, hint = out.stdout.split("\n\n")
+    assert [case.splitlines()[1].strip() for case in cases] == ["POST /mutate/pods"] * 3 + ["POST /mutate/nodes"]
+    assert all(case.startswith("== ") and case.endswith("allowed:  True") for case in cases)
+    compressed, guaranteed, invalid, node = cases
+    assert 'before:   app {"cpu": "1", "memory": "1Gi"}, proxy {"cpu": "200m", "memory": "128Mi"}' in compressed
+    assert 'after:    app {"cpu": "500m", "memory": "1Gi"}, proxy {"cpu": "100m", "memory": "128Mi"}' in compressed
+    assert "audit:    stke.platform/compression: cpu ratio 2: 1200m -> 600m" in compressed
+    assert 'after:    db {"cpu": "2", "memory": "4Gi"}' in guaranteed and "patch:" not in guaranteed
+    assert "warning:  Guaranteed Pod not compressed" in guaranteed
+    assert "'fast' is not a plain decimal number" in invalid and "patch:" not in invalid
+    assert 'before:   {"cpu": "15890m", "memory": "61Gi", "pods": "110"}' in node
+    assert 'after:    {"cpu": "23835m", "memory": "61Gi", "pods": "110"}' in node
+    assert 'replace /status/allocatable/cpu "23835m"' in node
+    # The closing hint sends a sample review to the served webhook: that sample must be one.
+    assert "`make run`" in hint and "-d @docs/examples/pod-review.json" in hint
     sample = json.loads((ROOT / "docs" / "examples" / "pod-review.json").read_text())
     assert sample["kind"] == "AdmissionReview" and sample["request"]["object"]["kind"] == "Pod"
 
