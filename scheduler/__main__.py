@@ -165,8 +165,7 @@ def _serve_probes_without_client_certificates(app: Flask, bind: str, port: int) 
             return response.status_code, response.get_data(), str(response.content_type)
         return answer
 
-    host = bind.rpartition(":")[0] or "0.0.0.0"
-    serve_probes(host, port, {p: route(p) for p in ("/healthz", "/readyz", "/metrics")})
+    serve_probes(bind.rpartition(":")[0], port, {p: route(p) for p in ("/healthz", "/readyz", "/metrics")})
 
 
 if __name__ == "__main__":

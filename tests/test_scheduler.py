@@ -1800,6 +1800,76 @@ def test_bind_refuses_what_kube_scheduler_would_never_ask_and_records_no_binding
     assert api.count("POST", "bindings") == 1
 
 
+def tls_extender(api: FakeKubeAPI, tmp_path: Path, bind: str, *args: str,
+                 probe_port: int = 0) -> tuple[subprocess.Popen, Path]:
+    """``python -m scheduler --bind bind --certs-dir tmp_path/certs *args`` on ``api``'s cluster
+    (whose node-0 it places on), started, not yet known to serve; and its log."""
+    api.put("nodes", node("node-0"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
+    env.update({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PYTHONPATH": str(ROOT),
+                "OVERSALE_EXTENDER_PROBE_PORT": str(probe_port)})
+    log_path = tmp_path / "extender.log"
+    command = [sys.executable, "-m", "scheduler", "--bind", bind, "--certs-dir", str(tmp_path / "certs"), *args]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    return process, log_path
+
+
+def filter_over_tls(authority: str, ca: Path, client: Path | None = None) -> int:
+    """The status of a filter call over HTTPS, trusting ``ca``, with the client certificate in the
+    directory ``client`` where given."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        context.load_cert_chain(str(client / "tls.crt"), str(client / "tls.key"))
+    body = json.dumps({"Pod": pod("p", "1"), "NodeNames": ["node-0"]}).encode()
+    request = urllib.request.Request(f"https://{authority}/filter", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=context, timeout=5) as response:
+        return int(response.status)
+
+
+def test_without_a_client_ca_https_answers_any_caller_and_says_so(tmp_path):
+    """--certs-dir alone (kube-scheduler's enableHTTPS, no client certificate): TLS for the
+    caller's sake, not the extender's, and the log and a metric say that anyone may call bind."""
+    from kube.tls import LOCAL_HOSTS, issue, write_bundle
+
+    paths = write_bundle(tmp_path / "certs", issue(LOCAL_HOSTS))
+    api = FakeKubeAPI().start()
+    port = free_port()
+    process, log_path = tls_extender(api, tmp_path, f"127.0.0.1:{port}")
+    try:
+        wait_until_serving(process, lambda: filter_over_tls(f"localhost:{port}", paths.ca) == 200, "extender", log_path)
+        assert "no --client-ca: any client that reaches 127.0.0.1:" in log_path.read_text()
+        context = ssl.create_default_context(cafile=str(paths.ca))
+        with urllib.request.urlopen(f"https://localhost:{port}/metrics", context=context, timeout=5) as response:
+            assert "oversale_extender_client_auth 0.0" in response.read().decode()
+    finally:
+        stop_process(process)
+        api.stop()
+
+
+def test_bound_to_an_ipv6_address_the_probes_listen_there_too(tmp_path):
+    """``--bind [::1]:PORT`` (gunicorn's form of an IPv6 address, as an IPv6-only cluster needs):
+    under mutual TLS the plain probe port listens on the same address."""
+    from kube.tls import issue, write_bundle
+
+    paths = write_bundle(tmp_path / "certs", issue(["localhost", "::1"]))
+    api = FakeKubeAPI().start()
+    port, probes = free_port(), free_port()
+    process, log_path = tls_extender(api, tmp_path, f"[::1]:{port}", "--client-ca", str(paths.ca), probe_port=probes)
+
+    def probed() -> bool:
+        with urllib.request.urlopen(f"http://[::1]:{probes}/healthz", timeout=2) as response:
+            return bool(json.load(response)["status"] == "ok")
+
+    try:
+        wait_until_serving(process, probed, "extender", log_path)
+        with urllib.request.urlopen(f"http://[::1]:{probes}/metrics", timeout=5) as response:
+            assert "oversale_extender_client_auth 1.0" in response.read().decode()
+    finally:
+        stop_process(process)
+        api.stop()
+
+
 def test_with_a_client_ca_only_kube_schedulers_certificate_gets_in(tmp_path):
     from kube.tls import LOCAL_HOSTS, issue, write_bundle
 
@@ -1810,26 +1880,12 @@ def test_with_a_client_ca_only_kube_schedulers_certificate_gets_in(tmp_path):
     kube_scheduler = write_bundle(tmp_path / "kube-scheduler", issue(["kube-scheduler"], ca=scheduler_ca, client=True))
     intruder = write_bundle(tmp_path / "intruder", issue(["intruder"], client=True))  # another CA
     api = FakeKubeAPI().start()
-    api.put("nodes", node("node-0"))
-    port = free_port()
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
-    probes = free_port()
-    env.update({"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT), "OVERSALE_EXTENDER_PROBE_PORT": str(probes)})
-    log_path = tmp_path / "extender.log"
-    process = subprocess.Popen([sys.executable, "-m", "scheduler", "--bind", f"127.0.0.1:{port}", "--certs-dir",
-                                str(tmp_path / "certs"), "--client-ca", str(tmp_path / "client-ca.crt")],
-                               cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    port, probes = free_port(), free_port()
+    process, log_path = tls_extender(api, tmp_path, f"127.0.0.1:{port}", "--client-ca", str(tmp_path / "client-ca.crt"),
+                                     probe_port=probes)
 
     def call(client: Path | None) -> int:
-        context = ssl.create_default_context(cafile=str(paths.ca))
-        if client is not None:
-            context.load_cert_chain(str(client / "tls.crt"), str(client / "tls.key"))
-        body = json.dumps({"Pod": pod("p", "1"), "NodeNames": ["node-0"]}).encode()
-        request = urllib.request.Request(f"https://localhost:{port}/filter", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, context=context, timeout=5) as response:
-            return int(response.status)
+        return filter_over_tls(f"localhost:{port}", paths.ca, client)
 
     try:
         wait_until_serving(process, lambda: call(kube_scheduler.cert.parent) == 200, "extender", log_path)
