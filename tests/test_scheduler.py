@@ -1091,14 +1091,14 @@ def node_history(request, tmp_path_factory) -> Iterator[PrometheusServer | Victo
     server.stop()
 
 
-def history_extender(api: FakeKubeAPI, tmp_path: Path, url: str, window: str) -> Extender:
+def history_extender(api: FakeKubeAPI, tmp_path: Path, url: str, window: str, **settings: str) -> Extender:
     for name in ("burst", "calm"):
         api.put("nodes", node(name))
         api.put("nodemetrics", node_metrics(name, 4.8))  # 30% now
     return Extender(api, tmp_path, {"OVERSALE_LOAD_AWARE": "true", "OVERSALE_METRICS_POLL_INTERVAL": "1",
                                     "OVERSALE_LOAD_HISTORY": "prometheus", "OVERSALE_PROMETHEUS_URL": url,
                                     "OVERSALE_PROMETHEUS_STEP": "60s", "OVERSALE_LOAD_HISTORY_INTERVAL": "1",
-                                    "OVERSALE_LOAD_HISTORY_WINDOW": window})
+                                    "OVERSALE_LOAD_HISTORY_WINDOW": window, **settings})
 
 
 def test_a_burst_hours_ago_in_prometheus_keeps_new_pods_off_the_node(node_history, tmp_path):
@@ -1124,6 +1124,15 @@ def test_a_burst_hours_ago_in_prometheus_keeps_new_pods_off_the_node(node_histor
         wait_for(lambda: 'oversale_extender_history_polls_total{result="ok"}' in extender.get("/metrics"))
         wait_for(lambda: 'oversale_extender_nodes_without_fresh_metrics{reason="missing"} 0.0'
                  in extender.get("/metrics"))
+        answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["burst", "calm"]})
+        assert answer["NodeNames"] == ["burst", "calm"] and answer["FailedNodes"] == {}
+    finally:
+        extender.stop()
+    # OVERSALE_PROMETHEUS_NODE_CPU_QUERY is the query read: one naming no series leaves the burst unseen.
+    extender = history_extender(api, tmp_path, node_history.url, "6h",
+                                OVERSALE_PROMETHEUS_NODE_CPU_QUERY="no_such:rule")
+    try:
+        wait_for(lambda: 'oversale_extender_history_polls_total{result="ok"}' in extender.get("/metrics"))
         answer = extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["burst", "calm"]})
         assert answer["NodeNames"] == ["burst", "calm"] and answer["FailedNodes"] == {}
     finally:
