@@ -41,6 +41,7 @@ from scheduler.state import RESERVATION_TTL, ClusterState, PodFacts, PodRecord, 
 from tests.conftest import (
     ROOT,
     SHARED,
+    cli_env,
     eventually,
     expiry_samples,
     free_port,
@@ -1814,9 +1815,7 @@ def tls_extender(api: FakeKubeAPI, tmp_path: Path, bind: str, *args: str,
     """``python -m scheduler --bind bind --certs-dir tmp_path/certs *args`` on ``api``'s cluster
     (whose node-0 it places on), started, not yet known to serve; and its log."""
     api.put("nodes", node("node-0"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERSALE_", "KUBECONFIG"))}
-    env.update({"KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")), "PYTHONPATH": str(ROOT),
-                "OVERSALE_EXTENDER_PROBE_PORT": str(probe_port)})
+    env = cli_env(api, tmp_path, OVERSALE_EXTENDER_PROBE_PORT=str(probe_port))
     log_path = tmp_path / "extender.log"
     command = [sys.executable, "-m", "scheduler", "--bind", bind, "--certs-dir", str(tmp_path / "certs"), *args]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)

@@ -411,19 +411,16 @@ def test_the_lean_admission_path_keeps_the_wire_contract(webhook_no_cluster):
 def test_the_demo_shows_compression_and_overselling_without_a_cluster(tmp_path):
     """``make demo`` on a machine whose kubeconfig names a cluster: four cases, each what went in,
     what came out and why, and not one request to that cluster."""
-    import os
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, cli_env
     from tests.kube_api import FakeKubeAPI
 
     api = FakeKubeAPI().start()
     try:
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("OVERSALE_")},
-               "KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig"))}
-        out = subprocess.run([sys.executable, "-m", "webhook.demo"], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run([sys.executable, "-m", "webhook.demo"], cwd=ROOT, env=cli_env(api, tmp_path),
+                             capture_output=True, text=True, timeout=60)
         assert api.requests == [], "the demo reads no cluster, whatever the kubeconfig names"
     finally:
         api.stop()
