@@ -104,7 +104,7 @@ def _generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                      "verifying when its CA expires")
     hosts = _hosts(parser, args, args.namespace)
     paths = CertificatePaths.in_dir(args.dir)
-    existing = [path for path in (paths.ca, paths.cert, paths.key) if path.exists()]
+    existing = paths.present()
     if existing and not args.force:
         lost = ("its CA would be replaced and every client that trusts it would stop trusting the server"
                 if existing[0] == paths.ca else "a certificate or key put there would be replaced")

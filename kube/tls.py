@@ -56,16 +56,19 @@ class CertificatePaths:
     def exist(self) -> bool:
         return self.cert.is_file() and self.key.is_file()
 
+    def present(self) -> list[Path]:
+        """Those of ``ca.crt``, ``tls.crt`` and ``tls.key`` that exist, in that order."""
+        return [path for path in (self.ca, self.cert, self.key) if path.exists()]
+
     def partial(self) -> str | None:
         """What a directory holding only part of ``ca.crt``, ``tls.crt`` and ``tls.key`` lacks, or
         None when it holds all or none of them. Writing a fresh set over part of one would replace
         files someone put there (their certificate, or the CA their clients trust)."""
-        files = (self.ca, self.cert, self.key)
-        present = [path.name for path in files if path.exists()]
-        missing = [path.name for path in files if not path.exists()]
+        present = self.present()
+        missing = [path.name for path in (self.ca, self.cert, self.key) if path not in present]
         if not present or not missing:
             return None
-        return f"holds {' and '.join(present)} but no {' or '.join(missing)}"
+        return f"holds {' and '.join(path.name for path in present)} but no {' or '.join(missing)}"
 
 
 def serving_pair_problem(paths: CertificatePaths) -> str | None:
