@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -294,6 +295,12 @@ class Settings:
 
     reconciler_metrics_port: int = field(default=8080, metadata=_env("OVERSALE_RECONCILER_METRICS_PORT"))
     """Port of the reconciler's /metrics."""
+
+    reconciler_metrics_address: str = field(default="0.0.0.0",
+                                            metadata=_env("OVERSALE_RECONCILER_METRICS_ADDRESS"))
+    """Address the reconciler's /metrics listens on: ``0.0.0.0`` every IPv4 address (Prometheus
+    scrapes the Pod IP), ``::`` every IPv6 one (an IPv6-only cluster; IPv4 too where the kernel
+    allows dual stack), ``127.0.0.1`` this host only."""
 
     inplace_resize: bool = field(default=True, metadata=_env("OVERSALE_INPLACE_RESIZE"))
     """The compression reconciler applies new ratios to running Pods through ``pods/resize``
@@ -750,6 +757,7 @@ _PARSERS: dict[str, Any] = {
     "lease_name": lambda text: _nonempty(text),
     "lease_duration_seconds": lambda text: _duration(text),
     "reconciler_metrics_port": lambda text: _port(text),
+    "reconciler_metrics_address": lambda text: _ip_address(text),
     "inplace_resize": _bool,
     "resize_max_per_pass": _positive_int,
     "resize_max_per_workload": _positive_int,
@@ -939,6 +947,15 @@ def _nonempty(text: str) -> str:
     if not text.strip():
         raise ValueError("must not be empty")
     return text.strip()
+
+
+def _ip_address(text: str) -> str:
+    # Written as in a URL ("[::]") or bare ("::"): the listener wants it bare.
+    bare = text.strip().removeprefix("[").removesuffix("]")
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        raise ValueError("must be an IP address such as 0.0.0.0, :: or 127.0.0.1") from None
 
 
 def _port(text: str) -> int:

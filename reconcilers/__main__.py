@@ -219,7 +219,16 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
 
     from kube.background import exit_without_finalizing
 
-    start_http_server(settings.reconciler_metrics_port, registry=metrics.registry)
+    address = settings.reconciler_metrics_address
+    listening = f"{f'[{address}]' if ':' in address else address}:{settings.reconciler_metrics_port}"
+    try:
+        start_http_server(settings.reconciler_metrics_port, addr=address, registry=metrics.registry)
+    except OSError as error:
+        # Before the first election round: a replica that cannot be scraped leaves without
+        # having taken the Lease.
+        raise CliError(f"cannot serve /metrics on {listening}: {error.strerror or error} (set "
+                       "OVERSALE_RECONCILER_METRICS_ADDRESS to an address of this host, "
+                       "OVERSALE_RECONCILER_METRICS_PORT to a free port)") from None
     if sampler is not None:
         _sample_in_background(settings, sampler, metrics)
     # A rollout's SIGTERM: leave through SystemExit, wherever the main thread is, so the Lease is
@@ -233,8 +242,7 @@ def _run(settings: Settings, api_client: Any, sampler: MetricsSampler | None, el
         elector.elect()
         elector.start()
         _observe_in_background(settings, api_client, elector, metrics)
-        log.info("reconciling every %.0fs (metrics on :%d)", settings.reconcile_interval_seconds,
-                 settings.reconciler_metrics_port)
+        log.info("reconciling every %.0fs (metrics on %s)", settings.reconcile_interval_seconds, listening)
         _pass_while_leading(settings, elector, reconciler, metrics)
     except (SystemExit, KeyboardInterrupt) as stopped:
         exit_without_finalizing(130 if isinstance(stopped, KeyboardInterrupt) else stopped.code)

@@ -253,10 +253,10 @@ def cli_env(api: FakeKubeAPI, tmp_path: Path, **settings: str) -> dict[str, str]
             "HOME": str(tmp_path), **settings}
 
 
-def scraped(port: int) -> str:
+def scraped(port: int, host: str = "127.0.0.1") -> str:
     """What a ``run`` process serves on its metrics port ("" while it does not answer)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
             return str(response.read().decode())
     except OSError:
         return ""
@@ -275,6 +275,8 @@ def start_run(api: FakeKubeAPI, tmp_path: Path, name: str, lease_duration: str,
     stderr log named after it. The interval is an hour, so any pass a test sees within seconds is
     one the loop did not wait an interval for."""
     env = cli_env(api, tmp_path, **{"OVERSALE_SQLITE_PATH": str(tmp_path / f"{name}.db"),
+                                    # Loopback: a test's server answers nothing beyond this host.
+                                    "OVERSALE_RECONCILER_METRICS_ADDRESS": "127.0.0.1",
                                     "OVERSALE_RECONCILER_METRICS_PORT": str(free_port()),
                                     "OVERSALE_LEASE_DURATION": lease_duration, "OVERSALE_RECONCILE_INTERVAL": "1h",
                                     **settings})

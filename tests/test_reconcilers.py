@@ -2759,7 +2759,7 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
         text = log.read_text()
         # It took the free Lease before its first pass, rather than standing by for an election round.
         assert "not the leader" not in text, text
-        assert f"reconciling every 3600s (metrics on :{port})" in text
+        assert f"reconciling every 3600s (metrics on 127.0.0.1:{port})" in text
         # Remediation is off unless asked for: the log says the nodes are watched, never emptied.
         assert "observing nodes every 60s (remediation off: observing only)" in text
         # The pass line says how long the pass took (seconds here), and what it wrote.
@@ -2770,6 +2770,47 @@ def test_run_passes_at_once_on_a_free_lease_and_gives_it_back_when_stopped_by_a_
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_run_serves_its_metrics_on_the_address_it_is_given(api, tmp_path):
+    """An IPv6-only cluster scrapes the Pod's IPv6 address: OVERSALE_RECONCILER_METRICS_ADDRESS
+    takes one, written as in a URL or bare (``::`` there, loopback here)."""
+    port = free_port()
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_RECONCILER_METRICS_ADDRESS="[::1]",
+                             OVERSALE_RECONCILER_METRICS_PORT=str(port))
+    try:
+        assert eventually(lambda: "pass done" in log.read_text(), timeout=30), log.read_text()
+        assert "oversale_reconcile_pass_duration_seconds" in scraped(port, "[::1]")
+        assert scraped(port) == "", "listening on IPv4 too"
+        assert f"reconciling every 3600s (metrics on [::1]:{port})" in log.read_text()
+        assert terminated_by_a_rollout(process, log) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_run_that_cannot_serve_its_metrics_says_so_in_one_line_and_leaves_the_lease_alone(api, tmp_path):
+    """Another process on the port (or an address not of this host): exit code 2 and the two
+    settings to change, before the replica takes the Lease or writes anything."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process, log = start_run(api, tmp_path, "run", lease_duration="30",
+                                 OVERSALE_RECONCILER_METRICS_PORT=str(port))
+        try:
+            assert process.wait(30) == 2, log.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+    text = log.read_text()
+    assert text.strip().splitlines()[-1] == (
+        f"error: cannot serve /metrics on 127.0.0.1:{port}: Address already in use (set "
+        "OVERSALE_RECONCILER_METRICS_ADDRESS to an address of this host, OVERSALE_RECONCILER_METRICS_PORT to a "
+        "free port)"), text
+    assert "Traceback" not in text, text
+    assert api.get("leases", "oversale", "oversale-reconciler") is None
+    assert not api.count("PATCH", "statefulsets")
 
 
 def test_ctrl_c_stops_run_with_exit_code_130_giving_the_lease_back(api, tmp_path):

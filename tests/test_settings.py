@@ -178,6 +178,9 @@ def test_every_number_duration_switch_and_choice_refuses_nonsense_and_negatives(
     ("OVERSALE_PROMETHEUS_LATE_SAMPLES", "0", 0.0),    # the one duration that may be 0
     ("OVERSALE_RECONCILER_METRICS_PORT", "0", 0),
     ("OVERSALE_RECONCILER_METRICS_PORT", "65535", 65535),
+    # As written in a URL or bare, and with YAML's spaces: the listener takes it bare.
+    *[("OVERSALE_RECONCILER_METRICS_ADDRESS", written, "::") for written in ("::", "[::]", " :: ")],
+    ("OVERSALE_RECONCILER_METRICS_ADDRESS", "127.0.0.1", "127.0.0.1"),
     ("OVERSALE_ANNOTATION_PREFIX", "a" * 253, "a" * 253),  # a DNS subdomain's longest
     ("OVERSALE_MIN_SAMPLES", "0", 0),
     ("OVERSALE_MAX_BODY_BYTES", "1", 1),
@@ -226,6 +229,9 @@ def test_a_value_just_past_its_bound_is_refused(name, text):
     ("OVERSALE_MIN_SAMPLES", "-1", "must be 0 or more"),
     ("OVERSALE_SCHEDULER_NAMES", " , ", "must name at least one scheduler profile, e.g. oversale"),
     ("OVERSALE_RECONCILER_METRICS_PORT", "65536", "must be a port number"),
+    # A name would be resolved at each start, to whichever address comes first.
+    *[("OVERSALE_RECONCILER_METRICS_ADDRESS", written, "must be an IP address such as 0.0.0.0, :: or 127.0.0.1")
+      for written in ("localhost", "0.0.0.0:8080", "")],
     ("OVERSALE_LEASE_NAME", "  ", "must not be empty"),
     ("OVERSALE_CPU_FLOOR", "-10m", "must be 0 or more, such as 10m (0: no floor)"),
     ("OVERSALE_RECONCILE_INTERVAL", "often", "must be a duration such as 300, 5m, 24h or 7d"),
