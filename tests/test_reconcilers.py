@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import re
 import signal
 import socket
@@ -2905,6 +2906,45 @@ def test_run_tells_when_metrics_server_readings_stop_and_start_again(api, tmp_pa
         stop_process(process)
 
 
+def cpu_seconds(pid: int) -> float:
+    """The processor time process ``pid`` has used so far (user and system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_run_tells_when_its_history_file_takes_samples_again(api, tmp_path):
+    """Another program holding the history file's write lock (a backup, sqlite3 by hand) for a
+    while: one warning when the samples start being lost, one line when they are written again;
+    the readings go on at OVERSALE_SAMPLE_READS a sample interval all along."""
+    api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s",
+                            "usage": {"cpu": "1500m", "memory": "4Gi"}})
+    path = tmp_path / "run.db"
+    port = free_port()
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_SAMPLE_READS="4",
+                             OVERSALE_SAMPLE_INTERVAL="2s", OVERSALE_RECONCILER_METRICS_PORT=str(port))
+    try:
+        assert eventually(lambda: "pass done" in log.read_text(), timeout=30), log.read_text()
+        # Four readings every 2 s: six more of them within seconds.
+        readings = api.count("GET", "metrics.k8s.io/v1beta1/nodes")
+        assert eventually(lambda: api.count("GET", "metrics.k8s.io/v1beta1/nodes") >= readings + 6, timeout=10)
+        holder = sqlite3.connect(path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # the write lock, until rolled back
+            assert eventually(lambda: "this sample is lost" in log.read_text(), timeout=30), log.read_text()
+            assert eventually(lambda: samples_lost(port) >= 2, timeout=30), log.read_text()
+        finally:
+            holder.rollback()
+            holder.close()
+        assert eventually(lambda: "written again" in log.read_text(), timeout=30), log.read_text()
+        text = log.read_text()
+        assert text.count(f"usage history {path} not written, this sample is lost: database is locked") == 1, text
+        assert re.search(rf"usage history {re.escape(str(path))} written again \(after [2-9]\d* failed runs\)",
+                         text), text
+        assert "Traceback" not in text, text
+    finally:
+        stop_process(process)
+
+
 def test_run_tells_once_when_only_the_pods_readings_fail_and_counts_each(api, tmp_path):
     """A large cluster whose PodMetrics list times out while NodeMetrics answers: the samples keep
     the nodes' half, and the loss is one warning naming PodMetrics, each reading counted."""
@@ -2932,12 +2972,19 @@ def test_a_standby_passes_as_soon_as_the_stopped_leader_gives_the_lease_back(api
     old, old_log = start_run(api, tmp_path, "old", lease_duration="6")
     try:
         assert eventually(lambda: "pass done" in old_log.read_text(), timeout=30), old_log.read_text()
-        new, new_log = start_run(api, tmp_path, "new", lease_duration="6")
+        port = free_port()
+        new, new_log = start_run(api, tmp_path, "new", lease_duration="6", OVERSALE_RECONCILER_METRICS_PORT=str(port))
         try:
             assert eventually(lambda: "not the leader" in new_log.read_text(), timeout=30), new_log.read_text()
+            before = cpu_seconds(new.pid)
             time.sleep(5)  # two election rounds more standing by (a round is a third of the 6 s Lease)
+            # Standing by is waiting: a replica checking the Lease in a loop would hold a core.
+            assert cpu_seconds(new.pid) - before < 1.0
+            assert "oversale_reconciler_leader 0.0" in scraped(port)
             assert terminated_by_a_rollout(old, old_log) == 0, old_log.read_text()
             assert eventually(lambda: "pass done" in new_log.read_text(), timeout=20), new_log.read_text()
+            # The pass loop says it leads: the observer, which says so too, comes a minute apart.
+            assert "oversale_reconciler_leader 1.0" in scraped(port)
             # Said once for its standby spell of several election rounds, not once a round.
             assert new_log.read_text().count("not the leader: passing once this replica takes the Lease "
                                              "oversale/oversale-reconciler") == 1, new_log.read_text()
@@ -2955,7 +3002,7 @@ def test_a_replica_that_stops_leading_stops_reporting_what_only_the_leader_obser
     api.put("nodemetrics", {"metadata": {"name": "node-1"}, "window": "30s", "usage": {"cpu": "7", "memory": "1Gi"}})
     port = free_port()
     process, log = start_run(api, tmp_path, "run", lease_duration="3", OVERSALE_RECONCILER_METRICS_PORT=str(port),
-                             OVERSALE_REMEDIATION_INTERVAL="1s")
+                             OVERSALE_REMEDIATION_INTERVAL="1s", OVERSALE_RECONCILE_INTERVAL="1s")
     utilization = 'oversale_node_real_utilization{node="node-1",resource="cpu"}'
     try:
         assert eventually(lambda: utilization in scraped(port)
@@ -2967,6 +3014,9 @@ def test_a_replica_that_stops_leading_stops_reporting_what_only_the_leader_obser
                                     "renewTime": "2030-01-01T00:00:00.000000Z"}})
         assert eventually(lambda: "oversale_reconciler_leader 0.0" in scraped(port), timeout=30), log.read_text()
         assert eventually(lambda: utilization not in scraped(port), timeout=10), scraped(port)
+        # It led, then lost the Lease: its standby is said as at its start.
+        assert eventually(lambda: "not the leader: passing once this replica takes the Lease "
+                                  "oversale/oversale-reconciler" in log.read_text(), timeout=10), log.read_text()
         text = scraped(port)
         assert "oversale_history_staleness_seconds{" not in text
         assert "oversale_remediation_hot_nodes 0.0" in text

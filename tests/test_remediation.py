@@ -986,6 +986,31 @@ def test_run_with_remediation_off_evicts_nothing_and_takes_a_taint_left_behind_a
         stop_process(process)
 
 
+def test_run_with_remediation_on_moves_a_pod_off_the_hot_oversold_node(api, tmp_path):
+    """OVERSALE_REMEDIATION=true: the running loop evicts, as ``remediate`` does in one pass, and
+    its log says that it remediates, not that it only observes."""
+    port = free_port()
+    process, log = start_run(api, tmp_path, "run", lease_duration="30", OVERSALE_REMEDIATION="true",
+                             OVERSALE_REMEDIATION_INTERVAL="1s", OVERSALE_HOT_OBSERVATIONS="1",
+                             OVERSALE_RECONCILER_METRICS_PORT=str(port))
+    try:
+        assert eventually(lambda: evictions(api) >= 1, timeout=30), log.read_text()
+        assert "observing nodes every 1s (remediating hot oversold nodes)" in log.read_text()
+        # Said by each observation too, every second here (and passes an hour apart).
+        assert eventually(lambda: "pass done" in log.read_text(), timeout=30), log.read_text()
+        passed = time.time()
+
+        def observed() -> float:
+            found = re.search(r"^oversale_remediation_last_observation_timestamp_seconds (\S+)$", scraped(port),
+                              re.MULTILINE)
+            return float(found.group(1)) if found else 0.0
+
+        assert eventually(lambda: observed() > passed, timeout=30), log.read_text()
+        assert "oversale_reconciler_leader 1.0" in scraped(port)
+    finally:
+        stop_process(process)
+
+
 def follower_then_holder(api: FakeKubeAPI) -> list[Remediator]:
     """Two replicas over ``api``: the first does not hold the Lease, the second does."""
     api_client = client.ApiClient(client.Configuration(host=api.url))
