@@ -745,10 +745,16 @@ def test_each_call_is_counted_by_verb_and_what_came_of_it(cluster):
     def exposed() -> dict[tuple[str, str, str], float]:
         return {(sample.name, sample.labels.get("verb", ""), sample.labels.get("result", "")): sample.value
                 for family in text_string_to_metric_families(extender.get("/metrics")) for sample in family.samples
-                if sample.name in ("oversale_extender_calls_total", "oversale_extender_duration_seconds_count")}
+                if sample.name in ("oversale_extender_calls_total", "oversale_extender_duration_seconds_count",
+                                   "oversale_extender_duration_seconds_sum")}
 
     before = exposed()
+    started = time.monotonic()
     assert extender.post("filter", {"Pod": pod("p", "1"), "NodeNames": ["node-0"]})["NodeNames"] == ["node-0"]
+    assert [host["Host"] for host in extender.post("prioritize", {"Pod": pod("p", "1"), "NodeNames": ["node-0"]})] \
+        == ["node-0"]
+    assert extender.post("preempt", {"Pod": pod("p", "1"), "NodeNameToMetaVictims": {"node-0": {"Pods": []}}}) \
+        == {"NodeNameToMetaVictims": {"node-0": {"Pods": [], "NumPDBViolations": 0}}}
     malformed = urllib.request.Request(f"{extender.url}/filter", data=b"{}",
                                        headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as failure:
@@ -756,12 +762,21 @@ def test_each_call_is_counted_by_verb_and_what_came_of_it(cluster):
     assert failure.value.code == 400
     gone = extender.post("bind", {"PodName": "gone", "PodNamespace": "default", "PodUID": "uid-gone", "Node": "node-0"})
     assert gone["Error"] == 'cannot read pod default/gone: HTTP 404 Not Found: pods "gone" not found'
+    took = time.monotonic() - started
     after = exposed()
     grown = {key: after[key] - before.get(key, 0.0) for key in after if after[key] != before.get(key, 0.0)}
+    # Each call's time is within the time the test took to make them all.
+    times = {key[1]: grown.pop(key) for key in list(grown) if key[0] == "oversale_extender_duration_seconds_sum"}
+    assert set(times) == {"filter", "prioritize", "preempt", "bind"}
+    assert all(0 < seconds < took for seconds in times.values()), (times, took)
     assert grown == {("oversale_extender_calls_total", "filter", "ok"): 1,
                      ("oversale_extender_calls_total", "filter", "malformed"): 1,
+                     ("oversale_extender_calls_total", "prioritize", "ok"): 1,
+                     ("oversale_extender_calls_total", "preempt", "ok"): 1,
                      ("oversale_extender_calls_total", "bind", "error"): 1,
                      ("oversale_extender_duration_seconds_count", "filter", ""): 2,
+                     ("oversale_extender_duration_seconds_count", "prioritize", ""): 1,
+                     ("oversale_extender_duration_seconds_count", "preempt", ""): 1,
                      ("oversale_extender_duration_seconds_count", "bind", ""): 1}
 
 
@@ -2935,6 +2950,17 @@ def test_a_bind_whose_time_is_up_sends_no_binding_and_holds_no_room():
         assert api.count("POST", "bindings") == 0
         assert bind({**web, "Node": "m"}, state, binder.within(5.0), KEYS) == {"Error": ""}
         assert api.get("pods", "default", "web")["spec"]["nodeName"] == "m"
+
+
+def test_an_extender_that_has_not_polled_exports_no_node_without_fresh_metrics():
+    """Before the first metrics poll (and with load-aware placement off, when none comes), each
+    reason reads 0: the dashboard's panel shows 0 rather than no data, and the alert's sum has
+    its series."""
+    from scheduler.app import ExtenderMetrics
+
+    exported = {tuple(sample.labels.values()): sample.value for family in ExtenderMetrics().registry.collect()
+                for sample in family.samples if sample.name == "oversale_extender_nodes_without_fresh_metrics"}
+    assert exported == {("missing",): 0.0, ("old",): 0.0}
 
 
 def test_the_bind_route_answers_within_the_bind_timeout_setting():
