@@ -1693,6 +1693,8 @@ def test_two_replicas_one_serves_and_the_standby_takes_over_without_handing_a_cp
         refused = standby.post("bind", {"PodName": "before", "PodNamespace": "default", "PodUID": "uid-before",
                                         "Node": "node-0"})
         assert "standby" in refused["Error"]
+        # An error of the bind verb, where OversaleExtenderErrors and the dashboard count it.
+        assert 'oversale_extender_calls_total{result="error",verb="bind"} 1.0' in standby.get("/metrics").splitlines()
         assert leader.post("bind", {"PodName": "before", "PodNamespace": "default", "PodUID": "uid-before",
                                     "Node": "node-0"})["Error"] == ""
         first_holder = api.get("leases", "oversale", "oversale-extender")["spec"]["holderIdentity"]
