@@ -1773,6 +1773,7 @@ def test_the_extender_is_ready_only_once_its_caches_have_listed_and_live_meanwhi
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{extender.url}/readyz", timeout=5)
         assert refused.value.code == 503
+        assert refused.value.headers["Content-Type"] == "application/json"
         assert json.load(refused.value) == {"status": "waiting for caches to sync"}
         assert extender.status("/healthz") == 200
         wait_for(lambda: re.search(r'oversale_cache_restarts_total\{again="list",cause="list failed",kind="Node"\} '
