@@ -253,6 +253,17 @@ def cli_env(api: FakeKubeAPI, tmp_path: Path, **settings: str) -> dict[str, str]
             "HOME": str(tmp_path), **settings}
 
 
+def exposed_value(metrics_text: str, series: str) -> float:
+    """The value of one ``series`` (its name and labels as /metrics writes them) in ``metrics_text``;
+    0 while it is not there.
+
+    >>> exposed_value('a_total{verb="bind"} 2.0\\nb 1.0\\n', 'a_total{verb="bind"}'), exposed_value("b 1.0", "c")
+    (2.0, 0.0)
+    """
+    found = re.search(rf"^{re.escape(series)} (\S+)$", metrics_text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
 def scraped(port: int, host: str = "127.0.0.1") -> str:
     """What a ``run`` process serves on its metrics port ("" while it does not answer)."""
     try:

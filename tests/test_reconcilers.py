@@ -46,6 +46,7 @@ from tests.conftest import (
     cli_env,
     damage_sqlite,
     eventually,
+    exposed_value,
     free_port,
     loaded_client,
     scraped,
@@ -2832,8 +2833,7 @@ def test_ctrl_c_stops_run_with_exit_code_130_giving_the_lease_back(api, tmp_path
 
 def samples_lost(port: int) -> float:
     """The readings and samples a ``run`` serving /metrics on ``port`` has lost so far."""
-    found = re.search(r'^oversale_reconcile_skips_total\{reason="sample-lost"\} (\S+)$', scraped(port), re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    return exposed_value(scraped(port), 'oversale_reconcile_skips_total{reason="sample-lost"}')
 
 
 def test_run_on_a_damaged_history_file_says_so_in_a_line_and_keeps_running(api, tmp_path):

@@ -60,7 +60,17 @@ from oversale.timestamps import format_timestamp
 from oversale.usage import LoadConfig, NodeLoad
 from reconcilers.cluster import Cluster
 from reconcilers.remediation import Remediator
-from tests.conftest import ROOT, cli_env, eventually, free_port, loaded_client, scraped, start_run, stop_process
+from tests.conftest import (
+    ROOT,
+    cli_env,
+    eventually,
+    exposed_value,
+    free_port,
+    loaded_client,
+    scraped,
+    start_run,
+    stop_process,
+)
 from tests.kube_api import FakeKubeAPI
 
 KEYS = AnnotationKeys()
@@ -999,13 +1009,8 @@ def test_run_with_remediation_on_moves_a_pod_off_the_hot_oversold_node(api, tmp_
         # Said by each observation too, every second here (and passes an hour apart).
         assert eventually(lambda: "pass done" in log.read_text(), timeout=30), log.read_text()
         passed = time.time()
-
-        def observed() -> float:
-            found = re.search(r"^oversale_remediation_last_observation_timestamp_seconds (\S+)$", scraped(port),
-                              re.MULTILINE)
-            return float(found.group(1)) if found else 0.0
-
-        assert eventually(lambda: observed() > passed, timeout=30), log.read_text()
+        observed = "oversale_remediation_last_observation_timestamp_seconds"
+        assert eventually(lambda: exposed_value(scraped(port), observed) > passed, timeout=30), log.read_text()
         assert "oversale_reconciler_leader 1.0" in scraped(port)
     finally:
         stop_process(process)

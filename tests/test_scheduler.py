@@ -44,6 +44,7 @@ from tests.conftest import (
     cli_env,
     eventually,
     expiry_samples,
+    exposed_value,
     free_port,
     stop_process,
     wait_until_serving,
@@ -927,8 +928,7 @@ def test_a_burst_of_binds_moves_the_next_pod_elsewhere_before_metrics_catch_up(l
 
 def polls(extender: Extender, result: str = "ok") -> float:
     """The extender's polls of the metrics API so far with this result."""
-    found = re.search(rf'oversale_extender_metrics_polls_total\{{result="{result}"\}} (\S+)', extender.get("/metrics"))
-    return float(found.group(1)) if found else 0.0
+    return exposed_value(extender.get("/metrics"), f'oversale_extender_metrics_polls_total{{result="{result}"}}')
 
 
 def test_a_pod_made_again_under_its_old_name_is_not_taken_for_its_predecessor(loaded):
