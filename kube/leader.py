@@ -59,6 +59,7 @@ class LeaseElector:
         self._seen: tuple[Any, Any] | None = None
         self._seen_at = 0.0
         self._round_at: float | None = None  # when the last round started
+        self._standing_by_because: str | None = None  # what the last standby line said
         self.not_leading_because = "no election round yet"
         """Why the last round left this replica without the Lease, for a one-shot command's error:
         a 403 (the Role lacks ``leases``) waits out the Lease duration like a live holder does,
@@ -102,6 +103,7 @@ class LeaseElector:
         if self._renewed_at is None:
             log.info("became the leader (lease %s/%s)", self.namespace, self.name)
         self._renewed_at = now
+        self._standing_by_because = None
         self.not_leading_because = ""
         return True
 
@@ -167,6 +169,11 @@ class LeaseElector:
         self._trouble.succeeded()
         if self._renewed_at is not None:
             log.warning("lost the lease (%s): writes stop now", why)
+        elif why != self._standing_by_because:
+            # Said once per holder: a standby is otherwise silent, and one that never leads
+            # because some other process holds the Lease must say which process that is.
+            log.info("standing by (lease %s/%s: %s)", self.namespace, self.name, why)
+        self._standing_by_because = why
         self._renewed_at = None
         self.not_leading_because = why
 

@@ -223,7 +223,9 @@ def apply_response(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, A
 def wait_until_serving(process: subprocess.Popen, probe: Callable[[], bool], what: str, log: Path | None = None,
                        timeout: float = 30.0) -> None:
     """Poll ``probe`` (connection errors count as not yet) until it is true; fail if the process
-    exits or ``timeout`` passes, with its log."""
+    exits or ``timeout`` passes, with its log. A process that did not start is stopped: its
+    caller's fixture never reaches its teardown, and a process left running would go on talking
+    to whatever API server double next listens on its port."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -232,6 +234,7 @@ def wait_until_serving(process: subprocess.Popen, probe: Callable[[], bool], wha
         except (OSError, ssl.SSLError):
             pass
         if process.poll() is not None or time.monotonic() > deadline:
+            stop_process(process)
             raise RuntimeError(f"{what} did not start:\n{log.read_text() if log else ''}")
         time.sleep(0.1)
 

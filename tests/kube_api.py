@@ -117,8 +117,13 @@ class FakeKubeAPI:
         self._watches_paused = False
         self._stopping = False
         self.requests: list[Logged] = []
-        self.users: dict[str, str] = {"fake-token": "kubernetes-admin"}
-        """Bearer token -> username, as the API server's authenticator would map them."""
+        self.token = f"token-{uuid.uuid4().hex}"
+        """The kubeconfig's bearer token, this double's own: a process started against another
+        double (whose port this one got after it stopped) is refused with 401, as another
+        cluster's API server would refuse it, instead of taking this double's Lease."""
+        self.users: dict[str, str] = {self.token: "kubernetes-admin"}
+        """Bearer token -> username, as the API server's authenticator would map them. A
+        request without a token is ``system:anonymous``; one with a token not here gets 401."""
         self.mutating: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         self.validating: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
         """plural -> a webhook: takes an AdmissionReview, returns its AdmissionResponse."""
@@ -211,7 +216,7 @@ class FakeKubeAPI:
         self.server.server_close()
 
     def write_kubeconfig(self, path: Path) -> Path:
-        return write_kubeconfig(path, self.url)
+        return write_kubeconfig(path, self.url, self.token)
 
     # -- what tests do -----------------------------------------------------------------------
     def put(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -532,13 +537,13 @@ def _nonzero(amounts: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in parsed.items() if v}
 
 
-def write_kubeconfig(path: Path, server: str) -> Path:
+def write_kubeconfig(path: Path, server: str, token: str = "fake-token") -> Path:
     """A kubeconfig at ``path`` whose one cluster is ``server`` (a token user, as in-cluster)."""
     path.write_text(json.dumps({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+        "users": [{"name": "fake", "user": {"token": token}}],
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
         "current-context": "fake",
     }))
@@ -653,6 +658,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             if api.down:
                 self._send(503, _status(503, "ServiceUnavailable", "the server is unable to handle the request"))
                 return None
+            if self._username() == "":
+                self._send(401, _status(401, "Unauthorized", "Unauthorized"))
+                return None
             if route is None:
                 self._send(404, _status(404, "NotFound", f"the server could not find {self.path}"))
                 return None
@@ -761,8 +769,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 pass
 
         def _username(self) -> str:
+            """Who the request's bearer token says it is; "" for a token no user holds."""
             token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
-            return api.users.get(token, "system:anonymous")
+            return api.users.get(token, "") if token else "system:anonymous"
 
         def _update(self, build: Callable[[dict[str, Any], Any], dict[str, Any]], replaces: bool = False) -> None:
             route = self._prologue()

@@ -2444,7 +2444,8 @@ def test_a_round_that_fails_in_a_way_not_foreseen_is_said_with_its_traceback_and
         assert elector.elect() is False and elector.not_leading_because == "held by b"
     assert [(r.getMessage(), bool(r.exc_info)) for r in caplog.records] == [
         (f"lease oversale/odd: {why}", True),
-        ("lease oversale/odd: election rounds reach a verdict again (after 2 failed runs)", False)]
+        ("lease oversale/odd: election rounds reach a verdict again (after 2 failed runs)", False),
+        ("standing by (lease oversale/odd: held by b)", False)]
 
 def test_an_api_server_that_never_answers_fails_the_round_instead_of_hanging_it():
     """A black-holed API server accepts the connection and says nothing: without a deadline the
@@ -2533,7 +2534,8 @@ def test_a_round_whose_write_meets_another_replicas_first_does_not_lead(api):
 def test_a_leader_whose_renewals_fail_leads_until_two_thirds_of_its_lease_and_each_turn_is_said_once(api, caplog):
     """An API server that cannot be reached fails election rounds without a verdict: the leader
     keeps writing until 2/3 of its Lease have passed since its last renewal (before any standby
-    may take over, at the full Lease), then stops. Each turn is logged once, not every round."""
+    may take over, at the full Lease), then stops. Each turn is logged once, not every round,
+    and a standby names the holder it waits for once."""
     ours, theirs = Clock(), Clock()
     leader = LeaseElector(api_client_for(api), "oversale", "flaky", "a", 15, ours)
     standby = LeaseElector(api_client_for(api), "oversale", "flaky", "b", 15, theirs)
@@ -2559,6 +2561,7 @@ def test_a_leader_whose_renewals_fail_leads_until_two_thirds_of_its_lease_and_ea
             assert not leader.try_acquire_or_renew()
     assert [r.getMessage() for r in caplog.records if r.name == "kube.leader"] == [
         "became the leader (lease oversale/flaky)",
+        "standing by (lease oversale/flaky: held by a)",  # the standby's, at its first round only
         "lease oversale/flaky: the API server answered HTTP 503 Service Unavailable: the server is currently unable to "
         "handle the request",
         "lease oversale/flaky: election rounds reach a verdict again (after 4 failed runs)",

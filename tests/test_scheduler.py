@@ -1698,6 +1698,8 @@ def test_two_replicas_one_serves_and_the_standby_takes_over_without_handing_a_cp
         assert leader.post("bind", {"PodName": "before", "PodNamespace": "default", "PodUID": "uid-before",
                                     "Node": "node-0"})["Error"] == ""
         first_holder = api.get("leases", "oversale", "oversale-extender")["spec"]["holderIdentity"]
+        # The standby's log names the replica it waits for (an operator's first question).
+        assert f"standing by (lease oversale/oversale-extender: held by {first_holder})" in standby.log_path.read_text()
         leader.stop()  # the leader stops right after handing out CPUs
         wait_for(lambda: leads(api, "extender-b"), timeout=20)
         assert not leads(api, "extender-a"), "a graceful stop takes its label off first"
