@@ -127,11 +127,19 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
     pool = summary["pools"]["general"]  # from kube_node_labels' GKE node-pool label
     assert pool["pods"] == 5 and pool["node_cores"] == 8 and pool["node_memory_bytes"] == 32 * 2**30
     # Requests as kube-state-metrics reported them, summed per namespace (the last replayed day).
-    assert pool["namespaces"]["shop"]["cpu_requested_cores"] == pytest.approx(5.0)
-    assert pool["namespaces"]["batch"]["cpu_requested_cores"] == pytest.approx(8.0)
-    # Right-sizing frees most of it: usage is well below the requests.
-    assert pool["namespaces"]["shop"]["cpu_set_cores"] < 2.5
+    namespaces = pool["namespaces"]
+    assert namespaces["shop"]["cpu_requested_cores"] == pytest.approx(5.0)
+    assert namespaces["batch"]["cpu_requested_cores"] == pytest.approx(8.0)
+    assert namespaces["shop"]["memory_requested_bytes"] == pytest.approx(5 * 2**30)
+    assert namespaces["batch"]["memory_requested_bytes"] == pytest.approx(8 * 2**30)
     ratios = pool["ratios"]
+    # What each namespace is set to is what its workloads' ratios set (ratio = requested / set),
+    # and right-sizing frees most of it: usage is well below the requests.
+    for namespace, requested in (("shop", {"web-7d9f8": 4.0, "api-5c6b7": 1.0}), ("batch", {"etl-8e9f0": 8.0})):
+        cpu_set = sum(cores / ratios["workloads"][f"{namespace}/ReplicaSet/{rs}"] for rs, cores in requested.items())
+        assert namespaces[namespace]["cpu_set_cores"] == pytest.approx(cpu_set, rel=5e-4)  # ratios: 3 decimals
+        assert 0 < namespaces[namespace]["cpu_set_cores"] < sum(requested.values()) / 2
+        assert 0 < namespaces[namespace]["memory_set_bytes"] <= namespaces[namespace]["memory_requested_bytes"]
     # Without kube_replicaset_owner a Pod's workload is its ReplicaSet; its two Pods are one workload.
     assert set(ratios["workloads"]) == {f"{ns}/ReplicaSet/{rs}" for ns, pod, rs, *_ in PODS}
     assert all(ratio > 1 for ratio in ratios["workloads"].values()) and ratios["nodes"]
@@ -148,7 +156,12 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
         samples = sum(1 for _ in export) - 1
     assert f"pool general: 5 Pods, {samples:,} samples, nodes of 8 cores" in result.stderr
     text = (tmp_path / "plan" / "plan.md").read_text()
-    assert "Pool `general`" in text and "| shop |" in text and "(general/report.md)" in text
+    assert "## Pool `general`: 5 Pods on nodes of 8 cores, 32 GiB" in text.splitlines(), "no DaemonSets to take off"
+    assert "(general/report.md)" in text
+    for namespace, totals in namespaces.items():  # plan.md's table says what plan.json holds
+        assert (f"| {namespace} | {totals['cpu_requested_cores']:.2f} | {totals['cpu_set_cores']:.2f} | "
+                f"{totals['memory_requested_bytes'] / 2**30:.2f} GiB | {totals['memory_set_bytes'] / 2**30:.2f} GiB |"
+                ) in text.splitlines()
     assert pool["history_days"] == DAYS and "days of history Prometheus holds" not in text, "all the days asked"
     # Each budget's hot time with how far one hot event more or less moves it (over every replayed
     # day, as the figure itself), and the chosen budget's in the headline.
@@ -179,9 +192,14 @@ def test_plan_replays_the_clusters_own_history_per_pool_and_namespace(cluster_pr
                 f"{min(rates):.3%}..{max(rates):.3%} |") in text
     chosen = next(entry for entry in sweep if entry["hot_time_budget"] == 0.01)
     low, high = chosen["cpu_violation_interval"]
-    assert (f"at a realised cpu hot time of {chosen['cpu_violation_rate']:.3%}; on days like these, "
+    assert (f"our system frees {chosen['capacity_freed']:.1%} of the node-days "
+            f"at a realised cpu hot time of {chosen['cpu_violation_rate']:.3%}; on days like these, "
             f"{low:.3%}..{high:.3%}; over 5 placements, {spreads[0.01][0]:.3%}..{spreads[0.01][1]:.3%}.") in text
     assert f"history (read from Prometheus at {cluster_prometheus.url})" in text
+    node_ratios = [node["cpu"] for node in ratios["nodes"]]
+    assert (f"Node cpu ratios it would set: {min(node_ratios):g} to {max(node_ratios):g} "
+            f"(mean {sum(node_ratios) / len(node_ratios):.2f}) over {len(node_ratios)} nodes; per workload ratios "
+            "are in `plan.json`.") in text.splitlines()
     # Under the table, the goal's verdict over every replayed day, as the table reads them: which
     # of the budgets 0.05%..1% kept their hot time within 0.5x..1.5x, and on how many placements.
     goal = {entry["hot_time_budget"]: entry["cpu_violation_rate"] / entry["hot_time_budget"] for entry in sweep
@@ -782,15 +800,18 @@ def flat_pod(namespace: str, name: str, owner: str, node: str, cores: float) -> 
 
 def test_a_pool_with_no_node_size_or_no_room_beside_its_daemonsets_is_skipped_with_the_reason(tmp_path):
     """A pool whose nodes kube-state-metrics gives no allocatable for, or whose DaemonSets hold all
-    of a node, cannot be replayed: it is left out with one line saying why, and the others are
-    exported as usual."""
+    of a node's cores or all of its memory, cannot be replayed: it is left out with one line saying
+    why, and the others are exported as usual."""
     pods = [flat_pod("shop", "web-1", "Deployment/web", "node-a", 1.0),
             flat_pod("shop", "api-1", "Deployment/api", "node-x", 1.0),
             flat_pod("kube-system", "agent-b", "DaemonSet/agent", "node-b", 4.0),
-            flat_pod("shop", "db-0", "StatefulSet/db", "node-b", 1.0)]
+            flat_pod("shop", "db-0", "StatefulSet/db", "node-b", 1.0),
+            flat_pod("kube-system", "agent-c", "DaemonSet/agent", "node-c", 1.0),  # and 1 GiB
+            flat_pod("shop", "cache-0", "StatefulSet/cache", "node-c", 1.0)]
     history = ClusterHistory({(p.namespace, p.pod): p for p in pods},
-                             node_sizes={"node-a": (8.0, 32 * 2**30), "node-b": (4.0, 16 * 2**30)},
-                             node_pools={"node-a": "big", "node-b": "small", "node-x": "unsized"})
+                             node_sizes={"node-a": (8.0, 32 * 2**30), "node-b": (4.0, 16 * 2**30),
+                                         "node-c": (8.0, 2**30)},
+                             node_pools={"node-a": "big", "node-b": "small", "node-c": "tight", "node-x": "unsized"})
     said: list[str] = []
     exports = export_pools(history, tmp_path, peaks=False, log=said.append)
     assert list(exports) == ["big"]
@@ -799,7 +820,9 @@ def test_a_pool_with_no_node_size_or_no_room_beside_its_daemonsets_is_skipped_wi
     assert "pool unsized: no node size in kube_node_status_allocatable: skipped" in said
     assert "pool small: DaemonSet and static Pods hold 4 cpu and 1 GiB of each node, all of its nodes' 4 cores " \
         "or 16 GiB: skipped" in said
-    assert not (tmp_path / "small").exists() and not (tmp_path / "unsized").exists()
+    assert "pool tight: DaemonSet and static Pods hold 1 cpu and 1 GiB of each node, all of its nodes' 8 cores " \
+        "or 1 GiB: skipped" in said
+    assert not any((tmp_path / pool).exists() for pool in ("small", "tight", "unsized"))
 
 
 def test_a_pool_is_sized_by_its_nodes_reported_whole_not_by_those_missing_a_resource(tmp_path):
